@@ -1,0 +1,23 @@
+//! drivetrain's engine: the pipeline spec and everything between a YAML file and a run.
+//!
+//! Data flows one way: YAML text → [`yaml`] (a located tree) → [`spec`] (serde types,
+//! through [`de`]) → [`validate`] (every problem, located) → [`plan::Pipeline`] (a petgraph
+//! DAG with templates and conditions parsed). The engine names no concrete step or
+//! executor: both are traits ([`step::Step`]) registered by the binary in a
+//! [`step::Catalog`].
+
+pub mod de;
+pub mod diag;
+pub mod expr;
+pub mod plan;
+pub mod spec;
+pub mod step;
+pub mod template;
+pub mod units;
+pub mod validate;
+pub mod yaml;
+
+pub use diag::{Diagnostic, Severity, Span};
+pub use plan::{Pipeline, Stage, StageId};
+pub use step::{Catalog, Step};
+pub use validate::{validate, Validated};

@@ -1,0 +1,589 @@
+//! The planned pipeline: validated, resolved and ready to run.
+//!
+//! [`Pipeline`] is what [`crate::validate`] produces from a spec: defaults applied,
+//! durations and quantities parsed, templates and conditions parsed, every reference
+//! resolved to a [`StageId`], and the DAG built with petgraph (edges from `needs`, and
+//! implied by `inputs`, `map.from` and `stages.X.values` references). Nothing later reads
+//! the spec types. Subgraph selection (`--only`, `--from`, `--to`) lives here because
+//! `plan`, `run` and `rerun` all use it.
+
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::fmt;
+use std::time::Duration;
+
+use petgraph::graph::{DiGraph, NodeIndex};
+use petgraph::visit::{Dfs, Reversed};
+use petgraph::Direction;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::expr::Expr;
+use crate::spec::{
+    Catchup, Concurrency, ErrorClass, Framework, IoMode, ParamType, PipelineSpec, SecretRef,
+    SnapshotSpec, Toleration, VolumeSpec,
+};
+use crate::template::{Ref, Template};
+use crate::units::Quantity;
+
+/// A stage's index in [`Pipeline::stages`] (document order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct StageId(pub u32);
+
+impl StageId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for StageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// A validated pipeline.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    pub name: String,
+    pub description: Option<String>,
+    pub params: Vec<Param>,
+    pub schedule: Option<Schedule>,
+    pub store: Option<String>,
+    /// `local` unless `defaults.executor` says otherwise.
+    pub executor: String,
+    pub stages: Vec<Stage>,
+    /// Edges point from producer to consumer.
+    pub graph: DiGraph<StageId, EdgeKind>,
+    /// A topological order; among ready stages, document order first.
+    pub order: Vec<StageId>,
+    /// The spec as written, for digests and the API.
+    pub spec: PipelineSpec,
+}
+
+/// A typed parameter.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Param {
+    pub name: String,
+    pub kind: ParamType,
+    pub default: Option<Value>,
+    pub allowed: Option<Vec<Value>>,
+    pub description: Option<String>,
+}
+
+/// A validated cron schedule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schedule {
+    pub cron: String,
+    pub timezone: chrono_tz::Tz,
+    pub concurrency: Concurrency,
+    pub catchup: Catchup,
+    pub max_catchup: u32,
+    pub suspend: bool,
+}
+
+/// Why an edge exists.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EdgeKind {
+    /// `needs:`
+    Needs,
+    /// `inputs:` (the input's name and the producer's output).
+    Input { input: String, output: String },
+    /// `map.from`
+    MapFrom { output: String },
+    /// A `stages.X.values` reference in a template or condition.
+    Value,
+}
+
+/// What a stage executes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// A built-in step with its (untemplated) config.
+    Step {
+        name: String,
+        version: String,
+        config: Value,
+    },
+    /// A command: argv elements, each a template.
+    Command {
+        image: Option<Template>,
+        argv: Vec<Template>,
+        workdir: Option<Template>,
+    },
+}
+
+/// An input resolved to its producer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Input {
+    pub name: String,
+    pub stage: StageId,
+    pub output: String,
+    pub optional: bool,
+    pub mode: IoMode,
+}
+
+/// An output declaration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Output {
+    pub name: String,
+    pub mode: IoMode,
+}
+
+/// Where a map stage's items come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MapSource {
+    Items(Vec<Value>),
+    Param(String),
+    From { stage: StageId, output: String },
+}
+
+/// Fan-out of one stage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MapPlan {
+    pub source: MapSource,
+    pub max_parallel: Option<u32>,
+    pub min_success_ratio: f64,
+}
+
+/// When to retry.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RetryOn {
+    ExitCode(i32),
+    Class(ErrorClass),
+}
+
+/// A resolved retry policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    pub limit: u32,
+    pub backoff: Duration,
+    pub max_backoff: Duration,
+    /// Empty: retry every failure.
+    pub on: Vec<RetryOn>,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            limit: 0,
+            backoff: Duration::from_secs(10),
+            max_backoff: Duration::from_secs(600),
+            on: Vec::new(),
+        }
+    }
+}
+
+/// A resolved cache policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CachePolicy {
+    pub enabled: bool,
+    pub max_age: Option<Duration>,
+}
+
+/// Parsed resources.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Resources {
+    pub cpu: Option<Quantity>,
+    pub memory: Option<Quantity>,
+    pub gpu: Option<u32>,
+    pub shm: Option<Quantity>,
+    pub ephemeral_storage: Option<Quantity>,
+}
+
+/// Distributed execution.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Distributed {
+    pub framework: Framework,
+    pub workers: u32,
+    pub slots_per_worker: u32,
+}
+
+/// A resolved stage.
+#[derive(Debug, Clone)]
+pub struct Stage {
+    pub id: StageId,
+    pub name: String,
+    pub description: Option<String>,
+    pub action: Action,
+    /// Defaults, then the stage's `env`, then `run.env`; later wins.
+    pub env: Vec<(String, Template)>,
+    pub inputs: Vec<Input>,
+    pub outputs: Vec<Output>,
+    /// The condition and its source text.
+    pub when: Option<(Expr, String)>,
+    pub map: Option<MapPlan>,
+    pub retries: RetryPolicy,
+    pub timeout: Option<Duration>,
+    pub cache: CachePolicy,
+    pub resources: Resources,
+    pub distributed: Option<Distributed>,
+    pub volumes: Vec<VolumeSpec>,
+    pub snapshot: Option<SnapshotSpec>,
+    pub secrets: Vec<SecretRef>,
+    pub node_selector: BTreeMap<String, String>,
+    pub tolerations: Vec<Toleration>,
+    /// The container image on Kubernetes (`run.image` or `defaults.image`).
+    pub image: Option<Template>,
+}
+
+impl Pipeline {
+    pub fn stage(&self, id: StageId) -> &Stage {
+        &self.stages[id.index()]
+    }
+
+    pub fn stage_by_name(&self, name: &str) -> Option<&Stage> {
+        self.stages.iter().find(|s| s.name == name)
+    }
+
+    fn node(&self, id: StageId) -> NodeIndex {
+        NodeIndex::new(id.index())
+    }
+
+    /// Direct upstream stages, each once, in document order.
+    pub fn upstream(&self, id: StageId) -> Vec<StageId> {
+        self.neighbors(id, Direction::Incoming)
+    }
+
+    /// Direct downstream stages, each once, in document order.
+    pub fn downstream(&self, id: StageId) -> Vec<StageId> {
+        self.neighbors(id, Direction::Outgoing)
+    }
+
+    fn neighbors(&self, id: StageId, dir: Direction) -> Vec<StageId> {
+        let set: BTreeSet<StageId> = self
+            .graph
+            .neighbors_directed(self.node(id), dir)
+            .map(|n| self.graph[n])
+            .collect();
+        set.into_iter().collect()
+    }
+
+    /// `id` and everything that depends on it, transitively.
+    pub fn descendants(&self, id: StageId) -> BTreeSet<StageId> {
+        let mut out = BTreeSet::new();
+        let mut dfs = Dfs::new(&self.graph, self.node(id));
+        while let Some(n) = dfs.next(&self.graph) {
+            out.insert(self.graph[n]);
+        }
+        out
+    }
+
+    /// `id` and everything it depends on, transitively.
+    pub fn ancestors(&self, id: StageId) -> BTreeSet<StageId> {
+        let rev = Reversed(&self.graph);
+        let mut out = BTreeSet::new();
+        let mut dfs = Dfs::new(rev, self.node(id));
+        while let Some(n) = dfs.next(rev) {
+            out.insert(self.graph[n]);
+        }
+        out
+    }
+
+    /// Resolves `--param name=value` overrides against the declared params: unknown
+    /// names, ill-typed values, values outside `enum` and missing required params are
+    /// errors (all of them, one message each).
+    pub fn resolve_params(
+        &self,
+        overrides: &[(String, String)],
+    ) -> Result<BTreeMap<String, Value>, Vec<String>> {
+        let mut errors = Vec::new();
+        let mut values = BTreeMap::new();
+        for (name, raw) in overrides {
+            let Some(p) = self.params.iter().find(|p| &p.name == name) else {
+                let mut m = format!("unknown param `{name}`");
+                let names: Vec<&str> = self.params.iter().map(|p| p.name.as_str()).collect();
+                match crate::diag::did_you_mean(name, names.iter().copied()) {
+                    Some(h) => m.push_str(&format!("; {h}")),
+                    None if names.is_empty() => m.push_str("; the pipeline declares no params"),
+                    None => m.push_str(&format!("; declared: {}", crate::diag::one_of(&names))),
+                }
+                errors.push(m);
+                continue;
+            };
+            match parse_param_value(p.kind, raw) {
+                Ok(v) => {
+                    if let Some(allowed) = &p.allowed {
+                        if !allowed.contains(&v) {
+                            let shown: Vec<String> =
+                                allowed.iter().map(crate::template::value_text).collect();
+                            errors.push(format!(
+                                "param `{name}` must be one of {}, got `{raw}`",
+                                crate::diag::one_of(&shown)
+                            ));
+                            continue;
+                        }
+                    }
+                    values.insert(name.clone(), v);
+                }
+                Err(e) => errors.push(format!("param `{name}`: {e}")),
+            }
+        }
+        for p in &self.params {
+            if values.contains_key(&p.name) {
+                continue;
+            }
+            match &p.default {
+                Some(d) => {
+                    values.insert(p.name.clone(), d.clone());
+                }
+                None => errors.push(format!(
+                    "param `{}` is required (it has no default); pass --param {}=…",
+                    p.name, p.name
+                )),
+            }
+        }
+        if errors.is_empty() {
+            Ok(values)
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// The stages a run executes given `--only`, `--from` and `--to` (names). `--from S`
+    /// is S and everything after it, `--to S` is S and everything before it, `--only`
+    /// exactly the named stages; combined, the selection is their intersection. With no
+    /// option, every stage.
+    pub fn select(
+        &self,
+        only: &[String],
+        from: &[String],
+        to: &[String],
+    ) -> Result<BTreeSet<StageId>, Vec<String>> {
+        let mut errors = Vec::new();
+        let mut ids = |names: &[String]| -> Vec<StageId> {
+            names
+                .iter()
+                .filter_map(|n| match self.stage_by_name(n) {
+                    Some(s) => Some(s.id),
+                    None => {
+                        let all: Vec<&str> = self.stages.iter().map(|s| s.name.as_str()).collect();
+                        let mut m = format!("no stage named `{n}`");
+                        if let Some(h) = crate::diag::did_you_mean(n, all) {
+                            m.push_str(&format!("; {h}"));
+                        }
+                        errors.push(m);
+                        None
+                    }
+                })
+                .collect()
+        };
+        let (only, from, to) = (ids(only), ids(from), ids(to));
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        let mut selected: BTreeSet<StageId> = self.stages.iter().map(|s| s.id).collect();
+        if !only.is_empty() {
+            let set: BTreeSet<StageId> = only.into_iter().collect();
+            selected = &selected & &set;
+        }
+        if !from.is_empty() {
+            let set: BTreeSet<StageId> = from.iter().flat_map(|&s| self.descendants(s)).collect();
+            selected = &selected & &set;
+        }
+        if !to.is_empty() {
+            let set: BTreeSet<StageId> = to.iter().flat_map(|&s| self.ancestors(s)).collect();
+            selected = &selected & &set;
+        }
+        Ok(selected)
+    }
+
+    /// Renders the DAG as a Mermaid flowchart.
+    pub fn to_mermaid(&self) -> String {
+        let mut out = String::from("flowchart LR\n");
+        for s in &self.stages {
+            let what = match &s.action {
+                Action::Step { name, .. } => format!("uses: {name}"),
+                Action::Command { argv, .. } => {
+                    let prog = argv.first().map(|t| t.render(|_| None)).unwrap_or_default();
+                    format!("run: {}", prog)
+                }
+            };
+            let mut label = format!("<b>{}</b><br/>{}", s.name, what);
+            if let Some(d) = &s.distributed {
+                label.push_str(&format!(
+                    "<br/>{} × {}",
+                    framework_name(d.framework),
+                    d.workers
+                ));
+            }
+            if s.map.is_some() {
+                label.push_str("<br/>map");
+            }
+            let label = mermaid_escape(&label);
+            let (open, close) = if s.map.is_some() {
+                ("[[", "]]")
+            } else if s.when.is_some() {
+                ("{{", "}}")
+            } else {
+                ("[", "]")
+            };
+            out.push_str(&format!("  s{}{}\"{}\"{}\n", s.id.0, open, label, close));
+        }
+        for e in self.graph.edge_indices() {
+            let (a, b) = self.graph.edge_endpoints(e).expect("edge exists");
+            let (a, b) = (self.graph[a], self.graph[b]);
+            match &self.graph[e] {
+                EdgeKind::Input { output, .. } | EdgeKind::MapFrom { output } => out.push_str(
+                    &format!("  s{} -->|{}| s{}\n", a.0, mermaid_escape(output), b.0),
+                ),
+                EdgeKind::Needs => out.push_str(&format!("  s{} --> s{}\n", a.0, b.0)),
+                EdgeKind::Value => out.push_str(&format!("  s{} -.->|values| s{}\n", a.0, b.0)),
+            }
+        }
+        out
+    }
+
+    /// Renders the DAG in Graphviz DOT.
+    pub fn to_dot(&self) -> String {
+        let mut out = format!(
+            "digraph {} {{\n  rankdir=LR;\n  node [shape=box, style=rounded];\n",
+            dot_quote(&self.name)
+        );
+        for s in &self.stages {
+            let what = match &s.action {
+                Action::Step { name, .. } => format!("uses: {name}"),
+                Action::Command { .. } => "run".to_owned(),
+            };
+            let shape = if s.map.is_some() { ", shape=box3d" } else { "" };
+            out.push_str(&format!(
+                "  {} [label={}{}];\n",
+                dot_quote(&s.name),
+                dot_quote(&format!("{}\\n{}", s.name, what)),
+                shape
+            ));
+        }
+        for e in self.graph.edge_indices() {
+            let (a, b) = self.graph.edge_endpoints(e).expect("edge exists");
+            let (a, b) = (
+                &self.stage(self.graph[a]).name,
+                &self.stage(self.graph[b]).name,
+            );
+            let attrs = match &self.graph[e] {
+                EdgeKind::Input { output, .. } | EdgeKind::MapFrom { output } => {
+                    format!(" [label={}]", dot_quote(output))
+                }
+                EdgeKind::Needs => String::new(),
+                EdgeKind::Value => " [style=dashed, label=\"values\"]".to_owned(),
+            };
+            out.push_str(&format!(
+                "  {} -> {}{};\n",
+                dot_quote(a),
+                dot_quote(b),
+                attrs
+            ));
+        }
+        out.push_str("}\n");
+        out
+    }
+}
+
+/// A topological order of `graph` in which, among ready nodes, the lowest id comes first.
+/// `None` when the graph has a cycle.
+pub fn stable_topo_order(graph: &DiGraph<StageId, EdgeKind>) -> Option<Vec<StageId>> {
+    let n = graph.node_count();
+    let mut indegree = vec![0usize; n];
+    for e in graph.edge_indices() {
+        let (_, b) = graph.edge_endpoints(e).expect("edge exists");
+        indegree[b.index()] += 1;
+    }
+    let mut ready: BinaryHeap<std::cmp::Reverse<usize>> = indegree
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| **d == 0)
+        .map(|(i, _)| std::cmp::Reverse(i))
+        .collect();
+    let mut order = Vec::with_capacity(n);
+    while let Some(std::cmp::Reverse(i)) = ready.pop() {
+        order.push(graph[NodeIndex::new(i)]);
+        for m in graph.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
+            indegree[m.index()] -= 1;
+            if indegree[m.index()] == 0 {
+                ready.push(std::cmp::Reverse(m.index()));
+            }
+        }
+    }
+    (order.len() == n).then_some(order)
+}
+
+/// Parses a `--param` value for a declared type.
+pub fn parse_param_value(kind: ParamType, raw: &str) -> Result<Value, String> {
+    match kind {
+        ParamType::String => Ok(Value::String(raw.to_owned())),
+        ParamType::Integer => raw
+            .trim()
+            .parse::<i64>()
+            .map(Value::from)
+            .map_err(|_| format!("expected an integer, got `{raw}`")),
+        ParamType::Number => raw
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .and_then(serde_json::Number::from_f64)
+            .map(Value::Number)
+            .ok_or_else(|| format!("expected a number, got `{raw}`")),
+        ParamType::Boolean => match raw.trim() {
+            "true" => Ok(Value::Bool(true)),
+            "false" => Ok(Value::Bool(false)),
+            _ => Err(format!("expected `true` or `false`, got `{raw}`")),
+        },
+        ParamType::List => {
+            let t = raw.trim();
+            if t.starts_with('[') {
+                match serde_json::from_str::<Value>(t) {
+                    Ok(v @ Value::Array(_)) => Ok(v),
+                    _ => Err(format!("expected a JSON list, got `{raw}`")),
+                }
+            } else if t.is_empty() {
+                Ok(Value::Array(Vec::new()))
+            } else {
+                Ok(Value::Array(
+                    t.split(',')
+                        .map(|s| Value::String(s.trim().to_owned()))
+                        .collect(),
+                ))
+            }
+        }
+    }
+}
+
+/// Whether `v` has type `kind`.
+pub fn value_has_type(kind: ParamType, v: &Value) -> bool {
+    match kind {
+        ParamType::String => v.is_string(),
+        ParamType::Number => v.is_number(),
+        ParamType::Integer => v.is_i64() || v.is_u64(),
+        ParamType::Boolean => v.is_boolean(),
+        ParamType::List => v.is_array(),
+    }
+}
+
+pub fn framework_name(f: Framework) -> &'static str {
+    match f {
+        Framework::None => "ranks",
+        Framework::Indexed => "indexed",
+        Framework::Mpi => "mpi",
+        Framework::Pytorch => "pytorch",
+    }
+}
+
+fn mermaid_escape(s: &str) -> String {
+    s.replace('"', "#quot;")
+}
+
+fn dot_quote(s: &str) -> String {
+    format!(
+        "\"{}\"",
+        s.replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace("\\\\n", "\\n")
+    )
+}
+
+/// Renders a template for display in `plan`, with params substituted and everything
+/// run-time shown as `{{ ref }}`.
+pub fn render_for_plan(t: &Template, params: &BTreeMap<String, Value>) -> String {
+    t.render(|r| match r {
+        Ref::Param(p) => params.get(p).map(crate::template::value_text),
+        _ => None,
+    })
+}

@@ -1,0 +1,651 @@
+//! The pipeline spec: exactly what the user wrote, as serde types.
+//!
+//! These types mirror the YAML one to one (`deny_unknown_fields`, `version: 1`) and carry
+//! no meaning beyond shape: durations, quantities, cron expressions, templates and
+//! references are kept as written and checked by [`crate::validate`], which turns a spec
+//! into a [`crate::plan::Pipeline`]. The JSON Schema that editors use is generated from
+//! these types ([`json_schema`]), and every field's doc comment is its documentation.
+
+use std::collections::BTreeMap;
+
+use indexmap::IndexMap;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
+
+/// A pipeline file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSpec {
+    /// The spec version. Only `1` exists.
+    pub version: u32,
+    /// The pipeline's name: a DNS-1123 label (lowercase letters, digits, `-`).
+    pub name: String,
+    /// Free text shown by `drivetrain plan` and the API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Typed parameters, set with `--param name=value`, read as `{{ params.name }}`.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub params: IndexMap<String, ParamSpec>,
+    /// Run this pipeline from cron (see `drivetrain serve`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<ScheduleSpec>,
+    /// Settings every stage inherits unless it sets its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defaults: Option<DefaultsSpec>,
+    /// The artifact store URL: `file:///abs/path`, `memory://`, `s3://bucket/prefix`,
+    /// `gs://…`, `az://…`. Default: `file://` under `.drivetrain/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
+    /// The stages, by name. Order in the file is the tie-break for display order.
+    pub stages: IndexMap<String, StageSpec>,
+}
+
+/// The top-level fields, in the order the spec reference lists them.
+pub const PIPELINE_FIELDS: &[&str] = &[
+    "version",
+    "name",
+    "description",
+    "params",
+    "schedule",
+    "defaults",
+    "store",
+    "stages",
+];
+
+/// A typed parameter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ParamSpec {
+    /// `string`, `number`, `integer`, `boolean` or `list`. Inferred from `default` when
+    /// omitted; one of the two is required.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<ParamType>,
+    /// The value when `--param` does not set one. A param without a default is required.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The allowed values, if restricted.
+    #[serde(default, rename = "enum", skip_serializing_if = "Option::is_none")]
+    pub allowed: Option<Vec<serde_json::Value>>,
+}
+
+/// The type of a param.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ParamType {
+    String,
+    Number,
+    Integer,
+    Boolean,
+    List,
+}
+
+impl ParamType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ParamType::String => "string",
+            ParamType::Number => "number",
+            ParamType::Integer => "integer",
+            ParamType::Boolean => "boolean",
+            ParamType::List => "list",
+        }
+    }
+}
+
+/// A cron schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSpec {
+    /// Five fields (`0 3 * * *`), or six with seconds first (`30 0 3 * * *`).
+    pub cron: String,
+    /// An IANA timezone (`Europe/Berlin`); default `UTC`. Daylight-saving changes follow it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    /// What a tick does while an earlier run of this pipeline is still running.
+    #[serde(default)]
+    pub concurrency: Concurrency,
+    /// Which missed ticks run after downtime: `none`, `latest` or `all` (bounded by
+    /// `max_catchup`).
+    #[serde(default)]
+    pub catchup: Catchup,
+    /// The most missed ticks `catchup: all` runs. Default 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_catchup: Option<u32>,
+    /// A suspended schedule fires nothing; resuming does not fire the backlog.
+    #[serde(default)]
+    pub suspend: bool,
+}
+
+/// Concurrency policy of a schedule.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Concurrency {
+    /// Start a new run regardless.
+    #[default]
+    Allow,
+    /// Skip the tick while a run is in flight.
+    Forbid,
+    /// Cancel the run in flight and start the new one.
+    Replace,
+}
+
+/// Catch-up policy of a schedule.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Catchup {
+    /// Missed ticks are dropped.
+    None,
+    /// Only the most recent missed tick runs.
+    #[default]
+    Latest,
+    /// Every missed tick runs, oldest first, at most `max_catchup`.
+    All,
+}
+
+/// Settings inherited by every stage.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DefaultsSpec {
+    /// The container image of `uses:` stages and of `run:` stages that name none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<RetrySpec>,
+    /// A duration: `90s`, `15m`, `2h`, `1h30m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourcesSpec>,
+    /// Environment for every stage; a stage's own `env` wins per variable.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub env: IndexMap<String, String>,
+    /// `local` or `kubernetes`. Default `local`; `--executor` overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executor: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheSpec>,
+}
+
+/// One stage.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StageSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// A built-in step (`drivetrain validate --steps` lists them). Exactly one of `uses`
+    /// and `run`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uses: Option<String>,
+    /// A command or container. Exactly one of `uses` and `run`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunSpec>,
+    /// The step's configuration, checked against the step's own schema.
+    #[serde(default, rename = "with", skip_serializing_if = "Option::is_none")]
+    pub with: Option<serde_json::Value>,
+    /// Stages that must succeed first. Inputs and `stages.X.values` references add
+    /// their producers implicitly.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub needs: Vec<String>,
+    /// Artifacts this stage reads: `name: stage.output`, or `{from: stage.output,
+    /// optional: true}`.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub inputs: IndexMap<String, InputSpec>,
+    /// Artifacts this stage writes: names, or `{name, mode}`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<OutputSpec>,
+    /// A condition; the stage is skipped (and says why) when it is false. References
+    /// without braces: `params.promote && stages.validate.values.passed == true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
+    /// Fan-out: run this stage once per item.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub map: Option<MapSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<RetrySpec>,
+    /// A duration: `90s`, `15m`, `2h`, `1h30m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourcesSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distributed: Option<DistributedSpec>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeSpec>,
+    /// Snapshot a volume after the stage (Kubernetes CSI `VolumeSnapshot`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotSpec>,
+    /// Secret references (never values).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretRef>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Environment variables; values may hold templates.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub env: IndexMap<String, String>,
+}
+
+/// A command, optionally in a container image.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunSpec {
+    /// The image on Kubernetes; default `defaults.image`. Ignored by the local executor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// argv: a list, never a shell string. Each element may hold templates.
+    pub command: Vec<String>,
+    /// More argv elements appended to `command`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub env: IndexMap<String, String>,
+    /// The working directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+}
+
+/// An input artifact reference.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum InputSpec {
+    /// `stage.output`
+    Short(String),
+    Long(InputLong),
+}
+
+/// The long form of an input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputLong {
+    /// `stage.output`
+    pub from: String,
+    /// When the producer is skipped, the input is absent instead of an error.
+    #[serde(default)]
+    pub optional: bool,
+    /// `dir` (default: a local directory) or `url` (a store URL, for data too large to copy).
+    #[serde(default)]
+    pub mode: IoMode,
+}
+
+impl InputSpec {
+    pub fn from(&self) -> &str {
+        match self {
+            InputSpec::Short(s) => s,
+            InputSpec::Long(l) => &l.from,
+        }
+    }
+
+    pub fn optional(&self) -> bool {
+        matches!(self, InputSpec::Long(l) if l.optional)
+    }
+
+    pub fn mode(&self) -> IoMode {
+        match self {
+            InputSpec::Short(_) => IoMode::Dir,
+            InputSpec::Long(l) => l.mode,
+        }
+    }
+}
+
+/// How a stage sees an artifact.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum IoMode {
+    #[default]
+    Dir,
+    Url,
+}
+
+/// An output declaration.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum OutputSpec {
+    Short(String),
+    Long(OutputLong),
+}
+
+/// The long form of an output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OutputLong {
+    pub name: String,
+    #[serde(default)]
+    pub mode: IoMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+impl OutputSpec {
+    pub fn name(&self) -> &str {
+        match self {
+            OutputSpec::Short(s) => s,
+            OutputSpec::Long(l) => &l.name,
+        }
+    }
+
+    pub fn mode(&self) -> IoMode {
+        match self {
+            OutputSpec::Short(_) => IoMode::Dir,
+            OutputSpec::Long(l) => l.mode,
+        }
+    }
+}
+
+/// Implements `Deserialize` for a "string or mapping" type: the derived untagged form
+/// would lose located errors, this keeps them.
+macro_rules! string_or_struct {
+    ($ty:ident, $long:ident, $what:literal) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> Visitor<'de> for V {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                        f.write_str($what)
+                    }
+                    fn visit_str<E: de::Error>(self, s: &str) -> Result<$ty, E> {
+                        Ok($ty::Short(s.to_owned()))
+                    }
+                    fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<$ty, A::Error> {
+                        $long::deserialize(de::value::MapAccessDeserializer::new(m)).map($ty::Long)
+                    }
+                }
+                d.deserialize_any(V)
+            }
+        }
+    };
+}
+
+string_or_struct!(
+    InputSpec,
+    InputLong,
+    "`stage.output` or a mapping with `from`"
+);
+string_or_struct!(
+    OutputSpec,
+    OutputLong,
+    "an output name or a mapping with `name`"
+);
+
+/// Fan-out over items. Exactly one of `items`, `param` and `from`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MapSpec {
+    /// A static list of items (scalars or mappings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items: Option<Vec<serde_json::Value>>,
+    /// The name of a `list` param.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub param: Option<String>,
+    /// `stage.output`: an upstream output whose `items.json` is a JSON list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// At most this many items run at once. Default: no limit beyond the run's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_parallel: Option<u32>,
+    /// The stage succeeds when at least this fraction of items succeeds (0 to 1).
+    /// Default 1: every item.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_success_ratio: Option<f64>,
+}
+
+/// Retry policy. The engine owns retries on every executor.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySpec {
+    /// Retries after the first attempt. `0` disables them.
+    pub limit: u32,
+    /// The first delay; it doubles each retry, with jitter. Default `10s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<String>,
+    /// The longest delay. Default `10m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_backoff: Option<String>,
+    /// Retry only on these exit codes or error classes (`error`, `timeout`, `lost`,
+    /// `oom`, `failed`). Default: every failure.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub on: Vec<RetryOn>,
+}
+
+/// What a retry policy retries on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RetryOn {
+    /// A process exit code.
+    ExitCode(i32),
+    Class(ErrorClass),
+}
+
+/// Classes of attempt failure, for `retries.on`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ErrorClass {
+    /// Any non-zero exit of the stage's own code.
+    Failed,
+    /// An infrastructure fault: executor, store, Kubernetes API.
+    Error,
+    /// The stage ran past its timeout.
+    Timeout,
+    /// The attempt vanished (node lost, engine restarted and could not re-attach).
+    Lost,
+    /// Killed for exceeding its memory.
+    Oom,
+}
+
+impl<'de> Deserialize<'de> for RetryOn {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RetryOn;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an exit code or one of `failed`, `error`, `timeout`, `lost`, `oom`")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RetryOn, E> {
+                i32::try_from(v)
+                    .map(RetryOn::ExitCode)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RetryOn, E> {
+                i32::try_from(v)
+                    .map(RetryOn::ExitCode)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Unsigned(v), &self))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RetryOn, E> {
+                ErrorClass::deserialize(de::value::StrDeserializer::<E>::new(v)).map(RetryOn::Class)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Cache policy of a stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CacheSpec {
+    /// Default true for stages that declare outputs.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Entries older than this are misses: a duration (`7d`, `12h`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Compute resources, in Kubernetes quantity syntax (`2`, `500m`, `4Gi`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResourcesSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<QuantityText>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<QuantityText>,
+    /// Whole GPUs (`nvidia.com/gpu`); fractions are not schedulable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<QuantityText>,
+    /// Shared memory: a memory-backed `/dev/shm` of this size (PyTorch data loaders, NCCL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm: Option<QuantityText>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ephemeral_storage: Option<QuantityText>,
+}
+
+/// A quantity as written: `2`, `0.5`, `500m`, `4Gi`. Checked by validation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct QuantityText(pub String);
+
+impl JsonSchema for QuantityText {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Quantity".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schemars::json_schema!({
+            "description": "A Kubernetes quantity: `2`, `500m`, `4Gi`, `1.5`.",
+            "anyOf": [
+                {"type": "string", "pattern": "^[+-]?([0-9]+(\\.[0-9]*)?|\\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"},
+                {"type": "number"}
+            ]
+        })
+    }
+}
+
+/// Distributed execution of one stage across ranks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DistributedSpec {
+    /// `none` (plain ranks with torchrun's environment), `indexed` (an Indexed Job),
+    /// `mpi` (a Kubeflow MPIJob), `pytorch` (a Kubeflow PyTorchJob).
+    #[serde(default)]
+    pub framework: Framework,
+    /// The number of workers (ranks), at least 1. All start together (gang semantics).
+    pub workers: i64,
+    /// MPI slots per worker. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots_per_worker: Option<i64>,
+}
+
+/// How distributed ranks are launched.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Framework {
+    #[default]
+    None,
+    Indexed,
+    Mpi,
+    Pytorch,
+}
+
+/// A volume mounted into the stage.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeSpec {
+    /// The volume's name within the stage (a DNS-1123 label).
+    pub name: String,
+    /// The absolute mount path.
+    pub mount_path: String,
+    /// A PersistentVolumeClaim. Exactly one of `claim`, `empty_dir` and `from_snapshot`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+    /// A scratch volume of this size limit (a quantity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub empty_dir: Option<QuantityText>,
+    /// A new claim restored from this `VolumeSnapshot` (reruns on a dataset version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// A snapshot of one of the stage's volumes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotSpec {
+    /// The name of a volume of this stage.
+    pub volume: String,
+    /// `success` (default) or `always`.
+    #[serde(default)]
+    pub when: SnapshotWhen,
+    /// The `VolumeSnapshotClass`; default: the cluster's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+}
+
+/// When a volume snapshot is taken.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotWhen {
+    #[default]
+    Success,
+    Always,
+}
+
+/// A reference to a secret; the value never appears in the spec or the logs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SecretRef {
+    /// The Kubernetes Secret's name (locally: the environment variable
+    /// `DRIVETRAIN_SECRET_<NAME>_<KEY>` of the engine, or a file under `.drivetrain/secrets/`).
+    pub name: String,
+    /// The key within the secret. Required with `env`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Expose the key as this environment variable. Exactly one of `env` and `mount_path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<String>,
+    /// Mount the whole secret as files here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mount_path: Option<String>,
+}
+
+/// A Kubernetes toleration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Toleration {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default)]
+    pub operator: TolerationOperator,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<TaintEffect>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toleration_seconds: Option<i64>,
+}
+
+/// A toleration's operator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum TolerationOperator {
+    #[default]
+    Equal,
+    Exists,
+}
+
+/// A taint effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum TaintEffect {
+    NoSchedule,
+    PreferNoSchedule,
+    NoExecute,
+}
+
+/// The JSON Schema of a pipeline file, for editors (`# yaml-language-server: $schema=…`).
+pub fn json_schema() -> serde_json::Value {
+    let schema = schemars::generate::SchemaSettings::draft07()
+        .into_generator()
+        .into_root_schema_for::<PipelineSpec>();
+    let mut value = serde_json::to_value(schema).unwrap_or_default();
+    if let Some(obj) = value.as_object_mut() {
+        obj.insert("title".into(), "drivetrain pipeline".into());
+    }
+    value
+}

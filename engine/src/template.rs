@@ -1,0 +1,299 @@
+//! Templates: `{{ params.date }}` inside argv elements, environment values, images and
+//! step config strings.
+//!
+//! A template is parsed once into literal parts and [`Ref`]s, checked statically against
+//! the pipeline (unknown params, inputs, outputs, stages), and rendered later by
+//! substituting each reference's value into that one string. The rendered string is one
+//! argv element or one environment value: nothing is ever handed to a shell, so a value
+//! containing `; rm -rf /` is just an odd argument.
+
+use std::fmt;
+use std::ops::Range;
+
+/// A reference to a value known at run time.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Ref {
+    /// `params.NAME`
+    Param(String),
+    /// `run.id`
+    RunId,
+    /// `run.date`: the run's start date (or the scheduled date), `YYYY-MM-DD`.
+    RunDate,
+    /// `pipeline.name`
+    PipelineName,
+    /// `schedule.time`: the scheduled time (RFC 3339) of a cron run; the submit time
+    /// of other runs.
+    ScheduleTime,
+    /// `inputs.NAME`: the local directory (or URL) of an input.
+    Input(String),
+    /// `outputs.NAME`: the local directory (or URL) an output is written to.
+    Output(String),
+    /// `stages.STAGE.values.KEY…`: a small value from the stage's `values.json`.
+    StageValue { stage: String, key: Vec<String> },
+    /// `item` or `item.KEY…` inside a `map` stage.
+    Item(Vec<String>),
+}
+
+/// The roots a reference can start with, for hints.
+pub const ROOTS: &[&str] = &[
+    "params", "run", "pipeline", "schedule", "inputs", "outputs", "stages", "item",
+];
+
+impl Ref {
+    /// Parses a dotted reference (`stages.validate.values.passed`).
+    pub fn parse(path: &str) -> Result<Ref, String> {
+        let segs: Vec<&str> = path.split('.').collect();
+        if segs.iter().any(|s| s.is_empty()) {
+            return Err(format!("`{path}` is not a reference"));
+        }
+        let rest = |n: usize| {
+            segs[n..]
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect::<Vec<_>>()
+        };
+        match segs.as_slice() {
+            ["params", name] => Ok(Ref::Param((*name).to_owned())),
+            ["run", "id"] => Ok(Ref::RunId),
+            ["run", "date"] => Ok(Ref::RunDate),
+            ["pipeline", "name"] => Ok(Ref::PipelineName),
+            ["schedule", "time"] => Ok(Ref::ScheduleTime),
+            ["inputs", name] => Ok(Ref::Input((*name).to_owned())),
+            ["outputs", name] => Ok(Ref::Output((*name).to_owned())),
+            ["stages", stage, "values", _, ..] => Ok(Ref::StageValue {
+                stage: (*stage).to_owned(),
+                key: rest(3),
+            }),
+            ["item", ..] => Ok(Ref::Item(rest(1))),
+            ["run", other] => Err(format!(
+                "unknown reference `run.{other}`; `run` has `id` and `date`"
+            )),
+            ["schedule", other] => Err(format!(
+                "unknown reference `schedule.{other}`; `schedule` has `time`"
+            )),
+            ["stages", stage, ..] => Err(format!(
+                "`{path}` is not a reference; stage values are read as `stages.{stage}.values.KEY`"
+            )),
+            [root, ..] if ROOTS.contains(root) => {
+                Err(format!("`{path}` is not a reference; write `{root}.NAME`"))
+            }
+            [root, ..] => {
+                let mut m = format!("unknown reference root `{root}` in `{path}`");
+                if let Some(h) = crate::diag::did_you_mean(root, ROOTS.iter().copied()) {
+                    m.push_str("; ");
+                    m.push_str(&h);
+                }
+                Err(m)
+            }
+            [] => Err("empty reference".to_owned()),
+        }
+    }
+}
+
+impl fmt::Display for Ref {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Ref::Param(n) => write!(f, "params.{n}"),
+            Ref::RunId => f.write_str("run.id"),
+            Ref::RunDate => f.write_str("run.date"),
+            Ref::PipelineName => f.write_str("pipeline.name"),
+            Ref::ScheduleTime => f.write_str("schedule.time"),
+            Ref::Input(n) => write!(f, "inputs.{n}"),
+            Ref::Output(n) => write!(f, "outputs.{n}"),
+            Ref::StageValue { stage, key } => write!(f, "stages.{stage}.values.{}", key.join(".")),
+            Ref::Item(k) if k.is_empty() => f.write_str("item"),
+            Ref::Item(k) => write!(f, "item.{}", k.join(".")),
+        }
+    }
+}
+
+/// One piece of a template.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part {
+    Lit(String),
+    /// A reference and its byte range (the whole `{{ … }}`) in the source string.
+    Ref(Ref, Range<usize>),
+}
+
+/// A parsed template string.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Template {
+    pub parts: Vec<Part>,
+}
+
+/// A template that does not parse, with the byte range of the offending part.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateError {
+    pub message: String,
+    pub range: Range<usize>,
+}
+
+impl Template {
+    /// Parses `s`. `{{ x }}` is a reference; a literal `{{` is written `{{ "{{" }}`.
+    pub fn parse(s: &str) -> Result<Template, Vec<TemplateError>> {
+        let mut parts = Vec::new();
+        let mut errors = Vec::new();
+        let mut lit = String::new();
+        let mut rest = 0;
+        while let Some(open) = s[rest..].find("{{").map(|i| i + rest) {
+            lit.push_str(&s[rest..open]);
+            let Some(close) = s[open + 2..].find("}}").map(|i| i + open + 2) else {
+                errors.push(TemplateError {
+                    message: "unclosed `{{`: a template ends with `}}`".to_owned(),
+                    range: open..s.len(),
+                });
+                rest = s.len();
+                break;
+            };
+            let inner = s[open + 2..close].trim();
+            let range = open..close + 2;
+            if let Some(quoted) = inner
+                .strip_prefix('"')
+                .and_then(|x| x.strip_suffix('"'))
+                .or_else(|| inner.strip_prefix('\'').and_then(|x| x.strip_suffix('\'')))
+            {
+                lit.push_str(quoted);
+            } else if inner.is_empty() {
+                errors.push(TemplateError {
+                    message: "empty template `{{ }}`".to_owned(),
+                    range: range.clone(),
+                });
+            } else if let Some(bad) = inner
+                .chars()
+                .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+            {
+                errors.push(TemplateError {
+                    message: format!(
+                        "templates hold one reference such as `params.date`; found `{bad}` in `{inner}`"
+                    ),
+                    range: range.clone(),
+                });
+            } else {
+                match Ref::parse(inner) {
+                    Ok(r) => {
+                        if !lit.is_empty() {
+                            parts.push(Part::Lit(std::mem::take(&mut lit)));
+                        }
+                        parts.push(Part::Ref(r, range));
+                    }
+                    Err(message) => errors.push(TemplateError { message, range }),
+                }
+            }
+            rest = close + 2;
+        }
+        lit.push_str(&s[rest..]);
+        if !lit.is_empty() {
+            parts.push(Part::Lit(lit));
+        }
+        if errors.is_empty() {
+            Ok(Template { parts })
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// The references, with their byte ranges.
+    pub fn refs(&self) -> impl Iterator<Item = (&Ref, &Range<usize>)> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Ref(r, range) => Some((r, range)),
+            Part::Lit(_) => None,
+        })
+    }
+
+    pub fn is_literal(&self) -> bool {
+        self.refs().next().is_none()
+    }
+
+    /// Renders with `value` giving each reference's text; `None` keeps the reference
+    /// visible as `{{ ref }}` (for `drivetrain plan`, before a run exists).
+    pub fn render(&self, mut value: impl FnMut(&Ref) -> Option<String>) -> String {
+        let mut out = String::new();
+        for p in &self.parts {
+            match p {
+                Part::Lit(l) => out.push_str(l),
+                Part::Ref(r, _) => match value(r) {
+                    Some(v) => out.push_str(&v),
+                    None => {
+                        out.push_str("{{ ");
+                        out.push_str(&r.to_string());
+                        out.push_str(" }}");
+                    }
+                },
+            }
+        }
+        out
+    }
+}
+
+/// The text of a JSON value as it is substituted into a string: strings bare, other
+/// values as JSON (`[1,2]`, `true`).
+pub fn value_text(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_references_and_literals() {
+        let t = Template::parse("s3://logs/{{ params.date }}/{{run.id}}").unwrap();
+        assert_eq!(
+            t.parts,
+            vec![
+                Part::Lit("s3://logs/".into()),
+                Part::Ref(Ref::Param("date".into()), 10..27),
+                Part::Lit("/".into()),
+                Part::Ref(Ref::RunId, 28..38),
+            ]
+        );
+    }
+
+    #[test]
+    fn rendering_never_reinterprets_values() {
+        let t = Template::parse("--name={{ params.n }}").unwrap();
+        let out = t.render(|_| Some("x; rm -rf / {{ params.n }}".into()));
+        assert_eq!(out, "--name=x; rm -rf / {{ params.n }}");
+    }
+
+    #[test]
+    fn stage_values_and_items() {
+        let t =
+            Template::parse("{{ stages.validate.values.metrics.iou }} {{ item.drive }}").unwrap();
+        let refs: Vec<_> = t.refs().map(|(r, _)| r.clone()).collect();
+        assert_eq!(
+            refs,
+            vec![
+                Ref::StageValue {
+                    stage: "validate".into(),
+                    key: vec!["metrics".into(), "iou".into()]
+                },
+                Ref::Item(vec!["drive".into()])
+            ]
+        );
+    }
+
+    #[test]
+    fn errors_are_ranged() {
+        let e = Template::parse("a {{ parms.x }} b {{ params.y").unwrap_err();
+        assert_eq!(e.len(), 2);
+        assert_eq!(e[0].range, 2..15);
+        assert!(e[0].message.contains("did you mean `params`"));
+        assert!(e[1].message.contains("unclosed"));
+    }
+
+    #[test]
+    fn escaped_braces() {
+        let t = Template::parse("{{ \"{{\" }}x}}").unwrap();
+        assert_eq!(t.render(|_| None), "{{x}}");
+    }
+
+    #[test]
+    fn expressions_are_not_templates() {
+        let e = Template::parse("{{ params.a | upper }}").unwrap_err();
+        assert!(e[0].message.contains("one reference"));
+    }
+}

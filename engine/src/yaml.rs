@@ -1,0 +1,743 @@
+//! A located YAML tree: the first layer between the user's bytes and the spec.
+//!
+//! The pipeline file is parsed into [`Node`]s that remember where each value and each
+//! mapping key came from (byte range, line, column). Everything later (serde
+//! deserialization in [`crate::de`], semantic validation in [`crate::validate`]) reports
+//! problems through these spans, so a user always sees `file:line:column` and the YAML
+//! path. This module knows nothing about pipelines.
+//!
+//! Scalars keep their source text and whether they were quoted; their type (null, bool,
+//! integer, float, string) is resolved lazily with the YAML 1.2 core schema, which lets a
+//! string field accept `image: 1.4` without the YAML 1.1 surprises (`on: yes`).
+//! Duplicate keys are errors (YAML forbids them; most parsers silently keep the last).
+//! Aliases are expanded, bounded by [`MAX_NODES`] so an alias bomb cannot exhaust memory,
+//! and `<<` merge keys are honoured because pipeline authors use them for shared blocks.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use saphyr_parser::{Event, Parser, ScalarStyle, Span as YSpan};
+
+use crate::diag::{Diagnostic, Span};
+
+/// Upper bound on nodes in one document, aliases expanded.
+pub const MAX_NODES: usize = 2_000_000;
+/// Upper bound on nesting depth.
+pub const MAX_DEPTH: usize = 256;
+
+/// One YAML value with its location.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub value: Value,
+    pub span: Span,
+}
+
+/// The shape of a YAML value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// A scalar with its source text; `plain` is false for quoted and block scalars,
+    /// which are always strings.
+    Scalar {
+        text: String,
+        plain: bool,
+    },
+    Seq(Vec<Node>),
+    Map(Vec<Entry>),
+}
+
+/// A mapping entry: the key's text and location, and the value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub key: String,
+    pub key_span: Span,
+    pub value: Node,
+}
+
+/// A scalar resolved with the YAML 1.2 core schema.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Resolved<'a> {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(&'a str),
+}
+
+impl Node {
+    /// The resolved scalar, or `None` for sequences and mappings.
+    pub fn scalar(&self) -> Option<Resolved<'_>> {
+        match &self.value {
+            Value::Scalar { text, plain } => Some(if *plain {
+                resolve_plain(text)
+            } else {
+                Resolved::Str(text)
+            }),
+            _ => None,
+        }
+    }
+
+    /// The scalar's text, whatever its resolved type.
+    pub fn scalar_text(&self) -> Option<&str> {
+        match &self.value {
+            Value::Scalar { text, .. } => Some(text),
+            _ => None,
+        }
+    }
+
+    /// The node as a string, if it resolves to one.
+    pub fn as_str(&self) -> Option<&str> {
+        match self.scalar()? {
+            Resolved::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_map(&self) -> Option<&[Entry]> {
+        match &self.value {
+            Value::Map(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    pub fn as_seq(&self) -> Option<&[Node]> {
+        match &self.value {
+            Value::Seq(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The entry under `key`, if this is a mapping that has it.
+    pub fn entry(&self, key: &str) -> Option<&Entry> {
+        self.as_map()?.iter().find(|e| e.key == key)
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Node> {
+        self.entry(key).map(|e| &e.value)
+    }
+
+    /// A short description of the node's kind for error messages.
+    pub fn kind(&self) -> &'static str {
+        match self.scalar() {
+            Some(Resolved::Null) => "null",
+            Some(Resolved::Bool(_)) => "a boolean",
+            Some(Resolved::Int(_)) => "an integer",
+            Some(Resolved::Float(_)) => "a number",
+            Some(Resolved::Str(_)) => "a string",
+            None if matches!(self.value, Value::Seq(_)) => "a list",
+            None => "a mapping",
+        }
+    }
+
+    /// Walks `path` from this node. Returns the deepest node reached and, when the walk
+    /// ended on a mapping key, that key's span, so errors about a key point at the key.
+    pub fn locate(&self, path: &YamlPath) -> Located<'_> {
+        let mut node = self;
+        let mut key_span = None;
+        for seg in &path.0 {
+            let next = match (seg, &node.value) {
+                (Seg::Key(k), Value::Map(entries)) => entries
+                    .iter()
+                    .find(|e| &e.key == k)
+                    .map(|e| (&e.value, Some(e.key_span))),
+                (Seg::Index(i), Value::Seq(items)) => items.get(*i).map(|n| (n, None)),
+                _ => None,
+            };
+            match next {
+                Some((n, ks)) => {
+                    node = n;
+                    key_span = ks;
+                }
+                None => {
+                    return Located {
+                        node,
+                        key_span,
+                        exact: false,
+                    }
+                }
+            }
+        }
+        Located {
+            node,
+            key_span,
+            exact: true,
+        }
+    }
+
+    /// Converts to JSON with core-schema scalars (for params, `with` blocks and values).
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::Value as J;
+        match &self.value {
+            Value::Scalar { text, .. } => match self.scalar().unwrap_or(Resolved::Str(text)) {
+                Resolved::Null => J::Null,
+                Resolved::Bool(b) => J::Bool(b),
+                Resolved::Int(i) => J::from(i),
+                Resolved::Float(f) => serde_json::Number::from_f64(f)
+                    .map(J::Number)
+                    .unwrap_or_else(|| J::String(text.clone())),
+                Resolved::Str(s) => J::String(s.to_owned()),
+            },
+            Value::Seq(items) => J::Array(items.iter().map(Node::to_json).collect()),
+            Value::Map(entries) => J::Object(
+                entries
+                    .iter()
+                    .map(|e| (e.key.clone(), e.value.to_json()))
+                    .collect(),
+            ),
+        }
+    }
+}
+
+/// The result of [`Node::locate`].
+#[derive(Debug, Clone, Copy)]
+pub struct Located<'a> {
+    pub node: &'a Node,
+    pub key_span: Option<Span>,
+    /// False when the path did not exist all the way down (the node is its deepest
+    /// existing ancestor).
+    pub exact: bool,
+}
+
+/// Resolves a plain scalar with the YAML 1.2 core schema.
+pub fn resolve_plain(text: &str) -> Resolved<'_> {
+    match text {
+        "" | "~" | "null" | "Null" | "NULL" => return Resolved::Null,
+        "true" | "True" | "TRUE" => return Resolved::Bool(true),
+        "false" | "False" | "FALSE" => return Resolved::Bool(false),
+        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => {
+            return Resolved::Float(f64::INFINITY)
+        }
+        "-.inf" | "-.Inf" | "-.INF" => return Resolved::Float(f64::NEG_INFINITY),
+        ".nan" | ".NaN" | ".NAN" => return Resolved::Float(f64::NAN),
+        _ => {}
+    }
+    let bytes = text.as_bytes();
+    let first = bytes[0];
+    if !(first.is_ascii_digit() || first == b'-' || first == b'+' || first == b'.') {
+        return Resolved::Str(text);
+    }
+    if let Some(hex) = text.strip_prefix("0x") {
+        if let Ok(i) = i64::from_str_radix(hex, 16) {
+            return Resolved::Int(i);
+        }
+    }
+    if let Some(oct) = text.strip_prefix("0o") {
+        if let Ok(i) = i64::from_str_radix(oct, 8) {
+            return Resolved::Int(i);
+        }
+    }
+    let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        if let Ok(i) = text.parse::<i64>() {
+            return Resolved::Int(i);
+        }
+    }
+    // A float per the core schema: [-+]? (\.[0-9]+ | [0-9]+ (\.[0-9]*)?) ([eE][-+]?[0-9]+)?
+    let is_float_syntax = {
+        let (mantissa, exp) = match digits.find(['e', 'E']) {
+            Some(i) => (&digits[..i], Some(&digits[i + 1..])),
+            None => (digits, None),
+        };
+        let mantissa_ok = match mantissa.split_once('.') {
+            Some((int, frac)) => {
+                (!int.is_empty() || !frac.is_empty())
+                    && int.bytes().all(|b| b.is_ascii_digit())
+                    && frac.bytes().all(|b| b.is_ascii_digit())
+            }
+            None => !mantissa.is_empty() && mantissa.bytes().all(|b| b.is_ascii_digit()),
+        };
+        let exp_ok = exp.is_none_or(|e| {
+            let e = e.strip_prefix(['-', '+']).unwrap_or(e);
+            !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())
+        });
+        mantissa_ok && exp_ok
+    };
+    if is_float_syntax {
+        if let Ok(f) = text.parse::<f64>() {
+            return Resolved::Float(f);
+        }
+    }
+    Resolved::Str(text)
+}
+
+/// One step of a YAML path.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+/// A path into the document, shown as `stages.train.inputs.dataset` or `stages.a.needs[0]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct YamlPath(pub Vec<Seg>);
+
+impl YamlPath {
+    pub fn root() -> Self {
+        YamlPath(Vec::new())
+    }
+
+    /// This path extended by a key.
+    pub fn key(&self, k: impl Into<String>) -> Self {
+        let mut p = self.clone();
+        p.0.push(Seg::Key(k.into()));
+        p
+    }
+
+    /// This path extended by an index.
+    pub fn index(&self, i: usize) -> Self {
+        let mut p = self.clone();
+        p.0.push(Seg::Index(i));
+        p
+    }
+
+    /// Parses the display form back (`a.b[2].c`); keys with dots use `["a.b"]`.
+    pub fn parse(s: &str) -> Self {
+        let mut segs = Vec::new();
+        for part in s.split('.').filter(|p| !p.is_empty()) {
+            let (key, rest) = match part.find('[') {
+                Some(i) => (&part[..i], &part[i..]),
+                None => (part, ""),
+            };
+            if !key.is_empty() {
+                segs.push(Seg::Key(key.to_owned()));
+            }
+            for idx in rest.split('[').filter(|x| !x.is_empty()) {
+                if let Ok(i) = idx.trim_end_matches(']').parse() {
+                    segs.push(Seg::Index(i));
+                }
+            }
+        }
+        YamlPath(segs)
+    }
+}
+
+impl fmt::Display for YamlPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("(document)");
+        }
+        for (i, seg) in self.0.iter().enumerate() {
+            match seg {
+                Seg::Key(k) if is_plain_key(k) => {
+                    if i > 0 {
+                        f.write_str(".")?;
+                    }
+                    f.write_str(k)?;
+                }
+                Seg::Key(k) => write!(f, "[{k:?}]")?,
+                Seg::Index(n) => write!(f, "[{n}]")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_plain_key(k: &str) -> bool {
+    !k.is_empty()
+        && k.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Maps saphyr's character-based markers to byte offsets.
+struct LineIndex {
+    /// Byte offset of the start of each line.
+    starts: Vec<usize>,
+    ascii: bool,
+}
+
+impl LineIndex {
+    fn new(src: &str) -> Self {
+        let mut starts = vec![0];
+        starts.extend(src.match_indices('\n').map(|(i, _)| i + 1));
+        LineIndex {
+            starts,
+            ascii: src.is_ascii(),
+        }
+    }
+
+    /// Byte offset of (1-based line, 0-based char column).
+    fn offset(&self, src: &str, line: usize, col: usize) -> usize {
+        let line = line.max(1);
+        let Some(&start) = self.starts.get(line - 1) else {
+            return src.len();
+        };
+        if self.ascii {
+            return (start + col).min(src.len());
+        }
+        src[start..]
+            .char_indices()
+            .nth(col)
+            .map(|(i, _)| start + i)
+            .unwrap_or(src.len())
+    }
+
+    fn span(&self, src: &str, s: YSpan) -> Span {
+        let start = self.offset(src, s.start.line(), s.start.col());
+        let end = self.offset(src, s.end.line(), s.end.col()).max(start);
+        Span {
+            start,
+            end,
+            line: s.start.line().max(1) as u32,
+            column: s.start.col() as u32 + 1,
+        }
+    }
+}
+
+enum Frame {
+    Seq {
+        span: Span,
+        anchor: usize,
+        items: Vec<Node>,
+    },
+    Map {
+        span: Span,
+        anchor: usize,
+        entries: Vec<Entry>,
+        /// A key read, waiting for its value.
+        pending_key: Option<(String, Span)>,
+        merges: Vec<Node>,
+    },
+}
+
+/// Parses one YAML document into a located tree. Problems come back as diagnostics:
+/// syntax errors (one, where the parser stopped), duplicate keys, non-scalar keys,
+/// unknown aliases and documents beyond the size bounds.
+pub fn parse(src: &str) -> Result<Node, Vec<Diagnostic>> {
+    let index = LineIndex::new(src);
+    let mut parser = Parser::new_from_str(src);
+    let mut stack: Vec<Frame> = Vec::new();
+    let mut anchors: HashMap<usize, Node> = HashMap::new();
+    let mut root: Option<Node> = None;
+    let mut docs = 0usize;
+    let mut count = 0usize;
+    let mut errors = Vec::new();
+
+    while let Some(ev) = parser.next_event() {
+        let (event, yspan) = match ev {
+            Ok(e) => e,
+            Err(e) => {
+                let m = e.marker();
+                let off = index.offset(src, m.line(), m.col());
+                errors.push(
+                    Diagnostic::new("yaml-syntax", format!("YAML syntax error: {}", e.info())).at(
+                        Span {
+                            start: off,
+                            end: off,
+                            line: m.line().max(1) as u32,
+                            column: m.col() as u32 + 1,
+                        },
+                    ),
+                );
+                return Err(errors);
+            }
+        };
+        let span = index.span(src, yspan);
+        let complete: Option<(Node, usize)> = match event {
+            Event::StreamStart | Event::StreamEnd | Event::Nothing | Event::DocumentEnd => None,
+            Event::DocumentStart(_) => {
+                docs += 1;
+                if docs > 1 {
+                    errors.push(
+                        Diagnostic::new(
+                            "yaml-multiple-documents",
+                            "a pipeline file holds exactly one YAML document",
+                        )
+                        .at(span)
+                        .hint("remove the `---` separator or split the file in two"),
+                    );
+                    return Err(errors);
+                }
+                None
+            }
+            Event::Scalar(text, style, anchor, tag) => {
+                count += 1;
+                // `!!int 3` and friends resolve as plain scalars; `!!str` and custom tags
+                // keep the text as a string.
+                let core_non_str = matches!(
+                    tag.as_deref(),
+                    Some(t) if t.is_yaml_core_schema() && t.suffix != "str"
+                );
+                let plain = (matches!(style, ScalarStyle::Plain) && tag.is_none()) || core_non_str;
+                let text = text.into_owned();
+                Some((
+                    Node {
+                        value: Value::Scalar { text, plain },
+                        span,
+                    },
+                    anchor,
+                ))
+            }
+            Event::Alias(id) => match anchors.get(&id) {
+                Some(n) => {
+                    count += count_nodes(n);
+                    let mut n = n.clone();
+                    n.span = span;
+                    Some((n, 0))
+                }
+                None => {
+                    errors.push(Diagnostic::new("yaml-syntax", "unknown alias").at(span));
+                    return Err(errors);
+                }
+            },
+            Event::SequenceStart(anchor, _) => {
+                count += 1;
+                stack.push(Frame::Seq {
+                    span,
+                    anchor,
+                    items: Vec::new(),
+                });
+                None
+            }
+            Event::MappingStart(anchor, _) => {
+                count += 1;
+                stack.push(Frame::Map {
+                    span,
+                    anchor,
+                    entries: Vec::new(),
+                    pending_key: None,
+                    merges: Vec::new(),
+                });
+                None
+            }
+            Event::SequenceEnd => match stack.pop() {
+                Some(Frame::Seq {
+                    span: s,
+                    anchor,
+                    items,
+                }) => Some((
+                    Node {
+                        value: Value::Seq(items),
+                        span: s.to(span),
+                    },
+                    anchor,
+                )),
+                _ => None,
+            },
+            Event::MappingEnd => match stack.pop() {
+                Some(Frame::Map {
+                    span: s,
+                    anchor,
+                    mut entries,
+                    merges,
+                    ..
+                }) => {
+                    for m in merges {
+                        merge_into(&mut entries, m);
+                    }
+                    Some((
+                        Node {
+                            value: Value::Map(entries),
+                            span: s.to(span),
+                        },
+                        anchor,
+                    ))
+                }
+                _ => None,
+            },
+        };
+        if count > MAX_NODES {
+            errors.push(
+                Diagnostic::new(
+                    "yaml-too-large",
+                    format!("the document expands to more than {MAX_NODES} values"),
+                )
+                .at(span)
+                .hint("aliases are expanded; an alias of an alias multiplies the size"),
+            );
+            return Err(errors);
+        }
+        if stack.len() > MAX_DEPTH {
+            errors.push(
+                Diagnostic::new(
+                    "yaml-too-deep",
+                    format!("the document nests deeper than {MAX_DEPTH} levels"),
+                )
+                .at(span),
+            );
+            return Err(errors);
+        }
+        let Some((node, anchor)) = complete else {
+            continue;
+        };
+        if anchor != 0 {
+            anchors.insert(anchor, node.clone());
+        }
+        match stack.last_mut() {
+            None => root = Some(node),
+            Some(Frame::Seq { items, .. }) => items.push(node),
+            Some(Frame::Map {
+                entries,
+                pending_key,
+                merges,
+                ..
+            }) => match pending_key.take() {
+                None => match &node.value {
+                    Value::Scalar { text, .. } => {
+                        *pending_key = Some((text.clone(), node.span));
+                    }
+                    _ => {
+                        errors.push(
+                            Diagnostic::new(
+                                "yaml-complex-key",
+                                format!("mapping keys must be scalars, found {}", node.kind()),
+                            )
+                            .at(node.span),
+                        );
+                        *pending_key = Some((String::new(), node.span));
+                    }
+                },
+                Some((key, key_span)) => {
+                    if key == "<<" && matches!(node.value, Value::Map(_) | Value::Seq(_)) {
+                        merges.push(node);
+                    } else if let Some(first) = entries.iter().find(|e| e.key == key) {
+                        errors.push(
+                            Diagnostic::new("duplicate-key", format!("duplicate key `{key}`"))
+                                .at(key_span)
+                                .note(format!(
+                                    "first defined at line {}, column {}",
+                                    first.key_span.line, first.key_span.column
+                                ))
+                                .hint("YAML keys must be unique within a mapping; merge the two entries"),
+                        );
+                    } else {
+                        entries.push(Entry {
+                            key,
+                            key_span,
+                            value: node,
+                        });
+                    }
+                }
+            },
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    match root {
+        Some(node) => Ok(node),
+        None => Err(vec![Diagnostic::new("empty-document", "the file is empty")
+            .at(Span::default())
+            .hint(
+                "a pipeline needs at least `version: 1`, `name` and `stages`",
+            )]),
+    }
+}
+
+fn count_nodes(n: &Node) -> usize {
+    1 + match &n.value {
+        Value::Scalar { .. } => 0,
+        Value::Seq(items) => items.iter().map(count_nodes).sum(),
+        Value::Map(entries) => entries.iter().map(|e| count_nodes(&e.value)).sum(),
+    }
+}
+
+/// Applies a `<<` merge: keys already present win.
+fn merge_into(entries: &mut Vec<Entry>, merge: Node) {
+    let sources = match merge.value {
+        Value::Map(m) => vec![m],
+        Value::Seq(items) => items
+            .into_iter()
+            .filter_map(|n| match n.value {
+                Value::Map(m) => Some(m),
+                _ => None,
+            })
+            .collect(),
+        Value::Scalar { .. } => Vec::new(),
+    };
+    for source in sources {
+        for e in source {
+            if !entries.iter().any(|x| x.key == e.key) {
+                entries.push(e);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_core_schema_scalars() {
+        assert_eq!(resolve_plain("3"), Resolved::Int(3));
+        assert_eq!(resolve_plain("-3"), Resolved::Int(-3));
+        assert_eq!(resolve_plain("2.5"), Resolved::Float(2.5));
+        assert_eq!(resolve_plain("1e3"), Resolved::Float(1000.0));
+        assert_eq!(resolve_plain("true"), Resolved::Bool(true));
+        assert_eq!(resolve_plain("~"), Resolved::Null);
+        assert_eq!(resolve_plain("yes"), Resolved::Str("yes"));
+        assert_eq!(resolve_plain("1.4.2"), Resolved::Str("1.4.2"));
+        assert_eq!(resolve_plain("4Gi"), Resolved::Str("4Gi"));
+        assert_eq!(resolve_plain("0x1f"), Resolved::Int(31));
+        assert_eq!(resolve_plain("-"), Resolved::Str("-"));
+    }
+
+    #[test]
+    fn spans_point_at_keys_and_values() {
+        let src = "a: 1\nb:\n  c: [x, \"y\"]\n";
+        let root = parse(src).unwrap();
+        let loc = root.locate(&YamlPath::parse("b.c[1]"));
+        assert!(loc.exact);
+        assert_eq!(loc.node.as_str(), Some("y"));
+        assert_eq!((loc.node.span.line, loc.node.span.column), (3, 10));
+        let loc = root.locate(&YamlPath::parse("b.c"));
+        let ks = loc.key_span.unwrap();
+        assert_eq!((ks.line, ks.column), (3, 3));
+        assert_eq!(&src[ks.start..ks.end], "c");
+    }
+
+    #[test]
+    fn duplicate_keys_are_reported_with_both_places() {
+        let errs = parse("a: 1\nb: 2\na: 3\n").unwrap_err();
+        assert_eq!(errs.len(), 1);
+        assert_eq!(errs[0].code, "duplicate-key");
+        assert_eq!(errs[0].span.unwrap().line, 3);
+        assert!(errs[0].notes[0].contains("line 1"));
+    }
+
+    #[test]
+    fn merge_keys_and_aliases() {
+        let root = parse("base: &b {x: 1, y: 2}\nd:\n  <<: *b\n  y: 3\n").unwrap();
+        let d = root.get("d").unwrap();
+        assert_eq!(d.get("x").unwrap().scalar(), Some(Resolved::Int(1)));
+        assert_eq!(d.get("y").unwrap().scalar(), Some(Resolved::Int(3)));
+    }
+
+    #[test]
+    fn alias_bombs_are_bounded() {
+        let mut src = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..9 {
+            let p = i - 1;
+            src.push_str(&format!(
+                "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
+            ));
+        }
+        let errs = parse(&src).unwrap_err();
+        assert_eq!(errs[0].code, "yaml-too-large");
+    }
+
+    #[test]
+    fn syntax_errors_are_located() {
+        let errs = parse("a: [1, 2\nb: 3\n").unwrap_err();
+        assert_eq!(errs[0].code, "yaml-syntax");
+        assert!(errs[0].span.unwrap().line >= 1);
+    }
+
+    #[test]
+    fn non_ascii_columns_map_to_bytes() {
+        let src = "ä: \"ö\"\nb: x\n";
+        let root = parse(src).unwrap();
+        let n = root.get("b").unwrap();
+        assert_eq!(&src[n.span.start..n.span.end], "x");
+    }
+
+    #[test]
+    fn path_display_round_trips() {
+        let p = YamlPath::root()
+            .key("stages")
+            .key("a")
+            .key("needs")
+            .index(2);
+        assert_eq!(p.to_string(), "stages.a.needs[2]");
+        assert_eq!(YamlPath::parse(&p.to_string()), p);
+    }
+}
