@@ -1,1 +1,624 @@
-fn main() {}
+//! The `drivetrain` command line: argument parsing, terminal output and wiring.
+//!
+//! Exit codes mean one thing each: 0 success, 1 the pipeline is invalid (or, later, the
+//! run failed), 2 usage (bad arguments, unreadable files), 130 cancelled.
+
+mod report;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use drivetrain_engine::plan::{framework_name, render_for_plan, Action, MapSource, Pipeline};
+use drivetrain_engine::{validate, Catalog, Validated};
+use serde_json::{json, Value};
+
+/// The workflow engine for the autonomous-driving data loop.
+#[derive(Debug, Parser)]
+#[command(name = "drivetrain", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check pipeline files and report every problem with its location.
+    #[command(
+        after_help = "Examples:\n  drivetrain validate pipelines/*.yaml\n  drivetrain validate broken.yaml --output json"
+    )]
+    Validate {
+        /// Pipeline files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Print the pipeline's DAG as a Mermaid flowchart or Graphviz DOT.
+    #[command(
+        after_help = "Examples:\n  drivetrain graph pipelines/driving-loop.yaml\n  drivetrain graph pipelines/driving-loop.yaml --format dot | dot -Tsvg > loop.svg"
+    )]
+    Graph {
+        file: PathBuf,
+        #[arg(long, value_enum, default_value_t = GraphFormat::Mermaid)]
+        format: GraphFormat,
+    },
+    /// Print the resolved stages in execution order, with their resolved commands.
+    #[command(
+        after_help = "Examples:\n  drivetrain plan pipelines/driving-loop.yaml --param date=2026-11-20\n  drivetrain plan pipelines/driving-loop.yaml --from train --output json"
+    )]
+    Plan {
+        file: PathBuf,
+        /// Set a param: `--param name=value` (repeatable).
+        #[arg(long = "param", short = 'p', value_name = "NAME=VALUE", value_parser = parse_kv)]
+        params: Vec<(String, String)>,
+        /// Only these stages (comma-separated or repeated).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        /// These stages and everything after them.
+        #[arg(long, value_delimiter = ',')]
+        from: Vec<String>,
+        /// These stages and everything before them.
+        #[arg(long, value_delimiter = ',')]
+        to: Vec<String>,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Print the JSON Schema of pipeline files (for editors).
+    #[command(after_help = "Example:\n  drivetrain schema > pipeline.schema.json")]
+    Schema,
+    /// List the built-in steps and executors.
+    #[command(after_help = "Examples:\n  drivetrain steps\n  drivetrain steps --output json")]
+    Steps {
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum GraphFormat {
+    Mermaid,
+    Dot,
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("expected NAME=VALUE, got `{s}`")),
+    }
+}
+
+/// The one explicit list of steps and executors this binary knows.
+fn catalog() -> Catalog {
+    Catalog::new(
+        drivetrain_steps::all(),
+        drivetrain_plugins::EXECUTORS.to_vec(),
+    )
+}
+
+const EXIT_INVALID: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let catalog = catalog();
+    match cli.command {
+        Command::Validate { files, output } => cmd_validate(&catalog, &files, output),
+        Command::Graph { file, format } => match load(&catalog, &file) {
+            Ok(p) => {
+                print!(
+                    "{}",
+                    match format {
+                        GraphFormat::Mermaid => p.to_mermaid(),
+                        GraphFormat::Dot => p.to_dot(),
+                    }
+                );
+                ExitCode::SUCCESS
+            }
+            Err(code) => code,
+        },
+        Command::Plan {
+            file,
+            params,
+            only,
+            from,
+            to,
+            output,
+        } => {
+            let p = match load(&catalog, &file) {
+                Ok(p) => p,
+                Err(code) => return code,
+            };
+            let values = match p.resolve_params(&params) {
+                Ok(v) => v,
+                Err(errors) => return usage_errors(&errors),
+            };
+            let selected = match p.select(&only, &from, &to) {
+                Ok(s) => s,
+                Err(errors) => return usage_errors(&errors),
+            };
+            match output {
+                Format::Text => print!("{}", plan_text(&p, &values, &selected)),
+                Format::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&plan_json(&p, &values, &selected))
+                        .expect("JSON values serialize")
+                ),
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Schema => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&drivetrain_engine::spec::json_schema())
+                    .expect("schema serializes")
+            );
+            ExitCode::SUCCESS
+        }
+        Command::Steps { output } => {
+            match output {
+                Format::Text => {
+                    println!("built-in steps:");
+                    for s in catalog.steps() {
+                        let inputs: Vec<String> = s
+                            .inputs()
+                            .iter()
+                            .map(|(n, req)| if *req { n.to_string() } else { format!("{n}?") })
+                            .collect();
+                        println!(
+                            "  {:<18} {}\n  {:<18} inputs: {}  outputs: {}",
+                            s.name(),
+                            s.summary(),
+                            "",
+                            if inputs.is_empty() {
+                                "-".into()
+                            } else {
+                                inputs.join(", ")
+                            },
+                            s.outputs().join(", ")
+                        );
+                    }
+                    println!("executors: {}", catalog.executors().join(", "));
+                }
+                Format::Json => {
+                    let steps: Vec<Value> = catalog
+                        .steps()
+                        .map(|s| {
+                            json!({
+                                "name": s.name(),
+                                "version": s.version(),
+                                "summary": s.summary(),
+                                "inputs": s.inputs().iter().map(|(n, r)| json!({"name": n, "required": r})).collect::<Vec<_>>(),
+                                "outputs": s.outputs(),
+                                "config_schema": s.config_schema(),
+                            })
+                        })
+                        .collect();
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(
+                            &json!({"steps": steps, "executors": catalog.executors()})
+                        )
+                        .expect("JSON values serialize")
+                    );
+                }
+            }
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+fn usage_errors(errors: &[String]) -> ExitCode {
+    for e in errors {
+        eprintln!("error: {e}");
+    }
+    ExitCode::from(EXIT_USAGE)
+}
+
+fn read(file: &Path) -> Result<String, ExitCode> {
+    std::fs::read_to_string(file).map_err(|e| {
+        eprintln!("error: cannot read {}: {e}", file.display());
+        ExitCode::from(EXIT_USAGE)
+    })
+}
+
+/// Reads and validates one file; on errors, prints them and returns the exit code.
+fn load(catalog: &Catalog, file: &Path) -> Result<Pipeline, ExitCode> {
+    let src = read(file)?;
+    let Validated {
+        pipeline,
+        diagnostics,
+    } = validate(&src, catalog);
+    let name = file.display().to_string();
+    if !diagnostics.is_empty() {
+        report::emit(&name, &src, &diagnostics);
+    }
+    match pipeline {
+        Some(p) => Ok(p),
+        None => {
+            eprintln!("{name}: invalid ({})", report::counts(&diagnostics));
+            Err(ExitCode::from(EXIT_INVALID))
+        }
+    }
+}
+
+fn cmd_validate(catalog: &Catalog, files: &[PathBuf], output: Format) -> ExitCode {
+    let mut invalid = false;
+    let mut unreadable = false;
+    let mut results = Vec::new();
+    for file in files {
+        let name = file.display().to_string();
+        let Ok(src) = read(file) else {
+            unreadable = true;
+            results.push(json!({"file": name, "valid": false, "error": "unreadable"}));
+            continue;
+        };
+        let v = validate(&src, catalog);
+        invalid |= v.has_errors();
+        match output {
+            Format::Text => {
+                report::emit(&name, &src, &v.diagnostics);
+                match &v.pipeline {
+                    Some(p) => println!(
+                        "ok {name}: pipeline `{}`, {} stage{}{}",
+                        p.name,
+                        p.stages.len(),
+                        if p.stages.len() == 1 { "" } else { "s" },
+                        if v.diagnostics.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", report::counts(&v.diagnostics))
+                        }
+                    ),
+                    None => eprintln!("{name}: invalid ({})", report::counts(&v.diagnostics)),
+                }
+            }
+            Format::Json => results.push(json!({
+                "file": name,
+                "valid": !v.has_errors(),
+                "pipeline": v.pipeline.as_ref().map(|p| p.name.clone()),
+                "stages": v.pipeline.as_ref().map(|p| p.stages.len()),
+                "diagnostics": v.diagnostics.iter().map(|d| report::to_json(&name, d)).collect::<Vec<_>>(),
+            })),
+        }
+    }
+    if output == Format::Json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&results).expect("JSON values serialize")
+        );
+    }
+    if unreadable {
+        ExitCode::from(EXIT_USAGE)
+    } else if invalid {
+        ExitCode::from(EXIT_INVALID)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Shows argv as a copy-pasteable line (display only: nothing is run through a shell).
+fn shell_display(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| {
+            let safe = !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./:=,@%+{}".contains(c));
+            if safe && !a.contains("{{") {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn plan_text(
+    p: &Pipeline,
+    params: &BTreeMap<String, Value>,
+    selected: &std::collections::BTreeSet<drivetrain_engine::StageId>,
+) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "pipeline {}: {} stages, executor {}{}",
+        p.name,
+        p.stages.len(),
+        p.executor,
+        if selected.len() == p.stages.len() {
+            String::new()
+        } else {
+            format!(", {} selected", selected.len())
+        }
+    );
+    if !params.is_empty() {
+        let shown: Vec<String> = params
+            .iter()
+            .map(|(k, v)| format!("{k}={}", drivetrain_engine::template::value_text(v)))
+            .collect();
+        let _ = writeln!(out, "params: {}", shown.join(" "));
+    }
+    if let Some(s) = &p.schedule {
+        let _ = writeln!(
+            out,
+            "schedule: `{}` in {} (concurrency {:?}, catchup {:?}{})",
+            s.cron,
+            s.timezone,
+            s.concurrency,
+            s.catchup,
+            if s.suspend { ", suspended" } else { "" }
+        );
+    }
+    for (n, id) in p.order.iter().enumerate() {
+        let s = p.stage(*id);
+        let upstream: Vec<&str> = p
+            .upstream(*id)
+            .into_iter()
+            .map(|u| p.stage(u).name.as_str())
+            .collect();
+        let mark = if selected.contains(id) {
+            ""
+        } else {
+            "  (reused, not selected)"
+        };
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "{:>3}. {}{}{}",
+            n + 1,
+            s.name,
+            if upstream.is_empty() {
+                String::new()
+            } else {
+                format!("  ← {}", upstream.join(", "))
+            },
+            mark
+        );
+        let field = |out: &mut String, k: &str, v: String| {
+            let _ = writeln!(out, "     {k:<12} {v}");
+        };
+        match &s.action {
+            Action::Step {
+                name,
+                version,
+                config,
+            } => {
+                field(&mut out, "uses", format!("{name}@{version}"));
+                if config.as_object().is_some_and(|o| !o.is_empty()) {
+                    let rendered = render_json_templates(config, params);
+                    field(&mut out, "with", rendered.to_string());
+                }
+            }
+            Action::Command { argv, workdir, .. } => {
+                let argv: Vec<String> = argv.iter().map(|t| render_for_plan(t, params)).collect();
+                field(&mut out, "command", shell_display(&argv));
+                if let Some(w) = workdir {
+                    field(&mut out, "workdir", render_for_plan(w, params));
+                }
+            }
+        }
+        if let Some(img) = &s.image {
+            field(&mut out, "image", render_for_plan(img, params));
+        }
+        for i in &s.inputs {
+            field(
+                &mut out,
+                "input",
+                format!(
+                    "{} ← {}.{}{}",
+                    i.name,
+                    p.stage(i.stage).name,
+                    i.output,
+                    if i.optional { " (optional)" } else { "" }
+                ),
+            );
+        }
+        if !s.outputs.is_empty() {
+            let names: Vec<&str> = s.outputs.iter().map(|o| o.name.as_str()).collect();
+            field(&mut out, "outputs", names.join(", "));
+        }
+        for (k, v) in &s.env {
+            field(
+                &mut out,
+                "env",
+                format!("{k}={}", render_for_plan(v, params)),
+            );
+        }
+        if let Some((_, text)) = &s.when {
+            field(&mut out, "when", text.clone());
+        }
+        if let Some(m) = &s.map {
+            let over = match &m.source {
+                MapSource::Items(items) => format!("{} items", items.len()),
+                MapSource::Param(name) => match params.get(name) {
+                    Some(Value::Array(a)) => format!("param {name} ({} items)", a.len()),
+                    _ => format!("param {name}"),
+                },
+                MapSource::From { stage, output } => {
+                    format!("items of {}.{}", p.stage(*stage).name, output)
+                }
+            };
+            let mut line = format!("over {over}");
+            if let Some(mp) = m.max_parallel {
+                line.push_str(&format!(", at most {mp} at once"));
+            }
+            if m.min_success_ratio < 1.0 {
+                line.push_str(&format!(
+                    ", succeeds at ≥{}% of items",
+                    m.min_success_ratio * 100.0
+                ));
+            }
+            field(&mut out, "map", line);
+        }
+        if let Some(d) = &s.distributed {
+            field(
+                &mut out,
+                "distributed",
+                format!(
+                    "{} × {} workers{}",
+                    framework_name(d.framework),
+                    d.workers,
+                    if d.slots_per_worker > 1 {
+                        format!(", {} slots each", d.slots_per_worker)
+                    } else {
+                        String::new()
+                    }
+                ),
+            );
+        }
+        let r = &s.resources;
+        let mut res = Vec::new();
+        if let Some(c) = &r.cpu {
+            res.push(format!("cpu={c}"));
+        }
+        if let Some(m) = &r.memory {
+            res.push(format!("memory={m}"));
+        }
+        if let Some(g) = r.gpu {
+            res.push(format!("gpu={g}"));
+        }
+        if let Some(s) = &r.shm {
+            res.push(format!("shm={s}"));
+        }
+        if let Some(e) = &r.ephemeral_storage {
+            res.push(format!("ephemeral-storage={e}"));
+        }
+        if !res.is_empty() {
+            field(&mut out, "resources", res.join(" "));
+        }
+        if s.retries.limit > 0 {
+            field(
+                &mut out,
+                "retries",
+                format!(
+                    "{} (backoff {}, max {})",
+                    s.retries.limit,
+                    humantime::format_duration(s.retries.backoff),
+                    humantime::format_duration(s.retries.max_backoff)
+                ),
+            );
+        }
+        if let Some(t) = s.timeout {
+            field(
+                &mut out,
+                "timeout",
+                humantime::format_duration(t).to_string(),
+            );
+        }
+        if !s.cache.enabled {
+            field(&mut out, "cache", "disabled".into());
+        }
+        for v in &s.volumes {
+            let src = v
+                .claim
+                .as_ref()
+                .map(|c| format!("claim {c}"))
+                .or_else(|| {
+                    v.from_snapshot
+                        .as_ref()
+                        .map(|s| format!("from snapshot {s}"))
+                })
+                .or_else(|| v.empty_dir.as_ref().map(|q| format!("empty dir {}", q.0)))
+                .unwrap_or_default();
+            field(
+                &mut out,
+                "volume",
+                format!("{} at {} ({src})", v.name, v.mount_path),
+            );
+        }
+        if let Some(snap) = &s.snapshot {
+            field(
+                &mut out,
+                "snapshot",
+                format!("volume {} on {:?}", snap.volume, snap.when).to_lowercase(),
+            );
+        }
+        for sec in &s.secrets {
+            let to = match (&sec.env, &sec.mount_path) {
+                (Some(e), _) => format!("env {e}"),
+                (None, Some(m)) => format!("files at {m}"),
+                _ => String::new(),
+            };
+            field(
+                &mut out,
+                "secret",
+                format!(
+                    "{}{} → {to}",
+                    sec.name,
+                    sec.key
+                        .as_ref()
+                        .map(|k| format!("/{k}"))
+                        .unwrap_or_default()
+                ),
+            );
+        }
+    }
+    out
+}
+
+/// Substitutes params into a step config, for display; run-time references stay visible.
+fn render_json_templates(v: &Value, params: &BTreeMap<String, Value>) -> Value {
+    drivetrain_engine::template::render_value(v, &|r| match r {
+        drivetrain_engine::template::Ref::Param(p) => params.get(p).cloned(),
+        _ => None,
+    })
+}
+
+fn plan_json(
+    p: &Pipeline,
+    params: &BTreeMap<String, Value>,
+    selected: &std::collections::BTreeSet<drivetrain_engine::StageId>,
+) -> Value {
+    let stages: Vec<Value> = p
+        .order
+        .iter()
+        .map(|id| {
+            let s = p.stage(*id);
+            let action = match &s.action {
+                Action::Step { name, version, config } => json!({
+                    "uses": name, "version": version, "with": render_json_templates(config, params)
+                }),
+                Action::Command { argv, workdir, .. } => json!({
+                    "argv": argv.iter().map(|t| render_for_plan(t, params)).collect::<Vec<_>>(),
+                    "workdir": workdir.as_ref().map(|w| render_for_plan(w, params)),
+                }),
+            };
+            json!({
+                "name": s.name,
+                "selected": selected.contains(id),
+                "needs": p.upstream(*id).into_iter().map(|u| p.stage(u).name.clone()).collect::<Vec<_>>(),
+                "action": action,
+                "image": s.image.as_ref().map(|i| render_for_plan(i, params)),
+                "inputs": s.inputs.iter().map(|i| json!({
+                    "name": i.name, "stage": p.stage(i.stage).name, "output": i.output,
+                    "optional": i.optional, "mode": i.mode,
+                })).collect::<Vec<_>>(),
+                "outputs": s.outputs,
+                "env": s.env.iter().map(|(k, v)| (k.clone(), Value::String(render_for_plan(v, params)))).collect::<serde_json::Map<_, _>>(),
+                "when": s.when.as_ref().map(|(_, t)| t.clone()),
+                "map": s.map.is_some(),
+                "distributed": s.distributed.as_ref().map(|d| json!({
+                    "framework": framework_name(d.framework), "workers": d.workers, "slots_per_worker": d.slots_per_worker,
+                })),
+                "retries": s.retries.limit,
+                "timeout_seconds": s.timeout.map(|t| t.as_secs()),
+                "cache": s.cache.enabled,
+            })
+        })
+        .collect();
+    json!({
+        "pipeline": p.name,
+        "executor": p.executor,
+        "params": params,
+        "stages": stages,
+    })
+}

@@ -234,6 +234,33 @@ pub fn value_text(v: &serde_json::Value) -> String {
     }
 }
 
+/// Renders every string inside a JSON value (a step's `with:` block). A string that is
+/// exactly one reference takes the referenced value with its type (`"{{ params.n }}"`
+/// becomes the integer); other strings are rendered as text. Strings that are not valid
+/// templates were rejected by validation and are kept as they are.
+pub fn render_value(
+    v: &serde_json::Value,
+    lookup: &dyn Fn(&Ref) -> Option<serde_json::Value>,
+) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => match Template::parse(s) {
+            Ok(t) => match t.parts.as_slice() {
+                [Part::Ref(r, _)] => lookup(r).unwrap_or_else(|| v.clone()),
+                _ => Value::String(t.render(|r| lookup(r).map(|x| value_text(&x)))),
+            },
+            Err(_) => v.clone(),
+        },
+        Value::Array(a) => Value::Array(a.iter().map(|x| render_value(x, lookup)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| (k.clone(), render_value(x, lookup)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,6 +310,19 @@ mod tests {
         assert_eq!(e[0].range, 2..15);
         assert!(e[0].message.contains("did you mean `params`"));
         assert!(e[1].message.contains("unclosed"));
+    }
+
+    #[test]
+    fn json_values_keep_param_types() {
+        let v = serde_json::json!({"n": "{{ params.n }}", "s": "x-{{ params.n }}", "l": ["{{ run.id }}"]});
+        let out = render_value(&v, &|r| match r {
+            Ref::Param(_) => Some(serde_json::json!(6)),
+            _ => None,
+        });
+        assert_eq!(
+            out,
+            serde_json::json!({"n": 6, "s": "x-6", "l": ["{{ run.id }}"]})
+        );
     }
 
     #[test]

@@ -1265,7 +1265,10 @@ impl<'a> Cx<'a> {
             .locate(&with_path)
             .exact
             .then(|| self.root.locate(&with_path).node);
-        let mut diags = step.check_config(with_node, &with_path);
+        // A value that is exactly one `{{ params.x }}` takes the param's type, so
+        // `epochs: "{{ params.epochs }}"` type-checks as the integer it will be.
+        let typed = with_node.map(|n| typed_params(n, sc.params));
+        let mut diags = step.check_config(typed.as_ref(), &with_path);
         for d in &mut diags {
             if d.span.is_none() {
                 let loc = self.root.locate(&path.key("uses"));
@@ -1722,6 +1725,80 @@ fn quiet_resources(r: &crate::spec::ResourcesSpec) -> Resources {
         shm: q(&r.shm),
         ephemeral_storage: q(&r.ephemeral_storage),
     }
+}
+
+/// A copy of `node` where each string that is exactly one `{{ params.x }}` is replaced by
+/// the param's default (or a placeholder of its type), keeping spans.
+fn typed_params(node: &Node, params: &[Param]) -> Node {
+    let value = match &node.value {
+        yaml::Value::Scalar { .. } => {
+            let param = node
+                .as_str()
+                .and_then(|s| Template::parse(s).ok())
+                .and_then(|t| match t.parts.as_slice() {
+                    [crate::template::Part::Ref(Ref::Param(name), _)] => {
+                        params.iter().find(|p| &p.name == name)
+                    }
+                    _ => None,
+                });
+            match param {
+                Some(p) => {
+                    let v = p.default.clone().unwrap_or(match p.kind {
+                        ParamType::String => Value::String(String::new()),
+                        ParamType::Number => Value::from(0.0),
+                        ParamType::Integer => Value::from(0),
+                        ParamType::Boolean => Value::Bool(false),
+                        ParamType::List => Value::Array(Vec::new()),
+                    });
+                    return json_to_node(&v, node.span);
+                }
+                None => node.value.clone(),
+            }
+        }
+        yaml::Value::Seq(items) => {
+            yaml::Value::Seq(items.iter().map(|n| typed_params(n, params)).collect())
+        }
+        yaml::Value::Map(entries) => yaml::Value::Map(
+            entries
+                .iter()
+                .map(|e| yaml::Entry {
+                    key: e.key.clone(),
+                    key_span: e.key_span,
+                    value: typed_params(&e.value, params),
+                })
+                .collect(),
+        ),
+    };
+    Node {
+        value,
+        span: node.span,
+    }
+}
+
+fn json_to_node(v: &Value, span: Span) -> Node {
+    let value = match v {
+        Value::String(s) => yaml::Value::Scalar {
+            text: s.clone(),
+            plain: false,
+        },
+        Value::Array(items) => {
+            yaml::Value::Seq(items.iter().map(|x| json_to_node(x, span)).collect())
+        }
+        Value::Object(o) => yaml::Value::Map(
+            o.iter()
+                .map(|(k, x)| yaml::Entry {
+                    key: k.clone(),
+                    key_span: span,
+                    value: json_to_node(x, span),
+                })
+                .collect(),
+        ),
+        other => yaml::Value::Scalar {
+            text: other.to_string(),
+            plain: true,
+        },
+    };
+    Node { value, span }
 }
 
 fn collect_strings(node: &Node, path: &YamlPath, out: &mut Vec<(YamlPath, String)>) {
