@@ -129,12 +129,12 @@ impl de::Error for DeError {
     }
 
     fn invalid_type(unexp: de::Unexpected<'_>, exp: &dyn de::Expected) -> Self {
-        let expected = exp.to_string();
+        let expected = friendly_expected(&exp.to_string());
         let mut e = DeError::new(
             "invalid-type",
             format!("expected {expected}, found {}", describe(&unexp)),
         );
-        if expected.contains("sequence") && matches!(unexp, de::Unexpected::Str(_)) {
+        if expected == "a list" && matches!(unexp, de::Unexpected::Str(_)) {
             e.hint = Some("write a YAML list: `[a, b]` or one `- item` per line".to_owned());
         }
         e
@@ -143,7 +143,11 @@ impl de::Error for DeError {
     fn invalid_value(unexp: de::Unexpected<'_>, exp: &dyn de::Expected) -> Self {
         DeError::new(
             "invalid-value",
-            format!("invalid value {}, expected {exp}", describe(&unexp)),
+            format!(
+                "invalid value {}, expected {}",
+                describe(&unexp),
+                friendly_expected(&exp.to_string())
+            ),
         )
     }
 
@@ -167,6 +171,19 @@ impl de::Error for DeError {
 
     fn missing_field(field: &'static str) -> Self {
         DeError::new("missing-field", format!("missing required field `{field}`"))
+    }
+}
+
+/// Serde's names for primitive types, in the words of a YAML author.
+fn friendly_expected(exp: &str) -> String {
+    match exp {
+        "u8" | "u16" | "u32" | "u64" | "u128" | "usize" => "a non-negative integer".to_owned(),
+        "i8" | "i16" | "i32" | "i64" | "i128" | "isize" => "an integer".to_owned(),
+        "f32" | "f64" => "a number".to_owned(),
+        "a boolean" | "a string" | "a number" => exp.to_owned(),
+        "a sequence" => "a list".to_owned(),
+        "a map" => "a mapping".to_owned(),
+        other => other.to_owned(),
     }
 }
 

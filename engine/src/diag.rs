@@ -136,7 +136,10 @@ pub fn suggest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) ->
     let mut best: Option<(&str, f64)> = None;
     for c in candidates {
         let score = strsim::jaro_winkler(word, c);
-        let close = score >= 0.8 || strsim::levenshtein(word, c) <= 2.min(c.len() / 2);
+        // Short names tolerate one edit, longer ones two; Jaro-Winkler catches
+        // transpositions and truncations (`retires`, `need`).
+        let max_edits = if c.len() <= 4 { 1 } else { 2 };
+        let close = score >= 0.85 || strsim::levenshtein(word, c) <= max_edits;
         if close && best.is_none_or(|(_, s)| score > s) {
             best = Some((c, score));
         }
@@ -172,6 +175,7 @@ mod tests {
         assert_eq!(suggest("retires", fields), Some("retries"));
         assert_eq!(suggest("need", fields), Some("needs"));
         assert_eq!(suggest("zzz", fields), None);
+        assert_eq!(suggest("ftp", ["http", "s3", "gs"]), None);
     }
 
     #[test]

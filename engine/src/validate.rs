@@ -250,6 +250,19 @@ impl<'a> Cx<'a> {
             }
         }
         raw.complete = self.diags.len() == before;
+        for d in &mut self.diags[before..] {
+            let is_secret_value = d.code == "unknown-field"
+                && d.path
+                    .as_deref()
+                    .is_some_and(|p| p.contains(".secrets[") && p.ends_with(".value"));
+            if is_secret_value {
+                d.hint = Some(
+                    "secrets are references, never values: store the value in a Kubernetes Secret \
+                     (locally: the engine's environment) and name it with `name` and `key`"
+                        .into(),
+                );
+            }
+        }
         Some(raw)
     }
 
@@ -324,10 +337,9 @@ impl<'a> Cx<'a> {
                 }
                 edge_origin.entry((from, id)).or_insert(origin);
                 let (a, b) = (NodeIndex::new(from.index()), NodeIndex::new(id.index()));
-                if kind == EdgeKind::Value || kind == EdgeKind::Needs {
-                    if graph.find_edge(a, b).is_some() {
-                        continue;
-                    }
+                let plain = kind == EdgeKind::Value || kind == EdgeKind::Needs;
+                if plain && graph.find_edge(a, b).is_some() {
+                    continue;
                 }
                 graph.add_edge(a, b, kind);
             }
@@ -436,12 +448,7 @@ impl<'a> Cx<'a> {
             };
             let mut default = spec.default.clone();
             if let Some(d) = &default {
-                // YAML `4` for a number param is fine; `4` for a string param is not.
-                let coerced = match (kind, d) {
-                    (ParamType::Number, Value::Number(n)) => Some(Value::Number(n.clone())),
-                    _ => None,
-                };
-                if coerced.is_none() && !crate::plan::value_has_type(kind, d) {
+                if !crate::plan::value_has_type(kind, d) {
                     self.err(
                         "param-type",
                         &pp.key("default"),
@@ -456,9 +463,7 @@ impl<'a> Cx<'a> {
             }
             if let Some(allowed) = &spec.allowed {
                 for (i, v) in allowed.iter().enumerate() {
-                    if !crate::plan::value_has_type(kind, v)
-                        && !(kind == ParamType::Number && v.is_number())
-                    {
+                    if !crate::plan::value_has_type(kind, v) {
                         self.err(
                             "param-type",
                             &pp.key("enum").index(i),

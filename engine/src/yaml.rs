@@ -561,6 +561,30 @@ pub fn parse(src: &str) -> Result<Node, Vec<Diagnostic>> {
         if anchor != 0 {
             anchors.insert(anchor, node.clone());
         }
+        let parent_path = || {
+            let mut path = YamlPath::root();
+            for f in &stack[..stack.len().saturating_sub(1)] {
+                match f {
+                    Frame::Seq { items, .. } => path = path.index(items.len()),
+                    Frame::Map { pending_key, .. } => {
+                        if let Some((k, _)) = pending_key {
+                            path = path.key(k.clone());
+                        }
+                    }
+                }
+            }
+            path
+        };
+        let dup_path = match stack.last() {
+            Some(Frame::Map {
+                pending_key: Some((key, _)),
+                entries,
+                ..
+            }) if key != "<<" && entries.iter().any(|e| &e.key == key) => {
+                Some(parent_path().key(key.clone()))
+            }
+            _ => None,
+        };
         match stack.last_mut() {
             None => root = Some(node),
             Some(Frame::Seq { items, .. }) => items.push(node),
@@ -592,6 +616,7 @@ pub fn parse(src: &str) -> Result<Node, Vec<Diagnostic>> {
                         errors.push(
                             Diagnostic::new("duplicate-key", format!("duplicate key `{key}`"))
                                 .at(key_span)
+                                .path(dup_path.clone().unwrap_or_default())
                                 .note(format!(
                                     "first defined at line {}, column {}",
                                     first.key_span.line, first.key_span.column
@@ -615,7 +640,12 @@ pub fn parse(src: &str) -> Result<Node, Vec<Diagnostic>> {
     match root {
         Some(node) => Ok(node),
         None => Err(vec![Diagnostic::new("empty-document", "the file is empty")
-            .at(Span::default())
+            .at(Span {
+                start: 0,
+                end: 0,
+                line: 1,
+                column: 1,
+            })
             .hint(
                 "a pipeline needs at least `version: 1`, `name` and `stages`",
             )]),
@@ -691,7 +721,10 @@ mod tests {
         assert_eq!(errs.len(), 1);
         assert_eq!(errs[0].code, "duplicate-key");
         assert_eq!(errs[0].span.unwrap().line, 3);
-        assert!(errs[0].notes[0].contains("line 1"));
+        assert_eq!(errs[0].path.as_deref(), Some("a"));
+        let errs = parse("s:\n  - x: 1\n  - y: {k: 1, k: 2}\n").unwrap_err();
+        assert_eq!(errs[0].path.as_deref(), Some("s[1].y.k"));
+        assert!(errs[0].notes[0].contains("line 3"));
     }
 
     #[test]

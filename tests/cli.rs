@@ -1,0 +1,280 @@
+//! End-to-end tests of the `drivetrain` binary: validation, graphs, plans, the JSON
+//! Schema and exit codes, run as a user would, from the repository root.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn drivetrain(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("the binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).expect("utf-8 stdout")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).expect("utf-8 stderr")
+}
+
+fn reference_pipelines() -> Vec<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .expect("pipelines/ exists")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .map(|p| format!("pipelines/{}", p.file_name().unwrap().to_string_lossy()))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn every_reference_pipeline_is_valid_without_warnings() {
+    let files = reference_pipelines();
+    assert!(files.len() >= 3, "{files:?}");
+    for f in &files {
+        let o = drivetrain(&["validate", f]);
+        assert_eq!(o.status.code(), Some(0), "{f}: {}", stderr(&o));
+        assert_eq!(stderr(&o), "", "{f} has diagnostics");
+        assert!(
+            stdout(&o).starts_with(&format!("ok {f}: pipeline")),
+            "{}",
+            stdout(&o)
+        );
+    }
+}
+
+#[test]
+fn the_driving_loop_graph_in_mermaid_and_dot() {
+    let o = drivetrain(&["graph", "pipelines/driving-loop.yaml"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    insta::assert_snapshot!("driving_loop_mermaid", stdout(&o));
+    let o = drivetrain(&["graph", "pipelines/driving-loop.yaml", "--format", "dot"]);
+    assert_eq!(o.status.code(), Some(0));
+    insta::assert_snapshot!("driving_loop_dot", stdout(&o));
+}
+
+#[test]
+fn plan_resolves_params_into_commands() {
+    let o = drivetrain(&[
+        "plan",
+        "pipelines/lane-detection-mpi.yaml",
+        "--param",
+        "epochs=3",
+        "-p",
+        "tusimple_url=s3://mirror/tusimple.zip",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("--epochs=3 --batch-size=33"), "{out}");
+    assert!(
+        out.contains("fetch-dataset --source s3://mirror/tusimple.zip"),
+        "{out}"
+    );
+    insta::assert_snapshot!("lane_detection_plan", out);
+}
+
+#[test]
+fn plan_selects_subgraphs() {
+    let o = drivetrain(&[
+        "plan",
+        "pipelines/driving-loop.yaml",
+        "--from",
+        "train",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("JSON plan");
+    let selected: Vec<&str> = v["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["selected"] == true)
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(selected, ["train", "validate", "promote"]);
+    // Typed substitution: a `with` value that is one param reference keeps its type.
+    let fleet = &v["stages"][0];
+    assert_eq!(fleet["action"]["with"]["drives"], 6);
+
+    let o = drivetrain(&[
+        "plan",
+        "pipelines/driving-loop.yaml",
+        "--only",
+        "mine,ingest",
+        "--to",
+        "mine",
+    ]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(stdout(&o).contains("2 selected"), "{}", stdout(&o));
+}
+
+#[test]
+fn plan_rejects_unknown_and_ill_typed_params() {
+    let o = drivetrain(&["plan", "pipelines/driving-loop.yaml", "-p", "min_decell=3"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("unknown param `min_decell`; did you mean `min_decel`?"),
+        "{}",
+        stderr(&o)
+    );
+    let o = drivetrain(&[
+        "plan",
+        "pipelines/driving-loop.yaml",
+        "-p",
+        "drives=many",
+        "-p",
+        "promote_to=prod",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(
+        err.contains("param `drives`: expected an integer, got `many`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("param `promote_to` must be one of `candidate` or `production`"),
+        "{err}"
+    );
+    let o = drivetrain(&["plan", "pipelines/driving-loop.yaml", "--from", "trian"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("did you mean `train`?"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn exit_codes_mean_one_thing_each() {
+    assert_eq!(
+        drivetrain(&["validate", "pipelines/driving-loop.yaml"])
+            .status
+            .code(),
+        Some(0)
+    );
+    assert_eq!(
+        drivetrain(&["validate", "tests/corpus/cycle.yaml"])
+            .status
+            .code(),
+        Some(1)
+    );
+    assert_eq!(
+        drivetrain(&["validate", "does/not/exist.yaml"])
+            .status
+            .code(),
+        Some(2)
+    );
+    assert_eq!(drivetrain(&["validate"]).status.code(), Some(2));
+    assert_eq!(drivetrain(&["no-such-command"]).status.code(), Some(2));
+    // One invalid file among valid ones makes the whole command fail.
+    let o = drivetrain(&[
+        "validate",
+        "pipelines/driving-loop.yaml",
+        "tests/corpus/cycle.yaml",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).contains("ok pipelines/driving-loop.yaml"));
+    assert_eq!(
+        drivetrain(&["graph", "tests/corpus/cycle.yaml"])
+            .status
+            .code(),
+        Some(1)
+    );
+    assert_eq!(
+        drivetrain(&["plan", "tests/corpus/cycle.yaml"])
+            .status
+            .code(),
+        Some(1)
+    );
+}
+
+#[test]
+fn every_subcommand_help_has_an_example() {
+    for cmd in ["validate", "graph", "plan", "schema", "steps"] {
+        let o = drivetrain(&[cmd, "--help"]);
+        assert_eq!(o.status.code(), Some(0));
+        let help = stdout(&o);
+        assert!(help.contains("Example"), "{cmd} --help:\n{help}");
+        assert!(
+            help.contains(&format!("drivetrain {cmd}")),
+            "{cmd} --help:\n{help}"
+        );
+    }
+}
+
+#[test]
+fn the_committed_json_schema_matches_the_spec_types() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/pipeline.schema.json");
+    let generated =
+        serde_json::to_string_pretty(&drivetrain_engine::spec::json_schema()).unwrap() + "\n";
+    if std::env::var_os("DRIVETRAIN_UPDATE_SCHEMA").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).expect("docs/pipeline.schema.json exists");
+    assert!(
+        committed == generated,
+        "docs/pipeline.schema.json is out of date: run DRIVETRAIN_UPDATE_SCHEMA=1 cargo test --test cli"
+    );
+    // And the binary prints the same document.
+    let o = drivetrain(&["schema"]);
+    assert_eq!(stdout(&o), generated);
+}
+
+#[test]
+fn the_json_schema_describes_stage_fields() {
+    let schema = drivetrain_engine::spec::json_schema();
+    let stage = &schema["definitions"]["StageSpec"]["properties"];
+    for field in [
+        "uses",
+        "run",
+        "needs",
+        "inputs",
+        "outputs",
+        "map",
+        "distributed",
+        "secrets",
+    ] {
+        assert!(
+            stage[field].is_object(),
+            "StageSpec.{field} missing from the schema"
+        );
+    }
+    assert_eq!(
+        schema["definitions"]["StageSpec"]["additionalProperties"],
+        false
+    );
+}
+
+#[test]
+fn steps_lists_the_catalog() {
+    let o = drivetrain(&["steps", "--output", "json"]);
+    assert_eq!(o.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let names: Vec<&str> = v["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "fleet-sim",
+            "ingest",
+            "mine-corner-cases",
+            "label-export",
+            "label-import",
+            "train",
+            "validate",
+            "promote"
+        ]
+    );
+    assert_eq!(v["executors"], serde_json::json!(["local", "kubernetes"]));
+}
