@@ -5,6 +5,11 @@
 
 mod report;
 
+/// Validation builds a located tree of every YAML value: an allocator made for many small
+/// short-lived objects makes the 10,000-stage benchmark markedly faster than glibc malloc.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

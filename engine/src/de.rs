@@ -20,7 +20,7 @@ use crate::yaml::{Entry, Node, Resolved, Value, YamlPath};
 /// Deserializes `T` from `node` (found at `path`). Non-fatal problems (unknown fields) and
 /// the fatal one, if any, are appended to `diags`; `None` when `T` could not be built.
 pub fn from_node<T: de::DeserializeOwned>(
-    node: &Node,
+    node: &Node<'_>,
     path: &YamlPath,
     diags: &mut Vec<Diagnostic>,
 ) -> Option<T> {
@@ -198,7 +198,7 @@ fn describe(u: &de::Unexpected<'_>) -> String {
 }
 
 struct NodeDe<'de, 'p> {
-    node: &'de Node,
+    node: &'de Node<'de>,
     path: Option<&'p PathLink<'p>>,
     sink: &'p RefCell<Vec<Diagnostic>>,
 }
@@ -303,12 +303,12 @@ impl<'de, 'p> de::Deserializer<'de> for NodeDe<'de, 'p> {
         };
         let mut known = Vec::with_capacity(entries.len());
         for e in entries {
-            if fields.contains(&e.key.as_str()) {
+            if fields.contains(&&*e.key) {
                 known.push(e);
             } else {
                 let field_path = match self.path {
-                    Some(p) => p.to_path().key(&e.key),
-                    None => YamlPath::root().key(&e.key),
+                    Some(p) => p.to_path().key(&*e.key),
+                    None => YamlPath::root().key(&*e.key),
                 };
                 self.sink.borrow_mut().push(
                     Diagnostic::new("unknown-field", format!("unknown field `{}`", e.key))
@@ -337,16 +337,16 @@ impl<'de, 'p> de::Deserializer<'de> for NodeDe<'de, 'p> {
     ) -> Result<V::Value, DeError> {
         match &self.node.value {
             Value::Scalar { text, .. } => {
-                if !variants.contains(&text.as_str()) {
+                if !variants.contains(&&**text) {
                     return Err(self.loc(de::Error::unknown_variant(text, variants)));
                 }
                 visitor
-                    .visit_enum(text.as_str().into_deserializer())
+                    .visit_enum((&**text).into_deserializer())
                     .map_err(|e: DeError| self.loc(e))
             }
             Value::Map(entries) if entries.len() == 1 => {
                 let entry = &entries[0];
-                if !variants.contains(&entry.key.as_str()) {
+                if !variants.contains(&&*entry.key) {
                     return Err(
                         <DeError as de::Error>::unknown_variant(&entry.key, variants)
                             .locate(self.path, entry.key_span),
@@ -389,7 +389,7 @@ fn readable_struct(name: &str, fields: &[&str]) -> String {
 }
 
 struct SeqAcc<'de, 'p> {
-    items: std::slice::Iter<'de, Node>,
+    items: std::slice::Iter<'de, Node<'de>>,
     idx: usize,
     path: Option<&'p PathLink<'p>>,
     sink: &'p RefCell<Vec<Diagnostic>>,
@@ -424,8 +424,8 @@ impl<'de, 'p> de::SeqAccess<'de> for SeqAcc<'de, 'p> {
 }
 
 struct MapAcc<'de, 'p> {
-    entries: std::vec::IntoIter<&'de Entry>,
-    value: Option<&'de Entry>,
+    entries: std::vec::IntoIter<&'de Entry<'de>>,
+    value: Option<&'de Entry<'de>>,
     path: Option<&'p PathLink<'p>>,
     sink: &'p RefCell<Vec<Diagnostic>>,
 }
@@ -474,7 +474,7 @@ impl<'de, 'p> de::MapAccess<'de> for MapAcc<'de, 'p> {
 }
 
 struct EnumAcc<'de, 'p> {
-    entry: &'de Entry,
+    entry: &'de Entry<'de>,
     path: Option<&'p PathLink<'p>>,
     sink: &'p RefCell<Vec<Diagnostic>>,
 }

@@ -27,7 +27,7 @@ pub trait Step: Send + Sync + 'static {
     /// The inputs it reads, each with whether it is required.
     fn inputs(&self) -> &'static [(&'static str, bool)];
     /// Checks the `with:` block (`None` when absent). Each problem is located.
-    fn check_config(&self, with: Option<&Node>, path: &YamlPath) -> Vec<Diagnostic>;
+    fn check_config(&self, with: Option<&Node<'_>>, path: &YamlPath) -> Vec<Diagnostic>;
     /// The JSON Schema of the `with:` block.
     fn config_schema(&self) -> serde_json::Value;
 }
@@ -35,7 +35,7 @@ pub trait Step: Send + Sync + 'static {
 /// Checks `with` against the serde type `C`: the usual body of [`Step::check_config`].
 /// An absent block is checked as an empty mapping, so required fields are reported.
 pub fn check_typed_config<C: DeserializeOwned>(
-    with: Option<&Node>,
+    with: Option<&Node<'_>>,
     path: &YamlPath,
 ) -> Vec<Diagnostic> {
     let mut diags = Vec::new();

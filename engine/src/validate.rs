@@ -103,7 +103,7 @@ struct Raw {
 
 struct Cx<'a> {
     src: &'a str,
-    root: &'a Node,
+    root: &'a Node<'a>,
     catalog: &'a Catalog,
     diags: Vec<Diagnostic>,
 }
@@ -182,7 +182,7 @@ impl<'a> Cx<'a> {
         for e in entries {
             let path = p(&e.key);
             let d = &mut self.diags;
-            match e.key.as_str() {
+            match &*e.key {
                 "version" => raw.version = from_node(&e.value, &path, d),
                 "name" => raw.name = from_node(&e.value, &path, d),
                 "description" => raw.description = from_node(&e.value, &path, d),
@@ -192,9 +192,9 @@ impl<'a> Cx<'a> {
                 "params" => match e.value.as_map() {
                     Some(params) => {
                         for pe in params {
-                            let pp = path.key(&pe.key);
+                            let pp = path.key(&*pe.key);
                             if let Some(spec) = from_node::<ParamSpec>(&pe.value, &pp, d) {
-                                raw.params.insert(pe.key.clone(), spec);
+                                raw.params.insert(pe.key.to_string(), spec);
                             }
                         }
                     }
@@ -213,9 +213,9 @@ impl<'a> Cx<'a> {
                 "stages" => match e.value.as_map() {
                     Some(stages) => {
                         for se in stages {
-                            let sp = path.key(&se.key);
+                            let sp = path.key(&*se.key);
                             let spec = from_node::<StageSpec>(&se.value, &sp, d);
-                            raw.stages.insert(se.key.clone(), spec);
+                            raw.stages.insert(se.key.to_string(), spec);
                         }
                     }
                     None => {
@@ -304,8 +304,16 @@ impl<'a> Cx<'a> {
             graph.add_node(StageId(i as u32));
         }
         // Where each edge was declared, for cycle reports.
-        let mut edge_origin: HashMap<(StageId, StageId), YamlPath> = HashMap::new();
+        // Where `stages.X.values` references were written; other edges' origins are
+        // derived from the spec when a cycle needs them.
+        let mut value_origin: HashMap<(StageId, StageId), YamlPath> = HashMap::new();
         let mut stages = Vec::with_capacity(names.len());
+        let stage_nodes: Vec<&Node<'_>> = self
+            .root
+            .get("stages")
+            .and_then(Node::as_map)
+            .map(|m| m.iter().map(|e| &e.value).collect())
+            .unwrap_or_default();
         for (i, (name, spec)) in raw.stages.iter().enumerate() {
             let id = StageId(i as u32);
             let sp = p("stages").key(name);
@@ -319,11 +327,15 @@ impl<'a> Cx<'a> {
                 .note("stage names become Kubernetes object names and labels");
             }
             let Some(spec) = spec else { continue };
+            let Some(node) = stage_nodes.get(i).copied() else {
+                continue;
+            };
             let mut sc = StageCx {
                 id,
                 name,
                 path: sp,
                 spec,
+                node,
                 raw: &raw,
                 index: &index,
                 params: &params,
@@ -335,7 +347,9 @@ impl<'a> Cx<'a> {
                 if from == id {
                     continue;
                 }
-                edge_origin.entry((from, id)).or_insert(origin);
+                if let Some(origin) = origin {
+                    value_origin.entry((from, id)).or_insert(origin);
+                }
                 let (a, b) = (NodeIndex::new(from.index()), NodeIndex::new(id.index()));
                 let plain = kind == EdgeKind::Value || kind == EdgeKind::Needs;
                 if plain && graph.find_edge(a, b).is_some() {
@@ -367,32 +381,34 @@ impl<'a> Cx<'a> {
         }
         let order = stable_topo_order(&graph);
         if order.is_none() {
-            self.report_cycles(&graph, &names, &edge_origin);
+            self.report_cycles(&graph, &names, &raw, &value_origin);
         }
         if self.diags.iter().any(Diagnostic::is_error) || stages.len() != names.len() {
             return None;
         }
+        debug_assert!(raw.complete);
+        // Every stage deserialized (else an error was reported above): move, not clone.
+        let stages_spec = raw
+            .stages
+            .into_iter()
+            .map(|(k, v)| v.map(|v| (k, v)))
+            .collect::<Option<IndexMap<_, _>>>()?;
         let spec = PipelineSpec {
             version: raw.version?,
-            name: raw.name.clone()?,
-            description: raw.description.clone(),
-            params: raw.params.clone(),
-            schedule: raw.schedule.clone(),
-            defaults: Some(raw.defaults.clone()),
-            store: raw.store.clone(),
-            stages: raw
-                .stages
-                .iter()
-                .map(|(k, v)| v.clone().map(|v| (k.clone(), v)))
-                .collect::<Option<IndexMap<_, _>>>()?,
+            name: raw.name?,
+            description: raw.description,
+            params: raw.params,
+            schedule: raw.schedule,
+            defaults: Some(raw.defaults),
+            store: raw.store,
+            stages: stages_spec,
         };
-        debug_assert!(raw.complete);
         Some(Pipeline {
             name: spec.name.clone(),
             description: spec.description.clone(),
             params,
             schedule,
-            store: raw.store.clone(),
+            store: spec.store.clone(),
             executor,
             stages,
             graph,
@@ -939,7 +955,7 @@ impl<'a> Cx<'a> {
                         input: name.clone(),
                         output: output.clone(),
                     },
-                    target_path,
+                    None,
                 ));
                 inputs.push(Input {
                     name: name.clone(),
@@ -959,7 +975,7 @@ impl<'a> Cx<'a> {
                 continue;
             }
             match sc.index.get(need.as_str()) {
-                Some(&id) => sc.edges.push((id, EdgeKind::Needs, np)),
+                Some(&id) => sc.edges.push((id, EdgeKind::Needs, None)),
                 None => {
                     let hint = did_you_mean(need, sc.index.keys().copied());
                     self.err(
@@ -1265,11 +1281,7 @@ impl<'a> Cx<'a> {
             return None;
         };
         let with_path = path.key("with");
-        let with_node = self
-            .root
-            .locate(&with_path)
-            .exact
-            .then(|| self.root.locate(&with_path).node);
+        let with_node = sc.node.get("with");
         // A value that is exactly one `{{ params.x }}` takes the param's type, so
         // `epochs: "{{ params.epochs }}"` type-checks as the integer it will be.
         let typed = with_node.map(|n| typed_params(n, sc.params));
@@ -1410,7 +1422,7 @@ impl<'a> Cx<'a> {
                 EdgeKind::MapFrom {
                     output: output.clone(),
                 },
-                mp.key("from"),
+                None,
             ));
             MapSource::From { stage, output }
         };
@@ -1570,7 +1582,7 @@ impl<'a> Cx<'a> {
                     return false;
                 }
                 match sc.index.get(stage.as_str()) {
-                    Some(&id) => sc.edges.push((id, EdgeKind::Value, path.clone())),
+                    Some(&id) => sc.edges.push((id, EdgeKind::Value, Some(path.clone()))),
                     None => {
                         let hint = did_you_mean(stage, sc.index.keys().copied());
                         self.err_in_string(
@@ -1603,8 +1615,25 @@ impl<'a> Cx<'a> {
         &mut self,
         graph: &DiGraph<StageId, EdgeKind>,
         names: &[&str],
-        origin: &HashMap<(StageId, StageId), YamlPath>,
+        raw: &Raw,
+        value_origin: &HashMap<(StageId, StageId), YamlPath>,
     ) {
+        // Where the edge a → b was declared in b's spec.
+        let origin = |a: StageId, b: StageId| -> Option<YamlPath> {
+            let (from, to) = (names[a.index()], names[b.index()]);
+            let sp = p("stages").key(to);
+            let edge = graph.find_edge(NodeIndex::new(a.index()), NodeIndex::new(b.index()))?;
+            match &graph[edge] {
+                EdgeKind::Needs => {
+                    let spec = raw.stages.get(to)?.as_ref()?;
+                    let i = spec.needs.iter().position(|n| n == from)?;
+                    Some(sp.key("needs").index(i))
+                }
+                EdgeKind::Input { input, .. } => Some(sp.key("inputs").key(input)),
+                EdgeKind::MapFrom { .. } => Some(sp.key("map").key("from")),
+                EdgeKind::Value => value_origin.get(&(a, b)).cloned(),
+            }
+        };
         let mut sccs = petgraph::algo::tarjan_scc(graph);
         sccs.iter_mut().for_each(|c| c.sort());
         sccs.sort();
@@ -1644,15 +1673,13 @@ impl<'a> Cx<'a> {
             cycle.reverse();
             let spelled: Vec<&str> = cycle.iter().map(|n| names[n.index()]).collect();
             let first_edge = (graph[cycle[0]], graph[cycle[1]]);
-            let at = origin
-                .get(&first_edge)
-                .cloned()
+            let at = origin(first_edge.0, first_edge.1)
                 .unwrap_or_else(|| p("stages").key(names[first_edge.1.index()]));
             let mut notes = Vec::new();
             for w in cycle.windows(2) {
                 let (a, b) = (graph[w[0]], graph[w[1]]);
-                if let Some(o) = origin.get(&(a, b)) {
-                    let loc = self.root.locate(o).node.span;
+                if let Some(o) = origin(a, b) {
+                    let loc = self.root.locate(&o).node.span;
                     notes.push(format!(
                         "`{}` depends on `{}` through `{o}` (line {})",
                         names[b.index()],
@@ -1685,11 +1712,13 @@ struct StageCx<'s> {
     name: &'s str,
     path: YamlPath,
     spec: &'s StageSpec,
+    /// The stage's YAML node, for lookups that must not walk the whole document.
+    node: &'s Node<'s>,
     raw: &'s Raw,
     index: &'s HashMap<&'s str, StageId>,
     params: &'s [Param],
     /// Upstream stages found while checking, with why and where.
-    edges: Vec<(StageId, EdgeKind, YamlPath)>,
+    edges: Vec<(StageId, EdgeKind, Option<YamlPath>)>,
     used_params: &'s mut HashSet<String>,
 }
 
@@ -1734,7 +1763,7 @@ fn quiet_resources(r: &crate::spec::ResourcesSpec) -> Resources {
 
 /// A copy of `node` where each string that is exactly one `{{ params.x }}` is replaced by
 /// the param's default (or a placeholder of its type), keeping spans.
-fn typed_params(node: &Node, params: &[Param]) -> Node {
+fn typed_params<'a>(node: &Node<'a>, params: &[Param]) -> Node<'a> {
     let value = match &node.value {
         yaml::Value::Scalar { .. } => {
             let param = node
@@ -1780,10 +1809,10 @@ fn typed_params(node: &Node, params: &[Param]) -> Node {
     }
 }
 
-fn json_to_node(v: &Value, span: Span) -> Node {
+fn json_to_node(v: &Value, span: Span) -> Node<'static> {
     let value = match v {
         Value::String(s) => yaml::Value::Scalar {
-            text: s.clone(),
+            text: s.clone().into(),
             plain: false,
         },
         Value::Array(items) => {
@@ -1792,21 +1821,21 @@ fn json_to_node(v: &Value, span: Span) -> Node {
         Value::Object(o) => yaml::Value::Map(
             o.iter()
                 .map(|(k, x)| yaml::Entry {
-                    key: k.clone(),
+                    key: k.clone().into(),
                     key_span: span,
                     value: json_to_node(x, span),
                 })
                 .collect(),
         ),
         other => yaml::Value::Scalar {
-            text: other.to_string(),
+            text: other.to_string().into(),
             plain: true,
         },
     };
     Node { value, span }
 }
 
-fn collect_strings(node: &Node, path: &YamlPath, out: &mut Vec<(YamlPath, String)>) {
+fn collect_strings(node: &Node<'_>, path: &YamlPath, out: &mut Vec<(YamlPath, String)>) {
     match &node.value {
         yaml::Value::Scalar { .. } => {
             if let Some(s) = node.as_str() {
@@ -1822,7 +1851,7 @@ fn collect_strings(node: &Node, path: &YamlPath, out: &mut Vec<(YamlPath, String
         }
         yaml::Value::Map(entries) => {
             for e in entries {
-                collect_strings(&e.value, &path.key(&e.key), out);
+                collect_strings(&e.value, &path.key(&*e.key), out);
             }
         }
     }
@@ -1830,7 +1859,7 @@ fn collect_strings(node: &Node, path: &YamlPath, out: &mut Vec<(YamlPath, String
 
 /// The span of `range` (bytes of the decoded string) inside `node`'s source, when the
 /// source text maps one to one (plain or simply quoted); else the whole node.
-fn sub_span(src: &str, node: &Node, range: std::ops::Range<usize>) -> Span {
+fn sub_span(src: &str, node: &Node<'_>, range: std::ops::Range<usize>) -> Span {
     let span = node.span;
     let Some(text) = node.scalar_text() else {
         return span;

@@ -13,6 +13,7 @@
 //! Aliases are expanded, bounded by [`MAX_NODES`] so an alias bomb cannot exhaust memory,
 //! and `<<` merge keys are honoured because pipeline authors use them for shared blocks.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 
@@ -27,30 +28,27 @@ pub const MAX_DEPTH: usize = 256;
 
 /// One YAML value with its location.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Node {
-    pub value: Value,
+pub struct Node<'a> {
+    pub value: Value<'a>,
     pub span: Span,
 }
 
 /// The shape of a YAML value.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Value {
+pub enum Value<'a> {
     /// A scalar with its source text; `plain` is false for quoted and block scalars,
     /// which are always strings.
-    Scalar {
-        text: String,
-        plain: bool,
-    },
-    Seq(Vec<Node>),
-    Map(Vec<Entry>),
+    Scalar { text: Cow<'a, str>, plain: bool },
+    Seq(Vec<Node<'a>>),
+    Map(Vec<Entry<'a>>),
 }
 
 /// A mapping entry: the key's text and location, and the value.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Entry {
-    pub key: String,
+pub struct Entry<'a> {
+    pub key: Cow<'a, str>,
     pub key_span: Span,
-    pub value: Node,
+    pub value: Node<'a>,
 }
 
 /// A scalar resolved with the YAML 1.2 core schema.
@@ -63,7 +61,7 @@ pub enum Resolved<'a> {
     Str(&'a str),
 }
 
-impl Node {
+impl<'a> Node<'a> {
     /// The resolved scalar, or `None` for sequences and mappings.
     pub fn scalar(&self) -> Option<Resolved<'_>> {
         match &self.value {
@@ -92,14 +90,14 @@ impl Node {
         }
     }
 
-    pub fn as_map(&self) -> Option<&[Entry]> {
+    pub fn as_map(&self) -> Option<&[Entry<'a>]> {
         match &self.value {
             Value::Map(m) => Some(m),
             _ => None,
         }
     }
 
-    pub fn as_seq(&self) -> Option<&[Node]> {
+    pub fn as_seq(&self) -> Option<&[Node<'a>]> {
         match &self.value {
             Value::Seq(s) => Some(s),
             _ => None,
@@ -107,11 +105,11 @@ impl Node {
     }
 
     /// The entry under `key`, if this is a mapping that has it.
-    pub fn entry(&self, key: &str) -> Option<&Entry> {
+    pub fn entry(&self, key: &str) -> Option<&Entry<'a>> {
         self.as_map()?.iter().find(|e| e.key == key)
     }
 
-    pub fn get(&self, key: &str) -> Option<&Node> {
+    pub fn get(&self, key: &str) -> Option<&Node<'a>> {
         self.entry(key).map(|e| &e.value)
     }
 
@@ -130,7 +128,7 @@ impl Node {
 
     /// Walks `path` from this node. Returns the deepest node reached and, when the walk
     /// ended on a mapping key, that key's span, so errors about a key point at the key.
-    pub fn locate(&self, path: &YamlPath) -> Located<'_> {
+    pub fn locate(&self, path: &YamlPath) -> Located<'_, 'a> {
         let mut node = self;
         let mut key_span = None;
         for seg in &path.0 {
@@ -173,14 +171,14 @@ impl Node {
                 Resolved::Int(i) => J::from(i),
                 Resolved::Float(f) => serde_json::Number::from_f64(f)
                     .map(J::Number)
-                    .unwrap_or_else(|| J::String(text.clone())),
+                    .unwrap_or_else(|| J::String(text.to_string())),
                 Resolved::Str(s) => J::String(s.to_owned()),
             },
             Value::Seq(items) => J::Array(items.iter().map(Node::to_json).collect()),
             Value::Map(entries) => J::Object(
                 entries
                     .iter()
-                    .map(|e| (e.key.clone(), e.value.to_json()))
+                    .map(|e| (e.key.to_string(), e.value.to_json()))
                     .collect(),
             ),
         }
@@ -189,8 +187,8 @@ impl Node {
 
 /// The result of [`Node::locate`].
 #[derive(Debug, Clone, Copy)]
-pub struct Located<'a> {
-    pub node: &'a Node,
+pub struct Located<'n, 'a> {
+    pub node: &'n Node<'a>,
     pub key_span: Option<Span>,
     /// False when the path did not exist all the way down (the node is its deepest
     /// existing ancestor).
@@ -382,31 +380,53 @@ impl LineIndex {
     }
 }
 
-enum Frame {
+enum Frame<'a> {
     Seq {
         span: Span,
         anchor: usize,
-        items: Vec<Node>,
+        items: Vec<Node<'a>>,
     },
     Map {
         span: Span,
         anchor: usize,
-        entries: Vec<Entry>,
+        entries: Vec<Entry<'a>>,
         /// A key read, waiting for its value.
-        pending_key: Option<(String, Span)>,
-        merges: Vec<Node>,
+        pending_key: Option<(Cow<'a, str>, Span)>,
+        merges: Vec<Node<'a>>,
+        /// Key → entry position, built once a mapping is large enough that scanning
+        /// for duplicates would be quadratic (a 10,000-stage `stages:` map).
+        index: Option<HashMap<String, usize>>,
     },
+}
+
+/// Finds `key` among `entries`: a scan for small mappings, a hash index for large ones.
+fn find_key(
+    entries: &[Entry<'_>], index: &mut Option<HashMap<String, usize>>, key: &str) -> Option<usize> {
+    const SCAN_LIMIT: usize = 16;
+    if entries.len() < SCAN_LIMIT {
+        return entries.iter().position(|e| e.key == key);
+    }
+    index
+        .get_or_insert_with(|| {
+            entries
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (e.key.to_string(), i))
+                .collect()
+        })
+        .get(key)
+        .copied()
 }
 
 /// Parses one YAML document into a located tree. Problems come back as diagnostics:
 /// syntax errors (one, where the parser stopped), duplicate keys, non-scalar keys,
 /// unknown aliases and documents beyond the size bounds.
-pub fn parse(src: &str) -> Result<Node, Vec<Diagnostic>> {
+pub fn parse(src: &str) -> Result<Node<'_>, Vec<Diagnostic>> {
     let index = LineIndex::new(src);
     let mut parser = Parser::new_from_str(src);
-    let mut stack: Vec<Frame> = Vec::new();
-    let mut anchors: HashMap<usize, Node> = HashMap::new();
-    let mut root: Option<Node> = None;
+    let mut stack: Vec<Frame<'_>> = Vec::new();
+    let mut anchors: HashMap<usize, Node<'_>> = HashMap::new();
+    let mut root: Option<Node<'_>> = None;
     let mut docs = 0usize;
     let mut count = 0usize;
     let mut errors = Vec::new();
@@ -431,7 +451,7 @@ pub fn parse(src: &str) -> Result<Node, Vec<Diagnostic>> {
             }
         };
         let span = index.span(src, yspan);
-        let complete: Option<(Node, usize)> = match event {
+        let complete: Option<(Node<'_>, usize)> = match event {
             Event::StreamStart | Event::StreamEnd | Event::Nothing | Event::DocumentEnd => None,
             Event::DocumentStart(_) => {
                 docs += 1;
@@ -457,7 +477,6 @@ pub fn parse(src: &str) -> Result<Node, Vec<Diagnostic>> {
                     Some(t) if t.is_yaml_core_schema() && t.suffix != "str"
                 );
                 let plain = (matches!(style, ScalarStyle::Plain) && tag.is_none()) || core_non_str;
-                let text = text.into_owned();
                 Some((
                     Node {
                         value: Value::Scalar { text, plain },
@@ -495,6 +514,7 @@ pub fn parse(src: &str) -> Result<Node, Vec<Diagnostic>> {
                     entries: Vec::new(),
                     pending_key: None,
                     merges: Vec::new(),
+                    index: None,
                 });
                 None
             }
@@ -561,30 +581,30 @@ pub fn parse(src: &str) -> Result<Node, Vec<Diagnostic>> {
         if anchor != 0 {
             anchors.insert(anchor, node.clone());
         }
-        let parent_path = || {
-            let mut path = YamlPath::root();
-            for f in &stack[..stack.len().saturating_sub(1)] {
-                match f {
-                    Frame::Seq { items, .. } => path = path.index(items.len()),
-                    Frame::Map { pending_key, .. } => {
-                        if let Some((k, _)) = pending_key {
-                            path = path.key(k.clone());
-                        }
-                    }
-                }
-            }
-            path
-        };
-        let dup_path = match stack.last() {
+        // Where an earlier entry with the same key is, if the value completes an entry.
+        let duplicate = match stack.last_mut() {
             Some(Frame::Map {
                 pending_key: Some((key, _)),
                 entries,
+                index,
                 ..
-            }) if key != "<<" && entries.iter().any(|e| &e.key == key) => {
-                Some(parent_path().key(key.clone()))
-            }
+            }) if key != "<<" => find_key(entries, index, key),
             _ => None,
         };
+        let dup_path = duplicate.map(|_| {
+            let mut path = YamlPath::root();
+            for f in &stack {
+                match f {
+                    Frame::Seq { items, .. } => path = path.index(items.len()),
+                    Frame::Map {
+                        pending_key: Some((k, _)),
+                        ..
+                    } => path = path.key(k.clone()),
+                    Frame::Map { .. } => {}
+                }
+            }
+            path
+        });
         match stack.last_mut() {
             None => root = Some(node),
             Some(Frame::Seq { items, .. }) => items.push(node),
@@ -592,6 +612,7 @@ pub fn parse(src: &str) -> Result<Node, Vec<Diagnostic>> {
                 entries,
                 pending_key,
                 merges,
+                index,
                 ..
             }) => match pending_key.take() {
                 None => match &node.value {
@@ -606,13 +627,13 @@ pub fn parse(src: &str) -> Result<Node, Vec<Diagnostic>> {
                             )
                             .at(node.span),
                         );
-                        *pending_key = Some((String::new(), node.span));
+                        *pending_key = Some((Cow::Borrowed(""), node.span));
                     }
                 },
                 Some((key, key_span)) => {
                     if key == "<<" && matches!(node.value, Value::Map(_) | Value::Seq(_)) {
                         merges.push(node);
-                    } else if let Some(first) = entries.iter().find(|e| e.key == key) {
+                    } else if let Some(first) = duplicate.map(|i| &entries[i]) {
                         errors.push(
                             Diagnostic::new("duplicate-key", format!("duplicate key `{key}`"))
                                 .at(key_span)
@@ -624,6 +645,9 @@ pub fn parse(src: &str) -> Result<Node, Vec<Diagnostic>> {
                                 .hint("YAML keys must be unique within a mapping; merge the two entries"),
                         );
                     } else {
+                        if let Some(ix) = index {
+                            ix.insert(key.to_string(), entries.len());
+                        }
                         entries.push(Entry {
                             key,
                             key_span,
@@ -652,7 +676,7 @@ pub fn parse(src: &str) -> Result<Node, Vec<Diagnostic>> {
     }
 }
 
-fn count_nodes(n: &Node) -> usize {
+fn count_nodes(n: &Node<'_>) -> usize {
     1 + match &n.value {
         Value::Scalar { .. } => 0,
         Value::Seq(items) => items.iter().map(count_nodes).sum(),
@@ -661,7 +685,7 @@ fn count_nodes(n: &Node) -> usize {
 }
 
 /// Applies a `<<` merge: keys already present win.
-fn merge_into(entries: &mut Vec<Entry>, merge: Node) {
+fn merge_into<'a>(entries: &mut Vec<Entry<'a>>, merge: Node<'a>) {
     let sources = match merge.value {
         Value::Map(m) => vec![m],
         Value::Seq(items) => items

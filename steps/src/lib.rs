@@ -47,7 +47,7 @@ impl<C: DeserializeOwned + JsonSchema + 'static> Step for Builtin<C> {
         self.inputs
     }
 
-    fn check_config(&self, with: Option<&Node>, path: &YamlPath) -> Vec<Diagnostic> {
+    fn check_config(&self, with: Option<&Node<'_>>, path: &YamlPath) -> Vec<Diagnostic> {
         check_typed_config::<C>(with, path)
     }
 

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Benchmarks of drivetrain's validation and planning (see README.md here).
+
+Generates a random DAG pipeline (default 10,000 stages, about 3 edges per stage),
+then times whole commands of the release binary and reads each run's peak memory
+from the kernel (wait4's ru_maxrss). Every figure is compared with a baseline measured
+in the same run: `drivetrain --version` (process start, argument parsing, no work).
+Standard library only.
+"""
+
+import argparse
+import os
+import random
+import subprocess
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def generate(n, edges, seed):
+    rng = random.Random(seed)
+    out = [
+        "version: 1",
+        f"name: generated-{n}",
+        "params:",
+        "  day: {type: string, default: '2026-11-20'}",
+        "  epochs: {type: integer, default: 3}",
+        "defaults:",
+        "  retries: {limit: 2, backoff: 5s}",
+        "  timeout: 10m",
+        "stages:",
+    ]
+    for i in range(n):
+        name = f"s{i:05d}"
+        out.append(f"  {name}:")
+        k = min(i, rng.randint(max(0, edges - 2), edges + 2))
+        ups = sorted(rng.sample(range(max(0, i - 500), i), k)) if k else []
+        needs = [u for j, u in enumerate(ups) if j % 2 == 0]
+        inputs = [u for j, u in enumerate(ups) if j % 2 == 1]
+        if needs:
+            out.append("    needs: [" + ", ".join(f"s{u:05d}" for u in needs) + "]")
+        if inputs:
+            out.append("    inputs:")
+            for u in inputs:
+                out.append(f"      in{u}: s{u:05d}.out")
+        out.append("    run:")
+        args = ["true", "--day", '"{{ params.day }}"', "--out", '"{{ outputs.out }}"']
+        args += [f'"{{{{ inputs.in{u} }}}}"' for u in inputs]
+        out.append("      command: [" + ", ".join(args) + "]")
+        out.append("    resources: {cpu: 500m, memory: 1Gi}")
+        out.append("    outputs: [out]")
+    return "\n".join(out) + "\n"
+
+
+def measure(cmd, repeats):
+    """Median wall time and peak RSS of `cmd`.
+
+    The peak RSS comes from GNU time (`/usr/bin/time -f %M`), whose child is a fork of a
+    small C program; a child forked or vforked from this Python process would report
+    Python's own resident pages as its peak. Without GNU time, RSS is not reported.
+    """
+    gnu_time = "/usr/bin/time" if os.path.exists("/usr/bin/time") else None
+    walls, rss = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        walls.append(time.perf_counter() - start)
+        if proc.returncode != 0:
+            sys.exit(f"{' '.join(cmd)} exited {proc.returncode}")
+    if gnu_time:
+        for _ in range(3):
+            out = subprocess.run([gnu_time, "-f", "%M", *cmd], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)
+            rss.append(int(out.stderr.strip().splitlines()[-1]))
+    return statistics.median(walls), (max(rss) if rss else None)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--stages", type=int, default=10_000)
+    ap.add_argument("--edges", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "drivetrain"))
+    args = ap.parse_args()
+    target = os.environ.get("CARGO_TARGET_DIR")
+    if target and args.binary.startswith(os.path.join(ROOT, "target")):
+        args.binary = os.path.join(target, "release", "drivetrain")
+    if not os.path.exists(args.binary):
+        sys.exit(f"build first: cargo build --release ({args.binary} missing)")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        big = os.path.join(tmp, "big.yaml")
+        text = generate(args.stages, args.edges, args.seed)
+        with open(big, "w") as f:
+            f.write(text)
+        edges = text.count(".out\n") + sum(
+            line.count(",") + 1 for line in text.splitlines() if line.startswith("    needs: [")
+        )
+        print(f"pipeline: {args.stages} stages, {edges} edges ({edges / args.stages:.2f} per stage), "
+              f"{len(text) / 1024 / 1024:.1f} MiB of YAML")
+        loop = os.path.join(ROOT, "pipelines", "driving-loop.yaml")
+        cases = [
+            ("baseline: drivetrain --version", [args.binary, "--version"]),
+            ("validate driving-loop.yaml (8 stages)", [args.binary, "validate", loop]),
+            (f"validate {args.stages} stages", [args.binary, "validate", big]),
+            (f"plan {args.stages} stages", [args.binary, "plan", big]),
+            (f"graph {args.stages} stages (mermaid)", [args.binary, "graph", big]),
+        ]
+        results = []
+        for label, cmd in cases:
+            wall, rss = measure(cmd, args.repeats)
+            results.append((label, wall, rss))
+        base = results[0][1]
+        print(f"\n| command | median wall | ratio to baseline | peak RSS |")
+        print(f"|---|---:|---:|---:|")
+        for label, wall, rss in results:
+            shown = f"{rss / 1024:.1f} MiB" if rss else "n/a"
+            print(f"| {label} | {wall * 1000:.1f} ms | {wall / base:.1f}× | {shown} |")
+
+
+if __name__ == "__main__":
+    main()
