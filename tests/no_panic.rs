@@ -6,7 +6,10 @@ use drivetrain_engine::{validate, Catalog};
 use proptest::prelude::*;
 
 fn catalog() -> Catalog {
-    Catalog::new(drivetrain_steps::all(), drivetrain_plugins::EXECUTORS.to_vec())
+    Catalog::new(
+        drivetrain_steps::all(),
+        drivetrain_plugins::EXECUTORS.to_vec(),
+    )
 }
 
 const REFERENCE: &[&str] = &[
@@ -19,8 +22,14 @@ fn check(src: &str) {
     let v = validate(src, &catalog());
     for d in &v.diagnostics {
         if let Some(span) = d.span {
-            assert!(span.start <= span.end && span.end <= src.len(), "{d:?} outside the source");
-            assert!(src.is_char_boundary(span.start) && src.is_char_boundary(span.end), "{d:?}");
+            assert!(
+                span.start <= span.end && span.end <= src.len(),
+                "{d:?} outside the source"
+            );
+            assert!(
+                src.is_char_boundary(span.start) && src.is_char_boundary(span.end),
+                "{d:?}"
+            );
             assert!(span.line >= 1 && span.column >= 1, "{d:?}");
         }
     }

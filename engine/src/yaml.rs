@@ -38,7 +38,10 @@ pub struct Node<'a> {
 pub enum Value<'a> {
     /// A scalar with its source text; `plain` is false for quoted and block scalars,
     /// which are always strings.
-    Scalar { text: Cow<'a, str>, plain: bool },
+    Scalar {
+        text: Cow<'a, str>,
+        plain: bool,
+    },
     Seq(Vec<Node<'a>>),
     Map(Vec<Entry<'a>>),
 }
@@ -401,7 +404,10 @@ enum Frame<'a> {
 
 /// Finds `key` among `entries`: a scan for small mappings, a hash index for large ones.
 fn find_key(
-    entries: &[Entry<'_>], index: &mut Option<HashMap<String, usize>>, key: &str) -> Option<usize> {
+    entries: &[Entry<'_>],
+    index: &mut Option<HashMap<String, usize>>,
+    key: &str,
+) -> Option<usize> {
     const SCAN_LIMIT: usize = 16;
     if entries.len() < SCAN_LIMIT {
         return entries.iter().position(|e| e.key == key);
@@ -479,7 +485,10 @@ pub fn parse(src: &str) -> Result<Node<'_>, Vec<Diagnostic>> {
                 let plain = (matches!(style, ScalarStyle::Plain) && tag.is_none()) || core_non_str;
                 Some((
                     Node {
-                        value: Value::Scalar { text, plain },
+                        value: Value::Scalar {
+                            text: tight(text),
+                            plain,
+                        },
                         span,
                     },
                     anchor,
@@ -525,7 +534,11 @@ pub fn parse(src: &str) -> Result<Node<'_>, Vec<Diagnostic>> {
                     items,
                 }) => Some((
                     Node {
-                        value: Value::Seq(items),
+                        value: Value::Seq({
+                            let mut items = items;
+                            items.shrink_to_fit();
+                            items
+                        }),
                         span: s.to(span),
                     },
                     anchor,
@@ -545,7 +558,10 @@ pub fn parse(src: &str) -> Result<Node<'_>, Vec<Diagnostic>> {
                     }
                     Some((
                         Node {
-                            value: Value::Map(entries),
+                            value: Value::Map({
+                                entries.shrink_to_fit();
+                                entries
+                            }),
                             span: s.to(span),
                         },
                         anchor,
@@ -673,6 +689,18 @@ pub fn parse(src: &str) -> Result<Node<'_>, Vec<Diagnostic>> {
             .hint(
                 "a pipeline needs at least `version: 1`, `name` and `stages`",
             )]),
+    }
+}
+
+/// Drops the spare capacity the scanner left in an owned scalar: a document keeps
+/// hundreds of thousands of them alive until validation ends.
+fn tight(text: Cow<'_, str>) -> Cow<'_, str> {
+    match text {
+        Cow::Owned(mut s) => {
+            s.shrink_to_fit();
+            Cow::Owned(s)
+        }
+        borrowed => borrowed,
     }
 }
 
