@@ -49,7 +49,7 @@ def generate(n, edges, seed):
             for u in inputs:
                 out.append(f"      in{u}: s{u:05d}.out")
         out.append("    run:")
-        args = ["true", "--day", '"{{ params.day }}"', "--out", '"{{ outputs.out }}"']
+        args = ["true", "--day", '"{{ params.day }}"', '"--epochs={{ params.epochs }}"', "--out", '"{{ outputs.out }}"']
         args += [f'"{{{{ inputs.in{u} }}}}"' for u in inputs]
         out.append("      command: [" + ", ".join(args) + "]")
         out.append("    resources: {cpu: 500m, memory: 1Gi}")

@@ -185,6 +185,13 @@ impl Template {
         if !lit.is_empty() {
             parts.push(Part::Lit(lit));
         }
+        // A pipeline holds tens of thousands of templates for as long as it runs.
+        parts.shrink_to_fit();
+        for p in &mut parts {
+            if let Part::Lit(l) = p {
+                l.shrink_to_fit();
+            }
+        }
         if errors.is_empty() {
             Ok(Template { parts })
         } else {

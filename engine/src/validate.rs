@@ -58,21 +58,26 @@ pub fn validate(src: &str, catalog: &Catalog) -> Validated {
     };
     let mut cx = Cx {
         src,
-        root: &root,
+        tree: None,
         catalog,
         diags: Vec::new(),
+        with_nodes: Vec::new(),
     };
-    let raw = cx.read();
+    // The tree is the largest structure validation builds: `read` consumes it stage by
+    // stage, keeping only the `with` blocks the checks need. Problems found later are
+    // located on demand from a fresh parse (`Cx::root`), so a valid file is parsed once.
+    let raw = cx.read(root);
     let pipeline = raw.and_then(|raw| cx.check_and_build(raw));
-    let mut diagnostics = cx.diags;
-    for d in &mut diagnostics {
-        if d.span.is_none() {
-            if let Some(p) = &d.path {
-                let loc = root.locate(&YamlPath::parse(p));
-                d.span = Some(loc.key_span.filter(|_| loc.exact).unwrap_or(loc.node.span));
-            }
-        }
+    let unlocated: Vec<usize> = (0..cx.diags.len())
+        .filter(|&i| cx.diags[i].span.is_none() && cx.diags[i].path.is_some())
+        .collect();
+    for i in unlocated {
+        let path = YamlPath::parse(cx.diags[i].path.as_deref().unwrap_or_default());
+        let loc = cx.root().locate(&path);
+        let span = loc.key_span.filter(|_| loc.exact).unwrap_or(loc.node.span);
+        cx.diags[i].span = Some(span);
     }
+    let mut diagnostics = cx.diags;
     diagnostics.sort_by_key(|d| d.span.map(|s| (s.start, s.end)).unwrap_or_default());
     diagnostics.dedup();
     let pipeline = if diagnostics.iter().any(Diagnostic::is_error) {
@@ -99,13 +104,18 @@ struct Raw {
     stages: IndexMap<String, Option<StageSpec>>,
     /// Whether every part deserialized (so the full spec can be kept).
     complete: bool,
+    /// Whether `stages:` is a mapping (possibly empty).
+    stages_is_map: bool,
 }
 
 struct Cx<'a> {
     src: &'a str,
-    root: &'a Node<'a>,
+    /// The located tree, when something needs a location (see [`Cx::root`]).
+    tree: Option<Node<'a>>,
     catalog: &'a Catalog,
     diags: Vec<Diagnostic>,
+    /// Each stage's `with` block, by stage position.
+    with_nodes: Vec<Option<Node<'a>>>,
 }
 
 fn p(s: &str) -> YamlPath {
@@ -113,13 +123,25 @@ fn p(s: &str) -> YamlPath {
 }
 
 impl<'a> Cx<'a> {
+    /// The located tree, parsed again if it was dropped. Only the paths that report a
+    /// problem call this, so a valid file is parsed once.
+    fn root(&mut self) -> &Node<'a> {
+        let src = self.src;
+        self.tree.get_or_insert_with(|| {
+            yaml::parse(src).unwrap_or_else(|_| Node {
+                value: yaml::Value::Map(Vec::new()),
+                span: Span::default(),
+            })
+        })
+    }
+
     fn err(
         &mut self,
         code: &'static str,
         path: &YamlPath,
         msg: impl Into<String>,
     ) -> &mut Diagnostic {
-        let loc = self.root.locate(path);
+        let loc = self.root().locate(path);
         let span = loc.node.span;
         self.diags
             .push(Diagnostic::new(code, msg).path(path).at(span));
@@ -133,7 +155,7 @@ impl<'a> Cx<'a> {
         path: &YamlPath,
         msg: impl Into<String>,
     ) -> &mut Diagnostic {
-        let loc = self.root.locate(path);
+        let loc = self.root().locate(path);
         let span = loc.key_span.unwrap_or(loc.node.span);
         self.diags
             .push(Diagnostic::new(code, msg).path(path).at(span));
@@ -148,16 +170,17 @@ impl<'a> Cx<'a> {
         range: std::ops::Range<usize>,
         msg: impl Into<String>,
     ) -> &mut Diagnostic {
-        let loc = self.root.locate(path);
-        let span = sub_span(self.src, loc.node, range);
+        let src = self.src;
+        let loc = self.root().locate(path);
+        let span = sub_span(src, loc.node, range);
         self.diags
             .push(Diagnostic::new(code, msg).path(path).at(span));
         self.diags.last_mut().expect("just pushed")
     }
 
-    fn read(&mut self) -> Option<Raw> {
-        let Some(entries) = self.root.as_map() else {
-            let kind = self.root.kind();
+    fn read(&mut self, root: Node<'a>) -> Option<Raw> {
+        let kind = root.kind();
+        let yaml::Value::Map(entries) = root.value else {
             self.err(
                 "invalid-type",
                 &YamlPath::root(),
@@ -177,9 +200,16 @@ impl<'a> Cx<'a> {
             store: None,
             stages: IndexMap::new(),
             complete: true,
+            stages_is_map: false,
         };
         let before = self.diags.len();
+        let mut seen: HashSet<&str> = HashSet::new();
         for e in entries {
+            for f in PIPELINE_FIELDS {
+                if *f == e.key {
+                    seen.insert(f);
+                }
+            }
             let path = p(&e.key);
             let d = &mut self.diags;
             match &*e.key {
@@ -210,15 +240,26 @@ impl<'a> Cx<'a> {
                         );
                     }
                 },
-                "stages" => match e.value.as_map() {
-                    Some(stages) => {
-                        for se in stages {
+                "stages" => match e.value.value {
+                    yaml::Value::Map(stages) => {
+                        raw.stages_is_map = true;
+                        self.with_nodes.reserve_exact(stages.len());
+                        raw.stages.reserve_exact(stages.len());
+                        for mut se in stages {
                             let sp = path.key(&*se.key);
                             let spec = from_node::<StageSpec>(&se.value, &sp, d);
-                            raw.stages.insert(se.key.to_string(), spec);
+                            raw.stages.insert(se.key.into_owned(), spec);
+                            let with = match &mut se.value.value {
+                                yaml::Value::Map(fields) => fields
+                                    .iter()
+                                    .position(|f| f.key == "with")
+                                    .map(|i| fields.swap_remove(i).value),
+                                _ => None,
+                            };
+                            self.with_nodes.push(with);
                         }
                     }
-                    None => {
+                    _ => {
                         let kind = e.value.kind();
                         self.err(
                             "invalid-type",
@@ -238,7 +279,7 @@ impl<'a> Cx<'a> {
             }
         }
         for required in ["version", "name", "stages"] {
-            if self.root.get(required).is_none() {
+            if !seen.contains(required) {
                 self.diags.push(
                     Diagnostic::new(
                         "missing-field",
@@ -282,12 +323,7 @@ impl<'a> Cx<'a> {
         let schedule = raw.schedule.as_ref().and_then(|s| self.check_schedule(s));
         self.check_store(&raw);
         let executor = self.check_defaults(&raw.defaults);
-        if raw.stages.is_empty()
-            && self
-                .root
-                .get("stages")
-                .is_some_and(|s| s.as_map().is_some())
-        {
+        if raw.stages.is_empty() && raw.stages_is_map {
             self.err("no-stages", &p("stages"), "the pipeline has no stages");
         }
 
@@ -308,12 +344,6 @@ impl<'a> Cx<'a> {
         // derived from the spec when a cycle needs them.
         let mut value_origin: HashMap<(StageId, StageId), YamlPath> = HashMap::new();
         let mut stages = Vec::with_capacity(names.len());
-        let stage_nodes: Vec<&Node<'_>> = self
-            .root
-            .get("stages")
-            .and_then(Node::as_map)
-            .map(|m| m.iter().map(|e| &e.value).collect())
-            .unwrap_or_default();
         for (i, (name, spec)) in raw.stages.iter().enumerate() {
             let id = StageId(i as u32);
             let sp = p("stages").key(name);
@@ -327,15 +357,13 @@ impl<'a> Cx<'a> {
                 .note("stage names become Kubernetes object names and labels");
             }
             let Some(spec) = spec else { continue };
-            let Some(node) = stage_nodes.get(i).copied() else {
-                continue;
-            };
+            let with_node = self.with_nodes.get_mut(i).and_then(Option::take);
             let mut sc = StageCx {
                 id,
                 name,
                 path: sp,
                 spec,
-                node,
+                with_node: with_node.as_ref(),
                 raw: &raw,
                 index: &index,
                 params: &params,
@@ -368,14 +396,12 @@ impl<'a> Cx<'a> {
             });
             if !used_params.contains(&param.name) && !used_by_map {
                 let pp = p("params").key(&param.name);
-                let loc = self.root.locate(&pp);
                 self.diags.push(
                     Diagnostic::warning(
                         "unused-param",
                         format!("param `{}` is never used", param.name),
                     )
-                    .path(&pp)
-                    .at(loc.key_span.unwrap_or(loc.node.span)),
+                    .path(&pp),
                 );
             }
         }
@@ -552,14 +578,12 @@ impl<'a> Cx<'a> {
             }
         };
         if s.max_catchup.is_some() && s.catchup != crate::spec::Catchup::All {
-            let loc = self.root.locate(&sp.key("max_catchup"));
             self.diags.push(
                 Diagnostic::warning(
                     "unused-field",
                     "`max_catchup` only applies with `catchup: all`",
                 )
-                .path(sp.key("max_catchup"))
-                .at(loc.key_span.unwrap_or(loc.node.span)),
+                .path(sp.key("max_catchup")),
             );
         }
         Some(Schedule {
@@ -1082,14 +1106,12 @@ impl<'a> Cx<'a> {
                 ok = false;
             }
             if d.slots_per_worker.is_some() && d.framework != crate::spec::Framework::Mpi {
-                let loc = self.root.locate(&dp.key("slots_per_worker"));
                 self.diags.push(
                     Diagnostic::warning(
                         "unused-field",
                         "`slots_per_worker` only applies to `framework: mpi`",
                     )
-                    .path(dp.key("slots_per_worker"))
-                    .at(loc.key_span.unwrap_or(loc.node.span)),
+                    .path(dp.key("slots_per_worker")),
                 );
             }
             if spec.map.is_some() {
@@ -1281,14 +1303,14 @@ impl<'a> Cx<'a> {
             return None;
         };
         let with_path = path.key("with");
-        let with_node = sc.node.get("with");
+        let with_node = sc.with_node;
         // A value that is exactly one `{{ params.x }}` takes the param's type, so
         // `epochs: "{{ params.epochs }}"` type-checks as the integer it will be.
         let typed = with_node.map(|n| typed_params(n, sc.params));
         let mut diags = step.check_config(typed.as_ref(), &with_path);
         for d in &mut diags {
             if d.span.is_none() {
-                let loc = self.root.locate(&path.key("uses"));
+                let loc = self.root().locate(&path.key("uses"));
                 d.span = Some(loc.node.span);
             }
             if d.code == "unknown-field" || d.code == "missing-field" || d.code == "invalid-type" {
@@ -1383,14 +1405,12 @@ impl<'a> Cx<'a> {
         }
         let source = if let Some(items) = &m.items {
             if items.is_empty() {
-                let loc = self.root.locate(&mp.key("items"));
                 self.diags.push(
                     Diagnostic::warning(
                         "empty-map",
                         "`map.items` is empty: the stage will run no item",
                     )
-                    .path(mp.key("items"))
-                    .at(loc.node.span),
+                    .path(mp.key("items")),
                 );
             }
             MapSource::Items(items.clone())
@@ -1679,7 +1699,7 @@ impl<'a> Cx<'a> {
             for w in cycle.windows(2) {
                 let (a, b) = (graph[w[0]], graph[w[1]]);
                 if let Some(o) = origin(a, b) {
-                    let loc = self.root.locate(&o).node.span;
+                    let loc = self.root().locate(&o).node.span;
                     notes.push(format!(
                         "`{}` depends on `{}` through `{o}` (line {})",
                         names[b.index()],
@@ -1712,8 +1732,8 @@ struct StageCx<'s> {
     name: &'s str,
     path: YamlPath,
     spec: &'s StageSpec,
-    /// The stage's YAML node, for lookups that must not walk the whole document.
-    node: &'s Node<'s>,
+    /// The stage's `with:` block.
+    with_node: Option<&'s Node<'s>>,
     raw: &'s Raw,
     index: &'s HashMap<&'s str, StageId>,
     params: &'s [Param],
