@@ -278,3 +278,34 @@ fn steps_lists_the_catalog() {
     );
     assert_eq!(v["executors"], serde_json::json!(["local", "kubernetes"]));
 }
+
+/// The JSON Schema editors use accepts every reference pipeline and rejects what
+/// validation rejects for shape (unknown fields, wrong types).
+#[test]
+fn the_json_schema_accepts_the_reference_pipelines() {
+    let schema = drivetrain_engine::spec::json_schema();
+    let validator = jsonschema::draft7::new(&schema).expect("the generated schema compiles");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for f in reference_pipelines() {
+        let src = std::fs::read_to_string(root.join(&f)).unwrap();
+        let doc = drivetrain_engine::yaml::parse(&src).unwrap().to_json();
+        let errors: Vec<String> = validator
+            .iter_errors(&doc)
+            .map(|e| format!("{} at {}", e, e.instance_path()))
+            .collect();
+        assert!(errors.is_empty(), "{f}: {errors:#?}");
+    }
+    for (f, expected) in [
+        ("tests/corpus/unknown-stage-field.yaml", "retires"),
+        ("tests/corpus/invalid-type.yaml", "twice"),
+        ("tests/corpus/unknown-variant.yaml", "forbidd"),
+    ] {
+        let src = std::fs::read_to_string(root.join(f)).unwrap();
+        let doc = drivetrain_engine::yaml::parse(&src).unwrap().to_json();
+        let errors: Vec<String> = validator.iter_errors(&doc).map(|e| e.to_string()).collect();
+        assert!(
+            errors.iter().any(|e| e.contains(expected)),
+            "{f}: {errors:#?}"
+        );
+    }
+}

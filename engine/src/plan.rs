@@ -587,3 +587,188 @@ pub fn render_for_plan(t: &Template, params: &BTreeMap<String, Value>) -> String
         _ => None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::step::Catalog;
+
+    fn plan(src: &str) -> Pipeline {
+        let v = crate::validate(src, &Catalog::new(Vec::new(), vec!["local", "kubernetes"]));
+        assert!(!v.has_errors(), "{:#?}", v.diagnostics);
+        v.pipeline.expect("valid")
+    }
+
+    fn names(p: &Pipeline, ids: impl IntoIterator<Item = StageId>) -> Vec<String> {
+        ids.into_iter().map(|id| p.stage(id).name.clone()).collect()
+    }
+
+    //     a ──▶ b ──▶ d ──▶ e
+    //     └───▶ c ──┘
+    //     f (independent)
+    const DIAMOND: &str = r#"
+version: 1
+name: diamond
+params:
+  n: {type: integer, default: 2}
+  tags: {type: list, default: [x]}
+stages:
+  e:
+    needs: [d]
+    run: {command: [echo, e]}
+  d:
+    inputs: {from_b: b.out}
+    when: "stages.c.values.ok == true"
+    run: {command: [echo, "{{ inputs.from_b }}"]}
+  b:
+    needs: [a]
+    run: {command: [echo, "--n={{ params.n }}", "{{ params.tags }}"]}
+    outputs: [out]
+  c:
+    needs: [a]
+    run: {command: [echo, c]}
+  a:
+    run: {command: [echo, a]}
+  f:
+    run: {command: [echo, f]}
+"#;
+
+    #[test]
+    fn topological_order_prefers_document_order() {
+        let p = plan(DIAMOND);
+        // Ready stages come out in file order: roots a and f, then a's dependants.
+        assert_eq!(names(&p, p.order.clone()), ["a", "b", "c", "d", "e", "f"]);
+        let pos: BTreeMap<StageId, usize> =
+            p.order.iter().enumerate().map(|(i, s)| (*s, i)).collect();
+        for e in p.graph.edge_indices() {
+            let (a, b) = p.graph.edge_endpoints(e).unwrap();
+            assert!(pos[&p.graph[a]] < pos[&p.graph[b]], "edge goes backwards");
+        }
+    }
+
+    #[test]
+    fn edges_are_implied_by_inputs_and_value_references() {
+        let p = plan(DIAMOND);
+        let d = p.stage_by_name("d").unwrap().id;
+        assert_eq!(names(&p, p.upstream(d)), ["b", "c"]);
+        let kinds: Vec<EdgeKind> = p
+            .graph
+            .edges_directed(NodeIndex::new(d.index()), Direction::Incoming)
+            .map(|e| e.weight().clone())
+            .collect();
+        assert!(kinds.contains(&EdgeKind::Value));
+        assert!(kinds.contains(&EdgeKind::Input {
+            input: "from_b".into(),
+            output: "out".into()
+        }));
+    }
+
+    #[test]
+    fn selection_by_only_from_and_to() {
+        let p = plan(DIAMOND);
+        let sel = |only: &[&str], from: &[&str], to: &[&str]| {
+            let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+            names(&p, p.select(&v(only), &v(from), &v(to)).unwrap())
+        };
+        // Results are in file order: e d b c a f.
+        assert_eq!(sel(&[], &[], &[]), ["e", "d", "b", "c", "a", "f"]);
+        assert_eq!(sel(&[], &["b"], &[]), ["e", "d", "b"]);
+        assert_eq!(sel(&[], &[], &["d"]), ["d", "b", "c", "a"]);
+        assert_eq!(sel(&[], &["a"], &["d"]), ["d", "b", "c", "a"]);
+        assert_eq!(sel(&["c", "d", "f"], &[], &["d"]), ["d", "c"]);
+        let err = p.select(&["dd".into()], &[], &[]).unwrap_err();
+        assert_eq!(err, ["no stage named `dd`; did you mean `d`?"]);
+    }
+
+    #[test]
+    fn params_resolve_with_types_defaults_and_errors() {
+        let p = plan(DIAMOND);
+        let v = p
+            .resolve_params(&[("n".into(), "5".into()), ("tags".into(), "a, b".into())])
+            .unwrap();
+        assert_eq!(v["n"], serde_json::json!(5));
+        assert_eq!(v["tags"], serde_json::json!(["a", "b"]));
+        let v = p
+            .resolve_params(&[("tags".into(), r#"["x", 1]"#.into())])
+            .unwrap();
+        assert_eq!(v["n"], serde_json::json!(2));
+        assert_eq!(v["tags"], serde_json::json!(["x", 1]));
+        let err = p
+            .resolve_params(&[("n".into(), "2.5".into()), ("m".into(), "1".into())])
+            .unwrap_err();
+        assert_eq!(err.len(), 2);
+        assert!(err[0].contains("expected an integer"), "{err:?}");
+        assert!(
+            err[1].contains("unknown param `m`; did you mean `n`?"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn required_params_must_be_given() {
+        let p = plan("version: 1\nname: req\nparams:\n  day: {type: string}\nstages:\n  a:\n    run: {command: [echo, '{{ params.day }}']}\n");
+        let err = p.resolve_params(&[]).unwrap_err();
+        assert!(err[0].contains("param `day` is required"), "{err:?}");
+        assert!(p
+            .resolve_params(&[("day".into(), "2026-11-20".into())])
+            .is_ok());
+    }
+
+    #[test]
+    fn defaults_are_inherited_and_overridden() {
+        let p = plan(
+            r#"
+version: 1
+name: defaults
+defaults:
+  retries: {limit: 2, backoff: 5s}
+  timeout: 1h
+  resources: {cpu: 2, memory: 4Gi}
+  env: {A: "1", B: "2"}
+stages:
+  plain:
+    run: {command: [echo]}
+  own:
+    run: {command: [echo], env: {B: "run"}}
+    env: {B: stage, C: "3"}
+    retries: {limit: 0}
+    timeout: 90s
+    resources: {gpu: 1, memory: 8Gi}
+"#,
+        );
+        let plain = p.stage_by_name("plain").unwrap();
+        assert_eq!(plain.retries.limit, 2);
+        assert_eq!(plain.retries.backoff, Duration::from_secs(5));
+        assert_eq!(plain.timeout, Some(Duration::from_secs(3600)));
+        assert_eq!(plain.resources.cpu.as_ref().unwrap().value, 2.0);
+        let own = p.stage_by_name("own").unwrap();
+        assert_eq!(own.retries.limit, 0);
+        assert_eq!(own.timeout, Some(Duration::from_secs(90)));
+        assert_eq!(own.resources.gpu, Some(1));
+        assert_eq!(own.resources.cpu.as_ref().unwrap().text, "2");
+        assert_eq!(own.resources.memory.as_ref().unwrap().text, "8Gi");
+        let env: Vec<(String, String)> = own
+            .env
+            .iter()
+            .map(|(k, t)| (k.clone(), t.render(|_| None)))
+            .collect();
+        assert_eq!(
+            env,
+            [("A", "1"), ("B", "run"), ("C", "3")].map(|(k, v)| (k.to_string(), v.to_string()))
+        );
+    }
+
+    #[test]
+    fn graphs_render_every_edge() {
+        let p = plan(DIAMOND);
+        let mermaid = p.to_mermaid();
+        assert_eq!(
+            mermaid.matches("-->").count() + mermaid.matches("-.->").count(),
+            p.graph.edge_count()
+        );
+        assert!(mermaid.contains("s2 -->|out| s1"), "{mermaid}");
+        let dot = p.to_dot();
+        assert_eq!(dot.matches(" -> ").count(), p.graph.edge_count());
+        assert!(dot.contains("\"c\" -> \"d\" [style=dashed"), "{dot}");
+    }
+}
