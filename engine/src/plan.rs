@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use crate::expr::Expr;
 use crate::spec::{
-    Catchup, Concurrency, ErrorClass, Framework, IoMode, ParamType, PipelineSpec, SecretRef,
+    Catchup, Concurrency, Framework, IoMode, ParamType, PipelineSpec, RetryOn, SecretRef,
     SnapshotSpec, Toleration, VolumeSpec,
 };
 use crate::template::{Ref, Template};
@@ -143,13 +143,6 @@ pub struct MapPlan {
     pub source: MapSource,
     pub max_parallel: Option<u32>,
     pub min_success_ratio: f64,
-}
-
-/// When to retry.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RetryOn {
-    ExitCode(i32),
-    Class(ErrorClass),
 }
 
 /// A resolved retry policy.

@@ -17,7 +17,7 @@ use crate::diag::{did_you_mean, one_of, Diagnostic, Span};
 use crate::expr::Expr;
 use crate::plan::{
     stable_topo_order, Action, CachePolicy, Distributed, EdgeKind, Input, MapPlan, MapSource,
-    Output, Param, Pipeline, Resources, RetryOn, RetryPolicy, Schedule, Stage, StageId,
+    Output, Param, Pipeline, Resources, RetryPolicy, Schedule, Stage, StageId,
 };
 use crate::spec::{
     DefaultsSpec, ParamSpec, ParamType, PipelineSpec, QuantityText, RetrySpec, ScheduleSpec,
@@ -737,6 +737,15 @@ impl<'a> Cx<'a> {
         }
     }
 
+    /// Runs `f` and drops the diagnostics it reports: defaults are checked once, at
+    /// `defaults.*`, and each stage inherits them without reporting them again.
+    fn quietly<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
+        let n = self.diags.len();
+        let value = f(self);
+        self.diags.truncate(n);
+        value
+    }
+
     fn resources(&mut self, path: &YamlPath, r: &crate::spec::ResourcesSpec) -> Resources {
         let q = |cx: &mut Self, key: &str, v: &Option<QuantityText>| {
             v.as_ref().and_then(|v| cx.quantity(&path.key(key), v))
@@ -784,13 +793,7 @@ impl<'a> Cx<'a> {
                 "`max_backoff` is shorter than `backoff`",
             );
         }
-        policy.on =
-            r.on.iter()
-                .map(|o| match o {
-                    crate::spec::RetryOn::ExitCode(c) => RetryOn::ExitCode(*c),
-                    crate::spec::RetryOn::Class(c) => RetryOn::Class(*c),
-                })
-                .collect();
+        policy.on = r.on.clone();
         policy
     }
 
@@ -1039,7 +1042,7 @@ impl<'a> Cx<'a> {
         // Scalars with units.
         let retries = match spec.retries.as_ref().or(sc.raw.defaults.retries.as_ref()) {
             Some(r) if spec.retries.is_some() => self.retries(&path.key("retries"), r),
-            Some(r) => quiet_retries(r),
+            Some(r) => self.quietly(|cx| cx.retries(&p("defaults").key("retries"), r)),
             None => RetryPolicy::default(),
         };
         let timeout = match &spec.timeout {
@@ -1065,7 +1068,7 @@ impl<'a> Cx<'a> {
             Some(r) => {
                 let mut own = self.resources(&path.key("resources"), r);
                 if let Some(d) = &sc.raw.defaults.resources {
-                    let base = quiet_resources(d);
+                    let base = self.quietly(|cx| cx.resources(&p("defaults").key("resources"), d));
                     own.cpu = own.cpu.or(base.cpu);
                     own.memory = own.memory.or(base.memory);
                     own.gpu = own.gpu.or(base.gpu);
@@ -1074,13 +1077,10 @@ impl<'a> Cx<'a> {
                 }
                 own
             }
-            None => sc
-                .raw
-                .defaults
-                .resources
-                .as_ref()
-                .map(quiet_resources)
-                .unwrap_or_default(),
+            None => match &sc.raw.defaults.resources {
+                Some(d) => self.quietly(|cx| cx.resources(&p("defaults").key("resources"), d)),
+                None => Resources::default(),
+            },
         };
         let distributed = spec.distributed.as_ref().and_then(|d| {
             let dp = path.key("distributed");
@@ -1740,45 +1740,6 @@ struct StageCx<'s> {
     /// Upstream stages found while checking, with why and where.
     edges: Vec<(StageId, EdgeKind, Option<YamlPath>)>,
     used_params: &'s mut HashSet<String>,
-}
-
-/// Defaults are checked once at `defaults.*`; stages inherit them without re-reporting.
-fn quiet_retries(r: &RetrySpec) -> RetryPolicy {
-    let d = RetryPolicy::default();
-    RetryPolicy {
-        limit: r.limit,
-        backoff: r
-            .backoff
-            .as_deref()
-            .and_then(|b| parse_duration(b).ok())
-            .unwrap_or(d.backoff),
-        max_backoff: r
-            .max_backoff
-            .as_deref()
-            .and_then(|b| parse_duration(b).ok())
-            .unwrap_or(d.max_backoff),
-        on: r
-            .on
-            .iter()
-            .map(|o| match o {
-                crate::spec::RetryOn::ExitCode(c) => RetryOn::ExitCode(*c),
-                crate::spec::RetryOn::Class(c) => RetryOn::Class(*c),
-            })
-            .collect(),
-    }
-}
-
-fn quiet_resources(r: &crate::spec::ResourcesSpec) -> Resources {
-    let q = |v: &Option<QuantityText>| v.as_ref().and_then(|v| parse_quantity(&v.0).ok());
-    Resources {
-        cpu: q(&r.cpu),
-        memory: q(&r.memory),
-        gpu: q(&r.gpu)
-            .filter(|g| g.value.fract() == 0.0)
-            .map(|g| g.value as u32),
-        shm: q(&r.shm),
-        ephemeral_storage: q(&r.ephemeral_storage),
-    }
 }
 
 /// A copy of `node` where each string that is exactly one `{{ params.x }}` is replaced by
