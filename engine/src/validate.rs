@@ -1040,10 +1040,10 @@ impl<'a> Cx<'a> {
         let map = spec.map.as_ref().and_then(|m| self.check_map(sc, m));
 
         // Scalars with units.
-        let retries = match spec.retries.as_ref().or(sc.raw.defaults.retries.as_ref()) {
-            Some(r) if spec.retries.is_some() => self.retries(&path.key("retries"), r),
-            Some(r) => self.quietly(|cx| cx.retries(&p("defaults").key("retries"), r)),
-            None => RetryPolicy::default(),
+        let retries = match (&spec.retries, &sc.raw.defaults.retries) {
+            (Some(r), _) => self.retries(&path.key("retries"), r),
+            (None, Some(r)) => self.quietly(|cx| cx.retries(&p("defaults").key("retries"), r)),
+            (None, None) => RetryPolicy::default(),
         };
         let timeout = match &spec.timeout {
             Some(t) => self.duration(&path.key("timeout"), t),
