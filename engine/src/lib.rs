@@ -6,11 +6,13 @@
 //! executor: both are traits ([`step::Step`]) registered by the binary in a
 //! [`step::Catalog`].
 
+pub mod artifacts;
 pub mod de;
 pub mod diag;
 pub mod expr;
 pub mod plan;
 pub mod spec;
+pub mod state;
 pub mod step;
 pub mod template;
 pub mod units;

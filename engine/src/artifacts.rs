@@ -1,0 +1,527 @@
+//! The artifact store: immutable per-attempt prefixes in object storage, with manifests.
+//!
+//! Every output of a stage attempt lives under `runs/<run>/<stage>/<attempt>/<output>/`.
+//! An output becomes an artifact only when the engine writes its manifest
+//! (`runs/<run>/<stage>/<attempt>/manifests/<output>.json`: every object's path, size and
+//! ETag) after the stage succeeded; the artifact's digest is the sha256 of the manifest's
+//! bytes. Objects of a failed attempt are never referenced by a manifest, so they are never
+//! visible as an artifact. Keys are validated: no `..`, no absolute paths, no symlinks, so
+//! nothing a stage writes escapes its prefix.
+//!
+//! On a `file://` store publishing and materializing are hard links (no copy) and
+//! published files are made read-only; other stores copy through object_store.
+
+use std::path::{Component, Path as FsPath, PathBuf};
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// An artifact store failure: the infrastructure's fault, except `InvalidKey` and
+/// `Symlink`, which are the stage's.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    /// The store URL could not be understood or opened.
+    #[error("cannot open artifact store `{url}`: {why}")]
+    Open { url: String, why: String },
+    /// A stage output holds a path that cannot be a key under its prefix.
+    #[error("output `{output}` holds `{path}`, which cannot be stored: {why}")]
+    InvalidKey {
+        output: String,
+        path: String,
+        why: &'static str,
+    },
+    /// Symlinks could point into other artifacts; outputs hold regular files only.
+    #[error("output `{output}` holds a symlink `{path}`; outputs hold regular files and directories only")]
+    Symlink { output: String, path: String },
+    /// Reading or writing the store failed.
+    #[error("artifact store: {what}")]
+    Store {
+        what: String,
+        #[source]
+        source: object_store::Error,
+    },
+    /// Reading or writing local files failed.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ArtifactError {
+    let what = what.into();
+    move |source| ArtifactError::Io { what, source }
+}
+
+fn store_err(what: impl Into<String>) -> impl FnOnce(object_store::Error) -> ArtifactError {
+    let what = what.into();
+    move |source| ArtifactError::Store { what, source }
+}
+
+/// One object of an artifact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestEntry {
+    /// Relative to the artifact's prefix, `/`-separated.
+    pub path: String,
+    pub size: u64,
+    pub etag: Option<String>,
+}
+
+/// What an artifact is: its objects, listed once when the stage succeeded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub output: String,
+    /// The key prefix of the objects.
+    pub prefix: String,
+    pub files: Vec<ManifestEntry>,
+    pub size: u64,
+}
+
+/// A published artifact: where its manifest is and its digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArtifactRef {
+    pub manifest: String,
+    pub digest: String,
+}
+
+/// Where one attempt's outputs go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptKey {
+    pub run: String,
+    pub stage: String,
+    pub attempt: u32,
+}
+
+impl AttemptKey {
+    fn prefix(&self) -> String {
+        format!("runs/{}/{}/{}", self.run, self.stage, self.attempt)
+    }
+}
+
+/// The artifact store of a deployment.
+#[derive(Debug, Clone)]
+pub struct ArtifactStore {
+    url: String,
+    store: Arc<dyn ObjectStore>,
+    /// The root directory of a `file://` store, for hard links.
+    local_root: Option<PathBuf>,
+}
+
+impl ArtifactStore {
+    /// Opens a store: `file:///abs/dir`, `memory://`, or any URL object_store understands
+    /// with the backends compiled in.
+    pub fn open(url: &str) -> Result<Self, ArtifactError> {
+        let fail = |why: String| ArtifactError::Open {
+            url: url.to_owned(),
+            why,
+        };
+        let parsed = url::Url::parse(url).map_err(|e| fail(e.to_string()))?;
+        match parsed.scheme() {
+            "file" => {
+                let root = parsed
+                    .to_file_path()
+                    .map_err(|_| fail("a file:// URL needs an absolute path".into()))?;
+                std::fs::create_dir_all(&root).map_err(|e| fail(e.to_string()))?;
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(&root)
+                    .map_err(|e| fail(e.to_string()))?;
+                Ok(ArtifactStore {
+                    url: url.to_owned(),
+                    store: Arc::new(fs),
+                    local_root: Some(root),
+                })
+            }
+            "memory" => Ok(ArtifactStore {
+                url: url.to_owned(),
+                store: Arc::new(object_store::memory::InMemory::new()),
+                local_root: None,
+            }),
+            _ => {
+                let (store, prefix) =
+                    object_store::parse_url(&parsed).map_err(|e| fail(e.to_string()))?;
+                if !prefix.as_ref().is_empty() {
+                    let prefixed = object_store::prefix::PrefixStore::new(store, prefix);
+                    return Ok(ArtifactStore {
+                        url: url.to_owned(),
+                        store: Arc::new(prefixed),
+                        local_root: None,
+                    });
+                }
+                Ok(ArtifactStore {
+                    url: url.to_owned(),
+                    store: Arc::from(store),
+                    local_root: None,
+                })
+            }
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The URL of an artifact's objects (for `mode: url` and for people).
+    pub fn artifact_url(&self, prefix: &str) -> String {
+        format!("{}/{}", self.url.trim_end_matches('/'), prefix)
+    }
+
+    fn local_path(&self, key: &Path) -> Option<PathBuf> {
+        let root = self.local_root.as_ref()?;
+        Some(
+            key.parts()
+                .fold(root.clone(), |p, part| p.join(part.as_ref())),
+        )
+    }
+
+    /// Publishes the files under `dir` as output `output` of `attempt` and writes its
+    /// manifest last. Until the manifest exists nothing refers to the objects.
+    pub async fn publish_dir(
+        &self,
+        attempt: &AttemptKey,
+        output: &str,
+        dir: &FsPath,
+    ) -> Result<ArtifactRef, ArtifactError> {
+        let prefix = format!("{}/{}", attempt.prefix(), output);
+        let mut files = Vec::new();
+        collect_files(dir, dir, output, &mut files)?;
+        files.sort();
+        let mut entries = Vec::with_capacity(files.len());
+        for rel in files {
+            let key =
+                Path::parse(format!("{prefix}/{rel}")).map_err(|_| ArtifactError::InvalidKey {
+                    output: output.to_owned(),
+                    path: rel.clone(),
+                    why: "not a valid object key",
+                })?;
+            let src = dir.join(&rel);
+            self.put_file(&src, &key).await?;
+            let meta = self
+                .store
+                .head(&key)
+                .await
+                .map_err(store_err(format!("stat {key}")))?;
+            entries.push(ManifestEntry {
+                path: rel,
+                size: meta.size,
+                etag: meta.e_tag,
+            });
+        }
+        let manifest = Manifest {
+            output: output.to_owned(),
+            prefix: prefix.clone(),
+            size: entries.iter().map(|e| e.size).sum(),
+            files: entries,
+        };
+        let bytes = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
+        let digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+        let manifest_key = format!("{}/manifests/{output}.json", attempt.prefix());
+        self.store
+            .put(&Path::from(manifest_key.as_str()), PutPayload::from(bytes))
+            .await
+            .map_err(store_err(format!("write manifest {manifest_key}")))?;
+        Ok(ArtifactRef {
+            manifest: manifest_key,
+            digest,
+        })
+    }
+
+    async fn put_file(&self, src: &FsPath, key: &Path) -> Result<(), ArtifactError> {
+        if let Some(dst) = self.local_path(key) {
+            if let Some(parent) = dst.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(io(format!("create {}", parent.display())))?;
+            }
+            if std::fs::hard_link(src, &dst).is_err() {
+                std::fs::copy(src, &dst)
+                    .map_err(io(format!("copy {} to the store", src.display())))?;
+            }
+            let mut perm = std::fs::metadata(&dst)
+                .map_err(io(format!("stat {}", dst.display())))?
+                .permissions();
+            perm.set_readonly(true);
+            std::fs::set_permissions(&dst, perm)
+                .map_err(io(format!("protect {}", dst.display())))?;
+            return Ok(());
+        }
+        let bytes = tokio::fs::read(src)
+            .await
+            .map_err(io(format!("read {}", src.display())))?;
+        self.store
+            .put(key, PutPayload::from(bytes))
+            .await
+            .map_err(store_err(format!("write {key}")))?;
+        Ok(())
+    }
+
+    /// Reads a manifest.
+    pub async fn manifest(&self, artifact: &ArtifactRef) -> Result<Manifest, ArtifactError> {
+        let key = Path::from(artifact.manifest.as_str());
+        let bytes = self
+            .store
+            .get(&key)
+            .await
+            .map_err(store_err(format!("read manifest {key}")))?
+            .bytes()
+            .await
+            .map_err(store_err(format!("read manifest {key}")))?;
+        serde_json::from_slice(&bytes).map_err(|e| ArtifactError::Io {
+            what: format!("parse manifest {key}"),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        })
+    }
+
+    /// Puts an artifact's files under `dest` (hard links on a `file://` store).
+    pub async fn materialize(
+        &self,
+        artifact: &ArtifactRef,
+        dest: &FsPath,
+    ) -> Result<(), ArtifactError> {
+        let manifest = self.manifest(artifact).await?;
+        std::fs::create_dir_all(dest).map_err(io(format!("create {}", dest.display())))?;
+        for f in &manifest.files {
+            let key = Path::from(format!("{}/{}", manifest.prefix, f.path));
+            let target = dest.join(&f.path);
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(io(format!("create {}", parent.display())))?;
+            }
+            if let Some(src) = self.local_path(&key) {
+                if std::fs::hard_link(&src, &target).is_ok() {
+                    continue;
+                }
+            }
+            let bytes = self
+                .store
+                .get(&key)
+                .await
+                .map_err(store_err(format!("read {key}")))?
+                .bytes()
+                .await
+                .map_err(store_err(format!("read {key}")))?;
+            tokio::fs::write(&target, &bytes)
+                .await
+                .map_err(io(format!("write {}", target.display())))?;
+        }
+        Ok(())
+    }
+
+    /// Stores an attempt's log.
+    pub async fn put_log(
+        &self,
+        attempt: &AttemptKey,
+        log: &FsPath,
+    ) -> Result<String, ArtifactError> {
+        let key = format!("{}/log.txt", attempt.prefix());
+        let bytes = tokio::fs::read(log).await.unwrap_or_default();
+        self.store
+            .put(&Path::from(key.as_str()), PutPayload::from(bytes))
+            .await
+            .map_err(store_err(format!("write log {key}")))?;
+        Ok(key)
+    }
+
+    /// Reads an attempt's stored log, if there is one.
+    pub async fn log(&self, attempt: &AttemptKey) -> Result<Option<Vec<u8>>, ArtifactError> {
+        let key = Path::from(format!("{}/log.txt", attempt.prefix()));
+        match self.store.get(&key).await {
+            Ok(r) => Ok(Some(
+                r.bytes()
+                    .await
+                    .map_err(store_err(format!("read log {key}")))?
+                    .to_vec(),
+            )),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(store_err(format!("read log {key}"))(e)),
+        }
+    }
+
+    /// Every key under `prefix` (for tests and garbage collection).
+    pub async fn list(&self, prefix: &str) -> Result<Vec<String>, ArtifactError> {
+        let p = Path::from(prefix);
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&p))
+            .try_collect()
+            .await
+            .map_err(store_err(format!("list {prefix}")))?;
+        let mut keys: Vec<String> = metas.into_iter().map(|m| m.location.to_string()).collect();
+        keys.sort();
+        Ok(keys)
+    }
+}
+
+/// Collects the regular files under `dir` as `/`-separated relative paths, refusing
+/// symlinks and names that cannot be keys.
+fn collect_files(
+    root: &FsPath,
+    dir: &FsPath,
+    output: &str,
+    out: &mut Vec<String>,
+) -> Result<(), ArtifactError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(format!("list {}", dir.display()))(e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(io(format!("list {}", dir.display())))?;
+        let path = entry.path();
+        let rel = path.strip_prefix(root).unwrap_or(&path);
+        let rel_str = rel
+            .components()
+            .map(|c| match c {
+                Component::Normal(s) => s.to_str().map(str::to_owned),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+            .map(|v| v.join("/"))
+            .ok_or_else(|| ArtifactError::InvalidKey {
+                output: output.to_owned(),
+                path: rel.display().to_string(),
+                why: "not UTF-8 or not a plain relative path",
+            })?;
+        check_key(&rel_str).map_err(|why| ArtifactError::InvalidKey {
+            output: output.to_owned(),
+            path: rel_str.clone(),
+            why,
+        })?;
+        let ft = entry
+            .file_type()
+            .map_err(io(format!("stat {}", path.display())))?;
+        if ft.is_symlink() {
+            return Err(ArtifactError::Symlink {
+                output: output.to_owned(),
+                path: rel_str,
+            });
+        } else if ft.is_dir() {
+            collect_files(root, &path, output, out)?;
+        } else if ft.is_file() {
+            out.push(rel_str);
+        }
+    }
+    Ok(())
+}
+
+/// Whether a relative key stays under its prefix.
+pub fn check_key(rel: &str) -> Result<(), &'static str> {
+    if rel.is_empty() {
+        return Err("empty path");
+    }
+    if rel.starts_with('/') {
+        return Err("absolute path");
+    }
+    for part in rel.split('/') {
+        match part {
+            "" => return Err("empty path segment"),
+            "." | ".." => return Err("`.` and `..` would leave the output's prefix"),
+            _ if part.contains('\\') || part.chars().any(char::is_control) => {
+                return Err("backslashes and control characters are not allowed")
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt() -> AttemptKey {
+        AttemptKey {
+            run: "r1".into(),
+            stage: "s".into(),
+            attempt: 1,
+        }
+    }
+
+    async fn roundtrip(store: ArtifactStore) {
+        let tmp =
+            std::env::temp_dir().join(format!("dt-art-{}-{}", std::process::id(), store.url.len()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let out = tmp.join("out");
+        std::fs::create_dir_all(out.join("sub")).unwrap();
+        std::fs::write(out.join("a.txt"), b"hello").unwrap();
+        std::fs::write(out.join("sub/b.bin"), vec![7u8; 1000]).unwrap();
+        let art = store.publish_dir(&attempt(), "data", &out).await.unwrap();
+        assert!(art.digest.starts_with("sha256:"));
+        let m = store.manifest(&art).await.unwrap();
+        assert_eq!(
+            m.files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(),
+            ["a.txt", "sub/b.bin"]
+        );
+        assert_eq!(m.size, 1005);
+        let dest = tmp.join("in");
+        store.materialize(&art, &dest).await.unwrap();
+        assert_eq!(std::fs::read(dest.join("a.txt")).unwrap(), b"hello");
+        assert_eq!(std::fs::read(dest.join("sub/b.bin")).unwrap().len(), 1000);
+        let keys = store.list("runs/r1/s/1").await.unwrap();
+        assert_eq!(
+            keys,
+            [
+                "runs/r1/s/1/data/a.txt",
+                "runs/r1/s/1/data/sub/b.bin",
+                "runs/r1/s/1/manifests/data.json"
+            ]
+        );
+        // Same content, same manifest, same digest.
+        let again = store
+            .publish_dir(
+                &AttemptKey {
+                    attempt: 2,
+                    ..attempt()
+                },
+                "data",
+                &out,
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.manifest(&again).await.unwrap().files.len(), 2);
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    #[tokio::test]
+    async fn memory_store_publishes_and_materializes() {
+        roundtrip(ArtifactStore::open("memory://").unwrap()).await;
+    }
+
+    #[tokio::test]
+    async fn file_store_publishes_and_materializes() {
+        let root = std::env::temp_dir().join(format!("dt-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let url = format!("file://{}", root.display());
+        roundtrip(ArtifactStore::open(&url).unwrap()).await;
+        let stored = root.join("runs/r1/s/1/data/a.txt");
+        assert!(std::fs::metadata(&stored).unwrap().permissions().readonly());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[tokio::test]
+    async fn symlinks_are_refused() {
+        let tmp = std::env::temp_dir().join(format!("dt-sym-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", tmp.join("pw")).unwrap();
+        let store = ArtifactStore::open("memory://").unwrap();
+        let err = store
+            .publish_dir(&attempt(), "data", &tmp)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ArtifactError::Symlink { .. }), "{err}");
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    #[test]
+    fn keys_cannot_escape() {
+        assert!(check_key("a/b.txt").is_ok());
+        assert!(check_key("../x").is_err());
+        assert!(check_key("a/../../x").is_err());
+        assert!(check_key("/etc/passwd").is_err());
+        assert!(check_key("a//b").is_err());
+        assert!(check_key("a\\b").is_err());
+    }
+}

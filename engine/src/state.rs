@@ -1,0 +1,649 @@
+//! The state store: every run, stage and attempt, recorded before it is acted on.
+//!
+//! [`StateStore`] is the contract the run loop writes through; [`SqliteState`] is the
+//! embedded default (one WAL-mode file, `.drivetrain/state.db`) with versioned
+//! migrations. A transition is written (and committed) before the engine acts on it, so an
+//! engine killed at any point leaves a record of what it was doing.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Serialize;
+
+/// A run's id: `YYYYMMDD-HHMMSS-xxxx`, sortable by creation time.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct RunId(pub String);
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl RunId {
+    /// A new id from the current time and a little entropy (pid, clock nanoseconds).
+    pub fn generate(now: chrono::DateTime<chrono::Utc>) -> RunId {
+        let nanos = now.timestamp_subsec_nanos() as u64;
+        let salt =
+            (nanos ^ ((std::process::id() as u64) << 16)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48;
+        RunId(format!(
+            "{}-{:04x}",
+            now.format("%Y%m%d-%H%M%S"),
+            salt & 0xffff
+        ))
+    }
+}
+
+/// Phases of runs, stages and attempts (Argo's, kept apart: `Failed` is the stage's own
+/// failure, `Error` an infrastructure or engine fault).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum Phase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Error,
+    /// Not run: its `when` was false, or a required input's producer was skipped.
+    Skipped,
+    /// Not run: something it depends on failed.
+    Omitted,
+    Cancelled,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Running => "Running",
+            Phase::Succeeded => "Succeeded",
+            Phase::Failed => "Failed",
+            Phase::Error => "Error",
+            Phase::Skipped => "Skipped",
+            Phase::Omitted => "Omitted",
+            Phase::Cancelled => "Cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Phase> {
+        Some(match s {
+            "Pending" => Phase::Pending,
+            "Running" => Phase::Running,
+            "Succeeded" => Phase::Succeeded,
+            "Failed" => Phase::Failed,
+            "Error" => Phase::Error,
+            "Skipped" => Phase::Skipped,
+            "Omitted" => Phase::Omitted,
+            "Cancelled" => Phase::Cancelled,
+            _ => return None,
+        })
+    }
+
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, Phase::Pending | Phase::Running)
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A state store failure: the infrastructure's fault.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The database could not be opened, migrated, read or written.
+    #[error("state store {what}")]
+    Sqlite {
+        what: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// A row that must exist does not.
+    #[error("no run `{0}` in the state store")]
+    UnknownRun(String),
+}
+
+fn sql(what: impl Into<String>) -> impl FnOnce(rusqlite::Error) -> StateError {
+    let what = what.into();
+    move |source| StateError::Sqlite { what, source }
+}
+
+/// A run as recorded.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunRecord {
+    pub id: RunId,
+    pub pipeline: String,
+    /// The pipeline file as given to `run`.
+    pub file: String,
+    /// sha256 of the pipeline file's bytes.
+    pub spec_digest: String,
+    pub params: serde_json::Value,
+    /// `cli`, `schedule`, `api`, `rerun`, …
+    pub trigger: String,
+    pub parent: Option<RunId>,
+    pub phase: Phase,
+    pub created_at: String,
+    pub finished_at: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// A stage of a run as recorded.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StageRecord {
+    pub stage: String,
+    pub phase: Phase,
+    pub attempts: u32,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+    pub exit_code: Option<i32>,
+    pub reason: Option<String>,
+    /// Output name → `{key, digest}` of its published manifest.
+    pub outputs: serde_json::Value,
+    /// The stage's `values.json`, if it wrote one.
+    pub values: serde_json::Value,
+}
+
+/// One attempt of a stage as recorded.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AttemptRecord {
+    pub stage: String,
+    pub attempt: u32,
+    pub phase: Phase,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    pub exit_code: Option<i32>,
+    pub reason: Option<String>,
+    /// The executor's handle (a process group id locally), for re-attaching.
+    pub handle: Option<String>,
+}
+
+/// What the run loop records. Every method commits before it returns.
+pub trait StateStore: Send + Sync {
+    /// Records a new run in phase `Running`.
+    fn create_run(&self, run: &RunRecord) -> Result<(), StateError>;
+    fn finish_run(&self, run: &RunId, phase: Phase, reason: Option<&str>)
+        -> Result<(), StateError>;
+    fn run(&self, run: &RunId) -> Result<RunRecord, StateError>;
+    /// The most recent runs first.
+    fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StateError>;
+    /// Sets a stage's phase (creating its row); `reason` and `exit_code` replace earlier ones.
+    fn set_stage(
+        &self,
+        run: &RunId,
+        stage: &str,
+        phase: Phase,
+        exit_code: Option<i32>,
+        reason: Option<&str>,
+    ) -> Result<(), StateError>;
+    /// Records a succeeded stage's outputs and values.
+    fn set_stage_results(
+        &self,
+        run: &RunId,
+        stage: &str,
+        outputs: &serde_json::Value,
+        values: &serde_json::Value,
+    ) -> Result<(), StateError>;
+    fn stages(&self, run: &RunId) -> Result<Vec<StageRecord>, StateError>;
+    /// Records an attempt as `Running` before its process starts.
+    fn start_attempt(&self, run: &RunId, stage: &str, attempt: u32) -> Result<(), StateError>;
+    fn set_attempt_handle(
+        &self,
+        run: &RunId,
+        stage: &str,
+        attempt: u32,
+        handle: &str,
+    ) -> Result<(), StateError>;
+    fn finish_attempt(
+        &self,
+        run: &RunId,
+        stage: &str,
+        attempt: u32,
+        phase: Phase,
+        exit_code: Option<i32>,
+        reason: Option<&str>,
+    ) -> Result<(), StateError>;
+    fn attempts(&self, run: &RunId) -> Result<Vec<AttemptRecord>, StateError>;
+}
+
+/// The schema, one migration per step; `user_version` says how many have run.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE runs (
+    id TEXT PRIMARY KEY,
+    pipeline TEXT NOT NULL,
+    file TEXT NOT NULL,
+    spec_digest TEXT NOT NULL,
+    params TEXT NOT NULL,
+    trigger TEXT NOT NULL,
+    parent TEXT,
+    phase TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    finished_at TEXT,
+    reason TEXT
+);
+CREATE TABLE stages (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    stage TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    started_at TEXT,
+    finished_at TEXT,
+    exit_code INTEGER,
+    reason TEXT,
+    outputs TEXT NOT NULL DEFAULT '{}',
+    vals TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (run_id, stage)
+);
+CREATE TABLE attempts (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    stage TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    phase TEXT NOT NULL,
+    started_at TEXT NOT NULL,
+    finished_at TEXT,
+    exit_code INTEGER,
+    reason TEXT,
+    handle TEXT,
+    PRIMARY KEY (run_id, stage, attempt)
+);
+CREATE INDEX runs_by_time ON runs(created_at);
+"#];
+
+/// The embedded SQLite state store.
+#[derive(Debug)]
+pub struct SqliteState {
+    conn: Mutex<Connection>,
+}
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+impl SqliteState {
+    /// Opens (creating and migrating) the database at `path`, in WAL mode.
+    pub fn open(path: &Path) -> Result<Self, StateError> {
+        let conn = Connection::open(path).map_err(sql(format!("open {}", path.display())))?;
+        Self::init(conn)
+    }
+
+    /// An in-memory database, for tests.
+    pub fn in_memory() -> Result<Self, StateError> {
+        Self::init(Connection::open_in_memory().map_err(sql("open in memory"))?)
+    }
+
+    fn init(conn: Connection) -> Result<Self, StateError> {
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(sql("enable WAL"))?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(sql("set synchronous"))?;
+        conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(sql("enable foreign keys"))?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(sql("set busy timeout"))?;
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(sql("read schema version"))?;
+        for (i, m) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
+            let tx_sql = format!("BEGIN; {m}; PRAGMA user_version = {}; COMMIT;", i + 1);
+            conn.execute_batch(&tx_sql)
+                .map_err(sql(format!("migration {}", i + 1)))?;
+        }
+        Ok(SqliteState {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StateError>,
+    ) -> Result<T, StateError> {
+        // A poisoned lock means a panic mid-statement; SQLite rolled the statement back.
+        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        f(&conn)
+    }
+}
+
+fn json_col(s: String) -> serde_json::Value {
+    serde_json::from_str(&s).unwrap_or(serde_json::Value::Null)
+}
+
+fn phase_col(s: String) -> Phase {
+    Phase::parse(&s).unwrap_or(Phase::Error)
+}
+
+fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
+    Ok(RunRecord {
+        id: RunId(r.get(0)?),
+        pipeline: r.get(1)?,
+        file: r.get(2)?,
+        spec_digest: r.get(3)?,
+        params: json_col(r.get(4)?),
+        trigger: r.get(5)?,
+        parent: r.get::<_, Option<String>>(6)?.map(RunId),
+        phase: phase_col(r.get(7)?),
+        created_at: r.get(8)?,
+        finished_at: r.get(9)?,
+        reason: r.get(10)?,
+    })
+}
+
+const RUN_COLUMNS: &str =
+    "id, pipeline, file, spec_digest, params, trigger, parent, phase, created_at, finished_at, reason";
+
+impl StateStore for SqliteState {
+    fn create_run(&self, run: &RunRecord) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO runs (id, pipeline, file, spec_digest, params, trigger, parent, phase, created_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![
+                    run.id.0,
+                    run.pipeline,
+                    run.file,
+                    run.spec_digest,
+                    run.params.to_string(),
+                    run.trigger,
+                    run.parent.as_ref().map(|p| &p.0),
+                    run.phase.as_str(),
+                    run.created_at,
+                ],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("create run {}", run.id)))
+        })
+    }
+
+    fn finish_run(
+        &self,
+        run: &RunId,
+        phase: Phase,
+        reason: Option<&str>,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE runs SET phase = ?2, finished_at = ?3, reason = ?4 WHERE id = ?1",
+                params![run.0, phase.as_str(), now(), reason],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("finish run {run}")))
+        })
+    }
+
+    fn run(&self, run: &RunId) -> Result<RunRecord, StateError> {
+        self.with(|c| {
+            c.query_row(
+                &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"),
+                params![run.0],
+                run_from_row,
+            )
+            .optional()
+            .map_err(sql(format!("read run {run}")))?
+            .ok_or_else(|| StateError::UnknownRun(run.0.clone()))
+        })
+    }
+
+    fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StateError> {
+        self.with(|c| {
+            let mut stmt = c
+                .prepare(&format!(
+                    "SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at DESC, id DESC LIMIT ?1"
+                ))
+                .map_err(sql("list runs"))?;
+            let rows = stmt
+                .query_map(params![limit as i64], run_from_row)
+                .map_err(sql("list runs"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(sql("list runs"))
+        })
+    }
+
+    fn set_stage(
+        &self,
+        run: &RunId,
+        stage: &str,
+        phase: Phase,
+        exit_code: Option<i32>,
+        reason: Option<&str>,
+    ) -> Result<(), StateError> {
+        let t = now();
+        let started = (phase == Phase::Running).then_some(t.as_str());
+        let finished = phase.is_terminal().then_some(t.as_str());
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO stages (run_id, stage, phase, started_at, finished_at, exit_code, reason) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+                 ON CONFLICT (run_id, stage) DO UPDATE SET phase = ?3, \
+                   started_at = COALESCE(stages.started_at, ?4), finished_at = ?5, \
+                   exit_code = ?6, reason = ?7",
+                params![run.0, stage, phase.as_str(), started, finished, exit_code, reason],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("record stage {stage} of run {run}")))
+        })
+    }
+
+    fn set_stage_results(
+        &self,
+        run: &RunId,
+        stage: &str,
+        outputs: &serde_json::Value,
+        values: &serde_json::Value,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE stages SET outputs = ?3, vals = ?4 WHERE run_id = ?1 AND stage = ?2",
+                params![run.0, stage, outputs.to_string(), values.to_string()],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("record results of stage {stage} of run {run}")))
+        })
+    }
+
+    fn stages(&self, run: &RunId) -> Result<Vec<StageRecord>, StateError> {
+        self.with(|c| {
+            let mut stmt = c
+                .prepare(
+                    "SELECT stage, phase, attempts, started_at, finished_at, exit_code, reason, outputs, vals \
+                     FROM stages WHERE run_id = ?1 ORDER BY rowid",
+                )
+                .map_err(sql("read stages"))?;
+            let rows = stmt
+                .query_map(params![run.0], |r| {
+                    Ok(StageRecord {
+                        stage: r.get(0)?,
+                        phase: phase_col(r.get(1)?),
+                        attempts: r.get(2)?,
+                        started_at: r.get(3)?,
+                        finished_at: r.get(4)?,
+                        exit_code: r.get(5)?,
+                        reason: r.get(6)?,
+                        outputs: json_col(r.get(7)?),
+                        values: json_col(r.get(8)?),
+                    })
+                })
+                .map_err(sql("read stages"))?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(sql("read stages"))
+        })
+    }
+
+    fn start_attempt(&self, run: &RunId, stage: &str, attempt: u32) -> Result<(), StateError> {
+        let t = now();
+        self.with(|c| {
+            let tx = c.unchecked_transaction().map_err(sql("begin"))?;
+            tx.execute(
+                "INSERT INTO attempts (run_id, stage, attempt, phase, started_at) VALUES (?1, ?2, ?3, 'Running', ?4)",
+                params![run.0, stage, attempt, t],
+            )
+            .map_err(sql(format!("record attempt {attempt} of {stage}")))?;
+            tx.execute(
+                "INSERT INTO stages (run_id, stage, phase, attempts, started_at) VALUES (?1, ?2, 'Running', ?3, ?4) \
+                 ON CONFLICT (run_id, stage) DO UPDATE SET phase = 'Running', attempts = ?3, \
+                   started_at = COALESCE(stages.started_at, ?4)",
+                params![run.0, stage, attempt, t],
+            )
+            .map_err(sql(format!("record stage {stage}")))?;
+            tx.commit().map_err(sql("commit"))
+        })
+    }
+
+    fn set_attempt_handle(
+        &self,
+        run: &RunId,
+        stage: &str,
+        attempt: u32,
+        handle: &str,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE attempts SET handle = ?4 WHERE run_id = ?1 AND stage = ?2 AND attempt = ?3",
+                params![run.0, stage, attempt, handle],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("record handle of {stage}")))
+        })
+    }
+
+    fn finish_attempt(
+        &self,
+        run: &RunId,
+        stage: &str,
+        attempt: u32,
+        phase: Phase,
+        exit_code: Option<i32>,
+        reason: Option<&str>,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE attempts SET phase = ?4, finished_at = ?5, exit_code = ?6, reason = ?7 \
+                 WHERE run_id = ?1 AND stage = ?2 AND attempt = ?3",
+                params![
+                    run.0,
+                    stage,
+                    attempt,
+                    phase.as_str(),
+                    now(),
+                    exit_code,
+                    reason
+                ],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("finish attempt {attempt} of {stage}")))
+        })
+    }
+
+    fn attempts(&self, run: &RunId) -> Result<Vec<AttemptRecord>, StateError> {
+        self.with(|c| {
+            let mut stmt = c
+                .prepare(
+                    "SELECT stage, attempt, phase, started_at, finished_at, exit_code, reason, handle \
+                     FROM attempts WHERE run_id = ?1 ORDER BY rowid",
+                )
+                .map_err(sql("read attempts"))?;
+            let rows = stmt
+                .query_map(params![run.0], |r| {
+                    Ok(AttemptRecord {
+                        stage: r.get(0)?,
+                        attempt: r.get(1)?,
+                        phase: phase_col(r.get(2)?),
+                        started_at: r.get(3)?,
+                        finished_at: r.get(4)?,
+                        exit_code: r.get(5)?,
+                        reason: r.get(6)?,
+                        handle: r.get(7)?,
+                    })
+                })
+                .map_err(sql("read attempts"))?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(sql("read attempts"))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(id: &str) -> RunRecord {
+        RunRecord {
+            id: RunId(id.into()),
+            pipeline: "p".into(),
+            file: "p.yaml".into(),
+            spec_digest: "d".into(),
+            params: serde_json::json!({"n": 1}),
+            trigger: "cli".into(),
+            parent: None,
+            phase: Phase::Running,
+            created_at: now(),
+            finished_at: None,
+            reason: None,
+        }
+    }
+
+    #[test]
+    fn records_runs_stages_and_attempts() {
+        let s = SqliteState::in_memory().unwrap();
+        let id = RunId("r1".into());
+        s.create_run(&run("r1")).unwrap();
+        s.start_attempt(&id, "a", 1).unwrap();
+        s.set_attempt_handle(&id, "a", 1, "pgid:42").unwrap();
+        s.finish_attempt(&id, "a", 1, Phase::Failed, Some(3), Some("exit 3"))
+            .unwrap();
+        s.start_attempt(&id, "a", 2).unwrap();
+        s.finish_attempt(&id, "a", 2, Phase::Succeeded, Some(0), None)
+            .unwrap();
+        s.set_stage(&id, "a", Phase::Succeeded, Some(0), None)
+            .unwrap();
+        s.set_stage_results(
+            &id,
+            "a",
+            &serde_json::json!({"out": {"digest": "x"}}),
+            &serde_json::json!({"ok": true}),
+        )
+        .unwrap();
+        s.set_stage(&id, "b", Phase::Skipped, None, Some("when was false"))
+            .unwrap();
+        s.finish_run(&id, Phase::Succeeded, None).unwrap();
+
+        let r = s.run(&id).unwrap();
+        assert_eq!(r.phase, Phase::Succeeded);
+        assert!(r.finished_at.is_some());
+        let stages = s.stages(&id).unwrap();
+        assert_eq!(stages.len(), 2);
+        assert_eq!((stages[0].phase, stages[0].attempts), (Phase::Succeeded, 2));
+        assert_eq!(stages[0].values["ok"], true);
+        assert_eq!(stages[1].reason.as_deref(), Some("when was false"));
+        let attempts = s.attempts(&id).unwrap();
+        assert_eq!(attempts.len(), 2);
+        assert_eq!(attempts[0].handle.as_deref(), Some("pgid:42"));
+        assert_eq!(attempts[0].exit_code, Some(3));
+        assert!(matches!(
+            s.run(&RunId("nope".into())),
+            Err(StateError::UnknownRun(_))
+        ));
+    }
+
+    #[test]
+    fn a_file_database_survives_reopening_and_migrates_once() {
+        let dir = std::env::temp_dir().join(format!("dt-state-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.db");
+        let _ = std::fs::remove_file(&path);
+        SqliteState::open(&path)
+            .unwrap()
+            .create_run(&run("r1"))
+            .unwrap();
+        let s = SqliteState::open(&path).unwrap();
+        assert_eq!(s.list_runs(10).unwrap().len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn run_ids_sort_by_time() {
+        let a = RunId::generate(chrono::DateTime::from_timestamp(1_700_000_000, 5).unwrap());
+        let b = RunId::generate(chrono::DateTime::from_timestamp(1_700_000_001, 5).unwrap());
+        assert!(a < b);
+        assert_eq!(a.0.len(), "20231114-221320-0000".len());
+    }
+}
