@@ -4,6 +4,7 @@
 //! run failed), 2 usage (bad arguments, unreadable files), 130 cancelled.
 
 mod report;
+mod runs;
 
 /// Validation builds a located tree of every YAML value: an allocator made for many small
 /// short-lived objects makes the 10,000-stage benchmark markedly faster than glibc malloc.
@@ -23,6 +24,10 @@ use serde_json::{json, Value};
 #[derive(Debug, Parser)]
 #[command(name = "drivetrain", version, about, long_about = None)]
 struct Cli {
+    /// The engine's home (state, artifacts, attempt directories); default: `.drivetrain/`
+    /// in the current directory or a parent. Also `DRIVETRAIN_HOME`.
+    #[arg(long, global = true, value_name = "DIR")]
+    home: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -70,6 +75,51 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         output: Format,
     },
+    /// Run a pipeline on this machine: prints the run id, then each stage as it ends.
+    #[command(
+        after_help = "Examples:\n  drivetrain run pipelines/shell-demo.yaml\n  drivetrain run pipeline.yaml --param day=2026-11-20 --parallelism 4 --fail-fast\n\nExit codes: 0 succeeded, 1 failed, 2 usage, 130 cancelled."
+    )]
+    Run {
+        file: PathBuf,
+        /// Set a param: `--param name=value` (repeatable).
+        #[arg(long = "param", short = 'p', value_name = "NAME=VALUE", value_parser = parse_kv)]
+        params: Vec<(String, String)>,
+        /// The most stage attempts at once. Default: the number of cores.
+        #[arg(long)]
+        parallelism: Option<usize>,
+        /// Stop everything at the first failed stage.
+        #[arg(long)]
+        fail_fast: bool,
+        /// Override `defaults.executor`.
+        #[arg(long)]
+        executor: Option<String>,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Show a run's stages: phase, attempts, duration, exit code, reason.
+    #[command(
+        after_help = "Examples:\n  drivetrain status            # the latest run\n  drivetrain status 20261122-031500-1a2b --output json"
+    )]
+    Status {
+        run: Option<String>,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Print the logs of a run's stages (the latest attempt of each).
+    #[command(
+        after_help = "Examples:\n  drivetrain logs 20261122-031500-1a2b\n  drivetrain logs 20261122-031500-1a2b --stage train"
+    )]
+    Logs {
+        run: Option<String>,
+        #[arg(long)]
+        stage: Option<String>,
+    },
+    /// List recent runs.
+    #[command(after_help = "Examples:\n  drivetrain list\n  drivetrain list --output json")]
+    List {
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
     /// Print the JSON Schema of pipeline files (for editors).
     #[command(after_help = "Example:\n  drivetrain schema > pipeline.schema.json")]
     Schema,
@@ -114,7 +164,53 @@ const EXIT_USAGE: u8 = 2;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let catalog = catalog();
+    let home = runs::home(cli.home.as_deref());
+    let outcome = |r: anyhow::Result<ExitCode>| {
+        r.unwrap_or_else(|e| {
+            eprintln!("error: {e:#}");
+            ExitCode::from(EXIT_INVALID)
+        })
+    };
     match cli.command {
+        Command::Run {
+            file,
+            params,
+            parallelism,
+            fail_fast,
+            executor,
+            output,
+        } => {
+            let src = match read(&file) {
+                Ok(s) => s,
+                Err(code) => return code,
+            };
+            let pipeline = match load(&catalog, &file) {
+                Ok(p) => p,
+                Err(code) => return code,
+            };
+            let params = match pipeline.resolve_params(&params) {
+                Ok(v) => v,
+                Err(errors) => return usage_errors(&errors),
+            };
+            outcome(runs::run(runs::RunArgs {
+                file: &file,
+                source: &src,
+                pipeline,
+                params,
+                parallelism,
+                fail_fast,
+                executor: executor.as_deref(),
+                home,
+                json: output == Format::Json,
+            }))
+        }
+        Command::Status { run, output } => {
+            outcome(runs::status(&home, run.as_deref(), output == Format::Json))
+        }
+        Command::Logs { run, stage } => {
+            outcome(runs::logs(&home, run.as_deref(), stage.as_deref()))
+        }
+        Command::List { output } => outcome(runs::list(&home, output == Format::Json)),
         Command::Validate { files, output } => cmd_validate(&catalog, &files, output),
         Command::Graph { file, format } => match load(&catalog, &file) {
             Ok(p) => {

@@ -9,8 +9,10 @@
 pub mod artifacts;
 pub mod de;
 pub mod diag;
+pub mod executor;
 pub mod expr;
 pub mod plan;
+pub mod runner;
 pub mod spec;
 pub mod state;
 pub mod step;

@@ -1,16 +1,33 @@
 //! Executors and registry backends, registered by the binary in one explicit list.
 //!
 //! The spec names an executor with `defaults.executor`; [`EXECUTORS`] is what validation
-//! accepts. Each name is backed by an implementation of the engine's executor trait as
-//! it lands (the local process executor, then the Kubernetes Job executor).
+//! accepts and [`executor`] what can run today.
+
+use std::sync::Arc;
+
+use drivetrain_engine::executor::Executor;
+
+pub mod local;
 
 /// The executor kinds a pipeline may name, default first.
 pub const EXECUTORS: &[&str] = &["local", "kubernetes"];
+
+/// The executor registered under `name`, or why there is none.
+pub fn executor(name: &str) -> Result<Arc<dyn Executor>, String> {
+    match name {
+        "local" => Ok(Arc::new(local::LocalExecutor)),
+        "kubernetes" => {
+            Err("the kubernetes executor is not available yet; run with `--executor local`".into())
+        }
+        other => Err(format!("unknown executor `{other}`")),
+    }
+}
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn local_is_the_default() {
         assert_eq!(super::EXECUTORS[0], "local");
+        assert!(super::executor("local").is_ok());
     }
 }

@@ -1,0 +1,870 @@
+//! The run loop: a planned pipeline in, stage attempts out, every transition recorded.
+//!
+//! Event-driven: a stage is decided the moment its last upstream stage ends (no polling),
+//! then either launched (bounded by `parallelism`), skipped (its `when` is false, or a
+//! required input's producer was skipped) or omitted (something it depends on failed).
+//! Each attempt is recorded in the state store before its process starts; retries follow
+//! the stage's policy (exponential backoff with jitter, capped, filtered by `retries.on`);
+//! timeouts cancel the attempt. A failed stage stops its dependants while independent
+//! branches finish, unless `fail_fast` stops everything.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::artifacts::{ArtifactRef, ArtifactStore, AttemptKey};
+use crate::executor::{AttemptOutcome, AttemptSpec, Executor};
+use crate::plan::{Action, Pipeline, RetryPolicy, Stage, StageId};
+use crate::spec::{ErrorClass, RetryOn};
+use crate::state::{Phase, RunId, RunRecord, StateError, StateStore};
+use crate::template::{value_text, Ref, Template};
+
+/// How a run is carried out.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The most attempts running at once.
+    pub parallelism: usize,
+    /// Stop everything at the first failure.
+    pub fail_fast: bool,
+    /// Where attempts get their working directories (`.drivetrain/work`).
+    pub work_dir: PathBuf,
+    /// The pipeline file, as given.
+    pub file: String,
+    /// sha256 of the pipeline file.
+    pub spec_digest: String,
+    pub trigger: String,
+}
+
+/// What the run loop reports as it goes (for progress output).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunEvent {
+    Started {
+        stage: String,
+        attempt: u32,
+    },
+    Retrying {
+        stage: String,
+        attempt: u32,
+        delay: Duration,
+        reason: String,
+    },
+    Finished {
+        stage: String,
+        phase: Phase,
+        reason: Option<String>,
+        elapsed: Duration,
+    },
+}
+
+/// A run-level failure of the engine or its infrastructure (not of a stage).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The state store failed; the run's record may be incomplete.
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// The outcome of a run.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    pub id: RunId,
+    pub phase: Phase,
+    pub stages: BTreeMap<String, Phase>,
+}
+
+/// What a finished stage leaves for its dependants.
+#[derive(Debug, Clone)]
+struct StageResult {
+    phase: Phase,
+    outputs: BTreeMap<String, ArtifactRef>,
+    values: Value,
+}
+
+/// Everything attempts share.
+struct Ctx {
+    pipeline: Arc<Pipeline>,
+    params: BTreeMap<String, Value>,
+    run: RunRecord,
+    state: Arc<dyn StateStore>,
+    artifacts: ArtifactStore,
+    executor: Arc<dyn Executor>,
+    opts: RunOptions,
+    events: mpsc::UnboundedSender<RunEvent>,
+    cancel: watch::Receiver<bool>,
+}
+
+/// Runs every stage of `pipeline` once, as run `id`, and records it. Returns when the
+/// run has ended; the run's phase is `Succeeded` when every stage succeeded or was
+/// skipped.
+#[allow(clippy::too_many_arguments)]
+pub async fn run(
+    id: RunId,
+    pipeline: Arc<Pipeline>,
+    params: BTreeMap<String, Value>,
+    state: Arc<dyn StateStore>,
+    artifacts: ArtifactStore,
+    executor: Arc<dyn Executor>,
+    opts: RunOptions,
+    events: mpsc::UnboundedSender<RunEvent>,
+    cancel: watch::Receiver<bool>,
+) -> Result<RunSummary, RunError> {
+    let record = RunRecord {
+        id: id.clone(),
+        pipeline: pipeline.name.clone(),
+        file: opts.file.clone(),
+        spec_digest: opts.spec_digest.clone(),
+        params: serde_json::to_value(&params).unwrap_or_default(),
+        trigger: opts.trigger.clone(),
+        parent: None,
+        phase: Phase::Running,
+        created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        finished_at: None,
+        reason: None,
+    };
+    state.create_run(&record)?;
+    let n = pipeline.stages.len();
+    let slots = Arc::new(Semaphore::new(opts.parallelism.max(1)));
+    let ctx = Arc::new(Ctx {
+        pipeline: pipeline.clone(),
+        params,
+        run: record,
+        state: state.clone(),
+        artifacts,
+        executor,
+        opts,
+        events,
+        cancel: cancel.clone(),
+    });
+
+    let mut results: Vec<Option<StageResult>> = vec![None; n];
+    let mut waiting: Vec<usize> = (0..n)
+        .map(|i| pipeline.upstream(StageId(i as u32)).len())
+        .collect();
+    let mut tasks: JoinSet<(StageId, Result<StageResult, RunError>)> = JoinSet::new();
+    let mut stopping = false;
+    let mut ready: Vec<StageId> = pipeline
+        .order
+        .iter()
+        .copied()
+        .filter(|id| waiting[id.index()] == 0)
+        .collect();
+
+    loop {
+        // Decide every ready stage; decisions that end a stage at once may make more ready.
+        while let Some(id) = ready.first().copied() {
+            ready.remove(0);
+            let decision = if stopping {
+                Some((Phase::Omitted, "the run is stopping".to_owned()))
+            } else {
+                decide(&pipeline, &ctx, id, &results)
+            };
+            match decision {
+                Some((phase, reason)) => {
+                    let stage = pipeline.stage(id);
+                    state.set_stage(&ctx.run.id, &stage.name, phase, None, Some(&reason))?;
+                    let _ = ctx.events.send(RunEvent::Finished {
+                        stage: stage.name.clone(),
+                        phase,
+                        reason: Some(reason),
+                        elapsed: Duration::ZERO,
+                    });
+                    finish(
+                        &pipeline,
+                        id,
+                        StageResult {
+                            phase,
+                            outputs: BTreeMap::new(),
+                            values: Value::Null,
+                        },
+                        &mut results,
+                        &mut waiting,
+                        &mut ready,
+                    );
+                }
+                None => {
+                    let inputs = upstream_results(&pipeline, id, &results);
+                    let ctx = ctx.clone();
+                    let slots = slots.clone();
+                    tasks.spawn(async move {
+                        let _permit = slots.acquire_owned().await.expect("never closed");
+                        (id, execute(&ctx, id, inputs).await)
+                    });
+                }
+            }
+        }
+        let Some(joined) = tasks.join_next().await else {
+            break;
+        };
+        let (id, result) = match joined {
+            Ok(r) => r,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        };
+        let result = result?;
+        if matches!(
+            result.phase,
+            Phase::Failed | Phase::Error | Phase::Cancelled
+        ) && ctx.opts.fail_fast
+        {
+            stopping = true;
+        }
+        if *cancel.borrow() {
+            stopping = true;
+        }
+        finish(
+            &pipeline,
+            id,
+            result,
+            &mut results,
+            &mut waiting,
+            &mut ready,
+        );
+        ready.sort_by_key(|id| pipeline.order.iter().position(|o| o == id));
+    }
+
+    let stages: BTreeMap<String, Phase> = pipeline
+        .stages
+        .iter()
+        .map(|s| {
+            let phase = results[s.id.index()]
+                .as_ref()
+                .map(|r| r.phase)
+                .unwrap_or(Phase::Omitted);
+            (s.name.clone(), phase)
+        })
+        .collect();
+    let cancelled = *cancel.borrow();
+    let phase = if cancelled {
+        Phase::Cancelled
+    } else if stages
+        .values()
+        .all(|p| matches!(p, Phase::Succeeded | Phase::Skipped))
+    {
+        Phase::Succeeded
+    } else if stages.values().any(|p| *p == Phase::Error) {
+        Phase::Error
+    } else {
+        Phase::Failed
+    };
+    let failed: Vec<&str> = stages
+        .iter()
+        .filter(|(_, p)| matches!(p, Phase::Failed | Phase::Error))
+        .map(|(s, _)| s.as_str())
+        .collect();
+    let reason = (!failed.is_empty()).then(|| format!("failed: {}", failed.join(", ")));
+    state.finish_run(&id, phase, reason.as_deref())?;
+    Ok(RunSummary { id, phase, stages })
+}
+
+fn finish(
+    pipeline: &Pipeline,
+    id: StageId,
+    result: StageResult,
+    results: &mut [Option<StageResult>],
+    waiting: &mut [usize],
+    ready: &mut Vec<StageId>,
+) {
+    results[id.index()] = Some(result);
+    for d in pipeline.downstream(id) {
+        waiting[d.index()] -= 1;
+        if waiting[d.index()] == 0 {
+            ready.push(d);
+        }
+    }
+}
+
+fn upstream_results(
+    pipeline: &Pipeline,
+    id: StageId,
+    results: &[Option<StageResult>],
+) -> BTreeMap<StageId, StageResult> {
+    pipeline
+        .upstream(id)
+        .into_iter()
+        .filter_map(|u| results[u.index()].clone().map(|r| (u, r)))
+        .collect()
+}
+
+/// Whether a ready stage ends without running, and why.
+fn decide(
+    pipeline: &Pipeline,
+    ctx: &Ctx,
+    id: StageId,
+    results: &[Option<StageResult>],
+) -> Option<(Phase, String)> {
+    let stage = pipeline.stage(id);
+    for u in pipeline.upstream(id) {
+        let phase = results[u.index()]
+            .as_ref()
+            .map(|r| r.phase)
+            .unwrap_or(Phase::Omitted);
+        if matches!(
+            phase,
+            Phase::Failed | Phase::Error | Phase::Omitted | Phase::Cancelled
+        ) {
+            return Some((
+                Phase::Omitted,
+                format!("`{}` did not succeed ({phase})", pipeline.stage(u).name),
+            ));
+        }
+    }
+    for input in &stage.inputs {
+        let phase = results[input.stage.index()].as_ref().map(|r| r.phase);
+        if phase == Some(Phase::Skipped) && !input.optional {
+            return Some((
+                Phase::Skipped,
+                format!(
+                    "input `{}` comes from `{}`, which was skipped",
+                    input.name,
+                    pipeline.stage(input.stage).name
+                ),
+            ));
+        }
+    }
+    if let Some((expr, text)) = &stage.when {
+        let values = upstream_results(pipeline, id, results);
+        let lookup = |r: &Ref| lookup_value(pipeline, ctx, &values, r);
+        if !expr.eval(&lookup) {
+            return Some((Phase::Skipped, format!("`when: {text}` was false")));
+        }
+    }
+    None
+}
+
+/// The value of a reference known before a stage starts.
+fn lookup_value(
+    pipeline: &Pipeline,
+    ctx: &Ctx,
+    upstream: &BTreeMap<StageId, StageResult>,
+    r: &Ref,
+) -> Option<Value> {
+    match r {
+        Ref::Param(p) => ctx.params.get(p).cloned(),
+        Ref::RunId => Some(Value::String(ctx.run.id.0.clone())),
+        Ref::RunDate => Some(Value::String(ctx.run.created_at.get(..10)?.to_owned())),
+        Ref::PipelineName => Some(Value::String(pipeline.name.clone())),
+        Ref::ScheduleTime => Some(Value::String(ctx.run.created_at.clone())),
+        Ref::StageValue { stage, key } => {
+            let id = pipeline.stage_by_name(stage)?.id;
+            let mut v = &upstream.get(&id)?.values;
+            for k in key {
+                v = v.get(k)?;
+            }
+            Some(v.clone())
+        }
+        Ref::Input(_) | Ref::Output(_) | Ref::Item(_) => None,
+    }
+}
+
+/// Runs one stage to its end: attempts, retries, publishing.
+async fn execute(
+    ctx: &Ctx,
+    id: StageId,
+    upstream: BTreeMap<StageId, StageResult>,
+) -> Result<StageResult, RunError> {
+    let stage = ctx.pipeline.stage(id);
+    let started = Instant::now();
+    let end = |phase: Phase,
+               exit: Option<i32>,
+               reason: Option<String>,
+               outputs,
+               values|
+     -> Result<StageResult, RunError> {
+        ctx.state
+            .set_stage(&ctx.run.id, &stage.name, phase, exit, reason.as_deref())?;
+        let _ = ctx.events.send(RunEvent::Finished {
+            stage: stage.name.clone(),
+            phase,
+            reason,
+            elapsed: started.elapsed(),
+        });
+        Ok(StageResult {
+            phase,
+            outputs,
+            values,
+        })
+    };
+    let unsupported = match &stage.action {
+        Action::Step { name, .. } => Some(format!(
+            "built-in step `{name}` cannot run yet: the steps land with the driving-loop issue"
+        )),
+        Action::Command { .. } if stage.map.is_some() => {
+            Some("`map` stages cannot run yet".to_owned())
+        }
+        Action::Command { .. }
+            if !stage.secrets.is_empty()
+                && stage.secrets.iter().any(|s| s.mount_path.is_some()) =>
+        {
+            Some("secrets mounted as files are not supported by the local executor".to_owned())
+        }
+        Action::Command { .. } => None,
+    };
+    if let Some(reason) = unsupported {
+        ctx.state.start_attempt(&ctx.run.id, &stage.name, 1)?;
+        ctx.state.finish_attempt(
+            &ctx.run.id,
+            &stage.name,
+            1,
+            Phase::Error,
+            None,
+            Some(&reason),
+        )?;
+        return end(
+            Phase::Error,
+            None,
+            Some(reason),
+            BTreeMap::new(),
+            Value::Null,
+        );
+    }
+
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let key = AttemptKey {
+            run: ctx.run.id.0.clone(),
+            stage: stage.name.clone(),
+            attempt,
+        };
+        ctx.state.start_attempt(&ctx.run.id, &stage.name, attempt)?;
+        let _ = ctx.events.send(RunEvent::Started {
+            stage: stage.name.clone(),
+            attempt,
+        });
+        let result = run_attempt(ctx, stage, &key, &upstream).await;
+        let (phase, exit, reason, class) = match result {
+            Ok(AttemptEnd::Succeeded { outputs, values }) => {
+                ctx.state.finish_attempt(
+                    &ctx.run.id,
+                    &stage.name,
+                    attempt,
+                    Phase::Succeeded,
+                    Some(0),
+                    None,
+                )?;
+                let outputs_json = serde_json::to_value(&outputs).unwrap_or_default();
+                ctx.state
+                    .set_stage(&ctx.run.id, &stage.name, Phase::Succeeded, Some(0), None)?;
+                ctx.state
+                    .set_stage_results(&ctx.run.id, &stage.name, &outputs_json, &values)?;
+                return end(Phase::Succeeded, Some(0), None, outputs, values);
+            }
+            Ok(AttemptEnd::Failed {
+                exit_code,
+                reason,
+                class,
+            }) => (Phase::Failed, exit_code, reason, class),
+            Ok(AttemptEnd::Cancelled) => {
+                ctx.state.finish_attempt(
+                    &ctx.run.id,
+                    &stage.name,
+                    attempt,
+                    Phase::Cancelled,
+                    None,
+                    Some("cancelled"),
+                )?;
+                return end(
+                    Phase::Cancelled,
+                    None,
+                    Some("cancelled".into()),
+                    BTreeMap::new(),
+                    Value::Null,
+                );
+            }
+            Err(reason) => (Phase::Error, None, reason, ErrorClass::Error),
+        };
+        ctx.state.finish_attempt(
+            &ctx.run.id,
+            &stage.name,
+            attempt,
+            phase,
+            exit,
+            Some(&reason),
+        )?;
+        if attempt <= stage.retries.limit
+            && retryable(&stage.retries, class, exit)
+            && !*ctx.cancel.borrow()
+        {
+            let delay = backoff(&stage.retries, attempt, &key);
+            let _ = ctx.events.send(RunEvent::Retrying {
+                stage: stage.name.clone(),
+                attempt: attempt + 1,
+                delay,
+                reason: first_line(&reason),
+            });
+            let mut cancel = ctx.cancel.clone();
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => continue,
+                _ = cancel.changed() => {}
+            }
+        }
+        return end(phase, exit, Some(reason), BTreeMap::new(), Value::Null);
+    }
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or_default().to_owned()
+}
+
+/// Whether a failure of `class` (with `exit`) is retried under `policy.on`.
+pub fn retryable(policy: &RetryPolicy, class: ErrorClass, exit: Option<i32>) -> bool {
+    if policy.on.is_empty() {
+        return true;
+    }
+    policy.on.iter().any(|on| match on {
+        RetryOn::ExitCode(c) => exit == Some(*c),
+        RetryOn::Class(ErrorClass::Failed) => class == ErrorClass::Failed,
+        RetryOn::Class(c) => *c == class,
+    })
+}
+
+/// The delay before retry number `attempt` (1-based): `backoff · 2^(attempt-1)`, capped at
+/// `max_backoff`, with ±20% jitter derived from the attempt's identity.
+pub fn backoff(policy: &RetryPolicy, attempt: u32, key: &AttemptKey) -> Duration {
+    let base = policy
+        .backoff
+        .saturating_mul(1u32 << (attempt - 1).min(20))
+        .min(policy.max_backoff);
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key
+        .run
+        .bytes()
+        .chain(key.stage.bytes())
+        .chain(attempt.to_le_bytes())
+    {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    let jitter = (h % 4001) as f64 / 10_000.0 - 0.2; // -0.2 ..= 0.2
+    base.mul_f64(1.0 + jitter).min(policy.max_backoff)
+}
+
+enum AttemptEnd {
+    Succeeded {
+        outputs: BTreeMap<String, ArtifactRef>,
+        values: Value,
+    },
+    Failed {
+        exit_code: Option<i32>,
+        reason: String,
+        class: ErrorClass,
+    },
+    Cancelled,
+}
+
+/// One attempt: prepare directories, render, start, wait (with the timeout), publish.
+/// `Err` is an infrastructure fault with its reason.
+async fn run_attempt(
+    ctx: &Ctx,
+    stage: &Stage,
+    key: &AttemptKey,
+    upstream: &BTreeMap<StageId, StageResult>,
+) -> Result<AttemptEnd, String> {
+    let Action::Command { argv, workdir, .. } = &stage.action else {
+        return Err("not a command".into());
+    };
+    let dir = ctx
+        .opts
+        .work_dir
+        .join(&key.run)
+        .join(&key.stage)
+        .join(key.attempt.to_string());
+    let _ = std::fs::remove_dir_all(&dir);
+    let inputs_dir = dir.join("inputs");
+    let outputs_dir = dir.join("outputs");
+    let mk = |p: &Path| {
+        std::fs::create_dir_all(p).map_err(|e| format!("cannot create {}: {e}", p.display()))
+    };
+    mk(&inputs_dir)?;
+    mk(&outputs_dir)?;
+    let mut input_paths = BTreeMap::new();
+    for input in &stage.inputs {
+        let producer = upstream.get(&input.stage);
+        match producer.and_then(|r| r.outputs.get(&input.output)) {
+            Some(art) => {
+                let dest = inputs_dir.join(&input.name);
+                ctx.artifacts
+                    .materialize(art, &dest)
+                    .await
+                    .map_err(|e| format!("cannot materialize input `{}`: {e}", input.name))?;
+                input_paths.insert(input.name.clone(), dest.display().to_string());
+            }
+            // An optional input whose producer was skipped is absent.
+            None if input.optional => {
+                input_paths.insert(input.name.clone(), String::new());
+            }
+            None => return Err(format!("input `{}` has no artifact", input.name)),
+        }
+    }
+    let mut output_paths = BTreeMap::new();
+    for o in &stage.outputs {
+        let p = outputs_dir.join(&o.name);
+        mk(&p)?;
+        output_paths.insert(o.name.clone(), p.display().to_string());
+    }
+    let values_path = dir.join("values.json");
+    let render = |t: &Template| -> String {
+        t.render(|r| match r {
+            Ref::Input(n) => input_paths.get(n).cloned(),
+            Ref::Output(n) => output_paths.get(n).cloned(),
+            other => lookup_value(&ctx.pipeline, ctx, upstream, other).map(|v| value_text(&v)),
+        })
+    };
+    let argv: Vec<String> = argv.iter().map(render).collect();
+    let mut env: Vec<(String, String)> = vec![
+        ("DRIVETRAIN_RUN_ID".into(), key.run.clone()),
+        ("DRIVETRAIN_STAGE".into(), key.stage.clone()),
+        ("DRIVETRAIN_ATTEMPT".into(), key.attempt.to_string()),
+        ("DRIVETRAIN_PIPELINE".into(), ctx.pipeline.name.clone()),
+        (
+            "DRIVETRAIN_INPUTS_DIR".into(),
+            inputs_dir.display().to_string(),
+        ),
+        (
+            "DRIVETRAIN_OUTPUTS_DIR".into(),
+            outputs_dir.display().to_string(),
+        ),
+        (
+            "DRIVETRAIN_VALUES".into(),
+            values_path.display().to_string(),
+        ),
+        (
+            "DRIVETRAIN_PARAMS".into(),
+            serde_json::to_string(&ctx.params).unwrap_or_default(),
+        ),
+        ("DRIVETRAIN_STORE".into(), ctx.artifacts.url().to_owned()),
+    ];
+    for (name, path) in &input_paths {
+        env.push((
+            format!("DRIVETRAIN_INPUT_{}", env_suffix(name)),
+            path.clone(),
+        ));
+    }
+    for (name, path) in &output_paths {
+        env.push((
+            format!("DRIVETRAIN_OUTPUT_{}", env_suffix(name)),
+            path.clone(),
+        ));
+    }
+    for (k, t) in &stage.env {
+        env.push((k.clone(), render(t)));
+    }
+    for s in &stage.secrets {
+        if let (Some(var), Some(k)) = (&s.env, &s.key) {
+            let source = format!(
+                "DRIVETRAIN_SECRET_{}_{}",
+                env_suffix(&s.name),
+                env_suffix(k)
+            );
+            match std::env::var(&source) {
+                Ok(v) => env.push((var.clone(), v)),
+                Err(_) => {
+                    return Ok(AttemptEnd::Failed {
+                        exit_code: None,
+                        reason: format!("secret `{}` key `{k}` is not set: the local executor reads it from `{source}`", s.name),
+                        class: ErrorClass::Error,
+                    })
+                }
+            }
+        }
+    }
+    let cwd = match workdir {
+        Some(w) => PathBuf::from(render(w)),
+        None => dir.clone(),
+    };
+    let log = dir.join("log.txt");
+    let spec = AttemptSpec {
+        run_id: key.run.clone(),
+        stage: key.stage.clone(),
+        attempt: key.attempt,
+        argv,
+        env,
+        workdir: cwd,
+        log: log.clone(),
+        distributed: stage.distributed.clone(),
+    };
+    let result = start_and_wait(ctx, stage, key, spec, &log, &values_path, &outputs_dir).await;
+    // Inputs are hard links to upstream artifacts: nothing of a finished attempt may keep
+    // a writable name for them.
+    let _ = std::fs::remove_dir_all(&inputs_dir);
+    result
+}
+
+async fn start_and_wait(
+    ctx: &Ctx,
+    stage: &Stage,
+    key: &AttemptKey,
+    spec: AttemptSpec,
+    log: &Path,
+    values_path: &Path,
+    outputs_dir: &Path,
+) -> Result<AttemptEnd, String> {
+    let mut running = ctx.executor.start(spec).await.map_err(|e| e.to_string())?;
+    ctx.state
+        .set_attempt_handle(&ctx.run.id, &stage.name, key.attempt, &running.handle())
+        .map_err(|e| e.to_string())?;
+    let mut cancel = ctx.cancel.clone();
+    let timeout = stage.timeout.unwrap_or(Duration::MAX);
+    let outcome = tokio::select! {
+        o = running.wait() => Some(o),
+        _ = tokio::time::sleep(timeout) => None,
+        _ = cancel.changed() => { running.cancel().await; Some(AttemptOutcome::Cancelled) }
+    };
+    let outcome = match outcome {
+        Some(o) => o,
+        None => {
+            running.cancel().await;
+            let _ = ctx.artifacts.put_log(key, log).await;
+            return Ok(AttemptEnd::Failed {
+                exit_code: None,
+                reason: format!(
+                    "timed out after {}; the process group was killed{}",
+                    humanize(timeout),
+                    log_tail(log)
+                ),
+                class: ErrorClass::Timeout,
+            });
+        }
+    };
+    ctx.artifacts
+        .put_log(key, log)
+        .await
+        .map_err(|e| format!("cannot store the log: {e}"))?;
+    match outcome {
+        AttemptOutcome::Succeeded => {}
+        AttemptOutcome::Cancelled => return Ok(AttemptEnd::Cancelled),
+        AttemptOutcome::Failed { exit_code, reason } => {
+            return Ok(AttemptEnd::Failed {
+                exit_code,
+                reason: format!("{reason}{}", log_tail(log)),
+                class: ErrorClass::Failed,
+            })
+        }
+    }
+    let values = match std::fs::read(values_path) {
+        Ok(bytes) => match serde_json::from_slice::<Value>(&bytes) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => {
+                return Ok(AttemptEnd::Failed {
+                    exit_code: Some(0),
+                    reason: "values.json is not a JSON object".into(),
+                    class: ErrorClass::Failed,
+                })
+            }
+        },
+        Err(_) => Value::Object(Default::default()),
+    };
+    let mut outputs = BTreeMap::new();
+    for o in &stage.outputs {
+        let art = ctx
+            .artifacts
+            .publish_dir(key, &o.name, &outputs_dir.join(&o.name))
+            .await;
+        match art {
+            Ok(a) => {
+                outputs.insert(o.name.clone(), a);
+            }
+            Err(
+                e @ (crate::artifacts::ArtifactError::InvalidKey { .. }
+                | crate::artifacts::ArtifactError::Symlink { .. }),
+            ) => {
+                return Ok(AttemptEnd::Failed {
+                    exit_code: Some(0),
+                    reason: e.to_string(),
+                    class: ErrorClass::Failed,
+                })
+            }
+            Err(e) => return Err(format!("cannot publish output `{}`: {e}", o.name)),
+        }
+    }
+    // The published files are hard links: drop the attempt's own names for them so
+    // nothing left of the attempt can write to an artifact.
+    let _ = std::fs::remove_dir_all(outputs_dir);
+    Ok(AttemptEnd::Succeeded { outputs, values })
+}
+
+fn env_suffix(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn humanize(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs >= 3600 {
+        format!("{}h{}m", secs / 3600, secs % 3600 / 60)
+    } else if secs >= 60 {
+        format!("{}m{}s", secs / 60, secs % 60)
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
+/// The last 20 lines of a log, for failure reasons.
+fn log_tail(log: &Path) -> String {
+    let Ok(text) = std::fs::read_to_string(log) else {
+        return String::new();
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let tail = &lines[lines.len().saturating_sub(20)..];
+    format!("\nlast {} log lines:\n{}", tail.len(), tail.join("\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_is_capped_and_jittered() {
+        let policy = RetryPolicy {
+            limit: 10,
+            backoff: Duration::from_secs(10),
+            max_backoff: Duration::from_secs(60),
+            on: Vec::new(),
+        };
+        let key = AttemptKey {
+            run: "r".into(),
+            stage: "s".into(),
+            attempt: 1,
+        };
+        let d1 = backoff(&policy, 1, &key);
+        let d2 = backoff(&policy, 2, &key);
+        let d5 = backoff(&policy, 5, &key);
+        assert!(
+            d1 >= Duration::from_secs(8) && d1 <= Duration::from_secs(12),
+            "{d1:?}"
+        );
+        assert!(
+            d2 >= Duration::from_secs(16) && d2 <= Duration::from_secs(24),
+            "{d2:?}"
+        );
+        assert!(d5 <= Duration::from_secs(60), "{d5:?}");
+        assert!(d5 >= Duration::from_secs(48), "{d5:?}");
+    }
+
+    #[test]
+    fn retry_filters() {
+        let mut policy = RetryPolicy {
+            limit: 3,
+            ..RetryPolicy::default()
+        };
+        assert!(retryable(&policy, ErrorClass::Failed, Some(1)));
+        policy.on = vec![RetryOn::ExitCode(75), RetryOn::Class(ErrorClass::Timeout)];
+        assert!(retryable(&policy, ErrorClass::Failed, Some(75)));
+        assert!(!retryable(&policy, ErrorClass::Failed, Some(1)));
+        assert!(retryable(&policy, ErrorClass::Timeout, None));
+        assert!(!retryable(&policy, ErrorClass::Error, None));
+    }
+}

@@ -1,0 +1,226 @@
+//! The local executor: each attempt is a child process in its own process group.
+//!
+//! argv goes to `execve` as it is (no shell). The child gets the engine's `PATH`, `HOME`,
+//! `LANG` and `TZ` and the attempt's environment, nothing else; stdout and stderr both go
+//! to the attempt's log file. Cancelling (a timeout, a user's cancel) kills the whole
+//! group, and so does a normal exit, so nothing a stage started outlives it.
+//! `distributed: {workers: N}` starts N ranks in one group with the rendezvous environment
+//! torchrun and Horovod read; when one rank fails, the others are killed (gang semantics).
+
+use std::fs::OpenOptions;
+use std::process::Stdio;
+
+use async_trait::async_trait;
+use drivetrain_engine::executor::{
+    AttemptOutcome, AttemptSpec, Executor, ExecutorError, RunningAttempt,
+};
+use futures::FutureExt as _;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
+/// Runs attempts as local processes.
+#[derive(Debug, Default, Clone)]
+pub struct LocalExecutor;
+
+/// Environment variables the engine passes through to every stage.
+const PASS_THROUGH: &[&str] = &["PATH", "HOME", "LANG", "TZ", "TMPDIR"];
+
+struct Started {
+    pgid: i32,
+    children: Vec<(usize, Child)>,
+    /// Set when the command could not be started (does not exist, not executable).
+    failed_to_start: Option<String>,
+    cancelled: bool,
+}
+
+fn kill_group(pgid: i32) {
+    if pgid > 0 {
+        // ESRCH (the group is gone) is the expected case after a clean exit.
+        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    }
+}
+
+#[async_trait]
+impl RunningAttempt for Started {
+    fn handle(&self) -> String {
+        format!("pgid:{}", self.pgid)
+    }
+
+    async fn wait(&mut self) -> AttemptOutcome {
+        if let Some(reason) = self.failed_to_start.take() {
+            return AttemptOutcome::Failed {
+                exit_code: None,
+                reason,
+            };
+        }
+        let world = self.children.len();
+        let mut failure: Option<AttemptOutcome> = None;
+        while !self.children.is_empty() {
+            // Wait for whichever rank ends first.
+            let (idx, status) = {
+                let mut waits = Vec::with_capacity(self.children.len());
+                for (i, (_, child)) in self.children.iter_mut().enumerate() {
+                    waits.push(async move { (i, child.wait().await) }.boxed());
+                }
+                futures::future::select_all(waits).await.0
+            };
+            let (rank, _) = self.children.remove(idx);
+            let status = match status {
+                Ok(s) => s,
+                Err(e) => {
+                    failure.get_or_insert(AttemptOutcome::Failed {
+                        exit_code: None,
+                        reason: format!("cannot wait for the process: {e}"),
+                    });
+                    kill_group(self.pgid);
+                    continue;
+                }
+            };
+            if self.cancelled {
+                continue;
+            }
+            if !status.success() && failure.is_none() {
+                use std::os::unix::process::ExitStatusExt;
+                let who = if world > 1 {
+                    format!("rank {rank} ")
+                } else {
+                    String::new()
+                };
+                let reason = match (status.code(), status.signal()) {
+                    (Some(c), _) => format!("{who}exited with code {c}"),
+                    (None, Some(sig)) => format!("{who}was killed by signal {sig}"),
+                    _ => format!("{who}ended abnormally"),
+                };
+                failure = Some(AttemptOutcome::Failed {
+                    exit_code: status.code(),
+                    reason: if world > 1 {
+                        format!("{reason}; the other ranks were stopped")
+                    } else {
+                        reason
+                    },
+                });
+                // Gang semantics: one rank down stops them all.
+                kill_group(self.pgid);
+            }
+        }
+        // Whatever the stage left running in its group goes with it.
+        kill_group(self.pgid);
+        if self.cancelled {
+            return AttemptOutcome::Cancelled;
+        }
+        failure.unwrap_or(AttemptOutcome::Succeeded)
+    }
+
+    async fn cancel(&mut self) {
+        self.cancelled = true;
+        kill_group(self.pgid);
+        for (_, child) in &mut self.children {
+            let _ = child.wait().await;
+        }
+        self.children.clear();
+    }
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+#[async_trait]
+impl Executor for LocalExecutor {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    async fn start(&self, spec: AttemptSpec) -> Result<Box<dyn RunningAttempt>, ExecutorError> {
+        let Some(program) = spec.argv.first().cloned() else {
+            return Err(ExecutorError("empty argv".into()));
+        };
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&spec.log)
+            .map_err(|e| ExecutorError(format!("cannot open log {}: {e}", spec.log.display())))?;
+        let workers = spec
+            .distributed
+            .as_ref()
+            .map(|d| d.workers as usize)
+            .unwrap_or(1);
+        let rendezvous = if spec.distributed.is_some() {
+            let port = free_port()
+                .map_err(|e| ExecutorError(format!("no free port for MASTER_PORT: {e}")))?;
+            Some(port)
+        } else {
+            None
+        };
+        let mut started = Started {
+            pgid: 0,
+            children: Vec::with_capacity(workers),
+            failed_to_start: None,
+            cancelled: false,
+        };
+        for rank in 0..workers {
+            let out = log
+                .try_clone()
+                .map_err(|e| ExecutorError(format!("cannot share the log: {e}")))?;
+            let err = log
+                .try_clone()
+                .map_err(|e| ExecutorError(format!("cannot share the log: {e}")))?;
+            let mut cmd = Command::new(&program);
+            cmd.args(&spec.argv[1..])
+                .current_dir(&spec.workdir)
+                .env_clear()
+                .envs(
+                    PASS_THROUGH
+                        .iter()
+                        .filter_map(|k| std::env::var(k).ok().map(|v| (*k, v))),
+                )
+                .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .stdin(Stdio::null())
+                .stdout(Stdio::from(out))
+                .stderr(Stdio::from(err))
+                // The first rank leads a new group; the others join it.
+                .process_group(started.pgid);
+            if let Some(port) = rendezvous {
+                cmd.env("RANK", rank.to_string())
+                    .env("LOCAL_RANK", rank.to_string())
+                    .env("WORLD_SIZE", workers.to_string())
+                    .env("LOCAL_WORLD_SIZE", workers.to_string())
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", port.to_string());
+            }
+            match cmd.spawn() {
+                Ok(child) => {
+                    if started.pgid == 0 {
+                        started.pgid = child.id().map(|p| p as i32).unwrap_or(0);
+                    }
+                    started.children.push((rank, child));
+                }
+                Err(e) => {
+                    kill_group(started.pgid);
+                    started.failed_to_start = Some(match e.kind() {
+                        std::io::ErrorKind::NotFound => format!(
+                            "stage `{}`: command `{program}` not found (in {} or on PATH)",
+                            spec.stage,
+                            spec.workdir.display()
+                        ),
+                        std::io::ErrorKind::PermissionDenied => {
+                            format!(
+                                "stage `{}`: command `{program}` is not executable",
+                                spec.stage
+                            )
+                        }
+                        _ => format!("stage `{}`: cannot start `{program}`: {e}", spec.stage),
+                    });
+                    for (_, mut c) in started.children.drain(..) {
+                        let _ = c.wait().await;
+                    }
+                    break;
+                }
+            }
+        }
+        Ok(Box::new(started))
+    }
+}
