@@ -129,6 +129,17 @@ pub async fn run(
     state.create_run(&record)?;
     let n = pipeline.stages.len();
     let slots = Arc::new(Semaphore::new(opts.parallelism.max(1)));
+    // Attempts stop on `stop`: set by the caller's cancel, or by fail-fast.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let forward = {
+        let mut external = cancel.clone();
+        let stop_tx = stop_tx.clone();
+        tokio::spawn(async move {
+            if external.wait_for(|c| *c).await.is_ok() {
+                let _ = stop_tx.send(true);
+            }
+        })
+    };
     let ctx = Arc::new(Ctx {
         pipeline: pipeline.clone(),
         params,
@@ -138,7 +149,7 @@ pub async fn run(
         executor,
         opts,
         events,
-        cancel: cancel.clone(),
+        cancel: stop_rx,
     });
 
     let mut results: Vec<Option<StageResult>> = vec![None; n];
@@ -205,12 +216,9 @@ pub async fn run(
             Err(e) => std::panic::resume_unwind(e.into_panic()),
         };
         let result = result?;
-        if matches!(
-            result.phase,
-            Phase::Failed | Phase::Error | Phase::Cancelled
-        ) && ctx.opts.fail_fast
-        {
+        if matches!(result.phase, Phase::Failed | Phase::Error) && ctx.opts.fail_fast {
             stopping = true;
+            let _ = stop_tx.send(true);
         }
         if *cancel.borrow() {
             stopping = true;
@@ -226,6 +234,7 @@ pub async fn run(
         ready.sort_by_key(|id| pipeline.order.iter().position(|o| o == id));
     }
 
+    forward.abort();
     let stages: BTreeMap<String, Phase> = pipeline
         .stages
         .iter()

@@ -1,0 +1,395 @@
+//! End-to-end tests of `drivetrain run` on the local executor: real processes, a real
+//! `file://` artifact store and SQLite state, each test in a fresh home directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+struct Home {
+    dir: PathBuf,
+}
+
+impl Home {
+    fn new(name: &str) -> Home {
+        let dir = std::env::temp_dir().join(format!("dt-run-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Home { dir }
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    fn drivetrain(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+            .args(args)
+            .current_dir(&self.dir)
+            .env_remove("DRIVETRAIN_HOME")
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("the binary runs")
+    }
+
+    fn status(&self, run: &str) -> serde_json::Value {
+        let o = self.drivetrain(&["status", run, "--output", "json"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    }
+}
+
+impl Drop for Home {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The run id from the first line of `drivetrain run`.
+fn run_id(o: &Output) -> String {
+    let out = text(&o.stdout);
+    let first = out.lines().next().unwrap_or_default();
+    first
+        .strip_prefix("run ")
+        .unwrap_or_else(|| panic!("no run id in {out}"))
+        .to_owned()
+}
+
+fn stage<'a>(status: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    status["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stage"] == name)
+        .unwrap_or_else(|| panic!("no stage {name} in {status}"))
+}
+
+fn pid_alive(pid: &str) -> bool {
+    Path::new(&format!("/proc/{}", pid.trim())).exists()
+}
+
+#[test]
+fn the_shell_demo_passes_files_between_stages() {
+    let home = Home::new("demo");
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/shell-demo.yaml");
+    let o = home.drivetrain(&["run", file.to_str().unwrap(), "--param", "lines=500"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}\n{}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    let id = run_id(&o);
+    let st = home.status(&id);
+    assert_eq!(st["run"]["phase"], "Succeeded");
+    for s in ["generate", "count", "checksum", "report"] {
+        assert_eq!(stage(&st, s)["phase"], "Succeeded", "{st}");
+    }
+    assert_eq!(stage(&st, "count")["values"]["lines"], 500);
+    // The report artifact holds what the last stage computed from its inputs.
+    let digest = stage(&st, "report")["outputs"]["report"]["manifest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let store = home.dir.join(".drivetrain/artifacts");
+    assert!(store.join(&digest).exists(), "manifest {digest}");
+    let report =
+        std::fs::read_to_string(store.join(format!("runs/{id}/report/1/report/report.txt")))
+            .unwrap();
+    assert!(
+        report.starts_with(&format!("run {id}: 500 lines, sha256 ")),
+        "{report}"
+    );
+    let logs = home.drivetrain(&["logs", &id, "--stage", "count"]);
+    assert_eq!(text(&logs.stdout), "counted 500 lines\n");
+    let list = home.drivetrain(&["list"]);
+    assert!(text(&list.stdout).contains(&id));
+}
+
+#[test]
+fn a_failed_stage_stops_its_dependants_and_quotes_its_log() {
+    let home = Home::new("fail");
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: failing
+stages:
+  noisy:
+    run: {command: [sh, -c, 'for i in $(seq 1 30); do echo "line $i"; done; exit 3']}
+    outputs: [x]
+  after:
+    inputs: {x: noisy.x}
+    run: {command: [echo, never]}
+  independent:
+    run: {command: [sh, -c, 'sleep 0.3; echo fine']}
+"#,
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
+    let st = home.status(&run_id(&o));
+    assert_eq!(st["run"]["phase"], "Failed");
+    let noisy = stage(&st, "noisy");
+    assert_eq!(noisy["phase"], "Failed");
+    assert_eq!(noisy["exit_code"], 3);
+    let reason = noisy["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("exited with code 3\nlast 20 log lines:\nline 11\n"),
+        "{reason}"
+    );
+    assert!(reason.ends_with("line 30"), "{reason}");
+    assert_eq!(stage(&st, "after")["phase"], "Omitted");
+    assert_eq!(stage(&st, "independent")["phase"], "Succeeded");
+}
+
+#[test]
+fn a_missing_command_is_named() {
+    let home = Home::new("enoent");
+    let file = home.write(
+        "p.yaml",
+        "version: 1\nname: typo\nstages:\n  train:\n    run: {command: [pyhton, train.py]}\n",
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stdout).contains("stage `train`: command `pyhton` not found"),
+        "{}",
+        text(&o.stdout)
+    );
+}
+
+#[test]
+fn a_timeout_kills_the_whole_process_group() {
+    let home = Home::new("timeout");
+    let pidfile = home.dir.join("grandchild.pid");
+    let file = home.write(
+        "p.yaml",
+        &format!(
+            r#"
+version: 1
+name: hung
+stages:
+  hang:
+    timeout: 1s
+    run: {{command: [sh, -c, 'sleep 300 & echo $! > {}; wait']}}
+"#,
+            pidfile.display()
+        ),
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
+    let st = home.status(&run_id(&o));
+    let reason = stage(&st, "hang")["reason"].as_str().unwrap().to_owned();
+    assert!(
+        reason.starts_with("timed out after 1.0s; the process group was killed"),
+        "{reason}"
+    );
+    let pid = std::fs::read_to_string(&pidfile).unwrap();
+    // The grandchild was in the stage's group: it is gone (give the kernel a moment to reap).
+    let mut alive = pid_alive(&pid);
+    for _ in 0..50 {
+        if !alive {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        alive = pid_alive(&pid);
+    }
+    assert!(!alive, "process {pid} outlived its stage");
+}
+
+#[test]
+fn retries_rerun_a_failed_attempt() {
+    let home = Home::new("retry");
+    let counter = home.dir.join("count");
+    let file = home.write(
+        "p.yaml",
+        &format!(
+            r#"
+version: 1
+name: flaky
+stages:
+  flaky:
+    retries: {{limit: 2, backoff: 0s}}
+    run: {{command: [sh, -c, 'echo x >> {c}; [ $(wc -l < {c}) -ge 2 ]']}}
+  strict:
+    retries: {{limit: 3, backoff: 0s, on: [75]}}
+    run: {{command: [sh, -c, 'exit 1']}}
+"#,
+            c = counter.display()
+        ),
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let st = home.status(&run_id(&o));
+    assert_eq!(stage(&st, "flaky")["phase"], "Succeeded");
+    assert_eq!(stage(&st, "flaky")["attempts"], 2);
+    // Exit 1 is not in `on: [75]`: no retry.
+    assert_eq!(stage(&st, "strict")["attempts"], 1);
+    assert!(
+        text(&o.stdout).contains("↻ flaky: exited with code 1; attempt 2 in"),
+        "{}",
+        text(&o.stdout)
+    );
+}
+
+#[test]
+fn conditions_skip_stages_and_optional_inputs_become_absent() {
+    let home = Home::new("when");
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: conditional
+params:
+  publish: {type: boolean, default: false}
+stages:
+  gate:
+    run: {command: [sh, -c, 'echo "{\"ok\": false}" > "$DRIVETRAIN_VALUES"']}
+  publish:
+    when: "params.publish || stages.gate.values.ok"
+    run: {command: [sh, -c, 'echo data > "$0/f"', "{{ outputs.data }}"]}
+    outputs: [data]
+  needs-data:
+    inputs: {data: publish.data}
+    run: {command: [echo, unreachable]}
+  maybe-data:
+    inputs: {data: {from: publish.data, optional: true}}
+    run: {command: [sh, -c, 'echo "input=[$0]"', "{{ inputs.data }}"]}
+"#,
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stdout));
+    let id = run_id(&o);
+    let st = home.status(&id);
+    assert_eq!(stage(&st, "publish")["phase"], "Skipped");
+    assert_eq!(
+        stage(&st, "publish")["reason"],
+        "`when: params.publish || stages.gate.values.ok` was false"
+    );
+    assert_eq!(stage(&st, "needs-data")["phase"], "Skipped");
+    assert_eq!(stage(&st, "maybe-data")["phase"], "Succeeded");
+    let logs = home.drivetrain(&["logs", &id, "--stage", "maybe-data"]);
+    assert_eq!(text(&logs.stdout), "input=[]\n");
+
+    // With the param set, the condition holds and the data flows.
+    let o = home.drivetrain(&["run", file.to_str().unwrap(), "-p", "publish=true"]);
+    assert_eq!(o.status.code(), Some(0));
+    let st = home.status(&run_id(&o));
+    assert_eq!(stage(&st, "needs-data")["phase"], "Succeeded");
+}
+
+#[test]
+fn fail_fast_stops_independent_branches() {
+    let home = Home::new("failfast");
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: fast
+stages:
+  broken:
+    run: {command: [sh, -c, 'exit 2']}
+  slow:
+    run: {command: [sleep, "300"]}
+  later:
+    needs: [slow]
+    run: {command: [echo, later]}
+"#,
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap(), "--fail-fast"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
+    let st = home.status(&run_id(&o));
+    assert_eq!(stage(&st, "broken")["phase"], "Failed");
+    assert_eq!(stage(&st, "slow")["phase"], "Cancelled");
+    assert_eq!(stage(&st, "later")["phase"], "Omitted");
+}
+
+#[test]
+fn distributed_ranks_get_the_rendezvous_environment_and_fail_together() {
+    let home = Home::new("ranks");
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: ranks
+stages:
+  train:
+    distributed: {workers: 3}
+    run: {command: [sh, -c, 'echo "$RANK/$WORLD_SIZE $MASTER_ADDR:$MASTER_PORT" > "$0/rank-$RANK"', "{{ outputs.ranks }}"]}
+    outputs: [ranks]
+  gang:
+    distributed: {workers: 3}
+    run: {command: [sh, -c, 'if [ "$RANK" = 1 ]; then exit 4; fi; sleep 300']}
+"#,
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
+    let id = run_id(&o);
+    let st = home.status(&id);
+    assert_eq!(stage(&st, "train")["phase"], "Succeeded");
+    let dir = home
+        .dir
+        .join(format!(".drivetrain/artifacts/runs/{id}/train/1/ranks"));
+    let mut ports = std::collections::BTreeSet::new();
+    for rank in 0..3 {
+        let line = std::fs::read_to_string(dir.join(format!("rank-{rank}"))).unwrap();
+        let (who, addr) = line.trim().split_once(' ').unwrap();
+        assert_eq!(who, format!("{rank}/3"));
+        assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+        ports.insert(addr.to_owned());
+    }
+    assert_eq!(ports.len(), 1, "every rank sees the same MASTER_PORT");
+    let gang = stage(&st, "gang");
+    assert_eq!(gang["phase"], "Failed");
+    assert_eq!(
+        gang["reason"],
+        "rank 1 exited with code 4; the other ranks were stopped"
+    );
+}
+
+#[test]
+fn bad_outputs_and_values_fail_the_stage() {
+    let home = Home::new("badout");
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: bad
+stages:
+  link:
+    run: {command: [sh, -c, 'ln -s /etc/passwd "$0/pw"', "{{ outputs.data }}"]}
+    outputs: [data]
+  values:
+    run: {command: [sh, -c, 'echo "[1, 2]" > "$DRIVETRAIN_VALUES"']}
+"#,
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let st = home.status(&run_id(&o));
+    let link = stage(&st, "link")["reason"].as_str().unwrap().to_owned();
+    assert!(link.contains("holds a symlink `pw`"), "{link}");
+    assert_eq!(
+        stage(&st, "values")["reason"],
+        "values.json is not a JSON object"
+    );
+}
+
+#[test]
+fn run_refuses_bad_params_before_starting() {
+    let home = Home::new("params");
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/shell-demo.yaml");
+    let o = home.drivetrain(&["run", file.to_str().unwrap(), "-p", "lines=many"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("param `lines`: expected an integer, got `many`"));
+    assert!(
+        !home.dir.join(".drivetrain/state.db").exists(),
+        "nothing was recorded"
+    );
+}
