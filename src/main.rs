@@ -114,6 +114,16 @@ enum Command {
         #[arg(long)]
         stage: Option<String>,
     },
+    /// Finish a run whose engine stopped: succeeded stages are kept, lost attempts rerun.
+    #[command(after_help = "Example:\n  drivetrain resume 20261122-031500-1a2b")]
+    Resume {
+        run: String,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Cancel a run: its running stages are stopped and it is recorded as cancelled.
+    #[command(after_help = "Example:\n  drivetrain cancel 20261122-031500-1a2b")]
+    Cancel { run: String },
     /// List recent runs.
     #[command(after_help = "Examples:\n  drivetrain list\n  drivetrain list --output json")]
     List {
@@ -210,6 +220,10 @@ fn main() -> ExitCode {
         Command::Logs { run, stage } => {
             outcome(runs::logs(&home, run.as_deref(), stage.as_deref()))
         }
+        Command::Resume { run, output } => {
+            outcome(runs::resume(&catalog, &home, &run, output == Format::Json))
+        }
+        Command::Cancel { run } => outcome(runs::cancel(&home, &run)),
         Command::List { output } => outcome(runs::list(&home, output == Format::Json)),
         Command::Validate { files, output } => cmd_validate(&catalog, &files, output),
         Command::Graph { file, format } => match load(&catalog, &file) {

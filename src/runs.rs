@@ -84,25 +84,15 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
     let url = store_url(args.pipeline.store.as_deref(), &args.home)?;
     let artifacts = ArtifactStore::open(&url)?;
     let id = RunId::generate(chrono::Utc::now());
-    let work_dir = std::fs::canonicalize(&args.home)?.join("work");
     let opts = RunOptions {
-        parallelism: args.parallelism.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(2)
-        }),
+        parallelism: args.parallelism.unwrap_or_else(default_parallelism),
         fail_fast: args.fail_fast,
-        work_dir,
+        work_dir: std::fs::canonicalize(&args.home)?.join("work"),
         file: args.file.display().to_string(),
-        spec_digest: format!(
-            "sha256:{}",
-            hex::encode(Sha256::digest(args.source.as_bytes()))
-        ),
+        spec_digest: digest(args.source),
         trigger: "cli".into(),
     };
-    if args.json {
-        // Scripts get one JSON document at the end.
-    } else {
+    if !args.json {
         println!("run {id}");
         println!(
             "pipeline {} ({} stages), store {url}",
@@ -110,22 +100,62 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
             args.pipeline.stages.len()
         );
     }
+    drive(
+        id,
+        Arc::new(args.pipeline),
+        args.params,
+        Services {
+            state,
+            artifacts,
+            executor,
+        },
+        opts,
+        None,
+        args.json,
+    )
+}
+
+fn default_parallelism() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+}
+
+fn digest(source: &str) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(source.as_bytes())))
+}
+
+struct Services {
+    state: Arc<dyn StateStore>,
+    artifacts: ArtifactStore,
+    executor: Arc<dyn drivetrain_engine::executor::Executor>,
+}
+
+/// Runs (or resumes) a run to its end, printing progress; Ctrl-C and SIGTERM cancel it.
+fn drive(
+    id: RunId,
+    pipeline: Arc<Pipeline>,
+    params: BTreeMap<String, Value>,
+    services: Services,
+    opts: RunOptions,
+    resume: Option<runner::Resume>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let pipeline = Arc::new(args.pipeline);
-    let json = args.json;
     let summary = rt.block_on(async move {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
         let run = tokio::spawn(runner::run(
             id.clone(),
             pipeline,
-            args.params,
-            state,
-            artifacts,
-            executor,
+            params,
+            services.state,
+            services.artifacts,
+            services.executor,
             opts,
+            resume,
             tx,
             cancel_rx,
         ));
@@ -136,15 +166,21 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
                 }
             }
         });
-        let ctrl_c = async {
-            let _ = tokio::signal::ctrl_c().await;
-            eprintln!("cancelling run {id} (Ctrl-C)…");
+        let signals = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            let why = tokio::select! {
+                _ = tokio::signal::ctrl_c() => "Ctrl-C",
+                _ = term.recv() => "SIGTERM",
+            };
+            eprintln!("cancelling run {id} ({why})…");
             let _ = cancel_tx.send(true);
             std::future::pending::<()>().await
         };
         let summary = tokio::select! {
             s = run => s,
-            _ = ctrl_c => unreachable!("ctrl_c never completes"),
+            _ = signals => unreachable!("the signal future never completes"),
         };
         let _ = printer.await;
         summary
@@ -166,6 +202,180 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
         Phase::Cancelled => ExitCode::from(EXIT_CANCELLED),
         _ => ExitCode::from(1),
     })
+}
+
+/// Whether process `pid` exists.
+fn alive(pid: i64) -> bool {
+    i32::try_from(pid)
+        .ok()
+        .filter(|p| *p > 0)
+        .is_some_and(|p| nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None).is_ok())
+}
+
+/// Stops the attempts a dead engine left running and records them as lost.
+fn reap_lost(
+    state: &dyn StateStore,
+    executor: &dyn drivetrain_engine::executor::Executor,
+    id: &RunId,
+) -> anyhow::Result<usize> {
+    let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    let mut lost = 0;
+    for a in state.attempts(id)? {
+        if a.phase != Phase::Running {
+            continue;
+        }
+        let stopped = match &a.handle {
+            Some(h) => rt.block_on(executor.reap(h)),
+            None => false,
+        };
+        let reason = if stopped {
+            "lost: the engine stopped while it ran; its processes were stopped"
+        } else {
+            "lost: the engine stopped while it ran"
+        };
+        state.finish_attempt(id, &a.stage, a.attempt, Phase::Error, None, Some(reason))?;
+        state.set_stage(id, &a.stage, Phase::Error, None, Some(reason))?;
+        lost += 1;
+    }
+    Ok(lost)
+}
+
+/// `drivetrain resume RUN`: finishes a run whose engine stopped (killed, crashed, a
+/// reboot). Succeeded stages are not executed again and keep their artifacts; attempts
+/// that were running are stopped, recorded as lost, and run again.
+pub fn resume(
+    catalog: &drivetrain_engine::Catalog,
+    home: &Path,
+    run: &str,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    let state = Arc::new(open_state(home)?);
+    let id = RunId(run.to_owned());
+    let record = state.run(&id)?;
+    if record.phase == Phase::Succeeded {
+        println!("run {id} already succeeded; nothing to resume");
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(pid) = record
+        .engine_pid
+        .filter(|p| alive(*p) && *p != i64::from(std::process::id()))
+    {
+        if !record.phase.is_terminal() {
+            eprintln!("error: run {id} is still running (engine process {pid}); cancel it first");
+            return Ok(ExitCode::from(2));
+        }
+    }
+    let source = std::fs::read_to_string(&record.file)
+        .map_err(|e| anyhow::anyhow!("cannot read the run's pipeline {}: {e}", record.file))?;
+    if digest(&source) != record.spec_digest {
+        eprintln!(
+            "error: {} changed since run {id} started; resume runs the same pipeline (a rerun on the new one lands with reruns)",
+            record.file
+        );
+        return Ok(ExitCode::from(2));
+    }
+    let validated = drivetrain_engine::validate(&source, catalog);
+    let Some(pipeline) = validated.pipeline else {
+        eprintln!("error: {} no longer validates", record.file);
+        return Ok(ExitCode::from(1));
+    };
+    let executor = match drivetrain_plugins::executor(&pipeline.executor) {
+        Ok(e) => e,
+        Err(why) => {
+            eprintln!("error: {why}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let lost = reap_lost(state.as_ref(), executor.as_ref(), &id)?;
+    let mut succeeded = BTreeMap::new();
+    for s in state.stages(&id)? {
+        if s.phase != Phase::Succeeded {
+            continue;
+        }
+        let outputs: BTreeMap<String, drivetrain_engine::artifacts::ArtifactRef> =
+            serde_json::from_value(s.outputs.clone()).unwrap_or_default();
+        succeeded.insert(s.stage.clone(), (outputs, s.values.clone()));
+    }
+    let mut attempts: BTreeMap<String, u32> = BTreeMap::new();
+    for a in state.attempts(&id)? {
+        let e = attempts.entry(a.stage.clone()).or_default();
+        *e = (*e).max(a.attempt);
+    }
+    let params: BTreeMap<String, Value> =
+        serde_json::from_value(record.params.clone()).unwrap_or_default();
+    let url = store_url(pipeline.store.as_deref(), home)?;
+    if !json_out {
+        println!("run {id}");
+        println!(
+            "resuming: {} of {} stages succeeded before, {lost} attempt(s) lost",
+            succeeded.len(),
+            pipeline.stages.len()
+        );
+    }
+    let opts = RunOptions {
+        parallelism: default_parallelism(),
+        fail_fast: false,
+        work_dir: std::fs::canonicalize(home)?.join("work"),
+        file: record.file.clone(),
+        spec_digest: record.spec_digest.clone(),
+        trigger: record.trigger.clone(),
+    };
+    let resume = runner::Resume {
+        record,
+        succeeded,
+        attempts,
+    };
+    drive(
+        id,
+        Arc::new(pipeline),
+        params,
+        Services {
+            state,
+            artifacts: ArtifactStore::open(&url)?,
+            executor,
+        },
+        opts,
+        Some(resume),
+        json_out,
+    )
+}
+
+/// `drivetrain cancel RUN`: asks the engine running it to stop (as Ctrl-C would); when
+/// that engine is gone, stops what it left running and records the run as cancelled.
+pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
+    let state = open_state(home)?;
+    let id = RunId(run.to_owned());
+    let record = state.run(&id)?;
+    if record.phase.is_terminal() {
+        println!("run {id} already ended: {}", record.phase);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(pid) = record.engine_pid.filter(|p| alive(*p)) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )?;
+        // The engine records the end itself; wait for it.
+        for _ in 0..600 {
+            let r = state.run(&id)?;
+            if r.phase.is_terminal() {
+                println!("run {id} {}", r.phase);
+                return Ok(ExitCode::SUCCESS);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("error: engine process {pid} did not stop run {id} within 60 s");
+        return Ok(ExitCode::from(1));
+    }
+    let executor = drivetrain_plugins::executor("local").map_err(|e| anyhow::anyhow!(e))?;
+    reap_lost(&state, executor.as_ref(), &id)?;
+    state.finish_run(
+        &id,
+        Phase::Cancelled,
+        Some("cancelled after its engine stopped"),
+    )?;
+    println!("run {id} Cancelled");
+    Ok(ExitCode::SUCCESS)
 }
 
 fn print_event(ev: &RunEvent) {

@@ -393,3 +393,160 @@ fn run_refuses_bad_params_before_starting() {
         "nothing was recorded"
     );
 }
+
+/// Polls until `path` exists (a stage announcing it started), up to 30 s.
+fn wait_for_file(path: &Path) -> String {
+    for _ in 0..300 {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            if !s.trim().is_empty() {
+                return s;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("{} never appeared", path.display());
+}
+
+fn wait_dead(pid: &str) -> bool {
+    for _ in 0..100 {
+        if !pid_alive(pid) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    false
+}
+
+fn spawn_run(home: &Home, file: &Path) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+        .args(["run", file.to_str().unwrap()])
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let id = first
+        .trim()
+        .strip_prefix("run ")
+        .expect("run id first")
+        .to_owned();
+    (child, id)
+}
+
+/// The crash-safety promise: `kill -9` of the engine mid-run loses nothing, and
+/// `resume` finishes the run without executing succeeded stages again.
+#[test]
+fn a_killed_engine_loses_nothing_and_resume_finishes_the_run() {
+    let home = Home::new("kill9");
+    let d = home.dir.display().to_string();
+    let file = home.write(
+        "p.yaml",
+        &format!(
+            r#"
+version: 1
+name: crashy
+stages:
+  first:
+    run: {{command: [sh, -c, 'echo run >> {d}/first-count; echo artifact > "$0/a"', "{{{{ outputs.data }}}}"]}}
+    outputs: [data]
+  second:
+    needs: [first]
+    run: {{command: [sh, -c, 'if [ -e {d}/marker ]; then exit 0; fi; touch {d}/marker; echo $$ > {d}/second.pid; exec sleep 300']}}
+  third:
+    needs: [second]
+    inputs: {{data: first.data}}
+    run: {{command: [cat, "{{{{ inputs.data }}}}/a"]}}
+"#
+        ),
+    );
+    let (mut engine, id) = spawn_run(&home, &file);
+    let orphan = wait_for_file(&home.dir.join("second.pid"));
+    engine.kill().unwrap(); // SIGKILL
+    engine.wait().unwrap();
+
+    let before = home.status(&id);
+    assert_eq!(
+        before["run"]["phase"], "Running",
+        "the record shows the run in flight"
+    );
+    assert_eq!(stage(&before, "second")["phase"], "Running");
+    let manifest = stage(&before, "first")["outputs"]["data"].clone();
+    assert!(
+        pid_alive(&orphan),
+        "the stage outlives the killed engine until resume"
+    );
+
+    let o = home.drivetrain(&["resume", &id]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}\n{}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    assert!(
+        text(&o.stdout).contains("1 of 3 stages succeeded before, 1 attempt(s) lost"),
+        "{}",
+        text(&o.stdout)
+    );
+    assert!(
+        wait_dead(&orphan),
+        "resume stops the orphaned process group"
+    );
+
+    let after = home.status(&id);
+    assert_eq!(after["run"]["phase"], "Succeeded");
+    assert_eq!(
+        std::fs::read_to_string(home.dir.join("first-count")).unwrap(),
+        "run\n",
+        "first ran once"
+    );
+    assert_eq!(stage(&after, "first")["attempts"], 1);
+    assert_eq!(
+        stage(&after, "first")["outputs"]["data"],
+        manifest,
+        "its artifact is the same"
+    );
+    assert_eq!(stage(&after, "second")["attempts"], 2);
+    let attempts = home.drivetrain(&["status", &id, "--output", "json"]);
+    assert!(attempts.status.success());
+    let logs = home.drivetrain(&["logs", &id, "--stage", "third"]);
+    assert_eq!(text(&logs.stdout), "artifact\n");
+}
+
+#[test]
+fn cancel_stops_a_running_run_from_another_process() {
+    let home = Home::new("cancel");
+    let d = home.dir.display().to_string();
+    let file = home.write(
+        "p.yaml",
+        &format!(
+            r#"
+version: 1
+name: long
+stages:
+  long:
+    run: {{command: [sh, -c, 'echo $$ > {d}/long.pid; exec sleep 300']}}
+  after:
+    needs: [long]
+    run: {{command: [echo, after]}}
+"#
+        ),
+    );
+    let (mut engine, id) = spawn_run(&home, &file);
+    let pid = wait_for_file(&home.dir.join("long.pid"));
+    let o = home.drivetrain(&["cancel", &id]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(engine.wait().unwrap().code(), Some(130));
+    assert!(wait_dead(&pid), "the stage's process was stopped");
+    let st = home.status(&id);
+    assert_eq!(st["run"]["phase"], "Cancelled");
+    assert_eq!(stage(&st, "long")["phase"], "Cancelled");
+    assert_eq!(stage(&st, "after")["phase"], "Omitted");
+}

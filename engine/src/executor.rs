@@ -71,4 +71,7 @@ pub trait Executor: Send + Sync {
     /// Starts an attempt. A command that cannot be started because it does not exist is
     /// not an error here: it is a started attempt that `wait`s to `Failed`.
     async fn start(&self, spec: AttemptSpec) -> Result<Box<dyn RunningAttempt>, ExecutorError>;
+    /// Stops an attempt an engine that is gone left behind, found by the handle it
+    /// recorded. Returns whether anything was still running.
+    async fn reap(&self, handle: &str) -> bool;
 }

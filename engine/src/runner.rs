@@ -85,6 +85,16 @@ struct StageResult {
     values: Value,
 }
 
+/// What a resumed run keeps from before: its record and every stage that succeeded.
+#[derive(Debug, Clone)]
+pub struct Resume {
+    pub record: RunRecord,
+    /// Succeeded stages: name → (outputs, values). They are not executed again.
+    pub succeeded: BTreeMap<String, (BTreeMap<String, ArtifactRef>, Value)>,
+    /// The highest attempt number recorded per stage; new attempts count on from it.
+    pub attempts: BTreeMap<String, u32>,
+}
+
 /// Everything attempts share.
 struct Ctx {
     pipeline: Arc<Pipeline>,
@@ -96,6 +106,8 @@ struct Ctx {
     opts: RunOptions,
     events: mpsc::UnboundedSender<RunEvent>,
     cancel: watch::Receiver<bool>,
+    /// Attempt numbers already used, on a resume.
+    prior_attempts: BTreeMap<String, u32>,
 }
 
 /// Runs every stage of `pipeline` once, as run `id`, and records it. Returns when the
@@ -110,10 +122,11 @@ pub async fn run(
     artifacts: ArtifactStore,
     executor: Arc<dyn Executor>,
     opts: RunOptions,
+    resume: Option<Resume>,
     events: mpsc::UnboundedSender<RunEvent>,
     cancel: watch::Receiver<bool>,
 ) -> Result<RunSummary, RunError> {
-    let record = RunRecord {
+    let fresh = RunRecord {
         id: id.clone(),
         pipeline: pipeline.name.clone(),
         file: opts.file.clone(),
@@ -125,8 +138,18 @@ pub async fn run(
         created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         finished_at: None,
         reason: None,
+        engine_pid: Some(i64::from(std::process::id())),
     };
-    state.create_run(&record)?;
+    let (record, prior, prior_attempts) = match resume {
+        Some(r) => {
+            state.reopen_run(&id, std::process::id())?;
+            (r.record, r.succeeded, r.attempts)
+        }
+        None => {
+            state.create_run(&fresh)?;
+            (fresh, BTreeMap::new(), BTreeMap::new())
+        }
+    };
     let n = pipeline.stages.len();
     let slots = Arc::new(Semaphore::new(opts.parallelism.max(1)));
     // Attempts stop on `stop`: set by the caller's cancel, or by fail-fast.
@@ -150,6 +173,7 @@ pub async fn run(
         opts,
         events,
         cancel: stop_rx,
+        prior_attempts,
     });
 
     let mut results: Vec<Option<StageResult>> = vec![None; n];
@@ -164,6 +188,28 @@ pub async fn run(
         .copied()
         .filter(|id| waiting[id.index()] == 0)
         .collect();
+    // A resumed run starts from what already succeeded: those stages end at once.
+    let mut resumed: Vec<StageId> = Vec::new();
+    for &id in &pipeline.order {
+        if let Some((outputs, values)) = prior.get(&pipeline.stage(id).name) {
+            resumed.push(id);
+            ready.retain(|r| *r != id);
+            let result = StageResult {
+                phase: Phase::Succeeded,
+                outputs: outputs.clone(),
+                values: values.clone(),
+            };
+            finish(
+                &pipeline,
+                id,
+                result,
+                &mut results,
+                &mut waiting,
+                &mut ready,
+            );
+        }
+    }
+    ready.retain(|r| !resumed.contains(r));
 
     loop {
         // Decide every ready stage; decisions that end a stage at once may make more ready.
@@ -413,11 +459,12 @@ async fn execute(
         Action::Command { .. } => None,
     };
     if let Some(reason) = unsupported {
-        ctx.state.start_attempt(&ctx.run.id, &stage.name, 1)?;
+        let attempt = ctx.prior_attempts.get(&stage.name).copied().unwrap_or(0) + 1;
+        ctx.state.start_attempt(&ctx.run.id, &stage.name, attempt)?;
         ctx.state.finish_attempt(
             &ctx.run.id,
             &stage.name,
-            1,
+            attempt,
             Phase::Error,
             None,
             Some(&reason),
@@ -431,7 +478,8 @@ async fn execute(
         );
     }
 
-    let mut attempt = 0u32;
+    let mut attempt = ctx.prior_attempts.get(&stage.name).copied().unwrap_or(0);
+    let first_attempt = attempt + 1;
     loop {
         attempt += 1;
         let key = AttemptKey {
@@ -494,7 +542,7 @@ async fn execute(
             exit,
             Some(&reason),
         )?;
-        if attempt <= stage.retries.limit
+        if attempt - first_attempt < stage.retries.limit
             && retryable(&stage.retries, class, exit)
             && !*ctx.cancel.borrow()
         {

@@ -129,6 +129,8 @@ pub struct RunRecord {
     pub created_at: String,
     pub finished_at: Option<String>,
     pub reason: Option<String>,
+    /// The process of the engine running it, while it runs.
+    pub engine_pid: Option<i64>,
 }
 
 /// A stage of a run as recorded.
@@ -167,6 +169,8 @@ pub trait StateStore: Send + Sync {
     fn create_run(&self, run: &RunRecord) -> Result<(), StateError>;
     fn finish_run(&self, run: &RunId, phase: Phase, reason: Option<&str>)
         -> Result<(), StateError>;
+    /// Marks a run `Running` again under engine process `pid` (a resume).
+    fn reopen_run(&self, run: &RunId, pid: u32) -> Result<(), StateError>;
     fn run(&self, run: &RunId) -> Result<RunRecord, StateError>;
     /// The most recent runs first.
     fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StateError>;
@@ -210,7 +214,8 @@ pub trait StateStore: Send + Sync {
 }
 
 /// The schema, one migration per step; `user_version` says how many have run.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE runs (
     id TEXT PRIMARY KEY,
     pipeline TEXT NOT NULL,
@@ -250,7 +255,11 @@ CREATE TABLE attempts (
     PRIMARY KEY (run_id, stage, attempt)
 );
 CREATE INDEX runs_by_time ON runs(created_at);
-"#];
+"#,
+    // 2: the process running a run, so `cancel` can reach it and `resume` can tell a
+    // dead engine from a live one.
+    "ALTER TABLE runs ADD COLUMN engine_pid INTEGER",
+];
 
 /// The embedded SQLite state store.
 #[derive(Debug)]
@@ -327,18 +336,19 @@ fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
         created_at: r.get(8)?,
         finished_at: r.get(9)?,
         reason: r.get(10)?,
+        engine_pid: r.get(11)?,
     })
 }
 
-const RUN_COLUMNS: &str =
-    "id, pipeline, file, spec_digest, params, trigger, parent, phase, created_at, finished_at, reason";
+const RUN_COLUMNS: &str = "id, pipeline, file, spec_digest, params, trigger, parent, phase, \
+     created_at, finished_at, reason, engine_pid";
 
 impl StateStore for SqliteState {
     fn create_run(&self, run: &RunRecord) -> Result<(), StateError> {
         self.with(|c| {
             c.execute(
-                "INSERT INTO runs (id, pipeline, file, spec_digest, params, trigger, parent, phase, created_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                "INSERT INTO runs (id, pipeline, file, spec_digest, params, trigger, parent, phase, \
+                 created_at, engine_pid) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
                 params![
                     run.id.0,
                     run.pipeline,
@@ -349,6 +359,7 @@ impl StateStore for SqliteState {
                     run.parent.as_ref().map(|p| &p.0),
                     run.phase.as_str(),
                     run.created_at,
+                    run.engine_pid,
                 ],
             )
             .map(|_| ())
@@ -364,11 +375,27 @@ impl StateStore for SqliteState {
     ) -> Result<(), StateError> {
         self.with(|c| {
             c.execute(
-                "UPDATE runs SET phase = ?2, finished_at = ?3, reason = ?4 WHERE id = ?1",
+                "UPDATE runs SET phase = ?2, finished_at = ?3, reason = ?4, engine_pid = NULL WHERE id = ?1",
                 params![run.0, phase.as_str(), now(), reason],
             )
             .map(|_| ())
             .map_err(sql(format!("finish run {run}")))
+        })
+    }
+
+    fn reopen_run(&self, run: &RunId, pid: u32) -> Result<(), StateError> {
+        self.with(|c| {
+            let n = c
+                .execute(
+                    "UPDATE runs SET phase = 'Running', finished_at = NULL, reason = NULL, engine_pid = ?2 \
+                     WHERE id = ?1",
+                    params![run.0, pid],
+                )
+                .map_err(sql(format!("reopen run {run}")))?;
+            if n == 0 {
+                return Err(StateError::UnknownRun(run.0.clone()));
+            }
+            Ok(())
         })
     }
 
@@ -578,6 +605,7 @@ mod tests {
             created_at: now(),
             finished_at: None,
             reason: None,
+            engine_pid: Some(7),
         }
     }
 
@@ -608,6 +636,10 @@ mod tests {
 
         let r = s.run(&id).unwrap();
         assert_eq!(r.phase, Phase::Succeeded);
+        assert_eq!(r.engine_pid, None);
+        s.reopen_run(&id, 9).unwrap();
+        assert_eq!(s.run(&id).unwrap().phase, Phase::Running);
+        assert_eq!(s.run(&id).unwrap().engine_pid, Some(9));
         assert!(r.finished_at.is_some());
         let stages = s.stages(&id).unwrap();
         assert_eq!(stages.len(), 2);

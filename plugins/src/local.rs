@@ -134,6 +134,19 @@ impl Executor for LocalExecutor {
         "local"
     }
 
+    async fn reap(&self, handle: &str) -> bool {
+        let Some(pgid) = handle
+            .strip_prefix("pgid:")
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            return false;
+        };
+        if pgid <= 1 {
+            return false;
+        }
+        killpg(Pid::from_raw(pgid), Signal::SIGKILL).is_ok()
+    }
+
     async fn start(&self, spec: AttemptSpec) -> Result<Box<dyn RunningAttempt>, ExecutorError> {
         let Some(program) = spec.argv.first().cloned() else {
             return Err(ExecutorError("empty argv".into()));
