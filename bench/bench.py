@@ -80,12 +80,49 @@ def measure(cmd, repeats):
     return statistics.median(walls), (max(rss) if rss else None)
 
 
+def run_pipeline(n, wide):
+    lines = ["version: 1", f"name: {'wide' if wide else 'chain'}-{n}", "stages:"]
+    for i in range(n):
+        lines.append(f"  s{i:04d}:")
+        if i > 0 and not wide:
+            lines.append(f"    needs: [s{i - 1:04d}]")
+        lines.append("    run: {command: [/bin/true]}")
+    return "\n".join(lines) + "\n"
+
+
+def engine_overhead(binary, repeats, stages=100):
+    """Engine overhead per stage: `drivetrain run` of a 100-stage chain and a 100-wide
+    fan-out of `true`, minus 100 fork+execs of `true` by a shell, in the same run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        chain = os.path.join(tmp, "chain.yaml")
+        wide = os.path.join(tmp, "wide.yaml")
+        with open(chain, "w") as f:
+            f.write(run_pipeline(stages, wide=False))
+        with open(wide, "w") as f:
+            f.write(run_pipeline(stages, wide=True))
+        home = os.path.join(tmp, "home")
+        base = measure(["sh", "-c", f"for i in $(seq {stages}); do /bin/true; done"], repeats)
+        rows = [(f"baseline: {stages} × fork+exec of true (sh loop)", base)]
+        for label, path, par in [
+            (f"run {stages}-stage chain", chain, "1"),
+            (f"run {stages}-wide fan-out (--parallelism 2)", wide, "2"),
+        ]:
+            rows.append((label, measure([binary, "--home", home, "run", path, "--parallelism", par], repeats)))
+        print(f"\n| command | median wall | peak RSS | engine overhead per stage |")
+        print("|---|---:|---:|---:|")
+        for label, (wall, rss) in rows:
+            per = "" if label.startswith("baseline") else f"{(wall - base[0]) / stages * 1000:.2f} ms"
+            shown = f"{rss / 1024:.1f} MiB" if rss else "n/a"
+            print(f"| {label} | {wall * 1000:.1f} ms | {shown} | {per} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--stages", type=int, default=10_000)
     ap.add_argument("--edges", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--suite", choices=["all", "validate", "run"], default="all")
     ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "drivetrain"))
     args = ap.parse_args()
     target = os.environ.get("CARGO_TARGET_DIR")
@@ -96,6 +133,10 @@ def main():
         if not os.path.exists(b):
             sys.exit(f"build first: cargo build --release --workspace ({b} missing)")
 
+    if args.suite in ("all", "run"):
+        engine_overhead(args.binary, args.repeats)
+    if args.suite == "run":
+        return
     with tempfile.TemporaryDirectory() as tmp:
         big = os.path.join(tmp, "big.yaml")
         text = generate(args.stages, args.edges, args.seed)
