@@ -550,3 +550,70 @@ stages:
     assert_eq!(stage(&st, "long")["phase"], "Cancelled");
     assert_eq!(stage(&st, "after")["phase"], "Omitted");
 }
+
+#[test]
+fn map_stages_fan_out_and_fan_in() {
+    let home = Home::new("map");
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: fanout
+params:
+  drives: {type: list, default: [d1, d2, d3, bad, d5]}
+stages:
+  list:
+    run: {command: [sh, -c, 'echo "[{\"drive\": \"x\", \"n\": 1}, {\"drive\": \"y\", \"n\": 2}]" > "$0/items.json"', "{{ outputs.items }}"]}
+    outputs: [items]
+  per-drive:
+    map: {param: drives, max_parallel: 2, min_success_ratio: 0.8}
+    run:
+      command: [sh, -c, 'test "$0" != bad && echo "$0 $DRIVETRAIN_ITEM_INDEX" > "$1/frames.txt"', "{{ item }}", "{{ outputs.frames }}"]
+    outputs: [frames]
+  per-record:
+    map: {from: list.items}
+    run:
+      command: [sh, -c, 'echo "$0:$1" > "$2/r.txt"', "{{ item.drive }}", "{{ item.n }}", "{{ outputs.out }}"]
+    outputs: [out]
+  strict:
+    map: {items: [ok, fail]}
+    run: {command: [sh, -c, 'test "$0" = ok', "{{ item }}"]}
+  collect:
+    inputs: {frames: per-drive.frames, records: per-record.out}
+    run: {command: [sh, -c, 'cat "$0"/*/frames.txt "$1"/*/r.txt', "{{ inputs.frames }}", "{{ inputs.records }}"]}
+"#,
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "strict fails the run: {}",
+        text(&o.stdout)
+    );
+    let id = run_id(&o);
+    let st = home.status(&id);
+    let per_drive = stage(&st, "per-drive");
+    assert_eq!(per_drive["phase"], "Succeeded", "{per_drive}");
+    assert_eq!(
+        per_drive["values"],
+        serde_json::json!({"items": 5, "succeeded": 4, "failed": 1})
+    );
+    assert_eq!(
+        per_drive["reason"],
+        "1 of 5 items failed, within min_success_ratio"
+    );
+    let strict = stage(&st, "strict");
+    assert_eq!(strict["phase"], "Failed");
+    assert!(
+        strict["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("1 of 2 items succeeded, 2 needed"),
+        "{strict}"
+    );
+    assert_eq!(stage(&st, "collect")["phase"], "Succeeded");
+    let logs = home.drivetrain(&["logs", &id, "--stage", "collect"]);
+    let mut lines: Vec<String> = text(&logs.stdout).lines().map(str::to_owned).collect();
+    lines.sort();
+    assert_eq!(lines, ["d1 0", "d2 1", "d3 2", "d5 4", "x:1", "y:2"]);
+}

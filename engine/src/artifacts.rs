@@ -66,8 +66,13 @@ fn store_err(what: impl Into<String>) -> impl FnOnce(object_store::Error) -> Art
 /// One object of an artifact.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ManifestEntry {
-    /// Relative to the artifact's prefix, `/`-separated.
+    /// Where the object goes when the artifact is materialized, `/`-separated; also its
+    /// key under the manifest's prefix unless `key` says otherwise.
     pub path: String,
+    /// The object's full key, for artifacts that collect objects of other artifacts (the
+    /// fan-in of a map stage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
     pub size: u64,
     pub etag: Option<String>,
 }
@@ -206,19 +211,58 @@ impl ArtifactStore {
                 .map_err(store_err(format!("stat {key}")))?;
             entries.push(ManifestEntry {
                 path: rel,
+                key: None,
                 size: meta.size,
                 etag: meta.e_tag,
             });
         }
+        let manifest_key = format!("{}/manifests/{output}.json", attempt.prefix());
+        self.write_manifest(manifest_key, output, prefix, entries)
+            .await
+    }
+
+    /// Publishes output `output` of a map stage as the collection of every succeeded
+    /// item's artifact: item `i`'s files appear under `i/`. No object is copied.
+    pub async fn publish_collection(
+        &self,
+        attempt: &AttemptKey,
+        output: &str,
+        items: &[(usize, ArtifactRef)],
+    ) -> Result<ArtifactRef, ArtifactError> {
+        let mut entries = Vec::new();
+        for (i, art) in items {
+            let m = self.manifest(art).await?;
+            for f in m.files {
+                let key = f.key.unwrap_or_else(|| format!("{}/{}", m.prefix, f.path));
+                entries.push(ManifestEntry {
+                    path: format!("{i}/{}", f.path),
+                    key: Some(key),
+                    size: f.size,
+                    etag: f.etag,
+                });
+            }
+        }
+        let manifest_key = format!("{}/manifests/{output}.json", attempt.prefix());
+        let prefix = format!("{}/items", attempt.prefix());
+        self.write_manifest(manifest_key, output, prefix, entries)
+            .await
+    }
+
+    async fn write_manifest(
+        &self,
+        manifest_key: String,
+        output: &str,
+        prefix: String,
+        entries: Vec<ManifestEntry>,
+    ) -> Result<ArtifactRef, ArtifactError> {
         let manifest = Manifest {
             output: output.to_owned(),
-            prefix: prefix.clone(),
+            prefix,
             size: entries.iter().map(|e| e.size).sum(),
             files: entries,
         };
         let bytes = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
         let digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
-        let manifest_key = format!("{}/manifests/{output}.json", attempt.prefix());
         self.store
             .put(&Path::from(manifest_key.as_str()), PutPayload::from(bytes))
             .await
@@ -283,7 +327,10 @@ impl ArtifactStore {
         let manifest = self.manifest(artifact).await?;
         std::fs::create_dir_all(dest).map_err(io(format!("create {}", dest.display())))?;
         for f in &manifest.files {
-            let key = Path::from(format!("{}/{}", manifest.prefix, f.path));
+            let key = match &f.key {
+                Some(k) => Path::from(k.as_str()),
+                None => Path::from(format!("{}/{}", manifest.prefix, f.path)),
+            };
             let target = dest.join(&f.path);
             if let Some(parent) = target.parent() {
                 std::fs::create_dir_all(parent)

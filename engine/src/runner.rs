@@ -19,7 +19,7 @@ use tokio::task::JoinSet;
 
 use crate::artifacts::{ArtifactRef, ArtifactStore, AttemptKey};
 use crate::executor::{AttemptOutcome, AttemptSpec, Executor};
-use crate::plan::{Action, Pipeline, RetryPolicy, Stage, StageId};
+use crate::plan::{Action, MapSource, Pipeline, RetryPolicy, Stage, StageId};
 use crate::spec::{ErrorClass, RetryOn};
 use crate::state::{Phase, RunId, RunRecord, StateError, StateStore};
 use crate::template::{value_text, Ref, Template};
@@ -106,6 +106,8 @@ struct Ctx {
     opts: RunOptions,
     events: mpsc::UnboundedSender<RunEvent>,
     cancel: watch::Receiver<bool>,
+    /// The run's parallelism: attempts (and map items) hold one slot each.
+    slots: Arc<Semaphore>,
     /// Attempt numbers already used, on a resume.
     prior_attempts: BTreeMap<String, u32>,
 }
@@ -173,6 +175,7 @@ pub async fn run(
         opts,
         events,
         cancel: stop_rx,
+        slots: slots.clone(),
         prior_attempts,
     });
 
@@ -247,8 +250,13 @@ pub async fn run(
                     let inputs = upstream_results(&pipeline, id, &results);
                     let ctx = ctx.clone();
                     let slots = slots.clone();
+                    // A map stage's items take the slots, one each; the stage itself none.
+                    let is_map = pipeline.stage(id).map.is_some();
                     tasks.spawn(async move {
-                        let _permit = slots.acquire_owned().await.expect("never closed");
+                        let _permit = match is_map {
+                            true => None,
+                            false => Some(slots.acquire_owned().await.expect("never closed")),
+                        };
                         (id, execute(&ctx, id, inputs).await)
                     });
                 }
@@ -415,6 +423,22 @@ fn lookup_value(
     }
 }
 
+/// Which record an attempt loop writes: the stage's own attempts, or one map item's.
+#[derive(Debug, Clone, Copy)]
+enum Track<'v> {
+    Stage,
+    Item { index: usize, item: &'v Value },
+}
+
+/// How an attempt loop ended.
+struct LoopEnd {
+    phase: Phase,
+    exit: Option<i32>,
+    reason: Option<String>,
+    outputs: BTreeMap<String, ArtifactRef>,
+    values: Value,
+}
+
 /// Runs one stage to its end: attempts, retries, publishing.
 async fn execute(
     ctx: &Ctx,
@@ -423,143 +447,337 @@ async fn execute(
 ) -> Result<StageResult, RunError> {
     let stage = ctx.pipeline.stage(id);
     let started = Instant::now();
-    let end = |phase: Phase,
-               exit: Option<i32>,
-               reason: Option<String>,
-               outputs,
-               values|
-     -> Result<StageResult, RunError> {
-        ctx.state
-            .set_stage(&ctx.run.id, &stage.name, phase, exit, reason.as_deref())?;
-        let _ = ctx.events.send(RunEvent::Finished {
-            stage: stage.name.clone(),
-            phase,
-            reason,
-            elapsed: started.elapsed(),
-        });
-        Ok(StageResult {
-            phase,
-            outputs,
-            values,
-        })
-    };
     let unsupported = match &stage.action {
         Action::Step { name, .. } => Some(format!(
             "built-in step `{name}` cannot run yet: the steps land with the driving-loop issue"
         )),
-        Action::Command { .. } if stage.map.is_some() => {
-            Some("`map` stages cannot run yet".to_owned())
-        }
-        Action::Command { .. }
-            if !stage.secrets.is_empty()
-                && stage.secrets.iter().any(|s| s.mount_path.is_some()) =>
-        {
+        Action::Command { .. } if stage.secrets.iter().any(|s| s.mount_path.is_some()) => {
             Some("secrets mounted as files are not supported by the local executor".to_owned())
         }
         Action::Command { .. } => None,
     };
-    if let Some(reason) = unsupported {
-        let attempt = ctx.prior_attempts.get(&stage.name).copied().unwrap_or(0) + 1;
-        ctx.state.start_attempt(&ctx.run.id, &stage.name, attempt)?;
-        ctx.state.finish_attempt(
-            &ctx.run.id,
-            &stage.name,
-            attempt,
-            Phase::Error,
-            None,
-            Some(&reason),
-        )?;
-        return end(
-            Phase::Error,
-            None,
-            Some(reason),
-            BTreeMap::new(),
-            Value::Null,
-        );
+    let end = match unsupported {
+        Some(reason) => {
+            let attempt = ctx.prior_attempts.get(&stage.name).copied().unwrap_or(0) + 1;
+            ctx.state.start_attempt(&ctx.run.id, &stage.name, attempt)?;
+            ctx.state.finish_attempt(
+                &ctx.run.id,
+                &stage.name,
+                attempt,
+                Phase::Error,
+                None,
+                Some(&reason),
+            )?;
+            LoopEnd {
+                phase: Phase::Error,
+                exit: None,
+                reason: Some(reason),
+                outputs: BTreeMap::new(),
+                values: Value::Null,
+            }
+        }
+        None if stage.map.is_some() => execute_map(ctx, stage, &upstream).await?,
+        None => {
+            let first = ctx.prior_attempts.get(&stage.name).copied().unwrap_or(0) + 1;
+            attempt_loop(ctx, stage, Track::Stage, &upstream, first).await?
+        }
+    };
+    ctx.state.set_stage(
+        &ctx.run.id,
+        &stage.name,
+        end.phase,
+        end.exit,
+        end.reason.as_deref(),
+    )?;
+    if end.phase == Phase::Succeeded {
+        let outputs_json = serde_json::to_value(&end.outputs).unwrap_or_default();
+        ctx.state
+            .set_stage_results(&ctx.run.id, &stage.name, &outputs_json, &end.values)?;
     }
+    let _ = ctx.events.send(RunEvent::Finished {
+        stage: stage.name.clone(),
+        phase: end.phase,
+        reason: end.reason,
+        elapsed: started.elapsed(),
+    });
+    Ok(StageResult {
+        phase: end.phase,
+        outputs: end.outputs,
+        values: end.values,
+    })
+}
 
-    let mut attempt = ctx.prior_attempts.get(&stage.name).copied().unwrap_or(0);
-    let first_attempt = attempt + 1;
+/// Attempts of a stage (or of one item of a map stage) until one succeeds, the retry
+/// policy gives up, or the run is cancelled; each attempt recorded before it starts.
+async fn attempt_loop(
+    ctx: &Ctx,
+    stage: &Stage,
+    track: Track<'_>,
+    upstream: &BTreeMap<StageId, StageResult>,
+    first: u32,
+) -> Result<LoopEnd, RunError> {
+    let run = &ctx.run.id;
+    let mut attempt = first - 1;
     loop {
         attempt += 1;
         let key = AttemptKey {
-            run: ctx.run.id.0.clone(),
-            stage: stage.name.clone(),
+            run: run.0.clone(),
+            stage: match track {
+                Track::Stage => stage.name.clone(),
+                Track::Item { index, .. } => format!("{}/items/{index}", stage.name),
+            },
             attempt,
         };
-        ctx.state.start_attempt(&ctx.run.id, &stage.name, attempt)?;
-        let _ = ctx.events.send(RunEvent::Started {
-            stage: stage.name.clone(),
-            attempt,
-        });
-        let result = run_attempt(ctx, stage, &key, &upstream).await;
+        match track {
+            Track::Stage => {
+                ctx.state.start_attempt(run, &stage.name, attempt)?;
+                let _ = ctx.events.send(RunEvent::Started {
+                    stage: stage.name.clone(),
+                    attempt,
+                });
+            }
+            Track::Item { index, .. } => ctx.state.start_item(run, &stage.name, index, attempt)?,
+        }
+        let result = run_attempt(ctx, stage, track, &key, upstream).await;
         let (phase, exit, reason, class) = match result {
             Ok(AttemptEnd::Succeeded { outputs, values }) => {
-                ctx.state.finish_attempt(
-                    &ctx.run.id,
-                    &stage.name,
-                    attempt,
-                    Phase::Succeeded,
-                    Some(0),
-                    None,
-                )?;
-                let outputs_json = serde_json::to_value(&outputs).unwrap_or_default();
-                ctx.state
-                    .set_stage(&ctx.run.id, &stage.name, Phase::Succeeded, Some(0), None)?;
-                ctx.state
-                    .set_stage_results(&ctx.run.id, &stage.name, &outputs_json, &values)?;
-                return end(Phase::Succeeded, Some(0), None, outputs, values);
+                if let Track::Stage = track {
+                    ctx.state.finish_attempt(
+                        run,
+                        &stage.name,
+                        attempt,
+                        Phase::Succeeded,
+                        Some(0),
+                        None,
+                    )?;
+                }
+                return Ok(LoopEnd {
+                    phase: Phase::Succeeded,
+                    exit: Some(0),
+                    reason: None,
+                    outputs,
+                    values,
+                });
             }
             Ok(AttemptEnd::Failed {
                 exit_code,
                 reason,
                 class,
             }) => (Phase::Failed, exit_code, reason, class),
-            Ok(AttemptEnd::Cancelled) => {
-                ctx.state.finish_attempt(
-                    &ctx.run.id,
-                    &stage.name,
-                    attempt,
-                    Phase::Cancelled,
-                    None,
-                    Some("cancelled"),
-                )?;
-                return end(
-                    Phase::Cancelled,
-                    None,
-                    Some("cancelled".into()),
-                    BTreeMap::new(),
-                    Value::Null,
-                );
-            }
+            Ok(AttemptEnd::Cancelled) => (
+                Phase::Cancelled,
+                None,
+                "cancelled".to_owned(),
+                ErrorClass::Error,
+            ),
             Err(reason) => (Phase::Error, None, reason, ErrorClass::Error),
         };
-        ctx.state.finish_attempt(
-            &ctx.run.id,
-            &stage.name,
-            attempt,
-            phase,
-            exit,
-            Some(&reason),
-        )?;
-        if attempt - first_attempt < stage.retries.limit
+        if let Track::Stage = track {
+            ctx.state
+                .finish_attempt(run, &stage.name, attempt, phase, exit, Some(&reason))?;
+        }
+        let retry = phase != Phase::Cancelled
+            && attempt - first < stage.retries.limit
             && retryable(&stage.retries, class, exit)
-            && !*ctx.cancel.borrow()
-        {
+            && !*ctx.cancel.borrow();
+        if retry {
             let delay = backoff(&stage.retries, attempt, &key);
-            let _ = ctx.events.send(RunEvent::Retrying {
-                stage: stage.name.clone(),
-                attempt: attempt + 1,
-                delay,
-                reason: first_line(&reason),
-            });
+            if let Track::Stage = track {
+                let _ = ctx.events.send(RunEvent::Retrying {
+                    stage: stage.name.clone(),
+                    attempt: attempt + 1,
+                    delay,
+                    reason: first_line(&reason),
+                });
+            }
             let mut cancel = ctx.cancel.clone();
             tokio::select! {
                 _ = tokio::time::sleep(delay) => continue,
                 _ = cancel.changed() => {}
             }
         }
-        return end(phase, exit, Some(reason), BTreeMap::new(), Value::Null);
+        return Ok(LoopEnd {
+            phase,
+            exit,
+            reason: Some(reason),
+            outputs: BTreeMap::new(),
+            values: Value::Null,
+        });
+    }
+}
+
+/// A map stage: one attempt loop per item, at most `max_parallel` at once (and never
+/// more than the run's parallelism), items recorded in the state store. Each output of
+/// the stage is the collection of the succeeded items' outputs (`i/…`).
+async fn execute_map(
+    ctx: &Ctx,
+    stage: &Stage,
+    upstream: &BTreeMap<StageId, StageResult>,
+) -> Result<LoopEnd, RunError> {
+    use futures::StreamExt;
+    let map = stage.map.as_ref().expect("a map stage");
+    let failed = |reason: String| LoopEnd {
+        phase: Phase::Failed,
+        exit: None,
+        reason: Some(reason),
+        outputs: BTreeMap::new(),
+        values: Value::Null,
+    };
+    let items: Vec<Value> = match &map.source {
+        MapSource::Items(items) => items.clone(),
+        MapSource::Param(p) => match ctx.params.get(p) {
+            Some(Value::Array(items)) => items.clone(),
+            _ => return Ok(failed(format!("param `{p}` is not a list"))),
+        },
+        MapSource::From {
+            stage: from,
+            output,
+        } => {
+            let Some(art) = upstream.get(from).and_then(|r| r.outputs.get(output)) else {
+                return Ok(failed(format!("map source `{output}` has no artifact")));
+            };
+            match read_items(ctx, art).await {
+                Ok(items) => items,
+                Err(reason) => return Ok(failed(reason)),
+            }
+        }
+    };
+    ctx.state.add_map_items(&ctx.run.id, &stage.name, &items)?;
+    let _ = ctx.events.send(RunEvent::Started {
+        stage: format!("{} ({} items)", stage.name, items.len()),
+        attempt: 1,
+    });
+    let limit = map
+        .max_parallel
+        .map(|m| m as usize)
+        .unwrap_or(usize::MAX)
+        .clamp(1, ctx.opts.parallelism.max(1));
+    let items_ref = &items;
+    let results = futures::stream::iter(0..items.len())
+        .map(|index| run_item(ctx, stage, index, &items_ref[index], upstream))
+        .buffer_unordered(limit);
+    futures::pin_mut!(results);
+    let (mut succeeded, mut failures, mut cancelled) = (Vec::new(), 0usize, false);
+    let mut first_failure: Option<String> = None;
+    while let Some(r) = results.next().await {
+        let (index, end) = r?;
+        match end.phase {
+            Phase::Succeeded => succeeded.push((index, end.outputs)),
+            Phase::Cancelled => cancelled = true,
+            _ => {
+                failures += 1;
+                if first_failure.is_none() {
+                    first_failure = end
+                        .reason
+                        .map(|r| format!("item {index}: {}", first_line(&r)));
+                }
+            }
+        }
+    }
+    succeeded.sort_by_key(|(i, _)| *i);
+    let n = items.len();
+    let values = serde_json::json!({"items": n, "succeeded": succeeded.len(), "failed": failures});
+    if cancelled {
+        return Ok(LoopEnd {
+            phase: Phase::Cancelled,
+            exit: None,
+            reason: Some("cancelled".into()),
+            outputs: BTreeMap::new(),
+            values,
+        });
+    }
+    let needed = (map.min_success_ratio * n as f64).ceil() as usize;
+    if succeeded.len() < needed {
+        let mut end = failed(format!(
+            "{} of {n} items succeeded, {needed} needed (min_success_ratio {}); {}",
+            succeeded.len(),
+            map.min_success_ratio,
+            first_failure.unwrap_or_default()
+        ));
+        end.values = values;
+        return Ok(end);
+    }
+    let key = AttemptKey {
+        run: ctx.run.id.0.clone(),
+        stage: stage.name.clone(),
+        attempt: 1,
+    };
+    let mut outputs = BTreeMap::new();
+    for o in &stage.outputs {
+        let parts: Vec<(usize, ArtifactRef)> = succeeded
+            .iter()
+            .filter_map(|(i, outs)| outs.get(&o.name).map(|a| (*i, a.clone())))
+            .collect();
+        match ctx
+            .artifacts
+            .publish_collection(&key, &o.name, &parts)
+            .await
+        {
+            Ok(a) => {
+                outputs.insert(o.name.clone(), a);
+            }
+            Err(e) => {
+                return Ok(LoopEnd {
+                    phase: Phase::Error,
+                    exit: None,
+                    reason: Some(format!("cannot publish output `{}`: {e}", o.name)),
+                    outputs: BTreeMap::new(),
+                    values,
+                })
+            }
+        }
+    }
+    Ok(LoopEnd {
+        phase: Phase::Succeeded,
+        exit: None,
+        reason: (failures > 0)
+            .then(|| format!("{failures} of {n} items failed, within min_success_ratio")),
+        outputs,
+        values,
+    })
+}
+
+/// One item of a map stage, holding one of the run's slots while it runs.
+async fn run_item(
+    ctx: &Ctx,
+    stage: &Stage,
+    index: usize,
+    item: &Value,
+    upstream: &BTreeMap<StageId, StageResult>,
+) -> Result<(usize, LoopEnd), RunError> {
+    let _permit = ctx.slots.acquire().await.expect("never closed");
+    let end = attempt_loop(ctx, stage, Track::Item { index, item }, upstream, 1).await?;
+    let outputs = serde_json::to_value(&end.outputs).unwrap_or_default();
+    ctx.state.finish_item(
+        &ctx.run.id,
+        &stage.name,
+        index,
+        end.phase,
+        end.reason.as_deref(),
+        &outputs,
+    )?;
+    Ok((index, end))
+}
+
+/// The items of a `map.from` source: `items.json` in the artifact, a JSON list.
+async fn read_items(ctx: &Ctx, art: &ArtifactRef) -> Result<Vec<Value>, String> {
+    let dir = ctx
+        .opts
+        .work_dir
+        .join(&ctx.run.id.0)
+        .join("map-sources")
+        .join(art.digest.replace(':', "-"));
+    let _ = std::fs::remove_dir_all(&dir);
+    ctx.artifacts
+        .materialize(art, &dir)
+        .await
+        .map_err(|e| format!("cannot read the map source: {e}"))?;
+    let text = std::fs::read(dir.join("items.json"))
+        .map_err(|_| "the map source has no items.json".to_owned())?;
+    let _ = std::fs::remove_dir_all(&dir);
+    match serde_json::from_slice(&text) {
+        Ok(Value::Array(items)) => Ok(items),
+        _ => Err("the map source's items.json is not a JSON list".into()),
     }
 }
 
@@ -617,6 +835,7 @@ enum AttemptEnd {
 async fn run_attempt(
     ctx: &Ctx,
     stage: &Stage,
+    track: Track<'_>,
     key: &AttemptKey,
     upstream: &BTreeMap<StageId, StageResult>,
 ) -> Result<AttemptEnd, String> {
@@ -663,10 +882,21 @@ async fn run_attempt(
         output_paths.insert(o.name.clone(), p.display().to_string());
     }
     let values_path = dir.join("values.json");
+    let item = match track {
+        Track::Item { item, .. } => Some(item),
+        Track::Stage => None,
+    };
     let render = |t: &Template| -> String {
         t.render(|r| match r {
             Ref::Input(n) => input_paths.get(n).cloned(),
             Ref::Output(n) => output_paths.get(n).cloned(),
+            Ref::Item(keys) => {
+                let mut v = item?;
+                for k in keys {
+                    v = v.get(k)?;
+                }
+                Some(value_text(v))
+            }
             other => lookup_value(&ctx.pipeline, ctx, upstream, other).map(|v| value_text(&v)),
         })
     };
@@ -694,6 +924,10 @@ async fn run_attempt(
         ),
         ("DRIVETRAIN_STORE".into(), ctx.artifacts.url().to_owned()),
     ];
+    if let Track::Item { index, item } = track {
+        env.push(("DRIVETRAIN_ITEM".into(), value_text(item)));
+        env.push(("DRIVETRAIN_ITEM_INDEX".into(), index.to_string()));
+    }
     for (name, path) in &input_paths {
         env.push((
             format!("DRIVETRAIN_INPUT_{}", env_suffix(name)),

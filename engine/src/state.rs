@@ -5,6 +5,7 @@
 //! migrations. A transition is written (and committed) before the engine acts on it, so an
 //! engine killed at any point leaves a record of what it was doing.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 use std::sync::Mutex;
@@ -211,6 +212,33 @@ pub trait StateStore: Send + Sync {
         reason: Option<&str>,
     ) -> Result<(), StateError>;
     fn attempts(&self, run: &RunId) -> Result<Vec<AttemptRecord>, StateError>;
+    /// Records the items of a map stage as `Pending` (replacing earlier ones).
+    fn add_map_items(
+        &self,
+        run: &RunId,
+        stage: &str,
+        items: &[serde_json::Value],
+    ) -> Result<(), StateError>;
+    /// Records an item's attempt as `Running`.
+    fn start_item(
+        &self,
+        run: &RunId,
+        stage: &str,
+        idx: usize,
+        attempt: u32,
+    ) -> Result<(), StateError>;
+    /// Records how an item ended.
+    fn finish_item(
+        &self,
+        run: &RunId,
+        stage: &str,
+        idx: usize,
+        phase: Phase,
+        reason: Option<&str>,
+        outputs: &serde_json::Value,
+    ) -> Result<(), StateError>;
+    /// How many items of a map stage are in each phase.
+    fn item_counts(&self, run: &RunId, stage: &str) -> Result<BTreeMap<String, u64>, StateError>;
 }
 
 /// The schema, one migration per step; `user_version` says how many have run.
@@ -259,6 +287,21 @@ CREATE INDEX runs_by_time ON runs(created_at);
     // 2: the process running a run, so `cancel` can reach it and `resume` can tell a
     // dead engine from a live one.
     "ALTER TABLE runs ADD COLUMN engine_pid INTEGER",
+    // 3: the items of map stages, one row each, so a map of 100,000 items is not held
+    // in the engine's memory.
+    r#"
+CREATE TABLE map_items (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    stage TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    item TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    reason TEXT,
+    outputs TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (run_id, stage, idx)
+);
+"#,
 ];
 
 /// The embedded SQLite state store.
@@ -561,6 +604,77 @@ impl StateStore for SqliteState {
         })
     }
 
+    fn add_map_items(
+        &self,
+        run: &RunId,
+        stage: &str,
+        items: &[serde_json::Value],
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            let tx = c.unchecked_transaction().map_err(sql("begin"))?;
+            tx.execute("DELETE FROM map_items WHERE run_id = ?1 AND stage = ?2", params![run.0, stage])
+                .map_err(sql(format!("reset items of {stage}")))?;
+            {
+                let mut stmt = tx
+                    .prepare("INSERT INTO map_items (run_id, stage, idx, item, phase) VALUES (?1, ?2, ?3, ?4, 'Pending')")
+                    .map_err(sql("record items"))?;
+                for (i, item) in items.iter().enumerate() {
+                    stmt.execute(params![run.0, stage, i as i64, item.to_string()])
+                        .map_err(sql(format!("record item {i} of {stage}")))?;
+                }
+            }
+            tx.commit().map_err(sql("commit"))
+        })
+    }
+
+    fn start_item(
+        &self,
+        run: &RunId,
+        stage: &str,
+        idx: usize,
+        attempt: u32,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE map_items SET phase = 'Running', attempts = ?4 WHERE run_id = ?1 AND stage = ?2 AND idx = ?3",
+                params![run.0, stage, idx as i64, attempt],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("record item {idx} of {stage}")))
+        })
+    }
+
+    fn finish_item(
+        &self,
+        run: &RunId,
+        stage: &str,
+        idx: usize,
+        phase: Phase,
+        reason: Option<&str>,
+        outputs: &serde_json::Value,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE map_items SET phase = ?4, reason = ?5, outputs = ?6 WHERE run_id = ?1 AND stage = ?2 AND idx = ?3",
+                params![run.0, stage, idx as i64, phase.as_str(), reason, outputs.to_string()],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("finish item {idx} of {stage}")))
+        })
+    }
+
+    fn item_counts(&self, run: &RunId, stage: &str) -> Result<BTreeMap<String, u64>, StateError> {
+        self.with(|c| {
+            let mut stmt = c
+                .prepare("SELECT phase, COUNT(*) FROM map_items WHERE run_id = ?1 AND stage = ?2 GROUP BY phase")
+                .map_err(sql("count items"))?;
+            let rows = stmt
+                .query_map(params![run.0, stage], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)))
+                .map_err(sql("count items"))?;
+            rows.collect::<Result<BTreeMap<_, _>, _>>().map_err(sql("count items"))
+        })
+    }
+
     fn attempts(&self, run: &RunId) -> Result<Vec<AttemptRecord>, StateError> {
         self.with(|c| {
             let mut stmt = c
@@ -591,6 +705,35 @@ impl StateStore for SqliteState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn map_items_are_rows() {
+        let s = SqliteState::in_memory().unwrap();
+        let id = RunId("r1".into());
+        s.create_run(&run("r1")).unwrap();
+        let items: Vec<serde_json::Value> =
+            (0..1000).map(|i| serde_json::json!({"drive": i})).collect();
+        s.add_map_items(&id, "m", &items).unwrap();
+        s.start_item(&id, "m", 3, 1).unwrap();
+        s.finish_item(&id, "m", 3, Phase::Succeeded, None, &serde_json::json!({}))
+            .unwrap();
+        s.finish_item(
+            &id,
+            "m",
+            4,
+            Phase::Failed,
+            Some("exit 1"),
+            &serde_json::json!({}),
+        )
+        .unwrap();
+        let counts = s.item_counts(&id, "m").unwrap();
+        assert_eq!(counts["Pending"], 998);
+        assert_eq!(counts["Succeeded"], 1);
+        assert_eq!(counts["Failed"], 1);
+        // Adding again (a resumed map) starts the items over.
+        s.add_map_items(&id, "m", &items[..10]).unwrap();
+        assert_eq!(s.item_counts(&id, "m").unwrap()["Pending"], 10);
+    }
 
     fn run(id: &str) -> RunRecord {
         RunRecord {
