@@ -8,7 +8,7 @@
 //! timeouts cancel the attempt. A failed stage stops its dependants while independent
 //! branches finish, unless `fail_fast` stops everything.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -185,18 +185,24 @@ pub async fn run(
         .collect();
     let mut tasks: JoinSet<(StageId, Result<StageResult, RunError>)> = JoinSet::new();
     let mut stopping = false;
-    let mut ready: Vec<StageId> = pipeline
+    // Ready stages, in the plan's order: (position in `pipeline.order`, stage).
+    let mut rank = vec![0usize; n];
+    for (i, id) in pipeline.order.iter().enumerate() {
+        rank[id.index()] = i;
+    }
+    let mut ready: BTreeSet<(usize, StageId)> = pipeline
         .order
         .iter()
         .copied()
         .filter(|id| waiting[id.index()] == 0)
+        .map(|id| (rank[id.index()], id))
         .collect();
     // A resumed run starts from what already succeeded: those stages end at once.
     let mut resumed: Vec<StageId> = Vec::new();
     for &id in &pipeline.order {
         if let Some((outputs, values)) = prior.get(&pipeline.stage(id).name) {
             resumed.push(id);
-            ready.retain(|r| *r != id);
+            ready.remove(&(rank[id.index()], id));
             let result = StageResult {
                 phase: Phase::Succeeded,
                 outputs: outputs.clone(),
@@ -204,6 +210,7 @@ pub async fn run(
             };
             finish(
                 &pipeline,
+                &rank,
                 id,
                 result,
                 &mut results,
@@ -212,12 +219,13 @@ pub async fn run(
             );
         }
     }
-    ready.retain(|r| !resumed.contains(r));
+    for id in &resumed {
+        ready.remove(&(rank[id.index()], *id));
+    }
 
     loop {
         // Decide every ready stage; decisions that end a stage at once may make more ready.
-        while let Some(id) = ready.first().copied() {
-            ready.remove(0);
+        while let Some((_, id)) = ready.pop_first() {
             let decision = if stopping {
                 Some((Phase::Omitted, "the run is stopping".to_owned()))
             } else {
@@ -235,6 +243,7 @@ pub async fn run(
                     });
                     finish(
                         &pipeline,
+                        &rank,
                         id,
                         StageResult {
                             phase,
@@ -279,13 +288,13 @@ pub async fn run(
         }
         finish(
             &pipeline,
+            &rank,
             id,
             result,
             &mut results,
             &mut waiting,
             &mut ready,
         );
-        ready.sort_by_key(|id| pipeline.order.iter().position(|o| o == id));
     }
 
     forward.abort();
@@ -325,17 +334,18 @@ pub async fn run(
 
 fn finish(
     pipeline: &Pipeline,
+    rank: &[usize],
     id: StageId,
     result: StageResult,
     results: &mut [Option<StageResult>],
     waiting: &mut [usize],
-    ready: &mut Vec<StageId>,
+    ready: &mut BTreeSet<(usize, StageId)>,
 ) {
     results[id.index()] = Some(result);
     for d in pipeline.downstream(id) {
         waiting[d.index()] -= 1;
         if waiting[d.index()] == 0 {
-            ready.push(d);
+            ready.insert((rank[d.index()], d));
         }
     }
 }
