@@ -93,6 +93,12 @@ enum Command {
         /// Override `defaults.executor`.
         #[arg(long)]
         executor: Option<String>,
+        /// Start the run in the background, print its id and return.
+        #[arg(long)]
+        detach: bool,
+        /// The id to use (set by `--detach` for the background engine).
+        #[arg(long, hide = true)]
+        run_id: Option<String>,
         #[arg(long, value_enum, default_value_t = Format::Text)]
         output: Format,
     },
@@ -113,6 +119,9 @@ enum Command {
         run: Option<String>,
         #[arg(long)]
         stage: Option<String>,
+        /// Keep printing as the stage writes, until it ends (needs `--stage`).
+        #[arg(long, short = 'f', requires = "stage")]
+        follow: bool,
     },
     /// Finish a run whose engine stopped: succeeded stages are kept, lost attempts rerun.
     #[command(after_help = "Example:\n  drivetrain resume 20261122-031500-1a2b")]
@@ -188,6 +197,8 @@ fn main() -> ExitCode {
             parallelism,
             fail_fast,
             executor,
+            detach,
+            run_id,
             output,
         } => {
             let src = match read(&file) {
@@ -202,7 +213,11 @@ fn main() -> ExitCode {
                 Ok(v) => v,
                 Err(errors) => return usage_errors(&errors),
             };
+            if detach {
+                return outcome(runs::detach(&home));
+            }
             outcome(runs::run(runs::RunArgs {
+                run_id,
                 file: &file,
                 source: &src,
                 pipeline,
@@ -217,9 +232,10 @@ fn main() -> ExitCode {
         Command::Status { run, output } => {
             outcome(runs::status(&home, run.as_deref(), output == Format::Json))
         }
-        Command::Logs { run, stage } => {
-            outcome(runs::logs(&home, run.as_deref(), stage.as_deref()))
-        }
+        Command::Logs { run, stage, follow } => match (follow, stage.as_deref()) {
+            (true, Some(s)) => outcome(runs::follow(&home, run.as_deref(), s)),
+            _ => outcome(runs::logs(&home, run.as_deref(), stage.as_deref())),
+        },
         Command::Resume { run, output } => {
             outcome(runs::resume(&catalog, &home, &run, output == Format::Json))
         }

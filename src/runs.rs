@@ -7,6 +7,7 @@
 //! directories).
 
 use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -59,6 +60,8 @@ fn store_url(pipeline_store: Option<&str>, home: &Path) -> anyhow::Result<String
 
 /// Options of `drivetrain run`.
 pub struct RunArgs<'a> {
+    /// A given id (from `--detach`); a new one otherwise.
+    pub run_id: Option<String>,
     pub file: &'a Path,
     pub source: &'a str,
     pub pipeline: Pipeline,
@@ -83,7 +86,10 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
     let state: Arc<dyn StateStore> = Arc::new(open_state(&args.home)?);
     let url = store_url(args.pipeline.store.as_deref(), &args.home)?;
     let artifacts = ArtifactStore::open(&url)?;
-    let id = RunId::generate(chrono::Utc::now());
+    let id = args
+        .run_id
+        .map(RunId)
+        .unwrap_or_else(|| RunId::generate(chrono::Utc::now()));
     let opts = RunOptions {
         parallelism: args.parallelism.unwrap_or_else(default_parallelism),
         fail_fast: args.fail_fast,
@@ -113,6 +119,36 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
         None,
         args.json,
     )
+}
+
+/// `drivetrain run --detach`: the same command without `--detach` in a new session in the
+/// background, its output in `.drivetrain/engine/<run>.log`; prints the run id.
+pub fn detach(home: &Path) -> anyhow::Result<ExitCode> {
+    let id = RunId::generate(chrono::Utc::now());
+    let dir = home.join("engine");
+    std::fs::create_dir_all(&dir)?;
+    // The state must exist before `status` is asked about the run.
+    open_state(home)?;
+    let log_path = dir.join(format!("{id}.log"));
+    let log = std::fs::File::create(&log_path)?;
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--detach")
+        .collect();
+    let exe = std::env::current_exe()?;
+    std::process::Command::new(exe)
+        .args(&args)
+        .args(["--run-id", &id.0])
+        .env("DRIVETRAIN_HOME", std::fs::canonicalize(home)?)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()?;
+    println!("run {id}");
+    println!("detached; engine output in {}", log_path.display());
+    println!("follow with: drivetrain status {id} / drivetrain logs {id} --stage STAGE --follow");
+    Ok(ExitCode::SUCCESS)
 }
 
 fn default_parallelism() -> usize {
@@ -519,6 +555,60 @@ pub fn list(home: &Path, json_out: bool) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `drivetrain logs RUN --stage S --follow`: prints the stage's log as it is written,
+/// attempt after attempt, until the stage has ended.
+pub fn follow(home: &Path, run: Option<&str>, stage: &str) -> anyhow::Result<ExitCode> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let state = open_state(home)?;
+    let id = resolve_run(&state, run)?;
+    let mut attempt = 0u32;
+    let mut offset = 0u64;
+    let out = std::io::stdout();
+    loop {
+        let attempts: Vec<_> = state
+            .attempts(&id)?
+            .into_iter()
+            .filter(|a| a.stage == stage)
+            .collect();
+        let current = attempts.iter().find(|a| a.attempt == attempt);
+        let newest = attempts.iter().map(|a| a.attempt).max().unwrap_or(0);
+        let path = home
+            .join("work")
+            .join(&id.0)
+            .join(stage)
+            .join(attempt.to_string())
+            .join("log.txt");
+        if attempt > 0 {
+            if let Ok(mut f) = std::fs::File::open(&path) {
+                f.seek(SeekFrom::Start(offset))?;
+                let mut buf = Vec::new();
+                f.read_to_end(&mut buf)?;
+                offset += buf.len() as u64;
+                out.lock().write_all(&buf)?;
+                out.lock().flush()?;
+            }
+        }
+        let attempt_done = current.is_none_or(|a| a.phase.is_terminal());
+        if attempt_done && newest > attempt {
+            attempt += 1;
+            offset = 0;
+            if attempt > 1 {
+                println!("── {stage} (attempt {attempt}) ──");
+            }
+            continue;
+        }
+        let stage_done = state
+            .stages(&id)?
+            .iter()
+            .any(|s| s.stage == stage && s.phase.is_terminal());
+        let run_done = state.run(&id)?.phase.is_terminal();
+        if attempt_done && (stage_done || run_done) && newest <= attempt {
+            return Ok(ExitCode::SUCCESS);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// `drivetrain logs RUN [--stage S]`: each stage's latest attempt's log.

@@ -617,3 +617,41 @@ stages:
     lines.sort();
     assert_eq!(lines, ["d1 0", "d2 1", "d3 2", "d5 4", "x:1", "y:2"]);
 }
+
+#[test]
+fn detached_runs_can_be_followed() {
+    let home = Home::new("detach");
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: ticking
+stages:
+  tick:
+    retries: {limit: 1, backoff: 0s}
+    run: {command: [sh, -c, 'if [ "$DRIVETRAIN_ATTEMPT" = 1 ]; then for i in 1 2 3; do echo "tick $i"; sleep 0.2; done; exit 1; fi; echo second']}
+"#,
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap(), "--detach"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let id = run_id(&o);
+    // The background engine records the run; `logs --follow` waits for the stage and
+    // prints both attempts as they are written, then returns when the stage has ended.
+    let mut follow = None;
+    for _ in 0..100 {
+        let f = home.drivetrain(&["logs", &id, "--stage", "tick", "--follow"]);
+        if f.status.success() {
+            follow = Some(f);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let follow = follow.expect("logs --follow succeeded");
+    assert_eq!(
+        text(&follow.stdout),
+        "tick 1\ntick 2\ntick 3\n── tick (attempt 2) ──\nsecond\n"
+    );
+    let st = home.status(&id);
+    assert_eq!(st["run"]["phase"], "Succeeded");
+    assert_eq!(stage(&st, "tick")["attempts"], 2);
+}
