@@ -93,6 +93,10 @@ enum Command {
         /// Override `defaults.executor`.
         #[arg(long)]
         executor: Option<String>,
+        /// GPUs of this machine that stages may claim (indices 0..N, given to each
+        /// stage as CUDA_VISIBLE_DEVICES). Default: DRIVETRAIN_LOCAL_GPUS, else 0.
+        #[arg(long)]
+        gpus: Option<usize>,
         /// Start the run in the background, print its id and return.
         #[arg(long)]
         detach: bool,
@@ -197,6 +201,7 @@ fn main() -> ExitCode {
             parallelism,
             fail_fast,
             executor,
+            gpus,
             detach,
             run_id,
             output,
@@ -217,6 +222,7 @@ fn main() -> ExitCode {
                 return outcome(runs::detach(&home));
             }
             outcome(runs::run(runs::RunArgs {
+                gpus,
                 run_id,
                 file: &file,
                 source: &src,

@@ -60,6 +60,8 @@ fn store_url(pipeline_store: Option<&str>, home: &Path) -> anyhow::Result<String
 
 /// Options of `drivetrain run`.
 pub struct RunArgs<'a> {
+    /// GPUs stages may claim; default `DRIVETRAIN_LOCAL_GPUS`, else 0.
+    pub gpus: Option<usize>,
     /// A given id (from `--detach`); a new one otherwise.
     pub run_id: Option<String>,
     pub file: &'a Path,
@@ -97,6 +99,7 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
         file: args.file.display().to_string(),
         spec_digest: digest(args.source),
         trigger: "cli".into(),
+        gpus: args.gpus.unwrap_or_else(local_gpus),
     };
     if !args.json {
         println!("run {id}");
@@ -149,6 +152,14 @@ pub fn detach(home: &Path) -> anyhow::Result<ExitCode> {
     println!("detached; engine output in {}", log_path.display());
     println!("follow with: drivetrain status {id} / drivetrain logs {id} --stage STAGE --follow");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The GPUs this machine declares to local runs: `DRIVETRAIN_LOCAL_GPUS`, else none.
+fn local_gpus() -> usize {
+    std::env::var("DRIVETRAIN_LOCAL_GPUS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 fn default_parallelism() -> usize {
@@ -355,6 +366,7 @@ pub fn resume(
         file: record.file.clone(),
         spec_digest: record.spec_digest.clone(),
         trigger: record.trigger.clone(),
+        gpus: local_gpus(),
     };
     let resume = runner::Resume {
         record,

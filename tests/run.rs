@@ -655,3 +655,53 @@ stages:
     assert_eq!(st["run"]["phase"], "Succeeded");
     assert_eq!(stage(&st, "tick")["attempts"], 2);
 }
+
+#[test]
+fn gpus_are_claimed_exclusively() {
+    let home = Home::new("gpus");
+    let d = home.dir.display().to_string();
+    // Each stage holds a lock directory named after its GPU while it runs: two stages on
+    // one GPU at the same time would fail `mkdir`.
+    let stage_yaml = |name: &str| {
+        format!(
+            "  {name}:\n    resources: {{gpu: 1}}\n    run: {{command: [sh, -c, 'mkdir {d}/gpu-$CUDA_VISIBLE_DEVICES && sleep 0.3 && echo $CUDA_VISIBLE_DEVICES >> {d}/used && rmdir {d}/gpu-$CUDA_VISIBLE_DEVICES']}}\n"
+        )
+    };
+    let mut yaml = String::from("version: 1\nname: gpus\nstages:\n");
+    for s in ["a", "b", "c", "e"] {
+        yaml.push_str(&stage_yaml(s));
+    }
+    yaml.push_str("  big:\n    resources: {gpu: 3}\n    run: {command: [true]}\n");
+    let file = home.write("p.yaml", &yaml);
+    let o = home.drivetrain(&[
+        "run",
+        file.to_str().unwrap(),
+        "--gpus",
+        "2",
+        "--parallelism",
+        "4",
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "big cannot run: {}",
+        text(&o.stdout)
+    );
+    let st = home.status(&run_id(&o));
+    for s in ["a", "b", "c", "e"] {
+        assert_eq!(stage(&st, s)["phase"], "Succeeded", "{st}");
+    }
+    let mut used: Vec<String> = std::fs::read_to_string(home.dir.join("used"))
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    used.sort();
+    used.dedup();
+    assert_eq!(used, ["0", "1"]);
+    let big = stage(&st, "big")["reason"].as_str().unwrap().to_owned();
+    assert!(
+        big.starts_with("stage needs 3 GPU(s); this machine declares 2"),
+        "{big}"
+    );
+}

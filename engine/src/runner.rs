@@ -38,6 +38,51 @@ pub struct RunOptions {
     /// sha256 of the pipeline file.
     pub spec_digest: String,
     pub trigger: String,
+    /// GPUs of this machine that stages may claim (`resources.gpu`), indices `0..gpus`.
+    pub gpus: usize,
+}
+
+/// The machine's GPUs: a stage asking for `n` waits until `n` are free and gets their
+/// indices (as `CUDA_VISIBLE_DEVICES`), so two stages never share one.
+#[derive(Debug)]
+struct GpuPool {
+    free: std::sync::Mutex<Vec<bool>>,
+    released: tokio::sync::Notify,
+}
+
+impl GpuPool {
+    fn new(n: usize) -> Self {
+        GpuPool {
+            free: std::sync::Mutex::new(vec![true; n]),
+            released: tokio::sync::Notify::new(),
+        }
+    }
+
+    async fn acquire(&self, n: usize) -> Vec<usize> {
+        loop {
+            let notified = self.released.notified();
+            {
+                let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+                let idle: Vec<usize> = (0..free.len()).filter(|&i| free[i]).take(n).collect();
+                if idle.len() == n {
+                    for &i in &idle {
+                        free[i] = false;
+                    }
+                    return idle;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    fn release(&self, gpus: &[usize]) {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        for &i in gpus {
+            free[i] = true;
+        }
+        drop(free);
+        self.released.notify_waiters();
+    }
 }
 
 /// What the run loop reports as it goes (for progress output).
@@ -108,6 +153,7 @@ struct Ctx {
     cancel: watch::Receiver<bool>,
     /// The run's parallelism: attempts (and map items) hold one slot each.
     slots: Arc<Semaphore>,
+    gpus: GpuPool,
     /// Attempt numbers already used, on a resume.
     prior_attempts: BTreeMap<String, u32>,
 }
@@ -154,6 +200,7 @@ pub async fn run(
     };
     let n = pipeline.stages.len();
     let slots = Arc::new(Semaphore::new(opts.parallelism.max(1)));
+    let opts_gpus = opts.gpus;
     // Attempts stop on `stop`: set by the caller's cancel, or by fail-fast.
     let (stop_tx, stop_rx) = watch::channel(false);
     let forward = {
@@ -176,6 +223,7 @@ pub async fn run(
         events,
         cancel: stop_rx,
         slots: slots.clone(),
+        gpus: GpuPool::new(opts_gpus),
         prior_attempts,
     });
 
@@ -464,6 +512,11 @@ async fn execute(
         Action::Command { .. } if stage.secrets.iter().any(|s| s.mount_path.is_some()) => {
             Some("secrets mounted as files are not supported by the local executor".to_owned())
         }
+        Action::Command { .. } if gpus_needed(stage) > ctx.opts.gpus => Some(format!(
+            "stage needs {} GPU(s); this machine declares {} (`--gpus N` or DRIVETRAIN_LOCAL_GPUS)",
+            gpus_needed(stage),
+            ctx.opts.gpus
+        )),
         Action::Command { .. } => None,
     };
     let end = match unsupported {
@@ -995,6 +1048,44 @@ async fn run_attempt(
 }
 
 async fn start_and_wait(
+    ctx: &Ctx,
+    stage: &Stage,
+    key: &AttemptKey,
+    spec: AttemptSpec,
+    log: &Path,
+    values_path: &Path,
+    outputs_dir: &Path,
+) -> Result<AttemptEnd, String> {
+    let mut spec = spec;
+    let gpus = match gpus_needed(stage) {
+        0 => Vec::new(),
+        n => ctx.gpus.acquire(n).await,
+    };
+    if !gpus.is_empty() {
+        let list = gpus
+            .iter()
+            .map(|g| g.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        spec.env.push(("CUDA_VISIBLE_DEVICES".into(), list.clone()));
+        spec.env.push(("NVIDIA_VISIBLE_DEVICES".into(), list));
+    }
+    let result = wait_attempt(ctx, stage, key, spec, log, values_path, outputs_dir).await;
+    ctx.gpus.release(&gpus);
+    result
+}
+
+/// GPUs an attempt claims: `resources.gpu` per worker.
+fn gpus_needed(stage: &Stage) -> usize {
+    let per = stage.resources.gpu.unwrap_or(0) as usize;
+    per * stage
+        .distributed
+        .as_ref()
+        .map(|d| d.workers as usize)
+        .unwrap_or(1)
+}
+
+async fn wait_attempt(
     ctx: &Ctx,
     stage: &Stage,
     key: &AttemptKey,
