@@ -90,6 +90,10 @@ enum Command {
         /// Stop everything at the first failed stage.
         #[arg(long)]
         fail_fast: bool,
+        /// The run's deadline (`30m`, `2h`): past it, running stages are stopped and the
+        /// run fails.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+        timeout: Option<std::time::Duration>,
         /// Override `defaults.executor`.
         #[arg(long)]
         executor: Option<String>,
@@ -166,6 +170,10 @@ enum GraphFormat {
     Dot,
 }
 
+fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
+    drivetrain_engine::units::parse_duration(s)
+}
+
 fn parse_kv(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
@@ -200,6 +208,7 @@ fn main() -> ExitCode {
             params,
             parallelism,
             fail_fast,
+            timeout,
             executor,
             gpus,
             detach,
@@ -222,6 +231,7 @@ fn main() -> ExitCode {
                 return outcome(runs::detach(&home));
             }
             outcome(runs::run(runs::RunArgs {
+                deadline: timeout,
                 gpus,
                 run_id,
                 file: &file,

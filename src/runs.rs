@@ -60,6 +60,8 @@ fn store_url(pipeline_store: Option<&str>, home: &Path) -> anyhow::Result<String
 
 /// Options of `drivetrain run`.
 pub struct RunArgs<'a> {
+    /// The run's deadline: past it, everything is stopped and the run fails.
+    pub deadline: Option<Duration>,
     /// GPUs stages may claim; default `DRIVETRAIN_LOCAL_GPUS`, else 0.
     pub gpus: Option<usize>,
     /// A given id (from `--detach`); a new one otherwise.
@@ -120,6 +122,7 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
         },
         opts,
         None,
+        args.deadline,
         args.json,
     )
 }
@@ -186,8 +189,12 @@ fn drive(
     services: Services,
     opts: RunOptions,
     resume: Option<runner::Resume>,
+    deadline: Option<Duration>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
+    let state = services.state.clone();
+    let deadline_hit = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hit = deadline_hit.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -220,6 +227,10 @@ fn drive(
             let why = tokio::select! {
                 _ = tokio::signal::ctrl_c() => "Ctrl-C",
                 _ = term.recv() => "SIGTERM",
+                _ = tokio::time::sleep(deadline.unwrap_or(Duration::MAX)) => {
+                    hit.store(true, std::sync::atomic::Ordering::SeqCst);
+                    "its deadline passed"
+                }
             };
             eprintln!("cancelling run {id} ({why})…");
             let _ = cancel_tx.send(true);
@@ -232,6 +243,18 @@ fn drive(
         let _ = printer.await;
         summary
     })??;
+    let mut summary = summary;
+    if deadline_hit.load(std::sync::atomic::Ordering::SeqCst) {
+        let reason = format!(
+            "run deadline of {} exceeded",
+            humantime::format_duration(deadline.unwrap_or_default())
+        );
+        state.finish_run(&summary.id, Phase::Failed, Some(&reason))?;
+        summary.phase = Phase::Failed;
+        if !json {
+            println!("{reason}");
+        }
+    }
     if json {
         println!(
             "{}",
@@ -384,6 +407,7 @@ pub fn resume(
         },
         opts,
         Some(resume),
+        None,
         json_out,
     )
 }

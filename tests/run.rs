@@ -705,3 +705,19 @@ fn gpus_are_claimed_exclusively() {
         "{big}"
     );
 }
+
+#[test]
+fn a_run_deadline_stops_everything_and_fails_the_run() {
+    let home = Home::new("deadline");
+    let file = home.write(
+        "p.yaml",
+        "version: 1\nname: slow\nstages:\n  slow:\n    run: {command: [sleep, '300']}\n  after:\n    needs: [slow]\n    run: {command: [echo]}\n",
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap(), "--timeout", "1s"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
+    let st = home.status(&run_id(&o));
+    assert_eq!(st["run"]["phase"], "Failed");
+    assert_eq!(st["run"]["reason"], "run deadline of 1s exceeded");
+    assert_eq!(stage(&st, "slow")["phase"], "Cancelled");
+    assert_eq!(stage(&st, "after")["phase"], "Omitted");
+}
