@@ -111,20 +111,20 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
             args.pipeline.stages.len()
         );
     }
-    drive(
+    drive(Drive {
         id,
-        Arc::new(args.pipeline),
-        args.params,
-        Services {
+        pipeline: Arc::new(args.pipeline),
+        params: args.params,
+        services: Services {
             state,
             artifacts,
             executor,
         },
         opts,
-        None,
-        args.deadline,
-        args.json,
-    )
+        resume: None,
+        deadline: args.deadline,
+        json: args.json,
+    })
 }
 
 /// `drivetrain run --detach`: the same command without `--detach` in a new session in the
@@ -181,8 +181,8 @@ struct Services {
     executor: Arc<dyn drivetrain_engine::executor::Executor>,
 }
 
-/// Runs (or resumes) a run to its end, printing progress; Ctrl-C and SIGTERM cancel it.
-fn drive(
+/// A run to carry out: what `run` and `resume` hand to [`drive`].
+struct Drive {
     id: RunId,
     pipeline: Arc<Pipeline>,
     params: BTreeMap<String, Value>,
@@ -191,7 +191,20 @@ fn drive(
     resume: Option<runner::Resume>,
     deadline: Option<Duration>,
     json: bool,
-) -> anyhow::Result<ExitCode> {
+}
+
+/// Runs (or resumes) a run to its end, printing progress; Ctrl-C and SIGTERM cancel it.
+fn drive(d: Drive) -> anyhow::Result<ExitCode> {
+    let Drive {
+        id,
+        pipeline,
+        params,
+        services,
+        opts,
+        resume,
+        deadline,
+        json,
+    } = d;
     let state = services.state.clone();
     let deadline_hit = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let hit = deadline_hit.clone();
@@ -396,20 +409,20 @@ pub fn resume(
         succeeded,
         attempts,
     };
-    drive(
+    drive(Drive {
         id,
-        Arc::new(pipeline),
+        pipeline: Arc::new(pipeline),
         params,
-        Services {
+        services: Services {
             state,
             artifacts: ArtifactStore::open(&url)?,
             executor,
         },
         opts,
-        Some(resume),
-        None,
-        json_out,
-    )
+        resume: Some(resume),
+        deadline: None,
+        json: json_out,
+    })
 }
 
 /// `drivetrain cancel RUN`: asks the engine running it to stop (as Ctrl-C would); when
