@@ -57,6 +57,17 @@ def generate(n, edges, seed):
     return "\n".join(out) + "\n"
 
 
+def measure_once(cmd):
+    """Wall time and peak RSS of one run under GNU time (for runs that take minutes)."""
+    start = time.perf_counter()
+    out = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - start
+    if out.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} exited {out.returncode}")
+    return wall, int(out.stderr.strip().splitlines()[-1])
+
+
 def measure(cmd, repeats):
     """Median wall time and peak RSS of `cmd`.
 
@@ -116,13 +127,68 @@ def engine_overhead(binary, repeats, stages=100):
             print(f"| {label} | {wall * 1000:.1f} ms | {shown} | {per} |")
 
 
+def passthrough(binary, repeats, mib, stages=10):
+    """Artifact pass-through on `file://`: stage 0 writes `mib` MiB, each next stage copies
+    its input to its output (`cp`); baseline: the same `head` and `cp`s in a shell script.
+    The engine's own part (publishing, materializing) is hard links: throughput ratio ≈ 1."""
+    lines = ["version: 1", "name: passthrough", "stages:",
+             "  s0:",
+             f"    run: {{command: [sh, -c, 'head -c {mib}M /dev/zero > \"$0/data\"', \"{{{{ outputs.data }}}}\"]}}",
+             "    outputs: [data]"]
+    for i in range(1, stages):
+        lines += [f"  s{i}:",
+                  f"    inputs: {{data: s{i - 1}.data}}",
+                  f"    run: {{command: [cp, \"{{{{ inputs.data }}}}/data\", \"{{{{ outputs.data }}}}/data\"]}}",
+                  "    outputs: [data]"]
+    with tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "target")) as tmp:
+        path = os.path.join(tmp, "pass.yaml")
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        script = f"cd {tmp} && head -c {mib}M /dev/zero > d0"
+        for i in range(1, stages):
+            script += f" && cp d{i - 1} d{i}"
+        script += " && rm -f d*"
+        base = measure(["sh", "-c", script], repeats)
+        home = os.path.join(tmp, "home")
+        runs = measure(["sh", "-c", f"rm -rf {home} && {binary} --home {home} run {path} > /dev/null"], repeats)
+        total = mib * stages
+        print(f"\n| {stages} stages × {mib} MiB | median wall | throughput | ratio to baseline |")
+        print("|---|---:|---:|---:|")
+        print(f"| baseline: head + {stages - 1} × cp (sh) | {base[0] * 1000:.0f} ms | {total / base[0]:.0f} MiB/s | 1.00 |")
+        print(f"| drivetrain run | {runs[0] * 1000:.0f} ms | {total / runs[0]:.0f} MiB/s | {base[0] / runs[0]:.2f} |")
+
+
+def scale(binary, items=100_000, stages=10_000):
+    """A `items`-item map and a `stages`-stage chain of `/bin/true`: both complete; peak
+    memory of the engine and wall time (one run each: they take minutes)."""
+    with tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "target")) as tmp:
+        m = os.path.join(tmp, "map.yaml")
+        with open(m, "w") as f:
+            f.write(
+                "version: 1\nname: bigmap\nstages:\n  list:\n"
+                f"    run: {{command: [python3, -c, 'import json,sys; json.dump(list(range({items})), open(sys.argv[1] + \"/items.json\", \"w\"))', \"{{{{ outputs.items }}}}\"]}}\n"
+                "    outputs: [items]\n  each:\n    map: {from: list.items}\n    run: {command: [/bin/true]}\n"
+            )
+        c = os.path.join(tmp, "chain.yaml")
+        with open(c, "w") as f:
+            f.write(run_pipeline(stages, wide=False))
+        print(f"\n| run | wall | engine peak RSS |")
+        print("|---|---:|---:|")
+        for label, path in [(f"{items}-item map of true", m), (f"{stages}-stage chain of true", c)]:
+            home = os.path.join(tmp, "home-" + os.path.basename(path))
+            wall, rss = measure_once([binary, "--home", home, "run", path, "--parallelism", "2"])
+            shown = f"{rss / 1024:.1f} MiB" if rss else "n/a"
+            print(f"| {label} (--parallelism 2) | {wall:.1f} s | {shown} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--stages", type=int, default=10_000)
     ap.add_argument("--edges", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--suite", choices=["all", "validate", "run"], default="all")
+    ap.add_argument("--suite", choices=["all", "validate", "run", "artifacts", "scale"], default="all")
+    ap.add_argument("--mib", type=int, default=1024, help="artifact size for --suite artifacts")
     ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "drivetrain"))
     args = ap.parse_args()
     target = os.environ.get("CARGO_TARGET_DIR")
@@ -135,7 +201,11 @@ def main():
 
     if args.suite in ("all", "run"):
         engine_overhead(args.binary, args.repeats)
-    if args.suite == "run":
+    if args.suite in ("all", "artifacts"):
+        passthrough(args.binary, min(args.repeats, 3), args.mib)
+    if args.suite in ("all", "scale"):
+        scale(args.binary)
+    if args.suite in ("run", "artifacts", "scale"):
         return
     with tempfile.TemporaryDirectory() as tmp:
         big = os.path.join(tmp, "big.yaml")

@@ -721,3 +721,57 @@ fn a_run_deadline_stops_everything_and_fails_the_run() {
     assert_eq!(stage(&st, "slow")["phase"], "Cancelled");
     assert_eq!(stage(&st, "after")["phase"], "Omitted");
 }
+
+#[test]
+fn hooks_run_after_everything_else() {
+    let home = Home::new("hooks");
+    let pipeline = |fail: bool| {
+        format!(
+            r#"
+version: 1
+name: hooked
+stages:
+  work:
+    run: {{command: [sh, -c, 'echo report > "$0/r.txt"; exit {code}', "{{{{ outputs.report }}}}"]}}
+    outputs: [report]
+  other:
+    run: {{command: [sleep, "0.2"]}}
+  notify:
+    hook: finally
+    inputs: {{report: work.report}}
+    run: {{command: [sh, -c, 'echo "status=$0 report=[$(cat "$1/r.txt" 2>/dev/null)]"', "{{{{ run.status }}}}", "{{{{ inputs.report }}}}"]}}
+  page:
+    hook: on_failure
+    needs: [notify]
+    run: {{command: [echo, paged]}}
+"#,
+            code = if fail { 1 } else { 0 }
+        )
+    };
+    let ok = home.write("ok.yaml", &pipeline(false));
+    let o = home.drivetrain(&["run", ok.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stdout));
+    let id = run_id(&o);
+    let st = home.status(&id);
+    assert_eq!(stage(&st, "notify")["phase"], "Succeeded");
+    assert_eq!(stage(&st, "page")["phase"], "Skipped");
+    assert_eq!(
+        stage(&st, "page")["reason"],
+        "on_failure hook; the run succeeded"
+    );
+    let logs = home.drivetrain(&["logs", &id, "--stage", "notify"]);
+    assert_eq!(text(&logs.stdout), "status=Succeeded report=[report]\n");
+
+    // A failure: the hooks still run (after fail-fast too), see the failure, and the
+    // report input of the failed stage is absent.
+    let bad = home.write("bad.yaml", &pipeline(true));
+    let o = home.drivetrain(&["run", bad.to_str().unwrap(), "--fail-fast"]);
+    assert_eq!(o.status.code(), Some(1));
+    let id = run_id(&o);
+    let st = home.status(&id);
+    assert_eq!(st["run"]["phase"], "Failed");
+    assert_eq!(stage(&st, "notify")["phase"], "Succeeded");
+    assert_eq!(stage(&st, "page")["phase"], "Succeeded");
+    let logs = home.drivetrain(&["logs", &id, "--stage", "notify"]);
+    assert_eq!(text(&logs.stdout), "status=Failed report=[]\n");
+}

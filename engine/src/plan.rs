@@ -205,6 +205,8 @@ pub struct Stage {
     /// The condition and its source text.
     pub when: Option<(Expr, String)>,
     pub map: Option<MapPlan>,
+    /// Set for hook stages, which run after the rest of the run.
+    pub hook: Option<crate::spec::Hook>,
     pub retries: RetryPolicy,
     pub timeout: Option<Duration>,
     pub cache: CachePolicy,

@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use crate::artifacts::{ArtifactRef, ArtifactStore, AttemptKey};
 use crate::executor::{AttemptOutcome, AttemptSpec, Executor};
 use crate::plan::{Action, MapSource, Pipeline, RetryPolicy, Stage, StageId};
-use crate::spec::{ErrorClass, RetryOn};
+use crate::spec::{ErrorClass, Hook, RetryOn};
 use crate::state::{Phase, RunId, RunRecord, StateError, StateStore};
 use crate::template::{value_text, Ref, Template};
 
@@ -151,11 +151,25 @@ struct Ctx {
     opts: RunOptions,
     events: mpsc::UnboundedSender<RunEvent>,
     cancel: watch::Receiver<bool>,
+    /// Hooks stop only on a cancel that arrives while they run: they still run after a
+    /// failure, fail-fast or a cancel of the rest of the run.
+    hook_cancel: watch::Receiver<bool>,
     /// The run's parallelism: attempts (and map items) hold one slot each.
     slots: Arc<Semaphore>,
     gpus: GpuPool,
+    /// How the ordinary stages ended, once they have (`run.status` for hooks).
+    main_phase: std::sync::OnceLock<Phase>,
     /// Attempt numbers already used, on a resume.
     prior_attempts: BTreeMap<String, u32>,
+}
+
+impl Ctx {
+    fn stop_for(&self, stage: &Stage) -> watch::Receiver<bool> {
+        match stage.hook {
+            Some(_) => self.hook_cancel.clone(),
+            None => self.cancel.clone(),
+        }
+    }
 }
 
 /// Runs every stage of `pipeline` once, as run `id`, and records it. Returns when the
@@ -203,6 +217,7 @@ pub async fn run(
     let opts_gpus = opts.gpus;
     // Attempts stop on `stop`: set by the caller's cancel, or by fail-fast.
     let (stop_tx, stop_rx) = watch::channel(false);
+    let (hook_stop_tx, hook_stop_rx) = watch::channel(false);
     let forward = {
         let mut external = cancel.clone();
         let stop_tx = stop_tx.clone();
@@ -222,8 +237,10 @@ pub async fn run(
         opts,
         events,
         cancel: stop_rx,
+        hook_cancel: hook_stop_rx,
         slots: slots.clone(),
         gpus: GpuPool::new(opts_gpus),
+        main_phase: std::sync::OnceLock::new(),
         prior_attempts,
     });
 
@@ -242,7 +259,7 @@ pub async fn run(
         .order
         .iter()
         .copied()
-        .filter(|id| waiting[id.index()] == 0)
+        .filter(|id| waiting[id.index()] == 0 && pipeline.stage(*id).hook.is_none())
         .map(|id| (rank[id.index()], id))
         .collect();
     // A resumed run starts from what already succeeded: those stages end at once.
@@ -345,7 +362,67 @@ pub async fn run(
         );
     }
 
+    let cancelled = *cancel.borrow();
+    let main_phase = run_phase(&pipeline, &results, cancelled, |s| s.hook.is_none());
+    let _ = ctx.main_phase.set(main_phase);
+
+    // Hooks: after everything else, `finally` always, `on_failure` when the run failed.
+    let hook_forward = {
+        let mut external = cancel.clone();
+        external.borrow_and_update();
+        tokio::spawn(async move {
+            if external.changed().await.is_ok() {
+                let _ = hook_stop_tx.send(true);
+            }
+        })
+    };
+    for &id in &pipeline.order {
+        let stage = pipeline.stage(id);
+        let Some(hook) = stage.hook else { continue };
+        let triggered = match hook {
+            Hook::Finally => true,
+            Hook::OnFailure => main_phase != Phase::Succeeded,
+        };
+        let skip = if !triggered {
+            Some(format!(
+                "on_failure hook; the run {}",
+                main_phase.as_str().to_lowercase()
+            ))
+        } else {
+            hook_condition(&pipeline, &ctx, id, &results)
+        };
+        let result = match skip {
+            Some(reason) => {
+                state.set_stage(
+                    &ctx.run.id,
+                    &stage.name,
+                    Phase::Skipped,
+                    None,
+                    Some(&reason),
+                )?;
+                let _ = ctx.events.send(RunEvent::Finished {
+                    stage: stage.name.clone(),
+                    phase: Phase::Skipped,
+                    reason: Some(reason),
+                    elapsed: Duration::ZERO,
+                });
+                StageResult {
+                    phase: Phase::Skipped,
+                    outputs: BTreeMap::new(),
+                    values: Value::Null,
+                }
+            }
+            None => {
+                let inputs = upstream_results(&pipeline, id, &results);
+                let _permit = slots.acquire().await.expect("never closed");
+                execute(&ctx, id, inputs).await?
+            }
+        };
+        results[id.index()] = Some(result);
+    }
     forward.abort();
+    hook_forward.abort();
+
     let stages: BTreeMap<String, Phase> = pipeline
         .stages
         .iter()
@@ -357,19 +434,7 @@ pub async fn run(
             (s.name.clone(), phase)
         })
         .collect();
-    let cancelled = *cancel.borrow();
-    let phase = if cancelled {
-        Phase::Cancelled
-    } else if stages
-        .values()
-        .all(|p| matches!(p, Phase::Succeeded | Phase::Skipped))
-    {
-        Phase::Succeeded
-    } else if stages.values().any(|p| *p == Phase::Error) {
-        Phase::Error
-    } else {
-        Phase::Failed
-    };
+    let phase = run_phase(&pipeline, &results, cancelled, |_| true);
     let failed: Vec<&str> = stages
         .iter()
         .filter(|(_, p)| matches!(p, Phase::Failed | Phase::Error))
@@ -378,6 +443,53 @@ pub async fn run(
     let reason = (!failed.is_empty()).then(|| format!("failed: {}", failed.join(", ")));
     state.finish_run(&id, phase, reason.as_deref())?;
     Ok(RunSummary { id, phase, stages })
+}
+
+/// The phase of a run over the stages `counted` selects: `Succeeded` when each succeeded
+/// or was skipped (a skipped hook counts as skipped).
+fn run_phase(
+    pipeline: &Pipeline,
+    results: &[Option<StageResult>],
+    cancelled: bool,
+    counted: impl Fn(&Stage) -> bool,
+) -> Phase {
+    let phases: Vec<Phase> = pipeline
+        .stages
+        .iter()
+        .filter(|s| counted(s))
+        .map(|s| {
+            results[s.id.index()]
+                .as_ref()
+                .map(|r| r.phase)
+                .unwrap_or(Phase::Omitted)
+        })
+        .collect();
+    if cancelled {
+        Phase::Cancelled
+    } else if phases
+        .iter()
+        .all(|p| matches!(p, Phase::Succeeded | Phase::Skipped))
+    {
+        Phase::Succeeded
+    } else if phases.contains(&Phase::Error) {
+        Phase::Error
+    } else {
+        Phase::Failed
+    }
+}
+
+/// A triggered hook runs unless its own `when` is false; what it depends on may have
+/// failed (that is what `on_failure` hooks are for).
+fn hook_condition(
+    pipeline: &Pipeline,
+    ctx: &Ctx,
+    id: StageId,
+    results: &[Option<StageResult>],
+) -> Option<String> {
+    let (expr, text) = pipeline.stage(id).when.as_ref()?;
+    let values = upstream_results(pipeline, id, results);
+    let lookup = |r: &Ref| lookup_value(pipeline, ctx, &values, r);
+    (!expr.eval(&lookup)).then(|| format!("`when: {text}` was false"))
 }
 
 fn finish(
@@ -391,6 +503,9 @@ fn finish(
 ) {
     results[id.index()] = Some(result);
     for d in pipeline.downstream(id) {
+        if pipeline.stage(d).hook.is_some() {
+            continue;
+        }
         waiting[d.index()] -= 1;
         if waiting[d.index()] == 0 {
             ready.insert((rank[d.index()], d));
@@ -467,6 +582,14 @@ fn lookup_value(
         Ref::Param(p) => ctx.params.get(p).cloned(),
         Ref::RunId => Some(Value::String(ctx.run.id.0.clone())),
         Ref::RunDate => Some(Value::String(ctx.run.created_at.get(..10)?.to_owned())),
+        Ref::RunStatus => Some(Value::String(
+            ctx.main_phase
+                .get()
+                .copied()
+                .unwrap_or(Phase::Running)
+                .as_str()
+                .to_owned(),
+        )),
         Ref::PipelineName => Some(Value::String(pipeline.name.clone())),
         Ref::ScheduleTime => Some(Value::String(ctx.run.created_at.clone())),
         Ref::StageValue { stage, key } => {
@@ -642,7 +765,7 @@ async fn attempt_loop(
         let retry = phase != Phase::Cancelled
             && attempt - first < stage.retries.limit
             && retryable(&stage.retries, class, exit)
-            && !*ctx.cancel.borrow();
+            && !*ctx.stop_for(stage).borrow();
         if retry {
             let delay = backoff(&stage.retries, attempt, &key);
             if let Track::Stage = track {
@@ -653,7 +776,7 @@ async fn attempt_loop(
                     reason: first_line(&reason),
                 });
             }
-            let mut cancel = ctx.cancel.clone();
+            let mut cancel = ctx.stop_for(stage);
             tokio::select! {
                 _ = tokio::time::sleep(delay) => continue,
                 _ = cancel.changed() => {}
@@ -931,8 +1054,9 @@ async fn run_attempt(
                     .map_err(|e| format!("cannot materialize input `{}`: {e}", input.name))?;
                 input_paths.insert(input.name.clone(), dest.display().to_string());
             }
-            // An optional input whose producer was skipped is absent.
-            None if input.optional => {
+            // An optional input whose producer was skipped is absent; so is any input of
+            // a hook whose producer did not succeed.
+            None if input.optional || stage.hook.is_some() => {
                 input_paths.insert(input.name.clone(), String::new());
             }
             None => return Err(format!("input `{}` has no artifact", input.name)),
@@ -1098,7 +1222,7 @@ async fn wait_attempt(
     ctx.state
         .set_attempt_handle(&ctx.run.id, &stage.name, key.attempt, &running.handle())
         .map_err(|e| e.to_string())?;
-    let mut cancel = ctx.cancel.clone();
+    let mut cancel = ctx.stop_for(stage);
     let timeout = stage.timeout.unwrap_or(Duration::MAX);
     let outcome = tokio::select! {
         o = running.wait() => Some(o),

@@ -202,6 +202,11 @@ pub struct StageSpec {
     /// Fan-out: run this stage once per item.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub map: Option<MapSpec>,
+    /// Makes the stage a hook: it runs after every other stage has ended, `finally`
+    /// always, `on_failure` only when the run failed (notifications, cleanup). No
+    /// ordinary stage may depend on a hook.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hook: Option<Hook>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retries: Option<RetrySpec>,
     /// A duration: `90s`, `15m`, `2h`, `1h30m`.
@@ -371,6 +376,16 @@ string_or_struct!(
     OutputLong,
     "an output name or a mapping with `name`"
 );
+
+/// When a hook stage runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Hook {
+    /// After the run, whatever happened.
+    Finally,
+    /// After the run, only if it failed.
+    OnFailure,
+}
 
 /// Fan-out over items. Exactly one of `items`, `param` and `from`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -19,6 +19,9 @@ pub enum Ref {
     RunId,
     /// `run.date`: the run's start date (or the scheduled date), `YYYY-MM-DD`.
     RunDate,
+    /// `run.status`: in a hook stage, how the rest of the run ended (`Succeeded`,
+    /// `Failed`, …); `Running` elsewhere.
+    RunStatus,
     /// `pipeline.name`
     PipelineName,
     /// `schedule.time`: the scheduled time (RFC 3339) of a cron run; the submit time
@@ -56,6 +59,7 @@ impl Ref {
             ["params", name] => Ok(Ref::Param((*name).to_owned())),
             ["run", "id"] => Ok(Ref::RunId),
             ["run", "date"] => Ok(Ref::RunDate),
+            ["run", "status"] => Ok(Ref::RunStatus),
             ["pipeline", "name"] => Ok(Ref::PipelineName),
             ["schedule", "time"] => Ok(Ref::ScheduleTime),
             ["inputs", name] => Ok(Ref::Input((*name).to_owned())),
@@ -66,7 +70,7 @@ impl Ref {
             }),
             ["item", ..] => Ok(Ref::Item(rest(1))),
             ["run", other] => Err(format!(
-                "unknown reference `run.{other}`; `run` has `id` and `date`"
+                "unknown reference `run.{other}`; `run` has `id`, `date` and `status`"
             )),
             ["schedule", other] => Err(format!(
                 "unknown reference `schedule.{other}`; `schedule` has `time`"
@@ -96,6 +100,7 @@ impl fmt::Display for Ref {
             Ref::Param(n) => write!(f, "params.{n}"),
             Ref::RunId => f.write_str("run.id"),
             Ref::RunDate => f.write_str("run.date"),
+            Ref::RunStatus => f.write_str("run.status"),
             Ref::PipelineName => f.write_str("pipeline.name"),
             Ref::ScheduleTime => f.write_str("schedule.time"),
             Ref::Input(n) => write!(f, "inputs.{n}"),

@@ -405,6 +405,25 @@ impl<'a> Cx<'a> {
                 );
             }
         }
+        // Hooks run after everything else: nothing ordinary may wait for one.
+        for e in graph.edge_indices() {
+            let (a, b) = graph.edge_endpoints(e).expect("edge exists");
+            let (from, to) = (names[a.index()], names[b.index()]);
+            let is_hook = |n: &str| {
+                raw.stages
+                    .get(n)
+                    .and_then(|s| s.as_ref())
+                    .is_some_and(|s| s.hook.is_some())
+            };
+            if is_hook(from) && !is_hook(to) {
+                self.err_key(
+                    "depends-on-hook",
+                    &p("stages").key(to),
+                    format!("stage `{to}` depends on hook `{from}`, which runs only after every other stage"),
+                )
+                .hint("make the dependant a hook too, or drop the dependency");
+            }
+        }
         let order = stable_topo_order(&graph);
         if order.is_none() {
             self.report_cycles(&graph, &names, &raw, &value_origin);
@@ -673,7 +692,11 @@ impl<'a> Cx<'a> {
                                 self.unknown_param(&path, range.clone(), name, params);
                             }
                         }
-                        Ref::RunId | Ref::RunDate | Ref::PipelineName | Ref::ScheduleTime => {}
+                        Ref::RunId
+                        | Ref::RunDate
+                        | Ref::RunStatus
+                        | Ref::PipelineName
+                        | Ref::ScheduleTime => {}
                         other => {
                             self.err_in_string(
                                 "invalid-reference",
@@ -1269,6 +1292,7 @@ impl<'a> Cx<'a> {
             outputs,
             when,
             map,
+            hook: spec.hook,
             retries,
             timeout,
             cache,
@@ -1540,7 +1564,7 @@ impl<'a> Cx<'a> {
                     return false;
                 }
             }
-            Ref::RunId | Ref::RunDate | Ref::PipelineName | Ref::ScheduleTime => {}
+            Ref::RunId | Ref::RunDate | Ref::RunStatus | Ref::PipelineName | Ref::ScheduleTime => {}
             Ref::Input(name) | Ref::Output(name) if site == RefSite::Condition => {
                 let _ = name;
                 self.err_in_string("invalid-reference", path, range, format!(
