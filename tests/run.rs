@@ -775,3 +775,35 @@ stages:
     let logs = home.drivetrain(&["logs", &id, "--stage", "notify"]);
     assert_eq!(text(&logs.stdout), "status=Failed report=[]\n");
 }
+
+#[test]
+fn a_stage_writing_to_its_input_is_caught() {
+    let home = Home::new("tamper");
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: tamper
+stages:
+  make:
+    run: {command: [sh, -c, 'echo original > "$0/f"', "{{ outputs.data }}"]}
+    outputs: [data]
+  vandal:
+    inputs: {data: make.data}
+    run: {command: [sh, -c, 'chmod u+w "$0/f"; echo vandalised >> "$0/f"', "{{ inputs.data }}"]}
+  reader:
+    needs: [vandal]
+    inputs: {data: make.data}
+    run: {command: [cat, "{{ inputs.data }}/f"]}
+"#,
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let st = home.status(&run_id(&o));
+    let vandal = stage(&st, "vandal")["reason"].as_str().unwrap().to_owned();
+    assert!(
+        vandal.starts_with("the stage wrote to its input `data` (an artifact of `make`)"),
+        "{vandal}"
+    );
+    assert_eq!(stage(&st, "reader")["phase"], "Omitted");
+}

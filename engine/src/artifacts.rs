@@ -44,6 +44,14 @@ pub enum ArtifactError {
         #[source]
         source: object_store::Error,
     },
+    /// An object no longer matches the manifest written when it was published: something
+    /// wrote to an immutable artifact.
+    #[error("artifact object `{key}` was modified after it was published (manifest: {expected}, now: {found})")]
+    Modified {
+        key: String,
+        expected: String,
+        found: String,
+    },
     /// Reading or writing local files failed.
     #[error("{what}: {source}")]
     Io {
@@ -327,10 +335,8 @@ impl ArtifactStore {
         let manifest = self.manifest(artifact).await?;
         std::fs::create_dir_all(dest).map_err(io(format!("create {}", dest.display())))?;
         for f in &manifest.files {
-            let key = match &f.key {
-                Some(k) => Path::from(k.as_str()),
-                None => Path::from(format!("{}/{}", manifest.prefix, f.path)),
-            };
+            let key = object_key(&manifest, f);
+            self.check(&key, f).await?;
             let target = dest.join(&f.path);
             if let Some(parent) = target.parent() {
                 std::fs::create_dir_all(parent)
@@ -352,6 +358,35 @@ impl ArtifactStore {
             tokio::fs::write(&target, &bytes)
                 .await
                 .map_err(io(format!("write {}", target.display())))?;
+        }
+        Ok(())
+    }
+
+    /// Checks that every object of an artifact still matches its manifest (size and
+    /// ETag; on `file://` the ETag covers inode, size and modification time).
+    pub async fn verify(&self, artifact: &ArtifactRef) -> Result<(), ArtifactError> {
+        let manifest = self.manifest(artifact).await?;
+        for f in &manifest.files {
+            self.check(&object_key(&manifest, f), f).await?;
+        }
+        Ok(())
+    }
+
+    async fn check(&self, key: &Path, f: &ManifestEntry) -> Result<(), ArtifactError> {
+        let meta = self
+            .store
+            .head(key)
+            .await
+            .map_err(store_err(format!("stat {key}")))?;
+        let describe = |size: u64, etag: &Option<String>| {
+            format!("{size} bytes, etag {}", etag.as_deref().unwrap_or("-"))
+        };
+        if meta.size != f.size || (f.etag.is_some() && meta.e_tag != f.etag) {
+            return Err(ArtifactError::Modified {
+                key: key.to_string(),
+                expected: describe(f.size, &f.etag),
+                found: describe(meta.size, &meta.e_tag),
+            });
         }
         Ok(())
     }
@@ -398,6 +433,13 @@ impl ArtifactStore {
         let mut keys: Vec<String> = metas.into_iter().map(|m| m.location.to_string()).collect();
         keys.sort();
         Ok(keys)
+    }
+}
+
+fn object_key(manifest: &Manifest, f: &ManifestEntry) -> Path {
+    match &f.key {
+        Some(k) => Path::from(k.as_str()),
+        None => Path::from(format!("{}/{}", manifest.prefix, f.path)),
     }
 }
 
@@ -544,6 +586,34 @@ mod tests {
         roundtrip(ArtifactStore::open(&url).unwrap()).await;
         let stored = root.join("runs/r1/s/1/data/a.txt");
         assert!(std::fs::metadata(&stored).unwrap().permissions().readonly());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[tokio::test]
+    async fn modified_objects_are_detected() {
+        let root = std::env::temp_dir().join(format!("dt-mod-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let out = root.join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        std::fs::write(out.join("a.txt"), b"hello").unwrap();
+        let store = ArtifactStore::open(&format!("file://{}/store", root.display())).unwrap();
+        let art = store.publish_dir(&attempt(), "data", &out).await.unwrap();
+        store.verify(&art).await.unwrap();
+        // Write through a hard link, as a careless stage could (the engine runs as root here).
+        let stored = root.join("store/runs/r1/s/1/data/a.txt");
+        let mut perm = std::fs::metadata(&stored).unwrap().permissions();
+        #[allow(clippy::permissions_set_readonly_false)]
+        perm.set_readonly(false);
+        std::fs::set_permissions(&stored, perm).unwrap();
+        std::fs::write(&stored, b"HELLO, tampered").unwrap();
+        let err = store.verify(&art).await.unwrap_err();
+        assert!(matches!(err, ArtifactError::Modified { .. }), "{err}");
+        let err = store.materialize(&art, &root.join("in")).await.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("was modified after it was published"),
+            "{err}"
+        );
         std::fs::remove_dir_all(&root).unwrap();
     }
 

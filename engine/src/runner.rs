@@ -1164,7 +1164,29 @@ async fn run_attempt(
         log: log.clone(),
         distributed: stage.distributed.clone(),
     };
-    let result = start_and_wait(ctx, stage, key, spec, &log, &values_path, &outputs_dir).await;
+    let mut result = start_and_wait(ctx, stage, key, spec, &log, &values_path, &outputs_dir).await;
+    // Inputs are hard links into the store: a stage that wrote to one changed an
+    // artifact. Say so, and fail the stage, rather than let it pass unnoticed.
+    for input in &stage.inputs {
+        let Some(art) = upstream
+            .get(&input.stage)
+            .and_then(|r| r.outputs.get(&input.output))
+        else {
+            continue;
+        };
+        if let Err(e) = ctx.artifacts.verify(art).await {
+            result = Ok(AttemptEnd::Failed {
+                exit_code: None,
+                reason: format!(
+                    "the stage wrote to its input `{}` (an artifact of `{}`): {e}; artifacts are immutable, write to an output instead",
+                    input.name,
+                    ctx.pipeline.stage(input.stage).name
+                ),
+                class: ErrorClass::Failed,
+            });
+            break;
+        }
+    }
     // Inputs are hard links to upstream artifacts: nothing of a finished attempt may keep
     // a writable name for them.
     let _ = std::fs::remove_dir_all(&inputs_dir);
