@@ -807,3 +807,55 @@ stages:
     );
     assert_eq!(stage(&st, "reader")["phase"], "Omitted");
 }
+
+#[test]
+fn url_mode_hands_stages_store_urls() {
+    let home = Home::new("urlmode");
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: urls
+stages:
+  big:
+    run: {command: [sh, -c, 'd=${0#file://}; mkdir -p "$d/part"; echo one > "$d/part/a"; echo two > "$d/b"', "{{ outputs.data }}"]}
+    outputs: [{name: data, mode: url}]
+  by-url:
+    inputs: {data: {from: big.data, mode: url}}
+    run: {command: [sh, -c, 'd=${0#file://}; cat "$d/b" "$d/part/a"; echo "$0"', "{{ inputs.data }}"]}
+  by-dir:
+    inputs: {data: big.data}
+    run: {command: [cat, "{{ inputs.data }}/part/a"]}
+"#,
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stdout));
+    let id = run_id(&o);
+    let by_url = text(&home.drivetrain(&["logs", &id, "--stage", "by-url"]).stdout);
+    let lines: Vec<&str> = by_url.lines().collect();
+    assert_eq!(lines[..2], ["two", "one"]);
+    assert!(
+        lines[2].starts_with("file://") && lines[2].ends_with(&format!("/runs/{id}/big/1/data")),
+        "{by_url}"
+    );
+    assert_eq!(
+        text(&home.drivetrain(&["logs", &id, "--stage", "by-dir"]).stdout),
+        "one\n"
+    );
+    let st = home.status(&id);
+    let manifest = stage(&st, "big")["outputs"]["data"]["manifest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let m: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(home.dir.join(".drivetrain/artifacts").join(manifest)).unwrap(),
+    )
+    .unwrap();
+    let paths: Vec<&str> = m["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["b", "part/a"]);
+}

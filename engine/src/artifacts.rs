@@ -251,9 +251,64 @@ impl ArtifactStore {
             }
         }
         let manifest_key = format!("{}/manifests/{output}.json", attempt.prefix());
-        let prefix = format!("{}/items", attempt.prefix());
+        // Item attempts live under `runs/<run>/<stage>/items/<i>/<attempt>/`.
+        let prefix = format!("runs/{}/{}/items", attempt.run, attempt.stage);
         self.write_manifest(manifest_key, output, prefix, entries)
             .await
+    }
+
+    /// Where output `output` of `attempt` lives: the key prefix a `mode: url` stage
+    /// writes its objects under, as a URL.
+    pub fn output_url(&self, attempt: &AttemptKey, output: &str) -> Result<String, ArtifactError> {
+        let prefix = format!("{}/{}", attempt.prefix(), output);
+        if let Some(dir) = self.local_path(&Path::from(prefix.as_str())) {
+            std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
+        }
+        Ok(self.artifact_url(&prefix))
+    }
+
+    /// Publishes output `output` of a `mode: url` stage from what the stage wrote under
+    /// [`ArtifactStore::output_url`] itself: the listing becomes the manifest.
+    pub async fn publish_listing(
+        &self,
+        attempt: &AttemptKey,
+        output: &str,
+    ) -> Result<ArtifactRef, ArtifactError> {
+        let prefix = format!("{}/{}", attempt.prefix(), output);
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&Path::from(prefix.as_str())))
+            .try_collect()
+            .await
+            .map_err(store_err(format!("list {prefix}")))?;
+        let mut entries = Vec::with_capacity(metas.len());
+        for m in metas {
+            let full = m.location.to_string();
+            let rel = full
+                .strip_prefix(&format!("{prefix}/"))
+                .unwrap_or(&full)
+                .to_owned();
+            check_key(&rel).map_err(|why| ArtifactError::InvalidKey {
+                output: output.to_owned(),
+                path: rel.clone(),
+                why,
+            })?;
+            entries.push(ManifestEntry {
+                path: rel,
+                key: None,
+                size: m.size,
+                etag: m.e_tag,
+            });
+        }
+        entries.sort_by(|a, b| a.path.cmp(&b.path));
+        let manifest_key = format!("{}/manifests/{output}.json", attempt.prefix());
+        self.write_manifest(manifest_key, output, prefix, entries)
+            .await
+    }
+
+    /// The URL of an artifact's objects (its manifest's prefix).
+    pub async fn url_of(&self, artifact: &ArtifactRef) -> Result<String, ArtifactError> {
+        Ok(self.artifact_url(&self.manifest(artifact).await?.prefix))
     }
 
     async fn write_manifest(

@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use crate::artifacts::{ArtifactRef, ArtifactStore, AttemptKey};
 use crate::executor::{AttemptOutcome, AttemptSpec, Executor};
 use crate::plan::{Action, MapSource, Pipeline, RetryPolicy, Stage, StageId};
-use crate::spec::{ErrorClass, Hook, RetryOn};
+use crate::spec::{ErrorClass, Hook, IoMode, RetryOn};
 use crate::state::{Phase, RunId, RunRecord, StateError, StateStore};
 use crate::template::{value_text, Ref, Template};
 
@@ -1046,6 +1046,15 @@ async fn run_attempt(
     for input in &stage.inputs {
         let producer = upstream.get(&input.stage);
         match producer.and_then(|r| r.outputs.get(&input.output)) {
+            // For data too large to copy, the stage reads the objects where they are.
+            Some(art) if input.mode == IoMode::Url => {
+                let url = ctx
+                    .artifacts
+                    .url_of(art)
+                    .await
+                    .map_err(|e| format!("cannot resolve input `{}`: {e}", input.name))?;
+                input_paths.insert(input.name.clone(), url);
+            }
             Some(art) => {
                 let dest = inputs_dir.join(&input.name);
                 ctx.artifacts
@@ -1064,6 +1073,14 @@ async fn run_attempt(
     }
     let mut output_paths = BTreeMap::new();
     for o in &stage.outputs {
+        if o.mode == IoMode::Url {
+            let url = ctx
+                .artifacts
+                .output_url(key, &o.name)
+                .map_err(|e| format!("cannot prepare output `{}`: {e}", o.name))?;
+            output_paths.insert(o.name.clone(), url);
+            continue;
+        }
         let p = outputs_dir.join(&o.name);
         mk(&p)?;
         output_paths.insert(o.name.clone(), p.display().to_string());
@@ -1297,10 +1314,14 @@ async fn wait_attempt(
     };
     let mut outputs = BTreeMap::new();
     for o in &stage.outputs {
-        let art = ctx
-            .artifacts
-            .publish_dir(key, &o.name, &outputs_dir.join(&o.name))
-            .await;
+        let art = match o.mode {
+            IoMode::Url => ctx.artifacts.publish_listing(key, &o.name).await,
+            IoMode::Dir => {
+                ctx.artifacts
+                    .publish_dir(key, &o.name, &outputs_dir.join(&o.name))
+                    .await
+            }
+        };
         match art {
             Ok(a) => {
                 outputs.insert(o.name.clone(), a);
