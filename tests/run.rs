@@ -859,3 +859,47 @@ stages:
         .collect();
     assert_eq!(paths, ["b", "part/a"]);
 }
+
+/// A store that refuses writes mid-run (here: the attempt's prefix is blocked by a file,
+/// the way a read-only or full volume refuses it): the stage errs with the store's own
+/// reason, the run is not successful, and no manifest of that stage exists.
+#[test]
+fn a_failing_store_publishes_nothing_half_written() {
+    let home = Home::new("badstore");
+    let store = home.dir.join("store");
+    let file = home.write(
+        "p.yaml",
+        &format!(
+            r#"
+version: 1
+name: badstore
+store: file://{store}
+stages:
+  blocker:
+    run: {{command: [sh, -c, 'mkdir -p {store}/runs/$DRIVETRAIN_RUN_ID && touch {store}/runs/$DRIVETRAIN_RUN_ID/victim']}}
+  victim:
+    needs: [blocker]
+    run: {{command: [sh, -c, 'echo data > "$0/f"', "{{{{ outputs.data }}}}"]}}
+    outputs: [data]
+"#,
+            store = store.display()
+        ),
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
+    let id = run_id(&o);
+    let st = home.status(&id);
+    assert_eq!(st["run"]["phase"], "Error");
+    let victim = stage(&st, "victim");
+    assert_eq!(victim["phase"], "Error");
+    let reason = victim["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("cannot store the log: artifact store: write log"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("Not a directory") || reason.contains("File exists"),
+        "the store's own reason: {reason}"
+    );
+    assert!(!store.join(format!("runs/{id}/victim/1/manifests")).exists());
+}

@@ -906,7 +906,7 @@ async fn execute_map(
                 return Ok(LoopEnd {
                     phase: Phase::Error,
                     exit: None,
-                    reason: Some(format!("cannot publish output `{}`: {e}", o.name)),
+                    reason: Some(format!("cannot publish output `{}`: {}", o.name, chain(&e))),
                     outputs: BTreeMap::new(),
                     values,
                 })
@@ -957,7 +957,7 @@ async fn read_items(ctx: &Ctx, art: &ArtifactRef) -> Result<Vec<Value>, String> 
     ctx.artifacts
         .materialize(art, &dir)
         .await
-        .map_err(|e| format!("cannot read the map source: {e}"))?;
+        .map_err(|e| format!("cannot read the map source: {}", chain(&e)))?;
     let text = std::fs::read(dir.join("items.json"))
         .map_err(|_| "the map source has no items.json".to_owned())?;
     let _ = std::fs::remove_dir_all(&dir);
@@ -965,6 +965,21 @@ async fn read_items(ctx: &Ctx, art: &ArtifactRef) -> Result<Vec<Value>, String> 
         Ok(Value::Array(items)) => Ok(items),
         _ => Err("the map source's items.json is not a JSON list".into()),
     }
+}
+
+/// An error with its sources, `outer: inner: root`, for reasons people read.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
 }
 
 fn first_line(s: &str) -> String {
@@ -1048,19 +1063,17 @@ async fn run_attempt(
         match producer.and_then(|r| r.outputs.get(&input.output)) {
             // For data too large to copy, the stage reads the objects where they are.
             Some(art) if input.mode == IoMode::Url => {
-                let url = ctx
-                    .artifacts
-                    .url_of(art)
-                    .await
-                    .map_err(|e| format!("cannot resolve input `{}`: {e}", input.name))?;
+                let url =
+                    ctx.artifacts.url_of(art).await.map_err(|e| {
+                        format!("cannot resolve input `{}`: {}", input.name, chain(&e))
+                    })?;
                 input_paths.insert(input.name.clone(), url);
             }
             Some(art) => {
                 let dest = inputs_dir.join(&input.name);
-                ctx.artifacts
-                    .materialize(art, &dest)
-                    .await
-                    .map_err(|e| format!("cannot materialize input `{}`: {e}", input.name))?;
+                ctx.artifacts.materialize(art, &dest).await.map_err(|e| {
+                    format!("cannot materialize input `{}`: {}", input.name, chain(&e))
+                })?;
                 input_paths.insert(input.name.clone(), dest.display().to_string());
             }
             // An optional input whose producer was skipped is absent; so is any input of
@@ -1077,7 +1090,7 @@ async fn run_attempt(
             let url = ctx
                 .artifacts
                 .output_url(key, &o.name)
-                .map_err(|e| format!("cannot prepare output `{}`: {e}", o.name))?;
+                .map_err(|e| format!("cannot prepare output `{}`: {}", o.name, chain(&e)))?;
             output_paths.insert(o.name.clone(), url);
             continue;
         }
@@ -1287,7 +1300,7 @@ async fn wait_attempt(
     ctx.artifacts
         .put_log(key, log)
         .await
-        .map_err(|e| format!("cannot store the log: {e}"))?;
+        .map_err(|e| format!("cannot store the log: {}", chain(&e)))?;
     match outcome {
         AttemptOutcome::Succeeded => {}
         AttemptOutcome::Cancelled => return Ok(AttemptEnd::Cancelled),
@@ -1336,7 +1349,7 @@ async fn wait_attempt(
                     class: ErrorClass::Failed,
                 })
             }
-            Err(e) => return Err(format!("cannot publish output `{}`: {e}", o.name)),
+            Err(e) => return Err(format!("cannot publish output `{}`: {}", o.name, chain(&e))),
         }
     }
     // The published files are hard links: drop the attempt's own names for them so
