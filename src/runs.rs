@@ -227,9 +227,10 @@ fn drive(d: Drive) -> anyhow::Result<ExitCode> {
             cancel_rx,
         ));
         let printer = tokio::spawn(async move {
+            let mut progress = Progress::new();
             while let Some(ev) = rx.recv().await {
                 if !json {
-                    print_event(&ev);
+                    progress.event(&ev);
                 }
             }
         });
@@ -463,19 +464,114 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Progress output: plain lines (a pipe, a log file), or on a terminal a live line per
+/// running stage with its elapsed time and a bar for map items.
+enum Progress {
+    Plain,
+    Live {
+        bars: indicatif::MultiProgress,
+        running: BTreeMap<String, indicatif::ProgressBar>,
+    },
+}
+
+impl Progress {
+    fn new() -> Progress {
+        use std::io::IsTerminal;
+        if std::io::stdout().is_terminal() {
+            Progress::Live {
+                bars: indicatif::MultiProgress::new(),
+                running: BTreeMap::new(),
+            }
+        } else {
+            Progress::Plain
+        }
+    }
+
+    fn event(&mut self, ev: &RunEvent) {
+        let (bars, running) = match self {
+            Progress::Plain => return print_event(ev),
+            Progress::Live { bars, running } => (bars, running),
+        };
+        let spinner =
+            indicatif::ProgressStyle::with_template("  {spinner} {prefix} {elapsed} {msg}")
+                .expect("a valid template");
+        match ev {
+            RunEvent::Started { stage, attempt } => {
+                let bar = running.entry(stage.clone()).or_insert_with(|| {
+                    let b = bars.add(indicatif::ProgressBar::new_spinner());
+                    b.set_style(spinner.clone());
+                    b.set_prefix(stage.clone());
+                    b.enable_steady_tick(Duration::from_millis(120));
+                    b
+                });
+                if *attempt > 1 {
+                    bar.set_message(format!("attempt {attempt}"));
+                }
+            }
+            RunEvent::Items { stage, total } => {
+                if let Some(bar) = running.get(stage) {
+                    bar.set_length(*total as u64);
+                    bar.set_style(
+                        indicatif::ProgressStyle::with_template(
+                            "  {spinner} {prefix} {elapsed} [{bar:30}] {pos}/{len} items {msg}",
+                        )
+                        .expect("a valid template"),
+                    );
+                }
+            }
+            RunEvent::ItemDone { stage, succeeded } => {
+                if let Some(bar) = running.get(stage) {
+                    bar.inc(1);
+                    if !succeeded {
+                        bar.set_message("(some items failed)");
+                    }
+                }
+            }
+            RunEvent::Retrying {
+                stage,
+                attempt,
+                reason,
+                ..
+            } => {
+                if let Some(bar) = running.get(stage) {
+                    bar.set_message(format!("↻ {reason}; attempt {attempt} next"));
+                }
+            }
+            RunEvent::Finished { stage, .. } => {
+                if let Some(bar) = running.remove(stage) {
+                    bar.finish_and_clear();
+                    bars.remove(&bar);
+                }
+                let line = event_line(ev);
+                let _ = bars.println(line.trim_end());
+            }
+        }
+    }
+}
+
 fn print_event(ev: &RunEvent) {
+    let line = event_line(ev);
+    if !line.is_empty() {
+        print!("{line}");
+    }
+}
+
+/// The plain line(s) of an event, newline-terminated; empty for item ticks.
+fn event_line(ev: &RunEvent) -> String {
     match ev {
         RunEvent::Started { stage, attempt } if *attempt > 1 => {
-            println!("  ▶ {stage} (attempt {attempt})")
+            format!("  ▶ {stage} (attempt {attempt})\n")
         }
-        RunEvent::Started { stage, .. } => println!("  ▶ {stage}"),
+        RunEvent::Started { stage, .. } => format!("  ▶ {stage}\n"),
+        RunEvent::Items { stage, total } => format!("  … {stage}: {total} items\n"),
+        RunEvent::ItemDone { .. } => String::new(),
         RunEvent::Retrying {
             stage,
             attempt,
             delay,
             reason,
-        } => println!(
-            "  ↻ {stage}: {reason}; attempt {attempt} in {}",
+        } => format!(
+            "  ↻ {stage}: {reason}; attempt {attempt} in {}\n",
             humantime::format_duration(Duration::from_millis(delay.as_millis() as u64))
         ),
         RunEvent::Finished {
@@ -498,15 +594,16 @@ fn print_event(ev: &RunEvent) {
             match reason {
                 Some(r) => {
                     let mut lines = r.lines();
-                    println!(
-                        "  {glyph} {stage} {phase}{took}: {}",
+                    let mut out = format!(
+                        "  {glyph} {stage} {phase}{took}: {}\n",
                         lines.next().unwrap_or_default()
                     );
                     for l in lines {
-                        println!("      {l}");
+                        out.push_str(&format!("      {l}\n"));
                     }
+                    out
                 }
-                None => println!("  {glyph} {stage} {phase}{took}"),
+                None => format!("  {glyph} {stage} {phase}{took}\n"),
             }
         }
     }

@@ -104,6 +104,16 @@ pub enum RunEvent {
         reason: Option<String>,
         elapsed: Duration,
     },
+    /// A map stage starts its items.
+    Items {
+        stage: String,
+        total: usize,
+    },
+    /// One item of a map stage ended.
+    ItemDone {
+        stage: String,
+        succeeded: bool,
+    },
 }
 
 /// A run-level failure of the engine or its infrastructure (not of a stage).
@@ -830,8 +840,12 @@ async fn execute_map(
     };
     ctx.state.add_map_items(&ctx.run.id, &stage.name, &items)?;
     let _ = ctx.events.send(RunEvent::Started {
-        stage: format!("{} ({} items)", stage.name, items.len()),
+        stage: stage.name.clone(),
         attempt: 1,
+    });
+    let _ = ctx.events.send(RunEvent::Items {
+        stage: stage.name.clone(),
+        total: items.len(),
     });
     let limit = map
         .max_parallel
@@ -847,6 +861,10 @@ async fn execute_map(
     let mut first_failure: Option<String> = None;
     while let Some(r) = results.next().await {
         let (index, end) = r?;
+        let _ = ctx.events.send(RunEvent::ItemDone {
+            stage: stage.name.clone(),
+            succeeded: end.phase == Phase::Succeeded,
+        });
         match end.phase {
             Phase::Succeeded => succeeded.push((index, end.outputs)),
             Phase::Cancelled => cancelled = true,
