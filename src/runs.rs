@@ -321,6 +321,30 @@ fn reap_lost(
         state.set_stage(id, &a.stage, Phase::Error, None, Some(reason))?;
         lost += 1;
     }
+    // Items of map stages that were running.
+    for s in state.stages(id)? {
+        if s.phase.is_terminal() {
+            continue;
+        }
+        for item in state.map_items(id, &s.stage)? {
+            if item.phase != Phase::Running {
+                continue;
+            }
+            if let Some(h) = &item.handle {
+                rt.block_on(executor.reap(h));
+            }
+            let reason = "lost: the engine stopped while it ran";
+            state.finish_item(
+                id,
+                &s.stage,
+                item.index,
+                Phase::Error,
+                Some(reason),
+                &serde_json::json!({}),
+            )?;
+            lost += 1;
+        }
+    }
     Ok(lost)
 }
 

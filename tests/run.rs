@@ -903,3 +903,46 @@ stages:
     );
     assert!(!store.join(format!("runs/{id}/victim/1/manifests")).exists());
 }
+
+#[test]
+fn resume_keeps_the_items_a_map_finished() {
+    let home = Home::new("mapresume");
+    let d = home.dir.display().to_string();
+    let file = home.write(
+        "p.yaml",
+        &format!(
+            r#"
+version: 1
+name: mapcrash
+stages:
+  each:
+    map: {{items: [a, b, hang, d], max_parallel: 1}}
+    run: {{command: [sh, -c, 'echo "$0" >> {d}/ran; if [ "$0" = hang ] && [ ! -e {d}/marker ]; then touch {d}/marker; echo $$ > {d}/hang.pid; exec sleep 300; fi; echo "$0" > "$1/x"', "{{{{ item }}}}", "{{{{ outputs.out }}}}"]}}
+    outputs: [out]
+  after:
+    inputs: {{all: each.out}}
+    run: {{command: [sh, -c, 'cat "$0"/*/x | sort | tr "\n" " "', "{{{{ inputs.all }}}}"]}}
+"#
+        ),
+    );
+    let (mut engine, id) = spawn_run(&home, &file);
+    let orphan = wait_for_file(&home.dir.join("hang.pid"));
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+
+    let o = home.drivetrain(&["resume", &id]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}\n{}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    assert!(wait_dead(&orphan), "the item left running was stopped");
+    let ran = std::fs::read_to_string(home.dir.join("ran")).unwrap();
+    assert_eq!(ran, "a\nb\nhang\nhang\nd\n", "a and b ran once; hang twice");
+    assert_eq!(
+        text(&home.drivetrain(&["logs", &id, "--stage", "after"]).stdout),
+        "a b d hang \n"
+    );
+}

@@ -838,7 +838,28 @@ async fn execute_map(
             }
         }
     };
-    ctx.state.add_map_items(&ctx.run.id, &stage.name, &items)?;
+    ctx.state
+        .set_stage(&ctx.run.id, &stage.name, Phase::Running, None, None)?;
+    // On a resume, items that succeeded before keep their outputs and do not run again.
+    // Items attempted before count their attempts on.
+    let mut kept: BTreeMap<usize, BTreeMap<String, ArtifactRef>> = BTreeMap::new();
+    let mut first_attempt = vec![1u32; items.len()];
+    let prior = ctx.state.map_items(&ctx.run.id, &stage.name)?;
+    let same_items =
+        prior.len() == items.len() && prior.iter().zip(&items).all(|(p, i)| &p.item == i);
+    if same_items {
+        for p in prior {
+            first_attempt[p.index] = p.attempts + 1;
+            if p.phase == Phase::Succeeded {
+                kept.insert(
+                    p.index,
+                    serde_json::from_value(p.outputs).unwrap_or_default(),
+                );
+            }
+        }
+    } else {
+        ctx.state.add_map_items(&ctx.run.id, &stage.name, &items)?;
+    }
     let _ = ctx.events.send(RunEvent::Started {
         stage: stage.name.clone(),
         attempt: 1,
@@ -853,11 +874,28 @@ async fn execute_map(
         .unwrap_or(usize::MAX)
         .clamp(1, ctx.opts.parallelism.max(1));
     let items_ref = &items;
-    let results = futures::stream::iter(0..items.len())
-        .map(|index| run_item(ctx, stage, index, &items_ref[index], upstream))
+    let todo: Vec<usize> = (0..items.len()).filter(|i| !kept.contains_key(i)).collect();
+    let results = futures::stream::iter(todo)
+        .map(|index| {
+            run_item(
+                ctx,
+                stage,
+                index,
+                &items_ref[index],
+                upstream,
+                first_attempt[index],
+            )
+        })
         .buffer_unordered(limit);
     futures::pin_mut!(results);
     let (mut succeeded, mut failures, mut cancelled) = (Vec::new(), 0usize, false);
+    for (index, outputs) in kept {
+        let _ = ctx.events.send(RunEvent::ItemDone {
+            stage: stage.name.clone(),
+            succeeded: true,
+        });
+        succeeded.push((index, outputs));
+    }
     let mut first_failure: Option<String> = None;
     while let Some(r) = results.next().await {
         let (index, end) = r?;
@@ -948,9 +986,10 @@ async fn run_item(
     index: usize,
     item: &Value,
     upstream: &BTreeMap<StageId, StageResult>,
+    first: u32,
 ) -> Result<(usize, LoopEnd), RunError> {
     let _permit = ctx.slots.acquire().await.expect("never closed");
-    let end = attempt_loop(ctx, stage, Track::Item { index, item }, upstream, 1).await?;
+    let end = attempt_loop(ctx, stage, Track::Item { index, item }, upstream, first).await?;
     let outputs = serde_json::to_value(&end.outputs).unwrap_or_default();
     ctx.state.finish_item(
         &ctx.run.id,
@@ -1289,9 +1328,19 @@ async fn wait_attempt(
     outputs_dir: &Path,
 ) -> Result<AttemptEnd, String> {
     let mut running = ctx.executor.start(spec).await.map_err(|e| e.to_string())?;
-    ctx.state
-        .set_attempt_handle(&ctx.run.id, &stage.name, key.attempt, &running.handle())
-        .map_err(|e| e.to_string())?;
+    let recorded = match key.stage.split_once("/items/") {
+        Some((_, index)) => ctx.state.set_item_handle(
+            &ctx.run.id,
+            &stage.name,
+            index.parse().unwrap_or_default(),
+            &running.handle(),
+        ),
+        None => {
+            ctx.state
+                .set_attempt_handle(&ctx.run.id, &stage.name, key.attempt, &running.handle())
+        }
+    };
+    recorded.map_err(|e| e.to_string())?;
     let mut cancel = ctx.stop_for(stage);
     let timeout = stage.timeout.unwrap_or(Duration::MAX);
     let outcome = tokio::select! {

@@ -150,6 +150,18 @@ pub struct StageRecord {
     pub values: serde_json::Value,
 }
 
+/// One item of a map stage as recorded.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ItemRecord {
+    pub index: usize,
+    pub item: serde_json::Value,
+    pub phase: Phase,
+    pub attempts: u32,
+    pub reason: Option<String>,
+    pub outputs: serde_json::Value,
+    pub handle: Option<String>,
+}
+
 /// One attempt of a stage as recorded.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AttemptRecord {
@@ -237,6 +249,16 @@ pub trait StateStore: Send + Sync {
         reason: Option<&str>,
         outputs: &serde_json::Value,
     ) -> Result<(), StateError>;
+    /// Records the executor handle of an item's running attempt.
+    fn set_item_handle(
+        &self,
+        run: &RunId,
+        stage: &str,
+        idx: usize,
+        handle: &str,
+    ) -> Result<(), StateError>;
+    /// Every item of a map stage, in order.
+    fn map_items(&self, run: &RunId, stage: &str) -> Result<Vec<ItemRecord>, StateError>;
     /// How many items of a map stage are in each phase.
     fn item_counts(&self, run: &RunId, stage: &str) -> Result<BTreeMap<String, u64>, StateError>;
 }
@@ -302,6 +324,8 @@ CREATE TABLE map_items (
     PRIMARY KEY (run_id, stage, idx)
 );
 "#,
+    // 4: the executor handle of an item's running attempt, so `resume` can stop it.
+    "ALTER TABLE map_items ADD COLUMN handle TEXT",
 ];
 
 /// The embedded SQLite state store.
@@ -663,6 +687,49 @@ impl StateStore for SqliteState {
         })
     }
 
+    fn set_item_handle(
+        &self,
+        run: &RunId,
+        stage: &str,
+        idx: usize,
+        handle: &str,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE map_items SET handle = ?4 WHERE run_id = ?1 AND stage = ?2 AND idx = ?3",
+                params![run.0, stage, idx as i64, handle],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("record handle of item {idx} of {stage}")))
+        })
+    }
+
+    fn map_items(&self, run: &RunId, stage: &str) -> Result<Vec<ItemRecord>, StateError> {
+        self.with(|c| {
+            let mut stmt = c
+                .prepare(
+                    "SELECT idx, item, phase, attempts, reason, outputs, handle FROM map_items \
+                     WHERE run_id = ?1 AND stage = ?2 ORDER BY idx",
+                )
+                .map_err(sql("read items"))?;
+            let rows = stmt
+                .query_map(params![run.0, stage], |r| {
+                    Ok(ItemRecord {
+                        index: r.get::<_, i64>(0)? as usize,
+                        item: json_col(r.get(1)?),
+                        phase: phase_col(r.get(2)?),
+                        attempts: r.get(3)?,
+                        reason: r.get(4)?,
+                        outputs: json_col(r.get(5)?),
+                        handle: r.get(6)?,
+                    })
+                })
+                .map_err(sql("read items"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(sql("read items"))
+        })
+    }
+
     fn item_counts(&self, run: &RunId, stage: &str) -> Result<BTreeMap<String, u64>, StateError> {
         self.with(|c| {
             let mut stmt = c
@@ -726,6 +793,12 @@ mod tests {
             &serde_json::json!({}),
         )
         .unwrap();
+        s.set_item_handle(&id, "m", 3, "pgid:9").unwrap();
+        let listed = s.map_items(&id, "m").unwrap();
+        assert_eq!(listed.len(), 1000);
+        assert_eq!((listed[3].phase, listed[3].attempts), (Phase::Succeeded, 1));
+        assert_eq!(listed[3].handle.as_deref(), Some("pgid:9"));
+        assert_eq!(listed[3].item["drive"], 3);
         let counts = s.item_counts(&id, "m").unwrap();
         assert_eq!(counts["Pending"], 998);
         assert_eq!(counts["Succeeded"], 1);
