@@ -75,3 +75,107 @@ pub trait Executor: Send + Sync {
     /// recorded. Returns whether anything was still running.
     async fn reap(&self, handle: &str) -> bool;
 }
+
+/// The conformance suite every [`Executor`]'s tests call: the guarantees the run loop
+/// relies on, checked with `sh` commands. Panics on the first broken guarantee.
+#[cfg(any(test, feature = "testing"))]
+pub mod conformance {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn spec(dir: &Path, name: &str, argv: &[&str]) -> AttemptSpec {
+        AttemptSpec {
+            run_id: "conformance".into(),
+            stage: name.into(),
+            attempt: 1,
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            env: vec![("FOO".into(), "bar baz".into())],
+            workdir: dir.to_path_buf(),
+            log: dir.join(format!("{name}.log")),
+            distributed: None,
+        }
+    }
+
+    /// Runs every check with `executor`, writing logs under `dir` (which must exist).
+    pub async fn check(executor: &dyn Executor, dir: &Path) {
+        // Success; stdout and stderr both land in the log; env values arrive intact.
+        let s = spec(dir, "ok", &["sh", "-c", "echo \"out $FOO\"; echo err >&2"]);
+        let log = s.log.clone();
+        let mut a = executor.start(s).await.expect("starts");
+        assert!(!a.handle().is_empty(), "an attempt has a handle");
+        assert_eq!(a.wait().await, AttemptOutcome::Succeeded);
+        let text = std::fs::read_to_string(&log).expect("a log");
+        assert!(
+            text.contains("out bar baz") && text.contains("err"),
+            "log: {text:?}"
+        );
+
+        // A non-zero exit is the stage's failure, with its code.
+        let mut a = executor
+            .start(spec(dir, "exit3", &["sh", "-c", "exit 3"]))
+            .await
+            .expect("starts");
+        match a.wait().await {
+            AttemptOutcome::Failed { exit_code, .. } => assert_eq!(exit_code, Some(3)),
+            other => panic!("exit 3 ended as {other:?}"),
+        }
+
+        // A command that does not exist is a failed attempt that names it.
+        let mut a = executor
+            .start(spec(dir, "missing", &["no-such-command-dt", "x"]))
+            .await
+            .expect("a missing command still starts an attempt");
+        match a.wait().await {
+            AttemptOutcome::Failed { reason, .. } => {
+                assert!(
+                    reason.contains("no-such-command-dt") && reason.contains("not found"),
+                    "{reason}"
+                )
+            }
+            other => panic!("a missing command ended as {other:?}"),
+        }
+
+        // Cancel stops a running attempt (and what it started).
+        let mut a = executor
+            .start(spec(dir, "cancel", &["sh", "-c", "sleep 300 & wait"]))
+            .await
+            .expect("starts");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        a.cancel().await;
+        let outcome = tokio::time::timeout(Duration::from_secs(10), a.wait())
+            .await
+            .expect("cancel is prompt");
+        assert_eq!(outcome, AttemptOutcome::Cancelled);
+
+        // An attempt left behind (its engine gone) can be stopped by its handle alone.
+        let a = executor
+            .start(spec(dir, "orphan", &["sleep", "300"]))
+            .await
+            .expect("starts");
+        let handle = a.handle();
+        drop(a);
+        assert!(executor.reap(&handle).await, "reap finds the orphan");
+
+        // Distributed ranks all start, each knowing its rank.
+        let mut s = spec(
+            dir,
+            "ranks",
+            &["sh", "-c", "echo \"rank $RANK of $WORLD_SIZE\""],
+        );
+        s.distributed = Some(crate::plan::Distributed {
+            framework: crate::spec::Framework::None,
+            workers: 2,
+            slots_per_worker: 1,
+        });
+        let log = s.log.clone();
+        let mut a = executor.start(s).await.expect("starts");
+        assert_eq!(a.wait().await, AttemptOutcome::Succeeded);
+        let text = std::fs::read_to_string(&log).expect("a log");
+        assert!(
+            text.contains("rank 0 of 2") && text.contains("rank 1 of 2"),
+            "log: {text:?}"
+        );
+    }
+}

@@ -769,21 +769,117 @@ impl StateStore for SqliteState {
     }
 }
 
-#[cfg(test)]
-mod tests {
+/// The conformance suite every [`StateStore`] implementation's tests call, so SQLite
+/// and the server databases behave the same. Panics on the first broken guarantee.
+#[cfg(any(test, feature = "testing"))]
+pub mod conformance {
     use super::*;
 
-    #[test]
-    fn map_items_are_rows() {
-        let s = SqliteState::in_memory().unwrap();
-        let id = RunId("r1".into());
-        s.create_run(&run("r1")).unwrap();
+    fn run_record(id: &str) -> RunRecord {
+        RunRecord {
+            id: RunId(id.into()),
+            pipeline: "p".into(),
+            file: "p.yaml".into(),
+            spec_digest: "sha256:d".into(),
+            params: serde_json::json!({"n": 1}),
+            trigger: "cli".into(),
+            parent: None,
+            phase: Phase::Running,
+            created_at: now(),
+            finished_at: None,
+            reason: None,
+            engine_pid: Some(7),
+        }
+    }
+
+    /// Runs every check against `store`, which must be empty.
+    pub fn check(store: &dyn StateStore) {
+        runs_stages_and_attempts(store);
+        map_items(store);
+        listing(store);
+    }
+
+    fn runs_stages_and_attempts(s: &dyn StateStore) {
+        let id = RunId("conf-r1".into());
+        s.create_run(&run_record("conf-r1")).unwrap();
+        assert!(
+            s.create_run(&run_record("conf-r1")).is_err(),
+            "a run id is unique"
+        );
+        s.start_attempt(&id, "a", 1).unwrap();
+        s.set_attempt_handle(&id, "a", 1, "pgid:42").unwrap();
+        s.finish_attempt(&id, "a", 1, Phase::Failed, Some(3), Some("exit 3"))
+            .unwrap();
+        assert!(
+            s.start_attempt(&id, "a", 1).is_err(),
+            "an attempt is recorded once"
+        );
+        s.start_attempt(&id, "a", 2).unwrap();
+        s.finish_attempt(&id, "a", 2, Phase::Succeeded, Some(0), None)
+            .unwrap();
+        s.set_stage(&id, "a", Phase::Succeeded, Some(0), None)
+            .unwrap();
+        s.set_stage_results(
+            &id,
+            "a",
+            &serde_json::json!({"out": {"digest": "x"}}),
+            &serde_json::json!({"ok": true}),
+        )
+        .unwrap();
+        s.set_stage(&id, "b", Phase::Skipped, None, Some("when was false"))
+            .unwrap();
+        assert_eq!(s.run(&id).unwrap().engine_pid, Some(7));
+        s.finish_run(&id, Phase::Succeeded, None).unwrap();
+
+        let r = s.run(&id).unwrap();
+        assert_eq!(r.phase, Phase::Succeeded);
+        assert!(r.finished_at.is_some());
+        assert_eq!(r.engine_pid, None, "a finished run has no engine");
+        assert_eq!(r.params["n"], 1);
+        let stages = s.stages(&id).unwrap();
+        assert_eq!(stages.len(), 2);
+        assert_eq!((stages[0].phase, stages[0].attempts), (Phase::Succeeded, 2));
+        assert_eq!(stages[0].values["ok"], true);
+        assert_eq!(stages[0].outputs["out"]["digest"], "x");
+        assert_eq!(stages[1].reason.as_deref(), Some("when was false"));
+        let attempts = s.attempts(&id).unwrap();
+        assert_eq!(attempts.len(), 2);
+        assert_eq!(attempts[0].handle.as_deref(), Some("pgid:42"));
+        assert_eq!(attempts[0].exit_code, Some(3));
+        assert!(matches!(
+            s.run(&RunId("conf-nope".into())),
+            Err(StateError::UnknownRun(_))
+        ));
+
+        s.reopen_run(&id, 9).unwrap();
+        let r = s.run(&id).unwrap();
+        assert_eq!(
+            (r.phase, r.engine_pid, r.finished_at),
+            (Phase::Running, Some(9), None)
+        );
+        assert!(matches!(
+            s.reopen_run(&RunId("conf-nope".into()), 1),
+            Err(StateError::UnknownRun(_))
+        ));
+    }
+
+    fn map_items(s: &dyn StateStore) {
+        let id = RunId("conf-r2".into());
+        s.create_run(&run_record("conf-r2")).unwrap();
         let items: Vec<serde_json::Value> =
             (0..1000).map(|i| serde_json::json!({"drive": i})).collect();
         s.add_map_items(&id, "m", &items).unwrap();
         s.start_item(&id, "m", 3, 1).unwrap();
-        s.finish_item(&id, "m", 3, Phase::Succeeded, None, &serde_json::json!({}))
-            .unwrap();
+        s.set_item_handle(&id, "m", 3, "pgid:9").unwrap();
+        s.finish_item(
+            &id,
+            "m",
+            3,
+            Phase::Succeeded,
+            None,
+            &serde_json::json!({"o": 1}),
+        )
+        .unwrap();
         s.finish_item(
             &id,
             "m",
@@ -793,19 +889,43 @@ mod tests {
             &serde_json::json!({}),
         )
         .unwrap();
-        s.set_item_handle(&id, "m", 3, "pgid:9").unwrap();
         let listed = s.map_items(&id, "m").unwrap();
         assert_eq!(listed.len(), 1000);
         assert_eq!((listed[3].phase, listed[3].attempts), (Phase::Succeeded, 1));
         assert_eq!(listed[3].handle.as_deref(), Some("pgid:9"));
         assert_eq!(listed[3].item["drive"], 3);
+        assert_eq!(listed[3].outputs["o"], 1);
         let counts = s.item_counts(&id, "m").unwrap();
-        assert_eq!(counts["Pending"], 998);
-        assert_eq!(counts["Succeeded"], 1);
-        assert_eq!(counts["Failed"], 1);
-        // Adding again (a resumed map) starts the items over.
+        assert_eq!(
+            (counts["Pending"], counts["Succeeded"], counts["Failed"]),
+            (998, 1, 1)
+        );
         s.add_map_items(&id, "m", &items[..10]).unwrap();
-        assert_eq!(s.item_counts(&id, "m").unwrap()["Pending"], 10);
+        assert_eq!(
+            s.item_counts(&id, "m").unwrap()["Pending"],
+            10,
+            "adding again starts over"
+        );
+    }
+
+    fn listing(s: &dyn StateStore) {
+        let runs = s.list_runs(10).unwrap();
+        assert!(runs.len() >= 2);
+        assert!(
+            runs.windows(2).all(|w| w[0].created_at >= w[1].created_at),
+            "newest first"
+        );
+        assert_eq!(s.list_runs(1).unwrap().len(), 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_passes_the_conformance_suite() {
+        conformance::check(&SqliteState::in_memory().unwrap());
     }
 
     fn run(id: &str) -> RunRecord {
@@ -823,53 +943,6 @@ mod tests {
             reason: None,
             engine_pid: Some(7),
         }
-    }
-
-    #[test]
-    fn records_runs_stages_and_attempts() {
-        let s = SqliteState::in_memory().unwrap();
-        let id = RunId("r1".into());
-        s.create_run(&run("r1")).unwrap();
-        s.start_attempt(&id, "a", 1).unwrap();
-        s.set_attempt_handle(&id, "a", 1, "pgid:42").unwrap();
-        s.finish_attempt(&id, "a", 1, Phase::Failed, Some(3), Some("exit 3"))
-            .unwrap();
-        s.start_attempt(&id, "a", 2).unwrap();
-        s.finish_attempt(&id, "a", 2, Phase::Succeeded, Some(0), None)
-            .unwrap();
-        s.set_stage(&id, "a", Phase::Succeeded, Some(0), None)
-            .unwrap();
-        s.set_stage_results(
-            &id,
-            "a",
-            &serde_json::json!({"out": {"digest": "x"}}),
-            &serde_json::json!({"ok": true}),
-        )
-        .unwrap();
-        s.set_stage(&id, "b", Phase::Skipped, None, Some("when was false"))
-            .unwrap();
-        s.finish_run(&id, Phase::Succeeded, None).unwrap();
-
-        let r = s.run(&id).unwrap();
-        assert_eq!(r.phase, Phase::Succeeded);
-        assert_eq!(r.engine_pid, None);
-        s.reopen_run(&id, 9).unwrap();
-        assert_eq!(s.run(&id).unwrap().phase, Phase::Running);
-        assert_eq!(s.run(&id).unwrap().engine_pid, Some(9));
-        assert!(r.finished_at.is_some());
-        let stages = s.stages(&id).unwrap();
-        assert_eq!(stages.len(), 2);
-        assert_eq!((stages[0].phase, stages[0].attempts), (Phase::Succeeded, 2));
-        assert_eq!(stages[0].values["ok"], true);
-        assert_eq!(stages[1].reason.as_deref(), Some("when was false"));
-        let attempts = s.attempts(&id).unwrap();
-        assert_eq!(attempts.len(), 2);
-        assert_eq!(attempts[0].handle.as_deref(), Some("pgid:42"));
-        assert_eq!(attempts[0].exit_code, Some(3));
-        assert!(matches!(
-            s.run(&RunId("nope".into())),
-            Err(StateError::UnknownRun(_))
-        ));
     }
 
     #[test]
