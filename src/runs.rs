@@ -654,9 +654,18 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
     let record = state.run(&id)?;
     let stages = state.stages(&id)?;
     if json_out {
+        let mut items = serde_json::Map::new();
+        for st in &stages {
+            let counts = state.item_counts(&id, &st.stage)?;
+            if !counts.is_empty() {
+                items.insert(st.stage.clone(), serde_json::to_value(counts)?);
+            }
+        }
         println!(
             "{}",
-            serde_json::to_string_pretty(&json!({"run": record, "stages": stages}))?
+            serde_json::to_string_pretty(
+                &json!({"run": record, "stages": stages, "items": items})
+            )?
         );
         return Ok(ExitCode::SUCCESS);
     }
@@ -693,6 +702,16 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
                 .and_then(|r| r.lines().next())
                 .unwrap_or_default()
         );
+        // A map stage: how its items stand.
+        let counts = state.item_counts(&id, &s.stage)?;
+        if !counts.is_empty() {
+            let total: u64 = counts.values().sum();
+            let parts: Vec<String> = counts
+                .iter()
+                .map(|(p, n)| format!("{n} {}", p.to_lowercase()))
+                .collect();
+            println!("{:<24} items: {total} ({})", "", parts.join(", "));
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -602,6 +602,15 @@ stages:
         per_drive["reason"],
         "1 of 5 items failed, within min_success_ratio"
     );
+    assert_eq!(
+        st["items"]["per-drive"],
+        serde_json::json!({"Failed": 1, "Succeeded": 4})
+    );
+    let text_status = text(&home.drivetrain(&["status", &id]).stdout);
+    assert!(
+        text_status.contains("items: 5 (1 failed, 4 succeeded)"),
+        "{text_status}"
+    );
     let strict = stage(&st, "strict");
     assert_eq!(strict["phase"], "Failed");
     assert!(
