@@ -287,7 +287,7 @@ impl<'de, 'p> de::Deserializer<'de> for NodeDe<'de, 'p> {
 
     fn deserialize_struct<V: Visitor<'de>>(
         self,
-        name: &'static str,
+        _name: &'static str,
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, DeError> {
@@ -296,7 +296,7 @@ impl<'de, 'p> de::Deserializer<'de> for NodeDe<'de, 'p> {
                 "invalid-type",
                 format!(
                     "expected a mapping ({}), found {}",
-                    readable_struct(name, fields),
+                    readable_struct(fields),
                     self.node.kind()
                 ),
             )));
@@ -377,14 +377,13 @@ impl<'de, 'p> de::Deserializer<'de> for NodeDe<'de, 'p> {
     }
 }
 
-fn readable_struct(name: &str, fields: &[&str]) -> String {
+fn readable_struct(fields: &[&str]) -> String {
     let shown: Vec<&str> = fields.iter().take(6).copied().collect();
     let more = if fields.len() > shown.len() {
         ", …"
     } else {
         ""
     };
-    let _ = name;
     format!("fields {}{more}", shown.join(", "))
 }
 

@@ -102,8 +102,6 @@ struct Raw {
     defaults: DefaultsSpec,
     store: Option<String>,
     stages: IndexMap<String, Option<StageSpec>>,
-    /// Whether every part deserialized (so the full spec can be kept).
-    complete: bool,
     /// Whether `stages:` is a mapping (possibly empty).
     stages_is_map: bool,
 }
@@ -199,7 +197,6 @@ impl<'a> Cx<'a> {
             defaults: DefaultsSpec::default(),
             store: None,
             stages: IndexMap::new(),
-            complete: true,
             stages_is_map: false,
         };
         let before = self.diags.len();
@@ -290,7 +287,6 @@ impl<'a> Cx<'a> {
                 );
             }
         }
-        raw.complete = self.diags.len() == before;
         for d in &mut self.diags[before..] {
             let is_secret_value = d.code == "unknown-field"
                 && d.path
@@ -431,7 +427,6 @@ impl<'a> Cx<'a> {
         if self.diags.iter().any(Diagnostic::is_error) || stages.len() != names.len() {
             return None;
         }
-        debug_assert!(raw.complete);
         // Every stage deserialized (else an error was reported above): move, not clone.
         let stages_spec = raw
             .stages
