@@ -775,7 +775,8 @@ impl StateStore for SqliteState {
 pub mod conformance {
     use super::*;
 
-    fn run_record(id: &str) -> RunRecord {
+    /// A run record for tests.
+    pub fn run_record(id: &str) -> RunRecord {
         RunRecord {
             id: RunId(id.into()),
             pipeline: "p".into(),
@@ -926,23 +927,6 @@ mod tests {
     #[test]
     fn sqlite_passes_the_conformance_suite() {
         conformance::check(&SqliteState::in_memory().unwrap());
-    }
-
-    fn run(id: &str) -> RunRecord {
-        RunRecord {
-            id: RunId(id.into()),
-            pipeline: "p".into(),
-            file: "p.yaml".into(),
-            spec_digest: "d".into(),
-            params: serde_json::json!({"n": 1}),
-            trigger: "cli".into(),
-            parent: None,
-            phase: Phase::Running,
-            created_at: now(),
-            finished_at: None,
-            reason: None,
-            engine_pid: Some(7),
-        }
     }
 
     #[test]
