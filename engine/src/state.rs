@@ -937,7 +937,7 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         SqliteState::open(&path)
             .unwrap()
-            .create_run(&run("r1"))
+            .create_run(&conformance::run_record("r1"))
             .unwrap();
         let s = SqliteState::open(&path).unwrap();
         assert_eq!(s.list_runs(10).unwrap().len(), 1);
