@@ -197,7 +197,10 @@ fn exit_codes_mean_one_thing_each() {
 
 #[test]
 fn every_subcommand_help_has_an_example() {
-    for cmd in ["validate", "graph", "plan", "schema", "steps"] {
+    for cmd in [
+        "validate", "graph", "plan", "run", "status", "logs", "resume", "cancel", "list", "schema",
+        "steps",
+    ] {
         let o = drivetrain(&[cmd, "--help"]);
         assert_eq!(o.status.code(), Some(0));
         let help = stdout(&o);
