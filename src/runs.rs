@@ -806,8 +806,13 @@ pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Resu
     let id = resolve_run(&state, run)?;
     let record = state.run(&id)?;
     let attempts = state.attempts(&id)?;
+    // A map stage's logs are its items'.
+    let items = match stage {
+        Some(s) => state.map_items(&id, s)?,
+        None => Vec::new(),
+    };
     if let Some(s) = stage {
-        if !attempts.iter().any(|a| a.stage == s) {
+        if !attempts.iter().any(|a| a.stage == s) && items.is_empty() {
             eprintln!("error: run {id} has no attempts of stage `{s}`");
             return Ok(ExitCode::from(2));
         }
@@ -831,6 +836,31 @@ pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Resu
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    if let (Some(s), false) = (stage, items.is_empty()) {
+        for item in items.iter().filter(|i| i.attempts > 0) {
+            let key = AttemptKey {
+                run: id.0.clone(),
+                stage: format!("{s}/items/{}", item.index),
+                attempt: item.attempts,
+            };
+            let text = rt
+                .block_on(artifacts.log(&key))?
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default();
+            println!(
+                "── {s}[{}] {} (attempt {}, {}) ──",
+                item.index,
+                drivetrain_engine::template::value_text(&item.item),
+                item.attempts,
+                item.phase
+            );
+            print!("{text}");
+            if !text.is_empty() && !text.ends_with('\n') {
+                println!();
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     for s in order {
         if stage.is_some_and(|x| x != s) {
             continue;

@@ -606,6 +606,15 @@ stages:
         st["items"]["per-drive"],
         serde_json::json!({"Failed": 1, "Succeeded": 4})
     );
+    let item_logs = text(
+        &home
+            .drivetrain(&["logs", &id, "--stage", "per-record"])
+            .stdout,
+    );
+    assert_eq!(
+        item_logs,
+        "── per-record[0] {\"drive\":\"x\",\"n\":1} (attempt 1, Succeeded) ──\n── per-record[1] {\"drive\":\"y\",\"n\":2} (attempt 1, Succeeded) ──\n"
+    );
     let text_status = text(&home.drivetrain(&["status", &id]).stdout);
     assert!(
         text_status.contains("items: 5 (1 failed, 4 succeeded)"),
