@@ -272,11 +272,11 @@ pub async fn run(
         .filter(|id| waiting[id.index()] == 0 && pipeline.stage(*id).hook.is_none())
         .map(|id| (rank[id.index()], id))
         .collect();
-    // A resumed run starts from what already succeeded: those stages end at once.
-    let mut resumed: Vec<StageId> = Vec::new();
+    // A resumed run starts from what already succeeded: those stages end at once. In
+    // plan order an upstream stage ends first, so each is removed from `ready` after any
+    // upstream stage queued it.
     for &id in &pipeline.order {
         if let Some((outputs, values)) = prior.get(&pipeline.stage(id).name) {
-            resumed.push(id);
             ready.remove(&(rank[id.index()], id));
             let result = StageResult {
                 phase: Phase::Succeeded,
@@ -293,9 +293,6 @@ pub async fn run(
                 &mut ready,
             );
         }
-    }
-    for id in &resumed {
-        ready.remove(&(rank[id.index()], *id));
     }
 
     loop {

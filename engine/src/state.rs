@@ -338,6 +338,19 @@ fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
+/// Runs a query and collects its rows, naming `what` in errors.
+fn query<T, C: FromIterator<T>>(
+    c: &Connection,
+    sql_text: &str,
+    args: impl rusqlite::Params,
+    what: &str,
+    row: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> Result<C, StateError> {
+    let mut stmt = c.prepare(sql_text).map_err(sql(what))?;
+    let rows = stmt.query_map(args, row).map_err(sql(what))?;
+    rows.collect::<Result<C, _>>().map_err(sql(what))
+}
+
 impl SqliteState {
     /// Opens (creating and migrating) the database at `path`, in WAL mode.
     pub fn open(path: &Path) -> Result<Self, StateError> {
@@ -480,18 +493,9 @@ impl StateStore for SqliteState {
     }
 
     fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StateError> {
-        self.with(|c| {
-            let mut stmt = c
-                .prepare(&format!(
-                    "SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at DESC, id DESC LIMIT ?1"
-                ))
-                .map_err(sql("list runs"))?;
-            let rows = stmt
-                .query_map(params![limit as i64], run_from_row)
-                .map_err(sql("list runs"))?;
-            rows.collect::<Result<Vec<_>, _>>()
-                .map_err(sql("list runs"))
-        })
+        let q =
+            format!("SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at DESC, id DESC LIMIT ?1");
+        self.with(|c| query(c, &q, params![limit as i64], "list runs", run_from_row))
     }
 
     fn set_stage(
@@ -538,14 +542,13 @@ impl StateStore for SqliteState {
 
     fn stages(&self, run: &RunId) -> Result<Vec<StageRecord>, StateError> {
         self.with(|c| {
-            let mut stmt = c
-                .prepare(
-                    "SELECT stage, phase, attempts, started_at, finished_at, exit_code, reason, outputs, vals \
-                     FROM stages WHERE run_id = ?1 ORDER BY rowid",
-                )
-                .map_err(sql("read stages"))?;
-            let rows = stmt
-                .query_map(params![run.0], |r| {
+            query(
+                c,
+                "SELECT stage, phase, attempts, started_at, finished_at, exit_code, reason, outputs, vals \
+                 FROM stages WHERE run_id = ?1 ORDER BY rowid",
+                params![run.0],
+                "read stages",
+                |r| {
                     Ok(StageRecord {
                         stage: r.get(0)?,
                         phase: phase_col(r.get(1)?),
@@ -557,9 +560,8 @@ impl StateStore for SqliteState {
                         outputs: json_col(r.get(7)?),
                         values: json_col(r.get(8)?),
                     })
-                })
-                .map_err(sql("read stages"))?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(sql("read stages"))
+                },
+            )
         })
     }
 
@@ -706,14 +708,13 @@ impl StateStore for SqliteState {
 
     fn map_items(&self, run: &RunId, stage: &str) -> Result<Vec<ItemRecord>, StateError> {
         self.with(|c| {
-            let mut stmt = c
-                .prepare(
-                    "SELECT idx, item, phase, attempts, reason, outputs, handle FROM map_items \
-                     WHERE run_id = ?1 AND stage = ?2 ORDER BY idx",
-                )
-                .map_err(sql("read items"))?;
-            let rows = stmt
-                .query_map(params![run.0, stage], |r| {
+            query(
+                c,
+                "SELECT idx, item, phase, attempts, reason, outputs, handle FROM map_items \
+                 WHERE run_id = ?1 AND stage = ?2 ORDER BY idx",
+                params![run.0, stage],
+                "read items",
+                |r| {
                     Ok(ItemRecord {
                         index: r.get::<_, i64>(0)? as usize,
                         item: json_col(r.get(1)?),
@@ -723,35 +724,32 @@ impl StateStore for SqliteState {
                         outputs: json_col(r.get(5)?),
                         handle: r.get(6)?,
                     })
-                })
-                .map_err(sql("read items"))?;
-            rows.collect::<Result<Vec<_>, _>>()
-                .map_err(sql("read items"))
+                },
+            )
         })
     }
 
     fn item_counts(&self, run: &RunId, stage: &str) -> Result<BTreeMap<String, u64>, StateError> {
         self.with(|c| {
-            let mut stmt = c
-                .prepare("SELECT phase, COUNT(*) FROM map_items WHERE run_id = ?1 AND stage = ?2 GROUP BY phase")
-                .map_err(sql("count items"))?;
-            let rows = stmt
-                .query_map(params![run.0, stage], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)))
-                .map_err(sql("count items"))?;
-            rows.collect::<Result<BTreeMap<_, _>, _>>().map_err(sql("count items"))
+            query(
+                c,
+                "SELECT phase, COUNT(*) FROM map_items WHERE run_id = ?1 AND stage = ?2 GROUP BY phase",
+                params![run.0, stage],
+                "count items",
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)),
+            )
         })
     }
 
     fn attempts(&self, run: &RunId) -> Result<Vec<AttemptRecord>, StateError> {
         self.with(|c| {
-            let mut stmt = c
-                .prepare(
-                    "SELECT stage, attempt, phase, started_at, finished_at, exit_code, reason, handle \
-                     FROM attempts WHERE run_id = ?1 ORDER BY rowid",
-                )
-                .map_err(sql("read attempts"))?;
-            let rows = stmt
-                .query_map(params![run.0], |r| {
+            query(
+                c,
+                "SELECT stage, attempt, phase, started_at, finished_at, exit_code, reason, handle \
+                 FROM attempts WHERE run_id = ?1 ORDER BY rowid",
+                params![run.0],
+                "read attempts",
+                |r| {
                     Ok(AttemptRecord {
                         stage: r.get(0)?,
                         attempt: r.get(1)?,
@@ -762,9 +760,8 @@ impl StateStore for SqliteState {
                         reason: r.get(6)?,
                         handle: r.get(7)?,
                     })
-                })
-                .map_err(sql("read attempts"))?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(sql("read attempts"))
+                },
+            )
         })
     }
 }
