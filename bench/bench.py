@@ -114,11 +114,14 @@ def engine_overhead(binary, repeats, stages=100):
         home = os.path.join(tmp, "home")
         base = measure(["sh", "-c", f"for i in $(seq {stages}); do /bin/true; done"], repeats)
         rows = [(f"baseline: {stages} × fork+exec of true (sh loop)", base)]
-        for label, path, par in [
-            (f"run {stages}-stage chain", chain, "1"),
-            (f"run {stages}-wide fan-out (--parallelism 2)", wide, "2"),
+        for label, path, par, isolation in [
+            (f"run {stages}-stage chain", chain, "1", "auto"),
+            (f"run {stages}-wide fan-out (--parallelism 2)", wide, "2", "auto"),
+            (f"run {stages}-stage chain, no mount namespace", chain, "1", "off"),
         ]:
-            rows.append((label, measure([binary, "--home", home, "run", path, "--parallelism", par], repeats)))
+            cmd = ["env", f"DRIVETRAIN_ISOLATION={isolation}", binary, "--home", home, "run", path,
+                   "--parallelism", par]
+            rows.append((label, measure(cmd, repeats)))
         print(f"\n| command | median wall | peak RSS | engine overhead per stage |")
         print("|---|---:|---:|---:|")
         for label, (wall, rss) in rows:

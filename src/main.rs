@@ -194,6 +194,17 @@ const EXIT_USAGE: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Warnings (and more with `DRIVETRAIN_LOG=info|debug|trace`) go to stderr.
+    let level = std::env::var("DRIVETRAIN_LOG")
+        .ok()
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(tracing_subscriber::filter::LevelFilter::WARN);
+    tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .without_time()
+        .with_target(false)
+        .init();
     let catalog = catalog();
     let home = runs::home(cli.home.as_deref());
     let outcome = |r: anyhow::Result<ExitCode>| {

@@ -23,11 +23,17 @@ impl Home {
     }
 
     fn drivetrain(&self, args: &[&str]) -> Output {
+        self.drivetrain_env(args, &[])
+    }
+
+    fn drivetrain_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
         Command::new(env!("CARGO_BIN_EXE_drivetrain"))
             .args(args)
             .current_dir(&self.dir)
             .env_remove("DRIVETRAIN_HOME")
+            .env_remove("DRIVETRAIN_ISOLATION")
             .env("NO_COLOR", "1")
+            .envs(env.iter().copied())
             .output()
             .expect("the binary runs")
     }
@@ -792,6 +798,9 @@ stages:
     assert_eq!(text(&logs.stdout), "status=Failed report=[]\n");
 }
 
+/// Without a mount namespace (`DRIVETRAIN_ISOLATION=off`, or where the kernel gives
+/// none) a stage can `chmod` the hard link its input is and write through it: the check of
+/// every input against its manifest after the attempt fails the stage.
 #[test]
 fn a_stage_writing_to_its_input_is_caught() {
     let home = Home::new("tamper");
@@ -813,7 +822,10 @@ stages:
     run: {command: [cat, "{{ inputs.data }}/f"]}
 "#,
     );
-    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap()],
+        &[("DRIVETRAIN_ISOLATION", "off")],
+    );
     assert_eq!(o.status.code(), Some(1));
     let st = home.status(&run_id(&o));
     let vandal = stage(&st, "vandal")["reason"].as_str().unwrap().to_owned();
@@ -822,6 +834,66 @@ stages:
         "{vandal}"
     );
     assert_eq!(stage(&st, "reader")["phase"], "Omitted");
+}
+
+/// With a mount namespace (the default as root, which CI is; `required` makes the test
+/// fail rather than pass vacuously elsewhere) the store, the engine's home and the inputs
+/// are read-only for a stage: `chmod` and writes through the input, straight into the
+/// store and into the state database all fail with EROFS, the stage's own output still
+/// works, and the artifact stays as its producer wrote it.
+#[test]
+fn a_stage_cannot_write_to_its_inputs_or_the_store() {
+    let home = Home::new("isolated");
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: isolated
+stages:
+  make:
+    run: {command: [sh, -c, 'echo original > "$0/f"', "{{ outputs.data }}"]}
+    outputs: [data]
+  vandal:
+    inputs: {data: make.data}
+    outputs: [out]
+    run:
+      command:
+        - sh
+        - -c
+        - |
+          store=${DRIVETRAIN_STORE#file://}
+          chmod u+w "$0/f" || echo "chmod refused"
+          echo vandalised >> "$0/f" || echo "input refused"
+          for f in $(find "$store" -type f -name f); do echo x >> "$f" || echo "store refused"; done
+          echo x >> "$store/../state.db" || echo "state refused"
+          echo mine > "$1/g" && echo "output written"
+        - "{{ inputs.data }}"
+        - "{{ outputs.out }}"
+  reader:
+    needs: [vandal]
+    inputs: {data: make.data, out: vandal.out}
+    run: {command: [cat, "{{ inputs.data }}/f", "{{ inputs.out }}/g"]}
+"#,
+    );
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap()],
+        &[("DRIVETRAIN_ISOLATION", "required")],
+    );
+    let id = run_id(&o);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stdout));
+    let vandal = text(&home.drivetrain(&["logs", &id, "--stage", "vandal"]).stdout);
+    for refusal in [
+        "chmod refused",
+        "input refused",
+        "store refused",
+        "state refused",
+        "output written",
+    ] {
+        assert!(vandal.contains(refusal), "{refusal}: {vandal}");
+    }
+    assert!(vandal.contains("Read-only file system"), "{vandal}");
+    let reader = text(&home.drivetrain(&["logs", &id, "--stage", "reader"]).stdout);
+    assert_eq!(reader, "original\nmine\n");
 }
 
 #[test]
@@ -877,8 +949,9 @@ stages:
 }
 
 /// A store that refuses writes mid-run (here: the attempt's prefix is blocked by a file,
-/// the way a read-only or full volume refuses it): the stage errs with the store's own
-/// reason, the run is not successful, and no manifest of that stage exists.
+/// the way a read-only or full volume refuses it; the blocking stage runs without a mount
+/// namespace, which would stop it): the stage errs with the store's own reason, the run is
+/// not successful, and no manifest of that stage exists.
 #[test]
 fn a_failing_store_publishes_nothing_half_written() {
     let home = Home::new("badstore");
@@ -901,7 +974,10 @@ stages:
             store = store.display()
         ),
     );
-    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap()],
+        &[("DRIVETRAIN_ISOLATION", "off")],
+    );
     assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
     let id = run_id(&o);
     let st = home.status(&id);

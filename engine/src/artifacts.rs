@@ -177,6 +177,18 @@ impl ArtifactStore {
         &self.url
     }
 
+    /// The directory of a `file://` store.
+    pub fn local_root(&self) -> Option<&std::path::Path> {
+        self.local_root.as_deref()
+    }
+
+    /// Where the objects of output `output` of `attempt` are, in a `file://` store.
+    pub fn output_dir(&self, attempt: &AttemptKey, output: &str) -> Option<PathBuf> {
+        self.local_path(&Path::from(
+            format!("{}/{}", attempt.prefix(), output).as_str(),
+        ))
+    }
+
     /// The URL of an artifact's objects (for `mode: url` and for people).
     pub fn artifact_url(&self, prefix: &str) -> String {
         format!("{}/{}", self.url.trim_end_matches('/'), prefix)

@@ -29,6 +29,19 @@ pub struct AttemptSpec {
     pub log: PathBuf,
     /// Ranks to start together, if distributed.
     pub distributed: Option<Distributed>,
+    /// What the attempt may write, applied in order: each entry makes its path (and
+    /// everything under it) read-only or writable for the attempt's processes, so a
+    /// stage cannot write into the store or another stage's artifact even through a hard
+    /// link. An executor that cannot enforce this runs the attempt anyway; the run loop
+    /// still verifies every input against its manifest afterwards.
+    pub access: Vec<PathAccess>,
+}
+
+/// One entry of [`AttemptSpec::access`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathAccess {
+    pub path: PathBuf,
+    pub writable: bool,
 }
 
 /// How an attempt ended.
@@ -95,6 +108,7 @@ pub mod conformance {
             workdir: dir.to_path_buf(),
             log: dir.join(format!("{name}.log")),
             distributed: None,
+            access: Vec::new(),
         }
     }
 

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::artifacts::{ArtifactRef, ArtifactStore, AttemptKey};
-use crate::executor::{AttemptOutcome, AttemptSpec, Executor};
+use crate::executor::{AttemptOutcome, AttemptSpec, Executor, PathAccess};
 use crate::plan::{Action, MapSource, Pipeline, RetryPolicy, Stage, StageId};
 use crate::spec::{ErrorClass, Hook, IoMode, RetryOn};
 use crate::state::{Phase, RunId, RunRecord, StateError, StateStore};
@@ -1238,6 +1238,33 @@ async fn run_attempt(
         None => dir.clone(),
     };
     let log = dir.join("log.txt");
+    // The engine's home and the store are read-only for the stage; its own directory and
+    // `mode: url` outputs are writable, and its inputs read-only again.
+    let mut access = Vec::new();
+    let ro = |path: &Path| PathAccess {
+        path: path.to_path_buf(),
+        writable: false,
+    };
+    let home = ctx.opts.work_dir.parent().unwrap_or(&ctx.opts.work_dir);
+    access.push(ro(home));
+    if let Some(root) = ctx.artifacts.local_root() {
+        if !root.starts_with(home) {
+            access.push(ro(root));
+        }
+    }
+    access.push(PathAccess {
+        path: dir.clone(),
+        writable: true,
+    });
+    for o in stage.outputs.iter().filter(|o| o.mode == IoMode::Url) {
+        if let Some(p) = ctx.artifacts.output_dir(key, &o.name) {
+            access.push(PathAccess {
+                path: p,
+                writable: true,
+            });
+        }
+    }
+    access.push(ro(&inputs_dir));
     let spec = AttemptSpec {
         run_id: key.run.clone(),
         stage: key.stage.clone(),
@@ -1247,6 +1274,7 @@ async fn run_attempt(
         workdir: cwd,
         log: log.clone(),
         distributed: stage.distributed.clone(),
+        access,
     };
     let mut result = start_and_wait(ctx, stage, key, spec, &log, &values_path, &outputs_dir).await;
     // Inputs are hard links into the store: a stage that wrote to one changed an

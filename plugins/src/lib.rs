@@ -15,7 +15,7 @@ pub const EXECUTORS: &[&str] = &["local", "kubernetes"];
 /// The executor registered under `name`, or why there is none.
 pub fn executor(name: &str) -> Result<Arc<dyn Executor>, String> {
     match name {
-        "local" => Ok(Arc::new(local::LocalExecutor)),
+        "local" => Ok(Arc::new(local::LocalExecutor::from_env()?)),
         "kubernetes" => {
             Err("the kubernetes executor is not available yet; run with `--executor local`".into())
         }

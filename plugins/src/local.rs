@@ -6,13 +6,24 @@
 //! group, and so does a normal exit, so nothing a stage started outlives it.
 //! `distributed: {workers: N}` starts N ranks in one group with the rendezvous environment
 //! torchrun and Horovod read; when one rank fails, the others are killed (gang semantics).
+//!
+//! Each attempt also gets a private mount namespace (as root, or through an unprivileged
+//! user namespace where the kernel allows one) in which the paths of
+//! [`AttemptSpec::access`] are bind-mounted read-only or writable: the store and the
+//! engine's home are read-only, the attempt's own directory and outputs writable, its
+//! inputs read-only again. A stage then cannot change an artifact even through the hard
+//! links its inputs are, not with `chmod`, not by writing into the store directly. Where no
+//! namespace can be had, attempts run without one ([`Isolation::Auto`]) and the run loop's
+//! check of every input against its manifest still catches a write.
 
+use std::ffi::{CStr, CString};
 use std::fs::OpenOptions;
+use std::os::unix::ffi::OsStrExt as _;
 use std::process::Stdio;
 
 use async_trait::async_trait;
 use drivetrain_engine::executor::{
-    AttemptOutcome, AttemptSpec, Executor, ExecutorError, RunningAttempt,
+    AttemptOutcome, AttemptSpec, Executor, ExecutorError, PathAccess, RunningAttempt,
 };
 use futures::FutureExt as _;
 use nix::sys::signal::{killpg, Signal};
@@ -21,7 +32,146 @@ use tokio::process::{Child, Command};
 
 /// Runs attempts as local processes.
 #[derive(Debug, Default, Clone)]
-pub struct LocalExecutor;
+pub struct LocalExecutor {
+    pub isolation: Isolation,
+}
+
+/// Whether attempts get a private mount namespace enforcing [`AttemptSpec::access`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// Where the kernel allows one; otherwise without, and a warning once.
+    #[default]
+    Auto,
+    /// Always: an attempt fails to start when no namespace can be had.
+    Required,
+    /// Never.
+    Off,
+}
+
+impl std::str::FromStr for Isolation {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" | "" => Ok(Isolation::Auto),
+            "required" => Ok(Isolation::Required),
+            "off" => Ok(Isolation::Off),
+            other => Err(format!(
+                "isolation `{other}` is not one of auto, required, off"
+            )),
+        }
+    }
+}
+
+impl LocalExecutor {
+    /// The executor configured from `DRIVETRAIN_ISOLATION` (`auto`, `required`, `off`).
+    pub fn from_env() -> Result<Self, String> {
+        Ok(LocalExecutor {
+            isolation: std::env::var("DRIVETRAIN_ISOLATION")
+                .unwrap_or_default()
+                .parse()?,
+        })
+    }
+}
+
+/// Everything the child needs to isolate itself, allocated before `fork` (the child may
+/// only make system calls until it execs).
+struct MountPlan {
+    /// Not root: a user namespace mapping the engine's uid and gid to themselves first.
+    user: Option<[(CString, CString); 3]>,
+    mounts: Vec<(CString, bool)>,
+}
+
+impl MountPlan {
+    fn new(access: &[PathAccess]) -> std::io::Result<Self> {
+        let uid = nix::unistd::geteuid();
+        let user = if uid.is_root() {
+            None
+        } else {
+            let gid = nix::unistd::getegid();
+            let c = |s: String| CString::new(s).expect("no NUL");
+            Some([
+                (c("/proc/self/setgroups".into()), c("deny".into())),
+                (c("/proc/self/uid_map".into()), c(format!("{uid} {uid} 1"))),
+                (c("/proc/self/gid_map".into()), c(format!("{gid} {gid} 1"))),
+            ])
+        };
+        let mut mounts = Vec::with_capacity(access.len());
+        for a in access {
+            let path = CString::new(a.path.as_os_str().as_bytes()).map_err(|_| {
+                std::io::Error::other(format!("path {} has a NUL byte", a.path.display()))
+            })?;
+            mounts.push((path, a.writable));
+        }
+        Ok(MountPlan { user, mounts })
+    }
+
+    /// In the child, between `fork` and `exec`: system calls only, no allocation.
+    fn apply(&self) -> std::io::Result<()> {
+        use nix::mount::{mount, MsFlags};
+        use nix::sched::{unshare, CloneFlags};
+        let none: Option<&CStr> = None;
+        match &self.user {
+            None => unshare(CloneFlags::CLONE_NEWNS)?,
+            Some(files) => {
+                unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS)?;
+                for (file, text) in files {
+                    let fd = nix::fcntl::open(
+                        file.as_c_str(),
+                        nix::fcntl::OFlag::O_WRONLY,
+                        nix::sys::stat::Mode::empty(),
+                    )?;
+                    nix::unistd::write(&fd, text.as_bytes())?;
+                }
+            }
+        }
+        // Nothing mounted here propagates back to the engine's namespace.
+        mount(
+            none,
+            c"/",
+            none,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            none,
+        )?;
+        for (path, writable) in &self.mounts {
+            let p = path.as_c_str();
+            mount(Some(p), p, none, MsFlags::MS_BIND | MsFlags::MS_REC, none)?;
+            let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT;
+            if !writable {
+                flags |= MsFlags::MS_RDONLY;
+            }
+            mount(none, p, none, flags, none)?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether this process can give its children mount namespaces: found once, by starting
+/// `true` in one.
+fn namespaces_work() -> bool {
+    static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WORKS.get_or_init(|| {
+        let Ok(plan) = MountPlan::new(&[]) else {
+            return false;
+        };
+        let mut cmd = std::process::Command::new("true");
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: `apply` only makes system calls on memory allocated before the fork.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || plan.apply());
+        }
+        let works = cmd.status().map(|s| s.success()).unwrap_or(false);
+        if !works {
+            tracing::warn!(
+                "no mount namespace for stages here (not root, and no unprivileged user namespaces): \
+                 inputs are checked after each attempt instead of protected"
+            );
+        }
+        works
+    })
+}
 
 /// Environment variables the engine passes through to every stage.
 const PASS_THROUGH: &[&str] = &["PATH", "HOME", "LANG", "TZ", "TMPDIR"];
@@ -168,6 +318,27 @@ impl Executor for LocalExecutor {
         } else {
             None
         };
+        let isolate = match self.isolation {
+            Isolation::Off => false,
+            _ if spec.access.is_empty() => false,
+            Isolation::Auto => namespaces_work(),
+            Isolation::Required => {
+                if !namespaces_work() {
+                    return Err(ExecutorError(
+                        "isolation is required but this process cannot create mount namespaces"
+                            .into(),
+                    ));
+                }
+                true
+            }
+        };
+        let plan = if isolate {
+            Some(std::sync::Arc::new(
+                MountPlan::new(&spec.access).map_err(|e| ExecutorError(e.to_string()))?,
+            ))
+        } else {
+            None
+        };
         let mut started = Started {
             pgid: 0,
             children: Vec::with_capacity(workers),
@@ -196,6 +367,15 @@ impl Executor for LocalExecutor {
                 .stderr(Stdio::from(err))
                 // The first rank leads a new group; the others join it.
                 .process_group(started.pgid);
+            if let Some(plan) = &plan {
+                let plan = plan.clone();
+                // SAFETY: `apply` only makes system calls on memory allocated before the
+                // fork.
+                #[allow(unsafe_code)]
+                unsafe {
+                    cmd.pre_exec(move || plan.apply());
+                }
+            }
             if let Some(port) = rendezvous {
                 cmd.env("RANK", rank.to_string())
                     .env("LOCAL_RANK", rank.to_string())
