@@ -3,6 +3,7 @@
 //! Exit codes mean one thing each: 0 success, 1 the pipeline is invalid (or, later, the
 //! run failed), 2 usage (bad arguments, unreadable files), 130 cancelled.
 
+mod history;
 mod report;
 mod runs;
 
@@ -107,6 +108,114 @@ enum Command {
         /// The id to use (set by `--detach` for the background engine).
         #[arg(long, hide = true)]
         run_id: Option<String>,
+        /// Neither look up nor record cache entries: every stage executes.
+        #[arg(long)]
+        no_cache: bool,
+        /// Execute every stage and record its outputs as the cache entry.
+        #[arg(long, conflicts_with = "no_cache")]
+        overwrite_cache: bool,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// A new run that executes some stages of an earlier run and reuses everything else
+    /// of it exactly (even if the pipeline changed since).
+    #[command(
+        after_help = "Examples:\n  drivetrain rerun 20261122-031500-1a2b --stage train\n  drivetrain rerun 20261122-031500-1a2b --stage train --downstream --param epochs=20\n  drivetrain rerun 20261122-031500-1a2b --from mine --image train=ghcr.io/acme/train:v2\n  drivetrain rerun 20261122-031500-1a2b --only label-export,train\n\nThe stages it executes ignore the cache. Exit codes as `run`."
+    )]
+    Rerun {
+        run: String,
+        /// Stages to execute (comma-separated or repeated).
+        #[arg(long, value_delimiter = ',')]
+        stage: Vec<String>,
+        /// Also execute everything that depends on the `--stage` stages.
+        #[arg(long, requires = "stage")]
+        downstream: bool,
+        /// These stages and everything after them.
+        #[arg(long, value_delimiter = ',')]
+        from: Vec<String>,
+        /// Exactly these stages.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        /// Override a param of the earlier run: `--param name=value` (repeatable).
+        #[arg(long = "param", short = 'p', value_name = "NAME=VALUE", value_parser = parse_kv)]
+        params: Vec<(String, String)>,
+        /// Override a stage's image: `--image STAGE=IMAGE` (repeatable).
+        #[arg(long = "image", value_name = "STAGE=IMAGE", value_parser = parse_kv)]
+        images: Vec<(String, String)>,
+        /// The pipeline file; default: the one the earlier run was started from.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        #[arg(long)]
+        parallelism: Option<usize>,
+        #[arg(long)]
+        fail_fast: bool,
+        /// Record no cache entries.
+        #[arg(long)]
+        no_cache: bool,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// A new run that reuses every succeeded stage of an earlier run and executes the
+    /// failed, cancelled and skipped ones and what depends on them.
+    #[command(after_help = "Example:\n  drivetrain retry 20261122-031500-1a2b")]
+    Retry {
+        run: String,
+        /// The pipeline file; default: the one the earlier run was started from.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        #[arg(long)]
+        parallelism: Option<usize>,
+        #[arg(long)]
+        fail_fast: bool,
+        /// Neither look up nor record cache entries.
+        #[arg(long)]
+        no_cache: bool,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Why a stage of a run was a cache hit or a miss: the component of its key that
+    /// changed.
+    #[command(after_help = "Example:\n  drivetrain explain 20261122-031500-1a2b train")]
+    Explain {
+        run: String,
+        stage: String,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Where an artifact came from (runs, stages, params, definitions, back to the
+    /// sources), or with `--downstream` everything derived from it.
+    #[command(
+        after_help = "TARGET is a run, RUN/STAGE, RUN/STAGE/OUTPUT or an artifact digest.\n\nExamples:\n  drivetrain lineage 20261122-031500-1a2b/train/model\n  drivetrain lineage 20261122-031500-1a2b/ingest/frames --downstream --output mermaid"
+    )]
+    Lineage {
+        target: String,
+        #[arg(long)]
+        downstream: bool,
+        #[arg(long, value_enum, default_value_t = history::GraphOutput::Text)]
+        output: history::GraphOutput,
+    },
+    /// Everything derived from a source: an artifact, or any text a stage's definition
+    /// mentions (a drive log's URL), for data-deletion requests.
+    #[command(
+        after_help = "Examples:\n  drivetrain forget s3://fleet/drives/2026-11-20/veh42.mcap\n  drivetrain forget 20261122-031500-1a2b/ingest/frames --output json"
+    )]
+    Forget {
+        input: String,
+        #[arg(long, value_enum, default_value_t = history::GraphOutput::Text)]
+        output: history::GraphOutput,
+    },
+    /// List (and with --apply delete) artifacts no kept run, cache entry or running run
+    /// refers to.
+    #[command(
+        after_help = "Examples:\n  drivetrain gc                    # dry run, runs older than 30 days\n  drivetrain gc --keep-days 7 --apply"
+    )]
+    Gc {
+        /// Runs younger than this many days keep everything.
+        #[arg(long, default_value_t = 30)]
+        keep_days: u32,
+        /// Delete; without it gc only lists.
+        #[arg(long)]
+        apply: bool,
         #[arg(long, value_enum, default_value_t = Format::Text)]
         output: Format,
     },
@@ -189,6 +298,68 @@ fn catalog() -> Catalog {
     )
 }
 
+/// `rerun` and `retry` as parsed.
+struct RerunCli {
+    run: String,
+    retry: bool,
+    stages: Vec<String>,
+    downstream: bool,
+    from: Vec<String>,
+    only: Vec<String>,
+    params: Vec<(String, String)>,
+    images: Vec<(String, String)>,
+    file: Option<PathBuf>,
+    parallelism: Option<usize>,
+    fail_fast: bool,
+    no_cache: bool,
+    json: bool,
+}
+
+/// `rerun` and `retry`: the earlier run's pipeline file (or `--file`), validated as `run`
+/// validates it.
+fn rerun(catalog: &Catalog, home: PathBuf, a: RerunCli) -> ExitCode {
+    let file = match a.file {
+        Some(f) => f,
+        None => match runs::run_file(&home, &a.run) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+    };
+    let src = match read(&file) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let pipeline = match load(catalog, &file) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    runs::rerun(runs::RerunArgs {
+        parent: drivetrain_engine::state::RunId(a.run),
+        retry: a.retry,
+        stages: a.stages,
+        downstream: a.downstream,
+        from: a.from,
+        only: a.only,
+        params: a.params,
+        images: a.images,
+        file: &file,
+        source: &src,
+        pipeline,
+        parallelism: a.parallelism,
+        fail_fast: a.fail_fast,
+        no_cache: a.no_cache,
+        home,
+        json: a.json,
+    })
+    .unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        ExitCode::from(EXIT_INVALID)
+    })
+}
+
 const EXIT_INVALID: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 
@@ -224,6 +395,8 @@ fn main() -> ExitCode {
             gpus,
             detach,
             run_id,
+            no_cache,
+            overwrite_cache,
             output,
         } => {
             let src = match read(&file) {
@@ -254,8 +427,87 @@ fn main() -> ExitCode {
                 executor: executor.as_deref(),
                 home,
                 json: output == Format::Json,
+                cache: drivetrain_engine::runner::CacheMode {
+                    read: !no_cache && !overwrite_cache,
+                    write: !no_cache,
+                },
             }))
         }
+        Command::Rerun {
+            run,
+            stage,
+            downstream,
+            from,
+            only,
+            params,
+            images,
+            file,
+            parallelism,
+            fail_fast,
+            no_cache,
+            output,
+        } => rerun(
+            &catalog,
+            home,
+            RerunCli {
+                run,
+                retry: false,
+                stages: stage,
+                downstream,
+                from,
+                only,
+                params,
+                images,
+                file,
+                parallelism,
+                fail_fast,
+                no_cache,
+                json: output == Format::Json,
+            },
+        ),
+        Command::Retry {
+            run,
+            file,
+            parallelism,
+            fail_fast,
+            no_cache,
+            output,
+        } => rerun(
+            &catalog,
+            home,
+            RerunCli {
+                run,
+                retry: true,
+                stages: Vec::new(),
+                downstream: false,
+                from: Vec::new(),
+                only: Vec::new(),
+                params: Vec::new(),
+                images: Vec::new(),
+                file,
+                parallelism,
+                fail_fast,
+                no_cache,
+                json: output == Format::Json,
+            },
+        ),
+        Command::Explain { run, stage, output } => outcome(history::explain(
+            &home,
+            &run,
+            &stage,
+            output == Format::Json,
+        )),
+        Command::Lineage {
+            target,
+            downstream,
+            output,
+        } => outcome(history::lineage(&home, &target, downstream, output)),
+        Command::Forget { input, output } => outcome(history::forget(&home, &input, output)),
+        Command::Gc {
+            keep_days,
+            apply,
+            output,
+        } => outcome(history::gc(&home, keep_days, apply, output == Format::Json)),
         Command::Status { run, output } => {
             outcome(runs::status(&home, run.as_deref(), output == Format::Json))
         }

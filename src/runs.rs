@@ -40,12 +40,12 @@ pub fn home(explicit: Option<&Path>) -> PathBuf {
     cwd.join(".drivetrain")
 }
 
-fn open_state(home: &Path) -> anyhow::Result<SqliteState> {
+pub fn open_state(home: &Path) -> anyhow::Result<SqliteState> {
     std::fs::create_dir_all(home)?;
     Ok(SqliteState::open(&home.join("state.db"))?)
 }
 
-fn store_url(pipeline_store: Option<&str>, home: &Path) -> anyhow::Result<String> {
+pub fn store_url(pipeline_store: Option<&str>, home: &Path) -> anyhow::Result<String> {
     if let Some(s) = std::env::var("DRIVETRAIN_STORE")
         .ok()
         .or(pipeline_store.map(str::to_owned))
@@ -75,6 +75,7 @@ pub struct RunArgs<'a> {
     pub executor: Option<&'a str>,
     pub home: PathBuf,
     pub json: bool,
+    pub cache: runner::CacheMode,
 }
 
 /// Runs a pipeline to its end, printing the run id first and then one line per transition.
@@ -102,6 +103,11 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
         spec_digest: digest(args.source),
         trigger: "cli".into(),
         gpus: args.gpus.unwrap_or_else(local_gpus),
+        parent: None,
+        selection: None,
+        reuse: BTreeMap::new(),
+        overrides: json!({}),
+        cache: args.cache,
     };
     if !args.json {
         println!("run {id}");
@@ -428,6 +434,18 @@ pub fn resume(
         spec_digest: record.spec_digest.clone(),
         trigger: record.trigger.clone(),
         gpus: local_gpus(),
+        parent: record.parent.clone(),
+        selection: record
+            .selection
+            .as_ref()
+            .map(|s| s.iter().cloned().collect()),
+        reuse: BTreeMap::new(),
+        overrides: record.overrides.clone(),
+        // A rerun executes what it selected, whatever the cache holds.
+        cache: runner::CacheMode {
+            read: record.trigger != "rerun",
+            write: true,
+        },
     };
     let resume = runner::Resume {
         record,
@@ -681,19 +699,29 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
             .map(|r| format!(" ({r})"))
             .unwrap_or_default()
     );
+    if let Some(parent) = &record.parent {
+        println!("{} of run {parent}", record.trigger);
+    }
     println!(
-        "{:<24} {:<10} {:>8} {:>9} {:>5}  reason",
-        "stage", "phase", "attempts", "duration", "exit"
+        "{:<24} {:<10} {:<38} {:>8} {:>9} {:>5}  reason",
+        "stage", "phase", "origin", "attempts", "duration", "exit"
     );
     for s in &stages {
         let duration = match (&s.started_at, &s.finished_at) {
             (Some(a), Some(b)) => elapsed(a, b),
             _ => String::new(),
         };
+        let origin = match (s.origin.as_str(), &s.origin_run) {
+            (_, _) if s.phase != Phase::Succeeded => String::new(),
+            ("ran", _) => "ran".to_owned(),
+            (o, Some(r)) => format!("{o} (from run {r})"),
+            (o, None) => o.to_owned(),
+        };
         println!(
-            "{:<24} {:<10} {:>8} {:>9} {:>5}  {}",
+            "{:<24} {:<10} {:<38} {:>8} {:>9} {:>5}  {}",
             s.stage,
             s.phase.as_str(),
+            origin,
             s.attempts,
             duration,
             s.exit_code.map(|c| c.to_string()).unwrap_or_default(),
@@ -893,4 +921,258 @@ pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Resu
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `rerun` and `retry` are asked.
+pub struct RerunArgs<'a> {
+    pub parent: RunId,
+    pub retry: bool,
+    /// `--stage` (and with `--downstream`, what depends on them).
+    pub stages: Vec<String>,
+    pub downstream: bool,
+    pub from: Vec<String>,
+    pub only: Vec<String>,
+    pub params: Vec<(String, String)>,
+    pub images: Vec<(String, String)>,
+    pub file: &'a Path,
+    pub source: &'a str,
+    pub pipeline: Pipeline,
+    pub parallelism: Option<usize>,
+    pub fail_fast: bool,
+    pub no_cache: bool,
+    pub home: PathBuf,
+    pub json: bool,
+}
+
+/// The pipeline file a run was started from.
+pub fn run_file(home: &Path, run: &str) -> anyhow::Result<PathBuf> {
+    let state = open_state(home)?;
+    Ok(PathBuf::from(state.run(&RunId(run.to_owned()))?.file))
+}
+
+/// `drivetrain rerun` / `drivetrain retry`: a new run, linked to its parent, that takes
+/// every stage it does not execute from the parent exactly as the parent had it (even when
+/// the pipeline changed since) and executes the selection: the stages named (rerun), or
+/// every stage that did not succeed and what depends on it (retry).
+pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
+    let state: Arc<dyn StateStore> = Arc::new(open_state(&args.home)?);
+    let parent = state.run(&args.parent)?;
+    if !parent.phase.is_terminal() && parent.engine_pid.is_some_and(alive) {
+        eprintln!(
+            "error: run {} is still running; wait for it or cancel it first",
+            parent.id
+        );
+        return Ok(ExitCode::from(2));
+    }
+    let mut pipeline = args.pipeline;
+    let before = state.stages(&parent.id)?;
+    let name_of = |id: drivetrain_engine::StageId| pipeline.stage(id).name.clone();
+    let ids = |names: &[String]| -> Result<Vec<drivetrain_engine::StageId>, String> {
+        names
+            .iter()
+            .map(|n| {
+                pipeline.stage_by_name(n).map(|s| s.id).ok_or_else(|| {
+                    let all: Vec<&str> = pipeline.stages.iter().map(|s| s.name.as_str()).collect();
+                    let mut m = format!("no stage named `{n}` in {}", args.file.display());
+                    if let Some(h) = drivetrain_engine::diag::did_you_mean(n, all) {
+                        m.push_str(&format!("; {h}"));
+                    }
+                    m
+                })
+            })
+            .collect()
+    };
+    let usage = |m: String| {
+        eprintln!("error: {m}");
+        Ok(ExitCode::from(2))
+    };
+    // What to execute.
+    let mut selected: std::collections::BTreeSet<drivetrain_engine::StageId> = Default::default();
+    if args.retry {
+        for s in &pipeline.stages {
+            let ok = before
+                .iter()
+                .any(|b| b.stage == s.name && b.phase == Phase::Succeeded);
+            if !ok && s.hook.is_none() {
+                selected.extend(pipeline.descendants(s.id));
+            }
+        }
+        if selected.is_empty() {
+            println!(
+                "every stage of run {} succeeded; nothing to retry",
+                parent.id
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+    } else {
+        let (stages, from, only) = match (ids(&args.stages), ids(&args.from), ids(&args.only)) {
+            (Ok(a), Ok(b), Ok(c)) => (a, b, c),
+            (a, b, c) => {
+                let errors: Vec<String> =
+                    [a.err(), b.err(), c.err()].into_iter().flatten().collect();
+                return usage(errors.join("\n"));
+            }
+        };
+        if stages.is_empty() && from.is_empty() && only.is_empty() {
+            return usage(
+                "say what to rerun: --stage S [--downstream], --from S or --only S1,S2".into(),
+            );
+        }
+        for id in stages {
+            selected.insert(id);
+            if args.downstream {
+                selected.extend(pipeline.descendants(id));
+            }
+        }
+        for id in from {
+            selected.extend(pipeline.descendants(id));
+        }
+        selected.extend(only);
+    }
+    selected.retain(|id| pipeline.stage(*id).hook.is_none());
+    // What to take from the parent: every succeeded stage that is neither selected nor
+    // downstream of the selection (whose outputs would be stale).
+    let stale: std::collections::BTreeSet<_> = selected
+        .iter()
+        .flat_map(|id| pipeline.descendants(*id))
+        .collect();
+    let mut reuse = BTreeMap::new();
+    for b in &before {
+        let Some(s) = pipeline.stage_by_name(&b.stage) else {
+            continue;
+        };
+        if b.phase != Phase::Succeeded || stale.contains(&s.id) || s.hook.is_some() {
+            continue;
+        }
+        let outputs = serde_json::from_value(b.outputs.clone()).unwrap_or_default();
+        let origin_run = match b.origin.as_str() {
+            "ran" => parent.id.0.clone(),
+            _ => b.origin_run.clone().unwrap_or_else(|| parent.id.0.clone()),
+        };
+        reuse.insert(
+            b.stage.clone(),
+            runner::Reused {
+                outputs,
+                values: b.values.clone(),
+                provenance: drivetrain_engine::state::Provenance {
+                    origin: "reused".into(),
+                    origin_run: Some(origin_run),
+                    cache_key: b.cache_key.clone(),
+                    provenance: b.provenance.clone(),
+                    inputs: b.inputs.clone(),
+                },
+            },
+        );
+    }
+    // Everything the selection needs must come from the parent.
+    let mut missing = Vec::new();
+    for id in &selected {
+        for up in pipeline.ancestors(*id) {
+            let name = name_of(up);
+            if !selected.contains(&up) && !reuse.contains_key(&name) {
+                let phase = before
+                    .iter()
+                    .find(|b| b.stage == name)
+                    .map(|b| b.phase.as_str())
+                    .unwrap_or("not run");
+                missing.push(format!(
+                    "`{name}` (upstream of `{}`) did not succeed in run {} ({phase}); rerun with --from {name}, or `drivetrain retry {}`",
+                    name_of(*id),
+                    parent.id,
+                    parent.id
+                ));
+            }
+        }
+    }
+    if !missing.is_empty() {
+        missing.sort();
+        missing.dedup();
+        return usage(missing.join("\n"));
+    }
+    // Params: the parent's, then the overrides.
+    let mut raw: Vec<(String, String)> = parent
+        .params
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| pipeline.params.iter().any(|p| &p.name == *k))
+        .map(|(k, v)| (k.clone(), drivetrain_engine::template::value_text(v)))
+        .collect();
+    raw.extend(args.params.iter().cloned());
+    let params = match pipeline.resolve_params(&raw) {
+        Ok(p) => p,
+        Err(errors) => return usage(errors.join("\n")),
+    };
+    let selection: std::collections::BTreeSet<String> =
+        selected.iter().map(|id| name_of(*id)).collect();
+    let mut images = serde_json::Map::new();
+    for (stage, image) in &args.images {
+        let Some(id) = pipeline.stage_by_name(stage).map(|s| s.id) else {
+            return usage(format!("--image {stage}=…: no stage named `{stage}`"));
+        };
+        let template = drivetrain_engine::template::Template::parse(image)
+            .map_err(|_| anyhow::anyhow!("--image {stage}={image}: not a valid image"))?;
+        let s = &mut pipeline.stages[id.index()];
+        if let drivetrain_engine::plan::Action::Command { image: i, .. } = &mut s.action {
+            *i = Some(template.clone());
+        }
+        s.image = Some(template);
+        images.insert(stage.clone(), json!(image));
+    }
+    let overrides = json!({
+        "params": args.params.iter().map(|(k, _)| (k.clone(), params.get(k).cloned().unwrap_or_default())).collect::<serde_json::Map<_, _>>(),
+        "images": images,
+    });
+    let executor = match drivetrain_plugins::executor(&pipeline.executor) {
+        Ok(e) => e,
+        Err(why) => return usage(why),
+    };
+    let url = store_url(pipeline.store.as_deref(), &args.home)?;
+    let id = RunId::generate(chrono::Utc::now());
+    let trigger = if args.retry { "retry" } else { "rerun" };
+    if !args.json {
+        println!("run {id}");
+        println!(
+            "{trigger} of run {}: executes {}; reuses {}",
+            parent.id,
+            selection.iter().cloned().collect::<Vec<_>>().join(", "),
+            if reuse.is_empty() {
+                "nothing".to_owned()
+            } else {
+                reuse.keys().cloned().collect::<Vec<_>>().join(", ")
+            }
+        );
+    }
+    let opts = RunOptions {
+        parallelism: args.parallelism.unwrap_or_else(default_parallelism),
+        fail_fast: args.fail_fast,
+        work_dir: std::fs::canonicalize(&args.home)?.join("work"),
+        file: args.file.display().to_string(),
+        spec_digest: digest(args.source),
+        trigger: trigger.into(),
+        gpus: local_gpus(),
+        parent: Some(parent.id.clone()),
+        selection: Some(selection),
+        reuse,
+        overrides,
+        // A rerun executes what it selected, whatever the cache holds; a retry may hit.
+        cache: runner::CacheMode {
+            read: args.retry && !args.no_cache,
+            write: !args.no_cache,
+        },
+    };
+    drive(Drive {
+        id,
+        pipeline: Arc::new(pipeline),
+        params,
+        services: Services {
+            state,
+            artifacts: ArtifactStore::open(&url)?,
+            executor,
+        },
+        opts,
+        resume: None,
+        deadline: None,
+        json: args.json,
+    })
 }

@@ -96,7 +96,7 @@ pub struct Manifest {
 }
 
 /// A published artifact: where its manifest is and its digest.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ArtifactRef {
     pub manifest: String,
     pub digest: String,
@@ -489,6 +489,48 @@ impl ArtifactStore {
     }
 
     /// Every key under `prefix` (for tests and garbage collection).
+    /// Every object key an artifact consists of: its manifest and its objects (which, for
+    /// the fan-in of a map stage, live under other prefixes).
+    pub async fn object_keys(&self, artifact: &ArtifactRef) -> Result<Vec<String>, ArtifactError> {
+        let manifest = self.manifest(artifact).await?;
+        let mut keys = vec![artifact.manifest.clone()];
+        keys.extend(
+            manifest
+                .files
+                .iter()
+                .map(|f| object_key(&manifest, f).to_string()),
+        );
+        Ok(keys)
+    }
+
+    /// Deletes objects; one that is already gone is not an error.
+    pub async fn delete(&self, keys: &[String]) -> Result<(), ArtifactError> {
+        for k in keys {
+            match self.store.delete(&Path::from(k.as_str())).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(store_err(format!("delete {k}"))(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Every object key under `prefix` with its size.
+    pub async fn list_sizes(&self, prefix: &str) -> Result<Vec<(String, u64)>, ArtifactError> {
+        let p = Path::from(prefix);
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&p))
+            .try_collect()
+            .await
+            .map_err(store_err(format!("list {prefix}")))?;
+        let mut keys: Vec<(String, u64)> = metas
+            .into_iter()
+            .map(|m| (m.location.to_string(), m.size))
+            .collect();
+        keys.sort();
+        Ok(keys)
+    }
+
     pub async fn list(&self, prefix: &str) -> Result<Vec<String>, ArtifactError> {
         let p = Path::from(prefix);
         let metas: Vec<_> = self

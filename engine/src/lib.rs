@@ -7,10 +7,12 @@
 //! [`step::Catalog`].
 
 pub mod artifacts;
+pub mod cache;
 pub mod de;
 pub mod diag;
 pub mod executor;
 pub mod expr;
+pub mod history;
 pub mod plan;
 pub mod runner;
 pub mod spec;

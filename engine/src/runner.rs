@@ -21,6 +21,7 @@ use crate::artifacts::{ArtifactRef, ArtifactStore, AttemptKey};
 use crate::executor::{AttemptOutcome, AttemptSpec, Executor, PathAccess};
 use crate::plan::{Action, MapSource, Pipeline, RetryPolicy, Stage, StageId};
 use crate::spec::{ErrorClass, Hook, IoMode, RetryOn};
+use crate::state::{ArtifactRecord, CacheEntry, Provenance};
 use crate::state::{Phase, RunId, RunRecord, StateError, StateStore};
 use crate::template::{value_text, Ref, Template};
 
@@ -40,6 +41,43 @@ pub struct RunOptions {
     pub trigger: String,
     /// GPUs of this machine that stages may claim (`resources.gpu`), indices `0..gpus`.
     pub gpus: usize,
+    /// The run this one reruns or retries.
+    pub parent: Option<RunId>,
+    /// The stages to execute (a rerun's or retry's selection); the others end at once,
+    /// `reused` when listed in [`RunOptions::reuse`], else `Skipped`. `None`: all.
+    pub selection: Option<BTreeSet<String>>,
+    /// Stages whose outputs come from an earlier run, not executed.
+    pub reuse: BTreeMap<String, Reused>,
+    /// What a rerun overrode (recorded with the run).
+    pub overrides: Value,
+    pub cache: CacheMode,
+}
+
+/// How a run uses the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheMode {
+    /// Look entries up (`--no-cache` and `--overwrite-cache` turn this off).
+    pub read: bool,
+    /// Record entries (`--no-cache` turns this off).
+    pub write: bool,
+}
+
+impl Default for CacheMode {
+    fn default() -> Self {
+        CacheMode {
+            read: true,
+            write: true,
+        }
+    }
+}
+
+/// A stage's results taken from an earlier run by a rerun or retry.
+#[derive(Debug, Clone)]
+pub struct Reused {
+    pub outputs: BTreeMap<String, ArtifactRef>,
+    pub values: Value,
+    /// How the earlier run came by them: `origin_run` names the run the outputs are from.
+    pub provenance: Provenance,
 }
 
 /// The machine's GPUs: a stage asking for `n` waits until `n` are free and gets their
@@ -171,6 +209,7 @@ struct Ctx {
     main_phase: std::sync::OnceLock<Phase>,
     /// Attempt numbers already used, on a resume.
     prior_attempts: BTreeMap<String, u32>,
+    files: crate::cache::FileDigests,
 }
 
 impl Ctx {
@@ -211,7 +250,11 @@ pub async fn run(
         finished_at: None,
         reason: None,
         engine_pid: Some(i64::from(std::process::id())),
+        overrides: opts.overrides.clone(),
+        selection: opts.selection.as_ref().map(|s| s.iter().cloned().collect()),
     };
+    let mut fresh = fresh;
+    fresh.parent = opts.parent.clone();
     let (record, prior, prior_attempts) = match resume {
         Some(r) => {
             state.reopen_run(&id, std::process::id())?;
@@ -252,6 +295,7 @@ pub async fn run(
         gpus: GpuPool::new(opts_gpus),
         main_phase: std::sync::OnceLock::new(),
         prior_attempts,
+        files: Default::default(),
     });
 
     let mut results: Vec<Option<StageResult>> = vec![None; n];
@@ -276,12 +320,33 @@ pub async fn run(
     // plan order an upstream stage ends first, so each is removed from `ready` after any
     // upstream stage queued it.
     for &id in &pipeline.order {
-        if let Some((outputs, values)) = prior.get(&pipeline.stage(id).name) {
+        let name = &pipeline.stage(id).name;
+        // A rerun or retry records what it takes from its parent as this run's own.
+        let taken = match (prior.contains_key(name), ctx.opts.reuse.get(name)) {
+            (false, Some(r)) => {
+                state.set_provenance(&ctx.run.id, name, &r.provenance)?;
+                state.set_stage(&ctx.run.id, name, Phase::Succeeded, None, None)?;
+                let outputs_json = serde_json::to_value(&r.outputs).unwrap_or_default();
+                state.set_stage_results(&ctx.run.id, name, &outputs_json, &r.values)?;
+                let _ = ctx.events.send(RunEvent::Finished {
+                    stage: name.clone(),
+                    phase: Phase::Succeeded,
+                    reason: Some(format!(
+                        "reused from run {}",
+                        r.provenance.origin_run.as_deref().unwrap_or("?")
+                    )),
+                    elapsed: Duration::ZERO,
+                });
+                Some((r.outputs.clone(), r.values.clone()))
+            }
+            _ => None,
+        };
+        if let Some((outputs, values)) = prior.get(name).cloned().or(taken) {
             ready.remove(&(rank[id.index()], id));
             let result = StageResult {
                 phase: Phase::Succeeded,
-                outputs: outputs.clone(),
-                values: values.clone(),
+                outputs,
+                values,
             };
             finish(
                 &pipeline,
@@ -540,6 +605,20 @@ fn decide(
     results: &[Option<StageResult>],
 ) -> Option<(Phase, String)> {
     let stage = pipeline.stage(id);
+    if let Some(selection) = &ctx.opts.selection {
+        if stage.hook.is_none() && !selection.contains(&stage.name) {
+            let parent = ctx
+                .opts
+                .parent
+                .as_ref()
+                .map(|p| p.0.as_str())
+                .unwrap_or("?");
+            return Some((
+                Phase::Skipped,
+                format!("not selected: this run (from run {parent}) executes only its selection"),
+            ));
+        }
+    }
     for u in pipeline.upstream(id) {
         let phase = results[u.index()]
             .as_ref()
@@ -649,6 +728,58 @@ async fn execute(
         )),
         Action::Command { .. } => None,
     };
+    let parts = key_parts(ctx, stage, &upstream);
+    let key = parts.key();
+    let inputs = input_artifacts(stage, &upstream);
+    let cacheable = cacheable(ctx, stage);
+    let mut provenance = Provenance {
+        origin: "ran".into(),
+        origin_run: None,
+        cache_key: Some(key.clone()),
+        provenance: serde_json::json!({
+            "components": parts.components,
+            "definition": parts.definition,
+            "cache": match &cacheable {
+                Ok(()) if ctx.opts.cache.read => "hit".to_owned(),
+                Ok(()) => "not looked up (--overwrite-cache)".to_owned(),
+                Err(why) => format!("not cacheable: {why}"),
+            },
+        }),
+        inputs: serde_json::to_value(&inputs).unwrap_or_default(),
+    };
+    if cacheable.is_ok() && ctx.opts.cache.read {
+        let found = cache_hit(ctx, stage, &key).await?;
+        if let Err(why) = &found {
+            provenance.provenance["cache"] = Value::String(format!("miss: {why}"));
+        }
+        if let Ok(hit) = found {
+            provenance.origin = "cached".into();
+            provenance.origin_run = Some(hit.run_id.clone());
+            ctx.state
+                .set_provenance(&ctx.run.id, &stage.name, &provenance)?;
+            ctx.state
+                .set_stage(&ctx.run.id, &stage.name, Phase::Succeeded, None, None)?;
+            ctx.state.set_stage_results(
+                &ctx.run.id,
+                &stage.name,
+                &hit.outputs_json,
+                &hit.values,
+            )?;
+            let _ = ctx.events.send(RunEvent::Finished {
+                stage: stage.name.clone(),
+                phase: Phase::Succeeded,
+                reason: Some(format!("cached (from run {})", hit.run_id)),
+                elapsed: started.elapsed(),
+            });
+            return Ok(StageResult {
+                phase: Phase::Succeeded,
+                outputs: hit.outputs,
+                values: hit.values,
+            });
+        }
+    }
+    ctx.state
+        .set_provenance(&ctx.run.id, &stage.name, &provenance)?;
     let end = match unsupported {
         Some(reason) => {
             let attempt = ctx.prior_attempts.get(&stage.name).copied().unwrap_or(0) + 1;
@@ -675,6 +806,38 @@ async fn execute(
             attempt_loop(ctx, stage, Track::Stage, &upstream, first).await?
         }
     };
+    if end.phase == Phase::Succeeded {
+        let outputs_json = serde_json::to_value(&end.outputs).unwrap_or_default();
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let published: Vec<ArtifactRecord> = end
+            .outputs
+            .iter()
+            .map(|(output, art)| ArtifactRecord {
+                digest: art.digest.clone(),
+                manifest: art.manifest.clone(),
+                run_id: ctx.run.id.0.clone(),
+                stage: stage.name.clone(),
+                output: output.clone(),
+                created_at: now.clone(),
+            })
+            .collect();
+        ctx.state.add_artifacts(&published)?;
+        // Results before the phase: a stage recorded as succeeded always has its outputs.
+        ctx.state
+            .set_stage_results(&ctx.run.id, &stage.name, &outputs_json, &end.values)?;
+        if cacheable.is_ok() && ctx.opts.cache.write {
+            ctx.state.put_cache_entry(&CacheEntry {
+                key,
+                pipeline: ctx.pipeline.name.clone(),
+                stage: stage.name.clone(),
+                run_id: ctx.run.id.0.clone(),
+                outputs: outputs_json,
+                values: end.values.clone(),
+                components: serde_json::to_value(&parts.components).unwrap_or_default(),
+                created_at: now,
+            })?;
+        }
+    }
     ctx.state.set_stage(
         &ctx.run.id,
         &stage.name,
@@ -682,11 +845,6 @@ async fn execute(
         end.exit,
         end.reason.as_deref(),
     )?;
-    if end.phase == Phase::Succeeded {
-        let outputs_json = serde_json::to_value(&end.outputs).unwrap_or_default();
-        ctx.state
-            .set_stage_results(&ctx.run.id, &stage.name, &outputs_json, &end.values)?;
-    }
     let _ = ctx.events.send(RunEvent::Finished {
         stage: stage.name.clone(),
         phase: end.phase,
@@ -698,6 +856,199 @@ async fn execute(
         outputs: end.outputs,
         values: end.values,
     })
+}
+
+/// Whether a stage's outputs may come from the cache, or why not.
+fn cacheable(ctx: &Ctx, stage: &Stage) -> Result<(), String> {
+    if stage.hook.is_some() {
+        return Err("hooks always run".into());
+    }
+    if stage.outputs.is_empty() {
+        return Err("it declares no outputs".into());
+    }
+    if !stage.cache.enabled {
+        return Err("`cache: {enabled: false}`".into());
+    }
+    if !ctx.opts.cache.read && !ctx.opts.cache.write {
+        return Err("the run has --no-cache".into());
+    }
+    Ok(())
+}
+
+/// The artifacts a stage reads, by input name.
+fn input_artifacts(
+    stage: &Stage,
+    upstream: &BTreeMap<StageId, StageResult>,
+) -> BTreeMap<String, ArtifactRef> {
+    stage
+        .inputs
+        .iter()
+        .filter_map(|i| {
+            let art = upstream.get(&i.stage)?.outputs.get(&i.output)?;
+            Some((i.name.clone(), art.clone()))
+        })
+        .collect()
+}
+
+/// The components of a stage's cache key (see [`crate::cache`]).
+fn key_parts(
+    ctx: &Ctx,
+    stage: &Stage,
+    upstream: &BTreeMap<StageId, StageResult>,
+) -> crate::cache::KeyParts {
+    use serde_json::json;
+    let lookup = |r: &Ref| match r {
+        // Paths differ per attempt; what they hold is keyed by digest below.
+        Ref::Input(_) | Ref::Output(_) | Ref::Item(_) => None,
+        other => lookup_value(&ctx.pipeline, ctx, upstream, other),
+    };
+    let render = |t: &Template| t.render(|r| lookup(r).map(|v| value_text(&v)));
+    let mut parts = crate::cache::KeyParts {
+        definition: json!({}),
+        ..Default::default()
+    };
+    match &stage.action {
+        Action::Command {
+            image,
+            argv,
+            workdir,
+        } => {
+            let argv: Vec<String> = argv.iter().map(render).collect();
+            let workdir = workdir.as_ref().map(render);
+            // Scripts a command names are part of what it does.
+            for a in &argv {
+                let p = Path::new(a);
+                let path = match (&workdir, p.is_absolute()) {
+                    (_, true) => p.to_path_buf(),
+                    (Some(w), false) if !a.starts_with('-') => Path::new(w).join(p),
+                    _ => continue,
+                };
+                if let Some(d) = ctx.files.get(&path) {
+                    parts.plain(format!("file:{}", path.display()), d);
+                }
+            }
+            parts.field("command", json!(argv));
+            parts.field("workdir", json!(workdir));
+            if let Some(i) = image {
+                parts.plain("image".into(), render(i));
+            }
+        }
+        Action::Step {
+            name,
+            version,
+            config,
+        } => {
+            parts.plain("step".into(), format!("{name}@{version}"));
+            let lookup = |r: &Ref| lookup(r);
+            parts.field("config", crate::template::render_value(config, &lookup));
+            if let Some(i) = &stage.image {
+                parts.plain("image".into(), render(i));
+            }
+        }
+    }
+    let env: Vec<(String, String)> = stage
+        .env
+        .iter()
+        .map(|(k, t)| (k.clone(), render(t)))
+        .collect();
+    if !env.is_empty() {
+        parts.field("env", json!(env));
+    }
+    if !stage.secrets.is_empty() {
+        let names: Vec<String> = stage
+            .secrets
+            .iter()
+            .map(|s| format!("{}/{}", s.name, s.key.as_deref().unwrap_or("*")))
+            .collect();
+        parts.field("secrets", json!(names));
+    }
+    let io = json!({
+        "inputs": stage.inputs.iter().map(|i| json!([i.name, i.output, i.mode, i.optional])).collect::<Vec<_>>(),
+        "outputs": stage.outputs.iter().map(|o| json!([o.name, o.mode])).collect::<Vec<_>>(),
+    });
+    parts.field("io", io);
+    if let Some(m) = &stage.map {
+        let source = match &m.source {
+            MapSource::Items(items) => json!({"items": items}),
+            MapSource::Param(p) => json!({"items": ctx.params.get(p)}),
+            MapSource::From { stage, output } => {
+                json!({"from": format!("{}.{output}", ctx.pipeline.stage(*stage).name)})
+            }
+        };
+        parts.field("map", source);
+        if let MapSource::From { stage: s, output } = &m.source {
+            if let Some(art) = upstream.get(s).and_then(|r| r.outputs.get(output)) {
+                parts.plain("map-items".into(), art.digest.clone());
+            }
+        }
+    }
+    if let Some(d) = &stage.distributed {
+        parts.field(
+            "distributed",
+            json!([format!("{:?}", d.framework), d.workers, d.slots_per_worker]),
+        );
+    }
+    for (name, art) in input_artifacts(stage, upstream) {
+        parts.plain(format!("input:{name}"), art.digest);
+    }
+    parts
+}
+
+/// A usable cache entry.
+struct Hit {
+    run_id: String,
+    outputs: BTreeMap<String, ArtifactRef>,
+    outputs_json: Value,
+    values: Value,
+}
+
+/// The cache entry for `key` if it exists, is young enough, covers every declared output
+/// and its artifacts are still in the store; otherwise why not.
+async fn cache_hit(ctx: &Ctx, stage: &Stage, key: &str) -> Result<Result<Hit, String>, RunError> {
+    let Some(entry) = ctx.state.cache_entry(key)? else {
+        return Ok(Err("no entry has this key".into()));
+    };
+    if let Some(max_age) = stage.cache.max_age {
+        let created = chrono::DateTime::parse_from_rfc3339(&entry.created_at).ok();
+        let age = created.map(|c| chrono::Utc::now().signed_duration_since(c));
+        let young = age
+            .and_then(|a| a.to_std().ok())
+            .is_some_and(|a| a <= max_age);
+        if !young {
+            return Ok(Err(format!(
+                "the entry from run {} ({}) is older than `max_age` {}",
+                entry.run_id,
+                entry.created_at,
+                humanize(max_age)
+            )));
+        }
+    }
+    let Ok(outputs) =
+        serde_json::from_value::<BTreeMap<String, ArtifactRef>>(entry.outputs.clone())
+    else {
+        return Ok(Err("the entry's outputs do not parse".into()));
+    };
+    if let Some(o) = stage
+        .outputs
+        .iter()
+        .find(|o| !outputs.contains_key(&o.name))
+    {
+        return Ok(Err(format!("the entry has no output `{}`", o.name)));
+    }
+    for (name, art) in &outputs {
+        if ctx.artifacts.manifest(art).await.is_err() {
+            return Ok(Err(format!(
+                "output `{name}` of the entry from run {} is gone from the store",
+                entry.run_id
+            )));
+        }
+    }
+    Ok(Ok(Hit {
+        run_id: entry.run_id,
+        outputs,
+        outputs_json: entry.outputs,
+        values: entry.values,
+    }))
 }
 
 /// Attempts of a stage (or of one item of a map stage) until one succeeds, the retry

@@ -132,6 +132,11 @@ pub struct RunRecord {
     pub reason: Option<String>,
     /// The process of the engine running it, while it runs.
     pub engine_pid: Option<i64>,
+    /// What a rerun changed: `{"params": {…}, "images": {stage: image}}`.
+    pub overrides: serde_json::Value,
+    /// The stages a rerun or retry executes; the others are reused or not run. `None`:
+    /// every stage.
+    pub selection: Option<Vec<String>>,
 }
 
 /// A stage of a run as recorded.
@@ -148,6 +153,60 @@ pub struct StageRecord {
     pub outputs: serde_json::Value,
     /// The stage's `values.json`, if it wrote one.
     pub values: serde_json::Value,
+    /// `ran`, `cached` (a cache hit) or `reused` (a rerun or retry took it from its parent).
+    pub origin: String,
+    /// The run whose outputs a `cached` or `reused` stage took.
+    pub origin_run: Option<String>,
+    pub cache_key: Option<String>,
+    /// What the cache key was made of: component → digest (`definition`, `image`,
+    /// `input:NAME`, `file:PATH`, …), and the rendered definition itself.
+    pub provenance: serde_json::Value,
+    /// Input name → the artifact (`{manifest, digest}`) the stage read.
+    pub inputs: serde_json::Value,
+}
+
+/// How a stage came by its outputs, recorded with the cache key and its components.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Provenance {
+    pub origin: String,
+    pub origin_run: Option<String>,
+    pub cache_key: Option<String>,
+    pub provenance: serde_json::Value,
+    pub inputs: serde_json::Value,
+}
+
+/// A cache entry: the outputs a stage attempt with this key produced.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CacheEntry {
+    pub key: String,
+    pub pipeline: String,
+    pub stage: String,
+    pub run_id: String,
+    pub outputs: serde_json::Value,
+    pub values: serde_json::Value,
+    /// Component → digest, for `explain`.
+    pub components: serde_json::Value,
+    pub created_at: String,
+}
+
+/// Where an artifact came from: the stage of the run that published it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ArtifactRecord {
+    pub digest: String,
+    pub manifest: String,
+    pub run_id: String,
+    pub stage: String,
+    pub output: String,
+    pub created_at: String,
+}
+
+/// A stage that read an artifact.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ArtifactUse {
+    pub digest: String,
+    pub run_id: String,
+    pub stage: String,
+    pub input: String,
 }
 
 /// One item of a map stage as recorded.
@@ -205,6 +264,11 @@ pub trait StateStore: Send + Sync {
         values: &serde_json::Value,
     ) -> Result<(), StateError>;
     fn stages(&self, run: &RunId) -> Result<Vec<StageRecord>, StateError>;
+    /// One stage of a run.
+    fn stage(&self, run: &RunId, stage: &str) -> Result<Option<StageRecord>, StateError>;
+    /// Stages whose rendered definition contains `text` (a source URL, a drive log's
+    /// name), as (run, stage).
+    fn stages_mentioning(&self, text: &str) -> Result<Vec<(RunId, String)>, StateError>;
     /// Records an attempt as `Running` before its process starts.
     fn start_attempt(&self, run: &RunId, stage: &str, attempt: u32) -> Result<(), StateError>;
     fn set_attempt_handle(
@@ -261,6 +325,28 @@ pub trait StateStore: Send + Sync {
     fn map_items(&self, run: &RunId, stage: &str) -> Result<Vec<ItemRecord>, StateError>;
     /// How many items of a map stage are in each phase.
     fn item_counts(&self, run: &RunId, stage: &str) -> Result<BTreeMap<String, u64>, StateError>;
+    /// Records how a stage came by its outputs and, for a stage that ran, which
+    /// artifacts it read (for lineage).
+    fn set_provenance(&self, run: &RunId, stage: &str, p: &Provenance) -> Result<(), StateError>;
+    /// Records the artifacts a stage published (for lineage and gc).
+    fn add_artifacts(&self, artifacts: &[ArtifactRecord]) -> Result<(), StateError>;
+    /// The stage that published the artifact with this digest.
+    fn artifact(&self, digest: &str) -> Result<Option<ArtifactRecord>, StateError>;
+    /// Every stage that read the artifact with this digest.
+    fn artifact_uses(&self, digest: &str) -> Result<Vec<ArtifactUse>, StateError>;
+    /// Records (or replaces) a cache entry.
+    fn put_cache_entry(&self, e: &CacheEntry) -> Result<(), StateError>;
+    fn cache_entry(&self, key: &str) -> Result<Option<CacheEntry>, StateError>;
+    /// The newest cache entry of a pipeline's stage, whatever its key (for `explain`).
+    fn latest_cache_entry(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        except_key: &str,
+    ) -> Result<Option<CacheEntry>, StateError>;
+    fn cache_entries(&self) -> Result<Vec<CacheEntry>, StateError>;
+    /// Removes cache entries created before `before` (RFC 3339); returns how many.
+    fn expire_cache_entries(&self, before: &str) -> Result<usize, StateError>;
 }
 
 /// The schema, one migration per step; `user_version` says how many have run.
@@ -326,6 +412,44 @@ CREATE TABLE map_items (
 "#,
     // 4: the executor handle of an item's running attempt, so `resume` can stop it.
     "ALTER TABLE map_items ADD COLUMN handle TEXT",
+    // 5: caching, reruns and lineage: how each stage came by its outputs, cache
+    // entries, and which stage published and read each artifact.
+    r#"
+ALTER TABLE runs ADD COLUMN overrides TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE runs ADD COLUMN selection TEXT;
+ALTER TABLE stages ADD COLUMN origin TEXT NOT NULL DEFAULT 'ran';
+ALTER TABLE stages ADD COLUMN origin_run TEXT;
+ALTER TABLE stages ADD COLUMN cache_key TEXT;
+ALTER TABLE stages ADD COLUMN provenance TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE stages ADD COLUMN inputs TEXT NOT NULL DEFAULT '{}';
+CREATE TABLE cache_entries (
+    key TEXT PRIMARY KEY,
+    pipeline TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    outputs TEXT NOT NULL,
+    vals TEXT NOT NULL,
+    components TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX cache_by_stage ON cache_entries(pipeline, stage, created_at);
+CREATE TABLE artifacts (
+    digest TEXT PRIMARY KEY,
+    manifest TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    output TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE artifact_uses (
+    digest TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    input TEXT NOT NULL,
+    PRIMARY KEY (digest, run_id, stage, input)
+);
+CREATE INDEX uses_by_stage ON artifact_uses(run_id, stage);
+"#,
 ];
 
 /// The embedded SQLite state store.
@@ -417,18 +541,60 @@ fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
         finished_at: r.get(9)?,
         reason: r.get(10)?,
         engine_pid: r.get(11)?,
+        overrides: json_col(r.get(12)?),
+        selection: r
+            .get::<_, Option<String>>(13)?
+            .and_then(|s| serde_json::from_str(&s).ok()),
     })
 }
 
 const RUN_COLUMNS: &str = "id, pipeline, file, spec_digest, params, trigger, parent, phase, \
-     created_at, finished_at, reason, engine_pid";
+     created_at, finished_at, reason, engine_pid, overrides, selection";
+
+fn cache_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CacheEntry> {
+    Ok(CacheEntry {
+        key: r.get(0)?,
+        pipeline: r.get(1)?,
+        stage: r.get(2)?,
+        run_id: r.get(3)?,
+        outputs: json_col(r.get(4)?),
+        values: json_col(r.get(5)?),
+        components: json_col(r.get(6)?),
+        created_at: r.get(7)?,
+    })
+}
+
+const STAGE_COLUMNS: &str = "stage, phase, attempts, started_at, finished_at, exit_code, reason, \
+     outputs, vals, origin, origin_run, cache_key, provenance, inputs";
+
+fn stage_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StageRecord> {
+    Ok(StageRecord {
+        stage: r.get(0)?,
+        phase: phase_col(r.get(1)?),
+        attempts: r.get(2)?,
+        started_at: r.get(3)?,
+        finished_at: r.get(4)?,
+        exit_code: r.get(5)?,
+        reason: r.get(6)?,
+        outputs: json_col(r.get(7)?),
+        values: json_col(r.get(8)?),
+        origin: r.get(9)?,
+        origin_run: r.get(10)?,
+        cache_key: r.get(11)?,
+        provenance: json_col(r.get(12)?),
+        inputs: json_col(r.get(13)?),
+    })
+}
+
+const CACHE_COLUMNS: &str = "key, pipeline, stage, run_id, outputs, vals, components, created_at";
 
 impl StateStore for SqliteState {
     fn create_run(&self, run: &RunRecord) -> Result<(), StateError> {
         self.with(|c| {
             c.execute(
                 "INSERT INTO runs (id, pipeline, file, spec_digest, params, trigger, parent, phase, \
-                 created_at, engine_pid) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                 created_at, engine_pid, overrides, selection) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                 params![
                     run.id.0,
                     run.pipeline,
@@ -440,6 +606,10 @@ impl StateStore for SqliteState {
                     run.phase.as_str(),
                     run.created_at,
                     run.engine_pid,
+                    run.overrides.to_string(),
+                    run.selection
+                        .as_ref()
+                        .map(|s| serde_json::to_string(s).unwrap_or_default()),
                 ],
             )
             .map(|_| ())
@@ -544,23 +714,34 @@ impl StateStore for SqliteState {
         self.with(|c| {
             query(
                 c,
-                "SELECT stage, phase, attempts, started_at, finished_at, exit_code, reason, outputs, vals \
-                 FROM stages WHERE run_id = ?1 ORDER BY rowid",
+                &format!("SELECT {STAGE_COLUMNS} FROM stages WHERE run_id = ?1 ORDER BY rowid"),
                 params![run.0],
                 "read stages",
-                |r| {
-                    Ok(StageRecord {
-                        stage: r.get(0)?,
-                        phase: phase_col(r.get(1)?),
-                        attempts: r.get(2)?,
-                        started_at: r.get(3)?,
-                        finished_at: r.get(4)?,
-                        exit_code: r.get(5)?,
-                        reason: r.get(6)?,
-                        outputs: json_col(r.get(7)?),
-                        values: json_col(r.get(8)?),
-                    })
-                },
+                stage_from_row,
+            )
+        })
+    }
+
+    fn stage(&self, run: &RunId, stage: &str) -> Result<Option<StageRecord>, StateError> {
+        self.with(|c| {
+            c.query_row(
+                &format!("SELECT {STAGE_COLUMNS} FROM stages WHERE run_id = ?1 AND stage = ?2"),
+                params![run.0, stage],
+                stage_from_row,
+            )
+            .optional()
+            .map_err(sql(format!("read stage {stage} of run {run}")))
+        })
+    }
+
+    fn stages_mentioning(&self, text: &str) -> Result<Vec<(RunId, String)>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT run_id, stage FROM stages WHERE instr(provenance, ?1) > 0 ORDER BY run_id, rowid",
+                params![text],
+                "search stages",
+                |r| Ok((RunId(r.get(0)?), r.get(1)?)),
             )
         })
     }
@@ -741,6 +922,180 @@ impl StateStore for SqliteState {
         })
     }
 
+    fn set_provenance(&self, run: &RunId, stage: &str, p: &Provenance) -> Result<(), StateError> {
+        let what = format!("record provenance of {stage}");
+        self.with(|c| {
+            let tx = c.unchecked_transaction().map_err(sql("begin"))?;
+            tx.execute(
+                "INSERT INTO stages (run_id, stage, phase, origin, origin_run, cache_key, provenance, inputs) \
+                 VALUES (?1, ?2, 'Pending', ?3, ?4, ?5, ?6, ?7) \
+                 ON CONFLICT (run_id, stage) DO UPDATE SET origin = ?3, origin_run = ?4, \
+                   cache_key = ?5, provenance = ?6, inputs = ?7",
+                params![
+                    run.0,
+                    stage,
+                    p.origin,
+                    p.origin_run,
+                    p.cache_key,
+                    p.provenance.to_string(),
+                    p.inputs.to_string()
+                ],
+            )
+            .map_err(sql(what.clone()))?;
+            tx.execute(
+                "DELETE FROM artifact_uses WHERE run_id = ?1 AND stage = ?2",
+                params![run.0, stage],
+            )
+            .map_err(sql(what.clone()))?;
+            if p.origin == "ran" {
+                if let Some(inputs) = p.inputs.as_object() {
+                    for (name, art) in inputs {
+                        let Some(digest) = art.get("digest").and_then(|d| d.as_str()) else {
+                            continue;
+                        };
+                        tx.execute(
+                            "INSERT OR IGNORE INTO artifact_uses (digest, run_id, stage, input) \
+                             VALUES (?1, ?2, ?3, ?4)",
+                            params![digest, run.0, stage, name],
+                        )
+                        .map_err(sql(what.clone()))?;
+                    }
+                }
+            }
+            tx.commit().map_err(sql("commit"))
+        })
+    }
+
+    fn add_artifacts(&self, artifacts: &[ArtifactRecord]) -> Result<(), StateError> {
+        self.with(|c| {
+            let tx = c.unchecked_transaction().map_err(sql("begin"))?;
+            for a in artifacts {
+                tx.execute(
+                    "INSERT OR IGNORE INTO artifacts (digest, manifest, run_id, stage, output, created_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    params![a.digest, a.manifest, a.run_id, a.stage, a.output, a.created_at],
+                )
+                .map_err(sql(format!("record artifact {}", a.digest)))?;
+            }
+            tx.commit().map_err(sql("commit"))
+        })
+    }
+
+    fn artifact(&self, digest: &str) -> Result<Option<ArtifactRecord>, StateError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT digest, manifest, run_id, stage, output, created_at FROM artifacts WHERE digest = ?1",
+                params![digest],
+                |r| {
+                    Ok(ArtifactRecord {
+                        digest: r.get(0)?,
+                        manifest: r.get(1)?,
+                        run_id: r.get(2)?,
+                        stage: r.get(3)?,
+                        output: r.get(4)?,
+                        created_at: r.get(5)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(sql(format!("read artifact {digest}")))
+        })
+    }
+
+    fn artifact_uses(&self, digest: &str) -> Result<Vec<ArtifactUse>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT digest, run_id, stage, input FROM artifact_uses WHERE digest = ?1 \
+                 ORDER BY run_id, stage, input",
+                params![digest],
+                "read artifact uses",
+                |r| {
+                    Ok(ArtifactUse {
+                        digest: r.get(0)?,
+                        run_id: r.get(1)?,
+                        stage: r.get(2)?,
+                        input: r.get(3)?,
+                    })
+                },
+            )
+        })
+    }
+
+    fn put_cache_entry(&self, e: &CacheEntry) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute(
+                &format!("INSERT OR REPLACE INTO cache_entries ({CACHE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
+                params![
+                    e.key,
+                    e.pipeline,
+                    e.stage,
+                    e.run_id,
+                    e.outputs.to_string(),
+                    e.values.to_string(),
+                    e.components.to_string(),
+                    e.created_at
+                ],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("record cache entry of {}", e.stage)))
+        })
+    }
+
+    fn cache_entry(&self, key: &str) -> Result<Option<CacheEntry>, StateError> {
+        self.with(|c| {
+            c.query_row(
+                &format!("SELECT {CACHE_COLUMNS} FROM cache_entries WHERE key = ?1"),
+                params![key],
+                cache_from_row,
+            )
+            .optional()
+            .map_err(sql("read cache entry"))
+        })
+    }
+
+    fn latest_cache_entry(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        except_key: &str,
+    ) -> Result<Option<CacheEntry>, StateError> {
+        self.with(|c| {
+            c.query_row(
+                &format!(
+                    "SELECT {CACHE_COLUMNS} FROM cache_entries WHERE pipeline = ?1 AND stage = ?2 \
+                     AND key != ?3 ORDER BY created_at DESC LIMIT 1"
+                ),
+                params![pipeline, stage, except_key],
+                cache_from_row,
+            )
+            .optional()
+            .map_err(sql("read cache entries"))
+        })
+    }
+
+    fn cache_entries(&self) -> Result<Vec<CacheEntry>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                &format!("SELECT {CACHE_COLUMNS} FROM cache_entries ORDER BY created_at"),
+                [],
+                "read cache entries",
+                cache_from_row,
+            )
+        })
+    }
+
+    fn expire_cache_entries(&self, before: &str) -> Result<usize, StateError> {
+        self.with(|c| {
+            c.execute(
+                "DELETE FROM cache_entries WHERE created_at < ?1",
+                params![before],
+            )
+            .map_err(sql("expire cache entries"))
+        })
+    }
+
     fn attempts(&self, run: &RunId) -> Result<Vec<AttemptRecord>, StateError> {
         self.with(|c| {
             query(
@@ -787,6 +1142,8 @@ pub mod conformance {
             finished_at: None,
             reason: None,
             engine_pid: Some(7),
+            overrides: serde_json::json!({}),
+            selection: None,
         }
     }
 
@@ -795,6 +1152,118 @@ pub mod conformance {
         runs_stages_and_attempts(store);
         map_items(store);
         listing(store);
+        provenance_and_cache(store);
+    }
+
+    fn provenance_and_cache(s: &dyn StateStore) {
+        let mut rec = run_record("conf-prov");
+        rec.parent = Some(RunId("conf-r1".into()));
+        rec.selection = Some(vec!["b".into()]);
+        rec.overrides = serde_json::json!({"params": {"n": 2}});
+        s.create_run(&rec).unwrap();
+        let id = rec.id.clone();
+        let back = s.run(&id).unwrap();
+        assert_eq!(back.selection, rec.selection);
+        assert_eq!(back.overrides, rec.overrides);
+        assert_eq!(back.parent, rec.parent);
+
+        // A stage that ran records the artifacts it read; a reused one does not.
+        let art =
+            serde_json::json!({"manifest": "runs/x/a/1/manifests/o.json", "digest": "sha256:aa"});
+        let ran = Provenance {
+            origin: "ran".into(),
+            origin_run: None,
+            cache_key: Some("sha256:k1".into()),
+            provenance: serde_json::json!({"components": {"input:data": "sha256:aa"}}),
+            inputs: serde_json::json!({"data": art}),
+        };
+        s.set_provenance(&id, "b", &ran).unwrap();
+        s.set_stage(&id, "b", Phase::Succeeded, Some(0), None)
+            .unwrap();
+        let reused = Provenance {
+            origin: "reused".into(),
+            origin_run: Some("conf-r1".into()),
+            cache_key: None,
+            provenance: serde_json::json!({}),
+            inputs: serde_json::json!({"data": art}),
+        };
+        s.set_provenance(&id, "c", &reused).unwrap();
+        let stages = s.stages(&id).unwrap();
+        let b = stages.iter().find(|x| x.stage == "b").unwrap();
+        assert_eq!(b.phase, Phase::Succeeded, "provenance keeps the phase");
+        assert_eq!(
+            (b.origin.as_str(), b.cache_key.as_deref()),
+            ("ran", Some("sha256:k1"))
+        );
+        assert_eq!(b.inputs["data"]["digest"], "sha256:aa");
+        assert_eq!(s.stage(&id, "b").unwrap().as_ref(), Some(b));
+        assert_eq!(s.stage(&id, "nope").unwrap(), None);
+        assert_eq!(
+            s.stages_mentioning("input:data").unwrap(),
+            [(id.clone(), "b".to_owned())]
+        );
+        let c = stages.iter().find(|x| x.stage == "c").unwrap();
+        assert_eq!(
+            (c.origin.as_str(), c.origin_run.as_deref()),
+            ("reused", Some("conf-r1"))
+        );
+        let uses = s.artifact_uses("sha256:aa").unwrap();
+        assert_eq!(uses.len(), 1, "{uses:?}");
+        assert_eq!(
+            (uses[0].stage.as_str(), uses[0].input.as_str()),
+            ("b", "data")
+        );
+
+        let a = ArtifactRecord {
+            digest: "sha256:aa".into(),
+            manifest: "runs/x/a/1/manifests/o.json".into(),
+            run_id: "x".into(),
+            stage: "a".into(),
+            output: "o".into(),
+            created_at: now(),
+        };
+        s.add_artifacts(std::slice::from_ref(&a)).unwrap();
+        s.add_artifacts(std::slice::from_ref(&a)).unwrap();
+        assert_eq!(s.artifact("sha256:aa").unwrap(), Some(a));
+        assert_eq!(s.artifact("sha256:none").unwrap(), None);
+
+        let entry = |key: &str, at: &str| CacheEntry {
+            key: key.into(),
+            pipeline: "p".into(),
+            stage: "b".into(),
+            run_id: id.0.clone(),
+            outputs: serde_json::json!({"o": art}),
+            values: serde_json::json!({"v": 1}),
+            components: serde_json::json!({"definition": "sha256:d"}),
+            created_at: at.into(),
+        };
+        s.put_cache_entry(&entry("sha256:k1", "2026-01-01T00:00:00.000Z"))
+            .unwrap();
+        s.put_cache_entry(&entry("sha256:k2", "2026-02-01T00:00:00.000Z"))
+            .unwrap();
+        // Replacing an entry keeps one row per key.
+        s.put_cache_entry(&entry("sha256:k1", "2026-01-02T00:00:00.000Z"))
+            .unwrap();
+        assert_eq!(s.cache_entries().unwrap().len(), 2);
+        assert_eq!(
+            s.cache_entry("sha256:k1").unwrap().unwrap().created_at,
+            "2026-01-02T00:00:00.000Z"
+        );
+        assert_eq!(s.cache_entry("sha256:nope").unwrap(), None);
+        let latest = s
+            .latest_cache_entry("p", "b", "sha256:k2")
+            .unwrap()
+            .unwrap();
+        assert_eq!(latest.key, "sha256:k1");
+        assert_eq!(
+            s.latest_cache_entry("p", "b", "").unwrap().unwrap().key,
+            "sha256:k2"
+        );
+        assert_eq!(
+            s.expire_cache_entries("2026-01-15T00:00:00.000Z").unwrap(),
+            1
+        );
+        assert_eq!(s.cache_entries().unwrap().len(), 1);
     }
 
     fn runs_stages_and_attempts(s: &dyn StateStore) {

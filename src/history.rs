@@ -1,0 +1,268 @@
+//! `explain`, `lineage`, `forget` and `gc`: questions about what runs left behind.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::ExitCode;
+
+use drivetrain_engine::artifacts::ArtifactStore;
+use drivetrain_engine::cache::diff;
+use drivetrain_engine::history::{self, Direction, LineageError};
+use drivetrain_engine::state::{RunId, StateStore};
+use serde_json::{json, Value};
+
+use crate::runs::{open_state, store_url};
+
+/// Output formats of `lineage` and `forget`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GraphOutput {
+    Text,
+    Json,
+    Dot,
+    Mermaid,
+}
+
+fn components(v: &Value) -> BTreeMap<String, String> {
+    serde_json::from_value(v.clone()).unwrap_or_default()
+}
+
+/// `drivetrain explain RUN STAGE`: why a stage was a cache hit or a miss, naming the
+/// component of its key that changed since the newest other entry of that stage.
+pub fn explain(home: &Path, run: &str, stage: &str, json_out: bool) -> anyhow::Result<ExitCode> {
+    let state = open_state(home)?;
+    let id = RunId(run.to_owned());
+    let record = state.run(&id)?;
+    let Some(s) = state.stage(&id, stage)? else {
+        let names: Vec<String> = state.stages(&id)?.into_iter().map(|s| s.stage).collect();
+        eprintln!(
+            "error: run {run} has no stage `{stage}`; it has {}",
+            names.join(", ")
+        );
+        return Ok(ExitCode::from(2));
+    };
+    let mine = components(&s.provenance["components"]);
+    let lookup = s.provenance["cache"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let key = s.cache_key.clone().unwrap_or_default();
+    let (verdict, changes, compared) = match s.origin.as_str() {
+        "cached" => (
+            format!(
+                "hit: outputs taken from run {} (key {key})",
+                s.origin_run.as_deref().unwrap_or("?")
+            ),
+            Vec::new(),
+            None,
+        ),
+        "reused" => (
+            format!(
+                "reused: a {} of run {} took this stage's outputs from run {} without executing it",
+                record.trigger,
+                record.parent.as_ref().map(|p| p.0.as_str()).unwrap_or("?"),
+                s.origin_run.as_deref().unwrap_or("?")
+            ),
+            Vec::new(),
+            None,
+        ),
+        _ => {
+            let previous = state.latest_cache_entry(&record.pipeline, stage, &key)?;
+            let verdict = match lookup.as_str() {
+                "" => "ran (no cache record)".to_owned(),
+                l if l.starts_with("not") => format!("ran: {l}"),
+                l => format!("ran: cache {l}"),
+            };
+            match previous {
+                Some(p) => {
+                    let changes = diff(&components(&p.components), &mine);
+                    (verdict, changes, Some(p.run_id))
+                }
+                None => (verdict, Vec::new(), None),
+            }
+        }
+    };
+    if json_out {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "run": run,
+                "stage": stage,
+                "origin": s.origin,
+                "origin_run": s.origin_run,
+                "verdict": verdict,
+                "cache_key": s.cache_key,
+                "compared_with_run": compared,
+                "changes": changes,
+                "components": mine,
+            }))?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{run}/{stage}: {verdict}");
+    match (&compared, changes.is_empty()) {
+        (Some(r), false) => {
+            println!("compared with the newest other cache entry of `{stage}` (run {r}):");
+            for c in &changes {
+                println!("  {c}");
+            }
+        }
+        (Some(r), true) => {
+            println!("the newest other cache entry of `{stage}` (run {r}) has the same components")
+        }
+        (None, _) if s.origin == "ran" => {
+            println!("no other cache entry of `{stage}` to compare with")
+        }
+        _ => {}
+    }
+    println!("key {key} from:");
+    for (k, v) in &mine {
+        println!("  {k:<24} {v}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_graph(
+    g: &history::Lineage,
+    direction: Direction,
+    output: GraphOutput,
+) -> anyhow::Result<()> {
+    match output {
+        GraphOutput::Text => print!("{}", g.to_text(direction)),
+        GraphOutput::Json => println!("{}", serde_json::to_string_pretty(g)?),
+        GraphOutput::Dot => print!("{}", g.to_dot()),
+        GraphOutput::Mermaid => print!("{}", g.to_mermaid()),
+    }
+    Ok(())
+}
+
+fn lineage_error(e: LineageError) -> anyhow::Result<ExitCode> {
+    match e {
+        LineageError::NotFound(m) => {
+            eprintln!("error: {m}");
+            Ok(ExitCode::from(2))
+        }
+        LineageError::State(e) => Err(e.into()),
+    }
+}
+
+/// `drivetrain lineage TARGET [--downstream]`.
+pub fn lineage(
+    home: &Path,
+    target: &str,
+    downstream: bool,
+    output: GraphOutput,
+) -> anyhow::Result<ExitCode> {
+    let state = open_state(home)?;
+    let store = ArtifactStore::open(&store_url(None, home)?)?;
+    let direction = if downstream {
+        Direction::Downstream
+    } else {
+        Direction::Upstream
+    };
+    let roots = match history::resolve_target(&state, target) {
+        Ok(r) => r,
+        Err(e) => return lineage_error(e),
+    };
+    match history::lineage(&state, &store, roots, direction) {
+        Ok(g) => print_graph(&g, direction, output)?,
+        Err(e) => return lineage_error(e),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `drivetrain forget INPUT`: everything derived from a source.
+pub fn forget(home: &Path, input: &str, output: GraphOutput) -> anyhow::Result<ExitCode> {
+    let state = open_state(home)?;
+    let store = ArtifactStore::open(&store_url(None, home)?)?;
+    let g = match history::forget(&state, &store, input) {
+        Ok(g) => g,
+        Err(e) => return lineage_error(e),
+    };
+    if output != GraphOutput::Text {
+        print_graph(&g, Direction::Downstream, output)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut runs = std::collections::BTreeSet::new();
+    let (mut stages, mut artifacts) = (Vec::new(), Vec::new());
+    for (id, n) in &g.nodes {
+        match n {
+            history::Node::Stage { run, .. } => {
+                runs.insert(run.clone());
+                stages.push(id.clone());
+            }
+            history::Node::Artifact { url, digest, .. } => {
+                artifacts.push(format!("{digest}  {url}"))
+            }
+        }
+    }
+    println!("derived from {input}:");
+    println!("runs ({}):", runs.len());
+    for r in &runs {
+        println!("  {r}");
+    }
+    println!("stages ({}):", stages.len());
+    for s in &stages {
+        println!("  {s}");
+    }
+    println!("artifacts ({}):", artifacts.len());
+    for a in &artifacts {
+        println!("  {a}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `drivetrain gc [--keep-days N] [--apply]`.
+pub fn gc(home: &Path, keep_days: u32, apply: bool, json_out: bool) -> anyhow::Result<ExitCode> {
+    let state = open_state(home)?;
+    let store = ArtifactStore::open(&store_url(None, home)?)?;
+    let cutoff = (chrono::Utc::now() - chrono::Duration::days(i64::from(keep_days)))
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let report = rt.block_on(history::gc(&state, &store, &cutoff, apply))?;
+    if apply {
+        // Attempt directories of runs whose objects went.
+        let work = home.join("work");
+        for key in report.unreferenced.keys() {
+            if let Some(run) = key.split('/').nth(1) {
+                let _ = std::fs::remove_dir_all(work.join(run));
+            }
+        }
+    }
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for (key, size) in &report.unreferenced {
+        println!(
+            "{}  {key} ({size} bytes)",
+            if apply { "deleted" } else { "would delete" }
+        );
+    }
+    println!(
+        "{} object(s), {} bytes {}; kept: {} run(s) newer than {keep_days} day(s) or running, {} older artifact(s) still referenced{}",
+        report.unreferenced.len(),
+        report.bytes(),
+        if apply { "deleted" } else { "unreferenced (dry run: --apply deletes them)" },
+        report.kept_runs,
+        report.referenced,
+        if report.unknown_run_objects > 0 {
+            format!(", {} object(s) of runs this home does not know", report.unknown_run_objects)
+        } else {
+            String::new()
+        }
+    );
+    if report.expired_cache_entries > 0 {
+        println!(
+            "{} cache entr{} older than the cut-off {}",
+            report.expired_cache_entries,
+            if report.expired_cache_entries == 1 {
+                "y"
+            } else {
+                "ies"
+            },
+            if apply { "removed" } else { "would be removed" }
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
