@@ -1030,18 +1030,28 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
         selected.extend(only);
     }
     selected.retain(|id| pipeline.stage(*id).hook.is_none());
-    // What to take from the parent: every succeeded stage that is neither selected nor
-    // downstream of the selection (whose outputs would be stale).
+    // What to take from the parent: every succeeded stage the selection needs, and every
+    // other one that is not downstream of the selection (whose outputs would be stale:
+    // those are not run at all).
+    let needed: std::collections::BTreeSet<_> = selected
+        .iter()
+        .flat_map(|id| pipeline.ancestors(*id))
+        .collect();
     let stale: std::collections::BTreeSet<_> = selected
         .iter()
         .flat_map(|id| pipeline.descendants(*id))
+        .filter(|id| !needed.contains(id))
         .collect();
     let mut reuse = BTreeMap::new();
     for b in &before {
         let Some(s) = pipeline.stage_by_name(&b.stage) else {
             continue;
         };
-        if b.phase != Phase::Succeeded || stale.contains(&s.id) || s.hook.is_some() {
+        if b.phase != Phase::Succeeded
+            || selected.contains(&s.id)
+            || stale.contains(&s.id)
+            || s.hook.is_some()
+        {
             continue;
         }
         let outputs = serde_json::from_value(b.outputs.clone()).unwrap_or_default();

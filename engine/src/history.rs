@@ -448,12 +448,13 @@ pub async fn gc(
         }
     }
     let mut keep_keys: BTreeSet<String> = BTreeSet::new();
+    // Every referenced manifest is read, a kept run's too: the fan-in of a map stage lists
+    // the objects of other attempts, possibly of older runs.
     for a in &refs {
         let run = a.manifest.split('/').nth(1).unwrap_or_default();
-        if kept.contains(run) {
-            continue;
+        if !kept.contains(run) {
+            report.referenced += 1;
         }
-        report.referenced += 1;
         // A manifest already gone refers to nothing.
         if let Ok(keys) = store.object_keys(a).await {
             keep_keys.extend(keys);

@@ -575,7 +575,8 @@ fn finish(
 ) {
     results[id.index()] = Some(result);
     for d in pipeline.downstream(id) {
-        if pipeline.stage(d).hook.is_some() {
+        // Hooks run after the rest; a stage a rerun reused ended before its upstream did.
+        if pipeline.stage(d).hook.is_some() || results[d.index()].is_some() {
             continue;
         }
         waiting[d.index()] -= 1;

@@ -1,0 +1,78 @@
+//! What the end-to-end tests share: a fresh home directory per test and the binary.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+pub struct Home {
+    pub dir: PathBuf,
+}
+
+impl Home {
+    pub fn new(name: &str) -> Home {
+        let dir = std::env::temp_dir().join(format!("dt-run-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Home { dir }
+    }
+
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    pub fn drivetrain(&self, args: &[&str]) -> Output {
+        self.drivetrain_env(args, &[])
+    }
+
+    pub fn drivetrain_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+            .args(args)
+            .current_dir(&self.dir)
+            .env_remove("DRIVETRAIN_HOME")
+            .env_remove("DRIVETRAIN_ISOLATION")
+            .env("NO_COLOR", "1")
+            .envs(env.iter().copied())
+            .output()
+            .expect("the binary runs")
+    }
+
+    pub fn status(&self, run: &str) -> serde_json::Value {
+        let o = self.drivetrain(&["status", run, "--output", "json"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    }
+}
+
+impl Drop for Home {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The run id from the first line of `drivetrain run`.
+pub fn run_id(o: &Output) -> String {
+    let out = text(&o.stdout);
+    let first = out.lines().next().unwrap_or_default();
+    first
+        .strip_prefix("run ")
+        .unwrap_or_else(|| panic!("no run id in {out}"))
+        .to_owned()
+}
+
+pub fn stage<'a>(status: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    status["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stage"] == name)
+        .unwrap_or_else(|| panic!("no stage {name} in {status}"))
+}
