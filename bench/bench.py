@@ -184,13 +184,59 @@ def scale(binary, items=100_000, stages=10_000):
             print(f"| {label} (--parallelism 2) | {wall:.1f} s | {shown} |")
 
 
+def output_chain(n):
+    """An `n`-stage chain whose stages each write a small output the next one reads."""
+    lines = [f"version: 1", f"name: cached-{n}", "stages:"]
+    for i in range(n):
+        lines.append(f"  s{i:04d}:")
+        if i > 0:
+            lines.append(f"    inputs: {{i: s{i - 1:04d}.o}}")
+        lines.append(f"    run: {{command: [sh, -c, 'echo {i} > \"$0/f\"', \"{{{{ outputs.o }}}}\"]}}")
+        lines.append("    outputs: [o]")
+    return "\n".join(lines) + "\n"
+
+
+def cache_and_lineage(binary, repeats, stages=1000, depth=100):
+    """A fully cached run of a `stages`-stage chain (every stage a hit), against the same
+    binary validating the file and the first, uncached run; and `lineage` of the last
+    artifact of a `depth`-stage chain, against `drivetrain list` on the same home."""
+    with tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "target")) as tmp:
+        path = os.path.join(tmp, "chain.yaml")
+        with open(path, "w") as f:
+            f.write(output_chain(stages))
+        home = os.path.join(tmp, "home")
+        first, _ = measure_once([binary, "--home", home, "run", path])
+        validate = measure([binary, "validate", path], repeats)
+        cached = measure([binary, "--home", home, "run", path], repeats)
+        print(f"\n| {stages}-stage chain with outputs | median wall | peak RSS | ratio |")
+        print("|---|---:|---:|---:|")
+        print(f"| first run (every stage executes), once | {first * 1000:.0f} ms | | 1.00 |")
+        print(f"| validate the file | {validate[0] * 1000:.0f} ms | {validate[1] / 1024:.1f} MiB | {validate[0] / first:.3f} |")
+        print(f"| fully cached run | {cached[0] * 1000:.0f} ms | {cached[1] / 1024:.1f} MiB | {cached[0] / first:.3f} |")
+
+        deep = os.path.join(tmp, "deep.yaml")
+        with open(deep, "w") as f:
+            f.write(output_chain(depth))
+        dhome = os.path.join(tmp, "deep-home")
+        out = subprocess.run([binary, "--home", dhome, "run", deep], capture_output=True, text=True)
+        run = out.stdout.splitlines()[0].split()[1]
+        target = f"{run}/s{depth - 1:04d}/o"
+        base = measure([binary, "--home", dhome, "list"], repeats)
+        lin = measure([binary, "--home", dhome, "lineage", target, "--output", "json"], repeats)
+        print(f"\n| lineage {depth} stages deep | median wall |")
+        print("|---|---:|")
+        print(f"| baseline: drivetrain list (start, open the state) | {base[0] * 1000:.1f} ms |")
+        print(f"| lineage RUN/s{depth - 1:04d}/o --output json | {lin[0] * 1000:.1f} ms |")
+        print(f"| lineage minus baseline | {(lin[0] - base[0]) * 1000:.1f} ms |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--stages", type=int, default=10_000)
     ap.add_argument("--edges", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--suite", choices=["all", "validate", "run", "artifacts", "scale"], default="all")
+    ap.add_argument("--suite", choices=["all", "validate", "run", "artifacts", "scale", "cache"], default="all")
     ap.add_argument("--mib", type=int, default=1024, help="artifact size for --suite artifacts")
     ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "drivetrain"))
     args = ap.parse_args()
@@ -206,9 +252,11 @@ def main():
         engine_overhead(args.binary, args.repeats)
     if args.suite in ("all", "artifacts"):
         passthrough(args.binary, min(args.repeats, 3), args.mib)
+    if args.suite in ("all", "cache"):
+        cache_and_lineage(args.binary, args.repeats)
     if args.suite in ("all", "scale"):
         scale(args.binary)
-    if args.suite in ("run", "artifacts", "scale"):
+    if args.suite in ("run", "artifacts", "scale", "cache"):
         return
     with tempfile.TemporaryDirectory() as tmp:
         big = os.path.join(tmp, "big.yaml")

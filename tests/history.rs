@@ -112,7 +112,11 @@ fn rerun_executes_exactly_the_selected_stages_and_reuses_the_rest() {
     let only = home.ok(&["rerun", &first, "--only", "b,d"]);
     let mut both = home.executed();
     both.sort();
-    assert_eq!(both, ["b", "d"], "in parallel: d does not wait for the new b");
+    assert_eq!(
+        both,
+        ["b", "d"],
+        "in parallel: d does not wait for the new b"
+    );
     assert_eq!(home.origin(&only, "c"), ("reused".into(), first.clone()));
     assert_eq!(stage(&home.status(&only), "e")["phase"], "Skipped");
 
