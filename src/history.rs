@@ -158,7 +158,12 @@ pub fn lineage(
     } else {
         Direction::Upstream
     };
-    let roots = match history::resolve_target(&state, target) {
+    // A registered model: the artifact it was registered from.
+    let target = match model_target(home, target)? {
+        Some(digest) => digest,
+        None => target.to_owned(),
+    };
+    let roots = match history::resolve_target(&state, &target) {
         Ok(r) => r,
         Err(e) => return lineage_error(e),
     };
@@ -265,4 +270,109 @@ pub fn gc(home: &Path, keep_days: u32, apply: bool, json_out: bool) -> anyhow::R
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `drivetrain registry …` against the registry of this home's artifact store.
+pub fn registry(home: &Path, command: crate::RegistryCommand) -> anyhow::Result<ExitCode> {
+    use crate::RegistryCommand as C;
+    let reg = drivetrain_steps::registry::Registry::open(&store_url(None, home)?)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        match command {
+            C::List { output } => {
+                let mut all = Vec::new();
+                for m in reg.models().await? {
+                    let versions = reg.versions(&m).await?;
+                    let aliases: serde_json::Map<String, Value> = reg
+                        .aliases(&m)
+                        .await?
+                        .into_iter()
+                        .map(|(a, v)| (a, v["version"].clone()))
+                        .collect();
+                    all.push(json!({"model": m, "versions": versions.len(), "aliases": aliases}));
+                }
+                if output == crate::Format::Json {
+                    println!("{}", serde_json::to_string_pretty(&all)?);
+                } else if all.is_empty() {
+                    println!("no models registered yet");
+                } else {
+                    for m in &all {
+                        let aliases: Vec<String> = m["aliases"]
+                            .as_object()
+                            .into_iter()
+                            .flatten()
+                            .map(|(a, v)| format!("{a} → {v}"))
+                            .collect();
+                        println!(
+                            "{}  {} version(s)  {}",
+                            m["model"].as_str().unwrap_or_default(),
+                            m["versions"],
+                            aliases.join(", ")
+                        );
+                    }
+                }
+            }
+            C::Show { spec } => {
+                let v = reg.resolve(&spec).await?;
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            }
+            C::History { model, output } => {
+                let h = reg.history(&model).await?;
+                if output == crate::Format::Json {
+                    println!("{}", serde_json::to_string_pretty(&h)?);
+                } else {
+                    for e in &h {
+                        println!(
+                            "{}  {}  {} → {}  by {}  {}",
+                            e["at"].as_str().unwrap_or_default(),
+                            e["alias"].as_str().unwrap_or_default(),
+                            e["from"]
+                                .as_u64()
+                                .map(|v| v.to_string())
+                                .unwrap_or_else(|| "-".into()),
+                            e["version"],
+                            e["who"].as_str().unwrap_or_default(),
+                            e["note"]
+                        );
+                    }
+                }
+            }
+            C::Alias {
+                model,
+                alias,
+                version,
+            } => {
+                let e = reg
+                    .move_alias(&model, &alias, version, json!({"manual": true}))
+                    .await?;
+                println!("{model}@{alias} → version {version} (was {})", e["from"]);
+            }
+            C::Rollback { model, alias } => {
+                let e = reg.rollback(&model, &alias).await?;
+                println!(
+                    "{model}@{alias} rolled back to version {} (was {})",
+                    e["version"], e["from"]
+                );
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// A lineage target naming a registered model (`MODEL@VERSION`, `MODEL@ALIAS`): the
+/// digest of the model artifact it was registered from.
+pub fn model_target(home: &Path, target: &str) -> anyhow::Result<Option<String>> {
+    if !target.contains('@') {
+        return Ok(None);
+    }
+    let reg = drivetrain_steps::registry::Registry::open(&store_url(None, home)?)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let v = rt.block_on(reg.resolve(target))?;
+    Ok(v.pointer("/source/model_digest")
+        .and_then(Value::as_str)
+        .map(str::to_owned))
 }

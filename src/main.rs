@@ -256,6 +256,20 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         output: Format,
     },
+    /// Run one built-in step with the attempt's environment (what `drivetrain run` starts
+    /// for `uses:` stages, and a container's command on a cluster).
+    #[command(
+        after_help = "Reads DRIVETRAIN_STEP_CONFIG (the rendered `with:` block as JSON), DRIVETRAIN_INPUT_<NAME>, DRIVETRAIN_OUTPUT_<NAME>, DRIVETRAIN_VALUES and, when distributed, RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.\n\nExample:\n  DRIVETRAIN_STEP_CONFIG='{\"drives\": 2}' DRIVETRAIN_OUTPUT_LOGS=out DRIVETRAIN_VALUES=values.json drivetrain step fleet-sim"
+    )]
+    Step { name: String },
+    /// The model registry in the artifact store: models, versions, aliases, history.
+    #[command(
+        after_help = "Examples:\n  drivetrain registry list\n  drivetrain registry show risk-model@production\n  drivetrain registry history risk-model\n  drivetrain registry alias risk-model production 3\n  drivetrain registry rollback risk-model production"
+    )]
+    Registry {
+        #[command(subcommand)]
+        command: RegistryCommand,
+    },
     /// Print the JSON Schema of pipeline files (for editors).
     #[command(after_help = "Example:\n  drivetrain schema > pipeline.schema.json")]
     Schema,
@@ -267,8 +281,33 @@ enum Command {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub(crate) enum RegistryCommand {
+    /// Models with their versions and aliases.
+    List {
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// One version (`MODEL@VERSION` or `MODEL@ALIAS`): metrics, lineage, files.
+    Show { spec: String },
+    /// Every alias move of a model: who, when, from, to, the gate result.
+    History {
+        model: String,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Point an alias at a version.
+    Alias {
+        model: String,
+        alias: String,
+        version: u64,
+    },
+    /// Move an alias back to the version it pointed at before.
+    Rollback { model: String, alias: String },
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Format {
+pub(crate) enum Format {
     Text,
     Json,
 }
@@ -296,6 +335,42 @@ fn catalog() -> Catalog {
         drivetrain_steps::all(),
         drivetrain_plugins::EXECUTORS.to_vec(),
     )
+}
+
+/// `drivetrain step NAME`: runs a built-in step in this process with the attempt's
+/// environment; its error is the stage's reason.
+fn step(catalog: &Catalog, name: &str) -> ExitCode {
+    let Some(step) = catalog.step(name) else {
+        eprintln!(
+            "error: unknown step `{name}`; built-in steps: {}",
+            catalog.step_names().join(", ")
+        );
+        return ExitCode::from(EXIT_USAGE);
+    };
+    let cx = match drivetrain_engine::step::StepContext::from_env(step) {
+        Ok(cx) => cx,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_INVALID);
+        }
+    };
+    match rt.block_on(step.run(&cx)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: step `{name}`: {e}");
+            ExitCode::from(EXIT_INVALID)
+        }
+    }
 }
 
 /// `rerun` and `retry` as parsed.
@@ -564,6 +639,8 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
+        Command::Step { name } => step(&catalog, &name),
+        Command::Registry { command } => outcome(history::registry(&home, command)),
         Command::Schema => {
             println!(
                 "{}",
@@ -801,6 +878,7 @@ fn plan_text(
                 name,
                 version,
                 config,
+                ..
             } => {
                 field(&mut out, "uses", format!("{name}@{version}"));
                 if config.as_object().is_some_and(|o| !o.is_empty()) {
@@ -994,7 +1072,7 @@ fn plan_json(
         .map(|id| {
             let s = p.stage(*id);
             let action = match &s.action {
-                Action::Step { name, version, config } => json!({
+                Action::Step { name, version, config, .. } => json!({
                     "uses": name, "version": version, "with": render_json_templates(config, params)
                 }),
                 Action::Command { argv, workdir, .. } => json!({

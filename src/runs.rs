@@ -108,6 +108,7 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
         reuse: BTreeMap::new(),
         overrides: json!({}),
         cache: args.cache,
+        step_command: step_command()?,
     };
     if !args.json {
         println!("run {id}");
@@ -175,6 +176,12 @@ fn default_parallelism() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2)
+}
+
+/// How built-in steps run: this very binary, `drivetrain step NAME`.
+fn step_command() -> anyhow::Result<Vec<String>> {
+    let exe = std::env::current_exe()?;
+    Ok(vec![exe.display().to_string(), "step".into()])
 }
 
 fn digest(source: &str) -> String {
@@ -446,6 +453,7 @@ pub fn resume(
             read: record.trigger != "rerun",
             write: true,
         },
+        step_command: step_command()?,
     };
     let resume = runner::Resume {
         record,
@@ -1170,6 +1178,7 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
             read: args.retry && !args.no_cache,
             write: !args.no_cache,
         },
+        step_command: step_command()?,
     };
     drive(Drive {
         id,

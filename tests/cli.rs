@@ -101,7 +101,7 @@ fn plan_selects_subgraphs() {
     assert_eq!(selected, ["train", "validate", "promote"]);
     // Typed substitution: a `with` value that is one param reference keeps its type.
     let fleet = &v["stages"][0];
-    assert_eq!(fleet["action"]["with"]["drives"], 6);
+    assert_eq!(fleet["action"]["with"]["drives"], 8);
 
     let o = drivetrain(&[
         "plan",

@@ -177,6 +177,11 @@ impl ArtifactStore {
         &self.url
     }
 
+    /// The object store itself (for the model registry, which lives beside `runs/`).
+    pub fn object_store(&self) -> Arc<dyn ObjectStore> {
+        self.store.clone()
+    }
+
     /// The directory of a `file://` store.
     pub fn local_root(&self) -> Option<&std::path::Path> {
         self.local_root.as_deref()

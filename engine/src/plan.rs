@@ -103,6 +103,8 @@ pub enum Action {
         name: String,
         version: String,
         config: Value,
+        /// The step writes the model registry (see [`crate::step::Step::writes_registry`]).
+        registry: bool,
     },
     /// A command: argv elements, each a template.
     Command {

@@ -23,6 +23,7 @@ use crate::plan::{Action, MapSource, Pipeline, RetryPolicy, Stage, StageId};
 use crate::spec::{ErrorClass, Hook, IoMode, RetryOn};
 use crate::state::{ArtifactRecord, CacheEntry, Provenance};
 use crate::state::{Phase, RunId, RunRecord, StateError, StateStore};
+use crate::step::env_suffix;
 use crate::template::{value_text, Ref, Template};
 
 /// How a run is carried out.
@@ -51,6 +52,10 @@ pub struct RunOptions {
     /// What a rerun overrode (recorded with the run).
     pub overrides: Value,
     pub cache: CacheMode,
+    /// How a built-in step runs: this argv plus the step's name (`drivetrain step`),
+    /// with the rendered `with:` block in `DRIVETRAIN_STEP_CONFIG`. Empty: steps cannot
+    /// run here.
+    pub step_command: Vec<String>,
 }
 
 /// How a run uses the cache.
@@ -716,9 +721,15 @@ async fn execute(
     let stage = ctx.pipeline.stage(id);
     let started = Instant::now();
     let unsupported = match &stage.action {
-        Action::Step { name, .. } => Some(format!(
-            "built-in step `{name}` cannot run yet: the steps land with the driving-loop issue"
+        Action::Step { name, .. } if ctx.opts.step_command.is_empty() => Some(format!(
+            "built-in step `{name}` cannot run: this engine has no step runner"
         )),
+        Action::Step { .. } if gpus_needed(stage) > ctx.opts.gpus => Some(format!(
+            "stage needs {} GPU(s); this machine declares {} (`--gpus N` or DRIVETRAIN_LOCAL_GPUS)",
+            gpus_needed(stage),
+            ctx.opts.gpus
+        )),
+        Action::Step { .. } => None,
         Action::Command { .. } if stage.secrets.iter().any(|s| s.mount_path.is_some()) => {
             Some("secrets mounted as files are not supported by the local executor".to_owned())
         }
@@ -938,6 +949,7 @@ fn key_parts(
             name,
             version,
             config,
+            ..
         } => {
             parts.plain("step".into(), format!("{name}@{version}"));
             let lookup = |r: &Ref| lookup(r);
@@ -1446,8 +1458,24 @@ async fn run_attempt(
     key: &AttemptKey,
     upstream: &BTreeMap<StageId, StageResult>,
 ) -> Result<AttemptEnd, String> {
-    let Action::Command { argv, workdir, .. } = &stage.action else {
-        return Err("not a command".into());
+    let (argv, workdir, step_config) = match &stage.action {
+        Action::Command { argv, workdir, .. } => (argv.clone(), workdir.clone(), None),
+        // A built-in step runs as `drivetrain step NAME`, the same contract as in a
+        // container: the rendered config in the environment.
+        Action::Step { name, config, .. } => {
+            let mut argv: Vec<Template> = ctx
+                .opts
+                .step_command
+                .iter()
+                .map(|a| Template {
+                    parts: vec![crate::template::Part::Lit(a.clone())],
+                })
+                .collect();
+            argv.push(Template {
+                parts: vec![crate::template::Part::Lit(name.clone())],
+            });
+            (argv, None, Some(config))
+        }
     };
     let dir = ctx
         .opts
@@ -1524,6 +1552,21 @@ async fn run_attempt(
         })
     };
     let argv: Vec<String> = argv.iter().map(render).collect();
+    let step_config = step_config.map(|c| {
+        let lookup = |r: &Ref| match r {
+            Ref::Input(n) => input_paths.get(n).cloned().map(Value::String),
+            Ref::Output(n) => output_paths.get(n).cloned().map(Value::String),
+            Ref::Item(keys) => {
+                let mut v = item?;
+                for k in keys {
+                    v = v.get(k)?;
+                }
+                Some(v.clone())
+            }
+            other => lookup_value(&ctx.pipeline, ctx, upstream, other),
+        };
+        crate::template::render_value(c, &lookup)
+    });
     let mut env: Vec<(String, String)> = vec![
         ("DRIVETRAIN_RUN_ID".into(), key.run.clone()),
         ("DRIVETRAIN_STAGE".into(), key.stage.clone()),
@@ -1557,11 +1600,32 @@ async fn run_attempt(
             path.clone(),
         ));
     }
+    for (name, art) in input_artifacts(stage, upstream) {
+        env.push((
+            format!("DRIVETRAIN_INPUT_{}_DIGEST", env_suffix(&name)),
+            art.digest,
+        ));
+    }
+    // Kept across the attempts of this stage (and items) in this run: checkpoints.
+    let checkpoints = ctx
+        .opts
+        .work_dir
+        .join(&key.run)
+        .join(&key.stage)
+        .join("checkpoints");
+    mk(&checkpoints)?;
+    env.push((
+        "DRIVETRAIN_CHECKPOINTS".into(),
+        checkpoints.display().to_string(),
+    ));
     for (name, path) in &output_paths {
         env.push((
             format!("DRIVETRAIN_OUTPUT_{}", env_suffix(name)),
             path.clone(),
         ));
+    }
+    if let Some(c) = &step_config {
+        env.push(("DRIVETRAIN_STEP_CONFIG".into(), c.to_string()));
     }
     for (k, t) in &stage.env {
         env.push((k.clone(), render(t)));
@@ -1585,7 +1649,7 @@ async fn run_attempt(
             }
         }
     }
-    let cwd = match workdir {
+    let cwd = match &workdir {
         Some(w) => PathBuf::from(render(w)),
         None => dir.clone(),
     };
@@ -1608,6 +1672,20 @@ async fn run_attempt(
         path: dir.clone(),
         writable: true,
     });
+    access.push(PathAccess {
+        path: checkpoints.clone(),
+        writable: true,
+    });
+    if let (Action::Step { registry: true, .. }, Some(root)) =
+        (&stage.action, ctx.artifacts.local_root())
+    {
+        let registry = root.join("registry");
+        mk(&registry)?;
+        access.push(PathAccess {
+            path: registry,
+            writable: true,
+        });
+    }
     for o in stage.outputs.iter().filter(|o| o.mode == IoMode::Url) {
         if let Some(p) = ctx.artifacts.output_dir(key, &o.name) {
             access.push(PathAccess {
@@ -1800,18 +1878,6 @@ async fn wait_attempt(
     // nothing left of the attempt can write to an artifact.
     let _ = std::fs::remove_dir_all(outputs_dir);
     Ok(AttemptEnd::Succeeded { outputs, values })
-}
-
-fn env_suffix(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect()
 }
 
 fn humanize(d: Duration) -> String {

@@ -6,15 +6,22 @@
 //! `validate` can reject `executor: kubernets`. The engine never names a concrete step or
 //! executor: the binary builds one [`Catalog`] from the `steps` and `plugins` crates.
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 use crate::de::from_node;
 use crate::diag::Diagnostic;
 use crate::yaml::{Node, YamlPath};
 
-/// A built-in step, as validation and planning see it.
+/// How a step run ends when it fails: its message is the stage's reason.
+pub type StepResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// A built-in step: what validation and planning see, and what runs.
+#[async_trait::async_trait]
 pub trait Step: Send + Sync + 'static {
     /// The name pipelines use in `uses:`.
     fn name(&self) -> &'static str;
@@ -30,6 +37,143 @@ pub trait Step: Send + Sync + 'static {
     fn check_config(&self, with: Option<&Node<'_>>, path: &YamlPath) -> Vec<Diagnostic>;
     /// The JSON Schema of the `with:` block.
     fn config_schema(&self) -> serde_json::Value;
+    /// Runs the step over its inputs, writing its outputs and values.
+    async fn run(&self, cx: &StepContext) -> StepResult;
+    /// Checks the config more deeply than its type can (SQL that parses, columns that
+    /// exist, a gate naming known metrics): the rendered `with:` block as JSON, with the
+    /// path of the block for locating what is wrong. Default: nothing more to check.
+    fn check_semantics(&self, _config: &Value) -> Vec<(String, String)> {
+        Vec::new()
+    }
+    /// Whether the step writes the model registry (`registry/` of the artifact store),
+    /// which is read-only for every other stage.
+    fn writes_registry(&self) -> bool {
+        false
+    }
+}
+
+/// Everything a step gets when it runs, read from the attempt's environment (the same
+/// contract in a local child process and in a container: `drivetrain step NAME`).
+#[derive(Debug, Clone, Default)]
+pub struct StepContext {
+    /// The rendered `with:` block (`DRIVETRAIN_STEP_CONFIG`).
+    pub config: Value,
+    /// Inputs that are present, by name: directories (or store URLs in `mode: url`).
+    pub inputs: BTreeMap<String, PathBuf>,
+    /// The artifact digest of each present input (`DRIVETRAIN_INPUT_<NAME>_DIGEST`).
+    pub input_digests: BTreeMap<String, String>,
+    /// A directory kept across the attempts of this stage in this run, for checkpoints
+    /// (`DRIVETRAIN_CHECKPOINTS`).
+    pub checkpoints: Option<PathBuf>,
+    /// Outputs by name: empty directories to write into.
+    pub outputs: BTreeMap<String, PathBuf>,
+    /// Where `values.json` goes.
+    pub values: PathBuf,
+    pub params: Value,
+    pub run_id: String,
+    pub pipeline: String,
+    pub stage: String,
+    pub attempt: u32,
+    /// The artifact store's URL.
+    pub store: String,
+    /// Distributed rank and world size (0 and 1 when not distributed).
+    pub rank: u32,
+    pub world: u32,
+    /// `MASTER_ADDR:MASTER_PORT` of a distributed attempt.
+    pub master: Option<String>,
+}
+
+/// The environment-variable suffix of an input or output name (`frames` → `FRAMES`).
+pub fn env_suffix(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+impl StepContext {
+    /// The context of step `step` from this process's environment.
+    pub fn from_env(step: &dyn Step) -> Result<StepContext, String> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let need = |k: &str| {
+            var(k).ok_or_else(|| format!("{k} is not set: run steps through `drivetrain run`"))
+        };
+        let config = match var("DRIVETRAIN_STEP_CONFIG") {
+            Some(c) => serde_json::from_str(&c)
+                .map_err(|e| format!("DRIVETRAIN_STEP_CONFIG is not JSON: {e}"))?,
+            None => Value::Object(Default::default()),
+        };
+        let mut inputs = BTreeMap::new();
+        let mut input_digests = BTreeMap::new();
+        for (name, _) in step.inputs() {
+            if let Some(p) = var(&format!("DRIVETRAIN_INPUT_{}", env_suffix(name))) {
+                inputs.insert((*name).to_owned(), PathBuf::from(p));
+            }
+            if let Some(d) = var(&format!("DRIVETRAIN_INPUT_{}_DIGEST", env_suffix(name))) {
+                input_digests.insert((*name).to_owned(), d);
+            }
+        }
+        let mut outputs = BTreeMap::new();
+        for name in step.outputs() {
+            if let Some(p) = var(&format!("DRIVETRAIN_OUTPUT_{}", env_suffix(name))) {
+                outputs.insert((*name).to_owned(), PathBuf::from(p));
+            }
+        }
+        Ok(StepContext {
+            config,
+            inputs,
+            input_digests,
+            checkpoints: var("DRIVETRAIN_CHECKPOINTS").map(PathBuf::from),
+            outputs,
+            values: PathBuf::from(need("DRIVETRAIN_VALUES")?),
+            params: var("DRIVETRAIN_PARAMS")
+                .and_then(|p| serde_json::from_str(&p).ok())
+                .unwrap_or(Value::Null),
+            run_id: var("DRIVETRAIN_RUN_ID").unwrap_or_default(),
+            pipeline: var("DRIVETRAIN_PIPELINE").unwrap_or_default(),
+            stage: var("DRIVETRAIN_STAGE").unwrap_or_default(),
+            attempt: var("DRIVETRAIN_ATTEMPT")
+                .and_then(|a| a.parse().ok())
+                .unwrap_or(1),
+            store: var("DRIVETRAIN_STORE").unwrap_or_default(),
+            rank: var("RANK").and_then(|r| r.parse().ok()).unwrap_or(0),
+            world: var("WORLD_SIZE").and_then(|r| r.parse().ok()).unwrap_or(1),
+            master: match (var("MASTER_ADDR"), var("MASTER_PORT")) {
+                (Some(a), Some(p)) => Some(format!("{a}:{p}")),
+                _ => None,
+            },
+        })
+    }
+
+    /// An input's directory, or a clear error naming it.
+    pub fn input(&self, name: &str) -> Result<&PathBuf, String> {
+        self.inputs.get(name).ok_or_else(|| {
+            format!("input `{name}` is not connected (declare `inputs: {{{name}: STAGE.OUTPUT}}`)")
+        })
+    }
+
+    /// An output's directory, or a clear error naming it.
+    pub fn output(&self, name: &str) -> Result<&PathBuf, String> {
+        self.outputs.get(name).ok_or_else(|| {
+            format!("output `{name}` is not declared (add it to the stage's `outputs`)")
+        })
+    }
+
+    /// Writes `values.json` (rank 0 only, when distributed).
+    pub fn write_values(&self, values: &Value) -> std::io::Result<()> {
+        if self.rank != 0 {
+            return Ok(());
+        }
+        std::fs::write(
+            &self.values,
+            serde_json::to_vec_pretty(values).unwrap_or_default(),
+        )
+    }
 }
 
 /// Checks `with` against the serde type `C`: the usual body of [`Step::check_config`].

@@ -1336,7 +1336,37 @@ impl<'a> Cx<'a> {
                 d.message = format!("step `{step_name}`: {}", d.message);
             }
         }
+        let config_ok = diags
+            .iter()
+            .all(|d| d.severity != crate::diag::Severity::Error);
         self.diags.extend(diags);
+        // What the type cannot say (SQL that parses, columns that exist, a gate over known
+        // metrics), checked on the config rendered with the params' defaults.
+        if config_ok {
+            let config = with_node
+                .map(Node::to_json)
+                .unwrap_or(Value::Object(Default::default()));
+            let params = sc.params;
+            let lookup = |r: &Ref| match r {
+                Ref::Param(n) => params.iter().find(|p| &p.name == n)?.default.clone(),
+                _ => None,
+            };
+            let rendered = crate::template::render_value(&config, &lookup);
+            for (sub, message) in step.check_semantics(&rendered) {
+                let mut p = with_path.clone();
+                for part in sub.split('.').filter(|s| !s.is_empty()) {
+                    p = match part.parse::<usize>() {
+                        Ok(i) => p.index(i),
+                        Err(_) => p.key(part),
+                    };
+                }
+                self.err(
+                    "invalid-step-config",
+                    &p,
+                    format!("step `{step_name}`: {message}"),
+                );
+            }
+        }
         // Templates inside the config's strings.
         if let Some(node) = with_node {
             let mut strings = Vec::new();
@@ -1388,6 +1418,7 @@ impl<'a> Cx<'a> {
             }
         }
         Some(Action::Step {
+            registry: step.writes_registry(),
             name: step.name().to_owned(),
             version: step.version().to_owned(),
             config: with_node

@@ -1,32 +1,60 @@
-//! Built-in steps of the driving-data loop: their names, versions, inputs, outputs and
-//! configuration types.
+//! Built-in steps of the driving-data loop: their names, versions, inputs, outputs,
+//! configuration types, and what they do.
 //!
 //! Each step's `with:` block is a serde type here, checked at `drivetrain validate` time
-//! through the engine's located deserializer, and published as JSON Schema. [`all`] is
-//! the one explicit list the binary registers. The steps' execution (MCAP ingest,
-//! DataFusion mining, training) builds on these types.
+//! through the engine's located deserializer (and more deeply by `check_semantics`: SQL
+//! rules against the frame schema, gate conditions against the metrics), and published as
+//! JSON Schema. [`all`] is the one explicit list the binary registers. A step runs as
+//! `drivetrain step NAME` with the attempt's environment: a child of the engine locally,
+//! the container's command on a cluster.
 
+use std::future::Future;
 use std::marker::PhantomData;
+use std::pin::Pin;
 
-use drivetrain_engine::step::{check_typed_config, Step};
+use drivetrain_engine::step::{check_typed_config, Step, StepContext, StepResult};
 use drivetrain_engine::yaml::{Node, YamlPath};
 use drivetrain_engine::Diagnostic;
 use indexmap::IndexMap;
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use serde_json::Value;
 
-/// A step described by static metadata and a config type `C`.
+pub mod gate;
+pub mod ingest;
+pub mod label;
+pub mod mcapio;
+pub mod mine;
+pub mod model;
+pub mod registry;
+pub mod rng;
+pub mod sim;
+pub mod steps;
+pub mod table;
+pub mod train;
+
+type RunFn<C> = for<'a> fn(
+    C,
+    &'a StepContext,
+) -> Pin<Box<dyn Future<Output = anyhow::Result<Value>> + Send + 'a>>;
+type CheckFn<C> = fn(&C) -> Vec<(String, String)>;
+
+/// A step described by static metadata, a config type `C` and what it does.
 struct Builtin<C> {
     name: &'static str,
     version: &'static str,
     summary: &'static str,
     inputs: &'static [(&'static str, bool)],
     outputs: &'static [&'static str],
+    run: RunFn<C>,
+    check: Option<CheckFn<C>>,
+    registry: bool,
     config: PhantomData<fn() -> C>,
 }
 
-impl<C: DeserializeOwned + JsonSchema + 'static> Step for Builtin<C> {
+#[async_trait::async_trait]
+impl<C: DeserializeOwned + JsonSchema + Send + 'static> Step for Builtin<C> {
     fn name(&self) -> &'static str {
         self.name
     }
@@ -54,22 +82,59 @@ impl<C: DeserializeOwned + JsonSchema + 'static> Step for Builtin<C> {
     fn config_schema(&self) -> serde_json::Value {
         serde_json::to_value(schemars::schema_for!(C)).unwrap_or_default()
     }
+
+    fn check_semantics(&self, config: &Value) -> Vec<(String, String)> {
+        match (self.check, serde_json::from_value::<C>(config.clone())) {
+            (Some(check), Ok(c)) => check(&c),
+            _ => Vec::new(),
+        }
+    }
+
+    fn writes_registry(&self) -> bool {
+        self.registry
+    }
+
+    async fn run(&self, cx: &StepContext) -> StepResult {
+        let config: C = serde_json::from_value(cx.config.clone())
+            .map_err(|e| format!("step `{}`: the config does not fit: {e}", self.name))?;
+        let values = (self.run)(config, cx).await.map_err(|e| format!("{e:#}"))?;
+        cx.write_values(&values)?;
+        Ok(())
+    }
 }
 
-fn builtin<C: DeserializeOwned + JsonSchema + 'static>(
+fn builtin<C: DeserializeOwned + JsonSchema + Send + 'static>(
     name: &'static str,
     summary: &'static str,
     inputs: &'static [(&'static str, bool)],
     outputs: &'static [&'static str],
-) -> Box<dyn Step> {
-    Box::new(Builtin::<C> {
+    run: RunFn<C>,
+) -> Builtin<C> {
+    Builtin::<C> {
         name,
         version: env!("CARGO_PKG_VERSION"),
         summary,
         inputs,
         outputs,
+        run,
+        check: None,
+        registry: false,
         config: PhantomData,
-    })
+    }
+}
+
+impl<C: DeserializeOwned + JsonSchema + Send + 'static> Builtin<C> {
+    fn checked(mut self, check: CheckFn<C>) -> Self {
+        self.check = Some(check);
+        self
+    }
+    fn writing_registry(mut self) -> Self {
+        self.registry = true;
+        self
+    }
+    fn boxed(self) -> Box<dyn Step> {
+        Box::new(self)
+    }
 }
 
 /// Every built-in step, in the order of the driving loop.
@@ -80,37 +145,50 @@ pub fn all() -> Vec<Box<dyn Step>> {
             "write synthetic fleet drive logs (MCAP) with rare events injected",
             &[],
             &["logs"],
-        ),
+            |c, cx| Box::pin(steps::fleet_sim(c, cx)),
+        )
+        .boxed(),
         builtin::<IngestConfig>(
             "ingest",
             "drive logs (MCAP, JSON lines, TuSimple labels) to Parquet frame tables",
             &[("logs", false)],
-            &["frames", "index"],
-        ),
+            &["frames", "index", "lanes"],
+            |c, cx| Box::pin(steps::ingest(c, cx)),
+        )
+        .boxed(),
         builtin::<MineConfig>(
             "mine-corner-cases",
             "named SQL rules over the frames to tagged corner-case frames",
             &[("frames", true)],
             &["corner_cases"],
-        ),
+            |c, cx| Box::pin(steps::mine(c, cx)),
+        )
+        .checked(|c| mine::check_rules(&c.rules))
+        .boxed(),
         builtin::<LabelExportConfig>(
             "label-export",
             "budgeted, de-duplicated frames to Label Studio and COCO tasks",
             &[("corner_cases", true), ("frames", false)],
             &["tasks"],
-        ),
+            |c, cx| Box::pin(steps::label_export(c, cx)),
+        )
+        .boxed(),
         builtin::<LabelImportConfig>(
             "label-import",
             "completed labels to a split training dataset (Parquet)",
-            &[("tasks", false), ("labels", false)],
+            &[("tasks", true), ("labels", false)],
             &["dataset"],
-        ),
+            |c, cx| Box::pin(steps::label_import(c, cx)),
+        )
+        .boxed(),
         builtin::<TrainConfig>(
             "train",
-            "the reference lane model, trained data-parallel across ranks",
+            "the reference risk model, trained data-parallel across ranks",
             &[("dataset", true)],
             &["model", "metrics"],
-        ),
+            |c, cx| Box::pin(steps::train(c, cx)),
+        )
+        .boxed(),
         builtin::<ValidateConfig>(
             "validate",
             "the candidate against production on every slice, against a gate",
@@ -121,13 +199,22 @@ pub fn all() -> Vec<Box<dyn Step>> {
                 ("baseline", false),
             ],
             &["report"],
-        ),
+            |c, cx| Box::pin(steps::validate(c, cx)),
+        )
+        .checked(|c| match gate::parse(&c.gate) {
+            Ok(_) => Vec::new(),
+            Err(e) => vec![("gate".to_owned(), format!("gate: {e}"))],
+        })
+        .boxed(),
         builtin::<PromoteConfig>(
             "promote",
             "register the model version with its lineage and move an alias",
             &[("model", true), ("report", false)],
             &["registration"],
-        ),
+            |c, cx| Box::pin(steps::promote(c, cx)),
+        )
+        .writing_registry()
+        .boxed(),
     ]
 }
 
@@ -173,13 +260,26 @@ pub struct IngestConfig {
     /// A store URL or directory of drive logs; default: the `logs` input.
     #[serde(default)]
     pub source: Option<String>,
-    /// The log format. Default `auto` (by extension and magic bytes).
+    /// The log format. Default `auto` (by extension: `.mcap`, `.jsonl`,
+    /// `label_data_*.json`).
     #[serde(default)]
     pub format: Option<LogFormat>,
+    /// A log that cannot be read: `fail` the stage (default) or `skip` it, counted in
+    /// `values.json`.
+    #[serde(default)]
+    pub on_error: Option<OnError>,
+}
+
+/// What `ingest` does with a log it cannot read.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    Fail,
+    Skip,
 }
 
 /// Drive log formats `ingest` reads.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     Auto,
@@ -211,10 +311,14 @@ pub struct LabelExportConfig {
     /// Export formats. Default both.
     #[serde(default)]
     pub formats: Vec<LabelFormat>,
+    /// The share of the budget drawn from all frames (negatives for training) when the
+    /// `frames` input is connected. Default 0.25.
+    #[serde(default)]
+    pub background: Option<f64>,
 }
 
 /// Labeling task formats.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum LabelFormat {
     LabelStudio,
@@ -265,9 +369,13 @@ pub struct TrainConfig {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ValidateConfig {
-    /// A condition over the metrics, e.g. `candidate.iou >= production.iou - 0.01`.
+    /// A condition over the metrics of the candidate and of production, e.g.
+    /// `candidate.recall.hard_brake >= production.recall.hard_brake and candidate.f1 >= production.f1 - 0.01`.
     pub gate: String,
-    /// The registered model to compare with; default: the `production` alias.
+    /// The registered model whose alias is production, e.g. `risk-model`.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The alias to compare with. Default `production`.
     #[serde(default)]
     pub baseline: Option<String>,
 }

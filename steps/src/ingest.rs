@@ -1,0 +1,717 @@
+//! `ingest`: drive logs → Parquet frame tables, partitioned by drive.
+//!
+//! ## The frame table (`frames/drive=<drive>/part-NNNNN.parquet`)
+//!
+//! One row per `/vehicle` message; the other channels are sampled and held (the latest
+//! message at or before the frame's log time):
+//!
+//! | column | type | from |
+//! |---|---|---|
+//! | `drive` | string | the file's name without extension |
+//! | `ts` | float64 | seconds since the drive's first frame |
+//! | `log_time_ns` | int64 | the message's log time |
+//! | `speed_mps`, `accel_x`, `accel_y`, `yaw_rate`, `steering`, `brake_pressure`, `lat`, `lon` | float64 | `/vehicle` |
+//! | `lateral_offset_m`, `lane_confidence` | float64 | `/lane` |
+//! | `object_class` | string | `/objects` `class` |
+//! | `object_distance_m`, `object_rel_speed_mps` | float64 | `/objects` |
+//! | `weather`, `time_of_day` | string | `/context` |
+//! | `gt_hard_brake`, `gt_cut_in`, `gt_pedestrian_close_call`, `gt_low_lane_confidence` | bool | `/ground_truth` (simulated drives) |
+//! | `source_file` | string | the log the frame came from |
+//! | `source_offset` | int64 | byte offset of the `/vehicle` message record, or of the chunk holding it |
+//! | `source_chunk_offset` | int64, null | offset of the message inside its decompressed chunk |
+//!
+//! Missing channels leave their columns null. JSON lines logs (`*.jsonl`) hold one frame
+//! object per line with these column names (`source_offset` is the line's byte offset).
+//!
+//! ## The index (`index/messages.parquet`)
+//!
+//! Every message of every MCAP file, whatever its profile (ros1, ros2, protobuf, json):
+//! `file`, `topic`, `schema_name`, `schema_encoding`, `message_encoding`, `log_time_ns`,
+//! `size`, `offset`, `chunk_offset`, and `json` (the message text where the encoding is
+//! JSON). Per-channel counts and time ranges go to `values.json`.
+//!
+//! ## TuSimple lane labels (`lanes/tusimple.parquet`)
+//!
+//! `label_data_*.json` files (one JSON object per line: `lanes`, `h_samples`,
+//! `raw_file`) become rows `raw_file`, `h_samples` (list of int64), `lanes` (list of list
+//! of int64, −2 where a lane is absent at a sample row), `lane_count`.
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, ListBuilder, StringBuilder,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::basic::{Compression, ZstdLevel};
+use datafusion::parquet::file::properties::WriterProperties;
+use serde_json::{json, Value};
+
+use crate::mcapio::{self, Message};
+use crate::{IngestConfig, LogFormat, OnError};
+
+/// Rows buffered per drive before a row group is written: bounds memory.
+const ROWS_PER_BATCH: usize = 65_536;
+
+const F64_COLUMNS: &[&str] = &[
+    "speed_mps",
+    "accel_x",
+    "accel_y",
+    "yaw_rate",
+    "steering",
+    "brake_pressure",
+    "lat",
+    "lon",
+    "lateral_offset_m",
+    "lane_confidence",
+    "object_distance_m",
+    "object_rel_speed_mps",
+];
+const STR_COLUMNS: &[&str] = &["object_class", "weather", "time_of_day"];
+const GT_COLUMNS: &[&str] = &[
+    "gt_hard_brake",
+    "gt_cut_in",
+    "gt_pedestrian_close_call",
+    "gt_low_lane_confidence",
+];
+
+/// The schema of the frame table.
+pub fn frame_schema() -> SchemaRef {
+    let mut fields = vec![
+        Field::new("drive", DataType::Utf8, false),
+        Field::new("ts", DataType::Float64, false),
+        Field::new("log_time_ns", DataType::Int64, false),
+    ];
+    fields.extend(
+        F64_COLUMNS
+            .iter()
+            .map(|c| Field::new(*c, DataType::Float64, true)),
+    );
+    fields.extend(
+        STR_COLUMNS
+            .iter()
+            .map(|c| Field::new(*c, DataType::Utf8, true)),
+    );
+    fields.extend(
+        GT_COLUMNS
+            .iter()
+            .map(|c| Field::new(*c, DataType::Boolean, true)),
+    );
+    fields.push(Field::new("source_file", DataType::Utf8, false));
+    fields.push(Field::new("source_offset", DataType::Int64, false));
+    fields.push(Field::new("source_chunk_offset", DataType::Int64, true));
+    Arc::new(Schema::new(fields))
+}
+
+/// The latest value of every column: what a frame is made of.
+#[derive(Default, Clone)]
+struct Held {
+    f64s: BTreeMap<&'static str, f64>,
+    strs: BTreeMap<&'static str, String>,
+    gts: BTreeMap<&'static str, bool>,
+}
+
+impl Held {
+    /// Takes the fields of one message of `topic`.
+    fn take(&mut self, topic: &str, v: &Value) {
+        let num = |k: &str| v.get(k).and_then(Value::as_f64);
+        match topic {
+            "/vehicle" | "/lane" => {
+                for c in F64_COLUMNS {
+                    if let Some(x) = num(c) {
+                        self.f64s.insert(c, x);
+                    }
+                }
+            }
+            "/objects" => {
+                if let Some(x) = num("distance_m") {
+                    self.f64s.insert("object_distance_m", x);
+                }
+                if let Some(x) = num("rel_speed_mps") {
+                    self.f64s.insert("object_rel_speed_mps", x);
+                }
+                if let Some(c) = v.get("class").and_then(Value::as_str) {
+                    self.strs.insert("object_class", c.to_owned());
+                }
+            }
+            "/context" => {
+                for c in ["weather", "time_of_day"] {
+                    if let Some(s) = v.get(c).and_then(Value::as_str) {
+                        let key = if c == "weather" {
+                            "weather"
+                        } else {
+                            "time_of_day"
+                        };
+                        self.strs.insert(key, s.to_owned());
+                    }
+                }
+            }
+            "/ground_truth" => {
+                for c in GT_COLUMNS {
+                    if let Some(b) = v.get(&c[3..]).and_then(Value::as_bool) {
+                        self.gts.insert(c, b);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Takes every known column of a JSON-lines frame.
+    fn take_row(&mut self, v: &Value) {
+        for c in F64_COLUMNS {
+            if let Some(x) = v.get(*c).and_then(Value::as_f64) {
+                self.f64s.insert(c, x);
+            }
+        }
+        for c in STR_COLUMNS {
+            if let Some(s) = v.get(*c).and_then(Value::as_str) {
+                self.strs.insert(c, s.to_owned());
+            }
+        }
+        for c in GT_COLUMNS {
+            if let Some(b) = v.get(*c).and_then(Value::as_bool) {
+                self.gts.insert(c, b);
+            }
+        }
+    }
+}
+
+/// A frame waiting for the messages that share its log time.
+struct Pending {
+    log_time: u64,
+    offset: u64,
+    chunk_offset: Option<u64>,
+}
+
+/// Builds one drive's frame table, writing a row group every [`ROWS_PER_BATCH`] rows.
+struct DriveWriter {
+    drive: String,
+    source: String,
+    first_ns: Option<u64>,
+    rows: Vec<(u64, u64, Option<u64>, Held)>,
+    writer: ArrowWriter<std::fs::File>,
+    written: u64,
+}
+
+impl DriveWriter {
+    fn create(dir: &Path, drive: &str, source: &str) -> anyhow::Result<DriveWriter> {
+        let part = dir.join(format!("drive={drive}"));
+        std::fs::create_dir_all(&part)?;
+        let file = std::fs::File::create(part.join("part-00000.parquet"))?;
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+            .build();
+        Ok(DriveWriter {
+            drive: drive.to_owned(),
+            source: source.to_owned(),
+            first_ns: None,
+            rows: Vec::new(),
+            writer: ArrowWriter::try_new(file, frame_schema(), Some(props))?,
+            written: 0,
+        })
+    }
+
+    fn push(
+        &mut self,
+        log_time: u64,
+        offset: u64,
+        chunk: Option<u64>,
+        held: &Held,
+    ) -> anyhow::Result<()> {
+        self.first_ns.get_or_insert(log_time);
+        self.rows.push((log_time, offset, chunk, held.clone()));
+        if self.rows.len() >= ROWS_PER_BATCH {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> anyhow::Result<()> {
+        if self.rows.is_empty() {
+            return Ok(());
+        }
+        let first = self.first_ns.unwrap_or(0);
+        let n = self.rows.len();
+        let mut drive = StringBuilder::new();
+        let mut ts = Float64Builder::with_capacity(n);
+        let mut lt = Int64Builder::with_capacity(n);
+        let mut f64s: Vec<Float64Builder> = F64_COLUMNS
+            .iter()
+            .map(|_| Float64Builder::with_capacity(n))
+            .collect();
+        let mut strs: Vec<StringBuilder> =
+            STR_COLUMNS.iter().map(|_| StringBuilder::new()).collect();
+        let mut gts: Vec<BooleanBuilder> =
+            GT_COLUMNS.iter().map(|_| BooleanBuilder::new()).collect();
+        let mut src = StringBuilder::new();
+        let mut off = Int64Builder::with_capacity(n);
+        let mut coff = Int64Builder::with_capacity(n);
+        for (log_time, offset, chunk, held) in self.rows.drain(..) {
+            drive.append_value(&self.drive);
+            ts.append_value((log_time.saturating_sub(first)) as f64 / 1e9);
+            lt.append_value(log_time as i64);
+            for (b, c) in f64s.iter_mut().zip(F64_COLUMNS) {
+                b.append_option(held.f64s.get(c).copied());
+            }
+            for (b, c) in strs.iter_mut().zip(STR_COLUMNS) {
+                b.append_option(held.strs.get(c));
+            }
+            for (b, c) in gts.iter_mut().zip(GT_COLUMNS) {
+                b.append_option(held.gts.get(c).copied());
+            }
+            src.append_value(&self.source);
+            off.append_value(offset as i64);
+            coff.append_option(chunk.map(|c| c as i64));
+        }
+        let mut cols: Vec<ArrayRef> = vec![
+            Arc::new(drive.finish()),
+            Arc::new(ts.finish()),
+            Arc::new(lt.finish()),
+        ];
+        cols.extend(f64s.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
+        cols.extend(strs.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
+        cols.extend(gts.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
+        cols.push(Arc::new(src.finish()));
+        cols.push(Arc::new(off.finish()));
+        cols.push(Arc::new(coff.finish()));
+        self.writer
+            .write(&RecordBatch::try_new(frame_schema(), cols)?)?;
+        self.written += n as u64;
+        Ok(())
+    }
+
+    fn finish(mut self) -> anyhow::Result<u64> {
+        self.flush()?;
+        self.writer.close()?;
+        Ok(self.written)
+    }
+}
+
+/// One row of the message index: file, topic, schema name and encoding, message
+/// encoding, log time, size, offset, chunk offset, JSON text.
+type IndexRow = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    u64,
+    u64,
+    u64,
+    Option<u64>,
+    Option<String>,
+);
+
+/// The message index of every MCAP file, written as it is read.
+struct IndexWriter {
+    writer: ArrowWriter<std::fs::File>,
+    rows: Vec<IndexRow>,
+}
+
+fn index_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("file", DataType::Utf8, false),
+        Field::new("topic", DataType::Utf8, false),
+        Field::new("schema_name", DataType::Utf8, false),
+        Field::new("schema_encoding", DataType::Utf8, false),
+        Field::new("message_encoding", DataType::Utf8, false),
+        Field::new("log_time_ns", DataType::Int64, false),
+        Field::new("size", DataType::Int64, false),
+        Field::new("offset", DataType::Int64, false),
+        Field::new("chunk_offset", DataType::Int64, true),
+        Field::new("json", DataType::Utf8, true),
+    ]))
+}
+
+impl IndexWriter {
+    fn create(path: &Path) -> anyhow::Result<IndexWriter> {
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+            .build();
+        Ok(IndexWriter {
+            writer: ArrowWriter::try_new(
+                std::fs::File::create(path)?,
+                index_schema(),
+                Some(props),
+            )?,
+            rows: Vec::new(),
+        })
+    }
+
+    fn flush(&mut self) -> anyhow::Result<()> {
+        if self.rows.is_empty() {
+            return Ok(());
+        }
+        let mut s: Vec<StringBuilder> = (0..5).map(|_| StringBuilder::new()).collect();
+        let mut i: Vec<Int64Builder> = (0..4).map(|_| Int64Builder::new()).collect();
+        let mut j = StringBuilder::new();
+        for (file, topic, sn, se, me, lt, size, off, coff, json) in self.rows.drain(..) {
+            for (b, v) in s.iter_mut().zip([file, topic, sn, se, me]) {
+                b.append_value(v);
+            }
+            i[0].append_value(lt as i64);
+            i[1].append_value(size as i64);
+            i[2].append_value(off as i64);
+            i[3].append_option(coff.map(|c| c as i64));
+            j.append_option(json);
+        }
+        let mut cols: Vec<ArrayRef> = s
+            .iter_mut()
+            .map(|b| Arc::new(b.finish()) as ArrayRef)
+            .collect();
+        cols.extend(i.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
+        cols.push(Arc::new(j.finish()));
+        self.writer
+            .write(&RecordBatch::try_new(index_schema(), cols)?)?;
+        Ok(())
+    }
+}
+
+/// Per-channel statistics for `values.json`.
+#[derive(Default)]
+struct ChannelStats {
+    messages: u64,
+    bytes: u64,
+    first_ns: u64,
+    last_ns: u64,
+    encoding: String,
+    schema: String,
+}
+
+/// Reads every log under `source` and writes the tables; returns the values.
+pub fn ingest(
+    cfg: &IngestConfig,
+    source: &Path,
+    frames: &Path,
+    index: Option<&Path>,
+    lanes: Option<&Path>,
+) -> anyhow::Result<Value> {
+    let mut files: Vec<PathBuf> = Vec::new();
+    collect(source, &mut files)?;
+    files.sort();
+    let format = cfg.format.clone().unwrap_or(LogFormat::Auto);
+    let skip = matches!(cfg.on_error, Some(OnError::Skip));
+    let mut index_writer = match index {
+        Some(dir) => Some(IndexWriter::create(&dir.join("messages.parquet"))?),
+        None => None,
+    };
+    let mut channels: BTreeMap<String, ChannelStats> = BTreeMap::new();
+    let mut skipped = Vec::new();
+    let mut drives = BTreeMap::new();
+    let mut tusimple = Vec::new();
+    let mut bytes = 0u64;
+    for file in &files {
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_owned();
+        let kind = match (&format, name.rsplit_once('.').map(|(_, e)| e)) {
+            (LogFormat::Tusimple, _) => "tusimple",
+            (LogFormat::Auto, Some("json")) if name.starts_with("label_data") => "tusimple",
+            (LogFormat::Mcap, _) | (LogFormat::Auto, Some("mcap")) => "mcap",
+            (LogFormat::Jsonl, _) | (LogFormat::Auto, Some("jsonl")) => "jsonl",
+            _ => continue,
+        };
+        if kind == "tusimple" {
+            tusimple.push(file.clone());
+            continue;
+        }
+        let drive = name
+            .rsplit_once('.')
+            .map(|(s, _)| s)
+            .unwrap_or(&name)
+            .to_owned();
+        let rel = file
+            .strip_prefix(source)
+            .unwrap_or(file)
+            .display()
+            .to_string();
+        let result = match kind {
+            "mcap" => ingest_mcap(
+                file,
+                &rel,
+                &drive,
+                frames,
+                index_writer.as_mut(),
+                &mut channels,
+            ),
+            _ => ingest_jsonl(file, &rel, &drive, frames),
+        };
+        match result {
+            Ok(n) => {
+                bytes += std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+                drives.insert(drive, n);
+            }
+            Err(e) if skip => {
+                // A half-written partition of a skipped file is not part of the table.
+                let _ = std::fs::remove_dir_all(frames.join(format!("drive={drive}")));
+                eprintln!("skipping {rel}: {e:#}");
+                skipped.push(json!({"file": rel, "error": format!("{e:#}")}));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if let Some(mut w) = index_writer {
+        w.flush()?;
+        w.writer.close()?;
+    }
+    let mut lanes_rows = 0;
+    if !tusimple.is_empty() {
+        let dir = lanes.ok_or_else(|| {
+            anyhow::anyhow!("TuSimple label files found: declare the `lanes` output")
+        })?;
+        lanes_rows = ingest_tusimple(&tusimple, &dir.join("tusimple.parquet"))?;
+    }
+    let frames_total: u64 = drives.values().sum();
+    if frames_total == 0 && lanes_rows == 0 && skipped.is_empty() {
+        anyhow::bail!(
+            "no drive logs under {} (looked for *.mcap, *.jsonl, label_data_*.json)",
+            source.display()
+        );
+    }
+    let channels: serde_json::Map<String, Value> = channels
+        .into_iter()
+        .map(|(topic, s)| {
+            (
+                topic,
+                json!({
+                    "messages": s.messages, "bytes": s.bytes,
+                    "first_log_time_ns": s.first_ns, "last_log_time_ns": s.last_ns,
+                    "message_encoding": s.encoding, "schema": s.schema,
+                }),
+            )
+        })
+        .collect();
+    Ok(json!({
+        "files": files.len(),
+        "bytes": bytes,
+        "frames": frames_total,
+        "drives": drives,
+        "channels": channels,
+        "tusimple_rows": lanes_rows,
+        "skipped": skipped,
+    }))
+}
+
+fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    if dir.is_file() {
+        out.push(dir.to_path_buf());
+        return Ok(());
+    }
+    for e in
+        std::fs::read_dir(dir).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", dir.display()))?
+    {
+        let p = e?.path();
+        if p.is_dir() {
+            collect(&p, out)?;
+        } else {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+fn ingest_mcap(
+    file: &Path,
+    rel: &str,
+    drive: &str,
+    frames: &Path,
+    mut index: Option<&mut IndexWriter>,
+    channels: &mut BTreeMap<String, ChannelStats>,
+) -> anyhow::Result<u64> {
+    let mut writer = DriveWriter::create(frames, drive, rel)?;
+    let mut held = Held::default();
+    let mut pending: Option<Pending> = None;
+    let mut on_message = |m: Message<'_>| -> anyhow::Result<()> {
+        let json = m.channel.message_encoding == "json";
+        let stats = channels.entry(m.channel.topic.clone()).or_default();
+        if stats.messages == 0 {
+            stats.first_ns = m.log_time;
+            stats.encoding = m.channel.message_encoding.clone();
+            stats.schema = m.channel.schema_name.clone();
+        }
+        stats.messages += 1;
+        stats.bytes += m.data.len() as u64;
+        stats.first_ns = stats.first_ns.min(m.log_time);
+        stats.last_ns = stats.last_ns.max(m.log_time);
+        if let Some(ix) = index.as_deref_mut() {
+            ix.rows.push((
+                rel.to_owned(),
+                m.channel.topic.clone(),
+                m.channel.schema_name.clone(),
+                m.channel.schema_encoding.clone(),
+                m.channel.message_encoding.clone(),
+                m.log_time,
+                m.data.len() as u64,
+                m.offset,
+                m.chunk_offset,
+                json.then(|| String::from_utf8_lossy(m.data).into_owned()),
+            ));
+            if ix.rows.len() >= ROWS_PER_BATCH {
+                ix.flush()?;
+            }
+        }
+        if !json {
+            return Ok(());
+        }
+        // A frame is complete once a message with a later log time arrives.
+        if let Some(p) = &pending {
+            if m.log_time > p.log_time {
+                writer.push(p.log_time, p.offset, p.chunk_offset, &held)?;
+                pending = None;
+            }
+        }
+        let v: Value = serde_json::from_slice(m.data).map_err(|e| {
+            anyhow::anyhow!(
+                "message on {} at log time {} is not JSON: {e}",
+                m.channel.topic,
+                m.log_time
+            )
+        })?;
+        held.take(&m.channel.topic, &v);
+        if m.channel.topic == "/vehicle" {
+            pending = Some(Pending {
+                log_time: m.log_time,
+                offset: m.offset,
+                chunk_offset: m.chunk_offset,
+            });
+        }
+        Ok(())
+    };
+    mcapio::scan(file, &mut on_message)?;
+    if let Some(p) = pending {
+        writer.push(p.log_time, p.offset, p.chunk_offset, &held)?;
+    }
+    writer.finish()
+}
+
+fn ingest_jsonl(file: &Path, rel: &str, drive: &str, frames: &Path) -> anyhow::Result<u64> {
+    let mut writer = DriveWriter::create(frames, drive, rel)?;
+    let r = std::io::BufReader::new(std::fs::File::open(file)?);
+    let mut offset = 0u64;
+    for (n, line) in r.lines().enumerate() {
+        let line = line?;
+        let len = line.len() as u64 + 1;
+        if line.trim().is_empty() {
+            offset += len;
+            continue;
+        }
+        let v: Value = serde_json::from_str(&line).map_err(|e| {
+            anyhow::anyhow!(
+                "{rel}: line {} (byte offset {offset}) is not JSON: {e}",
+                n + 1
+            )
+        })?;
+        let mut held = Held::default();
+        held.take_row(&v);
+        let log_time = v
+            .get("log_time_ns")
+            .and_then(Value::as_u64)
+            .or_else(|| {
+                v.get("ts")
+                    .and_then(Value::as_f64)
+                    .map(|t| (t * 1e9) as u64)
+            })
+            .ok_or_else(|| {
+                anyhow::anyhow!("{rel}: line {} has neither `ts` nor `log_time_ns`", n + 1)
+            })?;
+        writer.push(log_time, offset, None, &held)?;
+        offset += len;
+    }
+    writer.finish()
+}
+
+fn ingest_tusimple(files: &[PathBuf], out: &Path) -> anyhow::Result<u64> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("raw_file", DataType::Utf8, false),
+        Field::new(
+            "h_samples",
+            DataType::List(Arc::new(Field::new("item", DataType::Int64, true))),
+            false,
+        ),
+        Field::new(
+            "lanes",
+            DataType::List(Arc::new(Field::new(
+                "item",
+                DataType::List(Arc::new(Field::new("item", DataType::Int64, true))),
+                true,
+            ))),
+            false,
+        ),
+        Field::new("lane_count", DataType::Int64, false),
+    ]));
+    let mut raw = StringBuilder::new();
+    let mut hs = ListBuilder::new(Int64Builder::new());
+    let mut lanes = ListBuilder::new(ListBuilder::new(Int64Builder::new()));
+    let mut count = Int64Builder::new();
+    let mut rows = 0u64;
+    for f in files {
+        let r = std::io::BufReader::new(std::fs::File::open(f)?);
+        for (n, line) in r.lines().enumerate() {
+            let line = line?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let at = || format!("{}: line {}", f.display(), n + 1);
+            let v: Value =
+                serde_json::from_str(&line).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+            let ints = |x: &Value| -> anyhow::Result<Vec<i64>> {
+                x.as_array()
+                    .ok_or_else(|| anyhow::anyhow!("{}: expected a list", at()))?
+                    .iter()
+                    .map(|i| {
+                        i.as_i64()
+                            .ok_or_else(|| anyhow::anyhow!("{}: expected integers", at()))
+                    })
+                    .collect()
+            };
+            let file = v
+                .get("raw_file")
+                .and_then(Value::as_str)
+                .ok_or_else(|| anyhow::anyhow!("{}: no `raw_file`", at()))?;
+            let h = ints(v.get("h_samples").unwrap_or(&Value::Null))?;
+            let ls = v
+                .get("lanes")
+                .and_then(Value::as_array)
+                .ok_or_else(|| anyhow::anyhow!("{}: no `lanes`", at()))?;
+            raw.append_value(file);
+            hs.values().append_slice(&h);
+            hs.append(true);
+            for lane in ls {
+                let xs = ints(lane)?;
+                if xs.len() != h.len() {
+                    anyhow::bail!(
+                        "{}: a lane has {} points for {} h_samples",
+                        at(),
+                        xs.len(),
+                        h.len()
+                    );
+                }
+                lanes.values().values().append_slice(&xs);
+                lanes.values().append(true);
+            }
+            lanes.append(true);
+            count.append_value(ls.len() as i64);
+            rows += 1;
+        }
+    }
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(raw.finish()),
+            Arc::new(hs.finish()),
+            Arc::new(lanes.finish()),
+            Arc::new(count.finish()),
+        ],
+    )?;
+    let mut w = ArrowWriter::try_new(std::fs::File::create(out)?, schema, None)?;
+    w.write(&batch)?;
+    w.close()?;
+    Ok(rows)
+}

@@ -1,0 +1,399 @@
+//! `label-export` and `label-import`: corner cases out to labeling, labels back in as a
+//! dataset split by drive.
+//!
+//! Export writes to `tasks/`: `label-studio.json` (Label Studio tasks: `data` holds the
+//! frame), `coco.json` (COCO `images` per frame, `categories`, no annotations yet) and
+//! `frames.parquet` (the selected frames with `task_id` and `rules`). Selection: rules
+//! take turns, each frame at most once; at most `max_per_drive_per_rule` per drive and
+//! rule; frames of one drive closer than `dedup_window` to a selected one are skipped; a
+//! `background` share of the budget is drawn from all frames (the negatives a classifier
+//! needs), deterministically.
+//!
+//! Import reads completed Label Studio tasks (`labels` input or `source`: each task's
+//! first annotation's `choices` containing `risky` labels it positive) or, for the demo,
+//! labels from the simulator's ground truth (`label_source` = `auto:ground-truth`), and
+//! writes `dataset/{train,val,test}.parquet`: whole drives go to one split, never across.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+
+use datafusion::arrow::datatypes::DataType;
+use serde_json::{json, Map, Value};
+
+use crate::table::{frame_columns, rows, session, write_rows};
+use crate::{LabelExportConfig, LabelFormat, LabelImportConfig};
+
+/// The selected frames and what was written.
+pub async fn export(
+    cfg: &LabelExportConfig,
+    corner_cases: &Path,
+    frames: Option<&Path>,
+    out: &Path,
+) -> anyhow::Result<Value> {
+    let window = match &cfg.dedup_window {
+        Some(w) => drivetrain_engine::units::parse_duration(w)
+            .map_err(|e| anyhow::anyhow!("dedup_window: {e}"))?
+            .as_secs_f64(),
+        None => 0.0,
+    };
+    let per = cfg
+        .max_per_drive_per_rule
+        .map(|n| n as usize)
+        .unwrap_or(usize::MAX);
+    let budget = cfg.budget as usize;
+    let background_share = match (cfg.background, frames) {
+        (Some(b), _) if !(0.0..=1.0).contains(&b) => {
+            anyhow::bail!("background must be between 0 and 1")
+        }
+        (Some(b), Some(_)) => b,
+        (None, Some(_)) => 0.25,
+        (_, None) => 0.0,
+    };
+    let mut tables = vec![("corner_cases", corner_cases)];
+    if let Some(f) = frames {
+        tables.push(("frames", f));
+    }
+    let ctx = session(&tables).await?;
+    let candidates = rows(&ctx, "SELECT * FROM corner_cases ORDER BY drive, ts").await?;
+    // Each rule's candidates in time order.
+    let mut by_rule: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, r) in candidates.iter().enumerate() {
+        for rule in r
+            .get("rules")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .split(',')
+        {
+            if !rule.is_empty() {
+                by_rule.entry(rule.to_owned()).or_default().push(i);
+            }
+        }
+    }
+    let target = budget - (budget as f64 * background_share).round() as usize;
+    let mut chosen: Vec<usize> = Vec::new();
+    let mut taken: BTreeSet<usize> = BTreeSet::new();
+    let mut count: HashMap<(String, String), usize> = HashMap::new();
+    let mut times: HashMap<String, Vec<f64>> = HashMap::new();
+    let mut cursors: BTreeMap<String, usize> = by_rule.keys().map(|k| (k.clone(), 0)).collect();
+    let mut skipped_dup = 0u64;
+    // Rules take turns until the budget is spent or every rule is exhausted.
+    while chosen.len() < target {
+        let mut progressed = false;
+        for (rule, list) in &by_rule {
+            if chosen.len() >= target {
+                break;
+            }
+            let cur = cursors.get_mut(rule).expect("every rule has a cursor");
+            while *cur < list.len() {
+                let i = list[*cur];
+                *cur += 1;
+                let r = &candidates[i];
+                let drive = r
+                    .get("drive")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned();
+                let ts = r.get("ts").and_then(Value::as_f64).unwrap_or_default();
+                if taken.contains(&i)
+                    || count
+                        .get(&(drive.clone(), rule.clone()))
+                        .copied()
+                        .unwrap_or(0)
+                        >= per
+                {
+                    continue;
+                }
+                if times
+                    .get(&drive)
+                    .is_some_and(|t| t.iter().any(|x| (x - ts).abs() < window))
+                {
+                    skipped_dup += 1;
+                    continue;
+                }
+                taken.insert(i);
+                chosen.push(i);
+                *count.entry((drive.clone(), rule.clone())).or_default() += 1;
+                times.entry(drive).or_default().push(ts);
+                progressed = true;
+                break;
+            }
+        }
+        if !progressed {
+            break;
+        }
+    }
+    let mut selected: Vec<Map<String, Value>> =
+        chosen.iter().map(|i| candidates[*i].clone()).collect();
+    // Background frames: a fixed pseudo-random sample of all frames (no rule matched
+    // them, or they were not picked), spread over drives.
+    let mut background = 0usize;
+    if frames.is_some() {
+        let want = budget.saturating_sub(selected.len());
+        if want > 0 {
+            let sample = rows(
+                &ctx,
+                &format!(
+                    "SELECT *, '' AS rules FROM frames ORDER BY ((log_time_ns % 1000003) * 7919) % 1000003, drive, ts LIMIT {}",
+                    want * 2
+                ),
+            )
+            .await?;
+            let keys: BTreeSet<(String, i64)> = selected
+                .iter()
+                .map(|r| {
+                    (
+                        r["drive"].as_str().unwrap_or_default().to_owned(),
+                        r["log_time_ns"].as_i64().unwrap_or_default(),
+                    )
+                })
+                .collect();
+            for r in sample {
+                if background >= want {
+                    break;
+                }
+                let key = (
+                    r["drive"].as_str().unwrap_or_default().to_owned(),
+                    r["log_time_ns"].as_i64().unwrap_or_default(),
+                );
+                if !keys.contains(&key) {
+                    selected.push(r);
+                    background += 1;
+                }
+            }
+        }
+    }
+    selected.sort_by(|a, b| {
+        let k = |r: &Map<String, Value>| {
+            (
+                r["drive"].as_str().unwrap_or_default().to_owned(),
+                r["log_time_ns"].as_i64().unwrap_or_default(),
+            )
+        };
+        k(a).cmp(&k(b))
+    });
+    for (i, r) in selected.iter_mut().enumerate() {
+        r.insert("task_id".into(), Value::from(i as i64 + 1));
+    }
+    if selected.is_empty() {
+        eprintln!("warning: nothing selected for labeling (no corner cases, or a zero budget)");
+    }
+    let formats: Vec<&LabelFormat> = if cfg.formats.is_empty() {
+        vec![&LabelFormat::LabelStudio, &LabelFormat::Coco]
+    } else {
+        cfg.formats.iter().collect()
+    };
+    for f in formats {
+        match f {
+            LabelFormat::LabelStudio => {
+                let tasks: Vec<Value> = selected
+                    .iter()
+                    .map(|r| {
+                        let mut data = r.clone();
+                        data.retain(|k, _| !k.starts_with("gt_") && !k.starts_with("rule_"));
+                        json!({"id": r["task_id"], "data": data, "meta": {"rules": r["rules"]}})
+                    })
+                    .collect();
+                std::fs::write(
+                    out.join("label-studio.json"),
+                    serde_json::to_vec_pretty(&tasks)?,
+                )?;
+            }
+            LabelFormat::Coco => {
+                let images: Vec<Value> = selected
+                    .iter()
+                    .map(|r| {
+                        json!({
+                            "id": r["task_id"],
+                            "file_name": format!("{}/{}.jpg", r["drive"].as_str().unwrap_or_default(), r["log_time_ns"]),
+                            "width": 1280, "height": 720,
+                            "drive": r["drive"], "ts": r["ts"],
+                            "source_file": r["source_file"], "source_offset": r["source_offset"],
+                        })
+                    })
+                    .collect();
+                let coco = json!({
+                    "info": {"description": "drivetrain label-export", "version": "1.0"},
+                    "images": images,
+                    "annotations": [],
+                    "categories": [{"id": 1, "name": "risky"}, {"id": 2, "name": "normal"}],
+                });
+                std::fs::write(out.join("coco.json"), serde_json::to_vec_pretty(&coco)?)?;
+            }
+        }
+    }
+    let cols = frame_columns(&[("rules", DataType::Utf8), ("task_id", DataType::Int64)]);
+    write_rows(&out.join("frames.parquet"), &cols, &selected)?;
+    let mut per_rule: BTreeMap<String, u64> = BTreeMap::new();
+    for r in &selected {
+        for rule in r["rules"]
+            .as_str()
+            .unwrap_or_default()
+            .split(',')
+            .filter(|s| !s.is_empty())
+        {
+            *per_rule.entry(rule.to_owned()).or_default() += 1;
+        }
+    }
+    Ok(json!({
+        "selected": selected.len(),
+        "corner_cases": selected.len() - background,
+        "background": background,
+        "candidates": candidates.len(),
+        "skipped_as_duplicates": skipped_dup,
+        "rules": per_rule,
+    }))
+}
+
+/// A stable hash for assigning drives to splits.
+fn fnv(seed: u64, s: &str) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Labels from a Label Studio export: task id → risky.
+fn studio_labels(path: &Path) -> anyhow::Result<HashMap<i64, bool>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read labels {}: {e}", path.display()))?;
+    let tasks: Vec<Value> = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{}: not a Label Studio export: {e}", path.display()))?;
+    let mut out = HashMap::new();
+    for t in tasks {
+        let Some(id) = t.get("id").and_then(Value::as_i64) else {
+            continue;
+        };
+        let choices = t
+            .pointer("/annotations/0/result/0/value/choices")
+            .and_then(Value::as_array);
+        if let Some(c) = choices {
+            out.insert(id, c.iter().any(|x| x == "risky"));
+        }
+    }
+    Ok(out)
+}
+
+/// Reads the tasks and their labels and writes the split dataset.
+pub async fn import(
+    cfg: &LabelImportConfig,
+    tasks: &Path,
+    labels: Option<&Path>,
+    out: &Path,
+) -> anyhow::Result<Value> {
+    let ctx = session(&[("tasks", &tasks.join("frames.parquet"))]).await?;
+    let mut frames = rows(&ctx, "SELECT * FROM tasks ORDER BY task_id").await?;
+    let labels_file = match (labels, &cfg.source) {
+        (Some(dir), _) if dir.is_dir() => Some(dir.join("label-studio.json")),
+        (Some(f), _) => Some(f.to_path_buf()),
+        (None, Some(s)) => Some(std::path::PathBuf::from(s.trim_start_matches("file://"))),
+        (None, None) => None,
+    };
+    let human = match &labels_file {
+        Some(f) => Some(studio_labels(f)?),
+        None => None,
+    };
+    let mut unlabeled = 0u64;
+    frames.retain_mut(|r| {
+        let id = r.get("task_id").and_then(Value::as_i64).unwrap_or_default();
+        let (label, source) = match &human {
+            Some(h) => match h.get(&id) {
+                Some(l) => (*l, "human"),
+                None => {
+                    unlabeled += 1;
+                    return false;
+                }
+            },
+            // The demo's auto-labeler: the simulator's ground truth.
+            None => (
+                [
+                    "gt_hard_brake",
+                    "gt_cut_in",
+                    "gt_pedestrian_close_call",
+                    "gt_low_lane_confidence",
+                ]
+                .iter()
+                .any(|c| r.get(*c).and_then(Value::as_bool).unwrap_or(false)),
+                "auto:ground-truth",
+            ),
+        };
+        r.insert("label".into(), Value::Bool(label));
+        r.insert("label_source".into(), Value::String(source.into()));
+        true
+    });
+    let split = cfg.split.as_ref();
+    let (train_f, val_f) = (
+        split.map(|s| s.train).unwrap_or(0.8),
+        split.map(|s| s.val).unwrap_or(0.1),
+    );
+    let test_f = split
+        .and_then(|s| s.test)
+        .unwrap_or((1.0 - train_f - val_f).max(0.0));
+    if (train_f + val_f + test_f - 1.0).abs() > 1e-6 || train_f <= 0.0 || val_f <= 0.0 {
+        anyhow::bail!("split fractions must be positive for train and val and add up to 1 (got {train_f} / {val_f} / {test_f})");
+    }
+    let seed = cfg.seed.unwrap_or(0);
+    let mut drives: Vec<String> = frames
+        .iter()
+        .filter_map(|r| r.get("drive").and_then(Value::as_str).map(str::to_owned))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    drives.sort_by_key(|d| fnv(seed, d));
+    let n = drives.len();
+    let n_val = if n >= 2 {
+        ((n as f64 * val_f).round() as usize).max(1)
+    } else {
+        0
+    };
+    let n_test = if n >= 3 {
+        (n as f64 * test_f).round() as usize
+    } else {
+        0
+    }
+    .min(n.saturating_sub(n_val + 1));
+    let mut split_of: HashMap<String, &str> = HashMap::new();
+    for (i, d) in drives.iter().enumerate() {
+        let s = if i < n_val {
+            "val"
+        } else if i < n_val + n_test {
+            "test"
+        } else {
+            "train"
+        };
+        split_of.insert(d.clone(), s);
+    }
+    let cols = frame_columns(&[
+        ("rules", DataType::Utf8),
+        ("task_id", DataType::Int64),
+        ("label", DataType::Boolean),
+        ("label_source", DataType::Utf8),
+    ]);
+    let mut counts = BTreeMap::new();
+    for s in ["train", "val", "test"] {
+        let part: Vec<Map<String, Value>> = frames
+            .iter()
+            .filter(|r| {
+                split_of
+                    .get(r["drive"].as_str().unwrap_or_default())
+                    .copied()
+                    == Some(s)
+            })
+            .cloned()
+            .collect();
+        let positives = part
+            .iter()
+            .filter(|r| r["label"] == Value::Bool(true))
+            .count();
+        counts.insert(s, json!({"frames": part.len(), "positives": positives,
+            "drives": split_of.iter().filter(|(_, v)| **v == s).map(|(k, _)| k.clone()).collect::<BTreeSet<_>>()}));
+        write_rows(&out.join(format!("{s}.parquet")), &cols, &part)?;
+    }
+    Ok(json!({
+        "frames": frames.len(),
+        "unlabeled": unlabeled,
+        "label_source": if human.is_some() { "human" } else { "auto:ground-truth" },
+        "splits": counts,
+    }))
+}

@@ -1,0 +1,379 @@
+//! The model registry in the object store, under `registry/` of the artifact store.
+//!
+//! ```text
+//! registry/<model>/versions/<n>/reserved       created first: claims number n
+//! registry/<model>/versions/<n>/model/…        the model's files
+//! registry/<model>/versions/<n>/version.json   written last: the version exists
+//! registry/<model>/aliases/<alias>/<g>.json    generation g of the alias: version, from,
+//!                                              who, when, the run and its gate result
+//! ```
+//!
+//! Every write that decides something is a conditional create (`PutMode::Create`, `If-None-Match: *`
+//! on S3): two promoters claiming the same version number or the same next alias generation
+//! cannot both win; the loser re-reads and tries the next. An alias is its newest
+//! generation, and the generations are the append-only audit log of its moves.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::path::Path as Key;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde_json::{json, Value};
+
+/// A registry over an object store.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    store: Arc<dyn ObjectStore>,
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && !s.starts_with('.')
+}
+
+fn check(kind: &str, s: &str) -> anyhow::Result<()> {
+    if !valid_name(s) {
+        anyhow::bail!("{kind} `{s}` must be letters, digits, `-`, `_` or `.`");
+    }
+    Ok(())
+}
+
+impl Registry {
+    /// The registry of the artifact store at `url`.
+    pub fn open(url: &str) -> anyhow::Result<Registry> {
+        let store = drivetrain_engine::artifacts::ArtifactStore::open(url)?;
+        Ok(Registry {
+            store: Arc::new(object_store::prefix::PrefixStore::new(
+                store.object_store(),
+                "registry",
+            )),
+        })
+    }
+
+    async fn create(&self, key: &str, bytes: Vec<u8>) -> anyhow::Result<bool> {
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .store
+            .put_opts(&Key::from(key), PutPayload::from(bytes), opts)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn get_json(&self, key: &str) -> anyhow::Result<Option<Value>> {
+        match self.store.get(&Key::from(key)).await {
+            Ok(r) => Ok(Some(serde_json::from_slice(&r.bytes().await?)?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Names directly under `prefix/`.
+    async fn children(&self, prefix: &str) -> anyhow::Result<Vec<String>> {
+        let p = if prefix.is_empty() {
+            None
+        } else {
+            Some(Key::from(prefix))
+        };
+        let listed = self.store.list_with_delimiter(p.as_ref()).await?;
+        let mut names: Vec<String> = listed
+            .common_prefixes
+            .iter()
+            .chain(listed.objects.iter().map(|o| &o.location))
+            .filter_map(|k| k.filename().map(str::to_owned))
+            .collect();
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
+    pub async fn models(&self) -> anyhow::Result<Vec<String>> {
+        self.children("").await
+    }
+
+    /// Registers the files under `dir` as the next version of `model`; returns its number.
+    pub async fn register(&self, model: &str, dir: &Path, meta: Value) -> anyhow::Result<u64> {
+        check("model", model)?;
+        let existing = self.children(&format!("{model}/versions")).await?;
+        let mut n = existing
+            .iter()
+            .filter_map(|v| v.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0)
+            + 1;
+        while !self
+            .create(&format!("{model}/versions/{n}/reserved"), Vec::new())
+            .await?
+        {
+            n += 1;
+        }
+        let mut files = Vec::new();
+        collect(dir, dir, &mut files)?;
+        for rel in &files {
+            let bytes = std::fs::read(dir.join(rel))?;
+            self.store
+                .put(
+                    &Key::from(format!("{model}/versions/{n}/model/{rel}")),
+                    PutPayload::from(bytes),
+                )
+                .await?;
+        }
+        let mut v = meta;
+        v["model"] = json!(model);
+        v["version"] = json!(n);
+        v["files"] = json!(files);
+        v["registered_at"] = json!(now());
+        if !self
+            .create(
+                &format!("{model}/versions/{n}/version.json"),
+                serde_json::to_vec_pretty(&v)?,
+            )
+            .await?
+        {
+            anyhow::bail!("version {n} of `{model}` was written by someone else");
+        }
+        Ok(n)
+    }
+
+    /// A version's record, or `None`.
+    pub async fn version(&self, model: &str, n: u64) -> anyhow::Result<Option<Value>> {
+        self.get_json(&format!("{model}/versions/{n}/version.json"))
+            .await
+    }
+
+    /// Every complete version of `model`, oldest first.
+    pub async fn versions(&self, model: &str) -> anyhow::Result<Vec<Value>> {
+        let mut ns: Vec<u64> = self
+            .children(&format!("{model}/versions"))
+            .await?
+            .iter()
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        ns.sort();
+        let mut out = Vec::new();
+        for n in ns {
+            if let Some(v) = self.version(model, n).await? {
+                out.push(v);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads a file of a version.
+    pub async fn file(&self, model: &str, n: u64, rel: &str) -> anyhow::Result<Vec<u8>> {
+        Ok(self
+            .store
+            .get(&Key::from(format!("{model}/versions/{n}/model/{rel}")))
+            .await?
+            .bytes()
+            .await?
+            .to_vec())
+    }
+
+    /// Every generation of `alias`, oldest first.
+    async fn generations(&self, model: &str, alias: &str) -> anyhow::Result<Vec<Value>> {
+        let prefix = Key::from(format!("{model}/aliases/{alias}"));
+        let metas: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
+        let mut keys: Vec<String> = metas.into_iter().map(|m| m.location.to_string()).collect();
+        keys.sort();
+        let mut out = Vec::new();
+        for k in keys {
+            if let Some(v) = self.get_json(&k).await? {
+                out.push(v);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The version `alias` points at now, with its record.
+    pub async fn alias(&self, model: &str, alias: &str) -> anyhow::Result<Option<Value>> {
+        Ok(self.generations(model, alias).await?.pop())
+    }
+
+    /// Moves `alias` to `version`; `note` (the gate result, a reason) goes into the audit
+    /// entry. Concurrent moves are serialized by the conditional create of the next
+    /// generation: none is lost. Returns the entry written.
+    pub async fn move_alias(
+        &self,
+        model: &str,
+        alias: &str,
+        version: u64,
+        note: Value,
+    ) -> anyhow::Result<Value> {
+        check("model", model)?;
+        check("alias", alias)?;
+        if self.version(model, version).await?.is_none() {
+            anyhow::bail!("`{model}` has no version {version}");
+        }
+        loop {
+            let current = self.alias(model, alias).await?;
+            let generation = current
+                .as_ref()
+                .and_then(|c| c["generation"].as_u64())
+                .unwrap_or(0)
+                + 1;
+            let entry = json!({
+                "model": model,
+                "alias": alias,
+                "generation": generation,
+                "version": version,
+                "from": current.as_ref().map(|c| c["version"].clone()),
+                "at": now(),
+                "who": std::env::var("DRIVETRAIN_USER").or_else(|_| std::env::var("USER")).unwrap_or_else(|_| "unknown".into()),
+                "note": note,
+            });
+            let key = format!("{model}/aliases/{alias}/{generation:010}.json");
+            if self
+                .create(&key, serde_json::to_vec_pretty(&entry)?)
+                .await?
+            {
+                return Ok(entry);
+            }
+            // Someone else moved it first: read again and go after them.
+        }
+    }
+
+    /// Every alias move of `model`, oldest first.
+    pub async fn history(&self, model: &str) -> anyhow::Result<Vec<Value>> {
+        let mut out = Vec::new();
+        for alias in self.children(&format!("{model}/aliases")).await? {
+            out.extend(self.generations(model, &alias).await?);
+        }
+        out.sort_by(|a, b| a["at"].as_str().cmp(&b["at"].as_str()));
+        Ok(out)
+    }
+
+    /// Every alias of `model` and the version it points at.
+    pub async fn aliases(&self, model: &str) -> anyhow::Result<Vec<(String, Value)>> {
+        let mut out = Vec::new();
+        for alias in self.children(&format!("{model}/aliases")).await? {
+            if let Some(v) = self.alias(model, &alias).await? {
+                out.push((alias, v));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Moves `alias` back to the version it pointed at before its current one.
+    pub async fn rollback(&self, model: &str, alias: &str) -> anyhow::Result<Value> {
+        let current = self
+            .alias(model, alias)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("`{model}` has no alias `{alias}`"))?;
+        let previous = current["from"].as_u64().ok_or_else(|| {
+            anyhow::anyhow!("alias `{alias}` of `{model}` has no earlier version to go back to")
+        })?;
+        self.move_alias(
+            model,
+            alias,
+            previous,
+            json!({"rollback_of": current["version"]}),
+        )
+        .await
+    }
+
+    /// `MODEL@VERSION` or `MODEL@ALIAS` → the version's record.
+    pub async fn resolve(&self, spec: &str) -> anyhow::Result<Value> {
+        let (model, which) = spec.split_once('@').ok_or_else(|| {
+            anyhow::anyhow!("expected MODEL@VERSION or MODEL@ALIAS, got `{spec}`")
+        })?;
+        let n = match which.parse::<u64>() {
+            Ok(n) => n,
+            Err(_) => self
+                .alias(model, which)
+                .await?
+                .and_then(|a| a["version"].as_u64())
+                .ok_or_else(|| anyhow::anyhow!("`{model}` has no alias `{which}`"))?,
+        };
+        self.version(model, n)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("`{model}` has no version {n}"))
+    }
+}
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
+fn collect(root: &Path, dir: &Path, out: &mut Vec<String>) -> anyhow::Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        if p.is_dir() {
+            collect(root, &p, out)?;
+        } else {
+            out.push(p.strip_prefix(root)?.to_string_lossy().replace('\\', "/"));
+        }
+    }
+    out.sort();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 16 promoters move one alias at once: every move lands, as its own generation, and
+    /// the chain of `from`s is unbroken.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_alias_moves_lose_nothing() {
+        let dir = std::env::temp_dir().join(format!("dt-registry-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let files = dir.join("model");
+        std::fs::create_dir_all(&files).unwrap();
+        std::fs::write(files.join("model.json"), "{}").unwrap();
+        let reg = Registry::open(&format!("file://{}", dir.join("store").display())).unwrap();
+        let mut versions = Vec::new();
+        for _ in 0..4 {
+            versions.push(reg.register("m", &files, json!({})).await.unwrap());
+        }
+        assert_eq!(versions, [1, 2, 3, 4]);
+        let mut tasks = Vec::new();
+        for i in 0..16u64 {
+            let reg = reg.clone();
+            tasks.push(tokio::spawn(async move {
+                reg.move_alias("m", "production", 1 + i % 4, json!({"i": i}))
+                    .await
+                    .unwrap()
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let history = reg.history("m").await.unwrap();
+        assert_eq!(history.len(), 16);
+        let mut gens: Vec<u64> = history
+            .iter()
+            .map(|h| h["generation"].as_u64().unwrap())
+            .collect();
+        gens.sort();
+        assert_eq!(gens, (1..=16).collect::<Vec<_>>());
+        let by_gen: std::collections::BTreeMap<u64, &Value> = history
+            .iter()
+            .map(|h| (h["generation"].as_u64().unwrap(), h))
+            .collect();
+        for g in 2..=16 {
+            assert_eq!(
+                by_gen[&g]["from"],
+                by_gen[&(g - 1)]["version"],
+                "generation {g}"
+            );
+        }
+        let now = reg.alias("m", "production").await.unwrap().unwrap();
+        assert_eq!(now["generation"], 16);
+        let back = reg.rollback("m", "production").await.unwrap();
+        assert_eq!(back["version"], by_gen[&15]["version"]);
+        assert!(reg.resolve("m@production").await.is_ok());
+        assert!(reg.resolve("m@9").await.is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
