@@ -432,6 +432,8 @@ pub fn ingest(
             .unwrap_or(file)
             .display()
             .to_string();
+        // Channel statistics count only the files that were read to the end.
+        let mut file_channels = BTreeMap::new();
         let result = match kind {
             "mcap" => ingest_mcap(
                 file,
@@ -439,12 +441,24 @@ pub fn ingest(
                 &drive,
                 frames,
                 index_writer.as_mut(),
-                &mut channels,
+                &mut file_channels,
             ),
             _ => ingest_jsonl(file, &rel, &drive, frames),
         };
         match result {
             Ok(n) => {
+                for (topic, s) in file_channels {
+                    let all: &mut ChannelStats = channels.entry(topic).or_default();
+                    if all.messages == 0 {
+                        all.first_ns = s.first_ns;
+                        all.encoding = s.encoding;
+                        all.schema = s.schema;
+                    }
+                    all.messages += s.messages;
+                    all.bytes += s.bytes;
+                    all.first_ns = all.first_ns.min(s.first_ns);
+                    all.last_ns = all.last_ns.max(s.last_ns);
+                }
                 bytes += std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
                 drives.insert(drive, n);
             }

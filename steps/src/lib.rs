@@ -351,7 +351,7 @@ pub struct Split {
 }
 
 /// `train`: the reference trainer.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
     #[serde(default)]

@@ -7,7 +7,8 @@
 //! Every rank applies the same update, so the weights stay identical. Rank 0 writes a
 //! checkpoint after each epoch to `DRIVETRAIN_CHECKPOINTS` (kept across the attempts of
 //! a stage), and a restarted attempt resumes from the last one. Rank 0 writes
-//! `model/model.json` and `metrics/metrics.json`.
+//! `model/model.json` and `metrics/metrics.json`. `TRAIN_FAIL_AFTER_EPOCH=N` in the
+//! stage's `env` makes every rank fail after epoch N (to see a retry resume).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -217,13 +218,13 @@ pub fn train(
             std::fs::write(&tmp, serde_json::to_vec(&model)?)?;
             std::fs::rename(&tmp, dir.join(format!("epoch-{}.json", epoch + 1)))?;
         }
-        if std::env::var("DRIVETRAIN_TRAIN_FAIL_AFTER_EPOCH")
+        if std::env::var("TRAIN_FAIL_AFTER_EPOCH")
             .ok()
             .and_then(|v| v.parse::<u32>().ok())
             == Some(epoch + 1)
         {
             anyhow::bail!(
-                "failing after epoch {} as DRIVETRAIN_TRAIN_FAIL_AFTER_EPOCH asks",
+                "failing after epoch {} as TRAIN_FAIL_AFTER_EPOCH asks",
                 epoch + 1
             );
         }

@@ -1,0 +1,347 @@
+//! The steps' own work on real files: MCAP written by `fleet-sim` and by hand (lz4,
+//! unchunked, truncated, corrupt, another profile), Parquet frames, the split, training
+//! over TCP between real ranks, checkpoints.
+
+use std::collections::BTreeMap;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+
+use drivetrain_steps::{mcapio, FleetSimConfig, IngestConfig, OnError, TrainConfig};
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("dt-steps-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn sim(dir: &Path, seed: u64, drives: u32) -> drivetrain_steps::sim::SimSummary {
+    let cfg: FleetSimConfig = serde_json::from_value(serde_json::json!({
+        "drives": drives, "duration": "30s", "rate_hz": 10, "seed": seed,
+        "events": {"hard_brake": 4, "cut_in": 2, "pedestrian_close_call": 2, "low_lane_confidence": 2},
+    }))
+    .unwrap();
+    drivetrain_steps::sim::simulate(&cfg, dir).unwrap()
+}
+
+#[test]
+fn the_simulator_is_deterministic_and_injects_events() {
+    let (a, b, c) = (tmp("sim-a"), tmp("sim-b"), tmp("sim-c"));
+    let sa = sim(&a, 7, 2);
+    sim(&b, 7, 2);
+    sim(&c, 8, 2);
+    let bytes = |d: &Path| std::fs::read(d.join("drive-001.mcap")).unwrap();
+    assert_eq!(bytes(&a), bytes(&b), "the same seed writes the same bytes");
+    assert_ne!(bytes(&a), bytes(&c));
+    assert_eq!(sa.frames, 600);
+    assert!(sa.events.values().sum::<u64>() > 0, "{:?}", sa.events);
+    // Foxglove-readable: the mcap crate's own reader agrees on the messages.
+    let data = bytes(&a);
+    let n = mcap::MessageStream::new(&data).unwrap().count();
+    assert_eq!(n, 300 * 4 + 30, "four channels per frame, context at 1 Hz");
+}
+
+#[test]
+fn the_reader_gives_exact_offsets() {
+    let dir = tmp("offsets");
+    sim(&dir, 1, 1);
+    let path = dir.join("drive-000.mcap");
+    let file = std::fs::read(&path).unwrap();
+    let mut seen = 0;
+    let mut topics = BTreeMap::new();
+    mcapio::scan(&path, &mut |m| {
+        seen += 1;
+        *topics.entry(m.channel.topic.clone()).or_insert(0) += 1;
+        // The offset points at the chunk record holding the message …
+        assert_eq!(
+            file[m.offset as usize], 0x06,
+            "a chunk record at {}",
+            m.offset
+        );
+        // … and the chunk offset at the message record inside it.
+        let chunk = mcap::parse_record(0x06, &file[m.offset as usize + 9..]).unwrap();
+        let mcap::records::Record::Chunk { header, data } = chunk else {
+            panic!()
+        };
+        let raw = zstd::bulk::decompress(&data, header.uncompressed_size as usize).unwrap();
+        let at = m.chunk_offset.unwrap() as usize;
+        assert_eq!(raw[at], 0x05, "a message record");
+        let len = u64::from_le_bytes(raw[at + 1..at + 9].try_into().unwrap()) as usize;
+        assert!(raw[at + 9..at + 9 + len].ends_with(m.data));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(seen, 300 * 4 + 30);
+    assert_eq!(topics["/vehicle"], 300);
+    assert_eq!(topics["/context"], 30);
+}
+
+/// Writes an MCAP file with `opts` holding `n` JSON vehicle messages and `n` ROS 2 (CDR)
+/// messages that are indexed but not decoded.
+fn hand_written(path: &Path, opts: mcap::WriteOptions, n: u64) {
+    let mut w = opts
+        .create(BufWriter::new(std::fs::File::create(path).unwrap()))
+        .unwrap();
+    let js = w.add_schema("Vehicle", "jsonschema", b"{}").unwrap();
+    let vehicle = w
+        .add_channel(js, "/vehicle", "json", &BTreeMap::new())
+        .unwrap();
+    let ros = w
+        .add_schema("sensor_msgs/msg/Imu", "ros2msg", b"float64 x")
+        .unwrap();
+    let imu = w.add_channel(ros, "/imu", "cdr", &BTreeMap::new()).unwrap();
+    for i in 0..n {
+        let t = 1_000_000_000 + i * 100_000_000;
+        let header = |c, s| mcap::records::MessageHeader {
+            channel_id: c,
+            sequence: s,
+            log_time: t,
+            publish_time: t,
+        };
+        w.write_to_known_channel(
+            &header(vehicle, 2 * i as u32),
+            format!("{{\"speed_mps\": {i}}}").as_bytes(),
+        )
+        .unwrap();
+        w.write_to_known_channel(&header(imu, 2 * i as u32 + 1), &[0, 1, 0, 0, 1, 2, 3, 4])
+            .unwrap();
+    }
+    w.finish().unwrap();
+}
+
+#[test]
+fn lz4_unchunked_unindexed_and_broken_files() {
+    let dir = tmp("formats");
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    hand_written(
+        &logs.join("lz4.mcap"),
+        mcap::WriteOptions::new().compression(Some(mcap::Compression::Lz4)),
+        50,
+    );
+    hand_written(
+        &logs.join("flat.mcap"),
+        mcap::WriteOptions::new().use_chunks(false),
+        50,
+    );
+    // Unindexed: no summary, cut right after the last data record (no footer).
+    hand_written(
+        &logs.join("cut.mcap"),
+        mcap::WriteOptions::new()
+            .use_chunks(false)
+            .emit_summary_records(false)
+            .emit_summary_offsets(false),
+        20,
+    );
+    let full = std::fs::read(logs.join("cut.mcap")).unwrap();
+    let mut boundary = 8;
+    let mut last_message_end = 8;
+    while boundary + 9 <= full.len() {
+        let len = u64::from_le_bytes(full[boundary + 1..boundary + 9].try_into().unwrap()) as usize;
+        if full[boundary] == 0x05 {
+            last_message_end = boundary + 9 + len;
+        }
+        boundary += 9 + len;
+    }
+    std::fs::write(logs.join("cut.mcap"), &full[..last_message_end]).unwrap();
+
+    for (name, messages) in [("lz4.mcap", 100), ("flat.mcap", 100), ("cut.mcap", 40)] {
+        let mut n = 0;
+        let end = mcapio::scan(&logs.join(name), &mut |_| {
+            n += 1;
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(n, messages, "{name}");
+        assert_eq!(end.complete, name != "cut.mcap", "{name}");
+    }
+
+    // Truncated in the middle of a record: the error names the file and the offset.
+    let lz4 = std::fs::read(logs.join("lz4.mcap")).unwrap();
+    let bad = dir.join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(bad.join("truncated.mcap"), &lz4[..lz4.len() / 2]).unwrap();
+    let e = mcapio::scan(&bad.join("truncated.mcap"), &mut |_| Ok(())).unwrap_err();
+    assert!(
+        e.to_string().contains("truncated.mcap") && e.to_string().contains("truncated record"),
+        "{e}"
+    );
+    assert!(e.offset > 0);
+    let mut corrupt = lz4.clone();
+    for b in &mut corrupt[200..260] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(bad.join("corrupt.mcap"), &corrupt).unwrap();
+    std::fs::write(bad.join("not.mcap"), b"hello, world, not mcap at all").unwrap();
+    let e = mcapio::scan(&bad.join("not.mcap"), &mut |_| Ok(())).unwrap_err();
+    assert!(e.to_string().contains("not an MCAP file"), "{e}");
+
+    // Ingest: JSON channels decode into frames, the CDR channel is only indexed; with
+    // `on_error: skip` the broken files are counted, not fatal.
+    for f in ["truncated.mcap", "corrupt.mcap"] {
+        std::fs::copy(bad.join(f), logs.join(f)).unwrap();
+    }
+    let (frames, index) = (dir.join("frames"), dir.join("index"));
+    std::fs::create_dir_all(&frames).unwrap();
+    std::fs::create_dir_all(&index).unwrap();
+    let mut cfg = IngestConfig {
+        source: None,
+        format: None,
+        on_error: None,
+    };
+    let fail =
+        drivetrain_steps::ingest::ingest(&cfg, &logs, &frames, Some(&index), None).unwrap_err();
+    assert!(format!("{fail:#}").contains("byte offset"), "{fail:#}");
+    cfg.on_error = Some(OnError::Skip);
+    std::fs::remove_dir_all(&frames).unwrap();
+    std::fs::create_dir_all(&frames).unwrap();
+    let v = drivetrain_steps::ingest::ingest(&cfg, &logs, &frames, Some(&index), None).unwrap();
+    assert_eq!(v["frames"], 50 + 50 + 20, "{v}");
+    assert_eq!(v["skipped"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(v["channels"]["/imu"]["messages"], 120, "{v}");
+    assert_eq!(v["channels"]["/imu"]["message_encoding"], "cdr");
+    assert!(
+        !frames.join("drive=corrupt").exists(),
+        "a skipped file leaves no partition"
+    );
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn jsonl_and_tusimple_ingest() {
+    let dir = tmp("jsonl");
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let first = "{\"ts\": 0.0, \"speed_mps\": 10, \"accel_x\": -5, \"time_of_day\": \"night\"}";
+    std::fs::write(
+        logs.join("d1.jsonl"),
+        format!("{first}\n\n{{\"ts\": 0.1, \"speed_mps\": 9.5}}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        logs.join("label_data_0313.json"),
+        "{\"lanes\": [[-2, 632, 625], [719, 734, 748]], \"h_samples\": [240, 250, 260], \"raw_file\": \"clips/0313-1/6040/20.jpg\"}\n",
+    )
+    .unwrap();
+    let (frames, lanes) = (dir.join("frames"), dir.join("lanes"));
+    std::fs::create_dir_all(&frames).unwrap();
+    std::fs::create_dir_all(&lanes).unwrap();
+    let cfg = IngestConfig {
+        source: None,
+        format: None,
+        on_error: None,
+    };
+    let v = drivetrain_steps::ingest::ingest(&cfg, &logs, &frames, None, Some(&lanes)).unwrap();
+    assert_eq!(v["frames"], 2);
+    assert_eq!(v["tusimple_rows"], 1);
+    rt().block_on(async {
+        let ctx = drivetrain_steps::table::session(&[
+            ("f", &frames),
+            ("l", &lanes.join("tusimple.parquet")),
+        ])
+        .await
+        .unwrap();
+        let rows = drivetrain_steps::table::rows(
+            &ctx,
+            "SELECT drive, ts, speed_mps, source_offset FROM f ORDER BY ts",
+        )
+        .await
+        .unwrap();
+        assert_eq!(rows[1]["speed_mps"], 9.5);
+        assert_eq!(
+            rows[1]["source_offset"],
+            first.len() + 2,
+            "the second frame's line starts after the blank line"
+        );
+        assert_eq!(rows[0]["drive"], "d1");
+        let lanes = drivetrain_steps::table::rows(&ctx, "SELECT raw_file, lane_count FROM l")
+            .await
+            .unwrap();
+        assert_eq!(lanes[0]["lane_count"], 2);
+    });
+    std::fs::write(logs.join("d2.jsonl"), "{\"ts\": 0.0}\nnot json\n").unwrap();
+    let e = drivetrain_steps::ingest::ingest(&cfg, &logs, &frames, None, Some(&lanes)).unwrap_err();
+    assert!(
+        format!("{e:#}").contains("d2.jsonl: line 2 (byte offset 12)"),
+        "{e:#}"
+    );
+}
+
+#[test]
+fn ranks_train_the_same_model_as_one_process_and_resume_from_checkpoints() {
+    let rows: Vec<serde_json::Map<String, serde_json::Value>> = (0..300)
+        .map(|i| {
+            let risky = i % 3 == 0;
+            serde_json::json!({
+                "accel_x": if risky { -6.0 - (i % 7) as f64 * 0.1 } else { 0.2 * ((i % 5) as f64 - 2.0) },
+                "lane_confidence": 0.9 - (i % 11) as f64 * 0.01,
+                "speed_mps": 10.0 + (i % 13) as f64,
+                "time_of_day": if i % 4 == 0 { "night" } else { "day" },
+                "label": risky,
+            })
+            .as_object()
+            .unwrap()
+            .clone()
+        })
+        .collect();
+    let cfg = TrainConfig {
+        epochs: Some(4),
+        batch_size: Some(33),
+        learning_rate: Some(0.2),
+        seed: None,
+    };
+    let (single, _) = drivetrain_steps::train::train(&cfg, &rows, 0, 1, None, None).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let master = format!("127.0.0.1:{port}");
+    let ranks: Vec<_> = (0..3u32)
+        .map(|r| {
+            let (rows, cfg, master) = (rows.clone(), cfg.clone(), master.clone());
+            std::thread::spawn(move || {
+                drivetrain_steps::train::train(&cfg, &rows, r, 3, Some(&master), None)
+                    .unwrap()
+                    .0
+            })
+        })
+        .collect();
+    let models: Vec<_> = ranks.into_iter().map(|t| t.join().unwrap()).collect();
+    for m in &models {
+        assert_eq!(
+            m.weights, models[0].weights,
+            "every rank ends with the same weights"
+        );
+        for (a, b) in m.weights.iter().zip(&single.weights) {
+            assert!(
+                (a - b).abs() < 1e-9,
+                "3 ranks and 1 process agree: {a} vs {b}"
+            );
+        }
+    }
+    let metrics = drivetrain_steps::model::evaluate(&single, &rows);
+    assert!(metrics["f1"].as_f64().unwrap() > 0.9, "{metrics}");
+
+    // Checkpoints: 2 epochs, then a run asking for 4 resumes at epoch 2 and ends where
+    // an uninterrupted 4-epoch run ends.
+    let dir = tmp("ckpt");
+    let two = TrainConfig {
+        epochs: Some(2),
+        ..cfg.clone()
+    };
+    drivetrain_steps::train::train(&two, &rows, 0, 1, None, Some(&dir)).unwrap();
+    assert!(dir.join("epoch-2.json").exists());
+    let (resumed, history) =
+        drivetrain_steps::train::train(&cfg, &rows, 0, 1, None, Some(&dir)).unwrap();
+    assert_eq!(history["resumed_from_epoch"], 2);
+    assert_eq!(history["epochs"].as_array().unwrap().len(), 2);
+    assert_eq!(resumed.weights, single.weights);
+}

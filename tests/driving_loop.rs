@@ -1,0 +1,194 @@
+//! The driving loop end to end through the binary: `pipelines/driving-loop.yaml` as the
+//! README runs it (simulated fleet logs → MCAP → Parquet → DataFusion rules → labels →
+//! 3-rank training → gate → registry), twice, so the second candidate is validated
+//! against the model the first run promoted; and distributed training that fails after a
+//! checkpoint and resumes from it on the retry.
+
+mod common;
+use common::{run_id, stage, text, Home};
+
+fn loop_file() -> String {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/driving-loop.yaml").to_owned()
+}
+
+#[test]
+fn the_driving_loop_closes() {
+    let home = Home::new("loop");
+    let o = home.drivetrain(&["run", &loop_file(), "--param", "drives=5"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}{}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    let first = run_id(&o);
+    let st = home.status(&first);
+    for s in [
+        "fleet-sim",
+        "ingest",
+        "mine",
+        "label-export",
+        "label-import",
+        "train",
+        "validate",
+        "promote",
+    ] {
+        assert_eq!(stage(&st, s)["phase"], "Succeeded", "{s}: {st}");
+    }
+    assert_eq!(
+        stage(&st, "ingest")["values"]["drives"]
+            .as_object()
+            .unwrap()
+            .len(),
+        5
+    );
+    assert!(stage(&st, "mine")["values"]["matched"].as_u64().unwrap() > 0);
+    assert_eq!(stage(&st, "validate")["values"]["passed"], true);
+    let promote = text(
+        &home
+            .drivetrain(&["logs", &first, "--stage", "promote"])
+            .stdout,
+    );
+    assert!(
+        promote.contains(
+            "promoted risk-model version 1 to `production` (was unset): no production model yet"
+        ),
+        "{promote}"
+    );
+    let listed = text(&home.drivetrain(&["registry", "list"]).stdout);
+    assert!(
+        listed.contains("risk-model  1 version(s)  production → 1"),
+        "{listed}"
+    );
+
+    // New fleet data: the candidate is measured against the model the first run promoted.
+    let o = home.drivetrain(&[
+        "run",
+        &loop_file(),
+        "--param",
+        "drives=5",
+        "--param",
+        "seed=8",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stdout));
+    let second = run_id(&o);
+    let st = home.status(&second);
+    let validate = &stage(&st, "validate")["values"];
+    assert!(
+        validate["metrics"]["production"]["f1"].is_number(),
+        "{validate}"
+    );
+    let reasons = validate["reasons"].as_array().unwrap();
+    assert!(
+        reasons[0]
+            .as_str()
+            .unwrap()
+            .starts_with("gate `candidate.recall.hard_brake"),
+        "{validate}"
+    );
+    let report = home.dir.join(format!(
+        ".drivetrain/artifacts/runs/{second}/validate/1/report/report.json"
+    ));
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(report).unwrap()).unwrap();
+    assert_eq!(report["production"]["version"], 1);
+    let promoted = validate["passed"] == true;
+    assert_eq!(
+        stage(&st, "promote")["phase"],
+        if promoted { "Succeeded" } else { "Skipped" }
+    );
+
+    // The registry: history, a manual move, a rollback; lineage from the model back to
+    // the simulated drives it was trained on.
+    let o = home.drivetrain(&["registry", "alias", "risk-model", "candidate", "1"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let history = home.drivetrain(&["registry", "history", "risk-model", "--output", "json"]);
+    let history: serde_json::Value = serde_json::from_slice(&history.stdout).unwrap();
+    assert_eq!(
+        history.as_array().unwrap().len(),
+        if promoted { 3 } else { 2 }
+    );
+    let o = home.drivetrain(&["registry", "rollback", "risk-model", "candidate"]);
+    assert_eq!(o.status.code(), Some(1), "candidate has no earlier version");
+    assert!(text(&o.stderr).contains("no earlier version"));
+    let o = home.drivetrain(&["lineage", "risk-model@1", "--output", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let g: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let nodes = g["nodes"].as_object().unwrap();
+    assert!(nodes.contains_key(&format!("{first}/train")), "{g}");
+    assert!(nodes.contains_key(&format!("{first}/fleet-sim")), "{g}");
+    assert_eq!(nodes[&format!("{first}/fleet-sim")]["params"]["seed"], 7);
+    let shown = text(
+        &home
+            .drivetrain(&["registry", "show", "risk-model@production"])
+            .stdout,
+    );
+    assert!(shown.contains("\"model_digest\": \"sha256:"), "{shown}");
+}
+
+#[test]
+fn distributed_training_resumes_from_its_checkpoint() {
+    let home = Home::new("resume-train");
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: resume-train
+stages:
+  fleet-sim:
+    uses: fleet-sim
+    with: {drives: 3, duration: 1m, seed: 3, events: {hard_brake: 2, low_lane_confidence: 2}}
+    outputs: [logs]
+  ingest:
+    uses: ingest
+    inputs: {logs: fleet-sim.logs}
+    outputs: [frames]
+  mine:
+    uses: mine-corner-cases
+    inputs: {frames: ingest.frames}
+    with: {rules: {hard_brake: "accel_x < -4", low_confidence: "lane_confidence < 0.35"}}
+    outputs: [corner_cases]
+  label-export:
+    uses: label-export
+    inputs: {corner_cases: mine.corner_cases, frames: ingest.frames}
+    with: {budget: 120, background: 0.5}
+    outputs: [tasks]
+  label-import:
+    uses: label-import
+    inputs: {tasks: label-export.tasks}
+    with: {split: {train: 0.67, val: 0.33}}
+    outputs: [dataset]
+  train:
+    uses: train
+    inputs: {dataset: label-import.dataset}
+    with: {epochs: 4, batch_size: 16}
+    distributed: {workers: 3}
+    env: {TRAIN_FAIL_AFTER_EPOCH: "2"}
+    retries: {limit: 1, backoff: 1s}
+    outputs: [model, metrics]
+"#,
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}{}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    let id = run_id(&o);
+    let st = home.status(&id);
+    let train = stage(&st, "train");
+    assert_eq!(train["attempts"], 2, "{train}");
+    assert_eq!(
+        train["values"]["history"]["resumed_from_epoch"], 2,
+        "{train}"
+    );
+    assert_eq!(train["values"]["history"]["world_size"], 3);
+    let logs = text(&home.drivetrain(&["logs", &id, "--stage", "train"]).stdout);
+    assert!(
+        logs.contains("resuming from the checkpoint of epoch 2"),
+        "{logs}"
+    );
+}
