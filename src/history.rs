@@ -39,17 +39,17 @@ pub fn explain(home: &Path, run: &str, stage: &str, json_out: bool) -> anyhow::R
         );
         return Ok(ExitCode::from(2));
     };
-    let mine = components(&s.provenance["components"]);
-    let lookup = s.provenance["cache"]
+    let mine = components(&s.how.provenance["components"]);
+    let lookup = s.how.provenance["cache"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    let key = s.cache_key.clone().unwrap_or_default();
-    let (verdict, changes, compared) = match s.origin.as_str() {
+    let key = s.how.cache_key.clone().unwrap_or_default();
+    let (verdict, changes, compared) = match s.how.origin.as_str() {
         "cached" => (
             format!(
                 "hit: outputs taken from run {} (key {key})",
-                s.origin_run.as_deref().unwrap_or("?")
+                s.how.origin_run.as_deref().unwrap_or("?")
             ),
             Vec::new(),
             None,
@@ -59,7 +59,7 @@ pub fn explain(home: &Path, run: &str, stage: &str, json_out: bool) -> anyhow::R
                 "reused: a {} of run {} took this stage's outputs from run {} without executing it",
                 record.trigger,
                 record.parent.as_ref().map(|p| p.0.as_str()).unwrap_or("?"),
-                s.origin_run.as_deref().unwrap_or("?")
+                s.how.origin_run.as_deref().unwrap_or("?")
             ),
             Vec::new(),
             None,
@@ -86,10 +86,10 @@ pub fn explain(home: &Path, run: &str, stage: &str, json_out: bool) -> anyhow::R
             serde_json::to_string_pretty(&json!({
                 "run": run,
                 "stage": stage,
-                "origin": s.origin,
-                "origin_run": s.origin_run,
+                "origin": s.how.origin,
+                "origin_run": s.how.origin_run,
                 "verdict": verdict,
-                "cache_key": s.cache_key,
+                "cache_key": s.how.cache_key,
                 "compared_with_run": compared,
                 "changes": changes,
                 "components": mine,
@@ -108,7 +108,7 @@ pub fn explain(home: &Path, run: &str, stage: &str, json_out: bool) -> anyhow::R
         (Some(r), true) => {
             println!("the newest other cache entry of `{stage}` (run {r}) has the same components")
         }
-        (None, _) if s.origin == "ran" => {
+        (None, _) if s.how.origin == "ran" => {
             println!("no other cache entry of `{stage}` to compare with")
         }
         _ => {}

@@ -142,36 +142,16 @@ enum Command {
         /// Override a stage's image: `--image STAGE=IMAGE` (repeatable).
         #[arg(long = "image", value_name = "STAGE=IMAGE", value_parser = parse_kv)]
         images: Vec<(String, String)>,
-        /// The pipeline file; default: the one the earlier run was started from.
-        #[arg(long)]
-        file: Option<PathBuf>,
-        #[arg(long)]
-        parallelism: Option<usize>,
-        #[arg(long)]
-        fail_fast: bool,
-        /// Record no cache entries.
-        #[arg(long)]
-        no_cache: bool,
-        #[arg(long, value_enum, default_value_t = Format::Text)]
-        output: Format,
+        #[command(flatten)]
+        common: FromRun,
     },
     /// A new run that reuses every succeeded stage of an earlier run and executes the
     /// failed, cancelled and skipped ones and what depends on them.
     #[command(after_help = "Example:\n  drivetrain retry 20261122-031500-1a2b")]
     Retry {
         run: String,
-        /// The pipeline file; default: the one the earlier run was started from.
-        #[arg(long)]
-        file: Option<PathBuf>,
-        #[arg(long)]
-        parallelism: Option<usize>,
-        #[arg(long)]
-        fail_fast: bool,
-        /// Neither look up nor record cache entries.
-        #[arg(long)]
-        no_cache: bool,
-        #[arg(long, value_enum, default_value_t = Format::Text)]
-        output: Format,
+        #[command(flatten)]
+        common: FromRun,
     },
     /// Why a stage of a run was a cache hit or a miss: the component of its key that
     /// changed.
@@ -281,6 +261,23 @@ enum Command {
     },
 }
 
+/// What `rerun` and `retry` share.
+#[derive(Debug, clap::Args)]
+struct FromRun {
+    /// The pipeline file; default: the one the earlier run was started from.
+    #[arg(long)]
+    file: Option<PathBuf>,
+    #[arg(long)]
+    parallelism: Option<usize>,
+    #[arg(long)]
+    fail_fast: bool,
+    /// Record no cache entries (and, for `retry`, look none up).
+    #[arg(long)]
+    no_cache: bool,
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    output: Format,
+}
+
 #[derive(Debug, Subcommand)]
 pub(crate) enum RegistryCommand {
     /// Models with their versions and aliases.
@@ -383,17 +380,13 @@ struct RerunCli {
     only: Vec<String>,
     params: Vec<(String, String)>,
     images: Vec<(String, String)>,
-    file: Option<PathBuf>,
-    parallelism: Option<usize>,
-    fail_fast: bool,
-    no_cache: bool,
-    json: bool,
+    common: FromRun,
 }
 
 /// `rerun` and `retry`: the earlier run's pipeline file (or `--file`), validated as `run`
 /// validates it.
 fn rerun(catalog: &Catalog, home: PathBuf, a: RerunCli) -> ExitCode {
-    let file = match a.file {
+    let file = match a.common.file {
         Some(f) => f,
         None => match runs::run_file(&home, &a.run) {
             Ok(f) => f,
@@ -423,11 +416,11 @@ fn rerun(catalog: &Catalog, home: PathBuf, a: RerunCli) -> ExitCode {
         file: &file,
         source: &src,
         pipeline,
-        parallelism: a.parallelism,
-        fail_fast: a.fail_fast,
-        no_cache: a.no_cache,
+        parallelism: a.common.parallelism,
+        fail_fast: a.common.fail_fast,
+        no_cache: a.common.no_cache,
         home,
-        json: a.json,
+        json: a.common.output == Format::Json,
     })
     .unwrap_or_else(|e| {
         eprintln!("error: {e:#}");
@@ -516,11 +509,7 @@ fn main() -> ExitCode {
             only,
             params,
             images,
-            file,
-            parallelism,
-            fail_fast,
-            no_cache,
-            output,
+            common,
         } => rerun(
             &catalog,
             home,
@@ -533,21 +522,10 @@ fn main() -> ExitCode {
                 only,
                 params,
                 images,
-                file,
-                parallelism,
-                fail_fast,
-                no_cache,
-                json: output == Format::Json,
+                common,
             },
         ),
-        Command::Retry {
-            run,
-            file,
-            parallelism,
-            fail_fast,
-            no_cache,
-            output,
-        } => rerun(
+        Command::Retry { run, common } => rerun(
             &catalog,
             home,
             RerunCli {
@@ -559,11 +537,7 @@ fn main() -> ExitCode {
                 only: Vec::new(),
                 params: Vec::new(),
                 images: Vec::new(),
-                file,
-                parallelism,
-                fail_fast,
-                no_cache,
-                json: output == Format::Json,
+                common,
             },
         ),
         Command::Explain { run, stage, output } => outcome(history::explain(

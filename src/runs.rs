@@ -719,7 +719,7 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
             (Some(a), Some(b)) => elapsed(a, b),
             _ => String::new(),
         };
-        let origin = match (s.origin.as_str(), &s.origin_run) {
+        let origin = match (s.how.origin.as_str(), &s.how.origin_run) {
             (_, _) if s.phase != Phase::Succeeded => String::new(),
             ("ran", _) => "ran".to_owned(),
             (o, Some(r)) => format!("{o} (from run {r})"),
@@ -1063,9 +1063,13 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
             continue;
         }
         let outputs = serde_json::from_value(b.outputs.clone()).unwrap_or_default();
-        let origin_run = match b.origin.as_str() {
+        let origin_run = match b.how.origin.as_str() {
             "ran" => parent.id.0.clone(),
-            _ => b.origin_run.clone().unwrap_or_else(|| parent.id.0.clone()),
+            _ => b
+                .how
+                .origin_run
+                .clone()
+                .unwrap_or_else(|| parent.id.0.clone()),
         };
         reuse.insert(
             b.stage.clone(),
@@ -1075,9 +1079,7 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
                 provenance: drivetrain_engine::state::Provenance {
                     origin: "reused".into(),
                     origin_run: Some(origin_run),
-                    cache_key: b.cache_key.clone(),
-                    provenance: b.provenance.clone(),
-                    inputs: b.inputs.clone(),
+                    ..b.how.clone()
                 },
             },
         );

@@ -208,10 +208,11 @@ pub fn lineage(
                 run: run.0.clone(),
                 stage: stage.to_owned(),
                 pipeline,
-                origin: rec.origin.clone(),
-                origin_run: rec.origin_run.clone(),
+                origin: rec.how.origin.clone(),
+                origin_run: rec.how.origin_run.clone(),
                 params,
                 definition: rec
+                    .how
                     .provenance
                     .get("definition")
                     .cloned()
@@ -221,15 +222,15 @@ pub fn lineage(
         match direction {
             Direction::Upstream => {
                 // A cached or reused stage's outputs were made by another run's stage.
-                if rec.origin != "ran" {
-                    if let Some(origin) = &rec.origin_run {
+                if rec.how.origin != "ran" {
+                    if let Some(origin) = &rec.how.origin_run {
                         let made_by = stage_id(origin, stage);
                         g.edges.insert((made_by.clone(), id.clone()));
                         queue.push_back(made_by);
                     }
                     continue;
                 }
-                for (_, art) in outputs_of(&rec.inputs) {
+                for (_, art) in outputs_of(&rec.how.inputs) {
                     g.edges.insert((art.digest.clone(), id.clone()));
                     queue.push_back(art.digest);
                 }
@@ -437,7 +438,7 @@ pub async fn gc(
     for run in &kept {
         for s in state.stages(&RunId(run.clone()))? {
             refs.extend(outputs_of(&s.outputs).into_iter().map(|(_, a)| a));
-            refs.extend(outputs_of(&s.inputs).into_iter().map(|(_, a)| a));
+            refs.extend(outputs_of(&s.how.inputs).into_iter().map(|(_, a)| a));
         }
     }
     for e in state.cache_entries()? {

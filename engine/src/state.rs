@@ -153,25 +153,23 @@ pub struct StageRecord {
     pub outputs: serde_json::Value,
     /// The stage's `values.json`, if it wrote one.
     pub values: serde_json::Value,
-    /// `ran`, `cached` (a cache hit) or `reused` (a rerun or retry took it from its parent).
-    pub origin: String,
-    /// The run whose outputs a `cached` or `reused` stage took.
-    pub origin_run: Option<String>,
-    pub cache_key: Option<String>,
-    /// What the cache key was made of: component → digest (`definition`, `image`,
-    /// `input:NAME`, `file:PATH`, …), and the rendered definition itself.
-    pub provenance: serde_json::Value,
-    /// Input name → the artifact (`{manifest, digest}`) the stage read.
-    pub inputs: serde_json::Value,
+    /// How it came by its outputs.
+    #[serde(flatten)]
+    pub how: Provenance,
 }
 
 /// How a stage came by its outputs, recorded with the cache key and its components.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Provenance {
+    /// `ran`, `cached` (a cache hit) or `reused` (a rerun or retry took it from its parent).
     pub origin: String,
+    /// The run whose outputs a `cached` or `reused` stage took.
     pub origin_run: Option<String>,
     pub cache_key: Option<String>,
+    /// What the cache key was made of: component → digest (`command`, `image`,
+    /// `input:NAME`, `file:PATH`, …), the rendered definition, and the cache lookup.
     pub provenance: serde_json::Value,
+    /// Input name → the artifact (`{manifest, digest}`) the stage read.
     pub inputs: serde_json::Value,
 }
 
@@ -578,11 +576,13 @@ fn stage_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StageRecord> {
         reason: r.get(6)?,
         outputs: json_col(r.get(7)?),
         values: json_col(r.get(8)?),
-        origin: r.get(9)?,
-        origin_run: r.get(10)?,
-        cache_key: r.get(11)?,
-        provenance: json_col(r.get(12)?),
-        inputs: json_col(r.get(13)?),
+        how: Provenance {
+            origin: r.get(9)?,
+            origin_run: r.get(10)?,
+            cache_key: r.get(11)?,
+            provenance: json_col(r.get(12)?),
+            inputs: json_col(r.get(13)?),
+        },
     })
 }
 
@@ -1192,10 +1192,10 @@ pub mod conformance {
         let b = stages.iter().find(|x| x.stage == "b").unwrap();
         assert_eq!(b.phase, Phase::Succeeded, "provenance keeps the phase");
         assert_eq!(
-            (b.origin.as_str(), b.cache_key.as_deref()),
+            (b.how.origin.as_str(), b.how.cache_key.as_deref()),
             ("ran", Some("sha256:k1"))
         );
-        assert_eq!(b.inputs["data"]["digest"], "sha256:aa");
+        assert_eq!(b.how.inputs["data"]["digest"], "sha256:aa");
         assert_eq!(s.stage(&id, "b").unwrap().as_ref(), Some(b));
         assert_eq!(s.stage(&id, "nope").unwrap(), None);
         assert_eq!(
@@ -1204,7 +1204,7 @@ pub mod conformance {
         );
         let c = stages.iter().find(|x| x.stage == "c").unwrap();
         assert_eq!(
-            (c.origin.as_str(), c.origin_run.as_deref()),
+            (c.how.origin.as_str(), c.how.origin_run.as_deref()),
             ("reused", Some("conf-r1"))
         );
         let uses = s.artifact_uses("sha256:aa").unwrap();

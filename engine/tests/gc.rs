@@ -171,7 +171,7 @@ async fn check(runs: Vec<RunSpec>, cache: Vec<(usize, bool)>) {
             .stages(&drivetrain_engine::state::RunId(format!("r{r}")))
             .unwrap()
         {
-            for v in [&s.outputs, &s.inputs] {
+            for v in [&s.outputs, &s.how.inputs] {
                 if let Some(m) = v.as_object() {
                     for a in m.values() {
                         referenced.insert(serde_json::from_value(a.clone()).unwrap());

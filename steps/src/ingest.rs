@@ -72,7 +72,8 @@ const F64_COLUMNS: &[&str] = &[
     "object_rel_speed_mps",
 ];
 const STR_COLUMNS: &[&str] = &["object_class", "weather", "time_of_day"];
-const GT_COLUMNS: &[&str] = &[
+/// The simulator's ground truth, one column per injected event kind.
+pub const GT_COLUMNS: &[&str] = &[
     "gt_hard_brake",
     "gt_cut_in",
     "gt_pedestrian_close_call",

@@ -307,14 +307,9 @@ pub async fn import(
             },
             // The demo's auto-labeler: the simulator's ground truth.
             None => (
-                [
-                    "gt_hard_brake",
-                    "gt_cut_in",
-                    "gt_pedestrian_close_call",
-                    "gt_low_lane_confidence",
-                ]
-                .iter()
-                .any(|c| r.get(*c).and_then(Value::as_bool).unwrap_or(false)),
+                crate::ingest::GT_COLUMNS
+                    .iter()
+                    .any(|c| r.get(*c).and_then(Value::as_bool).unwrap_or(false)),
                 "auto:ground-truth",
             ),
         };

@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Benchmarks of the driving-loop steps against Python baselines on the same data, same run.
+
+  ingest: MCAP → Parquet frames, `drivetrain step ingest` against the Python `mcap` reader
+          assembling the same frames (sample-and-hold per /vehicle message) and writing
+          them with pyarrow. Throughput in MB/s of MCAP read.
+  mine:   the reference rule set of pipelines/driving-loop.yaml over an N-million-frame
+          table, `drivetrain step mine-corner-cases` (DataFusion) against DuckDB running the
+          same SQL on the same Parquet, both writing the matches to Parquet. Rows/s and peak
+          memory, at several table sizes.
+
+Needs a release build (`cargo build --release`) and a venv with the baselines:
+  python3 -m venv ~/.cache/drivetrain/bench-venv
+  ~/.cache/drivetrain/bench-venv/bin/pip install mcap pyarrow duckdb
+  ~/.cache/drivetrain/bench-venv/bin/python bench/steps.py [--suite ingest|mine|all]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+RULES = {
+    "hard_brake": "accel_x < -4.0",
+    "low_confidence_night": "lane_confidence < 0.35 AND speed_mps > 10 AND time_of_day = 'night'",
+    "sharp_steer": "abs(steering - lag(steering) OVER (PARTITION BY drive ORDER BY ts)) > 0.3",
+    "close_pedestrian": "object_class = 'pedestrian' AND object_distance_m < 8",
+}
+
+
+def binary():
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    b = os.path.join(target, "release", "drivetrain")
+    if not os.path.exists(b):
+        sys.exit(f"build first: cargo build --release ({b} missing)")
+    return b
+
+
+def timed(cmd, env=None):
+    """Wall seconds and peak RSS (KiB, from GNU time) of one run."""
+    start = time.perf_counter()
+    out = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - start
+    if out.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{out.stderr}")
+    return wall, int(out.stderr.strip().splitlines()[-1])
+
+
+def step_env(tmp, config, inputs, outputs):
+    env = {"PATH": os.environ["PATH"], "DRIVETRAIN_STEP_CONFIG": json.dumps(config),
+           "DRIVETRAIN_VALUES": os.path.join(tmp, "values.json")}
+    for k, v in inputs.items():
+        env[f"DRIVETRAIN_INPUT_{k.upper()}"] = v
+    for k, v in outputs.items():
+        os.makedirs(v, exist_ok=True)
+        env[f"DRIVETRAIN_OUTPUT_{k.upper()}"] = v
+    return env
+
+
+PY_INGEST = r'''
+import json, os, sys
+import pyarrow as pa, pyarrow.parquet as pq
+from mcap.reader import make_reader
+src, out = sys.argv[1], sys.argv[2]
+F64 = ["speed_mps","accel_x","accel_y","yaw_rate","steering","brake_pressure","lat","lon",
+       "lateral_offset_m","lane_confidence","object_distance_m","object_rel_speed_mps"]
+for name in sorted(os.listdir(src)):
+    drive = name.rsplit(".", 1)[0]
+    cols = {c: [] for c in ["drive","ts","log_time_ns",*F64,"object_class","weather","time_of_day",
+                            "gt_hard_brake","gt_cut_in","gt_pedestrian_close_call","gt_low_lane_confidence"]}
+    held, pending, first = {}, None, None
+    def emit(t):
+        global first
+        first = t if first is None else first
+        cols["drive"].append(drive); cols["ts"].append((t - first) / 1e9); cols["log_time_ns"].append(t)
+        for c in F64: cols[c].append(held.get(c))
+        for c in ["object_class","weather","time_of_day"]: cols[c].append(held.get(c))
+        for c in ["hard_brake","cut_in","pedestrian_close_call","low_lane_confidence"]: cols["gt_"+c].append(held.get("gt_"+c))
+    with open(os.path.join(src, name), "rb") as f:
+        for schema, channel, message in make_reader(f).iter_messages():
+            if pending is not None and message.log_time > pending:
+                emit(pending); pending = None
+            v = json.loads(message.data)
+            t = channel.topic
+            if t in ("/vehicle", "/lane"):
+                held.update({k: v[k] for k in v if k in F64})
+            elif t == "/objects":
+                held["object_distance_m"] = v.get("distance_m"); held["object_rel_speed_mps"] = v.get("rel_speed_mps"); held["object_class"] = v.get("class")
+            elif t == "/context":
+                held["weather"] = v.get("weather"); held["time_of_day"] = v.get("time_of_day")
+            elif t == "/ground_truth":
+                held.update({"gt_" + k: v[k] for k in v})
+            if t == "/vehicle":
+                pending = message.log_time
+    if pending is not None:
+        emit(pending)
+    d = os.path.join(out, f"drive={drive}"); os.makedirs(d, exist_ok=True)
+    pq.write_table(pa.table(cols), os.path.join(d, "part-00000.parquet"), compression="zstd")
+'''
+
+
+def ingest(b, drives, minutes):
+    with tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "target")) as tmp:
+        logs = os.path.join(tmp, "logs")
+        cfg = {"drives": drives, "duration": f"{minutes}m", "rate_hz": 20, "seed": 1,
+               "events": {"hard_brake": 1, "cut_in": 1, "pedestrian_close_call": 1, "low_lane_confidence": 1}}
+        subprocess.run([b, "step", "fleet-sim"], env=step_env(tmp, cfg, {}, {"logs": logs}), check=True,
+                       stdout=subprocess.DEVNULL)
+        mb = sum(os.path.getsize(os.path.join(logs, f)) for f in os.listdir(logs)) / 1e6
+        frames = drives * minutes * 60 * 20
+        rows = []
+        for label, cmd, env in [
+            ("python mcap + pyarrow", [sys.executable, "-c", PY_INGEST, logs, os.path.join(tmp, "py")], None),
+            ("drivetrain step ingest", [b, "step", "ingest"],
+             step_env(tmp, {}, {"logs": logs}, {"frames": os.path.join(tmp, "dt")})),
+        ]:
+            if label.startswith("python"):
+                os.makedirs(os.path.join(tmp, "py"), exist_ok=True)
+            wall, rss = timed(cmd, env)
+            rows.append((label, wall, rss))
+        base = rows[0][1]
+        print(f"\ningest: {drives} drives × {minutes} min at 20 Hz = {frames:,} frames, {mb:.1f} MB of MCAP (zstd chunks)")
+        print("\n| ingest | wall | MB/s | peak RSS | speed-up |")
+        print("|---|---:|---:|---:|---:|")
+        for label, wall, rss in rows:
+            print(f"| {label} | {wall:.2f} s | {mb / wall:.1f} | {rss / 1024:.0f} MiB | {base / wall:.1f}× |")
+
+
+GEN_SQL = """
+COPY (
+  SELECT 'drive-' || lpad(CAST(i // {per} AS VARCHAR), 5, '0') AS drive,
+         (i % {per}) / 10.0 AS ts,
+         CAST(1767254400000000000 + i * 100000000 AS BIGINT) AS log_time_ns,
+         10 + 20 * random() AS speed_mps,
+         CASE WHEN random() < 0.01 THEN -4 - 4 * random() ELSE random() - 0.5 END AS accel_x,
+         random() - 0.5 AS accel_y, 0.1 * (random() - 0.5) AS yaw_rate,
+         CASE WHEN random() < 0.002 THEN random() - 0.5 ELSE 0.05 * (random() - 0.5) END AS steering,
+         10 * random() AS brake_pressure, 48.1 + random() / 100 AS lat, 11.5 + random() / 100 AS lon,
+         random() - 0.5 AS lateral_offset_m,
+         CASE WHEN random() < 0.02 THEN 0.3 * random() ELSE 0.6 + 0.4 * random() END AS lane_confidence,
+         3 + 60 * random() AS object_distance_m, random() - 0.5 AS object_rel_speed_mps,
+         CASE WHEN random() < 0.05 THEN 'pedestrian' ELSE 'car' END AS object_class,
+         CASE WHEN random() < 0.2 THEN 'rain' ELSE 'clear' END AS weather,
+         CASE WHEN (i // {per}) % 4 = 0 THEN 'night' ELSE 'day' END AS time_of_day,
+         false AS gt_hard_brake, false AS gt_cut_in, false AS gt_pedestrian_close_call,
+         false AS gt_low_lane_confidence,
+         'drive.mcap' AS source_file, CAST(i AS BIGINT) AS source_offset,
+         CAST(NULL AS BIGINT) AS source_chunk_offset
+  FROM range({n}) t(i)
+) TO '{path}' (FORMAT PARQUET, COMPRESSION ZSTD, ROW_GROUP_SIZE 122880)
+"""
+
+
+def mine_sql():
+    tagged = ", ".join(f'coalesce(({sql}), false) AS "rule_{n}"' for n, sql in RULES.items())
+    names = ", ".join(f"CASE WHEN \"rule_{n}\" THEN '{n}' END" for n in RULES)
+    anyr = " OR ".join(f'"rule_{n}"' for n in RULES)
+    return (f"SELECT *, concat_ws(',', {names}) AS rules FROM (SELECT *, {tagged} FROM frames) AS tagged "
+            f"WHERE {anyr} ORDER BY drive, ts")
+
+
+PY_MINE = r'''
+import duckdb, sys
+con = duckdb.connect()
+con.execute("SET threads TO 2")
+con.execute(f"CREATE VIEW frames AS SELECT * FROM read_parquet('{sys.argv[1]}/*.parquet')")
+con.execute(f"COPY ({sys.argv[3]}) TO '{sys.argv[2]}' (FORMAT PARQUET)")
+'''
+
+
+def mine(b, sizes):
+    import duckdb
+    print("\n| mine: 4 reference rules | frames | wall | rows/s | peak RSS | DataFusion ÷ DuckDB rows/s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for n in sizes:
+        with tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "target")) as tmp:
+            frames = os.path.join(tmp, "frames")
+            os.makedirs(frames)
+            duckdb.connect().execute(GEN_SQL.format(n=n, per=36000, path=os.path.join(frames, "part-0.parquet")))
+            duck, duck_rss = timed([sys.executable, "-c", PY_MINE, frames, os.path.join(tmp, "duck.parquet"), mine_sql()])
+            env = step_env(tmp, {"rules": RULES}, {"frames": frames}, {"corner_cases": os.path.join(tmp, "dt")})
+            ours, ours_rss = timed([b, "step", "mine-corner-cases"], env)
+            with open(os.path.join(tmp, "values.json")) as f:
+                matched = json.load(f)["matched"]
+            print(f"| DuckDB {duckdb.__version__} (2 threads) | {n:,} | {duck:.2f} s | {n / duck / 1e6:.2f} M | {duck_rss / 1024:.0f} MiB | |")
+            print(f"| drivetrain (DataFusion, 2 partitions) | {n:,} | {ours:.2f} s | {n / ours / 1e6:.2f} M | {ours_rss / 1024:.0f} MiB | {duck / ours:.2f} |")
+            print(f"|  matched | {matched:,} | | | | |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", choices=["all", "ingest", "mine"], default="all")
+    ap.add_argument("--drives", type=int, default=20)
+    ap.add_argument("--minutes", type=int, default=5)
+    ap.add_argument("--sizes", default="2500000,5000000,10000000")
+    args = ap.parse_args()
+    b = binary()
+    if args.suite in ("all", "ingest"):
+        ingest(b, args.drives, args.minutes)
+    if args.suite in ("all", "mine"):
+        mine(b, [int(s) for s in args.sizes.split(",")])
+
+
+if __name__ == "__main__":
+    main()
