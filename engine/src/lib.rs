@@ -15,6 +15,7 @@ pub mod expr;
 pub mod history;
 pub mod plan;
 pub mod runner;
+pub mod schedule;
 pub mod spec;
 pub mod state;
 pub mod step;

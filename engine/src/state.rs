@@ -187,6 +187,29 @@ pub struct CacheEntry {
     pub created_at: String,
 }
 
+/// A schedule the server keeps: where its pipeline is, whether it is suspended, and the
+/// moment ticks count from (registration or the last resume).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ScheduleEntry {
+    pub pipeline: String,
+    pub file: String,
+    pub suspended: bool,
+    pub anchor: String,
+}
+
+/// One decided tick of a schedule.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TickRecord {
+    /// `pipeline@scheduled-time`.
+    pub id: String,
+    pub pipeline: String,
+    pub scheduled_time: String,
+    /// `fired` or `skipped`.
+    pub outcome: String,
+    pub run_id: Option<String>,
+    pub reason: Option<String>,
+}
+
 /// Where an artifact came from: the stage of the run that published it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ArtifactRecord {
@@ -345,6 +368,23 @@ pub trait StateStore: Send + Sync {
     fn cache_entries(&self) -> Result<Vec<CacheEntry>, StateError>;
     /// Removes cache entries created before `before` (RFC 3339); returns how many.
     fn expire_cache_entries(&self, before: &str) -> Result<usize, StateError>;
+    /// Registers a schedule (ticks count from `anchor`), or updates its file.
+    fn upsert_schedule(&self, pipeline: &str, file: &str, anchor: &str) -> Result<(), StateError>;
+    fn schedule(&self, pipeline: &str) -> Result<Option<ScheduleEntry>, StateError>;
+    fn schedules(&self) -> Result<Vec<ScheduleEntry>, StateError>;
+    /// Suspends or resumes; resuming with an anchor makes ticks count from it (no backlog).
+    fn set_suspended(
+        &self,
+        pipeline: &str,
+        suspended: bool,
+        anchor: Option<&str>,
+    ) -> Result<(), StateError>;
+    /// Records a tick unless it is recorded already; returns whether this call did.
+    fn claim_tick(&self, tick: &TickRecord) -> Result<bool, StateError>;
+    /// The newest `limit` ticks of a schedule, newest first.
+    fn ticks(&self, pipeline: &str, limit: usize) -> Result<Vec<TickRecord>, StateError>;
+    /// Runs of `pipeline` still running.
+    fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError>;
 }
 
 /// The schema, one migration per step; `user_version` says how many have run.
@@ -447,6 +487,26 @@ CREATE TABLE artifact_uses (
     PRIMARY KEY (digest, run_id, stage, input)
 );
 CREATE INDEX uses_by_stage ON artifact_uses(run_id, stage);
+"#,
+    // 6: schedules and their ticks, decided once each.
+    r#"
+CREATE TABLE schedules (
+    pipeline TEXT PRIMARY KEY,
+    file TEXT NOT NULL,
+    suspended INTEGER NOT NULL DEFAULT 0,
+    anchor TEXT NOT NULL
+);
+CREATE TABLE schedule_ticks (
+    id TEXT PRIMARY KEY,
+    pipeline TEXT NOT NULL,
+    scheduled_time TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    run_id TEXT,
+    reason TEXT,
+    recorded_at TEXT NOT NULL
+);
+CREATE INDEX ticks_by_time ON schedule_ticks(pipeline, scheduled_time);
+CREATE INDEX runs_by_pipeline ON runs(pipeline, phase);
 "#,
 ];
 
@@ -1096,6 +1156,110 @@ impl StateStore for SqliteState {
         })
     }
 
+    fn upsert_schedule(&self, pipeline: &str, file: &str, anchor: &str) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO schedules (pipeline, file, anchor) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (pipeline) DO UPDATE SET file = ?2",
+                params![pipeline, file, anchor],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("register schedule {pipeline}")))
+        })
+    }
+
+    fn schedule(&self, pipeline: &str) -> Result<Option<ScheduleEntry>, StateError> {
+        Ok(self
+            .schedules()?
+            .into_iter()
+            .find(|s| s.pipeline == pipeline))
+    }
+
+    fn schedules(&self) -> Result<Vec<ScheduleEntry>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT pipeline, file, suspended, anchor FROM schedules ORDER BY pipeline",
+                [],
+                "read schedules",
+                |r| {
+                    Ok(ScheduleEntry {
+                        pipeline: r.get(0)?,
+                        file: r.get(1)?,
+                        suspended: r.get::<_, i64>(2)? != 0,
+                        anchor: r.get(3)?,
+                    })
+                },
+            )
+        })
+    }
+
+    fn set_suspended(
+        &self,
+        pipeline: &str,
+        suspended: bool,
+        anchor: Option<&str>,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            let n = c
+                .execute(
+                    "UPDATE schedules SET suspended = ?2, anchor = COALESCE(?3, anchor) WHERE pipeline = ?1",
+                    params![pipeline, suspended as i64, anchor],
+                )
+                .map_err(sql(format!("suspend schedule {pipeline}")))?;
+            if n == 0 {
+                return Err(StateError::UnknownRun(format!("schedule {pipeline}")));
+            }
+            Ok(())
+        })
+    }
+
+    fn claim_tick(&self, t: &TickRecord) -> Result<bool, StateError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT OR IGNORE INTO schedule_ticks (id, pipeline, scheduled_time, outcome, run_id, reason, recorded_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![t.id, t.pipeline, t.scheduled_time, t.outcome, t.run_id, t.reason, now()],
+            )
+            .map(|n| n == 1)
+            .map_err(sql(format!("claim tick {}", t.id)))
+        })
+    }
+
+    fn ticks(&self, pipeline: &str, limit: usize) -> Result<Vec<TickRecord>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT id, pipeline, scheduled_time, outcome, run_id, reason FROM schedule_ticks \
+                 WHERE pipeline = ?1 ORDER BY scheduled_time DESC LIMIT ?2",
+                params![pipeline, limit as i64],
+                "read ticks",
+                |r| {
+                    Ok(TickRecord {
+                        id: r.get(0)?,
+                        pipeline: r.get(1)?,
+                        scheduled_time: r.get(2)?,
+                        outcome: r.get(3)?,
+                        run_id: r.get(4)?,
+                        reason: r.get(5)?,
+                    })
+                },
+            )
+        })
+    }
+
+    fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT id FROM runs WHERE pipeline = ?1 AND phase IN ('Running', 'Pending') ORDER BY created_at",
+                params![pipeline],
+                "read running runs",
+                |r| Ok(RunId(r.get(0)?)),
+            )
+        })
+    }
+
     fn attempts(&self, run: &RunId) -> Result<Vec<AttemptRecord>, StateError> {
         self.with(|c| {
             query(
@@ -1153,6 +1317,56 @@ pub mod conformance {
         map_items(store);
         listing(store);
         provenance_and_cache(store);
+        schedules_and_ticks(store);
+    }
+
+    fn schedules_and_ticks(s: &dyn StateStore) {
+        s.upsert_schedule("nightly", "a.yaml", "2026-01-01T00:00:00Z")
+            .unwrap();
+        // Registering again updates the file, not the anchor.
+        s.upsert_schedule("nightly", "b.yaml", "2026-05-05T00:00:00Z")
+            .unwrap();
+        let e = s.schedule("nightly").unwrap().unwrap();
+        assert_eq!(
+            (e.file.as_str(), e.anchor.as_str(), e.suspended),
+            ("b.yaml", "2026-01-01T00:00:00Z", false)
+        );
+        s.set_suspended("nightly", true, None).unwrap();
+        assert!(s.schedule("nightly").unwrap().unwrap().suspended);
+        s.set_suspended("nightly", false, Some("2026-02-01T00:00:00Z"))
+            .unwrap();
+        assert_eq!(
+            s.schedule("nightly").unwrap().unwrap().anchor,
+            "2026-02-01T00:00:00Z"
+        );
+        assert!(s.set_suspended("nope", true, None).is_err());
+        assert_eq!(s.schedules().unwrap().len(), 1);
+        let tick = |t: &str| TickRecord {
+            id: format!("nightly@{t}"),
+            pipeline: "nightly".into(),
+            scheduled_time: t.into(),
+            outcome: "fired".into(),
+            run_id: Some(format!("run-{t}")),
+            reason: None,
+        };
+        assert!(s.claim_tick(&tick("2026-02-02T03:00:00Z")).unwrap());
+        assert!(
+            !s.claim_tick(&tick("2026-02-02T03:00:00Z")).unwrap(),
+            "a tick is claimed once"
+        );
+        assert!(s.claim_tick(&tick("2026-02-03T03:00:00Z")).unwrap());
+        let ticks = s.ticks("nightly", 10).unwrap();
+        assert_eq!(
+            ticks[0].scheduled_time, "2026-02-03T03:00:00Z",
+            "newest first"
+        );
+        assert_eq!(s.ticks("nightly", 1).unwrap().len(), 1);
+        let mut r = run_record("conf-sched-run");
+        r.pipeline = "nightly".into();
+        s.create_run(&r).unwrap();
+        assert_eq!(s.running_runs("nightly").unwrap(), [r.id.clone()]);
+        s.finish_run(&r.id, Phase::Succeeded, None).unwrap();
+        assert!(s.running_runs("nightly").unwrap().is_empty());
     }
 
     fn provenance_and_cache(s: &dyn StateStore) {

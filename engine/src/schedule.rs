@@ -1,0 +1,478 @@
+//! Cron ticks: which scheduled times are due, decided against the ticks the state store
+//! already recorded, with the time passed in (a test clock, or the wall clock in `serve`).
+//!
+//! A tick's id is the pipeline and its scheduled time (`nightly@2026-03-29T01:00:00Z`),
+//! and it is claimed in the state store (an insert that only one caller can win) before
+//! its run starts, with the run's id decided at the same time. So a restarted server never
+//! fires a tick twice, and a tick claimed by an engine that died before starting its run
+//! is found by its id and started then.
+//!
+//! Which ticks fire after downtime follows the schedule's `catchup`: ticks between the
+//! last recorded one (or the moment the schedule was registered or resumed) and now; the
+//! newest counts as on time when it is younger than [`ON_TIME`], the rest were missed.
+//! `none` fires only an on-time tick; `latest` the newest; `all` every missed tick up to
+//! `max_catchup` (the newest ones) and the on-time one. Ticks not fired are recorded as
+//! skipped, with why. Daylight-saving changes follow croner: a time that does not exist
+//! (spring forward) fires at the first minute after the gap, a time that exists twice
+//! (fall back) fires once.
+
+use chrono::{DateTime, Duration, Utc};
+
+use crate::plan::Schedule;
+use crate::spec::{Catchup, Concurrency};
+use crate::state::{RunId, StateError, StateStore, TickRecord};
+
+/// A tick this much older than now was missed, not merely noticed late.
+pub const ON_TIME: Duration = Duration::seconds(60);
+
+/// Enumerates a schedule's ticks.
+#[derive(Debug, Clone)]
+pub struct Ticker {
+    cron: croner::Cron,
+    timezone: chrono_tz::Tz,
+}
+
+impl Ticker {
+    pub fn new(s: &Schedule) -> Result<Ticker, String> {
+        let cron = croner::parser::CronParser::builder()
+            .seconds(croner::parser::Seconds::Optional)
+            .build()
+            .parse(&s.cron)
+            .map_err(|e| format!("`{}`: {e}", s.cron))?;
+        Ok(Ticker {
+            cron,
+            timezone: s.timezone,
+        })
+    }
+
+    /// The first tick strictly after `t`.
+    pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.between(t, DateTime::<Utc>::MAX_UTC, 1)
+            .into_iter()
+            .next()
+    }
+
+    /// The ticks in (`after`, `until`], oldest first, at most `limit` of the newest.
+    /// croner's iterator (not repeated next-occurrence calls, which lose the second pass
+    /// through a repeated hour) keeps interval jobs firing through a fall-back hour; it
+    /// yields the repeated hour's instants slightly out of order, so they are sorted.
+    pub fn between(
+        &self,
+        after: DateTime<Utc>,
+        until: DateTime<Utc>,
+        limit: usize,
+    ) -> Vec<DateTime<Utc>> {
+        let mut out: Vec<DateTime<Utc>> = Vec::new();
+        let horizon = until
+            .checked_add_signed(Duration::hours(3))
+            .unwrap_or(until);
+        for next in self.cron.iter_after(after.with_timezone(&self.timezone)) {
+            let next = next.with_timezone(&Utc);
+            if next > horizon {
+                break;
+            }
+            if next > after && next <= until {
+                out.push(next);
+            }
+            // Bounded work for an unbounded `until`: enough to order the first ones.
+            if until == DateTime::<Utc>::MAX_UTC && out.len() >= limit + 4 {
+                break;
+            }
+            if out.len() > 2 * limit + 16 {
+                out.sort();
+                out.dedup();
+                let drop = out.len().saturating_sub(limit + 8);
+                out.drain(..drop);
+            }
+        }
+        out.sort();
+        out.dedup();
+        if until == DateTime::<Utc>::MAX_UTC {
+            out.truncate(limit);
+        } else {
+            let drop = out.len().saturating_sub(limit);
+            out.drain(..drop);
+        }
+        out
+    }
+}
+
+/// The id of a tick.
+pub fn tick_id(pipeline: &str, at: DateTime<Utc>) -> String {
+    format!(
+        "{pipeline}@{}",
+        at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    )
+}
+
+/// The run id a tick's run gets: deterministic, so a restart starts the same run.
+pub fn tick_run_id(pipeline: &str, at: DateTime<Utc>) -> RunId {
+    let h = crate::cache::digest(tick_id(pipeline, at).as_bytes());
+    RunId(format!("{}-{}", at.format("%Y%m%d-%H%M%S"), &h[7..11]))
+}
+
+/// What to do about one tick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Start run `run` for the tick at `at`.
+    Fire {
+        at: DateTime<Utc>,
+        run: RunId,
+        replace: Vec<RunId>,
+    },
+    /// Recorded, not run.
+    Skip { at: DateTime<Utc>, reason: String },
+}
+
+/// Decides the ticks of `pipeline` due at `now` and claims them in `state`: each returned
+/// [`Decision::Fire`] is recorded (with its run id) and no other caller will get it.
+/// Ticks claimed earlier whose run was never created are returned again, to start.
+pub fn due(
+    state: &dyn StateStore,
+    pipeline: &str,
+    schedule: &Schedule,
+    ticker: &Ticker,
+    now: DateTime<Utc>,
+) -> Result<Vec<Decision>, StateError> {
+    let Some(entry) = state.schedule(pipeline)? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    // Claimed by an engine that died before its run existed.
+    for t in state.ticks(pipeline, 50)? {
+        if let (Some(run), "fired") = (&t.run_id, t.outcome.as_str()) {
+            if state.run(&RunId(run.clone())).is_err() {
+                if let Ok(at) = DateTime::parse_from_rfc3339(&t.scheduled_time) {
+                    out.push(Decision::Fire {
+                        at: at.with_timezone(&Utc),
+                        run: RunId(run.clone()),
+                        replace: Vec::new(),
+                    });
+                }
+            }
+        }
+    }
+    if entry.suspended || schedule.suspend {
+        return Ok(out);
+    }
+    let anchor = DateTime::parse_from_rfc3339(&entry.anchor)
+        .map(|d| d.with_timezone(&Utc))
+        .unwrap_or(now);
+    let last = state
+        .ticks(pipeline, 1)?
+        .first()
+        .and_then(|t| DateTime::parse_from_rfc3339(&t.scheduled_time).ok())
+        .map(|d| d.with_timezone(&Utc));
+    let after = last.map_or(anchor, |l| l.max(anchor));
+    let limit = match schedule.catchup {
+        Catchup::All => schedule.max_catchup as usize + 1,
+        _ => 1,
+    };
+    // Every tick since `after` is decided: the newest `limit` are candidates, and the ones
+    // before them are recorded as skipped without listing years of them.
+    let candidates = ticker.between(after, now, limit);
+    let Some(&newest) = candidates.last() else {
+        return Ok(out);
+    };
+    let first_candidate = candidates[0];
+    // Older missed ticks are recorded as skipped too (the newest thousand of them).
+    let dropped = ticker.between(after, first_candidate - Duration::seconds(1), 1000);
+    let mut decisions: Vec<(DateTime<Utc>, Option<String>)> = dropped
+        .into_iter()
+        .map(|d| {
+            let why = format!(
+                "missed; beyond catchup `{}`",
+                catchup_name(schedule.catchup)
+            );
+            (d, Some(why))
+        })
+        .collect();
+    let on_time = now - newest <= ON_TIME;
+    for &at in &candidates {
+        let fire = match schedule.catchup {
+            Catchup::None => at == newest && on_time,
+            Catchup::Latest => at == newest,
+            Catchup::All => true,
+        };
+        let reason =
+            (!fire).then(|| format!("missed; catchup `{}`", catchup_name(schedule.catchup)));
+        decisions.push((at, reason));
+    }
+    let in_flight: Vec<RunId> = state.running_runs(pipeline)?.into_iter().collect();
+    for (at, reason) in decisions {
+        let id = tick_id(pipeline, at);
+        let mut reason = reason;
+        let mut replace = Vec::new();
+        if reason.is_none() && !in_flight.is_empty() {
+            match schedule.concurrency {
+                Concurrency::Allow => {}
+                Concurrency::Forbid => {
+                    reason = Some(format!(
+                        "run {} is still running (concurrency: forbid)",
+                        in_flight[0]
+                    ))
+                }
+                Concurrency::Replace => replace = in_flight.clone(),
+            }
+        }
+        let run = tick_run_id(pipeline, at);
+        let record = TickRecord {
+            id: id.clone(),
+            pipeline: pipeline.to_owned(),
+            scheduled_time: at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            outcome: if reason.is_some() {
+                "skipped".into()
+            } else {
+                "fired".into()
+            },
+            run_id: reason.is_none().then(|| run.0.clone()),
+            reason: reason.clone(),
+        };
+        if !state.claim_tick(&record)? {
+            continue; // someone else decided this tick
+        }
+        out.push(match reason {
+            None => Decision::Fire { at, run, replace },
+            Some(reason) => Decision::Skip { at, reason },
+        });
+    }
+    Ok(out)
+}
+
+fn catchup_name(c: Catchup) -> &'static str {
+    match c {
+        Catchup::None => "none",
+        Catchup::Latest => "latest",
+        Catchup::All => "all",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::SqliteState;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn schedule(cron: &str, tz: &str, catchup: Catchup, concurrency: Concurrency) -> Schedule {
+        Schedule {
+            cron: cron.into(),
+            timezone: tz.parse().unwrap(),
+            concurrency,
+            catchup,
+            max_catchup: 3,
+            suspend: false,
+        }
+    }
+
+    fn ticks(s: &Schedule, from: &str, to: &str) -> Vec<String> {
+        Ticker::new(s)
+            .unwrap()
+            .between(at(from), at(to), 100)
+            .iter()
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            .collect()
+    }
+
+    #[test]
+    fn daylight_saving_in_two_timezones() {
+        // Berlin springs forward at 02:00 → 03:00 on 2026-03-29: 02:30 does not exist and
+        // fires once at 03:00 local (01:00Z); falls back on 2026-10-25: 02:30 exists twice
+        // and fires once.
+        let berlin = schedule(
+            "30 2 * * *",
+            "Europe/Berlin",
+            Catchup::All,
+            Concurrency::Allow,
+        );
+        assert_eq!(
+            ticks(&berlin, "2026-03-27T12:00:00Z", "2026-03-31T00:00:00Z"),
+            [
+                "2026-03-28T01:30:00Z",
+                "2026-03-29T01:00:00Z",
+                "2026-03-30T00:30:00Z"
+            ]
+        );
+        assert_eq!(
+            ticks(&berlin, "2026-10-24T12:00:00Z", "2026-10-27T00:00:00Z"),
+            ["2026-10-25T00:30:00Z", "2026-10-26T01:30:00Z"]
+        );
+        // Los Angeles: a job every 30 minutes keeps firing every 30 real minutes through
+        // the fall-back hour (both 01:00 and both 01:30 happen).
+        let la = schedule(
+            "0,30 * * * *",
+            "America/Los_Angeles",
+            Catchup::All,
+            Concurrency::Allow,
+        );
+        let fall = ticks(&la, "2026-11-01T07:45:00Z", "2026-11-01T10:15:00Z");
+        assert_eq!(
+            fall,
+            [
+                "2026-11-01T08:00:00Z",
+                "2026-11-01T08:30:00Z",
+                "2026-11-01T09:00:00Z",
+                "2026-11-01T09:30:00Z",
+                "2026-11-01T10:00:00Z"
+            ]
+        );
+        // Spring forward on 2026-03-08: 02:00–03:00 does not exist; 09:00Z is 01:00 PST,
+        // the next tick is 03:00 PDT = 10:00Z.
+        let daily = schedule(
+            "0 2 * * *",
+            "America/Los_Angeles",
+            Catchup::All,
+            Concurrency::Allow,
+        );
+        assert_eq!(
+            ticks(&daily, "2026-03-07T00:00:00Z", "2026-03-09T12:00:00Z"),
+            [
+                "2026-03-07T10:00:00Z",
+                "2026-03-08T10:00:00Z",
+                "2026-03-09T09:00:00Z"
+            ]
+        );
+    }
+
+    /// Starts (records) the runs of the fired ticks, as `serve` does right after deciding.
+    fn start(state: &SqliteState, ds: &[Decision]) {
+        for d in ds {
+            if let Decision::Fire { run, .. } = d {
+                let mut rec = crate::state::conformance::run_record(&run.0);
+                rec.pipeline = "p".into();
+                state.create_run(&rec).unwrap();
+                state
+                    .finish_run(run, crate::state::Phase::Succeeded, None)
+                    .unwrap();
+            }
+        }
+    }
+
+    fn fired(ds: &[Decision]) -> Vec<String> {
+        ds.iter()
+            .filter_map(|d| match d {
+                Decision::Fire { at, .. } => Some(at.format("%H:%M").to_string()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn fresh(registered: &str) -> SqliteState {
+        let state = SqliteState::in_memory().unwrap();
+        state.upsert_schedule("p", "p.yaml", registered).unwrap();
+        state
+    }
+
+    #[test]
+    fn missed_ticks_across_a_restart_follow_the_catchup_policy() {
+        for (catchup, expect) in [
+            (Catchup::None, vec![]),
+            (Catchup::Latest, vec!["05:00"]),
+            (Catchup::All, vec!["02:00", "03:00", "04:00", "05:00"]),
+        ] {
+            let s = schedule("0 * * * *", "UTC", catchup, Concurrency::Allow);
+            let t = Ticker::new(&s).unwrap();
+            let state = fresh("2026-06-01T00:30:00Z");
+            // Up at 01:00:05: the 01:00 tick fires on time, once, however often asked.
+            let d = due(&state, "p", &s, &t, at("2026-06-01T01:00:05Z")).unwrap();
+            assert_eq!(fired(&d), ["01:00"], "{catchup:?}");
+            start(&state, &d);
+            assert!(due(&state, "p", &s, &t, at("2026-06-01T01:00:30Z"))
+                .unwrap()
+                .is_empty());
+            // Down from 01:10 to 05:20: four ticks missed; `all` with max_catchup 3 runs
+            // the newest three missed ones and the newest.
+            let d = due(&state, "p", &s, &t, at("2026-06-01T05:20:00Z")).unwrap();
+            assert_eq!(fired(&d), expect, "{catchup:?}");
+            start(&state, &d);
+            // Every tick is recorded once, fired or skipped: nothing lost, nothing twice.
+            let recorded: Vec<String> = state
+                .ticks("p", 100)
+                .unwrap()
+                .iter()
+                .map(|t| t.scheduled_time.clone())
+                .collect();
+            assert_eq!(recorded.len(), 5, "{catchup:?}: {recorded:?}");
+            assert!(due(&state, "p", &s, &t, at("2026-06-01T05:20:00Z"))
+                .unwrap()
+                .is_empty());
+        }
+        // `none` fires an on-time tick after downtime, and drops the older ones.
+        let s = schedule("0 * * * *", "UTC", Catchup::None, Concurrency::Allow);
+        let t = Ticker::new(&s).unwrap();
+        let state = fresh("2026-06-01T00:30:00Z");
+        let d = due(&state, "p", &s, &t, at("2026-06-01T05:00:10Z")).unwrap();
+        assert_eq!(fired(&d), ["05:00"]);
+    }
+
+    #[test]
+    fn a_claimed_tick_whose_run_never_started_is_started_after_a_restart() {
+        let s = schedule("0 * * * *", "UTC", Catchup::Latest, Concurrency::Allow);
+        let t = Ticker::new(&s).unwrap();
+        let state = fresh("2026-06-01T00:30:00Z");
+        let first = due(&state, "p", &s, &t, at("2026-06-01T01:00:01Z")).unwrap();
+        // The engine died here, before creating the run: the next look starts it.
+        let again = due(&state, "p", &s, &t, at("2026-06-01T01:00:20Z")).unwrap();
+        assert_eq!(first, again);
+        let Decision::Fire { run, .. } = &first[0] else {
+            panic!()
+        };
+        assert_eq!(run, &tick_run_id("p", at("2026-06-01T01:00:00Z")));
+        let mut rec = crate::state::conformance::run_record(&run.0);
+        rec.pipeline = "p".into();
+        state.create_run(&rec).unwrap();
+        assert!(due(&state, "p", &s, &t, at("2026-06-01T01:00:30Z"))
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn forbid_skips_and_replace_cancels_while_a_run_is_in_flight() {
+        for (concurrency, fire) in [(Concurrency::Forbid, false), (Concurrency::Replace, true)] {
+            let s = schedule("0 * * * *", "UTC", Catchup::Latest, concurrency);
+            let t = Ticker::new(&s).unwrap();
+            let state = fresh("2026-06-01T00:30:00Z");
+            let mut long = crate::state::conformance::run_record("long-run");
+            long.pipeline = "p".into();
+            state.create_run(&long).unwrap();
+            let d = due(&state, "p", &s, &t, at("2026-06-01T01:00:01Z")).unwrap();
+            match (&d[0], fire) {
+                (Decision::Fire { replace, .. }, true) => {
+                    assert_eq!(replace, &[RunId("long-run".into())])
+                }
+                (Decision::Skip { reason, .. }, false) => {
+                    assert!(reason.contains("long-run is still running"), "{reason}")
+                }
+                other => panic!("{concurrency:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn suspended_schedules_fire_nothing_and_resuming_skips_the_backlog() {
+        let s = schedule("0 * * * *", "UTC", Catchup::All, Concurrency::Allow);
+        let t = Ticker::new(&s).unwrap();
+        let state = fresh("2026-06-01T00:30:00Z");
+        state.set_suspended("p", true, None).unwrap();
+        assert!(due(&state, "p", &s, &t, at("2026-06-01T03:00:05Z"))
+            .unwrap()
+            .is_empty());
+        // Resumed at 03:30: the 01:00–03:00 backlog does not fire; 04:00 does.
+        state
+            .set_suspended("p", false, Some("2026-06-01T03:30:00Z"))
+            .unwrap();
+        assert!(due(&state, "p", &s, &t, at("2026-06-01T03:31:00Z"))
+            .unwrap()
+            .is_empty());
+        let d = due(&state, "p", &s, &t, at("2026-06-01T04:00:02Z")).unwrap();
+        assert_eq!(fired(&d), ["04:00"]);
+        // Resuming *with* the backlog keeps the old anchor: `all` catches up.
+        start(&state, &d);
+        state.set_suspended("p", true, None).unwrap();
+        state.set_suspended("p", false, None).unwrap();
+        let d = due(&state, "p", &s, &t, at("2026-06-01T07:00:01Z")).unwrap();
+        assert_eq!(fired(&d), ["05:00", "06:00", "07:00"]);
+    }
+}
