@@ -6,6 +6,7 @@
 mod history;
 mod report;
 mod runs;
+mod serve;
 
 /// Validation builds a located tree of every YAML value: an allocator made for many small
 /// short-lived objects makes the 10,000-stage benchmark markedly faster than glibc malloc.
@@ -250,6 +251,29 @@ enum Command {
         #[command(subcommand)]
         command: RegistryCommand,
     },
+    /// Run the pipelines of a directory on their cron schedules (until Ctrl-C / SIGTERM,
+    /// which lets the runs in flight finish).
+    #[command(
+        after_help = "Examples:\n  drivetrain serve --pipelines pipelines/\n  drivetrain schedule list\n\nA tick is recorded before its run starts: a server killed and started again neither fires a tick twice nor loses one (within the schedule's `catchup`)."
+    )]
+    Serve {
+        /// The directory of pipeline files; those with a `schedule:` run on it.
+        #[arg(long, value_name = "DIR")]
+        pipelines: PathBuf,
+        /// The most stage attempts at once, per run.
+        #[arg(long)]
+        parallelism: Option<usize>,
+    },
+    /// The schedules `serve` keeps: list, suspend, resume, trigger now.
+    #[command(
+        after_help = "Examples:\n  drivetrain schedule list\n  drivetrain schedule suspend nightly-retrain\n  drivetrain schedule resume nightly-retrain            # missed ticks do not fire\n  drivetrain schedule resume nightly-retrain --catchup  # they follow `catchup`\n  drivetrain schedule trigger nightly-retrain"
+    )]
+    Schedule {
+        #[command(subcommand)]
+        command: ScheduleCommand,
+        #[arg(long, value_enum, default_value_t = Format::Text, global = true)]
+        output: Format,
+    },
     /// Print the JSON Schema of pipeline files (for editors).
     #[command(after_help = "Example:\n  drivetrain schema > pipeline.schema.json")]
     Schema,
@@ -259,6 +283,22 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         output: Format,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ScheduleCommand {
+    /// Every schedule, whether it is suspended, and its last tick.
+    List,
+    /// Fire nothing until resumed.
+    Suspend { pipeline: String },
+    /// Fire again; ticks missed while suspended do not fire unless `--catchup`.
+    Resume {
+        pipeline: String,
+        #[arg(long)]
+        catchup: bool,
+    },
+    /// Start a run now (the server picks it up).
+    Trigger { pipeline: String },
 }
 
 /// What `rerun` and `retry` share.
@@ -614,6 +654,13 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Step { name } => step(&catalog, &name),
+        Command::Serve {
+            pipelines,
+            parallelism,
+        } => outcome(serve::serve(&catalog, &home, &pipelines, parallelism)),
+        Command::Schedule { command, output } => {
+            outcome(serve::command(&home, command, output == Format::Json))
+        }
         Command::Registry { command } => outcome(history::registry(&home, command)),
         Command::Schema => {
             println!(

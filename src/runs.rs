@@ -109,6 +109,7 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
         overrides: json!({}),
         cache: args.cache,
         step_command: step_command()?,
+        scheduled_time: None,
     };
     if !args.json {
         println!("run {id}");
@@ -179,12 +180,12 @@ fn default_parallelism() -> usize {
 }
 
 /// How built-in steps run: this very binary, `drivetrain step NAME`.
-fn step_command() -> anyhow::Result<Vec<String>> {
+pub fn step_command() -> anyhow::Result<Vec<String>> {
     let exe = std::env::current_exe()?;
     Ok(vec![exe.display().to_string(), "step".into()])
 }
 
-fn digest(source: &str) -> String {
+pub fn digest(source: &str) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(source.as_bytes())))
 }
 
@@ -454,6 +455,7 @@ pub fn resume(
             write: true,
         },
         step_command: step_command()?,
+        scheduled_time: record.scheduled_time.clone(),
     };
     let resume = runner::Resume {
         record,
@@ -1181,6 +1183,7 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
             write: !args.no_cache,
         },
         step_command: step_command()?,
+        scheduled_time: None,
     };
     drive(Drive {
         id,

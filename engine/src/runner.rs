@@ -52,6 +52,8 @@ pub struct RunOptions {
     /// What a rerun overrode (recorded with the run).
     pub overrides: Value,
     pub cache: CacheMode,
+    /// The cron tick this run is for (`{{ schedule.time }}`); default: the run's start.
+    pub scheduled_time: Option<String>,
     /// How a built-in step runs: this argv plus the step's name (`drivetrain step`),
     /// with the rendered `with:` block in `DRIVETRAIN_STEP_CONFIG`. Empty: steps cannot
     /// run here.
@@ -249,7 +251,7 @@ pub async fn run(
         spec_digest: opts.spec_digest.clone(),
         params: serde_json::to_value(&params).unwrap_or_default(),
         trigger: opts.trigger.clone(),
-        parent: None,
+        parent: opts.parent.clone(),
         phase: Phase::Running,
         created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         finished_at: None,
@@ -257,9 +259,8 @@ pub async fn run(
         engine_pid: Some(i64::from(std::process::id())),
         overrides: opts.overrides.clone(),
         selection: opts.selection.as_ref().map(|s| s.iter().cloned().collect()),
+        scheduled_time: opts.scheduled_time.clone(),
     };
-    let mut fresh = fresh;
-    fresh.parent = opts.parent.clone();
     let (record, prior, prior_attempts) = match resume {
         Some(r) => {
             state.reopen_run(&id, std::process::id())?;
@@ -683,7 +684,12 @@ fn lookup_value(
                 .to_owned(),
         )),
         Ref::PipelineName => Some(Value::String(pipeline.name.clone())),
-        Ref::ScheduleTime => Some(Value::String(ctx.run.created_at.clone())),
+        Ref::ScheduleTime => Some(Value::String(
+            ctx.run
+                .scheduled_time
+                .clone()
+                .unwrap_or_else(|| ctx.run.created_at.clone()),
+        )),
         Ref::StageValue { stage, key } => {
             let id = pipeline.stage_by_name(stage)?.id;
             let mut v = &upstream.get(&id)?.values;

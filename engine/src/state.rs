@@ -137,6 +137,8 @@ pub struct RunRecord {
     /// The stages a rerun or retry executes; the others are reused or not run. `None`:
     /// every stage.
     pub selection: Option<Vec<String>>,
+    /// The cron tick a `schedule`-triggered run is for (RFC 3339).
+    pub scheduled_time: Option<String>,
 }
 
 /// A stage of a run as recorded.
@@ -507,6 +509,7 @@ CREATE TABLE schedule_ticks (
 );
 CREATE INDEX ticks_by_time ON schedule_ticks(pipeline, scheduled_time);
 CREATE INDEX runs_by_pipeline ON runs(pipeline, phase);
+ALTER TABLE runs ADD COLUMN scheduled_time TEXT;
 "#,
 ];
 
@@ -546,21 +549,39 @@ impl SqliteState {
     }
 
     fn init(conn: Connection) -> Result<Self, StateError> {
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(sql("set busy timeout"))?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(sql("enable WAL"))?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(sql("set synchronous"))?;
         conn.pragma_update(None, "foreign_keys", "ON")
             .map_err(sql("enable foreign keys"))?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(sql("set busy timeout"))?;
-        let version: i64 = conn
-            .pragma_query_value(None, "user_version", |r| r.get(0))
-            .map_err(sql("read schema version"))?;
-        for (i, m) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
-            let tx_sql = format!("BEGIN; {m}; PRAGMA user_version = {}; COMMIT;", i + 1);
-            conn.execute_batch(&tx_sql)
-                .map_err(sql(format!("migration {}", i + 1)))?;
+        // Two processes opening a new database at once (a server and a command) must not
+        // both migrate it: the version is read under the write lock.
+        let current = |conn: &Connection| -> Result<usize, StateError> {
+            conn.pragma_query_value(None, "user_version", |r| r.get::<_, i64>(0))
+                .map(|v| v.max(0) as usize)
+                .map_err(sql("read schema version"))
+        };
+        if current(&conn)? < MIGRATIONS.len() {
+            conn.execute_batch("BEGIN IMMEDIATE")
+                .map_err(sql("lock for migration"))?;
+            let version = current(&conn)?;
+            let mut batch = String::new();
+            for (i, m) in MIGRATIONS.iter().enumerate().skip(version) {
+                batch.push_str(&format!("{m};\nPRAGMA user_version = {};\n", i + 1));
+            }
+            let applied = conn.execute_batch(&batch);
+            match applied {
+                Ok(()) => conn
+                    .execute_batch("COMMIT")
+                    .map_err(sql("commit migrations"))?,
+                Err(e) => {
+                    let _ = conn.execute_batch("ROLLBACK");
+                    return Err(sql(format!("migration from version {version}"))(e));
+                }
+            }
         }
         Ok(SqliteState {
             conn: Mutex::new(conn),
@@ -603,11 +624,12 @@ fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
         selection: r
             .get::<_, Option<String>>(13)?
             .and_then(|s| serde_json::from_str(&s).ok()),
+        scheduled_time: r.get(14)?,
     })
 }
 
 const RUN_COLUMNS: &str = "id, pipeline, file, spec_digest, params, trigger, parent, phase, \
-     created_at, finished_at, reason, engine_pid, overrides, selection";
+     created_at, finished_at, reason, engine_pid, overrides, selection, scheduled_time";
 
 fn cache_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CacheEntry> {
     Ok(CacheEntry {
@@ -653,8 +675,8 @@ impl StateStore for SqliteState {
         self.with(|c| {
             c.execute(
                 "INSERT INTO runs (id, pipeline, file, spec_digest, params, trigger, parent, phase, \
-                 created_at, engine_pid, overrides, selection) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                 created_at, engine_pid, overrides, selection, scheduled_time) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 params![
                     run.id.0,
                     run.pipeline,
@@ -670,6 +692,7 @@ impl StateStore for SqliteState {
                     run.selection
                         .as_ref()
                         .map(|s| serde_json::to_string(s).unwrap_or_default()),
+                    run.scheduled_time,
                 ],
             )
             .map(|_| ())
@@ -1308,6 +1331,7 @@ pub mod conformance {
             engine_pid: Some(7),
             overrides: serde_json::json!({}),
             selection: None,
+            scheduled_time: None,
         }
     }
 
@@ -1607,6 +1631,28 @@ mod tests {
     #[test]
     fn sqlite_passes_the_conformance_suite() {
         conformance::check(&SqliteState::in_memory().unwrap());
+    }
+
+    /// A server and a command opening a new database at the same moment both succeed.
+    #[test]
+    fn concurrent_first_opens_migrate_once() {
+        for round in 0..20 {
+            let path = std::env::temp_dir()
+                .join(format!("dt-state-race-{}-{round}.db", std::process::id()));
+            let _ = std::fs::remove_file(&path);
+            let openers: Vec<_> = (0..4)
+                .map(|_| {
+                    let p = path.clone();
+                    std::thread::spawn(move || SqliteState::open(&p).map(|_| ()))
+                })
+                .collect();
+            for o in openers {
+                o.join().unwrap().unwrap();
+            }
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+        }
     }
 
     #[test]
