@@ -3,6 +3,7 @@
 //! Exit codes mean one thing each: 0 success, 1 the pipeline is invalid (or, later, the
 //! run failed), 2 usage (bad arguments, unreadable files), 130 cancelled.
 
+mod api;
 mod history;
 mod report;
 mod runs;
@@ -254,12 +255,20 @@ enum Command {
     /// Run the pipelines of a directory on their cron schedules (until Ctrl-C / SIGTERM,
     /// which lets the runs in flight finish).
     #[command(
-        after_help = "Examples:\n  drivetrain serve --pipelines pipelines/\n  drivetrain schedule list\n\nA tick is recorded before its run starts: a server killed and started again neither fires a tick twice nor loses one (within the schedule's `catchup`)."
+        after_help = "Examples:\n  drivetrain serve --pipelines pipelines/ --bind 127.0.0.1:8080\n  DRIVETRAIN_TOKEN=s3cret drivetrain serve --pipelines pipelines/ --bind 0.0.0.0:8080\n  curl -H 'Authorization: Bearer s3cret' localhost:8080/api/v1/runs\n  drivetrain schedule list\n\nA tick is recorded before its run starts: a server killed and started again neither fires a tick twice nor loses one (within the schedule's `catchup`)."
     )]
     Serve {
-        /// The directory of pipeline files; those with a `schedule:` run on it.
+        /// The directory of pipeline files; those with a `schedule:` run on it, all can be
+        /// submitted over the API.
         #[arg(long, value_name = "DIR")]
         pipelines: PathBuf,
+        /// Where the HTTP API listens (`127.0.0.1:0` picks a free port).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        bind: String,
+        /// The bearer token the API requires (also `DRIVETRAIN_TOKEN`); required to bind
+        /// anything but a loopback address.
+        #[arg(long)]
+        token: Option<String>,
         /// The most stage attempts at once, per run.
         #[arg(long)]
         parallelism: Option<usize>,
@@ -656,8 +665,19 @@ fn main() -> ExitCode {
         Command::Step { name } => step(&catalog, &name),
         Command::Serve {
             pipelines,
+            bind,
+            token,
             parallelism,
-        } => outcome(serve::serve(&catalog, &home, &pipelines, parallelism)),
+        } => outcome(serve::serve(
+            catalog,
+            &home,
+            serve::ServeArgs {
+                pipelines,
+                bind,
+                token,
+                parallelism,
+            },
+        )),
         Command::Schedule { command, output } => {
             outcome(serve::command(&home, command, output == Format::Json))
         }

@@ -1,5 +1,6 @@
-//! `drivetrain serve`: runs the pipelines of a directory on their cron schedules, and
-//! `drivetrain schedule …` to list, suspend, resume and trigger them.
+//! `drivetrain serve`: runs the pipelines of a directory on their cron schedules, serves
+//! the HTTP API ([`crate::api`]), and `drivetrain schedule …` to list, suspend, resume and
+//! trigger schedules from the command line.
 //!
 //! Every loop decides the due ticks of every schedule against the state store
 //! ([`drivetrain_engine::schedule::due`]): a tick is claimed (with its run id) before its
@@ -8,38 +9,113 @@
 //! started by the next loop. Runs execute in this process, on the local executor.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use drivetrain_engine::artifacts::ArtifactStore;
+use drivetrain_engine::executor::Executor;
 use drivetrain_engine::plan::Pipeline;
-use drivetrain_engine::runner::{self, RunOptions};
+use drivetrain_engine::runner::{self, RunEvent, RunOptions};
 use drivetrain_engine::schedule::{self, Decision, Ticker};
-use drivetrain_engine::state::{RunId, StateStore, TickRecord};
+use drivetrain_engine::state::{Phase, RunId, StateStore, TickRecord};
 use drivetrain_engine::Catalog;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::runs::{open_state, store_url};
 
-struct Scheduled {
+pub fn now_text() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// A histogram in Prometheus' cumulative form.
+#[derive(Debug)]
+pub struct Histogram {
+    buckets: &'static [f64],
+    counts: Mutex<(Vec<u64>, f64, u64)>,
+}
+
+impl Histogram {
+    fn new(buckets: &'static [f64]) -> Histogram {
+        Histogram {
+            buckets,
+            counts: Mutex::new((vec![0; buckets.len()], 0.0, 0)),
+        }
+    }
+
+    pub fn observe(&self, v: f64) {
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        for (i, b) in self.buckets.iter().enumerate() {
+            if v <= *b {
+                c.0[i] += 1;
+            }
+        }
+        c.1 += v;
+        c.2 += 1;
+    }
+
+    pub fn render(&self, out: &mut String, name: &str, help: &str) {
+        let c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} histogram\n"));
+        for (b, n) in self.buckets.iter().zip(&c.0) {
+            out.push_str(&format!("{name}_bucket{{le=\"{b}\"}} {n}\n"));
+        }
+        out.push_str(&format!(
+            "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}\n",
+            c.2, c.1, c.2
+        ));
+    }
+}
+
+const SECONDS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0,
+];
+
+/// What `/metrics` reports.
+#[derive(Debug)]
+pub struct Metrics {
+    pub ticks_fired: AtomicU64,
+    pub ticks_skipped: AtomicU64,
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
+    pub stage_seconds: Histogram,
+    pub transition_seconds: Histogram,
+    pub schedule_lag_seconds: Histogram,
+}
+
+/// A pipeline of the served directory.
+pub struct Loaded {
     pipeline: Arc<Pipeline>,
-    ticker: Ticker,
+    ticker: Option<Ticker>,
     file: PathBuf,
     digest: String,
 }
 
-fn now_text() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+/// Everything the scheduler loop and the API share.
+pub struct Server {
+    pub state: Arc<dyn StateStore>,
+    pub artifacts: ArtifactStore,
+    executor: Arc<dyn Executor>,
+    pub work_dir: PathBuf,
+    pipelines: BTreeMap<String, Loaded>,
+    cancels: Mutex<BTreeMap<RunId, tokio::sync::watch::Sender<bool>>>,
+    pub token: Option<String>,
+    pub metrics: Metrics,
+    parallelism: usize,
+    catalog: Catalog,
+    /// Set when shutting down: no new runs.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
-/// Every valid pipeline with a `schedule:` under `dir`, registered in the state store.
+/// Every valid pipeline under `dir`; those with a `schedule:` are registered.
 fn load(
     catalog: &Catalog,
     dir: &Path,
     state: &dyn StateStore,
-) -> anyhow::Result<BTreeMap<String, Scheduled>> {
+) -> anyhow::Result<BTreeMap<String, Loaded>> {
     let mut out = BTreeMap::new();
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", dir.display()))?
@@ -49,23 +125,24 @@ fn load(
     files.sort();
     for file in files {
         let source = std::fs::read_to_string(&file)?;
-        let validated = drivetrain_engine::validate(&source, catalog);
-        let Some(pipeline) = validated.pipeline else {
+        let Some(pipeline) = drivetrain_engine::validate(&source, catalog).pipeline else {
             eprintln!(
                 "skipping {}: it does not validate (see `drivetrain validate`)",
                 file.display()
             );
             continue;
         };
-        let Some(s) = &pipeline.schedule else {
-            continue;
-        };
-        let ticker = Ticker::new(s).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
         let abs = std::fs::canonicalize(&file)?;
-        state.upsert_schedule(&pipeline.name, &abs.display().to_string(), &now_text())?;
+        let ticker = match &pipeline.schedule {
+            Some(s) => {
+                state.upsert_schedule(&pipeline.name, &abs.display().to_string(), &now_text())?;
+                Some(Ticker::new(s).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?)
+            }
+            None => None,
+        };
         out.insert(
             pipeline.name.clone(),
-            Scheduled {
+            Loaded {
                 digest: crate::runs::digest(&source),
                 pipeline: Arc::new(pipeline),
                 ticker,
@@ -76,147 +153,353 @@ fn load(
     Ok(out)
 }
 
-/// `drivetrain serve --pipelines DIR`.
-pub fn serve(
-    catalog: &Catalog,
-    home: &Path,
-    dir: &Path,
-    parallelism: Option<usize>,
-) -> anyhow::Result<ExitCode> {
+/// Records a claimed tick for now that the server will start: `schedule trigger`.
+pub fn queue_manual_tick(state: &dyn StateStore, pipeline: &str) -> anyhow::Result<RunId> {
+    let at = chrono::Utc::now();
+    let run = schedule::tick_run_id(pipeline, at);
+    state.claim_tick(&TickRecord {
+        id: format!("{}+manual", schedule::tick_id(pipeline, at)),
+        pipeline: pipeline.to_owned(),
+        scheduled_time: at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        outcome: "fired".into(),
+        run_id: Some(run.0.clone()),
+        reason: Some("triggered by hand".into()),
+    })?;
+    Ok(run)
+}
+
+impl Server {
+    pub fn in_flight(&self) -> usize {
+        self.cancels.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Stops a run this server is running.
+    pub fn cancel(&self, run: &RunId) -> bool {
+        match self
+            .cancels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(run)
+        {
+            Some(tx) => {
+                let _ = tx.send(true);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Starts a run of a served pipeline.
+    pub fn submit_named(
+        self: &Arc<Self>,
+        name: &str,
+        overrides: &[(String, String)],
+    ) -> Result<RunId, String> {
+        let Some(l) = self.pipelines.get(name) else {
+            let names: Vec<&str> = self.pipelines.keys().map(String::as_str).collect();
+            return Err(format!(
+                "no pipeline `{name}`; this server has {}",
+                names.join(", ")
+            ));
+        };
+        let params = l
+            .pipeline
+            .resolve_params(overrides)
+            .map_err(|e| e.join("; "))?;
+        let id = RunId::generate(chrono::Utc::now());
+        self.start(
+            id.clone(),
+            l.pipeline.clone(),
+            params,
+            "api",
+            None,
+            &l.file.display().to_string(),
+            &l.digest,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(id)
+    }
+
+    /// Starts a run of a pipeline given as YAML.
+    pub fn submit_yaml(
+        self: &Arc<Self>,
+        yaml: &str,
+        overrides: &[(String, String)],
+    ) -> Result<RunId, String> {
+        let validated = drivetrain_engine::validate(yaml, &self.catalog);
+        let Some(pipeline) = validated.pipeline else {
+            let msgs: Vec<String> = validated
+                .diagnostics
+                .iter()
+                .map(|d| d.message.clone())
+                .collect();
+            return Err(format!(
+                "the pipeline does not validate: {}",
+                msgs.join("; ")
+            ));
+        };
+        let params = pipeline
+            .resolve_params(overrides)
+            .map_err(|e| e.join("; "))?;
+        let id = RunId::generate(chrono::Utc::now());
+        self.start(
+            id.clone(),
+            Arc::new(pipeline),
+            params,
+            "api",
+            None,
+            "<api>",
+            &crate::runs::digest(yaml),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(id)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        self: &Arc<Self>,
+        run: RunId,
+        pipeline: Arc<Pipeline>,
+        params: BTreeMap<String, Value>,
+        trigger: &str,
+        scheduled: Option<chrono::DateTime<chrono::Utc>>,
+        file: &str,
+        digest: &str,
+    ) -> anyhow::Result<()> {
+        if self.stopping.load(Ordering::SeqCst) {
+            anyhow::bail!("the server is shutting down");
+        }
+        if let Some(at) = scheduled {
+            let lag = (chrono::Utc::now() - at).num_milliseconds().max(0) as f64 / 1000.0;
+            self.metrics.schedule_lag_seconds.observe(lag);
+        }
+        let opts = RunOptions {
+            parallelism: self.parallelism,
+            fail_fast: false,
+            work_dir: self.work_dir.clone(),
+            file: file.to_owned(),
+            spec_digest: digest.to_owned(),
+            trigger: trigger.into(),
+            gpus: 0,
+            parent: None,
+            selection: None,
+            reuse: BTreeMap::new(),
+            overrides: json!({}),
+            cache: runner::CacheMode::default(),
+            scheduled_time: scheduled
+                .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+            step_command: crate::runs::step_command()?,
+        };
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        self.cancels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(run.clone(), tx);
+        let (events, mut drain) = tokio::sync::mpsc::unbounded_channel();
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut last = Instant::now();
+            while let Some(ev) = drain.recv().await {
+                match ev {
+                    RunEvent::Started { attempt: 1, .. } => {
+                        me.metrics
+                            .transition_seconds
+                            .observe(last.elapsed().as_secs_f64());
+                    }
+                    RunEvent::Finished {
+                        phase,
+                        reason,
+                        elapsed,
+                        ..
+                    } => {
+                        last = Instant::now();
+                        me.metrics.stage_seconds.observe(elapsed.as_secs_f64());
+                        match reason.as_deref() {
+                            Some(r) if r.starts_with("cached") => {
+                                me.metrics.cache_hits.fetch_add(1, Ordering::Relaxed)
+                            }
+                            _ if phase == Phase::Succeeded => {
+                                me.metrics.cache_misses.fetch_add(1, Ordering::Relaxed)
+                            }
+                            _ => 0,
+                        };
+                    }
+                    _ => {}
+                }
+            }
+        });
+        let fut = runner::run(
+            run.clone(),
+            pipeline,
+            params,
+            self.state.clone(),
+            self.artifacts.clone(),
+            self.executor.clone(),
+            opts,
+            None,
+            events,
+            rx,
+        );
+        let me = self.clone();
+        tokio::spawn(async move {
+            match fut.await {
+                Ok(s) => println!("run {run} {}", s.phase),
+                Err(e) => eprintln!("run {run}: {e}"),
+            }
+            me.cancels
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&run);
+        });
+        Ok(())
+    }
+
+    /// Decides and starts the due ticks of every schedule; returns how long to sleep.
+    fn tick(self: &Arc<Self>, now: chrono::DateTime<chrono::Utc>) -> anyhow::Result<Duration> {
+        for (name, l) in &self.pipelines {
+            let (Some(ticker), Some(sched)) = (&l.ticker, &l.pipeline.schedule) else {
+                continue;
+            };
+            for d in schedule::due(self.state.as_ref(), name, sched, ticker, now)? {
+                match d {
+                    Decision::Skip { at, reason } => {
+                        self.metrics.ticks_skipped.fetch_add(1, Ordering::Relaxed);
+                        println!("tick {}: skipped ({reason})", schedule::tick_id(name, at));
+                    }
+                    Decision::Fire { at, run, replace } => {
+                        self.metrics.ticks_fired.fetch_add(1, Ordering::Relaxed);
+                        for r in &replace {
+                            if self.cancel(r) {
+                                println!("tick {}: replacing run {r}", schedule::tick_id(name, at));
+                            }
+                        }
+                        println!("tick {}: run {run}", schedule::tick_id(name, at));
+                        let params = l
+                            .pipeline
+                            .resolve_params(&[])
+                            .map_err(|e| anyhow::anyhow!(e.join("; ")))?;
+                        self.start(
+                            run,
+                            l.pipeline.clone(),
+                            params,
+                            "schedule",
+                            Some(at),
+                            &l.file.display().to_string(),
+                            &l.digest,
+                        )?;
+                    }
+                }
+            }
+        }
+        // Until the next tick, but at most a second: suspends, resumes and triggers made
+        // elsewhere are seen within it.
+        let next = self
+            .pipelines
+            .values()
+            .filter_map(|l| l.ticker.as_ref()?.next_after(now))
+            .min()
+            .map(|t| (t - chrono::Utc::now()).to_std().unwrap_or_default())
+            .unwrap_or(Duration::from_secs(1));
+        Ok(next.min(Duration::from_secs(1)))
+    }
+}
+
+/// `drivetrain serve`'s options.
+pub struct ServeArgs {
+    pub pipelines: PathBuf,
+    pub bind: String,
+    pub token: Option<String>,
+    pub parallelism: Option<usize>,
+}
+
+/// `drivetrain serve --pipelines DIR --bind ADDR`.
+pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let addr: SocketAddr = args
+        .bind
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--bind {}: {e}", args.bind))?;
+    let token = args
+        .token
+        .or_else(|| std::env::var("DRIVETRAIN_TOKEN").ok())
+        .filter(|t| !t.is_empty());
+    if !addr.ip().is_loopback() && token.is_none() {
+        eprintln!("error: refusing to serve on {addr} without a token: set --token or DRIVETRAIN_TOKEN, or bind a loopback address");
+        return Ok(ExitCode::from(2));
+    }
     let state: Arc<dyn StateStore> = Arc::new(open_state(home)?);
-    let scheduled = load(catalog, dir, state.as_ref())?;
-    if scheduled.is_empty() {
+    let pipelines = load(&catalog, &args.pipelines, state.as_ref())?;
+    if pipelines.is_empty() {
         eprintln!(
-            "error: no pipeline under {} has a `schedule:`",
-            dir.display()
+            "error: no valid pipeline under {}",
+            args.pipelines.display()
         );
         return Ok(ExitCode::from(2));
     }
-    let url = store_url(None, home)?;
-    let artifacts = ArtifactStore::open(&url)?;
-    let executor = drivetrain_plugins::executor("local").map_err(|e| anyhow::anyhow!(e))?;
-    let work_dir = std::fs::canonicalize(home)?.join("work");
-    for (name, s) in &scheduled {
-        let sched = s
-            .pipeline
-            .schedule
-            .as_ref()
-            .expect("loaded with a schedule");
-        println!(
-            "schedule {name}: `{}` {} ({})",
-            sched.cron,
-            sched.timezone,
-            s.ticker
+    let server = Arc::new(Server {
+        artifacts: ArtifactStore::open(&store_url(None, home)?)?,
+        executor: drivetrain_plugins::executor("local").map_err(|e| anyhow::anyhow!(e))?,
+        work_dir: std::fs::canonicalize(home)?.join("work"),
+        pipelines,
+        cancels: Mutex::new(BTreeMap::new()),
+        token,
+        metrics: Metrics {
+            ticks_fired: AtomicU64::new(0),
+            ticks_skipped: AtomicU64::new(0),
+            cache_hits: AtomicU64::new(0),
+            cache_misses: AtomicU64::new(0),
+            stage_seconds: Histogram::new(SECONDS),
+            transition_seconds: Histogram::new(SECONDS),
+            schedule_lag_seconds: Histogram::new(SECONDS),
+        },
+        parallelism: args.parallelism.unwrap_or(2),
+        catalog,
+        stopping: std::sync::atomic::AtomicBool::new(false),
+        state,
+    });
+    for (name, l) in &server.pipelines {
+        if let (Some(t), Some(s)) = (&l.ticker, &l.pipeline.schedule) {
+            let next = t
                 .next_after(chrono::Utc::now())
-                .map(|t| format!("next {t}"))
-                .unwrap_or_else(|| "no next tick".into())
-        );
+                .map(|t| t.to_rfc3339())
+                .unwrap_or_else(|| "never".into());
+            println!("schedule {name}: `{}` {} (next {next})", s.cron, s.timezone);
+        }
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let mut cancels: BTreeMap<RunId, tokio::sync::watch::Sender<bool>> = BTreeMap::new();
-        let mut tasks = tokio::task::JoinSet::new();
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        println!("listening on http://{}", listener.local_addr()?);
+        let app = crate::api::router(server.clone());
+        let (stop_http, stopped) = tokio::sync::oneshot::channel::<()>();
+        let http = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         loop {
-            let now = chrono::Utc::now();
-            for (name, s) in &scheduled {
-                let sched = s
-                    .pipeline
-                    .schedule
-                    .as_ref()
-                    .expect("loaded with a schedule");
-                for d in schedule::due(state.as_ref(), name, sched, &s.ticker, now)? {
-                    match d {
-                        Decision::Skip { at, reason } => {
-                            println!("tick {}: skipped ({reason})", schedule::tick_id(name, at))
-                        }
-                        Decision::Fire { at, run, replace } => {
-                            for r in &replace {
-                                if let Some(tx) = cancels.get(r) {
-                                    println!(
-                                        "tick {}: replacing run {r}",
-                                        schedule::tick_id(name, at)
-                                    );
-                                    let _ = tx.send(true);
-                                }
-                            }
-                            println!("tick {}: run {run}", schedule::tick_id(name, at));
-                            let params = s
-                                .pipeline
-                                .resolve_params(&[])
-                                .map_err(|e| anyhow::anyhow!(e.join("; ")))?;
-                            let opts = RunOptions {
-                                parallelism: parallelism.unwrap_or(2),
-                                fail_fast: false,
-                                work_dir: work_dir.clone(),
-                                file: s.file.display().to_string(),
-                                spec_digest: s.digest.clone(),
-                                trigger: "schedule".into(),
-                                gpus: 0,
-                                parent: None,
-                                selection: None,
-                                reuse: BTreeMap::new(),
-                                overrides: json!({}),
-                                cache: runner::CacheMode::default(),
-                                scheduled_time: Some(
-                                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                                ),
-                                step_command: crate::runs::step_command()?,
-                            };
-                            let (tx, rx) = tokio::sync::watch::channel(false);
-                            cancels.insert(run.clone(), tx);
-                            let (events, mut drain) = tokio::sync::mpsc::unbounded_channel();
-                            tokio::spawn(async move { while drain.recv().await.is_some() {} });
-                            let fut = runner::run(
-                                run.clone(),
-                                s.pipeline.clone(),
-                                params,
-                                state.clone(),
-                                artifacts.clone(),
-                                executor.clone(),
-                                opts,
-                                None,
-                                events,
-                                rx,
-                            );
-                            tasks.spawn(async move { (run, fut.await) });
-                        }
-                    }
-                }
-            }
-            // Sleep until the next tick, but look again every second for suspends,
-            // resumes and triggers made from the command line.
-            let next = scheduled
-                .values()
-                .filter_map(|s| s.ticker.next_after(now))
-                .min()
-                .map(|t| (t - chrono::Utc::now()).to_std().unwrap_or_default())
-                .unwrap_or(Duration::from_secs(1))
-                .min(Duration::from_secs(1));
+            let wait = server.tick(chrono::Utc::now())?;
             tokio::select! {
-                _ = tokio::time::sleep(next) => {}
-                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
-                    if let Ok((run, result)) = done {
-                        cancels.remove(&run);
-                        match result {
-                            Ok(s) => println!("run {run} {}", s.phase),
-                            Err(e) => eprintln!("run {run}: {e}"),
-                        }
-                    }
-                }
+                _ = tokio::time::sleep(wait) => {}
                 _ = tokio::signal::ctrl_c() => break,
                 _ = term.recv() => break,
             }
         }
-        // Graceful: no new ticks; the runs in flight finish and are recorded.
-        println!("stopping: waiting for {} run(s) in flight", tasks.len());
-        while let Some(done) = tasks.join_next().await {
-            if let Ok((run, Ok(s))) = done {
-                println!("run {run} {}", s.phase);
-            }
+        // Graceful: no new ticks or submissions; the runs in flight finish and are recorded.
+        server.stopping.store(true, Ordering::SeqCst);
+        println!(
+            "stopping: waiting for {} run(s) in flight",
+            server.in_flight()
+        );
+        while server.in_flight() > 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        let _ = stop_http.send(());
+        let _ = http.await;
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
@@ -280,18 +563,7 @@ pub fn command(
                 eprintln!("error: no schedule `{pipeline}`");
                 return Ok(ExitCode::from(2));
             }
-            // A claimed tick whose run does not exist yet: the server starts it.
-            let at = chrono::Utc::now();
-            let run = schedule::tick_run_id(&pipeline, at);
-            let tick = TickRecord {
-                id: format!("{}+manual", schedule::tick_id(&pipeline, at)),
-                pipeline: pipeline.clone(),
-                scheduled_time: at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                outcome: "fired".into(),
-                run_id: Some(run.0.clone()),
-                reason: Some("triggered by hand".into()),
-            };
-            state.claim_tick(&tick)?;
+            let run = queue_manual_tick(&state, &pipeline)?;
             println!("{pipeline}: run {run} queued; the server starts it within a second");
         }
     }

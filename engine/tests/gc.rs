@@ -220,6 +220,7 @@ async fn check(runs: Vec<RunSpec>, cache: Vec<(usize, bool)>) {
             );
         }
     }
+    let _ = std::fs::remove_dir_all(&scratch);
 }
 
 fn tempdir() -> std::path::PathBuf {
