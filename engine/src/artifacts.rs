@@ -536,17 +536,14 @@ impl ArtifactStore {
         Ok(keys)
     }
 
+    /// Every object key under `prefix`, sorted.
     pub async fn list(&self, prefix: &str) -> Result<Vec<String>, ArtifactError> {
-        let p = Path::from(prefix);
-        let metas: Vec<_> = self
-            .store
-            .list(Some(&p))
-            .try_collect()
-            .await
-            .map_err(store_err(format!("list {prefix}")))?;
-        let mut keys: Vec<String> = metas.into_iter().map(|m| m.location.to_string()).collect();
-        keys.sort();
-        Ok(keys)
+        Ok(self
+            .list_sizes(prefix)
+            .await?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect())
     }
 }
 
