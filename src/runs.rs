@@ -220,6 +220,14 @@ fn drive(d: Drive) -> anyhow::Result<ExitCode> {
         json,
     } = d;
     let state = services.state.clone();
+    // The last stage in plan order, and where its attempts' logs are: the run ends by
+    // quoting the last stage that succeeded (what the pipeline concluded).
+    let order: Vec<String> = pipeline
+        .order
+        .iter()
+        .map(|id| pipeline.stage(*id).name.clone())
+        .collect();
+    let work_dir = opts.work_dir.clone();
     let deadline_hit = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let hit = deadline_hit.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -293,6 +301,9 @@ fn drive(d: Drive) -> anyhow::Result<ExitCode> {
             }))?
         );
     } else {
+        if let Some(line) = conclusion(state.as_ref(), &summary.id, &order, &work_dir) {
+            println!("{line}");
+        }
         println!("run {} {}", summary.id, summary.phase);
     }
     Ok(match summary.phase {
@@ -300,6 +311,33 @@ fn drive(d: Drive) -> anyhow::Result<ExitCode> {
         Phase::Cancelled => ExitCode::from(EXIT_CANCELLED),
         _ => ExitCode::from(1),
     })
+}
+
+/// The last line the last succeeded stage (in plan order) printed, if it executed in this
+/// run: for the driving loop, what was promoted and why, or why the gate failed.
+fn conclusion(
+    state: &dyn StateStore,
+    run: &RunId,
+    order: &[String],
+    work: &Path,
+) -> Option<String> {
+    let stages = state.stages(run).ok()?;
+    let last = order.iter().rev().find_map(|name| {
+        stages.iter().find(|s| {
+            &s.stage == name
+                && s.phase == Phase::Succeeded
+                && s.how.origin == "ran"
+                && s.attempts > 0
+        })
+    })?;
+    let log = work
+        .join(&run.0)
+        .join(&last.stage)
+        .join(last.attempts.to_string())
+        .join("log.txt");
+    let text = std::fs::read_to_string(log).ok()?;
+    let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
+    Some(format!("{}: {line}", last.stage))
 }
 
 /// Whether process `pid` exists.

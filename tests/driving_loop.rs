@@ -23,6 +23,12 @@ fn the_driving_loop_closes() {
         text(&o.stderr)
     );
     let first = run_id(&o);
+    // The run ends by quoting what the loop concluded.
+    assert!(
+        text(&o.stdout).contains("promote: promoted risk-model version 1 to `production`"),
+        "{}",
+        text(&o.stdout)
+    );
     let st = home.status(&first);
     for s in [
         "fleet-sim",
