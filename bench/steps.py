@@ -107,7 +107,7 @@ for name in sorted(os.listdir(src)):
 
 
 def ingest(b, drives, minutes):
-    with tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "target")) as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
         logs = os.path.join(tmp, "logs")
         cfg = {"drives": drives, "duration": f"{minutes}m", "rate_hz": 20, "seed": 1,
                "events": {"hard_brake": 1, "cut_in": 1, "pedestrian_close_call": 1, "low_lane_confidence": 1}}
@@ -180,7 +180,7 @@ def mine(b, sizes):
     print("\n| mine: 4 reference rules | frames | wall | rows/s | peak RSS | DataFusion ÷ DuckDB rows/s |")
     print("|---|---:|---:|---:|---:|---:|")
     for n in sizes:
-        with tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "target")) as tmp:
+        with tempfile.TemporaryDirectory() as tmp:
             frames = os.path.join(tmp, "frames")
             os.makedirs(frames)
             duckdb.connect().execute(GEN_SQL.format(n=n, per=36000, path=os.path.join(frames, "part-0.parquet")))
