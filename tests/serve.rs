@@ -14,7 +14,7 @@ use common::{text, Home};
 
 fn start(home: &Home) -> Child {
     Command::new(env!("CARGO_BIN_EXE_drivetrain"))
-        .args(["serve", "--pipelines", "scheduled"])
+        .args(["serve", "--pipelines", "scheduled", "--bind", "127.0.0.1:0"])
         .current_dir(&home.dir)
         .env_remove("DRIVETRAIN_HOME")
         .stdout(Stdio::null())
