@@ -330,19 +330,17 @@ pub async fn run(
         // A rerun or retry records what it takes from its parent as this run's own.
         let taken = match (prior.contains_key(name), ctx.opts.reuse.get(name)) {
             (false, Some(r)) => {
-                state.set_provenance(&ctx.run.id, name, &r.provenance)?;
-                state.set_stage(&ctx.run.id, name, Phase::Succeeded, None, None)?;
-                let outputs_json = serde_json::to_value(&r.outputs).unwrap_or_default();
-                state.set_stage_results(&ctx.run.id, name, &outputs_json, &r.values)?;
-                let _ = ctx.events.send(RunEvent::Finished {
-                    stage: name.clone(),
-                    phase: Phase::Succeeded,
-                    reason: Some(format!(
-                        "reused from run {}",
-                        r.provenance.origin_run.as_deref().unwrap_or("?")
-                    )),
-                    elapsed: Duration::ZERO,
-                });
+                let from = r.provenance.origin_run.as_deref().unwrap_or("?");
+                let reason = format!("reused from run {from}");
+                record_taken(
+                    &ctx,
+                    name,
+                    &r.provenance,
+                    &r.outputs,
+                    &r.values,
+                    reason,
+                    Duration::ZERO,
+                )?;
                 Some((r.outputs.clone(), r.values.clone()))
             }
             _ => None,
@@ -773,22 +771,16 @@ async fn execute(
         if let Ok(hit) = found {
             provenance.origin = "cached".into();
             provenance.origin_run = Some(hit.run_id.clone());
-            ctx.state
-                .set_provenance(&ctx.run.id, &stage.name, &provenance)?;
-            ctx.state
-                .set_stage(&ctx.run.id, &stage.name, Phase::Succeeded, None, None)?;
-            ctx.state.set_stage_results(
-                &ctx.run.id,
+            let reason = format!("cached (from run {})", hit.run_id);
+            record_taken(
+                ctx,
                 &stage.name,
-                &hit.outputs_json,
+                &provenance,
+                &hit.outputs,
                 &hit.values,
+                reason,
+                started.elapsed(),
             )?;
-            let _ = ctx.events.send(RunEvent::Finished {
-                stage: stage.name.clone(),
-                phase: Phase::Succeeded,
-                reason: Some(format!("cached (from run {})", hit.run_id)),
-                elapsed: started.elapsed(),
-            });
             return Ok(StageResult {
                 phase: Phase::Succeeded,
                 outputs: hit.outputs,
@@ -874,6 +866,33 @@ async fn execute(
         outputs: end.outputs,
         values: end.values,
     })
+}
+
+/// Records a stage that ends with outputs it did not make (a cache hit, a rerun's
+/// reuse): how it came by them, the outputs, then the phase, so a stage recorded as
+/// succeeded always has its outputs.
+fn record_taken(
+    ctx: &Ctx,
+    stage: &str,
+    provenance: &Provenance,
+    outputs: &BTreeMap<String, ArtifactRef>,
+    values: &Value,
+    reason: String,
+    elapsed: Duration,
+) -> Result<(), RunError> {
+    let outputs_json = serde_json::to_value(outputs).unwrap_or_default();
+    ctx.state.set_provenance(&ctx.run.id, stage, provenance)?;
+    ctx.state
+        .set_stage_results(&ctx.run.id, stage, &outputs_json, values)?;
+    ctx.state
+        .set_stage(&ctx.run.id, stage, Phase::Succeeded, None, None)?;
+    let _ = ctx.events.send(RunEvent::Finished {
+        stage: stage.to_owned(),
+        phase: Phase::Succeeded,
+        reason: Some(reason),
+        elapsed,
+    });
+    Ok(())
 }
 
 /// Whether a stage's outputs may come from the cache, or why not.
@@ -1017,7 +1036,6 @@ fn key_parts(
 struct Hit {
     run_id: String,
     outputs: BTreeMap<String, ArtifactRef>,
-    outputs_json: Value,
     values: Value,
 }
 
@@ -1065,7 +1083,6 @@ async fn cache_hit(ctx: &Ctx, stage: &Stage, key: &str) -> Result<Result<Hit, St
     Ok(Ok(Hit {
         run_id: entry.run_id,
         outputs,
-        outputs_json: entry.outputs,
         values: entry.values,
     }))
 }

@@ -551,8 +551,21 @@ impl SqliteState {
     fn init(conn: Connection) -> Result<Self, StateError> {
         conn.busy_timeout(std::time::Duration::from_secs(10))
             .map_err(sql("set busy timeout"))?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(sql("enable WAL"))?;
+        // Switching to WAL can answer SQLITE_BUSY without calling the busy handler while
+        // another process opens the same new file: try again for as long as the timeout.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match conn.pragma_update(None, "journal_mode", "WAL") {
+                Ok(()) => break,
+                Err(rusqlite::Error::SqliteFailure(e, _))
+                    if e.code == rusqlite::ErrorCode::DatabaseBusy
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(e) => return Err(sql("enable WAL")(e)),
+            }
+        }
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(sql("set synchronous"))?;
         conn.pragma_update(None, "foreign_keys", "ON")

@@ -179,13 +179,9 @@ pub fn scan(
                 ),
             ));
         }
+        // Messages never follow the data section: the summary is not needed.
         if op == OP_FOOTER || op == OP_DATA_END {
-            end.complete = op == OP_FOOTER || end.complete;
-            if op == OP_DATA_END {
-                // Messages never follow the data section; the summary is not needed.
-                end.complete = true;
-                break;
-            }
+            end.complete = true;
             break;
         }
         body.resize(len as usize, 0);
