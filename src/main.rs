@@ -4,6 +4,7 @@
 //! run failed), 2 usage (bad arguments, unreadable files), 130 cancelled.
 
 mod api;
+mod exec;
 mod history;
 mod report;
 mod runs;
@@ -244,6 +245,17 @@ enum Command {
         after_help = "Reads DRIVETRAIN_STEP_CONFIG (the rendered `with:` block as JSON), DRIVETRAIN_INPUT_<NAME>, DRIVETRAIN_OUTPUT_<NAME>, DRIVETRAIN_VALUES and, when distributed, RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.\n\nExample:\n  DRIVETRAIN_STEP_CONFIG='{\"drives\": 2}' DRIVETRAIN_OUTPUT_LOGS=out DRIVETRAIN_VALUES=values.json drivetrain step fleet-sim"
     )]
     Step { name: String },
+    /// The wrapper around a stage's command in a pod: fetch inputs, run, upload outputs
+    /// (what the kubernetes executor starts; not for people).
+    #[command(hide = true)]
+    Exec {
+        /// Copy this binary into DIR and exit (the pod's init container).
+        #[arg(long, value_name = "DIR", conflicts_with = "command")]
+        install: Option<PathBuf>,
+        /// The command and its arguments.
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
     /// The model registry in the artifact store: models, versions, aliases, history.
     #[command(
         after_help = "Examples:\n  drivetrain registry list\n  drivetrain registry show risk-model@production\n  drivetrain registry history risk-model\n  drivetrain registry alias risk-model production 3\n  drivetrain registry rollback risk-model production"
@@ -663,6 +675,10 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Step { name } => step(&catalog, &name),
+        Command::Exec { install, command } => outcome(match install {
+            Some(dir) => exec::install(&dir),
+            None => exec::exec(&command),
+        }),
         Command::Serve {
             pipelines,
             bind,

@@ -480,17 +480,67 @@ impl ArtifactStore {
 
     /// Reads an attempt's stored log, if there is one.
     pub async fn log(&self, attempt: &AttemptKey) -> Result<Option<Vec<u8>>, ArtifactError> {
-        let key = Path::from(format!("{}/log.txt", attempt.prefix()));
+        self.get_optional(&format!("{}/log.txt", attempt.prefix()))
+            .await
+    }
+
+    /// Stores the `values.json` an attempt wrote away from the engine (in a pod).
+    pub async fn put_values(
+        &self,
+        attempt: &AttemptKey,
+        bytes: Vec<u8>,
+    ) -> Result<(), ArtifactError> {
+        let key = format!("{}/values.json", attempt.prefix());
+        self.store
+            .put(&Path::from(key.as_str()), PutPayload::from(bytes))
+            .await
+            .map_err(store_err(format!("write {key}")))?;
+        Ok(())
+    }
+
+    /// The `values.json` stored by [`ArtifactStore::put_values`], if any.
+    pub async fn values(&self, attempt: &AttemptKey) -> Result<Option<Vec<u8>>, ArtifactError> {
+        self.get_optional(&format!("{}/values.json", attempt.prefix()))
+            .await
+    }
+
+    async fn get_optional(&self, key: &str) -> Result<Option<Vec<u8>>, ArtifactError> {
+        let key = Path::from(key);
         match self.store.get(&key).await {
             Ok(r) => Ok(Some(
                 r.bytes()
                     .await
-                    .map_err(store_err(format!("read log {key}")))?
+                    .map_err(store_err(format!("read {key}")))?
                     .to_vec(),
             )),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(store_err(format!("read log {key}"))(e)),
+            Err(e) => Err(store_err(format!("read {key}"))(e)),
         }
+    }
+
+    /// Uploads the files under `dir` to where output `output` of `attempt` lives, with
+    /// no manifest: what `drivetrain exec` does in a pod. The engine then publishes the
+    /// listing ([`ArtifactStore::publish_listing`]), so nothing refers to the objects
+    /// until the attempt has succeeded. Returns how many files were uploaded.
+    pub async fn upload_dir(
+        &self,
+        attempt: &AttemptKey,
+        output: &str,
+        dir: &FsPath,
+    ) -> Result<usize, ArtifactError> {
+        let prefix = format!("{}/{}", attempt.prefix(), output);
+        let mut files = Vec::new();
+        collect_files(dir, dir, output, &mut files)?;
+        for rel in &files {
+            let key =
+                Path::parse(format!("{prefix}/{rel}")).map_err(|_| ArtifactError::InvalidKey {
+                    output: output.to_owned(),
+                    path: rel.clone(),
+                    why: "not a valid object key",
+                })?;
+            self.put_file(&dir.join(rel), &key).await?;
+        }
+        Ok(files.len())
     }
 
     /// Every key under `prefix` (for tests and garbage collection).

@@ -10,7 +10,8 @@ use std::path::PathBuf;
 
 use async_trait::async_trait;
 
-use crate::plan::Distributed;
+use crate::plan::{Distributed, Resources};
+use crate::spec::{SecretRef, SnapshotSpec, Toleration, VolumeSpec};
 
 /// Everything an executor needs to run one attempt.
 #[derive(Debug, Clone)]
@@ -35,6 +36,61 @@ pub struct AttemptSpec {
     /// link. An executor that cannot enforce this runs the attempt anyway; the run loop
     /// still verifies every input against its manifest afterwards.
     pub access: Vec<PathAccess>,
+    /// Where and with what the attempt runs on a cluster; the local executor reads only
+    /// what it can honour (none of it today but GPUs, which the run loop assigns).
+    pub placement: Placement,
+}
+
+/// The parts of a stage that say where it runs on a cluster, rendered for one attempt.
+#[derive(Debug, Clone, Default)]
+pub struct Placement {
+    pub pipeline: String,
+    /// The map item this attempt runs, if any.
+    pub item: Option<usize>,
+    /// The container image (`run.image`, else `defaults.image`).
+    pub image: Option<String>,
+    pub resources: Resources,
+    pub volumes: Vec<VolumeSpec>,
+    /// Secret references; on a cluster `env` entries become `secretKeyRef`s.
+    pub secrets: Vec<SecretRef>,
+    pub node_selector: std::collections::BTreeMap<String, String>,
+    pub tolerations: Vec<Toleration>,
+    pub snapshot: Option<SnapshotSpec>,
+    /// The stage's timeout (the run loop enforces it too).
+    pub timeout: Option<std::time::Duration>,
+}
+
+/// What `drivetrain exec` does around a stage's command in a pod (the
+/// `DRIVETRAIN_EXEC_PLAN` environment variable, JSON): fetch the inputs from the store,
+/// run the command, and if it succeeded upload the outputs and `values.json` to the
+/// attempt's prefix. The engine publishes the outputs' listings after the pod succeeded.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExecPlan {
+    /// The artifact store's URL.
+    pub store: String,
+    pub run: String,
+    /// The attempt's stage key (`stage`, or `stage/items/<i>` for a map item).
+    pub stage: String,
+    pub attempt: u32,
+    pub inputs: Vec<ExecInput>,
+    pub outputs: Vec<ExecOutput>,
+    /// Where the command writes its values.
+    pub values: PathBuf,
+}
+
+/// An input `drivetrain exec` fetches.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExecInput {
+    pub name: String,
+    pub artifact: crate::artifacts::ArtifactRef,
+    pub dest: PathBuf,
+}
+
+/// An output directory `drivetrain exec` uploads.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExecOutput {
+    pub name: String,
+    pub dir: PathBuf,
 }
 
 /// One entry of [`AttemptSpec::access`].
@@ -87,6 +143,13 @@ pub trait Executor: Send + Sync {
     /// Stops an attempt an engine that is gone left behind, found by the handle it
     /// recorded. Returns whether anything was still running.
     async fn reap(&self, handle: &str) -> bool;
+    /// Where stages see their files when they run away from the engine's file system (in
+    /// a pod): `Some(root)` makes the run loop hand the attempt paths under `root` and a
+    /// transfer plan (`DRIVETRAIN_EXEC_PLAN`) that the wrapper, `drivetrain exec`, carries
+    /// out: inputs are fetched from the store, outputs and `values.json` uploaded to it.
+    fn container_root(&self) -> Option<PathBuf> {
+        None
+    }
 }
 
 /// The conformance suite every [`Executor`]'s tests call: the guarantees the run loop
@@ -109,6 +172,7 @@ pub mod conformance {
             log: dir.join(format!("{name}.log")),
             distributed: None,
             access: Vec::new(),
+            placement: Placement::default(),
         }
     }
 

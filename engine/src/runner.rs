@@ -1481,22 +1481,28 @@ async fn run_attempt(
     key: &AttemptKey,
     upstream: &BTreeMap<StageId, StageResult>,
 ) -> Result<AttemptEnd, String> {
+    // An executor that runs stages away from this file system (in a pod) gets paths
+    // under its root and a transfer plan for `drivetrain exec`.
+    let remote = ctx.executor.container_root();
     let (argv, workdir, step_config) = match &stage.action {
         Action::Command { argv, workdir, .. } => (argv.clone(), workdir.clone(), None),
         // A built-in step runs as `drivetrain step NAME`, the same contract as in a
         // container: the rendered config in the environment.
         Action::Step { name, config, .. } => {
-            let mut argv: Vec<Template> = ctx
-                .opts
-                .step_command
-                .iter()
+            let command = match &remote {
+                Some(root) => vec![
+                    root.join("bin/drivetrain").display().to_string(),
+                    "step".into(),
+                ],
+                None => ctx.opts.step_command.clone(),
+            };
+            let argv: Vec<Template> = command
+                .into_iter()
+                .chain([name.clone()])
                 .map(|a| Template {
-                    parts: vec![crate::template::Part::Lit(a.clone())],
+                    parts: vec![crate::template::Part::Lit(a)],
                 })
                 .collect();
-            argv.push(Template {
-                parts: vec![crate::template::Part::Lit(name.clone())],
-            });
             (argv, None, Some(config))
         }
     };
@@ -1507,13 +1513,20 @@ async fn run_attempt(
         .join(&key.stage)
         .join(key.attempt.to_string());
     let _ = std::fs::remove_dir_all(&dir);
-    let inputs_dir = dir.join("inputs");
-    let outputs_dir = dir.join("outputs");
     let mk = |p: &Path| {
         std::fs::create_dir_all(p).map_err(|e| format!("cannot create {}: {e}", p.display()))
     };
-    mk(&inputs_dir)?;
-    mk(&outputs_dir)?;
+    mk(&dir)?;
+    let (inputs_dir, outputs_dir) = match &remote {
+        Some(root) => (root.join("inputs"), root.join("outputs")),
+        None => {
+            let (i, o) = (dir.join("inputs"), dir.join("outputs"));
+            mk(&i)?;
+            mk(&o)?;
+            (i, o)
+        }
+    };
+    let mut exec_inputs = Vec::new();
     let mut input_paths = BTreeMap::new();
     for input in &stage.inputs {
         let producer = upstream.get(&input.stage);
@@ -1528,9 +1541,17 @@ async fn run_attempt(
             }
             Some(art) => {
                 let dest = inputs_dir.join(&input.name);
-                ctx.artifacts.materialize(art, &dest).await.map_err(|e| {
-                    format!("cannot materialize input `{}`: {}", input.name, chain(&e))
-                })?;
+                if remote.is_some() {
+                    exec_inputs.push(crate::executor::ExecInput {
+                        name: input.name.clone(),
+                        artifact: art.clone(),
+                        dest: dest.clone(),
+                    });
+                } else {
+                    ctx.artifacts.materialize(art, &dest).await.map_err(|e| {
+                        format!("cannot materialize input `{}`: {}", input.name, chain(&e))
+                    })?;
+                }
                 input_paths.insert(input.name.clone(), dest.display().to_string());
             }
             // An optional input whose producer was skipped is absent; so is any input of
@@ -1541,6 +1562,7 @@ async fn run_attempt(
             None => return Err(format!("input `{}` has no artifact", input.name)),
         }
     }
+    let mut exec_outputs = Vec::new();
     let mut output_paths = BTreeMap::new();
     for o in &stage.outputs {
         if o.mode == IoMode::Url {
@@ -1552,13 +1574,23 @@ async fn run_attempt(
             continue;
         }
         let p = outputs_dir.join(&o.name);
-        mk(&p)?;
+        if remote.is_some() {
+            exec_outputs.push(crate::executor::ExecOutput {
+                name: o.name.clone(),
+                dir: p.clone(),
+            });
+        } else {
+            mk(&p)?;
+        }
         output_paths.insert(o.name.clone(), p.display().to_string());
     }
-    let values_path = dir.join("values.json");
-    let item = match track {
-        Track::Item { item, .. } => Some(item),
-        Track::Stage => None,
+    let values_path = match &remote {
+        Some(root) => root.join("values.json"),
+        None => dir.join("values.json"),
+    };
+    let (item, item_index) = match track {
+        Track::Item { item, index } => (Some(item), Some(index)),
+        Track::Stage => (None, None),
     };
     let render = |t: &Template| -> String {
         t.render(|r| match r {
@@ -1629,14 +1661,21 @@ async fn run_attempt(
             art.digest,
         ));
     }
-    // Kept across the attempts of this stage (and items) in this run: checkpoints.
-    let checkpoints = ctx
-        .opts
-        .work_dir
-        .join(&key.run)
-        .join(&key.stage)
-        .join("checkpoints");
-    mk(&checkpoints)?;
+    // Kept across the attempts of this stage (and items) in this run: checkpoints. (In a
+    // pod they live as long as the pod: a volume keeps them across attempts there.)
+    let checkpoints = match &remote {
+        Some(root) => root.join("checkpoints"),
+        None => {
+            let c = ctx
+                .opts
+                .work_dir
+                .join(&key.run)
+                .join(&key.stage)
+                .join("checkpoints");
+            mk(&c)?;
+            c
+        }
+    };
     env.push((
         "DRIVETRAIN_CHECKPOINTS".into(),
         checkpoints.display().to_string(),
@@ -1653,7 +1692,9 @@ async fn run_attempt(
     for (k, t) in &stage.env {
         env.push((k.clone(), render(t)));
     }
-    for s in &stage.secrets {
+    // On a cluster secrets come from Secret objects the executor references; here from
+    // the engine's environment.
+    for s in stage.secrets.iter().filter(|_| remote.is_none()) {
         if let (Some(var), Some(k)) = (&s.env, &s.key) {
             let source = format!(
                 "DRIVETRAIN_SECRET_{}_{}",
@@ -1672,9 +1713,26 @@ async fn run_attempt(
             }
         }
     }
-    let cwd = match &workdir {
-        Some(w) => PathBuf::from(render(w)),
-        None => dir.clone(),
+    if remote.is_some() {
+        let plan = crate::executor::ExecPlan {
+            store: ctx.artifacts.url().to_owned(),
+            run: key.run.clone(),
+            stage: key.stage.clone(),
+            attempt: key.attempt,
+            inputs: exec_inputs,
+            outputs: exec_outputs,
+            values: values_path.clone(),
+        };
+        env.push((
+            "DRIVETRAIN_EXEC_PLAN".into(),
+            serde_json::to_string(&plan).unwrap_or_default(),
+        ));
+    }
+    // In a pod, no `workdir` means the image's own.
+    let cwd = match (&workdir, &remote) {
+        (Some(w), _) => PathBuf::from(render(w)),
+        (None, Some(_)) => PathBuf::new(),
+        (None, None) => dir.clone(),
     };
     let log = dir.join("log.txt");
     // The engine's home and the store are read-only for the stage; its own directory and
@@ -1718,6 +1776,18 @@ async fn run_attempt(
         }
     }
     access.push(ro(&inputs_dir));
+    let placement = crate::executor::Placement {
+        pipeline: ctx.pipeline.name.clone(),
+        item: item_index,
+        image: stage.image.as_ref().map(render),
+        resources: stage.resources.clone(),
+        volumes: stage.volumes.clone(),
+        secrets: stage.secrets.clone(),
+        node_selector: stage.node_selector.clone(),
+        tolerations: stage.tolerations.clone(),
+        snapshot: stage.snapshot.clone(),
+        timeout: stage.timeout,
+    };
     let spec = AttemptSpec {
         run_id: key.run.clone(),
         stage: key.stage.clone(),
@@ -1728,6 +1798,7 @@ async fn run_attempt(
         log: log.clone(),
         distributed: stage.distributed.clone(),
         access,
+        placement,
     };
     let mut result = start_and_wait(ctx, stage, key, spec, &log, &values_path, &outputs_dir).await;
     // Inputs are hard links into the store: a stage that wrote to one changed an
@@ -1753,8 +1824,10 @@ async fn run_attempt(
         }
     }
     // Inputs are hard links to upstream artifacts: nothing of a finished attempt may keep
-    // a writable name for them.
-    let _ = std::fs::remove_dir_all(&inputs_dir);
+    // a writable name for them. (In a pod they were copies, gone with the pod.)
+    if remote.is_none() {
+        let _ = std::fs::remove_dir_all(&inputs_dir);
+    }
     result
 }
 
@@ -1857,8 +1930,17 @@ async fn wait_attempt(
             })
         }
     }
-    let values = match std::fs::read(values_path) {
-        Ok(bytes) => match serde_json::from_slice::<Value>(&bytes) {
+    let remote = ctx.executor.container_root().is_some();
+    let stored = if remote {
+        ctx.artifacts
+            .values(key)
+            .await
+            .map_err(|e| format!("cannot read values.json: {}", chain(&e)))?
+    } else {
+        std::fs::read(values_path).ok()
+    };
+    let values = match stored {
+        Some(bytes) => match serde_json::from_slice::<Value>(&bytes) {
             Ok(v @ Value::Object(_)) => v,
             _ => {
                 return Ok(AttemptEnd::Failed {
@@ -1868,11 +1950,13 @@ async fn wait_attempt(
                 })
             }
         },
-        Err(_) => Value::Object(Default::default()),
+        None => Value::Object(Default::default()),
     };
     let mut outputs = BTreeMap::new();
     for o in &stage.outputs {
         let art = match o.mode {
+            // `drivetrain exec` uploaded a pod's outputs where `mode: url` ones go.
+            _ if remote => ctx.artifacts.publish_listing(key, &o.name).await,
             IoMode::Url => ctx.artifacts.publish_listing(key, &o.name).await,
             IoMode::Dir => {
                 ctx.artifacts
@@ -1899,7 +1983,9 @@ async fn wait_attempt(
     }
     // The published files are hard links: drop the attempt's own names for them so
     // nothing left of the attempt can write to an artifact.
-    let _ = std::fs::remove_dir_all(outputs_dir);
+    if !remote {
+        let _ = std::fs::remove_dir_all(outputs_dir);
+    }
     Ok(AttemptEnd::Succeeded { outputs, values })
 }
 

@@ -576,6 +576,10 @@ pub struct VolumeSpec {
     /// A new claim restored from this `VolumeSnapshot` (reruns on a dataset version).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<String>,
+    /// The size of the claim restored with `from_snapshot` (a quantity, at least the
+    /// snapshot's restore size). Required with `from_snapshot`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<QuantityText>,
     #[serde(default)]
     pub read_only: bool,
 }

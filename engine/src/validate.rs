@@ -1194,6 +1194,29 @@ impl<'a> Cx<'a> {
             if let Some(q) = &v.empty_dir {
                 self.quantity(&vp.key("empty_dir"), q);
             }
+            match (&v.from_snapshot, &v.size) {
+                (Some(_), Some(q)) => {
+                    self.quantity(&vp.key("size"), q);
+                }
+                (Some(_), None) => {
+                    self.err(
+                        "invalid-volume",
+                        &vp,
+                        format!(
+                            "volume `{}` is restored from a snapshot and needs `size` (at least the snapshot's size)",
+                            v.name
+                        ),
+                    );
+                }
+                (None, Some(_)) => {
+                    self.err(
+                        "invalid-volume",
+                        &vp.key("size"),
+                        format!("`size` is for volumes restored with `from_snapshot`; volume `{}` is not", v.name),
+                    );
+                }
+                (None, None) => {}
+            }
         }
         if let Some(s) = &spec.snapshot {
             if !volume_names.contains(s.volume.as_str()) {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use drivetrain_engine::executor::Executor;
 
+pub mod kubernetes;
 pub mod local;
 
 /// The executor kinds a pipeline may name, default first.
@@ -16,9 +17,9 @@ pub const EXECUTORS: &[&str] = &["local", "kubernetes"];
 pub fn executor(name: &str) -> Result<Arc<dyn Executor>, String> {
     match name {
         "local" => Ok(Arc::new(local::LocalExecutor::from_env()?)),
-        "kubernetes" => {
-            Err("the kubernetes executor is not available yet; run with `--executor local`".into())
-        }
+        "kubernetes" => Ok(Arc::new(kubernetes::KubernetesExecutor::new(
+            kubernetes::Settings::from_env()?,
+        ))),
         other => Err(format!("unknown executor `{other}`")),
     }
 }

@@ -1,0 +1,116 @@
+//! `drivetrain exec -- CMD…`: the wrapper around a stage's command in a pod.
+//!
+//! The engine hands the pod a transfer plan (`DRIVETRAIN_EXEC_PLAN`, an
+//! [`ExecPlan`]): the wrapper fetches every input artifact from the store into its
+//! directory, runs the command (argv as given, never through a shell), and only if it
+//! exits 0 uploads the output directories and `values.json` under the attempt's prefix.
+//! Nothing it uploads is an artifact until the engine has published the listing, so a
+//! failed or killed pod never leaves a partial artifact behind.
+//!
+//! `drivetrain exec --install DIR` copies this binary into `DIR` (the init container of
+//! every pod, so any image can run the wrapper).
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use drivetrain_engine::artifacts::{ArtifactStore, AttemptKey};
+use drivetrain_engine::executor::ExecPlan;
+
+/// Copies the running binary to `dir/drivetrain`.
+pub fn install(dir: &Path) -> anyhow::Result<ExitCode> {
+    let exe = std::env::current_exe().context("cannot find the running binary")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let dest = dir.join("drivetrain");
+    std::fs::copy(&exe, &dest)
+        .with_context(|| format!("cannot copy {} to {}", exe.display(), dest.display()))?;
+    eprintln!("drivetrain exec: installed {}", dest.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `argv` between fetching the inputs and uploading the outputs.
+pub fn exec(argv: &[String]) -> anyhow::Result<ExitCode> {
+    let text = std::env::var("DRIVETRAIN_EXEC_PLAN")
+        .context("DRIVETRAIN_EXEC_PLAN is not set: `drivetrain exec` runs inside a pod the kubernetes executor started")?;
+    let plan: ExecPlan =
+        serde_json::from_str(&text).context("DRIVETRAIN_EXEC_PLAN is not a transfer plan")?;
+    let (program, args) = argv.split_first().context("no command to run")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let store = ArtifactStore::open(&plan.store)?;
+        let key = AttemptKey {
+            run: plan.run.clone(),
+            stage: plan.stage.clone(),
+            attempt: plan.attempt,
+        };
+        for input in &plan.inputs {
+            store
+                .materialize(&input.artifact, &input.dest)
+                .await
+                .with_context(|| format!("cannot fetch input `{}`", input.name))?;
+        }
+        for output in &plan.outputs {
+            std::fs::create_dir_all(&output.dir)
+                .with_context(|| format!("cannot create {}", output.dir.display()))?;
+        }
+        if let Some(parent) = plan.values.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        let mut child = match tokio::process::Command::new(program).args(args).spawn() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                eprintln!("drivetrain exec: `{program}`: command not found");
+                return Ok(ExitCode::from(127));
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot start `{program}`")),
+        };
+        // The kubelet stops a pod with SIGTERM to its first process: pass it on.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let status = tokio::select! {
+            s = child.wait() => s?,
+            _ = term.recv() => {
+                if let Some(pid) = child.id() {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid as i32),
+                        nix::sys::signal::Signal::SIGTERM,
+                    );
+                }
+                child.wait().await?
+            }
+        };
+        if !status.success() {
+            use std::os::unix::process::ExitStatusExt as _;
+            let code = status
+                .code()
+                .or_else(|| status.signal().map(|s| 128 + s))
+                .unwrap_or(1);
+            return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
+        }
+        // Ranks of a distributed stage all run this; rank 0's outputs are the stage's.
+        if std::env::var("RANK").is_ok_and(|r| r != "0") {
+            return Ok(ExitCode::SUCCESS);
+        }
+        for output in &plan.outputs {
+            let n = store
+                .upload_dir(&key, &output.name, &output.dir)
+                .await
+                .with_context(|| format!("cannot upload output `{}`", output.name))?;
+            eprintln!(
+                "drivetrain exec: uploaded {n} file(s) of output `{}`",
+                output.name
+            );
+        }
+        match std::fs::read(&plan.values) {
+            Ok(bytes) => store
+                .put_values(&key, bytes)
+                .await
+                .context("cannot upload values.json")?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).context("cannot read values.json"),
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
