@@ -6,6 +6,7 @@
 mod api;
 mod exec;
 mod history;
+mod manifests;
 mod report;
 mod runs;
 mod serve;
@@ -78,6 +79,16 @@ enum Command {
         to: Vec<String>,
         #[arg(long, value_enum, default_value_t = Format::Text)]
         output: Format,
+        /// Override `defaults.executor` (`--manifests` needs `kubernetes`).
+        #[arg(long)]
+        executor: Option<String>,
+        /// Print every Kubernetes object the run would create, as YAML documents
+        /// (settings from the file `DRIVETRAIN_KUBERNETES` names).
+        #[arg(long)]
+        manifests: bool,
+        /// The run id the manifests name (a run's own is known only when it starts).
+        #[arg(long, default_value = "dry-run", requires = "manifests")]
+        run_id: String,
     },
     /// Run a pipeline on this machine: prints the run id, then each stage as it ends.
     #[command(
@@ -651,6 +662,9 @@ fn main() -> ExitCode {
             from,
             to,
             output,
+            executor,
+            manifests,
+            run_id,
         } => {
             let p = match load(&catalog, &file) {
                 Ok(p) => p,
@@ -664,6 +678,24 @@ fn main() -> ExitCode {
                 Ok(s) => s,
                 Err(errors) => return usage_errors(&errors),
             };
+            if manifests {
+                let executor = executor.as_deref().unwrap_or(&p.executor);
+                if executor != "kubernetes" {
+                    eprintln!("error: --manifests renders Kubernetes objects: add `--executor kubernetes` (this pipeline's executor is `{executor}`)");
+                    return ExitCode::from(2);
+                }
+                return outcome(
+                    drivetrain_plugins::kubernetes::Settings::from_env()
+                        .map_err(anyhow::Error::msg)
+                        .and_then(|settings| {
+                            manifests::manifests(&p, &values, &selected, &settings, &run_id)
+                        })
+                        .map(|text| {
+                            print!("{text}");
+                            ExitCode::SUCCESS
+                        }),
+                );
+            }
             match output {
                 Format::Text => print!("{}", plan_text(&p, &values, &selected)),
                 Format::Json => println!(

@@ -354,7 +354,9 @@ fn reap_lost(
     executor: &dyn drivetrain_engine::executor::Executor,
     id: &RunId,
 ) -> anyhow::Result<usize> {
-    let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let mut lost = 0;
     for a in state.attempts(id)? {
         if a.phase != Phase::Running {

@@ -41,6 +41,29 @@ pub struct AttemptSpec {
     pub placement: Placement,
 }
 
+impl Placement {
+    /// A stage's placement, with its image already rendered.
+    pub fn of(
+        pipeline: &str,
+        stage: &crate::plan::Stage,
+        image: Option<String>,
+        item: Option<usize>,
+    ) -> Placement {
+        Placement {
+            pipeline: pipeline.to_owned(),
+            item,
+            image,
+            resources: stage.resources.clone(),
+            volumes: stage.volumes.clone(),
+            secrets: stage.secrets.clone(),
+            node_selector: stage.node_selector.clone(),
+            tolerations: stage.tolerations.clone(),
+            snapshot: stage.snapshot.clone(),
+            timeout: stage.timeout,
+        }
+    }
+}
+
 /// The parts of a stage that say where it runs on a cluster, rendered for one attempt.
 #[derive(Debug, Clone, Default)]
 pub struct Placement {

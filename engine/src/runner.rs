@@ -1776,18 +1776,12 @@ async fn run_attempt(
         }
     }
     access.push(ro(&inputs_dir));
-    let placement = crate::executor::Placement {
-        pipeline: ctx.pipeline.name.clone(),
-        item: item_index,
-        image: stage.image.as_ref().map(render),
-        resources: stage.resources.clone(),
-        volumes: stage.volumes.clone(),
-        secrets: stage.secrets.clone(),
-        node_selector: stage.node_selector.clone(),
-        tolerations: stage.tolerations.clone(),
-        snapshot: stage.snapshot.clone(),
-        timeout: stage.timeout,
-    };
+    let placement = crate::executor::Placement::of(
+        &ctx.pipeline.name,
+        stage,
+        stage.image.as_ref().map(render),
+        item_index,
+    );
     let spec = AttemptSpec {
         run_id: key.run.clone(),
         stage: key.stage.clone(),

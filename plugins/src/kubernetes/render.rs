@@ -516,7 +516,7 @@ fn deadline(spec: &AttemptSpec) -> Option<i64> {
 /// Renders the objects of one attempt.
 pub fn render(settings: &Settings, spec: &AttemptSpec) -> Rendered {
     let name = workload_name(&spec.run_id, &spec.stage, spec.attempt);
-    let mut labels = labels(settings, spec, &name);
+    let labels = labels(settings, spec, &name);
     let parts = pod_parts(settings, spec, &name, &labels);
     let mut objects: Vec<Object> = parts
         .claims
@@ -556,20 +556,23 @@ pub fn render(settings: &Settings, spec: &AttemptSpec) -> Rendered {
         }),
         spec: Some(pod_spec(settings, spec, &parts, container)),
     };
-    let run_policy = json!({
+    let mut run_policy = json!({
         "backoffLimit": 0,
-        "activeDeadlineSeconds": deadline(spec),
-        "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
         "cleanPodPolicy": "Running",
         "suspend": kueue.is_some(),
     });
+    if let Some(d) = deadline(spec) {
+        run_policy["activeDeadlineSeconds"] = json!(d);
+    }
+    if let Some(ttl) = settings.ttl_seconds_after_finished {
+        run_policy["ttlSecondsAfterFinished"] = json!(ttl);
+    }
     match spec.distributed.as_ref() {
         Some(Distributed {
             framework: Framework::Mpi,
             workers,
             slots_per_worker,
         }) => {
-            labels.remove(LABEL_WORKLOAD);
             let ranks = (workers * slots_per_worker).to_string();
             let mut mpirun = vec![
                 "mpirun".to_owned(),
@@ -587,9 +590,9 @@ pub fn render(settings: &Settings, spec: &AttemptSpec) -> Rendered {
                     .flat_map(|(k, _)| ["-x".to_owned(), k.clone()]),
             );
             mpirun.extend(spec.argv.iter().cloned());
+            // The launcher only starts the ranks: no GPU, no share of the workers' memory.
             let mut launcher_spec = spec.clone();
-            launcher_spec.placement.resources.gpu = None;
-            launcher_spec.placement.resources.shm = None;
+            launcher_spec.placement.resources = Default::default();
             let launcher = main_container(
                 settings,
                 &launcher_spec,
@@ -631,7 +634,6 @@ pub fn render(settings: &Settings, spec: &AttemptSpec) -> Rendered {
             workers,
             ..
         }) => {
-            labels.remove(LABEL_WORKLOAD);
             let container = main_container(
                 settings,
                 spec,

@@ -1038,6 +1038,7 @@ async fn run_container(
         Ok(c) => c,
         Err(e) => {
             log.push(format!("exec {}: {e}\n", argv[0]).as_bytes());
+            eprintln!("stand-in: container {name}: exec {argv:?}: {e}");
             return Ok(128);
         }
     };

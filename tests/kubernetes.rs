@@ -1,0 +1,327 @@
+//! The kubernetes executor end to end: the manifests `drivetrain plan --manifests`
+//! renders (snapshots, and validated against the official Kubernetes schemas and the CRDs
+//! in shared/k8s-schemas/), and a pipeline run by the binary against the Kubernetes API
+//! stand-in (`drivetrain_plugins::kubernetes::standin`).
+//!
+//! The stand-in is not a cluster: it is an HTTP server that the real kube-rs client in the
+//! binary talks to over loopback, serving the API paths the executor uses, and it runs
+//! pods' containers as local processes (the init container installs the real
+//! `drivetrain` binary as the pod's wrapper, which then moves inputs and outputs through
+//! the run's object store). The executor's code path is the one a real cluster sees.
+//!
+//! Schema validation runs `tests/k8s/validate.py` with the Python that has
+//! `kubernetes-validate` (`.ci/run` installs it into `~/.cache/drivetrain/venv`;
+//! `DRIVETRAIN_PYTHON` overrides).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use drivetrain_plugins::kubernetes::standin::{Node, StandIn};
+
+mod common;
+use common::{run_id, stage, text, Home};
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("DRIVETRAIN_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let venv = PathBuf::from(std::env::var("HOME").unwrap_or_default())
+        .join(".cache/drivetrain/venv/bin/python");
+    assert!(
+        venv.exists(),
+        "{} is missing: `bash .ci/run` creates it (python3 -m venv, pip install kubernetes-validate jsonschema pyyaml)",
+        venv.display()
+    );
+    venv
+}
+
+/// Runs the schema check on `files`; its lines and whether every object passed.
+fn validate(files: &[&Path]) -> (String, bool) {
+    let crds = repo().join("../shared/k8s-schemas");
+    assert!(crds.is_dir(), "{} is missing", crds.display());
+    let o = Command::new(python())
+        .arg(repo().join("tests/k8s/validate.py"))
+        .arg(&crds)
+        .args(files)
+        .output()
+        .expect("python runs");
+    assert!(
+        o.status.code().is_some(),
+        "validate.py crashed: {}",
+        text(&o.stderr)
+    );
+    assert!(o.stderr.is_empty(), "{}", text(&o.stderr));
+    (text(&o.stdout), o.status.success())
+}
+
+fn manifests(home: &Home, file: &Path, settings: Option<&str>, extra: &[&str]) -> String {
+    let mut args = vec![
+        "plan",
+        file.to_str().unwrap(),
+        "--executor",
+        "kubernetes",
+        "--manifests",
+    ];
+    args.extend_from_slice(extra);
+    let settings_path = settings.map(|s| home.write("k8s.yaml", s));
+    let env: Vec<(&str, &str)> = settings_path
+        .as_ref()
+        .map(|p| vec![("DRIVETRAIN_KUBERNETES", p.to_str().unwrap())])
+        .unwrap_or_default();
+    let o = home.drivetrain_env(&args, &env);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    text(&o.stdout)
+}
+
+const KUEUE: &str = "namespace: av\ngang: {scheduler: kueue, queue: gpu-team}\n";
+const VOLCANO: &str = "namespace: av\nservice_account: drivetrain-stage\nimage_pull_secrets: [regcred]\nlabels: {team: perception}\nttl_seconds_after_finished: 600\ngang: {scheduler: volcano, queue: training}\n";
+
+#[test]
+fn every_stage_shape_renders_as_its_snapshot_and_passes_the_schemas() {
+    let home = Home::new("k8s-shapes");
+    let shapes = repo().join("tests/k8s/shapes.yaml");
+    let mut files = Vec::new();
+    for (name, settings) in [
+        ("default", None),
+        ("kueue", Some(KUEUE)),
+        ("volcano", Some(VOLCANO)),
+    ] {
+        let yaml = manifests(&home, &shapes, settings, &[]);
+        insta::assert_snapshot!(format!("shapes-{name}"), yaml);
+        files.push(home.write(&format!("{name}.yaml"), &yaml));
+    }
+    let refs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    let (lines, ok) = validate(&refs);
+    assert!(ok, "{lines}");
+    // Every object was checked against a schema, but Volcano's PodGroup (no CRD here).
+    for line in lines.lines() {
+        assert!(
+            line.starts_with("ok ") || line.starts_with("unchecked PodGroup "),
+            "{line}"
+        );
+    }
+    for kind in [
+        "Job",
+        "Service",
+        "PersistentVolumeClaim",
+        "MPIJob",
+        "PyTorchJob",
+        "VolumeSnapshot",
+    ] {
+        assert!(
+            lines.contains(&format!("ok {kind} ")),
+            "no {kind} checked:\n{lines}"
+        );
+    }
+}
+
+#[test]
+fn the_schema_check_rejects_what_a_strict_api_server_would() {
+    let home = Home::new("k8s-reject");
+    let yaml = manifests(
+        &home,
+        &repo().join("tests/k8s/shapes.yaml"),
+        None,
+        &["--only", "mpi,plain"],
+    );
+    let bad = yaml
+        .replacen(
+            "  slotsPerWorker: 2\n",
+            "  slotsPerWorker: 2\n  slotsPerWorkr: 2\n",
+            1,
+        )
+        .replacen(
+            "  backoffLimit: 0\n",
+            "  backoffLimit: 0\n  backofLimit: 0\n",
+            1,
+        );
+    assert_ne!(bad, yaml);
+    let path = home.write("bad.yaml", &bad);
+    let (lines, ok) = validate(&[&path]);
+    assert!(!ok, "{lines}");
+    assert!(
+        lines.contains("FAIL MPIJob") && lines.contains("slotsPerWorkr"),
+        "{lines}"
+    );
+    assert!(lines.contains("FAIL Job"), "{lines}");
+}
+
+#[test]
+fn lane_detection_renders_an_mpijob_of_three_one_gpu_workers() {
+    let home = Home::new("k8s-lane");
+    let yaml = manifests(
+        &home,
+        &repo().join("pipelines/lane-detection-mpi.yaml"),
+        None,
+        &[],
+    );
+    insta::assert_snapshot!("lane-detection-mpi", yaml);
+    let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_str(&yaml)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    let mpi = docs
+        .iter()
+        .find(|d| d["kind"] == "MPIJob")
+        .expect("an MPIJob");
+    assert_eq!(mpi["apiVersion"], "kubeflow.org/v2beta1");
+    let workers = &mpi["spec"]["mpiReplicaSpecs"]["Worker"];
+    assert_eq!(workers["replicas"], 3);
+    let worker = &workers["template"]["spec"]["containers"][0];
+    assert_eq!(worker["resources"]["limits"]["nvidia.com/gpu"], "1");
+    let launcher = &mpi["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0];
+    assert!(
+        launcher["resources"].is_null(),
+        "the launcher claims no GPU"
+    );
+    let snapshot = docs
+        .iter()
+        .find(|d| d["kind"] == "VolumeSnapshot")
+        .expect("a snapshot");
+    assert_eq!(
+        snapshot["spec"]["source"]["persistentVolumeClaimName"],
+        "tusimple-dataset"
+    );
+    let path = home.write("lane.yaml", &yaml);
+    let (lines, ok) = validate(&[&path]);
+    assert!(ok, "{lines}");
+    assert!(lines.contains("ok MPIJob "), "{lines}");
+}
+
+#[test]
+fn the_driving_loop_renders_completely() {
+    let home = Home::new("k8s-loop");
+    let yaml = manifests(
+        &home,
+        &repo().join("pipelines/driving-loop.yaml"),
+        None,
+        &[],
+    );
+    let path = home.write("loop.yaml", &yaml);
+    let (lines, ok) = validate(&[&path]);
+    assert!(ok, "{lines}");
+    let p = home.drivetrain(&[
+        "plan",
+        repo().join("pipelines/driving-loop.yaml").to_str().unwrap(),
+        "--output",
+        "json",
+    ]);
+    let plan: serde_json::Value = serde_json::from_slice(&p.stdout).unwrap();
+    let stages = plan["stages"].as_array().unwrap();
+    for s in stages {
+        let name = s["name"].as_str().unwrap();
+        assert!(
+            yaml.contains(&format!("# stage {name}: Job ")),
+            "stage {name} has no Job:\n{yaml}"
+        );
+    }
+}
+
+const E2E: &str = r#"
+version: 1
+name: k8s-e2e
+defaults:
+  executor: kubernetes
+  image: registry.example.com/av/steps:1.4
+  retries: {limit: 1, backoff: 1s}
+stages:
+  sim:
+    uses: fleet-sim
+    with: {drives: 1, duration: 20s, seed: 3}
+    outputs: [logs]
+  count:
+    inputs: {logs: sim.logs}
+    run:
+      command: [sh, -c, 'n=$(find "$DRIVETRAIN_INPUT_LOGS" -type f | wc -l); echo "files $n"; printf "{\"files\": %s}" "$n" > "$DRIVETRAIN_VALUES"; echo "$n" > "$DRIVETRAIN_OUTPUT_REPORT/count.txt"']
+    outputs: [report]
+  flaky:
+    needs: [count]
+    when: "stages.count.values.files > 0"
+    inputs: {report: count.report}
+    run:
+      command: [sh, -c, 'if [ "$DRIVETRAIN_ATTEMPT" = 1 ]; then echo first attempt fails; exit 7; fi; echo "second attempt read $(cat "$DRIVETRAIN_INPUT_REPORT/count.txt")"']
+"#;
+
+/// A pipeline with a built-in step, a command stage reading its artifact and writing
+/// values, and a stage that fails once and is retried, run by the binary with
+/// `--executor kubernetes` against the stand-in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_runs_as_jobs_against_the_api_stand_in() {
+    let home = Home::new("k8s-e2e");
+    let standin = StandIn::start(&home.dir.join("cluster"), Node::default()).await;
+    let kubeconfig = home.dir.join("kubeconfig");
+    standin.write_kubeconfig(&kubeconfig);
+    // The wrapper image's binary: the stand-in rewrites the pod's mount path
+    // (`/drivetrain`) in argv, so the host path of this one must not contain it.
+    let wrapper = home.dir.join("image-bin");
+    std::fs::create_dir_all(&wrapper).unwrap();
+    let wrapper = wrapper.join("dt");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_drivetrain"), &wrapper).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_drivetrain"), &wrapper).unwrap();
+    }
+    let settings = home.write(
+        "k8s.yaml",
+        &format!(
+            "kubeconfig: {}\nwrapper_path: {}\nlabels: {{team: perception}}\n",
+            kubeconfig.display(),
+            wrapper.display()
+        ),
+    );
+    let pipeline = home.write("e2e.yaml", E2E);
+    let run = {
+        let home_dir = home.dir.clone();
+        let settings = settings.clone();
+        tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+                .args(["run", pipeline.to_str().unwrap()])
+                .current_dir(&home_dir)
+                .env_remove("DRIVETRAIN_HOME")
+                .env("NO_COLOR", "1")
+                .env("DRIVETRAIN_KUBERNETES", &settings)
+                .output()
+                .expect("the binary runs")
+        })
+        .await
+        .unwrap()
+    };
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "{}\n{}",
+        text(&run.stdout),
+        text(&run.stderr)
+    );
+    let id = run_id(&run);
+    let status = home.status(&id);
+    for s in ["sim", "count", "flaky"] {
+        assert_eq!(stage(&status, s)["phase"], "Succeeded", "{status}");
+    }
+    assert_eq!(stage(&status, "flaky")["attempts"], 2, "{status}");
+    // One Job per attempt, labelled; the retry was a new Job.
+    assert_eq!(standin.created("batch/v1/jobs"), 4);
+    let jobs = standin.objects("batch/v1/jobs");
+    assert!(jobs.iter().all(
+        |j| j["metadata"]["labels"]["drivetrain.dev/run"] == id.as_str()
+            && j["metadata"]["labels"]["team"] == "perception"
+            && j["spec"]["backoffLimit"] == 0
+    ));
+    // The pod's log reached the run's logs; the artifact went through the store.
+    let logs = home.drivetrain(&["logs", &id, "--stage", "count"]);
+    let logs = text(&logs.stdout);
+    let files: u32 = logs
+        .lines()
+        .find_map(|l| l.strip_prefix("files "))
+        .unwrap_or_else(|| panic!("no count in {logs}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(files > 0, "{logs}");
+    let flaky = text(&home.drivetrain(&["logs", &id, "--stage", "flaky"]).stdout);
+    assert!(
+        flaky.contains(&format!("second attempt read {files}")),
+        "{flaky}"
+    );
+}
