@@ -94,9 +94,52 @@ fn every_stage_shape_renders_as_its_snapshot_and_passes_the_schemas() {
         insta::assert_snapshot!(format!("shapes-{name}"), yaml);
         files.push(home.write(&format!("{name}.yaml"), &yaml));
     }
+    let rbac = repo().join("docs/kubernetes/rbac.yaml");
+    files.push(rbac.clone());
     let refs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
     let (lines, ok) = validate(&refs);
     assert!(ok, "{lines}");
+    assert!(lines.contains("ok Role drivetrain"), "{lines}");
+    // The Role lets the engine create every kind it renders.
+    let role: serde_json::Value =
+        serde_yaml_ng::Deserializer::from_str(&std::fs::read_to_string(&rbac).unwrap())
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .find(|d: &serde_json::Value| d["kind"] == "Role")
+            .expect("a Role");
+    let may_create = |group: &str, plural: &str| {
+        role["rules"].as_array().unwrap().iter().any(|r| {
+            r["apiGroups"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|g| g == group)
+                && r["resources"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|x| x == plural)
+                && r["verbs"].as_array().unwrap().iter().any(|v| v == "create")
+        })
+    };
+    for (kind, group, plural) in [
+        ("Job", "batch", "jobs"),
+        ("Service", "", "services"),
+        ("PersistentVolumeClaim", "", "persistentvolumeclaims"),
+        ("MPIJob", "kubeflow.org", "mpijobs"),
+        ("PyTorchJob", "kubeflow.org", "pytorchjobs"),
+        ("PodGroup", "scheduling.volcano.sh", "podgroups"),
+        (
+            "VolumeSnapshot",
+            "snapshot.storage.k8s.io",
+            "volumesnapshots",
+        ),
+    ] {
+        assert!(
+            lines.contains(&format!(" {kind} ")),
+            "{kind} was not rendered"
+        );
+        assert!(may_create(group, plural), "the Role cannot create {kind}");
+    }
     // Every object was checked against a schema, but Volcano's PodGroup (no CRD here).
     for line in lines.lines() {
         assert!(
