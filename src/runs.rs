@@ -348,19 +348,29 @@ fn alive(pid: i64) -> bool {
         .is_some_and(|p| nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None).is_ok())
 }
 
-/// Stops the attempts a dead engine left running and records them as lost.
+/// Stops the attempts a dead engine left running and records them as lost, except those
+/// the executor can watch again: their stage and attempt number are returned, to be
+/// started once more (which re-attaches).
 fn reap_lost(
     state: &dyn StateStore,
     executor: &dyn drivetrain_engine::executor::Executor,
     id: &RunId,
-) -> anyhow::Result<usize> {
+    may_reattach: bool,
+) -> anyhow::Result<(usize, BTreeMap<String, u32>)> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let mut lost = 0;
+    let mut reattach = BTreeMap::new();
     for a in state.attempts(id)? {
         if a.phase != Phase::Running {
             continue;
+        }
+        if let Some(h) = &a.handle {
+            if may_reattach && rt.block_on(executor.reattach(h)) {
+                reattach.insert(a.stage.clone(), a.attempt);
+                continue;
+            }
         }
         let stopped = match &a.handle {
             Some(h) => rt.block_on(executor.reap(h)),
@@ -399,7 +409,7 @@ fn reap_lost(
             lost += 1;
         }
     }
-    Ok(lost)
+    Ok((lost, reattach))
 }
 
 /// `drivetrain resume RUN`: finishes a run whose engine stopped (killed, crashed, a
@@ -441,14 +451,17 @@ pub fn resume(
         eprintln!("error: {} no longer validates", record.file);
         return Ok(ExitCode::from(1));
     };
-    let executor = match drivetrain_plugins::executor(&pipeline.executor) {
+    // The executor the run started on (`--executor` may have overridden the pipeline's).
+    let executor = match drivetrain_plugins::executor(
+        record.executor.as_deref().unwrap_or(&pipeline.executor),
+    ) {
         Ok(e) => e,
         Err(why) => {
             eprintln!("error: {why}");
             return Ok(ExitCode::from(2));
         }
     };
-    let lost = reap_lost(state.as_ref(), executor.as_ref(), &id)?;
+    let (lost, reattach) = reap_lost(state.as_ref(), executor.as_ref(), &id, true)?;
     let mut succeeded = BTreeMap::new();
     for s in state.stages(&id)? {
         if s.phase != Phase::Succeeded {
@@ -463,15 +476,21 @@ pub fn resume(
         let e = attempts.entry(a.stage.clone()).or_default();
         *e = (*e).max(a.attempt);
     }
+    // An attempt still running on the executor starts again under its own number: the
+    // executor finds it (by its deterministic name) and watches it instead.
+    for (stage, attempt) in &reattach {
+        attempts.insert(stage.clone(), attempt - 1);
+    }
     let params: BTreeMap<String, Value> =
         serde_json::from_value(record.params.clone()).unwrap_or_default();
     let url = store_url(pipeline.store.as_deref(), home)?;
     if !json_out {
         println!("run {id}");
         println!(
-            "resuming: {} of {} stages succeeded before, {lost} attempt(s) lost",
+            "resuming: {} of {} stages succeeded before, {lost} attempt(s) lost, {} re-attached",
             succeeded.len(),
-            pipeline.stages.len()
+            pipeline.stages.len(),
+            reattach.len()
         );
     }
     let opts = RunOptions {
@@ -545,8 +564,9 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
         eprintln!("error: engine process {pid} did not stop run {id} within 60 s");
         return Ok(ExitCode::from(1));
     }
-    let executor = drivetrain_plugins::executor("local").map_err(|e| anyhow::anyhow!(e))?;
-    reap_lost(&state, executor.as_ref(), &id)?;
+    let executor = drivetrain_plugins::executor(record.executor.as_deref().unwrap_or("local"))
+        .map_err(|e| anyhow::anyhow!(e))?;
+    reap_lost(&state, executor.as_ref(), &id, false)?;
     state.finish_run(
         &id,
         Phase::Cancelled,

@@ -263,6 +263,40 @@ fn the_driving_loop_renders_completely() {
     }
 }
 
+/// A stand-in cluster and the executor settings that reach it.
+async fn cluster(home: &Home) -> (StandIn, PathBuf) {
+    let standin = StandIn::start(&home.dir.join("cluster"), Node::default()).await;
+    let kubeconfig = home.dir.join("kubeconfig");
+    standin.write_kubeconfig(&kubeconfig);
+    // The wrapper image's binary: the stand-in rewrites the pod's mount path
+    // (`/drivetrain`) in argv, so the host path of this one must not contain it.
+    let wrapper = home.dir.join("image-bin");
+    std::fs::create_dir_all(&wrapper).unwrap();
+    let wrapper = wrapper.join("dt");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_drivetrain"), &wrapper).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_drivetrain"), &wrapper).unwrap();
+    }
+    let settings = home.write(
+        "k8s.yaml",
+        &format!(
+            "kubeconfig: {}\nwrapper_path: {}\nlabels: {{team: perception}}\n",
+            kubeconfig.display(),
+            wrapper.display()
+        ),
+    );
+    (standin, settings)
+}
+
+fn engine(home: &Home, settings: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_drivetrain"));
+    c.args(args)
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .env("NO_COLOR", "1")
+        .env("DRIVETRAIN_KUBERNETES", settings);
+    c
+}
+
 const E2E: &str = r#"
 version: 1
 name: k8s-e2e
@@ -294,42 +328,12 @@ stages:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_runs_as_jobs_against_the_api_stand_in() {
     let home = Home::new("k8s-e2e");
-    let standin = StandIn::start(&home.dir.join("cluster"), Node::default()).await;
-    let kubeconfig = home.dir.join("kubeconfig");
-    standin.write_kubeconfig(&kubeconfig);
-    // The wrapper image's binary: the stand-in rewrites the pod's mount path
-    // (`/drivetrain`) in argv, so the host path of this one must not contain it.
-    let wrapper = home.dir.join("image-bin");
-    std::fs::create_dir_all(&wrapper).unwrap();
-    let wrapper = wrapper.join("dt");
-    if std::fs::hard_link(env!("CARGO_BIN_EXE_drivetrain"), &wrapper).is_err() {
-        std::fs::copy(env!("CARGO_BIN_EXE_drivetrain"), &wrapper).unwrap();
-    }
-    let settings = home.write(
-        "k8s.yaml",
-        &format!(
-            "kubeconfig: {}\nwrapper_path: {}\nlabels: {{team: perception}}\n",
-            kubeconfig.display(),
-            wrapper.display()
-        ),
-    );
+    let (standin, settings) = cluster(&home).await;
     let pipeline = home.write("e2e.yaml", E2E);
-    let run = {
-        let home_dir = home.dir.clone();
-        let settings = settings.clone();
-        tokio::task::spawn_blocking(move || {
-            Command::new(env!("CARGO_BIN_EXE_drivetrain"))
-                .args(["run", pipeline.to_str().unwrap()])
-                .current_dir(&home_dir)
-                .env_remove("DRIVETRAIN_HOME")
-                .env("NO_COLOR", "1")
-                .env("DRIVETRAIN_KUBERNETES", &settings)
-                .output()
-                .expect("the binary runs")
-        })
+    let mut cmd = engine(&home, &settings, &["run", pipeline.to_str().unwrap()]);
+    let run = tokio::task::spawn_blocking(move || cmd.output().expect("the binary runs"))
         .await
-        .unwrap()
-    };
+        .unwrap();
     assert_eq!(
         run.status.code(),
         Some(0),
@@ -367,4 +371,97 @@ async fn a_pipeline_runs_as_jobs_against_the_api_stand_in() {
         flaky.contains(&format!("second attempt read {files}")),
         "{flaky}"
     );
+}
+
+const REATTACH: &str = r#"
+version: 1
+name: k8s-reattach
+defaults:
+  executor: kubernetes
+  image: registry.example.com/av/steps:1.4
+stages:
+  wait:
+    run:
+      command: [sh, -c, 'while [ ! -e "$GATE" ]; do sleep 0.1; done; echo gate opened']
+      env: {GATE: "{{ params.gate }}"}
+  after:
+    needs: [wait]
+    run:
+      command: [echo, after]
+params:
+  gate: {type: string}
+"#;
+
+/// The engine is killed (SIGKILL) while a stage's Job runs; `drivetrain resume` finds
+/// that Job by its deterministic name and watches it again instead of starting another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_engine_reattaches_to_the_job_in_flight() {
+    use std::io::BufRead as _;
+    let home = Home::new("k8s-reattach");
+    let (standin, settings) = cluster(&home).await;
+    let pipeline = home.write("reattach.yaml", REATTACH);
+    let gate = home.dir.join("gate");
+    let gate_param = format!("gate={}", gate.display());
+    let mut child = engine(
+        &home,
+        &settings,
+        &["run", pipeline.to_str().unwrap(), "--param", &gate_param],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let id = first
+        .trim()
+        .strip_prefix("run ")
+        .expect("a run id")
+        .to_owned();
+    // Wait for the stage's pod to run, then kill the engine.
+    let running = || {
+        standin
+            .objects("/v1/pods")
+            .iter()
+            .any(|p| p["status"]["phase"] == "Running")
+    };
+    for _ in 0..300 {
+        if running() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(running(), "the pod runs");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(standin.created("batch/v1/jobs"), 1);
+
+    let mut resume = engine(&home, &settings, &["resume", &id]);
+    let resumed = tokio::task::spawn_blocking(move || resume.output().expect("resume runs"));
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    std::fs::write(&gate, "").unwrap();
+    let out = resumed.await.unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stdout).contains("0 attempt(s) lost, 1 re-attached"),
+        "{}",
+        text(&out.stdout)
+    );
+    let status = home.status(&id);
+    assert_eq!(stage(&status, "wait")["phase"], "Succeeded", "{status}");
+    assert_eq!(stage(&status, "wait")["attempts"], 1, "{status}");
+    assert_eq!(stage(&status, "after")["phase"], "Succeeded", "{status}");
+    // `wait` ran once, in the Job the first engine created; `after` got its own.
+    assert_eq!(standin.created("batch/v1/jobs"), 2);
+    assert_eq!(standin.created("/v1/pods"), 2);
+    let log = text(&home.drivetrain(&["logs", &id, "--stage", "wait"]).stdout);
+    assert!(log.contains("gate opened"), "{log}");
 }

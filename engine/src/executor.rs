@@ -166,6 +166,14 @@ pub trait Executor: Send + Sync {
     /// Stops an attempt an engine that is gone left behind, found by the handle it
     /// recorded. Returns whether anything was still running.
     async fn reap(&self, handle: &str) -> bool;
+    /// Whether the attempt `handle` names still exists so that a restarted engine can
+    /// watch it again by starting the same attempt once more. Only executors whose
+    /// `start` is idempotent per attempt (Kubernetes: a deterministic Job name that
+    /// answers `AlreadyExists`) say yes; the default is no, and the run loop then stops
+    /// what is left with [`Executor::reap`] and retries the attempt as lost.
+    async fn reattach(&self, _handle: &str) -> bool {
+        false
+    }
     /// Where stages see their files when they run away from the engine's file system (in
     /// a pod): `Some(root)` makes the run loop hand the attempt paths under `root` and a
     /// transfer plan (`DRIVETRAIN_EXEC_PLAN`) that the wrapper, `drivetrain exec`, carries

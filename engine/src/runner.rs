@@ -260,6 +260,7 @@ pub async fn run(
         overrides: opts.overrides.clone(),
         selection: opts.selection.as_ref().map(|s| s.iter().cloned().collect()),
         scheduled_time: opts.scheduled_time.clone(),
+        executor: Some(executor.name().to_owned()),
     };
     let (record, prior, prior_attempts) = match resume {
         Some(r) => {

@@ -106,6 +106,9 @@ pub enum StateError {
     /// A row that must exist does not.
     #[error("no run `{0}` in the state store")]
     UnknownRun(String),
+    /// An attempt that already ended cannot start again.
+    #[error("attempt {attempt} of `{stage}` already ended")]
+    AttemptEnded { stage: String, attempt: u32 },
 }
 
 fn sql(what: impl Into<String>) -> impl FnOnce(rusqlite::Error) -> StateError {
@@ -139,6 +142,8 @@ pub struct RunRecord {
     pub selection: Option<Vec<String>>,
     /// The cron tick a `schedule`-triggered run is for (RFC 3339).
     pub scheduled_time: Option<String>,
+    /// The executor the run was started on (`local`, `kubernetes`).
+    pub executor: Option<String>,
 }
 
 /// A stage of a run as recorded.
@@ -511,6 +516,11 @@ CREATE INDEX ticks_by_time ON schedule_ticks(pipeline, scheduled_time);
 CREATE INDEX runs_by_pipeline ON runs(pipeline, phase);
 ALTER TABLE runs ADD COLUMN scheduled_time TEXT;
 "#,
+    // 7: the executor a run was started on (`--executor` may differ from the pipeline's),
+    // so a resume or a cancel after a crash reaches the same one.
+    r#"
+ALTER TABLE runs ADD COLUMN executor TEXT;
+"#,
 ];
 
 /// The embedded SQLite state store.
@@ -638,11 +648,12 @@ fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
             .get::<_, Option<String>>(13)?
             .and_then(|s| serde_json::from_str(&s).ok()),
         scheduled_time: r.get(14)?,
+        executor: r.get(15)?,
     })
 }
 
 const RUN_COLUMNS: &str = "id, pipeline, file, spec_digest, params, trigger, parent, phase, \
-     created_at, finished_at, reason, engine_pid, overrides, selection, scheduled_time";
+     created_at, finished_at, reason, engine_pid, overrides, selection, scheduled_time, executor";
 
 fn cache_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CacheEntry> {
     Ok(CacheEntry {
@@ -688,8 +699,8 @@ impl StateStore for SqliteState {
         self.with(|c| {
             c.execute(
                 "INSERT INTO runs (id, pipeline, file, spec_digest, params, trigger, parent, phase, \
-                 created_at, engine_pid, overrides, selection, scheduled_time) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                 created_at, engine_pid, overrides, selection, scheduled_time, executor) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
                 params![
                     run.id.0,
                     run.pipeline,
@@ -706,6 +717,7 @@ impl StateStore for SqliteState {
                         .as_ref()
                         .map(|s| serde_json::to_string(s).unwrap_or_default()),
                     run.scheduled_time,
+                    run.executor,
                 ],
             )
             .map(|_| ())
@@ -846,11 +858,21 @@ impl StateStore for SqliteState {
         let t = now();
         self.with(|c| {
             let tx = c.unchecked_transaction().map_err(sql("begin"))?;
-            tx.execute(
-                "INSERT INTO attempts (run_id, stage, attempt, phase, started_at) VALUES (?1, ?2, ?3, 'Running', ?4)",
-                params![run.0, stage, attempt, t],
-            )
-            .map_err(sql(format!("record attempt {attempt} of {stage}")))?;
+            // Again, for an attempt still running, when a restarted engine re-attaches to
+            // it; never for one that ended.
+            let changed = tx
+                .execute(
+                    "INSERT INTO attempts (run_id, stage, attempt, phase, started_at) VALUES (?1, ?2, ?3, 'Running', ?4) \
+                     ON CONFLICT (run_id, stage, attempt) DO UPDATE SET phase = 'Running' WHERE attempts.phase = 'Running'",
+                    params![run.0, stage, attempt, t],
+                )
+                .map_err(sql(format!("record attempt {attempt} of {stage}")))?;
+            if changed == 0 {
+                return Err(StateError::AttemptEnded {
+                    stage: stage.to_owned(),
+                    attempt,
+                });
+            }
             tx.execute(
                 "INSERT INTO stages (run_id, stage, phase, attempts, started_at) VALUES (?1, ?2, 'Running', ?3, ?4) \
                  ON CONFLICT (run_id, stage) DO UPDATE SET phase = 'Running', attempts = ?3, \
@@ -1345,6 +1367,7 @@ pub mod conformance {
             overrides: serde_json::json!({}),
             selection: None,
             scheduled_time: None,
+            executor: Some("local".into()),
         }
     }
 
@@ -1526,6 +1549,12 @@ pub mod conformance {
         );
         s.start_attempt(&id, "a", 1).unwrap();
         s.set_attempt_handle(&id, "a", 1, "pgid:42").unwrap();
+        s.start_attempt(&id, "a", 1)
+            .expect("a running attempt starts again (a restarted engine re-attaches)");
+        assert_eq!(
+            s.attempts(&id).unwrap()[0].handle.as_deref(),
+            Some("pgid:42")
+        );
         s.finish_attempt(&id, "a", 1, Phase::Failed, Some(3), Some("exit 3"))
             .unwrap();
         assert!(

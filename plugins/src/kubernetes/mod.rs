@@ -150,6 +150,8 @@ impl Settings {
 pub struct KubernetesExecutor {
     settings: Arc<Settings>,
     client: tokio::sync::OnceCell<Client>,
+    /// A client given by the caller (tests), used everywhere.
+    given: Option<Client>,
 }
 
 impl std::fmt::Debug for KubernetesExecutor {
@@ -166,6 +168,7 @@ impl KubernetesExecutor {
         KubernetesExecutor {
             settings: Arc::new(settings),
             client: tokio::sync::OnceCell::new(),
+            given: None,
         }
     }
 
@@ -173,7 +176,8 @@ impl KubernetesExecutor {
     pub fn with_client(settings: Settings, client: Client) -> Self {
         KubernetesExecutor {
             settings: Arc::new(settings),
-            client: tokio::sync::OnceCell::new_with(Some(client)),
+            client: tokio::sync::OnceCell::new_with(Some(client.clone())),
+            given: Some(client),
         }
     }
 
@@ -181,32 +185,44 @@ impl KubernetesExecutor {
         &self.settings
     }
 
+    /// The client attempts share (created on the first attempt, on the run's runtime).
     async fn client(&self) -> Result<Client, ExecutorError> {
-        let s = self.settings.clone();
         self.client
-            .get_or_try_init(|| async move {
-                let options = kube::config::KubeConfigOptions {
-                    context: s.context.clone(),
-                    ..Default::default()
-                };
-                let config = match (&s.kubeconfig, &s.context) {
-                    (Some(path), _) => {
-                        let kc = kube::config::Kubeconfig::read_from(path)
-                            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-                        kube::Config::from_custom_kubeconfig(kc, &options)
-                            .await
-                            .map_err(|e| e.to_string())?
-                    }
-                    (None, Some(_)) => kube::Config::from_kubeconfig(&options)
-                        .await
-                        .map_err(|e| e.to_string())?,
-                    (None, None) => kube::Config::infer().await.map_err(|e| e.to_string())?,
-                };
-                Client::try_from(config).map_err(|e| e.to_string())
-            })
+            .get_or_try_init(|| self.connect())
             .await
             .cloned()
-            .map_err(|e: String| ExecutorError(format!("cannot reach the Kubernetes API: {e}")))
+    }
+
+    /// A new client: for calls made from a runtime of their own (a resume's or a
+    /// cancel's clean-up), which must not keep one bound to a runtime that is gone.
+    async fn connect(&self) -> Result<Client, ExecutorError> {
+        if let Some(c) = &self.given {
+            return Ok(c.clone());
+        }
+        let s = &self.settings;
+        let options = kube::config::KubeConfigOptions {
+            context: s.context.clone(),
+            ..Default::default()
+        };
+        let config = match (&s.kubeconfig, &s.context) {
+            (Some(path), _) => {
+                let kc = kube::config::Kubeconfig::read_from(path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()));
+                match kc {
+                    Ok(kc) => kube::Config::from_custom_kubeconfig(kc, &options)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e),
+                }
+            }
+            (None, Some(_)) => kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| e.to_string()),
+            (None, None) => kube::Config::infer().await.map_err(|e| e.to_string()),
+        };
+        config
+            .and_then(|c| Client::try_from(c).map_err(|e| e.to_string()))
+            .map_err(|e| ExecutorError(format!("cannot reach the Kubernetes API: {e}")))
     }
 }
 
@@ -335,12 +351,23 @@ impl Executor for KubernetesExecutor {
         let Some((ns, kind, name)) = parse_handle(handle) else {
             return false;
         };
-        let Ok(client) = self.client().await else {
+        let Ok(client) = self.connect().await else {
             return false;
         };
         delete_workload(&client, ns, kind, name)
             .await
             .unwrap_or(false)
+    }
+
+    async fn reattach(&self, handle: &str) -> bool {
+        let Some((ns, kind, name)) = parse_handle(handle) else {
+            return false;
+        };
+        let Ok(client) = self.connect().await else {
+            return false;
+        };
+        let api: Api<DynamicObject> = Api::namespaced_with(client, ns, &resource_of(kind));
+        matches!(api.get_opt(name).await, Ok(Some(_)))
     }
 
     fn container_root(&self) -> Option<PathBuf> {
