@@ -465,3 +465,98 @@ async fn a_restarted_engine_reattaches_to_the_job_in_flight() {
     let log = text(&home.drivetrain(&["logs", &id, "--stage", "wait"]).stdout);
     assert!(log.contains("gate opened"), "{log}");
 }
+
+const SNAPSHOTS: &str = r#"
+version: 1
+name: k8s-snapshots
+defaults:
+  executor: kubernetes
+  image: registry.example.com/av/steps:1.4
+stages:
+  prepare:
+    run:
+      command: [sh, -c, 'echo frames > /data/frames.txt']
+    volumes:
+      - {name: dataset, mount_path: /data, claim: fleet-data}
+    snapshot: {volume: dataset, when: success}
+  train:
+    run:
+      command: [sh, -c, 'echo training on $(ls /data | wc -l) files']
+    volumes:
+      - {name: dataset, mount_path: /data, from_snapshot: "{{ stages.prepare.values.snapshot.name }}", size: 1Gi, read_only: true}
+"#;
+
+/// A stage's volume is snapshotted after it succeeds and the snapshot is recorded in its
+/// values; a later stage mounts a claim restored from it, and a rerun of that stage alone
+/// restores the snapshot of the original run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_are_recorded_and_restored_by_reruns() {
+    let home = Home::new("k8s-snap");
+    let (standin, settings) = cluster(&home).await;
+    let pipeline = home.write("snap.yaml", SNAPSHOTS);
+    let mut cmd = engine(&home, &settings, &["run", pipeline.to_str().unwrap()]);
+    let run = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "{}\n{}",
+        text(&run.stdout),
+        text(&run.stderr)
+    );
+    let id = run_id(&run);
+    let status = home.status(&id);
+    let recorded = &stage(&status, "prepare")["values"]["snapshot"];
+    let name = recorded["name"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no snapshot in {status}"))
+        .to_owned();
+    assert_eq!(recorded["claim"], "fleet-data");
+    let snapshots = standin.objects("snapshot.storage.k8s.io/v1/volumesnapshots");
+    assert_eq!(snapshots.len(), 1);
+    assert_eq!(snapshots[0]["metadata"]["name"], name.as_str());
+    assert_eq!(
+        snapshots[0]["spec"]["source"]["persistentVolumeClaimName"],
+        "fleet-data"
+    );
+    assert_eq!(
+        snapshots[0]["metadata"]["labels"]["drivetrain.dev/run"],
+        id.as_str()
+    );
+    let restored_from = |standin: &StandIn| -> Vec<String> {
+        standin
+            .objects("/v1/persistentvolumeclaims")
+            .iter()
+            .map(|c| {
+                c["spec"]["dataSource"]["name"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned()
+            })
+            .collect()
+    };
+    assert_eq!(restored_from(&standin), vec![name.clone()]);
+
+    // A rerun of `train` alone reuses `prepare` of the original run, values included: it
+    // restores the same snapshot.
+    let mut cmd = engine(&home, &settings, &["rerun", &id, "--stage", "train"]);
+    let rerun = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        rerun.status.code(),
+        Some(0),
+        "{}\n{}",
+        text(&rerun.stdout),
+        text(&rerun.stderr)
+    );
+    assert_eq!(restored_from(&standin), vec![name.clone(), name]);
+    assert_eq!(
+        standin
+            .objects("snapshot.storage.k8s.io/v1/volumesnapshots")
+            .len(),
+        1,
+        "the rerun took no new snapshot"
+    );
+}

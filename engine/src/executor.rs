@@ -153,6 +153,13 @@ pub trait RunningAttempt: Send {
     async fn wait(&mut self) -> AttemptOutcome;
     /// Stops the attempt and everything it started; `wait` then returns `Cancelled`.
     async fn cancel(&mut self);
+    /// What the executor made beyond the command's own outputs, once `wait` returned: a
+    /// JSON object the run loop adds to the attempt's values (the kubernetes executor's
+    /// `{"snapshot": {"name": …}}` for a stage with `snapshot:`), so later stages, and
+    /// reruns that reuse this stage, can name it.
+    fn made(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// Runs stage attempts.

@@ -1777,12 +1777,19 @@ async fn run_attempt(
         }
     }
     access.push(ro(&inputs_dir));
-    let placement = crate::executor::Placement::of(
+    let mut placement = crate::executor::Placement::of(
         &ctx.pipeline.name,
         stage,
         stage.image.as_ref().map(render),
         item_index,
     );
+    // `from_snapshot` may name a snapshot an upstream stage recorded in its values: a
+    // rerun that reuses that stage mounts exactly the data of the original run.
+    for v in &mut placement.volumes {
+        if let Some(Ok(t)) = v.from_snapshot.as_deref().map(Template::parse) {
+            v.from_snapshot = Some(render(&t));
+        }
+    }
     let spec = AttemptSpec {
         run_id: key.run.clone(),
         stage: key.stage.clone(),
@@ -1947,6 +1954,10 @@ async fn wait_attempt(
         },
         None => Value::Object(Default::default()),
     };
+    let mut values = values;
+    if let (Value::Object(v), Some(Value::Object(made))) = (&mut values, running.made()) {
+        v.extend(made);
+    }
     let mut outputs = BTreeMap::new();
     for o in &stage.outputs {
         let art = match o.mode {

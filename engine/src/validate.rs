@@ -1194,6 +1194,10 @@ impl<'a> Cx<'a> {
             if let Some(q) = &v.empty_dir {
                 self.quantity(&vp.key("empty_dir"), q);
             }
+            if let Some(name) = &v.from_snapshot {
+                // `{{ stages.X.values.snapshot.name }}`: a snapshot an upstream stage took.
+                let _ = self.stage_template(sc, &vp.key("from_snapshot"), name);
+            }
             match (&v.from_snapshot, &v.size) {
                 (Some(_), Some(q)) => {
                     self.quantity(&vp.key("size"), q);

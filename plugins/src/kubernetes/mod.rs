@@ -344,6 +344,7 @@ impl Executor for KubernetesExecutor {
             spec,
             started: Instant::now(),
             cancelled: false,
+            made: None,
         }))
     }
 
@@ -406,6 +407,8 @@ struct KubeAttempt {
     spec: AttemptSpec,
     started: Instant,
     cancelled: bool,
+    /// What `made` reports: the VolumeSnapshot taken after the attempt.
+    made: Option<serde_json::Value>,
 }
 
 impl std::fmt::Debug for KubeAttempt {
@@ -647,11 +650,16 @@ impl KubeAttempt {
         })
     }
 
-    async fn snapshot(&self) -> Result<Option<String>, ExecutorError> {
+    /// Takes the stage's snapshot: its name and the claim it is of.
+    async fn snapshot(&self) -> Result<Option<(String, String)>, ExecutorError> {
         let Some(object) = render::snapshot(&self.settings, &self.spec) else {
             return Ok(None);
         };
         let name = object.metadata.name.clone().unwrap_or_default();
+        let claim = object.data["spec"]["source"]["persistentVolumeClaimName"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         let ar = render::volumesnapshot_resource();
         create(
             &self.client,
@@ -659,7 +667,7 @@ impl KubeAttempt {
             &Object::Custom(Box::new(object), ar),
         )
         .await?;
-        Ok(Some(name))
+        Ok(Some((name, claim)))
     }
 }
 
@@ -801,7 +809,18 @@ impl RunningAttempt for KubeAttempt {
         if wanted {
             use std::io::Write as _;
             let line = match self.snapshot().await {
-                Ok(Some(name)) => format!("drivetrain: VolumeSnapshot {name} created"),
+                Ok(Some((name, claim))) => {
+                    let volume = self
+                        .spec
+                        .placement
+                        .snapshot
+                        .as_ref()
+                        .map(|s| s.volume.clone());
+                    self.made = Some(serde_json::json!({"snapshot": {
+                        "name": name, "namespace": ns, "claim": claim, "volume": volume,
+                    }}));
+                    format!("drivetrain: VolumeSnapshot {name} of claim {claim} created")
+                }
                 Ok(None) => "drivetrain: nothing to snapshot".into(),
                 Err(e) => {
                     if succeeded {
@@ -818,6 +837,10 @@ impl RunningAttempt for KubeAttempt {
             }
         }
         outcome
+    }
+
+    fn made(&self) -> Option<serde_json::Value> {
+        self.made.clone()
     }
 
     async fn cancel(&mut self) {
