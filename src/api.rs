@@ -30,8 +30,11 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/v1/runs"),
     ("get", "/api/v1/runs/{id}"),
     ("post", "/api/v1/runs/{id}/cancel"),
+    ("post", "/api/v1/runs/{id}/rerun"),
+    ("post", "/api/v1/runs/{id}/retry"),
     ("get", "/api/v1/runs/{id}/logs"),
     ("get", "/api/v1/schedules"),
+    ("post", "/api/v1/schedules"),
     ("post", "/api/v1/schedules/{name}/suspend"),
     ("post", "/api/v1/schedules/{name}/resume"),
     ("post", "/api/v1/schedules/{name}/trigger"),
@@ -54,8 +57,10 @@ pub fn router(server: Shared) -> Router {
         .route("/api/v1/runs", get(list_runs).post(submit))
         .route("/api/v1/runs/{id}", get(get_run))
         .route("/api/v1/runs/{id}/cancel", post(cancel))
+        .route("/api/v1/runs/{id}/rerun", post(rerun))
+        .route("/api/v1/runs/{id}/retry", post(retry))
         .route("/api/v1/runs/{id}/logs", get(logs))
-        .route("/api/v1/schedules", get(schedules))
+        .route("/api/v1/schedules", get(schedules).post(register))
         .route("/api/v1/schedules/{name}/suspend", post(suspend))
         .route("/api/v1/schedules/{name}/resume", post(resume))
         .route("/api/v1/schedules/{name}/trigger", post(trigger))
@@ -156,23 +161,197 @@ async fn submit(State(s): State<Shared>, Json(body): Json<Submit>) -> Response {
 }
 
 async fn cancel(State(s): State<Shared>, Path(id): Path<String>) -> Response {
-    if s.cancel(&RunId(id.clone())) {
-        (
-            StatusCode::ACCEPTED,
-            Json(json!({"run": id, "cancelling": true})),
-        )
-            .into_response()
-    } else {
-        error(
+    let run = RunId(id.clone());
+    let accepted = (
+        StatusCode::ACCEPTED,
+        Json(json!({"run": id, "cancelling": true})),
+    );
+    if s.cancel(&run) {
+        return accepted.into_response();
+    }
+    // A rerun or retry this server started runs in an engine of its own.
+    match s.state.run(&run) {
+        Ok(r)
+            if !r.phase.is_terminal()
+                && r.engine_pid
+                    .is_some_and(|p| p != i64::from(std::process::id())) =>
+        {
+            let pid = r.engine_pid.unwrap_or_default() as i32;
+            match nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            ) {
+                Ok(()) => accepted.into_response(),
+                Err(e) => error(
+                    StatusCode::CONFLICT,
+                    format!(
+                        "run `{id}`'s engine is gone ({e}); `drivetrain cancel {id}` records it"
+                    ),
+                ),
+            }
+        }
+        Ok(r) if r.phase.is_terminal() => error(
+            StatusCode::CONFLICT,
+            format!("run `{id}` already ended: {}", r.phase),
+        ),
+        _ => error(
             StatusCode::NOT_FOUND,
             format!("run `{id}` is not running in this server"),
-        )
+        ),
     }
+}
+
+/// `POST /api/v1/runs/{id}/rerun`: `{"stages": [..], "downstream": bool, "params": {..}}`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RerunBody {
+    #[serde(default)]
+    stages: Vec<String>,
+    #[serde(default)]
+    downstream: bool,
+    #[serde(default)]
+    params: serde_json::Map<String, Value>,
+}
+
+async fn rerun(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    body: Option<Json<RerunBody>>,
+) -> Response {
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    if body.stages.is_empty() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "name the `stages` to execute again",
+        );
+    }
+    let mut extra = Vec::new();
+    for st in &body.stages {
+        extra.extend(["--stage".to_owned(), st.clone()]);
+    }
+    if body.downstream {
+        extra.push("--downstream".into());
+    }
+    for (k, v) in &body.params {
+        extra.extend([
+            "--param".to_owned(),
+            format!("{k}={}", drivetrain_engine::template::value_text(v)),
+        ]);
+    }
+    from_run(&s, "rerun", id, &extra)
+}
+
+async fn retry(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    from_run(&s, "retry", id, &[])
+}
+
+fn from_run(s: &Server, verb: &str, id: String, extra: &[String]) -> Response {
+    let parent = RunId(id);
+    match s.state.run(&parent) {
+        Ok(r) if !r.phase.is_terminal() => {
+            return error(
+                StatusCode::CONFLICT,
+                format!("run `{parent}` is still running; wait for it or cancel it first"),
+            )
+        }
+        Ok(_) => {}
+        Err(_) => return error(StatusCode::NOT_FOUND, format!("no run `{parent}`")),
+    }
+    match s.spawn_from(verb, &parent, extra) {
+        Ok(run) => (
+            StatusCode::CREATED,
+            Json(json!({"run": run, "parent": parent, "trigger": verb})),
+        )
+            .into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+/// `POST /api/v1/schedules`: `{"yaml": TEXT, "replace": bool}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Register {
+    yaml: String,
+    #[serde(default)]
+    replace: bool,
+}
+
+async fn register(State(s): State<Shared>, Json(body): Json<Register>) -> Response {
+    match s.register(&body.yaml, body.replace) {
+        Ok((name, next)) => (
+            StatusCode::CREATED,
+            Json(json!({"schedule": name, "next": next})),
+        )
+            .into_response(),
+        Err((code, message)) => error(
+            StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST),
+            message,
+        ),
+    }
+}
+
+/// Streams the live log of an attempt from its start, as it grows, until the attempt has
+/// ended and everything it wrote was sent.
+fn follow(
+    s: Shared,
+    run: RunId,
+    stage: String,
+    attempt: u32,
+    path: std::path::PathBuf,
+) -> Response {
+    use std::io::{Read as _, Seek as _};
+    let ended = move |s: &Server| {
+        s.state
+            .attempts(&run)
+            .map(|a| {
+                a.iter().any(|a| {
+                    a.stage == stage
+                        && (a.attempt > attempt || (a.attempt == attempt && a.phase.is_terminal()))
+                })
+            })
+            .unwrap_or(true)
+    };
+    let stream = futures::stream::unfold((0u64, false), move |(offset, done)| {
+        let s = s.clone();
+        let path = path.clone();
+        let ended = ended.clone();
+        async move {
+            if done {
+                return None;
+            }
+            loop {
+                // Ended is read before the file, so nothing written before the end is missed.
+                let finished = ended(&s);
+                let mut chunk = Vec::new();
+                if let Ok(mut f) = std::fs::File::open(&path) {
+                    if f.seek(std::io::SeekFrom::Start(offset)).is_ok() {
+                        let _ = f.read_to_end(&mut chunk);
+                    }
+                }
+                if !chunk.is_empty() {
+                    let next = offset + chunk.len() as u64;
+                    return Some((Ok::<_, std::convert::Infallible>(chunk), (next, false)));
+                }
+                if finished {
+                    return None;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    });
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response()
 }
 
 #[derive(Deserialize)]
 struct LogsQuery {
     stage: String,
+    /// Stream the log as it grows until the stage's attempt ends.
+    #[serde(default)]
+    follow: bool,
 }
 
 /// The latest attempt's log of a stage: the published one, or the live file while it runs.
@@ -202,6 +381,15 @@ async fn logs(
         stage: q.stage.clone(),
         attempt: latest,
     };
+    let live = s
+        .work_dir
+        .join(&run.0)
+        .join(&q.stage)
+        .join(latest.to_string())
+        .join("log.txt");
+    if q.follow {
+        return follow(s.clone(), run, q.stage, latest, live);
+    }
     let text = match s.artifacts.log(&key).await {
         Ok(Some(bytes)) => bytes,
         _ => std::fs::read(

@@ -348,6 +348,9 @@ struct FromRun {
     no_cache: bool,
     #[arg(long, value_enum, default_value_t = Format::Text)]
     output: Format,
+    /// The new run's id (set by the server, which answers with it before the run starts).
+    #[arg(long, hide = true)]
+    run_id: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -493,6 +496,7 @@ fn rerun(catalog: &Catalog, home: PathBuf, a: RerunCli) -> ExitCode {
         no_cache: a.common.no_cache,
         home,
         json: a.common.output == Format::Json,
+        run_id: a.common.run_id.map(drivetrain_engine::state::RunId),
     })
     .unwrap_or_else(|e| {
         eprintln!("error: {e:#}");

@@ -1012,6 +1012,8 @@ pub struct RerunArgs<'a> {
     pub no_cache: bool,
     pub home: PathBuf,
     pub json: bool,
+    /// The new run's id, if the caller chose it.
+    pub run_id: Option<RunId>,
 }
 
 /// The pipeline file a run was started from.
@@ -1210,7 +1212,10 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
         Err(why) => return usage(why),
     };
     let url = store_url(pipeline.store.as_deref(), &args.home)?;
-    let id = RunId::generate(chrono::Utc::now());
+    let id = args
+        .run_id
+        .clone()
+        .unwrap_or_else(|| RunId::generate(chrono::Utc::now()));
     let trigger = if args.retry { "retry" } else { "rerun" };
     if !args.json {
         println!("run {id}");

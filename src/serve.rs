@@ -100,7 +100,11 @@ pub struct Server {
     pub artifacts: ArtifactStore,
     executor: Arc<dyn Executor>,
     pub work_dir: PathBuf,
-    pipelines: BTreeMap<String, Loaded>,
+    /// The engine's home (reruns and retries run as child engines on it).
+    pub home: PathBuf,
+    /// The served directory, where schedules registered over the API are written.
+    dir: PathBuf,
+    pipelines: std::sync::RwLock<BTreeMap<String, Arc<Loaded>>>,
     cancels: Mutex<BTreeMap<RunId, tokio::sync::watch::Sender<bool>>>,
     pub token: Option<String>,
     pub metrics: Metrics,
@@ -115,7 +119,7 @@ fn load(
     catalog: &Catalog,
     dir: &Path,
     state: &dyn StateStore,
-) -> anyhow::Result<BTreeMap<String, Loaded>> {
+) -> anyhow::Result<BTreeMap<String, Arc<Loaded>>> {
     let mut out = BTreeMap::new();
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", dir.display()))?
@@ -142,12 +146,12 @@ fn load(
         };
         out.insert(
             pipeline.name.clone(),
-            Loaded {
+            Arc::new(Loaded {
                 digest: crate::runs::digest(&source),
                 pipeline: Arc::new(pipeline),
                 ticker,
                 file: abs,
-            },
+            }),
         );
     }
     Ok(out)
@@ -169,6 +173,95 @@ pub fn queue_manual_tick(state: &dyn StateStore, pipeline: &str) -> anyhow::Resu
 }
 
 impl Server {
+    fn loaded(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Loaded>>> {
+        self.pipelines.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a pipeline given as YAML (it must have a `schedule:`): written into the
+    /// served directory, so it is served again after a restart, and scheduled from now.
+    /// An existing pipeline of the same name is replaced only when `replace` is set.
+    pub fn register(&self, yaml: &str, replace: bool) -> Result<(String, String), (u16, String)> {
+        let validated = drivetrain_engine::validate(yaml, &self.catalog);
+        let Some(pipeline) = validated.pipeline else {
+            let msgs: Vec<String> = validated
+                .diagnostics
+                .iter()
+                .map(|d| d.message.clone())
+                .collect();
+            return Err((
+                400,
+                format!("the pipeline does not validate: {}", msgs.join("; ")),
+            ));
+        };
+        let Some(sched) = &pipeline.schedule else {
+            return Err((
+                400,
+                format!("pipeline `{}` has no `schedule:`", pipeline.name),
+            ));
+        };
+        let name = pipeline.name.clone();
+        let ticker = Ticker::new(sched).map_err(|e| (400, e.to_string()))?;
+        let mut pipelines = self.pipelines.write().unwrap_or_else(|e| e.into_inner());
+        if pipelines.contains_key(&name) && !replace {
+            return Err((
+                409,
+                format!("pipeline `{name}` is already served; send `replace: true` to replace it"),
+            ));
+        }
+        let file = self.dir.join(format!("{name}.yaml"));
+        std::fs::write(&file, yaml)
+            .map_err(|e| (500, format!("cannot write {}: {e}", file.display())))?;
+        self.state
+            .upsert_schedule(&name, &file.display().to_string(), &now_text())
+            .map_err(|e| (500, e.to_string()))?;
+        let next = ticker
+            .next_after(chrono::Utc::now())
+            .map(|t| t.to_rfc3339())
+            .unwrap_or_else(|| "never".into());
+        pipelines.insert(
+            name.clone(),
+            Arc::new(Loaded {
+                digest: crate::runs::digest(yaml),
+                pipeline: Arc::new(pipeline),
+                ticker: Some(ticker),
+                file,
+            }),
+        );
+        Ok((name, next))
+    }
+
+    /// Starts `drivetrain rerun|retry PARENT …` as a child engine on this server's home,
+    /// with the new run's id chosen here.
+    pub fn spawn_from(
+        &self,
+        verb: &str,
+        parent: &RunId,
+        extra: &[String],
+    ) -> anyhow::Result<RunId> {
+        if self.stopping.load(Ordering::SeqCst) {
+            anyhow::bail!("the server is shutting down");
+        }
+        let id = RunId::generate(chrono::Utc::now());
+        let dir = self.home.join("engine");
+        std::fs::create_dir_all(&dir)?;
+        let log = std::fs::File::create(dir.join(format!("{id}.log")))?;
+        let mut child = tokio::process::Command::new(std::env::current_exe()?)
+            .arg(verb)
+            .arg(&parent.0)
+            .args(["--run-id", &id.0])
+            .args(extra)
+            .env("DRIVETRAIN_HOME", &self.home)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0)
+            .spawn()?;
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        Ok(id)
+    }
+
     pub fn in_flight(&self) -> usize {
         self.cancels.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
@@ -195,8 +288,9 @@ impl Server {
         name: &str,
         overrides: &[(String, String)],
     ) -> Result<RunId, String> {
-        let Some(l) = self.pipelines.get(name) else {
-            let names: Vec<&str> = self.pipelines.keys().map(String::as_str).collect();
+        let Some(l) = self.loaded().get(name).cloned() else {
+            let loaded = self.loaded();
+            let names: Vec<&str> = loaded.keys().map(String::as_str).collect();
             return Err(format!(
                 "no pipeline `{name}`; this server has {}",
                 names.join(", ")
@@ -242,13 +336,19 @@ impl Server {
             .resolve_params(overrides)
             .map_err(|e| e.join("; "))?;
         let id = RunId::generate(chrono::Utc::now());
+        // Kept, so a rerun or retry of the run can read the pipeline it ran.
+        let dir = self.home.join("submitted");
+        let file = dir.join(format!("{id}.yaml"));
+        std::fs::create_dir_all(&dir)
+            .and_then(|_| std::fs::write(&file, yaml))
+            .map_err(|e| format!("cannot keep the pipeline in {}: {e}", file.display()))?;
         self.start(
             id.clone(),
             Arc::new(pipeline),
             params,
             "api",
             None,
-            "<api>",
+            &file.display().to_string(),
             &crate::runs::digest(yaml),
         )
         .map_err(|e| e.to_string())?;
@@ -356,7 +456,12 @@ impl Server {
 
     /// Decides and starts the due ticks of every schedule; returns how long to sleep.
     fn tick(self: &Arc<Self>, now: chrono::DateTime<chrono::Utc>) -> anyhow::Result<Duration> {
-        for (name, l) in &self.pipelines {
+        let pipelines: Vec<(String, Arc<Loaded>)> = self
+            .loaded()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (name, l) in &pipelines {
             let (Some(ticker), Some(sched)) = (&l.ticker, &l.pipeline.schedule) else {
                 continue;
             };
@@ -393,9 +498,9 @@ impl Server {
         }
         // Until the next tick, but at most a second: suspends, resumes and triggers made
         // elsewhere are seen within it.
-        let next = self
-            .pipelines
-            .values()
+        let next = pipelines
+            .iter()
+            .map(|(_, l)| l)
             .filter_map(|l| l.ticker.as_ref()?.next_after(now))
             .min()
             .map(|t| (t - chrono::Utc::now()).to_std().unwrap_or_default())
@@ -439,7 +544,9 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         artifacts: ArtifactStore::open(&store_url(None, home)?)?,
         executor: drivetrain_plugins::executor("local").map_err(|e| anyhow::anyhow!(e))?,
         work_dir: std::fs::canonicalize(home)?.join("work"),
-        pipelines,
+        home: std::fs::canonicalize(home)?,
+        dir: std::fs::canonicalize(&args.pipelines)?,
+        pipelines: std::sync::RwLock::new(pipelines),
         cancels: Mutex::new(BTreeMap::new()),
         token,
         metrics: Metrics {
@@ -456,7 +563,7 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         stopping: std::sync::atomic::AtomicBool::new(false),
         state,
     });
-    for (name, l) in &server.pipelines {
+    for (name, l) in server.loaded().iter() {
         if let (Some(t), Some(s)) = (&l.ticker, &l.pipeline.schedule) {
             let next = t
                 .next_after(chrono::Utc::now())

@@ -283,3 +283,156 @@ fn serve_refuses_a_public_address_without_a_token() {
         text(&o.stderr)
     );
 }
+
+/// Reruns and retries run in engines of their own that the server starts; logs stream
+/// while a stage runs; pipelines with a schedule can be registered over the API.
+#[test]
+fn reruns_retries_followed_logs_and_registered_schedules_over_http() {
+    let home = Home::new("api-more");
+    served(&home);
+    let s = start(&home, &["--token", TOKEN]);
+
+    // A rerun of one stage with a new param, in its own engine.
+    let (code, v) = json(
+        &s,
+        "POST",
+        "/api/v1/runs",
+        Some(r#"{"pipeline": "hello", "params": {"who": "a"}}"#),
+    );
+    assert_eq!(code, 201, "{v}");
+    let first = v["run"].as_str().unwrap().to_owned();
+    wait_phase(&s, &first, "Succeeded");
+    let (code, v) = json(
+        &s,
+        "POST",
+        &format!("/api/v1/runs/{first}/rerun"),
+        Some(r#"{"stages": ["greet"], "params": {"who": "b"}}"#),
+    );
+    assert_eq!(code, 201, "{v}");
+    let rerun = v["run"].as_str().unwrap().to_owned();
+    let done = wait_phase(&s, &rerun, "Succeeded");
+    assert_eq!(done["run"]["trigger"], "rerun");
+    assert_eq!(done["run"]["parent"], first.as_str());
+    let (_, log) = request(
+        &s,
+        "GET",
+        &format!("/api/v1/runs/{rerun}/logs?stage=greet"),
+        Some(TOKEN),
+        None,
+    );
+    assert!(log.contains("hello b"), "{log}");
+    let (code, _) = json(
+        &s,
+        "POST",
+        &format!("/api/v1/runs/{first}/rerun"),
+        Some("{}"),
+    );
+    assert_eq!(code, 400, "a rerun names its stages");
+    let (code, _) = json(&s, "POST", "/api/v1/runs/no-such-run/retry", None);
+    assert_eq!(code, 404);
+
+    // A retry executes what failed, once it can succeed.
+    let flag = home.dir.join("flag");
+    let yaml = format!(
+        "version: 1\nname: flaky\nstages:\n  check:\n    run: {{command: [test, -e, {}]}}\n",
+        flag.display()
+    );
+    let body = serde_json::json!({ "yaml": yaml }).to_string();
+    let (code, v) = json(&s, "POST", "/api/v1/runs", Some(&body));
+    assert_eq!(code, 201, "{v}");
+    let failed = v["run"].as_str().unwrap().to_owned();
+    wait_phase(&s, &failed, "Failed");
+    std::fs::write(&flag, "").unwrap();
+    let (code, v) = json(&s, "POST", &format!("/api/v1/runs/{failed}/retry"), None);
+    assert_eq!(code, 201, "{v}");
+    let retried = wait_phase(&s, v["run"].as_str().unwrap(), "Succeeded");
+    assert_eq!(retried["run"]["trigger"], "retry");
+
+    // A followed log streams until the stage ends.
+    let yaml = "version: 1\nname: chatty\nstages:\n  talk:\n    run: {command: [sh, -c, 'echo first line; sleep 1; echo last line']}\n";
+    let body = serde_json::json!({ "yaml": yaml }).to_string();
+    let (_, v) = json(&s, "POST", "/api/v1/runs", Some(&body));
+    let chatty = v["run"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while request(
+        &s,
+        "GET",
+        &format!("/api/v1/runs/{chatty}/logs?stage=talk"),
+        Some(TOKEN),
+        None,
+    )
+    .0 != 200
+    {
+        assert!(Instant::now() < deadline, "the stage never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, streamed) = request(
+        &s,
+        "GET",
+        &format!("/api/v1/runs/{chatty}/logs?stage=talk&follow=true"),
+        Some(TOKEN),
+        None,
+    );
+    assert_eq!(code, 200);
+    assert!(
+        streamed.contains("first line") && streamed.contains("last line"),
+        "{streamed}"
+    );
+
+    // A schedule registered over the API is served (and written into the directory).
+    let yaml = "version: 1\nname: hourly\nschedule: {cron: \"0 * * * *\", timezone: Asia/Tokyo}\nstages:\n  s:\n    run: {command: [\"true\"]}\n";
+    let body = serde_json::json!({ "yaml": yaml }).to_string();
+    let (code, v) = json(&s, "POST", "/api/v1/schedules", Some(&body));
+    assert_eq!(code, 201, "{v}");
+    assert_eq!(v["schedule"], "hourly");
+    assert!(home.dir.join("served/hourly.yaml").exists());
+    let (_, list) = json(&s, "GET", "/api/v1/schedules", None);
+    assert!(
+        list["schedules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["schedule"]["pipeline"] == "hourly"),
+        "{list}"
+    );
+    let (code, _) = json(&s, "POST", "/api/v1/schedules", Some(&body));
+    assert_eq!(code, 409, "a served name is not replaced unless asked");
+    let body = serde_json::json!({ "yaml": yaml, "replace": true }).to_string();
+    assert_eq!(json(&s, "POST", "/api/v1/schedules", Some(&body)).0, 201);
+    let unscheduled = serde_json::json!({ "yaml": "version: 1\nname: x\nstages:\n  s:\n    run: {command: [\"true\"]}\n" }).to_string();
+    assert_eq!(
+        json(&s, "POST", "/api/v1/schedules", Some(&unscheduled)).0,
+        400
+    );
+    // And it can be triggered at once.
+    let (code, v) = json(&s, "POST", "/api/v1/schedules/hourly/trigger", None);
+    assert_eq!(code, 202, "{v}");
+    wait_phase(&s, v["run"].as_str().unwrap(), "Succeeded");
+
+    // A rerun the server started is cancelled through the server.
+    let (code, v) = json(
+        &s,
+        "POST",
+        &format!("/api/v1/runs/{first}/rerun"),
+        Some(r#"{"stages": ["slow"], "params": {"sleep": 60}}"#),
+    );
+    assert_eq!(code, 201, "{v}");
+    let slow = v["run"].as_str().unwrap().to_owned();
+    wait_phase(&s, &slow, "Running");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, v) = json(&s, "GET", &format!("/api/v1/runs/{slow}"), None);
+        if v["stages"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|st| st["stage"] == "slow" && st["phase"] == "Running")
+        }) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "slow never ran: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, v) = json(&s, "POST", &format!("/api/v1/runs/{slow}/cancel"), None);
+    assert_eq!(code, 202, "{v}");
+    wait_phase(&s, &slow, "Cancelled");
+    let _ = text;
+}
