@@ -4,6 +4,7 @@
 //! run failed), 2 usage (bad arguments, unreadable files), 130 cancelled.
 
 mod api;
+mod client;
 mod exec;
 mod history;
 mod manifests;
@@ -119,6 +120,10 @@ enum Command {
         /// Start the run in the background, print its id and return.
         #[arg(long)]
         detach: bool,
+        /// Submit the run to a `drivetrain serve` (the file's YAML and the params) and
+        /// follow it there (token: DRIVETRAIN_TOKEN).
+        #[arg(long, value_name = "URL", conflicts_with_all = ["executor", "gpus", "parallelism", "run_id"])]
+        server: Option<String>,
         /// The id to use (set by `--detach` for the background engine).
         #[arg(long, hide = true)]
         run_id: Option<String>,
@@ -221,6 +226,9 @@ enum Command {
         run: Option<String>,
         #[arg(long, value_enum, default_value_t = Format::Text)]
         output: Format,
+        /// Ask a `drivetrain serve` instead of this machine (token: DRIVETRAIN_TOKEN).
+        #[arg(long, value_name = "URL")]
+        server: Option<String>,
     },
     /// Print the logs of a run's stages (the latest attempt of each).
     #[command(
@@ -233,6 +241,9 @@ enum Command {
         /// Keep printing as the stage writes, until it ends (needs `--stage`).
         #[arg(long, short = 'f', requires = "stage")]
         follow: bool,
+        /// Ask a `drivetrain serve` instead of this machine (needs a run and `--stage`).
+        #[arg(long, value_name = "URL", requires_all = ["run", "stage"])]
+        server: Option<String>,
     },
     /// Finish a run whose engine stopped: succeeded stages are kept, lost attempts rerun.
     #[command(after_help = "Example:\n  drivetrain resume 20261122-031500-1a2b")]
@@ -243,7 +254,12 @@ enum Command {
     },
     /// Cancel a run: its running stages are stopped and it is recorded as cancelled.
     #[command(after_help = "Example:\n  drivetrain cancel 20261122-031500-1a2b")]
-    Cancel { run: String },
+    Cancel {
+        run: String,
+        /// Ask a `drivetrain serve` to cancel it.
+        #[arg(long, value_name = "URL")]
+        server: Option<String>,
+    },
     /// List recent runs.
     #[command(after_help = "Examples:\n  drivetrain list\n  drivetrain list --output json")]
     List {
@@ -538,11 +554,21 @@ fn main() -> ExitCode {
             executor,
             gpus,
             detach,
+            server,
             run_id,
             no_cache,
             overwrite_cache,
             output,
         } => {
+            if let Some(url) = server {
+                return outcome(client::run(
+                    &url,
+                    &file,
+                    &params,
+                    detach,
+                    output == Format::Json,
+                ));
+            }
             let src = match read(&file) {
                 Ok(s) => s,
                 Err(code) => return code,
@@ -633,17 +659,33 @@ fn main() -> ExitCode {
             apply,
             output,
         } => outcome(history::gc(&home, keep_days, apply, output == Format::Json)),
-        Command::Status { run, output } => {
+        Command::Status {
+            run,
+            output,
+            server: Some(url),
+        } => outcome(client::status(&url, run.as_deref(), output == Format::Json)),
+        Command::Status { run, output, .. } => {
             outcome(runs::status(&home, run.as_deref(), output == Format::Json))
         }
-        Command::Logs { run, stage, follow } => match (follow, stage.as_deref()) {
+        Command::Logs {
+            run: Some(run),
+            stage: Some(stage),
+            follow,
+            server: Some(url),
+        } => outcome(client::logs(&url, &run, &stage, follow)),
+        Command::Logs {
+            run, stage, follow, ..
+        } => match (follow, stage.as_deref()) {
             (true, Some(s)) => outcome(runs::follow(&home, run.as_deref(), s)),
             _ => outcome(runs::logs(&home, run.as_deref(), stage.as_deref())),
         },
         Command::Resume { run, output } => {
             outcome(runs::resume(&catalog, &home, &run, output == Format::Json))
         }
-        Command::Cancel { run } => outcome(runs::cancel(&home, &run)),
+        Command::Cancel { run, server } => outcome(match server {
+            Some(url) => client::cancel(&url, &run),
+            None => runs::cancel(&home, &run),
+        }),
         Command::List { output } => outcome(runs::list(&home, output == Format::Json)),
         Command::Validate { files, output } => cmd_validate(&catalog, &files, output),
         Command::Graph { file, format } => match load(&catalog, &file) {

@@ -548,6 +548,13 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(pid) = record.engine_pid.filter(|p| alive(*p)) {
+        // A run inside `drivetrain serve` shares the server's process: a signal would
+        // stop the server, so the server is asked instead.
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if cmdline.split(|b| *b == 0).nth(1) == Some(b"serve".as_slice()) {
+            eprintln!("error: run {id} runs inside `drivetrain serve` (process {pid}); cancel it there: drivetrain cancel {id} --server URL");
+            return Ok(ExitCode::from(2));
+        }
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid as i32),
             nix::sys::signal::Signal::SIGTERM,

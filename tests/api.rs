@@ -436,3 +436,100 @@ fn reruns_retries_followed_logs_and_registered_schedules_over_http() {
     wait_phase(&s, &slow, "Cancelled");
     let _ = text;
 }
+
+/// `run`, `status`, `logs` and `cancel` with `--server URL` go through the API.
+#[test]
+fn the_cli_talks_to_a_server() {
+    let home = Home::new("api-cli");
+    served(&home);
+    let s = start(&home, &["--token", TOKEN]);
+    let url = format!("http://{}", s.addr);
+    let cli = |args: &[&str], token: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_drivetrain"));
+        c.args(args)
+            .current_dir(&home.dir)
+            .env_remove("DRIVETRAIN_TOKEN");
+        if let Some(t) = token {
+            c.env("DRIVETRAIN_TOKEN", t);
+        }
+        c.output().unwrap()
+    };
+    let o = cli(
+        &[
+            "run",
+            "served/hello.yaml",
+            "--server",
+            &url,
+            "--param",
+            "who=cli",
+        ],
+        Some(TOKEN),
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}{}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    let out = text(&o.stdout);
+    let id = out
+        .lines()
+        .next()
+        .unwrap()
+        .strip_prefix("run ")
+        .unwrap()
+        .to_owned();
+    assert!(out.contains(&format!("run {id} Succeeded")), "{out}");
+    // The run is the server's: this machine's engine has no such run in its own home.
+    let o = cli(
+        &["status", &id, "--server", &url, "--output", "json"],
+        Some(TOKEN),
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["run"]["phase"], "Succeeded");
+    assert_eq!(v["run"]["trigger"], "api");
+    let o = cli(
+        &["logs", &id, "--stage", "greet", "--server", &url],
+        Some(TOKEN),
+    );
+    assert!(text(&o.stdout).contains("hello cli"), "{}", text(&o.stdout));
+    // Without the token the server refuses, and the CLI says so.
+    let o = cli(&["status", &id, "--server", &url], None);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(text(&o.stderr).contains("401"), "{}", text(&o.stderr));
+    // A detached submission, cancelled through the server.
+    let o = cli(
+        &[
+            "run",
+            "served/hello.yaml",
+            "--server",
+            &url,
+            "--detach",
+            "--param",
+            "sleep=60",
+        ],
+        Some(TOKEN),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let slow = text(&o.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .strip_prefix("run ")
+        .unwrap()
+        .to_owned();
+    wait_phase(&s, &slow, "Running");
+    // Cancelling it locally would signal the server's own process: refused, with the way.
+    let o = cli(&["cancel", &slow], None);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stdout));
+    assert!(text(&o.stderr).contains("--server"), "{}", text(&o.stderr));
+    assert_eq!(
+        json(&s, "GET", "/api/v1/runs", None).0,
+        200,
+        "the server still serves"
+    );
+    let o = cli(&["cancel", &slow, "--server", &url], Some(TOKEN));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    wait_phase(&s, &slow, "Cancelled");
+}
