@@ -341,7 +341,7 @@ fn conclusion(
 }
 
 /// Whether process `pid` exists.
-fn alive(pid: i64) -> bool {
+pub fn alive(pid: i64) -> bool {
     i32::try_from(pid)
         .ok()
         .filter(|p| *p > 0)

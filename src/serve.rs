@@ -242,14 +242,28 @@ impl Server {
             anyhow::bail!("the server is shutting down");
         }
         let id = RunId::generate(chrono::Utc::now());
+        let mut args = vec![
+            verb.to_owned(),
+            parent.0.clone(),
+            "--run-id".into(),
+            id.0.clone(),
+        ];
+        args.extend(extra.iter().cloned());
+        self.spawn_engine(&id, &args)?;
+        Ok(id)
+    }
+
+    /// A child `drivetrain` engine on this server's home, its output in
+    /// `engine/<run>.log`, reaped when it exits.
+    fn spawn_engine(&self, run: &RunId, args: &[String]) -> anyhow::Result<()> {
         let dir = self.home.join("engine");
         std::fs::create_dir_all(&dir)?;
-        let log = std::fs::File::create(dir.join(format!("{id}.log")))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("{run}.log")))?;
         let mut child = tokio::process::Command::new(std::env::current_exe()?)
-            .arg(verb)
-            .arg(&parent.0)
-            .args(["--run-id", &id.0])
-            .args(extra)
+            .args(args)
             .env("DRIVETRAIN_HOME", &self.home)
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone()?)
@@ -259,7 +273,22 @@ impl Server {
         tokio::spawn(async move {
             let _ = child.wait().await;
         });
-        Ok(id)
+        Ok(())
+    }
+
+    /// Resumes the runs whose engine is gone (a server or engine killed while they ran):
+    /// each in a child engine (`drivetrain resume`), which keeps what succeeded and
+    /// re-attaches to or reruns what was in flight.
+    fn resume_orphans(&self) -> anyhow::Result<Vec<RunId>> {
+        let mut resumed = Vec::new();
+        for r in self.state.list_runs(10_000)? {
+            if r.phase.is_terminal() || r.engine_pid.is_some_and(crate::runs::alive) {
+                continue;
+            }
+            self.spawn_engine(&r.id, &["resume".into(), r.id.0.clone()])?;
+            resumed.push(r.id);
+        }
+        Ok(resumed)
     }
 
     pub fn in_flight(&self) -> usize {
@@ -576,6 +605,9 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         .enable_all()
         .build()?;
     rt.block_on(async move {
+        for run in server.resume_orphans()? {
+            println!("resuming run {run}: its engine is gone");
+        }
         let listener = tokio::net::TcpListener::bind(addr).await?;
         println!("listening on http://{}", listener.local_addr()?);
         let app = crate::api::router(server.clone());

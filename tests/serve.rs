@@ -152,3 +152,85 @@ stages:
     assert_eq!(run["trigger"], "schedule");
     assert!(run["scheduled_time"].is_string(), "{run}");
 }
+
+/// A run in flight when the server is killed (-9) is resumed by the next server: what
+/// succeeded is kept, the lost attempt runs again, and the run ends.
+#[test]
+fn a_run_in_flight_survives_a_killed_server() {
+    let home = Home::new("serve-resume");
+    std::fs::create_dir_all(home.dir.join("scheduled")).unwrap();
+    let gate = home.dir.join("gate");
+    home.write(
+        "scheduled/yearly.yaml",
+        &format!(
+            r#"
+version: 1
+name: yearly
+schedule: {{cron: "0 0 1 1 *", timezone: UTC, catchup: none}}
+stages:
+  first:
+    run: {{command: [echo, first]}}
+  wait:
+    needs: [first]
+    run: {{command: [sh, -c, 'while [ ! -e {} ]; do sleep 0.1; done; echo opened']}}
+"#,
+            gate.display()
+        ),
+    );
+    let mut server = start(&home);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !text(&home.drivetrain(&["schedule", "list"]).stdout).contains("yearly") {
+        assert!(
+            Instant::now() < deadline,
+            "the server never registered `yearly`"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let o = home.drivetrain(&["schedule", "trigger", "yearly"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let run = text(&o.stdout)
+        .split_whitespace()
+        .find(|w| w.chars().next().is_some_and(|c| c.is_ascii_digit()) && w.contains('-'))
+        .unwrap_or_else(|| panic!("no run id in {}", text(&o.stdout)))
+        .to_owned();
+    let stage_phase = |name: &str| -> String {
+        let o = home.drivetrain(&["status", &run, "--output", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        v["stages"]
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s["stage"] == name))
+            .and_then(|s| s["phase"].as_str())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stage_phase("wait") != "Running" {
+        assert!(Instant::now() < deadline, "`wait` never ran");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    server.kill().unwrap();
+    server.wait().unwrap();
+
+    let mut server = start(&home);
+    std::fs::write(&gate, "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let o = home.drivetrain(&["status", &run, "--output", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        if v["run"]["phase"] == "Succeeded" {
+            let stages = v["stages"].as_array().unwrap();
+            let get = |n: &str| stages.iter().find(|s| s["stage"] == n).unwrap().clone();
+            assert_eq!(get("first")["attempts"], 1, "what succeeded is kept: {v}");
+            assert_eq!(
+                get("wait")["attempts"],
+                2,
+                "the lost attempt ran again: {v}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "the run never ended: {v}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+}
