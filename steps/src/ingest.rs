@@ -108,54 +108,96 @@ pub fn frame_schema() -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// The latest value of every column: what a frame is made of.
+/// The latest value of every column: what a frame is made of. Fixed slots in column
+/// order (cloned once per frame, so strings are shared, not copied).
 #[derive(Default, Clone)]
 struct Held {
-    f64s: BTreeMap<&'static str, f64>,
-    strs: BTreeMap<&'static str, String>,
-    gts: BTreeMap<&'static str, bool>,
+    f64s: [Option<f64>; F64_COLUMNS.len()],
+    strs: [Option<Arc<str>>; STR_COLUMNS.len()],
+    gts: [Option<bool>; GT_COLUMNS.len()],
+}
+
+/// The fields of one channel message drivetrain reads: every channel's, in one struct
+/// (serde skips the rest without building them).
+#[derive(Default, serde::Deserialize)]
+struct Msg<'a> {
+    speed_mps: Option<f64>,
+    accel_x: Option<f64>,
+    accel_y: Option<f64>,
+    yaw_rate: Option<f64>,
+    steering: Option<f64>,
+    brake_pressure: Option<f64>,
+    lat: Option<f64>,
+    lon: Option<f64>,
+    lateral_offset_m: Option<f64>,
+    lane_confidence: Option<f64>,
+    object_distance_m: Option<f64>,
+    object_rel_speed_mps: Option<f64>,
+    distance_m: Option<f64>,
+    rel_speed_mps: Option<f64>,
+    #[serde(borrow)]
+    class: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    weather: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    time_of_day: Option<std::borrow::Cow<'a, str>>,
+    hard_brake: Option<bool>,
+    cut_in: Option<bool>,
+    pedestrian_close_call: Option<bool>,
+    low_lane_confidence: Option<bool>,
+}
+
+fn set<T>(slot: &mut Option<T>, v: Option<T>) {
+    if v.is_some() {
+        *slot = v;
+    }
+}
+
+fn shared(s: Option<std::borrow::Cow<'_, str>>) -> Option<Arc<str>> {
+    s.map(|c| Arc::from(c.as_ref()))
 }
 
 impl Held {
     /// Takes the fields of one message of `topic`.
-    fn take(&mut self, topic: &str, v: &Value) {
-        let num = |k: &str| v.get(k).and_then(Value::as_f64);
+    fn take(&mut self, topic: &str, m: Msg<'_>) {
         match topic {
             "/vehicle" | "/lane" => {
-                for c in F64_COLUMNS {
-                    if let Some(x) = num(c) {
-                        self.f64s.insert(c, x);
-                    }
+                let values = [
+                    m.speed_mps,
+                    m.accel_x,
+                    m.accel_y,
+                    m.yaw_rate,
+                    m.steering,
+                    m.brake_pressure,
+                    m.lat,
+                    m.lon,
+                    m.lateral_offset_m,
+                    m.lane_confidence,
+                    m.object_distance_m,
+                    m.object_rel_speed_mps,
+                ];
+                for (slot, v) in self.f64s.iter_mut().zip(values) {
+                    set(slot, v);
                 }
             }
             "/objects" => {
-                if let Some(x) = num("distance_m") {
-                    self.f64s.insert("object_distance_m", x);
-                }
-                if let Some(x) = num("rel_speed_mps") {
-                    self.f64s.insert("object_rel_speed_mps", x);
-                }
-                if let Some(c) = v.get("class").and_then(Value::as_str) {
-                    self.strs.insert("object_class", c.to_owned());
-                }
+                set(&mut self.f64s[10], m.distance_m);
+                set(&mut self.f64s[11], m.rel_speed_mps);
+                set(&mut self.strs[0], shared(m.class));
             }
             "/context" => {
-                for c in ["weather", "time_of_day"] {
-                    if let Some(s) = v.get(c).and_then(Value::as_str) {
-                        let key = if c == "weather" {
-                            "weather"
-                        } else {
-                            "time_of_day"
-                        };
-                        self.strs.insert(key, s.to_owned());
-                    }
-                }
+                set(&mut self.strs[1], shared(m.weather));
+                set(&mut self.strs[2], shared(m.time_of_day));
             }
             "/ground_truth" => {
-                for c in GT_COLUMNS {
-                    if let Some(b) = v.get(&c[3..]).and_then(Value::as_bool) {
-                        self.gts.insert(c, b);
-                    }
+                let values = [
+                    m.hard_brake,
+                    m.cut_in,
+                    m.pedestrian_close_call,
+                    m.low_lane_confidence,
+                ];
+                for (slot, v) in self.gts.iter_mut().zip(values) {
+                    set(slot, v);
                 }
             }
             _ => {}
@@ -164,20 +206,14 @@ impl Held {
 
     /// Takes every known column of a JSON-lines frame.
     fn take_row(&mut self, v: &Value) {
-        for c in F64_COLUMNS {
-            if let Some(x) = v.get(*c).and_then(Value::as_f64) {
-                self.f64s.insert(c, x);
-            }
+        for (slot, c) in self.f64s.iter_mut().zip(F64_COLUMNS) {
+            set(slot, v.get(*c).and_then(Value::as_f64));
         }
-        for c in STR_COLUMNS {
-            if let Some(s) = v.get(*c).and_then(Value::as_str) {
-                self.strs.insert(c, s.to_owned());
-            }
+        for (slot, c) in self.strs.iter_mut().zip(STR_COLUMNS) {
+            set(slot, v.get(*c).and_then(Value::as_str).map(Arc::from));
         }
-        for c in GT_COLUMNS {
-            if let Some(b) = v.get(*c).and_then(Value::as_bool) {
-                self.gts.insert(c, b);
-            }
+        for (slot, c) in self.gts.iter_mut().zip(GT_COLUMNS) {
+            set(slot, v.get(*c).and_then(Value::as_bool));
         }
     }
 }
@@ -256,14 +292,14 @@ impl DriveWriter {
             drive.append_value(&self.drive);
             ts.append_value((log_time.saturating_sub(first)) as f64 / 1e9);
             lt.append_value(log_time as i64);
-            for (b, c) in f64s.iter_mut().zip(F64_COLUMNS) {
-                b.append_option(held.f64s.get(c).copied());
+            for (b, v) in f64s.iter_mut().zip(held.f64s) {
+                b.append_option(v);
             }
-            for (b, c) in strs.iter_mut().zip(STR_COLUMNS) {
-                b.append_option(held.strs.get(c));
+            for (b, v) in strs.iter_mut().zip(&held.strs) {
+                b.append_option(v.as_deref());
             }
-            for (b, c) in gts.iter_mut().zip(GT_COLUMNS) {
-                b.append_option(held.gts.get(c).copied());
+            for (b, v) in gts.iter_mut().zip(held.gts) {
+                b.append_option(v);
             }
             src.append_value(&self.source);
             off.append_value(offset as i64);
@@ -582,14 +618,14 @@ fn ingest_mcap(
                 pending = None;
             }
         }
-        let v: Value = serde_json::from_slice(m.data).map_err(|e| {
+        let msg: Msg<'_> = serde_json::from_slice(m.data).map_err(|e| {
             anyhow::anyhow!(
-                "message on {} at log time {} is not JSON: {e}",
+                "message on {} at log time {} is not a JSON object of the known fields: {e}",
                 m.channel.topic,
                 m.log_time
             )
         })?;
-        held.take(&m.channel.topic, &v);
+        held.take(&m.channel.topic, msg);
         if m.channel.topic == "/vehicle" {
             pending = Some(Pending {
                 log_time: m.log_time,
