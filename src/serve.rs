@@ -173,6 +173,19 @@ pub fn queue_manual_tick(state: &dyn StateStore, pipeline: &str) -> anyhow::Resu
 }
 
 impl Server {
+    /// A pipeline given as YAML, or every problem of it on one line.
+    fn validated(&self, yaml: &str) -> Result<Pipeline, String> {
+        let validated = drivetrain_engine::validate(yaml, &self.catalog);
+        validated.pipeline.ok_or_else(|| {
+            let msgs: Vec<String> = validated
+                .diagnostics
+                .iter()
+                .map(|d| d.message.clone())
+                .collect();
+            format!("the pipeline does not validate: {}", msgs.join("; "))
+        })
+    }
+
     fn loaded(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Loaded>>> {
         self.pipelines.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -181,18 +194,7 @@ impl Server {
     /// served directory, so it is served again after a restart, and scheduled from now.
     /// An existing pipeline of the same name is replaced only when `replace` is set.
     pub fn register(&self, yaml: &str, replace: bool) -> Result<(String, String), (u16, String)> {
-        let validated = drivetrain_engine::validate(yaml, &self.catalog);
-        let Some(pipeline) = validated.pipeline else {
-            let msgs: Vec<String> = validated
-                .diagnostics
-                .iter()
-                .map(|d| d.message.clone())
-                .collect();
-            return Err((
-                400,
-                format!("the pipeline does not validate: {}", msgs.join("; ")),
-            ));
-        };
+        let pipeline = self.validated(yaml).map_err(|e| (400, e))?;
         let Some(sched) = &pipeline.schedule else {
             return Err((
                 400,
@@ -349,18 +351,7 @@ impl Server {
         yaml: &str,
         overrides: &[(String, String)],
     ) -> Result<RunId, String> {
-        let validated = drivetrain_engine::validate(yaml, &self.catalog);
-        let Some(pipeline) = validated.pipeline else {
-            let msgs: Vec<String> = validated
-                .diagnostics
-                .iter()
-                .map(|d| d.message.clone())
-                .collect();
-            return Err(format!(
-                "the pipeline does not validate: {}",
-                msgs.join("; ")
-            ));
-        };
+        let pipeline = self.validated(yaml)?;
         let params = pipeline
             .resolve_params(overrides)
             .map_err(|e| e.join("; "))?;

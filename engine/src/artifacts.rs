@@ -216,19 +216,9 @@ impl ArtifactStore {
         dir: &FsPath,
     ) -> Result<ArtifactRef, ArtifactError> {
         let prefix = format!("{}/{}", attempt.prefix(), output);
-        let mut files = Vec::new();
-        collect_files(dir, dir, output, &mut files)?;
-        files.sort();
+        let files = self.upload(&prefix, output, dir).await?;
         let mut entries = Vec::with_capacity(files.len());
-        for rel in files {
-            let key =
-                Path::parse(format!("{prefix}/{rel}")).map_err(|_| ArtifactError::InvalidKey {
-                    output: output.to_owned(),
-                    path: rel.clone(),
-                    why: "not a valid object key",
-                })?;
-            let src = dir.join(&rel);
-            self.put_file(&src, &key).await?;
+        for (rel, key) in files {
             let meta = self
                 .store
                 .head(&key)
@@ -529,18 +519,31 @@ impl ArtifactStore {
         dir: &FsPath,
     ) -> Result<usize, ArtifactError> {
         let prefix = format!("{}/{}", attempt.prefix(), output);
+        Ok(self.upload(&prefix, output, dir).await?.len())
+    }
+
+    /// Puts every file under `dir` below `prefix`, in path order: (relative path, key).
+    async fn upload(
+        &self,
+        prefix: &str,
+        output: &str,
+        dir: &FsPath,
+    ) -> Result<Vec<(String, Path)>, ArtifactError> {
         let mut files = Vec::new();
         collect_files(dir, dir, output, &mut files)?;
-        for rel in &files {
+        files.sort();
+        let mut out = Vec::with_capacity(files.len());
+        for rel in files {
             let key =
                 Path::parse(format!("{prefix}/{rel}")).map_err(|_| ArtifactError::InvalidKey {
                     output: output.to_owned(),
                     path: rel.clone(),
                     why: "not a valid object key",
                 })?;
-            self.put_file(&dir.join(rel), &key).await?;
+            self.put_file(&dir.join(&rel), &key).await?;
+            out.push((rel, key));
         }
-        Ok(files.len())
+        Ok(out)
     }
 
     /// Every key under `prefix` (for tests and garbage collection).

@@ -241,38 +241,31 @@ async fn create(
     ns: &str,
     object: &Object,
 ) -> Result<Option<String>, ExecutorError> {
-    let pp = PostParams::default();
     let what = format!("cannot create {} {}", object.kind(), object.name());
-    macro_rules! typed {
-        ($t:ty, $o:expr) => {{
-            let api: Api<$t> = Api::namespaced(client.clone(), ns);
-            match api.create(&pp, $o).await {
-                Ok(o) => Ok(o.metadata.uid),
-                Err(e) if is_status(&e, 409) => api
-                    .get(&object.name())
-                    .await
-                    .map(|o| o.metadata.uid)
-                    .map_err(|e| api_error(&what, e)),
-                Err(e) => Err(api_error(&what, e)),
-            }
-        }};
-    }
     match object {
-        Object::Job(j) => typed!(Job, j),
-        Object::Service(s) => typed!(k8s_openapi::api::core::v1::Service, s),
-        Object::Claim(c) => typed!(k8s_openapi::api::core::v1::PersistentVolumeClaim, c),
+        Object::Job(j) => create_in(Api::namespaced(client.clone(), ns), &**j, &what).await,
+        Object::Service(s) => create_in(Api::namespaced(client.clone(), ns), &**s, &what).await,
+        Object::Claim(c) => create_in(Api::namespaced(client.clone(), ns), &**c, &what).await,
         Object::Custom(d, ar) => {
-            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, ar);
-            match api.create(&pp, d).await {
-                Ok(o) => Ok(o.metadata.uid),
-                Err(e) if is_status(&e, 409) => api
-                    .get(&object.name())
-                    .await
-                    .map(|o| o.metadata.uid)
-                    .map_err(|e| api_error(&what, e)),
-                Err(e) => Err(api_error(&what, e)),
-            }
+            create_in(Api::namespaced_with(client.clone(), ns, ar), &**d, &what).await
         }
+    }
+}
+
+async fn create_in<K>(api: Api<K>, object: &K, what: &str) -> Result<Option<String>, ExecutorError>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.create(&PostParams::default(), object).await {
+        Ok(o) => Ok(o.meta().uid.clone()),
+        Err(e) if is_status(&e, 409) => {
+            let name = object.meta().name.clone().unwrap_or_default();
+            api.get(&name)
+                .await
+                .map(|o| o.meta().uid.clone())
+                .map_err(|e| api_error(what, e))
+        }
+        Err(e) => Err(api_error(what, e)),
     }
 }
 
