@@ -560,3 +560,59 @@ async fn snapshots_are_recorded_and_restored_by_reruns() {
         "the rerun took no new snapshot"
     );
 }
+
+#[test]
+fn manifests_need_the_kubernetes_executor_and_valid_settings() {
+    let home = Home::new("k8s-errors");
+    let demo = repo().join("pipelines/shell-demo.yaml");
+    let o = home.drivetrain(&["plan", demo.to_str().unwrap(), "--manifests"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o.stderr).contains("--executor kubernetes"),
+        "{}",
+        text(&o.stderr)
+    );
+    let bad = home.write(
+        "k8s.yaml",
+        "namespace: av\nunschedulable_timeout: soon\ngang: {scheduler: slurm}\n",
+    );
+    let o = home.drivetrain_env(
+        &[
+            "plan",
+            demo.to_str().unwrap(),
+            "--manifests",
+            "--executor",
+            "kubernetes",
+        ],
+        &[("DRIVETRAIN_KUBERNETES", bad.to_str().unwrap())],
+    );
+    assert_ne!(o.status.code(), Some(0));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("k8s.yaml:")
+            && err.contains("unschedulable_timeout: `soon` is not a duration"),
+        "{err}"
+    );
+    // An unknown field is named, with its line.
+    let bad = home.write(
+        "k8s.yaml",
+        "namespace: av
+namespce: av
+",
+    );
+    let o = home.drivetrain_env(
+        &[
+            "plan",
+            demo.to_str().unwrap(),
+            "--manifests",
+            "--executor",
+            "kubernetes",
+        ],
+        &[("DRIVETRAIN_KUBERNETES", bad.to_str().unwrap())],
+    );
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("k8s.yaml:2:") && err.contains("unknown field `namespce`"),
+        "{err}"
+    );
+}

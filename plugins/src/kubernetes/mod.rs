@@ -126,7 +126,8 @@ mod humantime_serde_compat {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let text = String::deserialize(d)?;
-        drivetrain_engine::units::parse_duration(&text).map_err(serde::de::Error::custom)
+        drivetrain_engine::units::parse_duration(&text)
+            .map_err(|e| serde::de::Error::custom(format!("unschedulable_timeout: {e}")))
     }
 }
 
@@ -142,7 +143,10 @@ impl Settings {
     pub fn from_file(path: &std::path::Path) -> Result<Settings, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        serde_yaml_ng::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+        serde_yaml_ng::from_str(&text).map_err(|e| match e.location() {
+            Some(at) => format!("{}:{}:{}: {e}", path.display(), at.line(), at.column()),
+            None => format!("{}: {e}", path.display()),
+        })
     }
 }
 
