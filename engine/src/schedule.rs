@@ -139,17 +139,13 @@ pub fn due(
     };
     let mut out = Vec::new();
     // Claimed by an engine that died before its run existed.
-    for t in state.ticks(pipeline, 50)? {
-        if let (Some(run), "fired") = (&t.run_id, t.outcome.as_str()) {
-            if state.run(&RunId(run.clone())).is_err() {
-                if let Ok(at) = DateTime::parse_from_rfc3339(&t.scheduled_time) {
-                    out.push(Decision::Fire {
-                        at: at.with_timezone(&Utc),
-                        run: RunId(run.clone()),
-                        replace: Vec::new(),
-                    });
-                }
-            }
+    for t in state.unstarted_ticks(pipeline, 50)? {
+        if let (Some(run), Ok(at)) = (t.run_id, DateTime::parse_from_rfc3339(&t.scheduled_time)) {
+            out.push(Decision::Fire {
+                at: at.with_timezone(&Utc),
+                run: RunId(run),
+                replace: Vec::new(),
+            });
         }
     }
     if entry.suspended || schedule.suspend {

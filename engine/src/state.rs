@@ -390,6 +390,10 @@ pub trait StateStore: Send + Sync {
     fn claim_tick(&self, tick: &TickRecord) -> Result<bool, StateError>;
     /// The newest `limit` ticks of a schedule, newest first.
     fn ticks(&self, pipeline: &str, limit: usize) -> Result<Vec<TickRecord>, StateError>;
+    /// Of the newest `limit` ticks of a schedule, those claimed to fire whose run does not
+    /// exist (its engine died between the claim and the run, or `schedule trigger`
+    /// queued it), oldest first. One query: the scheduler asks every loop.
+    fn unstarted_ticks(&self, pipeline: &str, limit: usize) -> Result<Vec<TickRecord>, StateError>;
     /// Runs of `pipeline` still running.
     fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError>;
 }
@@ -1306,6 +1310,31 @@ impl StateStore for SqliteState {
         })
     }
 
+    fn unstarted_ticks(&self, pipeline: &str, limit: usize) -> Result<Vec<TickRecord>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT t.id, t.pipeline, t.scheduled_time, t.outcome, t.run_id, t.reason FROM \
+                   (SELECT * FROM schedule_ticks WHERE pipeline = ?1 ORDER BY scheduled_time DESC LIMIT ?2) AS t \
+                 LEFT JOIN runs r ON r.id = t.run_id \
+                 WHERE t.outcome = 'fired' AND t.run_id IS NOT NULL AND r.id IS NULL \
+                 ORDER BY t.scheduled_time",
+                params![pipeline, limit as i64],
+                "read unstarted ticks",
+                |r| {
+                    Ok(TickRecord {
+                        id: r.get(0)?,
+                        pipeline: r.get(1)?,
+                        scheduled_time: r.get(2)?,
+                        outcome: r.get(3)?,
+                        run_id: r.get(4)?,
+                        reason: r.get(5)?,
+                    })
+                },
+            )
+        })
+    }
+
     fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError> {
         self.with(|c| {
             query(
@@ -1421,6 +1450,33 @@ pub mod conformance {
             "newest first"
         );
         assert_eq!(s.ticks("nightly", 1).unwrap().len(), 1);
+        // Claimed, no run yet: both are unstarted, oldest first; a started one is not.
+        let unstarted = |s: &dyn StateStore| -> Vec<String> {
+            s.unstarted_ticks("nightly", 50)
+                .unwrap()
+                .into_iter()
+                .map(|t| t.scheduled_time)
+                .collect()
+        };
+        assert_eq!(
+            unstarted(s),
+            vec!["2026-02-02T03:00:00Z", "2026-02-03T03:00:00Z"]
+        );
+        s.create_run(&run_record("run-2026-02-02T03:00:00Z"))
+            .unwrap();
+        assert_eq!(unstarted(s), vec!["2026-02-03T03:00:00Z"]);
+        assert!(s
+            .claim_tick(&TickRecord {
+                outcome: "skipped".into(),
+                run_id: None,
+                ..tick("2026-02-04T03:00:00Z")
+            })
+            .unwrap());
+        assert_eq!(
+            unstarted(s),
+            vec!["2026-02-03T03:00:00Z"],
+            "skipped ticks start nothing"
+        );
         let mut r = run_record("conf-sched-run");
         r.pipeline = "nightly".into();
         s.create_run(&r).unwrap();
