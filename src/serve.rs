@@ -173,6 +173,36 @@ pub fn queue_manual_tick(state: &dyn StateStore, pipeline: &str) -> anyhow::Resu
 }
 
 impl Server {
+    /// Records a cron run (Running, this process its engine) before it starts.
+    fn record_run(
+        &self,
+        run: &RunId,
+        l: &Loaded,
+        params: &BTreeMap<String, Value>,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> anyhow::Result<drivetrain_engine::state::RunRecord> {
+        let record = drivetrain_engine::state::RunRecord {
+            id: run.clone(),
+            pipeline: l.pipeline.name.clone(),
+            file: l.file.display().to_string(),
+            spec_digest: l.digest.clone(),
+            params: serde_json::to_value(params)?,
+            trigger: "schedule".into(),
+            parent: None,
+            phase: Phase::Running,
+            created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            finished_at: None,
+            reason: None,
+            engine_pid: Some(i64::from(std::process::id())),
+            overrides: json!({}),
+            selection: None,
+            scheduled_time: Some(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+            executor: Some(self.executor.name().to_owned()),
+        };
+        self.state.create_run(&record)?;
+        Ok(record)
+    }
+
     /// A pipeline given as YAML, or every problem of it on one line.
     fn validated(&self, yaml: &str) -> Result<Pipeline, String> {
         let validated = drivetrain_engine::validate(yaml, &self.catalog);
@@ -340,6 +370,7 @@ impl Server {
             None,
             &l.file.display().to_string(),
             &l.digest,
+            None,
         )
         .map_err(|e| e.to_string())?;
         Ok(id)
@@ -370,6 +401,7 @@ impl Server {
             None,
             &file.display().to_string(),
             &crate::runs::digest(yaml),
+            None,
         )
         .map_err(|e| e.to_string())?;
         Ok(id)
@@ -385,13 +417,10 @@ impl Server {
         scheduled: Option<chrono::DateTime<chrono::Utc>>,
         file: &str,
         digest: &str,
+        recorded: Option<drivetrain_engine::state::RunRecord>,
     ) -> anyhow::Result<()> {
         if self.stopping.load(Ordering::SeqCst) {
             anyhow::bail!("the server is shutting down");
-        }
-        if let Some(at) = scheduled {
-            let lag = (chrono::Utc::now() - at).num_milliseconds().max(0) as f64 / 1000.0;
-            self.metrics.schedule_lag_seconds.observe(lag);
         }
         let opts = RunOptions {
             parallelism: self.parallelism,
@@ -448,6 +477,12 @@ impl Server {
                 }
             }
         });
+        // A run recorded by the scheduler before it started continues from that record.
+        let resume = recorded.map(|record| runner::Resume {
+            record,
+            succeeded: BTreeMap::new(),
+            attempts: BTreeMap::new(),
+        });
         let fut = runner::run(
             run.clone(),
             pipeline,
@@ -456,7 +491,7 @@ impl Server {
             self.artifacts.clone(),
             self.executor.clone(),
             opts,
-            None,
+            resume,
             events,
             rx,
         );
@@ -481,6 +516,7 @@ impl Server {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        let mut fire = Vec::new();
         for (name, l) in &pipelines {
             let (Some(ticker), Some(sched)) = (&l.ticker, &l.pipeline.schedule) else {
                 continue;
@@ -498,23 +534,36 @@ impl Server {
                                 println!("tick {}: replacing run {r}", schedule::tick_id(name, at));
                             }
                         }
-                        println!("tick {}: run {run}", schedule::tick_id(name, at));
                         let params = l
                             .pipeline
                             .resolve_params(&[])
                             .map_err(|e| anyhow::anyhow!(e.join("; ")))?;
-                        self.start(
-                            run,
-                            l.pipeline.clone(),
-                            params,
-                            "schedule",
-                            Some(at),
-                            &l.file.display().to_string(),
-                            &l.digest,
-                        )?;
+                        // Recorded now, started below: every due run exists before any of
+                        // them competes for the machine.
+                        let record = self.record_run(&run, l, &params, at)?;
+                        let lag =
+                            (chrono::Utc::now() - at).num_milliseconds().max(0) as f64 / 1000.0;
+                        self.metrics.schedule_lag_seconds.observe(lag);
+                        fire.push((run, l.clone(), params, at, record));
                     }
                 }
             }
+        }
+        for (run, l, params, at, record) in fire {
+            println!(
+                "tick {}: run {run}",
+                schedule::tick_id(&l.pipeline.name, at)
+            );
+            self.start(
+                run,
+                l.pipeline.clone(),
+                params,
+                "schedule",
+                Some(at),
+                &l.file.display().to_string(),
+                &l.digest,
+                Some(record),
+            )?;
         }
         // Until the next tick, but at most a second: suspends, resumes and triggers made
         // elsewhere are seen within it.
