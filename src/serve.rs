@@ -540,7 +540,17 @@ impl Server {
                             .map_err(|e| anyhow::anyhow!(e.join("; ")))?;
                         // Recorded now, started below: every due run exists before any of
                         // them competes for the machine.
-                        let record = self.record_run(&run, l, &params, at)?;
+                        // One tick that cannot be recorded does not stop the others.
+                        let record = match self.record_run(&run, l, &params, at) {
+                            Ok(r) => r,
+                            Err(e) => {
+                                eprintln!(
+                                    "tick {}: cannot record run {run}: {e:#}",
+                                    schedule::tick_id(name, at)
+                                );
+                                continue;
+                            }
+                        };
                         let lag =
                             (chrono::Utc::now() - at).num_milliseconds().max(0) as f64 / 1000.0;
                         self.metrics.schedule_lag_seconds.observe(lag);
@@ -554,8 +564,8 @@ impl Server {
                 "tick {}: run {run}",
                 schedule::tick_id(&l.pipeline.name, at)
             );
-            self.start(
-                run,
+            if let Err(e) = self.start(
+                run.clone(),
                 l.pipeline.clone(),
                 params,
                 "schedule",
@@ -563,7 +573,9 @@ impl Server {
                 &l.file.display().to_string(),
                 &l.digest,
                 Some(record),
-            )?;
+            ) {
+                eprintln!("run {run}: cannot start: {e:#}");
+            }
         }
         // Until the next tick, but at most a second: suspends, resumes and triggers made
         // elsewhere are seen within it.

@@ -107,8 +107,10 @@ pub fn tick_id(pipeline: &str, at: DateTime<Utc>) -> String {
 
 /// The run id a tick's run gets: deterministic, so a restart starts the same run.
 pub fn tick_run_id(pipeline: &str, at: DateTime<Utc>) -> RunId {
+    // 48 bits of the tick's id: a thousand schedules firing in the same second must not
+    // share a run id (16 bits collided about every minute at that scale).
     let h = crate::cache::digest(tick_id(pipeline, at).as_bytes());
-    RunId(format!("{}-{}", at.format("%Y%m%d-%H%M%S"), &h[7..11]))
+    RunId(format!("{}-{}", at.format("%Y%m%d-%H%M%S"), &h[7..19]))
 }
 
 /// What to do about one tick.
@@ -416,6 +418,14 @@ mod tests {
             panic!()
         };
         assert_eq!(run, &tick_run_id("p", at("2026-06-01T01:00:00Z")));
+        let ids: std::collections::BTreeSet<RunId> = (0..10_000)
+            .map(|i| tick_run_id(&format!("s{i:05}"), at("2026-06-01T01:00:00Z")))
+            .collect();
+        assert_eq!(
+            ids.len(),
+            10_000,
+            "ten thousand schedules in one second, ten thousand ids"
+        );
         let mut rec = crate::state::conformance::run_record(&run.0);
         rec.pipeline = "p".into();
         state.create_run(&rec).unwrap();
