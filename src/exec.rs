@@ -22,8 +22,12 @@ pub fn install(dir: &Path) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe().context("cannot find the running binary")?;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let dest = dir.join("drivetrain");
-    std::fs::copy(&exe, &dest)
-        .with_context(|| format!("cannot copy {} to {}", exe.display(), dest.display()))?;
+    let _ = std::fs::remove_file(&dest);
+    // A hard link where the image and the volume share a file system, else a copy.
+    if std::fs::hard_link(&exe, &dest).is_err() {
+        std::fs::copy(&exe, &dest)
+            .with_context(|| format!("cannot copy {} to {}", exe.display(), dest.display()))?;
+    }
     eprintln!("drivetrain exec: installed {}", dest.display());
     Ok(ExitCode::SUCCESS)
 }

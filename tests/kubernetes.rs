@@ -263,14 +263,29 @@ fn the_driving_loop_renders_completely() {
     }
 }
 
-/// A stand-in cluster and the executor settings that reach it.
-async fn cluster(home: &Home) -> (StandIn, PathBuf) {
-    let standin = StandIn::start(&home.dir.join("cluster"), Node::default()).await;
+/// Where a test's stand-in cluster keeps its files: beside the binary (the same file
+/// system, so the wrapper image's binary and every pod's copy of it are hard links, not
+/// gigabyte copies of a debug build), removed when dropped.
+struct ClusterDir(PathBuf);
+
+impl Drop for ClusterDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A stand-in cluster and the executor settings that reach it. The pods' root is
+/// `/dt-pod` (a path no host directory here contains: the stand-in emulates its mount by
+/// rewriting it in argv and env).
+async fn cluster(home: &Home) -> (StandIn, PathBuf, ClusterDir) {
+    let name = home.dir.file_name().unwrap().to_string_lossy().into_owned();
+    let dir = ClusterDir(PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let standin = StandIn::start(&dir.0.join("cluster"), Node::default()).await;
     let kubeconfig = home.dir.join("kubeconfig");
     standin.write_kubeconfig(&kubeconfig);
-    // The wrapper image's binary: the stand-in rewrites the pod's mount path
-    // (`/drivetrain`) in argv, so the host path of this one must not contain it.
-    let wrapper = home.dir.join("image-bin");
+    let wrapper = dir.0.join("image-bin");
     std::fs::create_dir_all(&wrapper).unwrap();
     let wrapper = wrapper.join("dt");
     if std::fs::hard_link(env!("CARGO_BIN_EXE_drivetrain"), &wrapper).is_err() {
@@ -279,12 +294,12 @@ async fn cluster(home: &Home) -> (StandIn, PathBuf) {
     let settings = home.write(
         "k8s.yaml",
         &format!(
-            "kubeconfig: {}\nwrapper_path: {}\nlabels: {{team: perception}}\n",
+            "kubeconfig: {}\nwrapper_path: {}\nroot: /dt-pod\nlabels: {{team: perception}}\n",
             kubeconfig.display(),
             wrapper.display()
         ),
     );
-    (standin, settings)
+    (standin, settings, dir)
 }
 
 fn engine(home: &Home, settings: &Path, args: &[&str]) -> Command {
@@ -328,7 +343,7 @@ stages:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_runs_as_jobs_against_the_api_stand_in() {
     let home = Home::new("k8s-e2e");
-    let (standin, settings) = cluster(&home).await;
+    let (standin, settings, _cluster) = cluster(&home).await;
     let pipeline = home.write("e2e.yaml", E2E);
     let mut cmd = engine(&home, &settings, &["run", pipeline.to_str().unwrap()]);
     let run = tokio::task::spawn_blocking(move || cmd.output().expect("the binary runs"))
@@ -396,9 +411,8 @@ params:
 /// that Job by its deterministic name and watches it again instead of starting another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_engine_reattaches_to_the_job_in_flight() {
-    use std::io::BufRead as _;
     let home = Home::new("k8s-reattach");
-    let (standin, settings) = cluster(&home).await;
+    let (standin, settings, _cluster) = cluster(&home).await;
     let pipeline = home.write("reattach.yaml", REATTACH);
     let gate = home.dir.join("gate");
     let gate_param = format!("gate={}", gate.display());
@@ -407,19 +421,20 @@ async fn a_restarted_engine_reattaches_to_the_job_in_flight() {
         &settings,
         &["run", pipeline.to_str().unwrap(), "--param", &gate_param],
     )
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::null())
+    // Output to a file: a pipe closed early would kill the engine with EPIPE.
+    .stdout(std::fs::File::create(home.dir.join("engine.out")).unwrap())
+    .stderr(std::fs::File::create(home.dir.join("engine.err")).unwrap())
     .spawn()
     .unwrap();
-    let mut first = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let id = first
-        .trim()
-        .strip_prefix("run ")
-        .expect("a run id")
-        .to_owned();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let id = loop {
+        let out = std::fs::read_to_string(home.dir.join("engine.out")).unwrap_or_default();
+        if let Some(id) = out.lines().next().and_then(|l| l.strip_prefix("run ")) {
+            break id.trim().to_owned();
+        }
+        assert!(std::time::Instant::now() < deadline, "no run id: {out}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
     // Wait for the stage's pod to run, then kill the engine.
     let running = || {
         standin
@@ -433,7 +448,12 @@ async fn a_restarted_engine_reattaches_to_the_job_in_flight() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    assert!(running(), "the pod runs");
+    assert!(
+        running(),
+        "the pod runs: engine stderr {:?}, jobs {:?}",
+        std::fs::read_to_string(home.dir.join("engine.err")),
+        standin.objects("batch/v1/jobs")
+    );
     child.kill().unwrap();
     child.wait().unwrap();
     assert_eq!(standin.created("batch/v1/jobs"), 1);
@@ -492,7 +512,7 @@ stages:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_are_recorded_and_restored_by_reruns() {
     let home = Home::new("k8s-snap");
-    let (standin, settings) = cluster(&home).await;
+    let (standin, settings, _cluster) = cluster(&home).await;
     let pipeline = home.write("snap.yaml", SNAPSHOTS);
     let mut cmd = engine(&home, &settings, &["run", pipeline.to_str().unwrap()]);
     let run = tokio::task::spawn_blocking(move || cmd.output().unwrap())
