@@ -656,6 +656,17 @@ fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
     })
 }
 
+fn tick_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TickRecord> {
+    Ok(TickRecord {
+        id: r.get(0)?,
+        pipeline: r.get(1)?,
+        scheduled_time: r.get(2)?,
+        outcome: r.get(3)?,
+        run_id: r.get(4)?,
+        reason: r.get(5)?,
+    })
+}
+
 const RUN_COLUMNS: &str = "id, pipeline, file, spec_digest, params, trigger, parent, phase, \
      created_at, finished_at, reason, engine_pid, overrides, selection, scheduled_time, executor";
 
@@ -1296,16 +1307,7 @@ impl StateStore for SqliteState {
                  WHERE pipeline = ?1 ORDER BY scheduled_time DESC LIMIT ?2",
                 params![pipeline, limit as i64],
                 "read ticks",
-                |r| {
-                    Ok(TickRecord {
-                        id: r.get(0)?,
-                        pipeline: r.get(1)?,
-                        scheduled_time: r.get(2)?,
-                        outcome: r.get(3)?,
-                        run_id: r.get(4)?,
-                        reason: r.get(5)?,
-                    })
-                },
+                tick_from_row,
             )
         })
     }
@@ -1321,16 +1323,7 @@ impl StateStore for SqliteState {
                  ORDER BY t.scheduled_time",
                 params![pipeline, limit as i64],
                 "read unstarted ticks",
-                |r| {
-                    Ok(TickRecord {
-                        id: r.get(0)?,
-                        pipeline: r.get(1)?,
-                        scheduled_time: r.get(2)?,
-                        outcome: r.get(3)?,
-                        run_id: r.get(4)?,
-                        reason: r.get(5)?,
-                    })
-                },
+                tick_from_row,
             )
         })
     }
