@@ -478,11 +478,7 @@ async fn metrics(State(s): State<Shared>) -> Response {
     let mut out = String::new();
     let m = &s.metrics;
     out.push_str("# HELP drivetrain_runs Runs by status.\n# TYPE drivetrain_runs gauge\n");
-    let mut by: std::collections::BTreeMap<String, u64> = Default::default();
-    for r in s.state.list_runs(100_000).unwrap_or_default() {
-        *by.entry(r.phase.as_str().to_owned()).or_default() += 1;
-    }
-    for (phase, n) in by {
+    for (phase, n) in s.state.run_counts().unwrap_or_default() {
         out.push_str(&format!("drivetrain_runs{{status=\"{phase}\"}} {n}\n"));
     }
     out.push_str("# HELP drivetrain_queue_depth Runs in flight in this server.\n# TYPE drivetrain_queue_depth gauge\n");

@@ -396,6 +396,8 @@ pub trait StateStore: Send + Sync {
     fn unstarted_ticks(&self, pipeline: &str, limit: usize) -> Result<Vec<TickRecord>, StateError>;
     /// Runs of `pipeline` still running.
     fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError>;
+    /// How many runs there are in each phase (for `/metrics`), without reading them.
+    fn run_counts(&self) -> Result<BTreeMap<String, u64>, StateError>;
 }
 
 /// The schema, one migration per step; `user_version` says how many have run.
@@ -1328,6 +1330,19 @@ impl StateStore for SqliteState {
         })
     }
 
+    fn run_counts(&self) -> Result<BTreeMap<String, u64>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT phase, COUNT(*) FROM runs GROUP BY phase",
+                params![],
+                "count runs",
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)),
+            )
+            .map(|rows: Vec<(String, u64)>| rows.into_iter().collect())
+        })
+    }
+
     fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError> {
         self.with(|c| {
             query(
@@ -1458,6 +1473,7 @@ pub mod conformance {
         s.create_run(&run_record("run-2026-02-02T03:00:00Z"))
             .unwrap();
         assert_eq!(unstarted(s), vec!["2026-02-03T03:00:00Z"]);
+        assert!(s.run_counts().unwrap().get("Running").copied().unwrap_or(0) >= 1);
         assert!(s
             .claim_tick(&TickRecord {
                 outcome: "skipped".into(),
