@@ -434,7 +434,6 @@ fn reruns_retries_followed_logs_and_registered_schedules_over_http() {
     let (code, v) = json(&s, "POST", &format!("/api/v1/runs/{slow}/cancel"), None);
     assert_eq!(code, 202, "{v}");
     wait_phase(&s, &slow, "Cancelled");
-    let _ = text;
 }
 
 /// `run`, `status`, `logs` and `cancel` with `--server URL` go through the API.

@@ -77,6 +77,13 @@ fn manifests(home: &Home, file: &Path, settings: Option<&str>, extra: &[&str]) -
     text(&o.stdout)
 }
 
+/// The YAML documents of a multi-document text.
+fn documents(yaml: &str) -> Vec<serde_json::Value> {
+    serde_yaml_ng::Deserializer::from_str(yaml)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect()
+}
+
 const KUEUE: &str = "namespace: av\ngang: {scheduler: kueue, queue: gpu-team}\n";
 const VOLCANO: &str = "namespace: av\nservice_account: drivetrain-stage\nimage_pull_secrets: [regcred]\nlabels: {team: perception}\nttl_seconds_after_finished: 600\ngang: {scheduler: volcano, queue: training}\n";
 
@@ -101,11 +108,10 @@ fn every_stage_shape_renders_as_its_snapshot_and_passes_the_schemas() {
     assert!(ok, "{lines}");
     assert!(lines.contains("ok Role drivetrain"), "{lines}");
     // The Role lets the engine create every kind it renders.
-    let role: serde_json::Value =
-        serde_yaml_ng::Deserializer::from_str(&std::fs::read_to_string(&rbac).unwrap())
-            .map(|d| serde::Deserialize::deserialize(d).unwrap())
-            .find(|d: &serde_json::Value| d["kind"] == "Role")
-            .expect("a Role");
+    let role = documents(&std::fs::read_to_string(&rbac).unwrap())
+        .into_iter()
+        .find(|d| d["kind"] == "Role")
+        .expect("a Role");
     let may_create = |group: &str, plural: &str| {
         role["rules"].as_array().unwrap().iter().any(|r| {
             r["apiGroups"]
@@ -203,9 +209,7 @@ fn lane_detection_renders_an_mpijob_of_three_one_gpu_workers() {
         &[],
     );
     insta::assert_snapshot!("lane-detection-mpi", yaml);
-    let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_str(&yaml)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap())
-        .collect();
+    let docs = documents(&yaml);
     let mpi = docs
         .iter()
         .find(|d| d["kind"] == "MPIJob")

@@ -1960,15 +1960,13 @@ async fn wait_attempt(
     }
     let mut outputs = BTreeMap::new();
     for o in &stage.outputs {
-        let art = match o.mode {
-            // `drivetrain exec` uploaded a pod's outputs where `mode: url` ones go.
-            _ if remote => ctx.artifacts.publish_listing(key, &o.name).await,
-            IoMode::Url => ctx.artifacts.publish_listing(key, &o.name).await,
-            IoMode::Dir => {
-                ctx.artifacts
-                    .publish_dir(key, &o.name, &outputs_dir.join(&o.name))
-                    .await
-            }
+        // `drivetrain exec` uploaded a pod's outputs where `mode: url` ones go.
+        let art = if remote || o.mode == IoMode::Url {
+            ctx.artifacts.publish_listing(key, &o.name).await
+        } else {
+            ctx.artifacts
+                .publish_dir(key, &o.name, &outputs_dir.join(&o.name))
+                .await
         };
         match art {
             Ok(a) => {

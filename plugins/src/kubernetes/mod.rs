@@ -185,10 +185,6 @@ impl KubernetesExecutor {
         }
     }
 
-    pub fn settings(&self) -> &Settings {
-        &self.settings
-    }
-
     /// The client attempts share (created on the first attempt, on the run's runtime).
     async fn client(&self) -> Result<Client, ExecutorError> {
         self.client
