@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use drivetrain_engine::artifacts::ArtifactStore;
 use drivetrain_engine::cache::diff;
 use drivetrain_engine::history::{self, Direction, LineageError};
-use drivetrain_engine::state::{RunId, StateStore};
+use drivetrain_engine::state::RunId;
 use serde_json::{json, Value};
 
 use crate::runs::{open_state, store_url};
@@ -163,11 +163,11 @@ pub fn lineage(
         Some(digest) => digest,
         None => target.to_owned(),
     };
-    let roots = match history::resolve_target(&state, &target) {
+    let roots = match history::resolve_target(&*state, &target) {
         Ok(r) => r,
         Err(e) => return lineage_error(e),
     };
-    match history::lineage(&state, &store, roots, direction) {
+    match history::lineage(&*state, &store, roots, direction) {
         Ok(g) => print_graph(&g, direction, output)?,
         Err(e) => return lineage_error(e),
     }
@@ -178,7 +178,7 @@ pub fn lineage(
 pub fn forget(home: &Path, input: &str, output: GraphOutput) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
     let store = ArtifactStore::open(&store_url(None, home)?)?;
-    let g = match history::forget(&state, &store, input) {
+    let g = match history::forget(&*state, &store, input) {
         Ok(g) => g,
         Err(e) => return lineage_error(e),
     };
@@ -224,7 +224,7 @@ pub fn gc(home: &Path, keep_days: u32, apply: bool, json_out: bool) -> anyhow::R
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let report = rt.block_on(history::gc(&state, &store, &cutoff, apply))?;
+    let report = rt.block_on(history::gc(&*state, &store, &cutoff, apply))?;
     if apply {
         // Attempt directories of runs whose objects went.
         let work = home.join("work");

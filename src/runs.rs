@@ -40,9 +40,19 @@ pub fn home(explicit: Option<&Path>) -> PathBuf {
     cwd.join(".drivetrain")
 }
 
-pub fn open_state(home: &Path) -> anyhow::Result<SqliteState> {
+/// The state store: `DRIVETRAIN_STATE` (`postgres://user@host:port/db`, shared by
+/// replicas) if set, else `state.db` (SQLite) in the home.
+pub fn open_state(home: &Path) -> anyhow::Result<Arc<dyn StateStore>> {
     std::fs::create_dir_all(home)?;
-    Ok(SqliteState::open(&home.join("state.db"))?)
+    match std::env::var("DRIVETRAIN_STATE") {
+        Ok(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => Ok(
+            Arc::new(drivetrain_plugins::postgres::PostgresState::open(&url)?),
+        ),
+        Ok(url) if !url.is_empty() => anyhow::bail!(
+            "DRIVETRAIN_STATE `{url}`: expected a postgres:// URL (unset it for SQLite in the home)"
+        ),
+        _ => Ok(Arc::new(SqliteState::open(&home.join("state.db"))?)),
+    }
 }
 
 pub fn store_url(pipeline_store: Option<&str>, home: &Path) -> anyhow::Result<String> {
@@ -88,7 +98,7 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    let state: Arc<dyn StateStore> = Arc::new(open_state(&args.home)?);
+    let state: Arc<dyn StateStore> = open_state(&args.home)?;
     let url = store_url(args.pipeline.store.as_deref(), &args.home)?;
     let artifacts = ArtifactStore::open(&url)?;
     let id = args
@@ -421,7 +431,7 @@ pub fn resume(
     run: &str,
     json_out: bool,
 ) -> anyhow::Result<ExitCode> {
-    let state = Arc::new(open_state(home)?);
+    let state = open_state(home)?;
     let id = RunId(run.to_owned());
     let record = state.run(&id)?;
     if record.phase == Phase::Succeeded {
@@ -573,7 +583,7 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
     }
     let executor = drivetrain_plugins::executor(record.executor.as_deref().unwrap_or("local"))
         .map_err(|e| anyhow::anyhow!(e))?;
-    reap_lost(&state, executor.as_ref(), &id, false)?;
+    reap_lost(&*state, executor.as_ref(), &id, false)?;
     state.finish_run(
         &id,
         Phase::Cancelled,
@@ -730,7 +740,7 @@ fn event_line(ev: &RunEvent) -> String {
 
 use std::time::Duration;
 
-fn resolve_run(state: &SqliteState, run: Option<&str>) -> anyhow::Result<RunId> {
+fn resolve_run(state: &dyn StateStore, run: Option<&str>) -> anyhow::Result<RunId> {
     match run {
         Some(r) => Ok(RunId(r.to_owned())),
         None => state
@@ -745,7 +755,7 @@ fn resolve_run(state: &SqliteState, run: Option<&str>) -> anyhow::Result<RunId> 
 /// `drivetrain status [RUN]`.
 pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
-    let id = resolve_run(&state, run)?;
+    let id = resolve_run(&*state, run)?;
     let record = state.run(&id)?;
     let stages = state.stages(&id)?;
     if json_out {
@@ -856,7 +866,7 @@ pub fn list(home: &Path, json_out: bool) -> anyhow::Result<ExitCode> {
 pub fn follow(home: &Path, run: Option<&str>, stage: &str) -> anyhow::Result<ExitCode> {
     use std::io::{Read, Seek, SeekFrom, Write};
     let state = open_state(home)?;
-    let id = resolve_run(&state, run)?;
+    let id = resolve_run(&*state, run)?;
     let mut attempt = 0u32;
     let mut offset = 0u64;
     let out = std::io::stdout();
@@ -908,7 +918,7 @@ pub fn follow(home: &Path, run: Option<&str>, stage: &str) -> anyhow::Result<Exi
 /// `drivetrain logs RUN [--stage S]`: each stage's latest attempt's log.
 pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
-    let id = resolve_run(&state, run)?;
+    let id = resolve_run(&*state, run)?;
     let record = state.run(&id)?;
     let attempts = state.attempts(&id)?;
     // A map stage's logs are its items'.
@@ -1034,7 +1044,7 @@ pub fn run_file(home: &Path, run: &str) -> anyhow::Result<PathBuf> {
 /// the pipeline changed since) and executes the selection: the stages named (rerun), or
 /// every stage that did not succeed and what depends on it (retry).
 pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
-    let state: Arc<dyn StateStore> = Arc::new(open_state(&args.home)?);
+    let state: Arc<dyn StateStore> = open_state(&args.home)?;
     let parent = state.run(&args.parent)?;
     if !parent.phase.is_terminal() && parent.engine_pid.is_some_and(alive) {
         eprintln!(

@@ -612,7 +612,7 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         eprintln!("error: refusing to serve on {addr} without a token: set --token or DRIVETRAIN_TOKEN, or bind a loopback address");
         return Ok(ExitCode::from(2));
     }
-    let state: Arc<dyn StateStore> = Arc::new(open_state(home)?);
+    let state: Arc<dyn StateStore> = open_state(home)?;
     let pipelines = load(&catalog, &args.pipelines, state.as_ref())?;
     if pipelines.is_empty() {
         eprintln!(
@@ -754,7 +754,7 @@ pub fn command(
                 eprintln!("error: no schedule `{pipeline}`");
                 return Ok(ExitCode::from(2));
             }
-            let run = queue_manual_tick(&state, &pipeline)?;
+            let run = queue_manual_tick(&*state, &pipeline)?;
             println!("{pipeline}: run {run} queued; the server starts it within a second");
         }
     }

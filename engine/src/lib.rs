@@ -8,6 +8,7 @@
 
 pub mod artifacts;
 pub mod cache;
+pub mod cloud;
 pub mod de;
 pub mod diag;
 pub mod executor;
@@ -20,6 +21,8 @@ pub mod spec;
 pub mod state;
 pub mod step;
 pub mod template;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod units;
 pub mod validate;
 pub mod yaml;

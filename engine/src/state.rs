@@ -103,6 +103,13 @@ pub enum StateError {
         #[source]
         source: rusqlite::Error,
     },
+    /// A server database's failure (PostgreSQL).
+    #[error("state store {what}: {source}")]
+    Database {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A row that must exist does not.
     #[error("no run `{0}` in the state store")]
     UnknownRun(String),
@@ -535,7 +542,8 @@ pub struct SqliteState {
     conn: Mutex<Connection>,
 }
 
-fn now() -> String {
+/// The time stamps the state stores record: RFC 3339, milliseconds, UTC.
+pub fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
@@ -1417,6 +1425,38 @@ pub mod conformance {
         schedules_and_ticks(store);
     }
 
+    /// Replicas racing for the same ticks, each through its own connection (`open`),
+    /// claim every tick exactly once.
+    pub fn exclusive_claims(open: &(dyn Fn() -> Box<dyn StateStore> + Sync)) {
+        const TICKS: usize = 40;
+        let won: Vec<Vec<usize>> = std::thread::scope(|sc| {
+            let racers: Vec<_> = (0..4)
+                .map(|_| {
+                    sc.spawn(|| {
+                        let s = open();
+                        (0..TICKS)
+                            .filter(|i| {
+                                s.claim_tick(&TickRecord {
+                                    id: format!("race@{i}"),
+                                    pipeline: "race".into(),
+                                    scheduled_time: format!("2026-03-01T00:{i:02}:00Z"),
+                                    outcome: "fired".into(),
+                                    run_id: Some(format!("race-{i}")),
+                                    reason: None,
+                                })
+                                .unwrap()
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            racers.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        let mut all: Vec<usize> = won.into_iter().flatten().collect();
+        all.sort();
+        assert_eq!(all, (0..TICKS).collect::<Vec<_>>(), "each tick won once");
+    }
+
     fn schedules_and_ticks(s: &dyn StateStore) {
         s.upsert_schedule("nightly", "a.yaml", "2026-01-01T00:00:00Z")
             .unwrap();
@@ -1774,6 +1814,16 @@ mod tests {
             .unwrap();
         let s = SqliteState::open(&path).unwrap();
         assert_eq!(s.list_runs(10).unwrap().len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn sqlite_connections_claim_ticks_exclusively() {
+        let dir = std::env::temp_dir().join(format!("dt-state-claims-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.db");
+        let _ = std::fs::remove_file(&path);
+        conformance::exclusive_claims(&|| Box::new(SqliteState::open(&path).unwrap()));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -9,6 +9,7 @@ use drivetrain_engine::executor::Executor;
 
 pub mod kubernetes;
 pub mod local;
+pub mod postgres;
 
 /// The executor kinds a pipeline may name, default first.
 pub const EXECUTORS: &[&str] = &["local", "kubernetes"];

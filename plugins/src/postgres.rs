@@ -1,0 +1,1103 @@
+//! The PostgreSQL state store, for several engine replicas sharing one database.
+//!
+//! The same tables and guarantees as the embedded SQLite store (one conformance suite
+//! checks both): every method commits before it returns, a tick is claimed by exactly one
+//! `INSERT … ON CONFLICT DO NOTHING` however many replicas race for it, and the schema is
+//! migrated under an advisory lock so replicas starting together migrate once.
+//!
+//! The `postgres` client blocks on a runtime of its own; a call made on a tokio worker
+//! runs on a scoped thread so the engine's runtime is never blocked inside itself.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use drivetrain_engine::state::{
+    now, ArtifactRecord, ArtifactUse, AttemptRecord, CacheEntry, ItemRecord, Phase, Provenance,
+    RunId, RunRecord, ScheduleEntry, StageRecord, StateError, StateStore, TickRecord,
+};
+use postgres::types::ToSql;
+use postgres::{Client, GenericClient, NoTls, Row};
+
+/// The schema, one migration per step; `drivetrain_schema.version` says how many ran.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE runs (
+    id TEXT PRIMARY KEY,
+    pipeline TEXT NOT NULL,
+    file TEXT NOT NULL,
+    spec_digest TEXT NOT NULL,
+    params TEXT NOT NULL,
+    trigger TEXT NOT NULL,
+    parent TEXT,
+    phase TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    finished_at TEXT,
+    reason TEXT,
+    engine_pid BIGINT,
+    overrides TEXT NOT NULL DEFAULT '{}',
+    selection TEXT,
+    scheduled_time TEXT,
+    executor TEXT
+);
+CREATE INDEX runs_by_time ON runs(created_at);
+CREATE INDEX runs_by_pipeline ON runs(pipeline, phase);
+CREATE TABLE stages (
+    seq BIGSERIAL,
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    stage TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    attempts BIGINT NOT NULL DEFAULT 0,
+    started_at TEXT,
+    finished_at TEXT,
+    exit_code INTEGER,
+    reason TEXT,
+    outputs TEXT NOT NULL DEFAULT '{}',
+    vals TEXT NOT NULL DEFAULT '{}',
+    origin TEXT NOT NULL DEFAULT 'ran',
+    origin_run TEXT,
+    cache_key TEXT,
+    provenance TEXT NOT NULL DEFAULT '{}',
+    inputs TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (run_id, stage)
+);
+CREATE TABLE attempts (
+    seq BIGSERIAL,
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    stage TEXT NOT NULL,
+    attempt BIGINT NOT NULL,
+    phase TEXT NOT NULL,
+    started_at TEXT NOT NULL,
+    finished_at TEXT,
+    exit_code INTEGER,
+    reason TEXT,
+    handle TEXT,
+    PRIMARY KEY (run_id, stage, attempt)
+);
+CREATE TABLE map_items (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    stage TEXT NOT NULL,
+    idx BIGINT NOT NULL,
+    item TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    attempts BIGINT NOT NULL DEFAULT 0,
+    reason TEXT,
+    outputs TEXT NOT NULL DEFAULT '{}',
+    handle TEXT,
+    PRIMARY KEY (run_id, stage, idx)
+);
+CREATE TABLE cache_entries (
+    key TEXT PRIMARY KEY,
+    pipeline TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    outputs TEXT NOT NULL,
+    vals TEXT NOT NULL,
+    components TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX cache_by_stage ON cache_entries(pipeline, stage, created_at);
+CREATE TABLE artifacts (
+    digest TEXT PRIMARY KEY,
+    manifest TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    output TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE artifact_uses (
+    digest TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    input TEXT NOT NULL,
+    PRIMARY KEY (digest, run_id, stage, input)
+);
+CREATE INDEX uses_by_stage ON artifact_uses(run_id, stage);
+CREATE TABLE schedules (
+    pipeline TEXT PRIMARY KEY,
+    file TEXT NOT NULL,
+    suspended BOOLEAN NOT NULL DEFAULT FALSE,
+    anchor TEXT NOT NULL
+);
+CREATE TABLE schedule_ticks (
+    id TEXT PRIMARY KEY,
+    pipeline TEXT NOT NULL,
+    scheduled_time TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    run_id TEXT,
+    reason TEXT,
+    recorded_at TEXT NOT NULL
+);
+CREATE INDEX ticks_by_time ON schedule_ticks(pipeline, scheduled_time);
+"#];
+
+/// Any key of this store's advisory lock for migrations.
+const MIGRATION_LOCK: i64 = 0x6472_6976_6574_7261; // "drivetra"
+
+fn db(what: impl Into<String>) -> impl FnOnce(postgres::Error) -> StateError {
+    let what = what.into();
+    move |e| StateError::Database {
+        what,
+        source: Box::new(e),
+    }
+}
+
+/// The PostgreSQL state store.
+pub struct PostgresState {
+    url: String,
+    /// Always `Some` but while being dropped.
+    client: Mutex<Option<Client>>,
+}
+
+impl Drop for PostgresState {
+    fn drop(&mut self) {
+        // Closing the connection blocks on the client's runtime too.
+        let client = self
+            .client
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        off_runtime(move || drop(client));
+    }
+}
+
+impl std::fmt::Debug for PostgresState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry a password.
+        f.debug_struct("PostgresState").finish_non_exhaustive()
+    }
+}
+
+impl PostgresState {
+    /// Connects to `url` (`postgres://user@host:port/db`) and migrates the schema.
+    pub fn open(url: &str) -> Result<Self, StateError> {
+        let store = PostgresState {
+            url: url.to_owned(),
+            client: Mutex::new(Some(off_runtime(|| Self::connect(url))?)),
+        };
+        store.with(|c| {
+            let mut tx = c.transaction().map_err(db("begin migration"))?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+                .map_err(db("lock for migration"))?;
+            tx.batch_execute(
+                "CREATE TABLE IF NOT EXISTS drivetrain_schema (version BIGINT NOT NULL)",
+            )
+            .map_err(db("create the schema table"))?;
+            let version: i64 = tx
+                .query_opt("SELECT version FROM drivetrain_schema", &[])
+                .map_err(db("read schema version"))?
+                .map(|r| r.get(0))
+                .unwrap_or(0);
+            if version == 0 {
+                tx.execute("INSERT INTO drivetrain_schema (version) VALUES (0)", &[])
+                    .map_err(db("record schema version"))?;
+            }
+            for (i, m) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
+                tx.batch_execute(m)
+                    .map_err(db(format!("migration to version {}", i + 1)))?;
+                tx.execute(
+                    "UPDATE drivetrain_schema SET version = $1",
+                    &[&(i as i64 + 1)],
+                )
+                .map_err(db("record schema version"))?;
+            }
+            tx.commit().map_err(db("commit migrations"))
+        })?;
+        Ok(store)
+    }
+
+    fn connect(url: &str) -> Result<Client, StateError> {
+        Client::connect(url, NoTls).map_err(db("connect"))
+    }
+
+    /// Runs `f` with the connection, reconnecting once if the server closed it.
+    fn with<T: Send>(
+        &self,
+        f: impl FnOnce(&mut Client) -> Result<T, StateError> + Send,
+    ) -> Result<T, StateError> {
+        let mut guard = self.client.lock().unwrap_or_else(|e| e.into_inner());
+        let slot: &mut Option<Client> = &mut guard;
+        off_runtime(|| {
+            let client = match slot {
+                Some(c) if !c.is_closed() => c,
+                _ => slot.insert(Self::connect(&self.url)?),
+            };
+            f(client)
+        })
+    }
+}
+
+/// Runs `f` where the blocking client may start its own runtime: on a scoped thread when
+/// called from inside a tokio runtime, in place otherwise.
+fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return f();
+    }
+    std::thread::scope(|s| match s.spawn(f).join() {
+        Ok(v) => v,
+        Err(panic) => std::panic::resume_unwind(panic),
+    })
+}
+
+fn json_col(s: String) -> serde_json::Value {
+    serde_json::from_str(&s).unwrap_or(serde_json::Value::Null)
+}
+
+fn phase_col(s: String) -> Phase {
+    Phase::parse(&s).unwrap_or(Phase::Error)
+}
+
+fn count(v: i64) -> u32 {
+    u32::try_from(v).unwrap_or(0)
+}
+
+const RUN_COLUMNS: &str = "id, pipeline, file, spec_digest, params, trigger, parent, phase, \
+     created_at, finished_at, reason, engine_pid, overrides, selection, scheduled_time, executor";
+
+fn run_from_row(r: &Row) -> RunRecord {
+    RunRecord {
+        id: RunId(r.get(0)),
+        pipeline: r.get(1),
+        file: r.get(2),
+        spec_digest: r.get(3),
+        params: json_col(r.get(4)),
+        trigger: r.get(5),
+        parent: r.get::<_, Option<String>>(6).map(RunId),
+        phase: phase_col(r.get(7)),
+        created_at: r.get(8),
+        finished_at: r.get(9),
+        reason: r.get(10),
+        engine_pid: r.get(11),
+        overrides: json_col(r.get(12)),
+        selection: r
+            .get::<_, Option<String>>(13)
+            .and_then(|s| serde_json::from_str(&s).ok()),
+        scheduled_time: r.get(14),
+        executor: r.get(15),
+    }
+}
+
+const STAGE_COLUMNS: &str = "stage, phase, attempts, started_at, finished_at, exit_code, reason, \
+     outputs, vals, origin, origin_run, cache_key, provenance, inputs";
+
+fn stage_from_row(r: &Row) -> StageRecord {
+    StageRecord {
+        stage: r.get(0),
+        phase: phase_col(r.get(1)),
+        attempts: count(r.get(2)),
+        started_at: r.get(3),
+        finished_at: r.get(4),
+        exit_code: r.get(5),
+        reason: r.get(6),
+        outputs: json_col(r.get(7)),
+        values: json_col(r.get(8)),
+        how: Provenance {
+            origin: r.get(9),
+            origin_run: r.get(10),
+            cache_key: r.get(11),
+            provenance: json_col(r.get(12)),
+            inputs: json_col(r.get(13)),
+        },
+    }
+}
+
+const CACHE_COLUMNS: &str = "key, pipeline, stage, run_id, outputs, vals, components, created_at";
+
+fn cache_from_row(r: &Row) -> CacheEntry {
+    CacheEntry {
+        key: r.get(0),
+        pipeline: r.get(1),
+        stage: r.get(2),
+        run_id: r.get(3),
+        outputs: json_col(r.get(4)),
+        values: json_col(r.get(5)),
+        components: json_col(r.get(6)),
+        created_at: r.get(7),
+    }
+}
+
+fn tick_from_row(r: &Row) -> TickRecord {
+    TickRecord {
+        id: r.get(0),
+        pipeline: r.get(1),
+        scheduled_time: r.get(2),
+        outcome: r.get(3),
+        run_id: r.get(4),
+        reason: r.get(5),
+    }
+}
+
+/// One statement, its row count.
+fn exec(
+    c: &mut impl GenericClient,
+    q: &str,
+    args: &[&(dyn ToSql + Sync)],
+    what: impl Into<String>,
+) -> Result<u64, StateError> {
+    c.execute(q, args).map_err(db(what))
+}
+
+/// The rows of one query, mapped.
+fn rows<T>(
+    c: &mut impl GenericClient,
+    q: &str,
+    args: &[&(dyn ToSql + Sync)],
+    what: impl Into<String>,
+    map: impl Fn(&Row) -> T,
+) -> Result<Vec<T>, StateError> {
+    Ok(c.query(q, args)
+        .map_err(db(what))?
+        .iter()
+        .map(map)
+        .collect())
+}
+
+/// The first row of one query, mapped.
+fn row<T>(
+    c: &mut impl GenericClient,
+    q: &str,
+    args: &[&(dyn ToSql + Sync)],
+    what: impl Into<String>,
+    map: impl Fn(&Row) -> T,
+) -> Result<Option<T>, StateError> {
+    Ok(c.query_opt(q, args).map_err(db(what))?.as_ref().map(map))
+}
+
+impl StateStore for PostgresState {
+    fn create_run(&self, run: &RunRecord) -> Result<(), StateError> {
+        let params = run.params.to_string();
+        let overrides = run.overrides.to_string();
+        let selection = run
+            .selection
+            .as_ref()
+            .map(|s| serde_json::to_string(s).unwrap_or_default());
+        let parent = run.parent.as_ref().map(|p| p.0.clone());
+        self.with(|c| {
+            exec(
+                c,
+                "INSERT INTO runs (id, pipeline, file, spec_digest, params, trigger, parent, phase, \
+                 created_at, engine_pid, overrides, selection, scheduled_time, executor) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                &[
+                    &run.id.0,
+                    &run.pipeline,
+                    &run.file,
+                    &run.spec_digest,
+                    &params,
+                    &run.trigger,
+                    &parent,
+                    &run.phase.as_str(),
+                    &run.created_at,
+                    &run.engine_pid,
+                    &overrides,
+                    &selection,
+                    &run.scheduled_time,
+                    &run.executor,
+                ],
+                format!("create run {}", run.id),
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn finish_run(
+        &self,
+        run: &RunId,
+        phase: Phase,
+        reason: Option<&str>,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            exec(
+                c,
+                "UPDATE runs SET phase = $2, finished_at = $3, reason = $4, engine_pid = NULL WHERE id = $1",
+                &[&run.0, &phase.as_str(), &now(), &reason],
+                format!("finish run {run}"),
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn reopen_run(&self, run: &RunId, pid: u32) -> Result<(), StateError> {
+        self.with(|c| {
+            let n = exec(
+                c,
+                "UPDATE runs SET phase = 'Running', finished_at = NULL, reason = NULL, engine_pid = $2 \
+                 WHERE id = $1",
+                &[&run.0, &i64::from(pid)],
+                format!("reopen run {run}"),
+            )?;
+            if n == 0 {
+                return Err(StateError::UnknownRun(run.0.clone()));
+            }
+            Ok(())
+        })
+    }
+
+    fn run(&self, run: &RunId) -> Result<RunRecord, StateError> {
+        self.with(|c| {
+            row(
+                c,
+                &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = $1"),
+                &[&run.0],
+                format!("read run {run}"),
+                run_from_row,
+            )?
+            .ok_or_else(|| StateError::UnknownRun(run.0.clone()))
+        })
+    }
+
+    fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                &format!(
+                    "SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at DESC, id DESC LIMIT $1"
+                ),
+                &[&(limit as i64)],
+                "list runs",
+                run_from_row,
+            )
+        })
+    }
+
+    fn set_stage(
+        &self,
+        run: &RunId,
+        stage: &str,
+        phase: Phase,
+        exit_code: Option<i32>,
+        reason: Option<&str>,
+    ) -> Result<(), StateError> {
+        let t = now();
+        let started = (phase == Phase::Running).then_some(t.as_str());
+        let finished = phase.is_terminal().then_some(t.as_str());
+        self.with(|c| {
+            exec(
+                c,
+                "INSERT INTO stages (run_id, stage, phase, started_at, finished_at, exit_code, reason) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                 ON CONFLICT (run_id, stage) DO UPDATE SET phase = $3, \
+                   started_at = COALESCE(stages.started_at, $4), finished_at = $5, \
+                   exit_code = $6, reason = $7",
+                &[&run.0, &stage, &phase.as_str(), &started, &finished, &exit_code, &reason],
+                format!("record stage {stage} of run {run}"),
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn set_stage_results(
+        &self,
+        run: &RunId,
+        stage: &str,
+        outputs: &serde_json::Value,
+        values: &serde_json::Value,
+    ) -> Result<(), StateError> {
+        let (outputs, values) = (outputs.to_string(), values.to_string());
+        self.with(|c| {
+            exec(
+                c,
+                "UPDATE stages SET outputs = $3, vals = $4 WHERE run_id = $1 AND stage = $2",
+                &[&run.0, &stage, &outputs, &values],
+                format!("record results of stage {stage} of run {run}"),
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn stages(&self, run: &RunId) -> Result<Vec<StageRecord>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                &format!("SELECT {STAGE_COLUMNS} FROM stages WHERE run_id = $1 ORDER BY seq"),
+                &[&run.0],
+                "read stages",
+                stage_from_row,
+            )
+        })
+    }
+
+    fn stage(&self, run: &RunId, stage: &str) -> Result<Option<StageRecord>, StateError> {
+        self.with(|c| {
+            row(
+                c,
+                &format!("SELECT {STAGE_COLUMNS} FROM stages WHERE run_id = $1 AND stage = $2"),
+                &[&run.0, &stage],
+                format!("read stage {stage} of run {run}"),
+                stage_from_row,
+            )
+        })
+    }
+
+    fn stages_mentioning(&self, text: &str) -> Result<Vec<(RunId, String)>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                "SELECT run_id, stage FROM stages WHERE strpos(provenance, $1) > 0 ORDER BY run_id, seq",
+                &[&text],
+                "search stages",
+                |r| (RunId(r.get(0)), r.get(1)),
+            )
+        })
+    }
+
+    fn start_attempt(&self, run: &RunId, stage: &str, attempt: u32) -> Result<(), StateError> {
+        let t = now();
+        let n = i64::from(attempt);
+        self.with(|c| {
+            let mut tx = c.transaction().map_err(db("begin"))?;
+            // Again, for an attempt still running, when a restarted engine re-attaches to
+            // it; never for one that ended.
+            let changed = exec(
+                &mut tx,
+                "INSERT INTO attempts (run_id, stage, attempt, phase, started_at) VALUES ($1, $2, $3, 'Running', $4) \
+                 ON CONFLICT (run_id, stage, attempt) DO UPDATE SET phase = 'Running' WHERE attempts.phase = 'Running'",
+                &[&run.0, &stage, &n, &t],
+                format!("record attempt {attempt} of {stage}"),
+            )?;
+            if changed == 0 {
+                return Err(StateError::AttemptEnded {
+                    stage: stage.to_owned(),
+                    attempt,
+                });
+            }
+            exec(
+                &mut tx,
+                "INSERT INTO stages (run_id, stage, phase, attempts, started_at) VALUES ($1, $2, 'Running', $3, $4) \
+                 ON CONFLICT (run_id, stage) DO UPDATE SET phase = 'Running', attempts = $3, \
+                   started_at = COALESCE(stages.started_at, $4)",
+                &[&run.0, &stage, &n, &t],
+                format!("record stage {stage}"),
+            )?;
+            tx.commit().map_err(db("commit"))
+        })
+    }
+
+    fn set_attempt_handle(
+        &self,
+        run: &RunId,
+        stage: &str,
+        attempt: u32,
+        handle: &str,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            exec(
+                c,
+                "UPDATE attempts SET handle = $4 WHERE run_id = $1 AND stage = $2 AND attempt = $3",
+                &[&run.0, &stage, &i64::from(attempt), &handle],
+                format!("record handle of {stage}"),
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn finish_attempt(
+        &self,
+        run: &RunId,
+        stage: &str,
+        attempt: u32,
+        phase: Phase,
+        exit_code: Option<i32>,
+        reason: Option<&str>,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            exec(
+                c,
+                "UPDATE attempts SET phase = $4, finished_at = $5, exit_code = $6, reason = $7 \
+                 WHERE run_id = $1 AND stage = $2 AND attempt = $3",
+                &[
+                    &run.0,
+                    &stage,
+                    &i64::from(attempt),
+                    &phase.as_str(),
+                    &now(),
+                    &exit_code,
+                    &reason,
+                ],
+                format!("finish attempt {attempt} of {stage}"),
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn attempts(&self, run: &RunId) -> Result<Vec<AttemptRecord>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                "SELECT stage, attempt, phase, started_at, finished_at, exit_code, reason, handle \
+                 FROM attempts WHERE run_id = $1 ORDER BY seq",
+                &[&run.0],
+                "read attempts",
+                |r| AttemptRecord {
+                    stage: r.get(0),
+                    attempt: count(r.get(1)),
+                    phase: phase_col(r.get(2)),
+                    started_at: r.get(3),
+                    finished_at: r.get(4),
+                    exit_code: r.get(5),
+                    reason: r.get(6),
+                    handle: r.get(7),
+                },
+            )
+        })
+    }
+
+    fn add_map_items(
+        &self,
+        run: &RunId,
+        stage: &str,
+        items: &[serde_json::Value],
+    ) -> Result<(), StateError> {
+        let idx: Vec<i64> = (0..items.len() as i64).collect();
+        let texts: Vec<String> = items.iter().map(|i| i.to_string()).collect();
+        self.with(|c| {
+            let mut tx = c.transaction().map_err(db("begin"))?;
+            exec(
+                &mut tx,
+                "DELETE FROM map_items WHERE run_id = $1 AND stage = $2",
+                &[&run.0, &stage],
+                format!("reset items of {stage}"),
+            )?;
+            // One statement for every item: arrays unnested server-side.
+            exec(
+                &mut tx,
+                "INSERT INTO map_items (run_id, stage, idx, item, phase) \
+                 SELECT $1, $2, i, t, 'Pending' FROM unnest($3::BIGINT[], $4::TEXT[]) AS u(i, t)",
+                &[&run.0, &stage, &idx, &texts],
+                format!("record items of {stage}"),
+            )?;
+            tx.commit().map_err(db("commit"))
+        })
+    }
+
+    fn start_item(
+        &self,
+        run: &RunId,
+        stage: &str,
+        idx: usize,
+        attempt: u32,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            exec(
+                c,
+                "UPDATE map_items SET phase = 'Running', attempts = $4 WHERE run_id = $1 AND stage = $2 AND idx = $3",
+                &[&run.0, &stage, &(idx as i64), &i64::from(attempt)],
+                format!("record item {idx} of {stage}"),
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn finish_item(
+        &self,
+        run: &RunId,
+        stage: &str,
+        idx: usize,
+        phase: Phase,
+        reason: Option<&str>,
+        outputs: &serde_json::Value,
+    ) -> Result<(), StateError> {
+        let outputs = outputs.to_string();
+        self.with(|c| {
+            exec(
+                c,
+                "UPDATE map_items SET phase = $4, reason = $5, outputs = $6 WHERE run_id = $1 AND stage = $2 AND idx = $3",
+                &[&run.0, &stage, &(idx as i64), &phase.as_str(), &reason, &outputs],
+                format!("finish item {idx} of {stage}"),
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn set_item_handle(
+        &self,
+        run: &RunId,
+        stage: &str,
+        idx: usize,
+        handle: &str,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            exec(
+                c,
+                "UPDATE map_items SET handle = $4 WHERE run_id = $1 AND stage = $2 AND idx = $3",
+                &[&run.0, &stage, &(idx as i64), &handle],
+                format!("record handle of item {idx} of {stage}"),
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn map_items(&self, run: &RunId, stage: &str) -> Result<Vec<ItemRecord>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                "SELECT idx, item, phase, attempts, reason, outputs, handle FROM map_items \
+                 WHERE run_id = $1 AND stage = $2 ORDER BY idx",
+                &[&run.0, &stage],
+                "read items",
+                |r| ItemRecord {
+                    index: r.get::<_, i64>(0) as usize,
+                    item: json_col(r.get(1)),
+                    phase: phase_col(r.get(2)),
+                    attempts: count(r.get(3)),
+                    reason: r.get(4),
+                    outputs: json_col(r.get(5)),
+                    handle: r.get(6),
+                },
+            )
+        })
+    }
+
+    fn item_counts(&self, run: &RunId, stage: &str) -> Result<BTreeMap<String, u64>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                "SELECT phase, COUNT(*) FROM map_items WHERE run_id = $1 AND stage = $2 GROUP BY phase",
+                &[&run.0, &stage],
+                "count items",
+                |r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64),
+            )
+            .map(|v| v.into_iter().collect())
+        })
+    }
+
+    fn set_provenance(&self, run: &RunId, stage: &str, p: &Provenance) -> Result<(), StateError> {
+        let what = format!("record provenance of {stage}");
+        let (provenance, inputs) = (p.provenance.to_string(), p.inputs.to_string());
+        self.with(|c| {
+            let mut tx = c.transaction().map_err(db("begin"))?;
+            exec(
+                &mut tx,
+                "INSERT INTO stages (run_id, stage, phase, origin, origin_run, cache_key, provenance, inputs) \
+                 VALUES ($1, $2, 'Pending', $3, $4, $5, $6, $7) \
+                 ON CONFLICT (run_id, stage) DO UPDATE SET origin = $3, origin_run = $4, \
+                   cache_key = $5, provenance = $6, inputs = $7",
+                &[&run.0, &stage, &p.origin, &p.origin_run, &p.cache_key, &provenance, &inputs],
+                what.clone(),
+            )?;
+            exec(
+                &mut tx,
+                "DELETE FROM artifact_uses WHERE run_id = $1 AND stage = $2",
+                &[&run.0, &stage],
+                what.clone(),
+            )?;
+            if p.origin == "ran" {
+                for (name, art) in p.inputs.as_object().into_iter().flatten() {
+                    let Some(digest) = art.get("digest").and_then(|d| d.as_str()) else {
+                        continue;
+                    };
+                    exec(
+                        &mut tx,
+                        "INSERT INTO artifact_uses (digest, run_id, stage, input) \
+                         VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                        &[&digest, &run.0, &stage, name],
+                        what.clone(),
+                    )?;
+                }
+            }
+            tx.commit().map_err(db("commit"))
+        })
+    }
+
+    fn add_artifacts(&self, artifacts: &[ArtifactRecord]) -> Result<(), StateError> {
+        self.with(|c| {
+            let mut tx = c.transaction().map_err(db("begin"))?;
+            for a in artifacts {
+                exec(
+                    &mut tx,
+                    "INSERT INTO artifacts (digest, manifest, run_id, stage, output, created_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+                    &[
+                        &a.digest,
+                        &a.manifest,
+                        &a.run_id,
+                        &a.stage,
+                        &a.output,
+                        &a.created_at,
+                    ],
+                    format!("record artifact {}", a.digest),
+                )?;
+            }
+            tx.commit().map_err(db("commit"))
+        })
+    }
+
+    fn artifact(&self, digest: &str) -> Result<Option<ArtifactRecord>, StateError> {
+        self.with(|c| {
+            row(
+                c,
+                "SELECT digest, manifest, run_id, stage, output, created_at FROM artifacts WHERE digest = $1",
+                &[&digest],
+                format!("read artifact {digest}"),
+                |r| ArtifactRecord {
+                    digest: r.get(0),
+                    manifest: r.get(1),
+                    run_id: r.get(2),
+                    stage: r.get(3),
+                    output: r.get(4),
+                    created_at: r.get(5),
+                },
+            )
+        })
+    }
+
+    fn artifact_uses(&self, digest: &str) -> Result<Vec<ArtifactUse>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                "SELECT digest, run_id, stage, input FROM artifact_uses WHERE digest = $1 \
+                 ORDER BY run_id, stage, input",
+                &[&digest],
+                "read artifact uses",
+                |r| ArtifactUse {
+                    digest: r.get(0),
+                    run_id: r.get(1),
+                    stage: r.get(2),
+                    input: r.get(3),
+                },
+            )
+        })
+    }
+
+    fn put_cache_entry(&self, e: &CacheEntry) -> Result<(), StateError> {
+        let (outputs, values, components) = (
+            e.outputs.to_string(),
+            e.values.to_string(),
+            e.components.to_string(),
+        );
+        self.with(|c| {
+            exec(
+                c,
+                &format!(
+                    "INSERT INTO cache_entries ({CACHE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                     ON CONFLICT (key) DO UPDATE SET pipeline = $2, stage = $3, run_id = $4, \
+                       outputs = $5, vals = $6, components = $7, created_at = $8"
+                ),
+                &[&e.key, &e.pipeline, &e.stage, &e.run_id, &outputs, &values, &components, &e.created_at],
+                format!("record cache entry of {}", e.stage),
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn cache_entry(&self, key: &str) -> Result<Option<CacheEntry>, StateError> {
+        self.with(|c| {
+            row(
+                c,
+                &format!("SELECT {CACHE_COLUMNS} FROM cache_entries WHERE key = $1"),
+                &[&key],
+                "read cache entry",
+                cache_from_row,
+            )
+        })
+    }
+
+    fn latest_cache_entry(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        except_key: &str,
+    ) -> Result<Option<CacheEntry>, StateError> {
+        self.with(|c| {
+            row(
+                c,
+                &format!(
+                    "SELECT {CACHE_COLUMNS} FROM cache_entries WHERE pipeline = $1 AND stage = $2 \
+                     AND key != $3 ORDER BY created_at DESC LIMIT 1"
+                ),
+                &[&pipeline, &stage, &except_key],
+                "read cache entries",
+                cache_from_row,
+            )
+        })
+    }
+
+    fn cache_entries(&self) -> Result<Vec<CacheEntry>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                &format!("SELECT {CACHE_COLUMNS} FROM cache_entries ORDER BY created_at"),
+                &[],
+                "read cache entries",
+                cache_from_row,
+            )
+        })
+    }
+
+    fn expire_cache_entries(&self, before: &str) -> Result<usize, StateError> {
+        self.with(|c| {
+            exec(
+                c,
+                "DELETE FROM cache_entries WHERE created_at < $1",
+                &[&before],
+                "expire cache entries",
+            )
+            .map(|n| n as usize)
+        })
+    }
+
+    fn upsert_schedule(&self, pipeline: &str, file: &str, anchor: &str) -> Result<(), StateError> {
+        self.with(|c| {
+            exec(
+                c,
+                "INSERT INTO schedules (pipeline, file, anchor) VALUES ($1, $2, $3) \
+                 ON CONFLICT (pipeline) DO UPDATE SET file = $2",
+                &[&pipeline, &file, &anchor],
+                format!("register schedule {pipeline}"),
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn schedule(&self, pipeline: &str) -> Result<Option<ScheduleEntry>, StateError> {
+        self.with(|c| {
+            row(
+                c,
+                "SELECT pipeline, file, suspended, anchor FROM schedules WHERE pipeline = $1",
+                &[&pipeline],
+                "read schedule",
+                schedule_from_row,
+            )
+        })
+    }
+
+    fn schedules(&self) -> Result<Vec<ScheduleEntry>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                "SELECT pipeline, file, suspended, anchor FROM schedules ORDER BY pipeline",
+                &[],
+                "read schedules",
+                schedule_from_row,
+            )
+        })
+    }
+
+    fn set_suspended(
+        &self,
+        pipeline: &str,
+        suspended: bool,
+        anchor: Option<&str>,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            let n = exec(
+                c,
+                "UPDATE schedules SET suspended = $2, anchor = COALESCE($3, anchor) WHERE pipeline = $1",
+                &[&pipeline, &suspended, &anchor],
+                format!("suspend schedule {pipeline}"),
+            )?;
+            if n == 0 {
+                return Err(StateError::UnknownRun(format!("schedule {pipeline}")));
+            }
+            Ok(())
+        })
+    }
+
+    fn claim_tick(&self, t: &TickRecord) -> Result<bool, StateError> {
+        self.with(|c| {
+            exec(
+                c,
+                "INSERT INTO schedule_ticks (id, pipeline, scheduled_time, outcome, run_id, reason, recorded_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
+                &[&t.id, &t.pipeline, &t.scheduled_time, &t.outcome, &t.run_id, &t.reason, &now()],
+                format!("claim tick {}", t.id),
+            )
+            .map(|n| n == 1)
+        })
+    }
+
+    fn ticks(&self, pipeline: &str, limit: usize) -> Result<Vec<TickRecord>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                "SELECT id, pipeline, scheduled_time, outcome, run_id, reason FROM schedule_ticks \
+                 WHERE pipeline = $1 ORDER BY scheduled_time DESC LIMIT $2",
+                &[&pipeline, &(limit as i64)],
+                "read ticks",
+                tick_from_row,
+            )
+        })
+    }
+
+    fn unstarted_ticks(&self, pipeline: &str, limit: usize) -> Result<Vec<TickRecord>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                "SELECT t.id, t.pipeline, t.scheduled_time, t.outcome, t.run_id, t.reason FROM \
+                   (SELECT * FROM schedule_ticks WHERE pipeline = $1 ORDER BY scheduled_time DESC LIMIT $2) AS t \
+                 LEFT JOIN runs r ON r.id = t.run_id \
+                 WHERE t.outcome = 'fired' AND t.run_id IS NOT NULL AND r.id IS NULL \
+                 ORDER BY t.scheduled_time",
+                &[&pipeline, &(limit as i64)],
+                "read unstarted ticks",
+                tick_from_row,
+            )
+        })
+    }
+
+    fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                "SELECT id FROM runs WHERE pipeline = $1 AND phase IN ('Running', 'Pending') ORDER BY created_at",
+                &[&pipeline],
+                "read running runs",
+                |r| RunId(r.get(0)),
+            )
+        })
+    }
+
+    fn run_counts(&self) -> Result<BTreeMap<String, u64>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                "SELECT phase, COUNT(*) FROM runs GROUP BY phase",
+                &[],
+                "count runs",
+                |r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64),
+            )
+            .map(|v| v.into_iter().collect())
+        })
+    }
+}
+
+fn schedule_from_row(r: &Row) -> ScheduleEntry {
+    ScheduleEntry {
+        pipeline: r.get(0),
+        file: r.get(1),
+        suspended: r.get(2),
+        anchor: r.get(3),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drivetrain_engine::state::conformance;
+    use drivetrain_engine::testing::Postgres;
+
+    /// Against a real PostgreSQL (initdb + pg_ctl on a loopback port).
+    #[test]
+    fn postgres_passes_the_conformance_suite() {
+        let pg = Postgres::start();
+        let store = PostgresState::open(&pg.url()).unwrap();
+        conformance::check(&store);
+        // Reopening finds the schema migrated and the data there.
+        let again = PostgresState::open(&pg.url()).unwrap();
+        assert!(!again.list_runs(10).unwrap().is_empty());
+        conformance::exclusive_claims(&|| Box::new(PostgresState::open(&pg.url()).unwrap()));
+    }
+
+    /// Inside a tokio runtime (where the engine calls it) the blocking client still works.
+    #[tokio::test]
+    async fn works_inside_a_runtime() {
+        let pg = Postgres::start();
+        let store = PostgresState::open(&pg.url()).unwrap();
+        store.create_run(&conformance::run_record("rt")).unwrap();
+        assert_eq!(store.list_runs(5).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_bad_url_is_a_clear_error() {
+        let err = PostgresState::open("postgres://nobody@127.0.0.1:1/x").unwrap_err();
+        assert!(err.to_string().contains("connect"), "{err}");
+    }
+}
