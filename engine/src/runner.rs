@@ -1689,6 +1689,11 @@ async fn run_attempt(
     }
     if let Some(c) = &step_config {
         env.push(("DRIVETRAIN_STEP_CONFIG".into(), c.to_string()));
+        // A built-in step on this machine reaches the store (and the registry) as the
+        // engine does; in a pod, credentials come from the pod's own secrets.
+        if remote.is_none() {
+            env.extend(store_config_env());
+        }
     }
     for (k, t) in &stage.env {
         env.push((k.clone(), render(t)));
@@ -1991,6 +1996,24 @@ async fn wait_attempt(
         let _ = std::fs::remove_dir_all(outputs_dir);
     }
     Ok(AttemptEnd::Succeeded { outputs, values })
+}
+
+/// The engine's store and registry configuration (`AWS_*`, `GOOGLE_*`, `AZURE_*`,
+/// `DRIVETRAIN_STORE_RETRY_TIMEOUT`, `DRIVETRAIN_REGISTRY`, `MLFLOW_*`), handed to built-in
+/// steps, which open the store themselves. User commands get only what their stage
+/// declares.
+fn store_config_env() -> Vec<(String, String)> {
+    std::env::vars()
+        .filter(|(k, _)| {
+            ["AWS_", "GOOGLE_", "AZURE_", "MLFLOW_"]
+                .iter()
+                .any(|p| k.starts_with(p))
+                || matches!(
+                    k.as_str(),
+                    "DRIVETRAIN_STORE_RETRY_TIMEOUT" | "DRIVETRAIN_REGISTRY"
+                )
+        })
+        .collect()
 }
 
 fn humanize(d: Duration) -> String {

@@ -1,0 +1,237 @@
+//! The engine with its artifact store on S3: a real S3 protocol server (`moto_server`)
+//! started on loopback, configured only through the standard AWS variables and
+//! `DRIVETRAIN_STORE`. The whole driving loop runs there; and a store that goes away in
+//! the middle of a multipart upload leaves no partial artifact, and the stage's retry
+//! succeeds once it is back.
+
+mod common;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{run_id, stage, text, Home};
+use drivetrain_engine::artifacts::ArtifactStore;
+use drivetrain_engine::testing::{free_port, S3Server};
+
+fn env_pairs(env: &BTreeMap<String, String>) -> Vec<(&str, &str)> {
+    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+fn list(url: &str, env: &BTreeMap<String, String>, prefix: &str) -> Vec<String> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        ArtifactStore::open_with(url, env)
+            .unwrap()
+            .list(prefix)
+            .await
+            .unwrap()
+    })
+}
+
+#[test]
+fn the_driving_loop_runs_with_its_store_on_s3() {
+    let s3 = S3Server::start();
+    s3.create_bucket("fleet");
+    let mut env = s3.env();
+    env.insert("DRIVETRAIN_STORE".into(), "s3://fleet/dt".into());
+    let home = Home::new("s3-loop");
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/driving-loop.yaml");
+    let o = home.drivetrain_env(&["run", file, "--param", "drives=3"], &env_pairs(&env));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}{}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    let out = text(&o.stdout);
+    assert!(out.contains("store s3://fleet/dt"), "{out}");
+    assert!(
+        out.contains("promote: promoted risk-model version 1 to `production`"),
+        "{out}"
+    );
+    let run = run_id(&o);
+    let status = home.drivetrain_env(&["status", &run, "--output", "json"], &env_pairs(&env));
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(stage(&status, "promote")["phase"], "Succeeded");
+    // The artifacts and the registry are in the bucket, none in the home.
+    let keys = list("s3://fleet", &env, "dt");
+    for prefix in [
+        format!("dt/runs/{run}/ingest/1/manifests/"),
+        format!("dt/runs/{run}/train/1/"),
+        "dt/registry/risk-model/versions/1/version.json".to_owned(),
+        "dt/registry/risk-model/aliases/production/".to_owned(),
+    ] {
+        assert!(
+            keys.iter().any(|k| k.starts_with(&prefix)),
+            "nothing under {prefix} in {} keys",
+            keys.len()
+        );
+    }
+    assert!(!home.dir.join(".drivetrain/artifacts/runs").exists());
+    let listed = home.drivetrain_env(&["registry", "list"], &env_pairs(&env));
+    assert!(
+        text(&listed.stdout).contains("risk-model  1 version(s)  production → 1"),
+        "{}{}",
+        text(&listed.stdout),
+        text(&listed.stderr)
+    );
+    let logs = home.drivetrain_env(&["logs", &run, "--stage", "train"], &env_pairs(&env));
+    assert_eq!(logs.status.code(), Some(0), "{}", text(&logs.stderr));
+}
+
+/// A TCP proxy in front of the S3 server that goes away (listener closed, every
+/// connection dropped) once `trip_at` request bytes went through, and comes back on the
+/// same port `down_for` later: the store dying mid-upload and restarting, while the
+/// server's own state survives as a real S3's would.
+struct FlakyProxy {
+    port: u16,
+    tripped: Arc<AtomicBool>,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl FlakyProxy {
+    fn start(upstream: u16, trip_at: u64, down_for: Duration) -> FlakyProxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let port = free_port();
+        let tripped = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicU64::new(0));
+        let t = tripped.clone();
+        rt.spawn(async move {
+            loop {
+                let listener = loop {
+                    match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+                        Ok(l) => break l,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    }
+                };
+                let (kill, _) = tokio::sync::broadcast::channel::<()>(1);
+                let mut killed = kill.subscribe();
+                loop {
+                    tokio::select! {
+                        _ = killed.recv() => break,
+                        accepted = listener.accept() => {
+                            let Ok((client, _)) = accepted else { continue };
+                            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else { continue };
+                            let (mut cr, mut cw) = client.into_split();
+                            let (mut sr, mut sw) = server.into_split();
+                            let (sent, t, killer) = (sent.clone(), t.clone(), kill.clone());
+                            let mut k1 = kill.subscribe();
+                            tokio::spawn(async move {
+                                let mut buf = vec![0u8; 64 << 10];
+                                loop {
+                                    tokio::select! {
+                                        _ = k1.recv() => return,
+                                        n = cr.read(&mut buf) => {
+                                            let Ok(n @ 1..) = n else { return };
+                                            if sw.write_all(&buf[..n]).await.is_err() { return }
+                                            let total = sent.fetch_add(n as u64, Ordering::SeqCst) + n as u64;
+                                            if total > trip_at && !t.swap(true, Ordering::SeqCst) {
+                                                let _ = killer.send(());
+                                                return;
+                                            }
+                                        }
+                                    }
+                                }
+                            });
+                            let mut k2 = kill.subscribe();
+                            tokio::spawn(async move {
+                                let mut buf = vec![0u8; 64 << 10];
+                                loop {
+                                    tokio::select! {
+                                        _ = k2.recv() => return,
+                                        n = sr.read(&mut buf) => {
+                                            let Ok(n @ 1..) = n else { return };
+                                            if cw.write_all(&buf[..n]).await.is_err() { return }
+                                        }
+                                    }
+                                }
+                            });
+                        }
+                    }
+                }
+                drop(listener);
+                tokio::time::sleep(down_for).await;
+            }
+        });
+        FlakyProxy {
+            port,
+            tripped,
+            _rt: rt,
+        }
+    }
+}
+
+#[test]
+fn a_store_lost_mid_upload_leaves_no_partial_artifact_and_the_retry_succeeds() {
+    let s3 = S3Server::start();
+    s3.create_bucket("big");
+    // 50 MB: a multipart upload of four parts; the store goes away after ~20 MB.
+    let proxy = FlakyProxy::start(s3.port, 20 << 20, Duration::from_millis(1500));
+    let mut env = s3.env();
+    env.insert(
+        "AWS_ENDPOINT_URL".into(),
+        format!("http://127.0.0.1:{}", proxy.port),
+    );
+    env.insert("DRIVETRAIN_STORE".into(), "s3://big/dt".into());
+    env.insert("DRIVETRAIN_STORE_RETRY_TIMEOUT".into(), "1s".into());
+    let home = Home::new("s3-flaky");
+    let file = home.write(
+        "big.yaml",
+        r#"version: 1
+name: big-output
+stages:
+  make:
+    run:
+      command: [sh, -c, 'head -c 50000000 /dev/zero | tr "\0" x > "$1/blob.bin"', make, "{{ outputs.data }}"]
+    outputs: [data]
+    retries: {limit: 3, backoff: 3s, on: [error]}
+  check:
+    inputs: {data: make.data}
+    run:
+      command: [sh, -c, 'printf "{\"bytes\": %d}" "$(wc -c < "$1/blob.bin")" > "$DRIVETRAIN_VALUES"', check, "{{ inputs.data }}"]
+"#,
+    );
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap(), "--output", "json"],
+        &env_pairs(&env),
+    );
+    assert!(
+        proxy.tripped.load(Ordering::SeqCst),
+        "the store never went away"
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}{}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let run = summary["run"].as_str().unwrap().to_owned();
+    let status = home.drivetrain_env(&["status", &run, "--output", "json"], &env_pairs(&env));
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let make = stage(&status, "make");
+    let attempts = make["attempts"].as_u64().unwrap();
+    assert!(attempts >= 2, "{make}");
+    assert_eq!(
+        stage(&status, "check")["values"]["bytes"],
+        50_000_000,
+        "{status}"
+    );
+    // The failed attempt left nothing visible but its log: no object under its output,
+    // no manifest.
+    let direct = s3.env();
+    let keys = list("s3://big/dt", &direct, &format!("runs/{run}/make"));
+    let first: Vec<&String> = keys
+        .iter()
+        .filter(|k| k.starts_with(&format!("runs/{run}/make/1/")))
+        .collect();
+    assert_eq!(first, [&format!("runs/{run}/make/1/log.txt")], "{keys:?}");
+    assert!(
+        keys.contains(&format!("runs/{run}/make/{attempts}/data/blob.bin")),
+        "{keys:?}"
+    );
+}
