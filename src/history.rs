@@ -273,9 +273,13 @@ pub fn gc(home: &Path, keep_days: u32, apply: bool, json_out: bool) -> anyhow::R
 }
 
 /// `drivetrain registry …` against the registry of this home's artifact store.
-pub fn registry(home: &Path, command: crate::RegistryCommand) -> anyhow::Result<ExitCode> {
+pub fn registry(
+    home: &Path,
+    registry: Option<&str>,
+    command: crate::RegistryCommand,
+) -> anyhow::Result<ExitCode> {
     use crate::RegistryCommand as C;
-    let reg = drivetrain_steps::registry::Registry::open(&store_url(None, home)?)?;
+    let reg = drivetrain_steps::registry::Registry::open_for(registry, &store_url(None, home)?)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -367,7 +371,7 @@ pub fn model_target(home: &Path, target: &str) -> anyhow::Result<Option<String>>
     if !target.contains('@') {
         return Ok(None);
     }
-    let reg = drivetrain_steps::registry::Registry::open(&store_url(None, home)?)?;
+    let reg = drivetrain_steps::registry::Registry::open_for(None, &store_url(None, home)?)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -288,6 +288,10 @@ enum Command {
         after_help = "Examples:\n  drivetrain registry list\n  drivetrain registry show risk-model@production\n  drivetrain registry history risk-model\n  drivetrain registry alias risk-model production 3\n  drivetrain registry rollback risk-model production"
     )]
     Registry {
+        /// The registry: an artifact store URL or `mlflow+http://HOST:PORT`; default
+        /// `DRIVETRAIN_REGISTRY`, else the registry in the artifact store.
+        #[arg(long, global = true)]
+        registry: Option<String>,
         #[command(subcommand)]
         command: RegistryCommand,
     },
@@ -775,7 +779,9 @@ fn main() -> ExitCode {
         Command::Schedule { command, output } => {
             outcome(serve::command(&home, command, output == Format::Json))
         }
-        Command::Registry { command } => outcome(history::registry(&home, command)),
+        Command::Registry { registry, command } => {
+            outcome(history::registry(&home, registry.as_deref(), command))
+        }
         Command::Schema => {
             println!(
                 "{}",

@@ -26,6 +26,7 @@ pub mod ingest;
 pub mod label;
 pub mod mcapio;
 pub mod mine;
+pub mod mlflow;
 pub mod model;
 pub mod registry;
 pub mod rng;
@@ -378,6 +379,9 @@ pub struct ValidateConfig {
     /// The alias to compare with. Default `production`.
     #[serde(default)]
     pub baseline: Option<String>,
+    /// Where the production model is registered (as `promote`'s `registry`).
+    #[serde(default)]
+    pub registry: Option<String>,
 }
 
 /// `promote`: registry update.
@@ -388,7 +392,8 @@ pub struct PromoteConfig {
     pub model: String,
     /// The alias to move: `candidate` or `production`.
     pub alias: String,
-    /// The registry URL; default: the object-store registry of the artifact store.
+    /// The registry: an artifact store URL (its object-store registry) or
+    /// `mlflow+http://host:port`; default `DRIVETRAIN_REGISTRY`, else the artifact store's.
     #[serde(default)]
     pub registry: Option<String>,
 }

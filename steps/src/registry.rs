@@ -13,6 +13,7 @@
 //! cannot both win; the loser re-reads and tries the next. An alias is its newest
 //! generation, and the generations are the append-only audit log of its moves.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -21,9 +22,152 @@ use object_store::path::Path as Key;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde_json::{json, Value};
 
-/// A registry over an object store.
+use crate::mlflow::MlflowRegistry;
+
+/// A model registry: the object-store registry (the default, beside the artifacts) or
+/// MLflow's (`mlflow+http://host:port`, see [`crate::mlflow`]). `drivetrain registry`,
+/// `validate` and `promote` work the same against either.
 #[derive(Debug, Clone)]
-pub struct Registry {
+pub enum Registry {
+    Store(StoreRegistry),
+    Mlflow(MlflowRegistry),
+}
+
+/// Calls the same method of whichever backend.
+macro_rules! backend {
+    ($self:ident . $m:ident ( $($a:expr),* )) => {
+        match $self {
+            Registry::Store(r) => r.$m($($a),*).await,
+            Registry::Mlflow(r) => r.$m($($a),*).await,
+        }
+    };
+}
+
+impl Registry {
+    /// The registry of the artifact store at `url`.
+    pub fn open(url: &str) -> anyhow::Result<Registry> {
+        Self::open_for(Some(url), url)
+    }
+
+    /// The registry named by `registry`, else `DRIVETRAIN_REGISTRY`, else the one in the
+    /// artifact store at `store` (which also keeps an MLflow registry's model files).
+    pub fn open_for(registry: Option<&str>, store: &str) -> anyhow::Result<Registry> {
+        Self::open_with(registry, store, drivetrain_engine::cloud::process_env())
+    }
+
+    /// As [`Registry::open_for`], configured from `vars` instead of the environment.
+    pub fn open_with(
+        registry: Option<&str>,
+        store: &str,
+        vars: BTreeMap<String, String>,
+    ) -> anyhow::Result<Registry> {
+        let env = vars
+            .get("DRIVETRAIN_REGISTRY")
+            .filter(|v| !v.is_empty())
+            .cloned();
+        match registry.map(str::to_owned).or(env) {
+            Some(u) if u.starts_with("mlflow+") => {
+                Ok(Registry::Mlflow(MlflowRegistry::new(&u, store, vars)?))
+            }
+            Some(u) => Ok(Registry::Store(StoreRegistry::open(&u, &vars)?)),
+            None => Ok(Registry::Store(StoreRegistry::open(store, &vars)?)),
+        }
+    }
+
+    pub async fn models(&self) -> anyhow::Result<Vec<String>> {
+        backend!(self.models())
+    }
+
+    /// Registers the files under `dir` as the next version of `model`; returns its number.
+    pub async fn register(&self, model: &str, dir: &Path, meta: Value) -> anyhow::Result<u64> {
+        check("model", model)?;
+        backend!(self.register(model, dir, meta))
+    }
+
+    /// A version's record, or `None`.
+    pub async fn version(&self, model: &str, n: u64) -> anyhow::Result<Option<Value>> {
+        backend!(self.version(model, n))
+    }
+
+    /// Every complete version of `model`, oldest first.
+    pub async fn versions(&self, model: &str) -> anyhow::Result<Vec<Value>> {
+        backend!(self.versions(model))
+    }
+
+    /// Reads a file of a version.
+    pub async fn file(&self, model: &str, n: u64, rel: &str) -> anyhow::Result<Vec<u8>> {
+        backend!(self.file(model, n, rel))
+    }
+
+    /// The version `alias` points at now, with its record.
+    pub async fn alias(&self, model: &str, alias: &str) -> anyhow::Result<Option<Value>> {
+        backend!(self.alias(model, alias))
+    }
+
+    /// Moves `alias` to `version`; `note` (the gate result, a reason) goes into the audit
+    /// entry. Returns the entry written.
+    pub async fn move_alias(
+        &self,
+        model: &str,
+        alias: &str,
+        version: u64,
+        note: Value,
+    ) -> anyhow::Result<Value> {
+        check("model", model)?;
+        check("alias", alias)?;
+        backend!(self.move_alias(model, alias, version, note))
+    }
+
+    /// Every alias move of `model`, oldest first.
+    pub async fn history(&self, model: &str) -> anyhow::Result<Vec<Value>> {
+        backend!(self.history(model))
+    }
+
+    /// Every alias of `model` and the version it points at.
+    pub async fn aliases(&self, model: &str) -> anyhow::Result<Vec<(String, Value)>> {
+        backend!(self.aliases(model))
+    }
+
+    /// Moves `alias` back to the version it pointed at before its current one.
+    pub async fn rollback(&self, model: &str, alias: &str) -> anyhow::Result<Value> {
+        let current = self
+            .alias(model, alias)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("`{model}` has no alias `{alias}`"))?;
+        let previous = current["from"].as_u64().ok_or_else(|| {
+            anyhow::anyhow!("alias `{alias}` of `{model}` has no earlier version to go back to")
+        })?;
+        self.move_alias(
+            model,
+            alias,
+            previous,
+            json!({"rollback_of": current["version"]}),
+        )
+        .await
+    }
+
+    /// `MODEL@VERSION` or `MODEL@ALIAS` → the version's record.
+    pub async fn resolve(&self, spec: &str) -> anyhow::Result<Value> {
+        let (model, which) = spec.split_once('@').ok_or_else(|| {
+            anyhow::anyhow!("expected MODEL@VERSION or MODEL@ALIAS, got `{spec}`")
+        })?;
+        let n = match which.parse::<u64>() {
+            Ok(n) => n,
+            Err(_) => self
+                .alias(model, which)
+                .await?
+                .and_then(|a| a["version"].as_u64())
+                .ok_or_else(|| anyhow::anyhow!("`{model}` has no alias `{which}`"))?,
+        };
+        self.version(model, n)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("`{model}` has no version {n}"))
+    }
+}
+
+/// The registry in an object store.
+#[derive(Debug, Clone)]
+pub struct StoreRegistry {
     store: Arc<dyn ObjectStore>,
 }
 
@@ -42,11 +186,11 @@ fn check(kind: &str, s: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-impl Registry {
+impl StoreRegistry {
     /// The registry of the artifact store at `url`.
-    pub fn open(url: &str) -> anyhow::Result<Registry> {
-        let store = drivetrain_engine::artifacts::ArtifactStore::open(url)?;
-        Ok(Registry {
+    pub fn open(url: &str, vars: &BTreeMap<String, String>) -> anyhow::Result<StoreRegistry> {
+        let store = drivetrain_engine::artifacts::ArtifactStore::open_with(url, vars)?;
+        Ok(StoreRegistry {
             store: Arc::new(object_store::prefix::PrefixStore::new(
                 store.object_store(),
                 "registry",
@@ -119,15 +263,13 @@ impl Registry {
         }
         let mut files = Vec::new();
         collect(dir, dir, &mut files)?;
-        for rel in &files {
-            let bytes = std::fs::read(dir.join(rel))?;
-            self.store
-                .put(
-                    &Key::from(format!("{model}/versions/{n}/model/{rel}")),
-                    PutPayload::from(bytes),
-                )
-                .await?;
-        }
+        put_files(
+            &self.store,
+            &format!("{model}/versions/{n}/model"),
+            dir,
+            &files,
+        )
+        .await?;
         let mut v = meta;
         v["model"] = json!(model);
         v["version"] = json!(n);
@@ -229,7 +371,7 @@ impl Registry {
                 "version": version,
                 "from": current.as_ref().map(|c| c["version"].clone()),
                 "at": now(),
-                "who": std::env::var("DRIVETRAIN_USER").or_else(|_| std::env::var("USER")).unwrap_or_else(|_| "unknown".into()),
+                "who": who(),
                 "note": note,
             });
             let key = format!("{model}/aliases/{alias}/{generation:010}.json");
@@ -263,46 +405,52 @@ impl Registry {
         }
         Ok(out)
     }
-
-    /// Moves `alias` back to the version it pointed at before its current one.
-    pub async fn rollback(&self, model: &str, alias: &str) -> anyhow::Result<Value> {
-        let current = self
-            .alias(model, alias)
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("`{model}` has no alias `{alias}`"))?;
-        let previous = current["from"].as_u64().ok_or_else(|| {
-            anyhow::anyhow!("alias `{alias}` of `{model}` has no earlier version to go back to")
-        })?;
-        self.move_alias(
-            model,
-            alias,
-            previous,
-            json!({"rollback_of": current["version"]}),
-        )
-        .await
-    }
-
-    /// `MODEL@VERSION` or `MODEL@ALIAS` → the version's record.
-    pub async fn resolve(&self, spec: &str) -> anyhow::Result<Value> {
-        let (model, which) = spec.split_once('@').ok_or_else(|| {
-            anyhow::anyhow!("expected MODEL@VERSION or MODEL@ALIAS, got `{spec}`")
-        })?;
-        let n = match which.parse::<u64>() {
-            Ok(n) => n,
-            Err(_) => self
-                .alias(model, which)
-                .await?
-                .and_then(|a| a["version"].as_u64())
-                .ok_or_else(|| anyhow::anyhow!("`{model}` has no alias `{which}`"))?,
-        };
-        self.version(model, n)
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("`{model}` has no version {n}"))
-    }
 }
 
-fn now() -> String {
+pub(crate) fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
+/// Who moves an alias: `DRIVETRAIN_USER`, else `USER`.
+pub(crate) fn who() -> String {
+    std::env::var("DRIVETRAIN_USER")
+        .or_else(|_| std::env::var("USER"))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Puts the files `files` (relative to `dir`) under `prefix` of `store`.
+pub(crate) async fn put_files(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &str,
+    dir: &Path,
+    files: &[String],
+) -> anyhow::Result<()> {
+    for rel in files {
+        let bytes = std::fs::read(dir.join(rel))?;
+        let key = if prefix.is_empty() {
+            rel.clone()
+        } else {
+            format!("{prefix}/{rel}")
+        };
+        store.put(&Key::from(key), PutPayload::from(bytes)).await?;
+    }
+    Ok(())
+}
+
+/// The files under `dir` and a digest of their names and contents.
+pub(crate) fn digest_dir(dir: &Path) -> anyhow::Result<(String, Vec<String>)> {
+    use sha2::{Digest, Sha256};
+    let mut files = Vec::new();
+    collect(dir, dir, &mut files)?;
+    let mut h = Sha256::new();
+    for rel in &files {
+        let bytes = std::fs::read(dir.join(rel))?;
+        h.update(rel.as_bytes());
+        h.update([0]);
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(&bytes);
+    }
+    Ok((format!("sha256:{}", hex::encode(h.finalize())), files))
 }
 
 fn collect(root: &Path, dir: &Path, out: &mut Vec<String>) -> anyhow::Result<()> {

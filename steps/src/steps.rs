@@ -158,7 +158,7 @@ pub async fn validate(c: ValidateConfig, cx: &StepContext) -> anyhow::Result<Val
             json!({"input": "baseline"}),
         ),
         (None, Some(name)) => {
-            let reg = Registry::open(&cx.store)?;
+            let reg = Registry::open_for(c.registry.as_deref(), &cx.store)?;
             match reg.alias(name, &alias).await? {
                 Some(a) => {
                     let n = a["version"].as_u64().unwrap_or_default();
@@ -218,8 +218,7 @@ pub async fn promote(c: PromoteConfig, cx: &StepContext) -> anyhow::Result<Value
         Some(d) => serde_json::from_slice(&std::fs::read(d.join("report.json"))?)?,
         None => Value::Null,
     };
-    let url = c.registry.clone().unwrap_or_else(|| cx.store.clone());
-    let reg = Registry::open(&url)?;
+    let reg = Registry::open_for(c.registry.as_deref(), &cx.store)?;
     let meta = json!({
         "source": {"model_digest": cx.input_digests.get("model"), "run": cx.run_id, "pipeline": cx.pipeline, "stage": cx.stage},
         "lineage": report.get("lineage").cloned().unwrap_or(Value::Null),
