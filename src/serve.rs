@@ -313,14 +313,36 @@ impl Server {
     /// re-attaches to or reruns what was in flight.
     fn resume_orphans(&self) -> anyhow::Result<Vec<RunId>> {
         let mut resumed = Vec::new();
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         for r in self.state.list_runs(10_000)? {
             if r.phase.is_terminal() || r.engine_pid.is_some_and(crate::runs::alive) {
+                continue;
+            }
+            // Replicas starting together: one of them resumes it.
+            if !self.state.take_over(&r.id, &now)? {
                 continue;
             }
             self.spawn_engine(&r.id, &["resume".into(), r.id.0.clone()])?;
             resumed.push(r.id);
         }
         Ok(resumed)
+    }
+
+    /// Takes over the runs whose engine stopped beating, on this machine or another one
+    /// sharing the state store, and resumes them here (as `resume_orphans`).
+    fn take_over_stale(&self) -> anyhow::Result<Vec<RunId>> {
+        let silence =
+            chrono::Duration::from_std(drivetrain_engine::runner::heartbeat_interval() * 3)?;
+        let before =
+            (chrono::Utc::now() - silence).to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let mut taken = Vec::new();
+        for run in self.state.stale_runs(&before)? {
+            if self.state.take_over(&run, &before)? {
+                self.spawn_engine(&run, &["resume".into(), run.0.clone()])?;
+                taken.push(run);
+            }
+        }
+        Ok(taken)
     }
 
     pub fn in_flight(&self) -> usize {
@@ -672,8 +694,20 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
                 .await
         });
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut last_check = std::time::Instant::now();
         loop {
             let wait = server.tick(chrono::Utc::now())?;
+            if last_check.elapsed() >= drivetrain_engine::runner::heartbeat_interval() {
+                last_check = std::time::Instant::now();
+                match server.take_over_stale() {
+                    Ok(runs) => {
+                        for run in runs {
+                            println!("taking over run {run}: its engine stopped beating");
+                        }
+                    }
+                    Err(e) => eprintln!("cannot look for runs to take over: {e:#}"),
+                }
+            }
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 _ = tokio::signal::ctrl_c() => break,

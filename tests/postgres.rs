@@ -72,8 +72,8 @@ fn serve(home: &Home, env: &[(&str, &str)]) -> Child {
         .current_dir(&home.dir)
         .env_remove("DRIVETRAIN_HOME")
         .envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(std::fs::File::create(home.dir.join("serve.log")).unwrap())
+        .stderr(std::fs::File::create(home.dir.join("serve.err")).unwrap())
         .spawn()
         .expect("serve starts")
 }
@@ -173,4 +173,116 @@ stages:
         .filter(|r| r["trigger"] == "schedule")
         .count();
     assert_eq!(cron_runs, fired.len(), "{runs}");
+}
+
+/// An engine killed (-9) in the middle of a run, on a "machine" whose process ids mean
+/// nothing to the others: the serving replica sees its heartbeat stop and takes the run
+/// over; what succeeded is kept and the lost stage runs again.
+#[test]
+fn a_replica_takes_over_the_run_of_a_dead_engine() {
+    let pg = Postgres::start();
+    let shared = Home::new("pg-takeover");
+    let log = shared.dir.join("ran.txt");
+    let env = [
+        ("DRIVETRAIN_STATE", pg.url()),
+        (
+            "DRIVETRAIN_STORE",
+            format!("file://{}", shared.dir.join("store").display()),
+        ),
+        ("DRIVETRAIN_HEARTBEAT", "500ms".to_owned()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let replica = Home::new("pg-takeover-serve");
+    std::fs::create_dir_all(replica.dir.join("scheduled")).unwrap();
+    replica.write(
+        "scheduled/idle.yaml",
+        "version: 1\nname: idle\nstages:\n  noop:\n    run: {command: [true]}\n",
+    );
+    let mut server = serve(&replica, &env);
+
+    let engine_home = Home::new("pg-takeover-engine");
+    let file = engine_home.write(
+        "slow.yaml",
+        &format!(
+            r#"version: 1
+name: slow
+stages:
+  first:
+    run: {{command: [sh, -c, 'echo first >> {log}']}}
+  slow:
+    needs: [first]
+    run: {{command: [sh, -c, 'echo "slow $DRIVETRAIN_ATTEMPT" >> {log}; if [ "$DRIVETRAIN_ATTEMPT" = 1 ]; then sleep 60; fi']}}
+    retries: {{limit: 2, backoff: 1s, on: [lost]}}
+  last:
+    needs: [slow]
+    run: {{command: [sh, -c, 'echo last >> {log}']}}
+"#,
+            log = log.display()
+        ),
+    );
+    let mut engine = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+        .args(["run", file.to_str().unwrap()])
+        .current_dir(&engine_home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("slow 1")
+    {
+        assert!(Instant::now() < deadline, "the slow stage never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+    let mut out = String::new();
+    std::io::Read::read_to_string(engine.stdout.as_mut().unwrap(), &mut out).unwrap();
+    let run = out
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("run "))
+        .unwrap()
+        .to_owned();
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let o = replica.drivetrain_env(&["status", &run, "--output", "json"], &env);
+        let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        if st["run"]["phase"] == "Succeeded" {
+            break st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run {run} was not taken over and finished: {st}\n{}{}",
+            std::fs::read_to_string(replica.dir.join("serve.log")).unwrap_or_default(),
+            std::fs::read_to_string(replica.dir.join("serve.err")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    server.wait().unwrap();
+    let ran = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = ran.lines().collect();
+    assert_eq!(
+        lines.iter().filter(|l| **l == "first").count(),
+        1,
+        "what succeeded is kept: {ran}"
+    );
+    assert!(lines.contains(&"slow 2"), "the lost stage ran again: {ran}");
+    assert_eq!(lines.last(), Some(&"last"), "{ran}");
+    let slow = status["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stage"] == "slow")
+        .unwrap();
+    assert_eq!(slow["attempts"], 2, "{status}");
 }

@@ -272,6 +272,18 @@ pub async fn run(
             (fresh, BTreeMap::new(), BTreeMap::new())
         }
     };
+    // The run's heartbeat, for replicas that take over the runs of a dead engine.
+    let _beat = {
+        let (state, id) = (state.clone(), id.clone());
+        AbortOnDrop(tokio::spawn(async move {
+            let every = heartbeat_interval();
+            loop {
+                // A missed beat is retried on the next one; only a long silence counts.
+                let _ = state.heartbeat(&id);
+                tokio::time::sleep(every).await;
+            }
+        }))
+    };
     let n = pipeline.stages.len();
     let slots = Arc::new(Semaphore::new(opts.parallelism.max(1)));
     let opts_gpus = opts.gpus;
@@ -1996,6 +2008,25 @@ async fn wait_attempt(
         let _ = std::fs::remove_dir_all(outputs_dir);
     }
     Ok(AttemptEnd::Succeeded { outputs, values })
+}
+
+/// Stops a background task when the run ends, however it ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// How often a running engine records its heartbeat: `DRIVETRAIN_HEARTBEAT` (e.g. `2s`),
+/// default 5 s. A run silent for three intervals is taken over by a serving replica.
+pub fn heartbeat_interval() -> Duration {
+    std::env::var("DRIVETRAIN_HEARTBEAT")
+        .ok()
+        .and_then(|v| humantime::parse_duration(&v).ok())
+        .filter(|d| !d.is_zero())
+        .unwrap_or(Duration::from_secs(5))
 }
 
 /// The engine's store and registry configuration (`AWS_*`, `GOOGLE_*`, `AZURE_*`,

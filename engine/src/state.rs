@@ -405,6 +405,18 @@ pub trait StateStore: Send + Sync {
     fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError>;
     /// How many runs there are in each phase (for `/metrics`), without reading them.
     fn run_counts(&self) -> Result<BTreeMap<String, u64>, StateError>;
+
+    /// The engine running `run` is alive: it records so every few seconds
+    /// ([`crate::runner::heartbeat_interval`]).
+    fn heartbeat(&self, run: &RunId) -> Result<(), StateError>;
+    /// Running runs whose engine has not recorded a heartbeat since `before`: it died,
+    /// wherever it ran.
+    fn stale_runs(&self, before: &str) -> Result<Vec<RunId>, StateError>;
+    /// Takes over a running run whose heartbeat is older than `before` (or that never
+    /// beat) for resuming it: true for exactly one of any number of replicas asking at
+    /// once (the heartbeat is renewed and the dead engine's pid forgotten in one
+    /// conditional update).
+    fn take_over(&self, run: &RunId, before: &str) -> Result<bool, StateError>;
 }
 
 /// The schema, one migration per step; `user_version` says how many have run.
@@ -533,6 +545,11 @@ ALTER TABLE runs ADD COLUMN scheduled_time TEXT;
     // so a resume or a cancel after a crash reaches the same one.
     r#"
 ALTER TABLE runs ADD COLUMN executor TEXT;
+"#,
+    // 8: the heartbeat of the engine running a run, so a replica on another machine can
+    // tell a dead engine and take its runs over.
+    r#"
+ALTER TABLE runs ADD COLUMN heartbeat_at TEXT;
 "#,
 ];
 
@@ -1351,6 +1368,41 @@ impl StateStore for SqliteState {
         })
     }
 
+    fn heartbeat(&self, run: &RunId) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE runs SET heartbeat_at = ?2 WHERE id = ?1",
+                params![run.0, now()],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("record the heartbeat of run {run}")))
+        })
+    }
+
+    fn stale_runs(&self, before: &str) -> Result<Vec<RunId>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT id FROM runs WHERE phase = 'Running' AND heartbeat_at < ?1 ORDER BY created_at",
+                params![before],
+                "read stale runs",
+                |r| Ok(RunId(r.get(0)?)),
+            )
+        })
+    }
+
+    fn take_over(&self, run: &RunId, before: &str) -> Result<bool, StateError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE runs SET heartbeat_at = ?3, engine_pid = NULL \
+                 WHERE id = ?1 AND phase = 'Running' AND (heartbeat_at IS NULL OR heartbeat_at < ?2)",
+                params![run.0, before, now()],
+            )
+            .map(|n| n == 1)
+            .map_err(sql(format!("take over run {run}")))
+        })
+    }
+
     fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError> {
         self.with(|c| {
             query(
@@ -1418,6 +1470,7 @@ pub mod conformance {
 
     /// Runs every check against `store`, which must be empty.
     pub fn check(store: &dyn StateStore) {
+        heartbeats_and_take_over(store);
         runs_stages_and_attempts(store);
         map_items(store);
         listing(store);
@@ -1455,6 +1508,40 @@ pub mod conformance {
         let mut all: Vec<usize> = won.into_iter().flatten().collect();
         all.sort();
         assert_eq!(all, (0..TICKS).collect::<Vec<_>>(), "each tick won once");
+    }
+
+    fn heartbeats_and_take_over(s: &dyn StateStore) {
+        let id = RunId("conf-hb".into());
+        s.create_run(&run_record("conf-hb")).unwrap();
+        let past = "2000-01-01T00:00:00.000Z";
+        let future = "2999-01-01T00:00:00.000Z";
+        assert!(
+            s.stale_runs(future).unwrap().is_empty(),
+            "a run that never beat is not judged by heartbeats"
+        );
+        let silent = RunId("conf-hb-silent".into());
+        s.create_run(&run_record("conf-hb-silent")).unwrap();
+        assert!(
+            s.take_over(&silent, past).unwrap(),
+            "one that never beat can be taken"
+        );
+        assert!(!s.take_over(&silent, past).unwrap(), "once");
+        s.finish_run(&silent, Phase::Failed, None).unwrap();
+        s.heartbeat(&id).unwrap();
+        assert!(s.stale_runs(past).unwrap().is_empty(), "beating: alive");
+        assert_eq!(s.stale_runs(future).unwrap(), [id.clone()]);
+        assert!(s.take_over(&id, future).unwrap());
+        assert_eq!(s.run(&id).unwrap().engine_pid, None);
+        assert!(
+            !s.take_over(&id, past).unwrap(),
+            "taken over: its heartbeat is fresh again"
+        );
+        s.finish_run(&id, Phase::Failed, Some("x")).unwrap();
+        assert!(
+            s.stale_runs(future).unwrap().is_empty(),
+            "ended runs are not stale"
+        );
+        assert!(!s.take_over(&id, future).unwrap());
     }
 
     fn schedules_and_ticks(s: &dyn StateStore) {

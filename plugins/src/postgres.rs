@@ -19,7 +19,8 @@ use postgres::types::ToSql;
 use postgres::{Client, GenericClient, NoTls, Row};
 
 /// The schema, one migration per step; `drivetrain_schema.version` says how many ran.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE runs (
     id TEXT PRIMARY KEY,
     pipeline TEXT NOT NULL,
@@ -127,7 +128,11 @@ CREATE TABLE schedule_ticks (
     recorded_at TEXT NOT NULL
 );
 CREATE INDEX ticks_by_time ON schedule_ticks(pipeline, scheduled_time);
-"#];
+"#,
+    // 2: the heartbeat of the engine running a run, so a replica can take over the runs of
+    // one that died.
+    "ALTER TABLE runs ADD COLUMN heartbeat_at TEXT",
+];
 
 /// Any key of this store's advisory lock for migrations.
 const MIGRATION_LOCK: i64 = 0x6472_6976_6574_7261; // "drivetra"
@@ -1042,6 +1047,43 @@ impl StateStore for PostgresState {
                 "read running runs",
                 |r| RunId(r.get(0)),
             )
+        })
+    }
+
+    fn heartbeat(&self, run: &RunId) -> Result<(), StateError> {
+        self.with(|c| {
+            exec(
+                c,
+                "UPDATE runs SET heartbeat_at = $2 WHERE id = $1",
+                &[&run.0, &now()],
+                format!("record the heartbeat of run {run}"),
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn stale_runs(&self, before: &str) -> Result<Vec<RunId>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                "SELECT id FROM runs WHERE phase = 'Running' AND heartbeat_at < $1 ORDER BY created_at",
+                &[&before],
+                "read stale runs",
+                |r| RunId(r.get(0)),
+            )
+        })
+    }
+
+    fn take_over(&self, run: &RunId, before: &str) -> Result<bool, StateError> {
+        self.with(|c| {
+            exec(
+                c,
+                "UPDATE runs SET heartbeat_at = $3, engine_pid = NULL \
+                 WHERE id = $1 AND phase = 'Running' AND (heartbeat_at IS NULL OR heartbeat_at < $2)",
+                &[&run.0, &before, &now()],
+                format!("take over run {run}"),
+            )
+            .map(|n| n == 1)
         })
     }
 
