@@ -1529,7 +1529,7 @@ pub mod conformance {
         s.finish_run(&silent, Phase::Failed, None).unwrap();
         s.heartbeat(&id).unwrap();
         assert!(s.stale_runs(past).unwrap().is_empty(), "beating: alive");
-        assert_eq!(s.stale_runs(future).unwrap(), [id.clone()]);
+        assert_eq!(s.stale_runs(future).unwrap(), std::slice::from_ref(&id));
         assert!(s.take_over(&id, future).unwrap());
         assert_eq!(s.run(&id).unwrap().engine_pid, None);
         assert!(
