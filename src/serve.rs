@@ -181,13 +181,37 @@ impl Server {
         params: &BTreeMap<String, Value>,
         at: chrono::DateTime<chrono::Utc>,
     ) -> anyhow::Result<drivetrain_engine::state::RunRecord> {
+        self.record(
+            run,
+            &l.pipeline.name,
+            &l.file.display().to_string(),
+            &l.digest,
+            params,
+            "schedule",
+            Some(at),
+        )
+    }
+
+    /// Records a run before it starts, so its id is known to the state store by the time
+    /// anyone is told it.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &self,
+        run: &RunId,
+        pipeline: &str,
+        file: &str,
+        digest: &str,
+        params: &BTreeMap<String, Value>,
+        trigger: &str,
+        at: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> anyhow::Result<drivetrain_engine::state::RunRecord> {
         let record = drivetrain_engine::state::RunRecord {
             id: run.clone(),
-            pipeline: l.pipeline.name.clone(),
-            file: l.file.display().to_string(),
-            spec_digest: l.digest.clone(),
+            pipeline: pipeline.to_owned(),
+            file: file.to_owned(),
+            spec_digest: digest.to_owned(),
             params: serde_json::to_value(params)?,
-            trigger: "schedule".into(),
+            trigger: trigger.into(),
             parent: None,
             phase: Phase::Running,
             created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
@@ -196,7 +220,7 @@ impl Server {
             engine_pid: Some(i64::from(std::process::id())),
             overrides: json!({}),
             selection: None,
-            scheduled_time: Some(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+            scheduled_time: at.map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
             executor: Some(self.executor.name().to_owned()),
         };
         self.state.create_run(&record)?;
@@ -444,6 +468,19 @@ impl Server {
         if self.stopping.load(Ordering::SeqCst) {
             anyhow::bail!("the server is shutting down");
         }
+        // Submitted runs exist before their id is answered: a client may ask at once.
+        let recorded = match recorded {
+            Some(r) => r,
+            None => self.record(
+                &run,
+                &pipeline.name,
+                file,
+                digest,
+                &params,
+                trigger,
+                scheduled,
+            )?,
+        };
         let opts = RunOptions {
             parallelism: self.parallelism,
             fail_fast: false,
@@ -499,9 +536,9 @@ impl Server {
                 }
             }
         });
-        // A run recorded by the scheduler before it started continues from that record.
-        let resume = recorded.map(|record| runner::Resume {
-            record,
+        // The run continues from its record.
+        let resume = Some(runner::Resume {
+            record: recorded,
             succeeded: BTreeMap::new(),
             attempts: BTreeMap::new(),
         });

@@ -72,11 +72,42 @@ fn store_err(what: impl Into<String>) -> impl FnOnce(object_store::Error) -> Art
     move |source| ArtifactError::Store { what, source }
 }
 
-/// Files larger than this are uploaded and downloaded in parts of this size (S3 allows
-/// 10,000 parts, so objects up to 160 GiB).
-const PART_SIZE: usize = 16 << 20;
-/// Parts of one object in flight at once.
+/// Files larger than this are uploaded in parts of this size (S3 allows 10,000 parts, so
+/// objects up to 80 GiB at the default; `DRIVETRAIN_STORE_PART_MIB`) and downloaded in
+/// ranges of twice this size.
+const PART_SIZE: usize = 8 << 20;
+/// Parts of one object in flight at once (`DRIVETRAIN_STORE_CONCURRENCY`).
 const PARALLEL_PARTS: usize = 8;
+
+/// How large objects move: part size and parts in flight.
+#[derive(Debug, Clone, Copy)]
+struct Transfer {
+    part: usize,
+    parallel: usize,
+}
+
+impl Transfer {
+    fn from_vars(vars: &std::collections::BTreeMap<String, String>) -> Result<Transfer, String> {
+        let num = |k: &str, default: usize| -> Result<usize, String> {
+            match vars.get(k) {
+                Some(v) => v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| format!("{k} `{v}`: expected a positive number")),
+                None => Ok(default),
+            }
+        };
+        let part = num("DRIVETRAIN_STORE_PART_MIB", PART_SIZE >> 20)? << 20;
+        if part < 5 << 20 {
+            return Err("DRIVETRAIN_STORE_PART_MIB: S3 parts are at least 5 MiB".into());
+        }
+        Ok(Transfer {
+            part,
+            parallel: num("DRIVETRAIN_STORE_CONCURRENCY", PARALLEL_PARTS)?,
+        })
+    }
+}
 /// Objects of one artifact in flight at once.
 const PARALLEL_FILES: usize = 8;
 
@@ -146,6 +177,7 @@ pub struct ArtifactStore {
     store: Arc<dyn ObjectStore>,
     /// The root directory of a `file://` store, for hard links.
     local_root: Option<PathBuf>,
+    transfer: Transfer,
 }
 
 impl ArtifactStore {
@@ -165,6 +197,7 @@ impl ArtifactStore {
             why,
         };
         let parsed = url::Url::parse(url).map_err(|e| fail(e.to_string()))?;
+        let transfer = Transfer::from_vars(vars).map_err(fail)?;
         match parsed.scheme() {
             "file" => {
                 let root = parsed
@@ -177,12 +210,14 @@ impl ArtifactStore {
                     url: url.to_owned(),
                     store: Arc::new(fs),
                     local_root: Some(root),
+                    transfer,
                 })
             }
             "memory" => Ok(ArtifactStore {
                 url: url.to_owned(),
                 store: Arc::new(object_store::memory::InMemory::new()),
                 local_root: None,
+                transfer,
             }),
             _ => {
                 let (store, prefix) = crate::cloud::open(&parsed, vars).map_err(fail)?;
@@ -195,6 +230,7 @@ impl ArtifactStore {
                     url: url.to_owned(),
                     store,
                     local_root: None,
+                    transfer,
                 })
             }
         }
@@ -410,7 +446,8 @@ impl ArtifactStore {
             .await
             .map_err(io(format!("stat {}", src.display())))?
             .len();
-        let put = if size <= PART_SIZE as u64 {
+        let Transfer { part, parallel } = self.transfer;
+        let put = if size <= part as u64 {
             let mut bytes = Vec::with_capacity(size as usize);
             file.read_to_end(&mut bytes)
                 .await
@@ -425,17 +462,17 @@ impl ArtifactStore {
                 .put_multipart(key)
                 .await
                 .map_err(store_err(format!("start the upload of {key}")))?;
-            let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
+            let mut writer = WriteMultipart::new_with_chunk_size(upload, part);
             let mut left = size;
             while left > 0 {
-                let n = left.min(PART_SIZE as u64) as usize;
+                let n = left.min(part as u64) as usize;
                 let mut part = vec![0u8; n];
                 let step = async {
                     file.read_exact(&mut part)
                         .await
                         .map_err(io(format!("read {}", src.display())))?;
                     writer
-                        .wait_for_capacity(PARALLEL_PARTS)
+                        .wait_for_capacity(parallel)
                         .await
                         .map_err(store_err(format!("write {key}")))
                 };
@@ -458,14 +495,18 @@ impl ArtifactStore {
     }
 
     /// Writes one object of an artifact to `target`: whole for a small object, in ranges
-    /// of `PART_SIZE`, `PARALLEL_PARTS` at a time and written in order, for a large one.
+    /// of twice the part size, `PARALLEL_PARTS` at a time and written in order, for a
+    /// large one.
     async fn fetch(&self, key: &Path, size: u64, target: &FsPath) -> Result<(), ArtifactError> {
         use futures::StreamExt;
         let mut out = tokio::fs::File::create(target)
             .await
             .map_err(io(format!("create {}", target.display())))?;
-        let ranges: Vec<std::ops::Range<u64>> = (0..size.div_ceil(PART_SIZE as u64).max(1))
-            .map(|i| i * PART_SIZE as u64..((i + 1) * PART_SIZE as u64).min(size))
+        let Transfer { part, parallel } = self.transfer;
+        // Fewer, larger reads: each is one request a server answers from its whole object.
+        let part = 2 * part as u64;
+        let ranges: Vec<std::ops::Range<u64>> = (0..size.div_ceil(part).max(1))
+            .map(|i| i * part..((i + 1) * part).min(size))
             .collect();
         if ranges.len() == 1 {
             let mut body = self
@@ -483,7 +524,7 @@ impl ArtifactStore {
         } else {
             let mut parts = futures::stream::iter(ranges)
                 .map(|r| self.store.get_range(key, r))
-                .buffered(PARALLEL_PARTS);
+                .buffered(parallel);
             while let Some(part) = parts.next().await {
                 let part = part.map_err(store_err(format!("read {key}")))?;
                 out.write_all(&part)
@@ -895,7 +936,7 @@ pub mod conformance {
         let tmp = scratch(store);
         let out = tmp.join("out");
         std::fs::create_dir_all(&out).unwrap();
-        let size = 2 * PART_SIZE + 12_345;
+        let size = 2 * store.transfer.part + 12_345;
         let bytes: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
         std::fs::write(out.join("big.bin"), &bytes).unwrap();
         let art = store.publish_dir(&attempt(3), "big", &out).await.unwrap();

@@ -6,7 +6,8 @@
 //!   `AWS_ALLOW_HTTP`, …), then the shared profile files (`AWS_PROFILE`, default
 //!   `default`; `~/.aws/credentials` and `~/.aws/config`, or `AWS_SHARED_CREDENTIALS_FILE`
 //!   and `AWS_CONFIG_FILE`), then web identity, ECS and instance metadata credentials.
-//!   Conditional writes use `If-None-Match` / `If-Match`.
+//!   Conditional writes use `If-None-Match` / `If-Match`; objects and parts carry their
+//!   SHA-256 (`AWS_CHECKSUM_ALGORITHM` overrides).
 //! - GCS (`gs://bucket/prefix`): `GOOGLE_*` variables and application default credentials.
 //! - Azure (`az://container/prefix`, `abfs://…`): `AZURE_*` variables.
 //!
@@ -111,6 +112,12 @@ pub fn s3_builder(url: &str, vars: &BTreeMap<String, String>) -> Result<AmazonS3
                 b = b.with_token(token);
             }
         }
+    }
+    // Every object and part carries its SHA-256 (the digest signing computes anyway), so
+    // the server verifies what it stored; S3 keeps a composite checksum of multipart
+    // objects instead of recomputing one over the whole object.
+    if !env("AWS_CHECKSUM_ALGORITHM") {
+        b = b.with_checksum_algorithm(object_store::aws::Checksum::SHA256);
     }
     if !env("AWS_REGION") && !env("AWS_DEFAULT_REGION") {
         if let Some(region) = profile.get("region") {

@@ -694,6 +694,15 @@ fn tick_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TickRecord> {
     })
 }
 
+fn schedule_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ScheduleEntry> {
+    Ok(ScheduleEntry {
+        pipeline: r.get(0)?,
+        file: r.get(1)?,
+        suspended: r.get::<_, i64>(2)? != 0,
+        anchor: r.get(3)?,
+    })
+}
+
 const RUN_COLUMNS: &str = "id, pipeline, file, spec_digest, params, trigger, parent, phase, \
      created_at, finished_at, reason, engine_pid, overrides, selection, scheduled_time, executor";
 
@@ -1269,10 +1278,16 @@ impl StateStore for SqliteState {
     }
 
     fn schedule(&self, pipeline: &str) -> Result<Option<ScheduleEntry>, StateError> {
-        Ok(self
-            .schedules()?
-            .into_iter()
-            .find(|s| s.pipeline == pipeline))
+        // One row by its key: the scheduler asks for every pipeline on every tick.
+        self.with(|c| {
+            c.query_row(
+                "SELECT pipeline, file, suspended, anchor FROM schedules WHERE pipeline = ?1",
+                params![pipeline],
+                schedule_from_row,
+            )
+            .optional()
+            .map_err(sql(format!("read schedule {pipeline}")))
+        })
     }
 
     fn schedules(&self) -> Result<Vec<ScheduleEntry>, StateError> {
@@ -1282,14 +1297,7 @@ impl StateStore for SqliteState {
                 "SELECT pipeline, file, suspended, anchor FROM schedules ORDER BY pipeline",
                 [],
                 "read schedules",
-                |r| {
-                    Ok(ScheduleEntry {
-                        pipeline: r.get(0)?,
-                        file: r.get(1)?,
-                        suspended: r.get::<_, i64>(2)? != 0,
-                        anchor: r.get(3)?,
-                    })
-                },
+                schedule_from_row,
             )
         })
     }

@@ -3,7 +3,7 @@
 //! it again, the way a stage's output and the next stage's input go; prints the two
 //! wall times in seconds as JSON.
 //!
-//! usage: store-transfer URL DIR SCRATCH
+//! usage: store-transfer URL DIR SCRATCH [--upload-only]
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -12,9 +12,13 @@ use drivetrain_engine::artifacts::{ArtifactStore, AttemptKey};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let [_, url, dir, scratch] = args.as_slice() else {
-        eprintln!("usage: store-transfer URL DIR SCRATCH");
-        return ExitCode::from(2);
+    let (url, dir, scratch, download) = match args.as_slice() {
+        [_, url, dir, scratch] => (url, dir, scratch, true),
+        [_, url, dir, scratch, flag] if flag == "--upload-only" => (url, dir, scratch, false),
+        _ => {
+            eprintln!("usage: store-transfer URL DIR SCRATCH [--upload-only]");
+            return ExitCode::from(2);
+        }
     };
     let rt = tokio::runtime::Runtime::new().expect("a runtime");
     let result = rt.block_on(async {
@@ -30,9 +34,11 @@ fn main() -> ExitCode {
             .await?;
         let upload = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        store
-            .materialize(&art, std::path::Path::new(scratch))
-            .await?;
+        if download {
+            store
+                .materialize(&art, std::path::Path::new(scratch))
+                .await?;
+        }
         let download = t.elapsed().as_secs_f64();
         Ok::<_, drivetrain_engine::artifacts::ArtifactError>((upload, download))
     });
