@@ -975,35 +975,51 @@ pub mod conformance {
         std::fs::remove_dir_all(&tmp).unwrap();
     }
 
-    /// Sixteen writers race to create one key (how versions and alias generations are
-    /// claimed), then to update it from the same version: exactly one wins each race.
-    pub async fn one_conditional_create_wins(store: &ArtifactStore) {
-        use object_store::{PutMode, PutOptions, UpdateVersion};
-        let key = Path::from("registry/race/aliases/production/1.json");
+    /// Sixteen writers put `key` at once with the options `mode(i)` gives writer `i`:
+    /// the indices of those that succeeded (a lost race is `loss`).
+    async fn race(
+        store: &ArtifactStore,
+        key: &Path,
+        mode: impl Fn(usize) -> object_store::PutMode,
+        loss: fn(&object_store::Error) -> bool,
+    ) -> Vec<usize> {
         let races = (0..16).map(|i| {
-            let store = store.store.clone();
-            let key = key.clone();
+            let (store, key) = (store.store.clone(), key.clone());
+            let opts = object_store::PutOptions {
+                mode: mode(i),
+                ..Default::default()
+            };
             tokio::spawn(async move {
-                let opts = PutOptions {
-                    mode: PutMode::Create,
-                    ..Default::default()
-                };
                 let r = store
-                    .put_opts(&key, PutPayload::from(format!("{i}")), opts)
+                    .put_opts(&key, PutPayload::from(format!("w{i}")), opts)
                     .await;
                 (i, r)
             })
         });
-        let results = futures::future::join_all(races).await;
-        let winners: Vec<usize> = results
+        futures::future::join_all(races)
+            .await
             .into_iter()
             .map(|r| r.unwrap())
             .filter_map(|(i, r)| match r {
                 Ok(_) => Some(i),
-                Err(object_store::Error::AlreadyExists { .. }) => None,
+                Err(e) if loss(&e) => None,
                 Err(e) => panic!("writer {i}: {e}"),
             })
-            .collect();
+            .collect()
+    }
+
+    /// Sixteen writers race to create one key (how versions and alias generations are
+    /// claimed), then to update it from the same version: exactly one wins each race.
+    pub async fn one_conditional_create_wins(store: &ArtifactStore) {
+        use object_store::{PutMode, UpdateVersion};
+        let key = Path::from("registry/race/aliases/production/1.json");
+        let winners = race(
+            store,
+            &key,
+            |_| PutMode::Create,
+            |e| matches!(e, object_store::Error::AlreadyExists { .. }),
+        )
+        .await;
         assert_eq!(winners.len(), 1, "winners of the create race: {winners:?}");
         let stored = store.store.get(&key).await.unwrap();
         let version = UpdateVersion {
@@ -1012,39 +1028,21 @@ pub mod conformance {
         };
         assert_eq!(
             stored.bytes().await.unwrap().as_ref(),
-            winners[0].to_string().as_bytes()
+            format!("w{}", winners[0]).as_bytes()
         );
         if store.local_root.is_some() {
             return; // the local file system has no compare-and-swap on ETags
         }
-        let races = (0..16).map(|i| {
-            let store = store.store.clone();
-            let key = key.clone();
-            let version = version.clone();
-            tokio::spawn(async move {
-                let opts = PutOptions {
-                    mode: PutMode::Update(version),
-                    ..Default::default()
-                };
-                let r = store
-                    .put_opts(&key, PutPayload::from(format!("u{i}")), opts)
-                    .await;
-                (i, r)
-            })
-        });
-        let results = futures::future::join_all(races).await;
-        let winners: Vec<usize> = results
-            .into_iter()
-            .map(|r| r.unwrap())
-            .filter_map(|(i, r)| match r {
-                Ok(_) => Some(i),
-                Err(object_store::Error::Precondition { .. }) => None,
-                Err(e) => panic!("updater {i}: {e}"),
-            })
-            .collect();
+        let winners = race(
+            store,
+            &key,
+            |_| PutMode::Update(version.clone()),
+            |e| matches!(e, object_store::Error::Precondition { .. }),
+        )
+        .await;
         assert_eq!(winners.len(), 1, "winners of the update race: {winners:?}");
         let now = store.store.get(&key).await.unwrap().bytes().await.unwrap();
-        assert_eq!(now.as_ref(), format!("u{}", winners[0]).as_bytes());
+        assert_eq!(now.as_ref(), format!("w{}", winners[0]).as_bytes());
     }
 }
 

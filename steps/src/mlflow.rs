@@ -359,16 +359,8 @@ impl MlflowRegistry {
             .max()
             .unwrap_or(0)
             + 1;
-        let entry = json!({
-            "model": model,
-            "alias": alias,
-            "generation": generation,
-            "version": version,
-            "from": current.as_ref().map(|c| c["version"].clone()),
-            "at": crate::registry::now(),
-            "who": crate::registry::who(),
-            "note": note,
-        });
+        let entry =
+            crate::registry::audit_entry(model, alias, generation, version, current.as_ref(), note);
         self.ok(
             reqwest::Method::POST,
             "registered-models/set-tag",

@@ -352,8 +352,6 @@ impl StoreRegistry {
         version: u64,
         note: Value,
     ) -> anyhow::Result<Value> {
-        check("model", model)?;
-        check("alias", alias)?;
         if self.version(model, version).await?.is_none() {
             anyhow::bail!("`{model}` has no version {version}");
         }
@@ -364,16 +362,14 @@ impl StoreRegistry {
                 .and_then(|c| c["generation"].as_u64())
                 .unwrap_or(0)
                 + 1;
-            let entry = json!({
-                "model": model,
-                "alias": alias,
-                "generation": generation,
-                "version": version,
-                "from": current.as_ref().map(|c| c["version"].clone()),
-                "at": now(),
-                "who": who(),
-                "note": note,
-            });
+            let entry = audit_entry(
+                model,
+                alias,
+                generation,
+                version,
+                current.as_ref(),
+                note.clone(),
+            );
             let key = format!("{model}/aliases/{alias}/{generation:010}.json");
             if self
                 .create(&key, serde_json::to_vec_pretty(&entry)?)
@@ -411,8 +407,29 @@ pub(crate) fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }
 
+/// The audit entry of one alias move (both backends write the same).
+pub(crate) fn audit_entry(
+    model: &str,
+    alias: &str,
+    generation: u64,
+    version: u64,
+    current: Option<&Value>,
+    note: Value,
+) -> Value {
+    json!({
+        "model": model,
+        "alias": alias,
+        "generation": generation,
+        "version": version,
+        "from": current.map(|c| c["version"].clone()),
+        "at": now(),
+        "who": who(),
+        "note": note,
+    })
+}
+
 /// Who moves an alias: `DRIVETRAIN_USER`, else `USER`.
-pub(crate) fn who() -> String {
+fn who() -> String {
     std::env::var("DRIVETRAIN_USER")
         .or_else(|_| std::env::var("USER"))
         .unwrap_or_else(|_| "unknown".into())
