@@ -34,6 +34,14 @@ struct Cli {
     /// in the current directory or a parent. Also `DRIVETRAIN_HOME`.
     #[arg(long, global = true, value_name = "DIR")]
     home: Option<PathBuf>,
+    /// The artifact store for this command (`file:///…`, `s3://bucket/prefix`, `gs://…`,
+    /// `az://…`), over `DRIVETRAIN_STORE` and the pipeline's `store:`.
+    #[arg(long, global = true, value_name = "URL")]
+    store: Option<String>,
+    /// The state store for this command (`postgres://user@host:port/db`), over
+    /// `DRIVETRAIN_STATE`; default SQLite in the home.
+    #[arg(long, global = true, value_name = "URL")]
+    state: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -529,6 +537,14 @@ const EXIT_USAGE: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // As the environment would: child engines (`serve`'s resumes, `--detach`) and built-in
+    // steps see the same stores. Still one thread here.
+    if let Some(url) = &cli.store {
+        std::env::set_var("DRIVETRAIN_STORE", url);
+    }
+    if let Some(url) = &cli.state {
+        std::env::set_var("DRIVETRAIN_STATE", url);
+    }
     // Warnings (and more with `DRIVETRAIN_LOG=info|debug|trace`) go to stderr.
     let level = std::env::var("DRIVETRAIN_LOG")
         .ok()

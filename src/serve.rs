@@ -361,7 +361,13 @@ impl Server {
             (chrono::Utc::now() - silence).to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         let mut taken = Vec::new();
         for run in self.state.stale_runs(&before)? {
-            if self.state.take_over(&run, &before)? {
+            // One of ours whose beats were late (a stalled runtime) is still ours.
+            let ours = self
+                .cancels
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains_key(&run);
+            if !ours && self.state.take_over(&run, &before)? {
                 self.spawn_engine(&run, &["resume".into(), run.0.clone()])?;
                 taken.push(run);
             }

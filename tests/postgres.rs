@@ -35,9 +35,13 @@ fn runs_are_recorded_in_postgres_and_read_from_anywhere() {
     );
     let run = run_id(&o);
     assert!(!a.dir.join(".drivetrain/state.db").exists());
-    // Another machine (another home) sees the run, its stages and their values.
+    // Another machine (another home) sees the run, its stages and their values (`--state`
+    // instead of the variable).
     let b = Home::new("pg-b");
-    let o = b.drivetrain_env(&["status", &run, "--output", "json"], &env);
+    let o = b.drivetrain_env(
+        &["--state", &pg.url(), "status", &run, "--output", "json"],
+        &env[1..],
+    );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(st["run"]["phase"], "Succeeded", "{st}");

@@ -70,7 +70,13 @@ fn the_driving_loop_runs_with_its_store_on_s3() {
         );
     }
     assert!(!home.dir.join(".drivetrain/artifacts/runs").exists());
-    let listed = home.drivetrain_env(&["registry", "list"], &env_pairs(&env));
+    // `--store` instead of the variable.
+    let mut aws_only = env.clone();
+    aws_only.remove("DRIVETRAIN_STORE");
+    let listed = home.drivetrain_env(
+        &["registry", "list", "--store", "s3://fleet/dt"],
+        &env_pairs(&aws_only),
+    );
     assert!(
         text(&listed.stdout).contains("risk-model  1 version(s)  production → 1"),
         "{}{}",

@@ -40,7 +40,8 @@ pub fn process_env() -> BTreeMap<String, String> {
 }
 
 /// Opens the cloud store a URL names with the configuration in `vars` (normally
-/// [`process_env`]): the store and the key prefix within it.
+/// [`process_env`]; GCS and Azure read the process environment themselves): the store and
+/// the key prefix within it.
 pub fn open(
     url: &url::Url,
     vars: &BTreeMap<String, String>,
