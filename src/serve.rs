@@ -337,13 +337,16 @@ impl Server {
     /// re-attaches to or reruns what was in flight.
     fn resume_orphans(&self) -> anyhow::Result<Vec<RunId>> {
         let mut resumed = Vec::new();
-        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let before = stale_before()?;
         for r in self.state.list_runs(10_000)? {
             if r.phase.is_terminal() || r.engine_pid.is_some_and(crate::runs::alive) {
                 continue;
             }
-            // Replicas starting together: one of them resumes it.
-            if !self.state.take_over(&r.id, &now)? {
+            // A pid is only this machine's: a run whose engine still beats (on another
+            // machine sharing the state store, or just killed here) is not taken now; the
+            // periodic `take_over_stale` takes it once its heartbeat is stale. One replica
+            // of any starting together wins.
+            if !self.state.take_over(&r.id, &before)? {
                 continue;
             }
             self.spawn_engine(&r.id, &["resume".into(), r.id.0.clone()])?;
@@ -355,10 +358,7 @@ impl Server {
     /// Takes over the runs whose engine stopped beating, on this machine or another one
     /// sharing the state store, and resumes them here (as `resume_orphans`).
     fn take_over_stale(&self) -> anyhow::Result<Vec<RunId>> {
-        let silence =
-            chrono::Duration::from_std(drivetrain_engine::runner::heartbeat_interval() * 3)?;
-        let before =
-            (chrono::Utc::now() - silence).to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let before = stale_before()?;
         let mut taken = Vec::new();
         for run in self.state.stale_runs(&before)? {
             // One of ours whose beats were late (a stalled runtime) is still ours.
@@ -653,6 +653,12 @@ impl Server {
             .unwrap_or(Duration::from_secs(1));
         Ok(next.min(Duration::from_secs(1)))
     }
+}
+
+/// Heartbeats older than this (three intervals ago) are a dead engine's.
+fn stale_before() -> anyhow::Result<String> {
+    let silence = chrono::Duration::from_std(drivetrain_engine::runner::heartbeat_interval() * 3)?;
+    Ok((chrono::Utc::now() - silence).to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
 }
 
 /// `drivetrain serve`'s options.

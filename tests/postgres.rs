@@ -70,18 +70,6 @@ fn runs_are_recorded_in_postgres_and_read_from_anywhere() {
     );
 }
 
-fn serve(home: &Home, env: &[(&str, &str)]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_drivetrain"))
-        .args(["serve", "--pipelines", "scheduled", "--bind", "127.0.0.1:0"])
-        .current_dir(&home.dir)
-        .env_remove("DRIVETRAIN_HOME")
-        .envs(env.iter().copied())
-        .stdout(std::fs::File::create(home.dir.join("serve.log")).unwrap())
-        .stderr(std::fs::File::create(home.dir.join("serve.err")).unwrap())
-        .spawn()
-        .expect("serve starts")
-}
-
 #[test]
 fn two_serve_replicas_fire_each_tick_once() {
     let pg = Postgres::start();
@@ -115,7 +103,7 @@ stages:
             ),
         );
     }
-    let mut servers: Vec<Child> = replicas.iter().map(|r| serve(r, &env)).collect();
+    let mut servers: Vec<Child> = replicas.iter().map(|r| r.serve(&env)).collect();
     let ticks = || -> Vec<(String, String)> {
         let o = replicas[0].drivetrain_env(&["schedule", "list", "--output", "json"], &env);
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
@@ -202,7 +190,7 @@ fn a_replica_takes_over_the_run_of_a_dead_engine() {
         "scheduled/idle.yaml",
         "version: 1\nname: idle\nstages:\n  noop:\n    run: {command: [true]}\n",
     );
-    let mut server = serve(&replica, &env);
+    let mut server = replica.serve(&env);
 
     let engine_home = Home::new("pg-takeover-engine");
     let file = engine_home.write(

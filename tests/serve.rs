@@ -6,21 +6,14 @@
 //! `engine/src/schedule.rs`.)
 
 use std::collections::BTreeSet;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 mod common;
 use common::{text, Home};
 
 fn start(home: &Home) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_drivetrain"))
-        .args(["serve", "--pipelines", "scheduled", "--bind", "127.0.0.1:0"])
-        .current_dir(&home.dir)
-        .env_remove("DRIVETRAIN_HOME")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("serve starts")
+    home.serve(&[])
 }
 
 /// The recorded ticks: (scheduled time, outcome, run id).

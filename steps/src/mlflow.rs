@@ -11,7 +11,8 @@
 //!   MLflow has no conditional update, so two moves of one alias at the same instant are
 //!   last-writer-wins here (the object-store registry serializes them).
 //!
-//! MLflow's quirks: a missing alias answers 400 `INVALID_PARAMETER_VALUE`, not 404; every
+//! Aliases are read from the registered model (one request), so MLflow's quirk of
+//! answering a missing alias with 400 `INVALID_PARAMETER_VALUE` never comes up; every
 //! request is JSON.
 
 use std::path::Path;
@@ -115,16 +116,11 @@ impl MlflowRegistry {
             .map_err(|e| anyhow::anyhow!("MLflow {path}: {} {} ({})", e.status, e.message, e.code))
     }
 
-    /// A call whose "not found" (404, or MLflow's 400 for aliases) is `None`.
+    /// A GET whose "not found" is `None`.
     async fn optional(&self, path: &str, query: &[(&str, &str)]) -> anyhow::Result<Option<Value>> {
         match self.call(reqwest::Method::GET, path, query, None).await? {
             Ok(v) => Ok(Some(v)),
-            Err(e)
-                if e.code == "RESOURCE_DOES_NOT_EXIST"
-                    || (e.code == "INVALID_PARAMETER_VALUE" && e.message.contains("not found")) =>
-            {
-                Ok(None)
-            }
+            Err(e) if e.code == "RESOURCE_DOES_NOT_EXIST" => Ok(None),
             Err(e) => anyhow::bail!("MLflow {path}: {} {} ({})", e.status, e.message, e.code),
         }
     }
@@ -315,30 +311,38 @@ impl MlflowRegistry {
         out.into_iter().map(|(_, v)| v).collect()
     }
 
-    pub async fn alias(&self, model: &str, alias: &str) -> anyhow::Result<Option<Value>> {
-        let Some(found) = self
-            .optional(
-                "registered-models/alias",
-                &[("name", model), ("alias", alias)],
-            )
-            .await?
-        else {
-            return Ok(None);
-        };
-        let version = found["model_version"]["version"]
-            .as_str()
-            .and_then(|v| v.parse::<u64>().ok());
-        let registered = self.registered(model).await?.unwrap_or(Value::Null);
-        // The newest audit entry, if it still describes the alias (someone may have moved
-        // it with MLflow's own tools since).
-        let mut entry = Self::audit(&registered, Some(alias))
+    /// The alias's record: the newest audit entry if it still describes the alias
+    /// (someone may have moved it with MLflow's own tools since), with its version.
+    fn alias_entry(registered: &Value, model: &str, alias: &str, version: Option<u64>) -> Value {
+        let mut entry = Self::audit(registered, Some(alias))
             .pop()
             .filter(|e| e["version"].as_u64() == version)
             .unwrap_or_else(
                 || json!({"model": model, "alias": alias, "note": {"moved": "outside drivetrain"}}),
             );
         entry["version"] = json!(version);
-        Ok(Some(entry))
+        entry
+    }
+
+    /// The version each alias of a registered model points at.
+    fn alias_versions(registered: &Value) -> Vec<(String, Option<u64>)> {
+        registered["aliases"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| {
+                let version = a["version"].as_str().and_then(|v| v.parse().ok());
+                Some((a["alias"].as_str()?.to_owned(), version))
+            })
+            .collect()
+    }
+
+    pub async fn alias(&self, model: &str, alias: &str) -> anyhow::Result<Option<Value>> {
+        let registered = self.registered(model).await?.unwrap_or(Value::Null);
+        Ok(Self::alias_versions(&registered)
+            .into_iter()
+            .find(|(a, _)| a == alias)
+            .map(|(_, v)| Self::alias_entry(&registered, model, alias, v)))
     }
 
     pub async fn move_alias(
@@ -351,8 +355,11 @@ impl MlflowRegistry {
         if self.version(model, version).await?.is_none() {
             anyhow::bail!("`{model}` has no version {version}");
         }
-        let current = self.alias(model, alias).await?;
         let registered = self.registered(model).await?.unwrap_or(Value::Null);
+        let current = Self::alias_versions(&registered)
+            .into_iter()
+            .find(|(a, _)| a == alias)
+            .map(|(_, v)| Self::alias_entry(&registered, model, alias, v));
         let generation = Self::audit(&registered, Some(alias))
             .iter()
             .filter_map(|e| e["generation"].as_u64())
@@ -387,14 +394,13 @@ impl MlflowRegistry {
 
     pub async fn aliases(&self, model: &str) -> anyhow::Result<Vec<(String, Value)>> {
         let registered = self.registered(model).await?.unwrap_or(Value::Null);
-        let mut out = Vec::new();
-        for a in registered["aliases"].as_array().into_iter().flatten() {
-            if let Some(name) = a["alias"].as_str() {
-                if let Some(v) = self.alias(model, name).await? {
-                    out.push((name.to_owned(), v));
-                }
-            }
-        }
+        let mut out: Vec<(String, Value)> = Self::alias_versions(&registered)
+            .into_iter()
+            .map(|(a, v)| {
+                let entry = Self::alias_entry(&registered, model, &a, v);
+                (a, entry)
+            })
+            .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
     }

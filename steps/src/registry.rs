@@ -44,11 +44,6 @@ macro_rules! backend {
 }
 
 impl Registry {
-    /// The registry of the artifact store at `url`.
-    pub fn open(url: &str) -> anyhow::Result<Registry> {
-        Self::open_for(Some(url), url)
-    }
-
     /// The registry named by `registry`, else `DRIVETRAIN_REGISTRY`, else the one in the
     /// artifact store at `store` (which also keeps an MLflow registry's model files).
     pub fn open_for(registry: Option<&str>, store: &str) -> anyhow::Result<Registry> {
@@ -496,7 +491,8 @@ mod tests {
         let files = dir.join("model");
         std::fs::create_dir_all(&files).unwrap();
         std::fs::write(files.join("model.json"), "{}").unwrap();
-        let reg = Registry::open(&format!("file://{}", dir.join("store").display())).unwrap();
+        let store = format!("file://{}", dir.join("store").display());
+        let reg = Registry::open_for(Some(&store), &store).unwrap();
         let mut versions = Vec::new();
         for _ in 0..4 {
             versions.push(reg.register("m", &files, json!({})).await.unwrap());

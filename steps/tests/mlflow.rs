@@ -39,7 +39,7 @@ async fn versions_aliases_history_and_files_in_mlflow() {
         reg.file("risk", 2, "model.json").await.unwrap(),
         br#"{"w": [2]}"#
     );
-    // MLflow's quirk: a missing alias answers 400; here it is simply unset.
+    // An alias never set is unset (MLflow's own alias endpoint would answer 400).
     assert!(reg.alias("risk", "production").await.unwrap().is_none());
     assert!(reg.version("risk", 9).await.unwrap().is_none());
 

@@ -39,6 +39,20 @@ impl Home {
             .expect("the binary runs")
     }
 
+    /// `drivetrain serve` on `scheduled/` of this home, on a free loopback port, its output
+    /// in `serve.log` / `serve.err` here.
+    pub fn serve(&self, env: &[(&str, &str)]) -> std::process::Child {
+        Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+            .args(["serve", "--pipelines", "scheduled", "--bind", "127.0.0.1:0"])
+            .current_dir(&self.dir)
+            .env_remove("DRIVETRAIN_HOME")
+            .envs(env.iter().copied())
+            .stdout(std::fs::File::create(self.dir.join("serve.log")).unwrap())
+            .stderr(std::fs::File::create(self.dir.join("serve.err")).unwrap())
+            .spawn()
+            .expect("serve starts")
+    }
+
     pub fn status(&self, run: &str) -> serde_json::Value {
         let o = self.drivetrain(&["status", run, "--output", "json"]);
         assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
