@@ -975,11 +975,12 @@ pub mod conformance {
         std::fs::remove_dir_all(&tmp).unwrap();
     }
 
-    /// Sixteen writers put `key` at once with the options `mode(i)` gives writer `i`:
-    /// the indices of those that succeeded (a lost race is `loss`).
+    /// Sixteen writers put `key` at once, writer `i` the bytes `{label}{i}` with the options
+    /// `mode(i)` gives it: the indices of those that succeeded (a lost race is `loss`).
     async fn race(
         store: &ArtifactStore,
         key: &Path,
+        label: &'static str,
         mode: impl Fn(usize) -> object_store::PutMode,
         loss: fn(&object_store::Error) -> bool,
     ) -> Vec<usize> {
@@ -991,7 +992,7 @@ pub mod conformance {
             };
             tokio::spawn(async move {
                 let r = store
-                    .put_opts(&key, PutPayload::from(format!("w{i}")), opts)
+                    .put_opts(&key, PutPayload::from(format!("{label}{i}")), opts)
                     .await;
                 (i, r)
             })
@@ -1016,6 +1017,7 @@ pub mod conformance {
         let winners = race(
             store,
             &key,
+            "c",
             |_| PutMode::Create,
             |e| matches!(e, object_store::Error::AlreadyExists { .. }),
         )
@@ -1028,21 +1030,24 @@ pub mod conformance {
         };
         assert_eq!(
             stored.bytes().await.unwrap().as_ref(),
-            format!("w{}", winners[0]).as_bytes()
+            format!("c{}", winners[0]).as_bytes()
         );
         if store.local_root.is_some() {
             return; // the local file system has no compare-and-swap on ETags
         }
+        // Other bytes than the create race's: an ETag is the content's, so a writer putting
+        // the same bytes again would leave the version unchanged for the next.
         let winners = race(
             store,
             &key,
+            "u",
             |_| PutMode::Update(version.clone()),
             |e| matches!(e, object_store::Error::Precondition { .. }),
         )
         .await;
         assert_eq!(winners.len(), 1, "winners of the update race: {winners:?}");
         let now = store.store.get(&key).await.unwrap().bytes().await.unwrap();
-        assert_eq!(now.as_ref(), format!("w{}", winners[0]).as_bytes());
+        assert_eq!(now.as_ref(), format!("u{}", winners[0]).as_bytes());
     }
 }
 
