@@ -3,10 +3,11 @@
 //! trigger schedules from the command line.
 //!
 //! Every loop decides the due ticks of every schedule against the state store
-//! ([`drivetrain_engine::schedule::due`]): a tick is claimed (with its run id) before its
-//! run starts, so a server killed at any point and started again neither fires a tick
-//! twice nor loses one (within the catch-up policy); a tick claimed but never started is
-//! started by the next loop. Runs execute in this process, on the local executor.
+//! ([`drivetrain_engine::schedule::due_all`]): a tick is claimed together with its run's
+//! record, in one transaction, before the run starts, so a server killed at any point and
+//! started again neither fires a tick twice nor loses one (within the catch-up policy); a
+//! tick queued by `schedule trigger` (claimed without a run) is started by the next loop.
+//! Runs execute in this process, on the local executor.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -112,6 +113,8 @@ pub struct Server {
     catalog: Catalog,
     /// Set when shutting down: no new runs.
     stopping: std::sync::atomic::AtomicBool,
+    /// Fired ticks recorded since then without a run are started by the next loop.
+    unstarted_since: Mutex<String>,
 }
 
 /// Every valid pipeline under `dir`; those with a `schedule:` are registered.
@@ -173,25 +176,6 @@ pub fn queue_manual_tick(state: &dyn StateStore, pipeline: &str) -> anyhow::Resu
 }
 
 impl Server {
-    /// Records a cron run (Running, this process its engine) before it starts.
-    fn record_run(
-        &self,
-        run: &RunId,
-        l: &Loaded,
-        params: &BTreeMap<String, Value>,
-        at: chrono::DateTime<chrono::Utc>,
-    ) -> anyhow::Result<drivetrain_engine::state::RunRecord> {
-        self.record(
-            run,
-            &l.pipeline.name,
-            &l.file.display().to_string(),
-            &l.digest,
-            params,
-            "schedule",
-            Some(at),
-        )
-    }
-
     /// Records a run before it starts, so its id is known to the state store by the time
     /// anyone is told it.
     #[allow(clippy::too_many_arguments)]
@@ -205,7 +189,24 @@ impl Server {
         trigger: &str,
         at: Option<chrono::DateTime<chrono::Utc>>,
     ) -> anyhow::Result<drivetrain_engine::state::RunRecord> {
-        let record = drivetrain_engine::state::RunRecord {
+        let record = self.run_record(run, pipeline, file, digest, params, trigger, at)?;
+        self.state.create_run(&record)?;
+        Ok(record)
+    }
+
+    /// The record of a run this process starts now (Running, this process its engine).
+    #[allow(clippy::too_many_arguments)]
+    fn run_record(
+        &self,
+        run: &RunId,
+        pipeline: &str,
+        file: &str,
+        digest: &str,
+        params: &BTreeMap<String, Value>,
+        trigger: &str,
+        at: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> anyhow::Result<drivetrain_engine::state::RunRecord> {
+        Ok(drivetrain_engine::state::RunRecord {
             id: run.clone(),
             pipeline: pipeline.to_owned(),
             file: file.to_owned(),
@@ -222,9 +223,7 @@ impl Server {
             selection: None,
             scheduled_time: at.map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
             executor: Some(self.executor.name().to_owned()),
-        };
-        self.state.create_run(&record)?;
-        Ok(record)
+        })
     }
 
     /// A pipeline given as YAML, or every problem of it on one line.
@@ -575,52 +574,97 @@ impl Server {
     }
 
     /// Decides and starts the due ticks of every schedule; returns how long to sleep.
+    /// The decisions of all schedules take a fixed number of state-store reads and one
+    /// write transaction ([`schedule::due_all`]), and every fired run is recorded in it
+    /// before any of them starts: a thousand schedules due at the same second are
+    /// recorded within milliseconds of it.
     fn tick(self: &Arc<Self>, now: chrono::DateTime<chrono::Utc>) -> anyhow::Result<Duration> {
         let pipelines: Vec<(String, Arc<Loaded>)> = self
             .loaded()
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        let due: Vec<schedule::Due<'_>> = pipelines
+            .iter()
+            .filter_map(|(name, l)| {
+                Some(schedule::Due {
+                    pipeline: name,
+                    schedule: l.pipeline.schedule.as_ref()?,
+                    ticker: l.ticker.as_ref()?,
+                })
+            })
+            .collect();
+        let by_name: BTreeMap<&str, &Arc<Loaded>> =
+            pipelines.iter().map(|(k, l)| (k.as_str(), l)).collect();
+        let mut params: BTreeMap<RunId, BTreeMap<String, Value>> = BTreeMap::new();
+        let since = self
+            .unstarted_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let decided = schedule::due_all(
+            self.state.as_ref(),
+            &due,
+            now,
+            &since,
+            &mut |pipeline, at, run| {
+                let l = by_name[pipeline];
+                let p = l.pipeline.resolve_params(&[]).map_err(|e| e.join("; "))?;
+                let record = self
+                    .run_record(
+                        run,
+                        pipeline,
+                        &l.file.display().to_string(),
+                        &l.digest,
+                        &p,
+                        "schedule",
+                        Some(at),
+                    )
+                    .map_err(|e| e.to_string())?;
+                params.insert(run.clone(), p);
+                Ok(Some(record))
+            },
+        )?;
+        // Queued ticks are looked for again among those recorded since a minute before
+        // this look (clocks of replicas sharing the store differ a little).
+        *self
+            .unstarted_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = (chrono::Utc::now()
+            - chrono::Duration::seconds(60))
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         let mut fire = Vec::new();
-        for (name, l) in &pipelines {
-            let (Some(ticker), Some(sched)) = (&l.ticker, &l.pipeline.schedule) else {
-                continue;
-            };
-            for d in schedule::due(self.state.as_ref(), name, sched, ticker, now)? {
-                match d {
-                    Decision::Skip { at, reason } => {
-                        self.metrics.ticks_skipped.fetch_add(1, Ordering::Relaxed);
-                        println!("tick {}: skipped ({reason})", schedule::tick_id(name, at));
-                    }
-                    Decision::Fire { at, run, replace } => {
-                        self.metrics.ticks_fired.fetch_add(1, Ordering::Relaxed);
-                        for r in &replace {
-                            if self.cancel(r) {
-                                println!("tick {}: replacing run {r}", schedule::tick_id(name, at));
-                            }
+        for d in decided {
+            let l = by_name[d.pipeline.as_str()];
+            match d.decision {
+                Decision::Skip { at, reason } => {
+                    self.metrics.ticks_skipped.fetch_add(1, Ordering::Relaxed);
+                    println!(
+                        "tick {}: skipped ({reason})",
+                        schedule::tick_id(&d.pipeline, at)
+                    );
+                }
+                Decision::Fire { at, run, replace } => {
+                    let (Some(record), Some(p)) = (d.record, params.remove(&run)) else {
+                        continue;
+                    };
+                    self.metrics.ticks_fired.fetch_add(1, Ordering::Relaxed);
+                    for r in &replace {
+                        if self.cancel(r) {
+                            println!(
+                                "tick {}: replacing run {r}",
+                                schedule::tick_id(&d.pipeline, at)
+                            );
                         }
-                        let params = l
-                            .pipeline
-                            .resolve_params(&[])
-                            .map_err(|e| anyhow::anyhow!(e.join("; ")))?;
-                        // Recorded now, started below: every due run exists before any of
-                        // them competes for the machine.
-                        // One tick that cannot be recorded does not stop the others.
-                        let record = match self.record_run(&run, l, &params, at) {
-                            Ok(r) => r,
-                            Err(e) => {
-                                eprintln!(
-                                    "tick {}: cannot record run {run}: {e:#}",
-                                    schedule::tick_id(name, at)
-                                );
-                                continue;
-                            }
-                        };
-                        let lag =
-                            (chrono::Utc::now() - at).num_milliseconds().max(0) as f64 / 1000.0;
-                        self.metrics.schedule_lag_seconds.observe(lag);
-                        fire.push((run, l.clone(), params, at, record));
                     }
+                    if let Ok(created) = chrono::DateTime::parse_from_rfc3339(&record.created_at) {
+                        let lag = (created.with_timezone(&chrono::Utc) - at)
+                            .num_milliseconds()
+                            .max(0) as f64
+                            / 1000.0;
+                        self.metrics.schedule_lag_seconds.observe(lag);
+                    }
+                    fire.push((run, l.clone(), p, at, record));
                 }
             }
         }
@@ -713,6 +757,11 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         parallelism: args.parallelism.unwrap_or(2),
         catalog,
         stopping: std::sync::atomic::AtomicBool::new(false),
+        // At start, a week back: a tick queued or claimed while no server ran.
+        unstarted_since: Mutex::new(
+            (chrono::Utc::now() - chrono::Duration::days(7))
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        ),
         state,
     });
     for (name, l) in server.loaded().iter() {

@@ -20,7 +20,7 @@ use chrono::{DateTime, Duration, Utc};
 
 use crate::plan::Schedule;
 use crate::spec::{Catchup, Concurrency};
-use crate::state::{RunId, StateError, StateStore, TickRecord};
+use crate::state::{RunId, RunRecord, StateError, StateStore, TickRecord};
 
 /// A tick this much older than now was missed, not merely noticed late.
 pub const ON_TIME: Duration = Duration::seconds(60);
@@ -64,7 +64,7 @@ impl Ticker {
     ) -> Vec<DateTime<Utc>> {
         let mut out: Vec<DateTime<Utc>> = Vec::new();
         let horizon = until
-            .checked_add_signed(Duration::hours(3))
+            .checked_add_signed(self.fall_back_near(until))
             .unwrap_or(until);
         for next in self.cron.iter_after(after.with_timezone(&self.timezone)) {
             let next = next.with_timezone(&Utc);
@@ -97,6 +97,30 @@ impl Ticker {
     }
 }
 
+impl Ticker {
+    /// How far past `t` croner can still yield an instant at or before `t`: it walks local
+    /// wall-clock time, so only a fall-back near `t` (the offset dropping) puts instants
+    /// out of UTC order, and by at most the drop. Zero elsewhere, so deciding a tick reads
+    /// one occurrence past it instead of hours of them (a `* * * * *` schedule walked 180
+    /// minutes per decision before, most of the scheduler's time at a minute boundary).
+    fn fall_back_near(&self, t: DateTime<Utc>) -> Duration {
+        use chrono::{Offset, TimeZone};
+        let window = Duration::hours(3);
+        let offset = |t: DateTime<Utc>| {
+            self.timezone
+                .offset_from_utc_datetime(&t.naive_utc())
+                .fix()
+                .local_minus_utc()
+        };
+        match (t.checked_sub_signed(window), t.checked_add_signed(window)) {
+            (Some(before), Some(after)) => {
+                Duration::seconds(i64::from((offset(before) - offset(after)).max(0)))
+            }
+            _ => window,
+        }
+    }
+}
+
 /// The id of a tick.
 pub fn tick_id(pipeline: &str, at: DateTime<Utc>) -> String {
     format!(
@@ -126,9 +150,32 @@ pub enum Decision {
     Skip { at: DateTime<Utc>, reason: String },
 }
 
+/// One schedule for [`due_all`] to decide.
+#[derive(Debug)]
+pub struct Due<'a> {
+    pub pipeline: &'a str,
+    pub schedule: &'a Schedule,
+    pub ticker: &'a Ticker,
+}
+
+/// Makes the record of a fired tick's run (pipeline, scheduled time, run id), or says why
+/// it cannot start.
+pub type MakeRun<'a> =
+    dyn FnMut(&str, DateTime<Utc>, &RunId) -> Result<Option<RunRecord>, String> + 'a;
+
+/// A tick [`due_all`] decided (and claimed) for one of its schedules.
+#[derive(Debug)]
+pub struct Decided {
+    pub pipeline: String,
+    pub decision: Decision,
+    /// For a fired tick, its run as recorded in the state store with the claim.
+    pub record: Option<RunRecord>,
+}
+
 /// Decides the ticks of `pipeline` due at `now` and claims them in `state`: each returned
-/// [`Decision::Fire`] is recorded (with its run id) and no other caller will get it.
-/// Ticks claimed earlier whose run was never created are returned again, to start.
+/// [`Decision::Fire`] is recorded (with its run id, the run itself left to the caller)
+/// and no other caller will get it. Ticks claimed earlier whose run was never created
+/// are returned again, to start.
 pub fn due(
     state: &dyn StateStore,
     pipeline: &str,
@@ -136,31 +183,146 @@ pub fn due(
     ticker: &Ticker,
     now: DateTime<Utc>,
 ) -> Result<Vec<Decision>, StateError> {
-    let Some(entry) = state.schedule(pipeline)? else {
-        return Ok(Vec::new());
+    let one = Due {
+        pipeline,
+        schedule,
+        ticker,
     };
+    Ok(due_all(state, &[one], now, "", &mut |_, _, _| Ok(None))?
+        .into_iter()
+        .map(|d| d.decision)
+        .collect())
+}
+
+/// Decides the due ticks of many schedules at once, in a fixed number of reads and one
+/// write transaction however many there are (a thousand schedules falling due in the
+/// same second are claimed and recorded within milliseconds of it):
+///
+/// - fired ticks recorded since `unstarted_since` whose run does not exist are returned
+///   to start, their run recorded now (what `schedule trigger` queues, or a claim whose
+///   engine died before its run existed);
+/// - every other due tick is decided by the schedule's policy and claimed, and each
+///   fired one's run, as `record` makes it (`None`: the caller records it), is recorded
+///   in the same transaction as the claim. A tick someone else claimed first is left
+///   out; a fired tick whose run cannot be made or recorded is recorded as skipped, with
+///   why.
+pub fn due_all(
+    state: &dyn StateStore,
+    schedules: &[Due<'_>],
+    now: DateTime<Utc>,
+    unstarted_since: &str,
+    record: &mut MakeRun<'_>,
+) -> Result<Vec<Decided>, StateError> {
+    let wanted: std::collections::BTreeMap<&str, &Due<'_>> =
+        schedules.iter().map(|d| (d.pipeline, d)).collect();
     let mut out = Vec::new();
-    // Claimed by an engine that died before its run existed.
-    for t in state.unstarted_ticks(pipeline, 50)? {
-        if let (Some(run), Ok(at)) = (t.run_id, DateTime::parse_from_rfc3339(&t.scheduled_time)) {
-            out.push(Decision::Fire {
-                at: at.with_timezone(&Utc),
-                run: RunId(run),
+    for t in state.unstarted_ticks_since(unstarted_since)? {
+        let (true, Some(run), Ok(at)) = (
+            wanted.contains_key(t.pipeline.as_str()),
+            t.run_id,
+            DateTime::parse_from_rfc3339(&t.scheduled_time),
+        ) else {
+            continue; // another server's pipeline, or not a tick of ours
+        };
+        let (at, run) = (at.with_timezone(&Utc), RunId(run));
+        let Ok(rec) = record(&t.pipeline, at, &run) else {
+            continue; // asked again next time
+        };
+        if let Some(rec) = &rec {
+            if state.create_run(rec).is_err() {
+                continue; // another replica started it first
+            }
+        }
+        out.push(Decided {
+            pipeline: t.pipeline,
+            decision: Decision::Fire {
+                at,
+                run,
                 replace: Vec::new(),
-            });
+            },
+            record: rec,
+        });
+    }
+    let mut batch: Vec<(TickRecord, Option<RunRecord>)> = Vec::new();
+    let mut decided: Vec<(String, Decision)> = Vec::new();
+    for (entry, last) in state.schedules_with_last_tick()? {
+        let Some(due) = wanted.get(entry.pipeline.as_str()) else {
+            continue;
+        };
+        if entry.suspended || due.schedule.suspend {
+            continue;
+        }
+        let last = last
+            .and_then(|l| DateTime::parse_from_rfc3339(&l).ok())
+            .map(|d| d.with_timezone(&Utc));
+        for (tick, decision) in decide(state, due, &entry.anchor, last, now)? {
+            let made = match &decision {
+                Decision::Fire { at, run, .. } => record(due.pipeline, *at, run),
+                Decision::Skip { .. } => Ok(None),
+            };
+            let (tick, decision, rec) = match (made, decision) {
+                (Ok(rec), decision) => (tick, decision, rec),
+                (Err(why), Decision::Fire { at, .. } | Decision::Skip { at, .. }) => {
+                    let reason = format!("cannot start: {why}");
+                    (skipped(tick, &reason), Decision::Skip { at, reason }, None)
+                }
+            };
+            batch.push((tick, rec));
+            decided.push((entry.pipeline.clone(), decision));
         }
     }
-    if entry.suspended || schedule.suspend {
+    if batch.is_empty() {
         return Ok(out);
     }
-    let anchor = DateTime::parse_from_rfc3339(&entry.anchor)
+    let claims = state.claim_ticks(&batch)?;
+    for (((tick, rec), (pipeline, decision)), claim) in batch.into_iter().zip(decided).zip(claims) {
+        match claim {
+            Ok(true) => out.push(Decided {
+                pipeline,
+                decision,
+                record: rec,
+            }),
+            Ok(false) => {} // someone else decided this tick
+            Err(e) => {
+                let (Decision::Fire { at, .. } | Decision::Skip { at, .. }) = decision;
+                let reason = format!("cannot be recorded: {e}");
+                if state.claim_tick(&skipped(tick, &reason))? {
+                    out.push(Decided {
+                        pipeline,
+                        decision: Decision::Skip { at, reason },
+                        record: None,
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `tick` recorded as skipped, for `reason`.
+fn skipped(tick: TickRecord, reason: &str) -> TickRecord {
+    TickRecord {
+        outcome: "skipped".into(),
+        run_id: None,
+        reason: Some(reason.to_owned()),
+        ..tick
+    }
+}
+
+/// The ticks of one schedule due at `now` after its anchor and its newest tick `last`,
+/// each with the record that claims it, oldest first. The runs in flight are read only
+/// when a tick would fire under `forbid` or `replace`.
+fn decide(
+    state: &dyn StateStore,
+    due: &Due<'_>,
+    anchor: &str,
+    last: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Result<Vec<(TickRecord, Decision)>, StateError> {
+    let (pipeline, schedule, ticker) = (due.pipeline, due.schedule, due.ticker);
+    let anchor = DateTime::parse_from_rfc3339(anchor)
         .map(|d| d.with_timezone(&Utc))
         .unwrap_or(now);
-    let last = state
-        .ticks(pipeline, 1)?
-        .first()
-        .and_then(|t| DateTime::parse_from_rfc3339(&t.scheduled_time).ok())
-        .map(|d| d.with_timezone(&Utc));
     let after = last.map_or(anchor, |l| l.max(anchor));
     let limit = match schedule.catchup {
         Catchup::All => schedule.max_catchup as usize + 1,
@@ -170,7 +332,7 @@ pub fn due(
     // before them are recorded as skipped without listing years of them.
     let candidates = ticker.between(after, now, limit);
     let Some(&newest) = candidates.last() else {
-        return Ok(out);
+        return Ok(Vec::new());
     };
     let first_candidate = candidates[0];
     // Older missed ticks are recorded as skipped too (the newest thousand of them).
@@ -196,26 +358,29 @@ pub fn due(
             (!fire).then(|| format!("missed; catchup `{}`", catchup_name(schedule.catchup)));
         decisions.push((at, reason));
     }
-    let in_flight: Vec<RunId> = state.running_runs(pipeline)?.into_iter().collect();
+    let mut in_flight: Option<Vec<RunId>> = None;
+    let mut out = Vec::new();
     for (at, reason) in decisions {
-        let id = tick_id(pipeline, at);
         let mut reason = reason;
         let mut replace = Vec::new();
-        if reason.is_none() && !in_flight.is_empty() {
-            match schedule.concurrency {
-                Concurrency::Allow => {}
-                Concurrency::Forbid => {
+        if reason.is_none() && schedule.concurrency != Concurrency::Allow {
+            let running = match &in_flight {
+                Some(r) => r,
+                None => in_flight.insert(state.running_runs(pipeline)?),
+            };
+            match (schedule.concurrency, running.first()) {
+                (Concurrency::Forbid, Some(first)) => {
                     reason = Some(format!(
-                        "run {} is still running (concurrency: forbid)",
-                        in_flight[0]
+                        "run {first} is still running (concurrency: forbid)"
                     ))
                 }
-                Concurrency::Replace => replace = in_flight.clone(),
+                (Concurrency::Replace, _) => replace = running.clone(),
+                _ => {}
             }
         }
         let run = tick_run_id(pipeline, at);
         let record = TickRecord {
-            id: id.clone(),
+            id: tick_id(pipeline, at),
             pipeline: pipeline.to_owned(),
             scheduled_time: at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             outcome: if reason.is_some() {
@@ -226,13 +391,13 @@ pub fn due(
             run_id: reason.is_none().then(|| run.0.clone()),
             reason: reason.clone(),
         };
-        if !state.claim_tick(&record)? {
-            continue; // someone else decided this tick
-        }
-        out.push(match reason {
-            None => Decision::Fire { at, run, replace },
-            Some(reason) => Decision::Skip { at, reason },
-        });
+        out.push((
+            record,
+            match reason {
+                None => Decision::Fire { at, run, replace },
+                Some(reason) => Decision::Skip { at, reason },
+            },
+        ));
     }
     Ok(out)
 }
@@ -315,6 +480,12 @@ mod tests {
                 "2026-11-01T09:30:00Z",
                 "2026-11-01T10:00:00Z"
             ]
+        );
+        // Deciding in the first pass through the repeated hour: croner yields 01:00 PDT,
+        // 01:00 PST, then 01:30 PDT, so the walk must go on past `until` to find 01:30 PDT.
+        assert_eq!(
+            ticks(&la, "2026-11-01T07:45:00Z", "2026-11-01T08:40:00Z"),
+            ["2026-11-01T08:00:00Z", "2026-11-01T08:30:00Z"]
         );
         // Spring forward on 2026-03-08: 02:00–03:00 does not exist; 09:00Z is 01:00 PST,
         // the next tick is 03:00 PDT = 10:00Z.

@@ -401,6 +401,21 @@ pub trait StateStore: Send + Sync {
     /// exist (its engine died between the claim and the run, or `schedule trigger`
     /// queued it), oldest first. One query: the scheduler asks every loop.
     fn unstarted_ticks(&self, pipeline: &str, limit: usize) -> Result<Vec<TickRecord>, StateError>;
+    /// Every schedule with the scheduled time of its newest tick (manual triggers aside),
+    /// in one read: the scheduler asks every loop.
+    fn schedules_with_last_tick(&self) -> Result<Vec<(ScheduleEntry, Option<String>)>, StateError>;
+    /// Ticks of any schedule claimed to fire since `since` (when they were recorded) whose
+    /// run does not exist, oldest first: what `schedule trigger` queued for the server.
+    fn unstarted_ticks_since(&self, since: &str) -> Result<Vec<TickRecord>, StateError>;
+    /// Claims ticks in one transaction, recording with each claimed tick the run it
+    /// fires. For each tick: `Ok(true)` claimed by this call (with its run), `Ok(false)`
+    /// decided by someone else already (no run recorded), or the error that stopped its
+    /// claim or run, in which case neither is recorded.
+    #[allow(clippy::type_complexity)]
+    fn claim_ticks(
+        &self,
+        ticks: &[(TickRecord, Option<RunRecord>)],
+    ) -> Result<Vec<Result<bool, StateError>>, StateError>;
     /// Runs of `pipeline` still running.
     fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError>;
     /// How many runs there are in each phase (for `/metrics`), without reading them.
@@ -551,6 +566,11 @@ ALTER TABLE runs ADD COLUMN executor TEXT;
     r#"
 ALTER TABLE runs ADD COLUMN heartbeat_at TEXT;
 "#,
+    // 9: ticks by when they were recorded, so the scheduler finds new unstarted ones (a
+    // `schedule trigger`) every loop without reading them all.
+    r#"
+CREATE INDEX ticks_by_record ON schedule_ticks(recorded_at);
+"#,
 ];
 
 /// The embedded SQLite state store.
@@ -572,9 +592,21 @@ fn query<T, C: FromIterator<T>>(
     what: &str,
     row: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
 ) -> Result<C, StateError> {
-    let mut stmt = c.prepare(sql_text).map_err(sql(what))?;
+    let mut stmt = c.prepare_cached(sql_text).map_err(sql(what))?;
     let rows = stmt.query_map(args, row).map_err(sql(what))?;
     rows.collect::<Result<C, _>>().map_err(sql(what))
+}
+
+/// `execute` through the connection's statement cache: the engine runs the same few
+/// statements for every stage and tick, and parsing them each time showed in profiles.
+trait ExecuteCached {
+    fn execute_cached<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize>;
+}
+
+impl ExecuteCached for Connection {
+    fn execute_cached<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
+        self.prepare_cached(sql)?.execute(params)
+    }
 }
 
 impl SqliteState {
@@ -590,6 +622,7 @@ impl SqliteState {
     }
 
     fn init(conn: Connection) -> Result<Self, StateError> {
+        conn.set_prepared_statement_cache_capacity(64);
         conn.busy_timeout(std::time::Duration::from_secs(10))
             .map_err(sql("set busy timeout"))?;
         // Switching to WAL can answer SQLITE_BUSY without calling the busy handler while
@@ -743,37 +776,65 @@ fn stage_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StageRecord> {
     })
 }
 
+/// Inserts a run's record.
+fn insert_run(c: &Connection, run: &RunRecord) -> Result<(), StateError> {
+    c.execute_cached(
+        "INSERT INTO runs (id, pipeline, file, spec_digest, params, trigger, parent, phase, \
+         created_at, engine_pid, overrides, selection, scheduled_time, executor) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+        params![
+            run.id.0,
+            run.pipeline,
+            run.file,
+            run.spec_digest,
+            run.params.to_string(),
+            run.trigger,
+            run.parent.as_ref().map(|p| &p.0),
+            run.phase.as_str(),
+            run.created_at,
+            run.engine_pid,
+            run.overrides.to_string(),
+            run.selection
+                .as_ref()
+                .map(|s| serde_json::to_string(s).unwrap_or_default()),
+            run.scheduled_time,
+            run.executor,
+        ],
+    )
+    .map(|_| ())
+    .map_err(sql(format!("create run {}", run.id)))
+}
+
+/// Claims a tick unless it is decided already; true when this call did.
+fn insert_tick(c: &Connection, t: &TickRecord) -> Result<bool, StateError> {
+    c.execute_cached(
+        "INSERT OR IGNORE INTO schedule_ticks (id, pipeline, scheduled_time, outcome, run_id, reason, recorded_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![t.id, t.pipeline, t.scheduled_time, t.outcome, t.run_id, t.reason, now()],
+    )
+    .map(|n| n == 1)
+    .map_err(sql(format!("claim tick {}", t.id)))
+}
+
+/// The scheduled time of schedule `s`'s newest tick, manual triggers aside (a manual
+/// tick at a cron tick's second must not stand for it): walks the index backwards.
+/// Shared with the PostgreSQL store.
+pub const LAST_TICK: &str = "SELECT scheduled_time FROM schedule_ticks t \
+     WHERE t.pipeline = s.pipeline AND t.id NOT LIKE '%+manual' \
+     ORDER BY scheduled_time DESC LIMIT 1";
+
+/// Fired ticks without a run, recorded at or after the placeholder that follows.
+/// Shared with the PostgreSQL store.
+pub const UNSTARTED_SINCE: &str =
+    "SELECT t.id, t.pipeline, t.scheduled_time, t.outcome, t.run_id, t.reason FROM schedule_ticks t \
+     LEFT JOIN runs r ON r.id = t.run_id \
+     WHERE t.outcome = 'fired' AND t.run_id IS NOT NULL AND r.id IS NULL AND t.recorded_at >=";
+
 const CACHE_COLUMNS: &str = "key, pipeline, stage, run_id, outputs, vals, components, created_at";
 
 impl StateStore for SqliteState {
     fn create_run(&self, run: &RunRecord) -> Result<(), StateError> {
-        self.with(|c| {
-            c.execute(
-                "INSERT INTO runs (id, pipeline, file, spec_digest, params, trigger, parent, phase, \
-                 created_at, engine_pid, overrides, selection, scheduled_time, executor) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-                params![
-                    run.id.0,
-                    run.pipeline,
-                    run.file,
-                    run.spec_digest,
-                    run.params.to_string(),
-                    run.trigger,
-                    run.parent.as_ref().map(|p| &p.0),
-                    run.phase.as_str(),
-                    run.created_at,
-                    run.engine_pid,
-                    run.overrides.to_string(),
-                    run.selection
-                        .as_ref()
-                        .map(|s| serde_json::to_string(s).unwrap_or_default()),
-                    run.scheduled_time,
-                    run.executor,
-                ],
-            )
-            .map(|_| ())
-            .map_err(sql(format!("create run {}", run.id)))
-        })
+        self.with(|c| insert_run(c, run))
     }
 
     fn finish_run(
@@ -783,7 +844,7 @@ impl StateStore for SqliteState {
         reason: Option<&str>,
     ) -> Result<(), StateError> {
         self.with(|c| {
-            c.execute(
+            c.execute_cached(
                 "UPDATE runs SET phase = ?2, finished_at = ?3, reason = ?4, engine_pid = NULL WHERE id = ?1",
                 params![run.0, phase.as_str(), now(), reason],
             )
@@ -795,7 +856,7 @@ impl StateStore for SqliteState {
     fn reopen_run(&self, run: &RunId, pid: u32) -> Result<(), StateError> {
         self.with(|c| {
             let n = c
-                .execute(
+                .execute_cached(
                     "UPDATE runs SET phase = 'Running', finished_at = NULL, reason = NULL, engine_pid = ?2 \
                      WHERE id = ?1",
                     params![run.0, pid],
@@ -839,7 +900,7 @@ impl StateStore for SqliteState {
         let started = (phase == Phase::Running).then_some(t.as_str());
         let finished = phase.is_terminal().then_some(t.as_str());
         self.with(|c| {
-            c.execute(
+            c.execute_cached(
                 "INSERT INTO stages (run_id, stage, phase, started_at, finished_at, exit_code, reason) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
                  ON CONFLICT (run_id, stage) DO UPDATE SET phase = ?3, \
@@ -860,7 +921,7 @@ impl StateStore for SqliteState {
         values: &serde_json::Value,
     ) -> Result<(), StateError> {
         self.with(|c| {
-            c.execute(
+            c.execute_cached(
                 "UPDATE stages SET outputs = ?3, vals = ?4 WHERE run_id = ?1 AND stage = ?2",
                 params![run.0, stage, outputs.to_string(), values.to_string()],
             )
@@ -912,7 +973,7 @@ impl StateStore for SqliteState {
             // Again, for an attempt still running, when a restarted engine re-attaches to
             // it; never for one that ended.
             let changed = tx
-                .execute(
+                .execute_cached(
                     "INSERT INTO attempts (run_id, stage, attempt, phase, started_at) VALUES (?1, ?2, ?3, 'Running', ?4) \
                      ON CONFLICT (run_id, stage, attempt) DO UPDATE SET phase = 'Running' WHERE attempts.phase = 'Running'",
                     params![run.0, stage, attempt, t],
@@ -924,7 +985,7 @@ impl StateStore for SqliteState {
                     attempt,
                 });
             }
-            tx.execute(
+            tx.execute_cached(
                 "INSERT INTO stages (run_id, stage, phase, attempts, started_at) VALUES (?1, ?2, 'Running', ?3, ?4) \
                  ON CONFLICT (run_id, stage) DO UPDATE SET phase = 'Running', attempts = ?3, \
                    started_at = COALESCE(stages.started_at, ?4)",
@@ -943,7 +1004,7 @@ impl StateStore for SqliteState {
         handle: &str,
     ) -> Result<(), StateError> {
         self.with(|c| {
-            c.execute(
+            c.execute_cached(
                 "UPDATE attempts SET handle = ?4 WHERE run_id = ?1 AND stage = ?2 AND attempt = ?3",
                 params![run.0, stage, attempt, handle],
             )
@@ -962,7 +1023,7 @@ impl StateStore for SqliteState {
         reason: Option<&str>,
     ) -> Result<(), StateError> {
         self.with(|c| {
-            c.execute(
+            c.execute_cached(
                 "UPDATE attempts SET phase = ?4, finished_at = ?5, exit_code = ?6, reason = ?7 \
                  WHERE run_id = ?1 AND stage = ?2 AND attempt = ?3",
                 params![
@@ -988,7 +1049,7 @@ impl StateStore for SqliteState {
     ) -> Result<(), StateError> {
         self.with(|c| {
             let tx = c.unchecked_transaction().map_err(sql("begin"))?;
-            tx.execute("DELETE FROM map_items WHERE run_id = ?1 AND stage = ?2", params![run.0, stage])
+            tx.execute_cached("DELETE FROM map_items WHERE run_id = ?1 AND stage = ?2", params![run.0, stage])
                 .map_err(sql(format!("reset items of {stage}")))?;
             {
                 let mut stmt = tx
@@ -1011,7 +1072,7 @@ impl StateStore for SqliteState {
         attempt: u32,
     ) -> Result<(), StateError> {
         self.with(|c| {
-            c.execute(
+            c.execute_cached(
                 "UPDATE map_items SET phase = 'Running', attempts = ?4 WHERE run_id = ?1 AND stage = ?2 AND idx = ?3",
                 params![run.0, stage, idx as i64, attempt],
             )
@@ -1030,7 +1091,7 @@ impl StateStore for SqliteState {
         outputs: &serde_json::Value,
     ) -> Result<(), StateError> {
         self.with(|c| {
-            c.execute(
+            c.execute_cached(
                 "UPDATE map_items SET phase = ?4, reason = ?5, outputs = ?6 WHERE run_id = ?1 AND stage = ?2 AND idx = ?3",
                 params![run.0, stage, idx as i64, phase.as_str(), reason, outputs.to_string()],
             )
@@ -1047,7 +1108,7 @@ impl StateStore for SqliteState {
         handle: &str,
     ) -> Result<(), StateError> {
         self.with(|c| {
-            c.execute(
+            c.execute_cached(
                 "UPDATE map_items SET handle = ?4 WHERE run_id = ?1 AND stage = ?2 AND idx = ?3",
                 params![run.0, stage, idx as i64, handle],
             )
@@ -1095,7 +1156,7 @@ impl StateStore for SqliteState {
         let what = format!("record provenance of {stage}");
         self.with(|c| {
             let tx = c.unchecked_transaction().map_err(sql("begin"))?;
-            tx.execute(
+            tx.execute_cached(
                 "INSERT INTO stages (run_id, stage, phase, origin, origin_run, cache_key, provenance, inputs) \
                  VALUES (?1, ?2, 'Pending', ?3, ?4, ?5, ?6, ?7) \
                  ON CONFLICT (run_id, stage) DO UPDATE SET origin = ?3, origin_run = ?4, \
@@ -1111,7 +1172,7 @@ impl StateStore for SqliteState {
                 ],
             )
             .map_err(sql(what.clone()))?;
-            tx.execute(
+            tx.execute_cached(
                 "DELETE FROM artifact_uses WHERE run_id = ?1 AND stage = ?2",
                 params![run.0, stage],
             )
@@ -1122,7 +1183,7 @@ impl StateStore for SqliteState {
                         let Some(digest) = art.get("digest").and_then(|d| d.as_str()) else {
                             continue;
                         };
-                        tx.execute(
+                        tx.execute_cached(
                             "INSERT OR IGNORE INTO artifact_uses (digest, run_id, stage, input) \
                              VALUES (?1, ?2, ?3, ?4)",
                             params![digest, run.0, stage, name],
@@ -1139,7 +1200,7 @@ impl StateStore for SqliteState {
         self.with(|c| {
             let tx = c.unchecked_transaction().map_err(sql("begin"))?;
             for a in artifacts {
-                tx.execute(
+                tx.execute_cached(
                     "INSERT OR IGNORE INTO artifacts (digest, manifest, run_id, stage, output, created_at) \
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                     params![a.digest, a.manifest, a.run_id, a.stage, a.output, a.created_at],
@@ -1193,7 +1254,7 @@ impl StateStore for SqliteState {
 
     fn put_cache_entry(&self, e: &CacheEntry) -> Result<(), StateError> {
         self.with(|c| {
-            c.execute(
+            c.execute_cached(
                 &format!("INSERT OR REPLACE INTO cache_entries ({CACHE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
                 params![
                     e.key,
@@ -1257,7 +1318,7 @@ impl StateStore for SqliteState {
 
     fn expire_cache_entries(&self, before: &str) -> Result<usize, StateError> {
         self.with(|c| {
-            c.execute(
+            c.execute_cached(
                 "DELETE FROM cache_entries WHERE created_at < ?1",
                 params![before],
             )
@@ -1267,7 +1328,7 @@ impl StateStore for SqliteState {
 
     fn upsert_schedule(&self, pipeline: &str, file: &str, anchor: &str) -> Result<(), StateError> {
         self.with(|c| {
-            c.execute(
+            c.execute_cached(
                 "INSERT INTO schedules (pipeline, file, anchor) VALUES (?1, ?2, ?3) \
                  ON CONFLICT (pipeline) DO UPDATE SET file = ?2",
                 params![pipeline, file, anchor],
@@ -1310,7 +1371,7 @@ impl StateStore for SqliteState {
     ) -> Result<(), StateError> {
         self.with(|c| {
             let n = c
-                .execute(
+                .execute_cached(
                     "UPDATE schedules SET suspended = ?2, anchor = COALESCE(?3, anchor) WHERE pipeline = ?1",
                     params![pipeline, suspended as i64, anchor],
                 )
@@ -1323,14 +1384,57 @@ impl StateStore for SqliteState {
     }
 
     fn claim_tick(&self, t: &TickRecord) -> Result<bool, StateError> {
+        self.with(|c| insert_tick(c, t))
+    }
+
+    fn schedules_with_last_tick(&self) -> Result<Vec<(ScheduleEntry, Option<String>)>, StateError> {
         self.with(|c| {
-            c.execute(
-                "INSERT OR IGNORE INTO schedule_ticks (id, pipeline, scheduled_time, outcome, run_id, reason, recorded_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![t.id, t.pipeline, t.scheduled_time, t.outcome, t.run_id, t.reason, now()],
+            query(
+                c,
+                &format!("SELECT pipeline, file, suspended, anchor, ({LAST_TICK}) FROM schedules s ORDER BY pipeline"),
+                params![],
+                "read schedules",
+                |r| Ok((schedule_from_row(r)?, r.get(4)?)),
             )
-            .map(|n| n == 1)
-            .map_err(sql(format!("claim tick {}", t.id)))
+        })
+    }
+
+    fn unstarted_ticks_since(&self, since: &str) -> Result<Vec<TickRecord>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                &format!("{UNSTARTED_SINCE} ?1 ORDER BY t.scheduled_time"),
+                params![since],
+                "read unstarted ticks",
+                tick_from_row,
+            )
+        })
+    }
+
+    fn claim_ticks(
+        &self,
+        ticks: &[(TickRecord, Option<RunRecord>)],
+    ) -> Result<Vec<Result<bool, StateError>>, StateError> {
+        self.with(|c| {
+            let tx = c.unchecked_transaction().map_err(sql("begin"))?;
+            let mut out = Vec::with_capacity(ticks.len());
+            for (tick, run) in ticks {
+                tx.execute_batch("SAVEPOINT tick")
+                    .map_err(sql("savepoint"))?;
+                let claimed = insert_tick(&tx, tick).and_then(|claimed| match run {
+                    Some(run) if claimed => insert_run(&tx, run).map(|()| true),
+                    _ => Ok(claimed),
+                });
+                if claimed.is_err() {
+                    tx.execute_batch("ROLLBACK TO tick")
+                        .map_err(sql("roll back to savepoint"))?;
+                }
+                tx.execute_batch("RELEASE tick")
+                    .map_err(sql("release savepoint"))?;
+                out.push(claimed);
+            }
+            tx.commit().map_err(sql("commit"))?;
+            Ok(out)
         })
     }
 
@@ -1378,7 +1482,7 @@ impl StateStore for SqliteState {
 
     fn heartbeat(&self, run: &RunId) -> Result<(), StateError> {
         self.with(|c| {
-            c.execute(
+            c.execute_cached(
                 "UPDATE runs SET heartbeat_at = ?2 WHERE id = ?1",
                 params![run.0, now()],
             )
@@ -1401,7 +1505,7 @@ impl StateStore for SqliteState {
 
     fn take_over(&self, run: &RunId, before: &str) -> Result<bool, StateError> {
         self.with(|c| {
-            c.execute(
+            c.execute_cached(
                 "UPDATE runs SET heartbeat_at = ?3, engine_pid = NULL \
                  WHERE id = ?1 AND phase = 'Running' AND (heartbeat_at IS NULL OR heartbeat_at < ?2)",
                 params![run.0, before, now()],
@@ -1484,6 +1588,7 @@ pub mod conformance {
         listing(store);
         provenance_and_cache(store);
         schedules_and_ticks(store);
+        ticks_in_batches(store);
     }
 
     /// Replicas racing for the same ticks, each through its own connection (`open`),
@@ -1550,6 +1655,109 @@ pub mod conformance {
             "ended runs are not stale"
         );
         assert!(!s.take_over(&id, future).unwrap());
+    }
+
+    /// What the scheduler reads and writes once per loop for all schedules.
+    fn ticks_in_batches(s: &dyn StateStore) {
+        let before = now();
+        s.upsert_schedule("batch-a", "a.yaml", "2026-01-01T00:00:00Z")
+            .unwrap();
+        s.upsert_schedule("batch-b", "b.yaml", "2026-01-01T00:00:00Z")
+            .unwrap();
+        let tick = |t: &str, run: Option<&str>| TickRecord {
+            id: format!("batch-a@{t}"),
+            pipeline: "batch-a".into(),
+            scheduled_time: t.into(),
+            outcome: if run.is_some() { "fired" } else { "skipped" }.into(),
+            run_id: run.map(String::from),
+            reason: run.is_none().then(|| "missed".into()),
+        };
+        let run = |id: &str| RunRecord {
+            pipeline: "batch-a".into(),
+            ..run_record(id)
+        };
+        let last = |s: &dyn StateStore| -> BTreeMap<String, Option<String>> {
+            s.schedules_with_last_tick()
+                .unwrap()
+                .into_iter()
+                .filter(|(e, _)| e.pipeline.starts_with("batch-"))
+                .map(|(e, last)| (e.pipeline, last))
+                .collect()
+        };
+        assert_eq!(
+            last(s),
+            BTreeMap::from([("batch-a".into(), None), ("batch-b".into(), None)])
+        );
+        let claims = s
+            .claim_ticks(&[
+                (
+                    tick("2026-03-01T01:00:00Z", Some("batch-r1")),
+                    Some(run("batch-r1")),
+                ),
+                (tick("2026-03-01T02:00:00Z", None), None),
+            ])
+            .unwrap();
+        assert!(claims.iter().all(|c| matches!(c, Ok(true))), "{claims:?}");
+        assert_eq!(
+            s.run(&RunId("batch-r1".into())).unwrap().pipeline,
+            "batch-a"
+        );
+        // A manual trigger later than every cron tick does not stand for one.
+        assert!(s
+            .claim_tick(&TickRecord {
+                id: "batch-a@2026-03-01T05:00:00Z+manual".into(),
+                ..tick("2026-03-01T05:00:00Z", Some("batch-manual"))
+            })
+            .unwrap());
+        assert_eq!(last(s)["batch-a"].as_deref(), Some("2026-03-01T02:00:00Z"));
+        assert_eq!(last(s)["batch-b"], None);
+        // The queued manual tick has no run: found among ticks recorded since `before`.
+        let unstarted: Vec<String> = s
+            .unstarted_ticks_since(&before)
+            .unwrap()
+            .into_iter()
+            .map(|t| t.id)
+            .collect();
+        assert_eq!(unstarted, ["batch-a@2026-03-01T05:00:00Z+manual"]);
+        assert!(s.unstarted_ticks_since("9999").unwrap().is_empty());
+        // One transaction, each tick on its own: taken ones and failed runs record nothing.
+        let claims = s
+            .claim_ticks(&[
+                (
+                    tick("2026-03-01T01:00:00Z", Some("batch-r1b")),
+                    Some(run("batch-r1b")),
+                ),
+                (
+                    tick("2026-03-01T03:00:00Z", Some("batch-r1")),
+                    Some(run("batch-r1")),
+                ),
+                (
+                    tick("2026-03-01T04:00:00Z", Some("batch-r4")),
+                    Some(run("batch-r4")),
+                ),
+            ])
+            .unwrap();
+        assert!(matches!(claims[0], Ok(false)), "claimed before: {claims:?}");
+        assert!(claims[1].is_err(), "a run id taken: {claims:?}");
+        assert!(matches!(claims[2], Ok(true)), "{claims:?}");
+        assert!(s.run(&RunId("batch-r1b".into())).is_err());
+        assert!(s.run(&RunId("batch-r4".into())).is_ok());
+        let times: Vec<String> = s
+            .ticks("batch-a", 10)
+            .unwrap()
+            .into_iter()
+            .map(|t| t.scheduled_time)
+            .collect();
+        assert_eq!(
+            times,
+            [
+                "2026-03-01T05:00:00Z",
+                "2026-03-01T04:00:00Z",
+                "2026-03-01T02:00:00Z",
+                "2026-03-01T01:00:00Z"
+            ],
+            "the failed tick is not claimed"
+        );
     }
 
     fn schedules_and_ticks(s: &dyn StateStore) {

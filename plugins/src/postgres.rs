@@ -13,7 +13,8 @@ use std::sync::Mutex;
 
 use drivetrain_engine::state::{
     now, ArtifactRecord, ArtifactUse, AttemptRecord, CacheEntry, ItemRecord, Phase, Provenance,
-    RunId, RunRecord, ScheduleEntry, StageRecord, StateError, StateStore, TickRecord,
+    RunId, RunRecord, ScheduleEntry, StageRecord, StateError, StateStore, TickRecord, LAST_TICK,
+    UNSTARTED_SINCE,
 };
 use postgres::types::ToSql;
 use postgres::{Client, GenericClient, NoTls, Row};
@@ -132,6 +133,9 @@ CREATE INDEX ticks_by_time ON schedule_ticks(pipeline, scheduled_time);
     // 2: the heartbeat of the engine running a run, so a replica can take over the runs of
     // one that died.
     "ALTER TABLE runs ADD COLUMN heartbeat_at TEXT",
+    // 3: ticks by when they were recorded, so the scheduler finds new unstarted ones (a
+    // `schedule trigger`) every loop without reading them all.
+    "CREATE INDEX ticks_by_record ON schedule_ticks(recorded_at)",
 ];
 
 /// Any key of this store's advisory lock for migrations.
@@ -319,6 +323,53 @@ fn cache_from_row(r: &Row) -> CacheEntry {
     }
 }
 
+/// Inserts a run's record.
+fn insert_run(c: &mut impl GenericClient, run: &RunRecord) -> Result<(), StateError> {
+    let params = run.params.to_string();
+    let overrides = run.overrides.to_string();
+    let selection = run
+        .selection
+        .as_ref()
+        .map(|s| serde_json::to_string(s).unwrap_or_default());
+    let parent = run.parent.as_ref().map(|p| p.0.clone());
+    exec(
+        c,
+        "INSERT INTO runs (id, pipeline, file, spec_digest, params, trigger, parent, phase, \
+         created_at, engine_pid, overrides, selection, scheduled_time, executor) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+        &[
+            &run.id.0,
+            &run.pipeline,
+            &run.file,
+            &run.spec_digest,
+            &params,
+            &run.trigger,
+            &parent,
+            &run.phase.as_str(),
+            &run.created_at,
+            &run.engine_pid,
+            &overrides,
+            &selection,
+            &run.scheduled_time,
+            &run.executor,
+        ],
+        format!("create run {}", run.id),
+    )
+    .map(|_| ())
+}
+
+/// Claims a tick unless it is decided already; true when this call did.
+fn insert_tick(c: &mut impl GenericClient, t: &TickRecord) -> Result<bool, StateError> {
+    exec(
+        c,
+        "INSERT INTO schedule_ticks (id, pipeline, scheduled_time, outcome, run_id, reason, recorded_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
+        &[&t.id, &t.pipeline, &t.scheduled_time, &t.outcome, &t.run_id, &t.reason, &now()],
+        format!("claim tick {}", t.id),
+    )
+    .map(|n| n == 1)
+}
+
 fn tick_from_row(r: &Row) -> TickRecord {
     TickRecord {
         id: r.get(0),
@@ -368,39 +419,7 @@ fn row<T>(
 
 impl StateStore for PostgresState {
     fn create_run(&self, run: &RunRecord) -> Result<(), StateError> {
-        let params = run.params.to_string();
-        let overrides = run.overrides.to_string();
-        let selection = run
-            .selection
-            .as_ref()
-            .map(|s| serde_json::to_string(s).unwrap_or_default());
-        let parent = run.parent.as_ref().map(|p| p.0.clone());
-        self.with(|c| {
-            exec(
-                c,
-                "INSERT INTO runs (id, pipeline, file, spec_digest, params, trigger, parent, phase, \
-                 created_at, engine_pid, overrides, selection, scheduled_time, executor) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
-                &[
-                    &run.id.0,
-                    &run.pipeline,
-                    &run.file,
-                    &run.spec_digest,
-                    &params,
-                    &run.trigger,
-                    &parent,
-                    &run.phase.as_str(),
-                    &run.created_at,
-                    &run.engine_pid,
-                    &overrides,
-                    &selection,
-                    &run.scheduled_time,
-                    &run.executor,
-                ],
-                format!("create run {}", run.id),
-            )
-            .map(|_| ())
-        })
+        self.with(|c| insert_run(c, run))
     }
 
     fn finish_run(
@@ -997,15 +1016,56 @@ impl StateStore for PostgresState {
     }
 
     fn claim_tick(&self, t: &TickRecord) -> Result<bool, StateError> {
+        self.with(|c| insert_tick(c, t))
+    }
+
+    fn schedules_with_last_tick(&self) -> Result<Vec<(ScheduleEntry, Option<String>)>, StateError> {
         self.with(|c| {
-            exec(
+            rows(
                 c,
-                "INSERT INTO schedule_ticks (id, pipeline, scheduled_time, outcome, run_id, reason, recorded_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
-                &[&t.id, &t.pipeline, &t.scheduled_time, &t.outcome, &t.run_id, &t.reason, &now()],
-                format!("claim tick {}", t.id),
+                &format!("SELECT pipeline, file, suspended, anchor, ({LAST_TICK}) FROM schedules s ORDER BY pipeline"),
+                &[],
+                "read schedules",
+                |r| (schedule_from_row(r), r.get(4)),
             )
-            .map(|n| n == 1)
+        })
+    }
+
+    fn unstarted_ticks_since(&self, since: &str) -> Result<Vec<TickRecord>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                &format!("{UNSTARTED_SINCE} $1 ORDER BY t.scheduled_time"),
+                &[&since],
+                "read unstarted ticks",
+                tick_from_row,
+            )
+        })
+    }
+
+    fn claim_ticks(
+        &self,
+        ticks: &[(TickRecord, Option<RunRecord>)],
+    ) -> Result<Vec<Result<bool, StateError>>, StateError> {
+        self.with(|c| {
+            let mut tx = c.transaction().map_err(db("begin"))?;
+            let mut out = Vec::with_capacity(ticks.len());
+            for (tick, run) in ticks {
+                // A failed statement aborts the whole transaction but for a savepoint.
+                let mut one = tx.savepoint("tick").map_err(db("savepoint"))?;
+                let claimed = insert_tick(&mut one, tick).and_then(|claimed| match run {
+                    Some(run) if claimed => insert_run(&mut one, run).map(|()| true),
+                    _ => Ok(claimed),
+                });
+                if claimed.is_ok() {
+                    one.commit().map_err(db("release savepoint"))?;
+                } else {
+                    one.rollback().map_err(db("roll back to savepoint"))?;
+                }
+                out.push(claimed);
+            }
+            tx.commit().map_err(db("commit"))?;
+            Ok(out)
         })
     }
 
