@@ -16,7 +16,7 @@
 //! (spring forward) fires at the first minute after the gap, a time that exists twice
 //! (fall back) fires once.
 
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, Duration, SubsecRound, Utc};
 
 use crate::plan::Schedule;
 use crate::spec::{Catchup, Concurrency};
@@ -66,7 +66,11 @@ impl Ticker {
         let horizon = until
             .checked_add_signed(self.fall_back_near(until))
             .unwrap_or(until);
-        for next in self.cron.iter_after(after.with_timezone(&self.timezone)) {
+        // croner keeps the sub-second part of where it starts in every occurrence it
+        // yields (after 12:59:59.884 comes 13:00:00.884): ticks are whole seconds, so it
+        // starts from a whole second (no tick lies between it and `after`).
+        let start = after.trunc_subsecs(0);
+        for next in self.cron.iter_after(start.with_timezone(&self.timezone)) {
             let next = next.with_timezone(&Utc);
             if next > horizon {
                 break;
@@ -437,6 +441,25 @@ mod tests {
             .iter()
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
             .collect()
+    }
+
+    #[test]
+    fn ticks_fall_on_whole_seconds_whenever_asked() {
+        let s = schedule("* * * * *", "UTC", Catchup::None, Concurrency::Allow);
+        let t = Ticker::new(&s).unwrap();
+        // The scheduler sleeps until the next tick: it must be 13:00:00, not 13:00:00.884.
+        assert_eq!(
+            t.next_after(at("2026-11-22T12:59:59.884Z")),
+            Some(at("2026-11-22T13:00:00Z"))
+        );
+        assert_eq!(
+            t.between(
+                at("2026-11-22T12:58:30.5Z"),
+                at("2026-11-22T13:00:00.25Z"),
+                10
+            ),
+            [at("2026-11-22T12:59:00Z"), at("2026-11-22T13:00:00Z")]
+        );
     }
 
     #[test]
