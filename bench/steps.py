@@ -7,7 +7,8 @@
   mine:   the reference rule set of pipelines/driving-loop.yaml over an N-million-frame
           table, `drivetrain step mine-corner-cases` (DataFusion) against DuckDB running the
           same SQL on the same Parquet, both writing the matches to Parquet. Rows/s and peak
-          memory, at several table sizes.
+          memory, at several table sizes, for the table as `ingest` writes it (its footer
+          says it is sorted by drive and time) and for the same rows without that claim.
 
 Needs a release build (`cargo build --release`) and a venv with the baselines:
   python3 -m venv ~/.cache/drivetrain/bench-venv
@@ -154,8 +155,12 @@ COPY (
          'drive.mcap' AS source_file, CAST(i AS BIGINT) AS source_offset,
          CAST(NULL AS BIGINT) AS source_chunk_offset
   FROM range({n}) t(i)
-) TO '{path}' (FORMAT PARQUET, COMPRESSION ZSTD, ROW_GROUP_SIZE 122880)
+) TO '{path}' (FORMAT PARQUET, COMPRESSION ZSTD, ROW_GROUP_SIZE 122880{kv})
 """
+
+# The footer key by which `ingest` says a frame file is sorted by drive and time as a
+# whole (`drivetrain_steps::ingest::SORTED_BY`); DuckDB writes it with the same rows.
+SORTED_KV = ", KV_METADATA {'drivetrain.sorted_by': 'drive,ts'}"
 
 
 def mine_sql():
@@ -177,21 +182,29 @@ con.execute(f"COPY ({sys.argv[3]}) TO '{sys.argv[2]}' (FORMAT PARQUET)")
 
 def mine(b, sizes):
     import duckdb
-    print("\n| mine: 4 reference rules | frames | wall | rows/s | peak RSS | DataFusion ÷ DuckDB rows/s |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("\n| mine: 4 reference rules | table | frames | wall | rows/s | peak RSS | DataFusion ÷ DuckDB rows/s |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for n in sizes:
-        with tempfile.TemporaryDirectory() as tmp:
-            frames = os.path.join(tmp, "frames")
-            os.makedirs(frames)
-            duckdb.connect().execute(GEN_SQL.format(n=n, per=36000, path=os.path.join(frames, "part-0.parquet")))
-            duck, duck_rss = timed([sys.executable, "-c", PY_MINE, frames, os.path.join(tmp, "duck.parquet"), mine_sql()])
-            env = step_env(tmp, {"rules": RULES}, {"frames": frames}, {"corner_cases": os.path.join(tmp, "dt")})
-            ours, ours_rss = timed([b, "step", "mine-corner-cases"], env)
-            with open(os.path.join(tmp, "values.json")) as f:
-                matched = json.load(f)["matched"]
-            print(f"| DuckDB {duckdb.__version__} (2 threads) | {n:,} | {duck:.2f} s | {n / duck / 1e6:.2f} M | {duck_rss / 1024:.0f} MiB | |")
-            print(f"| drivetrain (DataFusion, 2 partitions) | {n:,} | {ours:.2f} s | {n / ours / 1e6:.2f} M | {ours_rss / 1024:.0f} MiB | {duck / ours:.2f} |")
-            print(f"|  matched | {matched:,} | | | | |")
+        # The same rows twice: as `ingest` writes a frame table (its footer says it is
+        # sorted by drive and time), and without that footer key (any Parquet table).
+        for table, kv in (("sorted, declared", SORTED_KV), ("undeclared", "")):
+            with tempfile.TemporaryDirectory() as tmp:
+                frames = os.path.join(tmp, "frames")
+                os.makedirs(frames)
+                duckdb.connect().execute(GEN_SQL.format(n=n, per=36000, path=os.path.join(frames, "part-0.parquet"), kv=kv))
+                duck, duck_rss = timed([sys.executable, "-c", PY_MINE, frames, os.path.join(tmp, "duck.parquet"), mine_sql()])
+                env = step_env(tmp, {"rules": RULES}, {"frames": frames}, {"corner_cases": os.path.join(tmp, "dt")})
+                ours, ours_rss = timed([b, "step", "mine-corner-cases"], env)
+                with open(os.path.join(tmp, "values.json")) as f:
+                    values = json.load(f)
+                duck_matched = duckdb.connect().execute(
+                    f"SELECT count(*) FROM '{os.path.join(tmp, 'duck.parquet')}'").fetchone()[0]
+                if duck_matched != values["matched"]:
+                    sys.exit(f"DuckDB matched {duck_matched:,} frames, drivetrain {values['matched']:,}")
+                how = "1 ordered stream" if values["sorted_input"] else "2 partitions, sorted"
+                print(f"| DuckDB {duckdb.__version__} (2 threads) | {table} | {n:,} | {duck:.2f} s | {n / duck / 1e6:.2f} M | {duck_rss / 1024:.0f} MiB | |")
+                print(f"| drivetrain (DataFusion, {how}) | {table} | {n:,} | {ours:.2f} s | {n / ours / 1e6:.2f} M | {ours_rss / 1024:.0f} MiB | {duck / ours:.2f} |")
+                print(f"|  matched (both) | | {values['matched']:,} | | | | |")
 
 
 def main():

@@ -4,8 +4,10 @@
 //! Output `corner_cases/corner_cases.parquet`: every frame that matched at least one
 //! rule, ordered by drive and time, with the frame's columns, one boolean column
 //! `rule_<name>` per rule and `rules`, the names of the rules it matched joined by commas.
-//! `values.json`: `{frames, matched, rules: {name: count}}`. DataFusion runs with a memory
-//! limit and spills sorts to disk, so memory stays bounded as the table grows.
+//! `values.json`: `{frames, matched, rules: {name: count}, sorted_input}`. A frame table
+//! whose files say they are sorted by drive and time (as `ingest` writes them) is read as
+//! one ordered stream with no sort; any other is sorted, with a memory limit beyond which
+//! the sort spills to disk, so memory stays bounded as the table grows.
 
 use std::sync::Arc;
 
@@ -14,7 +16,8 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::datasource::MemTable;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::parquet::arrow::ArrowWriter;
-use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+use datafusion::parquet::file::metadata::ParquetMetaDataReader;
+use datafusion::prelude::{col, ParquetReadOptions, SessionConfig, SessionContext};
 use futures::StreamExt;
 use indexmap::IndexMap;
 use serde_json::{json, Value};
@@ -114,19 +117,35 @@ pub async fn mine(
     if let Some((at, m)) = check_rules(rules).into_iter().next() {
         anyhow::bail!("{at}: {m}");
     }
+    // A table sorted by drive and time, as ingest writes it, is read in that order by one
+    // stream: the windows (`PARTITION BY drive ORDER BY ts`) and the output order need no
+    // sort. Otherwise the frames are hashed by drive over two partitions and sorted, with
+    // the sort spilling to disk beyond the memory limit.
+    let sorted = declared_sorted(frames)?;
     let config = SessionConfig::new()
         .set_bool(
             "datafusion.execution.listing_table_ignore_subdirectory",
             false,
         )
-        .with_target_partitions(2);
+        // Files are ordered among themselves by their statistics, not by their names.
+        .set_bool(
+            "datafusion.execution.split_file_groups_by_statistics",
+            sorted,
+        )
+        .with_target_partitions(if sorted { 1 } else { 2 });
     let runtime = RuntimeEnvBuilder::new()
         .with_memory_limit(MEMORY_LIMIT, 1.0)
         .build_arc()?;
     let ctx = SessionContext::new_with_config_rt(config, runtime);
     let url = format!("{}/", frames.display());
-    ctx.register_parquet("frames", &url, ParquetReadOptions::default())
-        .await?;
+    let mut options = ParquetReadOptions::default();
+    if sorted {
+        options = options.file_sort_order(vec![vec![
+            col("drive").sort(true, false),
+            col("ts").sort(true, false),
+        ]]);
+    }
+    ctx.register_parquet("frames", &url, options).await?;
     let total = ctx
         .sql("SELECT count(*) FROM frames")
         .await?
@@ -165,7 +184,45 @@ pub async fn mine(
     if matched == 0 {
         eprintln!("warning: no frame matched any rule");
     }
-    Ok(json!({"frames": total, "matched": matched, "rules": counts}))
+    Ok(json!({"frames": total, "matched": matched, "rules": counts, "sorted_input": sorted}))
+}
+
+/// Whether every Parquet file under `frames` says in its footer that it is sorted by
+/// drive and time as a whole ([`crate::ingest::SORTED_BY`]); false for an empty table.
+fn declared_sorted(frames: &std::path::Path) -> anyhow::Result<bool> {
+    let mut files = 0;
+    let mut dirs = vec![frames.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name.starts_with(['.', '_']) {
+                continue;
+            }
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            if !name.ends_with(".parquet") {
+                continue;
+            }
+            let meta =
+                ParquetMetaDataReader::new().parse_and_finish(&std::fs::File::open(&path)?)?;
+            let says = meta
+                .file_metadata()
+                .key_value_metadata()
+                .into_iter()
+                .flatten()
+                .any(|kv| {
+                    kv.key == crate::ingest::SORTED_BY && kv.value.as_deref() == Some("drive,ts")
+                });
+            if !says {
+                return Ok(false);
+            }
+            files += 1;
+        }
+    }
+    Ok(files > 0)
 }
 
 #[cfg(test)]

@@ -345,3 +345,127 @@ fn ranks_train_the_same_model_as_one_process_and_resume_from_checkpoints() {
     assert_eq!(history["epochs"].as_array().unwrap().len(), 2);
     assert_eq!(resumed.weights, single.weights);
 }
+
+/// Copies a frame table without the footer key that says it is sorted.
+fn without_order_claim(from: &Path, to: &Path) {
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use datafusion::parquet::arrow::ArrowWriter;
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            std::fs::create_dir_all(&target).unwrap();
+            without_order_claim(&path, &target);
+            continue;
+        }
+        let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&path).unwrap())
+            .unwrap()
+            .build()
+            .unwrap();
+        let mut writer = None;
+        for batch in reader {
+            let batch = batch.unwrap();
+            writer
+                .get_or_insert_with(|| {
+                    ArrowWriter::try_new(
+                        std::fs::File::create(&target).unwrap(),
+                        batch.schema(),
+                        None,
+                    )
+                    .unwrap()
+                })
+                .write(&batch)
+                .unwrap();
+        }
+        writer.unwrap().close().unwrap();
+    }
+}
+
+fn read_parquet(path: &Path) -> datafusion::arrow::record_batch::RecordBatch {
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path).unwrap()).unwrap();
+    let schema = builder.schema().clone();
+    let batches: Vec<_> = builder.build().unwrap().map(|b| b.unwrap()).collect();
+    datafusion::arrow::compute::concat_batches(&schema, &batches).unwrap()
+}
+
+#[test]
+fn a_table_sorted_by_ingest_is_mined_without_a_sort_and_the_same() {
+    let dir = tmp("mine-sorted");
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    sim(&logs, 11, 3);
+    let frames = dir.join("frames");
+    std::fs::create_dir_all(&frames).unwrap();
+    let cfg = IngestConfig {
+        source: None,
+        format: None,
+        on_error: None,
+    };
+    drivetrain_steps::ingest::ingest(&cfg, &logs, &frames, None, None).unwrap();
+    // Every drive's file says it is sorted, and each row group names its sort columns.
+    let mut files = 0;
+    for drive in std::fs::read_dir(&frames).unwrap() {
+        let file = drive.unwrap().path().join("part-00000.parquet");
+        let meta = datafusion::parquet::file::metadata::ParquetMetaDataReader::new()
+            .parse_and_finish(&std::fs::File::open(&file).unwrap())
+            .unwrap();
+        let kv = meta.file_metadata().key_value_metadata().unwrap();
+        assert!(
+            kv.iter()
+                .any(|kv| kv.key == drivetrain_steps::ingest::SORTED_BY
+                    && kv.value.as_deref() == Some("drive,ts")),
+            "{file:?}: {kv:?}"
+        );
+        let cols = meta.row_group(0).sorting_columns().unwrap();
+        assert_eq!(
+            cols.iter().map(|c| c.column_idx).collect::<Vec<_>>(),
+            [0, 1]
+        );
+        files += 1;
+    }
+    assert_eq!(files, 3);
+    let plain = dir.join("plain");
+    std::fs::create_dir_all(&plain).unwrap();
+    without_order_claim(&frames, &plain);
+    let rules: indexmap::IndexMap<String, String> = [
+        ("hard_brake", "accel_x < -4"),
+        (
+            "sharp_steer",
+            "abs(steering - lag(steering) OVER (PARTITION BY drive ORDER BY ts)) > 0.05",
+        ),
+        (
+            "slowing",
+            "speed_mps < lag(speed_mps, 5) OVER (PARTITION BY drive ORDER BY ts) - 1",
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let (va, vb) = rt().block_on(async {
+        (
+            drivetrain_steps::mine::mine(&rules, &frames, &a)
+                .await
+                .unwrap(),
+            drivetrain_steps::mine::mine(&rules, &plain, &b)
+                .await
+                .unwrap(),
+        )
+    });
+    assert_eq!(va["sorted_input"], true);
+    assert_eq!(vb["sorted_input"], false);
+    assert_eq!(va["rules"], vb["rules"]);
+    assert!(va["rules"]["sharp_steer"].as_u64().unwrap() > 0, "{va}");
+    assert!(va["rules"]["slowing"].as_u64().unwrap() > 0, "{va}");
+    // The same frames, tagged the same, in the same (drive, ts) order.
+    let (ra, rb) = (
+        read_parquet(&a.join("corner_cases.parquet")),
+        read_parquet(&b.join("corner_cases.parquet")),
+    );
+    assert_eq!(ra.num_rows() as u64, va["matched"].as_u64().unwrap());
+    assert_eq!(ra, rb);
+}
