@@ -8,7 +8,8 @@
           table, `drivetrain step mine-corner-cases` (DataFusion) against DuckDB running the
           same SQL on the same Parquet, both writing the matches to Parquet. Rows/s and peak
           memory, at several table sizes, for the table as `ingest` writes it (its footer
-          says it is sorted by drive and time) and for the same rows without that claim.
+          says it is sorted by drive and time), the same order without that claim, and the
+          rows shuffled.
 
 Needs a release build (`cargo build --release`) and a venv with the baselines:
   python3 -m venv ~/.cache/drivetrain/bench-venv
@@ -154,7 +155,7 @@ COPY (
          false AS gt_low_lane_confidence,
          'drive.mcap' AS source_file, CAST(i AS BIGINT) AS source_offset,
          CAST(NULL AS BIGINT) AS source_chunk_offset
-  FROM range({n}) t(i)
+  FROM range({n}) t(i){order}
 ) TO '{path}' (FORMAT PARQUET, COMPRESSION ZSTD, ROW_GROUP_SIZE 122880{kv})
 """
 
@@ -185,13 +186,14 @@ def mine(b, sizes):
     print("\n| mine: 4 reference rules | table | frames | wall | rows/s | peak RSS | DataFusion ÷ DuckDB rows/s |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for n in sizes:
-        # The same rows twice: as `ingest` writes a frame table (its footer says it is
-        # sorted by drive and time), and without that footer key (any Parquet table).
-        for table, kv in (("sorted, declared", SORTED_KV), ("undeclared", "")):
+        # As `ingest` writes a frame table (its footer says it is sorted by drive and
+        # time); the same order without that footer key; and the rows shuffled.
+        for table, kv, order in (("sorted, declared", SORTED_KV, ""), ("sorted, undeclared", "", ""),
+                                 ("shuffled", "", " ORDER BY hash(i)")):
             with tempfile.TemporaryDirectory() as tmp:
                 frames = os.path.join(tmp, "frames")
                 os.makedirs(frames)
-                duckdb.connect().execute(GEN_SQL.format(n=n, per=36000, path=os.path.join(frames, "part-0.parquet"), kv=kv))
+                duckdb.connect().execute(GEN_SQL.format(n=n, per=36000, path=os.path.join(frames, "part-0.parquet"), kv=kv, order=order))
                 duck, duck_rss = timed([sys.executable, "-c", PY_MINE, frames, os.path.join(tmp, "duck.parquet"), mine_sql()])
                 env = step_env(tmp, {"rules": RULES}, {"frames": frames}, {"corner_cases": os.path.join(tmp, "dt")})
                 ours, ours_rss = timed([b, "step", "mine-corner-cases"], env)
@@ -201,7 +203,8 @@ def mine(b, sizes):
                     f"SELECT count(*) FROM '{os.path.join(tmp, 'duck.parquet')}'").fetchone()[0]
                 if duck_matched != values["matched"]:
                     sys.exit(f"DuckDB matched {duck_matched:,} frames, drivetrain {values['matched']:,}")
-                how = "1 ordered stream" if values["sorted_input"] else "2 partitions, sorted"
+                how = {"declared": "1 ordered stream", "checked": "order checked, 1 ordered stream",
+                       "unsorted": "2 partitions, sorted"}[values["input_order"]]
                 print(f"| DuckDB {duckdb.__version__} (2 threads) | {table} | {n:,} | {duck:.2f} s | {n / duck / 1e6:.2f} M | {duck_rss / 1024:.0f} MiB | |")
                 print(f"| drivetrain (DataFusion, {how}) | {table} | {n:,} | {ours:.2f} s | {n / ours / 1e6:.2f} M | {ours_rss / 1024:.0f} MiB | {duck / ours:.2f} |")
                 print(f"|  matched (both) | | {values['matched']:,} | | | | |")

@@ -4,16 +4,19 @@
 //! Output `corner_cases/corner_cases.parquet`: every frame that matched at least one
 //! rule, ordered by drive and time, with the frame's columns, one boolean column
 //! `rule_<name>` per rule and `rules`, the names of the rules it matched joined by commas.
-//! `values.json`: `{frames, matched, rules: {name: count}, sorted_input}`. A frame table
-//! whose files say they are sorted by drive and time (as `ingest` writes them) is read as
-//! one ordered stream with no sort; any other is sorted, with a memory limit beyond which
-//! the sort spills to disk, so memory stays bounded as the table grows.
+//! `values.json`: `{frames, matched, rules: {name: count}, input_order}`. A frame table
+//! whose files are sorted by drive and time (`input_order: declared` when their footers
+//! say so, as `ingest` writes them; `checked` when reading the two columns finds them so)
+//! is read as one ordered stream with no sort. Any other (`unsorted`) is sorted, with a
+//! memory limit beyond which the sort spills to disk, so memory stays bounded as the table
+//! grows.
 
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, BooleanArray};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::datasource::MemTable;
+use datafusion::execution::memory_pool::FairSpillPool;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::file::metadata::ParquetMetaDataReader;
@@ -117,11 +120,12 @@ pub async fn mine(
     if let Some((at, m)) = check_rules(rules).into_iter().next() {
         anyhow::bail!("{at}: {m}");
     }
-    // A table sorted by drive and time, as ingest writes it, is read in that order by one
-    // stream: the windows (`PARTITION BY drive ORDER BY ts`) and the output order need no
-    // sort. Otherwise the frames are hashed by drive over two partitions and sorted, with
-    // the sort spilling to disk beyond the memory limit.
-    let sorted = declared_sorted(frames)?;
+    // A table sorted by drive and time (as ingest writes and declares it, or found so) is
+    // read in that order by one stream: the windows (`PARTITION BY drive ORDER BY ts`) and
+    // the output order need no sort. Otherwise the frames are hashed by drive over two
+    // partitions and sorted, with the sort spilling to disk beyond the memory limit.
+    let order = table_order(frames).await?;
+    let sorted = order != "unsorted";
     let config = SessionConfig::new()
         .set_bool(
             "datafusion.execution.listing_table_ignore_subdirectory",
@@ -133,8 +137,12 @@ pub async fn mine(
             sorted,
         )
         .with_target_partitions(if sorted { 1 } else { 2 });
+    // A fair pool: each spilling operator (the two partitions' sorts and their merges) gets
+    // its share. The greedy pool let one partition's sort take what the other's merge
+    // needed, and the merge cannot spill: 10 M unsorted frames failed with "Resources
+    // exhausted".
     let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(MEMORY_LIMIT, 1.0)
+        .with_memory_pool(Arc::new(FairSpillPool::new(MEMORY_LIMIT)))
         .build_arc()?;
     let ctx = SessionContext::new_with_config_rt(config, runtime);
     let url = format!("{}/", frames.display());
@@ -184,13 +192,151 @@ pub async fn mine(
     if matched == 0 {
         eprintln!("warning: no frame matched any rule");
     }
-    Ok(json!({"frames": total, "matched": matched, "rules": counts, "sorted_input": sorted}))
+    Ok(json!({"frames": total, "matched": matched, "rules": counts, "input_order": order}))
 }
 
-/// Whether every Parquet file under `frames` says in its footer that it is sorted by
-/// drive and time as a whole ([`crate::ingest::SORTED_BY`]); false for an empty table.
-fn declared_sorted(frames: &std::path::Path) -> anyhow::Result<bool> {
-    let mut files = 0;
+/// How the frame table under `frames` is ordered: `declared` when every Parquet file says
+/// in its footer that it is sorted by drive and time as a whole
+/// ([`crate::ingest::SORTED_BY`], as `ingest` writes them), `checked` when reading every
+/// file's `drive` and `ts` columns found each file in that order, else `unsorted`.
+async fn table_order(frames: &std::path::Path) -> anyhow::Result<&'static str> {
+    let files = parquet_files(frames)?;
+    if files.is_empty() {
+        return Ok("unsorted");
+    }
+    let mut declared = true;
+    for f in &files {
+        let meta = ParquetMetaDataReader::new().parse_and_finish(&std::fs::File::open(f)?)?;
+        declared &= meta
+            .file_metadata()
+            .key_value_metadata()
+            .into_iter()
+            .flatten()
+            .any(|kv| {
+                kv.key == crate::ingest::SORTED_BY && kv.value.as_deref() == Some("drive,ts")
+            });
+    }
+    if declared {
+        return Ok("declared");
+    }
+    let checked = tokio::task::spawn_blocking(move || files_in_order(&files)).await??;
+    Ok(if checked { "checked" } else { "unsorted" })
+}
+
+/// A row's sort key: (drive, ts).
+type Key = (String, f64);
+
+/// The first and last key of row group `rg` of `file`, or None when its rows are not in
+/// (`drive`, `ts`) order. Reads only those two columns; a missing column, another type,
+/// a null or a NaN time counts as not in order.
+fn row_group_ends(file: &std::path::Path, rg: usize) -> anyhow::Result<Option<(Key, Key)>> {
+    use datafusion::arrow::array::{Float64Array, StringArray};
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use datafusion::parquet::arrow::ProjectionMask;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(file)?)?;
+    let schema = builder.parquet_schema();
+    let column = |name: &str| schema.columns().iter().position(|c| c.name() == name);
+    let (Some(d), Some(t)) = (column("drive"), column("ts")) else {
+        return Ok(None);
+    };
+    let mask = ProjectionMask::leaves(schema, [d, t]);
+    let reader = builder
+        .with_projection(mask)
+        .with_row_groups(vec![rg])
+        .with_batch_size(65_536)
+        .build()?;
+    let mut ends: Option<(Key, Key)> = None;
+    for batch in reader {
+        let batch = batch?;
+        let (Some(drive), Some(ts)) = (
+            batch
+                .column_by_name("drive")
+                .and_then(|c| c.as_any().downcast_ref::<StringArray>()),
+            batch
+                .column_by_name("ts")
+                .and_then(|c| c.as_any().downcast_ref::<Float64Array>()),
+        ) else {
+            return Ok(None);
+        };
+        let n = batch.num_rows();
+        if n == 0 {
+            continue;
+        }
+        if drive.null_count() > 0 || ts.null_count() > 0 {
+            return Ok(None);
+        }
+        let key = |r: usize| (drive.value(r), ts.value(r));
+        if let Some((_, last)) = &ends {
+            if (last.0.as_str(), last.1) > key(0) {
+                return Ok(None);
+            }
+        }
+        for r in 0..n {
+            if ts.value(r).is_nan() || (r > 0 && key(r - 1) > key(r)) {
+                return Ok(None);
+            }
+        }
+        let last = (drive.value(n - 1).to_owned(), ts.value(n - 1));
+        ends = Some(match ends {
+            Some((first, _)) => (first, last),
+            None => ((drive.value(0).to_owned(), ts.value(0)), last),
+        });
+    }
+    Ok(ends)
+}
+
+/// Whether each file is sorted by (`drive`, `ts`): every row group in order, on two
+/// threads, and each following the one before it.
+fn files_in_order(files: &[std::path::PathBuf]) -> anyhow::Result<bool> {
+    let mut units = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        let meta = ParquetMetaDataReader::new().parse_and_finish(&std::fs::File::open(f)?)?;
+        units.extend((0..meta.num_row_groups()).map(|rg| (i, rg)));
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    type Ends = Option<(Key, Key)>;
+    let ends: std::sync::Mutex<Vec<Option<Ends>>> = std::sync::Mutex::new(vec![None; units.len()]);
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                scope.spawn(|| -> anyhow::Result<()> {
+                    loop {
+                        let u = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(file, rg)) = units.get(u) else {
+                            return Ok(());
+                        };
+                        let r = row_group_ends(&files[file], rg)?;
+                        ends.lock().unwrap_or_else(|e| e.into_inner())[u] = Some(r);
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join()
+                .map_err(|_| anyhow::anyhow!("the order check panicked"))??;
+        }
+        Ok(())
+    })?;
+    let ends = ends.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut last: Option<(usize, Key)> = None;
+    for (&(file, _), end) in units.iter().zip(ends) {
+        // A row group out of order, or (conservatively) an empty one.
+        let Some(Some((first, end))) = end else {
+            return Ok(false);
+        };
+        if let Some((f, prev)) = &last {
+            if *f == file && (prev.0.as_str(), prev.1) > (first.0.as_str(), first.1) {
+                return Ok(false);
+            }
+        }
+        last = Some((file, end));
+    }
+    Ok(true)
+}
+
+/// The Parquet files of a table directory (hidden ones aside, as DataFusion lists them).
+fn parquet_files(frames: &std::path::Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let mut files = Vec::new();
     let mut dirs = vec![frames.to_path_buf()];
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir)? {
@@ -201,28 +347,13 @@ fn declared_sorted(frames: &std::path::Path) -> anyhow::Result<bool> {
             }
             if path.is_dir() {
                 dirs.push(path);
-                continue;
+            } else if name.ends_with(".parquet") {
+                files.push(path);
             }
-            if !name.ends_with(".parquet") {
-                continue;
-            }
-            let meta =
-                ParquetMetaDataReader::new().parse_and_finish(&std::fs::File::open(&path)?)?;
-            let says = meta
-                .file_metadata()
-                .key_value_metadata()
-                .into_iter()
-                .flatten()
-                .any(|kv| {
-                    kv.key == crate::ingest::SORTED_BY && kv.value.as_deref() == Some("drive,ts")
-                });
-            if !says {
-                return Ok(false);
-            }
-            files += 1;
         }
     }
-    Ok(files > 0)
+    files.sort();
+    Ok(files)
 }
 
 #[cfg(test)]

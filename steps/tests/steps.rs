@@ -346,8 +346,9 @@ fn ranks_train_the_same_model_as_one_process_and_resume_from_checkpoints() {
     assert_eq!(resumed.weights, single.weights);
 }
 
-/// Copies a frame table without the footer key that says it is sorted.
-fn without_order_claim(from: &Path, to: &Path) {
+/// Copies a frame table without the footer key that says it is sorted, with each batch's
+/// rows reversed when `reverse`.
+fn without_order_claim(from: &Path, to: &Path, reverse: bool) {
     use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use datafusion::parquet::arrow::ArrowWriter;
     for entry in std::fs::read_dir(from).unwrap() {
@@ -355,7 +356,7 @@ fn without_order_claim(from: &Path, to: &Path) {
         let target = to.join(path.file_name().unwrap());
         if path.is_dir() {
             std::fs::create_dir_all(&target).unwrap();
-            without_order_claim(&path, &target);
+            without_order_claim(&path, &target, reverse);
             continue;
         }
         let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&path).unwrap())
@@ -364,7 +365,15 @@ fn without_order_claim(from: &Path, to: &Path) {
             .unwrap();
         let mut writer = None;
         for batch in reader {
-            let batch = batch.unwrap();
+            let mut batch = batch.unwrap();
+            if reverse {
+                let rows: Vec<u32> = (0..batch.num_rows() as u32).rev().collect();
+                batch = datafusion::arrow::compute::take_record_batch(
+                    &batch,
+                    &datafusion::arrow::array::UInt32Array::from(rows),
+                )
+                .unwrap();
+            }
             writer
                 .get_or_insert_with(|| {
                     ArrowWriter::try_new(
@@ -391,7 +400,7 @@ fn read_parquet(path: &Path) -> datafusion::arrow::record_batch::RecordBatch {
 }
 
 #[test]
-fn a_table_sorted_by_ingest_is_mined_without_a_sort_and_the_same() {
+fn a_sorted_frame_table_is_mined_without_a_sort_and_the_same() {
     let dir = tmp("mine-sorted");
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs).unwrap();
@@ -426,9 +435,12 @@ fn a_table_sorted_by_ingest_is_mined_without_a_sort_and_the_same() {
         files += 1;
     }
     assert_eq!(files, 3);
-    let plain = dir.join("plain");
+    // The same rows undeclared (found in order by reading them), and reversed (sorted).
+    let (plain, reversed) = (dir.join("plain"), dir.join("reversed"));
     std::fs::create_dir_all(&plain).unwrap();
-    without_order_claim(&frames, &plain);
+    std::fs::create_dir_all(&reversed).unwrap();
+    without_order_claim(&frames, &plain, false);
+    without_order_claim(&frames, &reversed, true);
     let rules: indexmap::IndexMap<String, String> = [
         ("hard_brake", "accel_x < -4"),
         (
@@ -443,29 +455,25 @@ fn a_table_sorted_by_ingest_is_mined_without_a_sort_and_the_same() {
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
-    let (a, b) = (dir.join("a"), dir.join("b"));
-    std::fs::create_dir_all(&a).unwrap();
-    std::fs::create_dir_all(&b).unwrap();
-    let (va, vb) = rt().block_on(async {
-        (
-            drivetrain_steps::mine::mine(&rules, &frames, &a)
-                .await
-                .unwrap(),
-            drivetrain_steps::mine::mine(&rules, &plain, &b)
-                .await
-                .unwrap(),
-        )
-    });
-    assert_eq!(va["sorted_input"], true);
-    assert_eq!(vb["sorted_input"], false);
-    assert_eq!(va["rules"], vb["rules"]);
-    assert!(va["rules"]["sharp_steer"].as_u64().unwrap() > 0, "{va}");
-    assert!(va["rules"]["slowing"].as_u64().unwrap() > 0, "{va}");
-    // The same frames, tagged the same, in the same (drive, ts) order.
-    let (ra, rb) = (
-        read_parquet(&a.join("corner_cases.parquet")),
-        read_parquet(&b.join("corner_cases.parquet")),
-    );
-    assert_eq!(ra.num_rows() as u64, va["matched"].as_u64().unwrap());
-    assert_eq!(ra, rb);
+    let mut outputs = Vec::new();
+    for (table, order) in [
+        (&frames, "declared"),
+        (&plain, "checked"),
+        (&reversed, "unsorted"),
+    ] {
+        let out = dir.join(order);
+        std::fs::create_dir_all(&out).unwrap();
+        let v = rt()
+            .block_on(drivetrain_steps::mine::mine(&rules, table, &out))
+            .unwrap();
+        assert_eq!(v["input_order"], order, "{v}");
+        assert!(v["rules"]["sharp_steer"].as_u64().unwrap() > 0, "{v}");
+        assert!(v["rules"]["slowing"].as_u64().unwrap() > 0, "{v}");
+        let rows = read_parquet(&out.join("corner_cases.parquet"));
+        assert_eq!(rows.num_rows() as u64, v["matched"].as_u64().unwrap());
+        outputs.push((v["rules"].clone(), rows));
+    }
+    // The same frames, tagged the same, in the same (drive, ts) order, whichever path.
+    assert_eq!(outputs[0], outputs[1]);
+    assert_eq!(outputs[0], outputs[2]);
 }
