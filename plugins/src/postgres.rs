@@ -1082,22 +1082,6 @@ impl StateStore for PostgresState {
         })
     }
 
-    fn unstarted_ticks(&self, pipeline: &str, limit: usize) -> Result<Vec<TickRecord>, StateError> {
-        self.with(|c| {
-            rows(
-                c,
-                "SELECT t.id, t.pipeline, t.scheduled_time, t.outcome, t.run_id, t.reason FROM \
-                   (SELECT * FROM schedule_ticks WHERE pipeline = $1 ORDER BY scheduled_time DESC LIMIT $2) AS t \
-                 LEFT JOIN runs r ON r.id = t.run_id \
-                 WHERE t.outcome = 'fired' AND t.run_id IS NOT NULL AND r.id IS NULL \
-                 ORDER BY t.scheduled_time",
-                &[&pipeline, &(limit as i64)],
-                "read unstarted ticks",
-                tick_from_row,
-            )
-        })
-    }
-
     fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError> {
         self.with(|c| {
             rows(
