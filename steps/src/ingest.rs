@@ -349,6 +349,9 @@ impl DriveWriter {
         cols.push(Arc::new(coff.finish()));
         self.writer
             .write(&RecordBatch::try_new(frame_schema(), cols)?)?;
+        // Its own row group (the writer would otherwise join batches up to a million
+        // rows): each row group holds what was put in order here.
+        self.writer.flush()?;
         self.written += n as u64;
         Ok(())
     }
@@ -800,4 +803,74 @@ fn ingest_tusimple(files: &[PathBuf], out: &Path) -> anyhow::Result<u64> {
     w.write(&batch)?;
     w.close()?;
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+    /// The footer's order claim and the log times of each row group.
+    fn written(path: &Path) -> (bool, Vec<Vec<i64>>) {
+        let file = || std::fs::File::open(path).unwrap();
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file()).unwrap();
+        let meta = builder.metadata().clone();
+        let claims = meta
+            .file_metadata()
+            .key_value_metadata()
+            .into_iter()
+            .flatten()
+            .any(|kv| kv.key == SORTED_BY);
+        let groups = (0..meta.num_row_groups())
+            .map(|rg| {
+                let reader = ParquetRecordBatchReaderBuilder::try_new(file())
+                    .unwrap()
+                    .with_row_groups(vec![rg])
+                    .build()
+                    .unwrap();
+                reader
+                    .flat_map(|b| {
+                        let b = b.unwrap();
+                        let lt = b.column_by_name("log_time_ns").unwrap();
+                        let lt = lt.as_any().downcast_ref::<Int64Array>().unwrap();
+                        lt.values().to_vec()
+                    })
+                    .collect()
+            })
+            .collect();
+        (claims, groups)
+    }
+
+    #[test]
+    fn a_file_says_it_is_sorted_only_when_it_is() {
+        let dir = std::env::temp_dir().join(format!("dt-ingest-order-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let held = Held::default();
+        let write = |drive: &str, groups: &[&[u64]]| {
+            let mut w = DriveWriter::create(&dir, drive, "x.mcap").unwrap();
+            for group in groups {
+                for &t in *group {
+                    w.push(t, t, None, &held).unwrap();
+                }
+                w.flush().unwrap();
+            }
+            w.finish().unwrap();
+            written(
+                &dir.join(format!("drive={drive}"))
+                    .join("part-00000.parquet"),
+            )
+        };
+        // Out of order inside a row group: put in order; the groups follow each other.
+        assert_eq!(
+            write("a", &[&[3, 1, 2], &[4, 5]]),
+            (true, vec![vec![1, 2, 3], vec![4, 5]])
+        );
+        // A row group starting before the last one ended: each in order, the file not.
+        assert_eq!(
+            write("b", &[&[10, 11], &[5]]),
+            (false, vec![vec![10, 11], vec![5]])
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -360,6 +360,64 @@ fn parquet_files(frames: &std::path::Path) -> anyhow::Result<Vec<std::path::Path
 mod tests {
     use super::*;
 
+    /// A Parquet file of (drive, ts) rows, two rows per row group.
+    fn table(dir: &std::path::Path, name: &str, rows: &[(&str, f64)]) -> std::path::PathBuf {
+        use datafusion::arrow::array::{Float64Array, StringArray};
+        use datafusion::arrow::datatypes::{Field, Schema};
+        use datafusion::arrow::record_batch::RecordBatch;
+        use datafusion::parquet::file::properties::WriterProperties;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("drive", DataType::Utf8, false),
+            Field::new("ts", DataType::Float64, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            ],
+        )
+        .unwrap();
+        let path = dir.join(name);
+        let props = WriterProperties::builder()
+            .set_max_row_group_size(2)
+            .build();
+        let mut w =
+            ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema, Some(props))
+                .unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        path
+    }
+
+    #[test]
+    fn order_is_checked_within_and_across_row_groups() {
+        let dir = std::env::temp_dir().join(format!("dt-mine-order-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let sorted = table(
+            &dir,
+            "sorted.parquet",
+            &[("a", 1.0), ("a", 2.0), ("a", 2.0), ("b", 0.0), ("c", 5.0)],
+        );
+        // Each row group in order, the second starting before the first ended.
+        let across = table(
+            &dir,
+            "across.parquet",
+            &[("a", 1.0), ("a", 2.0), ("a", 1.5), ("a", 3.0)],
+        );
+        let within = table(&dir, "within.parquet", &[("a", 2.0), ("a", 1.0)]);
+        let nan = table(&dir, "nan.parquet", &[("a", 1.0), ("a", f64::NAN)]);
+        assert!(files_in_order(std::slice::from_ref(&sorted)).unwrap());
+        assert!(!files_in_order(&[across]).unwrap());
+        assert!(!files_in_order(&[within]).unwrap());
+        assert!(!files_in_order(&[nan]).unwrap());
+        // Files are ordered among themselves by DataFusion: each only needs its own order.
+        let other = table(&dir, "other.parquet", &[("0", 9.0), ("0", 10.0)]);
+        assert!(files_in_order(&[sorted, other]).unwrap());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn rules_are_checked_against_the_frame_columns() {
         let mut rules = IndexMap::new();
