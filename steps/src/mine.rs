@@ -380,7 +380,7 @@ mod tests {
         .unwrap();
         let path = dir.join(name);
         let props = WriterProperties::builder()
-            .set_max_row_group_size(2)
+            .set_max_row_group_row_count(Some(2))
             .build();
         let mut w =
             ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema, Some(props))
