@@ -99,9 +99,7 @@ impl Ticker {
         }
         out
     }
-}
 
-impl Ticker {
     /// How far past `t` croner can still yield an instant at or before `t`: it walks local
     /// wall-clock time, so only a fall-back near `t` (the offset dropping) puts instants
     /// out of UTC order, and by at most the drop. Zero elsewhere, so deciding a tick reads
