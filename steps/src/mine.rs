@@ -4,12 +4,15 @@
 //! Output `corner_cases/corner_cases.parquet`: every frame that matched at least one
 //! rule, ordered by drive and time, with the frame's columns, one boolean column
 //! `rule_<name>` per rule and `rules`, the names of the rules it matched joined by commas.
-//! `values.json`: `{frames, matched, rules: {name: count}, input_order}`. A frame table
+//! `values.json`: `{frames, matched, rules: {name: count}, input_order, plan}`. A frame table
 //! whose files are sorted by drive and time (`input_order: declared` when their footers
 //! say so, as `ingest` writes them; `checked` when reading the two columns finds them so)
-//! is read as one ordered stream with no sort. Any other (`unsorted`) is sorted, with a
-//! memory limit beyond which the sort spills to disk, so memory stays bounded as the table
-//! grows.
+//! is read as one ordered stream with no sort (`plan: ordered`). In any other (`unsorted`),
+//! the rules with window functions are evaluated first over only the columns they name,
+//! and the frames they match are joined back in one pass over all columns
+//! (`plan: window keys`); past [`WINDOW_KEYS_CAP`] such frames, the whole table is sorted
+//! instead (`plan: sort`). Sorts run under a memory limit beyond which they spill to disk,
+//! so memory stays bounded as the table grows.
 
 use std::sync::Arc;
 
@@ -35,23 +38,100 @@ fn valid_name(n: &str) -> bool {
         && !n.starts_with(|c: char| c.is_ascii_digit())
 }
 
-/// The query that tags frames with the rules they match.
-fn query(rules: &IndexMap<String, String>) -> String {
+/// The query that tags frames with the rules they match. The rules named in `joined` are
+/// read from `window_keys` (their windows computed beforehand by [`window_keys`]), joined
+/// on the frame's drive and time.
+fn query(rules: &IndexMap<String, String>, joined: &[String]) -> String {
     let tagged: Vec<String> = rules
         .iter()
-        .map(|(name, sql)| format!("coalesce(({sql}), false) AS \"rule_{name}\""))
+        .map(|(name, sql)| match joined.contains(name) {
+            true => format!("coalesce(k.\"w_{name}\", false) AS \"rule_{name}\""),
+            false => format!("coalesce(({sql}), false) AS \"rule_{name}\""),
+        })
         .collect();
     let any: Vec<String> = rules.keys().map(|n| format!("\"rule_{n}\"")).collect();
     let names: Vec<String> = rules
         .keys()
         .map(|n| format!("CASE WHEN \"rule_{n}\" THEN '{n}' END"))
         .collect();
+    let from = match joined.is_empty() {
+        true => "*, {tagged} FROM frames",
+        false => {
+            "frames.*, {tagged} FROM frames LEFT JOIN window_keys k \
+             ON frames.drive = k.\"__drive\" AND frames.ts = k.\"__ts\""
+        }
+    }
+    .replace("{tagged}", &tagged.join(", "));
     format!(
-        "SELECT *, concat_ws(',', {}) AS rules FROM (SELECT *, {} FROM frames) AS tagged WHERE {} ORDER BY drive, ts",
+        "SELECT *, concat_ws(',', {}) AS rules FROM (SELECT {from}) AS tagged WHERE {} ORDER BY drive, ts",
         names.join(", "),
-        tagged.join(", "),
         any.join(" OR ")
     )
+}
+
+/// The rules whose SQL holds a window function.
+async fn window_rules(
+    ctx: &SessionContext,
+    rules: &IndexMap<String, String>,
+) -> anyhow::Result<Vec<String>> {
+    use datafusion::common::tree_node::TreeNode;
+    use datafusion::logical_expr::LogicalPlan;
+    let mut out = Vec::new();
+    for (name, sql) in rules {
+        let df = ctx.sql(&format!("SELECT ({sql}) FROM frames")).await?;
+        if df
+            .logical_plan()
+            .exists(|p| Ok(matches!(p, LogicalPlan::Window(_))))?
+        {
+            out.push(name.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// Evaluates the window rules `windowed` alone, so DataFusion reads and sorts only the
+/// columns they name, and registers as `window_keys` the (drive, ts) of every frame where
+/// one holds, with a flag per rule. None (nothing registered) when more than `cap`
+/// frames match: their join would not be the cheaper way.
+async fn window_keys(
+    ctx: &SessionContext,
+    rules: &IndexMap<String, String>,
+    windowed: &[String],
+    cap: usize,
+) -> anyhow::Result<bool> {
+    let flags: Vec<String> = windowed
+        .iter()
+        .map(|n| format!("coalesce(({}), false) AS \"w_{n}\"", rules[n]))
+        .collect();
+    let any: Vec<String> = windowed.iter().map(|n| format!("\"w_{n}\"")).collect();
+    let agg: Vec<String> = windowed
+        .iter()
+        .map(|n| format!("bool_or(\"w_{n}\") AS \"w_{n}\""))
+        .collect();
+    // Grouped by frame, so a (drive, ts) two frames share joins once.
+    let sql = format!(
+        "SELECT drive AS \"__drive\", ts AS \"__ts\", {} FROM \
+           (SELECT drive, ts, {} FROM frames) AS w WHERE {} GROUP BY drive, ts",
+        agg.join(", "),
+        flags.join(", "),
+        any.join(" OR ")
+    );
+    let mut stream = ctx.sql(&sql).await?.execute_stream().await?;
+    let schema = stream.schema();
+    let (mut batches, mut rows) = (Vec::new(), 0);
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        rows += batch.num_rows();
+        if rows > cap {
+            return Ok(false);
+        }
+        batches.push(batch);
+    }
+    ctx.register_table(
+        "window_keys",
+        Arc::new(MemTable::try_new(schema, vec![batches])?),
+    )?;
+    Ok(true)
 }
 
 /// Checks every rule against the frame table's schema: it parses, names known columns,
@@ -117,6 +197,20 @@ pub async fn mine(
     frames: &std::path::Path,
     out: &std::path::Path,
 ) -> anyhow::Result<Value> {
+    mine_with_cap(rules, frames, out, WINDOW_KEYS_CAP).await
+}
+
+/// At most this many frames matching a window rule are joined back to an unsorted table;
+/// beyond it the whole table is sorted instead.
+pub const WINDOW_KEYS_CAP: usize = 1_000_000;
+
+/// [`mine`], joining back at most `cap` frames matched by window rules.
+pub async fn mine_with_cap(
+    rules: &IndexMap<String, String>,
+    frames: &std::path::Path,
+    out: &std::path::Path,
+    cap: usize,
+) -> anyhow::Result<Value> {
     if let Some((at, m)) = check_rules(rules).into_iter().next() {
         anyhow::bail!("{at}: {m}");
     }
@@ -168,7 +262,22 @@ pub async fn mine(
                 .map(|a| a.value(0))
         })
         .unwrap_or(0);
-    let df = ctx.sql(&query(rules)).await?;
+    // An unsorted table with window rules: the windows over their own few columns first,
+    // then one pass over all columns joined with the frames they matched. Sorting every
+    // column of every frame for a `lag()` was most of the time.
+    let mut joined = Vec::new();
+    let plan = if sorted {
+        "ordered"
+    } else {
+        let windowed = window_rules(&ctx, rules).await?;
+        if !windowed.is_empty() && window_keys(&ctx, rules, &windowed, cap).await? {
+            joined = windowed;
+            "window keys"
+        } else {
+            "sort"
+        }
+    };
+    let df = ctx.sql(&query(rules, &joined)).await?;
     let schema = Arc::new(df.schema().as_arrow().clone());
     let mut stream = df.execute_stream().await?;
     let file = std::fs::File::create(out.join("corner_cases.parquet"))?;
@@ -192,7 +301,9 @@ pub async fn mine(
     if matched == 0 {
         eprintln!("warning: no frame matched any rule");
     }
-    Ok(json!({"frames": total, "matched": matched, "rules": counts, "input_order": order}))
+    Ok(
+        json!({"frames": total, "matched": matched, "rules": counts, "input_order": order, "plan": plan}),
+    )
 }
 
 /// How the frame table under `frames` is ordered: `declared` when every Parquet file says
