@@ -203,8 +203,10 @@ def mine(b, sizes):
                     f"SELECT count(*) FROM '{os.path.join(tmp, 'duck.parquet')}'").fetchone()[0]
                 if duck_matched != values["matched"]:
                     sys.exit(f"DuckDB matched {duck_matched:,} frames, drivetrain {values['matched']:,}")
-                how = {"declared": "1 ordered stream", "checked": "order checked, 1 ordered stream",
-                       "unsorted": "2 partitions, sorted"}[values["input_order"]]
+                how = {("declared", "ordered"): "declared order, 1 stream",
+                       ("checked", "ordered"): "order checked, 1 stream",
+                       ("unsorted", "window keys"): "windows first, keys joined",
+                       ("unsorted", "sort"): "2 partitions, sorted"}[(values["input_order"], values["plan"])]
                 print(f"| DuckDB {duckdb.__version__} (2 threads) | {table} | {n:,} | {duck:.2f} s | {n / duck / 1e6:.2f} M | {duck_rss / 1024:.0f} MiB | |")
                 print(f"| drivetrain (DataFusion, {how}) | {table} | {n:,} | {ours:.2f} s | {n / ours / 1e6:.2f} M | {ours_rss / 1024:.0f} MiB | {duck / ours:.2f} |")
                 print(f"|  matched (both) | | {values['matched']:,} | | | | |")
