@@ -91,8 +91,10 @@ async fn window_rules(
 
 /// Evaluates the window rules `windowed` alone, so DataFusion reads and sorts only the
 /// columns they name, and registers as `window_keys` the (drive, ts) of every frame where
-/// one holds, with a flag per rule. None (nothing registered) when more than `cap`
-/// frames match: their join would not be the cheaper way.
+/// one holds, with a flag per rule. False (nothing registered) when more than `cap`
+/// frames match: their join would not be the cheaper way. Frames are told apart by drive
+/// and time: of two frames of one drive at the same time (whose `lag()` order SQL leaves
+/// open anyway), both are tagged when a window rule holds for either.
 async fn window_keys(
     ctx: &SessionContext,
     rules: &IndexMap<String, String>,
@@ -108,7 +110,7 @@ async fn window_keys(
         .iter()
         .map(|n| format!("bool_or(\"w_{n}\") AS \"w_{n}\""))
         .collect();
-    // Grouped by frame, so a (drive, ts) two frames share joins once.
+    // Grouped by (drive, ts), so the join never repeats a frame.
     let sql = format!(
         "SELECT drive AS \"__drive\", ts AS \"__ts\", {} FROM \
            (SELECT drive, ts, {} FROM frames) AS w WHERE {} GROUP BY drive, ts",
