@@ -176,24 +176,6 @@ pub fn queue_manual_tick(state: &dyn StateStore, pipeline: &str) -> anyhow::Resu
 }
 
 impl Server {
-    /// Records a run before it starts, so its id is known to the state store by the time
-    /// anyone is told it.
-    #[allow(clippy::too_many_arguments)]
-    fn record(
-        &self,
-        run: &RunId,
-        pipeline: &str,
-        file: &str,
-        digest: &str,
-        params: &BTreeMap<String, Value>,
-        trigger: &str,
-        at: Option<chrono::DateTime<chrono::Utc>>,
-    ) -> anyhow::Result<drivetrain_engine::state::RunRecord> {
-        let record = self.run_record(run, pipeline, file, digest, params, trigger, at)?;
-        self.state.create_run(&record)?;
-        Ok(record)
-    }
-
     /// The record of a run this process starts now (Running, this process its engine).
     #[allow(clippy::too_many_arguments)]
     fn run_record(
@@ -476,15 +458,19 @@ impl Server {
         // Submitted runs exist before their id is answered: a client may ask at once.
         let recorded = match recorded {
             Some(r) => r,
-            None => self.record(
-                &run,
-                &pipeline.name,
-                file,
-                digest,
-                &params,
-                trigger,
-                scheduled,
-            )?,
+            None => {
+                let r = self.run_record(
+                    &run,
+                    &pipeline.name,
+                    file,
+                    digest,
+                    &params,
+                    trigger,
+                    scheduled,
+                )?;
+                self.state.create_run(&r)?;
+                r
+            }
         };
         let opts = RunOptions {
             parallelism: self.parallelism,

@@ -345,6 +345,8 @@ impl MlflowRegistry {
             .map(|(_, v)| Self::alias_entry(&registered, model, alias, v)))
     }
 
+    /// Moves `alias` (last writer wins: MLflow has no conditional update). The version
+    /// was checked by [`crate::registry::Registry::move_alias`].
     pub async fn move_alias(
         &self,
         model: &str,
@@ -352,9 +354,6 @@ impl MlflowRegistry {
         version: u64,
         note: Value,
     ) -> anyhow::Result<Value> {
-        if self.version(model, version).await?.is_none() {
-            anyhow::bail!("`{model}` has no version {version}");
-        }
         let registered = self.registered(model).await?.unwrap_or(Value::Null);
         let current = Self::alias_versions(&registered)
             .into_iter()

@@ -99,8 +99,8 @@ impl Registry {
         backend!(self.alias(model, alias))
     }
 
-    /// Moves `alias` to `version`; `note` (the gate result, a reason) goes into the audit
-    /// entry. Returns the entry written.
+    /// Moves `alias` to `version`, which must exist; `note` (the gate result, a reason)
+    /// goes into the audit entry. Returns the entry written.
     pub async fn move_alias(
         &self,
         model: &str,
@@ -110,6 +110,9 @@ impl Registry {
     ) -> anyhow::Result<Value> {
         check("model", model)?;
         check("alias", alias)?;
+        if self.version(model, version).await?.is_none() {
+            anyhow::bail!("`{model}` has no version {version}");
+        }
         backend!(self.move_alias(model, alias, version, note))
     }
 
@@ -339,7 +342,8 @@ impl StoreRegistry {
 
     /// Moves `alias` to `version`; `note` (the gate result, a reason) goes into the audit
     /// entry. Concurrent moves are serialized by the conditional create of the next
-    /// generation: none is lost. Returns the entry written.
+    /// generation: none is lost. Returns the entry written. [`Registry::move_alias`] has
+    /// checked that the version exists.
     pub async fn move_alias(
         &self,
         model: &str,
@@ -347,9 +351,6 @@ impl StoreRegistry {
         version: u64,
         note: Value,
     ) -> anyhow::Result<Value> {
-        if self.version(model, version).await?.is_none() {
-            anyhow::bail!("`{model}` has no version {version}");
-        }
         loop {
             let current = self.alias(model, alias).await?;
             let generation = current
