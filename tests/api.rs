@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{text, Home};
+use common::{assert_ok, text, Home};
 
 const TOKEN: &str = "t0ken-for-tests";
 
@@ -464,13 +464,7 @@ fn the_cli_talks_to_a_server() {
         ],
         Some(TOKEN),
     );
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}{}",
-        text(&o.stdout),
-        text(&o.stderr)
-    );
+    assert_ok(&o);
     let out = text(&o.stdout);
     let id = out
         .lines()
@@ -510,7 +504,7 @@ fn the_cli_talks_to_a_server() {
         ],
         Some(TOKEN),
     );
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_ok(&o);
     let slow = text(&o.stdout)
         .lines()
         .next()
@@ -529,6 +523,6 @@ fn the_cli_talks_to_a_server() {
         "the server still serves"
     );
     let o = cli(&["cancel", &slow, "--server", &url], Some(TOKEN));
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_ok(&o);
     wait_phase(&s, &slow, "Cancelled");
 }

@@ -5,7 +5,7 @@
 //! checkpoint and resumes from it on the retry.
 
 mod common;
-use common::{run_id, stage, text, Home};
+use common::{assert_ok, run_id, stage, text, Home};
 
 fn loop_file() -> String {
     concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/driving-loop.yaml").to_owned()
@@ -15,13 +15,7 @@ fn loop_file() -> String {
 fn the_driving_loop_closes() {
     let home = Home::new("loop");
     let o = home.drivetrain(&["run", &loop_file(), "--param", "drives=5"]);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}{}",
-        text(&o.stdout),
-        text(&o.stderr)
-    );
+    assert_ok(&o);
     let first = run_id(&o);
     // The run ends by quoting what the loop concluded.
     assert!(
@@ -77,7 +71,7 @@ fn the_driving_loop_closes() {
         "--param",
         "seed=8",
     ]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stdout));
+    assert_ok(&o);
     let second = run_id(&o);
     let st = home.status(&second);
     let validate = &stage(&st, "validate")["values"];
@@ -108,7 +102,7 @@ fn the_driving_loop_closes() {
     // The registry: history, a manual move, a rollback; lineage from the model back to
     // the simulated drives it was trained on.
     let o = home.drivetrain(&["registry", "alias", "risk-model", "candidate", "1"]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_ok(&o);
     let history = home.drivetrain(&["registry", "history", "risk-model", "--output", "json"]);
     let history: serde_json::Value = serde_json::from_slice(&history.stdout).unwrap();
     assert_eq!(
@@ -119,7 +113,7 @@ fn the_driving_loop_closes() {
     assert_eq!(o.status.code(), Some(1), "candidate has no earlier version");
     assert!(text(&o.stderr).contains("no earlier version"));
     let o = home.drivetrain(&["lineage", "risk-model@1", "--output", "json"]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_ok(&o);
     let g: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let nodes = g["nodes"].as_object().unwrap();
     assert!(nodes.contains_key(&format!("{first}/train")), "{g}");
@@ -176,13 +170,7 @@ stages:
 "#,
     );
     let o = home.drivetrain(&["run", file.to_str().unwrap()]);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}{}",
-        text(&o.stdout),
-        text(&o.stderr)
-    );
+    assert_ok(&o);
     let id = run_id(&o);
     let st = home.status(&id);
     let train = stage(&st, "train");

@@ -3,7 +3,7 @@
 //! appends its name to a counter file, so the tests see exactly what executed.
 
 mod common;
-use common::{run_id, stage, text, Home};
+use common::{assert_ok, run_id, stage, text, Home};
 
 /// A 5-stage chain a → b → c → d → e. `b` renders the `seed` param; `c` runs a script
 /// from the pipeline's directory; `d` fails while a file `fail-d` exists.
@@ -261,7 +261,7 @@ fn lineage_walks_to_the_sources_and_forget_finds_everything_derived() {
     let other = home.ok(&["run", f, "--param", "seed=drive-7.mcap"]);
 
     let o = home.drivetrain(&["lineage", &format!("{other}/e/o"), "--output", "json"]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_ok(&o);
     let g: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let nodes = g["nodes"].as_object().unwrap();
     // `a` was a cache hit in the second run: its lineage goes to the run that made it.

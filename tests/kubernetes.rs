@@ -19,7 +19,7 @@ use std::process::Command;
 use drivetrain_plugins::kubernetes::standin::{Node, StandIn};
 
 mod common;
-use common::{run_id, stage, text, Home};
+use common::{assert_ok, run_id, stage, text, Home};
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -73,7 +73,7 @@ fn manifests(home: &Home, file: &Path, settings: Option<&str>, extra: &[&str]) -
         .map(|p| vec![("DRIVETRAIN_KUBERNETES", p.to_str().unwrap())])
         .unwrap_or_default();
     let o = home.drivetrain_env(&args, &env);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_ok(&o);
     text(&o.stdout)
 }
 
@@ -353,13 +353,7 @@ async fn a_pipeline_runs_as_jobs_against_the_api_stand_in() {
     let run = tokio::task::spawn_blocking(move || cmd.output().expect("the binary runs"))
         .await
         .unwrap();
-    assert_eq!(
-        run.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&run.stdout),
-        text(&run.stderr)
-    );
+    assert_ok(&run);
     let id = run_id(&run);
     let status = home.status(&id);
     for s in ["sim", "count", "flaky"] {
@@ -467,13 +461,7 @@ async fn a_restarted_engine_reattaches_to_the_job_in_flight() {
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     std::fs::write(&gate, "").unwrap();
     let out = resumed.await.unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    assert_ok(&out);
     assert!(
         text(&out.stdout).contains("0 attempt(s) lost, 1 re-attached"),
         "{}",
@@ -522,13 +510,7 @@ async fn snapshots_are_recorded_and_restored_by_reruns() {
     let run = tokio::task::spawn_blocking(move || cmd.output().unwrap())
         .await
         .unwrap();
-    assert_eq!(
-        run.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&run.stdout),
-        text(&run.stderr)
-    );
+    assert_ok(&run);
     let id = run_id(&run);
     let status = home.status(&id);
     let recorded = &stage(&status, "prepare")["values"]["snapshot"];
@@ -568,13 +550,7 @@ async fn snapshots_are_recorded_and_restored_by_reruns() {
     let rerun = tokio::task::spawn_blocking(move || cmd.output().unwrap())
         .await
         .unwrap();
-    assert_eq!(
-        rerun.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&rerun.stdout),
-        text(&rerun.stderr)
-    );
+    assert_ok(&rerun);
     assert_eq!(restored_from(&standin), vec![name.clone(), name]);
     assert_eq!(
         standin

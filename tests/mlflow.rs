@@ -4,7 +4,7 @@
 //! candidate is validated against the model the first run promoted, read back from MLflow.
 
 mod common;
-use common::{run_id, stage, text, Home};
+use common::{assert_ok, env_pairs, run_id, stage, text, Home};
 use drivetrain_engine::testing::{http, Mlflow, S3Server};
 
 #[test]
@@ -18,17 +18,11 @@ fn the_driving_loop_promotes_into_mlflow() {
         "DRIVETRAIN_REGISTRY".into(),
         format!("mlflow+{}", mlflow.url()),
     );
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let env = env_pairs(&env);
     let home = Home::new("mlflow-loop");
     let file = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/driving-loop.yaml");
     let o = home.drivetrain_env(&["run", file, "--param", "drives=3"], &env);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}{}",
-        text(&o.stdout),
-        text(&o.stderr)
-    );
+    assert_ok(&o);
     assert!(
         text(&o.stdout).contains("promote: promoted risk-model version 1 to `production`"),
         "{}",
@@ -65,7 +59,7 @@ fn the_driving_loop_promotes_into_mlflow() {
         &["run", file, "--param", "drives=3", "--param", "seed=8"],
         &env,
     );
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stdout));
+    assert_ok(&o);
     let second = run_id(&o);
     let st = home.drivetrain_env(&["status", &second, "--output", "json"], &env);
     let st: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
@@ -84,7 +78,7 @@ fn the_driving_loop_promotes_into_mlflow() {
         text(&listed.stderr)
     );
     let o = home.drivetrain_env(&["registry", "alias", "risk-model", "candidate", "1"], &env);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_ok(&o);
     let shown = home.drivetrain_env(&["registry", "show", "risk-model@candidate"], &env);
     assert!(
         text(&shown.stdout).contains("\"model_digest\": \"sha256:"),

@@ -8,31 +8,36 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{run_id, text, Home};
+use common::{assert_ok, env_pairs, run_id, text, Home};
 use drivetrain_engine::testing::Postgres;
+
+/// The state in PostgreSQL and artifacts under `store`, which every home shares.
+fn shared_env(
+    pg: &Postgres,
+    store: &std::path::Path,
+    extra: &[(&str, &str)],
+) -> std::collections::BTreeMap<String, String> {
+    let mut env = std::collections::BTreeMap::from([
+        ("DRIVETRAIN_STATE".to_owned(), pg.url()),
+        (
+            "DRIVETRAIN_STORE".to_owned(),
+            format!("file://{}", store.display()),
+        ),
+    ]);
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    env
+}
 
 #[test]
 fn runs_are_recorded_in_postgres_and_read_from_anywhere() {
     let pg = Postgres::start();
     let store = Home::new("pg-store");
-    let env = [
-        ("DRIVETRAIN_STATE", pg.url()),
-        (
-            "DRIVETRAIN_STORE",
-            format!("file://{}", store.dir.display()),
-        ),
-    ];
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let env = shared_env(&pg, &store.dir, &[]);
+    let env = env_pairs(&env);
     let a = Home::new("pg-a");
     let file = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/shell-demo.yaml");
     let o = a.drivetrain_env(&["run", file, "--param", "lines=20"], &env);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}{}",
-        text(&o.stdout),
-        text(&o.stderr)
-    );
+    assert_ok(&o);
     let run = run_id(&o);
     assert!(!a.dir.join(".drivetrain/state.db").exists());
     // Another machine (another home) sees the run, its stages and their values (`--state`
@@ -42,7 +47,7 @@ fn runs_are_recorded_in_postgres_and_read_from_anywhere() {
         &["--state", &pg.url(), "status", &run, "--output", "json"],
         &env[1..],
     );
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_ok(&o);
     let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(st["run"]["phase"], "Succeeded", "{st}");
     let count = st["stages"]
@@ -54,13 +59,7 @@ fn runs_are_recorded_in_postgres_and_read_from_anywhere() {
     assert_eq!(count["values"]["lines"], 20);
     // A rerun from the other machine reuses what the first recorded.
     let o = b.drivetrain_env(&["rerun", &run, "--stage", "report"], &env);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}{}",
-        text(&o.stdout),
-        text(&o.stderr)
-    );
+    assert_ok(&o);
     let bad = b.drivetrain_env(&["list"], &[("DRIVETRAIN_STATE", "mysql://x")]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(
@@ -75,14 +74,8 @@ fn two_serve_replicas_fire_each_tick_once() {
     let pg = Postgres::start();
     let shared = Home::new("pg-replicas");
     let log = shared.dir.join("fired.txt");
-    let env = [
-        ("DRIVETRAIN_STATE", pg.url()),
-        (
-            "DRIVETRAIN_STORE",
-            format!("file://{}", shared.dir.join("store").display()),
-        ),
-    ];
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let env = shared_env(&pg, &shared.dir.join("store"), &[]);
+    let env = env_pairs(&env);
     let replicas: Vec<Home> = (0..2)
         .map(|i| Home::new(&format!("pg-replica-{i}")))
         .collect();
@@ -175,15 +168,12 @@ fn a_replica_takes_over_the_run_of_a_dead_engine() {
     let pg = Postgres::start();
     let shared = Home::new("pg-takeover");
     let log = shared.dir.join("ran.txt");
-    let env = [
-        ("DRIVETRAIN_STATE", pg.url()),
-        (
-            "DRIVETRAIN_STORE",
-            format!("file://{}", shared.dir.join("store").display()),
-        ),
-        ("DRIVETRAIN_HEARTBEAT", "500ms".to_owned()),
-    ];
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let env = shared_env(
+        &pg,
+        &shared.dir.join("store"),
+        &[("DRIVETRAIN_HEARTBEAT", "500ms")],
+    );
+    let env = env_pairs(&env);
     let replica = Home::new("pg-takeover-serve");
     std::fs::create_dir_all(replica.dir.join("scheduled")).unwrap();
     replica.write(

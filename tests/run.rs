@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 
 mod common;
-use common::{run_id, stage, text, Home};
+use common::{assert_ok, run_id, stage, text, Home};
 
 fn pid_alive(pid: &str) -> bool {
     Path::new(&format!("/proc/{}", pid.trim())).exists()
@@ -16,13 +16,7 @@ fn the_shell_demo_passes_files_between_stages() {
     let home = Home::new("demo");
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/shell-demo.yaml");
     let o = home.drivetrain(&["run", file.to_str().unwrap(), "--param", "lines=500"]);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&o.stdout),
-        text(&o.stderr)
-    );
+    assert_ok(&o);
     let id = run_id(&o);
     let st = home.status(&id);
     assert_eq!(st["run"]["phase"], "Succeeded");
@@ -202,7 +196,7 @@ stages:
 "#,
     );
     let o = home.drivetrain(&["run", file.to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stdout));
+    assert_ok(&o);
     let id = run_id(&o);
     let st = home.status(&id);
     assert_eq!(stage(&st, "publish")["phase"], "Skipped");
@@ -420,13 +414,7 @@ stages:
     );
 
     let o = home.drivetrain(&["resume", &id]);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&o.stdout),
-        text(&o.stderr)
-    );
+    assert_ok(&o);
     assert!(
         text(&o.stdout).contains("1 of 3 stages succeeded before, 1 attempt(s) lost"),
         "{}",
@@ -477,7 +465,7 @@ stages:
     let (mut engine, id) = spawn_run(&home, &file);
     let pid = wait_for_file(&home.dir.join("long.pid"));
     let o = home.drivetrain(&["cancel", &id]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_ok(&o);
     assert_eq!(engine.wait().unwrap().code(), Some(130));
     assert!(wait_dead(&pid), "the stage's process was stopped");
     let st = home.status(&id);
@@ -586,7 +574,7 @@ stages:
 "#,
     );
     let o = home.drivetrain(&["run", file.to_str().unwrap(), "--detach"]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_ok(&o);
     let id = run_id(&o);
     // The background engine records the run; `logs --follow` waits for the stage and
     // prints both attempts as they are written, then returns when the stage has ended.
@@ -703,7 +691,7 @@ stages:
     };
     let ok = home.write("ok.yaml", &pipeline(false));
     let o = home.drivetrain(&["run", ok.to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stdout));
+    assert_ok(&o);
     let id = run_id(&o);
     let st = home.status(&id);
     assert_eq!(stage(&st, "notify")["phase"], "Succeeded");
@@ -811,7 +799,7 @@ stages:
         &[("DRIVETRAIN_ISOLATION", "required")],
     );
     let id = run_id(&o);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stdout));
+    assert_ok(&o);
     let vandal = text(&home.drivetrain(&["logs", &id, "--stage", "vandal"]).stdout);
     for refusal in [
         "chmod refused",
@@ -848,7 +836,7 @@ stages:
 "#,
     );
     let o = home.drivetrain(&["run", file.to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stdout));
+    assert_ok(&o);
     let id = run_id(&o);
     let by_url = text(&home.drivetrain(&["logs", &id, "--stage", "by-url"]).stdout);
     let lines: Vec<&str> = by_url.lines().collect();
@@ -954,13 +942,7 @@ stages:
     engine.wait().unwrap();
 
     let o = home.drivetrain(&["resume", &id]);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&o.stdout),
-        text(&o.stderr)
-    );
+    assert_ok(&o);
     assert!(wait_dead(&orphan), "the item left running was stopped");
     let ran = std::fs::read_to_string(home.dir.join("ran")).unwrap();
     assert_eq!(ran, "a\nb\nhang\nhang\nd\n", "a and b ran once; hang twice");

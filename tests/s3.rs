@@ -10,13 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{run_id, stage, text, Home};
+use common::{assert_ok, env_pairs, run_id, stage, text, Home};
 use drivetrain_engine::artifacts::ArtifactStore;
 use drivetrain_engine::testing::{free_port, S3Server};
-
-fn env_pairs(env: &BTreeMap<String, String>) -> Vec<(&str, &str)> {
-    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
-}
 
 fn list(url: &str, env: &BTreeMap<String, String>, prefix: &str) -> Vec<String> {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -38,13 +34,7 @@ fn the_driving_loop_runs_with_its_store_on_s3() {
     let home = Home::new("s3-loop");
     let file = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/driving-loop.yaml");
     let o = home.drivetrain_env(&["run", file, "--param", "drives=3"], &env_pairs(&env));
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}{}",
-        text(&o.stdout),
-        text(&o.stderr)
-    );
+    assert_ok(&o);
     let out = text(&o.stdout);
     assert!(out.contains("store s3://fleet/dt"), "{out}");
     assert!(
@@ -84,7 +74,7 @@ fn the_driving_loop_runs_with_its_store_on_s3() {
         text(&listed.stderr)
     );
     let logs = home.drivetrain_env(&["logs", &run, "--stage", "train"], &env_pairs(&env));
-    assert_eq!(logs.status.code(), Some(0), "{}", text(&logs.stderr));
+    assert_ok(&logs);
 }
 
 /// A TCP proxy in front of the S3 server that goes away (listener closed, every
@@ -97,9 +87,31 @@ struct FlakyProxy {
     _rt: tokio::runtime::Runtime,
 }
 
+/// Copies `from` to `to` until either side closes, `kill` fires, or `stop` (told how many
+/// bytes were just copied) says so.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut kill: tokio::sync::broadcast::Receiver<()>,
+    mut stop: impl FnMut(usize) -> bool,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        tokio::select! {
+            _ = kill.recv() => return,
+            n = from.read(&mut buf) => {
+                let Ok(n @ 1..) = n else { return };
+                if to.write_all(&buf[..n]).await.is_err() || stop(n) {
+                    return;
+                }
+            }
+        }
+    }
+}
+
 impl FlakyProxy {
     fn start(upstream: u16, trip_at: u64, down_for: Duration) -> FlakyProxy {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let rt = tokio::runtime::Runtime::new().unwrap();
         let port = free_port();
         let tripped = Arc::new(AtomicBool::new(false));
@@ -121,40 +133,19 @@ impl FlakyProxy {
                         accepted = listener.accept() => {
                             let Ok((client, _)) = accepted else { continue };
                             let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else { continue };
-                            let (mut cr, mut cw) = client.into_split();
-                            let (mut sr, mut sw) = server.into_split();
+                            let (cr, cw) = client.into_split();
+                            let (sr, sw) = server.into_split();
                             let (sent, t, killer) = (sent.clone(), t.clone(), kill.clone());
-                            let mut k1 = kill.subscribe();
-                            tokio::spawn(async move {
-                                let mut buf = vec![0u8; 64 << 10];
-                                loop {
-                                    tokio::select! {
-                                        _ = k1.recv() => return,
-                                        n = cr.read(&mut buf) => {
-                                            let Ok(n @ 1..) = n else { return };
-                                            if sw.write_all(&buf[..n]).await.is_err() { return }
-                                            let total = sent.fetch_add(n as u64, Ordering::SeqCst) + n as u64;
-                                            if total > trip_at && !t.swap(true, Ordering::SeqCst) {
-                                                let _ = killer.send(());
-                                                return;
-                                            }
-                                        }
-                                    }
+                            // Upstream: counted, and the store goes away past `trip_at`.
+                            tokio::spawn(pump(cr, sw, kill.subscribe(), move |n| {
+                                let total = sent.fetch_add(n as u64, Ordering::SeqCst) + n as u64;
+                                let trip = total > trip_at && !t.swap(true, Ordering::SeqCst);
+                                if trip {
+                                    let _ = killer.send(());
                                 }
-                            });
-                            let mut k2 = kill.subscribe();
-                            tokio::spawn(async move {
-                                let mut buf = vec![0u8; 64 << 10];
-                                loop {
-                                    tokio::select! {
-                                        _ = k2.recv() => return,
-                                        n = sr.read(&mut buf) => {
-                                            let Ok(n @ 1..) = n else { return };
-                                            if cw.write_all(&buf[..n]).await.is_err() { return }
-                                        }
-                                    }
-                                }
-                            });
+                                trip
+                            }));
+                            tokio::spawn(pump(sr, cw, kill.subscribe(), |_| false));
                         }
                     }
                 }
@@ -208,13 +199,7 @@ stages:
         proxy.tripped.load(Ordering::SeqCst),
         "the store never went away"
     );
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}{}",
-        text(&o.stdout),
-        text(&o.stderr)
-    );
+    assert_ok(&o);
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let run = summary["run"].as_str().unwrap().to_owned();
     let status = home.drivetrain_env(&["status", &run, "--output", "json"], &env_pairs(&env));

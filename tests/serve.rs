@@ -10,7 +10,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{text, Home};
+use common::{assert_ok, text, Home};
 
 fn start(home: &Home) -> Child {
     home.serve(&[])
@@ -79,7 +79,7 @@ stages:
 
     // Suspended: no new ticks; resumed without catch-up: no backlog either.
     let o = home.drivetrain(&["schedule", "suspend", "every2s"]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_ok(&o);
     std::thread::sleep(Duration::from_millis(1500));
     let at_suspend = ticks(&home).len();
     std::thread::sleep(Duration::from_secs(4));
@@ -205,7 +205,7 @@ stages:
         std::thread::sleep(Duration::from_millis(100));
     }
     let o = home.drivetrain(&["schedule", "trigger", "yearly"]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_ok(&o);
     let run = text(&o.stdout)
         .split_whitespace()
         .find(|w| w.chars().next().is_some_and(|c| c.is_ascii_digit()) && w.contains('-'))

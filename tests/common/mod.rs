@@ -90,3 +90,27 @@ pub fn stage<'a>(status: &'a serde_json::Value, name: &str) -> &'a serde_json::V
         .find(|s| s["stage"] == name)
         .unwrap_or_else(|| panic!("no stage {name} in {status}"))
 }
+
+/// Asserts a command exited 0, showing its output when it did not.
+#[track_caller]
+pub fn assert_ok(o: &Output) {
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}{}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+}
+
+/// Environment pairs as [`Home::drivetrain_env`] takes them, from a map or pairs of owned
+/// strings.
+pub fn env_pairs<'a, K, V>(env: impl IntoIterator<Item = (&'a K, &'a V)>) -> Vec<(&'a str, &'a str)>
+where
+    K: AsRef<str> + ?Sized + 'a,
+    V: AsRef<str> + ?Sized + 'a,
+{
+    env.into_iter()
+        .map(|(k, v)| (k.as_ref(), v.as_ref()))
+        .collect()
+}
