@@ -21,8 +21,8 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::datasource::MemTable;
 use datafusion::execution::memory_pool::FairSpillPool;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::parquet::arrow::arrow_reader::ArrowReaderMetadata;
 use datafusion::parquet::arrow::ArrowWriter;
-use datafusion::parquet::file::metadata::ParquetMetaDataReader;
 use datafusion::prelude::{col, ParquetReadOptions, SessionConfig, SessionContext};
 use futures::StreamExt;
 use indexmap::IndexMap;
@@ -313,27 +313,37 @@ pub async fn mine_with_cap(
 /// ([`crate::ingest::SORTED_BY`], as `ingest` writes them), `checked` when reading every
 /// file's `drive` and `ts` columns found each file in that order, else `unsorted`.
 async fn table_order(frames: &std::path::Path) -> anyhow::Result<&'static str> {
-    let files = parquet_files(frames)?;
+    let files = footers(parquet_files(frames)?)?;
     if files.is_empty() {
         return Ok("unsorted");
     }
-    let mut declared = true;
-    for f in &files {
-        let meta = ParquetMetaDataReader::new().parse_and_finish(&std::fs::File::open(f)?)?;
-        declared &= meta
+    let declared = files.iter().all(|(_, meta)| {
+        meta.metadata()
             .file_metadata()
             .key_value_metadata()
             .into_iter()
             .flatten()
-            .any(|kv| {
-                kv.key == crate::ingest::SORTED_BY && kv.value.as_deref() == Some("drive,ts")
-            });
-    }
+            .any(|kv| kv.key == crate::ingest::SORTED_BY && kv.value.as_deref() == Some("drive,ts"))
+    });
     if declared {
         return Ok("declared");
     }
     let checked = tokio::task::spawn_blocking(move || files_in_order(&files)).await??;
     Ok(if checked { "checked" } else { "unsorted" })
+}
+
+/// A file and its footer, read once.
+type Footer = (std::path::PathBuf, ArrowReaderMetadata);
+
+/// The footers of `files`.
+fn footers(files: Vec<std::path::PathBuf>) -> anyhow::Result<Vec<Footer>> {
+    files
+        .into_iter()
+        .map(|f| {
+            let meta = ArrowReaderMetadata::load(&std::fs::File::open(&f)?, Default::default())?;
+            Ok((f, meta))
+        })
+        .collect()
 }
 
 /// A row's sort key: (drive, ts).
@@ -342,11 +352,14 @@ type Key = (String, f64);
 /// The first and last key of row group `rg` of `file`, or None when its rows are not in
 /// (`drive`, `ts`) order. Reads only those two columns; a missing column, another type,
 /// a null or a NaN time counts as not in order.
-fn row_group_ends(file: &std::path::Path, rg: usize) -> anyhow::Result<Option<(Key, Key)>> {
+fn row_group_ends((file, meta): &Footer, rg: usize) -> anyhow::Result<Option<(Key, Key)>> {
     use datafusion::arrow::array::{Float64Array, StringArray};
     use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use datafusion::parquet::arrow::ProjectionMask;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(file)?)?;
+    let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
+        std::fs::File::open(file)?,
+        meta.clone(),
+    );
     let schema = builder.parquet_schema();
     let column = |name: &str| schema.columns().iter().position(|c| c.name() == name);
     let (Some(d), Some(t)) = (column("drive"), column("ts")) else {
@@ -400,12 +413,12 @@ fn row_group_ends(file: &std::path::Path, rg: usize) -> anyhow::Result<Option<(K
 
 /// Whether each file is sorted by (`drive`, `ts`): every row group in order, on two
 /// threads, and each following the one before it.
-fn files_in_order(files: &[std::path::PathBuf]) -> anyhow::Result<bool> {
-    let mut units = Vec::new();
-    for (i, f) in files.iter().enumerate() {
-        let meta = ParquetMetaDataReader::new().parse_and_finish(&std::fs::File::open(f)?)?;
-        units.extend((0..meta.num_row_groups()).map(|rg| (i, rg)));
-    }
+fn files_in_order(files: &[Footer]) -> anyhow::Result<bool> {
+    let units: Vec<(usize, usize)> = files
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (_, meta))| (0..meta.metadata().num_row_groups()).map(move |rg| (i, rg)))
+        .collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     type Ends = Option<(Key, Key)>;
     let ends: std::sync::Mutex<Vec<Option<Ends>>> = std::sync::Mutex::new(vec![None; units.len()]);
@@ -521,13 +534,17 @@ mod tests {
         );
         let within = table(&dir, "within.parquet", &[("a", 2.0), ("a", 1.0)]);
         let nan = table(&dir, "nan.parquet", &[("a", 1.0), ("a", f64::NAN)]);
-        assert!(files_in_order(std::slice::from_ref(&sorted)).unwrap());
-        assert!(!files_in_order(&[across]).unwrap());
-        assert!(!files_in_order(&[within]).unwrap());
-        assert!(!files_in_order(&[nan]).unwrap());
+        let in_order = |files: &[&std::path::PathBuf]| {
+            files_in_order(&footers(files.iter().map(|f| f.to_path_buf()).collect()).unwrap())
+                .unwrap()
+        };
+        assert!(in_order(&[&sorted]));
+        assert!(!in_order(&[&across]));
+        assert!(!in_order(&[&within]));
+        assert!(!in_order(&[&nan]));
         // Files are ordered among themselves by DataFusion: each only needs its own order.
         let other = table(&dir, "other.parquet", &[("0", 9.0), ("0", 10.0)]);
-        assert!(files_in_order(&[sorted, other]).unwrap());
+        assert!(in_order(&[&sorted, &other]));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
