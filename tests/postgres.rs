@@ -97,22 +97,7 @@ stages:
         );
     }
     let mut servers: Vec<Child> = replicas.iter().map(|r| r.serve(&env)).collect();
-    let ticks = || -> Vec<(String, String)> {
-        let o = replicas[0].drivetrain_env(&["schedule", "list", "--output", "json"], &env);
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-        v[0]["recent_ticks"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .iter()
-            .map(|t| {
-                (
-                    t["scheduled_time"].as_str().unwrap_or_default().to_owned(),
-                    t["outcome"].as_str().unwrap_or_default().to_owned(),
-                )
-            })
-            .collect()
-    };
+    let ticks = || replicas[0].ticks(&env);
     let deadline = Instant::now() + Duration::from_secs(40);
     while ticks().iter().filter(|t| t.1 == "fired").count() < 5 {
         assert!(

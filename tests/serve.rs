@@ -18,23 +18,7 @@ fn start(home: &Home) -> Child {
 
 /// The recorded ticks: (scheduled time, outcome, run id).
 fn ticks(home: &Home) -> Vec<(String, String, Option<String>)> {
-    let o = home.drivetrain(&["schedule", "list", "--output", "json"]);
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-    let mut out: Vec<_> = v[0]["recent_ticks"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .iter()
-        .map(|t| {
-            (
-                t["scheduled_time"].as_str().unwrap().to_owned(),
-                t["outcome"].as_str().unwrap().to_owned(),
-                t["run_id"].as_str().map(str::to_owned),
-            )
-        })
-        .collect();
-    out.sort();
-    out
+    home.ticks(&[])
 }
 
 fn wait_for(home: &Home, n: usize) {

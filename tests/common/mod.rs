@@ -53,6 +53,28 @@ impl Home {
             .expect("serve starts")
     }
 
+    /// The first schedule's recorded ticks (`schedule list`): (scheduled time, outcome,
+    /// run id), oldest first.
+    pub fn ticks(&self, env: &[(&str, &str)]) -> Vec<(String, String, Option<String>)> {
+        let o = self.drivetrain_env(&["schedule", "list", "--output", "json"], env);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        let mut out: Vec<_> = v[0]["recent_ticks"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|t| {
+                (
+                    t["scheduled_time"].as_str().unwrap_or_default().to_owned(),
+                    t["outcome"].as_str().unwrap_or_default().to_owned(),
+                    t["run_id"].as_str().map(str::to_owned),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     pub fn status(&self, run: &str) -> serde_json::Value {
         let o = self.drivetrain(&["status", run, "--output", "json"]);
         assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
