@@ -10,6 +10,7 @@ mod history;
 mod manifests;
 mod report;
 mod runs;
+mod schedules;
 mod serve;
 
 /// Validation builds a located tree of every YAML value: an allocator made for many small
@@ -326,7 +327,7 @@ enum Command {
     },
     /// The schedules `serve` keeps: list, suspend, resume, trigger now.
     #[command(
-        after_help = "Examples:\n  drivetrain schedule list\n  drivetrain schedule suspend nightly-retrain\n  drivetrain schedule resume nightly-retrain            # missed ticks do not fire\n  drivetrain schedule resume nightly-retrain --catchup  # they follow `catchup`\n  drivetrain schedule trigger nightly-retrain"
+        after_help = "Examples:\n  drivetrain schedule list\n  drivetrain schedule next nightly-retrain -n 5\n  drivetrain schedule suspend nightly-retrain\n  drivetrain schedule resume nightly-retrain            # missed ticks do not fire\n  drivetrain schedule resume nightly-retrain --catchup  # they follow `catchup`\n  drivetrain schedule trigger nightly-retrain"
     )]
     Schedule {
         #[command(subcommand)]
@@ -347,8 +348,16 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum ScheduleCommand {
-    /// Every schedule, whether it is suspended, and its last tick.
+    /// Every schedule, whether it is suspended, its next tick and its last.
     List,
+    /// The upcoming ticks of a schedule, in its zone and in UTC.
+    Next {
+        /// A registered schedule's pipeline name, or a pipeline file.
+        pipeline: String,
+        /// How many.
+        #[arg(short = 'n', long = "count", default_value_t = 10)]
+        count: usize,
+    },
     /// Fire nothing until resumed.
     Suspend { pipeline: String },
     /// Fire again; ticks missed while suspended do not fire unless `--catchup`.
@@ -793,7 +802,7 @@ fn main() -> ExitCode {
             },
         )),
         Command::Schedule { command, output } => {
-            outcome(serve::command(&home, command, output == Format::Json))
+            outcome(schedules::command(&home, command, output == Format::Json))
         }
         Command::Registry { registry, command } => {
             outcome(history::registry(&home, registry.as_deref(), command))

@@ -119,6 +119,7 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
         overrides: json!({}),
         cache: args.cache,
         step_command: step_command()?,
+        resolver: Some(resolver()),
         scheduled_time: None,
     };
     if !args.json {
@@ -187,6 +188,11 @@ fn default_parallelism() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2)
+}
+
+/// What resolves the references outside a run that cache keys hold: the model registry.
+pub fn resolver() -> Arc<dyn drivetrain_engine::cache::Resolver> {
+    Arc::new(drivetrain_steps::registry::AliasResolver)
 }
 
 /// How built-in steps run: this very binary, `drivetrain step NAME`.
@@ -524,6 +530,7 @@ pub fn resume(
             write: true,
         },
         step_command: step_command()?,
+        resolver: Some(resolver()),
         scheduled_time: record.scheduled_time.clone(),
     };
     let resume = runner::Resume {
@@ -1265,6 +1272,7 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
             write: !args.no_cache,
         },
         step_command: step_command()?,
+        resolver: Some(resolver()),
         scheduled_time: None,
     };
     drive(Drive {

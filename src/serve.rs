@@ -488,6 +488,7 @@ impl Server {
             scheduled_time: scheduled
                 .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
             step_command: crate::runs::step_command()?,
+            resolver: Some(crate::runs::resolver()),
         };
         let (tx, rx) = tokio::sync::watch::channel(false);
         self.cancels
@@ -811,70 +812,5 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         let _ = http.await;
         anyhow::Ok(())
     })?;
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `drivetrain schedule list|suspend|resume|trigger`.
-pub fn command(
-    home: &Path,
-    command: crate::ScheduleCommand,
-    json_out: bool,
-) -> anyhow::Result<ExitCode> {
-    use crate::ScheduleCommand as C;
-    let state = open_state(home)?;
-    match command {
-        C::List => {
-            let mut rows = Vec::new();
-            for s in state.schedules()? {
-                let ticks = state.ticks(&s.pipeline, 50)?;
-                rows.push(json!({
-                    "pipeline": s.pipeline, "file": s.file, "suspended": s.suspended,
-                    "anchor": s.anchor, "last_tick": ticks.first(), "recent_ticks": ticks,
-                }));
-            }
-            if json_out {
-                println!("{}", serde_json::to_string_pretty(&rows)?);
-            } else if rows.is_empty() {
-                println!("no schedules yet: `drivetrain serve --pipelines DIR` registers them");
-            } else {
-                for r in &rows {
-                    println!(
-                        "{}  {}  last tick {}",
-                        r["pipeline"].as_str().unwrap_or_default(),
-                        if r["suspended"] == true {
-                            "suspended"
-                        } else {
-                            "active"
-                        },
-                        r["last_tick"]["scheduled_time"].as_str().unwrap_or("-")
-                    );
-                }
-            }
-        }
-        C::Suspend { pipeline } => {
-            state.set_suspended(&pipeline, true, None)?;
-            println!("{pipeline}: suspended");
-        }
-        C::Resume { pipeline, catchup } => {
-            let anchor = (!catchup).then(now_text);
-            state.set_suspended(&pipeline, false, anchor.as_deref())?;
-            println!(
-                "{pipeline}: resumed{}",
-                if catchup {
-                    " (missed ticks follow the catch-up policy)"
-                } else {
-                    "; ticks missed while suspended do not fire"
-                }
-            );
-        }
-        C::Trigger { pipeline } => {
-            if state.schedule(&pipeline)?.is_none() {
-                eprintln!("error: no schedule `{pipeline}`");
-                return Ok(ExitCode::from(2));
-            }
-            let run = queue_manual_tick(&*state, &pipeline)?;
-            println!("{pipeline}: run {run} queued; the server starts it within a second");
-        }
-    }
     Ok(ExitCode::SUCCESS)
 }

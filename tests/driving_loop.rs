@@ -186,3 +186,77 @@ stages:
         "{logs}"
     );
 }
+
+/// Regression: the third of seeds 7, 9, 7 took `validate` and `promote` from the first
+/// run's cache ("no production model yet") while production had moved to version 2.
+/// The production model `validate` compares with is part of its key, `promote` is never
+/// a cache hit, and what the runs say happened is what the registry holds.
+#[test]
+fn the_registry_and_the_runs_agree_after_seeds_7_9_7() {
+    let home = Home::new("loop-7-9-7");
+    let mut runs = Vec::new();
+    for seed in ["7", "9", "7"] {
+        let o = home.drivetrain(&[
+            "run",
+            &loop_file(),
+            "--param",
+            "drives=3",
+            "--param",
+            &format!("seed={seed}"),
+        ]);
+        assert_ok(&o);
+        runs.push(run_id(&o));
+    }
+    let third = home.status(&runs[2]);
+    // Everything up to training is the first run's (same seed); validate is not.
+    assert_eq!(stage(&third, "train")["origin"], "cached", "{third}");
+    assert_eq!(stage(&third, "validate")["origin"], "ran", "{third}");
+    let explain = home.drivetrain(&["explain", &runs[2], "validate", "--output", "json"]);
+    let explain: serde_json::Value = serde_json::from_slice(&explain.stdout).unwrap();
+    assert_eq!(
+        explain["components"]["registry:risk-model@production"],
+        if stage(&home.status(&runs[1]), "promote")["phase"] == "Succeeded" {
+            "2"
+        } else {
+            "1"
+        },
+        "{explain}"
+    );
+    let history = home.drivetrain(&["registry", "history", "risk-model", "--output", "json"]);
+    let history: serde_json::Value = serde_json::from_slice(&history.stdout).unwrap();
+    let moves = history.as_array().unwrap();
+    let mut promoted = Vec::new();
+    for run in &runs {
+        let st = home.status(run);
+        let promote = stage(&st, "promote");
+        let recorded: Vec<&serde_json::Value> =
+            moves.iter().filter(|m| m["note"]["run"] == *run).collect();
+        if promote["phase"] == "Succeeded" {
+            assert_eq!(promote["origin"], "ran", "{run}: {promote}");
+            assert_eq!(recorded.len(), 1, "{run}: {history}");
+            assert_eq!(recorded[0]["version"], promote["values"]["version"]);
+            promoted.push(promote["values"]["version"].as_u64().unwrap());
+        } else {
+            assert!(
+                recorded.is_empty(),
+                "{run} says it did not promote: {history}"
+            );
+        }
+        // What validate compared with is what production was when it ran.
+        let report = home.dir.join(format!(
+            ".drivetrain/artifacts/runs/{run}/validate/1/report/report.json"
+        ));
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(report).unwrap()).unwrap();
+        match promoted.len() - usize::from(promote["phase"] == "Succeeded") {
+            0 => assert_eq!(report["production"], serde_json::Value::Null, "{run}"),
+            n => assert_eq!(report["production"]["version"], promoted[n - 1], "{run}"),
+        }
+    }
+    assert_eq!(moves.len(), promoted.len(), "{history}");
+    let listed = text(&home.drivetrain(&["registry", "list"]).stdout);
+    assert!(
+        listed.contains(&format!("production → {}", promoted.last().unwrap())),
+        "{listed}"
+    );
+}

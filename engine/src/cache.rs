@@ -9,6 +9,12 @@
 //! symbolic (`{{ inputs.x }}`), since they differ from attempt to attempt while what they
 //! hold does not. Retries, timeouts, resources, `when` and hooks are not part of it: they
 //! change whether or where a stage runs, not what it writes.
+//!
+//! What a stage reads from outside its inputs is part of its key too: a built-in step's
+//! reads ([`crate::step::Step::reads`], e.g. `validate`'s production model) and the
+//! stage's own `cache.key` entries. An entry `registry:MODEL@ALIAS` is resolved by a
+//! [`Resolver`] to the version the alias points at now; any other entry is its rendered
+//! text (`key[0]`). A stage that writes the model registry is never a cache hit.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -16,6 +22,20 @@ use std::sync::Mutex;
 
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+
+/// Resolves a reference to the world outside a run (`registry:MODEL@ALIAS`) to a value a
+/// cache key can hold: what the reference points at now.
+#[async_trait::async_trait]
+pub trait Resolver: Send + Sync + std::fmt::Debug {
+    /// The current value of `reference` for a run whose artifact store is `store`, or
+    /// why it cannot be read (the stage is then not looked up in the cache).
+    async fn resolve(&self, reference: &str, store: &str) -> Result<String, String>;
+}
+
+/// Whether a rendered key entry names something outside the run, for a [`Resolver`].
+pub fn is_external(entry: &str) -> bool {
+    entry.starts_with("registry:")
+}
 
 /// The components of a cache key and the definition they were computed from.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -105,6 +105,9 @@ pub enum Action {
         config: Value,
         /// The step writes the model registry (see [`crate::step::Step::writes_registry`]).
         registry: bool,
+        /// What the step reads from outside its inputs (see [`crate::step::Step::reads`]),
+        /// as cache-key templates.
+        reads: Vec<Template>,
     },
     /// A command: argv elements, each a template.
     Command {
@@ -173,6 +176,8 @@ impl Default for RetryPolicy {
 pub struct CachePolicy {
     pub enabled: bool,
     pub max_age: Option<Duration>,
+    /// `cache.key`: more key components, each a template (see [`crate::spec::CacheSpec`]).
+    pub key: Vec<Template>,
 }
 
 /// Parsed resources.

@@ -58,6 +58,9 @@ pub struct RunOptions {
     /// with the rendered `with:` block in `DRIVETRAIN_STEP_CONFIG`. Empty: steps cannot
     /// run here.
     pub step_command: Vec<String>,
+    /// Resolves what stages read from outside their inputs (`registry:MODEL@ALIAS`) for
+    /// their cache keys; `None`: such stages are not looked up in the cache.
+    pub resolver: Option<Arc<dyn crate::cache::Resolver>>,
 }
 
 /// How a run uses the cache.
@@ -757,10 +760,11 @@ async fn execute(
         )),
         Action::Command { .. } => None,
     };
-    let parts = key_parts(ctx, stage, &upstream);
+    let (mut parts, external) = key_parts(ctx, stage, &upstream);
+    let resolved = resolve_external(ctx, &external, &mut parts).await;
     let key = parts.key();
     let inputs = input_artifacts(stage, &upstream);
-    let cacheable = cacheable(ctx, stage);
+    let cacheable = cacheable(ctx, stage).and(resolved);
     let mut provenance = Provenance {
         origin: "ran".into(),
         origin_run: None,
@@ -913,6 +917,16 @@ fn cacheable(ctx: &Ctx, stage: &Stage) -> Result<(), String> {
     if stage.hook.is_some() {
         return Err("hooks always run".into());
     }
+    if let Action::Step {
+        registry: true,
+        name,
+        ..
+    } = &stage.action
+    {
+        return Err(format!(
+            "step `{name}` writes the model registry: it runs every time"
+        ));
+    }
     if stage.outputs.is_empty() {
         return Err("it declares no outputs".into());
     }
@@ -940,12 +954,41 @@ fn input_artifacts(
         .collect()
 }
 
-/// The components of a stage's cache key (see [`crate::cache`]).
+/// Adds the current value of each reference outside the run to `parts` (component
+/// named by the reference: `registry:risk-model@production` → `2`); `Err` says why the
+/// stage cannot be looked up in the cache when one cannot be read.
+async fn resolve_external(
+    ctx: &Ctx,
+    external: &[String],
+    parts: &mut crate::cache::KeyParts,
+) -> Result<(), String> {
+    let mut unread = Vec::new();
+    for reference in external {
+        let value = match &ctx.opts.resolver {
+            Some(r) => r.resolve(reference, ctx.artifacts.url()).await,
+            None => Err("this engine has no resolver for it".to_owned()),
+        };
+        match value {
+            Ok(v) => parts.plain(reference.clone(), v),
+            Err(why) => {
+                parts.plain(reference.clone(), "unreadable".into());
+                unread.push(format!("`{reference}` could not be read: {why}"));
+            }
+        }
+    }
+    match unread.is_empty() {
+        true => Ok(()),
+        false => Err(unread.join("; ")),
+    }
+}
+
+/// The components of a stage's cache key (see [`crate::cache`]), and the references
+/// outside the run it reads, rendered, for [`resolve_external`].
 fn key_parts(
     ctx: &Ctx,
     stage: &Stage,
     upstream: &BTreeMap<StageId, StageResult>,
-) -> crate::cache::KeyParts {
+) -> (crate::cache::KeyParts, Vec<String>) {
     use serde_json::json;
     let lookup = |r: &Ref| match r {
         // Paths differ per attempt; what they hold is keyed by digest below.
@@ -957,6 +1000,14 @@ fn key_parts(
         definition: json!({}),
         ..Default::default()
     };
+    let mut external = Vec::new();
+    for (i, t) in stage.cache.key.iter().enumerate() {
+        let entry = render(t);
+        match crate::cache::is_external(&entry) {
+            true => external.push(entry),
+            false => parts.plain(format!("key[{i}]"), entry),
+        }
+    }
     match &stage.action {
         Action::Command {
             image,
@@ -987,8 +1038,10 @@ fn key_parts(
             name,
             version,
             config,
+            reads,
             ..
         } => {
+            external.extend(reads.iter().map(render));
             parts.plain("step".into(), format!("{name}@{version}"));
             let lookup = |r: &Ref| lookup(r);
             parts.field("config", crate::template::render_value(config, &lookup));
@@ -1042,7 +1095,9 @@ fn key_parts(
     for (name, art) in input_artifacts(stage, upstream) {
         parts.plain(format!("input:{name}"), art.digest);
     }
-    parts
+    external.sort();
+    external.dedup();
+    (parts, external)
 }
 
 /// A usable cache entry.

@@ -12,11 +12,12 @@
 //! newest counts as on time when it is younger than [`ON_TIME`], the rest were missed.
 //! `none` fires only an on-time tick; `latest` the newest; `all` every missed tick up to
 //! `max_catchup` (the newest ones) and the on-time one. Ticks not fired are recorded as
-//! skipped, with why. Daylight-saving changes follow croner: a time that does not exist
-//! (spring forward) fires at the first minute after the gap, a time that exists twice
-//! (fall back) fires once.
+//! skipped, with why. Ticks are UTC instants; across daylight-saving changes a time that
+//! does not exist (spring forward) fires at the first minute after the gap, and a time
+//! that exists twice (fall back) fires twice for interval jobs (hour `*` or `*/N`) and
+//! once for a fixed hour (see [`Ticker`]; `tests/cron_dst.rs` compares with croniter).
 
-use chrono::{DateTime, Duration, SubsecRound, Utc};
+use chrono::{DateTime, Duration, NaiveDateTime, SubsecRound, Utc};
 
 use crate::plan::Schedule;
 use crate::spec::{Catchup, Concurrency};
@@ -25,11 +26,37 @@ use crate::state::{RunId, RunRecord, StateError, StateStore, TickRecord};
 /// A tick this much older than now was missed, not merely noticed late.
 pub const ON_TIME: Duration = Duration::seconds(60);
 
-/// Enumerates a schedule's ticks.
+/// Enumerates a schedule's ticks as UTC instants.
+///
+/// croner matches the expression against local wall-clock times (walked as if they were
+/// UTC, so it never meets a clock change); each matching wall-clock time is then mapped
+/// to the instants it names in the schedule's zone. A time that exists once is one tick.
+/// A time the clock skipped (spring forward) is a tick at the first instant after the
+/// gap (once, however many skipped times match). A time that exists twice (fall back) is
+/// two ticks when the hour field is a wildcard or a step (`*`, `*/2`: interval jobs keep
+/// their pace through the repeated hour) and one tick, the first, when the hour is fixed
+/// (`30 2 * * *` runs once a day), as Vixie cron and systemd do.
 #[derive(Debug, Clone)]
 pub struct Ticker {
     cron: croner::Cron,
     timezone: chrono_tz::Tz,
+    /// The hour field is a wildcard or step: repeated wall-clock times fire twice.
+    every_hour: bool,
+}
+
+/// Whether the hour field of `expr` (five fields, or six with seconds first) is a
+/// wildcard or a step; of the nicknames, only `@hourly`.
+fn hour_is_interval(expr: &str) -> bool {
+    let e = expr.trim();
+    if let Some(nick) = e.strip_prefix('@') {
+        return nick.eq_ignore_ascii_case("hourly");
+    }
+    let fields: Vec<&str> = e.split_whitespace().collect();
+    let hour = match fields.len() {
+        n if n >= 6 => fields[2],
+        _ => fields.get(1).copied().unwrap_or("*"),
+    };
+    hour.contains('*')
 }
 
 impl Ticker {
@@ -42,6 +69,7 @@ impl Ticker {
         Ok(Ticker {
             cron,
             timezone: s.timezone,
+            every_hour: hour_is_interval(&s.cron),
         })
     }
 
@@ -52,46 +80,95 @@ impl Ticker {
             .next()
     }
 
-    /// The ticks in (`after`, `until`], oldest first, at most `limit` of the newest.
-    /// croner's iterator (not repeated next-occurrence calls, which lose the second pass
-    /// through a repeated hour) keeps interval jobs firing through a fall-back hour; it
-    /// yields the repeated hour's instants slightly out of order, so they are sorted.
+    /// The wall-clock time `t` shows in the schedule's zone.
+    fn wall(&self, t: DateTime<Utc>) -> NaiveDateTime {
+        t.with_timezone(&self.timezone).naive_local()
+    }
+
+    /// The instants a matching wall-clock time names (see [`Ticker`]).
+    fn instants(&self, w: NaiveDateTime) -> Vec<DateTime<Utc>> {
+        use chrono::offset::LocalResult;
+        use chrono::{TimeZone, Timelike};
+        let utc = |t: DateTime<chrono_tz::Tz>| t.with_timezone(&Utc);
+        match self.timezone.from_local_datetime(&w) {
+            LocalResult::Single(t) => vec![utc(t)],
+            LocalResult::Ambiguous(first, second) if self.every_hour => {
+                vec![utc(first), utc(second)]
+            }
+            LocalResult::Ambiguous(first, _) => vec![utc(first)],
+            // Skipped: the gap ends on a whole minute, at most a few hours on.
+            LocalResult::None => {
+                let mut m = w
+                    .with_second(0)
+                    .unwrap_or(w)
+                    .with_nanosecond(0)
+                    .unwrap_or(w);
+                for _ in 0..24 * 60 {
+                    m += Duration::minutes(1);
+                    if let Some(t) = self.timezone.from_local_datetime(&m).earliest() {
+                        return vec![utc(t)];
+                    }
+                }
+                Vec::new()
+            }
+        }
+    }
+
+    /// The ticks in (`after`, `until`], oldest first, at most `limit` of the newest (of
+    /// the oldest when `until` is unbounded).
     pub fn between(
         &self,
         after: DateTime<Utc>,
         until: DateTime<Utc>,
         limit: usize,
     ) -> Vec<DateTime<Utc>> {
+        let unbounded = until == DateTime::<Utc>::MAX_UTC;
+        // Wall-clock times from before `after` can name instants after it only across a
+        // fall back (the second pass of the repeated hour), and by at most the drop; so
+        // the walk starts that much earlier there, and nowhere else.
+        // croner also keeps the sub-second part of where it starts in every occurrence
+        // it yields (after 12:59:59.884 comes 13:00:00.884): ticks are whole seconds, so
+        // it starts from a whole second (no tick lies between it and `after`).
+        let start = (self.wall(after) - self.fall_back_near(after)).trunc_subsecs(0);
+        // Likewise, wall-clock times past `until`'s can name instants before it.
+        let horizon = (!unbounded)
+            .then(|| {
+                self.wall(until)
+                    .checked_add_signed(self.fall_back_near(until))
+            })
+            .flatten();
         let mut out: Vec<DateTime<Utc>> = Vec::new();
-        let horizon = until
-            .checked_add_signed(self.fall_back_near(until))
-            .unwrap_or(until);
-        // croner keeps the sub-second part of where it starts in every occurrence it
-        // yields (after 12:59:59.884 comes 13:00:00.884): ticks are whole seconds, so it
-        // starts from a whole second (no tick lies between it and `after`).
-        let start = after.trunc_subsecs(0);
-        for next in self.cron.iter_after(start.with_timezone(&self.timezone)) {
-            let next = next.with_timezone(&Utc);
-            if next > horizon {
+        // For an unbounded walk: past this wall-clock time no later match names an
+        // instant before the ticks already found.
+        let mut enough: Option<NaiveDateTime> = None;
+        for w in self.cron.iter_after(start.and_utc()) {
+            let w = w.naive_utc();
+            if horizon.is_some_and(|h| w > h) || enough.is_some_and(|e| w > e) {
                 break;
             }
-            if next > after && next <= until {
-                out.push(next);
+            for t in self.instants(w) {
+                if t > after && t <= until {
+                    out.push(t);
+                }
             }
-            // Bounded work for an unbounded `until`: enough to order the first ones.
-            if until == DateTime::<Utc>::MAX_UTC && out.len() >= limit + 4 {
-                break;
+            if unbounded && out.len() >= limit && enough.is_none() {
+                enough = Some(w + self.fall_back_near(*out.iter().max().expect("limit ticks")));
             }
             if out.len() > 2 * limit + 16 {
                 out.sort();
                 out.dedup();
                 let drop = out.len().saturating_sub(limit + 8);
-                out.drain(..drop);
+                match unbounded {
+                    true => out.truncate(limit + 8),
+                    false => {
+                        out.drain(..drop);
+                    }
+                }
             }
         }
         out.sort();
         out.dedup();
-        if until == DateTime::<Utc>::MAX_UTC {
+        if unbounded {
             out.truncate(limit);
         } else {
             let drop = out.len().saturating_sub(limit);
@@ -458,6 +535,38 @@ mod tests {
                 10
             ),
             [at("2026-11-22T12:59:00Z"), at("2026-11-22T13:00:00Z")]
+        );
+    }
+
+    #[test]
+    fn deciding_inside_the_first_pass_of_a_repeated_hour_keeps_the_second() {
+        // Regression: deciding at 00:30Z (02:30 CEST, first pass) went on to 02:00Z, and
+        // 01:00Z and 01:30Z (02:00 and 02:30 CET) never fired.
+        let berlin = schedule(
+            "*/30 * * * *",
+            "Europe/Berlin",
+            Catchup::All,
+            Concurrency::Allow,
+        );
+        let t = Ticker::new(&berlin).unwrap();
+        assert_eq!(
+            t.next_after(at("2026-10-25T00:30:00Z")),
+            Some(at("2026-10-25T01:00:00Z"))
+        );
+        assert_eq!(
+            t.next_after(at("2026-10-25T01:00:00Z")),
+            Some(at("2026-10-25T01:30:00Z"))
+        );
+        let la = schedule(
+            "0 * * * *",
+            "America/Los_Angeles",
+            Catchup::All,
+            Concurrency::Allow,
+        );
+        let t = Ticker::new(&la).unwrap();
+        assert_eq!(
+            t.next_after(at("2026-11-01T08:00:00Z")),
+            Some(at("2026-11-01T09:00:00Z"))
         );
     }
 

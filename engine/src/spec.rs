@@ -488,6 +488,12 @@ pub struct CacheSpec {
     /// Entries older than this are misses: a duration (`7d`, `12h`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_age: Option<String>,
+    /// More components of the key, each a template (`"{{ run.date }}"`), added to the
+    /// exact key, never replacing it. An entry `registry:MODEL@ALIAS` names what the
+    /// stage reads from the model registry: the version the alias points at when the
+    /// stage is about to run is part of the key, so moving the alias makes it a miss.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub key: Vec<String>,
 }
 
 fn yes() -> bool {

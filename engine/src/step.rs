@@ -50,6 +50,14 @@ pub trait Step: Send + Sync + 'static {
     fn writes_registry(&self) -> bool {
         false
     }
+    /// What the step reads from outside its declared inputs, given its (untemplated)
+    /// config and the inputs the stage connects: cache-key references such as
+    /// `registry:MODEL@ALIAS`, templated like the config. The engine resolves each when
+    /// the stage is about to run and keys the stage on the result (see
+    /// [`crate::cache::Resolver`]), so a cache hit never answers for a world that moved.
+    fn reads(&self, _config: &Value, _inputs: &[&str]) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Everything a step gets when it runs, read from the attempt's environment (the same

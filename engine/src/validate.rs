@@ -650,6 +650,9 @@ impl<'a> Cx<'a> {
         if let Some(c) = d.cache.as_ref().and_then(|c| c.max_age.as_ref()) {
             self.duration(&dp.key("cache").key("max_age"), c);
         }
+        for (i, t) in d.cache.iter().flat_map(|c| c.key.iter()).enumerate() {
+            self.template(&dp.key("cache").key("key").index(i), t);
+        }
         for k in d.env.keys() {
             self.env_name(&dp.key("env").key(k), k);
         }
@@ -1073,7 +1076,25 @@ impl<'a> Cx<'a> {
                 .and_then(|t| parse_duration(t).ok()),
         };
         let cache_spec = spec.cache.as_ref().or(sc.raw.defaults.cache.as_ref());
+        let cache_key = match (&spec.cache, cache_spec) {
+            (Some(c), _) => {
+                let kp = path.key("cache").key("key");
+                c.key
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, t)| self.stage_template(sc, &kp.index(i), t))
+                    .collect()
+            }
+            // The defaults' entries, checked where they are written.
+            (None, Some(c)) => c
+                .key
+                .iter()
+                .filter_map(|t| Template::parse(t).ok())
+                .collect(),
+            (None, None) => Vec::new(),
+        };
         let cache = CachePolicy {
+            key: cache_key,
             enabled: cache_spec.is_none_or(|c| c.enabled),
             max_age: match spec.cache.as_ref().and_then(|c| c.max_age.as_ref()) {
                 Some(m) => self.duration(&path.key("cache").key("max_age"), m),
@@ -1444,13 +1465,22 @@ impl<'a> Cx<'a> {
                 .maybe_hint(hint);
             }
         }
+        let config = with_node
+            .map(Node::to_json)
+            .unwrap_or(Value::Object(Default::default()));
+        let connected: Vec<&str> = sc.spec.inputs.keys().map(String::as_str).collect();
+        // The config's templates were checked above; a read built from one parses.
+        let reads = step
+            .reads(&config, &connected)
+            .iter()
+            .filter_map(|r| Template::parse(r).ok())
+            .collect();
         Some(Action::Step {
             registry: step.writes_registry(),
+            reads,
             name: step.name().to_owned(),
             version: step.version().to_owned(),
-            config: with_node
-                .map(Node::to_json)
-                .unwrap_or(Value::Object(Default::default())),
+            config,
         })
     }
 

@@ -50,12 +50,14 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::metadata::{KeyValue, SortingColumn};
 use datafusion::parquet::file::properties::WriterProperties;
 use serde_json::{json, Value};
 
+use crate::logsource::LogSource;
 use crate::mcapio::{self, Message};
 use crate::{IngestConfig, LogFormat, OnError};
 
@@ -163,6 +165,14 @@ fn shared(s: Option<std::borrow::Cow<'_, str>>) -> Option<Arc<str>> {
 }
 
 impl Held {
+    /// Whether messages of `topic` make frames.
+    fn reads(topic: &str) -> bool {
+        matches!(
+            topic,
+            "/vehicle" | "/lane" | "/objects" | "/context" | "/ground_truth"
+        )
+    }
+
     /// Takes the fields of one message of `topic`.
     fn take(&mut self, topic: &str, m: Msg<'_>) {
         match topic {
@@ -209,6 +219,19 @@ impl Held {
         }
     }
 
+    /// Takes every value `other` has.
+    fn overlay(&mut self, other: &Held) {
+        for (slot, v) in self.f64s.iter_mut().zip(&other.f64s) {
+            set(slot, *v);
+        }
+        for (slot, v) in self.strs.iter_mut().zip(&other.strs) {
+            set(slot, v.clone());
+        }
+        for (slot, v) in self.gts.iter_mut().zip(&other.gts) {
+            set(slot, *v);
+        }
+    }
+
     /// Takes every known column of a JSON-lines frame.
     fn take_row(&mut self, v: &Value) {
         for (slot, c) in self.f64s.iter_mut().zip(F64_COLUMNS) {
@@ -228,6 +251,77 @@ struct Pending {
     log_time: u64,
     offset: u64,
     chunk_offset: Option<u64>,
+    /// The frame's own `/vehicle` fields: two frames at one log time keep their own.
+    own: Held,
+}
+
+/// Turns JSON channel messages, fed in log-time order, into frames: one per `/vehicle`
+/// message, each holding the latest value of every column at its log time (messages
+/// sharing that log time included, whatever their order in the file).
+struct FrameBuilder {
+    writer: DriveWriter,
+    held: Held,
+    /// The `/vehicle` messages at the latest log time, waiting for the rest of it.
+    pending: Vec<Pending>,
+}
+
+impl FrameBuilder {
+    fn new(writer: DriveWriter) -> FrameBuilder {
+        FrameBuilder {
+            writer,
+            held: Held::default(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Takes one message; `log_time` is never before the last one's.
+    fn message(
+        &mut self,
+        topic: &str,
+        log_time: u64,
+        offset: u64,
+        chunk_offset: Option<u64>,
+        data: &[u8],
+    ) -> anyhow::Result<()> {
+        // The frames of an earlier log time are complete once a later one arrives.
+        if self.pending.first().is_some_and(|p| log_time > p.log_time) {
+            self.flush_pending()?;
+        }
+        let msg: Msg<'_> = serde_json::from_slice(data).map_err(|e| {
+            anyhow::anyhow!(
+                "message on {topic} at log time {log_time} is not a JSON object of the known fields: {e}"
+            )
+        })?;
+        if topic != "/vehicle" {
+            self.held.take(topic, msg);
+            return Ok(());
+        }
+        let mut own = Held::default();
+        own.take(topic, msg);
+        self.held.overlay(&own);
+        self.pending.push(Pending {
+            log_time,
+            offset,
+            chunk_offset,
+            own,
+        });
+        Ok(())
+    }
+
+    fn flush_pending(&mut self) -> anyhow::Result<()> {
+        for p in std::mem::take(&mut self.pending) {
+            let mut held = self.held.clone();
+            held.overlay(&p.own);
+            self.writer
+                .push(p.log_time, p.offset, p.chunk_offset, &held)?;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> anyhow::Result<u64> {
+        self.flush_pending()?;
+        self.writer.finish()
+    }
 }
 
 /// The footer key by which a frame file says it is sorted as a whole, by its value's
@@ -384,6 +478,7 @@ type IndexRow = (
 
 /// The message index of every MCAP file, written as it is read.
 struct IndexWriter {
+    path: PathBuf,
     writer: ArrowWriter<std::fs::File>,
     rows: Vec<IndexRow>,
 }
@@ -409,6 +504,7 @@ impl IndexWriter {
             .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
             .build();
         Ok(IndexWriter {
+            path: path.to_path_buf(),
             writer: ArrowWriter::try_new(
                 std::fs::File::create(path)?,
                 index_schema(),
@@ -416,6 +512,24 @@ impl IndexWriter {
             )?,
             rows: Vec::new(),
         })
+    }
+
+    /// Writes what is buffered and closes the file; returns its path.
+    fn close(mut self) -> anyhow::Result<PathBuf> {
+        self.flush()?;
+        self.writer.close()?;
+        Ok(self.path)
+    }
+
+    /// Appends the rows of another index file (one log's, once it was read to the end).
+    fn append(&mut self, part: &Path) -> anyhow::Result<()> {
+        self.flush()?;
+        let reader =
+            ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(part)?)?.build()?;
+        for batch in reader {
+            self.writer.write(&batch?)?;
+        }
+        Ok(())
     }
 
     fn flush(&mut self) -> anyhow::Result<()> {
@@ -458,17 +572,27 @@ struct ChannelStats {
     schema: String,
 }
 
-/// Reads every log under `source` and writes the tables; returns the values.
+/// What one log gave.
+struct FileResult {
+    frames: u64,
+    /// Its messages were not in log-time order (and were put in order).
+    reordered: bool,
+}
+
+/// Reads every log of `source` and writes the tables; returns the values.
+///
+/// Nothing read is dropped without a count: files of no known format are listed under
+/// `ignored`, logs without `/vehicle` messages under `without_frames` (they are still
+/// indexed), logs skipped by `on_error: skip` under `skipped` (and are absent from every
+/// table). Only a source with no logs at all, or whose every log failed, is an error.
 pub fn ingest(
     cfg: &IngestConfig,
-    source: &Path,
+    source: &LogSource,
     frames: &Path,
     index: Option<&Path>,
     lanes: Option<&Path>,
 ) -> anyhow::Result<Value> {
-    let mut files: Vec<PathBuf> = Vec::new();
-    collect(source, &mut files)?;
-    files.sort();
+    let files = source.list()?;
     let format = cfg.format.clone().unwrap_or(LogFormat::Auto);
     let skip = matches!(cfg.on_error, Some(OnError::Skip));
     let mut index_writer = match index {
@@ -477,24 +601,29 @@ pub fn ingest(
     };
     let mut channels: BTreeMap<String, ChannelStats> = BTreeMap::new();
     let mut skipped = Vec::new();
-    let mut drives = BTreeMap::new();
+    let mut ignored = Vec::new();
+    let mut without_frames = Vec::new();
+    let mut reordered = Vec::new();
+    let mut drives: BTreeMap<String, u64> = BTreeMap::new();
+    let mut drive_files: BTreeMap<String, String> = BTreeMap::new();
     let mut tusimple = Vec::new();
+    let mut logs = 0usize;
     let mut bytes = 0u64;
-    for file in &files {
-        let name = file
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default()
-            .to_owned();
+    for rel in &files {
+        let name = rel.rsplit('/').next().unwrap_or(rel).to_owned();
         let kind = match (&format, name.rsplit_once('.').map(|(_, e)| e)) {
             (LogFormat::Tusimple, _) => "tusimple",
             (LogFormat::Auto, Some("json")) if name.starts_with("label_data") => "tusimple",
             (LogFormat::Mcap, _) | (LogFormat::Auto, Some("mcap")) => "mcap",
             (LogFormat::Jsonl, _) | (LogFormat::Auto, Some("jsonl")) => "jsonl",
-            _ => continue,
+            _ => {
+                ignored.push(rel.clone());
+                continue;
+            }
         };
+        logs += 1;
         if kind == "tusimple" {
-            tusimple.push(file.clone());
+            tusimple.push(source.fetch(rel)?);
             continue;
         }
         let drive = name
@@ -502,26 +631,41 @@ pub fn ingest(
             .map(|(s, _)| s)
             .unwrap_or(&name)
             .to_owned();
-        let rel = file
-            .strip_prefix(source)
-            .unwrap_or(file)
-            .display()
-            .to_string();
-        // Channel statistics count only the files that were read to the end.
+        // One partition per drive: a second log of the same name would replace the first.
+        if let Some(first) = drive_files.insert(drive.clone(), rel.clone()) {
+            anyhow::bail!(
+                "{first} and {rel} are both drive `{drive}`: a drive is named by its file, so one would replace the other; rename one"
+            );
+        }
+        let file = source.fetch(rel)?;
+        // Channel statistics and index rows count only the files read to the end.
         let mut file_channels = BTreeMap::new();
+        let mut file_index = match index {
+            Some(dir) => Some(IndexWriter::create(
+                &dir.join(format!(".part-{}.parquet", drive_files.len())),
+            )?),
+            None => None,
+        };
         let result = match kind {
             "mcap" => ingest_mcap(
-                file,
-                &rel,
+                &file.path,
+                rel,
                 &drive,
                 frames,
-                index_writer.as_mut(),
+                file_index.as_mut(),
                 &mut file_channels,
             ),
-            _ => ingest_jsonl(file, &rel, &drive, frames),
+            _ => ingest_jsonl(&file.path, rel, &drive, frames).map(|frames| FileResult {
+                frames,
+                reordered: false,
+            }),
+        };
+        let file_index = match file_index {
+            Some(w) => Some(w.close()?),
+            None => None,
         };
         match result {
-            Ok(n) => {
+            Ok(r) => {
                 for (topic, s) in file_channels {
                     let all: &mut ChannelStats = channels.entry(topic).or_default();
                     if all.messages == 0 {
@@ -534,8 +678,17 @@ pub fn ingest(
                     all.first_ns = all.first_ns.min(s.first_ns);
                     all.last_ns = all.last_ns.max(s.last_ns);
                 }
-                bytes += std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
-                drives.insert(drive, n);
+                if let (Some(w), Some(part)) = (index_writer.as_mut(), &file_index) {
+                    w.append(part)?;
+                }
+                if r.frames == 0 {
+                    without_frames.push(rel.clone());
+                }
+                if r.reordered {
+                    reordered.push(rel.clone());
+                }
+                bytes += std::fs::metadata(&file.path).map(|m| m.len()).unwrap_or(0);
+                drives.insert(drive, r.frames);
             }
             Err(e) if skip => {
                 // A half-written partition of a skipped file is not part of the table.
@@ -545,25 +698,36 @@ pub fn ingest(
             }
             Err(e) => return Err(e),
         }
+        if let Some(part) = file_index {
+            std::fs::remove_file(part)?;
+        }
     }
-    if let Some(mut w) = index_writer {
-        w.flush()?;
-        w.writer.close()?;
+    if let Some(w) = index_writer {
+        w.close()?;
     }
     let mut lanes_rows = 0;
     if !tusimple.is_empty() {
         let dir = lanes.ok_or_else(|| {
             anyhow::anyhow!("TuSimple label files found: declare the `lanes` output")
         })?;
-        lanes_rows = ingest_tusimple(&tusimple, &dir.join("tusimple.parquet"))?;
+        let paths: Vec<PathBuf> = tusimple.iter().map(|f| f.path.clone()).collect();
+        lanes_rows = ingest_tusimple(&paths, &dir.join("tusimple.parquet"))?;
     }
-    let frames_total: u64 = drives.values().sum();
-    if frames_total == 0 && lanes_rows == 0 && skipped.is_empty() {
+    if logs == 0 {
         anyhow::bail!(
-            "no drive logs under {} (looked for *.mcap, *.jsonl, label_data_*.json)",
-            source.display()
+            "no drive logs in {} (looked for *.mcap, *.jsonl, label_data_*.json; {} other file(s))",
+            source.describe(),
+            ignored.len()
         );
     }
+    if skipped.len() == logs {
+        anyhow::bail!(
+            "every one of the {logs} log(s) in {} could not be read: {}",
+            source.describe(),
+            skipped[0]["error"].as_str().unwrap_or_default()
+        );
+    }
+    let frames_total: u64 = drives.values().sum();
     let channels: serde_json::Map<String, Value> = channels
         .into_iter()
         .map(|(topic, s)| {
@@ -578,32 +742,29 @@ pub fn ingest(
         })
         .collect();
     Ok(json!({
-        "files": files.len(),
+        "files": logs,
         "bytes": bytes,
         "frames": frames_total,
         "drives": drives,
         "channels": channels,
         "tusimple_rows": lanes_rows,
         "skipped": skipped,
+        "skipped_files": skipped.len(),
+        "ignored": ignored,
+        "ignored_files": ignored.len(),
+        "without_frames": without_frames,
+        "files_without_frames": without_frames.len(),
+        "reordered": reordered,
     }))
 }
 
-fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
-    if dir.is_file() {
-        out.push(dir.to_path_buf());
-        return Ok(());
-    }
-    for e in
-        std::fs::read_dir(dir).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", dir.display()))?
-    {
-        let p = e?.path();
-        if p.is_dir() {
-            collect(&p, out)?;
-        } else {
-            out.push(p);
-        }
-    }
-    Ok(())
+/// One JSON message kept for putting a log in time order.
+struct Kept {
+    log_time: u64,
+    topic: String,
+    offset: u64,
+    chunk_offset: Option<u64>,
+    data: Vec<u8>,
 }
 
 fn ingest_mcap(
@@ -613,10 +774,12 @@ fn ingest_mcap(
     frames: &Path,
     mut index: Option<&mut IndexWriter>,
     channels: &mut BTreeMap<String, ChannelStats>,
-) -> anyhow::Result<u64> {
-    let mut writer = DriveWriter::create(frames, drive, rel)?;
-    let mut held = Held::default();
-    let mut pending: Option<Pending> = None;
+) -> anyhow::Result<FileResult> {
+    let mut builder = FrameBuilder::new(DriveWriter::create(frames, drive, rel)?);
+    // Frames are built as the file is read while its JSON messages come in log-time
+    // order; past the first that does not, the file is read again and put in order.
+    let mut last_json: Option<u64> = None;
+    let mut in_order = true;
     let mut on_message = |m: Message<'_>| -> anyhow::Result<()> {
         let json = m.channel.message_encoding == "json";
         let stats = channels.entry(m.channel.topic.clone()).or_default();
@@ -646,38 +809,54 @@ fn ingest_mcap(
                 ix.flush()?;
             }
         }
-        if !json {
+        if !json || !in_order {
             return Ok(());
         }
-        // A frame is complete once a message with a later log time arrives.
-        if let Some(p) = &pending {
-            if m.log_time > p.log_time {
-                writer.push(p.log_time, p.offset, p.chunk_offset, &held)?;
-                pending = None;
-            }
+        if last_json.is_some_and(|t| m.log_time < t) {
+            in_order = false;
+            return Ok(());
         }
-        let msg: Msg<'_> = serde_json::from_slice(m.data).map_err(|e| {
-            anyhow::anyhow!(
-                "message on {} at log time {} is not a JSON object of the known fields: {e}",
-                m.channel.topic,
-                m.log_time
-            )
-        })?;
-        held.take(&m.channel.topic, msg);
-        if m.channel.topic == "/vehicle" {
-            pending = Some(Pending {
+        last_json = Some(m.log_time);
+        builder.message(
+            &m.channel.topic,
+            m.log_time,
+            m.offset,
+            m.chunk_offset,
+            m.data,
+        )
+    };
+    mcapio::scan(file, &mut on_message)?;
+    if in_order {
+        return Ok(FileResult {
+            frames: builder.finish()?,
+            reordered: false,
+        });
+    }
+    // Out of order: the JSON messages in memory, stably sorted by log time (file order
+    // among equal times), then built as above. A new writer replaces the partial file.
+    drop(builder);
+    let mut kept = Vec::new();
+    mcapio::scan(file, &mut |m: Message<'_>| {
+        if m.channel.message_encoding == "json" && Held::reads(&m.channel.topic) {
+            kept.push(Kept {
                 log_time: m.log_time,
+                topic: m.channel.topic.clone(),
                 offset: m.offset,
                 chunk_offset: m.chunk_offset,
+                data: m.data.to_vec(),
             });
         }
         Ok(())
-    };
-    mcapio::scan(file, &mut on_message)?;
-    if let Some(p) = pending {
-        writer.push(p.log_time, p.offset, p.chunk_offset, &held)?;
+    })?;
+    kept.sort_by_key(|k| k.log_time);
+    let mut builder = FrameBuilder::new(DriveWriter::create(frames, drive, rel)?);
+    for k in &kept {
+        builder.message(&k.topic, k.log_time, k.offset, k.chunk_offset, &k.data)?;
     }
-    writer.finish()
+    Ok(FileResult {
+        frames: builder.finish()?,
+        reordered: true,
+    })
 }
 
 fn ingest_jsonl(file: &Path, rel: &str, drive: &str, frames: &Path) -> anyhow::Result<u64> {
@@ -809,7 +988,6 @@ fn ingest_tusimple(files: &[PathBuf], out: &Path) -> anyhow::Result<u64> {
 mod tests {
     use super::*;
     use datafusion::arrow::array::Int64Array;
-    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
     /// The footer's order claim and the log times of each row group.
     fn written(path: &Path) -> (bool, Vec<Vec<i64>>) {

@@ -9,8 +9,12 @@
 //! `background` share of the budget is drawn from all frames (the negatives a classifier
 //! needs), deterministically.
 //!
-//! Import reads completed Label Studio tasks (`labels` input or `source`: each task's
-//! first annotation's `choices` containing `risky` labels it positive) or, for the demo,
+//! Import reads completed Label Studio tasks (`labels` input or `source`, Label Studio's
+//! `JSON` or `JSON_MIN` export) matched by `data.task_id` (Label Studio renumbers the
+//! tasks it imports): of each task's annotations, cancelled ones are skipped and the
+//! newest (or the majority, `policy`) decides, by the `choices` result of the `risk`
+//! control (`from_name`; the one that chose `risky` or `normal` when unset). Fewer labeled
+//! tasks than `min_labeled` (default 90 %) fail the stage with the counts. Or, for the demo,
 //! labels from the simulator's ground truth (`label_source` = `auto:ground-truth`), and
 //! writes `dataset/{train,val,test}.parquet`: whole drives go to one split, never across.
 
@@ -21,7 +25,7 @@ use datafusion::arrow::datatypes::DataType;
 use serde_json::{json, Map, Value};
 
 use crate::table::{frame_columns, rows, session, write_rows};
-use crate::{LabelExportConfig, LabelFormat, LabelImportConfig};
+use crate::{LabelExportConfig, LabelFormat, LabelImportConfig, LabelPolicy};
 
 /// The selected frames and what was written.
 pub async fn export(
@@ -188,15 +192,18 @@ pub async fn export(
                 let tasks: Vec<Value> = selected
                     .iter()
                     .map(|r| {
+                        // The task's own key is `data.task_id`: Label Studio gives an
+                        // imported task a new top-level `id` and keeps `data` as it is.
                         let mut data = r.clone();
                         data.retain(|k, _| !k.starts_with("gt_") && !k.starts_with("rule_"));
-                        json!({"id": r["task_id"], "data": data, "meta": {"rules": r["rules"]}})
+                        json!({"data": data, "meta": {"rules": r["rules"]}})
                     })
                     .collect();
                 std::fs::write(
                     out.join("label-studio.json"),
                     serde_json::to_vec_pretty(&tasks)?,
                 )?;
+                std::fs::write(out.join("label-config.xml"), LABEL_CONFIG)?;
             }
             LabelFormat::Coco => {
                 let images: Vec<Value> = selected
@@ -254,23 +261,167 @@ fn fnv(seed: u64, s: &str) -> u64 {
     h
 }
 
-/// Labels from a Label Studio export: task id → risky.
-fn studio_labels(path: &Path) -> anyhow::Result<HashMap<i64, bool>> {
+/// The Label Studio labeling config the tasks are made for: one `choices` control,
+/// `risk`, over the frame's fields.
+pub const LABEL_CONFIG: &str = r#"<View>
+  <Header value="Drive $drive at $ts s (rules: $rules)"/>
+  <Text name="frame" value="$source_file"/>
+  <Choices name="risk" toName="frame" choice="single" required="true">
+    <Choice value="risky"/>
+    <Choice value="normal"/>
+  </Choices>
+</View>
+"#;
+
+/// The choices that label a frame.
+const POSITIVE: &str = "risky";
+const NEGATIVE: &str = "normal";
+
+/// What a Label Studio export says of the exported tasks.
+#[derive(Debug, Default)]
+struct StudioLabels {
+    /// `data.task_id` → the label the policy chose.
+    by_task: HashMap<i64, bool>,
+    /// Annotations skipped because they were cancelled.
+    cancelled: u64,
+    /// Annotations with no result of the label control.
+    without_label: u64,
+    /// Exported items that name no task of ours (no `data.task_id`).
+    foreign: u64,
+}
+
+/// The label one annotation's results give: the `choices` result of control `from_name`
+/// (else the one that chose `risky` or `normal`).
+fn choice(results: &[Value], from_name: Option<&str>) -> Option<bool> {
+    results.iter().find_map(|r| {
+        if r.get("type")
+            .and_then(Value::as_str)
+            .is_some_and(|t| t != "choices")
+        {
+            return None;
+        }
+        let name = r.get("from_name").and_then(Value::as_str);
+        if from_name.is_some() && name != from_name {
+            return None;
+        }
+        let picked: Vec<&str> = r
+            .pointer("/value/choices")?
+            .as_array()?
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        let known = picked.iter().any(|c| *c == POSITIVE || *c == NEGATIVE);
+        (from_name.is_some() || known).then(|| picked.contains(&POSITIVE))
+    })
+}
+
+/// The label of a JSON-MIN item (data fields and each control's value at the top level):
+/// `"risk": "risky"` or `"risk": {"choices": [...]}`.
+fn min_choice(item: &Map<String, Value>, from_name: Option<&str>) -> Option<bool> {
+    let picked = |v: &Value| -> Option<Vec<String>> {
+        match v {
+            Value::String(c) => Some(vec![c.clone()]),
+            Value::Object(o) => Some(
+                o.get("choices")?
+                    .as_array()?
+                    .iter()
+                    .filter_map(|c| c.as_str().map(str::to_owned))
+                    .collect(),
+            ),
+            _ => None,
+        }
+    };
+    match from_name {
+        Some(n) => picked(item.get(n)?).map(|c| c.iter().any(|x| x == POSITIVE)),
+        None => item.values().filter_map(picked).find_map(|c| {
+            c.iter()
+                .any(|x| x == POSITIVE || x == NEGATIVE)
+                .then(|| c.iter().any(|x| x == POSITIVE))
+        }),
+    }
+}
+
+/// Reads a Label Studio export, `JSON` (tasks with `annotations`) or `JSON_MIN` (one flat
+/// item per annotation), matching tasks by `data.task_id`.
+fn studio_labels(
+    path: &Path,
+    from_name: Option<&str>,
+    policy: LabelPolicy,
+) -> anyhow::Result<StudioLabels> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("cannot read labels {}: {e}", path.display()))?;
-    let tasks: Vec<Value> = serde_json::from_str(&text)
-        .map_err(|e| anyhow::anyhow!("{}: not a Label Studio export: {e}", path.display()))?;
-    let mut out = HashMap::new();
-    for t in tasks {
-        let Some(id) = t.get("id").and_then(Value::as_i64) else {
+    let items: Vec<Map<String, Value>> = serde_json::from_str(&text).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not a Label Studio export (a JSON list of tasks): {e}",
+            path.display()
+        )
+    })?;
+    let mut out = StudioLabels::default();
+    // Task → its valid annotations: (when, annotation id, label).
+    let mut votes: HashMap<i64, Vec<(String, i64, bool)>> = HashMap::new();
+    for item in &items {
+        let key = item
+            .get("data")
+            .and_then(|d| d.get("task_id"))
+            .or_else(|| item.get("task_id"))
+            .and_then(Value::as_i64);
+        let Some(task) = key else {
+            out.foreign += 1;
             continue;
         };
-        let choices = t
-            .pointer("/annotations/0/result/0/value/choices")
-            .and_then(Value::as_array);
-        if let Some(c) = choices {
-            out.insert(id, c.iter().any(|x| x == "risky"));
+        let when = |a: &Map<String, Value>| {
+            a.get("updated_at")
+                .or_else(|| a.get("created_at"))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let id = |a: &Map<String, Value>| {
+            a.get("annotation_id")
+                .or_else(|| a.get("id"))
+                .and_then(Value::as_i64)
+                .unwrap_or_default()
+        };
+        match item.get("annotations").and_then(Value::as_array) {
+            Some(annotations) => {
+                for a in annotations.iter().filter_map(Value::as_object) {
+                    if a.get("was_cancelled").and_then(Value::as_bool) == Some(true) {
+                        out.cancelled += 1;
+                        continue;
+                    }
+                    let results = a.get("result").and_then(Value::as_array);
+                    match results.and_then(|r| choice(r, from_name)) {
+                        Some(label) => votes.entry(task).or_default().push((when(a), id(a), label)),
+                        None => out.without_label += 1,
+                    }
+                }
+            }
+            None => match min_choice(item, from_name) {
+                Some(label) => votes
+                    .entry(task)
+                    .or_default()
+                    .push((when(item), id(item), label)),
+                None => out.without_label += 1,
+            },
         }
+    }
+    for (task, mut v) in votes {
+        // Newest last: by time, then by annotation id.
+        v.sort();
+        let newest = v.last().map(|x| x.2).unwrap_or_default();
+        let label = match policy {
+            LabelPolicy::Newest => newest,
+            LabelPolicy::Majority => {
+                let yes = v.iter().filter(|x| x.2).count();
+                let no = v.len() - yes;
+                if yes == no {
+                    newest
+                } else {
+                    yes > no
+                }
+            }
+        };
+        out.by_task.insert(task, label);
     }
     Ok(out)
 }
@@ -290,15 +441,17 @@ pub async fn import(
         (None, Some(s)) => Some(std::path::PathBuf::from(s.trim_start_matches("file://"))),
         (None, None) => None,
     };
+    let policy = cfg.policy.unwrap_or(LabelPolicy::Newest);
     let human = match &labels_file {
-        Some(f) => Some(studio_labels(f)?),
+        Some(f) => Some(studio_labels(f, cfg.from_name.as_deref(), policy)?),
         None => None,
     };
+    let exported = frames.len() as u64;
     let mut unlabeled = 0u64;
     frames.retain_mut(|r| {
         let id = r.get("task_id").and_then(Value::as_i64).unwrap_or_default();
         let (label, source) = match &human {
-            Some(h) => match h.get(&id) {
+            Some(h) => match h.by_task.get(&id) {
                 Some(l) => (*l, "human"),
                 None => {
                     unlabeled += 1;
@@ -317,6 +470,29 @@ pub async fn import(
         r.insert("label_source".into(), Value::String(source.into()));
         true
     });
+    if let Some(h) = &human {
+        let labeled = exported - unlabeled;
+        let min = cfg.min_labeled.unwrap_or(0.9);
+        if min < 0.0 {
+            anyhow::bail!("min_labeled must not be negative (got {min})");
+        }
+        let need = if min < 1.0 {
+            (min * exported as f64).ceil() as u64
+        } else {
+            min.ceil() as u64
+        };
+        if labeled < need {
+            anyhow::bail!(
+                "only {labeled} of {exported} exported tasks came back labeled (min_labeled {min} needs {need}): \
+                 {unlabeled} without a label, {} cancelled annotation(s) skipped, {} annotation(s) without a `{}` choice, \
+                 {} exported item(s) without `data.task_id` (tasks are matched by `data.task_id`)",
+                h.cancelled,
+                h.without_label,
+                cfg.from_name.as_deref().unwrap_or("risky/normal"),
+                h.foreign
+            );
+        }
+    }
     let split = cfg.split.as_ref();
     let (train_f, val_f) = (
         split.map(|s| s.train).unwrap_or(0.8),
@@ -387,7 +563,11 @@ pub async fn import(
     }
     Ok(json!({
         "frames": frames.len(),
+        "exported": exported,
         "unlabeled": unlabeled,
+        "cancelled_annotations": human.as_ref().map(|h| h.cancelled),
+        "annotations_without_label": human.as_ref().map(|h| h.without_label),
+        "foreign_items": human.as_ref().map(|h| h.foreign),
         "label_source": if human.is_some() { "human" } else { "auto:ground-truth" },
         "splits": counts,
     }))

@@ -24,6 +24,7 @@ use serde_json::Value;
 pub mod gate;
 pub mod ingest;
 pub mod label;
+pub mod logsource;
 pub mod mcapio;
 pub mod mine;
 pub mod mlflow;
@@ -40,6 +41,8 @@ type RunFn<C> = for<'a> fn(
     &'a StepContext,
 ) -> Pin<Box<dyn Future<Output = anyhow::Result<Value>> + Send + 'a>>;
 type CheckFn<C> = fn(&C) -> Vec<(String, String)>;
+/// What a step reads from outside its inputs (see [`Step::reads`]).
+type ReadsFn = fn(&Value, &[&str]) -> Vec<String>;
 
 /// A step described by static metadata, a config type `C` and what it does.
 struct Builtin<C> {
@@ -51,6 +54,7 @@ struct Builtin<C> {
     run: RunFn<C>,
     check: Option<CheckFn<C>>,
     registry: bool,
+    reads: Option<ReadsFn>,
     config: PhantomData<fn() -> C>,
 }
 
@@ -95,6 +99,10 @@ impl<C: DeserializeOwned + JsonSchema + Send + 'static> Step for Builtin<C> {
         self.registry
     }
 
+    fn reads(&self, config: &Value, inputs: &[&str]) -> Vec<String> {
+        self.reads.map(|f| f(config, inputs)).unwrap_or_default()
+    }
+
     async fn run(&self, cx: &StepContext) -> StepResult {
         let config: C = serde_json::from_value(cx.config.clone())
             .map_err(|e| format!("step `{}`: the config does not fit: {e}", self.name))?;
@@ -120,6 +128,7 @@ fn builtin<C: DeserializeOwned + JsonSchema + Send + 'static>(
         run,
         check: None,
         registry: false,
+        reads: None,
         config: PhantomData,
     }
 }
@@ -131,6 +140,10 @@ impl<C: DeserializeOwned + JsonSchema + Send + 'static> Builtin<C> {
     }
     fn writing_registry(mut self) -> Self {
         self.registry = true;
+        self
+    }
+    fn reading(mut self, reads: ReadsFn) -> Self {
+        self.reads = Some(reads);
         self
     }
     fn boxed(self) -> Box<dyn Step> {
@@ -206,6 +219,7 @@ pub fn all() -> Vec<Box<dyn Step>> {
             Ok(_) => Vec::new(),
             Err(e) => vec![("gate".to_owned(), format!("gate: {e}"))],
         })
+        .reading(validate_reads)
         .boxed(),
         builtin::<PromoteConfig>(
             "promote",
@@ -217,6 +231,21 @@ pub fn all() -> Vec<Box<dyn Step>> {
         .writing_registry()
         .boxed(),
     ]
+}
+
+/// `validate` compares with the model an alias points at, unless a `baseline` input
+/// gives it: that alias is part of its cache key.
+fn validate_reads(config: &Value, inputs: &[&str]) -> Vec<String> {
+    let model = config.get("model").and_then(Value::as_str);
+    let Some(model) = model.filter(|_| !inputs.contains(&"baseline")) else {
+        return Vec::new();
+    };
+    let alias = config
+        .get("baseline")
+        .and_then(Value::as_str)
+        .unwrap_or("production");
+    let registry = config.get("registry").and_then(Value::as_str);
+    vec![registry::reference(model, alias, registry)]
 }
 
 /// `fleet-sim`: synthetic drives.
@@ -339,6 +368,26 @@ pub struct LabelImportConfig {
     pub split: Option<Split>,
     #[serde(default)]
     pub seed: Option<u64>,
+    /// The labeling control whose choices are the label (`from_name` in Label Studio's
+    /// results). Default: the `choices` result that chose `risky` or `normal`.
+    #[serde(default)]
+    pub from_name: Option<String>,
+    /// Which annotation of a task counts when it has several (cancelled ones never do):
+    /// `newest` (default) or `majority` (ties go to the newest).
+    #[serde(default)]
+    pub policy: Option<LabelPolicy>,
+    /// The fewest exported tasks that must come back labeled: a share of them below 1
+    /// (`0.9`, the default) or a count from 1 up (`250`); fewer fails the stage.
+    #[serde(default)]
+    pub min_labeled: Option<f64>,
+}
+
+/// Which annotation of a task `label-import` takes.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LabelPolicy {
+    Newest,
+    Majority,
 }
 
 /// Dataset split fractions.

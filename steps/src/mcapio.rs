@@ -6,7 +6,9 @@
 //! crate. Chunks compressed with zstd or lz4 are decompressed; files without a summary
 //! or footer (unindexed, or cut short at a record boundary) are read up to where they
 //! end. A record cut short or a body that does not parse is an error naming the byte
-//! offset.
+//! offset, and so is a checksum that does not match: every chunk's CRC of its records
+//! (`uncompressed_crc`) and the data section's (`DataEnd.data_section_crc`), where the
+//! writer set them (0 means none).
 
 use std::collections::HashMap;
 use std::io::{BufReader, Read};
@@ -161,6 +163,9 @@ pub fn scan(
     let mut end = ScanEnd::default();
     let mut pos = 8u64;
     let mut body = Vec::new();
+    // The data section's CRC covers every byte from the magic to the DataEnd record.
+    let mut section = crc32fast::Hasher::new();
+    section.update(&magic);
     loop {
         let mut head = [0u8; 9];
         match read_full(&mut r, &mut head) {
@@ -180,13 +185,30 @@ pub fn scan(
             ));
         }
         // Messages never follow the data section: the summary is not needed.
-        if op == OP_FOOTER || op == OP_DATA_END {
+        if op == OP_FOOTER {
+            end.complete = true;
+            break;
+        }
+        if op == OP_DATA_END {
+            let mut crc = [0u8; 4];
+            r.read_exact(&mut crc)
+                .map_err(|e| fail(pos, format!("truncated data end record: {e}")))?;
+            let expected = u32::from_le_bytes(crc);
+            let actual = section.finalize();
+            if expected != 0 && expected != actual {
+                return Err(fail(
+                    pos,
+                    format!("data section CRC mismatch (the file says {expected:08x}, its bytes give {actual:08x}): the file is corrupt"),
+                ));
+            }
             end.complete = true;
             break;
         }
         body.resize(len as usize, 0);
         r.read_exact(&mut body)
             .map_err(|e| fail(pos, format!("truncated record: {e}")))?;
+        section.update(&head);
+        section.update(&body);
         if op == OP_CHUNK {
             let Record::Chunk { header, data } = mcap::parse_record(op, &body)
                 .map_err(|e| fail(pos, format!("corrupt chunk: {e}")))?
@@ -195,6 +217,16 @@ pub fn scan(
             };
             let records = decompress(&header.compression, &data, header.uncompressed_size)
                 .map_err(|e| fail(pos, e))?;
+            let crc = crc32fast::hash(&records);
+            if header.uncompressed_crc != 0 && header.uncompressed_crc != crc {
+                return Err(fail(
+                    pos,
+                    format!(
+                        "chunk CRC mismatch (the chunk says {:08x}, its records give {crc:08x}): the file is corrupt",
+                        header.uncompressed_crc
+                    ),
+                ));
+            }
             let mut at = 0usize;
             while at < records.len() {
                 if records.len() - at < 9 {

@@ -24,6 +24,49 @@ use serde_json::{json, Value};
 
 use crate::mlflow::MlflowRegistry;
 
+/// The cache-key reference to `model@alias` (in `registry`, else the default registry):
+/// `registry:MODEL@ALIAS[ in REGISTRY]`, as [`AliasResolver`] reads it.
+pub fn reference(model: &str, alias: &str, registry: Option<&str>) -> String {
+    match registry {
+        Some(r) => format!("registry:{model}@{alias} in {r}"),
+        None => format!("registry:{model}@{alias}"),
+    }
+}
+
+/// Resolves `registry:MODEL@ALIAS[ in REGISTRY]` to the version the alias points at
+/// (`unset` before its first move), for cache keys of stages that compare with it.
+#[derive(Debug, Default)]
+pub struct AliasResolver;
+
+#[async_trait::async_trait]
+impl drivetrain_engine::cache::Resolver for AliasResolver {
+    async fn resolve(&self, reference: &str, store: &str) -> Result<String, String> {
+        let spec = reference
+            .strip_prefix("registry:")
+            .ok_or_else(|| format!("`{reference}` is not a registry reference"))?;
+        let (spec, registry) = match spec.split_once(" in ") {
+            Some((s, r)) => (s, Some(r)),
+            None => (spec, None),
+        };
+        let (model, alias) = spec
+            .rsplit_once('@')
+            .filter(|(m, a)| !m.is_empty() && !a.is_empty())
+            .ok_or_else(|| format!("`{reference}`: write `registry:MODEL@ALIAS`"))?;
+        let reg = Registry::open_for(registry, store).map_err(|e| format!("{e:#}"))?;
+        match reg
+            .alias(model, alias)
+            .await
+            .map_err(|e| format!("{e:#}"))?
+        {
+            None => Ok("unset".into()),
+            Some(a) => a["version"]
+                .as_u64()
+                .map(|v| v.to_string())
+                .ok_or_else(|| format!("alias `{model}@{alias}` names no version: {a}")),
+        }
+    }
+}
+
 /// A model registry: the object-store registry (the default, beside the artifacts) or
 /// MLflow's (`mlflow+http://host:port`, see [`crate::mlflow`]). `drivetrain registry`,
 /// `validate` and `promote` work the same against either.

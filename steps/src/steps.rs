@@ -31,9 +31,10 @@ pub async fn fleet_sim(c: FleetSimConfig, cx: &StepContext) -> anyhow::Result<Va
 }
 
 pub async fn ingest(c: IngestConfig, cx: &StepContext) -> anyhow::Result<Value> {
+    let scratch = std::env::temp_dir().join("drivetrain-ingest");
     let source = match (&c.source, cx.inputs.get("logs")) {
-        (Some(s), _) => PathBuf::from(s.strip_prefix("file://").unwrap_or(s)),
-        (None, Some(dir)) => dir.clone(),
+        (Some(s), _) => crate::logsource::LogSource::open(s, &scratch)?,
+        (None, Some(dir)) => crate::logsource::LogSource::Local(dir.clone()),
         (None, None) => anyhow::bail!("no logs: connect the `logs` input or set `source`"),
     };
     let frames = cx.output("frames").map_err(err)?.clone();

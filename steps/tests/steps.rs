@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
+use drivetrain_steps::logsource::LogSource;
 use drivetrain_steps::{mcapio, FleetSimConfig, IngestConfig, OnError, TrainConfig};
 
 fn tmp(name: &str) -> PathBuf {
@@ -175,6 +176,18 @@ fn lz4_unchunked_unindexed_and_broken_files() {
     std::fs::write(bad.join("not.mcap"), b"hello, world, not mcap at all").unwrap();
     let e = mcapio::scan(&bad.join("not.mcap"), &mut |_| Ok(())).unwrap_err();
     assert!(e.to_string().contains("not an MCAP file"), "{e}");
+    // Messages outside chunks are covered by the data section's CRC (the mcap crate
+    // writes it): `{"speed_mps": 7}` read as `{"speed_mpt": 7}` would be a null column.
+    let mut flat = std::fs::read(logs.join("flat.mcap")).unwrap();
+    let at = flat.windows(9).position(|w| w == b"speed_mps").unwrap() + 8;
+    flat[at] = b't';
+    std::fs::write(bad.join("flipped.mcap"), &flat).unwrap();
+    let e = mcapio::scan(&bad.join("flipped.mcap"), &mut |_| Ok(())).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("flipped.mcap: data section CRC mismatch"),
+        "{e}"
+    );
 
     // Ingest: JSON channels decode into frames, the CDR channel is only indexed; with
     // `on_error: skip` the broken files are counted, not fatal.
@@ -189,13 +202,26 @@ fn lz4_unchunked_unindexed_and_broken_files() {
         format: None,
         on_error: None,
     };
-    let fail =
-        drivetrain_steps::ingest::ingest(&cfg, &logs, &frames, Some(&index), None).unwrap_err();
+    let fail = drivetrain_steps::ingest::ingest(
+        &cfg,
+        &LogSource::Local(logs.clone()),
+        &frames,
+        Some(&index),
+        None,
+    )
+    .unwrap_err();
     assert!(format!("{fail:#}").contains("byte offset"), "{fail:#}");
     cfg.on_error = Some(OnError::Skip);
     std::fs::remove_dir_all(&frames).unwrap();
     std::fs::create_dir_all(&frames).unwrap();
-    let v = drivetrain_steps::ingest::ingest(&cfg, &logs, &frames, Some(&index), None).unwrap();
+    let v = drivetrain_steps::ingest::ingest(
+        &cfg,
+        &LogSource::Local(logs.clone()),
+        &frames,
+        Some(&index),
+        None,
+    )
+    .unwrap();
     assert_eq!(v["frames"], 50 + 50 + 20, "{v}");
     assert_eq!(v["skipped"].as_array().unwrap().len(), 2, "{v}");
     assert_eq!(v["channels"]["/imu"]["messages"], 120, "{v}");
@@ -238,7 +264,14 @@ fn jsonl_and_tusimple_ingest() {
         format: None,
         on_error: None,
     };
-    let v = drivetrain_steps::ingest::ingest(&cfg, &logs, &frames, None, Some(&lanes)).unwrap();
+    let v = drivetrain_steps::ingest::ingest(
+        &cfg,
+        &LogSource::Local(logs.clone()),
+        &frames,
+        None,
+        Some(&lanes),
+    )
+    .unwrap();
     assert_eq!(v["frames"], 2);
     assert_eq!(v["tusimple_rows"], 1);
     rt().block_on(async {
@@ -267,7 +300,14 @@ fn jsonl_and_tusimple_ingest() {
         assert_eq!(lanes[0]["lane_count"], 2);
     });
     std::fs::write(logs.join("d2.jsonl"), "{\"ts\": 0.0}\nnot json\n").unwrap();
-    let e = drivetrain_steps::ingest::ingest(&cfg, &logs, &frames, None, Some(&lanes)).unwrap_err();
+    let e = drivetrain_steps::ingest::ingest(
+        &cfg,
+        &LogSource::Local(logs.clone()),
+        &frames,
+        None,
+        Some(&lanes),
+    )
+    .unwrap_err();
     assert!(
         format!("{e:#}").contains("d2.jsonl: line 2 (byte offset 12)"),
         "{e:#}"
@@ -412,7 +452,8 @@ fn a_sorted_frame_table_is_mined_without_a_sort_and_the_same() {
         format: None,
         on_error: None,
     };
-    drivetrain_steps::ingest::ingest(&cfg, &logs, &frames, None, None).unwrap();
+    drivetrain_steps::ingest::ingest(&cfg, &LogSource::Local(logs.clone()), &frames, None, None)
+        .unwrap();
     // Every drive's file says it is sorted, and each row group names its sort columns.
     let mut files = 0;
     for drive in std::fs::read_dir(&frames).unwrap() {

@@ -1,0 +1,153 @@
+//! Where `ingest` finds drive logs: a local directory (or one file), or a prefix of any
+//! store the artifact store understands (`s3://`, `gs://`, `az://`, `file://`).
+//!
+//! Logs are listed first, sorted by their path under the source, then fetched one at a
+//! time: a remote log is streamed to a temporary file beside the attempt (memory stays
+//! bounded by one buffer, disk by the largest log) and removed once it has been read.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use drivetrain_engine::artifacts::ArtifactStore;
+use futures::StreamExt;
+use object_store::path::Path as Key;
+use object_store::{ObjectStore, ObjectStoreExt};
+
+/// The logs of one source.
+#[derive(Debug)]
+pub enum LogSource {
+    /// A directory walked recursively, or a single file.
+    Local(PathBuf),
+    /// A prefix of an object store, fetched into `scratch`.
+    Store {
+        url: String,
+        store: Arc<dyn ObjectStore>,
+        scratch: PathBuf,
+    },
+}
+
+/// A log ready to read: its path here, removed on drop when it was fetched.
+#[derive(Debug)]
+pub struct Fetched {
+    pub path: PathBuf,
+    temporary: bool,
+}
+
+impl Drop for Fetched {
+    fn drop(&mut self) {
+        if self.temporary {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl LogSource {
+    /// The source `source` names: a store URL (`s3://bucket/prefix/`) or a local path
+    /// (`file://` or plain). Remote logs are fetched into `scratch`.
+    pub fn open(source: &str, scratch: &Path) -> anyhow::Result<LogSource> {
+        match source.split_once("://") {
+            None => Ok(LogSource::Local(PathBuf::from(source))),
+            Some(("file", path)) => Ok(LogSource::Local(PathBuf::from(path))),
+            Some(_) => {
+                let store = ArtifactStore::open(source)
+                    .map_err(|e| anyhow::anyhow!("cannot open the source {source}: {e}"))?;
+                Ok(LogSource::Store {
+                    url: source.to_owned(),
+                    store: store.object_store(),
+                    scratch: scratch.to_path_buf(),
+                })
+            }
+        }
+    }
+
+    /// Where the logs are, for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            LogSource::Local(p) => p.display().to_string(),
+            LogSource::Store { url, .. } => url.clone(),
+        }
+    }
+
+    /// Every log's path under the source, sorted.
+    pub fn list(&self) -> anyhow::Result<Vec<String>> {
+        let mut out = Vec::new();
+        match self {
+            LogSource::Local(root) if root.is_file() => out.push(
+                root.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            ),
+            LogSource::Local(root) => collect(root, root, &mut out)?,
+            LogSource::Store { url, store, .. } => {
+                let metas: Vec<_> = block_on(store.list(None).collect::<Vec<_>>());
+                for m in metas {
+                    let m = m.map_err(|e| anyhow::anyhow!("cannot list {url}: {e}"))?;
+                    out.push(m.location.to_string());
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The log at `rel` as a local file.
+    pub fn fetch(&self, rel: &str) -> anyhow::Result<Fetched> {
+        match self {
+            LogSource::Local(root) if root.is_file() => Ok(Fetched {
+                path: root.clone(),
+                temporary: false,
+            }),
+            LogSource::Local(root) => Ok(Fetched {
+                path: root.join(rel),
+                temporary: false,
+            }),
+            LogSource::Store {
+                url,
+                store,
+                scratch,
+            } => {
+                std::fs::create_dir_all(scratch)?;
+                let name = rel.rsplit('/').next().unwrap_or(rel);
+                let path = scratch.join(format!("fetch-{}-{name}", std::process::id()));
+                let fetched = Fetched {
+                    path: path.clone(),
+                    temporary: true,
+                };
+                let mut file = std::io::BufWriter::new(std::fs::File::create(&path)?);
+                let fail =
+                    |e: &dyn std::fmt::Display| anyhow::anyhow!("cannot read {url}{rel}: {e}");
+                block_on(async {
+                    let got = store.get(&Key::from(rel)).await.map_err(|e| fail(&e))?;
+                    let mut stream = got.into_stream();
+                    while let Some(bytes) = stream.next().await {
+                        file.write_all(&bytes.map_err(|e| fail(&e))?)?;
+                    }
+                    anyhow::Ok(())
+                })?;
+                file.flush()?;
+                Ok(fetched)
+            }
+        }
+    }
+}
+
+/// Runs a store call from the blocking code `ingest` is (inside `block_in_place`).
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Handle::current().block_on(f)
+}
+
+fn collect(root: &Path, dir: &Path, out: &mut Vec<String>) -> anyhow::Result<()> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", dir.display()))?;
+    for e in entries {
+        let p = e?.path();
+        if p.is_dir() {
+            collect(root, &p, out)?;
+        } else {
+            let rel = p.strip_prefix(root).unwrap_or(&p);
+            out.push(rel.to_string_lossy().into_owned());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,537 @@
+//! `ingest` and `label-import` on inputs nobody here wrote: MCAP files from the Python
+//! `mcap` writer (the venv `.ci/run` installs, see `drivetrain_engine::testing`), and
+//! Label Studio exports in the shapes Label Studio writes them (`JSON` and `JSON_MIN`).
+//! Each test is a case that lost data silently before: frames dropped for out-of-order or
+//! equal log times, corruption ingested as nulls, non-vehicle logs refused, skipped logs
+//! left in the index, labels lost to renumbered tasks, another control or a cancelled
+//! annotation.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use drivetrain_steps::logsource::LogSource;
+use drivetrain_steps::{IngestConfig, LabelImportConfig, OnError};
+use serde_json::{json, Value};
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("dt-real-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Writes an MCAP file with the Python `mcap` package's writer: `messages` in the order
+/// given (`topic`, `encoding`, `log_time` in ns, `data` text), each channel with a schema
+/// of the profile's encoding; `chunk_size` small puts messages in chunks of their own.
+fn python_mcap(path: &Path, profile: &str, chunk_size: u64, messages: &[Value]) {
+    const SCRIPT: &str = r#"
+import json, sys
+from mcap.writer import Writer, CompressionType
+spec = json.load(sys.stdin)
+with open(spec["path"], "wb") as f:
+    w = Writer(f, chunk_size=spec["chunk_size"], compression=CompressionType.NONE)
+    w.start(profile=spec["profile"], library="python mcap test writer")
+    channels = {}
+    for m in spec["messages"]:
+        key = (m["topic"], m["encoding"])
+        if key not in channels:
+            schema_encoding = {"json": "jsonschema", "ros1": "ros1msg", "protobuf": "protobuf"}[m["encoding"]]
+            sid = w.register_schema(name=m["topic"].strip("/") or "x", encoding=schema_encoding, data=b"{}")
+            channels[key] = w.register_channel(topic=m["topic"], message_encoding=m["encoding"], schema_id=sid)
+        w.add_message(channel_id=channels[key], log_time=m["log_time"], publish_time=m["log_time"], data=m["data"].encode())
+    w.finish()
+"#;
+    let spec =
+        json!({"path": path, "profile": profile, "chunk_size": chunk_size, "messages": messages});
+    let mut child = Command::new(drivetrain_engine::testing::venv_bin("python"))
+        .args(["-c", SCRIPT])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("the tests' venv python");
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), spec.to_string().as_bytes()).unwrap();
+    drop(child.stdin.take());
+    assert!(
+        child.wait().unwrap().success(),
+        "the python mcap writer failed"
+    );
+}
+
+fn vehicle(t_s: f64, speed: f64) -> Value {
+    json!({"topic": "/vehicle", "encoding": "json", "log_time": (t_s * 1e9) as u64,
+           "data": json!({"speed_mps": speed, "accel_x": 0.0}).to_string()})
+}
+
+fn lane(t_s: f64, confidence: f64) -> Value {
+    json!({"topic": "/lane", "encoding": "json", "log_time": (t_s * 1e9) as u64,
+           "data": json!({"lane_confidence": confidence}).to_string()})
+}
+
+fn cfg(on_error: Option<OnError>) -> IngestConfig {
+    IngestConfig {
+        source: None,
+        format: None,
+        on_error,
+    }
+}
+
+#[derive(Debug)]
+struct Out {
+    frames: PathBuf,
+    index: PathBuf,
+}
+
+fn outputs(dir: &Path) -> Out {
+    let out = Out {
+        frames: dir.join("frames"),
+        index: dir.join("index"),
+    };
+    std::fs::create_dir_all(&out.frames).unwrap();
+    std::fs::create_dir_all(&out.index).unwrap();
+    out
+}
+
+fn ingest(dir: &Path, logs: &Path, on_error: Option<OnError>) -> anyhow::Result<(Value, Out)> {
+    let out = outputs(dir);
+    let v = drivetrain_steps::ingest::ingest(
+        &cfg(on_error),
+        &LogSource::Local(logs.to_path_buf()),
+        &out.frames,
+        Some(&out.index),
+        None,
+    )?;
+    Ok((v, out))
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn query(tables: &[(&str, &Path)], sql: &str) -> Vec<serde_json::Map<String, Value>> {
+    rt().block_on(async {
+        let ctx = drivetrain_steps::table::session(tables).await.unwrap();
+        drivetrain_steps::table::rows(&ctx, sql).await.unwrap()
+    })
+}
+
+#[test]
+fn every_vehicle_message_is_a_frame_whatever_the_order_of_log_times() {
+    let dir = tmp("order");
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    // Out of order, each message in a chunk of its own (chunks out of order); the lane
+    // signal written last but logged first must still be held by the frames after it.
+    python_mcap(
+        &logs.join("shuffled.mcap"),
+        "",
+        1,
+        &[
+            vehicle(3.0, 30.0),
+            lane(2.5, 0.9),
+            vehicle(1.0, 10.0),
+            vehicle(2.0, 20.0),
+            lane(0.5, 0.1),
+        ],
+    );
+    // Two frames at the same log time, in one chunk.
+    python_mcap(
+        &logs.join("ties.mcap"),
+        "",
+        1 << 20,
+        &[vehicle(1.0, 1.0), vehicle(1.0, 1.5), vehicle(2.0, 2.0)],
+    );
+    let (v, out) = ingest(&dir, &logs, None).unwrap();
+    assert_eq!(v["frames"], 6, "{v}");
+    assert_eq!(v["drives"]["shuffled"], 3, "{v}");
+    assert_eq!(v["drives"]["ties"], 3, "{v}");
+    assert_eq!(v["reordered"], json!(["shuffled.mcap"]), "{v}");
+    let rows = query(
+        &[("f", &out.frames)],
+        "SELECT drive, ts, speed_mps, lane_confidence FROM f ORDER BY drive, ts, speed_mps",
+    );
+    let got: Vec<(String, f64, f64, Option<f64>)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["drive"].as_str().unwrap().to_owned(),
+                r["ts"].as_f64().unwrap(),
+                r["speed_mps"].as_f64().unwrap(),
+                r["lane_confidence"].as_f64(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("shuffled".to_owned(), 0.0, 10.0, Some(0.1)),
+            ("shuffled".to_owned(), 1.0, 20.0, Some(0.1)),
+            ("shuffled".to_owned(), 2.0, 30.0, Some(0.9)),
+            ("ties".to_owned(), 0.0, 1.0, None),
+            ("ties".to_owned(), 0.0, 1.5, None),
+            ("ties".to_owned(), 1.0, 2.0, None),
+        ]
+    );
+}
+
+#[test]
+fn a_flipped_byte_in_a_chunk_is_an_error_naming_the_file_and_offset() {
+    let dir = tmp("crc");
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let file = logs.join("drive.mcap");
+    python_mcap(
+        &file,
+        "",
+        1 << 20,
+        &[vehicle(1.0, 10.0), vehicle(2.0, 20.0), lane(2.0, 0.5)],
+    );
+    // The file as written reads; with `speed_mps` turned into `speed_mpt` (the JSON still
+    // parses, the column would silently be null) it must not.
+    ingest(&dir.join("good"), &logs, None).unwrap();
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = bytes
+        .windows(9)
+        .position(|w| w == b"speed_mps")
+        .expect("the uncompressed chunk holds the JSON")
+        + 8;
+    bytes[at] = b't';
+    std::fs::write(&file, &bytes).unwrap();
+    let e = ingest(&dir.join("bad"), &logs, None).unwrap_err();
+    let e = format!("{e:#}");
+    assert!(e.contains("drive.mcap"), "{e}");
+    assert!(e.contains("CRC mismatch"), "{e}");
+    assert!(e.contains("at byte offset"), "{e}");
+}
+
+#[test]
+fn logs_without_vehicle_messages_are_indexed_with_zero_frames() {
+    let dir = tmp("profiles");
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let ros1 = |topic: &str, t: u64| json!({"topic": topic, "encoding": "ros1", "log_time": t, "data": "\u{1}\u{2}\u{3}"});
+    python_mcap(
+        &logs.join("ros1.mcap"),
+        "ros1",
+        1 << 20,
+        &[ros1("/tf", 1), ros1("/diagnostics", 2), ros1("/tf", 3)],
+    );
+    // Alone in the source: indexed, zero frames, counted; not "no drive logs".
+    let (v, out) = ingest(&dir.join("alone"), &logs, None).unwrap();
+    assert_eq!(v["frames"], 0, "{v}");
+    assert_eq!(v["files_without_frames"], 1, "{v}");
+    assert_eq!(v["channels"]["/tf"]["messages"], 2, "{v}");
+    let index = query(
+        &[("i", &out.index.join("messages.parquet"))],
+        "SELECT topic, message_encoding FROM i ORDER BY log_time_ns",
+    );
+    assert_eq!(index.len(), 3);
+    assert_eq!(index[1]["topic"], "/diagnostics");
+    // And a valid file with no messages at all.
+    python_mcap(&logs.join("empty.mcap"), "", 1 << 20, &[]);
+    let (v, _) = ingest(&dir.join("empty"), &logs, None).unwrap();
+    assert_eq!(v["files"], 2, "{v}");
+    assert_eq!(v["files_without_frames"], 2, "{v}");
+    // Only a source with no logs is an error.
+    let nothing = dir.join("nothing");
+    std::fs::create_dir_all(&nothing).unwrap();
+    std::fs::write(nothing.join("README.txt"), "not a log").unwrap();
+    let e = ingest(&dir.join("none"), &nothing, None).unwrap_err();
+    assert!(format!("{e:#}").contains("no drive logs"), "{e:#}");
+}
+
+#[test]
+fn a_skipped_log_is_absent_from_the_index_too() {
+    let dir = tmp("skip-index");
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let many: Vec<Value> = (0..50).map(|i| vehicle(i as f64, 1.0)).collect();
+    python_mcap(&logs.join("a-good.mcap"), "", 1 << 20, &many);
+    // Broken after its first chunk: the messages before the break were read (and
+    // indexed) before the error was found.
+    python_mcap(&logs.join("b-cut.mcap"), "", 256, &many);
+    let cut = std::fs::read(logs.join("b-cut.mcap")).unwrap();
+    std::fs::write(logs.join("b-cut.mcap"), &cut[..cut.len() * 2 / 3]).unwrap();
+    let (v, out) = ingest(&dir, &logs, Some(OnError::Skip)).unwrap();
+    assert_eq!(v["skipped_files"], 1, "{v}");
+    assert_eq!(v["frames"], 50, "{v}");
+    let index = query(
+        &[("i", &out.index.join("messages.parquet"))],
+        "SELECT file, count(*) AS n FROM i GROUP BY file",
+    );
+    assert_eq!(index.len(), 1, "{index:?}");
+    assert_eq!(index[0]["file"], "a-good.mcap");
+    assert_eq!(index[0]["n"], 50);
+    let leftovers: Vec<_> = std::fs::read_dir(&out.index)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(leftovers, ["messages.parquet"], "no per-file parts remain");
+    // Every log unreadable: nothing was ingested, and that is an error, not a success.
+    std::fs::remove_file(logs.join("a-good.mcap")).unwrap();
+    let e = ingest(&dir.join("all-bad"), &logs, Some(OnError::Skip)).unwrap_err();
+    assert!(format!("{e:#}").contains("could not be read"), "{e:#}");
+}
+
+#[test]
+fn two_logs_of_one_drive_name_are_refused() {
+    let dir = tmp("same-drive");
+    let logs = dir.join("logs");
+    for d in ["day1", "day2"] {
+        std::fs::create_dir_all(logs.join(d)).unwrap();
+        python_mcap(
+            &logs.join(d).join("car-7.mcap"),
+            "",
+            1 << 20,
+            &[vehicle(1.0, 1.0)],
+        );
+    }
+    let e = ingest(&dir, &logs, None).unwrap_err();
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("day1/car-7.mcap and day2/car-7.mcap are both drive `car-7`"),
+        "{e}"
+    );
+}
+
+/// The `tasks` directory `label-export` writes, for three frames of two drives.
+fn exported_tasks(dir: &Path) -> PathBuf {
+    let tasks = dir.join("tasks");
+    std::fs::create_dir_all(&tasks).unwrap();
+    let cols = drivetrain_steps::table::frame_columns(&[
+        ("rules", datafusion::arrow::datatypes::DataType::Utf8),
+        ("task_id", datafusion::arrow::datatypes::DataType::Int64),
+    ]);
+    let rows: Vec<serde_json::Map<String, Value>> = (1..=4)
+        .map(|i| {
+            json!({"drive": if i <= 2 { "d1" } else { "d2" }, "ts": i as f64, "log_time_ns": i * 1_000_000_000i64,
+                   "source_file": "x.mcap", "source_offset": 0, "rules": "hard_brake", "task_id": i})
+            .as_object()
+            .unwrap()
+            .clone()
+        })
+        .collect();
+    drivetrain_steps::table::write_rows(&tasks.join("frames.parquet"), &cols, &rows).unwrap();
+    tasks
+}
+
+/// One annotation as Label Studio exports it.
+fn annotation(id: i64, updated: &str, cancelled: bool, results: Value) -> Value {
+    json!({"id": id, "completed_by": 1, "result": results, "was_cancelled": cancelled,
+           "ground_truth": false, "created_at": updated, "updated_at": updated,
+           "lead_time": 2.5, "prediction": {}, "result_count": 0, "task": 0, "project": 1})
+}
+
+fn choices(from_name: &str, picked: &[&str]) -> Value {
+    json!({"id": "r1", "from_name": from_name, "to_name": "frame", "type": "choices",
+           "origin": "manual", "value": {"choices": picked}})
+}
+
+/// A task of a `JSON` export: Label Studio's own id (not ours), `data` as we gave it.
+fn task(studio_id: i64, our_id: i64, annotations: Vec<Value>) -> Value {
+    json!({"id": studio_id, "inner_id": studio_id, "annotations": annotations, "drafts": [],
+           "predictions": [], "data": {"task_id": our_id, "drive": "d1"}, "meta": {},
+           "created_at": "2026-11-20T10:00:00.000000Z", "updated_at": "2026-11-20T10:00:00.000000Z",
+           "total_annotations": 1, "cancelled_annotations": 0, "project": 1})
+}
+
+fn import(dir: &Path, export: &Value, extra: Value) -> anyhow::Result<Value> {
+    let tasks = exported_tasks(dir);
+    let labels = dir.join("export.json");
+    std::fs::write(&labels, export.to_string()).unwrap();
+    let out = dir.join("dataset");
+    std::fs::create_dir_all(&out).unwrap();
+    let mut config = json!({"split": {"train": 0.5, "val": 0.5}});
+    config
+        .as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let cfg: LabelImportConfig = serde_json::from_value(config).unwrap();
+    rt().block_on(drivetrain_steps::label::import(
+        &cfg,
+        &tasks,
+        Some(&labels),
+        &out,
+    ))
+}
+
+#[test]
+fn labels_come_back_from_real_label_studio_exports() {
+    let dir = tmp("labels");
+    let weather = json!({"id": "w", "from_name": "weather", "to_name": "frame", "type": "choices",
+                         "origin": "manual", "value": {"choices": ["rain"]}});
+    // Renumbered tasks (ids 101…), another control first, a cancelled annotation before
+    // the real one, and two annotations of which the newer counts.
+    let export = json!([
+        task(
+            101,
+            1,
+            vec![annotation(
+                1,
+                "2026-11-21T09:00:00Z",
+                false,
+                json!([weather, choices("risk", &["risky"])])
+            )]
+        ),
+        task(
+            102,
+            2,
+            vec![
+                annotation(2, "2026-11-21T09:00:00Z", true, json!([])),
+                annotation(
+                    3,
+                    "2026-11-21T09:05:00Z",
+                    false,
+                    json!([choices("risk", &["normal"])])
+                ),
+            ]
+        ),
+        task(
+            103,
+            3,
+            vec![
+                annotation(
+                    4,
+                    "2026-11-21T09:00:00Z",
+                    false,
+                    json!([choices("risk", &["normal"])])
+                ),
+                annotation(
+                    5,
+                    "2026-11-21T10:00:00Z",
+                    false,
+                    json!([choices("risk", &["risky"])])
+                ),
+            ]
+        ),
+        task(
+            104,
+            4,
+            vec![annotation(
+                6,
+                "2026-11-21T09:00:00Z",
+                false,
+                json!([choices("risk", &["normal"])])
+            )]
+        ),
+    ]);
+    let v = import(&dir.join("json"), &export, json!({})).unwrap();
+    assert_eq!(v["frames"], 4, "{v}");
+    assert_eq!(v["unlabeled"], 0, "{v}");
+    assert_eq!(v["cancelled_annotations"], 1, "{v}");
+    let positives: u64 = ["train", "val", "test"]
+        .iter()
+        .map(|s| v["splits"][s]["positives"].as_u64().unwrap())
+        .sum();
+    assert_eq!(positives, 2, "tasks 1 and 3 are risky: {v}");
+
+    // JSON_MIN: one flat item per annotation, the control's value at the top level.
+    let min = json!([
+        {"id": 101, "task_id": 1, "drive": "d1", "risk": "risky", "annotator": 1, "annotation_id": 1, "created_at": "2026-11-21T09:00:00Z", "updated_at": "2026-11-21T09:00:00Z", "lead_time": 1.0},
+        {"id": 102, "task_id": 2, "drive": "d1", "risk": {"choices": ["normal"]}, "annotator": 1, "annotation_id": 2, "created_at": "2026-11-21T09:00:00Z", "updated_at": "2026-11-21T09:00:00Z", "lead_time": 1.0},
+        {"id": 103, "task_id": 3, "drive": "d2", "risk": "normal", "annotator": 1, "annotation_id": 3, "created_at": "2026-11-21T09:00:00Z", "updated_at": "2026-11-21T09:00:00Z", "lead_time": 1.0},
+        {"id": 104, "task_id": 4, "drive": "d2", "risk": "normal", "annotator": 1, "annotation_id": 4, "created_at": "2026-11-21T09:00:00Z", "updated_at": "2026-11-21T09:00:00Z", "lead_time": 1.0},
+    ]);
+    let v = import(&dir.join("min"), &min, json!({"from_name": "risk"})).unwrap();
+    assert_eq!(v["unlabeled"], 0, "{v}");
+
+    // Majority: two `normal` against one newer `risky`.
+    let export = json!([
+        task(
+            101,
+            1,
+            vec![
+                annotation(
+                    1,
+                    "2026-11-21T09:00:00Z",
+                    false,
+                    json!([choices("risk", &["normal"])])
+                ),
+                annotation(
+                    2,
+                    "2026-11-21T09:01:00Z",
+                    false,
+                    json!([choices("risk", &["normal"])])
+                ),
+                annotation(
+                    3,
+                    "2026-11-21T09:02:00Z",
+                    false,
+                    json!([choices("risk", &["risky"])])
+                ),
+            ]
+        ),
+        task(
+            102,
+            2,
+            vec![annotation(
+                4,
+                "2026-11-21T09:00:00Z",
+                false,
+                json!([choices("risk", &["normal"])])
+            )]
+        ),
+        task(
+            103,
+            3,
+            vec![annotation(
+                5,
+                "2026-11-21T09:00:00Z",
+                false,
+                json!([choices("risk", &["normal"])])
+            )]
+        ),
+        task(
+            104,
+            4,
+            vec![annotation(
+                6,
+                "2026-11-21T09:00:00Z",
+                false,
+                json!([choices("risk", &["normal"])])
+            )]
+        ),
+    ]);
+    let newest = import(&dir.join("newest"), &export, json!({})).unwrap();
+    let majority = import(
+        &dir.join("majority"),
+        &export,
+        json!({"policy": "majority"}),
+    )
+    .unwrap();
+    let total = |v: &Value| -> u64 {
+        ["train", "val", "test"]
+            .iter()
+            .map(|s| v["splits"][s]["positives"].as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!((total(&newest), total(&majority)), (1, 0));
+}
+
+#[test]
+fn too_few_labels_fail_the_stage_with_the_numbers() {
+    let dir = tmp("min-labeled");
+    // Only task 1 labeled; task 2's only annotation was cancelled; an item of some other
+    // project has no task id of ours.
+    let export = json!([
+        task(101, 1, vec![annotation(1, "2026-11-21T09:00:00Z", false, json!([choices("risk", &["risky"])]))]),
+        task(102, 2, vec![annotation(2, "2026-11-21T09:00:00Z", true, json!([]))]),
+        {"id": 7, "annotations": [], "data": {"image": "x.jpg"}},
+    ]);
+    let e = import(&dir.join("default"), &export, json!({})).unwrap_err();
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("only 1 of 4 exported tasks came back labeled (min_labeled 0.9 needs 4)"),
+        "{e}"
+    );
+    assert!(e.contains("1 cancelled annotation(s) skipped"), "{e}");
+    assert!(
+        e.contains("1 exported item(s) without `data.task_id`"),
+        "{e}"
+    );
+    // A count the user accepts.
+    let v = import(&dir.join("count"), &export, json!({"min_labeled": 1})).unwrap();
+    assert_eq!(v["unlabeled"], 3, "{v}");
+}
