@@ -77,6 +77,107 @@ fn the_driving_loop_runs_with_its_store_on_s3() {
     assert_ok(&logs);
 }
 
+/// `ingest` reads its `source:` from any store URL: `pipelines/nightly-retrain.yaml` as
+/// it is, its fleet bucket on the S3 server, its artifacts in the embedded store.
+/// Regression: it validated, then failed with `cannot read s3://fleet-logs/<date>/`.
+#[test]
+fn the_nightly_retrain_ingests_its_fleet_bucket_on_s3() {
+    use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+    let s3 = S3Server::start();
+    s3.create_bucket("fleet-logs");
+    let env = s3.env();
+    let home = Home::new("s3-source");
+    let logs = home.dir.join("sim");
+    std::fs::create_dir_all(&logs).unwrap();
+    let sim: drivetrain_steps::FleetSimConfig = serde_json::from_value(serde_json::json!(
+        {"drives": 2, "duration": "30s", "rate_hz": 10, "seed": 5,
+         "events": {"hard_brake": 4, "low_lane_confidence": 4}}
+    ))
+    .unwrap();
+    let simulated = drivetrain_steps::sim::simulate(&sim, &logs).unwrap();
+    // `{{ run.date }}`: today's prefix, and tomorrow's for a test that crosses midnight.
+    let today = chrono::Utc::now().date_naive();
+    let store = ArtifactStore::open_with("s3://fleet-logs", &env)
+        .unwrap()
+        .object_store();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for day in [today, today.succ_opt().unwrap()] {
+        for f in std::fs::read_dir(&logs).unwrap() {
+            let f = f.unwrap().path();
+            let key = format!("{day}/{}", f.file_name().unwrap().to_str().unwrap());
+            let bytes = std::fs::read(&f).unwrap();
+            rt.block_on(store.put(&key.as_str().into(), PutPayload::from(bytes)))
+                .unwrap();
+        }
+    }
+    drop(rt);
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/pipelines/nightly-retrain.yaml"
+    );
+    // `notify` calls the team's `notify-team` with a webhook secret: a stand-in on PATH.
+    let bin = home.dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let notified = home.dir.join("notified.txt");
+    let script = bin.join("notify-team");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\necho \"$@\" > {}\n", notified.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut env = env.clone();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    env.insert("PATH".into(), path);
+    env.insert(
+        "DRIVETRAIN_SECRET_CHAT_WEBHOOK_URL".into(),
+        "https://chat.example/hook".into(),
+    );
+    // Two GPUs declared for `train`'s two ranks (the reference trainer runs on CPU).
+    let o = home.drivetrain_env(&["run", file, "--gpus", "2"], &env_pairs(&env));
+    assert_ok(&o);
+    let run = run_id(&o);
+    assert!(
+        std::fs::read_to_string(&notified).unwrap().contains(&run),
+        "notify-team was called with the run id"
+    );
+    let status = home.drivetrain_env(&["status", &run, "--output", "json"], &env_pairs(&env));
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let ingest = stage(&status, "ingest");
+    assert_eq!(ingest["phase"], "Succeeded", "{}", text(&o.stdout));
+    assert_eq!(ingest["values"]["frames"], simulated.frames, "{ingest}");
+    assert_eq!(ingest["values"]["files"], 2, "{ingest}");
+    for s in [
+        "mine",
+        "label-export",
+        "label-import",
+        "train",
+        "validate",
+        "notify",
+    ] {
+        assert_eq!(stage(&status, s)["phase"], "Succeeded", "{s}: {status}");
+    }
+    // Fetched logs are not left behind.
+    let leftovers: Vec<_> = walk(&home.dir.join(".drivetrain/work"))
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("drivetrain-ingest/fetch-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// A TCP proxy in front of the S3 server that goes away (listener closed, every
 /// connection dropped) once `trip_at` request bytes went through, and comes back on the
 /// same port `down_for` later: the store dying mid-upload and restarting, while the

@@ -188,6 +188,21 @@ stages:
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The next ticks, from the registered schedule.
+    let year = chrono::Datelike::year(&chrono::Utc::now());
+    let listed = text(&home.drivetrain(&["schedule", "list"]).stdout);
+    assert!(
+        listed.contains(&format!("{}-01-01T00:00:00Z", year + 1)),
+        "{listed}"
+    );
+    let next = home.drivetrain(&["schedule", "next", "yearly", "-n", "2", "--output", "json"]);
+    assert_ok(&next);
+    let next: serde_json::Value = serde_json::from_slice(&next.stdout).unwrap();
+    assert_eq!(next[1]["utc"], format!("{}-01-01T00:00:00Z", year + 2));
+    assert_eq!(
+        next[1]["local"],
+        format!("{}-01-01 00:00:00 UTC (+00:00)", year + 2)
+    );
     let o = home.drivetrain(&["schedule", "trigger", "yearly"]);
     assert_ok(&o);
     let run = text(&o.stdout)

@@ -353,3 +353,76 @@ impl Drop for Mlflow {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Label Studio itself (`label-studio start`, SQLite, no browser) on a loopback port,
+/// from its own venv (`$DRIVETRAIN_TEST_LABEL_STUDIO_VENV`, default
+/// `~/.cache/drivetrain/label-studio-venv`: its pins do not sit with MLflow's), with one
+/// user whose API token is [`LabelStudio::TOKEN`] (legacy tokens enabled).
+#[derive(Debug)]
+pub struct LabelStudio {
+    process: Process,
+    pub port: u16,
+    dir: PathBuf,
+}
+
+impl LabelStudio {
+    /// The API token (`Authorization: Token …`).
+    pub const TOKEN: &'static str = "0123456789abcdef0123456789abcdef01234567";
+
+    /// The venv's `bin/NAME`.
+    pub fn bin(name: &str) -> PathBuf {
+        let venv = std::env::var_os("DRIVETRAIN_TEST_LABEL_STUDIO_VENV")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+                    .join(".cache/drivetrain/label-studio-venv")
+            });
+        let bin = venv.join("bin").join(name);
+        assert!(
+            bin.exists(),
+            "{} is missing: run .ci/run once, or `pip install label-studio` into {}",
+            bin.display(),
+            venv.display()
+        );
+        bin
+    }
+
+    pub fn start() -> LabelStudio {
+        let dir = scratch("label-studio");
+        let port = free_port();
+        let log = dir.join("label-studio.log");
+        let process = Process::spawn(
+            Command::new(Self::bin("label-studio"))
+                .args(["start", "--no-browser", "--host", "127.0.0.1"])
+                .args(["--port", &port.to_string()])
+                .args([
+                    "--username",
+                    "labeler@example.com",
+                    "--password",
+                    "labeler-pass",
+                ])
+                .args(["--user-token", Self::TOKEN])
+                .env("LABEL_STUDIO_BASE_DATA_DIR", &dir)
+                .env("LABEL_STUDIO_ENABLE_LEGACY_API_TOKEN", "true")
+                .env("LABEL_STUDIO_DISABLE_SIGNUP_WITHOUT_LINK", "true")
+                .current_dir(&dir),
+            &log,
+        );
+        // Its first start migrates a new database: a minute or two on two cores.
+        wait_until("label-studio", &log, Duration::from_secs(400), || {
+            http(port, "GET", "/health", "").is_ok_and(|(s, _)| s == 200)
+        });
+        LabelStudio { process, port, dir }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for LabelStudio {
+    fn drop(&mut self) {
+        self.process.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -2,8 +2,11 @@
 //!
 //! ## The frame table (`frames/drive=<drive>/part-NNNNN.parquet`)
 //!
-//! One row per `/vehicle` message; the other channels are sampled and held (the latest
-//! message at or before the frame's log time):
+//! One row per `/vehicle` message, whatever the order of log times in the file (equal
+//! times, chunks out of order, several writers); the other channels are sampled and held
+//! in log-time order (the latest message at or before the frame's log time, messages
+//! sharing it included). A file read in order is streamed; one that is not is read again
+//! and its JSON messages put in order in memory (`reordered` in the values):
 //!
 //! | column | type | from |
 //! |---|---|---|
@@ -29,7 +32,8 @@
 //!
 //! ## The index (`index/messages.parquet`)
 //!
-//! Every message of every MCAP file, whatever its profile (ros1, ros2, protobuf, json):
+//! Every message of every MCAP file read to the end (a skipped file leaves no rows),
+//! whatever its profile (ros1, ros2, protobuf, json):
 //! `file`, `topic`, `schema_name`, `schema_encoding`, `message_encoding`, `log_time_ns`,
 //! `size`, `offset`, `chunk_offset`, and `json` (the message text where the encoding is
 //! JSON). Per-channel counts and time ranges go to `values.json`.
@@ -577,14 +581,17 @@ struct FileResult {
     frames: u64,
     /// Its messages were not in log-time order (and were put in order).
     reordered: bool,
+    /// It ended without a footer (a recorder that stopped, a copy cut short at a record
+    /// boundary): what it held was read, what it would have held is unknown.
+    unfinished: bool,
 }
 
 /// Reads every log of `source` and writes the tables; returns the values.
 ///
 /// Nothing read is dropped without a count: files of no known format are listed under
 /// `ignored`, logs without `/vehicle` messages under `without_frames` (they are still
-/// indexed), logs skipped by `on_error: skip` under `skipped` (and are absent from every
-/// table). Only a source with no logs at all, or whose every log failed, is an error.
+/// indexed), MCAP files without a footer under `unfinished`, logs skipped by `on_error:
+/// skip` under `skipped` (and are absent from every table). Only a source with no logs at all, or whose every log failed, is an error.
 pub fn ingest(
     cfg: &IngestConfig,
     source: &LogSource,
@@ -604,6 +611,7 @@ pub fn ingest(
     let mut ignored = Vec::new();
     let mut without_frames = Vec::new();
     let mut reordered = Vec::new();
+    let mut unfinished = Vec::new();
     let mut drives: BTreeMap<String, u64> = BTreeMap::new();
     let mut drive_files: BTreeMap<String, String> = BTreeMap::new();
     let mut tusimple = Vec::new();
@@ -658,6 +666,7 @@ pub fn ingest(
             _ => ingest_jsonl(&file.path, rel, &drive, frames).map(|frames| FileResult {
                 frames,
                 reordered: false,
+                unfinished: false,
             }),
         };
         let file_index = match file_index {
@@ -686,6 +695,10 @@ pub fn ingest(
                 }
                 if r.reordered {
                     reordered.push(rel.clone());
+                }
+                if r.unfinished {
+                    eprintln!("warning: {rel} has no footer: it may have been cut short");
+                    unfinished.push(rel.clone());
                 }
                 bytes += std::fs::metadata(&file.path).map(|m| m.len()).unwrap_or(0);
                 drives.insert(drive, r.frames);
@@ -755,6 +768,8 @@ pub fn ingest(
         "without_frames": without_frames,
         "files_without_frames": without_frames.len(),
         "reordered": reordered,
+        "unfinished": unfinished,
+        "unfinished_files": unfinished.len(),
     }))
 }
 
@@ -825,11 +840,13 @@ fn ingest_mcap(
             m.data,
         )
     };
-    mcapio::scan(file, &mut on_message)?;
+    let end = mcapio::scan(file, &mut on_message)?;
+    let unfinished = !end.complete;
     if in_order {
         return Ok(FileResult {
             frames: builder.finish()?,
             reordered: false,
+            unfinished,
         });
     }
     // Out of order: the JSON messages in memory, stably sorted by log time (file order
@@ -856,6 +873,7 @@ fn ingest_mcap(
     Ok(FileResult {
         frames: builder.finish()?,
         reordered: true,
+        unfinished,
     })
 }
 

@@ -224,6 +224,8 @@ fn lz4_unchunked_unindexed_and_broken_files() {
     .unwrap();
     assert_eq!(v["frames"], 50 + 50 + 20, "{v}");
     assert_eq!(v["skipped"].as_array().unwrap().len(), 2, "{v}");
+    // Read up to where it ends, and said so: a cut file is not a complete one.
+    assert_eq!(v["unfinished"], serde_json::json!(["cut.mcap"]), "{v}");
     assert_eq!(v["channels"]["/imu"]["messages"], 120, "{v}");
     assert_eq!(v["channels"]["/imu"]["message_encoding"], "cdr");
     assert!(
