@@ -82,7 +82,7 @@ fn the_driving_loop_runs_with_its_store_on_s3() {
 /// Regression: it validated, then failed with `cannot read s3://fleet-logs/<date>/`.
 #[test]
 fn the_nightly_retrain_ingests_its_fleet_bucket_on_s3() {
-    use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+    use object_store::{ObjectStoreExt, PutPayload};
     let s3 = S3Server::start();
     s3.create_bucket("fleet-logs");
     let env = s3.env();

@@ -1,0 +1,672 @@
+//! Attempts of one stage: the attempt loop (retries with backoff, decided in one place),
+//! starting an attempt on the executor with its inputs materialized, waiting for it with
+//! its timeout, heartbeat and cancel, and publishing its outputs.
+
+use super::*;
+
+/// Attempts of a stage (or of one item of a map stage) until one succeeds, the retry
+/// policy gives up, or the run is cancelled; each attempt recorded before it starts.
+pub(super) async fn attempt_loop(
+    ctx: &Ctx,
+    stage: &Stage,
+    track: Track<'_>,
+    upstream: &BTreeMap<StageId, StageResult>,
+    first: u32,
+) -> Result<LoopEnd, RunError> {
+    let run = &ctx.run.id;
+    let mut attempt = first - 1;
+    loop {
+        attempt += 1;
+        let key = AttemptKey {
+            run: run.0.clone(),
+            stage: match track {
+                Track::Stage => stage.name.clone(),
+                Track::Item { index, .. } => format!("{}/items/{index}", stage.name),
+            },
+            attempt,
+        };
+        match track {
+            Track::Stage => {
+                ctx.state.start_attempt(run, &stage.name, attempt)?;
+                let _ = ctx.events.send(RunEvent::Started {
+                    stage: stage.name.clone(),
+                    attempt,
+                });
+            }
+            Track::Item { index, .. } => ctx.state.start_item(run, &stage.name, index, attempt)?,
+        }
+        let result = run_attempt(ctx, stage, track, &key, upstream).await;
+        let (phase, exit, reason, class) = match result {
+            Ok(AttemptEnd::Succeeded { outputs, values }) => {
+                if let Track::Stage = track {
+                    ctx.state.finish_attempt(
+                        run,
+                        &stage.name,
+                        attempt,
+                        Phase::Succeeded,
+                        Some(0),
+                        None,
+                    )?;
+                }
+                return Ok(LoopEnd {
+                    phase: Phase::Succeeded,
+                    exit: Some(0),
+                    reason: None,
+                    outputs,
+                    values,
+                });
+            }
+            Ok(AttemptEnd::Failed {
+                exit_code,
+                reason,
+                class,
+            }) => (Phase::Failed, exit_code, reason, class),
+            Ok(AttemptEnd::Cancelled) => (
+                Phase::Cancelled,
+                None,
+                "cancelled".to_owned(),
+                ErrorClass::Error,
+            ),
+            Err(reason) => (Phase::Error, None, reason, ErrorClass::Error),
+        };
+        if let Track::Stage = track {
+            ctx.state
+                .finish_attempt(run, &stage.name, attempt, phase, exit, Some(&reason))?;
+        }
+        let retry = phase != Phase::Cancelled
+            && attempt - first < stage.retries.limit
+            && retryable(&stage.retries, class, exit)
+            && !*ctx.stop_for(stage).borrow();
+        if retry {
+            let delay = backoff(&stage.retries, attempt, &key);
+            if let Track::Stage = track {
+                let _ = ctx.events.send(RunEvent::Retrying {
+                    stage: stage.name.clone(),
+                    attempt: attempt + 1,
+                    delay,
+                    reason: first_line(&reason),
+                });
+            }
+            let mut cancel = ctx.stop_for(stage);
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => continue,
+                _ = cancel.changed() => {}
+            }
+        }
+        return Ok(LoopEnd {
+            phase,
+            exit,
+            reason: Some(reason),
+            outputs: BTreeMap::new(),
+            values: Value::Null,
+        });
+    }
+}
+
+pub(super) enum AttemptEnd {
+    Succeeded {
+        outputs: BTreeMap<String, ArtifactRef>,
+        values: Value,
+    },
+    Failed {
+        exit_code: Option<i32>,
+        reason: String,
+        class: ErrorClass,
+    },
+    Cancelled,
+}
+
+/// One attempt: prepare directories, render, start, wait (with the timeout), publish.
+/// `Err` is an infrastructure fault with its reason.
+pub(super) async fn run_attempt(
+    ctx: &Ctx,
+    stage: &Stage,
+    track: Track<'_>,
+    key: &AttemptKey,
+    upstream: &BTreeMap<StageId, StageResult>,
+) -> Result<AttemptEnd, String> {
+    // An executor that runs stages away from this file system (in a pod) gets paths
+    // under its root and a transfer plan for `drivetrain exec`.
+    let remote = ctx.executor.container_root();
+    let (argv, workdir, step_config) = match &stage.action {
+        Action::Command { argv, workdir, .. } => (argv.clone(), workdir.clone(), None),
+        // A built-in step runs as `drivetrain step NAME`, the same contract as in a
+        // container: the rendered config in the environment.
+        Action::Step { name, config, .. } => {
+            let command = match &remote {
+                Some(root) => vec![
+                    root.join("bin/drivetrain").display().to_string(),
+                    "step".into(),
+                ],
+                None => ctx.opts.step_command.clone(),
+            };
+            let argv: Vec<Template> = command
+                .into_iter()
+                .chain([name.clone()])
+                .map(|a| Template {
+                    parts: vec![crate::template::Part::Lit(a)],
+                })
+                .collect();
+            (argv, None, Some(config))
+        }
+    };
+    let dir = ctx
+        .opts
+        .work_dir
+        .join(&key.run)
+        .join(&key.stage)
+        .join(key.attempt.to_string());
+    let _ = std::fs::remove_dir_all(&dir);
+    let mk = |p: &Path| {
+        std::fs::create_dir_all(p).map_err(|e| format!("cannot create {}: {e}", p.display()))
+    };
+    mk(&dir)?;
+    let (inputs_dir, outputs_dir) = match &remote {
+        Some(root) => (root.join("inputs"), root.join("outputs")),
+        None => {
+            let (i, o) = (dir.join("inputs"), dir.join("outputs"));
+            mk(&i)?;
+            mk(&o)?;
+            (i, o)
+        }
+    };
+    let mut exec_inputs = Vec::new();
+    let mut input_paths = BTreeMap::new();
+    for input in &stage.inputs {
+        let producer = upstream.get(&input.stage);
+        match producer.and_then(|r| r.outputs.get(&input.output)) {
+            // For data too large to copy, the stage reads the objects where they are.
+            Some(art) if input.mode == IoMode::Url => {
+                let url =
+                    ctx.artifacts.url_of(art).await.map_err(|e| {
+                        format!("cannot resolve input `{}`: {}", input.name, chain(&e))
+                    })?;
+                input_paths.insert(input.name.clone(), url);
+            }
+            Some(art) => {
+                let dest = inputs_dir.join(&input.name);
+                if remote.is_some() {
+                    exec_inputs.push(crate::executor::ExecInput {
+                        name: input.name.clone(),
+                        artifact: art.clone(),
+                        dest: dest.clone(),
+                    });
+                } else {
+                    ctx.artifacts.materialize(art, &dest).await.map_err(|e| {
+                        format!("cannot materialize input `{}`: {}", input.name, chain(&e))
+                    })?;
+                }
+                input_paths.insert(input.name.clone(), dest.display().to_string());
+            }
+            // An optional input whose producer was skipped is absent; so is any input of
+            // a hook whose producer did not succeed.
+            None if input.optional || stage.hook.is_some() => {
+                input_paths.insert(input.name.clone(), String::new());
+            }
+            None => return Err(format!("input `{}` has no artifact", input.name)),
+        }
+    }
+    let mut exec_outputs = Vec::new();
+    let mut output_paths = BTreeMap::new();
+    for o in &stage.outputs {
+        if o.mode == IoMode::Url {
+            let url = ctx
+                .artifacts
+                .output_url(key, &o.name)
+                .map_err(|e| format!("cannot prepare output `{}`: {}", o.name, chain(&e)))?;
+            output_paths.insert(o.name.clone(), url);
+            continue;
+        }
+        let p = outputs_dir.join(&o.name);
+        if remote.is_some() {
+            exec_outputs.push(crate::executor::ExecOutput {
+                name: o.name.clone(),
+                dir: p.clone(),
+            });
+        } else {
+            mk(&p)?;
+        }
+        output_paths.insert(o.name.clone(), p.display().to_string());
+    }
+    let values_path = match &remote {
+        Some(root) => root.join("values.json"),
+        None => dir.join("values.json"),
+    };
+    let (item, item_index) = match track {
+        Track::Item { item, index } => (Some(item), Some(index)),
+        Track::Stage => (None, None),
+    };
+    let render = |t: &Template| -> String {
+        t.render(|r| match r {
+            Ref::Input(n) => input_paths.get(n).cloned(),
+            Ref::Output(n) => output_paths.get(n).cloned(),
+            Ref::Item(keys) => {
+                let mut v = item?;
+                for k in keys {
+                    v = v.get(k)?;
+                }
+                Some(value_text(v))
+            }
+            other => lookup_value(&ctx.pipeline, ctx, upstream, other).map(|v| value_text(&v)),
+        })
+    };
+    let argv: Vec<String> = argv.iter().map(render).collect();
+    let step_config = step_config.map(|c| {
+        let lookup = |r: &Ref| match r {
+            Ref::Input(n) => input_paths.get(n).cloned().map(Value::String),
+            Ref::Output(n) => output_paths.get(n).cloned().map(Value::String),
+            Ref::Item(keys) => {
+                let mut v = item?;
+                for k in keys {
+                    v = v.get(k)?;
+                }
+                Some(v.clone())
+            }
+            other => lookup_value(&ctx.pipeline, ctx, upstream, other),
+        };
+        crate::template::render_value(c, &lookup)
+    });
+    let mut env: Vec<(String, String)> = vec![
+        ("DRIVETRAIN_RUN_ID".into(), key.run.clone()),
+        ("DRIVETRAIN_STAGE".into(), key.stage.clone()),
+        ("DRIVETRAIN_ATTEMPT".into(), key.attempt.to_string()),
+        ("DRIVETRAIN_PIPELINE".into(), ctx.pipeline.name.clone()),
+        (
+            "DRIVETRAIN_INPUTS_DIR".into(),
+            inputs_dir.display().to_string(),
+        ),
+        (
+            "DRIVETRAIN_OUTPUTS_DIR".into(),
+            outputs_dir.display().to_string(),
+        ),
+        (
+            "DRIVETRAIN_VALUES".into(),
+            values_path.display().to_string(),
+        ),
+        (
+            "DRIVETRAIN_PARAMS".into(),
+            serde_json::to_string(&ctx.params).unwrap_or_default(),
+        ),
+        ("DRIVETRAIN_STORE".into(), ctx.artifacts.url().to_owned()),
+    ];
+    if let Track::Item { index, item } = track {
+        env.push(("DRIVETRAIN_ITEM".into(), value_text(item)));
+        env.push(("DRIVETRAIN_ITEM_INDEX".into(), index.to_string()));
+    }
+    for (name, path) in &input_paths {
+        env.push((
+            format!("DRIVETRAIN_INPUT_{}", env_suffix(name)),
+            path.clone(),
+        ));
+    }
+    for (name, art) in input_artifacts(stage, upstream) {
+        env.push((
+            format!("DRIVETRAIN_INPUT_{}_DIGEST", env_suffix(&name)),
+            art.digest,
+        ));
+    }
+    // Kept across the attempts of this stage (and items) in this run: checkpoints. (In a
+    // pod they live as long as the pod: a volume keeps them across attempts there.)
+    let checkpoints = match &remote {
+        Some(root) => root.join("checkpoints"),
+        None => {
+            let c = ctx
+                .opts
+                .work_dir
+                .join(&key.run)
+                .join(&key.stage)
+                .join("checkpoints");
+            mk(&c)?;
+            c
+        }
+    };
+    env.push((
+        "DRIVETRAIN_CHECKPOINTS".into(),
+        checkpoints.display().to_string(),
+    ));
+    for (name, path) in &output_paths {
+        env.push((
+            format!("DRIVETRAIN_OUTPUT_{}", env_suffix(name)),
+            path.clone(),
+        ));
+    }
+    if let Some(c) = &step_config {
+        env.push(("DRIVETRAIN_STEP_CONFIG".into(), c.to_string()));
+        // A built-in step on this machine reaches the store (and the registry) as the
+        // engine does; in a pod, credentials come from the pod's own secrets.
+        if remote.is_none() {
+            env.extend(store_config_env());
+        }
+    }
+    for (k, t) in &stage.env {
+        env.push((k.clone(), render(t)));
+    }
+    // On a cluster secrets come from Secret objects the executor references; here from
+    // the engine's environment.
+    for s in stage.secrets.iter().filter(|_| remote.is_none()) {
+        if let (Some(var), Some(k)) = (&s.env, &s.key) {
+            let source = format!(
+                "DRIVETRAIN_SECRET_{}_{}",
+                env_suffix(&s.name),
+                env_suffix(k)
+            );
+            match std::env::var(&source) {
+                Ok(v) => env.push((var.clone(), v)),
+                Err(_) => {
+                    return Ok(AttemptEnd::Failed {
+                        exit_code: None,
+                        reason: format!("secret `{}` key `{k}` is not set: the local executor reads it from `{source}`", s.name),
+                        class: ErrorClass::Error,
+                    })
+                }
+            }
+        }
+    }
+    if remote.is_some() {
+        let plan = crate::executor::ExecPlan {
+            store: ctx.artifacts.url().to_owned(),
+            run: key.run.clone(),
+            stage: key.stage.clone(),
+            attempt: key.attempt,
+            inputs: exec_inputs,
+            outputs: exec_outputs,
+            values: values_path.clone(),
+        };
+        env.push((
+            "DRIVETRAIN_EXEC_PLAN".into(),
+            serde_json::to_string(&plan).unwrap_or_default(),
+        ));
+    }
+    // In a pod, no `workdir` means the image's own.
+    let cwd = match (&workdir, &remote) {
+        (Some(w), _) => PathBuf::from(render(w)),
+        (None, Some(_)) => PathBuf::new(),
+        (None, None) => dir.clone(),
+    };
+    let log = dir.join("log.txt");
+    // The engine's home and the store are read-only for the stage; its own directory and
+    // `mode: url` outputs are writable, and its inputs read-only again.
+    let mut access = Vec::new();
+    let ro = |path: &Path| PathAccess {
+        path: path.to_path_buf(),
+        writable: false,
+    };
+    let home = ctx.opts.work_dir.parent().unwrap_or(&ctx.opts.work_dir);
+    access.push(ro(home));
+    if let Some(root) = ctx.artifacts.local_root() {
+        if !root.starts_with(home) {
+            access.push(ro(root));
+        }
+    }
+    access.push(PathAccess {
+        path: dir.clone(),
+        writable: true,
+    });
+    access.push(PathAccess {
+        path: checkpoints.clone(),
+        writable: true,
+    });
+    if let (Action::Step { registry: true, .. }, Some(root)) =
+        (&stage.action, ctx.artifacts.local_root())
+    {
+        let registry = root.join("registry");
+        mk(&registry)?;
+        access.push(PathAccess {
+            path: registry,
+            writable: true,
+        });
+    }
+    for o in stage.outputs.iter().filter(|o| o.mode == IoMode::Url) {
+        if let Some(p) = ctx.artifacts.output_dir(key, &o.name) {
+            access.push(PathAccess {
+                path: p,
+                writable: true,
+            });
+        }
+    }
+    access.push(ro(&inputs_dir));
+    let mut placement = crate::executor::Placement::of(
+        &ctx.pipeline.name,
+        stage,
+        stage.image.as_ref().map(render),
+        item_index,
+    );
+    // `from_snapshot` may name a snapshot an upstream stage recorded in its values: a
+    // rerun that reuses that stage mounts exactly the data of the original run.
+    for v in &mut placement.volumes {
+        if let Some(Ok(t)) = v.from_snapshot.as_deref().map(Template::parse) {
+            v.from_snapshot = Some(render(&t));
+        }
+    }
+    let spec = AttemptSpec {
+        run_id: key.run.clone(),
+        stage: key.stage.clone(),
+        attempt: key.attempt,
+        argv,
+        env,
+        workdir: cwd,
+        log: log.clone(),
+        distributed: stage.distributed.clone(),
+        access,
+        placement,
+    };
+    let mut result = start_and_wait(ctx, stage, key, spec, &log, &values_path, &outputs_dir).await;
+    // Inputs are hard links into the store: a stage that wrote to one changed an
+    // artifact. Say so, and fail the stage, rather than let it pass unnoticed.
+    for input in &stage.inputs {
+        let Some(art) = upstream
+            .get(&input.stage)
+            .and_then(|r| r.outputs.get(&input.output))
+        else {
+            continue;
+        };
+        if let Err(e) = ctx.artifacts.verify(art).await {
+            result = Ok(AttemptEnd::Failed {
+                exit_code: None,
+                reason: format!(
+                    "the stage wrote to its input `{}` (an artifact of `{}`): {e}; artifacts are immutable, write to an output instead",
+                    input.name,
+                    ctx.pipeline.stage(input.stage).name
+                ),
+                class: ErrorClass::Failed,
+            });
+            break;
+        }
+    }
+    // Inputs are hard links to upstream artifacts: nothing of a finished attempt may keep
+    // a writable name for them. (In a pod they were copies, gone with the pod.)
+    if remote.is_none() {
+        let _ = std::fs::remove_dir_all(&inputs_dir);
+    }
+    result
+}
+
+pub(super) async fn start_and_wait(
+    ctx: &Ctx,
+    stage: &Stage,
+    key: &AttemptKey,
+    spec: AttemptSpec,
+    log: &Path,
+    values_path: &Path,
+    outputs_dir: &Path,
+) -> Result<AttemptEnd, String> {
+    let mut spec = spec;
+    let gpus = match gpus_needed(stage) {
+        0 => Vec::new(),
+        n => ctx.gpus.acquire(n).await,
+    };
+    if !gpus.is_empty() {
+        let list = gpus
+            .iter()
+            .map(|g| g.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        spec.env.push(("CUDA_VISIBLE_DEVICES".into(), list.clone()));
+        spec.env.push(("NVIDIA_VISIBLE_DEVICES".into(), list));
+    }
+    let result = wait_attempt(ctx, stage, key, spec, log, values_path, outputs_dir).await;
+    ctx.gpus.release(&gpus);
+    result
+}
+
+pub(super) async fn wait_attempt(
+    ctx: &Ctx,
+    stage: &Stage,
+    key: &AttemptKey,
+    spec: AttemptSpec,
+    log: &Path,
+    values_path: &Path,
+    outputs_dir: &Path,
+) -> Result<AttemptEnd, String> {
+    let mut running = ctx.executor.start(spec).await.map_err(|e| e.to_string())?;
+    let recorded = match key.stage.split_once("/items/") {
+        Some((_, index)) => ctx.state.set_item_handle(
+            &ctx.run.id,
+            &stage.name,
+            index.parse().unwrap_or_default(),
+            &running.handle(),
+        ),
+        None => {
+            ctx.state
+                .set_attempt_handle(&ctx.run.id, &stage.name, key.attempt, &running.handle())
+        }
+    };
+    recorded.map_err(|e| e.to_string())?;
+    let mut cancel = ctx.stop_for(stage);
+    let timeout = stage.timeout.unwrap_or(Duration::MAX);
+    let outcome = tokio::select! {
+        o = running.wait() => Some(o),
+        _ = tokio::time::sleep(timeout) => None,
+        _ = cancel.changed() => { running.cancel().await; Some(AttemptOutcome::Cancelled) }
+    };
+    let outcome = match outcome {
+        Some(o) => o,
+        None => {
+            running.cancel().await;
+            let _ = ctx.artifacts.put_log(key, log).await;
+            return Ok(AttemptEnd::Failed {
+                exit_code: None,
+                reason: format!(
+                    "timed out after {}; the process group was killed{}",
+                    humanize(timeout),
+                    log_tail(log)
+                ),
+                class: ErrorClass::Timeout,
+            });
+        }
+    };
+    ctx.artifacts
+        .put_log(key, log)
+        .await
+        .map_err(|e| format!("cannot store the log: {}", chain(&e)))?;
+    match outcome {
+        AttemptOutcome::Succeeded => {}
+        AttemptOutcome::Cancelled => return Ok(AttemptEnd::Cancelled),
+        AttemptOutcome::Failed { exit_code, reason } => {
+            return Ok(AttemptEnd::Failed {
+                exit_code,
+                reason: format!("{reason}{}", log_tail(log)),
+                class: ErrorClass::Failed,
+            })
+        }
+    }
+    let remote = ctx.executor.container_root().is_some();
+    let stored = if remote {
+        ctx.artifacts
+            .values(key)
+            .await
+            .map_err(|e| format!("cannot read values.json: {}", chain(&e)))?
+    } else {
+        std::fs::read(values_path).ok()
+    };
+    let values = match stored {
+        Some(bytes) => match serde_json::from_slice::<Value>(&bytes) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => {
+                return Ok(AttemptEnd::Failed {
+                    exit_code: Some(0),
+                    reason: "values.json is not a JSON object".into(),
+                    class: ErrorClass::Failed,
+                })
+            }
+        },
+        None => Value::Object(Default::default()),
+    };
+    let mut values = values;
+    if let (Value::Object(v), Some(Value::Object(made))) = (&mut values, running.made()) {
+        v.extend(made);
+    }
+    let mut outputs = BTreeMap::new();
+    for o in &stage.outputs {
+        // `drivetrain exec` uploaded a pod's outputs where `mode: url` ones go.
+        let art = if remote || o.mode == IoMode::Url {
+            ctx.artifacts.publish_listing(key, &o.name).await
+        } else {
+            ctx.artifacts
+                .publish_dir(key, &o.name, &outputs_dir.join(&o.name))
+                .await
+        };
+        match art {
+            Ok(a) => {
+                outputs.insert(o.name.clone(), a);
+            }
+            Err(
+                e @ (crate::artifacts::ArtifactError::InvalidKey { .. }
+                | crate::artifacts::ArtifactError::Symlink { .. }),
+            ) => {
+                return Ok(AttemptEnd::Failed {
+                    exit_code: Some(0),
+                    reason: e.to_string(),
+                    class: ErrorClass::Failed,
+                })
+            }
+            Err(e) => return Err(format!("cannot publish output `{}`: {}", o.name, chain(&e))),
+        }
+    }
+    // The published files are hard links: drop the attempt's own names for them so
+    // nothing left of the attempt can write to an artifact.
+    if !remote {
+        let _ = std::fs::remove_dir_all(outputs_dir);
+    }
+    Ok(AttemptEnd::Succeeded { outputs, values })
+}
+
+/// Stops a background task when the run ends, however it ends.
+pub(super) struct AbortOnDrop(pub(super) tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The engine's store and registry configuration (`AWS_*`, `GOOGLE_*`, `AZURE_*`,
+/// `DRIVETRAIN_STORE_RETRY_TIMEOUT`, `DRIVETRAIN_REGISTRY`, `MLFLOW_*`), handed to built-in
+/// steps, which open the store themselves. User commands get only what their stage
+/// declares.
+pub(super) fn store_config_env() -> Vec<(String, String)> {
+    std::env::vars()
+        .filter(|(k, _)| {
+            ["AWS_", "GOOGLE_", "AZURE_", "MLFLOW_"]
+                .iter()
+                .any(|p| k.starts_with(p))
+                || matches!(
+                    k.as_str(),
+                    "DRIVETRAIN_STORE_RETRY_TIMEOUT" | "DRIVETRAIN_REGISTRY"
+                )
+        })
+        .collect()
+}
+
+/// The last 20 lines of a log, for failure reasons.
+pub(super) fn log_tail(log: &Path) -> String {
+    let Ok(text) = std::fs::read_to_string(log) else {
+        return String::new();
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let tail = &lines[lines.len().saturating_sub(20)..];
+    format!("\nlast {} log lines:\n{}", tail.len(), tail.join("\n"))
+}

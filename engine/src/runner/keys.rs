@@ -1,0 +1,253 @@
+//! Cache keys of stage attempts: what a stage's outputs depend on (its definition after
+//! templating, its inputs' digests, and what it reads from outside the run, resolved
+//! now), whether it may be cached at all, and whether an earlier entry answers for it.
+//! The key's components are described in [`crate::cache`].
+
+use super::*;
+
+/// Whether a stage's outputs may come from the cache, or why not.
+pub(super) fn cacheable(ctx: &Ctx, stage: &Stage) -> Result<(), String> {
+    if stage.hook.is_some() {
+        return Err("hooks always run".into());
+    }
+    if let Action::Step {
+        registry: true,
+        name,
+        ..
+    } = &stage.action
+    {
+        return Err(format!(
+            "step `{name}` writes the model registry: it runs every time"
+        ));
+    }
+    if stage.outputs.is_empty() {
+        return Err("it declares no outputs".into());
+    }
+    if !stage.cache.enabled {
+        return Err("`cache: {enabled: false}`".into());
+    }
+    if !ctx.opts.cache.read && !ctx.opts.cache.write {
+        return Err("the run has --no-cache".into());
+    }
+    Ok(())
+}
+
+/// The artifacts a stage reads, by input name.
+pub(super) fn input_artifacts(
+    stage: &Stage,
+    upstream: &BTreeMap<StageId, StageResult>,
+) -> BTreeMap<String, ArtifactRef> {
+    stage
+        .inputs
+        .iter()
+        .filter_map(|i| {
+            let art = upstream.get(&i.stage)?.outputs.get(&i.output)?;
+            Some((i.name.clone(), art.clone()))
+        })
+        .collect()
+}
+
+/// Adds the current value of each reference outside the run to `parts` (component
+/// named by the reference: `registry:risk-model@production` → `2`); `Err` says why the
+/// stage cannot be looked up in the cache when one cannot be read.
+pub(super) async fn resolve_external(
+    ctx: &Ctx,
+    external: &[String],
+    parts: &mut crate::cache::KeyParts,
+) -> Result<(), String> {
+    let mut unread = Vec::new();
+    for reference in external {
+        let value = match &ctx.opts.resolver {
+            Some(r) => r.resolve(reference, ctx.artifacts.url()).await,
+            None => Err("this engine has no resolver for it".to_owned()),
+        };
+        match value {
+            Ok(v) => parts.plain(reference.clone(), v),
+            Err(why) => {
+                parts.plain(reference.clone(), "unreadable".into());
+                unread.push(format!("`{reference}` could not be read: {why}"));
+            }
+        }
+    }
+    match unread.is_empty() {
+        true => Ok(()),
+        false => Err(unread.join("; ")),
+    }
+}
+
+/// The components of a stage's cache key (see [`crate::cache`]), and the references
+/// outside the run it reads, rendered, for [`resolve_external`].
+pub(super) fn key_parts(
+    ctx: &Ctx,
+    stage: &Stage,
+    upstream: &BTreeMap<StageId, StageResult>,
+) -> (crate::cache::KeyParts, Vec<String>) {
+    use serde_json::json;
+    let lookup = |r: &Ref| match r {
+        // Paths differ per attempt; what they hold is keyed by digest below.
+        Ref::Input(_) | Ref::Output(_) | Ref::Item(_) => None,
+        other => lookup_value(&ctx.pipeline, ctx, upstream, other),
+    };
+    let render = |t: &Template| t.render(|r| lookup(r).map(|v| value_text(&v)));
+    let mut parts = crate::cache::KeyParts {
+        definition: json!({}),
+        ..Default::default()
+    };
+    let mut external = Vec::new();
+    for (i, t) in stage.cache.key.iter().enumerate() {
+        let entry = render(t);
+        match crate::cache::is_external(&entry) {
+            true => external.push(entry),
+            false => parts.plain(format!("key[{i}]"), entry),
+        }
+    }
+    match &stage.action {
+        Action::Command {
+            image,
+            argv,
+            workdir,
+        } => {
+            let argv: Vec<String> = argv.iter().map(render).collect();
+            let workdir = workdir.as_ref().map(render);
+            // Scripts a command names are part of what it does.
+            for a in &argv {
+                let p = Path::new(a);
+                let path = match (&workdir, p.is_absolute()) {
+                    (_, true) => p.to_path_buf(),
+                    (Some(w), false) if !a.starts_with('-') => Path::new(w).join(p),
+                    _ => continue,
+                };
+                if let Some(d) = ctx.files.get(&path) {
+                    parts.plain(format!("file:{}", path.display()), d);
+                }
+            }
+            parts.field("command", json!(argv));
+            parts.field("workdir", json!(workdir));
+            if let Some(i) = image {
+                parts.plain("image".into(), render(i));
+            }
+        }
+        Action::Step {
+            name,
+            version,
+            config,
+            reads,
+            ..
+        } => {
+            external.extend(reads.iter().map(render));
+            parts.plain("step".into(), format!("{name}@{version}"));
+            let lookup = |r: &Ref| lookup(r);
+            parts.field("config", crate::template::render_value(config, &lookup));
+            if let Some(i) = &stage.image {
+                parts.plain("image".into(), render(i));
+            }
+        }
+    }
+    let env: Vec<(String, String)> = stage
+        .env
+        .iter()
+        .map(|(k, t)| (k.clone(), render(t)))
+        .collect();
+    if !env.is_empty() {
+        parts.field("env", json!(env));
+    }
+    if !stage.secrets.is_empty() {
+        let names: Vec<String> = stage
+            .secrets
+            .iter()
+            .map(|s| format!("{}/{}", s.name, s.key.as_deref().unwrap_or("*")))
+            .collect();
+        parts.field("secrets", json!(names));
+    }
+    let io = json!({
+        "inputs": stage.inputs.iter().map(|i| json!([i.name, i.output, i.mode, i.optional])).collect::<Vec<_>>(),
+        "outputs": stage.outputs.iter().map(|o| json!([o.name, o.mode])).collect::<Vec<_>>(),
+    });
+    parts.field("io", io);
+    if let Some(m) = &stage.map {
+        let source = match &m.source {
+            MapSource::Items(items) => json!({"items": items}),
+            MapSource::Param(p) => json!({"items": ctx.params.get(p)}),
+            MapSource::From { stage, output } => {
+                json!({"from": format!("{}.{output}", ctx.pipeline.stage(*stage).name)})
+            }
+        };
+        parts.field("map", source);
+        if let MapSource::From { stage: s, output } = &m.source {
+            if let Some(art) = upstream.get(s).and_then(|r| r.outputs.get(output)) {
+                parts.plain("map-items".into(), art.digest.clone());
+            }
+        }
+    }
+    if let Some(d) = &stage.distributed {
+        parts.field(
+            "distributed",
+            json!([format!("{:?}", d.framework), d.workers, d.slots_per_worker]),
+        );
+    }
+    for (name, art) in input_artifacts(stage, upstream) {
+        parts.plain(format!("input:{name}"), art.digest);
+    }
+    external.sort();
+    external.dedup();
+    (parts, external)
+}
+
+/// A usable cache entry.
+pub(super) struct Hit {
+    pub(super) run_id: String,
+    pub(super) outputs: BTreeMap<String, ArtifactRef>,
+    pub(super) values: Value,
+}
+
+/// The cache entry for `key` if it exists, is young enough, covers every declared output
+/// and its artifacts are still in the store; otherwise why not.
+pub(super) async fn cache_hit(
+    ctx: &Ctx,
+    stage: &Stage,
+    key: &str,
+) -> Result<Result<Hit, String>, RunError> {
+    let Some(entry) = ctx.state.cache_entry(key)? else {
+        return Ok(Err("no entry has this key".into()));
+    };
+    if let Some(max_age) = stage.cache.max_age {
+        let created = chrono::DateTime::parse_from_rfc3339(&entry.created_at).ok();
+        let age = created.map(|c| chrono::Utc::now().signed_duration_since(c));
+        let young = age
+            .and_then(|a| a.to_std().ok())
+            .is_some_and(|a| a <= max_age);
+        if !young {
+            return Ok(Err(format!(
+                "the entry from run {} ({}) is older than `max_age` {}",
+                entry.run_id,
+                entry.created_at,
+                humanize(max_age)
+            )));
+        }
+    }
+    let Ok(outputs) =
+        serde_json::from_value::<BTreeMap<String, ArtifactRef>>(entry.outputs.clone())
+    else {
+        return Ok(Err("the entry's outputs do not parse".into()));
+    };
+    if let Some(o) = stage
+        .outputs
+        .iter()
+        .find(|o| !outputs.contains_key(&o.name))
+    {
+        return Ok(Err(format!("the entry has no output `{}`", o.name)));
+    }
+    for (name, art) in &outputs {
+        if ctx.artifacts.manifest(art).await.is_err() {
+            return Ok(Err(format!(
+                "output `{name}` of the entry from run {} is gone from the store",
+                entry.run_id
+            )));
+        }
+    }
+    Ok(Ok(Hit {
+        run_id: entry.run_id,
+        outputs,
+        values: entry.values,
+    }))
+}

@@ -1,0 +1,226 @@
+//! `map` stages: each item its own attempt loop (with its own retries) recorded as a row
+//! in the state store, their outputs collected under `<index>/` for downstream stages.
+
+use super::*;
+
+/// A map stage: one attempt loop per item, at most `max_parallel` at once (and never
+/// more than the run's parallelism), items recorded in the state store. Each output of
+/// the stage is the collection of the succeeded items' outputs (`i/…`).
+pub(super) async fn execute_map(
+    ctx: &Ctx,
+    stage: &Stage,
+    upstream: &BTreeMap<StageId, StageResult>,
+) -> Result<LoopEnd, RunError> {
+    use futures::StreamExt;
+    let map = stage.map.as_ref().expect("a map stage");
+    let failed = |reason: String| LoopEnd {
+        phase: Phase::Failed,
+        exit: None,
+        reason: Some(reason),
+        outputs: BTreeMap::new(),
+        values: Value::Null,
+    };
+    let items: Vec<Value> = match &map.source {
+        MapSource::Items(items) => items.clone(),
+        MapSource::Param(p) => match ctx.params.get(p) {
+            Some(Value::Array(items)) => items.clone(),
+            _ => return Ok(failed(format!("param `{p}` is not a list"))),
+        },
+        MapSource::From {
+            stage: from,
+            output,
+        } => {
+            let Some(art) = upstream.get(from).and_then(|r| r.outputs.get(output)) else {
+                return Ok(failed(format!("map source `{output}` has no artifact")));
+            };
+            match read_items(ctx, art).await {
+                Ok(items) => items,
+                Err(reason) => return Ok(failed(reason)),
+            }
+        }
+    };
+    ctx.state
+        .set_stage(&ctx.run.id, &stage.name, Phase::Running, None, None)?;
+    // On a resume, items that succeeded before keep their outputs and do not run again.
+    // Items attempted before count their attempts on.
+    let mut kept: BTreeMap<usize, BTreeMap<String, ArtifactRef>> = BTreeMap::new();
+    let mut first_attempt = vec![1u32; items.len()];
+    let prior = ctx.state.map_items(&ctx.run.id, &stage.name)?;
+    let same_items =
+        prior.len() == items.len() && prior.iter().zip(&items).all(|(p, i)| &p.item == i);
+    if same_items {
+        for p in prior {
+            first_attempt[p.index] = p.attempts + 1;
+            if p.phase == Phase::Succeeded {
+                kept.insert(
+                    p.index,
+                    serde_json::from_value(p.outputs).unwrap_or_default(),
+                );
+            }
+        }
+    } else {
+        ctx.state.add_map_items(&ctx.run.id, &stage.name, &items)?;
+    }
+    let _ = ctx.events.send(RunEvent::Started {
+        stage: stage.name.clone(),
+        attempt: 1,
+    });
+    let _ = ctx.events.send(RunEvent::Items {
+        stage: stage.name.clone(),
+        total: items.len(),
+    });
+    let limit = map
+        .max_parallel
+        .map(|m| m as usize)
+        .unwrap_or(usize::MAX)
+        .clamp(1, ctx.opts.parallelism.max(1));
+    let items_ref = &items;
+    let todo: Vec<usize> = (0..items.len()).filter(|i| !kept.contains_key(i)).collect();
+    let results = futures::stream::iter(todo)
+        .map(|index| {
+            run_item(
+                ctx,
+                stage,
+                index,
+                &items_ref[index],
+                upstream,
+                first_attempt[index],
+            )
+        })
+        .buffer_unordered(limit);
+    futures::pin_mut!(results);
+    let (mut succeeded, mut failures, mut cancelled) = (Vec::new(), 0usize, false);
+    for (index, outputs) in kept {
+        let _ = ctx.events.send(RunEvent::ItemDone {
+            stage: stage.name.clone(),
+            succeeded: true,
+        });
+        succeeded.push((index, outputs));
+    }
+    let mut first_failure: Option<String> = None;
+    while let Some(r) = results.next().await {
+        let (index, end) = r?;
+        let _ = ctx.events.send(RunEvent::ItemDone {
+            stage: stage.name.clone(),
+            succeeded: end.phase == Phase::Succeeded,
+        });
+        match end.phase {
+            Phase::Succeeded => succeeded.push((index, end.outputs)),
+            Phase::Cancelled => cancelled = true,
+            _ => {
+                failures += 1;
+                if first_failure.is_none() {
+                    first_failure = end
+                        .reason
+                        .map(|r| format!("item {index}: {}", first_line(&r)));
+                }
+            }
+        }
+    }
+    succeeded.sort_by_key(|(i, _)| *i);
+    let n = items.len();
+    let values = serde_json::json!({"items": n, "succeeded": succeeded.len(), "failed": failures});
+    if cancelled {
+        return Ok(LoopEnd {
+            phase: Phase::Cancelled,
+            exit: None,
+            reason: Some("cancelled".into()),
+            outputs: BTreeMap::new(),
+            values,
+        });
+    }
+    let needed = (map.min_success_ratio * n as f64).ceil() as usize;
+    if succeeded.len() < needed {
+        let mut end = failed(format!(
+            "{} of {n} items succeeded, {needed} needed (min_success_ratio {}); {}",
+            succeeded.len(),
+            map.min_success_ratio,
+            first_failure.unwrap_or_default()
+        ));
+        end.values = values;
+        return Ok(end);
+    }
+    let key = AttemptKey {
+        run: ctx.run.id.0.clone(),
+        stage: stage.name.clone(),
+        attempt: 1,
+    };
+    let mut outputs = BTreeMap::new();
+    for o in &stage.outputs {
+        let parts: Vec<(usize, ArtifactRef)> = succeeded
+            .iter()
+            .filter_map(|(i, outs)| outs.get(&o.name).map(|a| (*i, a.clone())))
+            .collect();
+        match ctx
+            .artifacts
+            .publish_collection(&key, &o.name, &parts)
+            .await
+        {
+            Ok(a) => {
+                outputs.insert(o.name.clone(), a);
+            }
+            Err(e) => {
+                return Ok(LoopEnd {
+                    phase: Phase::Error,
+                    exit: None,
+                    reason: Some(format!("cannot publish output `{}`: {}", o.name, chain(&e))),
+                    outputs: BTreeMap::new(),
+                    values,
+                })
+            }
+        }
+    }
+    Ok(LoopEnd {
+        phase: Phase::Succeeded,
+        exit: None,
+        reason: (failures > 0)
+            .then(|| format!("{failures} of {n} items failed, within min_success_ratio")),
+        outputs,
+        values,
+    })
+}
+
+/// One item of a map stage, holding one of the run's slots while it runs.
+pub(super) async fn run_item(
+    ctx: &Ctx,
+    stage: &Stage,
+    index: usize,
+    item: &Value,
+    upstream: &BTreeMap<StageId, StageResult>,
+    first: u32,
+) -> Result<(usize, LoopEnd), RunError> {
+    let _permit = ctx.slots.acquire().await.expect("never closed");
+    let end = attempt_loop(ctx, stage, Track::Item { index, item }, upstream, first).await?;
+    let outputs = serde_json::to_value(&end.outputs).unwrap_or_default();
+    ctx.state.finish_item(
+        &ctx.run.id,
+        &stage.name,
+        index,
+        end.phase,
+        end.reason.as_deref(),
+        &outputs,
+    )?;
+    Ok((index, end))
+}
+
+/// The items of a `map.from` source: `items.json` in the artifact, a JSON list.
+pub(super) async fn read_items(ctx: &Ctx, art: &ArtifactRef) -> Result<Vec<Value>, String> {
+    let dir = ctx
+        .opts
+        .work_dir
+        .join(&ctx.run.id.0)
+        .join("map-sources")
+        .join(art.digest.replace(':', "-"));
+    let _ = std::fs::remove_dir_all(&dir);
+    ctx.artifacts
+        .materialize(art, &dir)
+        .await
+        .map_err(|e| format!("cannot read the map source: {}", chain(&e)))?;
+    let text = std::fs::read(dir.join("items.json"))
+        .map_err(|_| "the map source has no items.json".to_owned())?;
+    let _ = std::fs::remove_dir_all(&dir);
+    match serde_json::from_slice(&text) {
+        Ok(Value::Array(items)) => Ok(items),
+        _ => Err("the map source's items.json is not a JSON list".into()),
+    }
+}

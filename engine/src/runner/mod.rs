@@ -1,0 +1,1049 @@
+//! The run loop: a planned pipeline in, stage attempts out, every transition recorded.
+//!
+//! Event-driven: a stage is decided the moment its last upstream stage ends (no polling),
+//! then either launched (bounded by `parallelism`), skipped (its `when` is false, or a
+//! required input's producer was skipped) or omitted (something it depends on failed).
+//! Each attempt is recorded in the state store before its process starts; retries follow
+//! the stage's policy (exponential backoff with jitter, capped, filtered by `retries.on`);
+//! timeouts cancel the attempt. A failed stage stops its dependants while independent
+//! branches finish, unless `fail_fast` stops everything.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::artifacts::{ArtifactRef, ArtifactStore, AttemptKey};
+use crate::executor::{AttemptOutcome, AttemptSpec, Executor, PathAccess};
+use crate::plan::{Action, MapSource, Pipeline, RetryPolicy, Stage, StageId};
+use crate::spec::{ErrorClass, Hook, IoMode, RetryOn};
+use crate::state::{ArtifactRecord, CacheEntry, Provenance};
+use crate::state::{Phase, RunId, RunRecord, StateError, StateStore};
+use crate::step::env_suffix;
+use crate::template::{value_text, Ref, Template};
+
+mod attempt;
+mod keys;
+mod map;
+use attempt::*;
+use keys::{cache_hit, cacheable, input_artifacts, key_parts, resolve_external};
+use map::*;
+
+/// How a run is carried out.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The most attempts running at once.
+    pub parallelism: usize,
+    /// Stop everything at the first failure.
+    pub fail_fast: bool,
+    /// Where attempts get their working directories (`.drivetrain/work`).
+    pub work_dir: PathBuf,
+    /// The pipeline file, as given.
+    pub file: String,
+    /// sha256 of the pipeline file.
+    pub spec_digest: String,
+    pub trigger: String,
+    /// GPUs of this machine that stages may claim (`resources.gpu`), indices `0..gpus`.
+    pub gpus: usize,
+    /// The run this one reruns or retries.
+    pub parent: Option<RunId>,
+    /// The stages to execute (a rerun's or retry's selection); the others end at once,
+    /// `reused` when listed in [`RunOptions::reuse`], else `Skipped`. `None`: all.
+    pub selection: Option<BTreeSet<String>>,
+    /// Stages whose outputs come from an earlier run, not executed.
+    pub reuse: BTreeMap<String, Reused>,
+    /// What a rerun overrode (recorded with the run).
+    pub overrides: Value,
+    pub cache: CacheMode,
+    /// The cron tick this run is for (`{{ schedule.time }}`); default: the run's start.
+    pub scheduled_time: Option<String>,
+    /// How a built-in step runs: this argv plus the step's name (`drivetrain step`),
+    /// with the rendered `with:` block in `DRIVETRAIN_STEP_CONFIG`. Empty: steps cannot
+    /// run here.
+    pub step_command: Vec<String>,
+    /// Resolves what stages read from outside their inputs (`registry:MODEL@ALIAS`) for
+    /// their cache keys; `None`: such stages are not looked up in the cache.
+    pub resolver: Option<Arc<dyn crate::cache::Resolver>>,
+}
+
+/// How a run uses the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheMode {
+    /// Look entries up (`--no-cache` and `--overwrite-cache` turn this off).
+    pub read: bool,
+    /// Record entries (`--no-cache` turns this off).
+    pub write: bool,
+}
+
+impl Default for CacheMode {
+    fn default() -> Self {
+        CacheMode {
+            read: true,
+            write: true,
+        }
+    }
+}
+
+/// A stage's results taken from an earlier run by a rerun or retry.
+#[derive(Debug, Clone)]
+pub struct Reused {
+    pub outputs: BTreeMap<String, ArtifactRef>,
+    pub values: Value,
+    /// How the earlier run came by them: `origin_run` names the run the outputs are from.
+    pub provenance: Provenance,
+}
+
+/// The machine's GPUs: a stage asking for `n` waits until `n` are free and gets their
+/// indices (as `CUDA_VISIBLE_DEVICES`), so two stages never share one.
+#[derive(Debug)]
+struct GpuPool {
+    free: std::sync::Mutex<Vec<bool>>,
+    released: tokio::sync::Notify,
+}
+
+impl GpuPool {
+    fn new(n: usize) -> Self {
+        GpuPool {
+            free: std::sync::Mutex::new(vec![true; n]),
+            released: tokio::sync::Notify::new(),
+        }
+    }
+
+    async fn acquire(&self, n: usize) -> Vec<usize> {
+        loop {
+            let notified = self.released.notified();
+            {
+                let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+                let idle: Vec<usize> = (0..free.len()).filter(|&i| free[i]).take(n).collect();
+                if idle.len() == n {
+                    for &i in &idle {
+                        free[i] = false;
+                    }
+                    return idle;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    fn release(&self, gpus: &[usize]) {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        for &i in gpus {
+            free[i] = true;
+        }
+        drop(free);
+        self.released.notify_waiters();
+    }
+}
+
+/// What the run loop reports as it goes (for progress output).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunEvent {
+    Started {
+        stage: String,
+        attempt: u32,
+    },
+    Retrying {
+        stage: String,
+        attempt: u32,
+        delay: Duration,
+        reason: String,
+    },
+    Finished {
+        stage: String,
+        phase: Phase,
+        reason: Option<String>,
+        elapsed: Duration,
+    },
+    /// A map stage starts its items.
+    Items {
+        stage: String,
+        total: usize,
+    },
+    /// One item of a map stage ended.
+    ItemDone {
+        stage: String,
+        succeeded: bool,
+    },
+}
+
+/// A run-level failure of the engine or its infrastructure (not of a stage).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The state store failed; the run's record may be incomplete.
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// The outcome of a run.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    pub id: RunId,
+    pub phase: Phase,
+    pub stages: BTreeMap<String, Phase>,
+}
+
+/// What a finished stage leaves for its dependants.
+#[derive(Debug, Clone)]
+struct StageResult {
+    phase: Phase,
+    outputs: BTreeMap<String, ArtifactRef>,
+    values: Value,
+}
+
+/// What a resumed run keeps from before: its record and every stage that succeeded.
+#[derive(Debug, Clone)]
+pub struct Resume {
+    pub record: RunRecord,
+    /// Succeeded stages: name → (outputs, values). They are not executed again.
+    pub succeeded: BTreeMap<String, (BTreeMap<String, ArtifactRef>, Value)>,
+    /// The highest attempt number recorded per stage; new attempts count on from it.
+    pub attempts: BTreeMap<String, u32>,
+}
+
+/// Everything attempts share.
+struct Ctx {
+    pipeline: Arc<Pipeline>,
+    params: BTreeMap<String, Value>,
+    run: RunRecord,
+    state: Arc<dyn StateStore>,
+    artifacts: ArtifactStore,
+    executor: Arc<dyn Executor>,
+    opts: RunOptions,
+    events: mpsc::UnboundedSender<RunEvent>,
+    cancel: watch::Receiver<bool>,
+    /// Hooks stop only on a cancel that arrives while they run: they still run after a
+    /// failure, fail-fast or a cancel of the rest of the run.
+    hook_cancel: watch::Receiver<bool>,
+    /// The run's parallelism: attempts (and map items) hold one slot each.
+    slots: Arc<Semaphore>,
+    gpus: GpuPool,
+    /// How the ordinary stages ended, once they have (`run.status` for hooks).
+    main_phase: std::sync::OnceLock<Phase>,
+    /// Attempt numbers already used, on a resume.
+    prior_attempts: BTreeMap<String, u32>,
+    files: crate::cache::FileDigests,
+}
+
+impl Ctx {
+    fn stop_for(&self, stage: &Stage) -> watch::Receiver<bool> {
+        match stage.hook {
+            Some(_) => self.hook_cancel.clone(),
+            None => self.cancel.clone(),
+        }
+    }
+}
+
+/// Runs every stage of `pipeline` once, as run `id`, and records it. Returns when the
+/// run has ended; the run's phase is `Succeeded` when every stage succeeded or was
+/// skipped.
+#[allow(clippy::too_many_arguments)]
+pub async fn run(
+    id: RunId,
+    pipeline: Arc<Pipeline>,
+    params: BTreeMap<String, Value>,
+    state: Arc<dyn StateStore>,
+    artifacts: ArtifactStore,
+    executor: Arc<dyn Executor>,
+    opts: RunOptions,
+    resume: Option<Resume>,
+    events: mpsc::UnboundedSender<RunEvent>,
+    cancel: watch::Receiver<bool>,
+) -> Result<RunSummary, RunError> {
+    let fresh = RunRecord {
+        id: id.clone(),
+        pipeline: pipeline.name.clone(),
+        file: opts.file.clone(),
+        spec_digest: opts.spec_digest.clone(),
+        params: serde_json::to_value(&params).unwrap_or_default(),
+        trigger: opts.trigger.clone(),
+        parent: opts.parent.clone(),
+        phase: Phase::Running,
+        created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        finished_at: None,
+        reason: None,
+        engine_pid: Some(i64::from(std::process::id())),
+        overrides: opts.overrides.clone(),
+        selection: opts.selection.as_ref().map(|s| s.iter().cloned().collect()),
+        scheduled_time: opts.scheduled_time.clone(),
+        executor: Some(executor.name().to_owned()),
+    };
+    let (record, prior, prior_attempts) = match resume {
+        Some(r) => {
+            state.reopen_run(&id, std::process::id())?;
+            (r.record, r.succeeded, r.attempts)
+        }
+        None => {
+            state.create_run(&fresh)?;
+            (fresh, BTreeMap::new(), BTreeMap::new())
+        }
+    };
+    // The run's heartbeat, for replicas that take over the runs of a dead engine.
+    let _beat = {
+        let (state, id) = (state.clone(), id.clone());
+        AbortOnDrop(tokio::spawn(async move {
+            let every = heartbeat_interval();
+            loop {
+                // A missed beat is retried on the next one; only a long silence counts.
+                let _ = state.heartbeat(&id);
+                tokio::time::sleep(every).await;
+            }
+        }))
+    };
+    let n = pipeline.stages.len();
+    let slots = Arc::new(Semaphore::new(opts.parallelism.max(1)));
+    let opts_gpus = opts.gpus;
+    // Attempts stop on `stop`: set by the caller's cancel, or by fail-fast.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (hook_stop_tx, hook_stop_rx) = watch::channel(false);
+    let forward = {
+        let mut external = cancel.clone();
+        let stop_tx = stop_tx.clone();
+        tokio::spawn(async move {
+            if external.wait_for(|c| *c).await.is_ok() {
+                let _ = stop_tx.send(true);
+            }
+        })
+    };
+    let ctx = Arc::new(Ctx {
+        pipeline: pipeline.clone(),
+        params,
+        run: record,
+        state: state.clone(),
+        artifacts,
+        executor,
+        opts,
+        events,
+        cancel: stop_rx,
+        hook_cancel: hook_stop_rx,
+        slots: slots.clone(),
+        gpus: GpuPool::new(opts_gpus),
+        main_phase: std::sync::OnceLock::new(),
+        prior_attempts,
+        files: Default::default(),
+    });
+
+    let mut results: Vec<Option<StageResult>> = vec![None; n];
+    let mut waiting: Vec<usize> = (0..n)
+        .map(|i| pipeline.upstream(StageId(i as u32)).len())
+        .collect();
+    let mut tasks: JoinSet<(StageId, Result<StageResult, RunError>)> = JoinSet::new();
+    let mut stopping = false;
+    // Ready stages, in the plan's order: (position in `pipeline.order`, stage).
+    let mut rank = vec![0usize; n];
+    for (i, id) in pipeline.order.iter().enumerate() {
+        rank[id.index()] = i;
+    }
+    let mut ready: BTreeSet<(usize, StageId)> = pipeline
+        .order
+        .iter()
+        .copied()
+        .filter(|id| waiting[id.index()] == 0 && pipeline.stage(*id).hook.is_none())
+        .map(|id| (rank[id.index()], id))
+        .collect();
+    // A resumed run starts from what already succeeded: those stages end at once. In
+    // plan order an upstream stage ends first, so each is removed from `ready` after any
+    // upstream stage queued it.
+    for &id in &pipeline.order {
+        let name = &pipeline.stage(id).name;
+        // A rerun or retry records what it takes from its parent as this run's own.
+        let taken = match (prior.contains_key(name), ctx.opts.reuse.get(name)) {
+            (false, Some(r)) => {
+                let from = r.provenance.origin_run.as_deref().unwrap_or("?");
+                let reason = format!("reused from run {from}");
+                record_taken(
+                    &ctx,
+                    name,
+                    &r.provenance,
+                    &r.outputs,
+                    &r.values,
+                    reason,
+                    Duration::ZERO,
+                )?;
+                Some((r.outputs.clone(), r.values.clone()))
+            }
+            _ => None,
+        };
+        if let Some((outputs, values)) = prior.get(name).cloned().or(taken) {
+            ready.remove(&(rank[id.index()], id));
+            let result = StageResult {
+                phase: Phase::Succeeded,
+                outputs,
+                values,
+            };
+            finish(
+                &pipeline,
+                &rank,
+                id,
+                result,
+                &mut results,
+                &mut waiting,
+                &mut ready,
+            );
+        }
+    }
+
+    loop {
+        // Decide every ready stage; decisions that end a stage at once may make more ready.
+        while let Some((_, id)) = ready.pop_first() {
+            let decision = if stopping {
+                Some((Phase::Omitted, "the run is stopping".to_owned()))
+            } else {
+                decide(&pipeline, &ctx, id, &results)
+            };
+            match decision {
+                Some((phase, reason)) => {
+                    let stage = pipeline.stage(id);
+                    state.set_stage(&ctx.run.id, &stage.name, phase, None, Some(&reason))?;
+                    let _ = ctx.events.send(RunEvent::Finished {
+                        stage: stage.name.clone(),
+                        phase,
+                        reason: Some(reason),
+                        elapsed: Duration::ZERO,
+                    });
+                    finish(
+                        &pipeline,
+                        &rank,
+                        id,
+                        StageResult {
+                            phase,
+                            outputs: BTreeMap::new(),
+                            values: Value::Null,
+                        },
+                        &mut results,
+                        &mut waiting,
+                        &mut ready,
+                    );
+                }
+                None => {
+                    let inputs = upstream_results(&pipeline, id, &results);
+                    let ctx = ctx.clone();
+                    let slots = slots.clone();
+                    // A map stage's items take the slots, one each; the stage itself none.
+                    let is_map = pipeline.stage(id).map.is_some();
+                    tasks.spawn(async move {
+                        let _permit = match is_map {
+                            true => None,
+                            false => Some(slots.acquire_owned().await.expect("never closed")),
+                        };
+                        (id, execute(&ctx, id, inputs).await)
+                    });
+                }
+            }
+        }
+        let Some(joined) = tasks.join_next().await else {
+            break;
+        };
+        let (id, result) = match joined {
+            Ok(r) => r,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        };
+        let result = result?;
+        if matches!(result.phase, Phase::Failed | Phase::Error) && ctx.opts.fail_fast {
+            stopping = true;
+            let _ = stop_tx.send(true);
+        }
+        if *cancel.borrow() {
+            stopping = true;
+        }
+        finish(
+            &pipeline,
+            &rank,
+            id,
+            result,
+            &mut results,
+            &mut waiting,
+            &mut ready,
+        );
+    }
+
+    let cancelled = *cancel.borrow();
+    let main_phase = run_phase(&pipeline, &results, cancelled, |s| s.hook.is_none());
+    let _ = ctx.main_phase.set(main_phase);
+
+    // Hooks: after everything else, `finally` always, `on_failure` when the run failed.
+    let hook_forward = {
+        let mut external = cancel.clone();
+        external.borrow_and_update();
+        tokio::spawn(async move {
+            if external.changed().await.is_ok() {
+                let _ = hook_stop_tx.send(true);
+            }
+        })
+    };
+    for &id in &pipeline.order {
+        let stage = pipeline.stage(id);
+        let Some(hook) = stage.hook else { continue };
+        let triggered = match hook {
+            Hook::Finally => true,
+            Hook::OnFailure => main_phase != Phase::Succeeded,
+        };
+        let skip = if !triggered {
+            Some(format!(
+                "on_failure hook; the run {}",
+                main_phase.as_str().to_lowercase()
+            ))
+        } else {
+            hook_condition(&pipeline, &ctx, id, &results)
+        };
+        let result = match skip {
+            Some(reason) => {
+                state.set_stage(
+                    &ctx.run.id,
+                    &stage.name,
+                    Phase::Skipped,
+                    None,
+                    Some(&reason),
+                )?;
+                let _ = ctx.events.send(RunEvent::Finished {
+                    stage: stage.name.clone(),
+                    phase: Phase::Skipped,
+                    reason: Some(reason),
+                    elapsed: Duration::ZERO,
+                });
+                StageResult {
+                    phase: Phase::Skipped,
+                    outputs: BTreeMap::new(),
+                    values: Value::Null,
+                }
+            }
+            None => {
+                let inputs = upstream_results(&pipeline, id, &results);
+                let _permit = slots.acquire().await.expect("never closed");
+                execute(&ctx, id, inputs).await?
+            }
+        };
+        results[id.index()] = Some(result);
+    }
+    forward.abort();
+    hook_forward.abort();
+
+    let stages: BTreeMap<String, Phase> = pipeline
+        .stages
+        .iter()
+        .map(|s| {
+            let phase = results[s.id.index()]
+                .as_ref()
+                .map(|r| r.phase)
+                .unwrap_or(Phase::Omitted);
+            (s.name.clone(), phase)
+        })
+        .collect();
+    let phase = run_phase(&pipeline, &results, cancelled, |_| true);
+    let failed: Vec<&str> = stages
+        .iter()
+        .filter(|(_, p)| matches!(p, Phase::Failed | Phase::Error))
+        .map(|(s, _)| s.as_str())
+        .collect();
+    let reason = (!failed.is_empty()).then(|| format!("failed: {}", failed.join(", ")));
+    state.finish_run(&id, phase, reason.as_deref())?;
+    Ok(RunSummary { id, phase, stages })
+}
+
+/// The phase of a run over the stages `counted` selects: `Succeeded` when each succeeded
+/// or was skipped (a skipped hook counts as skipped).
+fn run_phase(
+    pipeline: &Pipeline,
+    results: &[Option<StageResult>],
+    cancelled: bool,
+    counted: impl Fn(&Stage) -> bool,
+) -> Phase {
+    let phases: Vec<Phase> = pipeline
+        .stages
+        .iter()
+        .filter(|s| counted(s))
+        .map(|s| {
+            results[s.id.index()]
+                .as_ref()
+                .map(|r| r.phase)
+                .unwrap_or(Phase::Omitted)
+        })
+        .collect();
+    if cancelled {
+        Phase::Cancelled
+    } else if phases
+        .iter()
+        .all(|p| matches!(p, Phase::Succeeded | Phase::Skipped))
+    {
+        Phase::Succeeded
+    } else if phases.contains(&Phase::Error) {
+        Phase::Error
+    } else {
+        Phase::Failed
+    }
+}
+
+/// A triggered hook runs unless its own `when` is false; what it depends on may have
+/// failed (that is what `on_failure` hooks are for).
+fn hook_condition(
+    pipeline: &Pipeline,
+    ctx: &Ctx,
+    id: StageId,
+    results: &[Option<StageResult>],
+) -> Option<String> {
+    let (expr, text) = pipeline.stage(id).when.as_ref()?;
+    let values = upstream_results(pipeline, id, results);
+    let lookup = |r: &Ref| lookup_value(pipeline, ctx, &values, r);
+    (!expr.eval(&lookup)).then(|| format!("`when: {text}` was false"))
+}
+
+fn finish(
+    pipeline: &Pipeline,
+    rank: &[usize],
+    id: StageId,
+    result: StageResult,
+    results: &mut [Option<StageResult>],
+    waiting: &mut [usize],
+    ready: &mut BTreeSet<(usize, StageId)>,
+) {
+    results[id.index()] = Some(result);
+    for d in pipeline.downstream(id) {
+        // Hooks run after the rest; a stage a rerun reused ended before its upstream did.
+        if pipeline.stage(d).hook.is_some() || results[d.index()].is_some() {
+            continue;
+        }
+        waiting[d.index()] -= 1;
+        if waiting[d.index()] == 0 {
+            ready.insert((rank[d.index()], d));
+        }
+    }
+}
+
+fn upstream_results(
+    pipeline: &Pipeline,
+    id: StageId,
+    results: &[Option<StageResult>],
+) -> BTreeMap<StageId, StageResult> {
+    pipeline
+        .upstream(id)
+        .into_iter()
+        .filter_map(|u| results[u.index()].clone().map(|r| (u, r)))
+        .collect()
+}
+
+/// Whether a ready stage ends without running, and why.
+fn decide(
+    pipeline: &Pipeline,
+    ctx: &Ctx,
+    id: StageId,
+    results: &[Option<StageResult>],
+) -> Option<(Phase, String)> {
+    let stage = pipeline.stage(id);
+    if let Some(selection) = &ctx.opts.selection {
+        if stage.hook.is_none() && !selection.contains(&stage.name) {
+            let parent = ctx
+                .opts
+                .parent
+                .as_ref()
+                .map(|p| p.0.as_str())
+                .unwrap_or("?");
+            return Some((
+                Phase::Skipped,
+                format!("not selected: this run (from run {parent}) executes only its selection"),
+            ));
+        }
+    }
+    for u in pipeline.upstream(id) {
+        let phase = results[u.index()]
+            .as_ref()
+            .map(|r| r.phase)
+            .unwrap_or(Phase::Omitted);
+        if matches!(
+            phase,
+            Phase::Failed | Phase::Error | Phase::Omitted | Phase::Cancelled
+        ) {
+            return Some((
+                Phase::Omitted,
+                format!("`{}` did not succeed ({phase})", pipeline.stage(u).name),
+            ));
+        }
+    }
+    for input in &stage.inputs {
+        let phase = results[input.stage.index()].as_ref().map(|r| r.phase);
+        if phase == Some(Phase::Skipped) && !input.optional {
+            return Some((
+                Phase::Skipped,
+                format!(
+                    "input `{}` comes from `{}`, which was skipped",
+                    input.name,
+                    pipeline.stage(input.stage).name
+                ),
+            ));
+        }
+    }
+    if let Some((expr, text)) = &stage.when {
+        let values = upstream_results(pipeline, id, results);
+        let lookup = |r: &Ref| lookup_value(pipeline, ctx, &values, r);
+        if !expr.eval(&lookup) {
+            return Some((Phase::Skipped, format!("`when: {text}` was false")));
+        }
+    }
+    None
+}
+
+/// The value of a reference known before a stage starts.
+fn lookup_value(
+    pipeline: &Pipeline,
+    ctx: &Ctx,
+    upstream: &BTreeMap<StageId, StageResult>,
+    r: &Ref,
+) -> Option<Value> {
+    match r {
+        Ref::Param(p) => ctx.params.get(p).cloned(),
+        Ref::RunId => Some(Value::String(ctx.run.id.0.clone())),
+        Ref::RunDate => Some(Value::String(ctx.run.created_at.get(..10)?.to_owned())),
+        Ref::RunStatus => Some(Value::String(
+            ctx.main_phase
+                .get()
+                .copied()
+                .unwrap_or(Phase::Running)
+                .as_str()
+                .to_owned(),
+        )),
+        Ref::PipelineName => Some(Value::String(pipeline.name.clone())),
+        Ref::ScheduleTime => Some(Value::String(
+            ctx.run
+                .scheduled_time
+                .clone()
+                .unwrap_or_else(|| ctx.run.created_at.clone()),
+        )),
+        Ref::StageValue { stage, key } => {
+            let id = pipeline.stage_by_name(stage)?.id;
+            let mut v = &upstream.get(&id)?.values;
+            for k in key {
+                v = v.get(k)?;
+            }
+            Some(v.clone())
+        }
+        Ref::Input(_) | Ref::Output(_) | Ref::Item(_) => None,
+    }
+}
+
+/// Which record an attempt loop writes: the stage's own attempts, or one map item's.
+#[derive(Debug, Clone, Copy)]
+enum Track<'v> {
+    Stage,
+    Item { index: usize, item: &'v Value },
+}
+
+/// How an attempt loop ended.
+struct LoopEnd {
+    phase: Phase,
+    exit: Option<i32>,
+    reason: Option<String>,
+    outputs: BTreeMap<String, ArtifactRef>,
+    values: Value,
+}
+
+/// Runs one stage to its end: attempts, retries, publishing.
+async fn execute(
+    ctx: &Ctx,
+    id: StageId,
+    upstream: BTreeMap<StageId, StageResult>,
+) -> Result<StageResult, RunError> {
+    let stage = ctx.pipeline.stage(id);
+    let started = Instant::now();
+    let unsupported = match &stage.action {
+        Action::Step { name, .. } if ctx.opts.step_command.is_empty() => Some(format!(
+            "built-in step `{name}` cannot run: this engine has no step runner"
+        )),
+        Action::Step { .. } if gpus_needed(stage) > ctx.opts.gpus => Some(format!(
+            "stage needs {} GPU(s); this machine declares {} (`--gpus N` or DRIVETRAIN_LOCAL_GPUS)",
+            gpus_needed(stage),
+            ctx.opts.gpus
+        )),
+        Action::Step { .. } => None,
+        Action::Command { .. } if stage.secrets.iter().any(|s| s.mount_path.is_some()) => {
+            Some("secrets mounted as files are not supported by the local executor".to_owned())
+        }
+        Action::Command { .. } if gpus_needed(stage) > ctx.opts.gpus => Some(format!(
+            "stage needs {} GPU(s); this machine declares {} (`--gpus N` or DRIVETRAIN_LOCAL_GPUS)",
+            gpus_needed(stage),
+            ctx.opts.gpus
+        )),
+        Action::Command { .. } => None,
+    };
+    let (mut parts, external) = key_parts(ctx, stage, &upstream);
+    let resolved = resolve_external(ctx, &external, &mut parts).await;
+    let key = parts.key();
+    let inputs = input_artifacts(stage, &upstream);
+    let cacheable = cacheable(ctx, stage).and(resolved);
+    let mut provenance = Provenance {
+        origin: "ran".into(),
+        origin_run: None,
+        cache_key: Some(key.clone()),
+        provenance: serde_json::json!({
+            "components": parts.components,
+            "definition": parts.definition,
+            "cache": match &cacheable {
+                Ok(()) if ctx.opts.cache.read => "hit".to_owned(),
+                Ok(()) => "not looked up (--overwrite-cache)".to_owned(),
+                Err(why) => format!("not cacheable: {why}"),
+            },
+        }),
+        inputs: serde_json::to_value(&inputs).unwrap_or_default(),
+    };
+    if cacheable.is_ok() && ctx.opts.cache.read {
+        let found = cache_hit(ctx, stage, &key).await?;
+        if let Err(why) = &found {
+            provenance.provenance["cache"] = Value::String(format!("miss: {why}"));
+        }
+        if let Ok(hit) = found {
+            provenance.origin = "cached".into();
+            provenance.origin_run = Some(hit.run_id.clone());
+            let reason = format!("cached (from run {})", hit.run_id);
+            record_taken(
+                ctx,
+                &stage.name,
+                &provenance,
+                &hit.outputs,
+                &hit.values,
+                reason,
+                started.elapsed(),
+            )?;
+            return Ok(StageResult {
+                phase: Phase::Succeeded,
+                outputs: hit.outputs,
+                values: hit.values,
+            });
+        }
+    }
+    ctx.state
+        .set_provenance(&ctx.run.id, &stage.name, &provenance)?;
+    let end = match unsupported {
+        Some(reason) => {
+            let attempt = ctx.prior_attempts.get(&stage.name).copied().unwrap_or(0) + 1;
+            ctx.state.start_attempt(&ctx.run.id, &stage.name, attempt)?;
+            ctx.state.finish_attempt(
+                &ctx.run.id,
+                &stage.name,
+                attempt,
+                Phase::Error,
+                None,
+                Some(&reason),
+            )?;
+            LoopEnd {
+                phase: Phase::Error,
+                exit: None,
+                reason: Some(reason),
+                outputs: BTreeMap::new(),
+                values: Value::Null,
+            }
+        }
+        None if stage.map.is_some() => execute_map(ctx, stage, &upstream).await?,
+        None => {
+            let first = ctx.prior_attempts.get(&stage.name).copied().unwrap_or(0) + 1;
+            attempt_loop(ctx, stage, Track::Stage, &upstream, first).await?
+        }
+    };
+    if end.phase == Phase::Succeeded {
+        let outputs_json = serde_json::to_value(&end.outputs).unwrap_or_default();
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let published: Vec<ArtifactRecord> = end
+            .outputs
+            .iter()
+            .map(|(output, art)| ArtifactRecord {
+                digest: art.digest.clone(),
+                manifest: art.manifest.clone(),
+                run_id: ctx.run.id.0.clone(),
+                stage: stage.name.clone(),
+                output: output.clone(),
+                created_at: now.clone(),
+            })
+            .collect();
+        ctx.state.add_artifacts(&published)?;
+        // Results before the phase: a stage recorded as succeeded always has its outputs.
+        ctx.state
+            .set_stage_results(&ctx.run.id, &stage.name, &outputs_json, &end.values)?;
+        if cacheable.is_ok() && ctx.opts.cache.write {
+            ctx.state.put_cache_entry(&CacheEntry {
+                key,
+                pipeline: ctx.pipeline.name.clone(),
+                stage: stage.name.clone(),
+                run_id: ctx.run.id.0.clone(),
+                outputs: outputs_json,
+                values: end.values.clone(),
+                components: serde_json::to_value(&parts.components).unwrap_or_default(),
+                created_at: now,
+            })?;
+        }
+    }
+    ctx.state.set_stage(
+        &ctx.run.id,
+        &stage.name,
+        end.phase,
+        end.exit,
+        end.reason.as_deref(),
+    )?;
+    let _ = ctx.events.send(RunEvent::Finished {
+        stage: stage.name.clone(),
+        phase: end.phase,
+        reason: end.reason,
+        elapsed: started.elapsed(),
+    });
+    Ok(StageResult {
+        phase: end.phase,
+        outputs: end.outputs,
+        values: end.values,
+    })
+}
+
+/// Records a stage that ends with outputs it did not make (a cache hit, a rerun's
+/// reuse): how it came by them, the outputs, then the phase, so a stage recorded as
+/// succeeded always has its outputs.
+fn record_taken(
+    ctx: &Ctx,
+    stage: &str,
+    provenance: &Provenance,
+    outputs: &BTreeMap<String, ArtifactRef>,
+    values: &Value,
+    reason: String,
+    elapsed: Duration,
+) -> Result<(), RunError> {
+    let outputs_json = serde_json::to_value(outputs).unwrap_or_default();
+    ctx.state.set_provenance(&ctx.run.id, stage, provenance)?;
+    ctx.state
+        .set_stage_results(&ctx.run.id, stage, &outputs_json, values)?;
+    ctx.state
+        .set_stage(&ctx.run.id, stage, Phase::Succeeded, None, None)?;
+    let _ = ctx.events.send(RunEvent::Finished {
+        stage: stage.to_owned(),
+        phase: Phase::Succeeded,
+        reason: Some(reason),
+        elapsed,
+    });
+    Ok(())
+}
+
+/// An error with its sources, `outer: inner: root`, for reasons people read.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or_default().to_owned()
+}
+
+/// Whether a failure of `class` (with `exit`) is retried under `policy.on`.
+pub fn retryable(policy: &RetryPolicy, class: ErrorClass, exit: Option<i32>) -> bool {
+    if policy.on.is_empty() {
+        return true;
+    }
+    policy.on.iter().any(|on| match on {
+        RetryOn::ExitCode(c) => exit == Some(*c),
+        RetryOn::Class(ErrorClass::Failed) => class == ErrorClass::Failed,
+        RetryOn::Class(c) => *c == class,
+    })
+}
+
+/// The delay before retry number `attempt` (1-based): `backoff · 2^(attempt-1)`, capped at
+/// `max_backoff`, with ±20% jitter derived from the attempt's identity.
+pub fn backoff(policy: &RetryPolicy, attempt: u32, key: &AttemptKey) -> Duration {
+    let base = policy
+        .backoff
+        .saturating_mul(1u32 << (attempt - 1).min(20))
+        .min(policy.max_backoff);
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key
+        .run
+        .bytes()
+        .chain(key.stage.bytes())
+        .chain(attempt.to_le_bytes())
+    {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    let jitter = (h % 4001) as f64 / 10_000.0 - 0.2; // -0.2 ..= 0.2
+    base.mul_f64(1.0 + jitter).min(policy.max_backoff)
+}
+
+/// GPUs an attempt claims: `resources.gpu` per worker.
+fn gpus_needed(stage: &Stage) -> usize {
+    let per = stage.resources.gpu.unwrap_or(0) as usize;
+    per * stage
+        .distributed
+        .as_ref()
+        .map(|d| d.workers as usize)
+        .unwrap_or(1)
+}
+
+/// How often a running engine records its heartbeat: `DRIVETRAIN_HEARTBEAT` (e.g. `2s`),
+/// default 5 s. A run silent for three intervals is taken over by a serving replica.
+pub fn heartbeat_interval() -> Duration {
+    std::env::var("DRIVETRAIN_HEARTBEAT")
+        .ok()
+        .and_then(|v| humantime::parse_duration(&v).ok())
+        .filter(|d| !d.is_zero())
+        .unwrap_or(Duration::from_secs(5))
+}
+
+fn humanize(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs >= 3600 {
+        format!("{}h{}m", secs / 3600, secs % 3600 / 60)
+    } else if secs >= 60 {
+        format!("{}m{}s", secs / 60, secs % 60)
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_is_capped_and_jittered() {
+        let policy = RetryPolicy {
+            limit: 10,
+            backoff: Duration::from_secs(10),
+            max_backoff: Duration::from_secs(60),
+            on: Vec::new(),
+        };
+        let key = AttemptKey {
+            run: "r".into(),
+            stage: "s".into(),
+            attempt: 1,
+        };
+        let d1 = backoff(&policy, 1, &key);
+        let d2 = backoff(&policy, 2, &key);
+        let d5 = backoff(&policy, 5, &key);
+        assert!(
+            d1 >= Duration::from_secs(8) && d1 <= Duration::from_secs(12),
+            "{d1:?}"
+        );
+        assert!(
+            d2 >= Duration::from_secs(16) && d2 <= Duration::from_secs(24),
+            "{d2:?}"
+        );
+        assert!(d5 <= Duration::from_secs(60), "{d5:?}");
+        assert!(d5 >= Duration::from_secs(48), "{d5:?}");
+    }
+
+    #[test]
+    fn retry_filters() {
+        let mut policy = RetryPolicy {
+            limit: 3,
+            ..RetryPolicy::default()
+        };
+        assert!(retryable(&policy, ErrorClass::Failed, Some(1)));
+        policy.on = vec![RetryOn::ExitCode(75), RetryOn::Class(ErrorClass::Timeout)];
+        assert!(retryable(&policy, ErrorClass::Failed, Some(75)));
+        assert!(!retryable(&policy, ErrorClass::Failed, Some(1)));
+        assert!(retryable(&policy, ErrorClass::Timeout, None));
+        assert!(!retryable(&policy, ErrorClass::Error, None));
+    }
+}
