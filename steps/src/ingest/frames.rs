@@ -1,0 +1,487 @@
+//! The frame table: its schema, the latest value of every column (`Held`), frames built
+//! from messages in log-time order (`FrameBuilder`) and written one drive per file, a row
+//! group at a time, in time order (`DriveWriter`).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, StringBuilder,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::basic::{Compression, ZstdLevel};
+use datafusion::parquet::file::metadata::{KeyValue, SortingColumn};
+use datafusion::parquet::file::properties::WriterProperties;
+use serde_json::Value;
+
+/// Rows buffered per drive before a row group is written: bounds memory.
+pub(super) const ROWS_PER_BATCH: usize = 65_536;
+
+const F64_COLUMNS: &[&str] = &[
+    "speed_mps",
+    "accel_x",
+    "accel_y",
+    "yaw_rate",
+    "steering",
+    "brake_pressure",
+    "lat",
+    "lon",
+    "lateral_offset_m",
+    "lane_confidence",
+    "object_distance_m",
+    "object_rel_speed_mps",
+];
+const STR_COLUMNS: &[&str] = &["object_class", "weather", "time_of_day"];
+/// The simulator's ground truth, one column per injected event kind.
+pub const GT_COLUMNS: &[&str] = &[
+    "gt_hard_brake",
+    "gt_cut_in",
+    "gt_pedestrian_close_call",
+    "gt_low_lane_confidence",
+];
+
+/// The schema of the frame table.
+pub fn frame_schema() -> SchemaRef {
+    let mut fields = vec![
+        Field::new("drive", DataType::Utf8, false),
+        Field::new("ts", DataType::Float64, false),
+        Field::new("log_time_ns", DataType::Int64, false),
+    ];
+    fields.extend(
+        F64_COLUMNS
+            .iter()
+            .map(|c| Field::new(*c, DataType::Float64, true)),
+    );
+    fields.extend(
+        STR_COLUMNS
+            .iter()
+            .map(|c| Field::new(*c, DataType::Utf8, true)),
+    );
+    fields.extend(
+        GT_COLUMNS
+            .iter()
+            .map(|c| Field::new(*c, DataType::Boolean, true)),
+    );
+    fields.push(Field::new("source_file", DataType::Utf8, false));
+    fields.push(Field::new("source_offset", DataType::Int64, false));
+    fields.push(Field::new("source_chunk_offset", DataType::Int64, true));
+    Arc::new(Schema::new(fields))
+}
+
+/// The latest value of every column: what a frame is made of. Fixed slots in column
+/// order (cloned once per frame, so strings are shared, not copied).
+#[derive(Default, Clone)]
+pub(super) struct Held {
+    f64s: [Option<f64>; F64_COLUMNS.len()],
+    strs: [Option<Arc<str>>; STR_COLUMNS.len()],
+    gts: [Option<bool>; GT_COLUMNS.len()],
+}
+
+/// The fields of one channel message drivetrain reads: every channel's, in one struct
+/// (serde skips the rest without building them).
+#[derive(Default, serde::Deserialize)]
+struct Msg<'a> {
+    speed_mps: Option<f64>,
+    accel_x: Option<f64>,
+    accel_y: Option<f64>,
+    yaw_rate: Option<f64>,
+    steering: Option<f64>,
+    brake_pressure: Option<f64>,
+    lat: Option<f64>,
+    lon: Option<f64>,
+    lateral_offset_m: Option<f64>,
+    lane_confidence: Option<f64>,
+    object_distance_m: Option<f64>,
+    object_rel_speed_mps: Option<f64>,
+    distance_m: Option<f64>,
+    rel_speed_mps: Option<f64>,
+    #[serde(borrow)]
+    class: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    weather: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    time_of_day: Option<std::borrow::Cow<'a, str>>,
+    hard_brake: Option<bool>,
+    cut_in: Option<bool>,
+    pedestrian_close_call: Option<bool>,
+    low_lane_confidence: Option<bool>,
+}
+
+fn set<T>(slot: &mut Option<T>, v: Option<T>) {
+    if v.is_some() {
+        *slot = v;
+    }
+}
+
+fn shared(s: Option<std::borrow::Cow<'_, str>>) -> Option<Arc<str>> {
+    s.map(|c| Arc::from(c.as_ref()))
+}
+
+impl Held {
+    /// Whether messages of `topic` make frames.
+    pub(super) fn reads(topic: &str) -> bool {
+        matches!(
+            topic,
+            "/vehicle" | "/lane" | "/objects" | "/context" | "/ground_truth"
+        )
+    }
+
+    /// Takes the fields of one message of `topic`.
+    fn take(&mut self, topic: &str, m: Msg<'_>) {
+        match topic {
+            "/vehicle" | "/lane" => {
+                let values = [
+                    m.speed_mps,
+                    m.accel_x,
+                    m.accel_y,
+                    m.yaw_rate,
+                    m.steering,
+                    m.brake_pressure,
+                    m.lat,
+                    m.lon,
+                    m.lateral_offset_m,
+                    m.lane_confidence,
+                    m.object_distance_m,
+                    m.object_rel_speed_mps,
+                ];
+                for (slot, v) in self.f64s.iter_mut().zip(values) {
+                    set(slot, v);
+                }
+            }
+            "/objects" => {
+                set(&mut self.f64s[10], m.distance_m);
+                set(&mut self.f64s[11], m.rel_speed_mps);
+                set(&mut self.strs[0], shared(m.class));
+            }
+            "/context" => {
+                set(&mut self.strs[1], shared(m.weather));
+                set(&mut self.strs[2], shared(m.time_of_day));
+            }
+            "/ground_truth" => {
+                let values = [
+                    m.hard_brake,
+                    m.cut_in,
+                    m.pedestrian_close_call,
+                    m.low_lane_confidence,
+                ];
+                for (slot, v) in self.gts.iter_mut().zip(values) {
+                    set(slot, v);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Takes every value `other` has.
+    pub(super) fn overlay(&mut self, other: &Held) {
+        for (slot, v) in self.f64s.iter_mut().zip(&other.f64s) {
+            set(slot, *v);
+        }
+        for (slot, v) in self.strs.iter_mut().zip(&other.strs) {
+            set(slot, v.clone());
+        }
+        for (slot, v) in self.gts.iter_mut().zip(&other.gts) {
+            set(slot, *v);
+        }
+    }
+
+    /// Takes every known column of a JSON-lines frame.
+    pub(super) fn take_row(&mut self, v: &Value) {
+        for (slot, c) in self.f64s.iter_mut().zip(F64_COLUMNS) {
+            set(slot, v.get(*c).and_then(Value::as_f64));
+        }
+        for (slot, c) in self.strs.iter_mut().zip(STR_COLUMNS) {
+            set(slot, v.get(*c).and_then(Value::as_str).map(Arc::from));
+        }
+        for (slot, c) in self.gts.iter_mut().zip(GT_COLUMNS) {
+            set(slot, v.get(*c).and_then(Value::as_bool));
+        }
+    }
+}
+
+/// A frame waiting for the messages that share its log time.
+struct Pending {
+    log_time: u64,
+    offset: u64,
+    chunk_offset: Option<u64>,
+    /// The frame's own `/vehicle` fields: two frames at one log time keep their own.
+    own: Held,
+}
+
+/// Turns JSON channel messages, fed in log-time order, into frames: one per `/vehicle`
+/// message, each holding the latest value of every column at its log time (messages
+/// sharing that log time included, whatever their order in the file).
+pub(super) struct FrameBuilder {
+    writer: DriveWriter,
+    held: Held,
+    /// The `/vehicle` messages at the latest log time, waiting for the rest of it.
+    pending: Vec<Pending>,
+}
+
+impl FrameBuilder {
+    pub(super) fn new(writer: DriveWriter) -> FrameBuilder {
+        FrameBuilder {
+            writer,
+            held: Held::default(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Takes one message; `log_time` is never before the last one's.
+    pub(super) fn message(
+        &mut self,
+        topic: &str,
+        log_time: u64,
+        offset: u64,
+        chunk_offset: Option<u64>,
+        data: &[u8],
+    ) -> anyhow::Result<()> {
+        // The frames of an earlier log time are complete once a later one arrives.
+        if self.pending.first().is_some_and(|p| log_time > p.log_time) {
+            self.flush_pending()?;
+        }
+        let msg: Msg<'_> = serde_json::from_slice(data).map_err(|e| {
+            anyhow::anyhow!(
+                "message on {topic} at log time {log_time} is not a JSON object of the known fields: {e}"
+            )
+        })?;
+        if topic != "/vehicle" {
+            self.held.take(topic, msg);
+            return Ok(());
+        }
+        let mut own = Held::default();
+        own.take(topic, msg);
+        self.held.overlay(&own);
+        self.pending.push(Pending {
+            log_time,
+            offset,
+            chunk_offset,
+            own,
+        });
+        Ok(())
+    }
+
+    pub(super) fn flush_pending(&mut self) -> anyhow::Result<()> {
+        for p in std::mem::take(&mut self.pending) {
+            let mut held = self.held.clone();
+            held.overlay(&p.own);
+            self.writer
+                .push(p.log_time, p.offset, p.chunk_offset, &held)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn finish(mut self) -> anyhow::Result<u64> {
+        self.flush_pending()?;
+        self.writer.finish()
+    }
+}
+
+/// The footer key by which a frame file says it is sorted as a whole, by its value's
+/// columns (`drive,ts`): `mine-corner-cases` then needs no sort for its windows.
+pub const SORTED_BY: &str = "drivetrain.sorted_by";
+
+/// Builds one drive's frame table, writing a row group every [`ROWS_PER_BATCH`] rows.
+/// Each row group is sorted by time (and says so in the standard `sorting_columns`); when
+/// the row groups follow each other in time too, the footer says the whole file is sorted
+/// ([`SORTED_BY`]).
+pub(super) struct DriveWriter {
+    drive: String,
+    source: String,
+    first_ns: Option<u64>,
+    rows: Vec<(u64, u64, Option<u64>, Held)>,
+    writer: ArrowWriter<std::fs::File>,
+    written: u64,
+    /// The last log time written, and whether every row group began at or after it.
+    last_ns: Option<u64>,
+    in_order: bool,
+}
+
+impl DriveWriter {
+    pub(super) fn create(dir: &Path, drive: &str, source: &str) -> anyhow::Result<DriveWriter> {
+        let part = dir.join(format!("drive={drive}"));
+        std::fs::create_dir_all(&part)?;
+        let file = std::fs::File::create(part.join("part-00000.parquet"))?;
+        let ascending = |column_idx| SortingColumn {
+            column_idx,
+            descending: false,
+            nulls_first: false,
+        };
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+            .set_sorting_columns(Some(vec![ascending(0), ascending(1)]))
+            .build();
+        Ok(DriveWriter {
+            drive: drive.to_owned(),
+            source: source.to_owned(),
+            first_ns: None,
+            rows: Vec::new(),
+            writer: ArrowWriter::try_new(file, frame_schema(), Some(props))?,
+            written: 0,
+            last_ns: None,
+            in_order: true,
+        })
+    }
+
+    pub(super) fn push(
+        &mut self,
+        log_time: u64,
+        offset: u64,
+        chunk: Option<u64>,
+        held: &Held,
+    ) -> anyhow::Result<()> {
+        self.first_ns.get_or_insert(log_time);
+        self.rows.push((log_time, offset, chunk, held.clone()));
+        if self.rows.len() >= ROWS_PER_BATCH {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn flush(&mut self) -> anyhow::Result<()> {
+        if self.rows.is_empty() {
+            return Ok(());
+        }
+        let first = self.first_ns.unwrap_or(0);
+        let n = self.rows.len();
+        // Messages of a recording can be out of time order (chunks written out of
+        // order): each row group is put in order, and the file is in order if each
+        // group starts where the last one ended.
+        self.rows.sort_by_key(|r| r.0);
+        if self.last_ns.is_some_and(|last| self.rows[0].0 < last) {
+            self.in_order = false;
+        }
+        self.last_ns = self.rows.last().map(|r| r.0);
+        let mut drive = StringBuilder::new();
+        let mut ts = Float64Builder::with_capacity(n);
+        let mut lt = Int64Builder::with_capacity(n);
+        let mut f64s: Vec<Float64Builder> = F64_COLUMNS
+            .iter()
+            .map(|_| Float64Builder::with_capacity(n))
+            .collect();
+        let mut strs: Vec<StringBuilder> =
+            STR_COLUMNS.iter().map(|_| StringBuilder::new()).collect();
+        let mut gts: Vec<BooleanBuilder> =
+            GT_COLUMNS.iter().map(|_| BooleanBuilder::new()).collect();
+        let mut src = StringBuilder::new();
+        let mut off = Int64Builder::with_capacity(n);
+        let mut coff = Int64Builder::with_capacity(n);
+        for (log_time, offset, chunk, held) in self.rows.drain(..) {
+            drive.append_value(&self.drive);
+            ts.append_value((log_time.saturating_sub(first)) as f64 / 1e9);
+            lt.append_value(log_time as i64);
+            for (b, v) in f64s.iter_mut().zip(held.f64s) {
+                b.append_option(v);
+            }
+            for (b, v) in strs.iter_mut().zip(&held.strs) {
+                b.append_option(v.as_deref());
+            }
+            for (b, v) in gts.iter_mut().zip(held.gts) {
+                b.append_option(v);
+            }
+            src.append_value(&self.source);
+            off.append_value(offset as i64);
+            coff.append_option(chunk.map(|c| c as i64));
+        }
+        let mut cols: Vec<ArrayRef> = vec![
+            Arc::new(drive.finish()),
+            Arc::new(ts.finish()),
+            Arc::new(lt.finish()),
+        ];
+        cols.extend(f64s.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
+        cols.extend(strs.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
+        cols.extend(gts.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
+        cols.push(Arc::new(src.finish()));
+        cols.push(Arc::new(off.finish()));
+        cols.push(Arc::new(coff.finish()));
+        self.writer
+            .write(&RecordBatch::try_new(frame_schema(), cols)?)?;
+        // Its own row group (the writer would otherwise join batches up to a million
+        // rows): each row group holds what was put in order here.
+        self.writer.flush()?;
+        self.written += n as u64;
+        Ok(())
+    }
+
+    pub(super) fn finish(mut self) -> anyhow::Result<u64> {
+        self.flush()?;
+        if self.in_order {
+            self.writer
+                .append_key_value_metadata(KeyValue::new(SORTED_BY.into(), "drive,ts".to_owned()));
+        }
+        self.writer.close()?;
+        Ok(self.written)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+    /// The footer's order claim and the log times of each row group.
+    fn written(path: &Path) -> (bool, Vec<Vec<i64>>) {
+        let file = || std::fs::File::open(path).unwrap();
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file()).unwrap();
+        let meta = builder.metadata().clone();
+        let claims = meta
+            .file_metadata()
+            .key_value_metadata()
+            .into_iter()
+            .flatten()
+            .any(|kv| kv.key == SORTED_BY);
+        let groups = (0..meta.num_row_groups())
+            .map(|rg| {
+                let reader = ParquetRecordBatchReaderBuilder::try_new(file())
+                    .unwrap()
+                    .with_row_groups(vec![rg])
+                    .build()
+                    .unwrap();
+                reader
+                    .flat_map(|b| {
+                        let b = b.unwrap();
+                        let lt = b.column_by_name("log_time_ns").unwrap();
+                        let lt = lt.as_any().downcast_ref::<Int64Array>().unwrap();
+                        lt.values().to_vec()
+                    })
+                    .collect()
+            })
+            .collect();
+        (claims, groups)
+    }
+
+    #[test]
+    fn a_file_says_it_is_sorted_only_when_it_is() {
+        let dir = std::env::temp_dir().join(format!("dt-ingest-order-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let held = Held::default();
+        let write = |drive: &str, groups: &[&[u64]]| {
+            let mut w = DriveWriter::create(&dir, drive, "x.mcap").unwrap();
+            for group in groups {
+                for &t in *group {
+                    w.push(t, t, None, &held).unwrap();
+                }
+                w.flush().unwrap();
+            }
+            w.finish().unwrap();
+            written(
+                &dir.join(format!("drive={drive}"))
+                    .join("part-00000.parquet"),
+            )
+        };
+        // Out of order inside a row group: put in order; the groups follow each other.
+        assert_eq!(
+            write("a", &[&[3, 1, 2], &[4, 5]]),
+            (true, vec![vec![1, 2, 3], vec![4, 5]])
+        );
+        // A row group starting before the last one ended: each in order, the file not.
+        assert_eq!(
+            write("b", &[&[10, 11], &[5]]),
+            (false, vec![vec![10, 11], vec![5]])
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,399 @@
+//! `ingest`: drive logs → Parquet frame tables, partitioned by drive.
+//!
+//! ## The frame table (`frames/drive=<drive>/part-NNNNN.parquet`)
+//!
+//! One row per `/vehicle` message, whatever the order of log times in the file (equal
+//! times, chunks out of order, several writers); the other channels are sampled and held
+//! in log-time order (the latest message at or before the frame's log time, messages
+//! sharing it included). A file read in order is streamed; one that is not is read again
+//! and its JSON messages put in order in memory (`reordered` in the values):
+//!
+//! | column | type | from |
+//! |---|---|---|
+//! | `drive` | string | the file's name without extension |
+//! | `ts` | float64 | seconds since the drive's first frame |
+//! | `log_time_ns` | int64 | the message's log time |
+//! | `speed_mps`, `accel_x`, `accel_y`, `yaw_rate`, `steering`, `brake_pressure`, `lat`, `lon` | float64 | `/vehicle` |
+//! | `lateral_offset_m`, `lane_confidence` | float64 | `/lane` |
+//! | `object_class` | string | `/objects` `class` |
+//! | `object_distance_m`, `object_rel_speed_mps` | float64 | `/objects` |
+//! | `weather`, `time_of_day` | string | `/context` |
+//! | `gt_hard_brake`, `gt_cut_in`, `gt_pedestrian_close_call`, `gt_low_lane_confidence` | bool | `/ground_truth` (simulated drives) |
+//! | `source_file` | string | the log the frame came from |
+//! | `source_offset` | int64 | byte offset of the `/vehicle` message record, or of the chunk holding it |
+//! | `source_chunk_offset` | int64, null | offset of the message inside its decompressed chunk |
+//!
+//! Rows are in time order within each row group (the footer's `sorting_columns` say
+//! `drive, ts`); a file whose row groups are in order too says so under the footer key
+//! `drivetrain.sorted_by` (`drive,ts`), which lets mining skip its sort.
+//!
+//! Missing channels leave their columns null. JSON lines logs (`*.jsonl`) hold one frame
+//! object per line with these column names (`source_offset` is the line's byte offset).
+//!
+//! ## The index (`index/messages.parquet`)
+//!
+//! Every message of every MCAP file read to the end (a skipped file leaves no rows),
+//! whatever its profile (ros1, ros2, protobuf, json):
+//! `file`, `topic`, `schema_name`, `schema_encoding`, `message_encoding`, `log_time_ns`,
+//! `size`, `offset`, `chunk_offset`, and `json` (the message text where the encoding is
+//! JSON). Per-channel counts and time ranges go to `values.json`.
+//!
+//! ## TuSimple lane labels (`lanes/tusimple.parquet`)
+//!
+//! `label_data_*.json` files (one JSON object per line: `lanes`, `h_samples`,
+//! `raw_file`) become rows `raw_file`, `h_samples` (list of int64), `lanes` (list of list
+//! of int64, −2 where a lane is absent at a sample row), `lane_count`.
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use crate::logsource::LogSource;
+use crate::mcapio::{self, Message};
+use crate::{IngestConfig, LogFormat, OnError};
+
+mod frames;
+mod index;
+mod tusimple;
+pub use frames::{frame_schema, GT_COLUMNS, SORTED_BY};
+use frames::{DriveWriter, FrameBuilder, Held, ROWS_PER_BATCH};
+use index::{ChannelStats, IndexWriter};
+use tusimple::ingest_tusimple;
+
+/// What one log gave.
+struct FileResult {
+    frames: u64,
+    /// Its messages were not in log-time order (and were put in order).
+    reordered: bool,
+    /// It ended without a footer (a recorder that stopped, a copy cut short at a record
+    /// boundary): what it held was read, what it would have held is unknown.
+    unfinished: bool,
+}
+
+/// Reads every log of `source` and writes the tables; returns the values.
+///
+/// Nothing read is dropped without a count: files of no known format are listed under
+/// `ignored`, logs without `/vehicle` messages under `without_frames` (they are still
+/// indexed), MCAP files without a footer under `unfinished`, logs skipped by `on_error:
+/// skip` under `skipped` (and are absent from every table). Only a source with no logs at all, or whose every log failed, is an error.
+pub fn ingest(
+    cfg: &IngestConfig,
+    source: &LogSource,
+    frames: &Path,
+    index: Option<&Path>,
+    lanes: Option<&Path>,
+) -> anyhow::Result<Value> {
+    let files = source.list()?;
+    let format = cfg.format.clone().unwrap_or(LogFormat::Auto);
+    let skip = matches!(cfg.on_error, Some(OnError::Skip));
+    let mut index_writer = match index {
+        Some(dir) => Some(IndexWriter::create(&dir.join("messages.parquet"))?),
+        None => None,
+    };
+    let mut channels: BTreeMap<String, ChannelStats> = BTreeMap::new();
+    let mut skipped = Vec::new();
+    let mut ignored = Vec::new();
+    let mut without_frames = Vec::new();
+    let mut reordered = Vec::new();
+    let mut unfinished = Vec::new();
+    let mut drives: BTreeMap<String, u64> = BTreeMap::new();
+    let mut drive_files: BTreeMap<String, String> = BTreeMap::new();
+    let mut tusimple = Vec::new();
+    let mut logs = 0usize;
+    let mut bytes = 0u64;
+    for rel in &files {
+        let name = rel.rsplit('/').next().unwrap_or(rel).to_owned();
+        let kind = match (&format, name.rsplit_once('.').map(|(_, e)| e)) {
+            (LogFormat::Tusimple, _) => "tusimple",
+            (LogFormat::Auto, Some("json")) if name.starts_with("label_data") => "tusimple",
+            (LogFormat::Mcap, _) | (LogFormat::Auto, Some("mcap")) => "mcap",
+            (LogFormat::Jsonl, _) | (LogFormat::Auto, Some("jsonl")) => "jsonl",
+            _ => {
+                ignored.push(rel.clone());
+                continue;
+            }
+        };
+        logs += 1;
+        if kind == "tusimple" {
+            tusimple.push(source.fetch(rel)?);
+            continue;
+        }
+        let drive = name
+            .rsplit_once('.')
+            .map(|(s, _)| s)
+            .unwrap_or(&name)
+            .to_owned();
+        // One partition per drive: a second log of the same name would replace the first.
+        if let Some(first) = drive_files.insert(drive.clone(), rel.clone()) {
+            anyhow::bail!(
+                "{first} and {rel} are both drive `{drive}`: a drive is named by its file, so one would replace the other; rename one"
+            );
+        }
+        let file = source.fetch(rel)?;
+        // Channel statistics and index rows count only the files read to the end.
+        let mut file_channels = BTreeMap::new();
+        let mut file_index = match index {
+            Some(dir) => Some(IndexWriter::create(
+                &dir.join(format!(".part-{}.parquet", drive_files.len())),
+            )?),
+            None => None,
+        };
+        let result = match kind {
+            "mcap" => ingest_mcap(
+                &file.path,
+                rel,
+                &drive,
+                frames,
+                file_index.as_mut(),
+                &mut file_channels,
+            ),
+            _ => ingest_jsonl(&file.path, rel, &drive, frames).map(|frames| FileResult {
+                frames,
+                reordered: false,
+                unfinished: false,
+            }),
+        };
+        let file_index = match file_index {
+            Some(w) => Some(w.close()?),
+            None => None,
+        };
+        match result {
+            Ok(r) => {
+                for (topic, s) in file_channels {
+                    let all: &mut ChannelStats = channels.entry(topic).or_default();
+                    if all.messages == 0 {
+                        all.first_ns = s.first_ns;
+                        all.encoding = s.encoding;
+                        all.schema = s.schema;
+                    }
+                    all.messages += s.messages;
+                    all.bytes += s.bytes;
+                    all.first_ns = all.first_ns.min(s.first_ns);
+                    all.last_ns = all.last_ns.max(s.last_ns);
+                }
+                if let (Some(w), Some(part)) = (index_writer.as_mut(), &file_index) {
+                    w.append(part)?;
+                }
+                if r.frames == 0 {
+                    without_frames.push(rel.clone());
+                }
+                if r.reordered {
+                    reordered.push(rel.clone());
+                }
+                if r.unfinished {
+                    eprintln!("warning: {rel} has no footer: it may have been cut short");
+                    unfinished.push(rel.clone());
+                }
+                bytes += std::fs::metadata(&file.path).map(|m| m.len()).unwrap_or(0);
+                drives.insert(drive, r.frames);
+            }
+            Err(e) if skip => {
+                // A half-written partition of a skipped file is not part of the table.
+                let _ = std::fs::remove_dir_all(frames.join(format!("drive={drive}")));
+                eprintln!("skipping {rel}: {e:#}");
+                skipped.push(json!({"file": rel, "error": format!("{e:#}")}));
+            }
+            Err(e) => return Err(e),
+        }
+        if let Some(part) = file_index {
+            std::fs::remove_file(part)?;
+        }
+    }
+    if let Some(w) = index_writer {
+        w.close()?;
+    }
+    let mut lanes_rows = 0;
+    if !tusimple.is_empty() {
+        let dir = lanes.ok_or_else(|| {
+            anyhow::anyhow!("TuSimple label files found: declare the `lanes` output")
+        })?;
+        let paths: Vec<PathBuf> = tusimple.iter().map(|f| f.path.clone()).collect();
+        lanes_rows = ingest_tusimple(&paths, &dir.join("tusimple.parquet"))?;
+    }
+    if logs == 0 {
+        anyhow::bail!(
+            "no drive logs in {} (looked for *.mcap, *.jsonl, label_data_*.json; {} other file(s))",
+            source.describe(),
+            ignored.len()
+        );
+    }
+    if skipped.len() == logs {
+        anyhow::bail!(
+            "every one of the {logs} log(s) in {} could not be read: {}",
+            source.describe(),
+            skipped[0]["error"].as_str().unwrap_or_default()
+        );
+    }
+    let frames_total: u64 = drives.values().sum();
+    let channels: serde_json::Map<String, Value> = channels
+        .into_iter()
+        .map(|(topic, s)| {
+            (
+                topic,
+                json!({
+                    "messages": s.messages, "bytes": s.bytes,
+                    "first_log_time_ns": s.first_ns, "last_log_time_ns": s.last_ns,
+                    "message_encoding": s.encoding, "schema": s.schema,
+                }),
+            )
+        })
+        .collect();
+    Ok(json!({
+        "files": logs,
+        "bytes": bytes,
+        "frames": frames_total,
+        "drives": drives,
+        "channels": channels,
+        "tusimple_rows": lanes_rows,
+        "skipped": skipped,
+        "skipped_files": skipped.len(),
+        "ignored": ignored,
+        "ignored_files": ignored.len(),
+        "without_frames": without_frames,
+        "files_without_frames": without_frames.len(),
+        "reordered": reordered,
+        "unfinished": unfinished,
+        "unfinished_files": unfinished.len(),
+    }))
+}
+
+/// One JSON message kept for putting a log in time order.
+struct Kept {
+    log_time: u64,
+    topic: String,
+    offset: u64,
+    chunk_offset: Option<u64>,
+    data: Vec<u8>,
+}
+
+fn ingest_mcap(
+    file: &Path,
+    rel: &str,
+    drive: &str,
+    frames: &Path,
+    mut index: Option<&mut IndexWriter>,
+    channels: &mut BTreeMap<String, ChannelStats>,
+) -> anyhow::Result<FileResult> {
+    let mut builder = FrameBuilder::new(DriveWriter::create(frames, drive, rel)?);
+    // Frames are built as the file is read while its JSON messages come in log-time
+    // order; past the first that does not, the file is read again and put in order.
+    let mut last_json: Option<u64> = None;
+    let mut in_order = true;
+    let mut on_message = |m: Message<'_>| -> anyhow::Result<()> {
+        let json = m.channel.message_encoding == "json";
+        let stats = channels.entry(m.channel.topic.clone()).or_default();
+        if stats.messages == 0 {
+            stats.first_ns = m.log_time;
+            stats.encoding = m.channel.message_encoding.clone();
+            stats.schema = m.channel.schema_name.clone();
+        }
+        stats.messages += 1;
+        stats.bytes += m.data.len() as u64;
+        stats.first_ns = stats.first_ns.min(m.log_time);
+        stats.last_ns = stats.last_ns.max(m.log_time);
+        if let Some(ix) = index.as_deref_mut() {
+            ix.rows.push((
+                rel.to_owned(),
+                m.channel.topic.clone(),
+                m.channel.schema_name.clone(),
+                m.channel.schema_encoding.clone(),
+                m.channel.message_encoding.clone(),
+                m.log_time,
+                m.data.len() as u64,
+                m.offset,
+                m.chunk_offset,
+                json.then(|| String::from_utf8_lossy(m.data).into_owned()),
+            ));
+            if ix.rows.len() >= ROWS_PER_BATCH {
+                ix.flush()?;
+            }
+        }
+        if !json || !in_order {
+            return Ok(());
+        }
+        if last_json.is_some_and(|t| m.log_time < t) {
+            in_order = false;
+            return Ok(());
+        }
+        last_json = Some(m.log_time);
+        builder.message(
+            &m.channel.topic,
+            m.log_time,
+            m.offset,
+            m.chunk_offset,
+            m.data,
+        )
+    };
+    let end = mcapio::scan(file, &mut on_message)?;
+    let unfinished = !end.complete;
+    if in_order {
+        return Ok(FileResult {
+            frames: builder.finish()?,
+            reordered: false,
+            unfinished,
+        });
+    }
+    // Out of order: the JSON messages in memory, stably sorted by log time (file order
+    // among equal times), then built as above. A new writer replaces the partial file.
+    drop(builder);
+    let mut kept = Vec::new();
+    mcapio::scan(file, &mut |m: Message<'_>| {
+        if m.channel.message_encoding == "json" && Held::reads(&m.channel.topic) {
+            kept.push(Kept {
+                log_time: m.log_time,
+                topic: m.channel.topic.clone(),
+                offset: m.offset,
+                chunk_offset: m.chunk_offset,
+                data: m.data.to_vec(),
+            });
+        }
+        Ok(())
+    })?;
+    kept.sort_by_key(|k| k.log_time);
+    let mut builder = FrameBuilder::new(DriveWriter::create(frames, drive, rel)?);
+    for k in &kept {
+        builder.message(&k.topic, k.log_time, k.offset, k.chunk_offset, &k.data)?;
+    }
+    Ok(FileResult {
+        frames: builder.finish()?,
+        reordered: true,
+        unfinished,
+    })
+}
+
+fn ingest_jsonl(file: &Path, rel: &str, drive: &str, frames: &Path) -> anyhow::Result<u64> {
+    let mut writer = DriveWriter::create(frames, drive, rel)?;
+    let r = std::io::BufReader::new(std::fs::File::open(file)?);
+    let mut offset = 0u64;
+    for (n, line) in r.lines().enumerate() {
+        let line = line?;
+        let len = line.len() as u64 + 1;
+        if line.trim().is_empty() {
+            offset += len;
+            continue;
+        }
+        let v: Value = serde_json::from_str(&line).map_err(|e| {
+            anyhow::anyhow!(
+                "{rel}: line {} (byte offset {offset}) is not JSON: {e}",
+                n + 1
+            )
+        })?;
+        let mut held = Held::default();
+        held.take_row(&v);
+        let log_time = v
+            .get("log_time_ns")
+            .and_then(Value::as_u64)
+            .or_else(|| {
+                v.get("ts")
+                    .and_then(Value::as_f64)
+                    .map(|t| (t * 1e9) as u64)
+            })
+            .ok_or_else(|| {
+                anyhow::anyhow!("{rel}: line {} has neither `ts` nor `log_time_ns`", n + 1)
+            })?;
+        writer.push(log_time, offset, None, &held)?;
+        offset += len;
+    }
+    writer.finish()
+}
