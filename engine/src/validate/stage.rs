@@ -1,0 +1,506 @@
+//! One stage checked and resolved: its outputs, inputs, action (a command or a built-in
+//! step), environment, condition, resources, retries, timeout, cache policy, volumes and
+//! distribution, each problem located at its YAML path.
+
+use super::*;
+
+impl<'a> Cx<'a> {
+    pub(super) fn check_stage(&mut self, sc: &mut StageCx<'_>, executor: &str) -> Option<Stage> {
+        let spec = sc.spec;
+        let path = sc.path.clone();
+        let errors_before = self.diags.iter().filter(|d| d.is_error()).count();
+
+        // Outputs first: templates refer to them.
+        let mut outputs = Vec::new();
+        let mut seen = HashSet::new();
+        for (i, o) in spec.outputs.iter().enumerate() {
+            let op = path.key("outputs").index(i);
+            if !is_ident(o.name()) {
+                self.err("invalid-output-name", &op, format!(
+                    "output name `{}` must start with a letter or `_` and hold only letters, digits, `_` and `-`",
+                    o.name()
+                ));
+            } else if !seen.insert(o.name()) {
+                self.err(
+                    "duplicate-output",
+                    &op,
+                    format!("output `{}` is declared twice", o.name()),
+                );
+            }
+            outputs.push(Output {
+                name: o.name().to_owned(),
+                mode: o.mode(),
+            });
+        }
+
+        // Action.
+        let action = match (&spec.uses, &spec.run) {
+            (Some(_), Some(_)) => {
+                self.err_key(
+                    "uses-and-run",
+                    &path.key("run"),
+                    "a stage has either `uses` (a built-in step) or `run` (a command), not both",
+                );
+                None
+            }
+            (None, None) => {
+                self.err_key("no-action", &path, format!(
+                    "stage `{}` does nothing: give it `uses` (a built-in step) or `run` (a command)",
+                    sc.name
+                ));
+                None
+            }
+            (Some(step_name), None) => self.check_uses(sc, step_name, &outputs),
+            (None, Some(run)) => {
+                if spec.with.is_some() {
+                    self.err_key(
+                        "with-without-uses",
+                        &path.key("with"),
+                        "`with` configures a built-in step; this stage has `run`",
+                    )
+                    .hint("pass configuration to a command through `args` or `env`");
+                }
+                let rp = path.key("run");
+                if run.command.is_empty() {
+                    self.err(
+                        "empty-command",
+                        &rp.key("command"),
+                        "`command` is empty; it needs at least the program",
+                    );
+                }
+                if let Some(prog) = run.command.first() {
+                    let is_shell_line =
+                        run.command.len() == 1 && prog.contains(' ') && !prog.contains("{{");
+                    if is_shell_line {
+                        self.err("shell-string", &rp.key("command").index(0), format!(
+                            "`{prog}` is one argv element with spaces; drivetrain runs argv directly, never through a shell"
+                        ))
+                        .hint(format!("split it: [{}]", prog.split_whitespace().collect::<Vec<_>>().join(", ")));
+                    }
+                }
+                let argv: Vec<Template> = run
+                    .command
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| (rp.key("command").index(i), a))
+                    .chain(
+                        run.args
+                            .iter()
+                            .enumerate()
+                            .map(|(i, a)| (rp.key("args").index(i), a)),
+                    )
+                    .filter_map(|(ap, a)| self.stage_template(sc, &ap, a))
+                    .collect();
+                let image = run
+                    .image
+                    .as_ref()
+                    .and_then(|i| self.stage_template(sc, &rp.key("image"), i));
+                let workdir = run
+                    .workdir
+                    .as_ref()
+                    .and_then(|w| self.stage_template(sc, &rp.key("workdir"), w));
+                Some(Action::Command {
+                    image,
+                    argv,
+                    workdir,
+                })
+            }
+        };
+
+        // Environment: defaults, then the stage's, then run.env.
+        let mut env: Vec<(String, Template)> = Vec::new();
+        let set_env = |env: &mut Vec<(String, Template)>, k: &str, t: Template| match env
+            .iter_mut()
+            .find(|(n, _)| n == k)
+        {
+            Some(slot) => slot.1 = t,
+            None => env.push((k.to_owned(), t)),
+        };
+        for (k, v) in &sc.raw.defaults.env {
+            if let Ok(t) = Template::parse(v) {
+                set_env(&mut env, k, t);
+            }
+        }
+        let run_env = spec.run.as_ref().map(|r| &r.env);
+        let stage_env = spec.env.iter().map(|kv| (path.key("env"), kv));
+        let run_env_iter = run_env
+            .into_iter()
+            .flatten()
+            .map(|kv| (path.key("run").key("env"), kv));
+        for (base, (k, v)) in stage_env.chain(run_env_iter).collect::<Vec<_>>() {
+            let ep = base.key(k);
+            self.env_name(&ep, k);
+            if let Some(t) = self.stage_template(sc, &ep, v) {
+                set_env(&mut env, k, t);
+            }
+        }
+
+        // Inputs.
+        let mut inputs = Vec::new();
+        for (name, input) in &spec.inputs {
+            let ip = path.key("inputs").key(name);
+            if !is_ident(name) {
+                self.err_key("invalid-input-name", &ip, format!(
+                    "input name `{name}` must start with a letter or `_` and hold only letters, digits, `_` and `-`"
+                ));
+            }
+            let target_path = match input {
+                crate::spec::InputSpec::Short(_) => ip.clone(),
+                crate::spec::InputSpec::Long(_) => ip.key("from"),
+            };
+            if let Some((stage, output)) =
+                self.artifact_ref(sc, &target_path, input.from(), "input")
+            {
+                sc.edges.push((
+                    stage,
+                    EdgeKind::Input {
+                        input: name.clone(),
+                        output: output.clone(),
+                    },
+                    None,
+                ));
+                inputs.push(Input {
+                    name: name.clone(),
+                    stage,
+                    output,
+                    optional: input.optional(),
+                    mode: input.mode(),
+                });
+            }
+        }
+
+        // needs.
+        for (i, need) in spec.needs.iter().enumerate() {
+            let np = path.key("needs").index(i);
+            if need == sc.name {
+                self.err("self-need", &np, format!("stage `{need}` needs itself"));
+                continue;
+            }
+            match sc.index.get(need.as_str()) {
+                Some(&id) => sc.edges.push((id, EdgeKind::Needs, None)),
+                None => {
+                    let hint = did_you_mean(need, sc.index.keys().copied());
+                    self.err(
+                        "unknown-stage",
+                        &np,
+                        format!("`needs` names unknown stage `{need}`"),
+                    )
+                    .maybe_hint(hint);
+                }
+            }
+        }
+
+        // when.
+        let when = spec.when.as_ref().and_then(|w| {
+            let wp = path.key("when");
+            match Expr::parse(w) {
+                Ok(e) => {
+                    for (r, range) in e.refs() {
+                        self.check_ref(sc, &wp, r, range.clone(), RefSite::Condition);
+                    }
+                    Some((e, w.clone()))
+                }
+                Err(e) => {
+                    self.err_in_string(
+                        "invalid-condition",
+                        &wp,
+                        e.range,
+                        format!("invalid `when` condition: {}", e.message),
+                    );
+                    None
+                }
+            }
+        });
+
+        let map = spec.map.as_ref().and_then(|m| self.check_map(sc, m));
+
+        // Scalars with units.
+        let retries = match (&spec.retries, &sc.raw.defaults.retries) {
+            (Some(r), _) => self.retries(&path.key("retries"), r),
+            (None, Some(r)) => self.quietly(|cx| cx.retries(&p("defaults").key("retries"), r)),
+            (None, None) => RetryPolicy::default(),
+        };
+        let timeout = match &spec.timeout {
+            Some(t) => self.duration(&path.key("timeout"), t),
+            None => sc
+                .raw
+                .defaults
+                .timeout
+                .as_deref()
+                .and_then(|t| parse_duration(t).ok()),
+        };
+        let cache_spec = spec.cache.as_ref().or(sc.raw.defaults.cache.as_ref());
+        let cache_key = match (&spec.cache, cache_spec) {
+            (Some(c), _) => {
+                let kp = path.key("cache").key("key");
+                c.key
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, t)| self.stage_template(sc, &kp.index(i), t))
+                    .collect()
+            }
+            // The defaults' entries, checked where they are written.
+            (None, Some(c)) => c
+                .key
+                .iter()
+                .filter_map(|t| Template::parse(t).ok())
+                .collect(),
+            (None, None) => Vec::new(),
+        };
+        let cache = CachePolicy {
+            key: cache_key,
+            enabled: cache_spec.is_none_or(|c| c.enabled),
+            max_age: match spec.cache.as_ref().and_then(|c| c.max_age.as_ref()) {
+                Some(m) => self.duration(&path.key("cache").key("max_age"), m),
+                None => cache_spec
+                    .and_then(|c| c.max_age.as_deref())
+                    .and_then(|m| parse_duration(m).ok()),
+            },
+        };
+        let resources = match &spec.resources {
+            Some(r) => {
+                let mut own = self.resources(&path.key("resources"), r);
+                if let Some(d) = &sc.raw.defaults.resources {
+                    let base = self.quietly(|cx| cx.resources(&p("defaults").key("resources"), d));
+                    own.cpu = own.cpu.or(base.cpu);
+                    own.memory = own.memory.or(base.memory);
+                    own.gpu = own.gpu.or(base.gpu);
+                    own.shm = own.shm.or(base.shm);
+                    own.ephemeral_storage = own.ephemeral_storage.or(base.ephemeral_storage);
+                }
+                own
+            }
+            None => match &sc.raw.defaults.resources {
+                Some(d) => self.quietly(|cx| cx.resources(&p("defaults").key("resources"), d)),
+                None => Resources::default(),
+            },
+        };
+        let distributed = spec.distributed.as_ref().and_then(|d| {
+            let dp = path.key("distributed");
+            let mut ok = true;
+            if d.workers < 1 {
+                self.err(
+                    "invalid-workers",
+                    &dp.key("workers"),
+                    format!(
+                        "`workers: {}`; a distributed stage has at least 1 worker",
+                        d.workers
+                    ),
+                );
+                ok = false;
+            }
+            let slots = d.slots_per_worker.unwrap_or(1);
+            if slots < 1 {
+                self.err(
+                    "invalid-workers",
+                    &dp.key("slots_per_worker"),
+                    format!("`slots_per_worker: {slots}`; each worker has at least 1 slot"),
+                );
+                ok = false;
+            }
+            if d.slots_per_worker.is_some() && d.framework != crate::spec::Framework::Mpi {
+                self.diags.push(
+                    Diagnostic::warning(
+                        "unused-field",
+                        "`slots_per_worker` only applies to `framework: mpi`",
+                    )
+                    .path(dp.key("slots_per_worker")),
+                );
+            }
+            if spec.map.is_some() {
+                self.err_key(
+                    "map-and-distributed",
+                    &dp,
+                    "a stage cannot both fan out with `map` and run `distributed` ranks",
+                )
+                .hint("split it into a map stage and a distributed stage");
+                ok = false;
+            }
+            ok.then(|| Distributed {
+                framework: d.framework,
+                workers: d.workers.clamp(1, u32::MAX as i64) as u32,
+                slots_per_worker: slots.clamp(1, u32::MAX as i64) as u32,
+            })
+        });
+
+        // Volumes, snapshot, secrets, tolerations.
+        let mut volume_names = HashSet::new();
+        for (i, v) in spec.volumes.iter().enumerate() {
+            let vp = path.key("volumes").index(i);
+            if let Err(why) = dns1123_label(&v.name) {
+                self.err(
+                    "invalid-volume",
+                    &vp.key("name"),
+                    format!("volume name `{}` {why}", v.name),
+                );
+            }
+            if !volume_names.insert(v.name.as_str()) {
+                self.err(
+                    "invalid-volume",
+                    &vp.key("name"),
+                    format!("volume `{}` is declared twice", v.name),
+                );
+            }
+            if !v.mount_path.starts_with('/') {
+                self.err(
+                    "invalid-volume",
+                    &vp.key("mount_path"),
+                    format!("`mount_path` must be absolute, got `{}`", v.mount_path),
+                );
+            }
+            let sources = [
+                v.claim.is_some(),
+                v.empty_dir.is_some(),
+                v.from_snapshot.is_some(),
+            ]
+            .iter()
+            .filter(|b| **b)
+            .count();
+            if sources != 1 {
+                self.err(
+                    "invalid-volume",
+                    &vp,
+                    format!(
+                        "volume `{}` needs exactly one of `claim`, `empty_dir` and `from_snapshot`",
+                        v.name
+                    ),
+                );
+            }
+            if let Some(q) = &v.empty_dir {
+                self.quantity(&vp.key("empty_dir"), q);
+            }
+            if let Some(name) = &v.from_snapshot {
+                // `{{ stages.X.values.snapshot.name }}`: a snapshot an upstream stage took.
+                let _ = self.stage_template(sc, &vp.key("from_snapshot"), name);
+            }
+            match (&v.from_snapshot, &v.size) {
+                (Some(_), Some(q)) => {
+                    self.quantity(&vp.key("size"), q);
+                }
+                (Some(_), None) => {
+                    self.err(
+                        "invalid-volume",
+                        &vp,
+                        format!(
+                            "volume `{}` is restored from a snapshot and needs `size` (at least the snapshot's size)",
+                            v.name
+                        ),
+                    );
+                }
+                (None, Some(_)) => {
+                    self.err(
+                        "invalid-volume",
+                        &vp.key("size"),
+                        format!("`size` is for volumes restored with `from_snapshot`; volume `{}` is not", v.name),
+                    );
+                }
+                (None, None) => {}
+            }
+        }
+        if let Some(s) = &spec.snapshot {
+            if !volume_names.contains(s.volume.as_str()) {
+                let hint = did_you_mean(&s.volume, volume_names.iter().copied());
+                self.err(
+                    "unknown-volume",
+                    &path.key("snapshot").key("volume"),
+                    format!(
+                        "`snapshot` names volume `{}`, which this stage does not mount",
+                        s.volume
+                    ),
+                )
+                .maybe_hint(hint);
+            }
+        }
+        for (i, s) in spec.secrets.iter().enumerate() {
+            let sp = path.key("secrets").index(i);
+            match (&s.env, &s.mount_path) {
+                (Some(_), Some(_)) | (None, None) => {
+                    self.err("invalid-secret", &sp, format!(
+                        "secret `{}` needs exactly one of `env` (one key as a variable) and `mount_path` (files)",
+                        s.name
+                    ));
+                }
+                (Some(var), None) => {
+                    self.env_name(&sp.key("env"), var);
+                    if s.key.is_none() {
+                        self.err(
+                            "invalid-secret",
+                            &sp,
+                            format!(
+                                "secret `{}` exposed as `{var}` needs the `key` to read",
+                                s.name
+                            ),
+                        );
+                    }
+                }
+                (None, Some(m)) if !m.starts_with('/') => {
+                    self.err(
+                        "invalid-secret",
+                        &sp.key("mount_path"),
+                        format!("`mount_path` must be absolute, got `{m}`"),
+                    );
+                }
+                _ => {}
+            }
+        }
+        for (i, t) in spec.tolerations.iter().enumerate() {
+            if t.operator == TolerationOperator::Exists && t.value.is_some() {
+                self.err(
+                    "invalid-toleration",
+                    &path.key("tolerations").index(i).key("value"),
+                    "a toleration with `operator: Exists` takes no `value`",
+                );
+            }
+        }
+
+        // Image for container executors.
+        let image = match spec.run.as_ref().and_then(|r| r.image.as_ref()) {
+            Some(i) => Template::parse(i).ok(),
+            None => sc
+                .raw
+                .defaults
+                .image
+                .as_deref()
+                .and_then(|i| Template::parse(i).ok()),
+        };
+        if executor == "kubernetes" && image.is_none() {
+            self.err_key(
+                "missing-image",
+                &path,
+                format!(
+                "stage `{}` has no image; the kubernetes executor runs every stage in a container",
+                sc.name
+            ),
+            )
+            .hint("set `run.image` or `defaults.image`");
+        }
+
+        let errors_after = self.diags.iter().filter(|d| d.is_error()).count();
+        if errors_after > errors_before {
+            return None;
+        }
+        Some(Stage {
+            id: sc.id,
+            name: sc.name.to_owned(),
+            description: spec.description.clone(),
+            action: action?,
+            env,
+            inputs,
+            outputs,
+            when,
+            map,
+            hook: spec.hook,
+            retries,
+            timeout,
+            cache,
+            resources,
+            distributed,
+            volumes: spec.volumes.clone(),
+            snapshot: spec.snapshot.clone(),
+            secrets: spec.secrets.clone(),
+            node_selector: spec.node_selector.clone(),
+            tolerations: spec.tolerations.clone(),
+            image,
+        })
+    }
+}

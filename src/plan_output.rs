@@ -1,0 +1,327 @@
+//! `drivetrain plan`'s output: the planned stages as text (argv as a shell would show
+//! it, the rendered `with:` block) or as JSON.
+
+use std::collections::BTreeMap;
+
+use drivetrain_engine::plan::{framework_name, render_for_plan, Action, MapSource, Pipeline};
+use serde_json::{json, Value};
+
+/// Shows argv as a copy-pasteable line (display only: nothing is run through a shell).
+fn shell_display(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| {
+            let safe = !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./:=,@%+{}".contains(c));
+            if safe && !a.contains("{{") {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub(crate) fn plan_text(
+    p: &Pipeline,
+    params: &BTreeMap<String, Value>,
+    selected: &std::collections::BTreeSet<drivetrain_engine::StageId>,
+) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "pipeline {}: {} stages, executor {}{}",
+        p.name,
+        p.stages.len(),
+        p.executor,
+        if selected.len() == p.stages.len() {
+            String::new()
+        } else {
+            format!(", {} selected", selected.len())
+        }
+    );
+    if !params.is_empty() {
+        let shown: Vec<String> = params
+            .iter()
+            .map(|(k, v)| format!("{k}={}", drivetrain_engine::template::value_text(v)))
+            .collect();
+        let _ = writeln!(out, "params: {}", shown.join(" "));
+    }
+    if let Some(s) = &p.schedule {
+        let _ = writeln!(
+            out,
+            "schedule: `{}` in {} (concurrency {:?}, catchup {:?}{})",
+            s.cron,
+            s.timezone,
+            s.concurrency,
+            s.catchup,
+            if s.suspend { ", suspended" } else { "" }
+        );
+    }
+    for (n, id) in p.order.iter().enumerate() {
+        let s = p.stage(*id);
+        let upstream: Vec<&str> = p
+            .upstream(*id)
+            .into_iter()
+            .map(|u| p.stage(u).name.as_str())
+            .collect();
+        let mark = if selected.contains(id) {
+            ""
+        } else {
+            "  (reused, not selected)"
+        };
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "{:>3}. {}{}{}",
+            n + 1,
+            s.name,
+            if upstream.is_empty() {
+                String::new()
+            } else {
+                format!("  ← {}", upstream.join(", "))
+            },
+            mark
+        );
+        let field = |out: &mut String, k: &str, v: String| {
+            let _ = writeln!(out, "     {k:<12} {v}");
+        };
+        match &s.action {
+            Action::Step {
+                name,
+                version,
+                config,
+                ..
+            } => {
+                field(&mut out, "uses", format!("{name}@{version}"));
+                if config.as_object().is_some_and(|o| !o.is_empty()) {
+                    let rendered = render_json_templates(config, params);
+                    field(&mut out, "with", rendered.to_string());
+                }
+            }
+            Action::Command { argv, workdir, .. } => {
+                let argv: Vec<String> = argv.iter().map(|t| render_for_plan(t, params)).collect();
+                field(&mut out, "command", shell_display(&argv));
+                if let Some(w) = workdir {
+                    field(&mut out, "workdir", render_for_plan(w, params));
+                }
+            }
+        }
+        if let Some(img) = &s.image {
+            field(&mut out, "image", render_for_plan(img, params));
+        }
+        for i in &s.inputs {
+            field(
+                &mut out,
+                "input",
+                format!(
+                    "{} ← {}.{}{}",
+                    i.name,
+                    p.stage(i.stage).name,
+                    i.output,
+                    if i.optional { " (optional)" } else { "" }
+                ),
+            );
+        }
+        if !s.outputs.is_empty() {
+            let names: Vec<&str> = s.outputs.iter().map(|o| o.name.as_str()).collect();
+            field(&mut out, "outputs", names.join(", "));
+        }
+        for (k, v) in &s.env {
+            field(
+                &mut out,
+                "env",
+                format!("{k}={}", render_for_plan(v, params)),
+            );
+        }
+        if let Some((_, text)) = &s.when {
+            field(&mut out, "when", text.clone());
+        }
+        if let Some(m) = &s.map {
+            let over = match &m.source {
+                MapSource::Items(items) => format!("{} items", items.len()),
+                MapSource::Param(name) => match params.get(name) {
+                    Some(Value::Array(a)) => format!("param {name} ({} items)", a.len()),
+                    _ => format!("param {name}"),
+                },
+                MapSource::From { stage, output } => {
+                    format!("items of {}.{}", p.stage(*stage).name, output)
+                }
+            };
+            let mut line = format!("over {over}");
+            if let Some(mp) = m.max_parallel {
+                line.push_str(&format!(", at most {mp} at once"));
+            }
+            if m.min_success_ratio < 1.0 {
+                line.push_str(&format!(
+                    ", succeeds at ≥{}% of items",
+                    m.min_success_ratio * 100.0
+                ));
+            }
+            field(&mut out, "map", line);
+        }
+        if let Some(d) = &s.distributed {
+            field(
+                &mut out,
+                "distributed",
+                format!(
+                    "{} × {} workers{}",
+                    framework_name(d.framework),
+                    d.workers,
+                    if d.slots_per_worker > 1 {
+                        format!(", {} slots each", d.slots_per_worker)
+                    } else {
+                        String::new()
+                    }
+                ),
+            );
+        }
+        let r = &s.resources;
+        let mut res = Vec::new();
+        if let Some(c) = &r.cpu {
+            res.push(format!("cpu={c}"));
+        }
+        if let Some(m) = &r.memory {
+            res.push(format!("memory={m}"));
+        }
+        if let Some(g) = r.gpu {
+            res.push(format!("gpu={g}"));
+        }
+        if let Some(s) = &r.shm {
+            res.push(format!("shm={s}"));
+        }
+        if let Some(e) = &r.ephemeral_storage {
+            res.push(format!("ephemeral-storage={e}"));
+        }
+        if !res.is_empty() {
+            field(&mut out, "resources", res.join(" "));
+        }
+        if s.retries.limit > 0 {
+            field(
+                &mut out,
+                "retries",
+                format!(
+                    "{} (backoff {}, max {})",
+                    s.retries.limit,
+                    humantime::format_duration(s.retries.backoff),
+                    humantime::format_duration(s.retries.max_backoff)
+                ),
+            );
+        }
+        if let Some(t) = s.timeout {
+            field(
+                &mut out,
+                "timeout",
+                humantime::format_duration(t).to_string(),
+            );
+        }
+        if !s.cache.enabled {
+            field(&mut out, "cache", "disabled".into());
+        }
+        for v in &s.volumes {
+            let src = v
+                .claim
+                .as_ref()
+                .map(|c| format!("claim {c}"))
+                .or_else(|| {
+                    v.from_snapshot
+                        .as_ref()
+                        .map(|s| format!("from snapshot {s}"))
+                })
+                .or_else(|| v.empty_dir.as_ref().map(|q| format!("empty dir {}", q.0)))
+                .unwrap_or_default();
+            field(
+                &mut out,
+                "volume",
+                format!("{} at {} ({src})", v.name, v.mount_path),
+            );
+        }
+        if let Some(snap) = &s.snapshot {
+            field(
+                &mut out,
+                "snapshot",
+                format!("volume {} on {:?}", snap.volume, snap.when).to_lowercase(),
+            );
+        }
+        for sec in &s.secrets {
+            let to = match (&sec.env, &sec.mount_path) {
+                (Some(e), _) => format!("env {e}"),
+                (None, Some(m)) => format!("files at {m}"),
+                _ => String::new(),
+            };
+            field(
+                &mut out,
+                "secret",
+                format!(
+                    "{}{} → {to}",
+                    sec.name,
+                    sec.key
+                        .as_ref()
+                        .map(|k| format!("/{k}"))
+                        .unwrap_or_default()
+                ),
+            );
+        }
+    }
+    out
+}
+
+/// Substitutes params into a step config, for display; run-time references stay visible.
+fn render_json_templates(v: &Value, params: &BTreeMap<String, Value>) -> Value {
+    drivetrain_engine::template::render_value(v, &|r| match r {
+        drivetrain_engine::template::Ref::Param(p) => params.get(p).cloned(),
+        _ => None,
+    })
+}
+
+pub(crate) fn plan_json(
+    p: &Pipeline,
+    params: &BTreeMap<String, Value>,
+    selected: &std::collections::BTreeSet<drivetrain_engine::StageId>,
+) -> Value {
+    let stages: Vec<Value> = p
+        .order
+        .iter()
+        .map(|id| {
+            let s = p.stage(*id);
+            let action = match &s.action {
+                Action::Step { name, version, config, .. } => json!({
+                    "uses": name, "version": version, "with": render_json_templates(config, params)
+                }),
+                Action::Command { argv, workdir, .. } => json!({
+                    "argv": argv.iter().map(|t| render_for_plan(t, params)).collect::<Vec<_>>(),
+                    "workdir": workdir.as_ref().map(|w| render_for_plan(w, params)),
+                }),
+            };
+            json!({
+                "name": s.name,
+                "selected": selected.contains(id),
+                "needs": p.upstream(*id).into_iter().map(|u| p.stage(u).name.clone()).collect::<Vec<_>>(),
+                "action": action,
+                "image": s.image.as_ref().map(|i| render_for_plan(i, params)),
+                "inputs": s.inputs.iter().map(|i| json!({
+                    "name": i.name, "stage": p.stage(i.stage).name, "output": i.output,
+                    "optional": i.optional, "mode": i.mode,
+                })).collect::<Vec<_>>(),
+                "outputs": s.outputs,
+                "env": s.env.iter().map(|(k, v)| (k.clone(), Value::String(render_for_plan(v, params)))).collect::<serde_json::Map<_, _>>(),
+                "when": s.when.as_ref().map(|(_, t)| t.clone()),
+                "map": s.map.is_some(),
+                "distributed": s.distributed.as_ref().map(|d| json!({
+                    "framework": framework_name(d.framework), "workers": d.workers, "slots_per_worker": d.slots_per_worker,
+                })),
+                "retries": s.retries.limit,
+                "timeout_seconds": s.timeout.map(|t| t.as_secs()),
+                "cache": s.cache.enabled,
+            })
+        })
+        .collect();
+    json!({
+        "pipeline": p.name,
+        "executor": p.executor,
+        "params": params,
+        "stages": stages,
+    })
+}
