@@ -135,6 +135,64 @@ def ingest(b, drives, minutes):
             print(f"| {label} | {wall:.2f} s | {mb / wall:.1f} | {rss / 1024:.0f} MiB | {base / wall:.1f}× |")
 
 
+REWRITE = r'''
+import os, sys
+from mcap.reader import make_reader
+from mcap.writer import Writer
+src, out, block = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for name in sorted(os.listdir(src)):
+    with open(os.path.join(src, name), "rb") as f:
+        msgs = [(c.topic, c.message_encoding, s.name, s.encoding, s.data, m.log_time, m.data)
+                for s, c, m in make_reader(f).iter_messages()]
+    if block:
+        # Blocks of messages in reverse order: chunks hold time ranges out of order, as
+        # logs from several writers or chunks flushed out of order do.
+        blocks = [msgs[i:i + block] for i in range(0, len(msgs), block)]
+        msgs = [m for b in reversed(blocks) for m in b]
+    with open(os.path.join(out, name), "wb") as f:
+        w = Writer(f)
+        w.start(profile="", library="bench rewrite")
+        channels = {}
+        for topic, enc, sname, senc, sdata, t, data in msgs:
+            if topic not in channels:
+                sid = w.register_schema(name=sname, encoding=senc, data=sdata)
+                channels[topic] = w.register_channel(topic=topic, message_encoding=enc, schema_id=sid)
+            w.add_message(channel_id=channels[topic], log_time=t, publish_time=t, data=data)
+        w.finish()
+'''
+
+
+def ingest_out_of_order(b, drives, minutes):
+    """The same logs rewritten by the Python `mcap` writer in order and with blocks of
+    messages reversed: `ingest` streams the first and reads the second twice, putting its
+    messages in order in memory."""
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = os.path.join(tmp, "logs")
+        cfg = {"drives": drives, "duration": f"{minutes}m", "rate_hz": 20, "seed": 1,
+               "events": {"hard_brake": 1, "cut_in": 1, "pedestrian_close_call": 1, "low_lane_confidence": 1}}
+        subprocess.run([b, "step", "fleet-sim"], env=step_env(tmp, cfg, {}, {"logs": logs}), check=True,
+                       stdout=subprocess.DEVNULL)
+        rows = []
+        for label, block in [("in order", 0), ("blocks of 2,000 messages reversed", 2000)]:
+            out = os.path.join(tmp, f"rewritten-{block}")
+            os.makedirs(out)
+            subprocess.run([sys.executable, "-c", REWRITE, logs, out, str(block)], check=True)
+            mb = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out)) / 1e6
+            frames = os.path.join(tmp, f"frames-{block}")
+            wall, rss = timed([b, "step", "ingest"], step_env(tmp, {}, {"logs": out}, {"frames": frames}))
+            values = json.load(open(os.path.join(tmp, "values.json")))
+            rows.append((label, wall, rss, mb, values["frames"], len(values.get("reordered", []))))
+        if rows[0][4] != rows[1][4]:
+            sys.exit(f"frames differ: {rows[0][4]} in order, {rows[1][4]} out of order")
+        base_wall, base_rss = rows[0][1], rows[0][2]
+        print(f"\ningest, logs out of order: {drives} drives × {minutes} min, {rows[0][4]:,} frames either way")
+        print("\n| logs (Python mcap writer) | MB | reordered files | wall | peak RSS | time / in order | RSS / in order |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for label, wall, rss, mb, _, reordered in rows:
+            print(f"| {label} | {mb:.1f} | {reordered} | {wall:.2f} s | {rss / 1024:.0f} MiB | "
+                  f"{wall / base_wall:.2f}× | {rss / base_rss:.2f}× |")
+
+
 GEN_SQL = """
 COPY (
   SELECT 'drive-' || lpad(CAST(i // {per} AS VARCHAR), 5, '0') AS drive,
@@ -222,6 +280,7 @@ def main():
     b = binary()
     if args.suite in ("all", "ingest"):
         ingest(b, args.drives, args.minutes)
+        ingest_out_of_order(b, args.drives, args.minutes)
     if args.suite in ("all", "mine"):
         mine(b, [int(s) for s in args.sizes.split(",")])
 

@@ -65,7 +65,13 @@ pub fn explain(home: &Path, run: &str, stage: &str, json_out: bool) -> anyhow::R
             None,
         ),
         _ => {
-            let previous = state.latest_cache_entry(&record.pipeline, stage, &key)?;
+            // The closest of the recent entries: fewest changed components, then newest.
+            let previous = state
+                .recent_cache_entries(&record.pipeline, stage, &key, 50)?
+                .into_iter()
+                .map(|p| (diff(&components(&p.components), &mine).len(), p))
+                .min_by_key(|(changed, _)| *changed)
+                .map(|(_, p)| p);
             let verdict = match lookup.as_str() {
                 "" => "ran (no cache record)".to_owned(),
                 l if l.starts_with("not") => format!("ran: {l}"),
@@ -100,13 +106,13 @@ pub fn explain(home: &Path, run: &str, stage: &str, json_out: bool) -> anyhow::R
     println!("{run}/{stage}: {verdict}");
     match (&compared, changes.is_empty()) {
         (Some(r), false) => {
-            println!("compared with the newest other cache entry of `{stage}` (run {r}):");
+            println!("compared with the closest other cache entry of `{stage}` (run {r}):");
             for c in &changes {
                 println!("  {c}");
             }
         }
         (Some(r), true) => {
-            println!("the newest other cache entry of `{stage}` (run {r}) has the same components")
+            println!("the closest other cache entry of `{stage}` (run {r}) has the same components")
         }
         (None, _) if s.how.origin == "ran" => {
             println!("no other cache entry of `{stage}` to compare with")

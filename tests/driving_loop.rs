@@ -213,6 +213,17 @@ fn the_registry_and_the_runs_agree_after_seeds_7_9_7() {
     assert_eq!(stage(&third, "validate")["origin"], "ran", "{third}");
     let explain = home.drivetrain(&["explain", &runs[2], "validate", "--output", "json"]);
     let explain: serde_json::Value = serde_json::from_slice(&explain.stdout).unwrap();
+    // Compared with the closest entry, the first run's: only production moved.
+    assert_eq!(explain["compared_with_run"], runs[0], "{explain}");
+    let changes = explain["changes"].as_array().unwrap();
+    assert_eq!(changes.len(), 1, "{explain}");
+    assert!(
+        changes[0]
+            .as_str()
+            .unwrap()
+            .starts_with("`registry:risk-model@production` changed: unset → "),
+        "{explain}"
+    );
     assert_eq!(
         explain["components"]["registry:risk-model@production"],
         if stage(&home.status(&runs[1]), "promote")["phase"] == "Succeeded" {

@@ -372,13 +372,15 @@ pub trait StateStore: Send + Sync {
     /// Records (or replaces) a cache entry.
     fn put_cache_entry(&self, e: &CacheEntry) -> Result<(), StateError>;
     fn cache_entry(&self, key: &str) -> Result<Option<CacheEntry>, StateError>;
-    /// The newest cache entry of a pipeline's stage, whatever its key (for `explain`).
-    fn latest_cache_entry(
+    /// The newest `limit` cache entries of a pipeline's stage other than `except_key`,
+    /// newest first (for `explain`, which compares with the closest).
+    fn recent_cache_entries(
         &self,
         pipeline: &str,
         stage: &str,
         except_key: &str,
-    ) -> Result<Option<CacheEntry>, StateError>;
+        limit: usize,
+    ) -> Result<Vec<CacheEntry>, StateError>;
     fn cache_entries(&self) -> Result<Vec<CacheEntry>, StateError>;
     /// Removes cache entries created before `before` (RFC 3339); returns how many.
     fn expire_cache_entries(&self, before: &str) -> Result<usize, StateError>;
@@ -1280,23 +1282,24 @@ impl StateStore for SqliteState {
         })
     }
 
-    fn latest_cache_entry(
+    fn recent_cache_entries(
         &self,
         pipeline: &str,
         stage: &str,
         except_key: &str,
-    ) -> Result<Option<CacheEntry>, StateError> {
+        limit: usize,
+    ) -> Result<Vec<CacheEntry>, StateError> {
         self.with(|c| {
-            c.query_row(
+            query(
+                c,
                 &format!(
                     "SELECT {CACHE_COLUMNS} FROM cache_entries WHERE pipeline = ?1 AND stage = ?2 \
-                     AND key != ?3 ORDER BY created_at DESC LIMIT 1"
+                     AND key != ?3 ORDER BY created_at DESC LIMIT ?4"
                 ),
-                params![pipeline, stage, except_key],
+                params![pipeline, stage, except_key, limit as i64],
+                "read cache entries",
                 cache_from_row,
             )
-            .optional()
-            .map_err(sql("read cache entries"))
         })
     }
 
@@ -1914,15 +1917,13 @@ pub mod conformance {
             "2026-01-02T00:00:00.000Z"
         );
         assert_eq!(s.cache_entry("sha256:nope").unwrap(), None);
-        let latest = s
-            .latest_cache_entry("p", "b", "sha256:k2")
-            .unwrap()
-            .unwrap();
-        assert_eq!(latest.key, "sha256:k1");
-        assert_eq!(
-            s.latest_cache_entry("p", "b", "").unwrap().unwrap().key,
-            "sha256:k2"
-        );
+        let others = s.recent_cache_entries("p", "b", "sha256:k2", 10).unwrap();
+        assert_eq!(others.len(), 1);
+        assert_eq!(others[0].key, "sha256:k1");
+        let all = s.recent_cache_entries("p", "b", "", 10).unwrap();
+        let keys: Vec<&str> = all.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, ["sha256:k2", "sha256:k1"], "newest first");
+        assert_eq!(s.recent_cache_entries("p", "b", "", 1).unwrap().len(), 1);
         assert_eq!(
             s.expire_cache_entries("2026-01-15T00:00:00.000Z").unwrap(),
             1

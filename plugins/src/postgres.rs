@@ -914,20 +914,22 @@ impl StateStore for PostgresState {
         })
     }
 
-    fn latest_cache_entry(
+    fn recent_cache_entries(
         &self,
         pipeline: &str,
         stage: &str,
         except_key: &str,
-    ) -> Result<Option<CacheEntry>, StateError> {
+        limit: usize,
+    ) -> Result<Vec<CacheEntry>, StateError> {
+        let limit = limit as i64;
         self.with(|c| {
-            row(
+            rows(
                 c,
                 &format!(
                     "SELECT {CACHE_COLUMNS} FROM cache_entries WHERE pipeline = $1 AND stage = $2 \
-                     AND key != $3 ORDER BY created_at DESC LIMIT 1"
+                     AND key != $3 ORDER BY created_at DESC LIMIT $4"
                 ),
-                &[&pipeline, &stage, &except_key],
+                &[&pipeline, &stage, &except_key, &limit],
                 "read cache entries",
                 cache_from_row,
             )
