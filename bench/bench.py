@@ -68,7 +68,7 @@ def measure_once(cmd):
     return wall, int(out.stderr.strip().splitlines()[-1])
 
 
-def measure(cmd, repeats):
+def measure(cmd, repeats, ok=(0,)):
     """Median wall time and peak RSS of `cmd`.
 
     The peak RSS comes from GNU time (`/usr/bin/time -f %M`), whose child is a fork of a
@@ -81,7 +81,7 @@ def measure(cmd, repeats):
         start = time.perf_counter()
         proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         walls.append(time.perf_counter() - start)
-        if proc.returncode != 0:
+        if proc.returncode not in ok:
             sys.exit(f"{' '.join(cmd)} exited {proc.returncode}")
     if gnu_time:
         for _ in range(3):
@@ -89,6 +89,55 @@ def measure(cmd, repeats):
                                  stderr=subprocess.PIPE, text=True)
             rss.append(int(out.stderr.strip().splitlines()[-1]))
     return statistics.median(walls), (max(rss) if rss else None)
+
+
+def hostile_inputs():
+    """The hostile pipelines of issue 16 at the largest sizes the tests use: (label, text)."""
+    def when(expr):
+        return ("version: 1\nname: hostile\nparams: {a: {type: boolean, default: true}}\nstages:\n"
+                f"  s:\n    when: \"{expr}\"\n    run: {{command: [true]}}\n")
+    bomb = ("version: 1\nname: x\nparams:\n  p: {default: &a " + "y" * 100_000 + "}\nstages:\n"
+            "  s:\n    run: {command: [true]}\nx:\n" + "  - *a\n" * 20_000)
+    laughs = "version: 1\nname: x\na0: &a0 [" + ", ".join(["lol"] * 10) + "]\n" + "".join(
+        f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]\n" for i in range(1, 10))
+    many = ("version: 1\nname: x\nstages:\n  s:\n    run: {command: [echo, "
+            + ", ".join(f'"{{{{ params.x{i} }}}}"' for i in range(800)) + "]}\n")
+    tail = "stages:\n  s:\n    run: {command: [true]}\n"
+    return [
+        ("when: 1,800 nested parentheses", when("(" * 1800 + "params.a" + ")" * 1800)),
+        ("when: 20,000 `!`", when("!" * 20_000 + "params.a")),
+        ("when: 40,000 conditions joined by && (valid)", when(" && ".join(["params.a"] * 40_000))),
+        ("100 KB scalar aliased 20,000 times (2 GB expanded)", bomb),
+        ("nine levels of ten aliases (a billion laughs)", laughs),
+        ("800 unknown params on one line", many),
+        ("when: 80,000 unknown params joined by &&", when(" && ".join(f"params.x{i}" for i in range(80_000)))),
+        ("a 10 MB key", "version: 1\nname: x\n" + "k" * (10 << 20) + ": 1\n" + tail),
+        ("a 30 MB description (valid)", "version: 1\nname: x\ndescription: " + "d" * (30 << 20) + "\n" + tail),
+        ("100,000 nested flow sequences", "version: 1\nname: " + "[" * 100_000 + "]" * 100_000 + "\n"),
+    ]
+
+
+def hostile(binary, repeats):
+    """`validate` of each hostile input: exit code, output size, median wall, peak RSS, and
+    the ratio to validating driving-loop.yaml in the same invocation."""
+    loop = os.path.join(ROOT, "pipelines", "driving-loop.yaml")
+    base_wall, base_rss = measure([binary, "validate", loop], repeats)
+    print(f"\n| input | size | exit | output | median wall | ÷ driving-loop | peak RSS |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(f"| baseline: driving-loop.yaml | {os.path.getsize(loop) / 1024:.1f} KiB | 0 | | "
+          f"{base_wall * 1000:.1f} ms | 1.0× | {base_rss / 1024:.1f} MiB |")
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, text in hostile_inputs():
+            path = os.path.join(tmp, "h.yaml")
+            with open(path, "w") as f:
+                f.write(text)
+            cmd = [binary, "validate", path]
+            out = subprocess.run(cmd, capture_output=True)
+            wall, rss = measure(cmd, repeats, ok=(0, 1))
+            size = len(text.encode())
+            shown = f"{size / 1024 / 1024:.1f} MiB" if size > 1 << 20 else f"{size / 1024:.1f} KiB"
+            print(f"| {label} | {shown} | {out.returncode} | {len(out.stdout) + len(out.stderr)} B | "
+                  f"{wall * 1000:.1f} ms | {wall / base_wall:.1f}× | {rss / 1024:.1f} MiB |")
 
 
 def run_pipeline(n, wide):
@@ -128,6 +177,23 @@ def engine_overhead(binary, repeats, stages=100):
             per = "" if label.startswith("baseline") else f"{(wall - base[0]) / stages * 1000:.2f} ms"
             shown = f"{rss / 1024:.1f} MiB" if rss else "n/a"
             print(f"| {label} | {wall * 1000:.1f} ms | {shown} | {per} |")
+
+
+def fanout(binary, repeats, stages=1000, pars=(2, 16)):
+    """A 1,000-wide fan-out of `true` at --parallelism P against `xargs -P P` running the
+    same 1,000 `true`s (the fork+exec floor at that parallelism), in the same run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        wide = os.path.join(tmp, "wide.yaml")
+        with open(wide, "w") as f:
+            f.write(run_pipeline(stages, wide=True))
+        print(f"\n| {stages}-wide fan-out of true | median wall | floor: xargs -P | engine overhead per stage | peak RSS |")
+        print("|---|---:|---:|---:|---:|")
+        for par in pars:
+            floor, _ = measure(["sh", "-c", f"seq {stages} | xargs -P {par} -n 1 /bin/true"], repeats)
+            home = os.path.join(tmp, f"home-{par}")
+            wall, rss = measure([binary, "--home", home, "run", wide, "--parallelism", str(par)], repeats)
+            print(f"| --parallelism {par} | {wall * 1000:.0f} ms | {floor * 1000:.0f} ms | "
+                  f"{(wall - floor) / stages * 1000:.2f} ms | {rss / 1024:.1f} MiB |")
 
 
 def passthrough(binary, repeats, mib, stages=10):
@@ -236,7 +302,7 @@ def main():
     ap.add_argument("--edges", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--suite", choices=["all", "validate", "run", "artifacts", "scale", "cache"], default="all")
+    ap.add_argument("--suite", choices=["all", "validate", "run", "artifacts", "scale", "cache", "hostile"], default="all")
     ap.add_argument("--mib", type=int, default=1024, help="artifact size for --suite artifacts")
     ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "drivetrain"))
     args = ap.parse_args()
@@ -250,13 +316,16 @@ def main():
 
     if args.suite in ("all", "run"):
         engine_overhead(args.binary, args.repeats)
+        fanout(args.binary, min(args.repeats, 5))
     if args.suite in ("all", "artifacts"):
         passthrough(args.binary, min(args.repeats, 3), args.mib)
     if args.suite in ("all", "cache"):
         cache_and_lineage(args.binary, args.repeats)
     if args.suite in ("all", "scale"):
         scale(args.binary)
-    if args.suite in ("run", "artifacts", "scale", "cache"):
+    if args.suite in ("all", "hostile"):
+        hostile(args.binary, min(args.repeats, 5))
+    if args.suite in ("run", "artifacts", "scale", "cache", "hostile"):
         return
     with tempfile.TemporaryDirectory() as tmp:
         big = os.path.join(tmp, "big.yaml")

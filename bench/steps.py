@@ -108,13 +108,19 @@ for name in sorted(os.listdir(src)):
 '''
 
 
+def simulate(b, tmp, drives, minutes):
+    """`fleet-sim`'s logs of `drives` drives at 20 Hz under tmp/logs."""
+    logs = os.path.join(tmp, "logs")
+    cfg = {"drives": drives, "duration": f"{minutes}m", "rate_hz": 20, "seed": 1,
+           "events": {"hard_brake": 1, "cut_in": 1, "pedestrian_close_call": 1, "low_lane_confidence": 1}}
+    subprocess.run([b, "step", "fleet-sim"], env=step_env(tmp, cfg, {}, {"logs": logs}), check=True,
+                   stdout=subprocess.DEVNULL)
+    return logs
+
+
 def ingest(b, drives, minutes):
     with tempfile.TemporaryDirectory() as tmp:
-        logs = os.path.join(tmp, "logs")
-        cfg = {"drives": drives, "duration": f"{minutes}m", "rate_hz": 20, "seed": 1,
-               "events": {"hard_brake": 1, "cut_in": 1, "pedestrian_close_call": 1, "low_lane_confidence": 1}}
-        subprocess.run([b, "step", "fleet-sim"], env=step_env(tmp, cfg, {}, {"logs": logs}), check=True,
-                       stdout=subprocess.DEVNULL)
+        logs = simulate(b, tmp, drives, minutes)
         mb = sum(os.path.getsize(os.path.join(logs, f)) for f in os.listdir(logs)) / 1e6
         frames = drives * minutes * 60 * 20
         rows = []
@@ -167,11 +173,7 @@ def ingest_out_of_order(b, drives, minutes):
     messages reversed: `ingest` streams the first and reads the second twice, putting its
     messages in order in memory."""
     with tempfile.TemporaryDirectory() as tmp:
-        logs = os.path.join(tmp, "logs")
-        cfg = {"drives": drives, "duration": f"{minutes}m", "rate_hz": 20, "seed": 1,
-               "events": {"hard_brake": 1, "cut_in": 1, "pedestrian_close_call": 1, "low_lane_confidence": 1}}
-        subprocess.run([b, "step", "fleet-sim"], env=step_env(tmp, cfg, {}, {"logs": logs}), check=True,
-                       stdout=subprocess.DEVNULL)
+        logs = simulate(b, tmp, drives, minutes)
         rows = []
         for label, block in [("in order", 0), ("blocks of 2,000 messages reversed", 2000)]:
             out = os.path.join(tmp, f"rewritten-{block}")
@@ -222,6 +224,10 @@ COPY (
 SORTED_KV = ", KV_METADATA {'drivetrain.sorted_by': 'drive,ts'}"
 
 
+# Both engines use every core of the machine (DataFusion: one stream or partition per core).
+CORES = os.cpu_count() or 1
+
+
 def mine_sql():
     tagged = ", ".join(f'coalesce(({sql}), false) AS "rule_{n}"' for n, sql in RULES.items())
     names = ", ".join(f"CASE WHEN \"rule_{n}\" THEN '{n}' END" for n in RULES)
@@ -233,7 +239,7 @@ def mine_sql():
 PY_MINE = r'''
 import duckdb, sys
 con = duckdb.connect()
-con.execute("SET threads TO 2")
+con.execute(f"SET threads TO {sys.argv[4]}")
 con.execute(f"CREATE VIEW frames AS SELECT * FROM read_parquet('{sys.argv[1]}/*.parquet')")
 con.execute(f"COPY ({sys.argv[3]}) TO '{sys.argv[2]}' (FORMAT PARQUET)")
 '''
@@ -252,7 +258,7 @@ def mine(b, sizes):
                 frames = os.path.join(tmp, "frames")
                 os.makedirs(frames)
                 duckdb.connect().execute(GEN_SQL.format(n=n, per=36000, path=os.path.join(frames, "part-0.parquet"), kv=kv, order=order))
-                duck, duck_rss = timed([sys.executable, "-c", PY_MINE, frames, os.path.join(tmp, "duck.parquet"), mine_sql()])
+                duck, duck_rss = timed([sys.executable, "-c", PY_MINE, frames, os.path.join(tmp, "duck.parquet"), mine_sql(), str(CORES)])
                 env = step_env(tmp, {"rules": RULES}, {"frames": frames}, {"corner_cases": os.path.join(tmp, "dt")})
                 ours, ours_rss = timed([b, "step", "mine-corner-cases"], env)
                 with open(os.path.join(tmp, "values.json")) as f:
@@ -261,11 +267,12 @@ def mine(b, sizes):
                     f"SELECT count(*) FROM '{os.path.join(tmp, 'duck.parquet')}'").fetchone()[0]
                 if duck_matched != values["matched"]:
                     sys.exit(f"DuckDB matched {duck_matched:,} frames, drivetrain {values['matched']:,}")
-                how = {("declared", "ordered"): "declared order, 1 stream",
-                       ("checked", "ordered"): "order checked, 1 stream",
-                       ("unsorted", "window keys"): "windows first, keys joined",
-                       ("unsorted", "sort"): "2 partitions, sorted"}[(values["input_order"], values["plan"])]
-                print(f"| DuckDB {duckdb.__version__} (2 threads) | {table} | {n:,} | {duck:.2f} s | {n / duck / 1e6:.2f} M | {duck_rss / 1024:.0f} MiB | |")
+                streams = values.get("streams", 1)
+                how = {("declared", "ordered"): f"declared order, {streams} ordered stream(s)",
+                       ("checked", "ordered"): f"order checked, {streams} ordered stream(s)",
+                       ("unsorted", "window keys"): f"windows first, keys joined, {CORES} partitions",
+                       ("unsorted", "sort"): f"{CORES} partitions, sorted"}[(values["input_order"], values["plan"])]
+                print(f"| DuckDB {duckdb.__version__} ({CORES} threads) | {table} | {n:,} | {duck:.2f} s | {n / duck / 1e6:.2f} M | {duck_rss / 1024:.0f} MiB | |")
                 print(f"| drivetrain (DataFusion, {how}) | {table} | {n:,} | {ours:.2f} s | {n / ours / 1e6:.2f} M | {ours_rss / 1024:.0f} MiB | {duck / ours:.2f} |")
                 print(f"|  matched (both) | | {values['matched']:,} | | | | |")
 

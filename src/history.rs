@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use drivetrain_engine::artifacts::ArtifactStore;
 use drivetrain_engine::cache::diff;
 use drivetrain_engine::history::{self, Direction, LineageError};
-use drivetrain_engine::state::RunId;
+use drivetrain_engine::state::{RunId, StateStore};
 use serde_json::{json, Value};
 
 use crate::runs::{open_state, store_url};
@@ -25,19 +25,23 @@ fn components(v: &Value) -> BTreeMap<String, String> {
     serde_json::from_value(v.clone()).unwrap_or_default()
 }
 
-/// `drivetrain explain RUN STAGE`: why a stage was a cache hit or a miss, naming the
-/// component of its key that changed since the newest other entry of that stage.
-pub fn explain(home: &Path, run: &str, stage: &str, json_out: bool) -> anyhow::Result<ExitCode> {
-    let state = open_state(home)?;
+/// Why a stage was a cache hit or a miss, as `explain --output json` prints it and the
+/// API answers: the verdict, the key's components, and the components that changed since
+/// the closest other cache entry of the stage. `Err` names the stages a run has when it
+/// has no stage `stage`.
+pub fn explanation(
+    state: &dyn StateStore,
+    run: &str,
+    stage: &str,
+) -> anyhow::Result<Result<Value, String>> {
     let id = RunId(run.to_owned());
     let record = state.run(&id)?;
     let Some(s) = state.stage(&id, stage)? else {
         let names: Vec<String> = state.stages(&id)?.into_iter().map(|s| s.stage).collect();
-        eprintln!(
-            "error: run {run} has no stage `{stage}`; it has {}",
+        return Ok(Err(format!(
+            "run {run} has no stage `{stage}`; it has {}",
             names.join(", ")
-        );
-        return Ok(ExitCode::from(2));
+        )));
     };
     let mine = components(&s.how.provenance["components"]);
     let lookup = s.how.provenance["cache"]
@@ -86,42 +90,141 @@ pub fn explain(home: &Path, run: &str, stage: &str, json_out: bool) -> anyhow::R
             }
         }
     };
-    if json_out {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&json!({
-                "run": run,
-                "stage": stage,
-                "origin": s.how.origin,
-                "origin_run": s.how.origin_run,
-                "verdict": verdict,
-                "cache_key": s.how.cache_key,
-                "compared_with_run": compared,
-                "changes": changes,
-                "components": mine,
-            }))?
+    // What changed in the rendered definition itself, beside the digests.
+    let mut definition_changes = Vec::new();
+    if let Some(other) = compared
+        .as_ref()
+        .and_then(|r| state.stage(&RunId(r.clone()), stage).ok().flatten())
+    {
+        definition_diff(
+            &other.how.provenance["definition"],
+            &s.how.provenance["definition"],
+            "",
+            &mut definition_changes,
         );
+    }
+    Ok(Ok(json!({
+        "run": run,
+        "stage": stage,
+        "definition_changes": definition_changes,
+        "origin": s.how.origin,
+        "origin_run": s.how.origin_run,
+        "verdict": verdict,
+        "cache_key": s.how.cache_key,
+        "compared_with_run": compared,
+        "changes": changes,
+        "components": mine,
+    })))
+}
+
+/// Shown values are clipped to this many characters.
+const SHOWN: usize = 80;
+
+fn shown(v: Option<&Value>) -> String {
+    match v {
+        None => "(absent)".to_owned(),
+        Some(Value::String(t)) => {
+            let t = format!("{t:?}");
+            match t.char_indices().nth(SHOWN) {
+                Some((at, _)) => format!("{}…", &t[..at]),
+                None => t,
+            }
+        }
+        Some(v) => {
+            let t = v.to_string();
+            match t.char_indices().nth(SHOWN) {
+                Some((at, _)) => format!("{}…", &t[..at]),
+                None => t,
+            }
+        }
+    }
+}
+
+/// Appends `PATH: OLD → NEW` for each leaf that differs between two rendered definitions
+/// (objects by key, arrays by position).
+fn definition_diff(old: &Value, new: &Value, path: &str, out: &mut Vec<String>) {
+    let at = |k: &str| match path {
+        "" => k.to_owned(),
+        p => format!("{p}.{k}"),
+    };
+    match (old, new) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for k in keys {
+                match (a.get(k), b.get(k)) {
+                    (Some(x), Some(y)) => definition_diff(x, y, &at(k), out),
+                    (x, y) => out.push(format!("{}: {} → {}", at(k), shown(x), shown(y))),
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                definition_diff(x, y, &format!("{path}[{i}]"), out);
+            }
+        }
+        (x, y) if x != y => out.push(format!(
+            "{}: {} → {}",
+            if path.is_empty() { "definition" } else { path },
+            shown(Some(x)),
+            shown(Some(y))
+        )),
+        _ => {}
+    }
+}
+
+/// `drivetrain explain RUN STAGE`: why a stage was a cache hit or a miss, naming the
+/// component of its key that changed since the closest other entry of that stage.
+pub fn explain(home: &Path, run: &str, stage: &str, json_out: bool) -> anyhow::Result<ExitCode> {
+    let state = open_state(home)?;
+    let e = match explanation(&*state, run, stage)? {
+        Ok(e) => e,
+        Err(why) => {
+            eprintln!("error: {why}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&e)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{run}/{stage}: {verdict}");
-    match (&compared, changes.is_empty()) {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    let changes: Vec<String> = e["changes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(text)
+        .collect();
+    println!("{run}/{stage}: {}", text(&e["verdict"]));
+    match (e["compared_with_run"].as_str(), changes.is_empty()) {
         (Some(r), false) => {
             println!("compared with the closest other cache entry of `{stage}` (run {r}):");
             for c in &changes {
                 println!("  {c}");
             }
+            let defined: Vec<String> = e["definition_changes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(text)
+                .collect();
+            if !defined.is_empty() {
+                println!("in the rendered definition:");
+                for c in &defined {
+                    println!("  {c}");
+                }
+            }
         }
         (Some(r), true) => {
             println!("the closest other cache entry of `{stage}` (run {r}) has the same components")
         }
-        (None, _) if s.how.origin == "ran" => {
+        (None, _) if e["origin"] == "ran" => {
             println!("no other cache entry of `{stage}` to compare with")
         }
         _ => {}
     }
-    println!("key {key} from:");
-    for (k, v) in &mine {
-        println!("  {k:<24} {v}");
+    println!("key {} from:", text(&e["cache_key"]));
+    for (k, v) in e["components"].as_object().into_iter().flatten() {
+        println!("  {k:<24} {}", text(v));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -324,9 +427,12 @@ pub fn registry(
                     }
                 }
             }
-            C::Show { spec } => {
+            C::Show { spec, output } => {
                 let v = reg.resolve(&spec).await?;
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                match output {
+                    crate::Format::Json => println!("{}", serde_json::to_string_pretty(&v)?),
+                    crate::Format::Text => print!("{}", version_text(&v)),
+                }
             }
             C::History { model, output } => {
                 let h = reg.history(&model).await?;
@@ -385,4 +491,56 @@ pub fn model_target(home: &Path, target: &str) -> anyhow::Result<Option<String>>
     Ok(v.pointer("/source/model_digest")
         .and_then(Value::as_str)
         .map(str::to_owned))
+}
+
+/// A registered version for people: what it is, where it came from, its metrics, its
+/// files.
+fn version_text(v: &Value) -> String {
+    let s = |p: &str| {
+        v.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or("-")
+            .to_owned()
+    };
+    let mut out = format!(
+        "{} version {}, registered {}\n",
+        s("/model"),
+        v["version"],
+        s("/registered_at")
+    );
+    if v["source"].is_object() {
+        out.push_str(&format!(
+            "  made by run {} (pipeline {}, stage {}); model {}\n",
+            s("/source/run"),
+            s("/source/pipeline"),
+            s("/source/stage"),
+            s("/source/model_digest")
+        ));
+    }
+    // Numbers, and one level of nested ones (`recall.all`), in name order.
+    let mut metrics = Vec::new();
+    for (k, m) in v["metrics"].as_object().into_iter().flatten() {
+        match m {
+            Value::Number(n) => metrics.push(format!("{k} {n}")),
+            Value::Object(inner) => metrics.extend(
+                inner
+                    .iter()
+                    .filter(|(_, n)| n.is_number())
+                    .map(|(k2, n)| format!("{k}.{k2} {n}")),
+            ),
+            _ => {}
+        }
+    }
+    metrics.sort();
+    if !metrics.is_empty() {
+        out.push_str(&format!("  metrics: {}\n", metrics.join(", ")));
+    }
+    let files: Vec<&str> = v["files"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    out.push_str(&format!("  files: {}\n", files.join(", ")));
+    out
 }

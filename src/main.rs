@@ -5,14 +5,18 @@
 
 mod api;
 mod client;
+mod doctor;
 mod exec;
 mod history;
+mod inspect;
 mod manifests;
 mod plan_output;
 mod report;
+mod rerun;
 mod runs;
 mod schedules;
 mod serve;
+mod ui;
 
 /// Validation builds a located tree of every YAML value: an allocator made for many small
 /// short-lived objects makes the 10,000-stage benchmark markedly faster than glibc malloc.
@@ -31,7 +35,16 @@ use plan_output::{plan_json, plan_text};
 
 /// The workflow engine for the autonomous-driving data loop.
 #[derive(Debug, Parser)]
-#[command(name = "drivetrain", version, about, long_about = None)]
+#[command(
+    name = "drivetrain",
+    version,
+    about,
+    long_about = None,
+    after_help = "Exit status, for every command: 0 success; 1 a failure (a run that failed, a file \
+                  that does not validate, a store that failed); 2 a usage error (a wrong flag or \
+                  argument, or a run, stage, schedule or file that does not exist); 130 a run \
+                  that was cancelled."
+)]
 struct Cli {
     /// The engine's home (state, artifacts, attempt directories); default: `.drivetrain/`
     /// in the current directory or a parent. Also `DRIVETRAIN_HOME`.
@@ -59,7 +72,7 @@ enum Command {
         /// Pipeline files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
-        #[arg(long, value_enum, default_value_t = Format::Text)]
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },
     /// Print the pipeline's DAG as a Mermaid flowchart or Graphviz DOT.
@@ -73,7 +86,7 @@ enum Command {
     },
     /// Print the resolved stages in execution order, with their resolved commands.
     #[command(
-        after_help = "Examples:\n  drivetrain plan pipelines/driving-loop.yaml --param date=2026-11-20\n  drivetrain plan pipelines/driving-loop.yaml --from train --output json"
+        after_help = "Examples:\n  drivetrain plan pipelines/driving-loop.yaml --param drives=4\n  drivetrain plan pipelines/driving-loop.yaml --from train --output json"
     )]
     Plan {
         file: PathBuf,
@@ -89,7 +102,7 @@ enum Command {
         /// These stages and everything before them.
         #[arg(long, value_delimiter = ',')]
         to: Vec<String>,
-        #[arg(long, value_enum, default_value_t = Format::Text)]
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
         /// Override `defaults.executor` (`--manifests` needs `kubernetes`).
         #[arg(long)]
@@ -124,8 +137,9 @@ enum Command {
         /// Override `defaults.executor`.
         #[arg(long)]
         executor: Option<String>,
-        /// GPUs of this machine that stages may claim (indices 0..N, given to each
-        /// stage as CUDA_VISIBLE_DEVICES). Default: DRIVETRAIN_LOCAL_GPUS, else 0.
+        /// How many GPUs of this machine stages may claim (each given to one stage at a
+        /// time as CUDA_VISIBLE_DEVICES). Default: DRIVETRAIN_LOCAL_GPUS, else those NVML
+        /// or nvidia-smi find, within an outer CUDA_VISIBLE_DEVICES (`drivetrain doctor`).
         #[arg(long)]
         gpus: Option<usize>,
         /// Start the run in the background, print its id and return.
@@ -144,7 +158,7 @@ enum Command {
         /// Execute every stage and record its outputs as the cache entry.
         #[arg(long, conflicts_with = "no_cache")]
         overwrite_cache: bool,
-        #[arg(long, value_enum, default_value_t = Format::Text)]
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },
     /// A new run that executes some stages of an earlier run and reuses everything else
@@ -189,7 +203,7 @@ enum Command {
     Explain {
         run: String,
         stage: String,
-        #[arg(long, value_enum, default_value_t = Format::Text)]
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },
     /// Where an artifact came from (runs, stages, params, definitions, back to the
@@ -201,7 +215,7 @@ enum Command {
         target: String,
         #[arg(long)]
         downstream: bool,
-        #[arg(long, value_enum, default_value_t = history::GraphOutput::Text)]
+        #[arg(long, short = 'o', value_enum, default_value_t = history::GraphOutput::Text)]
         output: history::GraphOutput,
     },
     /// Everything derived from a source: an artifact, or any text a stage's definition
@@ -211,7 +225,7 @@ enum Command {
     )]
     Forget {
         input: String,
-        #[arg(long, value_enum, default_value_t = history::GraphOutput::Text)]
+        #[arg(long, short = 'o', value_enum, default_value_t = history::GraphOutput::Text)]
         output: history::GraphOutput,
     },
     /// List (and with --apply delete) artifacts no kept run, cache entry or running run
@@ -226,7 +240,7 @@ enum Command {
         /// Delete; without it gc only lists.
         #[arg(long)]
         apply: bool,
-        #[arg(long, value_enum, default_value_t = Format::Text)]
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },
     /// Show a run's stages: phase, attempts, duration, exit code, reason.
@@ -235,8 +249,12 @@ enum Command {
     )]
     Status {
         run: Option<String>,
-        #[arg(long, value_enum, default_value_t = Format::Text)]
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
+        /// Show the status again every second until the run ends; exit 0 when it
+        /// succeeded, 1 otherwise.
+        #[arg(long, short = 'w', conflicts_with = "server")]
+        watch: bool,
         /// Ask a `drivetrain serve` instead of this machine (token: DRIVETRAIN_TOKEN).
         #[arg(long, value_name = "URL")]
         server: Option<String>,
@@ -249,8 +267,9 @@ enum Command {
         run: Option<String>,
         #[arg(long)]
         stage: Option<String>,
-        /// Keep printing as the stage writes, until it ends (needs `--stage`).
-        #[arg(long, short = 'f', requires = "stage")]
+        /// Keep printing as the stages write, until the stage (with `--stage`) or the
+        /// whole run ends; a whole run's lines start with their stage's name.
+        #[arg(long, short = 'f')]
         follow: bool,
         /// Ask a `drivetrain serve` instead of this machine (needs a run and `--stage`).
         #[arg(long, value_name = "URL", requires_all = ["run", "stage"])]
@@ -260,7 +279,7 @@ enum Command {
     #[command(after_help = "Example:\n  drivetrain resume 20261122-031500-1a2b")]
     Resume {
         run: String,
-        #[arg(long, value_enum, default_value_t = Format::Text)]
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },
     /// Cancel a run: its running stages are stopped and it is recorded as cancelled.
@@ -271,10 +290,21 @@ enum Command {
         #[arg(long, value_name = "URL")]
         server: Option<String>,
     },
-    /// List recent runs.
-    #[command(after_help = "Examples:\n  drivetrain list\n  drivetrain list --output json")]
+    /// List recent runs, newest first.
+    #[command(
+        after_help = "Examples:\n  drivetrain list\n  drivetrain list --pipeline driving-loop --phase failed --limit 10\n  drivetrain list -o json"
+    )]
     List {
-        #[arg(long, value_enum, default_value_t = Format::Text)]
+        /// How many runs (after filtering).
+        #[arg(long, short = 'n', default_value_t = 50)]
+        limit: usize,
+        /// Only runs of this pipeline.
+        #[arg(long)]
+        pipeline: Option<String>,
+        /// Only runs in this phase (`running`, `succeeded`, `failed`, …; any case).
+        #[arg(long)]
+        phase: Option<String>,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },
     /// Run one built-in step with the attempt's environment (what `drivetrain run` starts
@@ -323,9 +353,32 @@ enum Command {
         /// anything but a loopback address.
         #[arg(long)]
         token: Option<String>,
+        /// Without a token, let every client on this machine start, rerun and cancel runs
+        /// (by default a server without a token answers reads only).
+        #[arg(long)]
+        insecure_no_auth: bool,
         /// The most stage attempts at once, per run.
         #[arg(long)]
         parallelism: Option<usize>,
+    },
+    /// The web view of this home's runs, stages, logs, lineage and registry, without
+    /// firing schedules: `serve` for one person (it also serves the view at `/`).
+    #[command(
+        after_help = "Examples:\n  drivetrain ui                              # http://127.0.0.1:8080, read-only\n  drivetrain ui --insecure-no-auth           # and the buttons (cancel, retry, rerun) work\n  drivetrain ui --pipelines pipelines/ --token \"$TOKEN\""
+    )]
+    Ui {
+        /// Pipelines that can be started by name (their schedules do not fire).
+        #[arg(long, value_name = "DIR")]
+        pipelines: Option<PathBuf>,
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        bind: String,
+        /// The bearer token the page asks for (also `DRIVETRAIN_TOKEN`).
+        #[arg(long)]
+        token: Option<String>,
+        /// Without a token, let the page (and every client on this machine) start, rerun
+        /// and cancel runs.
+        #[arg(long)]
+        insecure_no_auth: bool,
     },
     /// The schedules `serve` keeps: list, suspend, resume, trigger now.
     #[command(
@@ -334,16 +387,35 @@ enum Command {
     Schedule {
         #[command(subcommand)]
         command: ScheduleCommand,
-        #[arg(long, value_enum, default_value_t = Format::Text, global = true)]
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text, global = true)]
         output: Format,
     },
-    /// Print the JSON Schema of pipeline files (for editors).
-    #[command(after_help = "Example:\n  drivetrain schema > pipeline.schema.json")]
-    Schema,
+    /// Print the JSON Schema of pipeline files (for editors), or with `--api` the OpenAPI
+    /// document of `drivetrain serve`'s HTTP API.
+    #[command(
+        after_help = "Examples:\n  drivetrain schema > pipeline.schema.json\n  drivetrain schema --api > docs/openapi.json"
+    )]
+    Schema {
+        /// The OpenAPI document of the HTTP API instead.
+        #[arg(long)]
+        api: bool,
+    },
+    /// What this machine offers local runs: cores, GPUs and how they were found (NVML,
+    /// nvidia-smi, CUDA_VISIBLE_DEVICES), stage isolation.
+    #[command(
+        after_help = "Examples:\n  drivetrain doctor\n  drivetrain doctor -o json\n  CUDA_VISIBLE_DEVICES=2,3 drivetrain doctor"
+    )]
+    Doctor {
+        /// Take this many GPUs as given, as `run --gpus` does.
+        #[arg(long)]
+        gpus: Option<usize>,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
     /// List the built-in steps and executors.
     #[command(after_help = "Examples:\n  drivetrain steps\n  drivetrain steps --output json")]
     Steps {
-        #[arg(long, value_enum, default_value_t = Format::Text)]
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },
 }
@@ -385,7 +457,7 @@ struct FromRun {
     /// Record no cache entries (and, for `retry`, look none up).
     #[arg(long)]
     no_cache: bool,
-    #[arg(long, value_enum, default_value_t = Format::Text)]
+    #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
     output: Format,
     /// The new run's id (set by the server, which answers with it before the run starts).
     #[arg(long, hide = true)]
@@ -396,15 +468,20 @@ struct FromRun {
 pub(crate) enum RegistryCommand {
     /// Models with their versions and aliases.
     List {
-        #[arg(long, value_enum, default_value_t = Format::Text)]
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },
-    /// One version (`MODEL@VERSION` or `MODEL@ALIAS`): metrics, lineage, files.
-    Show { spec: String },
+    /// One version (`MODEL@VERSION` or `MODEL@ALIAS`): where it came from, its metrics and
+    /// files (`-o json`: the whole record, lineage included).
+    Show {
+        spec: String,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
     /// Every alias move of a model: who, when, from, to, the gate result.
     History {
         model: String,
-        #[arg(long, value_enum, default_value_t = Format::Text)]
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },
     /// Point an alias at a version.
@@ -546,8 +623,32 @@ fn rerun(catalog: &Catalog, home: PathBuf, a: RerunCli) -> ExitCode {
 const EXIT_INVALID: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 
+/// Commands that only print (and `logs --follow`) die quietly of a closed pipe, as other
+/// command-line tools do (`drivetrain list | head -1`). Rust ignores SIGPIPE, so a write
+/// to a closed pipe is an error, which `println!` turns into a panic. Commands that run an
+/// engine keep ignoring it: a closed pipe must not kill a run half-way.
+fn die_quietly_on_closed_pipes(command: &Command) {
+    if matches!(
+        command,
+        Command::Run { .. }
+            | Command::Rerun { .. }
+            | Command::Retry { .. }
+            | Command::Resume { .. }
+            | Command::Serve { .. }
+            | Command::Ui { .. }
+            | Command::Exec { .. }
+    ) {
+        return;
+    }
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: restoring the default disposition installs no handler; still one thread.
+    #[allow(unsafe_code)]
+    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    die_quietly_on_closed_pipes(&cli.command);
     // As the environment would: child engines (`serve`'s resumes, `--detach`) and built-in
     // steps see the same stores. Still one thread here.
     if let Some(url) = &cli.store {
@@ -572,7 +673,14 @@ fn main() -> ExitCode {
     let outcome = |r: anyhow::Result<ExitCode>| {
         r.unwrap_or_else(|e| {
             eprintln!("error: {e:#}");
-            ExitCode::from(EXIT_INVALID)
+            // Naming a run that does not exist is a usage error, as an unknown stage is.
+            let unknown = e.chain().any(|c| {
+                matches!(
+                    c.downcast_ref::<drivetrain_engine::state::StateError>(),
+                    Some(drivetrain_engine::state::StateError::UnknownRun(_))
+                )
+            });
+            ExitCode::from(if unknown { EXIT_USAGE } else { EXIT_INVALID })
         })
     };
     match cli.command {
@@ -694,7 +802,18 @@ fn main() -> ExitCode {
             run,
             output,
             server: Some(url),
+            ..
         } => outcome(client::status(&url, run.as_deref(), output == Format::Json)),
+        Command::Status {
+            run,
+            output,
+            watch: true,
+            ..
+        } => outcome(inspect::watch(
+            &home,
+            run.as_deref(),
+            output == Format::Json,
+        )),
         Command::Status { run, output, .. } => {
             outcome(runs::status(&home, run.as_deref(), output == Format::Json))
         }
@@ -708,6 +827,7 @@ fn main() -> ExitCode {
             run, stage, follow, ..
         } => match (follow, stage.as_deref()) {
             (true, Some(s)) => outcome(runs::follow(&home, run.as_deref(), s)),
+            (true, None) => outcome(runs::follow_run(&home, run.as_deref())),
             _ => outcome(runs::logs(&home, run.as_deref(), stage.as_deref())),
         },
         Command::Resume { run, output } => {
@@ -717,7 +837,20 @@ fn main() -> ExitCode {
             Some(url) => client::cancel(&url, &run),
             None => runs::cancel(&home, &run),
         }),
-        Command::List { output } => outcome(runs::list(&home, output == Format::Json)),
+        Command::List {
+            limit,
+            pipeline,
+            phase,
+            output,
+        } => outcome(runs::list(
+            &home,
+            &inspect::ListFilter {
+                limit,
+                pipeline,
+                phase,
+            },
+            output == Format::Json,
+        )),
         Command::Validate { files, output } => cmd_validate(&catalog, &files, output),
         Command::Graph { file, format } => match load(&catalog, &file) {
             Ok(p) => {
@@ -767,6 +900,7 @@ fn main() -> ExitCode {
                         .and_then(|settings| {
                             manifests::manifests(&p, &values, &selected, &settings, &run_id)
                         })
+                        .map(|text| manifests::store_header(&p) + &text)
                         .map(|text| {
                             print!("{text}");
                             ExitCode::SUCCESS
@@ -792,15 +926,35 @@ fn main() -> ExitCode {
             pipelines,
             bind,
             token,
+            insecure_no_auth,
             parallelism,
         } => outcome(serve::serve(
             catalog,
             &home,
             serve::ServeArgs {
-                pipelines,
+                pipelines: Some(pipelines),
+                schedules: true,
                 bind,
                 token,
+                insecure_no_auth,
                 parallelism,
+            },
+        )),
+        Command::Ui {
+            pipelines,
+            bind,
+            token,
+            insecure_no_auth,
+        } => outcome(serve::serve(
+            catalog,
+            &home,
+            serve::ServeArgs {
+                pipelines,
+                schedules: false,
+                bind,
+                token,
+                insecure_no_auth,
+                parallelism: None,
             },
         )),
         Command::Schedule { command, output } => {
@@ -809,14 +963,18 @@ fn main() -> ExitCode {
         Command::Registry { registry, command } => {
             outcome(history::registry(&home, registry.as_deref(), command))
         }
-        Command::Schema => {
+        Command::Schema { api } => {
+            let doc = match api {
+                true => api::openapi::document(),
+                false => drivetrain_engine::spec::json_schema(),
+            };
             println!(
                 "{}",
-                serde_json::to_string_pretty(&drivetrain_engine::spec::json_schema())
-                    .expect("schema serializes")
+                serde_json::to_string_pretty(&doc).expect("schema serializes")
             );
             ExitCode::SUCCESS
         }
+        Command::Doctor { gpus, output } => outcome(doctor::doctor(gpus, output == Format::Json)),
         Command::Steps { output } => {
             match output {
                 Format::Text => {

@@ -17,6 +17,37 @@ use drivetrain_engine::StageId;
 use drivetrain_plugins::kubernetes::{render, Settings};
 use serde_json::Value;
 
+/// Comment lines heading the documents: the artifact store the pods will use and where
+/// that comes from, with a warning when pods could not reach it.
+pub fn store_header(p: &Pipeline) -> String {
+    let from_env = std::env::var("DRIVETRAIN_STORE")
+        .ok()
+        .filter(|s| !s.is_empty());
+    let (url, from) = match (from_env, &p.store) {
+        (Some(u), _) => (u, "from DRIVETRAIN_STORE"),
+        (None, Some(u)) => (u.clone(), "from the pipeline's `store:`"),
+        (None, None) => (
+            "file://<home>/artifacts".to_owned(),
+            "the engine home's default: no DRIVETRAIN_STORE, no `store:`",
+        ),
+    };
+    // A query string may carry options with credentials: never printed.
+    let shown = url.split('?').next().unwrap_or_default();
+    let mut out = format!(
+        "# The artifact store these pods use: {shown} ({from}).\n\
+         # Each pod's wrapper reads it, with the attempt's transfer plan, from\n\
+         # DRIVETRAIN_EXEC_PLAN, which the run sets; store credentials come from the pod's\n\
+         # service account or the stage's `secrets:`, never from the engine's environment.\n"
+    );
+    if shown.starts_with("file://") {
+        out.push_str(
+            "# warning: pods cannot reach a file:// store on the engine's machine: set\n\
+             # DRIVETRAIN_STORE or the pipeline's `store:` to an s3://, gs:// or az:// URL.\n",
+        );
+    }
+    out
+}
+
 /// The YAML documents of the selected stages, in plan order.
 pub fn manifests(
     p: &Pipeline,

@@ -18,19 +18,53 @@ fn color_choice() -> ColorChoice {
     }
 }
 
-/// Writes every diagnostic of one file to stderr as an annotated snippet.
+/// Lines longer than this are not quoted whole under a diagnostic: it shows an excerpt
+/// around the column instead, so output stays proportional to the number of diagnostics.
+const MAX_SNIPPET_LINE: usize = 240;
+
+/// Writes every diagnostic of one file to stderr as an annotated snippet (an excerpt for
+/// a long line).
 pub fn emit(file: &str, src: &str, diags: &[Diagnostic]) {
     let files = SimpleFile::new(file, src);
     let stream = StandardStream::stderr(color_choice());
     let mut out = stream.lock();
     let config = Config::default();
     for d in diags {
+        if let Some(excerpt) = d.span.and_then(|s| long_line_excerpt(src, s.start)) {
+            let _ = writeln!(out, "{file}:{d}\n  | {excerpt}\n");
+            continue;
+        }
         let snippet = to_snippet(d, src);
         if term::emit_to_write_style(&mut out, &config, &files, &snippet).is_err() {
             // Span outside the file (should not happen): fall back to one line.
             let _ = writeln!(out, "{file}: {d}");
         }
     }
+}
+
+/// When the line holding byte `at` is longer than [`MAX_SNIPPET_LINE`]: up to 60 bytes
+/// either side of `at`, with `…` where the line goes on.
+fn long_line_excerpt(src: &str, at: usize) -> Option<String> {
+    let at = at.min(src.len());
+    let start = src[..at].rfind('\n').map_or(0, |i| i + 1);
+    let end = src[at..].find('\n').map_or(src.len(), |i| at + i);
+    if end - start <= MAX_SNIPPET_LINE {
+        return None;
+    }
+    let floor = |mut i: usize| {
+        while !src.is_char_boundary(i) {
+            i -= 1;
+        }
+        i
+    };
+    let from = floor(at.saturating_sub(60).max(start));
+    let to = floor((at + 60).min(end));
+    Some(format!(
+        "{}{}{}",
+        if from > start { "…" } else { "" },
+        &src[from..to],
+        if to < end { "…" } else { "" }
+    ))
 }
 
 fn to_snippet(d: &Diagnostic, src: &str) -> Snippet<()> {

@@ -1,5 +1,5 @@
-//! `run`, `status`, `logs` and `list`: running pipelines on this machine and reading what
-//! runs recorded.
+//! `run`, `resume` and `cancel`: running pipelines on this machine. Reading what runs
+//! recorded is in [`crate::inspect`], reruns and retries in [`crate::rerun`].
 //!
 //! Everything lives under the engine's home, `.drivetrain/` (found in the current
 //! directory or a parent, like `.git/`; `--home` or `DRIVETRAIN_HOME` override it):
@@ -12,12 +12,15 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use drivetrain_engine::artifacts::{ArtifactStore, AttemptKey};
+use drivetrain_engine::artifacts::ArtifactStore;
 use drivetrain_engine::plan::Pipeline;
 use drivetrain_engine::runner::{self, RunEvent, RunOptions};
 use drivetrain_engine::state::{Phase, RunId, SqliteState, StateStore};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+
+pub use crate::inspect::{follow, follow_run, list, logs, status};
+pub use crate::rerun::{rerun, run_file, RerunArgs};
 
 /// Exit code of a cancelled run (128 + SIGINT, as shells report Ctrl-C).
 pub const EXIT_CANCELLED: u8 = 130;
@@ -72,7 +75,7 @@ pub fn store_url(pipeline_store: Option<&str>, home: &Path) -> anyhow::Result<St
 pub struct RunArgs<'a> {
     /// The run's deadline: past it, everything is stopped and the run fails.
     pub deadline: Option<Duration>,
-    /// GPUs stages may claim; default `DRIVETRAIN_LOCAL_GPUS`, else 0.
+    /// How many GPUs stages may claim; default: those found (`drivetrain doctor`).
     pub gpus: Option<usize>,
     /// A given id (from `--detach`); a new one otherwise.
     pub run_id: Option<String>,
@@ -112,7 +115,7 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
         file: args.file.display().to_string(),
         spec_digest: digest(args.source),
         trigger: "cli".into(),
-        gpus: args.gpus.unwrap_or_else(local_gpus),
+        gpus: machine_gpus(&args.pipeline, args.gpus),
         parent: None,
         selection: None,
         reuse: BTreeMap::new(),
@@ -153,7 +156,7 @@ pub fn detach(home: &Path) -> anyhow::Result<ExitCode> {
     let dir = home.join("engine");
     std::fs::create_dir_all(&dir)?;
     // The state must exist before `status` is asked about the run.
-    open_state(home)?;
+    let state = open_state(home)?;
     let log_path = dir.join(format!("{id}.log"));
     let log = std::fs::File::create(&log_path)?;
     let args: Vec<String> = std::env::args()
@@ -161,7 +164,7 @@ pub fn detach(home: &Path) -> anyhow::Result<ExitCode> {
         .filter(|a| a != "--detach")
         .collect();
     let exe = std::env::current_exe()?;
-    std::process::Command::new(exe)
+    let mut engine = std::process::Command::new(exe)
         .args(&args)
         .args(["--run-id", &id.0])
         .env("DRIVETRAIN_HOME", std::fs::canonicalize(home)?)
@@ -170,21 +173,40 @@ pub fn detach(home: &Path) -> anyhow::Result<ExitCode> {
         .stderr(log)
         .process_group(0)
         .spawn()?;
+    // Answered once the run is recorded, so `status ID` right after finds it; an engine
+    // that ends first (an invalid param, say) says why in its log.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while state.run(&id).is_err() {
+        if let Some(status) = engine.try_wait()? {
+            anyhow::bail!(
+                "the engine ended ({status}) before recording run {id}: see {}",
+                log_path.display()
+            );
+        }
+        if std::time::Instant::now() > deadline {
+            anyhow::bail!(
+                "run {id} was not recorded within 30 s: see {}",
+                log_path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
     println!("run {id}");
     println!("detached; engine output in {}", log_path.display());
     println!("follow with: drivetrain status {id} / drivetrain logs {id} --stage STAGE --follow");
     Ok(ExitCode::SUCCESS)
 }
 
-/// The GPUs this machine declares to local runs: `DRIVETRAIN_LOCAL_GPUS`, else none.
-fn local_gpus() -> usize {
-    std::env::var("DRIVETRAIN_LOCAL_GPUS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+/// The GPUs stages of `pipeline` may claim (`drivetrain_plugins::gpus::detect`, `count`
+/// overriding how many), looked for only when a stage asks for one.
+pub fn machine_gpus(pipeline: &Pipeline, count: Option<usize>) -> Vec<String> {
+    if count.is_none() && pipeline.stages.iter().all(|s| s.gpus() == 0) {
+        return Vec::new();
+    }
+    drivetrain_plugins::gpus::detect(count).ids()
 }
 
-fn default_parallelism() -> usize {
+pub(crate) fn default_parallelism() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2)
@@ -205,26 +227,26 @@ pub fn digest(source: &str) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(source.as_bytes())))
 }
 
-struct Services {
-    state: Arc<dyn StateStore>,
-    artifacts: ArtifactStore,
-    executor: Arc<dyn drivetrain_engine::executor::Executor>,
+pub(crate) struct Services {
+    pub(crate) state: Arc<dyn StateStore>,
+    pub(crate) artifacts: ArtifactStore,
+    pub(crate) executor: Arc<dyn drivetrain_engine::executor::Executor>,
 }
 
 /// A run to carry out: what `run` and `resume` hand to [`drive`].
-struct Drive {
-    id: RunId,
-    pipeline: Arc<Pipeline>,
-    params: BTreeMap<String, Value>,
-    services: Services,
-    opts: RunOptions,
-    resume: Option<runner::Resume>,
-    deadline: Option<Duration>,
-    json: bool,
+pub(crate) struct Drive {
+    pub(crate) id: RunId,
+    pub(crate) pipeline: Arc<Pipeline>,
+    pub(crate) params: BTreeMap<String, Value>,
+    pub(crate) services: Services,
+    pub(crate) opts: RunOptions,
+    pub(crate) resume: Option<runner::Resume>,
+    pub(crate) deadline: Option<Duration>,
+    pub(crate) json: bool,
 }
 
 /// Runs (or resumes) a run to its end, printing progress; Ctrl-C and SIGTERM cancel it.
-fn drive(d: Drive) -> anyhow::Result<ExitCode> {
+pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
     let Drive {
         id,
         pipeline,
@@ -516,7 +538,7 @@ pub fn resume(
         file: record.file.clone(),
         spec_digest: record.spec_digest.clone(),
         trigger: record.trigger.clone(),
-        gpus: local_gpus(),
+        gpus: machine_gpus(&pipeline, None),
         parent: record.parent.clone(),
         selection: record
             .selection
@@ -746,547 +768,3 @@ fn event_line(ev: &RunEvent) -> String {
 }
 
 use std::time::Duration;
-
-fn resolve_run(state: &dyn StateStore, run: Option<&str>) -> anyhow::Result<RunId> {
-    match run {
-        Some(r) => Ok(RunId(r.to_owned())),
-        None => state
-            .list_runs(1)?
-            .into_iter()
-            .next()
-            .map(|r| r.id)
-            .ok_or_else(|| anyhow::anyhow!("no runs yet")),
-    }
-}
-
-/// `drivetrain status [RUN]`.
-pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<ExitCode> {
-    let state = open_state(home)?;
-    let id = resolve_run(&*state, run)?;
-    let record = state.run(&id)?;
-    let stages = state.stages(&id)?;
-    if json_out {
-        let mut items = serde_json::Map::new();
-        for st in &stages {
-            let counts = state.item_counts(&id, &st.stage)?;
-            if !counts.is_empty() {
-                items.insert(st.stage.clone(), serde_json::to_value(counts)?);
-            }
-        }
-        println!(
-            "{}",
-            serde_json::to_string_pretty(
-                &json!({"run": record, "stages": stages, "items": items})
-            )?
-        );
-        return Ok(ExitCode::SUCCESS);
-    }
-    println!(
-        "run {} of {} ({}): {}{}",
-        record.id,
-        record.pipeline,
-        record.file,
-        record.phase,
-        record
-            .reason
-            .as_ref()
-            .map(|r| format!(" ({r})"))
-            .unwrap_or_default()
-    );
-    if let Some(parent) = &record.parent {
-        println!("{} of run {parent}", record.trigger);
-    }
-    println!(
-        "{:<24} {:<10} {:<38} {:>8} {:>9} {:>5}  reason",
-        "stage", "phase", "origin", "attempts", "duration", "exit"
-    );
-    for s in &stages {
-        let duration = match (&s.started_at, &s.finished_at) {
-            (Some(a), Some(b)) => elapsed(a, b),
-            _ => String::new(),
-        };
-        let origin = match (s.how.origin.as_str(), &s.how.origin_run) {
-            (_, _) if s.phase != Phase::Succeeded => String::new(),
-            ("ran", _) => "ran".to_owned(),
-            (o, Some(r)) => format!("{o} (from run {r})"),
-            (o, None) => o.to_owned(),
-        };
-        println!(
-            "{:<24} {:<10} {:<38} {:>8} {:>9} {:>5}  {}",
-            s.stage,
-            s.phase.as_str(),
-            origin,
-            s.attempts,
-            duration,
-            s.exit_code.map(|c| c.to_string()).unwrap_or_default(),
-            s.reason
-                .as_deref()
-                .and_then(|r| r.lines().next())
-                .unwrap_or_default()
-        );
-        // A map stage: how its items stand.
-        let counts = state.item_counts(&id, &s.stage)?;
-        if !counts.is_empty() {
-            let total: u64 = counts.values().sum();
-            let parts: Vec<String> = counts
-                .iter()
-                .map(|(p, n)| format!("{n} {}", p.to_lowercase()))
-                .collect();
-            println!("{:<24} items: {total} ({})", "", parts.join(", "));
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-fn elapsed(a: &str, b: &str) -> String {
-    match (
-        chrono::DateTime::parse_from_rfc3339(a),
-        chrono::DateTime::parse_from_rfc3339(b),
-    ) {
-        (Ok(a), Ok(b)) => format!("{:.1}s", (b - a).num_milliseconds() as f64 / 1000.0),
-        _ => String::new(),
-    }
-}
-
-/// `drivetrain list`.
-pub fn list(home: &Path, json_out: bool) -> anyhow::Result<ExitCode> {
-    let state = open_state(home)?;
-    let runs = state.list_runs(50)?;
-    if json_out {
-        println!("{}", serde_json::to_string_pretty(&runs)?);
-        return Ok(ExitCode::SUCCESS);
-    }
-    for r in runs {
-        println!(
-            "{}  {:<10} {:<24} {}",
-            r.id,
-            r.phase.as_str(),
-            r.pipeline,
-            r.created_at
-        );
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `drivetrain logs RUN --stage S --follow`: prints the stage's log as it is written,
-/// attempt after attempt, until the stage has ended.
-pub fn follow(home: &Path, run: Option<&str>, stage: &str) -> anyhow::Result<ExitCode> {
-    use std::io::{Read, Seek, SeekFrom, Write};
-    let state = open_state(home)?;
-    let id = resolve_run(&*state, run)?;
-    let mut attempt = 0u32;
-    let mut offset = 0u64;
-    let out = std::io::stdout();
-    loop {
-        let attempts: Vec<_> = state
-            .attempts(&id)?
-            .into_iter()
-            .filter(|a| a.stage == stage)
-            .collect();
-        let current = attempts.iter().find(|a| a.attempt == attempt);
-        let newest = attempts.iter().map(|a| a.attempt).max().unwrap_or(0);
-        let path = home
-            .join("work")
-            .join(&id.0)
-            .join(stage)
-            .join(attempt.to_string())
-            .join("log.txt");
-        if attempt > 0 {
-            if let Ok(mut f) = std::fs::File::open(&path) {
-                f.seek(SeekFrom::Start(offset))?;
-                let mut buf = Vec::new();
-                f.read_to_end(&mut buf)?;
-                offset += buf.len() as u64;
-                out.lock().write_all(&buf)?;
-                out.lock().flush()?;
-            }
-        }
-        let attempt_done = current.is_none_or(|a| a.phase.is_terminal());
-        if attempt_done && newest > attempt {
-            attempt += 1;
-            offset = 0;
-            if attempt > 1 {
-                println!("── {stage} (attempt {attempt}) ──");
-            }
-            continue;
-        }
-        let stage_done = state
-            .stages(&id)?
-            .iter()
-            .any(|s| s.stage == stage && s.phase.is_terminal());
-        let run_done = state.run(&id)?.phase.is_terminal();
-        if attempt_done && (stage_done || run_done) && newest <= attempt {
-            return Ok(ExitCode::SUCCESS);
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// `drivetrain logs RUN [--stage S]`: each stage's latest attempt's log.
-pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Result<ExitCode> {
-    let state = open_state(home)?;
-    let id = resolve_run(&*state, run)?;
-    let record = state.run(&id)?;
-    let attempts = state.attempts(&id)?;
-    // A map stage's logs are its items'.
-    let items = match stage {
-        Some(s) => state.map_items(&id, s)?,
-        None => Vec::new(),
-    };
-    if let Some(s) = stage {
-        if !attempts.iter().any(|a| a.stage == s) && items.is_empty() {
-            eprintln!("error: run {id} has no attempts of stage `{s}`");
-            return Ok(ExitCode::from(2));
-        }
-    }
-    // The pipeline's own store may differ from the default; the run recorded its file.
-    let pipeline_store = std::fs::read_to_string(&record.file).ok().and_then(|src| {
-        drivetrain_engine::yaml::parse(&src)
-            .ok()
-            .and_then(|n| n.get("store").and_then(|s| s.as_str().map(str::to_owned)))
-    });
-    let artifacts = ArtifactStore::open(&store_url(pipeline_store.as_deref(), home)?)?;
-    let mut latest: BTreeMap<&str, u32> = BTreeMap::new();
-    let mut order: Vec<&str> = Vec::new();
-    for a in &attempts {
-        if !latest.contains_key(a.stage.as_str()) {
-            order.push(&a.stage);
-        }
-        let e = latest.entry(&a.stage).or_default();
-        *e = (*e).max(a.attempt);
-    }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    if let (Some(s), false) = (stage, items.is_empty()) {
-        for item in items.iter().filter(|i| i.attempts > 0) {
-            let key = AttemptKey {
-                run: id.0.clone(),
-                stage: format!("{s}/items/{}", item.index),
-                attempt: item.attempts,
-            };
-            let text = rt
-                .block_on(artifacts.log(&key))?
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-                .unwrap_or_default();
-            println!(
-                "── {s}[{}] {} (attempt {}, {}) ──",
-                item.index,
-                drivetrain_engine::template::value_text(&item.item),
-                item.attempts,
-                item.phase
-            );
-            print!("{text}");
-            if !text.is_empty() && !text.ends_with('\n') {
-                println!();
-            }
-        }
-        return Ok(ExitCode::SUCCESS);
-    }
-    for s in order {
-        if stage.is_some_and(|x| x != s) {
-            continue;
-        }
-        let attempt = latest[s];
-        let key = AttemptKey {
-            run: id.0.clone(),
-            stage: s.to_owned(),
-            attempt,
-        };
-        let text = match rt.block_on(artifacts.log(&key))? {
-            Some(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
-            None => {
-                // Still running: read the attempt's local log.
-                let local = home
-                    .join("work")
-                    .join(&id.0)
-                    .join(s)
-                    .join(attempt.to_string())
-                    .join("log.txt");
-                std::fs::read_to_string(local).unwrap_or_default()
-            }
-        };
-        if stage.is_none() {
-            println!("── {s} (attempt {attempt}) ──");
-        }
-        print!("{text}");
-        if !text.is_empty() && !text.ends_with('\n') {
-            println!();
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// What `rerun` and `retry` are asked.
-pub struct RerunArgs<'a> {
-    pub parent: RunId,
-    pub retry: bool,
-    /// `--stage` (and with `--downstream`, what depends on them).
-    pub stages: Vec<String>,
-    pub downstream: bool,
-    pub from: Vec<String>,
-    pub only: Vec<String>,
-    pub params: Vec<(String, String)>,
-    pub images: Vec<(String, String)>,
-    pub file: &'a Path,
-    pub source: &'a str,
-    pub pipeline: Pipeline,
-    pub parallelism: Option<usize>,
-    pub fail_fast: bool,
-    pub no_cache: bool,
-    pub home: PathBuf,
-    pub json: bool,
-    /// The new run's id, if the caller chose it.
-    pub run_id: Option<RunId>,
-}
-
-/// The pipeline file a run was started from.
-pub fn run_file(home: &Path, run: &str) -> anyhow::Result<PathBuf> {
-    let state = open_state(home)?;
-    Ok(PathBuf::from(state.run(&RunId(run.to_owned()))?.file))
-}
-
-/// `drivetrain rerun` / `drivetrain retry`: a new run, linked to its parent, that takes
-/// every stage it does not execute from the parent exactly as the parent had it (even when
-/// the pipeline changed since) and executes the selection: the stages named (rerun), or
-/// every stage that did not succeed and what depends on it (retry).
-pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
-    let state: Arc<dyn StateStore> = open_state(&args.home)?;
-    let parent = state.run(&args.parent)?;
-    if !parent.phase.is_terminal() && parent.engine_pid.is_some_and(alive) {
-        eprintln!(
-            "error: run {} is still running; wait for it or cancel it first",
-            parent.id
-        );
-        return Ok(ExitCode::from(2));
-    }
-    let mut pipeline = args.pipeline;
-    let before = state.stages(&parent.id)?;
-    let name_of = |id: drivetrain_engine::StageId| pipeline.stage(id).name.clone();
-    let ids = |names: &[String]| -> Result<Vec<drivetrain_engine::StageId>, String> {
-        names
-            .iter()
-            .map(|n| {
-                pipeline.stage_by_name(n).map(|s| s.id).ok_or_else(|| {
-                    let all: Vec<&str> = pipeline.stages.iter().map(|s| s.name.as_str()).collect();
-                    let mut m = format!("no stage named `{n}` in {}", args.file.display());
-                    if let Some(h) = drivetrain_engine::diag::did_you_mean(n, all) {
-                        m.push_str(&format!("; {h}"));
-                    }
-                    m
-                })
-            })
-            .collect()
-    };
-    let usage = |m: String| {
-        eprintln!("error: {m}");
-        Ok(ExitCode::from(2))
-    };
-    // What to execute.
-    let mut selected: std::collections::BTreeSet<drivetrain_engine::StageId> = Default::default();
-    if args.retry {
-        for s in &pipeline.stages {
-            let ok = before
-                .iter()
-                .any(|b| b.stage == s.name && b.phase == Phase::Succeeded);
-            if !ok && s.hook.is_none() {
-                selected.extend(pipeline.descendants(s.id));
-            }
-        }
-        if selected.is_empty() {
-            println!(
-                "every stage of run {} succeeded; nothing to retry",
-                parent.id
-            );
-            return Ok(ExitCode::SUCCESS);
-        }
-    } else {
-        let (stages, from, only) = match (ids(&args.stages), ids(&args.from), ids(&args.only)) {
-            (Ok(a), Ok(b), Ok(c)) => (a, b, c),
-            (a, b, c) => {
-                let errors: Vec<String> =
-                    [a.err(), b.err(), c.err()].into_iter().flatten().collect();
-                return usage(errors.join("\n"));
-            }
-        };
-        if stages.is_empty() && from.is_empty() && only.is_empty() {
-            return usage(
-                "say what to rerun: --stage S [--downstream], --from S or --only S1,S2".into(),
-            );
-        }
-        for id in stages {
-            selected.insert(id);
-            if args.downstream {
-                selected.extend(pipeline.descendants(id));
-            }
-        }
-        for id in from {
-            selected.extend(pipeline.descendants(id));
-        }
-        selected.extend(only);
-    }
-    selected.retain(|id| pipeline.stage(*id).hook.is_none());
-    // What to take from the parent: every succeeded stage the selection needs, and every
-    // other one that is not downstream of the selection (whose outputs would be stale:
-    // those are not run at all).
-    let needed: std::collections::BTreeSet<_> = selected
-        .iter()
-        .flat_map(|id| pipeline.ancestors(*id))
-        .collect();
-    let stale: std::collections::BTreeSet<_> = selected
-        .iter()
-        .flat_map(|id| pipeline.descendants(*id))
-        .filter(|id| !needed.contains(id))
-        .collect();
-    let mut reuse = BTreeMap::new();
-    for b in &before {
-        let Some(s) = pipeline.stage_by_name(&b.stage) else {
-            continue;
-        };
-        if b.phase != Phase::Succeeded
-            || selected.contains(&s.id)
-            || stale.contains(&s.id)
-            || s.hook.is_some()
-        {
-            continue;
-        }
-        let outputs = serde_json::from_value(b.outputs.clone()).unwrap_or_default();
-        let origin_run = match b.how.origin.as_str() {
-            "ran" => parent.id.0.clone(),
-            _ => b
-                .how
-                .origin_run
-                .clone()
-                .unwrap_or_else(|| parent.id.0.clone()),
-        };
-        reuse.insert(
-            b.stage.clone(),
-            runner::Reused {
-                outputs,
-                values: b.values.clone(),
-                provenance: drivetrain_engine::state::Provenance {
-                    origin: "reused".into(),
-                    origin_run: Some(origin_run),
-                    ..b.how.clone()
-                },
-            },
-        );
-    }
-    // Everything the selection needs must come from the parent.
-    let mut missing = Vec::new();
-    for id in &selected {
-        for up in pipeline.ancestors(*id) {
-            let name = name_of(up);
-            if !selected.contains(&up) && !reuse.contains_key(&name) {
-                let phase = before
-                    .iter()
-                    .find(|b| b.stage == name)
-                    .map(|b| b.phase.as_str())
-                    .unwrap_or("not run");
-                missing.push(format!(
-                    "`{name}` (upstream of `{}`) did not succeed in run {} ({phase}); rerun with --from {name}, or `drivetrain retry {}`",
-                    name_of(*id),
-                    parent.id,
-                    parent.id
-                ));
-            }
-        }
-    }
-    if !missing.is_empty() {
-        missing.sort();
-        missing.dedup();
-        return usage(missing.join("\n"));
-    }
-    // Params: the parent's, then the overrides.
-    let mut raw: Vec<(String, String)> = parent
-        .params
-        .as_object()
-        .into_iter()
-        .flatten()
-        .filter(|(k, _)| pipeline.params.iter().any(|p| &p.name == *k))
-        .map(|(k, v)| (k.clone(), drivetrain_engine::template::value_text(v)))
-        .collect();
-    raw.extend(args.params.iter().cloned());
-    let params = match pipeline.resolve_params(&raw) {
-        Ok(p) => p,
-        Err(errors) => return usage(errors.join("\n")),
-    };
-    let selection: std::collections::BTreeSet<String> =
-        selected.iter().map(|id| name_of(*id)).collect();
-    let mut images = serde_json::Map::new();
-    for (stage, image) in &args.images {
-        let Some(id) = pipeline.stage_by_name(stage).map(|s| s.id) else {
-            return usage(format!("--image {stage}=…: no stage named `{stage}`"));
-        };
-        let template = drivetrain_engine::template::Template::parse(image)
-            .map_err(|_| anyhow::anyhow!("--image {stage}={image}: not a valid image"))?;
-        let s = &mut pipeline.stages[id.index()];
-        if let drivetrain_engine::plan::Action::Command { image: i, .. } = &mut s.action {
-            *i = Some(template.clone());
-        }
-        s.image = Some(template);
-        images.insert(stage.clone(), json!(image));
-    }
-    let overrides = json!({
-        "params": args.params.iter().map(|(k, _)| (k.clone(), params.get(k).cloned().unwrap_or_default())).collect::<serde_json::Map<_, _>>(),
-        "images": images,
-    });
-    let executor = match drivetrain_plugins::executor(&pipeline.executor) {
-        Ok(e) => e,
-        Err(why) => return usage(why),
-    };
-    let url = store_url(pipeline.store.as_deref(), &args.home)?;
-    let id = args
-        .run_id
-        .clone()
-        .unwrap_or_else(|| RunId::generate(chrono::Utc::now()));
-    let trigger = if args.retry { "retry" } else { "rerun" };
-    if !args.json {
-        println!("run {id}");
-        println!(
-            "{trigger} of run {}: executes {}; reuses {}",
-            parent.id,
-            selection.iter().cloned().collect::<Vec<_>>().join(", "),
-            if reuse.is_empty() {
-                "nothing".to_owned()
-            } else {
-                reuse.keys().cloned().collect::<Vec<_>>().join(", ")
-            }
-        );
-    }
-    let opts = RunOptions {
-        parallelism: args.parallelism.unwrap_or_else(default_parallelism),
-        fail_fast: args.fail_fast,
-        work_dir: std::fs::canonicalize(&args.home)?.join("work"),
-        file: args.file.display().to_string(),
-        spec_digest: digest(args.source),
-        trigger: trigger.into(),
-        gpus: local_gpus(),
-        parent: Some(parent.id.clone()),
-        selection: Some(selection),
-        reuse,
-        overrides,
-        // A rerun executes what it selected, whatever the cache holds; a retry may hit.
-        cache: runner::CacheMode {
-            read: args.retry && !args.no_cache,
-            write: !args.no_cache,
-        },
-        step_command: step_command()?,
-        resolver: Some(resolver()),
-        scheduled_time: None,
-    };
-    drive(Drive {
-        id,
-        pipeline: Arc::new(pipeline),
-        params,
-        services: Services {
-            state,
-            artifacts: ArtifactStore::open(&url)?,
-            executor,
-        },
-        opts,
-        resume: None,
-        deadline: None,
-        json: args.json,
-    })
-}

@@ -64,6 +64,15 @@ fn upcoming(s: &Schedule, now: DateTime<Utc>, n: usize) -> anyhow::Result<Vec<Va
     Ok(out)
 }
 
+/// The next tick of the schedule in `file` after `now` (`null` if none); a file that no
+/// longer validates has no next tick, and the value says why (`{"error": …}`).
+pub(crate) fn next_tick(file: &Path, now: DateTime<Utc>) -> Value {
+    match schedule_in(file).and_then(|sched| upcoming(&sched, now, 1)) {
+        Ok(mut next) => next.pop().unwrap_or(Value::Null),
+        Err(e) => json!({"error": format!("{e:#}")}),
+    }
+}
+
 /// `drivetrain schedule list|next|suspend|resume|trigger`.
 pub fn command(
     home: &Path,
@@ -78,11 +87,7 @@ pub fn command(
             let mut rows = Vec::new();
             for s in state.schedules()? {
                 let ticks = state.ticks(&s.pipeline, 50)?;
-                // A file that no longer validates has no next tick: say why.
-                let next = match schedule_in(Path::new(&s.file)) {
-                    Ok(sched) => upcoming(&sched, now, 1)?.pop().unwrap_or(Value::Null),
-                    Err(e) => json!({"error": format!("{e:#}")}),
-                };
+                let next = next_tick(Path::new(&s.file), now);
                 rows.push(json!({
                     "pipeline": s.pipeline, "file": s.file, "suspended": s.suspended,
                     "anchor": s.anchor, "next_tick": next, "last_tick": ticks.first(),

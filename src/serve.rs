@@ -108,6 +108,12 @@ pub struct Server {
     pipelines: std::sync::RwLock<BTreeMap<String, Arc<Loaded>>>,
     cancels: Mutex<BTreeMap<RunId, tokio::sync::watch::Sender<bool>>>,
     pub token: Option<String>,
+    /// `--insecure-no-auth`: without a token, mutating routes are open too.
+    pub insecure_no_auth: bool,
+    /// The address the API listens on (its port resolved).
+    pub bound: SocketAddr,
+    /// Posted pipelines validated at once (see [`VALIDATIONS`]).
+    pub validations: Arc<tokio::sync::Semaphore>,
     pub metrics: Metrics,
     parallelism: usize,
     catalog: Catalog,
@@ -122,6 +128,7 @@ fn load(
     catalog: &Catalog,
     dir: &Path,
     state: &dyn StateStore,
+    schedules: bool,
 ) -> anyhow::Result<BTreeMap<String, Arc<Loaded>>> {
     let mut out = BTreeMap::new();
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -141,11 +148,11 @@ fn load(
         };
         let abs = std::fs::canonicalize(&file)?;
         let ticker = match &pipeline.schedule {
-            Some(s) => {
+            Some(s) if schedules => {
                 state.upsert_schedule(&pipeline.name, &abs.display().to_string(), &now_text())?;
                 Some(Ticker::new(s).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?)
             }
-            None => None,
+            _ => None,
         };
         out.insert(
             pipeline.name.clone(),
@@ -208,14 +215,14 @@ impl Server {
         })
     }
 
-    /// A pipeline given as YAML, or every problem of it on one line.
-    fn validated(&self, yaml: &str) -> Result<Pipeline, String> {
+    /// A pipeline given as YAML, or its problems (each with line and column) on one line.
+    pub fn validated(&self, yaml: &str) -> Result<Pipeline, String> {
         let validated = drivetrain_engine::validate(yaml, &self.catalog);
         validated.pipeline.ok_or_else(|| {
             let msgs: Vec<String> = validated
                 .diagnostics
                 .iter()
-                .map(|d| d.message.clone())
+                .map(|d| d.to_string())
                 .collect();
             format!("the pipeline does not validate: {}", msgs.join("; "))
         })
@@ -228,8 +235,12 @@ impl Server {
     /// Registers a pipeline given as YAML (it must have a `schedule:`): written into the
     /// served directory, so it is served again after a restart, and scheduled from now.
     /// An existing pipeline of the same name is replaced only when `replace` is set.
-    pub fn register(&self, yaml: &str, replace: bool) -> Result<(String, String), (u16, String)> {
-        let pipeline = self.validated(yaml).map_err(|e| (400, e))?;
+    pub fn register(
+        &self,
+        pipeline: Pipeline,
+        yaml: &str,
+        replace: bool,
+    ) -> Result<(String, String), (u16, String)> {
         let Some(sched) = &pipeline.schedule else {
             return Err((
                 400,
@@ -269,14 +280,18 @@ impl Server {
 
     /// Starts `drivetrain rerun|retry PARENT …` as a child engine on this server's home,
     /// with the new run's id chosen here.
-    pub fn spawn_from(
+    ///
+    /// Answers once the child engine has recorded the run, so a client (the web view)
+    /// can read it at once; an engine that exits first (a stage name it does not know,
+    /// say) is answered with its own words: 400 for a usage error (exit 2), else 500.
+    pub async fn spawn_from(
         &self,
         verb: &str,
         parent: &RunId,
         extra: &[String],
-    ) -> anyhow::Result<RunId> {
+    ) -> Result<RunId, (u16, String)> {
         if self.stopping.load(Ordering::SeqCst) {
-            anyhow::bail!("the server is shutting down");
+            return Err((503, "the server is shutting down".into()));
         }
         let id = RunId::generate(chrono::Utc::now());
         let mut args = vec![
@@ -286,13 +301,51 @@ impl Server {
             id.0.clone(),
         ];
         args.extend(extra.iter().cloned());
-        self.spawn_engine(&id, &args)?;
-        Ok(id)
+        let mut exited = self
+            .spawn_engine(&id, &args)
+            .map_err(|e| (500, e.to_string()))?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.state.run(&id).is_ok() {
+                return Ok(id);
+            }
+            if let Ok(code) = exited.try_recv() {
+                // It may have recorded the run just before it ended.
+                if self.state.run(&id).is_ok() {
+                    return Ok(id);
+                }
+                let log =
+                    std::fs::read_to_string(self.home.join("engine").join(format!("{id}.log")))
+                        .unwrap_or_default();
+                let said = log
+                    .lines()
+                    .filter(|l| l.starts_with("error"))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                let status = if code == Some(2) { 400 } else { 500 };
+                return Err((
+                    status,
+                    format!("the {verb} ended before it started: {said}"),
+                ));
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err((
+                    500,
+                    format!("the {verb} engine did not record run {id} in 30 s"),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// A child `drivetrain` engine on this server's home, its output in
     /// `engine/<run>.log`, reaped when it exits.
-    fn spawn_engine(&self, run: &RunId, args: &[String]) -> anyhow::Result<()> {
+    /// The receiver gets the engine's exit code when it ends.
+    fn spawn_engine(
+        &self,
+        run: &RunId,
+        args: &[String],
+    ) -> anyhow::Result<tokio::sync::oneshot::Receiver<Option<i32>>> {
         let dir = self.home.join("engine");
         std::fs::create_dir_all(&dir)?;
         let log = std::fs::OpenOptions::new()
@@ -307,10 +360,12 @@ impl Server {
             .stderr(log)
             .process_group(0)
             .spawn()?;
+        let (tell, exited) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
-            let _ = child.wait().await;
+            let code = child.wait().await.ok().and_then(|s| s.code());
+            let _ = tell.send(code);
         });
-        Ok(())
+        Ok(exited)
     }
 
     /// Resumes the runs whose engine is gone (a server or engine killed while they ran):
@@ -381,19 +436,19 @@ impl Server {
         self: &Arc<Self>,
         name: &str,
         overrides: &[(String, String)],
-    ) -> Result<RunId, String> {
+    ) -> Result<RunId, (u16, String)> {
         let Some(l) = self.loaded().get(name).cloned() else {
             let loaded = self.loaded();
             let names: Vec<&str> = loaded.keys().map(String::as_str).collect();
-            return Err(format!(
-                "no pipeline `{name}`; this server has {}",
-                names.join(", ")
+            return Err((
+                400,
+                format!("no pipeline `{name}`; this server has {}", names.join(", ")),
             ));
         };
         let params = l
             .pipeline
             .resolve_params(overrides)
-            .map_err(|e| e.join("; "))?;
+            .map_err(|e| (400, e.join("; ")))?;
         let id = RunId::generate(chrono::Utc::now());
         self.start(
             id.clone(),
@@ -405,27 +460,32 @@ impl Server {
             &l.digest,
             None,
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(start_error)?;
         Ok(id)
     }
 
-    /// Starts a run of a pipeline given as YAML.
+    /// Starts a run of a pipeline given as YAML, validated by [`Server::validated`].
     pub fn submit_yaml(
         self: &Arc<Self>,
+        pipeline: Pipeline,
         yaml: &str,
         overrides: &[(String, String)],
-    ) -> Result<RunId, String> {
-        let pipeline = self.validated(yaml)?;
+    ) -> Result<RunId, (u16, String)> {
         let params = pipeline
             .resolve_params(overrides)
-            .map_err(|e| e.join("; "))?;
+            .map_err(|e| (400, e.join("; ")))?;
         let id = RunId::generate(chrono::Utc::now());
         // Kept, so a rerun or retry of the run can read the pipeline it ran.
         let dir = self.home.join("submitted");
         let file = dir.join(format!("{id}.yaml"));
         std::fs::create_dir_all(&dir)
             .and_then(|_| std::fs::write(&file, yaml))
-            .map_err(|e| format!("cannot keep the pipeline in {}: {e}", file.display()))?;
+            .map_err(|e| {
+                (
+                    500,
+                    format!("cannot keep the pipeline in {}: {e}", file.display()),
+                )
+            })?;
         self.start(
             id.clone(),
             Arc::new(pipeline),
@@ -436,7 +496,7 @@ impl Server {
             &crate::runs::digest(yaml),
             None,
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(start_error)?;
         Ok(id)
     }
 
@@ -479,7 +539,7 @@ impl Server {
             file: file.to_owned(),
             spec_digest: digest.to_owned(),
             trigger: trigger.into(),
-            gpus: 0,
+            gpus: crate::runs::machine_gpus(&pipeline, None),
             parent: None,
             selection: None,
             reuse: BTreeMap::new(),
@@ -686,17 +746,36 @@ impl Server {
     }
 }
 
+/// A run that could not start is the server's fault (503 while it shuts down, else 500),
+/// never the client's.
+fn start_error(e: anyhow::Error) -> (u16, String) {
+    let code = if e.to_string().contains("shutting down") {
+        503
+    } else {
+        500
+    };
+    (code, format!("{e:#}"))
+}
+
 /// Heartbeats older than this (three intervals ago) are a dead engine's.
-fn stale_before() -> anyhow::Result<String> {
+pub(crate) fn stale_before() -> anyhow::Result<String> {
     let silence = chrono::Duration::from_std(drivetrain_engine::runner::heartbeat_interval() * 3)?;
     Ok((chrono::Utc::now() - silence).to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
 }
 
+/// How many posted pipelines are validated at once: with the per-document bounds of
+/// validation, this bounds the memory requests can take together.
+pub const VALIDATIONS: usize = 2;
+
 /// `drivetrain serve`'s options.
 pub struct ServeArgs {
-    pub pipelines: PathBuf,
+    /// `None` (`drivetrain ui`): no pipelines to submit by name.
+    pub pipelines: Option<PathBuf>,
+    /// Keep the schedules: fire their ticks (`serve`), or not (`ui`).
+    pub schedules: bool,
     pub bind: String,
     pub token: Option<String>,
+    pub insecure_no_auth: bool,
     pub parallelism: Option<usize>,
 }
 
@@ -714,24 +793,42 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         eprintln!("error: refusing to serve on {addr} without a token: set --token or DRIVETRAIN_TOKEN, or bind a loopback address");
         return Ok(ExitCode::from(2));
     }
-    let state: Arc<dyn StateStore> = open_state(home)?;
-    let pipelines = load(&catalog, &args.pipelines, state.as_ref())?;
-    if pipelines.is_empty() {
+    if token.is_none() && args.insecure_no_auth {
         eprintln!(
-            "error: no valid pipeline under {}",
-            args.pipelines.display()
+            "warning: --insecure-no-auth: anyone who can reach {addr} can start runs, which \
+             run commands as this user"
         );
+    } else if token.is_none() {
+        eprintln!(
+            "note: no token: the API answers reads only; give --token (or DRIVETRAIN_TOKEN) \
+             to start, rerun and cancel runs over it"
+        );
+    }
+    let state: Arc<dyn StateStore> = open_state(home)?;
+    let pipelines = match &args.pipelines {
+        Some(dir) => load(&catalog, dir, state.as_ref(), args.schedules)?,
+        None => BTreeMap::new(),
+    };
+    if let Some(dir) = args.pipelines.as_ref().filter(|_| pipelines.is_empty()) {
+        eprintln!("error: no valid pipeline under {}", dir.display());
         return Ok(ExitCode::from(2));
     }
+    let listener = std::net::TcpListener::bind(addr)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    listener.set_nonblocking(true)?;
+    let bound = listener.local_addr()?;
     let server = Arc::new(Server {
         artifacts: ArtifactStore::open(&store_url(None, home)?)?,
         executor: drivetrain_plugins::executor("local").map_err(|e| anyhow::anyhow!(e))?,
         work_dir: std::fs::canonicalize(home)?.join("work"),
         home: std::fs::canonicalize(home)?,
-        dir: std::fs::canonicalize(&args.pipelines)?,
+        dir: std::fs::canonicalize(args.pipelines.as_deref().unwrap_or(home))?,
         pipelines: std::sync::RwLock::new(pipelines),
         cancels: Mutex::new(BTreeMap::new()),
         token,
+        insecure_no_auth: args.insecure_no_auth,
+        bound,
+        validations: Arc::new(tokio::sync::Semaphore::new(VALIDATIONS)),
         metrics: Metrics {
             ticks_fired: AtomicU64::new(0),
             ticks_skipped: AtomicU64::new(0),
@@ -760,15 +857,19 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
             println!("schedule {name}: `{}` {} (next {next})", s.cron, s.timezone);
         }
     }
+    let schedules = args.schedules;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        // The main thread's size: what validates in `drivetrain validate` validates here.
+        .thread_stack_size(8 << 20)
         .build()?;
     rt.block_on(async move {
         for run in server.resume_orphans()? {
             println!("resuming run {run}: its engine is gone");
         }
-        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
         println!("listening on http://{}", listener.local_addr()?);
+        println!("the web view: http://{}/", listener.local_addr()?);
         let app = crate::api::router(server.clone());
         let (stop_http, stopped) = tokio::sync::oneshot::channel::<()>();
         let http = tokio::spawn(async move {
@@ -781,7 +882,10 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let mut last_check = std::time::Instant::now();
         loop {
-            let wait = server.tick(chrono::Utc::now())?;
+            let wait = match schedules {
+                true => server.tick(chrono::Utc::now())?,
+                false => Duration::from_secs(1),
+            };
             if last_check.elapsed() >= drivetrain_engine::runner::heartbeat_interval() {
                 last_check = std::time::Instant::now();
                 match server.take_over_stale() {

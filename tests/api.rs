@@ -1,108 +1,13 @@
 //! The HTTP API of `drivetrain serve` over real HTTP on loopback: the server is the real
 //! binary, requests are plain HTTP/1.1 over a TCP socket.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::io::{Read, Write};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod common;
+use common::http::{documented, json, request, request_to, start, wait_phase, TOKEN};
 use common::{assert_ok, text, Home};
-
-const TOKEN: &str = "t0ken-for-tests";
-
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(home: &Home, extra: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
-        .args(["serve", "--pipelines", "served", "--bind", "127.0.0.1:0"])
-        .args(extra)
-        .current_dir(&home.dir)
-        .env_remove("DRIVETRAIN_HOME")
-        .env_remove("DRIVETRAIN_TOKEN")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines
-            .next()
-            .expect("the server prints its address")
-            .unwrap();
-        if let Some(a) = line.strip_prefix("listening on http://") {
-            break a.to_owned();
-        }
-    };
-    // Keep draining its output so it never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    Server { child, addr }
-}
-
-/// One request; returns (status, body).
-fn request(
-    s: &Server,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<&str>,
-) -> (u16, String) {
-    let mut c = TcpStream::connect(&s.addr).unwrap();
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
-        s.addr
-    );
-    if let Some(t) = token {
-        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
-    }
-    let body = body.unwrap_or("");
-    req.push_str(&format!(
-        "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    ));
-    c.write_all(req.as_bytes()).unwrap();
-    let mut resp = String::new();
-    c.read_to_string(&mut resp).unwrap();
-    let status: u16 = resp.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
-
-fn json(s: &Server, method: &str, path: &str, body: Option<&str>) -> (u16, serde_json::Value) {
-    let (status, text) = request(s, method, path, Some(TOKEN), body);
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
-    )
-}
-
-fn wait_phase(s: &Server, run: &str, phase: &str) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, v) = json(s, "GET", &format!("/api/v1/runs/{run}"), None);
-        if v["run"]["phase"] == phase {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "run {run} never reached {phase}: {v}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 fn served(home: &Home) {
     std::fs::create_dir_all(home.dir.join("served")).unwrap();
@@ -254,6 +159,10 @@ fn runs_schedules_logs_and_metrics_over_http() {
     )
     .unwrap();
     for (path, ops) in doc["paths"].as_object().unwrap() {
+        // The stream of the run list never ends: read apart below.
+        if path == "/api/v1/events" {
+            continue;
+        }
         for method in ops.as_object().unwrap().keys() {
             let p = path.replace("{id}", &run).replace("{name}", "nightly")
                 + if path.ends_with("/logs") {
@@ -525,4 +434,370 @@ fn the_cli_talks_to_a_server() {
     let o = cli(&["cancel", &slow, "--server", &url], Some(TOKEN));
     assert_ok(&o);
     wait_phase(&s, &slow, "Cancelled");
+}
+
+/// The check every request goes through fails on what the document does not say.
+#[test]
+#[should_panic(expected = "does not document")]
+fn an_undocumented_status_fails_the_check() {
+    documented("GET", "/api/v1/runs", 418, None);
+}
+
+#[test]
+#[should_panic(expected = "does not match docs/openapi.json")]
+fn a_body_unlike_its_schema_fails_the_check() {
+    documented(
+        "POST",
+        "/api/v1/runs",
+        201,
+        Some(r#"{"id": "not how a run is answered"}"#),
+    );
+}
+
+fn submit_body(yaml: &str) -> String {
+    serde_json::json!({ "yaml": yaml }).to_string()
+}
+
+/// Posted pipelines that overflowed the stack or the memory of `serve` (deep `when:`
+/// nesting, `!` repeated, an alias bomb, hundreds of errors on one line) are answered 400
+/// with where the problem is, and the server goes on serving; a NUL byte in a rerun is a
+/// 400 naming its field.
+#[test]
+fn hostile_requests_are_refused_and_the_server_goes_on() {
+    let home = Home::new("api-hostile");
+    served(&home);
+    let s = start(&home, &["--token", TOKEN]);
+    use common::hostile::Hostile;
+    for (yaml, expect) in [
+        (
+            Hostile::Parens(1_800).yaml(),
+            "6:76: invalid `when` condition: the condition nests deeper than 64 levels",
+        ),
+        (Hostile::Nots(20_000).yaml(), "nests deeper than 64"),
+        (Hostile::AliasBytes(100).yaml(), "more than 32 MiB of text"),
+        (
+            Hostile::ErrorsOnOneLine(800).yaml(),
+            "795 more problems are not shown",
+        ),
+    ] {
+        let (status, body) = request(
+            &s,
+            "POST",
+            "/api/v1/runs",
+            Some(TOKEN),
+            Some(&submit_body(&yaml)),
+        );
+        assert_eq!(status, 400, "{body}");
+        assert!(
+            body.contains(expect),
+            "{expect}: {}",
+            &body[..body.len().min(2_000)]
+        );
+        assert!(body.len() < 64 << 10, "{} bytes", body.len());
+    }
+    // Still serving: a run submitted now runs.
+    let (status, v) = json(&s, "POST", "/api/v1/runs", Some(r#"{"pipeline": "hello"}"#));
+    assert_eq!(status, 201, "{v}");
+    let run = v["run"].as_str().unwrap().to_owned();
+    wait_phase(&s, &run, "Succeeded");
+    for (body, field) in [
+        (r#"{"stages": ["gr\u0000eet"]}"#, "`stages`"),
+        (
+            r#"{"stages": ["greet"], "params": {"who": "a\u0000b"}}"#,
+            "`params`",
+        ),
+    ] {
+        let (status, text) = request(
+            &s,
+            "POST",
+            &format!("/api/v1/runs/{run}/rerun"),
+            Some(TOKEN),
+            Some(body),
+        );
+        assert_eq!(status, 400, "{text}");
+        assert!(text.contains(field) && text.contains("NUL"), "{text}");
+    }
+}
+
+/// Without a token a loopback server answers reads only; `--insecure-no-auth` opens the
+/// rest. Either way a request naming another host (a DNS-rebinding page) is refused.
+#[test]
+fn without_a_token_reads_only_and_only_for_this_host() {
+    let home = Home::new("api-no-token");
+    served(&home);
+    let hello = Some(r#"{"pipeline": "hello"}"#);
+    let s = start(&home, &[]);
+    let (status, _) = request(&s, "GET", "/api/v1/runs", None, None);
+    assert_eq!(status, 200);
+    let (status, body) = request(&s, "POST", "/api/v1/runs", None, hello);
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("--insecure-no-auth"), "{body}");
+    let port = s.addr.rsplit_once(':').unwrap().1.to_owned();
+    for host in [
+        "evil.example",
+        "evil.example:80",
+        &format!("evil.example:{port}"),
+        "127.0.0.1:1",
+    ] {
+        let (status, body) = request_to(&s, host, "GET", "/api/v1/runs", None, None);
+        assert_eq!(status, 403, "{host}: {body}");
+    }
+    drop(s);
+
+    let s = start(&home, &["--insecure-no-auth"]);
+    let (status, body) = request_to(&s, "evil.example", "POST", "/api/v1/runs", None, hello);
+    assert_eq!(status, 403, "{body}");
+    for host in [
+        s.addr.clone(),
+        format!(
+            "localhost:{port}",
+            port = s.addr.rsplit_once(':').unwrap().1
+        ),
+    ] {
+        let (status, body) = request_to(&s, &host, "POST", "/api/v1/runs", None, hello);
+        assert_eq!(status, 201, "{host}: {body}");
+    }
+}
+
+/// Hundreds of submissions in the same second get distinct run ids (16 random bits gave
+/// four collisions in 411), and none is answered as the client's fault.
+#[test]
+fn run_ids_of_a_burst_of_submissions_are_distinct() {
+    let home = Home::new("api-burst");
+    served(&home);
+    let s = std::sync::Arc::new(start(&home, &["--token", TOKEN]));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                (0..40)
+                    .map(|_| json(&s, "POST", "/api/v1/runs", Some(r#"{"pipeline": "hello"}"#)))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut ids = std::collections::HashSet::new();
+    for t in threads {
+        for (status, v) in t.join().unwrap() {
+            assert_eq!(status, 201, "{v}");
+            ids.insert(v["run"].as_str().unwrap().to_owned());
+        }
+    }
+    assert_eq!(ids.len(), 320);
+}
+
+/// Sends `head` (a request line and headers, no body) and reads until `until` appears in
+/// the answer or the server closes; returns what came.
+fn raw(addr: &str, head: &str, until: &str) -> String {
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(head.as_bytes()).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains(until) {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// What the web view reads: a run's graph, attempts, live events and `explain`, lineage,
+/// the registry, filtered lists; the page itself; and a page of another site refused.
+#[test]
+fn the_routes_of_the_web_view() {
+    let home = Home::new("api-view");
+    served(&home);
+    home.write(
+        "served/made.yaml",
+        r#"
+version: 1
+name: made
+stages:
+  make:
+    run: {command: [sh, -c, 'echo frames > "$0/f"', "{{ outputs.data }}"]}
+    outputs: [data]
+  use:
+    inputs: {data: make.data}
+    run: {command: [cat, "{{ inputs.data }}/f"]}
+"#,
+    );
+    let s = start(&home, &["--token", TOKEN]);
+    let (_, v) = json(&s, "POST", "/api/v1/runs", Some(r#"{"pipeline": "made"}"#));
+    let run = v["run"].as_str().unwrap().to_owned();
+    wait_phase(&s, &run, "Succeeded");
+    let (_, v) = json(&s, "POST", "/api/v1/runs", Some(r#"{"pipeline": "hello"}"#));
+    let hello = v["run"].as_str().unwrap().to_owned();
+    wait_phase(&s, &hello, "Succeeded");
+
+    // The graph: each stage with what it needs, in the pipeline's order.
+    let (code, g) = json(&s, "GET", &format!("/api/v1/runs/{run}/graph"), None);
+    assert_eq!(code, 200, "{g}");
+    assert_eq!(g["nodes"][0]["name"], "make");
+    assert_eq!(g["nodes"][1]["needs"], serde_json::json!(["make"]), "{g}");
+    assert_eq!(g["nodes"][1]["kind"], "command");
+    assert!(g.get("note").is_none(), "{g}");
+
+    let (code, a) = json(&s, "GET", &format!("/api/v1/runs/{run}/attempts"), None);
+    assert_eq!(code, 200);
+    let attempts = a["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{a}");
+    assert!(attempts.iter().all(|a| a["phase"] == "Succeeded"), "{a}");
+
+    // Events of an ended run: the snapshot, then the end, then the stream closes.
+    let events = raw(
+        &s.addr,
+        &format!(
+            "GET /api/v1/runs/{run}/events HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n",
+            s.addr
+        ),
+        "event: end",
+    );
+    assert!(events.contains("text/event-stream"), "{events}");
+    let snapshot = events.find("event: snapshot").expect("a snapshot");
+    assert!(
+        events[snapshot..].contains("\"phase\":\"Succeeded\""),
+        "{events}"
+    );
+    assert!(events.contains("event: end"), "{events}");
+    // The list's stream announces the runs at once.
+    let listed = raw(
+        &s.addr,
+        &format!(
+            "GET /api/v1/events HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\n\r\n",
+            s.addr
+        ),
+        "\n\n",
+    );
+    assert!(listed.contains("event: runs"), "{listed}");
+    assert!(listed.contains("\"Succeeded\":2"), "{listed}");
+
+    let (code, e) = json(
+        &s,
+        "GET",
+        &format!("/api/v1/runs/{run}/stages/use/explain"),
+        None,
+    );
+    assert_eq!(code, 200, "{e}");
+    assert!(e["verdict"].as_str().unwrap().starts_with("ran"), "{e}");
+    assert!(e["components"]["input:data"].is_string(), "{e}");
+    let (code, e) = json(
+        &s,
+        "GET",
+        &format!("/api/v1/runs/{run}/stages/nope/explain"),
+        None,
+    );
+    assert_eq!(code, 404);
+    assert!(
+        e["error"].as_str().unwrap().contains("has no stage `nope`"),
+        "{e}"
+    );
+
+    // Lineage from the consuming stage up to the artifact and the stage that made it.
+    let (code, l) = json(
+        &s,
+        "GET",
+        &format!("/api/v1/lineage?target={run}/use"),
+        None,
+    );
+    assert_eq!(code, 200, "{l}");
+    let kinds: Vec<&str> = l["nodes"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|n| n["kind"].as_str().unwrap())
+        .collect();
+    assert!(
+        kinds.contains(&"artifact") && kinds.contains(&"stage"),
+        "{l}"
+    );
+    assert!(l["nodes"][format!("{run}/make")].is_object(), "{l}");
+    assert_eq!(
+        json(&s, "GET", "/api/v1/lineage?target=sha256:0000", None).0,
+        404
+    );
+    assert_eq!(json(&s, "GET", "/api/v1/lineage", None).0, 400);
+
+    let (code, r) = json(&s, "GET", "/api/v1/registry", None);
+    assert_eq!((code, r["models"].clone()), (200, serde_json::json!([])));
+    assert_eq!(
+        json(
+            &s,
+            "POST",
+            "/api/v1/registry/lanes/aliases/production/rollback",
+            None
+        )
+        .0,
+        404
+    );
+
+    // Filters.
+    let (_, v) = json(
+        &s,
+        "GET",
+        "/api/v1/runs?pipeline=made&phase=Succeeded",
+        None,
+    );
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{v}");
+    assert_eq!(runs[0]["id"], run.as_str());
+    let (_, v) = json(&s, "GET", "/api/v1/runs?phase=Failed", None);
+    assert_eq!(v["runs"], serde_json::json!([]));
+    let (_, v) = json(&s, "GET", "/api/v1/runs?trigger=api&limit=1", None);
+    assert_eq!(v["runs"].as_array().unwrap().len(), 1);
+    let (_, v) = json(&s, "GET", "/api/v1/runs?since=2999-01-01T00:00:00Z", None);
+    assert_eq!(v["runs"], serde_json::json!([]));
+    let (code, v) = json(&s, "GET", "/api/v1/runs?phase=Sleeping", None);
+    assert_eq!(code, 400);
+    assert!(v["error"].as_str().unwrap().contains("Sleeping"), "{v}");
+
+    // Schedules show their next tick.
+    let (_, v) = json(&s, "GET", "/api/v1/schedules", None);
+    assert!(v["schedules"][0]["next_tick"].is_object(), "{v}");
+
+    // The page: open, with a policy that keeps other sites' scripts out.
+    let page = raw(
+        &s.addr,
+        &format!(
+            "GET / HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            s.addr
+        ),
+        "</html>",
+    );
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(
+        page.contains("content-security-policy: default-src 'none'"),
+        "{page}"
+    );
+    assert!(page.contains("/ui/app.js"), "{page}");
+    let script = raw(
+        &s.addr,
+        &format!(
+            "GET /ui/app.js HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            s.addr
+        ),
+        "route();",
+    );
+    assert!(script.contains("text/javascript"), "{script}");
+
+    // A page of another site cannot make the browser start a run, even with the token a
+    // person typed into this one: the browser names the page's origin.
+    let post = |origin: &str| {
+        let body = r#"{"pipeline": "hello"}"#;
+        raw(
+            &s.addr,
+            &format!(
+                "POST /api/v1/runs HTTP/1.1\r\nHost: {}\r\nOrigin: {origin}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                s.addr,
+                body.len()
+            ),
+            "}",
+        )
+    };
+    let refused = post("http://evil.example");
+    assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
+    assert!(refused.contains("cannot change this server"), "{refused}");
+    let accepted = post(&format!("http://{}", s.addr));
+    assert!(accepted.starts_with("HTTP/1.1 201"), "{accepted}");
 }

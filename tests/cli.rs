@@ -312,3 +312,40 @@ fn the_json_schema_accepts_the_reference_pipelines() {
         );
     }
 }
+
+/// The examples in `--help` of the commands that read only files (and the machine) run
+/// as written from the repository root and succeed.
+#[test]
+fn the_help_examples_of_the_read_only_commands_work() {
+    let mut ran = 0;
+    for command in ["validate", "graph", "plan", "schema", "steps", "doctor"] {
+        let help = stdout(&drivetrain(&[command, "--help"]));
+        let examples = help
+            .split_once("Examples:")
+            .or_else(|| help.split_once("Example:"))
+            .map(|(_, e)| e)
+            .unwrap_or("");
+        for line in examples.lines().map(str::trim) {
+            // Pipes, redirections and globs need a shell; the rest is argv.
+            let Some(args) = line.strip_prefix("drivetrain ") else {
+                continue;
+            };
+            if args.contains(['|', '>', '*', '#']) {
+                continue;
+            }
+            let argv: Vec<&str> = args.split_whitespace().collect();
+            // A file of the user's own (`broken.yaml`) is not in the checkout.
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            if argv
+                .iter()
+                .any(|a| a.ends_with(".yaml") && !root.join(a).exists())
+            {
+                continue;
+            }
+            let o = drivetrain(&argv);
+            assert_eq!(o.status.code(), Some(0), "`{line}`: {}", stderr(&o));
+            ran += 1;
+        }
+    }
+    assert!(ran >= 6, "only {ran} examples ran");
+}

@@ -109,9 +109,37 @@ fn the_driving_loop_closes() {
         history.as_array().unwrap().len(),
         if promoted { 3 } else { 2 }
     );
+    // Every move names who made it: the promote step records who ran the engine (the
+    // step's own environment has no USER), the manual move its caller, both `USER@HOST`.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    for m in history.as_array().unwrap() {
+        let who = m["who"].as_str().unwrap();
+        assert!(who.ends_with(&format!("@{}", host.trim())), "{history}");
+        assert!(!who.starts_with("unknown"), "{history}");
+        if let Ok(user) = std::env::var("USER") {
+            assert_eq!(who, format!("{user}@{}", host.trim()), "{history}");
+        }
+    }
     let o = home.drivetrain(&["registry", "rollback", "risk-model", "candidate"]);
     assert_eq!(o.status.code(), Some(1), "candidate has no earlier version");
     assert!(text(&o.stderr).contains("no earlier version"));
+    // A drive log the loop read out of fleet-sim's directory: `forget` finds the ingest
+    // that read it (its values name the drive) and everything made from that.
+    let status = home.status(&first);
+    let drive = common::stage(&status, "ingest")["values"]["drives"]
+        .as_object()
+        .and_then(|d| d.keys().next().cloned())
+        .expect("ingest names its drives");
+    let o = home.drivetrain(&["forget", &format!("some/dir/{drive}.mcap"), "-o", "json"]);
+    assert_ok(&o);
+    let g: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let nodes = g["nodes"].as_object().unwrap();
+    for s in ["ingest", "mine", "train"] {
+        assert!(nodes.contains_key(&format!("{first}/{s}")), "{s}: {g}");
+    }
+    assert!(!nodes.contains_key(&format!("{first}/fleet-sim")), "{g}");
+    let o = home.drivetrain(&["forget", "no-such-drive.mcap"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
     let o = home.drivetrain(&["lineage", "risk-model@1", "--output", "json"]);
     assert_ok(&o);
     let g: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -121,10 +149,25 @@ fn the_driving_loop_closes() {
     assert_eq!(nodes[&format!("{first}/fleet-sim")]["params"]["seed"], 7);
     let shown = text(
         &home
-            .drivetrain(&["registry", "show", "risk-model@production"])
+            .drivetrain(&["registry", "show", "risk-model@production", "-o", "json"])
             .stdout,
     );
     assert!(shown.contains("\"model_digest\": \"sha256:"), "{shown}");
+    // The text form says where the version came from and what it measured.
+    let shown = text(
+        &home
+            .drivetrain(&["registry", "show", "risk-model@production"])
+            .stdout,
+    );
+    let first_line = shown.lines().next().unwrap_or_default();
+    assert!(first_line.starts_with("risk-model version "), "{shown}");
+    assert!(shown.contains("  made by run "), "{shown}");
+    assert!(
+        shown.contains("(pipeline driving-loop, stage promote); model sha256:"),
+        "{shown}"
+    );
+    assert!(shown.contains("  metrics: accuracy "), "{shown}");
+    assert!(shown.contains("  files: model.json"), "{shown}");
 }
 
 #[test]

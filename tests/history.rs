@@ -179,6 +179,13 @@ fn an_identical_second_run_executes_nothing_and_changes_invalidate_exactly_the_d
     assert_eq!(home.origin(&third, "a").0, "cached");
     let b = text(&home.drivetrain(&["explain", &third, "b"]).stdout);
     assert!(b.contains("`command` changed"), "{b}");
+    // Not only two digests: the rendered definition's line that changed, old and new.
+    let changed = b
+        .lines()
+        .skip_while(|l| *l != "in the rendered definition:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no definition diff in {b}"));
+    assert!(changed.contains("s2") && changed.contains(" → "), "{b}");
     let c = text(&home.drivetrain(&["explain", &third, "c"]).stdout);
     assert!(c.contains("`input:i` changed"), "{c}");
     assert!(!c.contains("`command` changed"), "{c}");
@@ -375,5 +382,189 @@ stages:
     assert!(
         b.contains("not cacheable: `cache: {enabled: false}`"),
         "{b}"
+    );
+}
+
+/// `list` filters by pipeline and phase and stops at `--limit`; an unknown phase is a
+/// usage error (exit 2).
+#[test]
+fn list_filters_by_pipeline_phase_and_limit() {
+    let home = Home::new("list-filters");
+    let ok = home.write(
+        "ok.yaml",
+        "version: 1\nname: ok\nstages:\n  a: {run: {command: [\"true\"]}}\n",
+    );
+    let bad = home.write(
+        "bad.yaml",
+        "version: 1\nname: bad\nstages:\n  a: {run: {command: [\"false\"]}}\n",
+    );
+    let mut ids = Vec::new();
+    for f in [&ok, &bad, &ok, &bad, &ok] {
+        ids.push(run_id(&home.drivetrain(&["run", f.to_str().unwrap()])));
+    }
+    let listed = |args: &[&str]| -> Vec<String> {
+        let mut a = vec!["list", "-o", "json"];
+        a.extend(args);
+        let o = home.drivetrain(&a);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    // Newest first.
+    assert_eq!(
+        listed(&[]),
+        [
+            ids[4].clone(),
+            ids[3].clone(),
+            ids[2].clone(),
+            ids[1].clone(),
+            ids[0].clone()
+        ]
+    );
+    assert_eq!(
+        listed(&["--pipeline", "bad"]),
+        [ids[3].clone(), ids[1].clone()]
+    );
+    assert_eq!(
+        listed(&["--phase", "Failed"]),
+        [ids[3].clone(), ids[1].clone()]
+    );
+    assert_eq!(
+        listed(&["--phase", "succeeded", "-n", "2"]),
+        [ids[4].clone(), ids[2].clone()]
+    );
+    assert!(listed(&["--pipeline", "ok", "--phase", "failed"]).is_empty());
+    let o = home.drivetrain(&["list", "--phase", "done"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o.stderr).contains("--phase done: not a phase of a run"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+/// `status --watch` shows the run again until it ends, then exits 0 if it succeeded and
+/// 1 if not.
+#[test]
+fn status_watch_follows_a_run_to_its_end() {
+    let home = Home::new("watch");
+    for (name, last, code) in [("fine", "true", 0), ("broken", "false", 1)] {
+        let file = home.write(
+            &format!("{name}.yaml"),
+            &format!(
+                "version: 1\nname: {name}\nstages:\n  slow: {{run: {{command: [sleep, '2']}}}}\n  last: {{needs: [slow], run: {{command: [\"{last}\"]}}}}\n"
+            ),
+        );
+        let o = home.drivetrain(&["run", file.to_str().unwrap(), "--detach"]);
+        assert_ok(&o);
+        let id = run_id(&o);
+        let w = home.drivetrain(&["status", &id, "--watch"]);
+        assert_eq!(w.status.code(), Some(code), "{}", text(&w.stderr));
+        let shown = text(&w.stdout);
+        let headers: Vec<&str> = shown
+            .lines()
+            .filter(|l| l.starts_with(&format!("run {id} of {name}")))
+            .collect();
+        assert!(headers.len() >= 2, "shown once only: {shown}");
+        assert!(headers[0].ends_with("Running"), "{shown}");
+        let end = if code == 0 { "Succeeded" } else { "Failed" };
+        assert!(headers.last().unwrap().contains(end), "{shown}");
+    }
+}
+
+/// `logs RUN --follow` without a stage: every stage's lines as they are written, each led
+/// by its stage (and attempt from the second), until the run ends; the exit status is the
+/// run's.
+#[test]
+fn a_whole_run_is_followed() {
+    let home = Home::new("follow-run");
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: follow
+params:
+  fail: {type: boolean, default: false}
+stages:
+  a:
+    run: {command: [sh, -c, 'echo one; sleep 0.3; printf "two (no newline)"']}
+  b:
+    needs: [a]
+    retries: {limit: 1, backoff: 0s}
+    run: {command: [sh, -c, 'echo "b try $DRIVETRAIN_ATTEMPT"; if [ "$DRIVETRAIN_ATTEMPT" = 1 ] || [ "$0" = true ]; then exit 1; fi', "{{ params.fail }}"]}
+"#,
+    );
+    let f = file.to_str().unwrap();
+    let follow = |extra: &[&str]| {
+        let mut args = vec!["run", f, "--detach"];
+        args.extend_from_slice(extra);
+        let o = home.drivetrain(&args);
+        assert_ok(&o);
+        let id = run_id(&o);
+        home.drivetrain(&["logs", &id, "--follow"])
+    };
+    let o = follow(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    for want in [
+        "a | one",
+        "a | two (no newline)",
+        "b | b try 1",
+        "b#2 | b try 2",
+    ] {
+        assert!(lines.contains(&want), "{want} in {out}");
+    }
+    let at = |l: &str| lines.iter().position(|x| *x == l).unwrap();
+    assert!(at("a | one") < at("a | two (no newline)"), "{out}");
+    assert!(at("b | b try 1") < at("b#2 | b try 2"), "{out}");
+
+    let o = follow(&["--param", "fail=true"]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "a failed run: {}",
+        text(&o.stdout)
+    );
+}
+
+/// One rule for exit codes: 1 a failure, 2 a usage error, naming what does not exist
+/// included.
+#[test]
+fn exit_codes_follow_one_rule() {
+    let home = Home::new("exit-codes");
+    let file = home.write(
+        "p.yaml",
+        "version: 1\nname: codes\nstages:\n  s:\n    run: {command: [sh, -c, 'exit 3']}\n",
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "a failed run");
+    let id = run_id(&o);
+    for (args, why) in [
+        (vec!["status", "no-such-run"], "an unknown run"),
+        (vec!["logs", "no-such-run"], "an unknown run"),
+        (vec!["explain", "no-such-run", "s"], "an unknown run"),
+        (vec!["explain", &id, "nope"], "an unknown stage"),
+        (vec!["lineage", "no-such-run/s"], "an unknown run"),
+        (vec!["status", "--no-such-flag"], "an unknown flag"),
+        (vec!["run", "missing.yaml"], "a missing file"),
+    ] {
+        let o = home.drivetrain(&args);
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{why}: {args:?}: {}",
+            text(&o.stderr)
+        );
+    }
+    let help = text(&home.drivetrain(&["--help"]).stdout);
+    assert!(
+        help.contains("Exit status, for every command: 0 success; 1 a failure"),
+        "{help}"
     );
 }

@@ -1,6 +1,6 @@
 //! The kubernetes executor end to end: the manifests `drivetrain plan --manifests`
 //! renders (snapshots, and validated against the official Kubernetes schemas and the CRDs
-//! in shared/k8s-schemas/), and a pipeline run by the binary against the Kubernetes API
+//! in tests/k8s/crds/, vendored from the published CRDs), and a pipeline run by the binary against the Kubernetes API
 //! stand-in (`drivetrain_plugins::kubernetes::standin`).
 //!
 //! The stand-in is not a cluster: it is an HTTP server that the real kube-rs client in the
@@ -41,7 +41,7 @@ fn python() -> PathBuf {
 
 /// Runs the schema check on `files`; its lines and whether every object passed.
 fn validate(files: &[&Path]) -> (String, bool) {
-    let crds = repo().join("../shared/k8s-schemas");
+    let crds = repo().join("tests/k8s/crds");
     assert!(crds.is_dir(), "{} is missing", crds.display());
     let o = Command::new(python())
         .arg(repo().join("tests/k8s/validate.py"))
@@ -559,6 +559,46 @@ async fn snapshots_are_recorded_and_restored_by_reruns() {
         1,
         "the rerun took no new snapshot"
     );
+}
+
+/// `plan --manifests` says which artifact store the pods will use, where that came from,
+/// and warns when pods could not reach it.
+#[test]
+fn manifests_name_the_store_the_pods_use() {
+    let home = Home::new("k8s-store");
+    let demo = repo().join("pipelines/shell-demo.yaml");
+    let args = [
+        "plan",
+        demo.to_str().unwrap(),
+        "--executor",
+        "kubernetes",
+        "--manifests",
+    ];
+    let o = home.drivetrain_env(
+        &args,
+        &[("DRIVETRAIN_STORE", "s3://av-artifacts/dt?region=eu-west-1")],
+    );
+    assert_ok(&o);
+    let out = text(&o.stdout);
+    assert!(
+        out.starts_with(
+            "# The artifact store these pods use: s3://av-artifacts/dt (from DRIVETRAIN_STORE)."
+        ),
+        "{out}"
+    );
+    assert!(
+        !out.contains("region=") && !out.contains("warning"),
+        "{out}"
+    );
+    let o = home.drivetrain(&args);
+    let out = text(&o.stdout);
+    assert!(out.contains("(the engine home's default"), "{out}");
+    assert!(
+        out.contains("# warning: pods cannot reach a file:// store"),
+        "{out}"
+    );
+    // Still YAML documents, comments and all.
+    assert!(!documents(&out).is_empty());
 }
 
 #[test]

@@ -79,7 +79,10 @@ fn the_driving_loop_promotes_into_mlflow() {
     );
     let o = home.drivetrain_env(&["registry", "alias", "risk-model", "candidate", "1"], &env);
     assert_ok(&o);
-    let shown = home.drivetrain_env(&["registry", "show", "risk-model@candidate"], &env);
+    let shown = home.drivetrain_env(
+        &["registry", "show", "risk-model@candidate", "-o", "json"],
+        &env,
+    );
     assert!(
         text(&shown.stdout).contains("\"model_digest\": \"sha256:"),
         "{}",

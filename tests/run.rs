@@ -354,6 +354,7 @@ fn spawn_run(home: &Home, file: &Path) -> (std::process::Child, String) {
         .args(["run", file.to_str().unwrap()])
         .current_dir(&home.dir)
         .env_remove("DRIVETRAIN_HOME")
+        .env("DRIVETRAIN_HEARTBEAT", "200ms")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -398,8 +399,30 @@ stages:
     );
     let (mut engine, id) = spawn_run(&home, &file);
     let orphan = wait_for_file(&home.dir.join("second.pid"));
+    let beat = [("DRIVETRAIN_HEARTBEAT", "200ms")];
+    let orphaned = |id: &str| {
+        let o = home.drivetrain_env(&["status", id, "-o", "json"], &beat);
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["orphaned"].clone()
+    };
+    assert_eq!(
+        orphaned(&id),
+        false,
+        "a beating engine's run is not orphaned"
+    );
     engine.kill().unwrap(); // SIGKILL
     engine.wait().unwrap();
+    // Three heartbeats missed: `status` and `list` say the run is orphaned and what to do.
+    std::thread::sleep(std::time::Duration::from_millis(900));
+    assert_eq!(orphaned(&id), true);
+    let st = text(&home.drivetrain_env(&["status", &id], &beat).stdout);
+    assert!(
+        st.contains(&format!(
+            "orphaned: the engine of run {id} stopped; `drivetrain resume {id}`"
+        )),
+        "{st}"
+    );
+    let list = text(&home.drivetrain_env(&["list"], &beat).stdout);
+    assert!(list.contains("Running (orphaned)"), "{list}");
 
     let before = home.status(&id);
     assert_eq!(
@@ -642,7 +665,7 @@ fn gpus_are_claimed_exclusively() {
     assert_eq!(used, ["0", "1"]);
     let big = stage(&st, "big")["reason"].as_str().unwrap().to_owned();
     assert!(
-        big.starts_with("stage needs 3 GPU(s); this machine declares 2"),
+        big.starts_with("stage needs 3 GPU(s); this machine has 2 (0, 1;"),
         "{big}"
     );
 }

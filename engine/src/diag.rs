@@ -57,12 +57,73 @@ pub struct Diagnostic {
     pub notes: Vec<String>,
 }
 
+/// The longest message, hint, note, label or path a diagnostic keeps. A name quoted from
+/// the file can be megabytes long; what a person reads is its start and its size.
+pub const MAX_TEXT: usize = 512;
+
+/// `text`, or its first [`MAX_TEXT`] bytes (on a character boundary) and how much was
+/// left out.
+pub fn clip(text: String) -> String {
+    if text.len() <= MAX_TEXT {
+        return text;
+    }
+    let mut end = MAX_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} more bytes)", &text[..end], text.len() - end)
+}
+
+/// At most this many diagnostics are kept for one line of the file…
+pub const MAX_PER_LINE: usize = 5;
+/// …and this many for the whole file.
+pub const MAX_PER_FILE: usize = 100;
+
+/// Bounds what a file's diagnostics can cost to keep and render: at most
+/// [`MAX_PER_LINE`] per line and [`MAX_PER_FILE`] in all, in source order, then one
+/// warning saying how many were left out (`diagnostics-left-out`). Errors are kept before
+/// warnings, so a file with errors always shows some.
+pub fn bound(diags: Vec<Diagnostic>) -> Vec<Diagnostic> {
+    if diags.len() <= MAX_PER_LINE {
+        return diags;
+    }
+    let mut per_line: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+    let mut kept = Vec::new();
+    let mut left_out = 0usize;
+    let (errors, warnings): (Vec<_>, Vec<_>) = diags.into_iter().partition(|d| d.is_error());
+    for d in errors.into_iter().chain(warnings) {
+        let line = d.span.map_or(0, |s| s.line);
+        let n = per_line.entry(line).or_default();
+        if *n >= MAX_PER_LINE || kept.len() >= MAX_PER_FILE {
+            left_out += 1;
+            continue;
+        }
+        *n += 1;
+        kept.push(d);
+    }
+    kept.sort_by_key(|d| d.span.map(|s| (s.start, s.end)).unwrap_or_default());
+    if left_out > 0 {
+        kept.push(
+            Diagnostic::warning(
+                "diagnostics-left-out",
+                format!(
+                    "{left_out} more problem{} not shown (at most {MAX_PER_LINE} per line and \
+                 {MAX_PER_FILE} per file are)",
+                    if left_out == 1 { " is" } else { "s are" }
+                ),
+            )
+            .hint("fix the problems shown and validate again"),
+        );
+    }
+    kept
+}
+
 impl Diagnostic {
     pub fn new(code: &'static str, message: impl Into<String>) -> Self {
         Diagnostic {
             severity: Severity::Error,
             code,
-            message: message.into(),
+            message: clip(message.into()),
             path: None,
             span: None,
             label: None,
@@ -84,29 +145,29 @@ impl Diagnostic {
     }
 
     pub fn path(mut self, path: impl fmt::Display) -> Self {
-        self.path = Some(path.to_string());
+        self.path = Some(clip(path.to_string()));
         self
     }
 
     pub fn label(mut self, label: impl Into<String>) -> Self {
-        self.label = Some(label.into());
+        self.label = Some(clip(label.into()));
         self
     }
 
     pub fn hint(mut self, hint: impl Into<String>) -> Self {
-        self.hint = Some(hint.into());
+        self.hint = Some(clip(hint.into()));
         self
     }
 
     pub fn maybe_hint(mut self, hint: Option<String>) -> Self {
         if hint.is_some() {
-            self.hint = hint;
+            self.hint = hint.map(clip);
         }
         self
     }
 
     pub fn note(mut self, note: impl Into<String>) -> Self {
-        self.notes.push(note.into());
+        self.notes.push(clip(note.into()));
         self
     }
 
@@ -133,6 +194,10 @@ impl fmt::Display for Diagnostic {
 
 /// The closest candidate to `word`, for "did you mean" hints.
 pub fn suggest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    // No name is this long; a megabyte key is not a typo of one (and would cost seconds).
+    if word.len() > 128 {
+        return None;
+    }
     let mut best: Option<(&str, f64)> = None;
     for c in candidates {
         let score = strsim::jaro_winkler(word, c);
@@ -176,6 +241,61 @@ mod tests {
         assert_eq!(suggest("need", fields), Some("needs"));
         assert_eq!(suggest("zzz", fields), None);
         assert_eq!(suggest("ftp", ["http", "s3", "gs"]), None);
+    }
+
+    #[test]
+    fn long_texts_are_clipped_on_a_char_boundary() {
+        let d = Diagnostic::new("x", "ä".repeat(5_000_000)).path("k".repeat(1_000));
+        assert!(d.message.len() < MAX_TEXT + 40, "{}", d.message.len());
+        assert!(
+            d.message.ends_with("… (9999488 more bytes)"),
+            "{}",
+            &d.message[500..]
+        );
+        assert!(d.path.unwrap().ends_with("(488 more bytes)"));
+        assert_eq!(suggest(&"retries".repeat(100), ["retries"]), None);
+    }
+
+    #[test]
+    fn many_diagnostics_are_bounded_per_line_and_file() {
+        let at = |line: u32, start: usize| Span {
+            start,
+            end: start + 1,
+            line,
+            column: 1,
+        };
+        // 800 errors on line 3, a warning on line 1 and 300 errors on lines of their own.
+        let mut diags: Vec<Diagnostic> = (0..800)
+            .map(|i| Diagnostic::new("unknown-param", format!("p{i}")).at(at(3, 100 + i)))
+            .collect();
+        diags.push(Diagnostic::warning("w", "w").at(at(1, 0)));
+        diags.extend(
+            (0..300usize).map(|i| Diagnostic::new("e", "e").at(at(10 + i as u32, 10_000 + i))),
+        );
+        let kept = bound(diags);
+        assert_eq!(kept.len(), MAX_PER_FILE + 1);
+        assert_eq!(
+            kept.iter()
+                .filter(|d| d.span.is_some_and(|s| s.line == 3))
+                .count(),
+            5
+        );
+        // Errors first: the warning is among those left out.
+        assert!(kept[..MAX_PER_FILE].iter().all(Diagnostic::is_error));
+        let last = kept.last().unwrap();
+        assert_eq!(last.code, "diagnostics-left-out");
+        assert!(
+            last.message.starts_with("1001 more problems are not shown"),
+            "{}",
+            last.message
+        );
+        // Source order is kept.
+        assert!(kept[..MAX_PER_FILE]
+            .windows(2)
+            .all(|w| w[0].span.unwrap().start <= w[1].span.unwrap().start));
+        // A few are left alone.
+        let few = vec![Diagnostic::new("e", "e"); 3];
+        assert_eq!(bound(few.clone()), few);
     }
 
     #[test]

@@ -13,6 +13,78 @@ use async_trait::async_trait;
 use crate::plan::{Distributed, Resources};
 use crate::spec::{SecretRef, SnapshotSpec, Toleration, VolumeSpec};
 
+/// Where one process of an attempt stands among the attempt's processes. A stage without
+/// `distributed:` is a world of one (rank 0 of 1, node 0 of 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rank {
+    pub rank: u32,
+    pub world: u32,
+    /// The process's place among those on its node.
+    pub local_rank: u32,
+    pub local_world: u32,
+    /// The node's place among the attempt's nodes.
+    pub node: u32,
+    pub nodes: u32,
+}
+
+impl Rank {
+    /// The only process of a stage that is not distributed.
+    pub const ALONE: Rank = Rank {
+        rank: 0,
+        world: 1,
+        local_rank: 0,
+        local_world: 1,
+        node: 0,
+        nodes: 1,
+    };
+
+    /// The environment of this process: torchrun's contract (`RANK`, `WORLD_SIZE`,
+    /// `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `GROUP_RANK`, `GROUP_WORLD_SIZE`, `ROLE_RANK`,
+    /// `ROLE_WORLD_SIZE`, `NODE_RANK`, `MASTER_ADDR`, `MASTER_PORT`), so that
+    /// `init_process_group(init_method="env://")` works in every stage, and with
+    /// `framework: mpi` the same facts under Open MPI's (`OMPI_COMM_WORLD_*`, `PMI_*`) and
+    /// Horovod's (`HOROVOD_*`) names.
+    pub fn env(
+        &self,
+        master_addr: &str,
+        master_port: u16,
+        framework: crate::spec::Framework,
+    ) -> Vec<(&'static str, String)> {
+        let s = |n: u32| n.to_string();
+        let mut env = vec![
+            ("RANK", s(self.rank)),
+            ("WORLD_SIZE", s(self.world)),
+            ("LOCAL_RANK", s(self.local_rank)),
+            ("LOCAL_WORLD_SIZE", s(self.local_world)),
+            ("GROUP_RANK", s(self.node)),
+            ("GROUP_WORLD_SIZE", s(self.nodes)),
+            ("ROLE_RANK", s(self.rank)),
+            ("ROLE_WORLD_SIZE", s(self.world)),
+            ("NODE_RANK", s(self.node)),
+            ("MASTER_ADDR", master_addr.to_owned()),
+            ("MASTER_PORT", master_port.to_string()),
+        ];
+        if framework == crate::spec::Framework::Mpi {
+            env.extend([
+                ("OMPI_COMM_WORLD_RANK", s(self.rank)),
+                ("OMPI_COMM_WORLD_SIZE", s(self.world)),
+                ("OMPI_COMM_WORLD_LOCAL_RANK", s(self.local_rank)),
+                ("OMPI_COMM_WORLD_LOCAL_SIZE", s(self.local_world)),
+                ("OMPI_COMM_WORLD_NODE_RANK", s(self.node)),
+                ("PMI_RANK", s(self.rank)),
+                ("PMI_SIZE", s(self.world)),
+                ("HOROVOD_RANK", s(self.rank)),
+                ("HOROVOD_SIZE", s(self.world)),
+                ("HOROVOD_LOCAL_RANK", s(self.local_rank)),
+                ("HOROVOD_LOCAL_SIZE", s(self.local_world)),
+                ("HOROVOD_CROSS_RANK", s(self.node)),
+                ("HOROVOD_CROSS_SIZE", s(self.nodes)),
+            ]);
+        }
+        env
+    }
+}
+
 /// Everything an executor needs to run one attempt.
 #[derive(Debug, Clone)]
 pub struct AttemptSpec {
@@ -273,6 +345,23 @@ pub mod conformance {
         let handle = a.handle();
         drop(a);
         assert!(executor.reap(&handle).await, "reap finds the orphan");
+
+        // A stage that is not distributed is a world of one with torchrun's whole
+        // contract, so `init_process_group(init_method="env://")` works in it.
+        let s = spec(
+            dir,
+            "alone",
+            &[
+                "sh",
+                "-c",
+                "echo \"$RANK/$WORLD_SIZE/$LOCAL_RANK/$LOCAL_WORLD_SIZE/$GROUP_RANK/$NODE_RANK/$MASTER_ADDR/${MASTER_PORT:+port}\"",
+            ],
+        );
+        let log = s.log.clone();
+        let mut a = executor.start(s).await.expect("starts");
+        assert_eq!(a.wait().await, AttemptOutcome::Succeeded);
+        let text = std::fs::read_to_string(&log).expect("a log");
+        assert_eq!(text, "0/1/0/1/0/0/127.0.0.1/port\n");
 
         // Distributed ranks all start, each knowing its rank.
         let mut s = spec(

@@ -26,10 +26,16 @@ pub enum Expr {
     Lit(Value),
     Ref(Ref, Range<usize>),
     Not(Box<Expr>),
-    And(Box<Expr>, Box<Expr>),
-    Or(Box<Expr>, Box<Expr>),
+    /// `a && b && c`: a chain is one node, so its length never adds depth.
+    And(Vec<Expr>),
+    Or(Vec<Expr>),
     Cmp(CmpOp, Box<Expr>, Box<Expr>),
 }
+
+/// How deep parentheses and `!` may nest in one condition. The parser, evaluation and
+/// drop all recurse on that depth, so it is bounded well below what a thread's stack
+/// holds (the async workers of `serve` have 2 MiB).
+pub const MAX_DEPTH: usize = 64;
 
 /// A comparison operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,6 +165,8 @@ struct P<'a> {
     toks: &'a [(Tok, Range<usize>)],
     pos: usize,
     len: usize,
+    /// Open parentheses and `!` around the current position.
+    depth: usize,
 }
 
 impl P<'_> {
@@ -173,35 +181,66 @@ impl P<'_> {
             .unwrap_or(self.len..self.len)
     }
 
-    fn eat_word(&mut self, op: &str, word: &str) -> bool {
+    /// Whether the next token is the operator `op` or its word form.
+    fn at_word(&self, op: &str, word: &str) -> bool {
         match self.peek() {
-            Some(Tok::Op(o)) if *o == op => {}
-            Some(Tok::Ident(w)) if w == word => {}
-            _ => return false,
+            Some(Tok::Op(o)) => *o == op,
+            Some(Tok::Ident(w)) => w == word,
+            _ => false,
         }
-        self.pos += 1;
-        true
+    }
+
+    fn eat_word(&mut self, op: &str, word: &str) -> bool {
+        let at = self.at_word(op, word);
+        self.pos += usize::from(at);
+        at
+    }
+
+    /// Enters one level of nesting (a parenthesis or a `!`), refusing past [`MAX_DEPTH`].
+    fn nest(&mut self, range: Range<usize>) -> Result<(), ExprError> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(ExprError {
+                message: format!(
+                    "the condition nests deeper than {MAX_DEPTH} levels of `(` and `!`"
+                ),
+                range,
+            });
+        }
+        Ok(())
     }
 
     fn or(&mut self) -> Result<Expr, ExprError> {
-        let mut l = self.and()?;
-        while self.eat_word("||", "or") {
-            l = Expr::Or(Box::new(l), Box::new(self.and()?));
+        let first = self.and()?;
+        if !self.at_word("||", "or") {
+            return Ok(first);
         }
-        Ok(l)
+        let mut all = vec![first];
+        while self.eat_word("||", "or") {
+            all.push(self.and()?);
+        }
+        Ok(Expr::Or(all))
     }
 
     fn and(&mut self) -> Result<Expr, ExprError> {
-        let mut l = self.not()?;
-        while self.eat_word("&&", "and") {
-            l = Expr::And(Box::new(l), Box::new(self.not()?));
+        let first = self.not()?;
+        if !self.at_word("&&", "and") {
+            return Ok(first);
         }
-        Ok(l)
+        let mut all = vec![first];
+        while self.eat_word("&&", "and") {
+            all.push(self.not()?);
+        }
+        Ok(Expr::And(all))
     }
 
     fn not(&mut self) -> Result<Expr, ExprError> {
+        let range = self.range();
         if self.eat_word("!", "not") {
-            return Ok(Expr::Not(Box::new(self.not()?)));
+            self.nest(range)?;
+            let e = self.not()?;
+            self.depth -= 1;
+            return Ok(Expr::Not(Box::new(e)));
         }
         self.cmp()
     }
@@ -239,7 +278,9 @@ impl P<'_> {
             )),
             Tok::Str(s) => Ok(Expr::Lit(Value::String(s))),
             Tok::LParen => {
+                self.nest(range)?;
                 let e = self.or()?;
+                self.depth -= 1;
                 if self.peek() != Some(&Tok::RParen) {
                     return Err(ExprError {
                         message: "expected `)`".into(),
@@ -277,6 +318,7 @@ impl Expr {
             toks: &toks,
             pos: 0,
             len: src.len(),
+            depth: 0,
         };
         let e = p.or()?;
         if p.pos < toks.len() {
@@ -300,7 +342,8 @@ impl Expr {
             Expr::Lit(_) => {}
             Expr::Ref(r, range) => out.push((r, range)),
             Expr::Not(e) => e.collect(out),
-            Expr::And(a, b) | Expr::Or(a, b) | Expr::Cmp(_, a, b) => {
+            Expr::And(all) | Expr::Or(all) => all.iter().for_each(|e| e.collect(out)),
+            Expr::Cmp(_, a, b) => {
                 a.collect(out);
                 b.collect(out);
             }
@@ -318,8 +361,8 @@ impl Expr {
             Expr::Lit(v) => v.clone(),
             Expr::Ref(r, _) => lookup(r).unwrap_or(Value::Null),
             Expr::Not(e) => Value::Bool(!e.eval(lookup)),
-            Expr::And(a, b) => Value::Bool(a.eval(lookup) && b.eval(lookup)),
-            Expr::Or(a, b) => Value::Bool(a.eval(lookup) || b.eval(lookup)),
+            Expr::And(all) => Value::Bool(all.iter().all(|e| e.eval(lookup))),
+            Expr::Or(all) => Value::Bool(all.iter().any(|e| e.eval(lookup))),
             Expr::Cmp(op, a, b) => Value::Bool(compare(*op, &a.value(lookup), &b.value(lookup))),
         }
     }
@@ -409,6 +452,28 @@ mod tests {
         assert!(Expr::parse("params.a ==").is_err());
         assert!(Expr::parse("(params.a").is_err());
         assert!(Expr::parse("params.a params.b").is_err());
+    }
+
+    #[test]
+    fn nesting_is_bounded_and_chains_are_flat() {
+        // The inputs that overflowed the stack: each is refused with its position.
+        let parens = format!("{}params.a{}", "(".repeat(1800), ")".repeat(1800));
+        let e = Expr::parse(&parens).unwrap_err();
+        assert!(e.message.contains("nests deeper than 64"), "{}", e.message);
+        assert_eq!(e.range, 64..65);
+        let nots = format!("{}params.a", "!".repeat(20_000));
+        assert!(Expr::parse(&nots).unwrap_err().message.contains("deeper"));
+        // Up to the bound is fine.
+        let ok = format!("{}params.a{}", "(".repeat(64), ")".repeat(64));
+        assert!(eval(&ok, json!({"a": true})));
+        // A chain of 20,000 conditions is one node: parsed, evaluated and dropped
+        // without recursion on its length.
+        let chain = vec!["params.a"; 20_000].join(" && ");
+        let e = Expr::parse(&chain).unwrap();
+        assert!(matches!(&e, Expr::And(all) if all.len() == 20_000));
+        assert!(eval(&chain, json!({"a": true})));
+        let mixed = vec!["params.a && params.b"; 5_000].join(" || ");
+        assert!(!eval(&mixed, json!({"a": true, "b": false})));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::artifacts::{ArtifactRef, ArtifactStore};
 use crate::state::{Phase, RunId, StateError, StateStore};
 
 /// A node of the lineage graph.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Node {
     Artifact {
@@ -42,7 +42,7 @@ pub enum Node {
 }
 
 /// A lineage graph rooted at what was asked about.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct Lineage {
     pub roots: Vec<String>,
     /// Node id (`RUN/STAGE` or a digest) → node.
@@ -246,9 +246,18 @@ pub fn lineage(
     Ok(g)
 }
 
+/// The drive a log file is, as `ingest` names it in its values: the file's name without
+/// its extension (`logs/drive-0003.mcap` → `drive-0003`).
+fn drive_of(input: &str) -> Option<&str> {
+    let name = input.rsplit('/').next()?;
+    let (stem, _) = name.rsplit_once('.')?;
+    (stem.len() >= 3).then_some(stem)
+}
+
 /// Everything derived from `input`: an artifact target (see [`resolve_target`]), or any
 /// other text (a drive log's URL or name), which finds the stages whose rendered
-/// definition mentions it and walks down from them.
+/// definition or values mention it (or, for a log read out of a directory, whose values
+/// name its drive) and walks down from them.
 pub fn forget(
     state: &dyn StateStore,
     store: &ArtifactStore,
@@ -257,7 +266,10 @@ pub fn forget(
     let roots = match resolve_target(state, input) {
         Ok(r) => r,
         Err(LineageError::NotFound(_)) => {
-            let found = state.stages_mentioning(input)?;
+            let mut found = state.stages_mentioning(input)?;
+            if let Some(drive) = drive_of(input).filter(|_| found.is_empty()) {
+                found = state.stages_mentioning(&format!("\"{drive}\""))?;
+            }
             if found.is_empty() {
                 return Err(LineageError::NotFound(format!(
                     "nothing recorded mentions `{input}`: no run, stage, artifact digest, or stage definition"

@@ -228,6 +228,18 @@ pub struct Stage {
     pub image: Option<Template>,
 }
 
+impl Stage {
+    /// The GPUs an attempt of the stage claims: `resources.gpu` for each rank.
+    pub fn gpus(&self) -> usize {
+        let per = self.resources.gpu.unwrap_or(0) as usize;
+        per * self
+            .distributed
+            .as_ref()
+            .map(|d| d.workers as usize)
+            .unwrap_or(1)
+    }
+}
+
 impl Pipeline {
     pub fn stage(&self, id: StageId) -> &Stage {
         &self.stages[id.index()]

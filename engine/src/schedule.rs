@@ -154,16 +154,13 @@ impl Ticker {
             if unbounded && out.len() >= limit && enough.is_none() {
                 enough = Some(w + self.fall_back_near(*out.iter().max().expect("limit ticks")));
             }
-            if out.len() > 2 * limit + 16 {
+            // A long bounded window keeps only its newest ticks (an unbounded walk stops
+            // at `enough`, soon after `limit`).
+            if !unbounded && out.len() > 2 * limit + 16 {
                 out.sort();
                 out.dedup();
                 let drop = out.len().saturating_sub(limit + 8);
-                match unbounded {
-                    true => out.truncate(limit + 8),
-                    false => {
-                        out.drain(..drop);
-                    }
-                }
+                out.drain(..drop);
             }
         }
         out.sort();

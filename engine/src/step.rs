@@ -92,6 +92,36 @@ pub struct StepContext {
 }
 
 /// The environment-variable suffix of an input or output name (`frames` → `FRAMES`).
+/// Who is acting, for records such as the registry's alias moves: `DRIVETRAIN_USER` when
+/// set, else `USER@HOST` of this process (`USER` or `LOGNAME`, else `uid N`; the kernel's
+/// host name). The engine hands its own to built-in steps, so a promotion records the
+/// person or service that ran the pipeline, not the step's bare environment.
+pub fn who() -> String {
+    if let Some(u) = std::env::var("DRIVETRAIN_USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+    {
+        return u;
+    }
+    let user = ["USER", "LOGNAME"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|u| !u.is_empty()))
+        .or_else(|| {
+            std::fs::read_to_string("/proc/self/status")
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("Uid:"))
+                        .and_then(|l| l.split_whitespace().next().map(|u| format!("uid {u}")))
+                })
+        })
+        .unwrap_or_else(|| "unknown".to_owned());
+    match std::fs::read_to_string("/proc/sys/kernel/hostname") {
+        Ok(host) if !host.trim().is_empty() => format!("{user}@{}", host.trim()),
+        _ => user,
+    }
+}
+
 pub fn env_suffix(name: &str) -> String {
     name.chars()
         .map(|c| {

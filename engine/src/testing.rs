@@ -21,15 +21,27 @@ pub fn free_port() -> u16 {
 
 /// The tests' Python venv's `bin/NAME`.
 pub fn venv_bin(name: &str) -> PathBuf {
-    let venv = std::env::var_os("DRIVETRAIN_TEST_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/drivetrain/venv")
-        });
+    bin_in_venv("DRIVETRAIN_TEST_VENV", "venv", "moto[server] mlflow", name)
+}
+
+/// `bin/NAME` of the venv with PyTorch (CPU wheels' CUDA libraries and all) and pyarrow,
+/// kept apart from the main one: it is 5 GB.
+pub fn torch_venv_bin(name: &str) -> PathBuf {
+    bin_in_venv("DRIVETRAIN_TORCH_VENV", "torch-venv", "torch pyarrow", name)
+}
+
+/// `bin/NAME` of the venv `$var` names, default `~/.cache/drivetrain/DIR`; a missing one
+/// fails the test with what to install.
+fn bin_in_venv(var: &str, dir: &str, packages: &str, name: &str) -> PathBuf {
+    let venv = std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+            .join(".cache/drivetrain")
+            .join(dir)
+    });
     let bin = venv.join("bin").join(name);
     assert!(
         bin.exists(),
-        "{} is missing: run .ci/run once, or `pip install moto[server] mlflow` into {}",
+        "{} is missing: run .ci/run once, or `pip install {packages}` into {}",
         bin.display(),
         venv.display()
     );
@@ -371,20 +383,12 @@ impl LabelStudio {
 
     /// The venv's `bin/NAME`.
     pub fn bin(name: &str) -> PathBuf {
-        let venv = std::env::var_os("DRIVETRAIN_TEST_LABEL_STUDIO_VENV")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                PathBuf::from(std::env::var_os("HOME").expect("HOME"))
-                    .join(".cache/drivetrain/label-studio-venv")
-            });
-        let bin = venv.join("bin").join(name);
-        assert!(
-            bin.exists(),
-            "{} is missing: run .ci/run once, or `pip install label-studio` into {}",
-            bin.display(),
-            venv.display()
-        );
-        bin
+        bin_in_venv(
+            "DRIVETRAIN_TEST_LABEL_STUDIO_VENV",
+            "label-studio-venv",
+            "label-studio",
+            name,
+        )
     }
 
     pub fn start() -> LabelStudio {

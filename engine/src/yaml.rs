@@ -10,7 +10,8 @@
 //! integer, float, string) is resolved lazily with the YAML 1.2 core schema, which lets a
 //! string field accept `image: 1.4` without the YAML 1.1 surprises (`on: yes`).
 //! Duplicate keys are errors (YAML forbids them; most parsers silently keep the last).
-//! Aliases are expanded, bounded by [`MAX_NODES`] so an alias bomb cannot exhaust memory,
+//! Aliases are expanded, bounded by [`MAX_NODES`] and [`MAX_BYTES`] so an alias bomb
+//! cannot exhaust memory,
 //! and `<<` merge keys are honoured because pipeline authors use them for shared blocks.
 
 use std::borrow::Cow;
@@ -23,6 +24,10 @@ use crate::diag::{Diagnostic, Span};
 
 /// Upper bound on nodes in one document, aliases expanded.
 pub const MAX_NODES: usize = 2_000_000;
+/// Upper bound on the text of all scalars in one document, aliases expanded. Expanded
+/// aliases share the source's bytes in the tree, but everything after it (JSON values,
+/// deserialized strings) owns a copy, so this is what bounds memory.
+pub const MAX_BYTES: usize = 32 << 20;
 /// Upper bound on nesting depth.
 pub const MAX_DEPTH: usize = 256;
 
@@ -431,10 +436,12 @@ pub fn parse(src: &str) -> Result<Node<'_>, Vec<Diagnostic>> {
     let index = LineIndex::new(src);
     let mut parser = Parser::new_from_str(src);
     let mut stack: Vec<Frame<'_>> = Vec::new();
-    let mut anchors: HashMap<usize, Node<'_>> = HashMap::new();
+    // Each anchor with its weight (values, scalar bytes), counted once.
+    let mut anchors: HashMap<usize, (Node<'_>, usize, usize)> = HashMap::new();
     let mut root: Option<Node<'_>> = None;
     let mut docs = 0usize;
     let mut count = 0usize;
+    let mut bytes = 0usize;
     let mut errors = Vec::new();
 
     while let Some(ev) = parser.next_event() {
@@ -476,6 +483,7 @@ pub fn parse(src: &str) -> Result<Node<'_>, Vec<Diagnostic>> {
             }
             Event::Scalar(text, style, anchor, tag) => {
                 count += 1;
+                bytes += text.len();
                 // `!!int 3` and friends resolve as plain scalars; `!!str` and custom tags
                 // keep the text as a string.
                 let core_non_str = matches!(
@@ -495,8 +503,9 @@ pub fn parse(src: &str) -> Result<Node<'_>, Vec<Diagnostic>> {
                 ))
             }
             Event::Alias(id) => match anchors.get(&id) {
-                Some(n) => {
-                    count += count_nodes(n);
+                Some((n, nodes, size)) => {
+                    count += nodes;
+                    bytes += size;
                     let mut n = n.clone();
                     n.span = span;
                     Some((n, 0))
@@ -581,6 +590,20 @@ pub fn parse(src: &str) -> Result<Node<'_>, Vec<Diagnostic>> {
             );
             return Err(errors);
         }
+        if bytes > MAX_BYTES {
+            errors.push(
+                Diagnostic::new(
+                    "yaml-too-large",
+                    format!(
+                        "the document holds more than {} MiB of text",
+                        MAX_BYTES >> 20
+                    ),
+                )
+                .at(span)
+                .hint("aliases are expanded: each `*alias` counts the anchored value's text again"),
+            );
+            return Err(errors);
+        }
         if stack.len() > MAX_DEPTH {
             errors.push(
                 Diagnostic::new(
@@ -595,7 +618,8 @@ pub fn parse(src: &str) -> Result<Node<'_>, Vec<Diagnostic>> {
             continue;
         };
         if anchor != 0 {
-            anchors.insert(anchor, node.clone());
+            let (nodes, size) = weigh(&node);
+            anchors.insert(anchor, (node.clone(), nodes, size));
         }
         // Where an earlier entry with the same key is, if the value completes an entry.
         let duplicate = match stack.last_mut() {
@@ -704,11 +728,16 @@ fn tight(text: Cow<'_, str>) -> Cow<'_, str> {
     }
 }
 
-fn count_nodes(n: &Node<'_>) -> usize {
-    1 + match &n.value {
-        Value::Scalar { .. } => 0,
-        Value::Seq(items) => items.iter().map(count_nodes).sum(),
-        Value::Map(entries) => entries.iter().map(|e| count_nodes(&e.value)).sum(),
+/// Values and scalar bytes in `n`, keys included (the parser counts a key as a scalar).
+fn weigh(n: &Node<'_>) -> (usize, usize) {
+    let add = |(a, b): (usize, usize), (c, d): (usize, usize)| (a + c, b + d);
+    match &n.value {
+        Value::Scalar { text, .. } => (1, text.len()),
+        Value::Seq(items) => items.iter().map(weigh).fold((1, 0), add),
+        Value::Map(entries) => entries
+            .iter()
+            .map(|e| add((1, e.key.len()), weigh(&e.value)))
+            .fold((1, 0), add),
     }
 }
 
@@ -798,6 +827,18 @@ mod tests {
         }
         let errs = parse(&src).unwrap_err();
         assert_eq!(errs[0].code, "yaml-too-large");
+
+        // Few values, much text: a 100 KB scalar aliased 20,000 times (2 GB expanded) is
+        // refused at the byte bound, at the alias that crosses it.
+        let mut src = format!("x: &a {}\nl:\n", "y".repeat(100_000));
+        for _ in 0..20_000 {
+            src.push_str("  - *a\n");
+        }
+        let errs = parse(&src).unwrap_err();
+        assert_eq!(errs[0].code, "yaml-too-large");
+        assert!(errs[0].message.contains("32 MiB"), "{}", errs[0].message);
+        let line = errs[0].span.unwrap().line as usize;
+        assert_eq!(line, 2 + MAX_BYTES / 100_000, "{}", errs[0]);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use drivetrain_engine::executor::Executor;
 
+pub mod gpus;
 pub mod kubernetes;
 pub mod local;
 pub mod postgres;

@@ -5,7 +5,9 @@
 //! to the attempt's log file. Cancelling (a timeout, a user's cancel) kills the whole
 //! group, and so does a normal exit, so nothing a stage started outlives it.
 //! `distributed: {workers: N}` starts N ranks in one group with the rendezvous environment
-//! torchrun and Horovod read; when one rank fails, the others are killed (gang semantics).
+//! torchrun and Horovod read ([`Rank::env`]); when one rank fails, the others are killed
+//! (gang semantics). A stage without `distributed:` is a world of one with the same
+//! variables, so `init_process_group(init_method="env://")` works there too.
 //!
 //! Each attempt also gets a private mount namespace (as root, or through an unprivileged
 //! user namespace where the kernel allows one) in which the paths of
@@ -15,6 +17,12 @@
 //! links its inputs are, not with `chmod`, not by writing into the store directly. Where no
 //! namespace can be had, attempts run without one ([`Isolation::Auto`]) and the run loop's
 //! check of every input against its manifest still catches a write.
+//!
+//! An isolated attempt cannot undo its mounts: before `exec` it loses every capability
+//! but Docker's default set less `CAP_MKNOD` ([`KEPT_CAPS`]) from its bounding, inheritable
+//! and ambient sets, and gets `no_new_privs`. A stage the root engine starts is still uid
+//! 0, but without `CAP_SYS_ADMIN` it cannot unmount, remount or mount, nor `setns` into
+//! another namespace, and without `CAP_SYS_PTRACE` it cannot reach `/proc/1/root`.
 
 use std::ffi::{CStr, CString};
 use std::fs::OpenOptions;
@@ -23,7 +31,7 @@ use std::process::Stdio;
 
 use async_trait::async_trait;
 use drivetrain_engine::executor::{
-    AttemptOutcome, AttemptSpec, Executor, ExecutorError, PathAccess, RunningAttempt,
+    AttemptOutcome, AttemptSpec, Executor, ExecutorError, PathAccess, Rank, RunningAttempt,
 };
 use futures::FutureExt as _;
 use nix::sys::signal::{killpg, Signal};
@@ -71,6 +79,81 @@ impl LocalExecutor {
                 .parse()?,
         })
     }
+}
+
+/// Capabilities an isolated attempt keeps: Docker's default set for containers
+/// (`CHOWN DAC_OVERRIDE FOWNER FSETID KILL SETGID SETUID SETPCAP NET_BIND_SERVICE NET_RAW
+/// SYS_CHROOT AUDIT_WRITE SETFCAP`) less `MKNOD`, which without a device cgroup would let
+/// a root stage make a node for the disk under the store.
+pub const KEPT_CAPS: &[u32] = &[0, 1, 3, 4, 5, 6, 7, 8, 10, 13, 18, 29, 31];
+
+/// Drops every capability not in [`KEPT_CAPS`] from the bounding set (so `exec` cannot
+/// give it back, even to uid 0), clears the inheritable and ambient sets, and sets
+/// `no_new_privs`. Between `fork` and `exec`: system calls on stack memory only (which is
+/// why this is not the `caps` crate: its errors allocate).
+#[allow(unsafe_code)]
+fn drop_capabilities() -> std::io::Result<()> {
+    use nix::libc;
+    let check = |r: libc::c_int| {
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    for cap in 0..64u32 {
+        if KEPT_CAPS.contains(&cap) {
+            continue;
+        }
+        // SAFETY: prctl with integer arguments only.
+        let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+        if r < 0 {
+            // EINVAL past the kernel's last capability: done.
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+                break;
+            }
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capget/capset read and write the two structs above, sized for version 3.
+    unsafe {
+        check(libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) as libc::c_int)?;
+        for d in &mut data {
+            d.inheritable = 0;
+        }
+        check(libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) as libc::c_int)?;
+        check(libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ))?;
+        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+    }
+    Ok(())
 }
 
 /// Everything the child needs to isolate itself, allocated before `fork` (the child may
@@ -141,13 +224,13 @@ impl MountPlan {
             }
             mount(none, p, none, flags, none)?;
         }
-        Ok(())
+        drop_capabilities()
     }
 }
 
 /// Whether this process can give its children mount namespaces: found once, by starting
 /// `true` in one.
-fn namespaces_work() -> bool {
+pub fn namespaces_work() -> bool {
     static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *WORKS.get_or_init(|| {
         let Ok(plan) = MountPlan::new(&[]) else {
@@ -311,13 +394,15 @@ impl Executor for LocalExecutor {
             .as_ref()
             .map(|d| d.workers as usize)
             .unwrap_or(1);
-        let rendezvous = if spec.distributed.is_some() {
-            let port = free_port()
-                .map_err(|e| ExecutorError(format!("no free port for MASTER_PORT: {e}")))?;
-            Some(port)
-        } else {
-            None
-        };
+        // Every attempt gets a rendezvous port, a world of one too: a single-process
+        // `torch.distributed` job initialises from the environment like any other.
+        let port =
+            free_port().map_err(|e| ExecutorError(format!("no free port for MASTER_PORT: {e}")))?;
+        let framework = spec
+            .distributed
+            .as_ref()
+            .map(|d| d.framework)
+            .unwrap_or_default();
         let isolate = match self.isolation {
             Isolation::Off => false,
             _ if spec.access.is_empty() => false,
@@ -376,14 +461,16 @@ impl Executor for LocalExecutor {
                     cmd.pre_exec(move || plan.apply());
                 }
             }
-            if let Some(port) = rendezvous {
-                cmd.env("RANK", rank.to_string())
-                    .env("LOCAL_RANK", rank.to_string())
-                    .env("WORLD_SIZE", workers.to_string())
-                    .env("LOCAL_WORLD_SIZE", workers.to_string())
-                    .env("MASTER_ADDR", "127.0.0.1")
-                    .env("MASTER_PORT", port.to_string());
-            }
+            // All ranks on this one machine: one node, local ranks = ranks.
+            let place = Rank {
+                rank: rank as u32,
+                world: workers as u32,
+                local_rank: rank as u32,
+                local_world: workers as u32,
+                node: 0,
+                nodes: 1,
+            };
+            cmd.envs(place.env("127.0.0.1", port, framework));
             match cmd.spawn() {
                 Ok(child) => {
                     if started.pgid == 0 {

@@ -555,7 +555,7 @@ impl StateStore for PostgresState {
         self.with(|c| {
             rows(
                 c,
-                "SELECT run_id, stage FROM stages WHERE strpos(provenance, $1) > 0 ORDER BY run_id, seq",
+                "SELECT run_id, stage FROM stages WHERE strpos(provenance, $1) > 0 OR strpos(vals, $1) > 0 ORDER BY run_id, seq",
                 &[&text],
                 "search stages",
                 |r| (RunId(r.get(0)), r.get(1)),

@@ -34,9 +34,17 @@ impl std::fmt::Display for Expr {
     }
 }
 
+/// How many tokens a gate may have. A gate is one condition over a few metrics; the
+/// bound keeps the left-leaning trees of long chains (`a + a + …`), which evaluation,
+/// display and drop recurse on, far from what a thread's stack holds.
+const MAX_TOKENS: usize = 1_000;
+/// How deep `(`, `not` and unary `-` may nest.
+const MAX_DEPTH: usize = 64;
+
 struct Parser<'a> {
     toks: Vec<&'a str>,
     at: usize,
+    depth: usize,
 }
 
 fn tokenize(s: &str) -> Result<Vec<&str>, String> {
@@ -86,6 +94,20 @@ impl<'a> Parser<'a> {
             false
         }
     }
+    /// One level deeper, refused past [`MAX_DEPTH`]; `leave` undoes it.
+    fn enter(&mut self) -> Result<(), String> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(format!(
+                "the gate nests deeper than {MAX_DEPTH} levels of `(`, `not` and `-`"
+            ));
+        }
+        Ok(())
+    }
+    fn leave<T>(&mut self, v: T) -> T {
+        self.depth -= 1;
+        v
+    }
     fn or(&mut self) -> Result<Expr, String> {
         let mut e = self.and()?;
         while self.eat("or") || self.eat("||") {
@@ -102,7 +124,9 @@ impl<'a> Parser<'a> {
     }
     fn not(&mut self) -> Result<Expr, String> {
         if self.eat("not") || self.eat("!") {
-            return Ok(Expr::Not(Box::new(self.not()?)));
+            self.enter()?;
+            let e = Expr::Not(Box::new(self.not()?));
+            return Ok(self.leave(e));
         }
         self.cmp()
     }
@@ -149,14 +173,17 @@ impl<'a> Parser<'a> {
         };
         self.at += 1;
         if t == "(" {
+            self.enter()?;
             let e = self.or()?;
             if !self.eat(")") {
                 return Err("a `(` is not closed".into());
             }
-            return Ok(e);
+            return Ok(self.leave(e));
         }
         if t == "-" {
-            return Ok(Expr::Neg(Box::new(self.factor()?)));
+            self.enter()?;
+            let e = Expr::Neg(Box::new(self.factor()?));
+            return Ok(self.leave(e));
         }
         if let Ok(n) = t.parse::<f64>() {
             return Ok(Expr::Num(n));
@@ -186,7 +213,17 @@ impl<'a> Parser<'a> {
 /// Parses a gate condition.
 pub fn parse(s: &str) -> Result<Expr, String> {
     let toks = tokenize(s)?;
-    let mut p = Parser { toks, at: 0 };
+    if toks.len() > MAX_TOKENS {
+        return Err(format!(
+            "the gate has {} tokens; at most {MAX_TOKENS} are allowed",
+            toks.len()
+        ));
+    }
+    let mut p = Parser {
+        toks,
+        at: 0,
+        depth: 0,
+    };
     let e = p.or()?;
     if let Some(t) = p.peek() {
         return Err(format!("unexpected `{t}`"));
@@ -298,6 +335,31 @@ pub fn evaluate(e: &Expr, metrics: &Value) -> (bool, Vec<String>) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn hostile_gates_are_refused_not_overflowed() {
+        // Deep within the token bound: refused by depth.
+        let deep = format!("{}candidate.f1{} > 0", "(".repeat(300), ")".repeat(300));
+        assert!(parse(&deep).unwrap_err().contains("nests deeper than 64"));
+        let nots = format!("{}candidate.f1 > 0", "not ".repeat(500));
+        assert!(parse(&nots).unwrap_err().contains("deeper"));
+        let negs = format!("candidate.f1 > {}1", "-".repeat(500));
+        assert!(parse(&negs).unwrap_err().contains("deeper"));
+        // Deeper still: refused by length before any recursion.
+        let deeper = format!("{}candidate.f1{} > 0", "(".repeat(5_000), ")".repeat(5_000));
+        assert!(parse(&deeper).unwrap_err().contains("at most 1000"));
+        let long = format!("candidate.f1 > 0{}", " + 1".repeat(20_000));
+        assert!(parse(&long).unwrap_err().contains("at most 1000"));
+        // Within the bounds, nested and long gates still work.
+        let ok = format!(
+            "{}candidate.f1{} > 0{}",
+            "(".repeat(64),
+            ")".repeat(64),
+            " + 0".repeat(400)
+        );
+        let m = json!({"candidate": {"f1": 0.5}});
+        assert_eq!(evaluate(&parse(&ok).unwrap(), &m), (true, vec![]));
+    }
 
     #[test]
     fn gates_parse_and_evaluate() {

@@ -7,12 +7,12 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use drivetrain_engine::artifacts::ArtifactStore;
 use futures::StreamExt;
 use object_store::path::Path as Key;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStoreExt;
 
 /// The logs of one source.
 #[derive(Debug)]
@@ -22,7 +22,7 @@ pub enum LogSource {
     /// A prefix of an object store, fetched into `scratch`.
     Store {
         url: String,
-        store: Arc<dyn ObjectStore>,
+        store: ArtifactStore,
         scratch: PathBuf,
     },
 }
@@ -54,7 +54,7 @@ impl LogSource {
                     .map_err(|e| anyhow::anyhow!("cannot open the source {source}: {e}"))?;
                 Ok(LogSource::Store {
                     url: source.to_owned(),
-                    store: store.object_store(),
+                    store,
                     scratch: scratch.to_path_buf(),
                 })
             }
@@ -80,11 +80,8 @@ impl LogSource {
             ),
             LogSource::Local(root) => collect(root, root, &mut out)?,
             LogSource::Store { url, store, .. } => {
-                let metas: Vec<_> = block_on(store.list(None).collect::<Vec<_>>());
-                for m in metas {
-                    let m = m.map_err(|e| anyhow::anyhow!("cannot list {url}: {e}"))?;
-                    out.push(m.location.to_string());
-                }
+                out = block_on(store.list(""))
+                    .map_err(|e| anyhow::anyhow!("cannot list {url}: {e}"))?;
             }
         }
         out.sort();
@@ -108,8 +105,11 @@ impl LogSource {
                 scratch,
             } => {
                 std::fs::create_dir_all(scratch)?;
+                // Unique per fetch: logs of one name in two folders may be held at once.
+                static N: AtomicU64 = AtomicU64::new(0);
                 let name = rel.rsplit('/').next().unwrap_or(rel);
-                let path = scratch.join(format!("fetch-{}-{name}", std::process::id()));
+                let n = N.fetch_add(1, Ordering::Relaxed);
+                let path = scratch.join(format!("fetch-{}-{n}-{name}", std::process::id()));
                 let fetched = Fetched {
                     path: path.clone(),
                     temporary: true,
@@ -118,7 +118,11 @@ impl LogSource {
                 let fail =
                     |e: &dyn std::fmt::Display| anyhow::anyhow!("cannot read {url}{rel}: {e}");
                 block_on(async {
-                    let got = store.get(&Key::from(rel)).await.map_err(|e| fail(&e))?;
+                    let got = store
+                        .object_store()
+                        .get(&Key::from(rel))
+                        .await
+                        .map_err(|e| fail(&e))?;
                     let mut stream = got.into_stream();
                     while let Some(bytes) = stream.next().await {
                         file.write_all(&bytes.map_err(|e| fail(&e))?)?;

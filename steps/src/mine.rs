@@ -213,45 +213,54 @@ pub async fn mine_with_cap(
     out: &std::path::Path,
     cap: usize,
 ) -> anyhow::Result<Value> {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    mine_with(rules, frames, out, cap, cores).await
+}
+
+/// [`mine_with_cap`] on `cores` streams or partitions.
+pub async fn mine_with(
+    rules: &IndexMap<String, String>,
+    frames: &std::path::Path,
+    out: &std::path::Path,
+    cap: usize,
+    cores: usize,
+) -> anyhow::Result<Value> {
     if let Some((at, m)) = check_rules(rules).into_iter().next() {
         anyhow::bail!("{at}: {m}");
     }
     // A table sorted by drive and time (as ingest writes and declares it, or found so) is
-    // read in that order by one stream: the windows (`PARTITION BY drive ORDER BY ts`) and
-    // the output order need no sort. Otherwise the frames are hashed by drive over two
-    // partitions and sorted, with the sort spilling to disk beyond the memory limit.
-    let order = table_order(frames).await?;
+    // read in that order: the windows (`PARTITION BY drive ORDER BY ts`) and the output
+    // order need no sort. It is cut into ranges of drives, one ordered stream per core,
+    // each range read whole (a drive's window never spans two) and written to a part;
+    // the parts follow each other in drive order. Otherwise the frames are hashed by drive
+    // over as many partitions as cores and sorted, the sort spilling to disk beyond the
+    // memory limit.
+    // Every file's footer, read once: for the order and for where to cut.
+    let (order, files) = table_order(footers(parquet_files(frames)?)?).await?;
     let sorted = order != "unsorted";
-    let config = SessionConfig::new()
-        .set_bool(
-            "datafusion.execution.listing_table_ignore_subdirectory",
-            false,
-        )
-        // Files are ordered among themselves by their statistics, not by their names.
-        .set_bool(
-            "datafusion.execution.split_file_groups_by_statistics",
-            sorted,
-        )
-        .with_target_partitions(if sorted { 1 } else { 2 });
-    // A fair pool: each spilling operator (the two partitions' sorts and their merges) gets
-    // its share. The greedy pool let one partition's sort take what the other's merge
-    // needed, and the merge cannot spill: 10 M unsorted frames failed with "Resources
-    // exhausted".
+    // A fair pool, shared by every stream: each spilling operator (the partitions' sorts
+    // and their merges) gets its share. The greedy pool let one partition's sort take what
+    // the other's merge needed, and the merge cannot spill: 10 M unsorted frames failed
+    // with "Resources exhausted".
     let runtime = RuntimeEnvBuilder::new()
         .with_memory_pool(Arc::new(FairSpillPool::new(MEMORY_LIMIT)))
         .build_arc()?;
-    let ctx = SessionContext::new_with_config_rt(config, runtime);
-    let url = format!("{}/", frames.display());
-    let mut options = ParquetReadOptions::default();
-    if sorted {
-        options = options.file_sort_order(vec![vec![
-            col("drive").sort(true, false),
-            col("ts").sort(true, false),
-        ]]);
-    }
-    ctx.register_parquet("frames", &url, options).await?;
+    let cuts = match sorted {
+        true => drive_cuts(&files, cores)?,
+        false => Vec::new(),
+    };
+    let ranges = ranges(&cuts);
+    let contexts = futures::future::try_join_all(
+        ranges
+            .iter()
+            .map(|r| context(frames, sorted, cores, runtime.clone(), r.clone())),
+    )
+    .await?;
+    let ctx = &contexts[0];
     let total = ctx
-        .sql("SELECT count(*) FROM frames")
+        .sql("SELECT count(*) FROM frames_all")
         .await?
         .collect()
         .await?;
@@ -271,19 +280,114 @@ pub async fn mine_with_cap(
     let plan = if sorted {
         "ordered"
     } else {
-        let windowed = window_rules(&ctx, rules).await?;
-        if !windowed.is_empty() && window_keys(&ctx, rules, &windowed, cap).await? {
+        let windowed = window_rules(ctx, rules).await?;
+        if !windowed.is_empty() && window_keys(ctx, rules, &windowed, cap).await? {
             joined = windowed;
             "window keys"
         } else {
             "sort"
         }
     };
-    let df = ctx.sql(&query(rules, &joined)).await?;
+    let sql = query(rules, &joined);
+    let target = out.join("corner_cases.parquet");
+    let parts: Vec<std::path::PathBuf> = match contexts.len() {
+        1 => vec![target.clone()],
+        n => (0..n)
+            .map(|i| out.join(format!(".part-{i}.parquet")))
+            .collect(),
+    };
+    let written = futures::future::try_join_all(
+        contexts
+            .iter()
+            .zip(&parts)
+            .map(|(ctx, part)| write_matches(ctx, &sql, rules, part)),
+    )
+    .await?;
+    let mut counts: IndexMap<String, u64> = rules.keys().map(|k| (k.clone(), 0)).collect();
+    let mut matched = 0u64;
+    for (m, c) in &written {
+        matched += m;
+        for (name, n) in c {
+            *counts.entry(name.clone()).or_default() += n;
+        }
+    }
+    if parts.len() > 1 {
+        concatenate(&parts, &target)?;
+    }
+    if matched == 0 {
+        eprintln!("warning: no frame matched any rule");
+    }
+    Ok(json!({
+        "frames": total,
+        "matched": matched,
+        "rules": counts,
+        "input_order": order,
+        "plan": plan,
+        "streams": contexts.len(),
+    }))
+}
+
+/// A session over the frame table: `frames_all` is the table, `frames` the drives of
+/// `range` (`[from, to)`, open where `None`) in it. `sorted`: declared to DataFusion as
+/// sorted by drive and time and read as one ordered stream; otherwise `cores` partitions.
+async fn context(
+    frames: &std::path::Path,
+    sorted: bool,
+    cores: usize,
+    runtime: Arc<datafusion::execution::runtime_env::RuntimeEnv>,
+    range: (Option<String>, Option<String>),
+) -> anyhow::Result<SessionContext> {
+    let config = SessionConfig::new()
+        .set_bool(
+            "datafusion.execution.listing_table_ignore_subdirectory",
+            false,
+        )
+        // Files are ordered among themselves by their statistics, not by their names.
+        .set_bool(
+            "datafusion.execution.split_file_groups_by_statistics",
+            sorted,
+        )
+        .with_target_partitions(if sorted { 1 } else { cores.max(2) });
+    let ctx = SessionContext::new_with_config_rt(config, runtime);
+    let url = format!("{}/", frames.display());
+    let mut options = ParquetReadOptions::default();
+    if sorted {
+        options = options.file_sort_order(vec![vec![
+            col("drive").sort(true, false),
+            col("ts").sort(true, false),
+        ]]);
+    }
+    ctx.register_parquet("frames_all", &url, options).await?;
+    let quote = |s: &str| s.replace('\'', "''");
+    let mut filter = Vec::new();
+    if let Some(from) = &range.0 {
+        filter.push(format!("drive >= '{}'", quote(from)));
+    }
+    if let Some(to) = &range.1 {
+        filter.push(format!("drive < '{}'", quote(to)));
+    }
+    let view = match filter.is_empty() {
+        true => "SELECT * FROM frames_all".to_owned(),
+        false => format!("SELECT * FROM frames_all WHERE {}", filter.join(" AND ")),
+    };
+    let frames_view = ctx.sql(&view).await?.into_view();
+    ctx.register_table("frames", frames_view)?;
+    Ok(ctx)
+}
+
+/// Runs the mining query in `ctx` and writes what matched to `path`: the number of
+/// frames written and how many each rule matched.
+async fn write_matches(
+    ctx: &SessionContext,
+    sql: &str,
+    rules: &IndexMap<String, String>,
+    path: &std::path::Path,
+) -> anyhow::Result<(u64, IndexMap<String, u64>)> {
+    let df = ctx.sql(sql).await?;
     let schema = Arc::new(df.schema().as_arrow().clone());
     let mut stream = df.execute_stream().await?;
-    let file = std::fs::File::create(out.join("corner_cases.parquet"))?;
-    let mut writer = ArrowWriter::try_new(file, schema.clone(), None)?;
+    let file = std::fs::File::create(path)?;
+    let mut writer = ArrowWriter::try_new(file, schema, None)?;
     let mut counts: IndexMap<String, u64> = rules.keys().map(|k| (k.clone(), 0)).collect();
     let mut matched = 0u64;
     while let Some(batch) = stream.next().await {
@@ -300,22 +404,105 @@ pub async fn mine_with_cap(
         writer.write(&batch)?;
     }
     writer.close()?;
-    if matched == 0 {
-        eprintln!("warning: no frame matched any rule");
-    }
-    Ok(
-        json!({"frames": total, "matched": matched, "rules": counts, "input_order": order, "plan": plan}),
-    )
+    Ok((matched, counts))
 }
 
-/// How the frame table under `frames` is ordered: `declared` when every Parquet file says
+/// Writes the rows of `parts`, in order, to `target`, and removes the parts.
+fn concatenate(parts: &[std::path::PathBuf], target: &std::path::Path) -> anyhow::Result<()> {
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let mut writer: Option<ArrowWriter<std::fs::File>> = None;
+    for part in parts {
+        let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(part)?)?;
+        let schema = reader.schema().clone();
+        let w = match &mut writer {
+            Some(w) => w,
+            None => writer.insert(ArrowWriter::try_new(
+                std::fs::File::create(target)?,
+                schema,
+                None,
+            )?),
+        };
+        for batch in reader.build()? {
+            w.write(&batch?)?;
+        }
+    }
+    if let Some(w) = writer {
+        w.close()?;
+    }
+    for part in parts {
+        std::fs::remove_file(part)?;
+    }
+    Ok(())
+}
+
+/// The `[from, to)` drive ranges `cuts` make, in order; one open range without cuts.
+fn ranges(cuts: &[String]) -> Vec<(Option<String>, Option<String>)> {
+    let mut bounds: Vec<Option<String>> = vec![None];
+    bounds.extend(cuts.iter().cloned().map(Some));
+    bounds.push(None);
+    bounds
+        .windows(2)
+        .map(|w| (w[0].clone(), w[1].clone()))
+        .collect()
+}
+
+/// Drive names that cut a table sorted by drive into up to `parts` ranges of about equal
+/// rows, from the row groups' statistics (the first drive of the row group each range
+/// starts at). Any cut is correct (each range reads every row of its drives, whatever the
+/// statistics say); the statistics only balance the ranges. None without statistics.
+fn drive_cuts(files: &[Footer], parts: usize) -> anyhow::Result<Vec<String>> {
+    use datafusion::parquet::file::statistics::Statistics;
+    if parts < 2 {
+        return Ok(Vec::new());
+    }
+    let mut groups: Vec<(String, i64)> = Vec::new();
+    for (_, meta) in files {
+        let md = meta.metadata();
+        let schema = md.file_metadata().schema_descr();
+        let Some(d) = schema.columns().iter().position(|c| c.name() == "drive") else {
+            return Ok(Vec::new());
+        };
+        for rg in md.row_groups() {
+            let min = match rg.column(d).statistics() {
+                Some(Statistics::ByteArray(s)) => s
+                    .min_opt()
+                    .and_then(|b| b.as_utf8().ok())
+                    .map(str::to_owned),
+                _ => None,
+            };
+            let Some(min) = min else {
+                return Ok(Vec::new());
+            };
+            groups.push((min, rg.num_rows()));
+        }
+    }
+    groups.sort();
+    let total: i64 = groups.iter().map(|g| g.1).sum();
+    let first = groups.first().map(|g| g.0.clone());
+    let mut cuts: Vec<String> = Vec::new();
+    let mut seen = 0i64;
+    for (min, rows) in &groups {
+        let due = total * (cuts.len() as i64 + 1) / parts as i64;
+        if seen >= due
+            && cuts.len() + 1 < parts
+            && Some(min) != first.as_ref()
+            && cuts.last() != Some(min)
+        {
+            cuts.push(min.clone());
+        }
+        seen += rows;
+    }
+    Ok(cuts)
+}
+
+/// How the frame table of `files` (with their footers) is ordered: `declared` when every file says
 /// in its footer that it is sorted by drive and time as a whole
 /// ([`crate::ingest::SORTED_BY`], as `ingest` writes them), `checked` when reading every
-/// file's `drive` and `ts` columns found each file in that order, else `unsorted`.
-async fn table_order(frames: &std::path::Path) -> anyhow::Result<&'static str> {
-    let files = footers(parquet_files(frames)?)?;
+/// file's `drive` and `ts` columns found each file in that order, else `unsorted`. The
+/// footers come back for the caller.
+async fn table_order(files: Vec<Footer>) -> anyhow::Result<(&'static str, Vec<Footer>)> {
     if files.is_empty() {
-        return Ok("unsorted");
+        return Ok(("unsorted", files));
     }
     let declared = files.iter().all(|(_, meta)| {
         meta.metadata()
@@ -326,10 +513,11 @@ async fn table_order(frames: &std::path::Path) -> anyhow::Result<&'static str> {
             .any(|kv| kv.key == crate::ingest::SORTED_BY && kv.value.as_deref() == Some("drive,ts"))
     });
     if declared {
-        return Ok("declared");
+        return Ok(("declared", files));
     }
-    let checked = tokio::task::spawn_blocking(move || files_in_order(&files)).await??;
-    Ok(if checked { "checked" } else { "unsorted" })
+    let (checked, files) =
+        tokio::task::spawn_blocking(move || files_in_order(&files).map(|ok| (ok, files))).await??;
+    Ok((if checked { "checked" } else { "unsorted" }, files))
 }
 
 /// A file and its footer, read once.

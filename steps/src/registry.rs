@@ -469,9 +469,7 @@ pub(crate) fn audit_entry(
 
 /// Who moves an alias: `DRIVETRAIN_USER`, else `USER`.
 fn who() -> String {
-    std::env::var("DRIVETRAIN_USER")
-        .or_else(|_| std::env::var("USER"))
-        .unwrap_or_else(|_| "unknown".into())
+    drivetrain_engine::step::who()
 }
 
 /// Puts the files `files` (relative to `dir`) under `prefix` of `store`.

@@ -6,6 +6,9 @@
 //! before the real one, one task labeled twice), exported in its `JSON` and `JSON_MIN`
 //! formats, and `label-import` reads the exports back.
 
+mod common;
+use common::{rt, tmp};
+
 use std::path::Path;
 use std::process::Command;
 
@@ -52,14 +55,6 @@ for kind in ["JSON", "JSON_MIN"]:
 print(json.dumps({"studio_ids": sorted(t["id"] for t in listed)}))
 "#;
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// Corner cases of two drives, as `mine-corner-cases` writes them.
 fn corner_cases(dir: &Path) -> std::path::PathBuf {
     let cols = drivetrain_steps::table::frame_columns(&[("rules", DataType::Utf8)]);
@@ -87,8 +82,7 @@ fn positives(v: &Value) -> u64 {
 
 #[test]
 fn labels_make_the_round_trip_through_label_studio() {
-    let dir = std::env::temp_dir().join(format!("dt-label-studio-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = tmp("label-studio");
     let tasks = dir.join("tasks");
     std::fs::create_dir_all(&tasks).unwrap();
     let export: LabelExportConfig =

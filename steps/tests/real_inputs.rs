@@ -6,19 +6,15 @@
 //! left in the index, labels lost to renumbered tasks, another control or a cancelled
 //! annotation.
 
+mod common;
+use common::{rt, tmp};
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use drivetrain_steps::logsource::LogSource;
 use drivetrain_steps::{IngestConfig, LabelImportConfig, OnError};
 use serde_json::{json, Value};
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("dt-real-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// Writes an MCAP file with the Python `mcap` package's writer: `messages` in the order
 /// given (`topic`, `encoding`, `log_time` in ns, `data` text), each channel with a schema
@@ -100,14 +96,6 @@ fn ingest(dir: &Path, logs: &Path, on_error: Option<OnError>) -> anyhow::Result<
         None,
     )?;
     Ok((v, out))
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 fn query(tables: &[(&str, &Path)], sql: &str) -> Vec<serde_json::Map<String, Value>> {

@@ -2,19 +2,15 @@
 //! unchunked, truncated, corrupt, another profile), Parquet frames, the split, training
 //! over TCP between real ranks, checkpoints.
 
+mod common;
+use common::{rt, tmp};
+
 use std::collections::BTreeMap;
 use std::io::BufWriter;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use drivetrain_steps::logsource::LogSource;
 use drivetrain_steps::{mcapio, FleetSimConfig, IngestConfig, OnError, TrainConfig};
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("dt-steps-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 fn sim(dir: &Path, seed: u64, drives: u32) -> drivetrain_steps::sim::SimSummary {
     let cfg: FleetSimConfig = serde_json::from_value(serde_json::json!({
@@ -232,14 +228,6 @@ fn lz4_unchunked_unindexed_and_broken_files() {
         !frames.join("drive=corrupt").exists(),
         "a skipped file leaves no partition"
     );
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 #[test]
@@ -500,29 +488,37 @@ fn a_sorted_frame_table_is_mined_without_a_sort_and_the_same() {
     .collect();
     let mut outputs = Vec::new();
     let cap = drivetrain_steps::mine::WINDOW_KEYS_CAP;
-    for (table, order, cap, plan) in [
-        (&frames, "declared", cap, "ordered"),
-        (&plain, "checked", cap, "ordered"),
-        (&reversed, "unsorted", cap, "window keys"),
+    // (table, its order, cap, plan, cores, ordered streams)
+    for (table, order, cap, plan, cores, streams) in [
+        (&frames, "declared", cap, "ordered", 1, 1),
+        // Cut into ranges of drives, one stream each, the parts joined in drive order.
+        (&frames, "declared", cap, "ordered", 2, 2),
+        (&frames, "declared", cap, "ordered", 3, 3),
+        // No more ranges than drives start row groups.
+        (&frames, "declared", cap, "ordered", 8, 3),
+        (&plain, "checked", cap, "ordered", 2, 2),
+        (&reversed, "unsorted", cap, "window keys", 2, 1),
         // More frames match a window rule than may be joined back: the table is sorted.
-        (&reversed, "unsorted", 3, "sort"),
+        (&reversed, "unsorted", 3, "sort", 4, 1),
     ] {
-        let out = dir.join(format!("{order}-{plan}"));
+        let out = dir.join(format!("{order}-{plan}-{cores}"));
         std::fs::create_dir_all(&out).unwrap();
         let v = rt()
-            .block_on(drivetrain_steps::mine::mine_with_cap(
-                &rules, table, &out, cap,
+            .block_on(drivetrain_steps::mine::mine_with(
+                &rules, table, &out, cap, cores,
             ))
             .unwrap();
         assert_eq!(
-            (&v["input_order"], &v["plan"]),
-            (&order.into(), &plan.into()),
+            (&v["input_order"], &v["plan"], &v["streams"]),
+            (&order.into(), &plan.into(), &streams.into()),
             "{v}"
         );
         assert!(v["rules"]["sharp_steer"].as_u64().unwrap() > 0, "{v}");
         assert!(v["rules"]["slowing"].as_u64().unwrap() > 0, "{v}");
         let rows = read_parquet(&out.join("corner_cases.parquet"));
         assert_eq!(rows.num_rows() as u64, v["matched"].as_u64().unwrap());
+        // Only the one output is left.
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 1);
         outputs.push((v["rules"].clone(), rows));
     }
     // The same frames, tagged the same, in the same (drive, ts) order, whichever path.

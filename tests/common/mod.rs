@@ -3,6 +3,9 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
+
+pub mod hostile;
+pub mod http;
 use std::process::{Command, Output};
 
 pub struct Home {

@@ -1,7 +1,7 @@
 """Validates rendered Kubernetes objects, as the API server would with strict field
 validation: built-in kinds against the official OpenAPI schemas that the
 `kubernetes-validate` package ships, custom resources against the CRDs in
-shared/k8s-schemas/ (unknown fields rejected where the CRD does not preserve them).
+tests/k8s/crds/ (unknown fields rejected where the CRD does not preserve them).
 
 usage: validate.py CRD_DIR MANIFESTS.yaml...   (prints one line per object; exit 1 on any
 failure). Kinds with neither (Volcano's PodGroup) are reported as `unchecked`.

@@ -161,14 +161,11 @@ pub(super) async fn run_attempt(
         std::fs::create_dir_all(p).map_err(|e| format!("cannot create {}: {e}", p.display()))
     };
     mk(&dir)?;
+    // `inputs/` and `outputs/` are made by what goes into them (materialized inputs,
+    // output directories): a stage without inputs or outputs costs no directory for them.
     let (inputs_dir, outputs_dir) = match &remote {
         Some(root) => (root.join("inputs"), root.join("outputs")),
-        None => {
-            let (i, o) = (dir.join("inputs"), dir.join("outputs"));
-            mk(&i)?;
-            mk(&o)?;
-            (i, o)
-        }
+        None => (dir.join("inputs"), dir.join("outputs")),
     };
     let mut exec_inputs = Vec::new();
     let mut input_paths = BTreeMap::new();
@@ -424,7 +421,9 @@ pub(super) async fn run_attempt(
             });
         }
     }
-    access.push(ro(&inputs_dir));
+    if inputs_dir.exists() {
+        access.push(ro(&inputs_dir));
+    }
     let mut placement = crate::executor::Placement::of(
         &ctx.pipeline.name,
         stage,
@@ -491,14 +490,15 @@ pub(super) async fn start_and_wait(
     outputs_dir: &Path,
 ) -> Result<AttemptEnd, String> {
     let mut spec = spec;
-    let gpus = match gpus_needed(stage) {
+    let gpus = match stage.gpus() {
         0 => Vec::new(),
         n => ctx.gpus.acquire(n).await,
     };
     if !gpus.is_empty() {
+        // The pool hands out positions; the stage gets the devices' own names.
         let list = gpus
             .iter()
-            .map(|g| g.to_string())
+            .map(|&g| ctx.opts.gpus[g].clone())
             .collect::<Vec<_>>()
             .join(",");
         spec.env.push(("CUDA_VISIBLE_DEVICES".into(), list.clone()));
@@ -518,6 +518,13 @@ pub(super) async fn wait_attempt(
     values_path: &Path,
     outputs_dir: &Path,
 ) -> Result<AttemptEnd, String> {
+    // The values of the stage's secrets, which nothing the engine keeps may show.
+    let mask = Mask::new(
+        spec.env
+            .iter()
+            .filter(|(k, _)| stage.secrets.iter().any(|s| s.env.as_deref() == Some(k)))
+            .map(|(_, v)| v.clone()),
+    );
     let mut running = ctx.executor.start(spec).await.map_err(|e| e.to_string())?;
     let recorded = match key.stage.split_once("/items/") {
         Some((_, index)) => ctx.state.set_item_handle(
@@ -543,6 +550,7 @@ pub(super) async fn wait_attempt(
         Some(o) => o,
         None => {
             running.cancel().await;
+            mask.file(log);
             let _ = ctx.artifacts.put_log(key, log).await;
             return Ok(AttemptEnd::Failed {
                 exit_code: None,
@@ -555,6 +563,8 @@ pub(super) async fn wait_attempt(
             });
         }
     };
+    mask.file(log);
+    mask.file(values_path);
     ctx.artifacts
         .put_log(key, log)
         .await
@@ -565,7 +575,7 @@ pub(super) async fn wait_attempt(
         AttemptOutcome::Failed { exit_code, reason } => {
             return Ok(AttemptEnd::Failed {
                 exit_code,
-                reason: format!("{reason}{}", log_tail(log)),
+                reason: mask.text(&format!("{reason}{}", log_tail(log))),
                 class: ErrorClass::Failed,
             })
         }
@@ -596,6 +606,7 @@ pub(super) async fn wait_attempt(
     if let (Value::Object(v), Some(Value::Object(made))) = (&mut values, running.made()) {
         v.extend(made);
     }
+    mask.json(&mut values);
     let mut outputs = BTreeMap::new();
     for o in &stage.outputs {
         // `drivetrain exec` uploaded a pod's outputs where `mode: url` ones go.
@@ -643,9 +654,10 @@ impl Drop for AbortOnDrop {
 /// The engine's store and registry configuration (`AWS_*`, `GOOGLE_*`, `AZURE_*`,
 /// `DRIVETRAIN_STORE_RETRY_TIMEOUT`, `DRIVETRAIN_REGISTRY`, `MLFLOW_*`), handed to built-in
 /// steps, which open the store themselves. User commands get only what their stage
-/// declares.
+/// declares. Also `DRIVETRAIN_USER`: who runs the engine ([`crate::step::who`]), which
+/// the registry records with an alias move.
 pub(super) fn store_config_env() -> Vec<(String, String)> {
-    std::env::vars()
+    let mut env: Vec<(String, String)> = std::env::vars()
         .filter(|(k, _)| {
             ["AWS_", "GOOGLE_", "AZURE_", "MLFLOW_"]
                 .iter()
@@ -655,7 +667,83 @@ pub(super) fn store_config_env() -> Vec<(String, String)> {
                     "DRIVETRAIN_STORE_RETRY_TIMEOUT" | "DRIVETRAIN_REGISTRY"
                 )
         })
-        .collect()
+        .collect();
+    env.push(("DRIVETRAIN_USER".into(), crate::step::who()));
+    env
+}
+
+/// The values of a stage's declared secrets, replaced by `***` (the convention of Argo and
+/// GitHub Actions) in its log, its failure reason and its values before the engine
+/// stores or prints any of them. The log is masked in place when the attempt ends; while
+/// it runs, `logs --follow` reads what the stage wrote.
+pub(super) struct Mask(Vec<String>);
+
+impl Mask {
+    pub(super) fn new(secrets: impl IntoIterator<Item = String>) -> Mask {
+        let mut v: Vec<String> = secrets.into_iter().filter(|s| !s.is_empty()).collect();
+        // Longest first: a secret that contains another is masked whole.
+        v.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        Mask(v)
+    }
+
+    fn bytes(&self, text: &[u8]) -> Option<Vec<u8>> {
+        let mut out: Option<Vec<u8>> = None;
+        for secret in &self.0 {
+            let src = out.as_deref().unwrap_or(text);
+            let needle = secret.as_bytes();
+            if !src.windows(needle.len()).any(|w| w == needle) {
+                continue;
+            }
+            let mut masked = Vec::with_capacity(src.len());
+            let mut i = 0;
+            while i < src.len() {
+                if src[i..].starts_with(needle) {
+                    masked.extend_from_slice(b"***");
+                    i += needle.len();
+                } else {
+                    masked.push(src[i]);
+                    i += 1;
+                }
+            }
+            out = Some(masked);
+        }
+        out
+    }
+
+    pub(super) fn text(&self, text: &str) -> String {
+        match self.bytes(text.as_bytes()) {
+            Some(b) => String::from_utf8_lossy(&b).into_owned(),
+            None => text.to_owned(),
+        }
+    }
+
+    pub(super) fn json(&self, v: &mut Value) {
+        if self.0.is_empty() {
+            return;
+        }
+        match v {
+            Value::String(s) => *s = self.text(s),
+            Value::Array(items) => items.iter_mut().for_each(|i| self.json(i)),
+            Value::Object(m) => m.values_mut().for_each(|i| self.json(i)),
+            _ => {}
+        }
+    }
+
+    /// Masks a file in place (a new file renamed over it, so a reader sees either).
+    fn file(&self, path: &Path) {
+        if self.0.is_empty() {
+            return;
+        }
+        let Ok(bytes) = std::fs::read(path) else {
+            return;
+        };
+        if let Some(masked) = self.bytes(&bytes) {
+            let tmp = path.with_extension("masked");
+            if std::fs::write(&tmp, masked).is_ok() {
+                let _ = std::fs::rename(&tmp, path);
+            }
+        }
+    }
 }
 
 /// The last 20 lines of a log, for failure reasons.
@@ -669,4 +757,30 @@ pub(super) fn log_tail(log: &Path) -> String {
     }
     let tail = &lines[lines.len().saturating_sub(20)..];
     format!("\nlast {} log lines:\n{}", tail.len(), tail.join("\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Mask;
+
+    #[test]
+    fn secrets_are_masked_in_text_bytes_and_json() {
+        let m = Mask::new(["s3cr3t".to_owned(), "s3cr3t-long".to_owned(), String::new()]);
+        assert_eq!(
+            m.text("token=s3cr3t-long and s3cr3t, s3cr3ts3cr3t"),
+            "token=*** and ***, ******"
+        );
+        // Bytes that are not UTF-8 around a secret stay as they were.
+        let raw = [b"\xff\xfe ".as_slice(), b"s3cr3t", b" \xff"].concat();
+        assert_eq!(m.bytes(&raw).unwrap(), b"\xff\xfe *** \xff");
+        assert!(m.bytes(b"nothing here").is_none());
+        let mut v = serde_json::json!({"a": ["x s3cr3t"], "b": {"c": "s3cr3t"}, "n": 1});
+        m.json(&mut v);
+        assert_eq!(
+            v,
+            serde_json::json!({"a": ["x ***"], "b": {"c": "***"}, "n": 1})
+        );
+        // No secrets: nothing changes, the empty value included.
+        assert_eq!(Mask::new(Vec::new()).text("s3cr3t"), "s3cr3t");
+    }
 }

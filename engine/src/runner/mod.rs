@@ -27,9 +27,11 @@ use crate::step::env_suffix;
 use crate::template::{value_text, Ref, Template};
 
 mod attempt;
+mod gpus;
 mod keys;
 mod map;
 use attempt::*;
+use gpus::GpuPool;
 use keys::{cache_hit, cacheable, input_artifacts, key_parts, resolve_external};
 use map::*;
 
@@ -47,8 +49,9 @@ pub struct RunOptions {
     /// sha256 of the pipeline file.
     pub spec_digest: String,
     pub trigger: String,
-    /// GPUs of this machine that stages may claim (`resources.gpu`), indices `0..gpus`.
-    pub gpus: usize,
+    /// GPUs of this machine that stages may claim (`resources.gpu`), as
+    /// `CUDA_VISIBLE_DEVICES` names them (UUIDs or indices).
+    pub gpus: Vec<String>,
     /// The run this one reruns or retries.
     pub parent: Option<RunId>,
     /// The stages to execute (a rerun's or retry's selection); the others end at once,
@@ -95,49 +98,6 @@ pub struct Reused {
     pub values: Value,
     /// How the earlier run came by them: `origin_run` names the run the outputs are from.
     pub provenance: Provenance,
-}
-
-/// The machine's GPUs: a stage asking for `n` waits until `n` are free and gets their
-/// indices (as `CUDA_VISIBLE_DEVICES`), so two stages never share one.
-#[derive(Debug)]
-struct GpuPool {
-    free: std::sync::Mutex<Vec<bool>>,
-    released: tokio::sync::Notify,
-}
-
-impl GpuPool {
-    fn new(n: usize) -> Self {
-        GpuPool {
-            free: std::sync::Mutex::new(vec![true; n]),
-            released: tokio::sync::Notify::new(),
-        }
-    }
-
-    async fn acquire(&self, n: usize) -> Vec<usize> {
-        loop {
-            let notified = self.released.notified();
-            {
-                let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-                let idle: Vec<usize> = (0..free.len()).filter(|&i| free[i]).take(n).collect();
-                if idle.len() == n {
-                    for &i in &idle {
-                        free[i] = false;
-                    }
-                    return idle;
-                }
-            }
-            notified.await;
-        }
-    }
-
-    fn release(&self, gpus: &[usize]) {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        for &i in gpus {
-            free[i] = true;
-        }
-        drop(free);
-        self.released.notify_waiters();
-    }
 }
 
 /// What the run loop reports as it goes (for progress output).
@@ -296,7 +256,7 @@ pub async fn run(
     };
     let n = pipeline.stages.len();
     let slots = Arc::new(Semaphore::new(opts.parallelism.max(1)));
-    let opts_gpus = opts.gpus;
+    let gpu_count = opts.gpus.len();
     // Attempts stop on `stop`: set by the caller's cancel, or by fail-fast.
     let (stop_tx, stop_rx) = watch::channel(false);
     let (hook_stop_tx, hook_stop_rx) = watch::channel(false);
@@ -321,7 +281,7 @@ pub async fn run(
         cancel: stop_rx,
         hook_cancel: hook_stop_rx,
         slots: slots.clone(),
-        gpus: GpuPool::new(opts_gpus),
+        gpus: GpuPool::new(gpu_count),
         main_phase: std::sync::OnceLock::new(),
         prior_attempts,
         files: Default::default(),
@@ -751,20 +711,16 @@ async fn execute(
         Action::Step { name, .. } if ctx.opts.step_command.is_empty() => Some(format!(
             "built-in step `{name}` cannot run: this engine has no step runner"
         )),
-        Action::Step { .. } if gpus_needed(stage) > ctx.opts.gpus => Some(format!(
-            "stage needs {} GPU(s); this machine declares {} (`--gpus N` or DRIVETRAIN_LOCAL_GPUS)",
-            gpus_needed(stage),
-            ctx.opts.gpus
-        )),
+        Action::Step { .. } if stage.gpus() > ctx.opts.gpus.len() => {
+            Some(too_few_gpus(stage, &ctx.opts.gpus))
+        }
         Action::Step { .. } => None,
         Action::Command { .. } if stage.secrets.iter().any(|s| s.mount_path.is_some()) => {
             Some("secrets mounted as files are not supported by the local executor".to_owned())
         }
-        Action::Command { .. } if gpus_needed(stage) > ctx.opts.gpus => Some(format!(
-            "stage needs {} GPU(s); this machine declares {} (`--gpus N` or DRIVETRAIN_LOCAL_GPUS)",
-            gpus_needed(stage),
-            ctx.opts.gpus
-        )),
+        Action::Command { .. } if stage.gpus() > ctx.opts.gpus.len() => {
+            Some(too_few_gpus(stage, &ctx.opts.gpus))
+        }
         Action::Command { .. } => None,
     };
     let (mut parts, external) = key_parts(ctx, stage, &upstream);
@@ -971,13 +927,18 @@ pub fn backoff(policy: &RetryPolicy, attempt: u32, key: &AttemptKey) -> Duration
 }
 
 /// GPUs an attempt claims: `resources.gpu` per worker.
-fn gpus_needed(stage: &Stage) -> usize {
-    let per = stage.resources.gpu.unwrap_or(0) as usize;
-    per * stage
-        .distributed
-        .as_ref()
-        .map(|d| d.workers as usize)
-        .unwrap_or(1)
+/// Why a stage needing more GPUs than the machine has cannot run.
+fn too_few_gpus(stage: &Stage, gpus: &[String]) -> String {
+    format!(
+        "stage needs {} GPU(s); this machine has {} ({}; `drivetrain doctor` shows what was \
+         found, `--gpus N` or DRIVETRAIN_LOCAL_GPUS overrides)",
+        stage.gpus(),
+        gpus.len(),
+        match gpus.len() {
+            0 => "none found by NVML or nvidia-smi, or CUDA_VISIBLE_DEVICES hides them".to_owned(),
+            _ => gpus.join(", "),
+        }
+    )
 }
 
 /// How often a running engine records its heartbeat: `DRIVETRAIN_HEARTBEAT` (e.g. `2s`),

@@ -55,7 +55,7 @@ pub fn validate(src: &str, catalog: &Catalog) -> Validated {
         Err(diagnostics) => {
             return Validated {
                 pipeline: None,
-                diagnostics,
+                diagnostics: crate::diag::bound(diagnostics),
             }
         }
     };
@@ -65,6 +65,7 @@ pub fn validate(src: &str, catalog: &Catalog) -> Validated {
         catalog,
         diags: Vec::new(),
         with_nodes: Vec::new(),
+        in_string: HashMap::new(),
     };
     // The tree is the largest structure validation builds: `read` consumes it stage by
     // stage, keeping only the `with` blocks the checks need. Problems found later are
@@ -90,7 +91,7 @@ pub fn validate(src: &str, catalog: &Catalog) -> Validated {
     };
     Validated {
         pipeline,
-        diagnostics,
+        diagnostics: crate::diag::bound(diagnostics),
     }
 }
 
@@ -117,6 +118,9 @@ struct Cx<'a> {
     diags: Vec<Diagnostic>,
     /// Each stage's `with` block, by stage position.
     with_nodes: Vec<Option<Node<'a>>>,
+    /// Problems found so far inside each string (by YAML path): past a few, the rest
+    /// are located at the string, not in it, which would cost its length each.
+    in_string: HashMap<String, usize>,
 }
 
 fn p(s: &str) -> YamlPath {
@@ -172,8 +176,14 @@ impl<'a> Cx<'a> {
         msg: impl Into<String>,
     ) -> &mut Diagnostic {
         let src = self.src;
+        let seen = self.in_string.entry(path.to_string()).or_default();
+        *seen += 1;
+        let precise = *seen <= crate::diag::MAX_PER_LINE;
         let loc = self.root().locate(path);
-        let span = sub_span(src, loc.node, range);
+        let span = match precise {
+            true => sub_span(src, loc.node, range),
+            false => loc.node.span,
+        };
         self.diags
             .push(Diagnostic::new(code, msg).path(path).at(span));
         self.diags.last_mut().expect("just pushed")

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use drivetrain_engine::executor::AttemptSpec;
+use drivetrain_engine::executor::{AttemptSpec, Rank};
 use drivetrain_engine::plan::Distributed;
 use drivetrain_engine::spec::{Framework, TaintEffect, TolerationOperator};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
@@ -671,21 +671,27 @@ pub fn render(settings: &Settings, spec: &AttemptSpec) -> Rendered {
                 distributed.is_some_and(|d| d.workers > 1 || d.framework == Framework::Indexed);
             let mut extra = Vec::new();
             if indexed {
-                let index = EnvVar {
-                    name: "RANK".into(),
-                    value_from: Some(EnvVarSource {
-                        field_ref: Some(ObjectFieldSelector {
-                            field_path:
-                                "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-                                    .into(),
-                            ..Default::default()
-                        }),
+                // One pod per node, one process per pod: the Job's completion index is the
+                // rank and the node.
+                let index = || EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path:
+                            "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+                                .into(),
                         ..Default::default()
                     }),
                     ..Default::default()
                 };
-                extra.push(index);
-                extra.push(plain("WORLD_SIZE", workers.to_string()));
+                for var in ["RANK", "GROUP_RANK", "ROLE_RANK", "NODE_RANK"] {
+                    extra.push(EnvVar {
+                        name: var.into(),
+                        value_from: Some(index()),
+                        ..Default::default()
+                    });
+                }
+                for var in ["WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE"] {
+                    extra.push(plain(var, workers.to_string()));
+                }
                 extra.push(plain("LOCAL_RANK", "0"));
                 extra.push(plain("LOCAL_WORLD_SIZE", "1"));
                 extra.push(plain("MASTER_ADDR", format!("{name}-0.{name}")));
@@ -701,6 +707,15 @@ pub fn render(settings: &Settings, spec: &AttemptSpec) -> Rendered {
                     ..Default::default()
                 };
                 objects.push(Object::Service(Box::new(service)));
+            } else {
+                // A world of one, rendezvous on the pod's own loopback: a single-process
+                // `torch.distributed` job starts as it does locally.
+                extra.extend(
+                    Rank::ALONE
+                        .env("127.0.0.1", settings.master_port, Framework::None)
+                        .into_iter()
+                        .map(|(k, v)| plain(k, v)),
+                );
             }
             let container = main_container(
                 settings,

@@ -84,7 +84,7 @@ async fn conforms() {
     std::fs::create_dir_all(&logs).unwrap();
     conformance::check(&f.executor, &logs).await;
     // Every attempt was one Job; the distributed one an Indexed Job with a Service.
-    assert_eq!(f.standin.created("batch/v1/jobs"), 6);
+    assert_eq!(f.standin.created("batch/v1/jobs"), 7);
     assert_eq!(f.standin.created("/v1/services"), 1);
 }
 

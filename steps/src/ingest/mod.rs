@@ -131,13 +131,15 @@ pub fn ingest(
             );
         }
         let file = source.fetch(rel)?;
-        // Channel statistics and index rows count only the files read to the end.
+        // Channel statistics and index rows count only the files read to the end. A
+        // file that may be skipped is indexed into a part of its own, merged once it was
+        // read; otherwise an error ends the stage and rows go straight to the index.
         let mut file_channels = BTreeMap::new();
         let mut file_index = match index {
-            Some(dir) => Some(IndexWriter::create(
+            Some(dir) if skip => Some(IndexWriter::create(
                 &dir.join(format!(".part-{}.parquet", drive_files.len())),
             )?),
-            None => None,
+            _ => None,
         };
         let result = match kind {
             "mcap" => ingest_mcap(
@@ -145,7 +147,7 @@ pub fn ingest(
                 rel,
                 &drive,
                 frames,
-                file_index.as_mut(),
+                file_index.as_mut().or(index_writer.as_mut()),
                 &mut file_channels,
             ),
             _ => ingest_jsonl(&file.path, rel, &drive, frames).map(|frames| FileResult {

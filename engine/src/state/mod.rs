@@ -1,0 +1,451 @@
+//! The state store: every run, stage and attempt, recorded before it is acted on.
+//!
+//! [`StateStore`] is the contract the run loop writes through; [`SqliteState`] is the
+//! embedded default (one WAL-mode file, `.drivetrain/state.db`) with versioned
+//! migrations. A transition is written (and committed) before the engine acts on it, so an
+//! engine killed at any point leaves a record of what it was doing.
+//!
+//! The SQLite store is in [`sqlite`]; the suite every store's tests run, in
+//! [`conformance`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Serialize;
+
+mod sqlite;
+pub use sqlite::{SqliteState, LAST_TICK, UNSTARTED_SINCE};
+
+#[cfg(any(test, feature = "testing"))]
+pub mod conformance;
+
+/// A run's id: `YYYYMMDD-HHMMSS-xxxxxxxx`, sortable by creation time.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, schemars::JsonSchema)]
+#[serde(transparent)]
+pub struct RunId(pub String);
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl RunId {
+    /// A new id: the current time and 32 bits that never repeat within this process
+    /// (a counter from a random start, through a bijective mix) and differ between
+    /// processes by that random start.
+    pub fn generate(now: chrono::DateTime<chrono::Utc>) -> RunId {
+        use std::hash::{BuildHasher, Hasher};
+        use std::sync::atomic::{AtomicU32, Ordering};
+        use std::sync::OnceLock;
+        static START: OnceLock<u32> = OnceLock::new();
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let start = *START.get_or_init(|| {
+            // std seeds each RandomState from the OS's random source.
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u32(std::process::id());
+            h.finish() as u32
+        });
+        let n = start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed));
+        // Odd multipliers and xor-shifts are bijections on u32: distinct in, distinct out.
+        let mut x = n.wrapping_mul(0x9E37_79B1);
+        x ^= x >> 16;
+        x = x.wrapping_mul(0x85EB_CA6B);
+        x ^= x >> 13;
+        RunId(format!("{}-{x:08x}", now.format("%Y%m%d-%H%M%S")))
+    }
+}
+
+/// Phases of runs, stages and attempts (Argo's, kept apart: `Failed` is the stage's own
+/// failure, `Error` an infrastructure or engine fault).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema)]
+pub enum Phase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Error,
+    /// Not run: its `when` was false, or a required input's producer was skipped.
+    Skipped,
+    /// Not run: something it depends on failed.
+    Omitted,
+    Cancelled,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Running => "Running",
+            Phase::Succeeded => "Succeeded",
+            Phase::Failed => "Failed",
+            Phase::Error => "Error",
+            Phase::Skipped => "Skipped",
+            Phase::Omitted => "Omitted",
+            Phase::Cancelled => "Cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Phase> {
+        Some(match s {
+            "Pending" => Phase::Pending,
+            "Running" => Phase::Running,
+            "Succeeded" => Phase::Succeeded,
+            "Failed" => Phase::Failed,
+            "Error" => Phase::Error,
+            "Skipped" => Phase::Skipped,
+            "Omitted" => Phase::Omitted,
+            "Cancelled" => Phase::Cancelled,
+            _ => return None,
+        })
+    }
+
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, Phase::Pending | Phase::Running)
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A state store failure: the infrastructure's fault.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The database could not be opened, migrated, read or written.
+    #[error("state store {what}")]
+    Sqlite {
+        what: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// A server database's failure (PostgreSQL).
+    #[error("state store {what}: {source}")]
+    Database {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A row that must exist does not.
+    #[error("no run `{0}` in the state store")]
+    UnknownRun(String),
+    /// An attempt that already ended cannot start again.
+    #[error("attempt {attempt} of `{stage}` already ended")]
+    AttemptEnded { stage: String, attempt: u32 },
+}
+
+/// A run as recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct RunRecord {
+    pub id: RunId,
+    pub pipeline: String,
+    /// The pipeline file as given to `run`.
+    pub file: String,
+    /// sha256 of the pipeline file's bytes.
+    pub spec_digest: String,
+    pub params: serde_json::Value,
+    /// `cli`, `schedule`, `api`, `rerun`, …
+    pub trigger: String,
+    pub parent: Option<RunId>,
+    pub phase: Phase,
+    pub created_at: String,
+    pub finished_at: Option<String>,
+    pub reason: Option<String>,
+    /// The process of the engine running it, while it runs.
+    pub engine_pid: Option<i64>,
+    /// What a rerun changed: `{"params": {…}, "images": {stage: image}}`.
+    pub overrides: serde_json::Value,
+    /// The stages a rerun or retry executes; the others are reused or not run. `None`:
+    /// every stage.
+    pub selection: Option<Vec<String>>,
+    /// The cron tick a `schedule`-triggered run is for (RFC 3339).
+    pub scheduled_time: Option<String>,
+    /// The executor the run was started on (`local`, `kubernetes`).
+    pub executor: Option<String>,
+}
+
+/// A stage of a run as recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct StageRecord {
+    pub stage: String,
+    pub phase: Phase,
+    pub attempts: u32,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+    pub exit_code: Option<i32>,
+    pub reason: Option<String>,
+    /// Output name → `{key, digest}` of its published manifest.
+    pub outputs: serde_json::Value,
+    /// The stage's `values.json`, if it wrote one.
+    pub values: serde_json::Value,
+    /// How it came by its outputs.
+    #[serde(flatten)]
+    pub how: Provenance,
+}
+
+/// How a stage came by its outputs, recorded with the cache key and its components.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct Provenance {
+    /// `ran`, `cached` (a cache hit) or `reused` (a rerun or retry took it from its parent).
+    pub origin: String,
+    /// The run whose outputs a `cached` or `reused` stage took.
+    pub origin_run: Option<String>,
+    pub cache_key: Option<String>,
+    /// What the cache key was made of: component → digest (`command`, `image`,
+    /// `input:NAME`, `file:PATH`, …), the rendered definition, and the cache lookup.
+    pub provenance: serde_json::Value,
+    /// Input name → the artifact (`{manifest, digest}`) the stage read.
+    pub inputs: serde_json::Value,
+}
+
+/// A cache entry: the outputs a stage attempt with this key produced.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CacheEntry {
+    pub key: String,
+    pub pipeline: String,
+    pub stage: String,
+    pub run_id: String,
+    pub outputs: serde_json::Value,
+    pub values: serde_json::Value,
+    /// Component → digest, for `explain`.
+    pub components: serde_json::Value,
+    pub created_at: String,
+}
+
+/// A schedule the server keeps: where its pipeline is, whether it is suspended, and the
+/// moment ticks count from (registration or the last resume).
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct ScheduleEntry {
+    pub pipeline: String,
+    pub file: String,
+    pub suspended: bool,
+    pub anchor: String,
+}
+
+/// One decided tick of a schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct TickRecord {
+    /// `pipeline@scheduled-time`.
+    pub id: String,
+    pub pipeline: String,
+    pub scheduled_time: String,
+    /// `fired` or `skipped`.
+    pub outcome: String,
+    pub run_id: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// Where an artifact came from: the stage of the run that published it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ArtifactRecord {
+    pub digest: String,
+    pub manifest: String,
+    pub run_id: String,
+    pub stage: String,
+    pub output: String,
+    pub created_at: String,
+}
+
+/// A stage that read an artifact.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ArtifactUse {
+    pub digest: String,
+    pub run_id: String,
+    pub stage: String,
+    pub input: String,
+}
+
+/// One item of a map stage as recorded.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ItemRecord {
+    pub index: usize,
+    pub item: serde_json::Value,
+    pub phase: Phase,
+    pub attempts: u32,
+    pub reason: Option<String>,
+    pub outputs: serde_json::Value,
+    pub handle: Option<String>,
+}
+
+/// One attempt of a stage as recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct AttemptRecord {
+    pub stage: String,
+    pub attempt: u32,
+    pub phase: Phase,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    pub exit_code: Option<i32>,
+    pub reason: Option<String>,
+    /// The executor's handle (a process group id locally), for re-attaching.
+    pub handle: Option<String>,
+}
+
+/// What the run loop records. Every method commits before it returns.
+pub trait StateStore: Send + Sync {
+    /// Records a new run in phase `Running`.
+    fn create_run(&self, run: &RunRecord) -> Result<(), StateError>;
+    fn finish_run(&self, run: &RunId, phase: Phase, reason: Option<&str>)
+        -> Result<(), StateError>;
+    /// Marks a run `Running` again under engine process `pid` (a resume).
+    fn reopen_run(&self, run: &RunId, pid: u32) -> Result<(), StateError>;
+    fn run(&self, run: &RunId) -> Result<RunRecord, StateError>;
+    /// The most recent runs first.
+    fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StateError>;
+    /// Sets a stage's phase (creating its row); `reason` and `exit_code` replace earlier ones.
+    fn set_stage(
+        &self,
+        run: &RunId,
+        stage: &str,
+        phase: Phase,
+        exit_code: Option<i32>,
+        reason: Option<&str>,
+    ) -> Result<(), StateError>;
+    /// Records a succeeded stage's outputs and values.
+    fn set_stage_results(
+        &self,
+        run: &RunId,
+        stage: &str,
+        outputs: &serde_json::Value,
+        values: &serde_json::Value,
+    ) -> Result<(), StateError>;
+    fn stages(&self, run: &RunId) -> Result<Vec<StageRecord>, StateError>;
+    /// One stage of a run.
+    fn stage(&self, run: &RunId, stage: &str) -> Result<Option<StageRecord>, StateError>;
+    /// Stages whose rendered definition or values contain `text` (a source URL, a drive
+    /// log's name), as (run, stage).
+    fn stages_mentioning(&self, text: &str) -> Result<Vec<(RunId, String)>, StateError>;
+    /// Records an attempt as `Running` before its process starts.
+    fn start_attempt(&self, run: &RunId, stage: &str, attempt: u32) -> Result<(), StateError>;
+    fn set_attempt_handle(
+        &self,
+        run: &RunId,
+        stage: &str,
+        attempt: u32,
+        handle: &str,
+    ) -> Result<(), StateError>;
+    fn finish_attempt(
+        &self,
+        run: &RunId,
+        stage: &str,
+        attempt: u32,
+        phase: Phase,
+        exit_code: Option<i32>,
+        reason: Option<&str>,
+    ) -> Result<(), StateError>;
+    fn attempts(&self, run: &RunId) -> Result<Vec<AttemptRecord>, StateError>;
+    /// Records the items of a map stage as `Pending` (replacing earlier ones).
+    fn add_map_items(
+        &self,
+        run: &RunId,
+        stage: &str,
+        items: &[serde_json::Value],
+    ) -> Result<(), StateError>;
+    /// Records an item's attempt as `Running`.
+    fn start_item(
+        &self,
+        run: &RunId,
+        stage: &str,
+        idx: usize,
+        attempt: u32,
+    ) -> Result<(), StateError>;
+    /// Records how an item ended.
+    fn finish_item(
+        &self,
+        run: &RunId,
+        stage: &str,
+        idx: usize,
+        phase: Phase,
+        reason: Option<&str>,
+        outputs: &serde_json::Value,
+    ) -> Result<(), StateError>;
+    /// Records the executor handle of an item's running attempt.
+    fn set_item_handle(
+        &self,
+        run: &RunId,
+        stage: &str,
+        idx: usize,
+        handle: &str,
+    ) -> Result<(), StateError>;
+    /// Every item of a map stage, in order.
+    fn map_items(&self, run: &RunId, stage: &str) -> Result<Vec<ItemRecord>, StateError>;
+    /// How many items of a map stage are in each phase.
+    fn item_counts(&self, run: &RunId, stage: &str) -> Result<BTreeMap<String, u64>, StateError>;
+    /// Records how a stage came by its outputs and, for a stage that ran, which
+    /// artifacts it read (for lineage).
+    fn set_provenance(&self, run: &RunId, stage: &str, p: &Provenance) -> Result<(), StateError>;
+    /// Records the artifacts a stage published (for lineage and gc).
+    fn add_artifacts(&self, artifacts: &[ArtifactRecord]) -> Result<(), StateError>;
+    /// The stage that published the artifact with this digest.
+    fn artifact(&self, digest: &str) -> Result<Option<ArtifactRecord>, StateError>;
+    /// Every stage that read the artifact with this digest.
+    fn artifact_uses(&self, digest: &str) -> Result<Vec<ArtifactUse>, StateError>;
+    /// Records (or replaces) a cache entry.
+    fn put_cache_entry(&self, e: &CacheEntry) -> Result<(), StateError>;
+    fn cache_entry(&self, key: &str) -> Result<Option<CacheEntry>, StateError>;
+    /// The newest `limit` cache entries of a pipeline's stage other than `except_key`,
+    /// newest first (for `explain`, which compares with the closest).
+    fn recent_cache_entries(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        except_key: &str,
+        limit: usize,
+    ) -> Result<Vec<CacheEntry>, StateError>;
+    fn cache_entries(&self) -> Result<Vec<CacheEntry>, StateError>;
+    /// Removes cache entries created before `before` (RFC 3339); returns how many.
+    fn expire_cache_entries(&self, before: &str) -> Result<usize, StateError>;
+    /// Registers a schedule (ticks count from `anchor`), or updates its file.
+    fn upsert_schedule(&self, pipeline: &str, file: &str, anchor: &str) -> Result<(), StateError>;
+    fn schedule(&self, pipeline: &str) -> Result<Option<ScheduleEntry>, StateError>;
+    fn schedules(&self) -> Result<Vec<ScheduleEntry>, StateError>;
+    /// Suspends or resumes; resuming with an anchor makes ticks count from it (no backlog).
+    fn set_suspended(
+        &self,
+        pipeline: &str,
+        suspended: bool,
+        anchor: Option<&str>,
+    ) -> Result<(), StateError>;
+    /// Records a tick unless it is recorded already; returns whether this call did.
+    fn claim_tick(&self, tick: &TickRecord) -> Result<bool, StateError>;
+    /// The newest `limit` ticks of a schedule, newest first.
+    fn ticks(&self, pipeline: &str, limit: usize) -> Result<Vec<TickRecord>, StateError>;
+    /// Every schedule with the scheduled time of its newest tick (manual triggers aside),
+    /// in one read: the scheduler asks every loop.
+    fn schedules_with_last_tick(&self) -> Result<Vec<(ScheduleEntry, Option<String>)>, StateError>;
+    /// Ticks of any schedule claimed to fire since `since` (when they were recorded) whose
+    /// run does not exist, oldest first: what `schedule trigger` queued for the server.
+    fn unstarted_ticks_since(&self, since: &str) -> Result<Vec<TickRecord>, StateError>;
+    /// Claims ticks in one transaction, recording with each claimed tick the run it
+    /// fires. For each tick: `Ok(true)` claimed by this call (with its run), `Ok(false)`
+    /// decided by someone else already (no run recorded), or the error that stopped its
+    /// claim or run, in which case neither is recorded.
+    #[allow(clippy::type_complexity)]
+    fn claim_ticks(
+        &self,
+        ticks: &[(TickRecord, Option<RunRecord>)],
+    ) -> Result<Vec<Result<bool, StateError>>, StateError>;
+    /// Runs of `pipeline` still running.
+    fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError>;
+    /// How many runs there are in each phase (for `/metrics`), without reading them.
+    fn run_counts(&self) -> Result<BTreeMap<String, u64>, StateError>;
+
+    /// The engine running `run` is alive: it records so every few seconds
+    /// ([`crate::runner::heartbeat_interval`]).
+    fn heartbeat(&self, run: &RunId) -> Result<(), StateError>;
+    /// Running runs whose engine has not recorded a heartbeat since `before`: it died,
+    /// wherever it ran.
+    fn stale_runs(&self, before: &str) -> Result<Vec<RunId>, StateError>;
+    /// Takes over a running run whose heartbeat is older than `before` (or that never
+    /// beat) for resuming it: true for exactly one of any number of replicas asking at
+    /// once (the heartbeat is renewed and the dead engine's pid forgotten in one
+    /// conditional update).
+    fn take_over(&self, run: &RunId, before: &str) -> Result<bool, StateError>;
+}
+
+/// The time stamps the state stores record: RFC 3339, milliseconds, UTC.
+pub fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}

@@ -1,0 +1,1048 @@
+//! The embedded SQLite state store: one WAL-mode file with versioned migrations.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::*;
+
+fn sql(what: impl Into<String>) -> impl FnOnce(rusqlite::Error) -> StateError {
+    let what = what.into();
+    move |source| StateError::Sqlite { what, source }
+}
+
+mod migrations;
+use migrations::MIGRATIONS;
+
+/// The embedded SQLite state store.
+#[derive(Debug)]
+pub struct SqliteState {
+    conn: Mutex<Connection>,
+}
+
+/// Runs a query and collects its rows, naming `what` in errors.
+fn query<T, C: FromIterator<T>>(
+    c: &Connection,
+    sql_text: &str,
+    args: impl rusqlite::Params,
+    what: &str,
+    row: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> Result<C, StateError> {
+    let mut stmt = c.prepare_cached(sql_text).map_err(sql(what))?;
+    let rows = stmt.query_map(args, row).map_err(sql(what))?;
+    rows.collect::<Result<C, _>>().map_err(sql(what))
+}
+
+/// `execute` through the connection's statement cache: the engine runs the same few
+/// statements for every stage and tick, and parsing them each time showed in profiles.
+trait ExecuteCached {
+    fn execute_cached<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize>;
+}
+
+impl ExecuteCached for Connection {
+    fn execute_cached<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
+        self.prepare_cached(sql)?.execute(params)
+    }
+}
+
+impl SqliteState {
+    /// Opens (creating and migrating) the database at `path`, in WAL mode.
+    pub fn open(path: &Path) -> Result<Self, StateError> {
+        let conn = Connection::open(path).map_err(sql(format!("open {}", path.display())))?;
+        Self::init(conn)
+    }
+
+    /// An in-memory database, for tests.
+    pub fn in_memory() -> Result<Self, StateError> {
+        Self::init(Connection::open_in_memory().map_err(sql("open in memory"))?)
+    }
+
+    fn init(conn: Connection) -> Result<Self, StateError> {
+        conn.set_prepared_statement_cache_capacity(64);
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(sql("set busy timeout"))?;
+        // Switching to WAL can answer SQLITE_BUSY without calling the busy handler while
+        // another process opens the same new file: try again for as long as the timeout.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match conn.pragma_update(None, "journal_mode", "WAL") {
+                Ok(()) => break,
+                Err(rusqlite::Error::SqliteFailure(e, _))
+                    if e.code == rusqlite::ErrorCode::DatabaseBusy
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(e) => return Err(sql("enable WAL")(e)),
+            }
+        }
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(sql("set synchronous"))?;
+        conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(sql("enable foreign keys"))?;
+        // Two processes opening a new database at once (a server and a command) must not
+        // both migrate it: the version is read under the write lock.
+        let current = |conn: &Connection| -> Result<usize, StateError> {
+            conn.pragma_query_value(None, "user_version", |r| r.get::<_, i64>(0))
+                .map(|v| v.max(0) as usize)
+                .map_err(sql("read schema version"))
+        };
+        if current(&conn)? < MIGRATIONS.len() {
+            conn.execute_batch("BEGIN IMMEDIATE")
+                .map_err(sql("lock for migration"))?;
+            let version = current(&conn)?;
+            let mut batch = String::new();
+            for (i, m) in MIGRATIONS.iter().enumerate().skip(version) {
+                batch.push_str(&format!("{m};\nPRAGMA user_version = {};\n", i + 1));
+            }
+            let applied = conn.execute_batch(&batch);
+            match applied {
+                Ok(()) => conn
+                    .execute_batch("COMMIT")
+                    .map_err(sql("commit migrations"))?,
+                Err(e) => {
+                    let _ = conn.execute_batch("ROLLBACK");
+                    return Err(sql(format!("migration from version {version}"))(e));
+                }
+            }
+        }
+        Ok(SqliteState {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StateError>,
+    ) -> Result<T, StateError> {
+        // A poisoned lock means a panic mid-statement; SQLite rolled the statement back.
+        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        f(&conn)
+    }
+}
+
+fn json_col(s: String) -> serde_json::Value {
+    serde_json::from_str(&s).unwrap_or(serde_json::Value::Null)
+}
+
+fn phase_col(s: String) -> Phase {
+    Phase::parse(&s).unwrap_or(Phase::Error)
+}
+
+fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
+    Ok(RunRecord {
+        id: RunId(r.get(0)?),
+        pipeline: r.get(1)?,
+        file: r.get(2)?,
+        spec_digest: r.get(3)?,
+        params: json_col(r.get(4)?),
+        trigger: r.get(5)?,
+        parent: r.get::<_, Option<String>>(6)?.map(RunId),
+        phase: phase_col(r.get(7)?),
+        created_at: r.get(8)?,
+        finished_at: r.get(9)?,
+        reason: r.get(10)?,
+        engine_pid: r.get(11)?,
+        overrides: json_col(r.get(12)?),
+        selection: r
+            .get::<_, Option<String>>(13)?
+            .and_then(|s| serde_json::from_str(&s).ok()),
+        scheduled_time: r.get(14)?,
+        executor: r.get(15)?,
+    })
+}
+
+fn tick_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TickRecord> {
+    Ok(TickRecord {
+        id: r.get(0)?,
+        pipeline: r.get(1)?,
+        scheduled_time: r.get(2)?,
+        outcome: r.get(3)?,
+        run_id: r.get(4)?,
+        reason: r.get(5)?,
+    })
+}
+
+fn schedule_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ScheduleEntry> {
+    Ok(ScheduleEntry {
+        pipeline: r.get(0)?,
+        file: r.get(1)?,
+        suspended: r.get::<_, i64>(2)? != 0,
+        anchor: r.get(3)?,
+    })
+}
+
+const RUN_COLUMNS: &str = "id, pipeline, file, spec_digest, params, trigger, parent, phase, \
+     created_at, finished_at, reason, engine_pid, overrides, selection, scheduled_time, executor";
+
+fn cache_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CacheEntry> {
+    Ok(CacheEntry {
+        key: r.get(0)?,
+        pipeline: r.get(1)?,
+        stage: r.get(2)?,
+        run_id: r.get(3)?,
+        outputs: json_col(r.get(4)?),
+        values: json_col(r.get(5)?),
+        components: json_col(r.get(6)?),
+        created_at: r.get(7)?,
+    })
+}
+
+const STAGE_COLUMNS: &str = "stage, phase, attempts, started_at, finished_at, exit_code, reason, \
+     outputs, vals, origin, origin_run, cache_key, provenance, inputs";
+
+fn stage_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StageRecord> {
+    Ok(StageRecord {
+        stage: r.get(0)?,
+        phase: phase_col(r.get(1)?),
+        attempts: r.get(2)?,
+        started_at: r.get(3)?,
+        finished_at: r.get(4)?,
+        exit_code: r.get(5)?,
+        reason: r.get(6)?,
+        outputs: json_col(r.get(7)?),
+        values: json_col(r.get(8)?),
+        how: Provenance {
+            origin: r.get(9)?,
+            origin_run: r.get(10)?,
+            cache_key: r.get(11)?,
+            provenance: json_col(r.get(12)?),
+            inputs: json_col(r.get(13)?),
+        },
+    })
+}
+
+/// Inserts a run's record.
+fn insert_run(c: &Connection, run: &RunRecord) -> Result<(), StateError> {
+    c.execute_cached(
+        "INSERT INTO runs (id, pipeline, file, spec_digest, params, trigger, parent, phase, \
+         created_at, engine_pid, overrides, selection, scheduled_time, executor) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+        params![
+            run.id.0,
+            run.pipeline,
+            run.file,
+            run.spec_digest,
+            run.params.to_string(),
+            run.trigger,
+            run.parent.as_ref().map(|p| &p.0),
+            run.phase.as_str(),
+            run.created_at,
+            run.engine_pid,
+            run.overrides.to_string(),
+            run.selection
+                .as_ref()
+                .map(|s| serde_json::to_string(s).unwrap_or_default()),
+            run.scheduled_time,
+            run.executor,
+        ],
+    )
+    .map(|_| ())
+    .map_err(sql(format!("create run {}", run.id)))
+}
+
+/// Claims a tick unless it is decided already; true when this call did.
+fn insert_tick(c: &Connection, t: &TickRecord) -> Result<bool, StateError> {
+    c.execute_cached(
+        "INSERT OR IGNORE INTO schedule_ticks (id, pipeline, scheduled_time, outcome, run_id, reason, recorded_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![t.id, t.pipeline, t.scheduled_time, t.outcome, t.run_id, t.reason, now()],
+    )
+    .map(|n| n == 1)
+    .map_err(sql(format!("claim tick {}", t.id)))
+}
+
+/// The scheduled time of schedule `s`'s newest tick, manual triggers aside (a manual
+/// tick at a cron tick's second must not stand for it): walks the index backwards.
+/// Shared with the PostgreSQL store.
+pub const LAST_TICK: &str = "SELECT scheduled_time FROM schedule_ticks t \
+     WHERE t.pipeline = s.pipeline AND t.id NOT LIKE '%+manual' \
+     ORDER BY scheduled_time DESC LIMIT 1";
+
+/// Fired ticks without a run, recorded at or after the placeholder that follows.
+/// Shared with the PostgreSQL store.
+pub const UNSTARTED_SINCE: &str =
+    "SELECT t.id, t.pipeline, t.scheduled_time, t.outcome, t.run_id, t.reason FROM schedule_ticks t \
+     LEFT JOIN runs r ON r.id = t.run_id \
+     WHERE t.outcome = 'fired' AND t.run_id IS NOT NULL AND r.id IS NULL AND t.recorded_at >=";
+
+const CACHE_COLUMNS: &str = "key, pipeline, stage, run_id, outputs, vals, components, created_at";
+
+impl StateStore for SqliteState {
+    fn create_run(&self, run: &RunRecord) -> Result<(), StateError> {
+        self.with(|c| insert_run(c, run))
+    }
+
+    fn finish_run(
+        &self,
+        run: &RunId,
+        phase: Phase,
+        reason: Option<&str>,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                "UPDATE runs SET phase = ?2, finished_at = ?3, reason = ?4, engine_pid = NULL WHERE id = ?1",
+                params![run.0, phase.as_str(), now(), reason],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("finish run {run}")))
+        })
+    }
+
+    fn reopen_run(&self, run: &RunId, pid: u32) -> Result<(), StateError> {
+        self.with(|c| {
+            let n = c
+                .execute_cached(
+                    "UPDATE runs SET phase = 'Running', finished_at = NULL, reason = NULL, engine_pid = ?2 \
+                     WHERE id = ?1",
+                    params![run.0, pid],
+                )
+                .map_err(sql(format!("reopen run {run}")))?;
+            if n == 0 {
+                return Err(StateError::UnknownRun(run.0.clone()));
+            }
+            Ok(())
+        })
+    }
+
+    fn run(&self, run: &RunId) -> Result<RunRecord, StateError> {
+        self.with(|c| {
+            c.query_row(
+                &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"),
+                params![run.0],
+                run_from_row,
+            )
+            .optional()
+            .map_err(sql(format!("read run {run}")))?
+            .ok_or_else(|| StateError::UnknownRun(run.0.clone()))
+        })
+    }
+
+    fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StateError> {
+        let q =
+            format!("SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at DESC, id DESC LIMIT ?1");
+        self.with(|c| query(c, &q, params![limit as i64], "list runs", run_from_row))
+    }
+
+    fn set_stage(
+        &self,
+        run: &RunId,
+        stage: &str,
+        phase: Phase,
+        exit_code: Option<i32>,
+        reason: Option<&str>,
+    ) -> Result<(), StateError> {
+        let t = now();
+        let started = (phase == Phase::Running).then_some(t.as_str());
+        let finished = phase.is_terminal().then_some(t.as_str());
+        self.with(|c| {
+            c.execute_cached(
+                "INSERT INTO stages (run_id, stage, phase, started_at, finished_at, exit_code, reason) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+                 ON CONFLICT (run_id, stage) DO UPDATE SET phase = ?3, \
+                   started_at = COALESCE(stages.started_at, ?4), finished_at = ?5, \
+                   exit_code = ?6, reason = ?7",
+                params![run.0, stage, phase.as_str(), started, finished, exit_code, reason],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("record stage {stage} of run {run}")))
+        })
+    }
+
+    fn set_stage_results(
+        &self,
+        run: &RunId,
+        stage: &str,
+        outputs: &serde_json::Value,
+        values: &serde_json::Value,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                "UPDATE stages SET outputs = ?3, vals = ?4 WHERE run_id = ?1 AND stage = ?2",
+                params![run.0, stage, outputs.to_string(), values.to_string()],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("record results of stage {stage} of run {run}")))
+        })
+    }
+
+    fn stages(&self, run: &RunId) -> Result<Vec<StageRecord>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                &format!("SELECT {STAGE_COLUMNS} FROM stages WHERE run_id = ?1 ORDER BY rowid"),
+                params![run.0],
+                "read stages",
+                stage_from_row,
+            )
+        })
+    }
+
+    fn stage(&self, run: &RunId, stage: &str) -> Result<Option<StageRecord>, StateError> {
+        self.with(|c| {
+            c.query_row(
+                &format!("SELECT {STAGE_COLUMNS} FROM stages WHERE run_id = ?1 AND stage = ?2"),
+                params![run.0, stage],
+                stage_from_row,
+            )
+            .optional()
+            .map_err(sql(format!("read stage {stage} of run {run}")))
+        })
+    }
+
+    fn stages_mentioning(&self, text: &str) -> Result<Vec<(RunId, String)>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT run_id, stage FROM stages WHERE instr(provenance, ?1) > 0 OR instr(vals, ?1) > 0 ORDER BY run_id, rowid",
+                params![text],
+                "search stages",
+                |r| Ok((RunId(r.get(0)?), r.get(1)?)),
+            )
+        })
+    }
+
+    fn start_attempt(&self, run: &RunId, stage: &str, attempt: u32) -> Result<(), StateError> {
+        let t = now();
+        self.with(|c| {
+            let tx = c.unchecked_transaction().map_err(sql("begin"))?;
+            // Again, for an attempt still running, when a restarted engine re-attaches to
+            // it; never for one that ended.
+            let changed = tx
+                .execute_cached(
+                    "INSERT INTO attempts (run_id, stage, attempt, phase, started_at) VALUES (?1, ?2, ?3, 'Running', ?4) \
+                     ON CONFLICT (run_id, stage, attempt) DO UPDATE SET phase = 'Running' WHERE attempts.phase = 'Running'",
+                    params![run.0, stage, attempt, t],
+                )
+                .map_err(sql(format!("record attempt {attempt} of {stage}")))?;
+            if changed == 0 {
+                return Err(StateError::AttemptEnded {
+                    stage: stage.to_owned(),
+                    attempt,
+                });
+            }
+            tx.execute_cached(
+                "INSERT INTO stages (run_id, stage, phase, attempts, started_at) VALUES (?1, ?2, 'Running', ?3, ?4) \
+                 ON CONFLICT (run_id, stage) DO UPDATE SET phase = 'Running', attempts = ?3, \
+                   started_at = COALESCE(stages.started_at, ?4)",
+                params![run.0, stage, attempt, t],
+            )
+            .map_err(sql(format!("record stage {stage}")))?;
+            tx.commit().map_err(sql("commit"))
+        })
+    }
+
+    fn set_attempt_handle(
+        &self,
+        run: &RunId,
+        stage: &str,
+        attempt: u32,
+        handle: &str,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                "UPDATE attempts SET handle = ?4 WHERE run_id = ?1 AND stage = ?2 AND attempt = ?3",
+                params![run.0, stage, attempt, handle],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("record handle of {stage}")))
+        })
+    }
+
+    fn finish_attempt(
+        &self,
+        run: &RunId,
+        stage: &str,
+        attempt: u32,
+        phase: Phase,
+        exit_code: Option<i32>,
+        reason: Option<&str>,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                "UPDATE attempts SET phase = ?4, finished_at = ?5, exit_code = ?6, reason = ?7 \
+                 WHERE run_id = ?1 AND stage = ?2 AND attempt = ?3",
+                params![
+                    run.0,
+                    stage,
+                    attempt,
+                    phase.as_str(),
+                    now(),
+                    exit_code,
+                    reason
+                ],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("finish attempt {attempt} of {stage}")))
+        })
+    }
+
+    fn add_map_items(
+        &self,
+        run: &RunId,
+        stage: &str,
+        items: &[serde_json::Value],
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            let tx = c.unchecked_transaction().map_err(sql("begin"))?;
+            tx.execute_cached("DELETE FROM map_items WHERE run_id = ?1 AND stage = ?2", params![run.0, stage])
+                .map_err(sql(format!("reset items of {stage}")))?;
+            {
+                let mut stmt = tx
+                    .prepare("INSERT INTO map_items (run_id, stage, idx, item, phase) VALUES (?1, ?2, ?3, ?4, 'Pending')")
+                    .map_err(sql("record items"))?;
+                for (i, item) in items.iter().enumerate() {
+                    stmt.execute(params![run.0, stage, i as i64, item.to_string()])
+                        .map_err(sql(format!("record item {i} of {stage}")))?;
+                }
+            }
+            tx.commit().map_err(sql("commit"))
+        })
+    }
+
+    fn start_item(
+        &self,
+        run: &RunId,
+        stage: &str,
+        idx: usize,
+        attempt: u32,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                "UPDATE map_items SET phase = 'Running', attempts = ?4 WHERE run_id = ?1 AND stage = ?2 AND idx = ?3",
+                params![run.0, stage, idx as i64, attempt],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("record item {idx} of {stage}")))
+        })
+    }
+
+    fn finish_item(
+        &self,
+        run: &RunId,
+        stage: &str,
+        idx: usize,
+        phase: Phase,
+        reason: Option<&str>,
+        outputs: &serde_json::Value,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                "UPDATE map_items SET phase = ?4, reason = ?5, outputs = ?6 WHERE run_id = ?1 AND stage = ?2 AND idx = ?3",
+                params![run.0, stage, idx as i64, phase.as_str(), reason, outputs.to_string()],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("finish item {idx} of {stage}")))
+        })
+    }
+
+    fn set_item_handle(
+        &self,
+        run: &RunId,
+        stage: &str,
+        idx: usize,
+        handle: &str,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                "UPDATE map_items SET handle = ?4 WHERE run_id = ?1 AND stage = ?2 AND idx = ?3",
+                params![run.0, stage, idx as i64, handle],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("record handle of item {idx} of {stage}")))
+        })
+    }
+
+    fn map_items(&self, run: &RunId, stage: &str) -> Result<Vec<ItemRecord>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT idx, item, phase, attempts, reason, outputs, handle FROM map_items \
+                 WHERE run_id = ?1 AND stage = ?2 ORDER BY idx",
+                params![run.0, stage],
+                "read items",
+                |r| {
+                    Ok(ItemRecord {
+                        index: r.get::<_, i64>(0)? as usize,
+                        item: json_col(r.get(1)?),
+                        phase: phase_col(r.get(2)?),
+                        attempts: r.get(3)?,
+                        reason: r.get(4)?,
+                        outputs: json_col(r.get(5)?),
+                        handle: r.get(6)?,
+                    })
+                },
+            )
+        })
+    }
+
+    fn item_counts(&self, run: &RunId, stage: &str) -> Result<BTreeMap<String, u64>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT phase, COUNT(*) FROM map_items WHERE run_id = ?1 AND stage = ?2 GROUP BY phase",
+                params![run.0, stage],
+                "count items",
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)),
+            )
+        })
+    }
+
+    fn set_provenance(&self, run: &RunId, stage: &str, p: &Provenance) -> Result<(), StateError> {
+        let what = format!("record provenance of {stage}");
+        self.with(|c| {
+            let tx = c.unchecked_transaction().map_err(sql("begin"))?;
+            tx.execute_cached(
+                "INSERT INTO stages (run_id, stage, phase, origin, origin_run, cache_key, provenance, inputs) \
+                 VALUES (?1, ?2, 'Pending', ?3, ?4, ?5, ?6, ?7) \
+                 ON CONFLICT (run_id, stage) DO UPDATE SET origin = ?3, origin_run = ?4, \
+                   cache_key = ?5, provenance = ?6, inputs = ?7",
+                params![
+                    run.0,
+                    stage,
+                    p.origin,
+                    p.origin_run,
+                    p.cache_key,
+                    p.provenance.to_string(),
+                    p.inputs.to_string()
+                ],
+            )
+            .map_err(sql(what.clone()))?;
+            tx.execute_cached(
+                "DELETE FROM artifact_uses WHERE run_id = ?1 AND stage = ?2",
+                params![run.0, stage],
+            )
+            .map_err(sql(what.clone()))?;
+            if p.origin == "ran" {
+                if let Some(inputs) = p.inputs.as_object() {
+                    for (name, art) in inputs {
+                        let Some(digest) = art.get("digest").and_then(|d| d.as_str()) else {
+                            continue;
+                        };
+                        tx.execute_cached(
+                            "INSERT OR IGNORE INTO artifact_uses (digest, run_id, stage, input) \
+                             VALUES (?1, ?2, ?3, ?4)",
+                            params![digest, run.0, stage, name],
+                        )
+                        .map_err(sql(what.clone()))?;
+                    }
+                }
+            }
+            tx.commit().map_err(sql("commit"))
+        })
+    }
+
+    fn add_artifacts(&self, artifacts: &[ArtifactRecord]) -> Result<(), StateError> {
+        self.with(|c| {
+            let tx = c.unchecked_transaction().map_err(sql("begin"))?;
+            for a in artifacts {
+                tx.execute_cached(
+                    "INSERT OR IGNORE INTO artifacts (digest, manifest, run_id, stage, output, created_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    params![a.digest, a.manifest, a.run_id, a.stage, a.output, a.created_at],
+                )
+                .map_err(sql(format!("record artifact {}", a.digest)))?;
+            }
+            tx.commit().map_err(sql("commit"))
+        })
+    }
+
+    fn artifact(&self, digest: &str) -> Result<Option<ArtifactRecord>, StateError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT digest, manifest, run_id, stage, output, created_at FROM artifacts WHERE digest = ?1",
+                params![digest],
+                |r| {
+                    Ok(ArtifactRecord {
+                        digest: r.get(0)?,
+                        manifest: r.get(1)?,
+                        run_id: r.get(2)?,
+                        stage: r.get(3)?,
+                        output: r.get(4)?,
+                        created_at: r.get(5)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(sql(format!("read artifact {digest}")))
+        })
+    }
+
+    fn artifact_uses(&self, digest: &str) -> Result<Vec<ArtifactUse>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT digest, run_id, stage, input FROM artifact_uses WHERE digest = ?1 \
+                 ORDER BY run_id, stage, input",
+                params![digest],
+                "read artifact uses",
+                |r| {
+                    Ok(ArtifactUse {
+                        digest: r.get(0)?,
+                        run_id: r.get(1)?,
+                        stage: r.get(2)?,
+                        input: r.get(3)?,
+                    })
+                },
+            )
+        })
+    }
+
+    fn put_cache_entry(&self, e: &CacheEntry) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                &format!("INSERT OR REPLACE INTO cache_entries ({CACHE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
+                params![
+                    e.key,
+                    e.pipeline,
+                    e.stage,
+                    e.run_id,
+                    e.outputs.to_string(),
+                    e.values.to_string(),
+                    e.components.to_string(),
+                    e.created_at
+                ],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("record cache entry of {}", e.stage)))
+        })
+    }
+
+    fn cache_entry(&self, key: &str) -> Result<Option<CacheEntry>, StateError> {
+        self.with(|c| {
+            c.query_row(
+                &format!("SELECT {CACHE_COLUMNS} FROM cache_entries WHERE key = ?1"),
+                params![key],
+                cache_from_row,
+            )
+            .optional()
+            .map_err(sql("read cache entry"))
+        })
+    }
+
+    fn recent_cache_entries(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        except_key: &str,
+        limit: usize,
+    ) -> Result<Vec<CacheEntry>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                &format!(
+                    "SELECT {CACHE_COLUMNS} FROM cache_entries WHERE pipeline = ?1 AND stage = ?2 \
+                     AND key != ?3 ORDER BY created_at DESC LIMIT ?4"
+                ),
+                params![pipeline, stage, except_key, limit as i64],
+                "read cache entries",
+                cache_from_row,
+            )
+        })
+    }
+
+    fn cache_entries(&self) -> Result<Vec<CacheEntry>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                &format!("SELECT {CACHE_COLUMNS} FROM cache_entries ORDER BY created_at"),
+                [],
+                "read cache entries",
+                cache_from_row,
+            )
+        })
+    }
+
+    fn expire_cache_entries(&self, before: &str) -> Result<usize, StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                "DELETE FROM cache_entries WHERE created_at < ?1",
+                params![before],
+            )
+            .map_err(sql("expire cache entries"))
+        })
+    }
+
+    fn upsert_schedule(&self, pipeline: &str, file: &str, anchor: &str) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                "INSERT INTO schedules (pipeline, file, anchor) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (pipeline) DO UPDATE SET file = ?2",
+                params![pipeline, file, anchor],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("register schedule {pipeline}")))
+        })
+    }
+
+    fn schedule(&self, pipeline: &str) -> Result<Option<ScheduleEntry>, StateError> {
+        // One row by its key: the scheduler asks for every pipeline on every tick.
+        self.with(|c| {
+            c.query_row(
+                "SELECT pipeline, file, suspended, anchor FROM schedules WHERE pipeline = ?1",
+                params![pipeline],
+                schedule_from_row,
+            )
+            .optional()
+            .map_err(sql(format!("read schedule {pipeline}")))
+        })
+    }
+
+    fn schedules(&self) -> Result<Vec<ScheduleEntry>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT pipeline, file, suspended, anchor FROM schedules ORDER BY pipeline",
+                [],
+                "read schedules",
+                schedule_from_row,
+            )
+        })
+    }
+
+    fn set_suspended(
+        &self,
+        pipeline: &str,
+        suspended: bool,
+        anchor: Option<&str>,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            let n = c
+                .execute_cached(
+                    "UPDATE schedules SET suspended = ?2, anchor = COALESCE(?3, anchor) WHERE pipeline = ?1",
+                    params![pipeline, suspended as i64, anchor],
+                )
+                .map_err(sql(format!("suspend schedule {pipeline}")))?;
+            if n == 0 {
+                return Err(StateError::UnknownRun(format!("schedule {pipeline}")));
+            }
+            Ok(())
+        })
+    }
+
+    fn claim_tick(&self, t: &TickRecord) -> Result<bool, StateError> {
+        self.with(|c| insert_tick(c, t))
+    }
+
+    fn schedules_with_last_tick(&self) -> Result<Vec<(ScheduleEntry, Option<String>)>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                &format!("SELECT pipeline, file, suspended, anchor, ({LAST_TICK}) FROM schedules s ORDER BY pipeline"),
+                params![],
+                "read schedules",
+                |r| Ok((schedule_from_row(r)?, r.get(4)?)),
+            )
+        })
+    }
+
+    fn unstarted_ticks_since(&self, since: &str) -> Result<Vec<TickRecord>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                &format!("{UNSTARTED_SINCE} ?1 ORDER BY t.scheduled_time"),
+                params![since],
+                "read unstarted ticks",
+                tick_from_row,
+            )
+        })
+    }
+
+    fn claim_ticks(
+        &self,
+        ticks: &[(TickRecord, Option<RunRecord>)],
+    ) -> Result<Vec<Result<bool, StateError>>, StateError> {
+        self.with(|c| {
+            let tx = c.unchecked_transaction().map_err(sql("begin"))?;
+            let mut out = Vec::with_capacity(ticks.len());
+            for (tick, run) in ticks {
+                tx.execute_batch("SAVEPOINT tick")
+                    .map_err(sql("savepoint"))?;
+                let claimed = insert_tick(&tx, tick).and_then(|claimed| match run {
+                    Some(run) if claimed => insert_run(&tx, run).map(|()| true),
+                    _ => Ok(claimed),
+                });
+                if claimed.is_err() {
+                    tx.execute_batch("ROLLBACK TO tick")
+                        .map_err(sql("roll back to savepoint"))?;
+                }
+                tx.execute_batch("RELEASE tick")
+                    .map_err(sql("release savepoint"))?;
+                out.push(claimed);
+            }
+            tx.commit().map_err(sql("commit"))?;
+            Ok(out)
+        })
+    }
+
+    fn ticks(&self, pipeline: &str, limit: usize) -> Result<Vec<TickRecord>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT id, pipeline, scheduled_time, outcome, run_id, reason FROM schedule_ticks \
+                 WHERE pipeline = ?1 ORDER BY scheduled_time DESC LIMIT ?2",
+                params![pipeline, limit as i64],
+                "read ticks",
+                tick_from_row,
+            )
+        })
+    }
+
+    fn run_counts(&self) -> Result<BTreeMap<String, u64>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT phase, COUNT(*) FROM runs GROUP BY phase",
+                params![],
+                "count runs",
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)),
+            )
+            .map(|rows: Vec<(String, u64)>| rows.into_iter().collect())
+        })
+    }
+
+    fn heartbeat(&self, run: &RunId) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                "UPDATE runs SET heartbeat_at = ?2 WHERE id = ?1",
+                params![run.0, now()],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("record the heartbeat of run {run}")))
+        })
+    }
+
+    fn stale_runs(&self, before: &str) -> Result<Vec<RunId>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT id FROM runs WHERE phase = 'Running' AND heartbeat_at < ?1 ORDER BY created_at",
+                params![before],
+                "read stale runs",
+                |r| Ok(RunId(r.get(0)?)),
+            )
+        })
+    }
+
+    fn take_over(&self, run: &RunId, before: &str) -> Result<bool, StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                "UPDATE runs SET heartbeat_at = ?3, engine_pid = NULL \
+                 WHERE id = ?1 AND phase = 'Running' AND (heartbeat_at IS NULL OR heartbeat_at < ?2)",
+                params![run.0, before, now()],
+            )
+            .map(|n| n == 1)
+            .map_err(sql(format!("take over run {run}")))
+        })
+    }
+
+    fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT id FROM runs WHERE pipeline = ?1 AND phase IN ('Running', 'Pending') ORDER BY created_at",
+                params![pipeline],
+                "read running runs",
+                |r| Ok(RunId(r.get(0)?)),
+            )
+        })
+    }
+
+    fn attempts(&self, run: &RunId) -> Result<Vec<AttemptRecord>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT stage, attempt, phase, started_at, finished_at, exit_code, reason, handle \
+                 FROM attempts WHERE run_id = ?1 ORDER BY rowid",
+                params![run.0],
+                "read attempts",
+                |r| {
+                    Ok(AttemptRecord {
+                        stage: r.get(0)?,
+                        attempt: r.get(1)?,
+                        phase: phase_col(r.get(2)?),
+                        started_at: r.get(3)?,
+                        finished_at: r.get(4)?,
+                        exit_code: r.get(5)?,
+                        reason: r.get(6)?,
+                        handle: r.get(7)?,
+                    })
+                },
+            )
+        })
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_passes_the_conformance_suite() {
+        conformance::check(&SqliteState::in_memory().unwrap());
+    }
+
+    /// A server and a command opening a new database at the same moment both succeed.
+    #[test]
+    fn concurrent_first_opens_migrate_once() {
+        for round in 0..20 {
+            let path = std::env::temp_dir()
+                .join(format!("dt-state-race-{}-{round}.db", std::process::id()));
+            let _ = std::fs::remove_file(&path);
+            let openers: Vec<_> = (0..4)
+                .map(|_| {
+                    let p = path.clone();
+                    std::thread::spawn(move || SqliteState::open(&p).map(|_| ()))
+                })
+                .collect();
+            for o in openers {
+                o.join().unwrap().unwrap();
+            }
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+        }
+    }
+
+    #[test]
+    fn a_file_database_survives_reopening_and_migrates_once() {
+        let dir = std::env::temp_dir().join(format!("dt-state-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.db");
+        let _ = std::fs::remove_file(&path);
+        SqliteState::open(&path)
+            .unwrap()
+            .create_run(&conformance::run_record("r1"))
+            .unwrap();
+        let s = SqliteState::open(&path).unwrap();
+        assert_eq!(s.list_runs(10).unwrap().len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn sqlite_connections_claim_ticks_exclusively() {
+        let dir = std::env::temp_dir().join(format!("dt-state-claims-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.db");
+        let _ = std::fs::remove_file(&path);
+        conformance::exclusive_claims(&|| Box::new(SqliteState::open(&path).unwrap()));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn run_ids_sort_by_time() {
+        let a = RunId::generate(chrono::DateTime::from_timestamp(1_700_000_000, 5).unwrap());
+        let b = RunId::generate(chrono::DateTime::from_timestamp(1_700_000_001, 5).unwrap());
+        assert!(a < b);
+        assert_eq!(a.0.len(), "20231114-221320-00000000".len());
+    }
+
+    #[test]
+    fn run_ids_of_one_second_never_collide() {
+        // 411 in one second collided four times in four with 16 random bits.
+        let now = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let ids: std::collections::HashSet<RunId> =
+            (0..200_000).map(|_| RunId::generate(now)).collect();
+        assert_eq!(ids.len(), 200_000);
+    }
+}

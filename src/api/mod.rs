@@ -1,0 +1,837 @@
+//! The HTTP API of `drivetrain serve` (axum, JSON under `/api/v1`), `/healthz`, `/readyz`
+//! and `/metrics` (Prometheus text). [`openapi::ROUTES`] is the list the router is built
+//! from and `docs/openapi.json` is generated from; the bodies are the types of
+//! [`openapi`].
+//!
+//! Who may call what ([`auth`]):
+//! - With a token, every route but the health checks needs `Authorization: Bearer TOKEN`.
+//! - Without one (loopback only), reading is open but every mutating route (a `POST`:
+//!   a run, a rerun, a schedule, a cancel) is refused, unless the server was started with
+//!   `--insecure-no-auth`: posting YAML runs any command as the server's user.
+//! - On a loopback address the `Host` header must name it (`127.0.0.1:PORT`,
+//!   `localhost:PORT`, `[::1]:PORT`): a page whose DNS name was rebound to 127.0.0.1 sends
+//!   its own name and is refused.
+//!
+//! Validation of posted YAML runs on the blocking pool, at most
+//! [`crate::serve::VALIDATIONS`] at once and each within [`VALIDATION_TIMEOUT`], so one
+//! hostile pipeline can neither stall the async workers nor take the memory of many.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::Value;
+
+use drivetrain_engine::artifacts::AttemptKey;
+use drivetrain_engine::state::RunId;
+
+use crate::serve::Server;
+
+pub mod openapi;
+mod views;
+use openapi::{
+    ApiError, Cancelling, Queued, Registered, RunDetail, RunList, ScheduleList, ScheduleStatus,
+    Spawned, Started, Suspension,
+};
+
+type Shared = Arc<Server>;
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (
+        status,
+        Json(ApiError {
+            error: message.into(),
+        }),
+    )
+        .into_response()
+}
+
+/// A JSON request body; what axum refuses (not JSON, the wrong shape, too large) is
+/// answered as every other error is, `{"error": …}` with axum's status.
+struct JsonBody<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for JsonBody<T> {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(JsonBody(v)),
+            Err(r) => Err(error(r.status(), r.body_text())),
+        }
+    }
+}
+
+/// A query string, refused as [`JsonBody`] refuses bodies.
+struct Params<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequestParts<S>
+    for Params<T>
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Response> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(v)) => Ok(Params(v)),
+            Err(r) => Err(error(r.status(), r.body_text())),
+        }
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> Response {
+    error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+/// The handler of one route of [`openapi::ROUTES`].
+fn handler(method: &str, path: &str) -> axum::routing::MethodRouter<Shared> {
+    match (method, path) {
+        ("get", "/healthz") => get(|| async { "ok\n" }),
+        ("get", "/readyz") => get(ready),
+        ("get", "/metrics") => get(metrics),
+        ("get", "/api/v1/runs") => get(list_runs),
+        ("post", "/api/v1/runs") => post(submit),
+        ("get", "/api/v1/runs/{id}") => get(get_run),
+        ("post", "/api/v1/runs/{id}/cancel") => post(cancel),
+        ("post", "/api/v1/runs/{id}/rerun") => post(rerun),
+        ("post", "/api/v1/runs/{id}/retry") => post(retry),
+        ("get", "/api/v1/runs/{id}/logs") => get(logs),
+        ("get", "/api/v1/runs/{id}/graph") => get(views::graph),
+        ("get", "/api/v1/runs/{id}/attempts") => get(views::attempts),
+        ("get", "/api/v1/runs/{id}/events") => get(views::run_events),
+        ("get", "/api/v1/runs/{id}/stages/{stage}/explain") => get(views::explain),
+        ("get", "/api/v1/events") => get(views::list_events),
+        ("get", "/api/v1/lineage") => get(views::lineage),
+        ("get", "/api/v1/registry") => get(views::models),
+        ("post", "/api/v1/registry/{model}/aliases/{alias}/rollback") => post(views::rollback),
+        ("get", "/api/v1/schedules") => get(schedules),
+        ("post", "/api/v1/schedules") => post(register),
+        ("post", "/api/v1/schedules/{name}/suspend") => post(suspend),
+        ("post", "/api/v1/schedules/{name}/resume") => post(resume),
+        ("post", "/api/v1/schedules/{name}/trigger") => post(trigger),
+        _ => unreachable!("no handler for {method} {path}"),
+    }
+}
+
+/// The router over `server`, built from [`openapi::ROUTES`].
+pub fn router(server: Shared) -> Router {
+    let (mut open, mut api) = (Router::new(), Router::new());
+    for r in openapi::ROUTES {
+        let h = handler(r.method, r.path);
+        if openapi::guarded(r.path) {
+            api = api.route(r.path, h);
+        } else {
+            open = open.route(r.path, h);
+        }
+    }
+    let api = api.layer(axum::middleware::from_fn_with_state(server.clone(), auth));
+    open.merge(api)
+        .merge(crate::ui::router())
+        .with_state(server)
+}
+
+/// Whether `host` (a `Host` header) names the loopback address the server is bound to.
+fn host_is_bound(host: &str, bound: std::net::SocketAddr) -> bool {
+    let port = bound.port().to_string();
+    let (name, p) = match host.rsplit_once(':') {
+        // `[::1]` alone has a colon in it but no port.
+        Some((n, p)) if !p.contains(']') => (n, Some(p)),
+        _ => (host, None),
+    };
+    // Without a port, the client used the scheme's default: only right on port 80.
+    let port_ok = p.map_or(bound.port() == 80, |p| p == port);
+    let name_ok = match name {
+        "localhost" => true,
+        n => n
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip == bound.ip()),
+    };
+    port_ok && name_ok
+}
+
+async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    if s.bound.ip().is_loopback() {
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
+        if !host_is_bound(host, s.bound) {
+            return error(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "Host `{}` is not this server's address ({}); a page of another site \
+                     cannot call a loopback API",
+                    drivetrain_engine::diag::clip(host.to_owned()),
+                    s.bound
+                ),
+            );
+        }
+    }
+    let mutating = !matches!(*req.method(), Method::GET | Method::HEAD);
+    // A browser names the page that sends a request: a page of another site may not
+    // start, cancel or roll back anything here (a form needs no preflight).
+    if mutating {
+        if let Some(origin) = req.headers().get(header::ORIGIN) {
+            let origin = origin.to_str().unwrap_or("");
+            let host = req
+                .headers()
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or("");
+            let same = origin
+                .strip_prefix("http://")
+                .or_else(|| origin.strip_prefix("https://"))
+                .is_some_and(|o| o == host);
+            if !same {
+                return error(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "a page of `{}` cannot change this server",
+                        drivetrain_engine::diag::clip(origin.to_owned())
+                    ),
+                );
+            }
+        }
+    }
+    if s.token.is_none() && mutating && !s.insecure_no_auth {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "this server has no token, so it only answers reads: start it with --token \
+             (or DRIVETRAIN_TOKEN), or with --insecure-no-auth to let anyone on this machine \
+             start runs",
+        );
+    }
+    if let Some(token) = &s.token {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        // Compared in full whatever the input, so timing says nothing about the token.
+        let ok = given.is_some_and(|g| {
+            g.len() == token.len()
+                && g.bytes()
+                    .zip(token.bytes())
+                    .fold(0u8, |a, (x, y)| a | (x ^ y))
+                    == 0
+        });
+        if !ok {
+            return error(
+                StatusCode::UNAUTHORIZED,
+                "a valid `Authorization: Bearer TOKEN` is required",
+            );
+        }
+    }
+    next.run(req).await
+}
+
+async fn ready(State(s): State<Shared>) -> Response {
+    match s.state.list_runs(1) {
+        Ok(_) => "ready\n".into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    limit: Option<usize>,
+    pipeline: Option<String>,
+    phase: Option<String>,
+    trigger: Option<String>,
+    since: Option<String>,
+}
+
+/// How many of the newest runs a filtered list looks through.
+const FILTER_WINDOW: usize = 100_000;
+
+async fn list_runs(State(s): State<Shared>, Params(q): Params<ListQuery>) -> Response {
+    let limit = q.limit.unwrap_or(50);
+    let phase = match q.phase.as_deref().filter(|p| !p.is_empty()) {
+        None => None,
+        Some(p) => match drivetrain_engine::state::Phase::parse(p) {
+            Some(p) => Some(p),
+            None => return error(StatusCode::BAD_REQUEST, format!("no phase `{p}`")),
+        },
+    };
+    let given = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
+    let (pipeline, trigger, since) = (given(&q.pipeline), given(&q.trigger), given(&q.since));
+    let filtered = phase.is_some() || pipeline.is_some() || trigger.is_some() || since.is_some();
+    let window = if filtered { FILTER_WINDOW } else { limit };
+    match s.state.list_runs(window) {
+        Ok(runs) => {
+            let runs = runs
+                .into_iter()
+                .filter(|r| {
+                    phase.is_none_or(|p| r.phase == p)
+                        && pipeline.as_ref().is_none_or(|p| r.pipeline == *p)
+                        && trigger.as_ref().is_none_or(|t| r.trigger == *t)
+                        // RFC 3339 in UTC with milliseconds sorts as text.
+                        && since.as_ref().is_none_or(|t| r.created_at >= *t)
+                })
+                .take(limit)
+                .collect();
+            Json(RunList { runs }).into_response()
+        }
+        Err(e) => internal(e),
+    }
+}
+
+async fn get_run(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    let id = RunId(id);
+    let run = match s.state.run(&id) {
+        Ok(r) => r,
+        Err(_) => return error(StatusCode::NOT_FOUND, format!("no run `{id}`")),
+    };
+    match s.state.stages(&id) {
+        Ok(stages) => Json(RunDetail { run, stages }).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+/// `POST /api/v1/runs`: `{"pipeline": NAME}` (a pipeline of the served directory) or
+/// `{"yaml": TEXT}`, and `"params": {name: value}`.
+#[derive(Deserialize)]
+struct Submit {
+    pipeline: Option<String>,
+    yaml: Option<String>,
+    #[serde(default)]
+    params: serde_json::Map<String, Value>,
+}
+
+/// How long one posted pipeline may take to validate (waiting for its turn included)
+/// before the request is answered 503.
+pub const VALIDATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Validates posted YAML on the blocking pool: at most [`crate::serve::VALIDATIONS`] at
+/// once, each answered within [`VALIDATION_TIMEOUT`]. A validation that runs over keeps
+/// its permit until it ends, so slow requests cannot pile up behind the answer.
+async fn validate_posted(
+    s: &Shared,
+    yaml: String,
+) -> Result<(drivetrain_engine::Pipeline, String), Response> {
+    let deadline = tokio::time::Instant::now() + VALIDATION_TIMEOUT;
+    let busy = || {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the pipeline was not validated within {} s; try again later",
+                VALIDATION_TIMEOUT.as_secs()
+            ),
+        )
+    };
+    let permit =
+        match tokio::time::timeout_at(deadline, s.validations.clone().acquire_owned()).await {
+            Ok(Ok(p)) => p,
+            _ => return Err(busy()),
+        };
+    let server = s.clone();
+    let task = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        server.validated(&yaml).map(|p| (p, yaml))
+    });
+    match tokio::time::timeout_at(deadline, task).await {
+        Ok(Ok(Ok(v))) => Ok(v),
+        Ok(Ok(Err(problems))) => Err(error(StatusCode::BAD_REQUEST, problems)),
+        Ok(Err(e)) => Err(internal(format!("validation failed: {e}"))),
+        Err(_) => Err(busy()),
+    }
+}
+
+fn status_of(code: u16) -> StatusCode {
+    StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+/// Refuses a NUL byte in `field`: it can be neither an argument nor an environment value.
+fn nul_in<'a>(field: &str, mut texts: impl Iterator<Item = &'a str>) -> Option<Response> {
+    texts.any(|t| t.contains('\0')).then(|| {
+        error(
+            StatusCode::BAD_REQUEST,
+            format!("`{field}` holds a NUL byte, which no argument or environment value can"),
+        )
+    })
+}
+
+/// Every name and string value of a `params` object.
+fn param_texts(params: &serde_json::Map<String, Value>) -> impl Iterator<Item = &str> {
+    params.iter().flat_map(|(k, v)| {
+        std::iter::once(k.as_str()).chain(match v {
+            Value::String(t) => Some(t.as_str()),
+            _ => None,
+        })
+    })
+}
+
+async fn submit(State(s): State<Shared>, JsonBody(body): JsonBody<Submit>) -> Response {
+    if let Some(response) = nul_in("params", param_texts(&body.params)) {
+        return response;
+    }
+    let overrides: Vec<(String, String)> = body
+        .params
+        .iter()
+        .map(|(k, v)| (k.clone(), drivetrain_engine::template::value_text(v)))
+        .collect();
+    let started = match (body.pipeline, body.yaml) {
+        (Some(name), None) => s.submit_named(&name, &overrides),
+        (None, Some(yaml)) => match validate_posted(&s, yaml).await {
+            Ok((pipeline, yaml)) => s.submit_yaml(pipeline, &yaml, &overrides),
+            Err(response) => return response,
+        },
+        _ => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "give exactly one of `pipeline` (a name) and `yaml`",
+            )
+        }
+    };
+    match started {
+        Ok(run) => (StatusCode::CREATED, Json(Started { run })).into_response(),
+        Err((code, e)) => error(status_of(code), e),
+    }
+}
+
+async fn cancel(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    let run = RunId(id.clone());
+    let accepted = (
+        StatusCode::ACCEPTED,
+        Json(Cancelling {
+            run: id.clone(),
+            cancelling: true,
+        }),
+    );
+    if s.cancel(&run) {
+        return accepted.into_response();
+    }
+    // A rerun or retry this server started runs in an engine of its own.
+    match s.state.run(&run) {
+        Ok(r)
+            if !r.phase.is_terminal()
+                && r.engine_pid
+                    .is_some_and(|p| p != i64::from(std::process::id())) =>
+        {
+            let pid = r.engine_pid.unwrap_or_default() as i32;
+            match nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            ) {
+                Ok(()) => accepted.into_response(),
+                Err(e) => error(
+                    StatusCode::CONFLICT,
+                    format!(
+                        "run `{id}`'s engine is gone ({e}); `drivetrain cancel {id}` records it"
+                    ),
+                ),
+            }
+        }
+        Ok(r) if r.phase.is_terminal() => error(
+            StatusCode::CONFLICT,
+            format!("run `{id}` already ended: {}", r.phase),
+        ),
+        _ => error(
+            StatusCode::NOT_FOUND,
+            format!("run `{id}` is not running in this server"),
+        ),
+    }
+}
+
+/// `POST /api/v1/runs/{id}/rerun`: `{"stages": [..], "downstream": bool, "params": {..}}`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RerunBody {
+    #[serde(default)]
+    stages: Vec<String>,
+    #[serde(default)]
+    downstream: bool,
+    #[serde(default)]
+    params: serde_json::Map<String, Value>,
+}
+
+async fn rerun(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    // No body at all reads as `{}`, which then says what is missing.
+    let body: RerunBody = match body.is_empty() {
+        true => RerunBody::default(),
+        false => match serde_json::from_slice(&body) {
+            Ok(b) => b,
+            Err(e) => return error(StatusCode::BAD_REQUEST, format!("the body: {e}")),
+        },
+    };
+    if let Some(response) = nul_in("stages", body.stages.iter().map(String::as_str))
+        .or_else(|| nul_in("params", param_texts(&body.params)))
+    {
+        return response;
+    }
+    if body.stages.is_empty() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "name the `stages` to execute again",
+        );
+    }
+    let mut extra = Vec::new();
+    for st in &body.stages {
+        extra.extend(["--stage".to_owned(), st.clone()]);
+    }
+    if body.downstream {
+        extra.push("--downstream".into());
+    }
+    for (k, v) in &body.params {
+        extra.extend([
+            "--param".to_owned(),
+            format!("{k}={}", drivetrain_engine::template::value_text(v)),
+        ]);
+    }
+    from_run(&s, "rerun", id, &extra).await
+}
+
+async fn retry(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    from_run(&s, "retry", id, &[]).await
+}
+
+async fn from_run(s: &Server, verb: &str, id: String, extra: &[String]) -> Response {
+    let parent = RunId(id);
+    match s.state.run(&parent) {
+        Ok(r) if !r.phase.is_terminal() => {
+            return error(
+                StatusCode::CONFLICT,
+                format!("run `{parent}` is still running; wait for it or cancel it first"),
+            )
+        }
+        Ok(_) => {}
+        Err(_) => return error(StatusCode::NOT_FOUND, format!("no run `{parent}`")),
+    }
+    match s.spawn_from(verb, &parent, extra).await {
+        Ok(run) => (
+            StatusCode::CREATED,
+            Json(Spawned {
+                run,
+                parent,
+                trigger: verb.to_owned(),
+            }),
+        )
+            .into_response(),
+        Err((code, e)) => error(status_of(code), e),
+    }
+}
+
+/// `POST /api/v1/schedules`: `{"yaml": TEXT, "replace": bool}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Register {
+    yaml: String,
+    #[serde(default)]
+    replace: bool,
+}
+
+async fn register(State(s): State<Shared>, JsonBody(body): JsonBody<Register>) -> Response {
+    let (pipeline, yaml) = match validate_posted(&s, body.yaml).await {
+        Ok(v) => v,
+        Err(response) => return response,
+    };
+    match s.register(pipeline, &yaml, body.replace) {
+        Ok((schedule, next)) => {
+            (StatusCode::CREATED, Json(Registered { schedule, next })).into_response()
+        }
+        Err((code, message)) => error(status_of(code), message),
+    }
+}
+
+/// Streams the live log of an attempt from its start, as it grows, until the attempt has
+/// ended and everything it wrote was sent.
+fn follow(
+    s: Shared,
+    run: RunId,
+    stage: String,
+    attempt: u32,
+    path: std::path::PathBuf,
+) -> Response {
+    use std::io::{Read as _, Seek as _};
+    let ended = move |s: &Server| {
+        s.state
+            .attempts(&run)
+            .map(|a| {
+                a.iter().any(|a| {
+                    a.stage == stage
+                        && (a.attempt > attempt || (a.attempt == attempt && a.phase.is_terminal()))
+                })
+            })
+            .unwrap_or(true)
+    };
+    let stream = futures::stream::unfold((0u64, false), move |(offset, done)| {
+        let s = s.clone();
+        let path = path.clone();
+        let ended = ended.clone();
+        async move {
+            if done {
+                return None;
+            }
+            loop {
+                // Ended is read before the file, so nothing written before the end is missed.
+                let finished = ended(&s);
+                let mut chunk = Vec::new();
+                if let Ok(mut f) = std::fs::File::open(&path) {
+                    if f.seek(std::io::SeekFrom::Start(offset)).is_ok() {
+                        let _ = f.read_to_end(&mut chunk);
+                    }
+                }
+                if !chunk.is_empty() {
+                    let next = offset + chunk.len() as u64;
+                    return Some((Ok::<_, std::convert::Infallible>(chunk), (next, false)));
+                }
+                if finished {
+                    return None;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    });
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+struct LogsQuery {
+    stage: String,
+    /// Stream the log as it grows until the stage's attempt ends.
+    #[serde(default)]
+    follow: bool,
+}
+
+/// The latest attempt's log of a stage: the published one, or the live file while it runs.
+async fn logs(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Params(q): Params<LogsQuery>,
+) -> Response {
+    let run = RunId(id);
+    let attempts = match s.state.attempts(&run) {
+        Ok(a) => a,
+        Err(e) => return internal(e),
+    };
+    let Some(latest) = attempts
+        .iter()
+        .filter(|a| a.stage == q.stage)
+        .map(|a| a.attempt)
+        .max()
+    else {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("run `{run}` has no attempts of stage `{}`", q.stage),
+        );
+    };
+    let key = AttemptKey {
+        run: run.0.clone(),
+        stage: q.stage.clone(),
+        attempt: latest,
+    };
+    let live = s
+        .work_dir
+        .join(&run.0)
+        .join(&q.stage)
+        .join(latest.to_string())
+        .join("log.txt");
+    if q.follow {
+        return follow(s.clone(), run, q.stage, latest, live);
+    }
+    let text = match s.artifacts.log(&key).await {
+        Ok(Some(bytes)) => bytes,
+        _ => std::fs::read(
+            s.work_dir
+                .join(&run.0)
+                .join(&q.stage)
+                .join(latest.to_string())
+                .join("log.txt"),
+        )
+        .unwrap_or_default(),
+    };
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
+}
+
+async fn schedules(State(s): State<Shared>) -> Response {
+    let list = match s.state.schedules() {
+        Ok(l) => l,
+        Err(e) => return internal(e),
+    };
+    let mut out = Vec::new();
+    for e in list {
+        let ticks = s.state.ticks(&e.pipeline, 10).unwrap_or_default();
+        let next_tick =
+            crate::schedules::next_tick(std::path::Path::new(&e.file), chrono::Utc::now());
+        out.push(ScheduleStatus {
+            schedule: e,
+            next_tick,
+            recent_ticks: ticks,
+        });
+    }
+    Json(ScheduleList { schedules: out }).into_response()
+}
+
+fn known(s: &Server, name: &str) -> Option<Response> {
+    match s.state.schedule(name) {
+        Ok(Some(_)) => None,
+        Ok(None) => Some(error(
+            StatusCode::NOT_FOUND,
+            format!("no schedule `{name}`"),
+        )),
+        Err(e) => Some(internal(e)),
+    }
+}
+
+async fn suspend(State(s): State<Shared>, Path(name): Path<String>) -> Response {
+    if let Some(r) = known(&s, &name) {
+        return r;
+    }
+    match s.state.set_suspended(&name, true, None) {
+        Ok(()) => Json(Suspension {
+            schedule: name,
+            suspended: true,
+            backlog: None,
+        })
+        .into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+#[derive(Deserialize)]
+struct ResumeQuery {
+    #[serde(default)]
+    catchup: bool,
+}
+
+async fn resume(
+    State(s): State<Shared>,
+    Path(name): Path<String>,
+    Params(q): Params<ResumeQuery>,
+) -> Response {
+    if let Some(r) = known(&s, &name) {
+        return r;
+    }
+    let anchor = (!q.catchup).then(crate::serve::now_text);
+    match s.state.set_suspended(&name, false, anchor.as_deref()) {
+        Ok(()) => Json(Suspension {
+            schedule: name,
+            suspended: false,
+            backlog: Some(q.catchup),
+        })
+        .into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+async fn trigger(State(s): State<Shared>, Path(name): Path<String>) -> Response {
+    if let Some(r) = known(&s, &name) {
+        return r;
+    }
+    match crate::serve::queue_manual_tick(s.state.as_ref(), &name) {
+        Ok(run) => (
+            StatusCode::ACCEPTED,
+            Json(Queued {
+                schedule: name,
+                run,
+            }),
+        )
+            .into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+async fn metrics(State(s): State<Shared>) -> Response {
+    let mut out = String::new();
+    let m = &s.metrics;
+    out.push_str("# HELP drivetrain_runs Runs by status.\n# TYPE drivetrain_runs gauge\n");
+    for (phase, n) in s.state.run_counts().unwrap_or_default() {
+        out.push_str(&format!("drivetrain_runs{{status=\"{phase}\"}} {n}\n"));
+    }
+    out.push_str("# HELP drivetrain_queue_depth Runs in flight in this server.\n# TYPE drivetrain_queue_depth gauge\n");
+    out.push_str(&format!("drivetrain_queue_depth {}\n", s.in_flight()));
+    for (name, help, v) in [
+        (
+            "drivetrain_ticks_fired_total",
+            "Cron ticks that started a run.",
+            &m.ticks_fired,
+        ),
+        (
+            "drivetrain_ticks_skipped_total",
+            "Cron ticks recorded but not run.",
+            &m.ticks_skipped,
+        ),
+        (
+            "drivetrain_cache_hits_total",
+            "Stages whose outputs came from the cache.",
+            &m.cache_hits,
+        ),
+        (
+            "drivetrain_cache_misses_total",
+            "Cacheable stages that executed.",
+            &m.cache_misses,
+        ),
+    ] {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n",
+            v.load(Ordering::Relaxed)
+        ));
+    }
+    m.stage_seconds.render(
+        &mut out,
+        "drivetrain_stage_duration_seconds",
+        "Stage durations.",
+    );
+    m.transition_seconds.render(
+        &mut out,
+        "drivetrain_stage_transition_seconds",
+        "From a run start or an upstream stage's end to the next stage's start.",
+    );
+    m.schedule_lag_seconds.render(
+        &mut out,
+        "drivetrain_schedule_lag_seconds",
+        "A run's start minus its tick's scheduled time.",
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every route of the table has a handler (the router is built from the table).
+    #[test]
+    fn every_route_has_a_handler() {
+        for r in super::openapi::ROUTES {
+            let _ = super::handler(r.method, r.path);
+        }
+    }
+
+    #[test]
+    fn hosts_name_the_bound_address() {
+        let bound: std::net::SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        for ok in ["127.0.0.1:8080", "localhost:8080"] {
+            assert!(super::host_is_bound(ok, bound), "{ok}");
+        }
+        for bad in [
+            "evil.example:8080",
+            "127.0.0.1:9",
+            "127.0.0.1",
+            "",
+            "[::1]:8080",
+            "127.0.0.2:8080",
+        ] {
+            assert!(!super::host_is_bound(bad, bound), "{bad}");
+        }
+        let v6: std::net::SocketAddr = "[::1]:80".parse().unwrap();
+        assert!(super::host_is_bound("[::1]", v6));
+        assert!(super::host_is_bound("localhost", v6));
+        assert!(!super::host_is_bound("evil.example", v6));
+    }
+}

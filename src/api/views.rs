@@ -1,0 +1,316 @@
+//! The reads the web view needs beyond runs and schedules: a run's graph, its attempts,
+//! its live events, `explain` for a stage, lineage, and the model registry. Each is a
+//! route of [`super::openapi::ROUTES`] like any other, so the CLI's users get them too.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use drivetrain_engine::plan::Action;
+use drivetrain_engine::state::RunId;
+
+use super::openapi::{AttemptList, GraphNode, RunGraph};
+use super::{error, internal, Params, Shared};
+
+/// How often a live stream reads the state store. The browser never polls: it holds one
+/// stream per page and the server sends what changed.
+pub const EVENT_INTERVAL: Duration = Duration::from_millis(400);
+
+/// `GET /api/v1/runs/{id}/graph`: the run's stages and what each needs, from the
+/// pipeline file the run was started from.
+pub(super) async fn graph(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    let run = RunId(id);
+    let record = match s.state.run(&run) {
+        Ok(r) => r,
+        Err(_) => return error(StatusCode::NOT_FOUND, format!("no run `{run}`")),
+    };
+    let server = s.clone();
+    let made = tokio::task::spawn_blocking(move || {
+        let source = std::fs::read_to_string(&record.file)
+            .map_err(|e| format!("the run's pipeline {} cannot be read: {e}", record.file))?;
+        if crate::runs::digest(&source) != record.spec_digest {
+            return Err(format!(
+                "{} changed since the run started; its stages are shown without edges",
+                record.file
+            ));
+        }
+        server.validated(&source)
+    })
+    .await;
+    let pipeline = match made {
+        Ok(Ok(p)) => p,
+        Ok(Err(why)) => {
+            // The stages the state store knows, without edges: still a picture of the run.
+            return match s.state.stages(&run) {
+                Ok(stages) => Json(RunGraph {
+                    nodes: stages
+                        .into_iter()
+                        .map(|st| GraphNode {
+                            name: st.stage,
+                            needs: Vec::new(),
+                            kind: String::new(),
+                            map: false,
+                            hook: false,
+                        })
+                        .collect(),
+                    note: Some(why),
+                })
+                .into_response(),
+                Err(e) => internal(e),
+            };
+        }
+        Err(e) => return internal(e),
+    };
+    let nodes = pipeline
+        .stages
+        .iter()
+        .map(|st| GraphNode {
+            name: st.name.clone(),
+            needs: pipeline
+                .upstream(st.id)
+                .into_iter()
+                .map(|u| pipeline.stage(u).name.clone())
+                .collect(),
+            kind: match &st.action {
+                Action::Step { name, version, .. } => format!("{name}@{version}"),
+                Action::Command { .. } => "command".into(),
+            },
+            map: st.map.is_some(),
+            hook: st.hook.is_some(),
+        })
+        .collect();
+    Json(RunGraph { nodes, note: None }).into_response()
+}
+
+/// `GET /api/v1/runs/{id}/attempts`.
+pub(super) async fn attempts(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    let run = RunId(id);
+    if s.state.run(&run).is_err() {
+        return error(StatusCode::NOT_FOUND, format!("no run `{run}`"));
+    }
+    match s.state.attempts(&run) {
+        Ok(attempts) => Json(AttemptList { attempts }).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+fn sse_event(name: &str, data: &Value) -> Event {
+    Event::default().event(name).data(data.to_string())
+}
+
+/// What a run's stream has sent so far.
+struct Sent {
+    run: Option<Value>,
+    stages: BTreeMap<String, Value>,
+    done: bool,
+}
+
+/// `GET /api/v1/runs/{id}/events`: `snapshot` (the run and its stages) first, then
+/// `run` and `stage` events as they change, and `end` once the run has ended.
+pub(super) async fn run_events(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    let run = RunId(id);
+    if s.state.run(&run).is_err() {
+        return error(StatusCode::NOT_FOUND, format!("no run `{run}`"));
+    }
+    let start = Sent {
+        run: None,
+        stages: BTreeMap::new(),
+        done: false,
+    };
+    let stream = futures::stream::unfold(start, move |mut sent| {
+        let (s, run) = (s.clone(), run.clone());
+        async move {
+            if sent.done {
+                return None;
+            }
+            loop {
+                let (record, stages) = match (s.state.run(&run), s.state.stages(&run)) {
+                    (Ok(r), Ok(st)) => (r, st),
+                    _ => return None,
+                };
+                let ended = record.phase.is_terminal();
+                let record = serde_json::to_value(&record).unwrap_or_default();
+                let mut events = Vec::new();
+                if sent.run.is_none() {
+                    events.push(sse_event(
+                        "snapshot",
+                        &json!({"run": record, "stages": stages}),
+                    ));
+                    sent.stages = stages
+                        .iter()
+                        .map(|st| (st.stage.clone(), json!(st)))
+                        .collect();
+                } else {
+                    if sent.run.as_ref() != Some(&record) {
+                        events.push(sse_event("run", &record));
+                    }
+                    for st in &stages {
+                        let v = json!(st);
+                        if sent.stages.get(&st.stage) != Some(&v) {
+                            events.push(sse_event("stage", &v));
+                            sent.stages.insert(st.stage.clone(), v);
+                        }
+                    }
+                }
+                sent.run = Some(record);
+                if ended {
+                    events.push(sse_event("end", &json!({})));
+                    sent.done = true;
+                }
+                if !events.is_empty() {
+                    let batch = futures::stream::iter(events.into_iter().map(Ok::<_, Infallible>));
+                    return Some((batch, sent));
+                }
+                tokio::time::sleep(EVENT_INTERVAL).await;
+            }
+        }
+    });
+    Sse::new(futures::StreamExt::flatten(stream))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// `GET /api/v1/events`: a `runs` event whenever the set of runs or the phase of one of
+/// the newest 200 changes (the page then reads the list it shows, with its filters).
+pub(super) async fn list_events(State(s): State<Shared>) -> Response {
+    let stream = futures::stream::unfold(None::<Value>, move |last| {
+        let s = s.clone();
+        async move {
+            loop {
+                let now = match (s.state.run_counts(), s.state.list_runs(200)) {
+                    (Ok(counts), Ok(runs)) => {
+                        let phases: Vec<(String, String)> = runs
+                            .into_iter()
+                            .map(|r| (r.id.0, r.phase.as_str().to_owned()))
+                            .collect();
+                        json!({"counts": counts, "phases": phases})
+                    }
+                    _ => return None,
+                };
+                if last.as_ref() != Some(&now) {
+                    let event = sse_event("runs", &json!({"counts": now["counts"]}));
+                    return Some((Ok::<_, Infallible>(event), Some(now)));
+                }
+                tokio::time::sleep(EVENT_INTERVAL).await;
+            }
+        }
+    });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// `GET /api/v1/runs/{id}/stages/{stage}/explain`.
+pub(super) async fn explain(
+    State(s): State<Shared>,
+    Path((id, stage)): Path<(String, String)>,
+) -> Response {
+    if s.state.run(&RunId(id.clone())).is_err() {
+        return error(StatusCode::NOT_FOUND, format!("no run `{id}`"));
+    }
+    match crate::history::explanation(&*s.state, &id, &stage) {
+        Ok(Ok(e)) => Json(e).into_response(),
+        Ok(Err(why)) => error(StatusCode::NOT_FOUND, why),
+        Err(e) => internal(e),
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct LineageQuery {
+    target: String,
+    #[serde(default)]
+    downstream: bool,
+}
+
+/// `GET /api/v1/lineage?target=…`: the graph from an artifact, a run's stage or a model
+/// version up to the drive logs (or, `downstream`, down to what was made of it).
+pub(super) async fn lineage(State(s): State<Shared>, Params(q): Params<LineageQuery>) -> Response {
+    use drivetrain_engine::history::{self, Direction, LineageError};
+    let server = s.clone();
+    let made = tokio::task::spawn_blocking(move || {
+        let target = match crate::history::model_target(&server.home, &q.target) {
+            Ok(Some(digest)) => digest,
+            Ok(None) => q.target.clone(),
+            Err(e) => return Err(LineageError::NotFound(e.to_string())),
+        };
+        let direction = match q.downstream {
+            true => Direction::Downstream,
+            false => Direction::Upstream,
+        };
+        let roots = history::resolve_target(&*server.state, &target)?;
+        history::lineage(&*server.state, &server.artifacts, roots, direction)
+    })
+    .await;
+    match made {
+        Ok(Ok(g)) => Json(g).into_response(),
+        Ok(Err(LineageError::NotFound(m))) => error(StatusCode::NOT_FOUND, m),
+        Ok(Err(LineageError::State(e))) => internal(e),
+        Err(e) => internal(e),
+    }
+}
+
+fn registry(s: &Shared) -> anyhow::Result<drivetrain_steps::registry::Registry> {
+    drivetrain_steps::registry::Registry::open_for(None, &crate::runs::store_url(None, &s.home)?)
+}
+
+/// `GET /api/v1/registry`: every model with its versions (metrics, source run), its
+/// aliases and their history.
+pub(super) async fn models(State(s): State<Shared>) -> Response {
+    let read = async {
+        let reg = registry(&s)?;
+        let mut out = Vec::new();
+        for model in reg.models().await? {
+            let aliases: serde_json::Map<String, Value> = reg
+                .aliases(&model)
+                .await?
+                .into_iter()
+                .map(|(a, v)| (a, v["version"].clone()))
+                .collect();
+            out.push(json!({
+                "model": model,
+                "versions": reg.versions(&model).await?,
+                "aliases": aliases,
+                "history": reg.history(&model).await?,
+            }));
+        }
+        anyhow::Ok(out)
+    };
+    match read.await {
+        Ok(models) => Json(super::openapi::Models { models }).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+/// `POST /api/v1/registry/{model}/aliases/{alias}/rollback`: the alias back to the
+/// version it named before its last move.
+pub(super) async fn rollback(
+    State(s): State<Shared>,
+    Path((model, alias)): Path<(String, String)>,
+) -> Response {
+    let reg = match registry(&s) {
+        Ok(r) => r,
+        Err(e) => return internal(e),
+    };
+    match reg.aliases(&model).await {
+        Ok(a) if a.iter().any(|(name, _)| *name == alias) => {}
+        Ok(_) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                format!("model `{model}` has no alias `{alias}`"),
+            )
+        }
+        Err(e) => return internal(e),
+    }
+    match reg.rollback(&model, &alias).await {
+        Ok(moved) => Json(moved).into_response(),
+        Err(e) => error(StatusCode::CONFLICT, e.to_string()),
+    }
+}

@@ -1,0 +1,433 @@
+//! `status`, `list` and `logs`: reading what runs recorded.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use drivetrain_engine::artifacts::{ArtifactStore, AttemptKey};
+use drivetrain_engine::state::{Phase, RunId, StateStore};
+use serde_json::json;
+
+use crate::runs::*;
+
+fn resolve_run(state: &dyn StateStore, run: Option<&str>) -> anyhow::Result<RunId> {
+    match run {
+        Some(r) => Ok(RunId(r.to_owned())),
+        None => state
+            .list_runs(1)?
+            .into_iter()
+            .next()
+            .map(|r| r.id)
+            .ok_or_else(|| anyhow::anyhow!("no runs yet")),
+    }
+}
+
+/// `drivetrain status [RUN]`.
+pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<ExitCode> {
+    let state = open_state(home)?;
+    let id = resolve_run(&*state, run)?;
+    let record = state.run(&id)?;
+    let stages = state.stages(&id)?;
+    if json_out {
+        let mut items = serde_json::Map::new();
+        for st in &stages {
+            let counts = state.item_counts(&id, &st.stage)?;
+            if !counts.is_empty() {
+                items.insert(st.stage.clone(), serde_json::to_value(counts)?);
+            }
+        }
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "run": record,
+                "orphaned": orphaned(state.as_ref())?.contains(&id),
+                "stages": stages,
+                "items": items,
+            }))?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "run {} of {} ({}): {}{}",
+        record.id,
+        record.pipeline,
+        record.file,
+        record.phase,
+        record
+            .reason
+            .as_ref()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default()
+    );
+    if orphaned(state.as_ref())?.contains(&id) {
+        println!("{}", orphan_hint(&id));
+    }
+    if let Some(parent) = &record.parent {
+        println!("{} of run {parent}", record.trigger);
+    }
+    println!(
+        "{:<24} {:<10} {:<38} {:>8} {:>9} {:>5}  reason",
+        "stage", "phase", "origin", "attempts", "duration", "exit"
+    );
+    for s in &stages {
+        let duration = match (&s.started_at, &s.finished_at) {
+            (Some(a), Some(b)) => elapsed(a, b),
+            _ => String::new(),
+        };
+        let origin = match (s.how.origin.as_str(), &s.how.origin_run) {
+            (_, _) if s.phase != Phase::Succeeded => String::new(),
+            ("ran", _) => "ran".to_owned(),
+            (o, Some(r)) => format!("{o} (from run {r})"),
+            (o, None) => o.to_owned(),
+        };
+        println!(
+            "{:<24} {:<10} {:<38} {:>8} {:>9} {:>5}  {}",
+            s.stage,
+            s.phase.as_str(),
+            origin,
+            s.attempts,
+            duration,
+            s.exit_code.map(|c| c.to_string()).unwrap_or_default(),
+            s.reason
+                .as_deref()
+                .and_then(|r| r.lines().next())
+                .unwrap_or_default()
+        );
+        // A map stage: how its items stand.
+        let counts = state.item_counts(&id, &s.stage)?;
+        if !counts.is_empty() {
+            let total: u64 = counts.values().sum();
+            let parts: Vec<String> = counts
+                .iter()
+                .map(|(p, n)| format!("{n} {}", p.to_lowercase()))
+                .collect();
+            println!("{:<24} items: {total} ({})", "", parts.join(", "));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn elapsed(a: &str, b: &str) -> String {
+    match (
+        chrono::DateTime::parse_from_rfc3339(a),
+        chrono::DateTime::parse_from_rfc3339(b),
+    ) {
+        (Ok(a), Ok(b)) => format!("{:.1}s", (b - a).num_milliseconds() as f64 / 1000.0),
+        _ => String::new(),
+    }
+}
+
+/// `drivetrain list`.
+/// `status --watch`: the status every second (the screen cleared first on a terminal)
+/// until the run ends; exit 0 when it succeeded, 1 otherwise.
+pub fn watch(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<ExitCode> {
+    use std::io::IsTerminal;
+    let state = open_state(home)?;
+    let id = resolve_run(&*state, run)?;
+    let clear = std::io::stdout().is_terminal() && !json_out;
+    loop {
+        let phase = state.run(&id)?.phase;
+        if clear {
+            print!("\x1b[2J\x1b[H");
+        }
+        status(home, Some(&id.0), json_out)?;
+        if phase.is_terminal() {
+            return Ok(ExitCode::from(u8::from(phase != Phase::Succeeded)));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// Which runs `list` shows.
+#[derive(Debug, Default)]
+pub struct ListFilter {
+    pub limit: usize,
+    pub pipeline: Option<String>,
+    pub phase: Option<String>,
+}
+
+/// The newest runs that pass `filter`: the state store's newest first, filtered here
+/// (looking back at most 10,000 runs).
+pub fn list(home: &Path, filter: &ListFilter, json_out: bool) -> anyhow::Result<ExitCode> {
+    let state = open_state(home)?;
+    // Any case: `failed`, `Failed`, `FAILED`.
+    let phase = match filter.phase.as_deref().map(|p| {
+        let mut chars = p.chars();
+        let word: String = chars
+            .next()
+            .into_iter()
+            .flat_map(char::to_uppercase)
+            .collect();
+        Phase::parse(&(word + &chars.as_str().to_ascii_lowercase())).ok_or(p)
+    }) {
+        None => None,
+        Some(Ok(phase)) => Some(phase),
+        Some(Err(p)) => {
+            eprintln!(
+                "error: --phase {p}: not a phase of a run (pending, running, succeeded, failed, …)"
+            );
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let scan = match (&filter.pipeline, &filter.phase) {
+        (None, None) => filter.limit,
+        _ => 10_000,
+    };
+    let runs: Vec<_> = state
+        .list_runs(scan)?
+        .into_iter()
+        .filter(|r| filter.pipeline.as_ref().is_none_or(|p| &r.pipeline == p))
+        .filter(|r| phase.is_none_or(|p| r.phase == p))
+        .take(filter.limit)
+        .collect();
+    let orphans = orphaned(state.as_ref())?;
+    if json_out {
+        let mut out = Vec::new();
+        for r in &runs {
+            let mut v = serde_json::to_value(r)?;
+            v["orphaned"] = json!(orphans.contains(&r.id));
+            out.push(v);
+        }
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for r in &runs {
+        let phase = match orphans.contains(&r.id) {
+            true => format!("{} (orphaned)", r.phase.as_str()),
+            false => r.phase.as_str().to_owned(),
+        };
+        println!(
+            "{}  {:<19} {:<24} {}",
+            r.id, phase, r.pipeline, r.created_at
+        );
+    }
+    if let Some(r) = runs.iter().find(|r| orphans.contains(&r.id)) {
+        println!("{}", orphan_hint(&r.id));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs recorded as running whose engine stopped beating (three heartbeats missed),
+/// wherever it ran: killed, or its machine gone.
+fn orphaned(state: &dyn StateStore) -> anyhow::Result<std::collections::BTreeSet<RunId>> {
+    Ok(state
+        .stale_runs(&crate::serve::stale_before()?)?
+        .into_iter()
+        .collect())
+}
+
+fn orphan_hint(run: &RunId) -> String {
+    format!(
+        "orphaned: the engine of run {run} stopped; `drivetrain resume {run}` goes on where it \
+         stopped, `drivetrain cancel {run}` ends it"
+    )
+}
+
+/// `drivetrain logs RUN --stage S --follow`: prints the stage's log as it is written,
+/// attempt after attempt, until the stage has ended.
+pub fn follow(home: &Path, run: Option<&str>, stage: &str) -> anyhow::Result<ExitCode> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let state = open_state(home)?;
+    let id = resolve_run(&*state, run)?;
+    let mut attempt = 0u32;
+    let mut offset = 0u64;
+    let out = std::io::stdout();
+    loop {
+        let attempts: Vec<_> = state
+            .attempts(&id)?
+            .into_iter()
+            .filter(|a| a.stage == stage)
+            .collect();
+        let current = attempts.iter().find(|a| a.attempt == attempt);
+        let newest = attempts.iter().map(|a| a.attempt).max().unwrap_or(0);
+        let path = home
+            .join("work")
+            .join(&id.0)
+            .join(stage)
+            .join(attempt.to_string())
+            .join("log.txt");
+        if attempt > 0 {
+            if let Ok(mut f) = std::fs::File::open(&path) {
+                f.seek(SeekFrom::Start(offset))?;
+                let mut buf = Vec::new();
+                f.read_to_end(&mut buf)?;
+                offset += buf.len() as u64;
+                out.lock().write_all(&buf)?;
+                out.lock().flush()?;
+            }
+        }
+        let attempt_done = current.is_none_or(|a| a.phase.is_terminal());
+        if attempt_done && newest > attempt {
+            attempt += 1;
+            offset = 0;
+            if attempt > 1 {
+                println!("── {stage} (attempt {attempt}) ──");
+            }
+            continue;
+        }
+        let stage_done = state
+            .stages(&id)?
+            .iter()
+            .any(|s| s.stage == stage && s.phase.is_terminal());
+        let run_done = state.run(&id)?.phase.is_terminal();
+        if attempt_done && (stage_done || run_done) && newest <= attempt {
+            return Ok(ExitCode::SUCCESS);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `drivetrain logs RUN --follow`: every attempt's log as it is written, each line led by
+/// its stage (and attempt, from the second on), until the run ends. Exit 0 when the run
+/// succeeded, 1 when it did not, 130 when it was cancelled.
+pub fn follow_run(home: &Path, run: Option<&str>) -> anyhow::Result<ExitCode> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let state = open_state(home)?;
+    let id = resolve_run(&*state, run)?;
+    state.run(&id)?;
+    // (stage, attempt) → (bytes read, the line begun but not ended).
+    let mut read: BTreeMap<(String, u32), (u64, Vec<u8>)> = BTreeMap::new();
+    let out = std::io::stdout();
+    loop {
+        // The run's phase is read before the files, so nothing written before its end is
+        // missed.
+        let phase = state.run(&id)?.phase;
+        for a in state.attempts(&id)? {
+            let path = home
+                .join("work")
+                .join(&id.0)
+                .join(&a.stage)
+                .join(a.attempt.to_string())
+                .join("log.txt");
+            let label = match a.attempt {
+                1 => a.stage.clone(),
+                n => format!("{}#{n}", a.stage),
+            };
+            let (offset, partial) = read.entry((a.stage.clone(), a.attempt)).or_default();
+            let mut chunk = Vec::new();
+            if let Ok(mut f) = std::fs::File::open(&path) {
+                f.seek(SeekFrom::Start(*offset))?;
+                f.read_to_end(&mut chunk)?;
+            }
+            *offset += chunk.len() as u64;
+            partial.extend_from_slice(&chunk);
+            let mut lock = out.lock();
+            while let Some(end) = partial.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = partial.drain(..=end).collect();
+                write!(lock, "{label} | ")?;
+                lock.write_all(&line)?;
+            }
+            if a.phase.is_terminal() && !partial.is_empty() {
+                write!(lock, "{label} | ")?;
+                lock.write_all(partial)?;
+                writeln!(lock)?;
+                partial.clear();
+            }
+            lock.flush()?;
+        }
+        if phase.is_terminal() {
+            return Ok(match phase {
+                Phase::Succeeded => ExitCode::SUCCESS,
+                Phase::Cancelled => ExitCode::from(crate::runs::EXIT_CANCELLED),
+                _ => ExitCode::from(1),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `drivetrain logs RUN [--stage S]`: each stage's latest attempt's log.
+pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Result<ExitCode> {
+    let state = open_state(home)?;
+    let id = resolve_run(&*state, run)?;
+    let record = state.run(&id)?;
+    let attempts = state.attempts(&id)?;
+    // A map stage's logs are its items'.
+    let items = match stage {
+        Some(s) => state.map_items(&id, s)?,
+        None => Vec::new(),
+    };
+    if let Some(s) = stage {
+        if !attempts.iter().any(|a| a.stage == s) && items.is_empty() {
+            eprintln!("error: run {id} has no attempts of stage `{s}`");
+            return Ok(ExitCode::from(2));
+        }
+    }
+    // The pipeline's own store may differ from the default; the run recorded its file.
+    let pipeline_store = std::fs::read_to_string(&record.file).ok().and_then(|src| {
+        drivetrain_engine::yaml::parse(&src)
+            .ok()
+            .and_then(|n| n.get("store").and_then(|s| s.as_str().map(str::to_owned)))
+    });
+    let artifacts = ArtifactStore::open(&store_url(pipeline_store.as_deref(), home)?)?;
+    let mut latest: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut order: Vec<&str> = Vec::new();
+    for a in &attempts {
+        if !latest.contains_key(a.stage.as_str()) {
+            order.push(&a.stage);
+        }
+        let e = latest.entry(&a.stage).or_default();
+        *e = (*e).max(a.attempt);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    if let (Some(s), false) = (stage, items.is_empty()) {
+        for item in items.iter().filter(|i| i.attempts > 0) {
+            let key = AttemptKey {
+                run: id.0.clone(),
+                stage: format!("{s}/items/{}", item.index),
+                attempt: item.attempts,
+            };
+            let text = rt
+                .block_on(artifacts.log(&key))?
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default();
+            println!(
+                "── {s}[{}] {} (attempt {}, {}) ──",
+                item.index,
+                drivetrain_engine::template::value_text(&item.item),
+                item.attempts,
+                item.phase
+            );
+            print!("{text}");
+            if !text.is_empty() && !text.ends_with('\n') {
+                println!();
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    for s in order {
+        if stage.is_some_and(|x| x != s) {
+            continue;
+        }
+        let attempt = latest[s];
+        let key = AttemptKey {
+            run: id.0.clone(),
+            stage: s.to_owned(),
+            attempt,
+        };
+        let text = match rt.block_on(artifacts.log(&key))? {
+            Some(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+            None => {
+                // Still running: read the attempt's local log.
+                let local = home
+                    .join("work")
+                    .join(&id.0)
+                    .join(s)
+                    .join(attempt.to_string())
+                    .join("log.txt");
+                std::fs::read_to_string(local).unwrap_or_default()
+            }
+        };
+        if stage.is_none() {
+            println!("── {s} (attempt {attempt}) ──");
+        }
+        print!("{text}");
+        if !text.is_empty() && !text.ends_with('\n') {
+            println!();
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,288 @@
+//! `rerun` and `retry`: a new run linked to an ended one, reusing what it does not execute.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use drivetrain_engine::artifacts::ArtifactStore;
+use drivetrain_engine::plan::Pipeline;
+use drivetrain_engine::runner::{self, RunOptions};
+use drivetrain_engine::state::{Phase, RunId, StateStore};
+use serde_json::json;
+
+use crate::runs::*;
+
+/// What `rerun` and `retry` are asked.
+pub struct RerunArgs<'a> {
+    pub parent: RunId,
+    pub retry: bool,
+    /// `--stage` (and with `--downstream`, what depends on them).
+    pub stages: Vec<String>,
+    pub downstream: bool,
+    pub from: Vec<String>,
+    pub only: Vec<String>,
+    pub params: Vec<(String, String)>,
+    pub images: Vec<(String, String)>,
+    pub file: &'a Path,
+    pub source: &'a str,
+    pub pipeline: Pipeline,
+    pub parallelism: Option<usize>,
+    pub fail_fast: bool,
+    pub no_cache: bool,
+    pub home: PathBuf,
+    pub json: bool,
+    /// The new run's id, if the caller chose it.
+    pub run_id: Option<RunId>,
+}
+
+/// The pipeline file a run was started from.
+pub fn run_file(home: &Path, run: &str) -> anyhow::Result<PathBuf> {
+    let state = open_state(home)?;
+    Ok(PathBuf::from(state.run(&RunId(run.to_owned()))?.file))
+}
+
+/// `drivetrain rerun` / `drivetrain retry`: a new run, linked to its parent, that takes
+/// every stage it does not execute from the parent exactly as the parent had it (even when
+/// the pipeline changed since) and executes the selection: the stages named (rerun), or
+/// every stage that did not succeed and what depends on it (retry).
+pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
+    let state: Arc<dyn StateStore> = open_state(&args.home)?;
+    let parent = state.run(&args.parent)?;
+    if !parent.phase.is_terminal() && parent.engine_pid.is_some_and(alive) {
+        eprintln!(
+            "error: run {} is still running; wait for it or cancel it first",
+            parent.id
+        );
+        return Ok(ExitCode::from(2));
+    }
+    let mut pipeline = args.pipeline;
+    let before = state.stages(&parent.id)?;
+    let name_of = |id: drivetrain_engine::StageId| pipeline.stage(id).name.clone();
+    let ids = |names: &[String]| -> Result<Vec<drivetrain_engine::StageId>, String> {
+        names
+            .iter()
+            .map(|n| {
+                pipeline.stage_by_name(n).map(|s| s.id).ok_or_else(|| {
+                    let all: Vec<&str> = pipeline.stages.iter().map(|s| s.name.as_str()).collect();
+                    let mut m = format!("no stage named `{n}` in {}", args.file.display());
+                    if let Some(h) = drivetrain_engine::diag::did_you_mean(n, all) {
+                        m.push_str(&format!("; {h}"));
+                    }
+                    m
+                })
+            })
+            .collect()
+    };
+    let usage = |m: String| {
+        eprintln!("error: {m}");
+        Ok(ExitCode::from(2))
+    };
+    // What to execute.
+    let mut selected: std::collections::BTreeSet<drivetrain_engine::StageId> = Default::default();
+    if args.retry {
+        for s in &pipeline.stages {
+            let ok = before
+                .iter()
+                .any(|b| b.stage == s.name && b.phase == Phase::Succeeded);
+            if !ok && s.hook.is_none() {
+                selected.extend(pipeline.descendants(s.id));
+            }
+        }
+        if selected.is_empty() {
+            println!(
+                "every stage of run {} succeeded; nothing to retry",
+                parent.id
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+    } else {
+        let (stages, from, only) = match (ids(&args.stages), ids(&args.from), ids(&args.only)) {
+            (Ok(a), Ok(b), Ok(c)) => (a, b, c),
+            (a, b, c) => {
+                let errors: Vec<String> =
+                    [a.err(), b.err(), c.err()].into_iter().flatten().collect();
+                return usage(errors.join("\n"));
+            }
+        };
+        if stages.is_empty() && from.is_empty() && only.is_empty() {
+            return usage(
+                "say what to rerun: --stage S [--downstream], --from S or --only S1,S2".into(),
+            );
+        }
+        for id in stages {
+            selected.insert(id);
+            if args.downstream {
+                selected.extend(pipeline.descendants(id));
+            }
+        }
+        for id in from {
+            selected.extend(pipeline.descendants(id));
+        }
+        selected.extend(only);
+    }
+    selected.retain(|id| pipeline.stage(*id).hook.is_none());
+    // What to take from the parent: every succeeded stage the selection needs, and every
+    // other one that is not downstream of the selection (whose outputs would be stale:
+    // those are not run at all).
+    let needed: std::collections::BTreeSet<_> = selected
+        .iter()
+        .flat_map(|id| pipeline.ancestors(*id))
+        .collect();
+    let stale: std::collections::BTreeSet<_> = selected
+        .iter()
+        .flat_map(|id| pipeline.descendants(*id))
+        .filter(|id| !needed.contains(id))
+        .collect();
+    let mut reuse = BTreeMap::new();
+    for b in &before {
+        let Some(s) = pipeline.stage_by_name(&b.stage) else {
+            continue;
+        };
+        if b.phase != Phase::Succeeded
+            || selected.contains(&s.id)
+            || stale.contains(&s.id)
+            || s.hook.is_some()
+        {
+            continue;
+        }
+        let outputs = serde_json::from_value(b.outputs.clone()).unwrap_or_default();
+        let origin_run = match b.how.origin.as_str() {
+            "ran" => parent.id.0.clone(),
+            _ => b
+                .how
+                .origin_run
+                .clone()
+                .unwrap_or_else(|| parent.id.0.clone()),
+        };
+        reuse.insert(
+            b.stage.clone(),
+            runner::Reused {
+                outputs,
+                values: b.values.clone(),
+                provenance: drivetrain_engine::state::Provenance {
+                    origin: "reused".into(),
+                    origin_run: Some(origin_run),
+                    ..b.how.clone()
+                },
+            },
+        );
+    }
+    // Everything the selection needs must come from the parent.
+    let mut missing = Vec::new();
+    for id in &selected {
+        for up in pipeline.ancestors(*id) {
+            let name = name_of(up);
+            if !selected.contains(&up) && !reuse.contains_key(&name) {
+                let phase = before
+                    .iter()
+                    .find(|b| b.stage == name)
+                    .map(|b| b.phase.as_str())
+                    .unwrap_or("not run");
+                missing.push(format!(
+                    "`{name}` (upstream of `{}`) did not succeed in run {} ({phase}); rerun with --from {name}, or `drivetrain retry {}`",
+                    name_of(*id),
+                    parent.id,
+                    parent.id
+                ));
+            }
+        }
+    }
+    if !missing.is_empty() {
+        missing.sort();
+        missing.dedup();
+        return usage(missing.join("\n"));
+    }
+    // Params: the parent's, then the overrides.
+    let mut raw: Vec<(String, String)> = parent
+        .params
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| pipeline.params.iter().any(|p| &p.name == *k))
+        .map(|(k, v)| (k.clone(), drivetrain_engine::template::value_text(v)))
+        .collect();
+    raw.extend(args.params.iter().cloned());
+    let params = match pipeline.resolve_params(&raw) {
+        Ok(p) => p,
+        Err(errors) => return usage(errors.join("\n")),
+    };
+    let selection: std::collections::BTreeSet<String> =
+        selected.iter().map(|id| name_of(*id)).collect();
+    let mut images = serde_json::Map::new();
+    for (stage, image) in &args.images {
+        let Some(id) = pipeline.stage_by_name(stage).map(|s| s.id) else {
+            return usage(format!("--image {stage}=…: no stage named `{stage}`"));
+        };
+        let template = drivetrain_engine::template::Template::parse(image)
+            .map_err(|_| anyhow::anyhow!("--image {stage}={image}: not a valid image"))?;
+        let s = &mut pipeline.stages[id.index()];
+        if let drivetrain_engine::plan::Action::Command { image: i, .. } = &mut s.action {
+            *i = Some(template.clone());
+        }
+        s.image = Some(template);
+        images.insert(stage.clone(), json!(image));
+    }
+    let overrides = json!({
+        "params": args.params.iter().map(|(k, _)| (k.clone(), params.get(k).cloned().unwrap_or_default())).collect::<serde_json::Map<_, _>>(),
+        "images": images,
+    });
+    let executor = match drivetrain_plugins::executor(&pipeline.executor) {
+        Ok(e) => e,
+        Err(why) => return usage(why),
+    };
+    let url = store_url(pipeline.store.as_deref(), &args.home)?;
+    let id = args
+        .run_id
+        .clone()
+        .unwrap_or_else(|| RunId::generate(chrono::Utc::now()));
+    let trigger = if args.retry { "retry" } else { "rerun" };
+    if !args.json {
+        println!("run {id}");
+        println!(
+            "{trigger} of run {}: executes {}; reuses {}",
+            parent.id,
+            selection.iter().cloned().collect::<Vec<_>>().join(", "),
+            if reuse.is_empty() {
+                "nothing".to_owned()
+            } else {
+                reuse.keys().cloned().collect::<Vec<_>>().join(", ")
+            }
+        );
+    }
+    let opts = RunOptions {
+        parallelism: args.parallelism.unwrap_or_else(default_parallelism),
+        fail_fast: args.fail_fast,
+        work_dir: std::fs::canonicalize(&args.home)?.join("work"),
+        file: args.file.display().to_string(),
+        spec_digest: digest(args.source),
+        trigger: trigger.into(),
+        gpus: machine_gpus(&pipeline, None),
+        parent: Some(parent.id.clone()),
+        selection: Some(selection),
+        reuse,
+        overrides,
+        // A rerun executes what it selected, whatever the cache holds; a retry may hit.
+        cache: runner::CacheMode {
+            read: args.retry && !args.no_cache,
+            write: !args.no_cache,
+        },
+        step_command: step_command()?,
+        resolver: Some(resolver()),
+        scheduled_time: None,
+    };
+    drive(Drive {
+        id,
+        pipeline: Arc::new(pipeline),
+        params,
+        services: Services {
+            state,
+            artifacts: ArtifactStore::open(&url)?,
+            executor,
+        },
+        opts,
+        resume: None,
+        deadline: None,
+        json: args.json,
+    })
+}

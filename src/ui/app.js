@@ -1,0 +1,660 @@
+// The web view of drivetrain: runs, a run's DAG, stages, logs, lineage, the registry and
+// schedules. Plain JavaScript, no dependencies, no build step; everything comes from the
+// API under /api/v1 (docs/openapi.json). Text from the server is only ever set as text
+// (textContent, attributes), never parsed as HTML.
+
+const PHASES = ["Pending", "Running", "Succeeded", "Failed", "Skipped", "Cancelled", "Cached", "Omitted"];
+const TRIGGERS = ["cli", "api", "schedule", "rerun", "retry"];
+const TERMINAL = new Set(["Succeeded", "Failed", "Skipped", "Cancelled", "Cached", "Omitted"]);
+
+// ---- small helpers ----------------------------------------------------------------
+
+/** An element: h("a", {href: "#/"}, "text", child). Strings become text nodes. */
+function h(tag, attrs = {}, ...children) {
+  const el = tag.startsWith("svg:")
+    ? document.createElementNS("http://www.w3.org/2000/svg", tag.slice(4))
+    : document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === undefined || c === null || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+const main = () => document.getElementById("main");
+function show(...nodes) {
+  main().replaceChildren(...nodes);
+}
+function say(text, kind = "info") {
+  const s = document.getElementById("status");
+  s.className = kind;
+  s.textContent = text;
+}
+
+let token = sessionStorage.getItem("drivetrain-token") || "";
+
+function headers(extra = {}) {
+  const out = { ...extra };
+  if (token) out.Authorization = `Bearer ${token}`;
+  return out;
+}
+
+/** A JSON request to the API; a refusal throws its `error` text. */
+async function api(path, options = {}) {
+  const r = await fetch(path, { ...options, headers: headers(options.headers) });
+  const type = r.headers.get("content-type") || "";
+  const body = type.includes("json") ? await r.json() : await r.text();
+  if (!r.ok) {
+    const why = body && body.error ? body.error : `${r.status} ${r.statusText}`;
+    if (r.status === 401) document.getElementById("token").focus();
+    throw new Error(why);
+  }
+  return body;
+}
+
+function post(path, body) {
+  return api(path, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(body || {}),
+  });
+}
+
+/** Server-sent events over fetch (so the token goes in a header): calls on(event, data). */
+async function events(path, signal, on) {
+  const r = await fetch(path, { headers: headers({ accept: "text/event-stream" }), signal });
+  if (!r.ok) throw new Error((await r.json().catch(() => ({}))).error || `${path}: ${r.status}`);
+  const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buf += value;
+    let end;
+    while ((end = buf.indexOf("\n\n")) >= 0) {
+      const block = buf.slice(0, end);
+      buf = buf.slice(end + 2);
+      let name = "message";
+      const data = [];
+      for (const line of block.split("\n")) {
+        if (line.startsWith("event:")) name = line.slice(6).trim();
+        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+      }
+      if (data.length) on(name, JSON.parse(data.join("\n")));
+    }
+  }
+}
+
+/** Streams a text response into `pre`, keeping the end in view while it grows. */
+async function streamText(path, signal, pre) {
+  const r = await fetch(path, { headers: headers(), signal });
+  if (!r.ok) {
+    pre.textContent = (await r.json().catch(() => ({}))).error || `${r.status}`;
+    return;
+  }
+  const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+  pre.textContent = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+    pre.append(value);
+    if (atEnd) pre.scrollTop = pre.scrollHeight;
+  }
+  pre.dataset.ended = "true";
+}
+
+const esc = encodeURIComponent;
+const runLink = (id) => h("a", { href: `#/runs/${esc(id)}` }, id);
+const badge = (phase) => h("span", { class: `badge phase-${phase}` }, phase);
+
+function when(t) {
+  if (!t) return "";
+  const d = new Date(t);
+  return isNaN(d) ? t : d.toLocaleString();
+}
+
+function took(start, end) {
+  if (!start) return "";
+  const ms = (end ? new Date(end) : new Date()) - new Date(start);
+  if (!(ms >= 0)) return "";
+  if (ms < 1000) return `${ms} ms`;
+  if (ms < 60000) return `${(ms / 1000).toFixed(1)} s`;
+  const m = Math.floor(ms / 60000);
+  return m < 60 ? `${m} min ${Math.round((ms % 60000) / 1000)} s` : `${Math.floor(m / 60)} h ${m % 60} min`;
+}
+
+function json(v) {
+  return h("pre", { class: "json" }, JSON.stringify(v, null, 2));
+}
+
+// ---- the page's one live stream ---------------------------------------------------
+
+let live = new AbortController();
+/** The run page on show: `{run, select(stage)}`, so choosing a stage redraws nothing else. */
+let current = null;
+function fresh() {
+  current = null;
+  live.abort();
+  live = new AbortController();
+  return live.signal;
+}
+const quiet = (e) => {
+  if (e.name !== "AbortError") say(e.message, "error");
+};
+
+// ---- runs -------------------------------------------------------------------------
+
+async function runsPage(query) {
+  const signal = fresh();
+  const q = new URLSearchParams(query);
+  const field = (name, label, input) =>
+    h("label", {}, h("span", {}, label), input);
+  const choice = (name, options) =>
+    h("select", { name },
+      h("option", { value: "" }, "any"),
+      options.map((o) => h("option", { value: o, selected: q.get(name) === o }, o)));
+  const form = h("form", { class: "filters", "aria-label": "filter runs" },
+    field("pipeline", "Pipeline", h("input", { name: "pipeline", value: q.get("pipeline") || "" })),
+    field("phase", "Phase", choice("phase", PHASES)),
+    field("trigger", "Trigger", choice("trigger", TRIGGERS)),
+    field("since", "Since", h("input", { name: "since", type: "datetime-local", value: q.get("since") || "" })),
+    field("limit", "Show", h("select", { name: "limit" },
+      [50, 200, 1000, 10000].map((n) => h("option", { value: n, selected: String(n) === (q.get("limit") || "200") }, n)))),
+    h("button", { type: "submit" }, "Filter"));
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    const params = new URLSearchParams();
+    for (const [k, v] of new FormData(form)) if (v) params.set(k, v);
+    location.hash = `#/runs?${params}`;
+  });
+  const count = h("p", { class: "count" });
+  const body = h("tbody");
+  const table = h("table", { class: "runs" },
+    h("caption", { class: "sr-only" }, "Runs, newest first"),
+    h("thead", {}, h("tr", {}, ["Run", "Pipeline", "Phase", "Trigger", "From", "Created", "Took", "Reason"].map((c) => h("th", { scope: "col" }, c)))),
+    body);
+  show(h("h1", {}, "Runs"), form, count, table);
+
+  const load = async () => {
+    const params = new URLSearchParams(q);
+    if (!params.get("limit")) params.set("limit", "200");
+    const since = params.get("since");
+    if (since) params.set("since", new Date(since).toISOString());
+    const { runs } = await api(`/api/v1/runs?${params}`);
+    const started = performance.now();
+    const rows = document.createDocumentFragment();
+    for (const r of runs) {
+      rows.append(h("tr", { "data-run": r.id },
+        h("td", {}, runLink(r.id)),
+        h("td", {}, r.pipeline),
+        h("td", {}, badge(r.phase)),
+        h("td", {}, r.trigger),
+        h("td", {}, r.parent ? runLink(r.parent) : ""),
+        h("td", {}, when(r.created_at)),
+        h("td", {}, took(r.created_at, r.finished_at)),
+        h("td", { class: "reason" }, r.reason || "")));
+    }
+    body.replaceChildren(rows);
+    count.textContent = `${runs.length} run(s)`;
+    document.body.dataset.rendered = String(Math.round(performance.now() - started));
+  };
+  await load().catch(quiet);
+  let pending = null;
+  events("/api/v1/events", signal, () => {
+    clearTimeout(pending);
+    pending = setTimeout(() => load().catch(quiet), 200);
+  }).catch(quiet);
+}
+
+// ---- the layered drawing of a DAG (runs and lineage) ------------------------------
+
+const NODE_W = 190, NODE_H = 38, GAP_X = 60, GAP_Y = 12;
+
+/**
+ * Places nodes [{id, needs}] in columns by longest path from the sources, ordered in a
+ * column by where their upstream nodes are (two sweeps). Linear in nodes and edges.
+ */
+function layout(nodes) {
+  const byId = new Map(nodes.map((n, i) => [n.id, { ...n, index: i, level: 0, row: i }]));
+  const order = [];
+  const seen = new Set();
+  const visit = (id) => {
+    if (seen.has(id)) return;
+    seen.add(id);
+    for (const u of byId.get(id).needs) if (byId.has(u)) visit(u);
+    order.push(id);
+  };
+  for (const n of nodes) visit(n.id);
+  for (const id of order) {
+    const n = byId.get(id);
+    for (const u of n.needs) if (byId.has(u)) n.level = Math.max(n.level, byId.get(u).level + 1);
+  }
+  const columns = [];
+  for (const n of byId.values()) (columns[n.level] ||= []).push(n);
+  for (let sweep = 0; sweep < 2; sweep++) {
+    for (const col of columns) {
+      if (!col) continue;
+      for (const n of col) {
+        const ups = n.needs.filter((u) => byId.has(u)).map((u) => byId.get(u).row);
+        n.key = ups.length ? ups.reduce((a, b) => a + b, 0) / ups.length : n.index;
+      }
+      col.sort((a, b) => a.key - b.key || a.index - b.index);
+      col.forEach((n, i) => (n.row = i));
+    }
+  }
+  const height = Math.max(1, ...columns.map((c) => (c ? c.length : 0)));
+  for (const col of columns) {
+    if (!col) continue;
+    const offset = (height - col.length) / 2;
+    for (const n of col) {
+      n.x = n.level * (NODE_W + GAP_X) + 10;
+      n.y = (n.row + offset) * (NODE_H + GAP_Y) + 10;
+    }
+  }
+  return { nodes: byId, width: columns.length * (NODE_W + GAP_X), height: height * (NODE_H + GAP_Y) + 20 };
+}
+
+/** An SVG of the laid-out graph; label(n) gives a node's two lines, classOf(n) its class. */
+function drawGraph(g, label, classOf, onPick) {
+  const svg = h("svg:svg", {
+    class: "dag", width: g.width, height: g.height, viewBox: `0 0 ${g.width} ${g.height}`,
+    role: "group", "aria-label": "graph of stages",
+  });
+  const edges = h("svg:g", { class: "edges" });
+  for (const n of g.nodes.values()) {
+    for (const u of n.needs) {
+      const p = g.nodes.get(u);
+      if (!p) continue;
+      const x1 = p.x + NODE_W, y1 = p.y + NODE_H / 2, x2 = n.x, y2 = n.y + NODE_H / 2;
+      const mid = (x1 + x2) / 2;
+      edges.append(h("svg:path", { d: `M${x1},${y1} C${mid},${y1} ${mid},${y2} ${x2},${y2}` }));
+    }
+  }
+  svg.append(edges);
+  for (const n of g.nodes.values()) {
+    const [first, second] = label(n);
+    const node = h("svg:g", {
+      class: `node ${classOf(n)}`, transform: `translate(${n.x},${n.y})`, tabindex: 0,
+      role: "button", "data-node": n.id, "aria-label": `${first}: ${second}`,
+    },
+      h("svg:title", {}, `${first}\n${second}`),
+      h("svg:rect", { width: NODE_W, height: NODE_H, rx: 6 }),
+      h("svg:text", { x: 8, y: 15, class: "name" }, first.length > 26 ? `${first.slice(0, 25)}…` : first),
+      h("svg:text", { x: 8, y: 31, class: "sub" }, second));
+    const pick = () => onPick(n);
+    node.addEventListener("click", pick);
+    node.addEventListener("keydown", (e) => {
+      if (e.key === "Enter" || e.key === " ") {
+        e.preventDefault();
+        pick();
+      }
+    });
+    svg.append(node);
+  }
+  return svg;
+}
+
+// ---- one run ----------------------------------------------------------------------
+
+async function runPage(id, selected) {
+  const signal = fresh();
+  const [graph, detail] = await Promise.all([
+    api(`/api/v1/runs/${esc(id)}/graph`),
+    api(`/api/v1/runs/${esc(id)}`),
+  ]);
+  const stages = new Map(detail.stages.map((s) => [s.stage, s]));
+  let run = detail.run;
+
+  const head = h("section", { class: "run-head", "aria-label": "run" });
+  const actions = h("div", { class: "actions" });
+  const panel = h("aside", { class: "stage-panel", "aria-label": "stage" }, h("p", {}, "Choose a stage to see its attempts, outputs and log."));
+  const names = graph.nodes.map((n) => n.name);
+
+  const renderHead = () => {
+    head.replaceChildren(
+      h("h1", {}, `Run ${run.id}`, " ", badge(run.phase)),
+      h("dl", { class: "facts" },
+        h("dt", {}, "Pipeline"), h("dd", {}, run.pipeline),
+        h("dt", {}, "Trigger"), h("dd", {}, run.trigger, run.parent ? [" of ", runLink(run.parent)] : ""),
+        h("dt", {}, "Created"), h("dd", {}, when(run.created_at)),
+        h("dt", {}, "Took"), h("dd", { "data-field": "took" }, took(run.created_at, run.finished_at)),
+        run.reason ? [h("dt", {}, "Reason"), h("dd", { class: "reason" }, run.reason)] : "",
+        run.selection ? [h("dt", {}, "Executed"), h("dd", {}, run.selection.join(", "))] : "",
+        Object.keys(run.params || {}).length ? [h("dt", {}, "Params"), h("dd", {}, Object.entries(run.params).map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`).join("  "))] : ""));
+    renderActions();
+  };
+
+  const renderActions = () => {
+    const ended = TERMINAL.has(run.phase);
+    const stageSelect = h("select", { id: "rerun-stage", name: "stage" }, names.map((n) => h("option", { value: n, selected: n === selected }, n)));
+    const downstream = h("input", { type: "checkbox", id: "rerun-downstream", checked: true });
+    const params = h("textarea", { id: "rerun-params", rows: 2, placeholder: "name=value, one a line" });
+    const form = h("form", { class: "rerun", "aria-label": "rerun" },
+      h("label", { for: "rerun-stage" }, "Stage"), stageSelect,
+      h("label", {}, downstream, " and downstream"),
+      h("label", { for: "rerun-params" }, "Params"), params,
+      h("button", { type: "submit", id: "rerun", disabled: !ended }, "Rerun"));
+    form.addEventListener("submit", async (e) => {
+      e.preventDefault();
+      const overrides = {};
+      for (const line of params.value.split("\n")) {
+        const at = line.indexOf("=");
+        if (at > 0) overrides[line.slice(0, at).trim()] = line.slice(at + 1).trim();
+      }
+      try {
+        const r = await post(`/api/v1/runs/${esc(run.id)}/rerun`, { stages: [stageSelect.value], downstream: downstream.checked, params: overrides });
+        say(`started rerun ${r.run}`);
+        location.hash = `#/runs/${esc(r.run)}`;
+      } catch (err) {
+        say(`rerun: ${err.message}`, "error");
+      }
+    });
+    const button = (label, idName, path, enabled) => {
+      const b = h("button", { type: "button", id: idName, disabled: !enabled }, label);
+      b.addEventListener("click", async () => {
+        try {
+          const r = await post(path);
+          if (r.run && r.run !== run.id) {
+            say(`started ${label.toLowerCase()} ${r.run}`);
+            location.hash = `#/runs/${esc(r.run)}`;
+          } else say(`${label.toLowerCase()}: accepted`);
+        } catch (err) {
+          say(`${label.toLowerCase()}: ${err.message}`, "error");
+        }
+      });
+      return b;
+    };
+    actions.replaceChildren(
+      button("Cancel", "cancel", `/api/v1/runs/${esc(run.id)}/cancel`, !ended),
+      button("Retry", "retry", `/api/v1/runs/${esc(run.id)}/retry`, ended && run.phase !== "Succeeded"),
+      form);
+  };
+
+  const nodes = graph.nodes.map((n) => ({ id: n.name, needs: n.needs, kind: n.kind, map: n.map, hook: n.hook }));
+  const g = layout(nodes);
+  const phaseOf = (name) => (stages.get(name) || { phase: "Pending" }).phase;
+  const sub = (n) => {
+    const s = stages.get(n.id);
+    const bits = [s ? s.phase : "Pending"];
+    if (s && s.attempts > 1) bits.push(`${s.attempts} attempts`);
+    if (s && s.origin && s.origin !== "ran") bits.push(s.origin);
+    if (n.map) bits.push("map");
+    return bits.join(" · ");
+  };
+  const svg = drawGraph(g, (n) => [n.id, sub(n)], (n) => `phase-${phaseOf(n.id)}`, (n) => {
+    location.hash = `#/runs/${esc(id)}/${esc(n.id)}`;
+  });
+  const paint = (name) => {
+    const node = svg.querySelector(`[data-node="${CSS.escape(name)}"]`);
+    if (!node) return;
+    node.setAttribute("class", `node phase-${phaseOf(name)}${name === selected ? " selected" : ""}`);
+    node.querySelector(".sub").textContent = sub(g.nodes.get(name));
+    node.setAttribute("aria-label", `${name}: ${sub(g.nodes.get(name))}`);
+  };
+
+  const select = (name) => {
+    const before = selected;
+    selected = name;
+    if (before) paint(before);
+    if (!name) return;
+    paint(name);
+    stageSignal.abort();
+    stageSignal = new AbortController();
+    const s = stages.get(name);
+    if (s) stagePanel(run, s, panel, stageSignal.signal);
+    else panel.replaceChildren(h("h2", {}, name), h("p", {}, "Pending: not started yet."));
+    renderActions();
+  };
+  let stageSignal = new AbortController();
+  signal.addEventListener("abort", () => stageSignal.abort());
+  current = { run: id, select };
+
+  renderHead();
+  show(head, actions,
+    graph.note ? h("p", { class: "note" }, graph.note) : "",
+    h("div", { class: "run-body" }, h("div", { class: "dag-scroll" }, svg), panel));
+  for (const n of names) paint(n);
+  if (selected) select(selected);
+
+  events(`/api/v1/runs/${esc(id)}/events`, signal, (name, data) => {
+    if (name === "snapshot") {
+      run = data.run;
+      for (const s of data.stages) stages.set(s.stage, s);
+      renderHead();
+      for (const n of names) paint(n);
+    } else if (name === "run") {
+      run = data;
+      renderHead();
+    } else if (name === "stage") {
+      const before = stages.get(data.stage);
+      stages.set(data.stage, data);
+      paint(data.stage);
+      if (data.stage === selected && (!before || before.phase !== data.phase || before.attempts !== data.attempts)) {
+        select(selected);
+      }
+    } else if (name === "end") {
+      document.body.dataset.runEnded = run.id;
+    }
+  }).catch(quiet);
+}
+
+function origin(s) {
+  if (s.origin === "cached") return ["cached from ", runLink(s.origin_run)];
+  if (s.origin === "reused") return ["reused from ", runLink(s.origin_run)];
+  return s.origin || "ran";
+}
+
+async function stagePanel(run, s, panel, signal) {
+  const logs = h("pre", { class: "log", id: "log", tabindex: 0, "aria-label": `log of ${s.stage}` }, "…");
+  const explained = h("div", { class: "explain" });
+  const explain = h("button", { type: "button", id: "explain" }, "Explain");
+  explain.addEventListener("click", async () => {
+    try {
+      const e = await api(`/api/v1/runs/${esc(run.id)}/stages/${esc(s.stage)}/explain`);
+      explained.replaceChildren(
+        h("p", {}, e.verdict),
+        e.changes.length ? h("ul", {}, e.changes.map((c) => h("li", {}, c))) : "",
+        e.definition_changes && e.definition_changes.length
+          ? [h("p", {}, "In the rendered definition:"), h("ul", { class: "definition" }, e.definition_changes.map((c) => h("li", { class: "digest" }, c)))]
+          : "",
+        e.compared_with_run ? h("p", {}, "compared with ", runLink(e.compared_with_run)) : "",
+        h("details", {}, h("summary", {}, "key components"), json(e.components)));
+    } catch (err) {
+      explained.textContent = err.message;
+    }
+  });
+  const outputs = Object.entries(s.outputs || {});
+  const inputs = Object.entries(s.inputs || {});
+  const attempts = h("tbody");
+  panel.replaceChildren(
+    h("h2", {}, s.stage, " ", badge(s.phase)),
+    h("dl", { class: "facts" },
+      h("dt", {}, "Outputs from"), h("dd", { "data-field": "origin" }, origin(s)),
+      h("dt", {}, "Attempts"), h("dd", {}, s.attempts),
+      h("dt", {}, "Took"), h("dd", {}, took(s.started_at, s.finished_at)),
+      s.exit_code !== null && s.exit_code !== undefined ? [h("dt", {}, "Exit code"), h("dd", {}, s.exit_code)] : "",
+      s.reason ? [h("dt", {}, "Reason"), h("dd", { class: "reason" }, s.reason)] : ""),
+    h("table", { class: "attempts" }, h("caption", {}, "Attempts"),
+      h("thead", {}, h("tr", {}, ["#", "Phase", "Started", "Took", "Exit", "Reason"].map((c) => h("th", { scope: "col" }, c)))), attempts),
+    outputs.length ? h("table", { class: "outputs" }, h("caption", {}, "Outputs"),
+      h("thead", {}, h("tr", {}, ["Output", "Digest", ""].map((c) => h("th", { scope: "col" }, c)))),
+      h("tbody", {}, outputs.map(([name, o]) => h("tr", {},
+        h("td", {}, name), h("td", { class: "digest" }, o.digest || ""),
+        h("td", {}, o.digest ? h("a", { href: `#/lineage?target=${esc(o.digest)}` }, "lineage") : ""))))) : "",
+    inputs.length ? h("table", { class: "inputs" }, h("caption", {}, "Inputs"),
+      h("tbody", {}, inputs.map(([name, i]) => h("tr", {}, h("td", {}, name), h("td", { class: "digest" }, i.digest || ""))))) : "",
+    s.values && Object.keys(s.values).length ? h("details", { open: true }, h("summary", {}, "Values"), json(s.values)) : "",
+    h("p", {}, explain, " ", h("a", { href: `#/lineage?target=${esc(`${run.id}/${s.stage}`)}` }, "Lineage")),
+    explained,
+    h("h3", {}, "Log"),
+    logs);
+  api(`/api/v1/runs/${esc(run.id)}/attempts`).then(({ attempts: all }) => {
+    attempts.replaceChildren(...all.filter((a) => a.stage === s.stage).map((a) => h("tr", {},
+      h("td", {}, a.attempt), h("td", {}, badge(a.phase)), h("td", {}, when(a.started_at)),
+      h("td", {}, took(a.started_at, a.finished_at)), h("td", {}, a.exit_code ?? ""), h("td", { class: "reason" }, a.reason || ""))));
+  }).catch(quiet);
+  if (s.attempts > 0 || s.phase === "Running") {
+    const follow = s.phase === "Running" ? "&follow=true" : "";
+    streamText(`/api/v1/runs/${esc(run.id)}/logs?stage=${esc(s.stage)}${follow}`, signal, logs).catch(quiet);
+  } else {
+    logs.textContent = s.origin === "ran" || !s.origin ? "(no attempt)" : `(outputs ${s.origin}: no attempt here)`;
+  }
+}
+
+// ---- lineage ----------------------------------------------------------------------
+
+async function lineagePage(query) {
+  fresh();
+  const q = new URLSearchParams(query);
+  const target = h("input", { id: "lineage-target", name: "target", value: q.get("target") || "", size: 60, placeholder: "sha256:…, RUN/STAGE or MODEL@VERSION" });
+  const down = h("input", { type: "checkbox", name: "downstream", id: "lineage-down", checked: q.get("downstream") === "true" });
+  const form = h("form", { class: "filters", "aria-label": "lineage" },
+    h("label", { for: "lineage-target" }, "From"), target,
+    h("label", {}, down, " downstream (what was made of it)"),
+    h("button", { type: "submit" }, "Show"));
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    location.hash = `#/lineage?target=${esc(target.value)}&downstream=${down.checked}`;
+  });
+  show(h("h1", {}, "Lineage"), form);
+  if (!q.get("target")) {
+    main().append(h("p", {}, "From a model version, an artifact or a run's stage: up to the drive logs, or down to what was made of it."));
+    return;
+  }
+  const g = await api(`/api/v1/lineage?target=${esc(q.get("target"))}&downstream=${q.get("downstream") === "true"}`);
+  const needs = new Map(Object.keys(g.nodes).map((id) => [id, []]));
+  for (const [from, to] of g.edges) if (needs.has(to)) needs.get(to).push(from);
+  const nodes = Object.keys(g.nodes).map((id) => ({ id, needs: needs.get(id) }));
+  const laid = layout(nodes);
+  const label = (n) => {
+    const v = g.nodes[n.id];
+    if (v.kind === "artifact") return [`${v.output} ${v.digest.slice(7, 19)}`, v.url.split("/").slice(-2).join("/")];
+    return [`${v.stage}`, `${v.run} · ${v.origin}`];
+  };
+  const svg = drawGraph(laid, label, (n) => `kind-${g.nodes[n.id].kind}${g.roots.includes(n.id) ? " root" : ""}`, (n) => {
+    const v = g.nodes[n.id];
+    if (v.kind === "stage") location.hash = `#/runs/${esc(v.run)}/${esc(v.stage)}`;
+    else location.hash = `#/lineage?target=${esc(v.digest)}&downstream=${q.get("downstream") !== "true"}`;
+  });
+  main().append(h("p", { class: "count" }, `${nodes.length} node(s), ${g.edges.length} edge(s)`), h("div", { class: "dag-scroll" }, svg));
+}
+
+// ---- registry ---------------------------------------------------------------------
+
+function metrics(m) {
+  const out = [];
+  for (const [k, v] of Object.entries(m || {})) {
+    if (typeof v === "number") out.push(`${k} ${v}`);
+    else if (v && typeof v === "object") for (const [k2, v2] of Object.entries(v)) if (typeof v2 === "number") out.push(`${k}.${k2} ${v2}`);
+  }
+  return out.join(", ");
+}
+
+async function registryPage() {
+  fresh();
+  const { models } = await api("/api/v1/registry");
+  const sections = models.map((m) => {
+    const aliases = Object.entries(m.aliases).map(([alias, version]) => {
+      const b = h("button", { type: "button", "data-rollback": `${m.model}@${alias}` }, "Roll back");
+      b.addEventListener("click", async () => {
+        try {
+          const r = await post(`/api/v1/registry/${esc(m.model)}/aliases/${esc(alias)}/rollback`);
+          say(`${m.model}@${alias} → version ${r.version}`);
+          registryPage().catch(quiet);
+        } catch (err) {
+          say(`rollback: ${err.message}`, "error");
+        }
+      });
+      return h("li", {}, h("strong", {}, alias), ` → version ${version} `, b);
+    });
+    return h("section", { class: "model" },
+      h("h2", {}, m.model),
+      h("ul", { class: "aliases", "aria-label": "aliases" }, aliases),
+      h("table", {}, h("caption", {}, "Versions"),
+        h("thead", {}, h("tr", {}, ["Version", "Registered", "Made by", "Metrics", ""].map((c) => h("th", { scope: "col" }, c)))),
+        h("tbody", {}, [...m.versions].reverse().map((v) => h("tr", {},
+          h("td", {}, v.version), h("td", {}, when(v.registered_at)),
+          h("td", {}, v.source && v.source.run ? [runLink(v.source.run), ` ${v.source.stage || ""}`] : ""),
+          h("td", {}, metrics(v.metrics)),
+          h("td", {}, h("a", { href: `#/lineage?target=${esc(`${m.model}@${v.version}`)}` }, "lineage")))))),
+      h("table", {}, h("caption", {}, "Alias history"),
+        h("thead", {}, h("tr", {}, ["When", "Alias", "From", "To", "Who", "Note"].map((c) => h("th", { scope: "col" }, c)))),
+        h("tbody", {}, [...m.history].reverse().map((e) => h("tr", {},
+          h("td", {}, when(e.at)), h("td", {}, e.alias), h("td", {}, e.from ?? "-"), h("td", {}, e.version),
+          h("td", {}, e.who || ""), h("td", {}, e.note ? JSON.stringify(e.note) : ""))))));
+  });
+  show(h("h1", {}, "Registry"), models.length ? sections : h("p", {}, "No models registered yet."));
+}
+
+// ---- schedules --------------------------------------------------------------------
+
+async function schedulesPage() {
+  fresh();
+  const { schedules } = await api("/api/v1/schedules");
+  const act = (label, path) => {
+    const b = h("button", { type: "button" }, label);
+    b.addEventListener("click", async () => {
+      try {
+        const r = await post(path);
+        say(r.run ? `${label}: run ${r.run} queued` : `${label}: done`);
+        schedulesPage().catch(quiet);
+      } catch (err) {
+        say(`${label}: ${err.message}`, "error");
+      }
+    });
+    return b;
+  };
+  const rows = schedules.map(({ schedule: s, next_tick: next, recent_ticks: ticks }) => h("tr", {},
+    h("td", {}, s.pipeline),
+    h("td", {}, s.suspended ? "suspended" : "active"),
+    h("td", {}, next && next.error ? next.error : next ? when(next.scheduled_time || next.time || JSON.stringify(next)) : "never"),
+    h("td", {}, h("ul", { class: "ticks" }, ticks.slice(0, 5).map((t) => h("li", {}, when(t.scheduled_time), " ", t.outcome, " ", t.run_id ? runLink(t.run_id) : "", t.reason ? ` (${t.reason})` : "")))),
+    h("td", {}, s.suspended ? act("Resume", `/api/v1/schedules/${esc(s.pipeline)}/resume`) : act("Suspend", `/api/v1/schedules/${esc(s.pipeline)}/suspend`),
+      " ", act("Trigger", `/api/v1/schedules/${esc(s.pipeline)}/trigger`))));
+  show(h("h1", {}, "Schedules"), schedules.length
+    ? h("table", {}, h("thead", {}, h("tr", {}, ["Pipeline", "State", "Next tick", "Last ticks", ""].map((c) => h("th", { scope: "col" }, c)))), h("tbody", {}, rows))
+    : h("p", {}, "No schedules: `drivetrain serve --pipelines DIR` keeps those of its pipelines with a `schedule:`."));
+}
+
+// ---- routing ----------------------------------------------------------------------
+
+async function route() {
+  const hash = location.hash.slice(1) || "/runs";
+  const [path, query = ""] = hash.split("?");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  for (const a of document.querySelectorAll("nav a")) {
+    if (a.dataset.section === parts[0]) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  }
+
+  const started = performance.now();
+  try {
+    if (parts[0] === "runs" && parts[1] && current && current.run === parts[1]) current.select(parts[2]);
+    else if (parts[0] === "runs" && parts[1]) await runPage(parts[1], parts[2]);
+    else if (parts[0] === "lineage") await lineagePage(query);
+    else if (parts[0] === "registry") await registryPage();
+    else if (parts[0] === "schedules") await schedulesPage();
+    else await runsPage(query);
+  } catch (e) {
+    show(h("h1", {}, "Cannot show this"), h("p", { class: "error" }, e.message));
+  }
+  // How long the page took to show, from the route to the drawing (read by the benchmark).
+  document.body.dataset.shownMs = String(Math.round(performance.now() - started));
+}
+
+document.getElementById("token").value = token;
+document.getElementById("token-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  token = document.getElementById("token").value.trim();
+  sessionStorage.setItem("drivetrain-token", token);
+  say("");
+  route();
+});
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,148 @@
+//! GPUs of the machine on local runs, and the rendezvous environment of every stage.
+//!
+//! There is no GPU here or in CI: the machine's GPUs come from an `nvidia-smi` put first
+//! on PATH that prints what the real one prints with `-L` on a two-GPU machine (NVML is
+//! not loadable here, so detection falls back to it, as on a machine whose driver
+//! library is not where NVML looks). What the engine does with what it found — which
+//! stage gets which device, what an outer `CUDA_VISIBLE_DEVICES` hides, what a stage
+//! needing more than there is hears — is the real code path.
+
+mod common;
+
+use common::*;
+
+const SMI: &str = "#!/bin/sh\n[ \"$1\" = -L ] || exit 2\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0a0a0a0a-1111-2222-3333-444444444444)'\necho 'GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-0b0b0b0b-5555-6666-7777-888888888888)'\n";
+
+/// PATH with a stand-in `nvidia-smi` of two H100s first.
+fn two_gpus(home: &Home) -> String {
+    let bin = home.dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let smi = bin.join("nvidia-smi");
+    std::fs::write(&smi, SMI).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!("{}:{}", bin.display(), std::env::var("PATH").unwrap())
+}
+
+const GPU_A: &str = "GPU-0a0a0a0a-1111-2222-3333-444444444444";
+const GPU_B: &str = "GPU-0b0b0b0b-5555-6666-7777-888888888888";
+
+#[test]
+fn stages_get_the_gpus_the_machine_has_one_stage_each() {
+    let home = Home::new("gpus");
+    let path = two_gpus(&home);
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: gpus
+stages:
+  a:
+    resources: {gpu: 1}
+    run: {command: [sh, -c, 'echo "$CUDA_VISIBLE_DEVICES"; sleep 1']}
+  b:
+    resources: {gpu: 1}
+    run: {command: [sh, -c, 'echo "$CUDA_VISIBLE_DEVICES"; sleep 1']}
+  both:
+    needs: [a, b]
+    resources: {gpu: 2}
+    run: {command: [sh, -c, 'echo "$CUDA_VISIBLE_DEVICES"']}
+"#,
+    );
+    let doctor = home.drivetrain_env(&["doctor"], &[("PATH", &path)]);
+    let report = text(&doctor.stdout);
+    assert!(report.contains("gpus: 2 from nvidia-smi"), "{report}");
+    assert!(
+        report.contains(&format!("{GPU_A} NVIDIA H100 80GB HBM3")),
+        "{report}"
+    );
+
+    // No --gpus: the two found are used, one stage each while both run at once.
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap(), "--parallelism", "2"],
+        &[("PATH", &path)],
+    );
+    assert_ok(&o);
+    let id = run_id(&o);
+    let logs = |stage: &str| text(&home.drivetrain(&["logs", &id, "--stage", stage]).stdout);
+    let (a, b) = (logs("a"), logs("b"));
+    let mut got = [a.trim(), b.trim()];
+    got.sort();
+    assert_eq!(got, [GPU_A, GPU_B], "a={a} b={b}");
+    assert_eq!(logs("both").trim(), format!("{GPU_A},{GPU_B}"));
+
+    // An outer CUDA_VISIBLE_DEVICES is the machine's slice: one GPU, as it names it.
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap()],
+        &[("PATH", &path), ("CUDA_VISIBLE_DEVICES", "1")],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let id = run_id(&o);
+    let st = home.status(&id);
+    assert_eq!(stage(&st, "a")["phase"], "Succeeded");
+    let reason = stage(&st, "both")["reason"].as_str().unwrap().to_owned();
+    assert!(
+        reason.starts_with("stage needs 2 GPU(s); this machine has 1 (1;"),
+        "{reason}"
+    );
+    let logs = |stage: &str| text(&home.drivetrain(&["logs", &id, "--stage", stage]).stdout);
+    assert_eq!(logs("a").trim(), "1");
+}
+
+#[test]
+fn without_gpus_nothing_changes_and_gpu_stages_say_why() {
+    let home = Home::new("no-gpus");
+    let file = home.write(
+        "p.yaml",
+        "version: 1\nname: g\nstages:\n  cpu:\n    run: {command: [\"true\"]}\n  gpu:\n    resources: {gpu: 1}\n    run: {command: [\"true\"]}\n",
+    );
+    // PATH without nvidia-smi; no NVML on this machine.
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap()],
+        &[("PATH", "/usr/bin:/bin")],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let st = home.status(&run_id(&o));
+    assert_eq!(stage(&st, "cpu")["phase"], "Succeeded");
+    let reason = stage(&st, "gpu")["reason"].as_str().unwrap().to_owned();
+    assert!(
+        reason.contains("this machine has 0 (none found by NVML or nvidia-smi"),
+        "{reason}"
+    );
+    // --gpus still overrides: the stage runs, given index 0.
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap(), "--gpus", "1"],
+        &[("PATH", "/usr/bin:/bin")],
+    );
+    assert_ok(&o);
+}
+
+/// Every stage is a world of one with torchrun's environment, so a single-process
+/// `torch.distributed` job can `init_process_group(init_method="env://")`; distributed
+/// ranks with `framework: mpi` also get Open MPI's and Horovod's names.
+#[test]
+fn every_stage_has_the_rendezvous_environment() {
+    let home = Home::new("rendezvous");
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: ranks
+stages:
+  alone:
+    run: {command: [sh, -c, 'echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $NODE_RANK $MASTER_ADDR ${MASTER_PORT:+port}"']}
+  mpi:
+    distributed: {framework: mpi, workers: 2}
+    run: {command: [sh, -c, 'echo "$OMPI_COMM_WORLD_RANK/$OMPI_COMM_WORLD_SIZE $HOROVOD_RANK/$HOROVOD_SIZE $RANK/$WORLD_SIZE"']}
+"#,
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_ok(&o);
+    let id = run_id(&o);
+    let alone = text(&home.drivetrain(&["logs", &id, "--stage", "alone"]).stdout);
+    assert_eq!(alone, "0 1 0 1 0 0 127.0.0.1 port\n");
+    let mpi = text(&home.drivetrain(&["logs", &id, "--stage", "mpi"]).stdout);
+    let mut lines: Vec<&str> = mpi.lines().collect();
+    lines.sort();
+    assert_eq!(lines, ["0/2 0/2 0/2", "1/2 1/2 1/2"], "{mpi}");
+}

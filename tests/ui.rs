@@ -1,0 +1,553 @@
+//! The web view in a real browser: Debian's headless Chromium, driven over WebDriver by
+//! Debian's chromedriver (the `fantoccini` client), against the real `drivetrain serve`
+//! on loopback with a token the test types into the page. `.ci/run` installs both
+//! packages; where they are missing the test fails and says how to get them.
+//!
+//! `DRIVETRAIN_SCREENSHOTS=1 cargo test --test ui` also writes the screenshots in
+//! `docs/screenshots/`.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{json, Value};
+
+mod common;
+use common::http::{json as call, start, wait_phase, TOKEN};
+use common::Home;
+
+struct Driver(Child);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn found(names: &[&str]) -> Option<PathBuf> {
+    names.iter().map(PathBuf::from).find(|p| p.is_file())
+}
+
+/// chromedriver on a free loopback port, and a session of headless Chromium.
+async fn browser(home: &Home) -> (Driver, Client) {
+    let driver = found(&["/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver"]);
+    let chromium = found(&["/usr/bin/chromium", "/usr/lib/chromium/chromium"]);
+    let (Some(driver), Some(chromium)) = (driver, chromium) else {
+        panic!(
+            "the web view's browser test needs Debian's chromium and chromium-driver: \
+             `apt-get install chromium chromium-driver` (`.ci/run` does)"
+        );
+    };
+    let port = free_port();
+    let child = Command::new(driver)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let driver = Driver(child);
+    let profile = home.dir.join("chromium-profile");
+    let caps: serde_json::Map<String, Value> = serde_json::from_value(json!({
+        "browserName": "chrome",
+        "goog:chromeOptions": {
+            "binary": chromium,
+            "args": [
+                "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-quic", "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--window-size=1500,1000",
+                format!("--user-data-dir={}", profile.display()),
+            ],
+        },
+    }))
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let client = loop {
+        let mut builder =
+            ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new());
+        match builder
+            .capabilities(caps.clone())
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await
+        {
+            Ok(c) => break c,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no browser session: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    (driver, client)
+}
+
+/// Evaluates `script` (a function body) in the page.
+async fn eval(c: &Client, script: &str) -> Value {
+    c.execute(script, vec![]).await.unwrap()
+}
+
+/// Waits until `script` returns something truthy; returns it.
+async fn until(c: &Client, what: &str, script: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = eval(c, script).await;
+        if !(v.is_null() || v == false || v == "" || v == json!([])) {
+            return v;
+        }
+        if Instant::now() > deadline {
+            let status = eval(c, "return document.getElementById('status').textContent").await;
+            let shot = c.screenshot().await.unwrap_or_default();
+            let at = std::env::temp_dir().join("drivetrain-ui-failure.png");
+            let _ = std::fs::write(&at, shot);
+            panic!(
+                "{what}: not seen in 60 s (status: {status}; screenshot {})",
+                at.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The phase classes of the DAG's nodes: stage → phase.
+const PHASES: &str = "return Object.fromEntries([...document.querySelectorAll('.dag .node')]
+    .map(n => [n.dataset.node, (n.getAttribute('class').match(/phase-(\\w+)/) || [])[1]]))";
+
+async fn screenshot(c: &Client, home: &Home, name: &str) {
+    let png = c.screenshot().await.unwrap();
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    let dir = match std::env::var_os("DRIVETRAIN_SCREENSHOTS") {
+        Some(_) => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/screenshots")),
+        None => home.dir.join("screenshots"),
+    };
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
+}
+
+const PIPELINE: &str = r#"
+version: 1
+name: drive-loop-demo
+description: a small loop for the browser test
+params:
+  fail: {type: boolean, default: false}
+stages:
+  ingest:
+    run: {command: [sh, -c, 'sleep 1; echo 1200 frames > "$0/frames.txt"', "{{ outputs.frames }}"]}
+    outputs: [frames]
+  mine:
+    inputs: {frames: ingest.frames}
+    run: {command: [sh, -c, 'sleep 1; cat "$0/frames.txt"; echo "{\"corner_cases\": 17}" > "$DRIVETRAIN_VALUES"', "{{ inputs.frames }}"]}
+  calibrate:
+    needs: [ingest]
+    run:
+      command: [sh, -c, 'sleep 1; if [ "$0" = true ]; then echo "error: calibration file cam_front.yaml missing" >&2; exit 3; fi; echo calibrated', "{{ params.fail }}"]
+  train:
+    needs: [mine, calibrate]
+    run: {command: [sh, -c, 'sleep 1; echo "epoch 1 loss 0.42"']}
+"#;
+
+/// A run started by the test appears in the list; its DAG turns green stage by stage; a
+/// failed stage shows its log line; the rerun button starts a linked run, which succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_view_in_a_browser() {
+    let home = Home::new("ui");
+    std::fs::create_dir_all(home.dir.join("served")).unwrap();
+    home.write("served/demo.yaml", PIPELINE);
+    let s = start(&home, &["--token", TOKEN]);
+    let (_driver, c) = browser(&home).await;
+    let base = format!("http://{}", s.addr);
+
+    // Without the token the page says it needs one; with it, the list shows.
+    c.goto(&format!("{base}/")).await.unwrap();
+    let refusal = until(
+        &c,
+        "the refusal",
+        "const s = document.getElementById('status'); return s.className === 'error' && s.textContent",
+    )
+    .await;
+    assert!(refusal.as_str().unwrap().contains("Bearer"), "{refusal}");
+    let field = c.find(Locator::Id("token")).await.unwrap();
+    field.send_keys(TOKEN).await.unwrap();
+    c.find(Locator::Css("#token-form button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until(
+        &c,
+        "the run list",
+        "return document.querySelector('table.runs')",
+    )
+    .await;
+
+    // A run started elsewhere appears without a reload.
+    let (code, v) = call(
+        &s,
+        "POST",
+        "/api/v1/runs",
+        Some(r#"{"pipeline": "drive-loop-demo"}"#),
+    );
+    assert_eq!(code, 201, "{v}");
+    let run = v["run"].as_str().unwrap().to_owned();
+    until(
+        &c,
+        "the new run in the list",
+        &format!("return document.querySelector('tr[data-run=\"{run}\"]')"),
+    )
+    .await;
+
+    // Its DAG turns green stage by stage, upstream first.
+    c.goto(&format!("{base}/#/runs/{run}")).await.unwrap();
+    until(
+        &c,
+        "the DAG",
+        "return document.querySelectorAll('.dag .node').length === 4",
+    )
+    .await;
+    let mut order: Vec<String> = Vec::new();
+    let mut partial = false;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while order.len() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "the DAG never turned green: {order:?}"
+        );
+        let phases = eval(&c, PHASES).await;
+        let green: Vec<String> = phases
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(_, p)| *p == "Succeeded")
+            .map(|(n, _)| n.clone())
+            .collect();
+        partial |= !green.is_empty() && green.len() < 4;
+        for n in green {
+            if !order.contains(&n) {
+                order.push(n);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(partial, "some stages were green while others ran");
+    let at = |n: &str| order.iter().position(|o| o == n).unwrap();
+    assert!(
+        at("ingest") < at("mine") && at("ingest") < at("calibrate"),
+        "{order:?}"
+    );
+    assert!(
+        at("mine") < at("train") && at("calibrate") < at("train"),
+        "{order:?}"
+    );
+    until(
+        &c,
+        "the run's phase",
+        "return document.querySelector('.run-head .badge.phase-Succeeded')",
+    )
+    .await;
+    screenshot(&c, &home, "run").await;
+
+    // A stage's panel: its values, outputs with digests, and explain.
+    c.find(Locator::Css(".dag .node[data-node=\"mine\"]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let values = until(
+        &c,
+        "mine's values",
+        "return document.querySelector('.stage-panel pre.json')?.textContent",
+    )
+    .await;
+    assert!(
+        values.as_str().unwrap().contains("corner_cases"),
+        "{values}"
+    );
+    let log = until(&c, "mine's log", "const l = document.getElementById('log'); return l && l.textContent.includes('frames') && l.textContent").await;
+    assert!(log.as_str().unwrap().contains("1200 frames"), "{log}");
+    c.find(Locator::Id("explain"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let why = until(
+        &c,
+        "explain",
+        "return document.querySelector('.explain p')?.textContent",
+    )
+    .await;
+    assert!(why.as_str().unwrap().starts_with("ran"), "{why}");
+
+    // A failing run: the failed stage shows its log line, the rest of the DAG says why.
+    let (_, v) = call(
+        &s,
+        "POST",
+        "/api/v1/runs",
+        Some(r#"{"pipeline": "drive-loop-demo", "params": {"fail": true}}"#),
+    );
+    let failed = v["run"].as_str().unwrap().to_owned();
+    c.goto(&format!("{base}/#/runs/{failed}/calibrate"))
+        .await
+        .unwrap();
+    let line = until(
+        &c,
+        "the failed stage's log line",
+        "const l = document.getElementById('log'); return l && l.textContent.includes('calibration') && l.textContent",
+    )
+    .await;
+    assert!(
+        line.as_str()
+            .unwrap()
+            .contains("error: calibration file cam_front.yaml missing"),
+        "{line}"
+    );
+    until(
+        &c,
+        "calibrate failed",
+        "return document.querySelector('.dag .node.phase-Failed[data-node=\"calibrate\"]')",
+    )
+    .await;
+    until(
+        &c,
+        "the run failed",
+        "return document.querySelector('.run-head .badge.phase-Failed')",
+    )
+    .await;
+    screenshot(&c, &home, "failed-stage").await;
+
+    // The rerun button: calibrate and downstream again with fail=false, in a linked run.
+    until(
+        &c,
+        "rerun enabled",
+        "return !document.getElementById('rerun').disabled",
+    )
+    .await;
+    let params = c.find(Locator::Id("rerun-params")).await.unwrap();
+    params.send_keys("fail=false").await.unwrap();
+    c.find(Locator::Id("rerun"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let hash = until(
+        &c,
+        "the rerun's page",
+        &format!("return !location.hash.includes('{failed}') && location.hash"),
+    )
+    .await;
+    let rerun = hash
+        .as_str()
+        .unwrap()
+        .trim_start_matches("#/runs/")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let linked = until(
+        &c,
+        "the link to the parent",
+        &format!("return [...document.querySelectorAll('.run-head a')].some(a => a.textContent === '{failed}')"),
+    )
+    .await;
+    assert_eq!(linked, true);
+    until(
+        &c,
+        "the rerun succeeded",
+        "return document.querySelector('.run-head .badge.phase-Succeeded')",
+    )
+    .await;
+    let done = wait_phase(&s, &rerun, "Succeeded");
+    assert_eq!(done["run"]["trigger"], "rerun");
+    assert_eq!(done["run"]["parent"], failed.as_str());
+    // ingest and mine were reused from the failed run, calibrate and train ran again.
+    let origins = eval(&c, "return [...document.querySelectorAll('.dag .node .sub')].map(t => t.textContent).join('|')").await;
+    assert!(origins.as_str().unwrap().contains("reused"), "{origins}");
+
+    // Lineage from the first run's mine stage reaches the ingest that made its frames.
+    c.goto(&format!(
+        "{base}/#/lineage?target={run}/mine&downstream=false"
+    ))
+    .await
+    .unwrap();
+    until(
+        &c,
+        "the lineage graph",
+        "return document.querySelectorAll('.dag .node.kind-artifact').length > 0",
+    )
+    .await;
+    let nodes = eval(
+        &c,
+        "return [...document.querySelectorAll('.dag .node')].map(n => n.dataset.node)",
+    )
+    .await;
+    assert!(
+        nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().ends_with("/ingest")),
+        "{nodes}"
+    );
+    screenshot(&c, &home, "lineage").await;
+
+    // The list, filtered to failures, shows the failed run only.
+    c.goto(&format!("{base}/#/runs?phase=Failed"))
+        .await
+        .unwrap();
+    until(
+        &c,
+        "the filtered list",
+        &format!("return document.querySelector('tr[data-run=\"{failed}\"]')"),
+    )
+    .await;
+    let shown = eval(
+        &c,
+        "return document.querySelectorAll('table.runs tbody tr').length",
+    )
+    .await;
+    assert_eq!(shown, 1);
+    c.goto(&format!("{base}/#/runs")).await.unwrap();
+    until(
+        &c,
+        "the whole list",
+        "return document.querySelectorAll('table.runs tbody tr').length === 3",
+    )
+    .await;
+    screenshot(&c, &home, "runs").await;
+    c.close().await.unwrap();
+}
+
+/// The figures of `bench/README.md` (web view at scale), not a check: a list of 10,000
+/// runs and the DAG of a 1,000-stage run in the same headless Chromium.
+/// `cargo test --release --test ui -- --ignored --nocapture at_scale`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: run it by name"]
+async fn at_scale() {
+    use drivetrain_engine::state::{Phase, RunId, RunRecord, SqliteState, StateStore};
+    let home = Home::new("ui-scale");
+    std::fs::create_dir_all(home.dir.join("served")).unwrap();
+    let mut wide =
+        String::from("version: 1\nname: wide\nstages:\n  root:\n    run: {command: [\"true\"]}\n");
+    for i in 0..999 {
+        wide.push_str(&format!(
+            "  s{i:03}:\n    needs: [root]\n    run: {{command: [\"true\"]}}\n"
+        ));
+    }
+    home.write("served/wide.yaml", &wide);
+    let o = home.drivetrain(&["run", "served/wide.yaml", "--parallelism", "8"]);
+    common::assert_ok(&o);
+    let wide_run = common::run_id(&o);
+    let made = Instant::now();
+    {
+        let state = SqliteState::open(&home.dir.join(".drivetrain/state.db")).unwrap();
+        let phases = [
+            Phase::Succeeded,
+            Phase::Failed,
+            Phase::Cancelled,
+            Phase::Succeeded,
+        ];
+        for i in 0..10_000u32 {
+            let id = RunId(format!("20261101-{i:06}-bench"));
+            state
+                .create_run(&RunRecord {
+                    id: id.clone(),
+                    pipeline: format!("pipeline-{}", i % 7),
+                    file: "served/none.yaml".into(),
+                    spec_digest: String::new(),
+                    params: json!({}),
+                    trigger: ["cli", "schedule", "api"][i as usize % 3].into(),
+                    parent: None,
+                    phase: Phase::Running,
+                    created_at: format!(
+                        "2026-11-01T{:02}:{:02}:{:02}.000Z",
+                        i / 3600 % 24,
+                        i / 60 % 60,
+                        i % 60
+                    ),
+                    finished_at: None,
+                    reason: None,
+                    engine_pid: None,
+                    overrides: json!({}),
+                    selection: None,
+                    scheduled_time: None,
+                    executor: Some("local".into()),
+                })
+                .unwrap();
+            let phase = phases[i as usize % 4];
+            let reason = (phase == Phase::Failed).then_some("stage `train` failed: exit 1");
+            state.finish_run(&id, phase, reason).unwrap();
+        }
+    }
+    println!(
+        "10,000 runs recorded in {:.1} s",
+        made.elapsed().as_secs_f64()
+    );
+    let s = start(&home, &["--token", TOKEN]);
+    let (_driver, c) = browser(&home).await;
+    let base = format!("http://{}", s.addr);
+    c.goto(&format!("{base}/")).await.unwrap();
+    eval(
+        &c,
+        &format!("sessionStorage.setItem('drivetrain-token', '{TOKEN}'); return true"),
+    )
+    .await;
+
+    let mut figures = Vec::new();
+    for (what, hash, ready) in [
+        (
+            "runs, 10,000 shown",
+            "#/runs?limit=10000",
+            "return document.querySelectorAll('table.runs tbody tr').length === 10001",
+        ),
+        (
+            "runs, 200 shown",
+            "#/runs",
+            "return document.querySelectorAll('table.runs tbody tr').length === 200",
+        ),
+        (
+            "runs, Failed of 10,001",
+            "#/runs?phase=Failed&limit=10000",
+            "return document.querySelectorAll('table.runs tbody tr').length === 2500",
+        ),
+        (
+            "DAG of 1,000 stages",
+            &format!("#/runs/{wide_run}"),
+            "return document.querySelectorAll('.dag .node').length === 1000",
+        ),
+        (
+            "a stage of it chosen",
+            &format!("#/runs/{wide_run}/s500"),
+            "return document.querySelector('.stage-panel h2')?.textContent.startsWith('s500')",
+        ),
+    ] {
+        // A fresh page each time but the last (choosing a stage keeps the drawing).
+        if !hash.ends_with("/s500") {
+            c.goto("about:blank").await.unwrap();
+        }
+        let t = Instant::now();
+        c.goto(&format!("{base}/{hash}")).await.unwrap();
+        until(&c, what, ready).await;
+        let wall = t.elapsed().as_millis();
+        let shown = eval(&c, "return document.body.dataset.shownMs").await;
+        figures.push(format!(
+            "| {what} | {wall} | {} |",
+            shown.as_str().unwrap_or("-")
+        ));
+    }
+    println!("| page | load to ready (ms) | route to drawn, in the page (ms) |\n|---|---|---|");
+    for f in figures {
+        println!("{f}");
+    }
+    c.close().await.unwrap();
+}
