@@ -74,10 +74,19 @@ stages:
     run: {command: [cat, "{{ inputs.data }}/f"]}
 "#,
     );
+    // A root process with no capabilities (a browser's sandboxed helper, say): a stage
+    // holding a superset of its capabilities could once enter its `/proc/PID/root`,
+    // which is the engine's mount namespace, where the home is writable.
+    let mut bare = std::process::Command::new("setpriv")
+        .args(["--bounding-set=-all", "--inh-caps=-all", "sleep", "60"])
+        .spawn()
+        .expect("setpriv (util-linux) starts a process without capabilities");
     let o = home.drivetrain_env(
         &["run", file.to_str().unwrap()],
         &[("DRIVETRAIN_ISOLATION", "required")],
     );
+    let _ = bare.kill();
+    let _ = bare.wait();
     assert_ok(&o);
     let id = run_id(&o);
     let probe = text(&home.drivetrain(&["logs", &id, "--stage", "probe"]).stdout);

@@ -7,6 +7,7 @@
 //! `docs/screenshots/`.
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,8 +22,11 @@ use common::Home;
 struct Driver(Child);
 
 impl Drop for Driver {
+    /// chromedriver and the browser it started lead and share one process group: all go,
+    /// whether the test passed or not.
     fn drop(&mut self) {
-        let _ = self.0.kill();
+        let group = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
         let _ = self.0.wait();
     }
 }
@@ -51,6 +55,7 @@ async fn browser(home: &Home) -> (Driver, Client) {
     };
     let port = free_port();
     let child = Command::new(driver)
+        .process_group(0)
         .arg(format!("--port={port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -22,7 +22,11 @@
 //! but Docker's default set less `CAP_MKNOD` ([`KEPT_CAPS`]) from its bounding, inheritable
 //! and ambient sets, and gets `no_new_privs`. A stage the root engine starts is still uid
 //! 0, but without `CAP_SYS_ADMIN` it cannot unmount, remount or mount, nor `setns` into
-//! another namespace, and without `CAP_SYS_PTRACE` it cannot reach `/proc/1/root`.
+//! another namespace, and without `CAP_SYS_PTRACE` it cannot reach `/proc/1/root`. It
+//! also runs in a user namespace of its own (uid 0 mapped to 0), so `/proc/PID/root` of
+//! no process outside it is open to it, not even of a root process with no capabilities
+//! (which a stage with a superset of them could otherwise enter); where the kernel
+//! refuses a user namespace to root, the mount namespace alone is made.
 
 use std::ffi::{CStr, CString};
 use std::fs::OpenOptions;
@@ -159,25 +163,26 @@ fn drop_capabilities() -> std::io::Result<()> {
 /// Everything the child needs to isolate itself, allocated before `fork` (the child may
 /// only make system calls until it execs).
 struct MountPlan {
-    /// Not root: a user namespace mapping the engine's uid and gid to themselves first.
-    user: Option<[(CString, CString); 3]>,
+    /// The user namespace the attempt enters first, mapping the engine's uid and gid to
+    /// themselves (root included: a process in a child user namespace cannot reach
+    /// `/proc/PID/root` of the engine's, whatever its uid and capabilities).
+    user: [(CString, CString); 3],
+    /// Root may go on without the user namespace where the kernel refuses one (a
+    /// seccomp filter, a sysctl): it can make the mount namespace alone.
+    root: bool,
     mounts: Vec<(CString, bool)>,
 }
 
 impl MountPlan {
     fn new(access: &[PathAccess]) -> std::io::Result<Self> {
         let uid = nix::unistd::geteuid();
-        let user = if uid.is_root() {
-            None
-        } else {
-            let gid = nix::unistd::getegid();
-            let c = |s: String| CString::new(s).expect("no NUL");
-            Some([
-                (c("/proc/self/setgroups".into()), c("deny".into())),
-                (c("/proc/self/uid_map".into()), c(format!("{uid} {uid} 1"))),
-                (c("/proc/self/gid_map".into()), c(format!("{gid} {gid} 1"))),
-            ])
-        };
+        let gid = nix::unistd::getegid();
+        let c = |s: String| CString::new(s).expect("no NUL");
+        let user = [
+            (c("/proc/self/setgroups".into()), c("deny".into())),
+            (c("/proc/self/uid_map".into()), c(format!("{uid} {uid} 1"))),
+            (c("/proc/self/gid_map".into()), c(format!("{gid} {gid} 1"))),
+        ];
         let mut mounts = Vec::with_capacity(access.len());
         for a in access {
             let path = CString::new(a.path.as_os_str().as_bytes()).map_err(|_| {
@@ -185,7 +190,11 @@ impl MountPlan {
             })?;
             mounts.push((path, a.writable));
         }
-        Ok(MountPlan { user, mounts })
+        Ok(MountPlan {
+            user,
+            root: uid.is_root(),
+            mounts,
+        })
     }
 
     /// In the child, between `fork` and `exec`: system calls only, no allocation.
@@ -193,11 +202,9 @@ impl MountPlan {
         use nix::mount::{mount, MsFlags};
         use nix::sched::{unshare, CloneFlags};
         let none: Option<&CStr> = None;
-        match &self.user {
-            None => unshare(CloneFlags::CLONE_NEWNS)?,
-            Some(files) => {
-                unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS)?;
-                for (file, text) in files {
+        match unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS) {
+            Ok(()) => {
+                for (file, text) in &self.user {
                     let fd = nix::fcntl::open(
                         file.as_c_str(),
                         nix::fcntl::OFlag::O_WRONLY,
@@ -206,6 +213,8 @@ impl MountPlan {
                     nix::unistd::write(&fd, text.as_bytes())?;
                 }
             }
+            Err(_) if self.root => unshare(CloneFlags::CLONE_NEWNS)?,
+            Err(e) => return Err(e.into()),
         }
         // Nothing mounted here propagates back to the engine's namespace.
         mount(
