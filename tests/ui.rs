@@ -166,6 +166,10 @@ async fn the_web_view_in_a_browser() {
     let home = Home::new("ui");
     std::fs::create_dir_all(home.dir.join("served")).unwrap();
     home.write("served/demo.yaml", PIPELINE);
+    home.write(
+        "served/nightly.yaml",
+        "version: 1\nname: nightly\nschedule: {cron: \"0 3 * * *\", timezone: Europe/Berlin}\nstages:\n  s:\n    run: {command: [\"true\"]}\n",
+    );
     let s = start(&home, &["--token", TOKEN]);
     let (_driver, c) = browser(&home).await;
     let base = format!("http://{}", s.addr);
@@ -406,6 +410,51 @@ async fn the_web_view_in_a_browser() {
     );
     screenshot(&c, &home, "lineage").await;
 
+    // Schedules: the next tick, and a trigger that queues a run the list then shows.
+    c.goto(&format!("{base}/#/schedules")).await.unwrap();
+    let next = until(
+        &c,
+        "the schedule's row",
+        "const r = document.querySelector('tbody tr'); return r && r.cells[2].textContent",
+    )
+    .await;
+    assert!(
+        !next.as_str().unwrap().is_empty() && next != "never",
+        "{next}"
+    );
+    screenshot(&c, &home, "schedules").await;
+    let trigger = c
+        .find(Locator::XPath("//button[text()='Trigger']"))
+        .await
+        .unwrap();
+    trigger.click().await.unwrap();
+    let queued = until(
+        &c,
+        "the queued tick",
+        "const s = document.getElementById('status').textContent; return s.includes('queued') && s",
+    )
+    .await;
+    let ticked = queued
+        .as_str()
+        .unwrap()
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .to_owned();
+    wait_phase(&s, &ticked, "Succeeded");
+    c.find(Locator::XPath("//button[text()='Suspend']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until(
+        &c,
+        "suspended",
+        "return document.querySelector('tbody tr')?.cells[1].textContent === 'suspended'",
+    )
+    .await;
+
     // The list, filtered to failures, shows the failed run only.
     c.goto(&format!("{base}/#/runs?phase=Failed"))
         .await
@@ -426,7 +475,7 @@ async fn the_web_view_in_a_browser() {
     until(
         &c,
         "the whole list",
-        "return document.querySelectorAll('table.runs tbody tr').length === 3",
+        "return document.querySelectorAll('table.runs tbody tr').length === 4",
     )
     .await;
     screenshot(&c, &home, "runs").await;

@@ -47,7 +47,8 @@ def load(frames):
 def digest(model):
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().cpu().numpy().tobytes())
+        # The parameter's bytes as stored (torch's wheel does not bring NumPy along).
+        h.update(bytes(p.detach().cpu().contiguous().flatten().view(torch.uint8).tolist()))
     return h.hexdigest()
 
 

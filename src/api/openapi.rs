@@ -62,7 +62,7 @@ pub struct Spawned {
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct ScheduleStatus {
     pub schedule: ScheduleEntry,
-    /// `{scheduled_time, local_time, …}`, `null` when the cron has no next tick, or
+    /// `{utc, local}` (local: in the schedule's zone), `null` when the cron has no next tick, or
     /// `{"error": …}` when the schedule's file no longer validates.
     pub next_tick: Value,
     /// The latest 10, newest first.

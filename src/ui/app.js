@@ -613,7 +613,7 @@ async function schedulesPage() {
   const rows = schedules.map(({ schedule: s, next_tick: next, recent_ticks: ticks }) => h("tr", {},
     h("td", {}, s.pipeline),
     h("td", {}, s.suspended ? "suspended" : "active"),
-    h("td", {}, next && next.error ? next.error : next ? when(next.scheduled_time || next.time || JSON.stringify(next)) : "never"),
+    h("td", {}, next && next.error ? next.error : next ? [next.local, h("br"), h("small", {}, next.utc)] : "never"),
     h("td", {}, h("ul", { class: "ticks" }, ticks.slice(0, 5).map((t) => h("li", {}, when(t.scheduled_time), " ", t.outcome, " ", t.run_id ? runLink(t.run_id) : "", t.reason ? ` (${t.reason})` : "")))),
     h("td", {}, s.suspended ? act("Resume", `/api/v1/schedules/${esc(s.pipeline)}/resume`) : act("Suspend", `/api/v1/schedules/${esc(s.pipeline)}/suspend`),
       " ", act("Trigger", `/api/v1/schedules/${esc(s.pipeline)}/trigger`))));

@@ -1,0 +1,491 @@
+//! The command line: every command, its flags and its help text (clap).
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::history;
+
+/// The workflow engine for the autonomous-driving data loop.
+#[derive(Debug, Parser)]
+#[command(
+    name = "drivetrain",
+    version,
+    about,
+    long_about = None,
+    after_help = "Exit status, for every command: 0 success; 1 a failure (a run that failed, a file \
+                  that does not validate, a store that failed); 2 a usage error (a wrong flag or \
+                  argument, or a run, stage, schedule or file that does not exist); 130 a run \
+                  that was cancelled."
+)]
+pub(crate) struct Cli {
+    /// The engine's home (state, artifacts, attempt directories); default: `.drivetrain/`
+    /// in the current directory or a parent. Also `DRIVETRAIN_HOME`.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub(crate) home: Option<PathBuf>,
+    /// The artifact store for this command (`file:///…`, `s3://bucket/prefix`, `gs://…`,
+    /// `az://…`), over `DRIVETRAIN_STORE` and the pipeline's `store:`.
+    #[arg(long, global = true, value_name = "URL")]
+    pub(crate) store: Option<String>,
+    /// The state store for this command (`postgres://user@host:port/db`), over
+    /// `DRIVETRAIN_STATE`; default SQLite in the home.
+    #[arg(long, global = true, value_name = "URL")]
+    pub(crate) state: Option<String>,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Check pipeline files and report every problem with its location.
+    #[command(
+        after_help = "Examples:\n  drivetrain validate pipelines/*.yaml\n  drivetrain validate broken.yaml --output json"
+    )]
+    Validate {
+        /// Pipeline files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Print the pipeline's DAG as a Mermaid flowchart or Graphviz DOT.
+    #[command(
+        after_help = "Examples:\n  drivetrain graph pipelines/driving-loop.yaml\n  drivetrain graph pipelines/driving-loop.yaml --format dot | dot -Tsvg > loop.svg"
+    )]
+    Graph {
+        file: PathBuf,
+        #[arg(long, value_enum, default_value_t = GraphFormat::Mermaid)]
+        format: GraphFormat,
+    },
+    /// Print the resolved stages in execution order, with their resolved commands.
+    #[command(
+        after_help = "Examples:\n  drivetrain plan pipelines/driving-loop.yaml --param drives=4\n  drivetrain plan pipelines/driving-loop.yaml --from train --output json"
+    )]
+    Plan {
+        file: PathBuf,
+        /// Set a param: `--param name=value` (repeatable).
+        #[arg(long = "param", short = 'p', value_name = "NAME=VALUE", value_parser = parse_kv)]
+        params: Vec<(String, String)>,
+        /// Only these stages (comma-separated or repeated).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        /// These stages and everything after them.
+        #[arg(long, value_delimiter = ',')]
+        from: Vec<String>,
+        /// These stages and everything before them.
+        #[arg(long, value_delimiter = ',')]
+        to: Vec<String>,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+        /// Override `defaults.executor` (`--manifests` needs `kubernetes`).
+        #[arg(long)]
+        executor: Option<String>,
+        /// Print every Kubernetes object the run would create, as YAML documents
+        /// (settings from the file `DRIVETRAIN_KUBERNETES` names).
+        #[arg(long)]
+        manifests: bool,
+        /// The run id the manifests name (a run's own is known only when it starts).
+        #[arg(long, default_value = "dry-run", requires = "manifests")]
+        run_id: String,
+    },
+    /// Run a pipeline on this machine: prints the run id, then each stage as it ends.
+    #[command(
+        after_help = "Examples:\n  drivetrain run pipelines/shell-demo.yaml\n  drivetrain run pipeline.yaml --param day=2026-11-20 --parallelism 4 --fail-fast\n\nExit codes: 0 succeeded, 1 failed, 2 usage, 130 cancelled."
+    )]
+    Run {
+        file: PathBuf,
+        /// Set a param: `--param name=value` (repeatable).
+        #[arg(long = "param", short = 'p', value_name = "NAME=VALUE", value_parser = parse_kv)]
+        params: Vec<(String, String)>,
+        /// The most stage attempts at once. Default: the number of cores.
+        #[arg(long)]
+        parallelism: Option<usize>,
+        /// Stop everything at the first failed stage.
+        #[arg(long)]
+        fail_fast: bool,
+        /// The run's deadline (`30m`, `2h`): past it, running stages are stopped and the
+        /// run fails.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+        timeout: Option<std::time::Duration>,
+        /// Override `defaults.executor`.
+        #[arg(long)]
+        executor: Option<String>,
+        /// How many GPUs of this machine stages may claim (each given to one stage at a
+        /// time as CUDA_VISIBLE_DEVICES). Default: DRIVETRAIN_LOCAL_GPUS, else those NVML
+        /// or nvidia-smi find, within an outer CUDA_VISIBLE_DEVICES (`drivetrain doctor`).
+        #[arg(long)]
+        gpus: Option<usize>,
+        /// Start the run in the background, print its id and return.
+        #[arg(long)]
+        detach: bool,
+        /// Submit the run to a `drivetrain serve` (the file's YAML and the params) and
+        /// follow it there (token: DRIVETRAIN_TOKEN).
+        #[arg(long, value_name = "URL", conflicts_with_all = ["executor", "gpus", "parallelism", "run_id"])]
+        server: Option<String>,
+        /// The id to use (set by `--detach` for the background engine).
+        #[arg(long, hide = true)]
+        run_id: Option<String>,
+        /// Neither look up nor record cache entries: every stage executes.
+        #[arg(long)]
+        no_cache: bool,
+        /// Execute every stage and record its outputs as the cache entry.
+        #[arg(long, conflicts_with = "no_cache")]
+        overwrite_cache: bool,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// A new run that executes some stages of an earlier run and reuses everything else
+    /// of it exactly (even if the pipeline changed since).
+    #[command(
+        after_help = "Examples:\n  drivetrain rerun 20261122-031500-1a2b --stage train\n  drivetrain rerun 20261122-031500-1a2b --stage train --downstream --param epochs=20\n  drivetrain rerun 20261122-031500-1a2b --from mine --image train=ghcr.io/acme/train:v2\n  drivetrain rerun 20261122-031500-1a2b --only label-export,train\n\nThe stages it executes ignore the cache. Exit codes as `run`."
+    )]
+    Rerun {
+        run: String,
+        /// Stages to execute (comma-separated or repeated).
+        #[arg(long, value_delimiter = ',')]
+        stage: Vec<String>,
+        /// Also execute everything that depends on the `--stage` stages.
+        #[arg(long, requires = "stage")]
+        downstream: bool,
+        /// These stages and everything after them.
+        #[arg(long, value_delimiter = ',')]
+        from: Vec<String>,
+        /// Exactly these stages.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        /// Override a param of the earlier run: `--param name=value` (repeatable).
+        #[arg(long = "param", short = 'p', value_name = "NAME=VALUE", value_parser = parse_kv)]
+        params: Vec<(String, String)>,
+        /// Override a stage's image: `--image STAGE=IMAGE` (repeatable).
+        #[arg(long = "image", value_name = "STAGE=IMAGE", value_parser = parse_kv)]
+        images: Vec<(String, String)>,
+        #[command(flatten)]
+        common: FromRun,
+    },
+    /// A new run that reuses every succeeded stage of an earlier run and executes the
+    /// failed, cancelled and skipped ones and what depends on them.
+    #[command(after_help = "Example:\n  drivetrain retry 20261122-031500-1a2b")]
+    Retry {
+        run: String,
+        #[command(flatten)]
+        common: FromRun,
+    },
+    /// Why a stage of a run was a cache hit or a miss: the component of its key that
+    /// changed.
+    #[command(after_help = "Example:\n  drivetrain explain 20261122-031500-1a2b train")]
+    Explain {
+        run: String,
+        stage: String,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Where an artifact came from (runs, stages, params, definitions, back to the
+    /// sources), or with `--downstream` everything derived from it.
+    #[command(
+        after_help = "TARGET is a run, RUN/STAGE, RUN/STAGE/OUTPUT or an artifact digest.\n\nExamples:\n  drivetrain lineage 20261122-031500-1a2b/train/model\n  drivetrain lineage 20261122-031500-1a2b/ingest/frames --downstream --output mermaid"
+    )]
+    Lineage {
+        target: String,
+        #[arg(long)]
+        downstream: bool,
+        #[arg(long, short = 'o', value_enum, default_value_t = history::GraphOutput::Text)]
+        output: history::GraphOutput,
+    },
+    /// Everything derived from a source: an artifact, or any text a stage's definition
+    /// mentions (a drive log's URL), for data-deletion requests.
+    #[command(
+        after_help = "Examples:\n  drivetrain forget s3://fleet/drives/2026-11-20/veh42.mcap\n  drivetrain forget 20261122-031500-1a2b/ingest/frames --output json"
+    )]
+    Forget {
+        input: String,
+        #[arg(long, short = 'o', value_enum, default_value_t = history::GraphOutput::Text)]
+        output: history::GraphOutput,
+    },
+    /// List (and with --apply delete) artifacts no kept run, cache entry or running run
+    /// refers to.
+    #[command(
+        after_help = "Examples:\n  drivetrain gc                    # dry run, runs older than 30 days\n  drivetrain gc --keep-days 7 --apply"
+    )]
+    Gc {
+        /// Runs younger than this many days keep everything.
+        #[arg(long, default_value_t = 30)]
+        keep_days: u32,
+        /// Delete; without it gc only lists.
+        #[arg(long)]
+        apply: bool,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Show a run's stages: phase, attempts, duration, exit code, reason.
+    #[command(
+        after_help = "Examples:\n  drivetrain status            # the latest run\n  drivetrain status 20261122-031500-1a2b --output json"
+    )]
+    Status {
+        run: Option<String>,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+        /// Show the status again every second until the run ends; exit 0 when it
+        /// succeeded, 1 otherwise.
+        #[arg(long, short = 'w', conflicts_with = "server")]
+        watch: bool,
+        /// Ask a `drivetrain serve` instead of this machine (token: DRIVETRAIN_TOKEN).
+        #[arg(long, value_name = "URL")]
+        server: Option<String>,
+    },
+    /// Print the logs of a run's stages (the latest attempt of each).
+    #[command(
+        after_help = "Examples:\n  drivetrain logs 20261122-031500-1a2b\n  drivetrain logs 20261122-031500-1a2b --stage train"
+    )]
+    Logs {
+        run: Option<String>,
+        #[arg(long)]
+        stage: Option<String>,
+        /// Keep printing as the stages write, until the stage (with `--stage`) or the
+        /// whole run ends; a whole run's lines start with their stage's name.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// Ask a `drivetrain serve` instead of this machine (needs a run and `--stage`).
+        #[arg(long, value_name = "URL", requires_all = ["run", "stage"])]
+        server: Option<String>,
+    },
+    /// Finish a run whose engine stopped: succeeded stages are kept, lost attempts rerun.
+    #[command(after_help = "Example:\n  drivetrain resume 20261122-031500-1a2b")]
+    Resume {
+        run: String,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Cancel a run: its running stages are stopped and it is recorded as cancelled.
+    #[command(after_help = "Example:\n  drivetrain cancel 20261122-031500-1a2b")]
+    Cancel {
+        run: String,
+        /// Ask a `drivetrain serve` to cancel it.
+        #[arg(long, value_name = "URL")]
+        server: Option<String>,
+    },
+    /// List recent runs, newest first.
+    #[command(
+        after_help = "Examples:\n  drivetrain list\n  drivetrain list --pipeline driving-loop --phase failed --limit 10\n  drivetrain list -o json"
+    )]
+    List {
+        /// How many runs (after filtering).
+        #[arg(long, short = 'n', default_value_t = 50)]
+        limit: usize,
+        /// Only runs of this pipeline.
+        #[arg(long)]
+        pipeline: Option<String>,
+        /// Only runs in this phase (`running`, `succeeded`, `failed`, …; any case).
+        #[arg(long)]
+        phase: Option<String>,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Run one built-in step with the attempt's environment (what `drivetrain run` starts
+    /// for `uses:` stages, and a container's command on a cluster).
+    #[command(
+        after_help = "Reads DRIVETRAIN_STEP_CONFIG (the rendered `with:` block as JSON), DRIVETRAIN_INPUT_<NAME>, DRIVETRAIN_OUTPUT_<NAME>, DRIVETRAIN_VALUES and, when distributed, RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.\n\nExample:\n  DRIVETRAIN_STEP_CONFIG='{\"drives\": 2}' DRIVETRAIN_OUTPUT_LOGS=out DRIVETRAIN_VALUES=values.json drivetrain step fleet-sim"
+    )]
+    Step { name: String },
+    /// The wrapper around a stage's command in a pod: fetch inputs, run, upload outputs
+    /// (what the kubernetes executor starts; not for people).
+    #[command(hide = true)]
+    Exec {
+        /// Copy this binary into DIR and exit (the pod's init container).
+        #[arg(long, value_name = "DIR", conflicts_with = "command")]
+        install: Option<PathBuf>,
+        /// The command and its arguments.
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
+    /// The model registry in the artifact store: models, versions, aliases, history.
+    #[command(
+        after_help = "Examples:\n  drivetrain registry list\n  drivetrain registry show risk-model@production\n  drivetrain registry history risk-model\n  drivetrain registry alias risk-model production 3\n  drivetrain registry rollback risk-model production"
+    )]
+    Registry {
+        /// The registry: an artifact store URL or `mlflow+http://HOST:PORT`; default
+        /// `DRIVETRAIN_REGISTRY`, else the registry in the artifact store.
+        #[arg(long, global = true)]
+        registry: Option<String>,
+        #[command(subcommand)]
+        command: RegistryCommand,
+    },
+    /// Run the pipelines of a directory on their cron schedules (until Ctrl-C / SIGTERM,
+    /// which lets the runs in flight finish).
+    #[command(
+        after_help = "Examples:\n  drivetrain serve --pipelines pipelines/ --bind 127.0.0.1:8080\n  DRIVETRAIN_TOKEN=s3cret drivetrain serve --pipelines pipelines/ --bind 0.0.0.0:8080\n  curl -H 'Authorization: Bearer s3cret' localhost:8080/api/v1/runs\n  drivetrain schedule list\n\nA tick is recorded before its run starts: a server killed and started again neither fires a tick twice nor loses one (within the schedule's `catchup`)."
+    )]
+    Serve {
+        /// The directory of pipeline files; those with a `schedule:` run on it, all can be
+        /// submitted over the API.
+        #[arg(long, value_name = "DIR")]
+        pipelines: PathBuf,
+        /// Where the HTTP API listens (`127.0.0.1:0` picks a free port).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        bind: String,
+        /// The bearer token the API requires (also `DRIVETRAIN_TOKEN`); required to bind
+        /// anything but a loopback address.
+        #[arg(long)]
+        token: Option<String>,
+        /// Without a token, let every client on this machine start, rerun and cancel runs
+        /// (by default a server without a token answers reads only).
+        #[arg(long)]
+        insecure_no_auth: bool,
+        /// The most stage attempts at once, per run.
+        #[arg(long)]
+        parallelism: Option<usize>,
+    },
+    /// The web view of this home's runs, stages, logs, lineage and registry, without
+    /// firing schedules: `serve` for one person (it also serves the view at `/`).
+    #[command(
+        after_help = "Examples:\n  drivetrain ui                              # http://127.0.0.1:8080, read-only\n  drivetrain ui --insecure-no-auth           # and the buttons (cancel, retry, rerun) work\n  drivetrain ui --pipelines pipelines/ --token \"$TOKEN\""
+    )]
+    Ui {
+        /// Pipelines that can be started by name (their schedules do not fire).
+        #[arg(long, value_name = "DIR")]
+        pipelines: Option<PathBuf>,
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        bind: String,
+        /// The bearer token the page asks for (also `DRIVETRAIN_TOKEN`).
+        #[arg(long)]
+        token: Option<String>,
+        /// Without a token, let the page (and every client on this machine) start, rerun
+        /// and cancel runs.
+        #[arg(long)]
+        insecure_no_auth: bool,
+    },
+    /// The schedules `serve` keeps: list, suspend, resume, trigger now.
+    #[command(
+        after_help = "Examples:\n  drivetrain schedule list\n  drivetrain schedule next nightly-retrain -n 5\n  drivetrain schedule suspend nightly-retrain\n  drivetrain schedule resume nightly-retrain            # missed ticks do not fire\n  drivetrain schedule resume nightly-retrain --catchup  # they follow `catchup`\n  drivetrain schedule trigger nightly-retrain"
+    )]
+    Schedule {
+        #[command(subcommand)]
+        command: ScheduleCommand,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text, global = true)]
+        output: Format,
+    },
+    /// Print the JSON Schema of pipeline files (for editors), or with `--api` the OpenAPI
+    /// document of `drivetrain serve`'s HTTP API.
+    #[command(
+        after_help = "Examples:\n  drivetrain schema > pipeline.schema.json\n  drivetrain schema --api > docs/openapi.json"
+    )]
+    Schema {
+        /// The OpenAPI document of the HTTP API instead.
+        #[arg(long)]
+        api: bool,
+    },
+    /// What this machine offers local runs: cores, GPUs and how they were found (NVML,
+    /// nvidia-smi, CUDA_VISIBLE_DEVICES), stage isolation.
+    #[command(
+        after_help = "Examples:\n  drivetrain doctor\n  drivetrain doctor -o json\n  CUDA_VISIBLE_DEVICES=2,3 drivetrain doctor"
+    )]
+    Doctor {
+        /// Take this many GPUs as given, as `run --gpus` does.
+        #[arg(long)]
+        gpus: Option<usize>,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// List the built-in steps and executors.
+    #[command(after_help = "Examples:\n  drivetrain steps\n  drivetrain steps --output json")]
+    Steps {
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ScheduleCommand {
+    /// Every schedule, whether it is suspended, its next tick and its last.
+    List,
+    /// The upcoming ticks of a schedule, in its zone and in UTC.
+    Next {
+        /// A registered schedule's pipeline name, or a pipeline file.
+        pipeline: String,
+        /// How many.
+        #[arg(short = 'n', long = "count", default_value_t = 10)]
+        count: usize,
+    },
+    /// Fire nothing until resumed.
+    Suspend { pipeline: String },
+    /// Fire again; ticks missed while suspended do not fire unless `--catchup`.
+    Resume {
+        pipeline: String,
+        #[arg(long)]
+        catchup: bool,
+    },
+    /// Start a run now (the server picks it up).
+    Trigger { pipeline: String },
+}
+
+/// What `rerun` and `retry` share.
+#[derive(Debug, clap::Args)]
+pub(crate) struct FromRun {
+    /// The pipeline file; default: the one the earlier run was started from.
+    #[arg(long)]
+    pub(crate) file: Option<PathBuf>,
+    #[arg(long)]
+    pub(crate) parallelism: Option<usize>,
+    #[arg(long)]
+    pub(crate) fail_fast: bool,
+    /// Record no cache entries (and, for `retry`, look none up).
+    #[arg(long)]
+    pub(crate) no_cache: bool,
+    #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+    pub(crate) output: Format,
+    /// The new run's id (set by the server, which answers with it before the run starts).
+    #[arg(long, hide = true)]
+    pub(crate) run_id: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum RegistryCommand {
+    /// Models with their versions and aliases.
+    List {
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// One version (`MODEL@VERSION` or `MODEL@ALIAS`): where it came from, its metrics and
+    /// files (`-o json`: the whole record, lineage included).
+    Show {
+        spec: String,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Every alias move of a model: who, when, from, to, the gate result.
+    History {
+        model: String,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Point an alias at a version.
+    Alias {
+        model: String,
+        alias: String,
+        version: u64,
+    },
+    /// Move an alias back to the version it pointed at before.
+    Rollback { model: String, alias: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Format {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum GraphFormat {
+    Mermaid,
+    Dot,
+}
+
+pub(crate) fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
+    drivetrain_engine::units::parse_duration(s)
+}
+
+pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("expected NAME=VALUE, got `{s}`")),
+    }
+}
