@@ -5,6 +5,8 @@
 
 const PHASES = ["Pending", "Running", "Succeeded", "Failed", "Skipped", "Cancelled", "Cached", "Omitted"];
 const TRIGGERS = ["cli", "api", "schedule", "rerun", "retry"];
+/** How many rows of the run list are drawn at a time. */
+const ROWS = 500;
 const TERMINAL = new Set(["Succeeded", "Failed", "Skipped", "Cancelled", "Cached", "Omitted"]);
 
 // ---- small helpers ----------------------------------------------------------------
@@ -174,12 +176,13 @@ async function runsPage(query) {
     location.hash = `#/runs?${params}`;
   });
   const count = h("p", { class: "count" });
+  const more = h("p");
   const body = h("tbody");
   const table = h("table", { class: "runs" },
     h("caption", { class: "sr-only" }, "Runs, newest first"),
     h("thead", {}, h("tr", {}, ["Run", "Pipeline", "Phase", "Trigger", "From", "Created", "Took", "Reason"].map((c) => h("th", { scope: "col" }, c)))),
     body);
-  show(h("h1", {}, "Runs"), form, count, table);
+  show(h("h1", {}, "Runs"), form, count, table, more);
 
   const load = async () => {
     const params = new URLSearchParams(q);
@@ -187,29 +190,47 @@ async function runsPage(query) {
     const since = params.get("since");
     if (since) params.set("since", new Date(since).toISOString());
     const { runs } = await api(`/api/v1/runs?${params}`);
-    const started = performance.now();
-    const rows = document.createDocumentFragment();
-    for (const r of runs) {
-      rows.append(h("tr", { "data-run": r.id },
-        h("td", {}, runLink(r.id)),
-        h("td", {}, r.pipeline),
-        h("td", {}, badge(r.phase)),
-        h("td", {}, r.trigger),
-        h("td", {}, r.parent ? runLink(r.parent) : ""),
-        h("td", {}, when(r.created_at)),
-        h("td", {}, took(r.created_at, r.finished_at)),
-        h("td", { class: "reason" }, r.reason || "")));
-    }
-    body.replaceChildren(rows);
-    count.textContent = `${runs.length} run(s)`;
-    document.body.dataset.rendered = String(Math.round(performance.now() - started));
+    const row = (r) => h("tr", { "data-run": r.id },
+      h("td", {}, runLink(r.id)),
+      h("td", {}, r.pipeline),
+      h("td", {}, badge(r.phase)),
+      h("td", {}, r.trigger),
+      h("td", {}, r.parent ? runLink(r.parent) : ""),
+      h("td", {}, when(r.created_at)),
+      h("td", {}, took(r.created_at, r.finished_at)),
+      h("td", { class: "reason" }, r.reason || ""));
+    // Drawn a page at a time: a browser lays out 500 rows at once quickly, 10,000 slowly.
+    const draw = (n) => {
+      body.replaceChildren(...runs.slice(0, n).map(row));
+      const rest = runs.length - body.rows.length;
+      count.textContent = `${runs.length} run(s)${rest ? `, the first ${body.rows.length} shown` : ""}`;
+      more.replaceChildren(rest
+        ? h("button", { type: "button", id: "more", onclick: () => draw(body.rows.length + ROWS) }, `Show ${Math.min(ROWS, rest)} more`)
+        : "");
+    };
+    draw(Math.max(ROWS, body.rows.length));
   };
-  await load().catch(quiet);
+  // The stream's first event (sent at once) loads the list, later ones reload it: nothing
+  // is read twice, and nothing that changes in between is missed.
   let pending = null;
-  events("/api/v1/events", signal, () => {
+  let loaded = false;
+  let shown;
+  const first = new Promise((resolve) => (shown = resolve));
+  const reload = () => {
+    if (!loaded) {
+      loaded = true;
+      load().catch(quiet).finally(shown);
+      return;
+    }
     clearTimeout(pending);
     pending = setTimeout(() => load().catch(quiet), 200);
-  }).catch(quiet);
+  };
+  events("/api/v1/events", signal, reload).catch((e) => {
+    if (e.name === "AbortError") return;
+    quiet(e);
+    if (!loaded) reload();
+  });
+  await first;
 }
 
 // ---- the layered drawing of a DAG (runs and lineage) ------------------------------
