@@ -95,6 +95,11 @@ async fn browser(home: &Home) -> (Driver, Client) {
     (driver, client)
 }
 
+/// Clicks the element `at` finds, as a person would.
+async fn click(c: &Client, at: Locator<'_>) {
+    c.find(at).await.unwrap().click().await.unwrap();
+}
+
 /// Evaluates `script` (a function body) in the page.
 async fn eval(c: &Client, script: &str) -> Value {
     c.execute(script, vec![]).await.unwrap()
@@ -185,12 +190,7 @@ async fn the_web_view_in_a_browser() {
     assert!(refusal.as_str().unwrap().contains("Bearer"), "{refusal}");
     let field = c.find(Locator::Id("token")).await.unwrap();
     field.send_keys(TOKEN).await.unwrap();
-    c.find(Locator::Css("#token-form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, Locator::Css("#token-form button")).await;
     until(
         &c,
         "the run list",
@@ -265,12 +265,7 @@ async fn the_web_view_in_a_browser() {
     screenshot(&c, &home, "run").await;
 
     // A stage's panel: its values, outputs with digests, and explain.
-    c.find(Locator::Css(".dag .node[data-node=\"mine\"]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, Locator::Css(".dag .node[data-node=\"mine\"]")).await;
     let values = until(
         &c,
         "mine's values",
@@ -283,12 +278,7 @@ async fn the_web_view_in_a_browser() {
     );
     let log = until(&c, "mine's log", "const l = document.getElementById('log'); return l && l.textContent.includes('frames') && l.textContent").await;
     assert!(log.as_str().unwrap().contains("1200 frames"), "{log}");
-    c.find(Locator::Id("explain"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, Locator::Id("explain")).await;
     let why = until(
         &c,
         "explain",
@@ -343,12 +333,7 @@ async fn the_web_view_in_a_browser() {
     .await;
     let params = c.find(Locator::Id("rerun-params")).await.unwrap();
     params.send_keys("fail=false").await.unwrap();
-    c.find(Locator::Id("rerun"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, Locator::Id("rerun")).await;
     let hash = until(
         &c,
         "the rerun's page",
@@ -410,6 +395,60 @@ async fn the_web_view_in_a_browser() {
     );
     screenshot(&c, &home, "lineage").await;
 
+    // The registry: versions with metrics and the run that made them, an alias, and the
+    // roll-back button, whose move the history then shows.
+    let artifacts = home.dir.join(".drivetrain/artifacts");
+    let url = format!(
+        "file://{}",
+        std::fs::canonicalize(&artifacts).unwrap().display()
+    );
+    let reg = drivetrain_steps::registry::Registry::open_for(None, &url).unwrap();
+    let model = home.dir.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(model.join("model.json"), "{}").unwrap();
+    for accuracy in [0.81, 0.87] {
+        let meta = json!({"metrics": {"accuracy": accuracy}, "source": {"run": run, "stage": "train", "pipeline": "drive-loop-demo"}});
+        reg.register("lanes", &model, meta).await.unwrap();
+    }
+    for version in [1, 2] {
+        reg.move_alias("lanes", "production", version, json!({"manual": true}))
+            .await
+            .unwrap();
+    }
+    c.goto(&format!("{base}/#/registry")).await.unwrap();
+    let alias = until(
+        &c,
+        "the alias",
+        "return document.querySelector('.aliases li')?.textContent",
+    )
+    .await;
+    assert!(
+        alias
+            .as_str()
+            .unwrap()
+            .starts_with("production → version 2"),
+        "{alias}"
+    );
+    let versions = eval(
+        &c,
+        "return document.querySelector('.model table tbody').textContent",
+    )
+    .await;
+    assert!(
+        versions.as_str().unwrap().contains("accuracy 0.87"),
+        "{versions}"
+    );
+    assert!(versions.as_str().unwrap().contains(&run), "{versions}");
+    click(&c, Locator::Css("[data-rollback=\"lanes@production\"]")).await;
+    until(&c, "the rollback", "return document.querySelector('.aliases li')?.textContent.startsWith('production → version 1')").await;
+    let moves = eval(
+        &c,
+        "return document.querySelectorAll('.model table:last-of-type tbody tr').length",
+    )
+    .await;
+    assert_eq!(moves, 3, "two moves and the rollback");
+    screenshot(&c, &home, "registry").await;
+
     // Schedules: the next tick, and a trigger that queues a run the list then shows.
     c.goto(&format!("{base}/#/schedules")).await.unwrap();
     let next = until(
@@ -423,11 +462,7 @@ async fn the_web_view_in_a_browser() {
         "{next}"
     );
     screenshot(&c, &home, "schedules").await;
-    let trigger = c
-        .find(Locator::XPath("//button[text()='Trigger']"))
-        .await
-        .unwrap();
-    trigger.click().await.unwrap();
+    click(&c, Locator::XPath("//button[text()='Trigger']")).await;
     let queued = until(
         &c,
         "the queued tick",
@@ -442,12 +477,7 @@ async fn the_web_view_in_a_browser() {
         .unwrap()
         .to_owned();
     wait_phase(&s, &ticked, "Succeeded");
-    c.find(Locator::XPath("//button[text()='Suspend']"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, Locator::XPath("//button[text()='Suspend']")).await;
     until(
         &c,
         "suspended",
@@ -597,13 +627,7 @@ async fn at_scale() {
         let t = Instant::now();
         match target.as_str() {
             // A click on the page as it is.
-            "#more" => c
-                .find(Locator::Id("more"))
-                .await
-                .unwrap()
-                .click()
-                .await
-                .unwrap(),
+            "#more" => click(&c, Locator::Id("more")).await,
             // Choosing a stage keeps the drawing.
             t if t.ends_with("/s500") => c.goto(&format!("{base}/{t}")).await.unwrap(),
             t => {

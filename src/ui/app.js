@@ -30,7 +30,7 @@ function h(tag, attrs = {}, ...children) {
 
 const main = () => document.getElementById("main");
 function show(...nodes) {
-  main().replaceChildren(...nodes);
+  main().replaceChildren(...nodes.flat());
 }
 function say(text, kind = "info") {
   const s = document.getElementById("status");
@@ -610,7 +610,7 @@ async function registryPage() {
           h("td", {}, when(e.at)), h("td", {}, e.alias), h("td", {}, e.from ?? "-"), h("td", {}, e.version),
           h("td", {}, e.who || ""), h("td", {}, e.note ? JSON.stringify(e.note) : ""))))));
   });
-  show(h("h1", {}, "Registry"), models.length ? sections : h("p", {}, "No models registered yet."));
+  show(h("h1", {}, "Registry"), ...(models.length ? sections : [h("p", {}, "No models registered yet.")]));
 }
 
 // ---- schedules --------------------------------------------------------------------
