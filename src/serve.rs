@@ -118,7 +118,8 @@ pub struct Server {
     parallelism: usize,
     catalog: Catalog,
     /// Set when shutting down: no new runs.
-    stopping: std::sync::atomic::AtomicBool,
+    /// Set on SIGTERM: no new work, and the live streams of pages end.
+    pub(crate) stopping: std::sync::atomic::AtomicBool,
     /// Fired ticks recorded since then without a run are started by the next loop.
     unstarted_since: Mutex<String>,
 }

@@ -623,7 +623,7 @@ stages:
     run: {command: [cat, "{{ inputs.data }}/f"]}
 "#,
     );
-    let s = start(&home, &["--token", TOKEN]);
+    let mut s = start(&home, &["--token", TOKEN]);
     let (_, v) = json(&s, "POST", "/api/v1/runs", Some(r#"{"pipeline": "made"}"#));
     let run = v["run"].as_str().unwrap().to_owned();
     wait_phase(&s, &run, "Succeeded");
@@ -800,4 +800,35 @@ stages:
     assert!(refused.contains("cannot change this server"), "{refused}");
     let accepted = post(&format!("http://{}", s.addr));
     assert!(accepted.starts_with("HTTP/1.1 201"), "{accepted}");
+
+    // A page left open (its stream of the run list) does not hold up a graceful stop.
+    let mut open = std::net::TcpStream::connect(&s.addr).unwrap();
+    write!(
+        open,
+        "GET /api/v1/events HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\n\r\n",
+        s.addr
+    )
+    .unwrap();
+    let mut first = [0u8; 512];
+    let n = open.read(&mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).contains("200 OK"));
+    wait_phase(&s, accepted.rsplit('"').nth(1).unwrap(), "Succeeded");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(s.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            assert!(status.success(), "{status:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve did not stop with a page open"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(open);
 }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
@@ -132,6 +133,10 @@ pub(super) async fn run_events(State(s): State<Shared>, Path(id): Path<String>) 
                 return None;
             }
             loop {
+                // A page left open does not hold up a server that is stopping.
+                if s.stopping.load(Ordering::SeqCst) {
+                    return None;
+                }
                 let (record, stages) = match (s.state.run(&run), s.state.stages(&run)) {
                     (Ok(r), Ok(st)) => (r, st),
                     _ => return None,
@@ -185,6 +190,9 @@ pub(super) async fn list_events(State(s): State<Shared>) -> Response {
         let s = s.clone();
         async move {
             loop {
+                if s.stopping.load(Ordering::SeqCst) {
+                    return None;
+                }
                 let now = match (s.state.run_counts(), s.state.list_runs(200)) {
                     (Ok(counts), Ok(runs)) => {
                         let phases: Vec<(String, String)> = runs
