@@ -589,7 +589,8 @@ fn follow(
                     let next = offset + chunk.len() as u64;
                     return Some((Ok::<_, std::convert::Infallible>(chunk), (next, false)));
                 }
-                if finished {
+                // A reader left open does not hold up a server that is stopping.
+                if finished || s.stopping.load(Ordering::SeqCst) {
                     return None;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(200)).await;
