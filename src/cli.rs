@@ -277,6 +277,12 @@ pub(crate) enum Command {
         /// Only runs in this phase (`running`, `succeeded`, `failed`, …; any case).
         #[arg(long)]
         phase: Option<String>,
+        /// Only runs started so (`cli`, `api`, `schedule`, `rerun`, `retry`).
+        #[arg(long)]
+        trigger: Option<String>,
+        /// Only runs created at or after this RFC 3339 time (`2026-11-24T00:00:00Z`).
+        #[arg(long)]
+        since: Option<String>,
         #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },

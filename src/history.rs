@@ -117,26 +117,13 @@ pub fn explanation(
     })))
 }
 
-/// Shown values are clipped to this many characters.
-const SHOWN: usize = 80;
-
+/// A value of a definition as `explain` shows it, clipped as diagnostics are.
 fn shown(v: Option<&Value>) -> String {
+    use drivetrain_engine::diag::clip;
     match v {
         None => "(absent)".to_owned(),
-        Some(Value::String(t)) => {
-            let t = format!("{t:?}");
-            match t.char_indices().nth(SHOWN) {
-                Some((at, _)) => format!("{}…", &t[..at]),
-                None => t,
-            }
-        }
-        Some(v) => {
-            let t = v.to_string();
-            match t.char_indices().nth(SHOWN) {
-                Some((at, _)) => format!("{}…", &t[..at]),
-                None => t,
-            }
-        }
+        Some(Value::String(t)) => clip(format!("{t:?}")),
+        Some(v) => clip(v.to_string()),
     }
 }
 

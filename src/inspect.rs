@@ -145,42 +145,79 @@ pub struct ListFilter {
     pub limit: usize,
     pub pipeline: Option<String>,
     pub phase: Option<String>,
+    /// `cli`, `api`, `schedule`, `rerun`, `retry`.
+    pub trigger: Option<String>,
+    /// Created at or after this RFC 3339 time.
+    pub since: Option<String>,
+}
+
+/// How many of the newest runs a filtered list looks through.
+const FILTER_WINDOW: usize = 100_000;
+
+/// A phase as a person types it, in any case: `failed`, `Failed`, `FAILED`.
+fn parse_phase(p: &str) -> Option<Phase> {
+    let mut chars = p.chars();
+    let word: String = chars
+        .next()
+        .into_iter()
+        .flat_map(char::to_uppercase)
+        .collect();
+    Phase::parse(&(word + &chars.as_str().to_ascii_lowercase()))
 }
 
 /// The newest runs that pass `filter`: the state store's newest first, filtered here
-/// (looking back at most 10,000 runs).
+/// (looking back at most [`FILTER_WINDOW`] runs). `Err` names a phase that is none.
+pub fn runs_matching(
+    state: &dyn StateStore,
+    filter: &ListFilter,
+) -> anyhow::Result<Result<Vec<drivetrain_engine::state::RunRecord>, String>> {
+    let given = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
+    let (pipeline, trigger, since) = (
+        given(&filter.pipeline),
+        given(&filter.trigger),
+        given(&filter.since),
+    );
+    let phase = match given(&filter.phase) {
+        None => None,
+        Some(p) => match parse_phase(&p) {
+            Some(phase) => Some(phase),
+            None => {
+                return Ok(Err(format!(
+                    "{p}: not a phase of a run (pending, running, succeeded, failed, …)"
+                )))
+            }
+        },
+    };
+    let filtered = phase.is_some() || pipeline.is_some() || trigger.is_some() || since.is_some();
+    let scan = if filtered {
+        FILTER_WINDOW
+    } else {
+        filter.limit
+    };
+    Ok(Ok(state
+        .list_runs(scan)?
+        .into_iter()
+        .filter(|r| {
+            phase.is_none_or(|p| r.phase == p)
+                && pipeline.as_ref().is_none_or(|p| r.pipeline == *p)
+                && trigger.as_ref().is_none_or(|t| r.trigger == *t)
+                // RFC 3339 in UTC with milliseconds sorts as text.
+                && since.as_ref().is_none_or(|t| r.created_at >= *t)
+        })
+        .take(filter.limit)
+        .collect()))
+}
+
+/// `drivetrain list`.
 pub fn list(home: &Path, filter: &ListFilter, json_out: bool) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
-    // Any case: `failed`, `Failed`, `FAILED`.
-    let phase = match filter.phase.as_deref().map(|p| {
-        let mut chars = p.chars();
-        let word: String = chars
-            .next()
-            .into_iter()
-            .flat_map(char::to_uppercase)
-            .collect();
-        Phase::parse(&(word + &chars.as_str().to_ascii_lowercase())).ok_or(p)
-    }) {
-        None => None,
-        Some(Ok(phase)) => Some(phase),
-        Some(Err(p)) => {
-            eprintln!(
-                "error: --phase {p}: not a phase of a run (pending, running, succeeded, failed, …)"
-            );
+    let runs = match runs_matching(&*state, filter)? {
+        Ok(runs) => runs,
+        Err(why) => {
+            eprintln!("error: --phase {why}");
             return Ok(ExitCode::from(2));
         }
     };
-    let scan = match (&filter.pipeline, &filter.phase) {
-        (None, None) => filter.limit,
-        _ => 10_000,
-    };
-    let runs: Vec<_> = state
-        .list_runs(scan)?
-        .into_iter()
-        .filter(|r| filter.pipeline.as_ref().is_none_or(|p| &r.pipeline == p))
-        .filter(|r| phase.is_none_or(|p| r.phase == p))
-        .take(filter.limit)
-        .collect();
     let orphans = orphaned(state.as_ref())?;
     if json_out {
         let mut out = Vec::new();
@@ -241,12 +278,7 @@ pub fn follow(home: &Path, run: Option<&str>, stage: &str) -> anyhow::Result<Exi
             .collect();
         let current = attempts.iter().find(|a| a.attempt == attempt);
         let newest = attempts.iter().map(|a| a.attempt).max().unwrap_or(0);
-        let path = home
-            .join("work")
-            .join(&id.0)
-            .join(stage)
-            .join(attempt.to_string())
-            .join("log.txt");
+        let path = live_log(&home.join("work"), &id.0, stage, attempt);
         if attempt > 0 {
             if let Ok(mut f) = std::fs::File::open(&path) {
                 f.seek(SeekFrom::Start(offset))?;
@@ -294,12 +326,7 @@ pub fn follow_run(home: &Path, run: Option<&str>) -> anyhow::Result<ExitCode> {
         // missed.
         let phase = state.run(&id)?.phase;
         for a in state.attempts(&id)? {
-            let path = home
-                .join("work")
-                .join(&id.0)
-                .join(&a.stage)
-                .join(a.attempt.to_string())
-                .join("log.txt");
+            let path = live_log(&home.join("work"), &id.0, &a.stage, a.attempt);
             let label = match a.attempt {
                 1 => a.stage.clone(),
                 n => format!("{}#{n}", a.stage),
@@ -412,12 +439,7 @@ pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Resu
             Some(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
             None => {
                 // Still running: read the attempt's local log.
-                let local = home
-                    .join("work")
-                    .join(&id.0)
-                    .join(s)
-                    .join(attempt.to_string())
-                    .join("log.txt");
+                let local = live_log(&home.join("work"), &id.0, s, attempt);
                 std::fs::read_to_string(local).unwrap_or_default()
             }
         };

@@ -359,6 +359,8 @@ fn main() -> ExitCode {
             limit,
             pipeline,
             phase,
+            trigger,
+            since,
             output,
         } => outcome(runs::list(
             &home,
@@ -366,6 +368,8 @@ fn main() -> ExitCode {
                 limit,
                 pipeline,
                 phase,
+                trigger,
+                since,
             },
             output == Format::Json,
         )),

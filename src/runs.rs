@@ -71,6 +71,15 @@ pub fn store_url(pipeline_store: Option<&str>, home: &Path) -> anyhow::Result<St
     Ok(format!("file://{}", abs.display()))
 }
 
+/// The log an attempt writes while it runs, under the engine's work directory (the run
+/// loop publishes it to the store when the attempt ends).
+pub fn live_log(work: &Path, run: &str, stage: &str, attempt: u32) -> std::path::PathBuf {
+    work.join(run)
+        .join(stage)
+        .join(attempt.to_string())
+        .join("log.txt")
+}
+
 /// Options of `drivetrain run`.
 pub struct RunArgs<'a> {
     /// The run's deadline: past it, everything is stopped and the run fails.
@@ -368,11 +377,7 @@ fn conclusion(
                 && s.attempts > 0
         })
     })?;
-    let log = work
-        .join(&run.0)
-        .join(&last.stage)
-        .join(last.attempts.to_string())
-        .join("log.txt");
+    let log = live_log(work, &run.0, &last.stage, last.attempts);
     let text = std::fs::read_to_string(log).ok()?;
     let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
     Some(format!("{}: {line}", last.stage))

@@ -251,37 +251,17 @@ struct ListQuery {
     since: Option<String>,
 }
 
-/// How many of the newest runs a filtered list looks through.
-const FILTER_WINDOW: usize = 100_000;
-
 async fn list_runs(State(s): State<Shared>, Params(q): Params<ListQuery>) -> Response {
-    let limit = q.limit.unwrap_or(50);
-    let phase = match q.phase.as_deref().filter(|p| !p.is_empty()) {
-        None => None,
-        Some(p) => match drivetrain_engine::state::Phase::parse(p) {
-            Some(p) => Some(p),
-            None => return error(StatusCode::BAD_REQUEST, format!("no phase `{p}`")),
-        },
+    let filter = crate::inspect::ListFilter {
+        limit: q.limit.unwrap_or(50),
+        pipeline: q.pipeline,
+        phase: q.phase,
+        trigger: q.trigger,
+        since: q.since,
     };
-    let given = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
-    let (pipeline, trigger, since) = (given(&q.pipeline), given(&q.trigger), given(&q.since));
-    let filtered = phase.is_some() || pipeline.is_some() || trigger.is_some() || since.is_some();
-    let window = if filtered { FILTER_WINDOW } else { limit };
-    match s.state.list_runs(window) {
-        Ok(runs) => {
-            let runs = runs
-                .into_iter()
-                .filter(|r| {
-                    phase.is_none_or(|p| r.phase == p)
-                        && pipeline.as_ref().is_none_or(|p| r.pipeline == *p)
-                        && trigger.as_ref().is_none_or(|t| r.trigger == *t)
-                        // RFC 3339 in UTC with milliseconds sorts as text.
-                        && since.as_ref().is_none_or(|t| r.created_at >= *t)
-                })
-                .take(limit)
-                .collect();
-            Json(RunList { runs }).into_response()
-        }
+    match crate::inspect::runs_matching(&*s.state, &filter) {
+        Ok(Ok(runs)) => Json(RunList { runs }).into_response(),
+        Ok(Err(why)) => error(StatusCode::BAD_REQUEST, format!("phase {why}")),
         Err(e) => internal(e),
     }
 }
@@ -639,25 +619,13 @@ async fn logs(
         stage: q.stage.clone(),
         attempt: latest,
     };
-    let live = s
-        .work_dir
-        .join(&run.0)
-        .join(&q.stage)
-        .join(latest.to_string())
-        .join("log.txt");
+    let live = crate::runs::live_log(&s.work_dir, &run.0, &q.stage, latest);
     if q.follow {
         return follow(s.clone(), run, q.stage, latest, live);
     }
     let text = match s.artifacts.log(&key).await {
         Ok(Some(bytes)) => bytes,
-        _ => std::fs::read(
-            s.work_dir
-                .join(&run.0)
-                .join(&q.stage)
-                .join(latest.to_string())
-                .join("log.txt"),
-        )
-        .unwrap_or_default(),
+        _ => std::fs::read(&live).unwrap_or_default(),
     };
     ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
 }

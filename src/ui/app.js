@@ -3,11 +3,12 @@
 // API under /api/v1 (docs/openapi.json). Text from the server is only ever set as text
 // (textContent, attributes), never parsed as HTML.
 
-const PHASES = ["Pending", "Running", "Succeeded", "Failed", "Skipped", "Cancelled", "Cached", "Omitted"];
+// The phases of `drivetrain_engine::state::Phase`; all but the first two are ends.
+const PHASES = ["Pending", "Running", "Succeeded", "Failed", "Error", "Skipped", "Omitted", "Cancelled"];
 const TRIGGERS = ["cli", "api", "schedule", "rerun", "retry"];
 /** How many rows of the run list are drawn at a time. */
 const ROWS = 500;
-const TERMINAL = new Set(["Succeeded", "Failed", "Skipped", "Cancelled", "Cached", "Omitted"]);
+const TERMINAL = new Set(PHASES.slice(2));
 
 // ---- small helpers ----------------------------------------------------------------
 
@@ -155,18 +156,17 @@ const quiet = (e) => {
 async function runsPage(query) {
   const signal = fresh();
   const q = new URLSearchParams(query);
-  const field = (name, label, input) =>
-    h("label", {}, h("span", {}, label), input);
+  const field = (label, input) => h("label", {}, h("span", {}, label), input);
   const choice = (name, options) =>
     h("select", { name },
       h("option", { value: "" }, "any"),
       options.map((o) => h("option", { value: o, selected: q.get(name) === o }, o)));
   const form = h("form", { class: "filters", "aria-label": "filter runs" },
-    field("pipeline", "Pipeline", h("input", { name: "pipeline", value: q.get("pipeline") || "" })),
-    field("phase", "Phase", choice("phase", PHASES)),
-    field("trigger", "Trigger", choice("trigger", TRIGGERS)),
-    field("since", "Since", h("input", { name: "since", type: "datetime-local", value: q.get("since") || "" })),
-    field("limit", "Show", h("select", { name: "limit" },
+    field("Pipeline", h("input", { name: "pipeline", value: q.get("pipeline") || "" })),
+    field("Phase", choice("phase", PHASES)),
+    field("Trigger", choice("trigger", TRIGGERS)),
+    field("Since", h("input", { name: "since", type: "datetime-local", value: q.get("since") || "" })),
+    field("Show", h("select", { name: "limit" },
       [50, 200, 1000, 10000].map((n) => h("option", { value: n, selected: String(n) === (q.get("limit") || "200") }, n)))),
     h("button", { type: "submit" }, "Filter"));
   form.addEventListener("submit", (e) => {
