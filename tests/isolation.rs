@@ -129,3 +129,93 @@ stages:
         .unwrap();
     assert_eq!(text(&integrity.stdout), "ok\n");
 }
+
+/// An isolated attempt is started without `fork` (the engine clones the child onto its
+/// memory, `posix_spawn`-style, and the child enters its namespaces before `exec`): it
+/// must still start like any process would. Nothing blocked and `SIGPIPE` not ignored
+/// (the engine ignores it, as Rust programs do), stdin at end of file, the program looked
+/// up on the stage's own `PATH`, a script without `#!` run by `/bin/sh` (as `execvp`
+/// does), and a file that cannot be executed named as such.
+#[test]
+fn an_isolated_stage_starts_like_any_process() {
+    let userns = std::process::Command::new("unshare")
+        .args(["-Urm", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !nix::unistd::geteuid().is_root() && !userns {
+        eprintln!("no mount namespaces for this user here: nothing is isolated to check");
+        return;
+    }
+    let home = Home::new("clone-start");
+    let bin = home.dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let tool = |name: &str, text: &str, mode: u32| {
+        use std::os::unix::fs::PermissionsExt as _;
+        let path = bin.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    tool("with-shebang", "#!/bin/sh\necho \"from PATH: $1\"\n", 0o755);
+    tool("without-shebang", "echo \"no #! line: $1\"\n", 0o755);
+    tool("not-executable", "#!/bin/sh\necho never\n", 0o644);
+    let file = home.write(
+        "p.yaml",
+        &format!(
+            r#"
+version: 1
+name: clone-start
+stages:
+  signals:
+    run: {{command: [grep, -E, '^Sig(Blk|Ign):', /proc/self/status]}}
+  stdin:
+    run: {{command: [sh, -c, 'cat; echo "stdin ended"']}}
+  lookup:
+    env: {{PATH: "{bin}:/usr/bin:/bin"}}
+    run: {{command: [with-shebang, one]}}
+  script:
+    env: {{PATH: "{bin}:/usr/bin:/bin"}}
+    run: {{command: [without-shebang, two]}}
+"#,
+            bin = bin.display()
+        ),
+    );
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap()],
+        &[("DRIVETRAIN_ISOLATION", "required")],
+    );
+    assert_ok(&o);
+    let id = run_id(&o);
+    let log = |stage: &str| text(&home.drivetrain(&["logs", &id, "--stage", stage]).stdout);
+    let signals = log("signals");
+    let mask = |name: &str| {
+        signals
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|h| u64::from_str_radix(h.trim(), 16).unwrap())
+            .unwrap_or_else(|| panic!("{name} in {signals}"))
+    };
+    assert_eq!(mask("SigBlk:"), 0, "{signals}");
+    // SIGPIPE is signal 13: bit 12.
+    assert_eq!(mask("SigIgn:") & (1 << 12), 0, "{signals}");
+    assert_eq!(log("stdin"), "stdin ended\n");
+    assert_eq!(log("lookup"), "from PATH: one\n");
+    assert_eq!(log("script"), "no #! line: two\n");
+
+    let denied = home.write(
+        "denied.yaml",
+        &format!(
+            "version: 1\nname: denied\nstages:\n  s:\n    env: {{PATH: \"{}\"}}\n    run: {{command: [not-executable]}}\n",
+            bin.display()
+        ),
+    );
+    let o = home.drivetrain_env(
+        &["run", denied.to_str().unwrap()],
+        &[("DRIVETRAIN_ISOLATION", "required")],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stdout).contains("stage `s`: command `not-executable` is not executable"),
+        "{}",
+        text(&o.stdout)
+    );
+}

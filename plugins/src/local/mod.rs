@@ -28,19 +28,23 @@
 //! (which a stage with a superset of them could otherwise enter); where the kernel
 //! refuses a user namespace to root, the mount namespace alone is made.
 
-use std::ffi::{CStr, CString};
 use std::fs::OpenOptions;
-use std::os::unix::ffi::OsStrExt as _;
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use drivetrain_engine::executor::{
-    AttemptOutcome, AttemptSpec, Executor, ExecutorError, PathAccess, Rank, RunningAttempt,
+    AttemptOutcome, AttemptSpec, Executor, ExecutorError, Rank, RunningAttempt,
 };
 use futures::FutureExt as _;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
+
+mod isolate;
+
+use isolate::MountPlan;
+pub use isolate::{namespaces_work, KEPT_CAPS};
 
 /// Runs attempts as local processes.
 #[derive(Debug, Default, Clone)]
@@ -85,192 +89,35 @@ impl LocalExecutor {
     }
 }
 
-/// Capabilities an isolated attempt keeps: Docker's default set for containers
-/// (`CHOWN DAC_OVERRIDE FOWNER FSETID KILL SETGID SETUID SETPCAP NET_BIND_SERVICE NET_RAW
-/// SYS_CHROOT AUDIT_WRITE SETFCAP`) less `MKNOD`, which without a device cgroup would let
-/// a root stage make a node for the disk under the store.
-pub const KEPT_CAPS: &[u32] = &[0, 1, 3, 4, 5, 6, 7, 8, 10, 13, 18, 29, 31];
-
-/// Drops every capability not in [`KEPT_CAPS`] from the bounding set (so `exec` cannot
-/// give it back, even to uid 0), clears the inheritable and ambient sets, and sets
-/// `no_new_privs`. Between `fork` and `exec`: system calls on stack memory only (which is
-/// why this is not the `caps` crate: its errors allocate).
-#[allow(unsafe_code)]
-fn drop_capabilities() -> std::io::Result<()> {
-    use nix::libc;
-    let check = |r: libc::c_int| {
-        if r < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
-    };
-    for cap in 0..64u32 {
-        if KEPT_CAPS.contains(&cap) {
-            continue;
-        }
-        // SAFETY: prctl with integer arguments only.
-        let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
-        if r < 0 {
-            // EINVAL past the kernel's last capability: done.
-            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
-                break;
-            }
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: libc::c_int,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const VERSION_3: u32 = 0x2008_0522;
-    let mut header = Header {
-        version: VERSION_3,
-        pid: 0,
-    };
-    let mut data = [Data {
-        effective: 0,
-        permitted: 0,
-        inheritable: 0,
-    }; 2];
-    // SAFETY: capget/capset read and write the two structs above, sized for version 3.
-    unsafe {
-        check(libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) as libc::c_int)?;
-        for d in &mut data {
-            d.inheritable = 0;
-        }
-        check(libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) as libc::c_int)?;
-        check(libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-            0,
-            0,
-            0,
-        ))?;
-        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
-    }
-    Ok(())
-}
-
-/// Everything the child needs to isolate itself, allocated before `fork` (the child may
-/// only make system calls until it execs).
-struct MountPlan {
-    /// The user namespace the attempt enters first, mapping the engine's uid and gid to
-    /// themselves (root included: a process in a child user namespace cannot reach
-    /// `/proc/PID/root` of the engine's, whatever its uid and capabilities).
-    user: [(CString, CString); 3],
-    /// Root may go on without the user namespace where the kernel refuses one (a
-    /// seccomp filter, a sysctl): it can make the mount namespace alone.
-    root: bool,
-    mounts: Vec<(CString, bool)>,
-}
-
-impl MountPlan {
-    fn new(access: &[PathAccess]) -> std::io::Result<Self> {
-        let uid = nix::unistd::geteuid();
-        let gid = nix::unistd::getegid();
-        let c = |s: String| CString::new(s).expect("no NUL");
-        let user = [
-            (c("/proc/self/setgroups".into()), c("deny".into())),
-            (c("/proc/self/uid_map".into()), c(format!("{uid} {uid} 1"))),
-            (c("/proc/self/gid_map".into()), c(format!("{gid} {gid} 1"))),
-        ];
-        let mut mounts = Vec::with_capacity(access.len());
-        for a in access {
-            let path = CString::new(a.path.as_os_str().as_bytes()).map_err(|_| {
-                std::io::Error::other(format!("path {} has a NUL byte", a.path.display()))
-            })?;
-            mounts.push((path, a.writable));
-        }
-        Ok(MountPlan {
-            user,
-            root: uid.is_root(),
-            mounts,
-        })
-    }
-
-    /// In the child, between `fork` and `exec`: system calls only, no allocation.
-    fn apply(&self) -> std::io::Result<()> {
-        use nix::mount::{mount, MsFlags};
-        use nix::sched::{unshare, CloneFlags};
-        let none: Option<&CStr> = None;
-        match unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS) {
-            Ok(()) => {
-                for (file, text) in &self.user {
-                    let fd = nix::fcntl::open(
-                        file.as_c_str(),
-                        nix::fcntl::OFlag::O_WRONLY,
-                        nix::sys::stat::Mode::empty(),
-                    )?;
-                    nix::unistd::write(&fd, text.as_bytes())?;
-                }
-            }
-            Err(_) if self.root => unshare(CloneFlags::CLONE_NEWNS)?,
-            Err(e) => return Err(e.into()),
-        }
-        // Nothing mounted here propagates back to the engine's namespace.
-        mount(
-            none,
-            c"/",
-            none,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            none,
-        )?;
-        for (path, writable) in &self.mounts {
-            let p = path.as_c_str();
-            mount(Some(p), p, none, MsFlags::MS_BIND | MsFlags::MS_REC, none)?;
-            let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT;
-            if !writable {
-                flags |= MsFlags::MS_RDONLY;
-            }
-            mount(none, p, none, flags, none)?;
-        }
-        drop_capabilities()
-    }
-}
-
-/// Whether this process can give its children mount namespaces: found once, by starting
-/// `true` in one.
-pub fn namespaces_work() -> bool {
-    static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WORKS.get_or_init(|| {
-        let Ok(plan) = MountPlan::new(&[]) else {
-            return false;
-        };
-        let mut cmd = std::process::Command::new("true");
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        // SAFETY: `apply` only makes system calls on memory allocated before the fork.
-        #[allow(unsafe_code)]
-        unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || plan.apply());
-        }
-        let works = cmd.status().map(|s| s.success()).unwrap_or(false);
-        if !works {
-            tracing::warn!(
-                "no mount namespace for stages here (not root, and no unprivileged user namespaces): \
-                 inputs are checked after each attempt instead of protected"
-            );
-        }
-        works
-    })
-}
-
 /// Environment variables the engine passes through to every stage.
 const PASS_THROUGH: &[&str] = &["PATH", "HOME", "LANG", "TZ", "TMPDIR"];
 
+/// One rank's process: spawned by the standard library (`posix_spawn`) when the attempt
+/// is not isolated, or cloned into its namespaces by [`isolate::spawn`].
+enum Proc {
+    Spawned(Child),
+    Cloned(isolate::RawChild),
+}
+
+impl Proc {
+    fn id(&self) -> Option<u32> {
+        match self {
+            Proc::Spawned(c) => c.id(),
+            Proc::Cloned(c) => Some(c.id()),
+        }
+    }
+
+    async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        match self {
+            Proc::Spawned(c) => c.wait().await,
+            Proc::Cloned(c) => c.wait().await,
+        }
+    }
+}
+
 struct Started {
     pgid: i32,
-    children: Vec<(usize, Child)>,
+    children: Vec<(usize, Proc)>,
     /// Set when the command could not be started (does not exist, not executable).
     failed_to_start: Option<String>,
     cancelled: bool,
@@ -427,7 +274,7 @@ impl Executor for LocalExecutor {
             }
         };
         let plan = if isolate {
-            Some(std::sync::Arc::new(
+            Some(Arc::new(
                 MountPlan::new(&spec.access).map_err(|e| ExecutorError(e.to_string()))?,
             ))
         } else {
@@ -440,36 +287,6 @@ impl Executor for LocalExecutor {
             cancelled: false,
         };
         for rank in 0..workers {
-            let out = log
-                .try_clone()
-                .map_err(|e| ExecutorError(format!("cannot share the log: {e}")))?;
-            let err = log
-                .try_clone()
-                .map_err(|e| ExecutorError(format!("cannot share the log: {e}")))?;
-            let mut cmd = Command::new(&program);
-            cmd.args(&spec.argv[1..])
-                .current_dir(&spec.workdir)
-                .env_clear()
-                .envs(
-                    PASS_THROUGH
-                        .iter()
-                        .filter_map(|k| std::env::var(k).ok().map(|v| (*k, v))),
-                )
-                .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-                .stdin(Stdio::null())
-                .stdout(Stdio::from(out))
-                .stderr(Stdio::from(err))
-                // The first rank leads a new group; the others join it.
-                .process_group(started.pgid);
-            if let Some(plan) = &plan {
-                let plan = plan.clone();
-                // SAFETY: `apply` only makes system calls on memory allocated before the
-                // fork.
-                #[allow(unsafe_code)]
-                unsafe {
-                    cmd.pre_exec(move || plan.apply());
-                }
-            }
             // All ranks on this one machine: one node, local ranks = ranks.
             let place = Rank {
                 rank: rank as u32,
@@ -479,8 +296,54 @@ impl Executor for LocalExecutor {
                 node: 0,
                 nodes: 1,
             };
-            cmd.envs(place.env("127.0.0.1", port, framework));
-            match cmd.spawn() {
+            // The engine's pass-through variables, then the attempt's, then the rank's:
+            // a later one of the same name wins.
+            let mut env: Vec<(String, String)> = PASS_THROUGH
+                .iter()
+                .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+                .collect();
+            env.extend(spec.env.iter().cloned());
+            env.extend(
+                place
+                    .env("127.0.0.1", port, framework)
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v)),
+            );
+            let mut seen = std::collections::HashSet::new();
+            let mut env: Vec<_> = env
+                .into_iter()
+                .rev()
+                .filter(|(k, _)| seen.insert(k.clone()))
+                .collect();
+            env.reverse();
+            // The first rank leads a new group; the others join it.
+            let spawned = match &plan {
+                Some(plan) => isolate::spawn(
+                    &program,
+                    &spec.argv[1..],
+                    &env,
+                    &spec.workdir,
+                    &log,
+                    started.pgid,
+                    plan.clone(),
+                )
+                .map(|pid| Proc::Cloned(isolate::RawChild::new(pid))),
+                None => log.try_clone().and_then(|out| {
+                    let err = out.try_clone()?;
+                    Command::new(&program)
+                        .args(&spec.argv[1..])
+                        .current_dir(&spec.workdir)
+                        .env_clear()
+                        .envs(env)
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::from(out))
+                        .stderr(Stdio::from(err))
+                        .process_group(started.pgid)
+                        .spawn()
+                        .map(Proc::Spawned)
+                }),
+            };
+            match spawned {
                 Ok(child) => {
                     if started.pgid == 0 {
                         started.pgid = child.id().map(|p| p as i32).unwrap_or(0);

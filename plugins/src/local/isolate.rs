@@ -1,0 +1,507 @@
+//! Isolating an attempt: its mount namespace (see the executor's docs for what it
+//! enforces) and the process that enters it, started without `fork`.
+//!
+//! `fork` copies the engine's page tables and makes each page the engine writes afterwards
+//! a copy-on-write fault with a TLB shoot-down; the child then throws it all away at
+//! `exec`. On a 1,000-stage fan-out that was most of the engine's time (a profile:
+//! `copy_page_range`, `ptep_clear_flush`, `exit_mmap` under `begin_new_exec`), and it grows
+//! with the engine's memory. [`spawn`] starts the child the way `posix_spawn` does
+//! instead: `clone(CLONE_VM | CLONE_VFORK)` onto a stack of its own, this thread waiting
+//! until the child has exec'ed or failed. The child resets signal handlers, joins the
+//! attempt's process group, sets up stdio and the working directory, unshares its
+//! namespaces, mounts, drops capabilities ([`MountPlan::apply`]) and execs. Sharing the
+//! engine's memory, it only makes system calls on what [`Launch`] prepared before the
+//! clone, and reports a failure through [`Launch::failure`].
+//!
+//! A started child is a [`RawChild`]: waited for through a pidfd the runtime polls.
+//!
+//! Unsafe code lives here, each block with what makes it sound.
+#![allow(unsafe_code)]
+
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::os::unix::ffi::OsStrExt as _;
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::Path;
+use std::process::ExitStatus;
+use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
+use std::sync::Arc;
+
+use drivetrain_engine::executor::PathAccess;
+use nix::libc;
+use nix::unistd::Pid;
+use tokio::io::unix::AsyncFd;
+
+/// Capabilities an isolated attempt keeps: Docker's default set for containers
+/// (`CHOWN DAC_OVERRIDE FOWNER FSETID KILL SETGID SETUID SETPCAP NET_BIND_SERVICE NET_RAW
+/// SYS_CHROOT AUDIT_WRITE SETFCAP`) less `MKNOD`, which without a device cgroup would let
+/// a root stage make a node for the disk under the store.
+pub const KEPT_CAPS: &[u32] = &[0, 1, 3, 4, 5, 6, 7, 8, 10, 13, 18, 29, 31];
+
+/// Drops every capability not in [`KEPT_CAPS`] from the bounding set (so `exec` cannot
+/// give it back, even to uid 0), clears the inheritable and ambient sets, and sets
+/// `no_new_privs`. Between `fork` and `exec`: system calls on stack memory only (which is
+/// why this is not the `caps` crate: its errors allocate).
+fn drop_capabilities() -> std::io::Result<()> {
+    use nix::libc;
+    let check = |r: libc::c_int| {
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    for cap in 0..64u32 {
+        if KEPT_CAPS.contains(&cap) {
+            continue;
+        }
+        // SAFETY: prctl with integer arguments only.
+        let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+        if r < 0 {
+            // EINVAL past the kernel's last capability: done.
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+                break;
+            }
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capget/capset read and write the two structs above, sized for version 3.
+    unsafe {
+        check(libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) as libc::c_int)?;
+        for d in &mut data {
+            d.inheritable = 0;
+        }
+        check(libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) as libc::c_int)?;
+        check(libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ))?;
+        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+    }
+    Ok(())
+}
+
+/// Everything the child needs to isolate itself, allocated before `fork` (the child may
+/// only make system calls until it execs).
+pub(super) struct MountPlan {
+    /// The user namespace the attempt enters first, mapping the engine's uid and gid to
+    /// themselves (root included: a process in a child user namespace cannot reach
+    /// `/proc/PID/root` of the engine's, whatever its uid and capabilities).
+    user: [(CString, CString); 3],
+    /// Root may go on without the user namespace where the kernel refuses one (a
+    /// seccomp filter, a sysctl): it can make the mount namespace alone.
+    root: bool,
+    mounts: Vec<(CString, bool)>,
+}
+
+impl MountPlan {
+    pub(super) fn new(access: &[PathAccess]) -> std::io::Result<Self> {
+        let uid = nix::unistd::geteuid();
+        let gid = nix::unistd::getegid();
+        let c = |s: String| CString::new(s).expect("no NUL");
+        let user = [
+            (c("/proc/self/setgroups".into()), c("deny".into())),
+            (c("/proc/self/uid_map".into()), c(format!("{uid} {uid} 1"))),
+            (c("/proc/self/gid_map".into()), c(format!("{gid} {gid} 1"))),
+        ];
+        let mut mounts = Vec::with_capacity(access.len());
+        for a in access {
+            let path = CString::new(a.path.as_os_str().as_bytes()).map_err(|_| {
+                std::io::Error::other(format!("path {} has a NUL byte", a.path.display()))
+            })?;
+            mounts.push((path, a.writable));
+        }
+        Ok(MountPlan {
+            user,
+            root: uid.is_root(),
+            mounts,
+        })
+    }
+
+    /// In the child, between `fork` and `exec`: system calls only, no allocation.
+    fn apply(&self) -> std::io::Result<()> {
+        use nix::mount::{mount, MsFlags};
+        use nix::sched::{unshare, CloneFlags};
+        let none: Option<&CStr> = None;
+        match unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS) {
+            Ok(()) => {
+                for (file, text) in &self.user {
+                    let fd = nix::fcntl::open(
+                        file.as_c_str(),
+                        nix::fcntl::OFlag::O_WRONLY,
+                        nix::sys::stat::Mode::empty(),
+                    )?;
+                    nix::unistd::write(&fd, text.as_bytes())?;
+                }
+            }
+            Err(_) if self.root => unshare(CloneFlags::CLONE_NEWNS)?,
+            Err(e) => return Err(e.into()),
+        }
+        // Nothing mounted here propagates back to the engine's namespace.
+        mount(
+            none,
+            c"/",
+            none,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            none,
+        )?;
+        for (path, writable) in &self.mounts {
+            let p = path.as_c_str();
+            mount(Some(p), p, none, MsFlags::MS_BIND | MsFlags::MS_REC, none)?;
+            let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT;
+            if !writable {
+                flags |= MsFlags::MS_RDONLY;
+            }
+            mount(none, p, none, flags, none)?;
+        }
+        drop_capabilities()
+    }
+}
+
+/// Whether this process can give its children mount namespaces: found once, by starting
+/// `true` in one the way attempts are started ([`spawn`]).
+pub fn namespaces_work() -> bool {
+    static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WORKS.get_or_init(|| {
+        let started = (|| {
+            let plan = Arc::new(MountPlan::new(&[])?);
+            let null = std::fs::File::create("/dev/null")?;
+            let path = std::env::var("PATH").unwrap_or_default();
+            let env = [("PATH".to_string(), path)];
+            spawn("true", &[], &env, Path::new("/"), &null, 0, plan)
+        })();
+        let works = match started {
+            Ok(pid) => matches!(
+                nix::sys::wait::waitpid(Pid::from_raw(pid), None),
+                Ok(nix::sys::wait::WaitStatus::Exited(_, 0))
+            ),
+            Err(_) => false,
+        };
+        if !works {
+            tracing::warn!(
+                "no mount namespace for stages here (not root, and no unprivileged user namespaces): \
+                 inputs are checked after each attempt instead of protected"
+            );
+        }
+        works
+    })
+}
+
+/// Where the child failed, with the `errno`, for the engine's error.
+#[derive(Default)]
+struct Failure {
+    step: AtomicI32,
+    errno: AtomicI32,
+}
+
+const STEP_SETUP: i32 = 1;
+const STEP_ISOLATE: i32 = 2;
+const STEP_EXEC: i32 = 3;
+
+/// Everything the child needs, made before the clone: C strings and the pointer arrays
+/// `execve` takes (pointing into them), the descriptors it installs as 0, 1 and 2.
+struct Launch {
+    /// Paths to try `execve` on, in order: the program itself when it names a path, or it
+    /// in each `PATH` entry of the attempt's environment (what `execvp` does).
+    candidates: Vec<CString>,
+    _argv: Vec<CString>,
+    argv: Vec<*const libc::c_char>,
+    _env: Vec<CString>,
+    env: Vec<*const libc::c_char>,
+    /// `/bin/sh`, then the candidate (set by the child), then the arguments: what
+    /// `execvp` runs a file without a `#!` line with.
+    sh: CString,
+    sh_argv: Vec<AtomicPtr<libc::c_char>>,
+    cwd: CString,
+    stdin: OwnedFd,
+    out: libc::c_int,
+    pgid: libc::pid_t,
+    plan: Arc<MountPlan>,
+    failure: Failure,
+}
+
+fn c_string(s: &[u8], what: &str) -> std::io::Result<CString> {
+    CString::new(s).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{what} has a NUL byte"),
+        )
+    })
+}
+
+fn pointers(strings: &[CString]) -> Vec<*const libc::c_char> {
+    strings
+        .iter()
+        .map(|s| s.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
+}
+
+/// Starts `program` with `args` and exactly `env`, in `cwd`, stdout and stderr to `out`,
+/// stdin from `/dev/null`, in process group `pgid` (0: a new one led by the child),
+/// isolated by `plan`. Returns the child's pid once it has exec'ed; an error (the child
+/// reaped) when it could not: `NotFound`/`PermissionDenied` as `execvp` would say them.
+pub(super) fn spawn(
+    program: &str,
+    args: &[String],
+    env: &[(String, String)],
+    cwd: &Path,
+    out: &std::fs::File,
+    pgid: i32,
+    plan: Arc<MountPlan>,
+) -> std::io::Result<i32> {
+    let candidates = if program.contains('/') {
+        vec![c_string(program.as_bytes(), "the program")?]
+    } else {
+        let path = env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.as_str())
+            .unwrap_or("/usr/local/bin:/usr/bin:/bin");
+        path.split(':')
+            .map(|dir| {
+                let dir = if dir.is_empty() { "." } else { dir };
+                c_string(format!("{dir}/{program}").as_bytes(), "the program")
+            })
+            .collect::<std::io::Result<_>>()?
+    };
+    let argv_strings = std::iter::once(program)
+        .chain(args.iter().map(String::as_str))
+        .map(|a| c_string(a.as_bytes(), "an argument"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let env_strings = env
+        .iter()
+        .map(|(k, v)| c_string(format!("{k}={v}").as_bytes(), "an environment value"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let sh = CString::from(c"/bin/sh");
+    let sh_argv = [sh.as_ptr(), std::ptr::null()]
+        .into_iter()
+        .chain(pointers(&argv_strings).into_iter().skip(1))
+        .map(|p| AtomicPtr::new(p.cast_mut()))
+        .collect();
+    let launch = Launch {
+        candidates,
+        sh,
+        sh_argv,
+        argv: pointers(&argv_strings),
+        _argv: argv_strings,
+        env: pointers(&env_strings),
+        _env: env_strings,
+        cwd: c_string(cwd.as_os_str().as_bytes(), "the working directory")?,
+        stdin: std::fs::File::open("/dev/null")?.into(),
+        out: out.as_raw_fd(),
+        pgid,
+        plan,
+        failure: Failure::default(),
+    };
+    let mut stack = vec![0u8; 128 * 1024];
+    // No signal handler of the engine's may run in the child before it resets them.
+    // SAFETY: sigset_t is plain data the libc calls initialise.
+    let (all, mut old) = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        (all, std::mem::zeroed::<libc::sigset_t>())
+    };
+    // SAFETY: both sets are valid for the call.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old) };
+    let cloned = {
+        let launch = &launch;
+        // SAFETY: CLONE_VFORK suspends this thread until the child execs or exits, so
+        // `launch` and `stack` outlive its use of them; the child only makes system calls
+        // on them ([`child`]) and never returns into this frame.
+        unsafe {
+            nix::sched::clone(
+                Box::new(move || child(launch)),
+                &mut stack,
+                nix::sched::CloneFlags::CLONE_VM | nix::sched::CloneFlags::CLONE_VFORK,
+                Some(libc::SIGCHLD),
+            )
+        }
+    };
+    // SAFETY: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    let pid = cloned?;
+    let errno = launch.failure.errno.load(Ordering::SeqCst);
+    if errno == 0 {
+        return Ok(pid.as_raw());
+    }
+    let _ = nix::sys::wait::waitpid(pid, None);
+    let os = std::io::Error::from_raw_os_error(errno);
+    Err(match launch.failure.step.load(Ordering::SeqCst) {
+        STEP_EXEC => os,
+        STEP_ISOLATE => std::io::Error::other(format!("cannot isolate the attempt: {os}")),
+        _ => std::io::Error::other(format!("cannot set up the process: {os}")),
+    })
+}
+
+/// The child, on the engine's memory and its own stack: system calls only, no
+/// allocation, no lock, no panic. Never returns.
+fn child(l: &Launch) -> isize {
+    let (step, errno) = prepare_and_exec(l);
+    l.failure.step.store(step, Ordering::SeqCst);
+    l.failure.errno.store(errno, Ordering::SeqCst);
+    // SAFETY: ends the child without running anything of the engine's.
+    unsafe { libc::_exit(127) }
+}
+
+fn prepare_and_exec(l: &Launch) -> (i32, i32) {
+    let last = || {
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
+    };
+    // SAFETY: plain system calls on memory prepared before the clone.
+    unsafe {
+        // Handlers of the engine's become the default (as exec would make them); an
+        // ignored SIGPIPE too (Rust ignores it in the engine); then nothing is blocked.
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        for sig in 1..65 {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
+                continue;
+            }
+            let handled = old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN;
+            if handled || sig == libc::SIGPIPE {
+                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            }
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        if libc::setpgid(0, l.pgid) != 0
+            || libc::dup2(l.stdin.as_raw_fd(), 0) < 0
+            || libc::dup2(l.out, 1) < 0
+            || libc::dup2(l.out, 2) < 0
+            || libc::chdir(l.cwd.as_ptr()) != 0
+        {
+            return (STEP_SETUP, last());
+        }
+    }
+    if let Err(e) = l.plan.apply() {
+        return (STEP_ISOLATE, e.raw_os_error().unwrap_or(libc::EIO));
+    }
+    let mut denied = false;
+    let mut errno = libc::ENOENT;
+    for path in &l.candidates {
+        // SAFETY: NUL-terminated arrays of pointers into the strings `l` holds.
+        unsafe { libc::execve(path.as_ptr(), l.argv.as_ptr(), l.env.as_ptr()) };
+        errno = last();
+        match errno {
+            libc::ENOEXEC => {
+                l.sh_argv[1].store(path.as_ptr().cast_mut(), Ordering::SeqCst);
+                // SAFETY: as above; `AtomicPtr` has the layout of a pointer.
+                unsafe {
+                    libc::execve(
+                        l.sh.as_ptr(),
+                        l.sh_argv.as_ptr().cast::<*const libc::c_char>(),
+                        l.env.as_ptr(),
+                    )
+                };
+                return (STEP_EXEC, last());
+            }
+            libc::EACCES => denied = true,
+            libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG | libc::ESTALE => {}
+            _ => return (STEP_EXEC, errno),
+        }
+    }
+    (STEP_EXEC, if denied { libc::EACCES } else { errno })
+}
+
+/// A child [`spawn`] started, waited for without blocking the runtime: through a pidfd
+/// (readable once the child has exited), or by polling where the kernel has none.
+pub(super) struct RawChild {
+    pid: i32,
+    exited: Option<AsyncFd<OwnedFd>>,
+    status: Option<ExitStatus>,
+}
+
+impl RawChild {
+    /// Wraps a child of this process that nothing else waits for.
+    pub(super) fn new(pid: i32) -> Self {
+        // SAFETY: pidfd_open with integer arguments; the child is not reaped yet, so the
+        // pid is still its.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        let exited = (fd >= 0)
+            // SAFETY: a new descriptor this call owns.
+            .then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+            // SAFETY: the `OwnedFd` moves into the `AsyncFd`, open and the same until dropped.
+            .and_then(|fd| {
+                unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()
+            });
+        RawChild {
+            pid,
+            exited,
+            status: None,
+        }
+    }
+
+    pub(super) fn id(&self) -> u32 {
+        self.pid as u32
+    }
+
+    fn try_reap(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        if self.status.is_none() {
+            let mut raw = 0;
+            // SAFETY: waitpid on our own child, writing one int.
+            let r = unsafe { libc::waitpid(self.pid, &mut raw, libc::WNOHANG) };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if r == self.pid {
+                self.status = Some(ExitStatus::from_raw(raw));
+            }
+        }
+        Ok(self.status)
+    }
+
+    /// The child's exit status, once it has ended (again and again after that).
+    pub(super) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        loop {
+            if let Some(status) = self.try_reap()? {
+                return Ok(status);
+            }
+            match &self.exited {
+                Some(fd) => fd.readable().await?.clear_ready(),
+                None => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
+            }
+        }
+    }
+}
+
+impl Drop for RawChild {
+    fn drop(&mut self) {
+        // Not waited for (the engine is going away): reap it when it ends, not leaving a
+        // zombie behind.
+        if matches!(self.try_reap(), Ok(None)) {
+            let pid = Pid::from_raw(self.pid);
+            std::thread::spawn(move || nix::sys::wait::waitpid(pid, None));
+        }
+    }
+}
