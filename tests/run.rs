@@ -927,8 +927,9 @@ stages:
     let victim = stage(&st, "victim");
     assert_eq!(victim["phase"], "Error");
     let reason = victim["reason"].as_str().unwrap();
+    // The log went to the run's `logs/`; the output is what the file blocks.
     assert!(
-        reason.starts_with("cannot store the log: artifact store: write log"),
+        reason.starts_with("cannot publish output `data`: create"),
         "{reason}"
     );
     assert!(
@@ -973,4 +974,40 @@ stages:
         text(&home.drivetrain(&["logs", &id, "--stage", "after"]).stdout),
         "a b d hang \n"
     );
+}
+
+/// `--parallelism N` bounds the stages' processes running at once, stages and map items
+/// alike: each process counts the others running beside it. (What a stage does before
+/// and after its process, the engine's bookkeeping, overlaps other processes: that is
+/// what keeps a wide fan-out near the fork+exec floor.)
+#[test]
+fn parallelism_bounds_the_processes_running_at_once() {
+    let home = Home::new("parallelism");
+    let running = home.dir.join("running");
+    std::fs::create_dir_all(&running).unwrap();
+    let seen = home.dir.join("seen");
+    let count = format!(
+        "touch {r}/$$ && ls {r} | wc -l >> {s} && sleep 0.3 && rm {r}/$$",
+        r = running.display(),
+        s = seen.display()
+    );
+    let mut yaml = String::from("version: 1\nname: wide\nstages:\n");
+    for i in 0..6 {
+        yaml.push_str(&format!(
+            "  s{i}:\n    run: {{command: [sh, -c, '{count}']}}\n"
+        ));
+    }
+    yaml.push_str(&format!(
+        "  list:\n    run: {{command: [sh, -c, 'echo [1,2,3,4,5,6] > \"$0/items.json\"', \"{{{{ outputs.items }}}}\"]}}\n    outputs: [items]\n  each:\n    map: {{from: list.items}}\n    run: {{command: [sh, -c, '{count}']}}\n"
+    ));
+    let file = home.write("p.yaml", &yaml);
+    let o = home.drivetrain(&["run", file.to_str().unwrap(), "--parallelism", "2"]);
+    assert_ok(&o);
+    let counts: Vec<u32> = std::fs::read_to_string(&seen)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert_eq!(counts.len(), 12, "{counts:?}");
+    assert_eq!(counts.iter().max(), Some(&2), "{counts:?}");
 }

@@ -313,15 +313,20 @@ stages:
         50_000_000,
         "{status}"
     );
-    // The failed attempt left nothing visible but its log: no object under its output,
-    // no manifest.
+    // The failed attempt left nothing visible but its log (in the run's `logs/`): no
+    // object under its output, no manifest.
     let direct = s3.env();
     let keys = list("s3://big/dt", &direct, &format!("runs/{run}/make"));
     let first: Vec<&String> = keys
         .iter()
         .filter(|k| k.starts_with(&format!("runs/{run}/make/1/")))
         .collect();
-    assert_eq!(first, [&format!("runs/{run}/make/1/log.txt")], "{keys:?}");
+    assert!(first.is_empty(), "{keys:?}");
+    let logs = list("s3://big/dt", &direct, &format!("runs/{run}/logs"));
+    assert!(
+        logs.contains(&format!("runs/{run}/logs/make.1.txt")),
+        "{logs:?}"
+    );
     assert!(
         keys.contains(&format!("runs/{run}/make/{attempts}/data/blob.bin")),
         "{keys:?}"

@@ -25,6 +25,10 @@ pub(super) async fn attempt_loop(
             },
             attempt,
         };
+        // A slot from recording the attempt as started until its process has ended and
+        // its log and outputs are stored; the cache lookup before, and recording the end
+        // and any backoff after, hold none.
+        let slot = ctx.slots.acquire().await.expect("never closed");
         match track {
             Track::Stage => {
                 ctx.state.start_attempt(run, &stage.name, attempt)?;
@@ -36,6 +40,7 @@ pub(super) async fn attempt_loop(
             Track::Item { index, .. } => ctx.state.start_item(run, &stage.name, index, attempt)?,
         }
         let result = run_attempt(ctx, stage, track, &key, upstream).await;
+        drop(slot);
         let (phase, exit, reason, class) = match result {
             Ok(AttemptEnd::Succeeded { outputs, values }) => {
                 if let Track::Stage = track {
@@ -150,17 +155,20 @@ pub(super) async fn run_attempt(
             (argv, None, Some(config))
         }
     };
-    let dir = ctx
-        .opts
-        .work_dir
-        .join(&key.run)
-        .join(&key.stage)
-        .join(key.attempt.to_string());
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = key.work_dir(&ctx.opts.work_dir);
     let mk = |p: &Path| {
         std::fs::create_dir_all(p).map_err(|e| format!("cannot create {}: {e}", p.display()))
     };
-    mk(&dir)?;
+    // Made afresh: a resumed run may run an attempt number again. One `mkdir` as a rule;
+    // the run's first attempt makes the run's directory too.
+    match std::fs::create_dir(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let _ = std::fs::remove_dir_all(&dir);
+            mk(&dir)?;
+        }
+        Err(_) => mk(&dir)?,
+    }
     // `inputs/` and `outputs/` are made by what goes into them (materialized inputs,
     // output directories): a stage without inputs or outputs costs no directory for them.
     let (inputs_dir, outputs_dir) = match &remote {
@@ -307,12 +315,7 @@ pub(super) async fn run_attempt(
     let checkpoints = match &remote {
         Some(root) => root.join("checkpoints"),
         None => {
-            let c = ctx
-                .opts
-                .work_dir
-                .join(&key.run)
-                .join(&key.stage)
-                .join("checkpoints");
+            let c = key.checkpoints_dir(&ctx.opts.work_dir);
             mk(&c)?;
             c
         }
@@ -421,7 +424,7 @@ pub(super) async fn run_attempt(
             });
         }
     }
-    if inputs_dir.exists() {
+    if !stage.inputs.is_empty() && inputs_dir.exists() {
         access.push(ro(&inputs_dir));
     }
     let mut placement = crate::executor::Placement::of(
@@ -474,7 +477,7 @@ pub(super) async fn run_attempt(
     }
     // Inputs are hard links to upstream artifacts: nothing of a finished attempt may keep
     // a writable name for them. (In a pod they were copies, gone with the pod.)
-    if remote.is_none() {
+    if remote.is_none() && !stage.inputs.is_empty() {
         let _ = std::fs::remove_dir_all(&inputs_dir);
     }
     result
@@ -636,7 +639,7 @@ pub(super) async fn wait_attempt(
     }
     // The published files are hard links: drop the attempt's own names for them so
     // nothing left of the attempt can write to an artifact.
-    if !remote {
+    if !remote && !stage.outputs.is_empty() {
         let _ = std::fs::remove_dir_all(outputs_dir);
     }
     Ok(AttemptEnd::Succeeded { outputs, values })

@@ -180,7 +180,7 @@ pub(super) async fn execute_map(
     })
 }
 
-/// One item of a map stage, holding one of the run's slots while it runs.
+/// One item of a map stage (each attempt holds one of the run's slots while it runs).
 pub(super) async fn run_item(
     ctx: &Ctx,
     stage: &Stage,
@@ -189,7 +189,6 @@ pub(super) async fn run_item(
     upstream: &BTreeMap<StageId, StageResult>,
     first: u32,
 ) -> Result<(usize, LoopEnd), RunError> {
-    let _permit = ctx.slots.acquire().await.expect("never closed");
     let end = attempt_loop(ctx, stage, Track::Item { index, item }, upstream, first).await?;
     let outputs = serde_json::to_value(&end.outputs).unwrap_or_default();
     ctx.state.finish_item(

@@ -179,7 +179,8 @@ struct Ctx {
     /// Hooks stop only on a cancel that arrives while they run: they still run after a
     /// failure, fail-fast or a cancel of the rest of the run.
     hook_cancel: watch::Receiver<bool>,
-    /// The run's parallelism: attempts (and map items) hold one slot each.
+    /// The run's parallelism: an attempt holds one slot from when it is recorded as
+    /// started until its process has ended and its log and outputs are stored.
     slots: Arc<Semaphore>,
     gpus: GpuPool,
     /// How the ordinary stages ended, once they have (`run.status` for hooks).
@@ -256,6 +257,10 @@ pub async fn run(
     };
     let n = pipeline.stages.len();
     let slots = Arc::new(Semaphore::new(opts.parallelism.max(1)));
+    // Stages in hand (looking up the cache, waiting for a slot, recording how they
+    // ended): twice the parallelism, so that one stage's bookkeeping overlaps another's
+    // process rather than holding up a slot.
+    let in_hand = Arc::new(Semaphore::new(opts.parallelism.max(1).saturating_mul(2)));
     let gpu_count = opts.gpus.len();
     // Attempts stop on `stop`: set by the caller's cancel, or by fail-fast.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -280,7 +285,7 @@ pub async fn run(
         events,
         cancel: stop_rx,
         hook_cancel: hook_stop_rx,
-        slots: slots.clone(),
+        slots,
         gpus: GpuPool::new(gpu_count),
         main_phase: std::sync::OnceLock::new(),
         prior_attempts,
@@ -382,13 +387,14 @@ pub async fn run(
                 None => {
                     let inputs = upstream_results(&pipeline, id, &results);
                     let ctx = ctx.clone();
-                    let slots = slots.clone();
-                    // A map stage's items take the slots, one each; the stage itself none.
+                    let in_hand = in_hand.clone();
+                    // A map stage's items are bounded by its own limit; the stage itself
+                    // holds nothing.
                     let is_map = pipeline.stage(id).map.is_some();
                     tasks.spawn(async move {
                         let _permit = match is_map {
                             true => None,
-                            false => Some(slots.acquire_owned().await.expect("never closed")),
+                            false => Some(in_hand.acquire_owned().await.expect("never closed")),
                         };
                         (id, execute(&ctx, id, inputs).await)
                     });
@@ -473,7 +479,6 @@ pub async fn run(
             }
             None => {
                 let inputs = upstream_results(&pipeline, id, &results);
-                let _permit = slots.acquire().await.expect("never closed");
                 execute(&ctx, id, inputs).await?
             }
         };

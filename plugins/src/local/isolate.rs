@@ -238,7 +238,7 @@ struct Launch {
     sh: CString,
     sh_argv: Vec<AtomicPtr<libc::c_char>>,
     cwd: CString,
-    stdin: OwnedFd,
+    stdin: libc::c_int,
     out: libc::c_int,
     pgid: libc::pid_t,
     plan: Arc<MountPlan>,
@@ -260,6 +260,16 @@ fn pointers(strings: &[CString]) -> Vec<*const libc::c_char> {
         .map(|s| s.as_ptr())
         .chain(std::iter::once(std::ptr::null()))
         .collect()
+}
+
+/// `/dev/null`, opened once for every child's stdin.
+fn dev_null() -> std::io::Result<libc::c_int> {
+    static NULL: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
+    if let Some(f) = NULL.get() {
+        return Ok(f.as_raw_fd());
+    }
+    let f = std::fs::File::open("/dev/null")?;
+    Ok(NULL.get_or_init(|| f).as_raw_fd())
 }
 
 /// Starts `program` with `args` and exactly `env`, in `cwd`, stdout and stderr to `out`,
@@ -314,7 +324,7 @@ pub(super) fn spawn(
         env: pointers(&env_strings),
         _env: env_strings,
         cwd: c_string(cwd.as_os_str().as_bytes(), "the working directory")?,
-        stdin: std::fs::File::open("/dev/null")?.into(),
+        stdin: dev_null()?,
         out: out.as_raw_fd(),
         pgid,
         plan,
@@ -396,7 +406,7 @@ fn prepare_and_exec(l: &Launch) -> (i32, i32) {
         libc::sigemptyset(&mut none);
         libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
         if libc::setpgid(0, l.pgid) != 0
-            || libc::dup2(l.stdin.as_raw_fd(), 0) < 0
+            || libc::dup2(l.stdin, 0) < 0
             || libc::dup2(l.out, 1) < 0
             || libc::dup2(l.out, 2) < 0
             || libc::chdir(l.cwd.as_ptr()) != 0
