@@ -43,17 +43,9 @@ pub(super) async fn attempt_loop(
         drop(slot);
         let (phase, exit, reason, class) = match result {
             Ok(AttemptEnd::Succeeded { outputs, values }) => {
-                if let Track::Stage = track {
-                    ctx.state.finish_attempt(
-                        run,
-                        &stage.name,
-                        attempt,
-                        Phase::Succeeded,
-                        Some(0),
-                        None,
-                    )?;
-                }
+                // The stage records its attempt's end with its own (one commit).
                 return Ok(LoopEnd {
+                    attempt: matches!(track, Track::Stage).then_some(attempt),
                     phase: Phase::Succeeded,
                     exit: Some(0),
                     reason: None,
@@ -99,6 +91,7 @@ pub(super) async fn attempt_loop(
             }
         }
         return Ok(LoopEnd {
+            attempt: None,
             phase,
             exit,
             reason: Some(reason),

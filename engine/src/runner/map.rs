@@ -14,6 +14,7 @@ pub(super) async fn execute_map(
     use futures::StreamExt;
     let map = stage.map.as_ref().expect("a map stage");
     let failed = |reason: String| LoopEnd {
+        attempt: None,
         phase: Phase::Failed,
         exit: None,
         reason: Some(reason),
@@ -122,6 +123,7 @@ pub(super) async fn execute_map(
     let values = serde_json::json!({"items": n, "succeeded": succeeded.len(), "failed": failures});
     if cancelled {
         return Ok(LoopEnd {
+            attempt: None,
             phase: Phase::Cancelled,
             exit: None,
             reason: Some("cancelled".into()),
@@ -161,6 +163,7 @@ pub(super) async fn execute_map(
             }
             Err(e) => {
                 return Ok(LoopEnd {
+                    attempt: None,
                     phase: Phase::Error,
                     exit: None,
                     reason: Some(format!("cannot publish output `{}`: {}", o.name, chain(&e))),
@@ -171,6 +174,7 @@ pub(super) async fn execute_map(
         }
     }
     Ok(LoopEnd {
+        attempt: None,
         phase: Phase::Succeeded,
         exit: None,
         reason: (failures > 0)

@@ -21,7 +21,7 @@ use crate::artifacts::{ArtifactRef, ArtifactStore, AttemptKey};
 use crate::executor::{AttemptOutcome, AttemptSpec, Executor, PathAccess};
 use crate::plan::{Action, MapSource, Pipeline, RetryPolicy, Stage, StageId};
 use crate::spec::{ErrorClass, Hook, IoMode, RetryOn};
-use crate::state::{ArtifactRecord, CacheEntry, Provenance};
+use crate::state::{ArtifactRecord, CacheEntry, Provenance, Success};
 use crate::state::{Phase, RunId, RunRecord, StateError, StateStore};
 use crate::step::env_suffix;
 use crate::template::{value_text, Ref, Template};
@@ -697,6 +697,9 @@ enum Track<'v> {
 
 /// How an attempt loop ended.
 struct LoopEnd {
+    /// The stage's attempt that succeeded, for [`execute`] to record as ended with the
+    /// stage (in one commit); none where it is recorded already or there is none.
+    attempt: Option<u32>,
     phase: Phase,
     exit: Option<i32>,
     reason: Option<String>,
@@ -788,6 +791,7 @@ async fn execute(
                 Some(&reason),
             )?;
             LoopEnd {
+                attempt: None,
                 phase: Phase::Error,
                 exit: None,
                 reason: Some(reason),
@@ -816,30 +820,36 @@ async fn execute(
                 created_at: now.clone(),
             })
             .collect();
-        ctx.state.add_artifacts(&published)?;
-        // Results before the phase: a stage recorded as succeeded always has its outputs.
-        ctx.state
-            .set_stage_results(&ctx.run.id, &stage.name, &outputs_json, &end.values)?;
-        if cacheable.is_ok() && ctx.opts.cache.write {
-            ctx.state.put_cache_entry(&CacheEntry {
-                key,
-                pipeline: ctx.pipeline.name.clone(),
-                stage: stage.name.clone(),
-                run_id: ctx.run.id.0.clone(),
-                outputs: outputs_json,
-                values: end.values.clone(),
-                components: serde_json::to_value(&parts.components).unwrap_or_default(),
-                created_at: now,
-            })?;
-        }
+        let cache = (cacheable.is_ok() && ctx.opts.cache.write).then(|| CacheEntry {
+            key,
+            pipeline: ctx.pipeline.name.clone(),
+            stage: stage.name.clone(),
+            run_id: ctx.run.id.0.clone(),
+            outputs: outputs_json.clone(),
+            values: end.values.clone(),
+            components: serde_json::to_value(&parts.components).unwrap_or_default(),
+            created_at: now,
+        });
+        ctx.state.record_success(&Success {
+            run: &ctx.run.id,
+            stage: &stage.name,
+            attempt: end.attempt,
+            artifacts: &published,
+            outputs: &outputs_json,
+            values: &end.values,
+            cache: cache.as_ref(),
+            exit_code: end.exit,
+            reason: end.reason.as_deref(),
+        })?;
+    } else {
+        ctx.state.set_stage(
+            &ctx.run.id,
+            &stage.name,
+            end.phase,
+            end.exit,
+            end.reason.as_deref(),
+        )?;
     }
-    ctx.state.set_stage(
-        &ctx.run.id,
-        &stage.name,
-        end.phase,
-        end.exit,
-        end.reason.as_deref(),
-    )?;
     let _ = ctx.events.send(RunEvent::Finished {
         stage: stage.name.clone(),
         phase: end.phase,

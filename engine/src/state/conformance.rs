@@ -32,6 +32,7 @@ pub fn check(store: &dyn StateStore) {
     map_items(store);
     listing(store);
     provenance_and_cache(store);
+    success_at_once(store);
     schedules_and_ticks(store);
     ticks_in_batches(store);
 }
@@ -390,6 +391,85 @@ fn provenance_and_cache(s: &dyn StateStore) {
         1
     );
     assert_eq!(s.cache_entries().unwrap().len(), 1);
+}
+
+/// A succeeded stage recorded at once: its attempt ended, its artifact, outputs, values
+/// and cache entry stored, its phase set; a map stage (no attempt of its own) too.
+fn success_at_once(s: &dyn StateStore) {
+    let rec = run_record("conf-success");
+    s.create_run(&rec).unwrap();
+    let id = rec.id.clone();
+    s.start_attempt(&id, "train", 1).unwrap();
+    let art = ArtifactRecord {
+        digest: "sha256:5c".into(),
+        manifest: "runs/conf-success/train/1/manifests/model.json".into(),
+        run_id: id.0.clone(),
+        stage: "train".into(),
+        output: "model".into(),
+        created_at: now(),
+    };
+    let outputs = serde_json::json!({"model": {"digest": "sha256:5c"}});
+    let values = serde_json::json!({"loss": 0.5});
+    let entry = CacheEntry {
+        key: "sha256:success".into(),
+        pipeline: "p".into(),
+        stage: "train".into(),
+        run_id: id.0.clone(),
+        outputs: outputs.clone(),
+        values: values.clone(),
+        components: serde_json::json!({}),
+        created_at: now(),
+    };
+    s.record_success(&Success {
+        run: &id,
+        stage: "train",
+        attempt: Some(1),
+        artifacts: std::slice::from_ref(&art),
+        outputs: &outputs,
+        values: &values,
+        cache: Some(&entry),
+        exit_code: Some(0),
+        reason: None,
+    })
+    .unwrap();
+    let train = s.stage(&id, "train").unwrap().unwrap();
+    assert_eq!(
+        (train.phase, train.attempts, train.exit_code),
+        (Phase::Succeeded, 1, Some(0))
+    );
+    assert_eq!(train.outputs, outputs);
+    assert_eq!(train.values, values);
+    assert!(train.finished_at.is_some());
+    let attempt = &s.attempts(&id).unwrap()[0];
+    assert_eq!(
+        (attempt.phase, attempt.exit_code),
+        (Phase::Succeeded, Some(0))
+    );
+    assert!(attempt.finished_at.is_some());
+    assert_eq!(s.artifact("sha256:5c").unwrap(), Some(art));
+    assert_eq!(s.cache_entry("sha256:success").unwrap(), Some(entry));
+
+    let empty = serde_json::json!({});
+    s.record_success(&Success {
+        run: &id,
+        stage: "each",
+        attempt: None,
+        artifacts: &[],
+        outputs: &empty,
+        values: &serde_json::Value::Null,
+        cache: None,
+        exit_code: None,
+        reason: Some("3 of 3 items succeeded"),
+    })
+    .unwrap();
+    let each = s.stage(&id, "each").unwrap().unwrap();
+    assert_eq!(each.phase, Phase::Succeeded);
+    assert_eq!(each.reason.as_deref(), Some("3 of 3 items succeeded"));
+    assert_eq!(
+        s.attempts(&id).unwrap().len(),
+        1,
+        "a map stage has no attempt row"
+    );
 }
 
 fn runs_stages_and_attempts(s: &dyn StateStore) {

@@ -283,8 +283,41 @@ pub struct AttemptRecord {
     pub handle: Option<String>,
 }
 
+/// How a stage succeeded, for [`StateStore::record_success`].
+#[derive(Debug, Clone, Copy)]
+pub struct Success<'a> {
+    pub run: &'a RunId,
+    pub stage: &'a str,
+    /// The stage's last attempt, still to be recorded as ended (none for a map stage,
+    /// whose items record their own).
+    pub attempt: Option<u32>,
+    pub artifacts: &'a [ArtifactRecord],
+    pub outputs: &'a serde_json::Value,
+    pub values: &'a serde_json::Value,
+    pub cache: Option<&'a CacheEntry>,
+    pub exit_code: Option<i32>,
+    pub reason: Option<&'a str>,
+}
+
 /// What the run loop records. Every method commits before it returns.
 pub trait StateStore: Send + Sync {
+    /// A stage that succeeded, all at once: its last attempt's end, the artifacts it
+    /// published, its outputs and values, its cache entry, then its phase, so a stage
+    /// recorded as succeeded always has its outputs. A backend with transactions commits
+    /// it as one (the SQLite store does: one commit per stage instead of five); this
+    /// default records the parts one by one, in that order.
+    fn record_success(&self, s: &Success<'_>) -> Result<(), StateError> {
+        if let Some(attempt) = s.attempt {
+            self.finish_attempt(s.run, s.stage, attempt, Phase::Succeeded, s.exit_code, None)?;
+        }
+        self.add_artifacts(s.artifacts)?;
+        self.set_stage_results(s.run, s.stage, s.outputs, s.values)?;
+        if let Some(entry) = s.cache {
+            self.put_cache_entry(entry)?;
+        }
+        self.set_stage(s.run, s.stage, Phase::Succeeded, s.exit_code, s.reason)
+    }
+
     /// Records a new run in phase `Running`.
     fn create_run(&self, run: &RunRecord) -> Result<(), StateError>;
     fn finish_run(&self, run: &RunId, phase: Phase, reason: Option<&str>)
