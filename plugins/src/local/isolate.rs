@@ -40,7 +40,7 @@ pub const KEPT_CAPS: &[u32] = &[0, 1, 3, 4, 5, 6, 7, 8, 10, 13, 18, 29, 31];
 
 /// Drops every capability not in [`KEPT_CAPS`] from the bounding set (so `exec` cannot
 /// give it back, even to uid 0), clears the inheritable and ambient sets, and sets
-/// `no_new_privs`. Between `fork` and `exec`: system calls on stack memory only (which is
+/// `no_new_privs`. Between the clone and `exec`: system calls on stack memory only (which is
 /// why this is not the `caps` crate: its errors allocate).
 fn drop_capabilities() -> std::io::Result<()> {
     use nix::libc;
@@ -106,7 +106,7 @@ fn drop_capabilities() -> std::io::Result<()> {
     Ok(())
 }
 
-/// Everything the child needs to isolate itself, allocated before `fork` (the child may
+/// Everything the child needs to isolate itself, allocated before the clone (the child may
 /// only make system calls until it execs).
 pub(super) struct MountPlan {
     /// The user namespace the attempt enters first, mapping the engine's uid and gid to
@@ -143,7 +143,7 @@ impl MountPlan {
         })
     }
 
-    /// In the child, between `fork` and `exec`: system calls only, no allocation.
+    /// In the child, between the clone and `exec`: system calls only, no allocation.
     fn apply(&self) -> std::io::Result<()> {
         use nix::mount::{mount, MsFlags};
         use nix::sched::{unshare, CloneFlags};
