@@ -1,6 +1,7 @@
 //! The artifact store: immutable per-attempt prefixes in object storage, with manifests.
 //!
-//! Every output of a stage attempt lives under `runs/<run>/<stage>/<attempt>/<output>/`.
+//! Every output of a stage attempt lives under `runs/<run>/<stage>/<attempt>/<output>/`,
+//! its log at `runs/<run>/logs/<stage>.<attempt>.txt`.
 //! An output becomes an artifact only when the engine writes its manifest
 //! (`runs/<run>/<stage>/<attempt>/manifests/<output>.json`: every object's path, size and
 //! ETag) after the stage succeeded; the artifact's digest is the sha256 of the manifest's
@@ -446,7 +447,14 @@ impl ArtifactStore {
                 std::fs::create_dir_all(parent)
                     .map_err(io(format!("create {}", parent.display())))?;
             }
-            if std::fs::hard_link(src, &dst).is_err() {
+            // A key written again is replaced, as an object store's put replaces it.
+            let linked = std::fs::hard_link(src, &dst).or_else(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => {
+                    std::fs::remove_file(&dst).and_then(|()| std::fs::hard_link(src, &dst))
+                }
+                _ => Err(e),
+            });
+            if linked.is_err() {
                 std::fs::copy(src, &dst)
                     .map_err(io(format!("copy {} to the store", src.display())))?;
             }
@@ -641,39 +649,24 @@ impl ArtifactStore {
         Ok(())
     }
 
-    /// Stores an attempt's log: on this machine's `file://` store a read-only hard link
-    /// to it (nothing read or written again), anywhere else its bytes.
+    /// Stores an attempt's log as any output file is stored: on this machine's `file://`
+    /// store a read-only hard link to it (nothing read or written again), elsewhere
+    /// uploaded; an attempt that left no log file stores an empty one.
     pub async fn put_log(
         &self,
         attempt: &AttemptKey,
         log: &FsPath,
     ) -> Result<String, ArtifactError> {
         let key = attempt.log_key();
-        if let Some(dst) = self.local_path(&Path::from(key.as_str())) {
-            use std::io::ErrorKind;
-            let link = || std::fs::hard_link(log, &dst);
-            let linked = link().or_else(|e| match (e.kind(), dst.parent()) {
-                // The run's first log makes its `logs/`; an attempt run again on a
-                // resume replaces its log.
-                (ErrorKind::NotFound, Some(dir)) if !dir.exists() => {
-                    std::fs::create_dir_all(dir).and_then(|()| link())
-                }
-                (ErrorKind::AlreadyExists, _) => std::fs::remove_file(&dst).and_then(|()| link()),
-                _ => Err(e),
-            });
-            if linked.is_ok() {
-                use std::os::unix::fs::PermissionsExt as _;
-                std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o444))
-                    .map_err(io(format!("protect {}", dst.display())))?;
-                return Ok(key);
-            }
+        let path = Path::from(key.as_str());
+        if log.exists() {
+            self.put_file(log, &path).await?;
+        } else {
+            self.store
+                .put(&path, PutPayload::default())
+                .await
+                .map_err(store_err(format!("write log {key}")))?;
         }
-        // Elsewhere (another file system, another store, no log at all): the bytes.
-        let bytes = tokio::fs::read(log).await.unwrap_or_default();
-        self.store
-            .put(&Path::from(key.as_str()), PutPayload::from(bytes))
-            .await
-            .map_err(store_err(format!("write log {key}")))?;
         Ok(key)
     }
 
@@ -941,8 +934,8 @@ mod tests {
         std::fs::remove_dir_all(&root).unwrap();
     }
 
-    /// A log goes to the run's `logs/` folder; one stored where logs were before (beside
-    /// the attempt's outputs) is still found.
+    /// A log goes to the run's `logs/` folder, replaced when its attempt runs again; one
+    /// stored where logs were before (beside the attempt's outputs) is still found.
     #[tokio::test]
     async fn logs_are_found_where_they_are_and_where_they_were() {
         let root = std::env::temp_dir().join(format!("dt-logs-{}", std::process::id()));
@@ -957,6 +950,17 @@ mod tests {
             store.log(&attempt()).await.unwrap().as_deref(),
             Some(&b"new layout\n"[..])
         );
+        // An attempt number run again (a resume) replaces its log.
+        let again = root.join("again.txt");
+        std::fs::write(&again, b"run again\n").unwrap();
+        store.put_log(&attempt(), &again).await.unwrap();
+        assert_eq!(
+            store.log(&attempt()).await.unwrap().as_deref(),
+            Some(&b"run again\n"[..])
+        );
+        // Replaced, not written through: the first log's file (the same inode as the first
+        // stored log) is as it was.
+        assert_eq!(std::fs::read(&log).unwrap(), b"new layout\n");
         let before = AttemptKey {
             attempt: 2,
             ..attempt()

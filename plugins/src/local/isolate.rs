@@ -18,6 +18,7 @@
 //! Unsafe code lives here, each block with what makes it sound.
 #![allow(unsafe_code)]
 
+use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::os::unix::ffi::OsStrExt as _;
@@ -192,7 +193,7 @@ pub fn namespaces_work() -> bool {
             let plan = Arc::new(MountPlan::new(&[])?);
             let null = std::fs::File::create("/dev/null")?;
             let path = std::env::var("PATH").unwrap_or_default();
-            let env = [("PATH".to_string(), path)];
+            let env = BTreeMap::from([("PATH".to_string(), path)]);
             spawn("true", &[], &env, Path::new("/"), &null, 0, plan)
         })();
         let works = match started {
@@ -279,7 +280,7 @@ fn dev_null() -> std::io::Result<libc::c_int> {
 pub(super) fn spawn(
     program: &str,
     args: &[String],
-    env: &[(String, String)],
+    env: &BTreeMap<String, String>,
     cwd: &Path,
     out: &std::fs::File,
     pgid: i32,
@@ -289,10 +290,8 @@ pub(super) fn spawn(
         vec![c_string(program.as_bytes(), "the program")?]
     } else {
         let path = env
-            .iter()
-            .rev()
-            .find(|(k, _)| k == "PATH")
-            .map(|(_, v)| v.as_str())
+            .get("PATH")
+            .map(String::as_str)
             .unwrap_or("/usr/local/bin:/usr/bin:/bin");
         path.split(':')
             .map(|dir| {

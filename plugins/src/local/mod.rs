@@ -28,6 +28,7 @@
 //! (which a stage with a superset of them could otherwise enter); where the kernel
 //! refuses a user namespace to root, the mount namespace alone is made.
 
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
@@ -298,7 +299,7 @@ impl Executor for LocalExecutor {
             };
             // The engine's pass-through variables, then the attempt's, then the rank's:
             // a later one of the same name wins.
-            let mut env: Vec<(String, String)> = PASS_THROUGH
+            let mut env: BTreeMap<String, String> = PASS_THROUGH
                 .iter()
                 .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
                 .collect();
@@ -309,13 +310,6 @@ impl Executor for LocalExecutor {
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v)),
             );
-            let mut seen = std::collections::HashSet::new();
-            let mut env: Vec<_> = env
-                .into_iter()
-                .rev()
-                .filter(|(k, _)| seen.insert(k.clone()))
-                .collect();
-            env.reverse();
             // The first rank leads a new group; the others join it.
             let spawned = match &plan {
                 Some(plan) => isolate::spawn(
@@ -334,7 +328,7 @@ impl Executor for LocalExecutor {
                         .args(&spec.argv[1..])
                         .current_dir(&spec.workdir)
                         .env_clear()
-                        .envs(env)
+                        .envs(&env)
                         .stdin(Stdio::null())
                         .stdout(Stdio::from(out))
                         .stderr(Stdio::from(err))
