@@ -274,6 +274,13 @@ pub fn lineage(
 pub fn forget(home: &Path, input: &str, output: GraphOutput) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
     let store = ArtifactStore::open(&store_url(None, home)?)?;
+    // A local file is recorded by its absolute path (`file://` URLs too).
+    let local = input.strip_prefix("file://").unwrap_or(input);
+    let input = match std::fs::canonicalize(local) {
+        Ok(p) if !input.contains("://") || input.starts_with("file://") => p.display().to_string(),
+        _ => input.to_owned(),
+    };
+    let input = input.as_str();
     let g = match history::forget(&*state, &store, input) {
         Ok(g) => g,
         Err(e) => return lineage_error(e),

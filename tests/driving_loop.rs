@@ -124,13 +124,15 @@ fn the_driving_loop_closes() {
     assert_eq!(o.status.code(), Some(1), "candidate has no earlier version");
     assert!(text(&o.stderr).contains("no earlier version"));
     // A drive log the loop read out of fleet-sim's directory: `forget` finds the ingest
-    // that read it (its values name the drive) and everything made from that.
+    // that read it (its values list every log by its exact location) and everything made
+    // from that; the same name in a folder never read is not that log.
     let status = home.status(&first);
-    let drive = common::stage(&status, "ingest")["values"]["drives"]
-        .as_object()
-        .and_then(|d| d.keys().next().cloned())
-        .expect("ingest names its drives");
-    let o = home.drivetrain(&["forget", &format!("some/dir/{drive}.mcap"), "-o", "json"]);
+    let source = common::stage(&status, "ingest")["values"]["sources"][0]
+        .as_str()
+        .expect("ingest lists the logs it read")
+        .to_owned();
+    assert!(source.starts_with('/'), "{source}");
+    let o = home.drivetrain(&["forget", &source, "-o", "json"]);
     assert_ok(&o);
     let g: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let nodes = g["nodes"].as_object().unwrap();
@@ -138,6 +140,9 @@ fn the_driving_loop_closes() {
         assert!(nodes.contains_key(&format!("{first}/{s}")), "{s}: {g}");
     }
     assert!(!nodes.contains_key(&format!("{first}/fleet-sim")), "{g}");
+    let name = source.rsplit('/').next().unwrap();
+    let o = home.drivetrain(&["forget", &format!("/some/dir/{name}")]);
+    assert_eq!(o.status.code(), Some(2), "never read: {}", text(&o.stderr));
     let o = home.drivetrain(&["forget", "no-such-drive.mcap"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
     let o = home.drivetrain(&["lineage", "risk-model@1", "--output", "json"]);

@@ -246,18 +246,11 @@ pub fn lineage(
     Ok(g)
 }
 
-/// The drive a log file is, as `ingest` names it in its values: the file's name without
-/// its extension (`logs/drive-0003.mcap` → `drive-0003`).
-fn drive_of(input: &str) -> Option<&str> {
-    let name = input.rsplit('/').next()?;
-    let (stem, _) = name.rsplit_once('.')?;
-    (stem.len() >= 3).then_some(stem)
-}
-
-/// Everything derived from `input`: an artifact target (see [`resolve_target`]), or any
-/// other text (a drive log's URL or name), which finds the stages whose rendered
-/// definition or values mention it (or, for a log read out of a directory, whose values
-/// name its drive) and walks down from them.
+/// Everything derived from `input`: an artifact target (see [`resolve_target`]), or a
+/// source exactly as it was recorded (a drive log's store URL or absolute path, as
+/// `ingest` lists it under `sources`, or a value a stage's definition holds whole),
+/// which finds the stages that read it and walks down from them. Exact: a log of the
+/// same name in another folder or bucket is another log.
 pub fn forget(
     state: &dyn StateStore,
     store: &ArtifactStore,
@@ -266,13 +259,12 @@ pub fn forget(
     let roots = match resolve_target(state, input) {
         Ok(r) => r,
         Err(LineageError::NotFound(_)) => {
-            let mut found = state.stages_mentioning(input)?;
-            if let Some(drive) = drive_of(input).filter(|_| found.is_empty()) {
-                found = state.stages_mentioning(&format!("\"{drive}\""))?;
-            }
+            // As a JSON string: the whole value, not a part of a longer one.
+            let quoted = serde_json::to_string(input).unwrap_or_default();
+            let found = state.stages_mentioning(&quoted)?;
             if found.is_empty() {
                 return Err(LineageError::NotFound(format!(
-                    "nothing recorded mentions `{input}`: no run, stage, artifact digest, or stage definition"
+                    "nothing recorded read `{input}`: give a run, stage or artifact digest, or a source exactly as ingest recorded it (its store URL, or a local file's absolute path)"
                 )));
             }
             found

@@ -59,13 +59,59 @@ fn hour_is_interval(expr: &str) -> bool {
     hour.contains('*')
 }
 
+/// What a cron expression is wrong in.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CronError {
+    /// Not 5 or 6 fields (nor a nickname).
+    Fields(usize),
+    /// `@something` that is not a nickname.
+    Nickname,
+    /// A field that does not parse.
+    Invalid(String),
+}
+
+impl std::fmt::Display for CronError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CronError::Fields(n) => write!(f, "has {n} fields; a cron expression has 5 (minute hour day month weekday) or 6 (seconds first), or is a nickname (@hourly, @daily, @midnight, @weekly, @monthly, @yearly, @annually)"),
+            CronError::Nickname => write!(f, "is not a cron nickname: @hourly, @daily, @midnight, @weekly, @monthly, @yearly or @annually"),
+            CronError::Invalid(e) => write!(f, "is not a valid cron expression: {e}"),
+        }
+    }
+}
+
+/// Parses a cron expression as cronie (Vixie cron) reads it: five fields, or six with
+/// seconds first, or a nickname (`@daily`, `@midnight`, …). Day of month and day of week
+/// are ORed when both are restricted (`0 0 1 * 1`: the 1st and every Monday) and ANDed
+/// when either starts with `*` (`0 0 */2 * 1`: odd days that are Mondays), as cronie's
+/// `DOM_STAR`/`DOW_STAR` rule does.
+pub fn parse_cron(expr: &str) -> Result<croner::Cron, CronError> {
+    let e = expr.trim();
+    let expanded = match e.to_ascii_lowercase().as_str() {
+        "@yearly" | "@annually" => "0 0 1 1 *",
+        "@monthly" => "0 0 1 * *",
+        "@weekly" => "0 0 * * 0",
+        "@daily" | "@midnight" => "0 0 * * *",
+        "@hourly" => "0 * * * *",
+        n if n.starts_with('@') => return Err(CronError::Nickname),
+        _ => e,
+    };
+    let fields: Vec<&str> = expanded.split_whitespace().collect();
+    if !(5..=6).contains(&fields.len()) {
+        return Err(CronError::Fields(fields.len()));
+    }
+    let (dom, dow) = (fields[fields.len() - 3], fields[fields.len() - 1]);
+    croner::parser::CronParser::builder()
+        .seconds(croner::parser::Seconds::Optional)
+        .dom_and_dow(dom.starts_with('*') || dow.starts_with('*'))
+        .build()
+        .parse(expanded)
+        .map_err(|e| CronError::Invalid(e.to_string()))
+}
+
 impl Ticker {
     pub fn new(s: &Schedule) -> Result<Ticker, String> {
-        let cron = croner::parser::CronParser::builder()
-            .seconds(croner::parser::Seconds::Optional)
-            .build()
-            .parse(&s.cron)
-            .map_err(|e| format!("`{}`: {e}", s.cron))?;
+        let cron = parse_cron(&s.cron).map_err(|e| format!("`{}` {e}", s.cron))?;
         Ok(Ticker {
             cron,
             timezone: s.timezone,

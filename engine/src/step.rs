@@ -80,6 +80,9 @@ pub struct StepContext {
     pub params: Value,
     pub run_id: String,
     pub pipeline: String,
+    /// The pipeline file's folder (`DRIVETRAIN_PIPELINE_DIR`), where relative paths in
+    /// `with:` are resolved.
+    pub pipeline_dir: Option<PathBuf>,
     pub stage: String,
     pub attempt: u32,
     /// The artifact store's URL.
@@ -174,6 +177,7 @@ impl StepContext {
                 .unwrap_or(Value::Null),
             run_id: var("DRIVETRAIN_RUN_ID").unwrap_or_default(),
             pipeline: var("DRIVETRAIN_PIPELINE").unwrap_or_default(),
+            pipeline_dir: var("DRIVETRAIN_PIPELINE_DIR").map(PathBuf::from),
             stage: var("DRIVETRAIN_STAGE").unwrap_or_default(),
             attempt: var("DRIVETRAIN_ATTEMPT")
                 .and_then(|a| a.parse().ok())

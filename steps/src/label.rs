@@ -25,7 +25,7 @@ use datafusion::arrow::datatypes::DataType;
 use serde_json::{json, Map, Value};
 
 use crate::table::{frame_columns, rows, session, write_rows};
-use crate::{LabelExportConfig, LabelFormat, LabelImportConfig, LabelPolicy};
+use crate::{ChoiceClass, LabelExportConfig, LabelFormat, LabelImportConfig, LabelPolicy};
 
 /// The selected frames and what was written.
 pub async fn export(
@@ -33,6 +33,7 @@ pub async fn export(
     corner_cases: &Path,
     frames: Option<&Path>,
     out: &Path,
+    export_id: &str,
 ) -> anyhow::Result<Value> {
     let window = match &cfg.dedup_window {
         Some(w) => drivetrain_engine::units::parse_duration(w)
@@ -178,6 +179,11 @@ pub async fn export(
     for (i, r) in selected.iter_mut().enumerate() {
         r.insert("task_id".into(), Value::from(i as i64 + 1));
     }
+    // Which export a labeled task came from: task ids restart at 1 in every export.
+    std::fs::write(
+        out.join(EXPORT_FILE),
+        serde_json::to_vec_pretty(&json!({"export_id": export_id}))?,
+    )?;
     if selected.is_empty() {
         eprintln!("warning: nothing selected for labeling (no corner cases, or a zero budget)");
     }
@@ -196,6 +202,7 @@ pub async fn export(
                         // imported task a new top-level `id` and keeps `data` as it is.
                         let mut data = r.clone();
                         data.retain(|k, _| !k.starts_with("gt_") && !k.starts_with("rule_"));
+                        data.insert("export_id".into(), Value::from(export_id));
                         json!({"data": data, "meta": {"rules": r["rules"]}})
                     })
                     .collect();
@@ -242,6 +249,7 @@ pub async fn export(
         }
     }
     Ok(json!({
+        "export_id": export_id,
         "selected": selected.len(),
         "corner_cases": selected.len() - background,
         "background": background,
@@ -273,9 +281,56 @@ pub const LABEL_CONFIG: &str = r#"<View>
 </View>
 "#;
 
-/// The choices that label a frame.
-const POSITIVE: &str = "risky";
-const NEGATIVE: &str = "normal";
+/// The file beside the exported tasks that names the export (`export_id`).
+pub const EXPORT_FILE: &str = "export.json";
+
+/// What an annotation's choices give.
+#[derive(Debug, Clone, PartialEq)]
+enum Choice {
+    Label(bool),
+    /// Mapped to `skip`: deliberately no label.
+    Skip,
+    /// A value the mapping does not name.
+    Unknown(String),
+}
+
+/// The label config's choice values → classes: `risky` and `normal` unless the stage maps
+/// its own (`choices:`). Anything else is refused and counted, never read as a class.
+struct Classes(BTreeMap<String, ChoiceClass>);
+
+impl Classes {
+    fn new(map: Option<&BTreeMap<String, ChoiceClass>>) -> Classes {
+        Classes(map.cloned().unwrap_or_else(|| {
+            BTreeMap::from([
+                ("risky".to_owned(), ChoiceClass::Risky),
+                ("normal".to_owned(), ChoiceClass::Normal),
+            ])
+        }))
+    }
+
+    /// The class of a result's picked values: risky if any is, normal if all that
+    /// count are, skip when all are skipped; the first value not mapped is unknown.
+    fn of(&self, picked: &[String]) -> Choice {
+        let mut classes = Vec::new();
+        for p in picked {
+            match self.0.get(p) {
+                Some(c) => classes.push(*c),
+                None => return Choice::Unknown(p.clone()),
+            }
+        }
+        if classes.contains(&ChoiceClass::Risky) {
+            Choice::Label(true)
+        } else if classes.contains(&ChoiceClass::Normal) {
+            Choice::Label(false)
+        } else {
+            Choice::Skip
+        }
+    }
+
+    fn knows_any(&self, picked: &[String]) -> bool {
+        picked.iter().any(|p| self.0.contains_key(p))
+    }
+}
 
 /// What a Label Studio export says of the exported tasks.
 #[derive(Debug, Default)]
@@ -286,38 +341,63 @@ struct StudioLabels {
     cancelled: u64,
     /// Annotations with no result of the label control.
     without_label: u64,
-    /// Exported items that name no task of ours (no `data.task_id`).
+    /// Annotations whose choice is mapped to `skip`.
+    skipped_choices: u64,
+    /// Choice values the mapping does not name, with their counts.
+    unknown_choices: BTreeMap<String, u64>,
+    /// Exported items that are not tasks of this export: no `data.task_id`, another
+    /// export's id, or another frame (drive and log time) than ours of that id.
     foreign: u64,
+    /// A few of them, saying why.
+    foreign_examples: Vec<String>,
 }
 
-/// The label one annotation's results give: the `choices` result of control `from_name`
-/// (else the one that chose `risky` or `normal`).
-fn choice(results: &[Value], from_name: Option<&str>) -> Option<bool> {
-    results.iter().find_map(|r| {
+/// The control of the label config `label-export` writes.
+const CONTROL: &str = "risk";
+
+/// The picked values of one annotation's `choices` result: of control `from_name`; when
+/// unset, of our `risk` control, else the first that picked a value the mapping knows.
+fn picked(results: &[Value], from_name: Option<&str>, classes: &Classes) -> Option<Vec<String>> {
+    let choices = |r: &Value, name: Option<&str>| -> Option<Vec<String>> {
         if r.get("type")
             .and_then(Value::as_str)
             .is_some_and(|t| t != "choices")
         {
             return None;
         }
-        let name = r.get("from_name").and_then(Value::as_str);
-        if from_name.is_some() && name != from_name {
+        if name.is_some() && r.get("from_name").and_then(Value::as_str) != name {
             return None;
         }
-        let picked: Vec<&str> = r
-            .pointer("/value/choices")?
-            .as_array()?
+        Some(
+            r.pointer("/value/choices")?
+                .as_array()?
+                .iter()
+                .filter_map(|c| c.as_str().map(str::to_owned))
+                .collect(),
+        )
+    };
+    let named = from_name.or_else(|| {
+        results
             .iter()
-            .filter_map(Value::as_str)
-            .collect();
-        let known = picked.iter().any(|c| *c == POSITIVE || *c == NEGATIVE);
-        (from_name.is_some() || known).then(|| picked.contains(&POSITIVE))
-    })
+            .any(|r| r.get("from_name").and_then(Value::as_str) == Some(CONTROL))
+            .then_some(CONTROL)
+    });
+    match named {
+        Some(n) => results.iter().find_map(|r| choices(r, Some(n))),
+        None => results
+            .iter()
+            .filter_map(|r| choices(r, None))
+            .find(|p| classes.knows_any(p)),
+    }
 }
 
-/// The label of a JSON-MIN item (data fields and each control's value at the top level):
-/// `"risk": "risky"` or `"risk": {"choices": [...]}`.
-fn min_choice(item: &Map<String, Value>, from_name: Option<&str>) -> Option<bool> {
+/// The picked values of a JSON-MIN item (data fields and each control's value at the
+/// top level): `"risk": "risky"` or `"risk": {"choices": [...]}`.
+fn min_picked(
+    item: &Map<String, Value>,
+    from_name: Option<&str>,
+    classes: &Classes,
+) -> Option<Vec<String>> {
     let picked = |v: &Value| -> Option<Vec<String>> {
         match v {
             Value::String(c) => Some(vec![c.clone()]),
@@ -331,22 +411,88 @@ fn min_choice(item: &Map<String, Value>, from_name: Option<&str>) -> Option<bool
             _ => None,
         }
     };
-    match from_name {
-        Some(n) => picked(item.get(n)?).map(|c| c.iter().any(|x| x == POSITIVE)),
-        None => item.values().filter_map(picked).find_map(|c| {
-            c.iter()
-                .any(|x| x == POSITIVE || x == NEGATIVE)
-                .then(|| c.iter().any(|x| x == POSITIVE))
-        }),
+    match from_name.or_else(|| item.contains_key(CONTROL).then_some(CONTROL)) {
+        Some(n) => picked(item.get(n)?),
+        None => item
+            .iter()
+            .filter(|(k, _)| !DATA_KEYS.contains(&k.as_str()))
+            .filter_map(|(_, v)| picked(v))
+            .find(|c| classes.knows_any(c)),
+    }
+}
+
+/// Fields of a JSON-MIN item that are never a control's value.
+const DATA_KEYS: &[&str] = &[
+    "drive",
+    "source_file",
+    "rules",
+    "export_id",
+    "object_class",
+    "weather",
+    "time_of_day",
+    "annotator",
+    "created_at",
+    "updated_at",
+    "id",
+    "annotation_id",
+];
+
+/// When an annotation was made (its `updated_at`, else `created_at`), parsed: Label
+/// Studio writes RFC 3339 with and without fractions, which do not sort as text.
+fn when(a: &Map<String, Value>) -> Option<chrono::DateTime<chrono::Utc>> {
+    a.get("updated_at")
+        .or_else(|| a.get("created_at"))
+        .and_then(Value::as_str)
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| t.with_timezone(&chrono::Utc))
+}
+
+/// The tasks of the export being imported: `task_id` → (drive, log time), and the
+/// export's id.
+struct Exported<'a> {
+    frames: HashMap<i64, (&'a str, i64)>,
+    export_id: Option<String>,
+}
+
+impl Exported<'_> {
+    /// The task of ours an exported item is, or why it is not one.
+    fn task_of(&self, data: &Map<String, Value>) -> Result<i64, String> {
+        let Some(task) = data.get("task_id").and_then(Value::as_i64) else {
+            return Err("no `task_id`".into());
+        };
+        if let Some(ours) = &self.export_id {
+            let theirs = data.get("export_id").and_then(Value::as_str);
+            if theirs != Some(ours.as_str()) {
+                return Err(format!(
+                    "task {task} is of export {}, not {ours}",
+                    theirs.unwrap_or("(none)")
+                ));
+            }
+        }
+        let Some((drive, log_time)) = self.frames.get(&task) else {
+            return Err(format!("task {task} was not exported"));
+        };
+        let theirs = (
+            data.get("drive").and_then(Value::as_str),
+            data.get("log_time_ns").and_then(Value::as_i64),
+        );
+        if theirs != (Some(*drive), Some(*log_time)) {
+            return Err(format!(
+                "task {task} is frame {}@{} ns, ours is {drive}@{log_time} ns",
+                theirs.0.unwrap_or("?"),
+                theirs.1.map_or("?".to_owned(), |t| t.to_string())
+            ));
+        }
+        Ok(task)
     }
 }
 
 /// Reads a Label Studio export, `JSON` (tasks with `annotations`) or `JSON_MIN` (one flat
-/// item per annotation), matching tasks by `data.task_id`.
+/// item per annotation), matching each item to the exported frame it was made from.
 fn studio_labels(
     path: &Path,
-    from_name: Option<&str>,
-    policy: LabelPolicy,
+    cfg: &LabelImportConfig,
+    exported: &Exported<'_>,
 ) -> anyhow::Result<StudioLabels> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("cannot read labels {}: {e}", path.display()))?;
@@ -356,31 +502,41 @@ fn studio_labels(
             path.display()
         )
     })?;
+    let from_name = cfg.from_name.as_deref();
+    let classes = Classes::new(cfg.choices.as_ref());
     let mut out = StudioLabels::default();
     // Task → its valid annotations: (when, annotation id, label).
-    let mut votes: HashMap<i64, Vec<(String, i64, bool)>> = HashMap::new();
+    type Vote = (Option<chrono::DateTime<chrono::Utc>>, i64, bool);
+    let mut votes: HashMap<i64, Vec<Vote>> = HashMap::new();
+    let id = |a: &Map<String, Value>| {
+        a.get("annotation_id")
+            .or_else(|| a.get("id"))
+            .and_then(Value::as_i64)
+            .unwrap_or_default()
+    };
+    let mut count =
+        |out: &mut StudioLabels, task: i64, a: &Map<String, Value>, picked: Option<Vec<String>>| {
+            match picked.map(|p| classes.of(&p)) {
+                Some(Choice::Label(label)) => {
+                    votes.entry(task).or_default().push((when(a), id(a), label))
+                }
+                Some(Choice::Skip) => out.skipped_choices += 1,
+                Some(Choice::Unknown(v)) => *out.unknown_choices.entry(v).or_default() += 1,
+                None => out.without_label += 1,
+            }
+        };
     for item in &items {
-        let key = item
-            .get("data")
-            .and_then(|d| d.get("task_id"))
-            .or_else(|| item.get("task_id"))
-            .and_then(Value::as_i64);
-        let Some(task) = key else {
-            out.foreign += 1;
-            continue;
-        };
-        let when = |a: &Map<String, Value>| {
-            a.get("updated_at")
-                .or_else(|| a.get("created_at"))
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let id = |a: &Map<String, Value>| {
-            a.get("annotation_id")
-                .or_else(|| a.get("id"))
-                .and_then(Value::as_i64)
-                .unwrap_or_default()
+        // JSON has the frame under `data`; JSON_MIN has it at the top level.
+        let data = item.get("data").and_then(Value::as_object).unwrap_or(item);
+        let task = match exported.task_of(data) {
+            Ok(t) => t,
+            Err(why) => {
+                out.foreign += 1;
+                if out.foreign_examples.len() < 3 {
+                    out.foreign_examples.push(why);
+                }
+                continue;
+            }
         };
         match item.get("annotations").and_then(Value::as_array) {
             Some(annotations) => {
@@ -390,26 +546,24 @@ fn studio_labels(
                         continue;
                     }
                     let results = a.get("result").and_then(Value::as_array);
-                    match results.and_then(|r| choice(r, from_name)) {
-                        Some(label) => votes.entry(task).or_default().push((when(a), id(a), label)),
-                        None => out.without_label += 1,
-                    }
+                    let p = results.and_then(|r| picked(r, from_name, &classes));
+                    count(&mut out, task, a, p);
                 }
             }
-            None => match min_choice(item, from_name) {
-                Some(label) => votes
-                    .entry(task)
-                    .or_default()
-                    .push((when(item), id(item), label)),
-                None => out.without_label += 1,
-            },
+            // A JSON_MIN item of a task nobody annotated has no annotator: unlabeled,
+            // not an annotation without a choice.
+            None if !item.contains_key("annotator") && !item.contains_key("annotation_id") => {}
+            None => {
+                let p = min_picked(item, from_name, &classes);
+                count(&mut out, task, item, p);
+            }
         }
     }
     for (task, mut v) in votes {
         // Newest last: by time, then by annotation id.
         v.sort();
         let newest = v.last().map(|x| x.2).unwrap_or_default();
-        let label = match policy {
+        let label = match cfg.policy.unwrap_or(LabelPolicy::Newest) {
             LabelPolicy::Newest => newest,
             LabelPolicy::Majority => {
                 let yes = v.iter().filter(|x| x.2).count();
@@ -441,11 +595,50 @@ pub async fn import(
         (None, Some(s)) => Some(std::path::PathBuf::from(s.trim_start_matches("file://"))),
         (None, None) => None,
     };
-    let policy = cfg.policy.unwrap_or(LabelPolicy::Newest);
+    let export_id = match std::fs::read(tasks.join(EXPORT_FILE)) {
+        Ok(bytes) => serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("export_id")?.as_str().map(str::to_owned))
+            .filter(|id| !id.is_empty()),
+        Err(_) => None,
+    };
+    let exported = Exported {
+        frames: frames
+            .iter()
+            .filter_map(|r| {
+                Some((
+                    r.get("task_id")?.as_i64()?,
+                    (r.get("drive")?.as_str()?, r.get("log_time_ns")?.as_i64()?),
+                ))
+            })
+            .collect(),
+        export_id: export_id.clone(),
+    };
     let human = match &labels_file {
-        Some(f) => Some(studio_labels(f, cfg.from_name.as_deref(), policy)?),
+        Some(f) => Some(studio_labels(f, cfg, &exported)?),
         None => None,
     };
+    drop(exported);
+    if let Some(h) = &human {
+        if !h.unknown_choices.is_empty() {
+            anyhow::bail!(
+                "choices the label mapping does not name: {} (map each under `choices:` to risky, normal or skip)",
+                h.unknown_choices
+                    .iter()
+                    .map(|(v, n)| format!("`{v}` ×{n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        let max = cfg.max_foreign.unwrap_or(0);
+        if h.foreign > max {
+            anyhow::bail!(
+                "{} labeled item(s) are not tasks of this export (max_foreign {max}), e.g. {}: labels of another export must not label these frames",
+                h.foreign,
+                h.foreign_examples.join("; ")
+            );
+        }
+    }
     let exported = frames.len() as u64;
     let mut unlabeled = 0u64;
     frames.retain_mut(|r| {
@@ -485,7 +678,7 @@ pub async fn import(
             anyhow::bail!(
                 "only {labeled} of {exported} exported tasks came back labeled (min_labeled {min} needs {need}): \
                  {unlabeled} without a label, {} cancelled annotation(s) skipped, {} annotation(s) without a `{}` choice, \
-                 {} exported item(s) without `data.task_id` (tasks are matched by `data.task_id`)",
+                 {} item(s) not of this export (tasks are matched by `data.task_id`, `export_id`, drive and log time)",
                 h.cancelled,
                 h.without_label,
                 cfg.from_name.as_deref().unwrap_or("risky/normal"),
@@ -568,6 +761,8 @@ pub async fn import(
         "cancelled_annotations": human.as_ref().map(|h| h.cancelled),
         "annotations_without_label": human.as_ref().map(|h| h.without_label),
         "foreign_items": human.as_ref().map(|h| h.foreign),
+        "skipped_choices": human.as_ref().map(|h| h.skipped_choices),
+        "export_id": export_id,
         "label_source": if human.is_some() { "human" } else { "auto:ground-truth" },
         "splits": counts,
     }))

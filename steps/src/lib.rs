@@ -284,7 +284,7 @@ pub struct EventRates {
 }
 
 /// `ingest`: logs to frame tables.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IngestConfig {
     /// A store URL or directory of drive logs; default: the `logs` input.
@@ -298,6 +298,11 @@ pub struct IngestConfig {
     /// `values.json`.
     #[serde(default)]
     pub on_error: Option<OnError>,
+    /// The most logs that may end unfinished (cut short, or never closed by their
+    /// writer) before the stage fails; they are read up to where they end and listed
+    /// under `unfinished` either way. Default: no bound.
+    #[serde(default)]
+    pub max_unfinished: Option<u64>,
 }
 
 /// What `ingest` does with a log it cannot read.
@@ -380,6 +385,24 @@ pub struct LabelImportConfig {
     /// (`0.9`, the default) or a count from 1 up (`250`); fewer fails the stage.
     #[serde(default)]
     pub min_labeled: Option<f64>,
+    /// The label control's choice values and what each means: `risky`, `normal`, or
+    /// `skip` (no label). Default `{risky: risky, normal: normal}`. A value not named
+    /// here fails the stage with the values and their counts.
+    #[serde(default)]
+    pub choices: Option<std::collections::BTreeMap<String, ChoiceClass>>,
+    /// The most labeled items that may not be tasks of this export (another export's,
+    /// or naming another frame) before the stage fails. Default 0.
+    #[serde(default)]
+    pub max_foreign: Option<u64>,
+}
+
+/// What a labeling choice means to `label-import`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ChoiceClass {
+    Risky,
+    Normal,
+    Skip,
 }
 
 /// Which annotation of a task `label-import` takes.

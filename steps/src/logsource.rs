@@ -44,9 +44,27 @@ impl Drop for Fetched {
 
 impl LogSource {
     /// The source `source` names: a store URL (`s3://bucket/prefix/`) or a local path
-    /// (`file://` or plain). Remote logs are fetched into `scratch`.
-    pub fn open(source: &str, scratch: &Path) -> anyhow::Result<LogSource> {
+    /// (`file://` or plain). A relative path is resolved against `base`, the pipeline
+    /// file's folder (as a user reads the file), and must exist. Remote logs are fetched
+    /// into `scratch`.
+    pub fn open(source: &str, scratch: &Path, base: Option<&Path>) -> anyhow::Result<LogSource> {
         match source.split_once("://") {
+            None if Path::new(source).is_relative() => {
+                let Some(base) = base else {
+                    anyhow::bail!(
+                        "source `{source}` is a relative path, and this stage does not know the pipeline file's folder to resolve it against: give an absolute path or a store URL"
+                    );
+                };
+                let path = base.join(source);
+                if !path.exists() {
+                    anyhow::bail!(
+                        "source `{source}`: {} does not exist (a relative source is resolved against the pipeline file's folder, {})",
+                        path.display(),
+                        base.display()
+                    );
+                }
+                Ok(LogSource::Local(path))
+            }
             None => Ok(LogSource::Local(PathBuf::from(source))),
             Some(("file", path)) => Ok(LogSource::Local(PathBuf::from(path))),
             Some(_) => {
@@ -66,6 +84,25 @@ impl LogSource {
         match self {
             LogSource::Local(p) => p.display().to_string(),
             LogSource::Store { url, .. } => url.clone(),
+        }
+    }
+
+    /// Where the log at `rel` is, exactly: its store URL, or its absolute path here. What
+    /// `ingest` records of every log it read, and what `forget` matches.
+    pub fn location(&self, rel: &str) -> String {
+        match self {
+            LogSource::Local(root) => {
+                let path = if root.is_file() {
+                    root.clone()
+                } else {
+                    root.join(rel)
+                };
+                std::fs::canonicalize(&path)
+                    .unwrap_or(path)
+                    .display()
+                    .to_string()
+            }
+            LogSource::Store { url, .. } => format!("{}/{rel}", url.trim_end_matches('/')),
         }
     }
 
@@ -118,11 +155,10 @@ impl LogSource {
                 let fail =
                     |e: &dyn std::fmt::Display| anyhow::anyhow!("cannot read {url}{rel}: {e}");
                 block_on(async {
-                    let got = store
-                        .object_store()
-                        .get(&Key::from(rel))
-                        .await
-                        .map_err(|e| fail(&e))?;
+                    // `rel` is a key as the listing gave it: taken as it is (`Key::from`
+                    // would percent-encode `%`, `#` and non-ASCII a second time).
+                    let key = Key::parse(rel).map_err(|e| fail(&e))?;
+                    let got = store.object_store().get(&key).await.map_err(|e| fail(&e))?;
                     let mut stream = got.into_stream();
                     while let Some(bytes) = stream.next().await {
                         file.write_all(&bytes.map_err(|e| fail(&e))?)?;

@@ -122,6 +122,30 @@ impl Registry {
         backend!(self.register(model, dir, meta))
     }
 
+    /// The version of `model` that holds exactly the files under `dir` (the same
+    /// `files_digest`), registering them as the next version only when none does;
+    /// returns its number and whether it is new. A model promoted again moves the alias
+    /// to the version it already is, never to a copy.
+    pub async fn register_once(
+        &self,
+        model: &str,
+        dir: &Path,
+        meta: Value,
+    ) -> anyhow::Result<(u64, bool)> {
+        check("model", model)?;
+        let (digest, _) = digest_dir(dir)?;
+        let held = self
+            .versions(model)
+            .await?
+            .into_iter()
+            .find(|v| v["files_digest"].as_str() == Some(digest.as_str()))
+            .and_then(|v| v["version"].as_u64());
+        match held {
+            Some(n) => Ok((n, false)),
+            None => Ok((self.register(model, dir, meta).await?, true)),
+        }
+    }
+
     /// A version's record, or `None`.
     pub async fn version(&self, model: &str, n: u64) -> anyhow::Result<Option<Value>> {
         backend!(self.version(model, n))
@@ -302,8 +326,7 @@ impl StoreRegistry {
         {
             n += 1;
         }
-        let mut files = Vec::new();
-        collect(dir, dir, &mut files)?;
+        let (digest, files) = digest_dir(dir)?;
         put_files(
             &self.store,
             &format!("{model}/versions/{n}/model"),
@@ -315,6 +338,7 @@ impl StoreRegistry {
         v["model"] = json!(model);
         v["version"] = json!(n);
         v["files"] = json!(files);
+        v["files_digest"] = json!(digest);
         v["registered_at"] = json!(now());
         if !self
             .create(

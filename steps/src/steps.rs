@@ -31,9 +31,15 @@ pub async fn fleet_sim(c: FleetSimConfig, cx: &StepContext) -> anyhow::Result<Va
 }
 
 pub async fn ingest(c: IngestConfig, cx: &StepContext) -> anyhow::Result<Value> {
-    let scratch = std::env::temp_dir().join("drivetrain-ingest");
+    // Fetched logs go beside the attempt's values, in its own directory: nothing of
+    // them outlives the attempt's work directory, even when the stage is killed.
+    let scratch = cx
+        .values
+        .parent()
+        .map(|d| d.join("fetched"))
+        .unwrap_or_else(|| PathBuf::from("fetched"));
     let source = match (&c.source, cx.inputs.get("logs")) {
-        (Some(s), _) => crate::logsource::LogSource::open(s, &scratch)?,
+        (Some(s), _) => crate::logsource::LogSource::open(s, &scratch, cx.pipeline_dir.as_deref())?,
         (None, Some(dir)) => crate::logsource::LogSource::Local(dir.clone()),
         (None, None) => anyhow::bail!("no logs: connect the `logs` input or set `source`"),
     };
@@ -67,7 +73,19 @@ pub async fn label_export(c: LabelExportConfig, cx: &StepContext) -> anyhow::Res
     let cases = cx.input("corner_cases").map_err(err)?;
     let frames = cx.inputs.get("frames").map(PathBuf::as_path);
     let out = cx.output("tasks").map_err(err)?;
-    let v = crate::label::export(&c, &cases.join("corner_cases.parquet"), frames, out).await?;
+    // Task ids restart at 1 in every export: the run and stage name this one.
+    let export_id = match cx.run_id.as_str() {
+        "" => "local".to_owned(),
+        run => format!("{run}/{}", cx.stage),
+    };
+    let v = crate::label::export(
+        &c,
+        &cases.join("corner_cases.parquet"),
+        frames,
+        out,
+        &export_id,
+    )
+    .await?;
     println!(
         "selected {} frames for labeling ({} corner cases, {} background)",
         v["selected"], v["corner_cases"], v["background"]
@@ -225,11 +243,11 @@ pub async fn promote(c: PromoteConfig, cx: &StepContext) -> anyhow::Result<Value
         "lineage": report.get("lineage").cloned().unwrap_or(Value::Null),
         "metrics": report.pointer("/metrics/candidate").cloned().unwrap_or(Value::Null),
     });
-    let version = reg.register(&c.model, model_dir, meta).await?;
+    let (version, registered) = reg.register_once(&c.model, model_dir, meta).await?;
     let entry = reg
         .move_alias(&c.model, &c.alias, version, json!({"run": cx.run_id, "gate": {"passed": report.get("passed"), "reasons": report.get("reasons")}}))
         .await?;
-    let out = json!({"model": c.model, "version": version, "alias": c.alias, "from": entry["from"], "generation": entry["generation"]});
+    let out = json!({"model": c.model, "version": version, "registered": registered, "alias": c.alias, "from": entry["from"], "generation": entry["generation"]});
     std::fs::write(
         cx.output("registration")
             .map_err(err)?

@@ -4,7 +4,10 @@
 //! (and, as teams do, another control before ours), the tasks are imported over its API
 //! (it gives them ids of its own), annotated over its API (one annotation cancelled
 //! before the real one, one task labeled twice), exported in its `JSON` and `JSON_MIN`
-//! formats, and `label-import` reads the exports back.
+//! formats, and `label-import` reads the exports back. An annotator's choice the
+//! mapping does not name (`unsure`) fails the import until it is mapped, and the same
+//! export read against another run's tasks (task ids restart at 1 in every export) is
+//! refused as foreign, never applied to the other run's frames.
 
 mod common;
 use common::{rt, tmp};
@@ -55,12 +58,12 @@ for kind in ["JSON", "JSON_MIN"]:
 print(json.dumps({"studio_ids": sorted(t["id"] for t in listed)}))
 "#;
 
-/// Corner cases of two drives, as `mine-corner-cases` writes them.
-fn corner_cases(dir: &Path) -> std::path::PathBuf {
+/// Corner cases of two drives, as `mine-corner-cases` writes them (`seed` names them).
+fn corner_cases(dir: &Path, seed: u32) -> std::path::PathBuf {
     let cols = drivetrain_steps::table::frame_columns(&[("rules", DataType::Utf8)]);
     let rows: Vec<serde_json::Map<String, Value>> = (0..6)
         .map(|i| {
-            json!({"drive": if i < 3 { "d1" } else { "d2" }, "ts": i as f64 * 10.0,
+            json!({"drive": format!("s{seed}-{}", if i < 3 { "d1" } else { "d2" }), "ts": i as f64 * 10.0,
                    "log_time_ns": i * 10_000_000_000i64, "source_file": "drive.mcap",
                    "source_offset": 100 * i, "rules": "hard_brake"})
             .as_object()
@@ -68,7 +71,7 @@ fn corner_cases(dir: &Path) -> std::path::PathBuf {
             .clone()
         })
         .collect();
-    let file = dir.join("corner_cases.parquet");
+    let file = dir.join(format!("corner_cases-{seed}.parquet"));
     drivetrain_steps::table::write_rows(&file, &cols, &rows).unwrap();
     file
 }
@@ -90,25 +93,42 @@ fn labels_make_the_round_trip_through_label_studio() {
     let v = rt()
         .block_on(drivetrain_steps::label::export(
             &export,
-            &corner_cases(&dir),
+            &corner_cases(&dir, 7),
             None,
             &tasks,
+            "run-7/label-export",
         ))
         .unwrap();
     assert_eq!(v["selected"], 6, "{v}");
+    // Another run's export: the same task ids, other frames.
+    let other_tasks = dir.join("other-tasks");
+    std::fs::create_dir_all(&other_tasks).unwrap();
+    rt().block_on(drivetrain_steps::label::export(
+        &export,
+        &corner_cases(&dir, 9),
+        None,
+        &other_tasks,
+        "run-9/label-export",
+    ))
+    .unwrap();
     // A team's config: another control before ours.
     let config = std::fs::read_to_string(tasks.join("label-config.xml"))
         .unwrap()
         .replace(
             "  <Choices name=\"risk\"",
             "  <Choices name=\"weather\" toName=\"frame\"><Choice value=\"rain\"/><Choice value=\"dry\"/></Choices>\n  <Choices name=\"risk\"",
+        )
+        // and a choice of their own that is neither class.
+        .replace(
+            "<Choice value=\"normal\"/>",
+            "<Choice value=\"normal\"/>\n    <Choice value=\"unsure\"/>",
         );
     std::fs::write(dir.join("config.xml"), config).unwrap();
     let plan = json!({
         "1": ["risky"],
         "2": [null, "normal"],
         "3": ["normal", "risky"],
-        "4": ["normal"], "5": ["normal"], "6": ["risky"],
+        "4": ["normal"], "5": ["unsure"], "6": ["risky"],
     });
     std::fs::write(dir.join("plan.json"), plan.to_string()).unwrap();
 
@@ -134,38 +154,63 @@ fn labels_make_the_round_trip_through_label_studio() {
     let ids: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(ids["studio_ids"], json!([4, 5, 6, 7, 8, 9]), "renumbered");
 
-    for (kind, from_name) in [("JSON", None), ("JSON_MIN", Some("risk"))] {
-        let cfg: LabelImportConfig = serde_json::from_value(json!({
-            "split": {"train": 0.5, "val": 0.5}, "from_name": from_name,
-        }))
-        .unwrap();
+    let import = |kind: &str, tasks: &Path, extra: Value| {
+        let mut config = json!({"split": {"train": 0.5, "val": 0.5}, "min_labeled": 5});
+        config
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let cfg: LabelImportConfig = serde_json::from_value(config).unwrap();
         let out = dir.join(format!("dataset-{kind}"));
+        let _ = std::fs::remove_dir_all(&out);
         std::fs::create_dir_all(&out).unwrap();
         let labels = dir.join(format!("{kind}.json"));
-        let v = rt()
-            .block_on(drivetrain_steps::label::import(
-                &cfg,
-                &tasks,
-                Some(&labels),
-                &out,
-            ))
-            .unwrap_or_else(|e| {
-                panic!(
-                    "{kind}: {e:#}\n{}",
-                    std::fs::read_to_string(&labels).unwrap()
-                )
-            });
-        assert_eq!(v["frames"], 6, "{kind}: {v}");
-        assert_eq!(v["unlabeled"], 0, "{kind}: {v}");
+        rt().block_on(drivetrain_steps::label::import(
+            &cfg,
+            tasks,
+            Some(&labels),
+            &out,
+        ))
+    };
+    let mapped = json!({"risky": "risky", "normal": "normal", "unsure": "skip"});
+    for (kind, from_name) in [("JSON", None), ("JSON_MIN", Some("risk"))] {
+        // `unsure` is no class: refused with its count until the stage maps it.
+        let e = import(kind, &tasks, json!({"from_name": from_name})).unwrap_err();
+        assert!(format!("{e:#}").contains("`unsure` ×1"), "{kind}: {e:#}");
+        let v = import(
+            kind,
+            &tasks,
+            json!({"from_name": from_name, "choices": mapped}),
+        )
+        .unwrap_or_else(|e| {
+            panic!(
+                "{kind}: {e:#}\n{}",
+                std::fs::read_to_string(dir.join(format!("{kind}.json"))).unwrap()
+            )
+        });
+        assert_eq!(v["frames"], 5, "{kind}: {v}");
+        assert_eq!(v["unlabeled"], 1, "{kind}: task 5 was unsure: {v}");
+        assert_eq!(v["skipped_choices"], 1, "{kind}: {v}");
+        assert_eq!(v["foreign_items"], 0, "{kind}: {v}");
+        assert_eq!(v["export_id"], "run-7/label-export", "{kind}: {v}");
         if kind == "JSON" {
             // Task 3's newer annotation counts; task 2's cancelled one does not.
             assert_eq!(v["cancelled_annotations"], 1, "{v}");
-            assert_eq!(positives(&v), 3, "tasks 1, 3 and 6: {v}");
-        } else {
-            // JSON_MIN has one item per annotation (cancelled ones left out by Label
-            // Studio): the newest still decides.
-            assert_eq!(positives(&v), 3, "tasks 1, 3 and 6: {v}");
         }
+        // JSON_MIN has one item per annotation (cancelled ones left out by Label
+        // Studio): the newest still decides.
+        assert_eq!(positives(&v), 3, "tasks 1, 3 and 6: {v}");
+        // The same labels against the other run's tasks: ids 1 to 6 there too, but
+        // other frames of another export: every item is foreign, nothing is labeled.
+        let e = import(
+            kind,
+            &other_tasks,
+            json!({"from_name": from_name, "choices": mapped}),
+        )
+        .unwrap_err();
+        let e = format!("{e:#}");
+        assert!(e.contains("are not tasks of this export"), "{kind}: {e}");
+        assert!(e.contains("not run-9/label-export"), "{kind}: {e}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

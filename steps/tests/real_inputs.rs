@@ -67,6 +67,7 @@ fn cfg(on_error: Option<OnError>) -> IngestConfig {
         source: None,
         format: None,
         on_error,
+        max_unfinished: None,
     }
 }
 
@@ -237,11 +238,18 @@ fn a_skipped_log_is_absent_from_the_index_too() {
     std::fs::create_dir_all(&logs).unwrap();
     let many: Vec<Value> = (0..50).map(|i| vehicle(i as f64, 1.0)).collect();
     python_mcap(&logs.join("a-good.mcap"), "", 1 << 20, &many);
-    // Broken after its first chunk: the messages before the break were read (and
-    // indexed) before the error was found.
+    // Corrupt in a later chunk: the messages before it were read (and indexed) before
+    // the error was found.
     python_mcap(&logs.join("b-cut.mcap"), "", 256, &many);
-    let cut = std::fs::read(logs.join("b-cut.mcap")).unwrap();
-    std::fs::write(logs.join("b-cut.mcap"), &cut[..cut.len() * 2 / 3]).unwrap();
+    let mut bad = std::fs::read(logs.join("b-cut.mcap")).unwrap();
+    let at = bad.len() * 2 / 3;
+    let at = at
+        + bad[at..]
+            .windows(9)
+            .position(|w| w == b"speed_mps")
+            .unwrap();
+    bad[at] = b'S';
+    std::fs::write(logs.join("b-cut.mcap"), &bad).unwrap();
     let (v, out) = ingest(&dir, &logs, Some(OnError::Skip)).unwrap();
     assert_eq!(v["skipped_files"], 1, "{v}");
     assert_eq!(v["frames"], 50, "{v}");
@@ -305,6 +313,12 @@ fn exported_tasks(dir: &Path) -> PathBuf {
     tasks
 }
 
+/// The frame task `id` of [`exported_tasks`] was made from, as its `data`.
+fn frame(id: i64) -> Value {
+    json!({"task_id": id, "drive": if id <= 2 { "d1" } else { "d2" }, "log_time_ns": id * 1_000_000_000,
+           "ts": id as f64, "source_file": "x.mcap", "rules": "hard_brake"})
+}
+
 /// One annotation as Label Studio exports it.
 fn annotation(id: i64, updated: &str, cancelled: bool, results: Value) -> Value {
     json!({"id": id, "completed_by": 1, "result": results, "was_cancelled": cancelled,
@@ -320,7 +334,7 @@ fn choices(from_name: &str, picked: &[&str]) -> Value {
 /// A task of a `JSON` export: Label Studio's own id (not ours), `data` as we gave it.
 fn task(studio_id: i64, our_id: i64, annotations: Vec<Value>) -> Value {
     json!({"id": studio_id, "inner_id": studio_id, "annotations": annotations, "drafts": [],
-           "predictions": [], "data": {"task_id": our_id, "drive": "d1"}, "meta": {},
+           "predictions": [], "data": frame(our_id), "meta": {},
            "created_at": "2026-11-20T10:00:00.000000Z", "updated_at": "2026-11-20T10:00:00.000000Z",
            "total_annotations": 1, "cancelled_annotations": 0, "project": 1})
 }
@@ -417,10 +431,10 @@ fn labels_come_back_from_real_label_studio_exports() {
 
     // JSON_MIN: one flat item per annotation, the control's value at the top level.
     let min = json!([
-        {"id": 101, "task_id": 1, "drive": "d1", "risk": "risky", "annotator": 1, "annotation_id": 1, "created_at": "2026-11-21T09:00:00Z", "updated_at": "2026-11-21T09:00:00Z", "lead_time": 1.0},
-        {"id": 102, "task_id": 2, "drive": "d1", "risk": {"choices": ["normal"]}, "annotator": 1, "annotation_id": 2, "created_at": "2026-11-21T09:00:00Z", "updated_at": "2026-11-21T09:00:00Z", "lead_time": 1.0},
-        {"id": 103, "task_id": 3, "drive": "d2", "risk": "normal", "annotator": 1, "annotation_id": 3, "created_at": "2026-11-21T09:00:00Z", "updated_at": "2026-11-21T09:00:00Z", "lead_time": 1.0},
-        {"id": 104, "task_id": 4, "drive": "d2", "risk": "normal", "annotator": 1, "annotation_id": 4, "created_at": "2026-11-21T09:00:00Z", "updated_at": "2026-11-21T09:00:00Z", "lead_time": 1.0},
+        {"id": 101, "task_id": 1, "drive": "d1", "log_time_ns": 1_000_000_000i64, "risk": "risky", "annotator": 1, "annotation_id": 1, "created_at": "2026-11-21T09:00:00Z", "updated_at": "2026-11-21T09:00:00Z", "lead_time": 1.0},
+        {"id": 102, "task_id": 2, "drive": "d1", "log_time_ns": 2_000_000_000i64, "risk": {"choices": ["normal"]}, "annotator": 1, "annotation_id": 2, "created_at": "2026-11-21T09:00:00Z", "updated_at": "2026-11-21T09:00:00Z", "lead_time": 1.0},
+        {"id": 103, "task_id": 3, "drive": "d2", "log_time_ns": 3_000_000_000i64, "risk": "normal", "annotator": 1, "annotation_id": 3, "created_at": "2026-11-21T09:00:00Z", "updated_at": "2026-11-21T09:00:00Z", "lead_time": 1.0},
+        {"id": 104, "task_id": 4, "drive": "d2", "log_time_ns": 4_000_000_000i64, "risk": "normal", "annotator": 1, "annotation_id": 4, "created_at": "2026-11-21T09:00:00Z", "updated_at": "2026-11-21T09:00:00Z", "lead_time": 1.0},
     ]);
     let v = import(&dir.join("min"), &min, json!({"from_name": "risk"})).unwrap();
     assert_eq!(v["unlabeled"], 0, "{v}");
@@ -498,6 +512,156 @@ fn labels_come_back_from_real_label_studio_exports() {
     assert_eq!((total(&newest), total(&majority)), (1, 0));
 }
 
+/// Regression (round 2): annotation times compared as text put `10:00:00Z` after
+/// `10:00:00.500000Z`; JSON_MIN items of tasks nobody annotated were counted as
+/// annotations without a choice; a config with `Risky`/`Normal` (or an added `unsure`)
+/// made every other choice a negative label.
+#[test]
+fn label_choices_are_mapped_and_times_parsed() {
+    let dir = tmp("label-choices");
+    let export = json!([
+        task(
+            101,
+            1,
+            vec![
+                annotation(
+                    1,
+                    "2026-11-21T10:00:00.500000Z",
+                    false,
+                    json!([choices("risk", &["normal"])])
+                ),
+                annotation(
+                    2,
+                    "2026-11-21T10:00:01Z",
+                    false,
+                    json!([choices("risk", &["risky"])])
+                ),
+            ]
+        ),
+        task(
+            102,
+            2,
+            vec![annotation(
+                3,
+                "2026-11-21T09:00:00Z",
+                false,
+                json!([choices("risk", &["normal"])])
+            )]
+        ),
+        task(
+            103,
+            3,
+            vec![annotation(
+                4,
+                "2026-11-21T09:00:00Z",
+                false,
+                json!([choices("risk", &["normal"])])
+            )]
+        ),
+        task(
+            104,
+            4,
+            vec![annotation(
+                5,
+                "2026-11-21T09:00:00Z",
+                false,
+                json!([choices("risk", &["normal"])])
+            )]
+        ),
+    ]);
+    let v = import(&dir.join("times"), &export, json!({})).unwrap();
+    let positives = |v: &Value| -> u64 {
+        ["train", "val", "test"]
+            .iter()
+            .map(|s| v["splits"][s]["positives"].as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!(
+        positives(&v),
+        1,
+        "task 1's newest (by time, not text) is risky: {v}"
+    );
+
+    // Capitalized choices: refused until mapped, never read as `normal`.
+    let caps = json!([
+        task(
+            101,
+            1,
+            vec![annotation(
+                1,
+                "2026-11-21T09:00:00Z",
+                false,
+                json!([choices("risk", &["Risky"])])
+            )]
+        ),
+        task(
+            102,
+            2,
+            vec![annotation(
+                2,
+                "2026-11-21T09:00:00Z",
+                false,
+                json!([choices("risk", &["Normal"])])
+            )]
+        ),
+        task(
+            103,
+            3,
+            vec![annotation(
+                3,
+                "2026-11-21T09:00:00Z",
+                false,
+                json!([choices("risk", &["Risky"])])
+            )]
+        ),
+        task(
+            104,
+            4,
+            vec![annotation(
+                4,
+                "2026-11-21T09:00:00Z",
+                false,
+                json!([choices("risk", &["unsure"])])
+            )]
+        ),
+    ]);
+    for from_name in [json!(null), json!("risk")] {
+        let e = import(&dir.join("caps"), &caps, json!({"from_name": from_name})).unwrap_err();
+        let e = format!("{e:#}");
+        for counted in ["`Risky` ×2", "`Normal` ×1", "`unsure` ×1"] {
+            assert!(e.contains(counted), "{e}");
+        }
+    }
+    let v = import(
+        &dir.join("mapped"),
+        &caps,
+        json!({"choices": {"Risky": "risky", "Normal": "normal", "unsure": "skip"}, "min_labeled": 3}),
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            positives(&v),
+            v["frames"].as_u64(),
+            v["skipped_choices"].as_u64()
+        ),
+        (2, Some(3), Some(1)),
+        "{v}"
+    );
+
+    // JSON_MIN with a task nobody annotated: unlabeled, not an annotation without a choice.
+    let mut unannotated = frame(4);
+    unannotated["id"] = json!(104);
+    let min = json!([
+        {"id": 101, "task_id": 1, "drive": "d1", "log_time_ns": 1_000_000_000i64, "risk": "risky", "annotator": 1, "annotation_id": 1, "updated_at": "2026-11-21T09:00:00Z"},
+        {"id": 102, "task_id": 2, "drive": "d1", "log_time_ns": 2_000_000_000i64, "risk": "normal", "annotator": 1, "annotation_id": 2, "updated_at": "2026-11-21T09:00:00Z"},
+        {"id": 103, "task_id": 3, "drive": "d2", "log_time_ns": 3_000_000_000i64, "risk": "normal", "annotator": 1, "annotation_id": 3, "updated_at": "2026-11-21T09:00:00Z"},
+        unannotated,
+    ]);
+    let v = import(&dir.join("min"), &min, json!({"min_labeled": 3})).unwrap();
+    assert_eq!(v["unlabeled"], 1, "{v}");
+    assert_eq!(v["annotations_without_label"], 0, "{v}");
+}
+
 #[test]
 fn too_few_labels_fail_the_stage_with_the_numbers() {
     let dir = tmp("min-labeled");
@@ -508,18 +672,27 @@ fn too_few_labels_fail_the_stage_with_the_numbers() {
         task(102, 2, vec![annotation(2, "2026-11-21T09:00:00Z", true, json!([]))]),
         {"id": 7, "annotations": [], "data": {"image": "x.jpg"}},
     ]);
-    let e = import(&dir.join("default"), &export, json!({})).unwrap_err();
+    let e = import(&dir.join("foreign"), &export, json!({})).unwrap_err();
+    assert!(
+        format!("{e:#}").contains(
+            "1 labeled item(s) are not tasks of this export (max_foreign 0), e.g. no `task_id`"
+        ),
+        "{e:#}"
+    );
+    let e = import(&dir.join("default"), &export, json!({"max_foreign": 1})).unwrap_err();
     let e = format!("{e:#}");
     assert!(
         e.contains("only 1 of 4 exported tasks came back labeled (min_labeled 0.9 needs 4)"),
         "{e}"
     );
     assert!(e.contains("1 cancelled annotation(s) skipped"), "{e}");
-    assert!(
-        e.contains("1 exported item(s) without `data.task_id`"),
-        "{e}"
-    );
+    assert!(e.contains("1 item(s) not of this export"), "{e}");
     // A count the user accepts.
-    let v = import(&dir.join("count"), &export, json!({"min_labeled": 1})).unwrap();
+    let v = import(
+        &dir.join("count"),
+        &export,
+        json!({"min_labeled": 1, "max_foreign": 1}),
+    )
+    .unwrap();
     assert_eq!(v["unlabeled"], 3, "{v}");
 }

@@ -197,6 +197,7 @@ fn lz4_unchunked_unindexed_and_broken_files() {
         source: None,
         format: None,
         on_error: None,
+        max_unfinished: None,
     };
     let fail = drivetrain_steps::ingest::ingest(
         &cfg,
@@ -253,6 +254,7 @@ fn jsonl_and_tusimple_ingest() {
         source: None,
         format: None,
         on_error: None,
+        max_unfinished: None,
     };
     let v = drivetrain_steps::ingest::ingest(
         &cfg,
@@ -441,6 +443,7 @@ fn a_sorted_frame_table_is_mined_without_a_sort_and_the_same() {
         source: None,
         format: None,
         on_error: None,
+        max_unfinished: None,
     };
     drivetrain_steps::ingest::ingest(&cfg, &LogSource::Local(logs.clone()), &frames, None, None)
         .unwrap();

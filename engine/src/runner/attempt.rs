@@ -48,7 +48,7 @@ pub(super) async fn attempt_loop(
                     attempt: matches!(track, Track::Stage).then_some(attempt),
                     phase: Phase::Succeeded,
                     exit: Some(0),
-                    reason: None,
+                    reason: warnings(&values),
                     outputs,
                     values,
                 });
@@ -287,6 +287,14 @@ pub(super) async fn run_attempt(
         ),
         ("DRIVETRAIN_STORE".into(), ctx.artifacts.url().to_owned()),
     ];
+    // Built-in steps resolve a relative path the user wrote (ingest's `source`) against
+    // the pipeline file's folder, as the user reads the file.
+    if let Some(dir) = std::fs::canonicalize(&ctx.opts.file)
+        .ok()
+        .and_then(|f| f.parent().map(Path::to_path_buf))
+    {
+        env.push(("DRIVETRAIN_PIPELINE_DIR".into(), dir.display().to_string()));
+    }
     if let Track::Item { index, item } = track {
         env.push(("DRIVETRAIN_ITEM".into(), value_text(item)));
         env.push(("DRIVETRAIN_ITEM_INDEX".into(), index.to_string()));
@@ -636,6 +644,20 @@ pub(super) async fn wait_attempt(
         let _ = std::fs::remove_dir_all(outputs_dir);
     }
     Ok(AttemptEnd::Succeeded { outputs, values })
+}
+
+/// What a stage that succeeded still says about its result (`warnings` in its values:
+/// logs read only in part, values it could not take), kept as the stage's reason so
+/// `run`, `status`, the API and the web view show it beside the phase: a partial result
+/// is never a plain success.
+fn warnings(values: &Value) -> Option<String> {
+    let list: Vec<&str> = values
+        .get("warnings")?
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    (!list.is_empty()).then(|| crate::diag::clip(format!("warning: {}", list.join("\nwarning: "))))
 }
 
 /// Stops a background task when the run ends, however it ends.

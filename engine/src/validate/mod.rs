@@ -569,24 +569,17 @@ impl<'a> Cx<'a> {
     fn check_schedule(&mut self, s: &ScheduleSpec) -> Option<Schedule> {
         let sp = p("schedule");
         let mut ok = true;
-        let parser = croner::parser::CronParser::builder()
-            .seconds(croner::parser::Seconds::Optional)
-            .build();
-        let fields = s.cron.split_whitespace().count();
-        if !(5..=6).contains(&fields) {
-            self.err("invalid-cron", &sp.key("cron"), format!(
-                "`{}` has {fields} fields; a cron expression has 5 (minute hour day month weekday) or 6 (seconds first)",
-                s.cron
-            ));
-            ok = false;
-        } else if let Err(e) = parser.parse(&s.cron) {
-            self.err(
-                "invalid-cron",
-                &sp.key("cron"),
-                format!("`{}` is not a valid cron expression: {e}", s.cron),
-            )
-            .hint("fields: [second] minute hour day-of-month month day-of-week, e.g. `0 3 * * *`");
-            ok = false;
+        match crate::schedule::parse_cron(&s.cron) {
+            Ok(_) => {}
+            Err(e @ crate::schedule::CronError::Invalid(_)) => {
+                self.err("invalid-cron", &sp.key("cron"), format!("`{}` {e}", s.cron))
+                    .hint("fields: [second] minute hour day-of-month month day-of-week, e.g. `0 3 * * *`");
+                ok = false;
+            }
+            Err(e) => {
+                self.err("invalid-cron", &sp.key("cron"), format!("`{}` {e}", s.cron));
+                ok = false;
+            }
         }
         let tz_name = s.timezone.as_deref().unwrap_or("UTC");
         let timezone = match tz_name.parse::<chrono_tz::Tz>() {

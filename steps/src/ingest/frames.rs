@@ -16,6 +16,8 @@ use datafusion::parquet::file::metadata::{KeyValue, SortingColumn};
 use datafusion::parquet::file::properties::WriterProperties;
 use serde_json::Value;
 
+use super::fields::{self, Invalid, Msg, Taken};
+
 /// Rows buffered per drive before a row group is written: bounds memory.
 pub(super) const ROWS_PER_BATCH: usize = 65_536;
 
@@ -64,139 +66,157 @@ pub fn frame_schema() -> SchemaRef {
             .iter()
             .map(|c| Field::new(*c, DataType::Boolean, true)),
     );
+    fields.extend(
+        HELD_CHANNELS
+            .iter()
+            .map(|(_, c)| Field::new(*c, DataType::Float64, true)),
+    );
     fields.push(Field::new("source_file", DataType::Utf8, false));
     fields.push(Field::new("source_offset", DataType::Int64, false));
     fields.push(Field::new("source_chunk_offset", DataType::Int64, true));
     Arc::new(Schema::new(fields))
 }
 
-/// The latest value of every column: what a frame is made of. Fixed slots in column
-/// order (cloned once per frame, so strings are shared, not copied).
+/// The channels held onto a `/vehicle` frame, each with an age column (seconds from that
+/// channel's latest message to the frame).
+pub const HELD_CHANNELS: &[(&str, &str)] = &[
+    ("/lane", "lane_age_s"),
+    ("/objects", "objects_age_s"),
+    ("/context", "context_age_s"),
+    ("/ground_truth", "ground_truth_age_s"),
+];
+
+/// The `/vehicle` message's own number columns (the first eight): null in a frame whose
+/// message lacks them, never another message's value.
+const OWN: usize = 8;
+
+/// What a frame is made of: fixed slots in column order (cloned once per frame, so
+/// strings are shared, not copied), and the log time of each held channel's latest
+/// message.
 #[derive(Default, Clone)]
 pub(super) struct Held {
     f64s: [Option<f64>; F64_COLUMNS.len()],
     strs: [Option<Arc<str>>; STR_COLUMNS.len()],
     gts: [Option<bool>; GT_COLUMNS.len()],
+    since: [Option<u64>; HELD_CHANNELS.len()],
 }
 
-/// The fields of one channel message drivetrain reads: every channel's, in one struct
-/// (serde skips the rest without building them).
-#[derive(Default, serde::Deserialize)]
-struct Msg<'a> {
-    speed_mps: Option<f64>,
-    accel_x: Option<f64>,
-    accel_y: Option<f64>,
-    yaw_rate: Option<f64>,
-    steering: Option<f64>,
-    brake_pressure: Option<f64>,
-    lat: Option<f64>,
-    lon: Option<f64>,
-    lateral_offset_m: Option<f64>,
-    lane_confidence: Option<f64>,
-    object_distance_m: Option<f64>,
-    object_rel_speed_mps: Option<f64>,
-    distance_m: Option<f64>,
-    rel_speed_mps: Option<f64>,
-    #[serde(borrow)]
-    class: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow)]
-    weather: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow)]
-    time_of_day: Option<std::borrow::Cow<'a, str>>,
-    hard_brake: Option<bool>,
-    cut_in: Option<bool>,
-    pedestrian_close_call: Option<bool>,
-    low_lane_confidence: Option<bool>,
-}
-
-fn set<T>(slot: &mut Option<T>, v: Option<T>) {
-    if v.is_some() {
-        *slot = v;
+/// Sets `slot` from a field, counting a field of another type.
+fn put<T>(slot: &mut Option<T>, taken: Taken<T>, invalid: &mut Invalid, topic: &str, name: &str) {
+    if matches!(taken, Taken::Invalid) {
+        invalid.field(topic, name);
     }
-}
-
-fn shared(s: Option<std::borrow::Cow<'_, str>>) -> Option<Arc<str>> {
-    s.map(|c| Arc::from(c.as_ref()))
+    *slot = taken.value();
 }
 
 impl Held {
-    /// Whether messages of `topic` make frames.
+    /// Whether messages of `topic` make frames: only these are parsed.
     pub(super) fn reads(topic: &str) -> bool {
-        matches!(
-            topic,
-            "/vehicle" | "/lane" | "/objects" | "/context" | "/ground_truth"
-        )
+        topic == "/vehicle" || HELD_CHANNELS.iter().any(|(t, _)| *t == topic)
     }
 
-    /// Takes the fields of one message of `topic`.
-    fn take(&mut self, topic: &str, m: Msg<'_>) {
+    /// Replaces what channel `topic` holds by the message `m` of `log_time`: a field the
+    /// message lacks is null, not the channel's earlier value.
+    fn take(&mut self, topic: &str, log_time: u64, m: &Msg, invalid: &mut Invalid) {
+        let mut f = |slot: usize, raw: &fields::Raw, name: &str, held: &mut Held| {
+            put(&mut held.f64s[slot], raw.num(), invalid, topic, name)
+        };
         match topic {
-            "/vehicle" | "/lane" => {
-                let values = [
-                    m.speed_mps,
-                    m.accel_x,
-                    m.accel_y,
-                    m.yaw_rate,
-                    m.steering,
-                    m.brake_pressure,
-                    m.lat,
-                    m.lon,
-                    m.lateral_offset_m,
-                    m.lane_confidence,
-                    m.object_distance_m,
-                    m.object_rel_speed_mps,
+            "/vehicle" => {
+                let own = [
+                    (&m.speed_mps, "speed_mps"),
+                    (&m.accel_x, "accel_x"),
+                    (&m.accel_y, "accel_y"),
+                    (&m.yaw_rate, "yaw_rate"),
+                    (&m.steering, "steering"),
+                    (&m.brake_pressure, "brake_pressure"),
+                    (&m.lat, "lat"),
+                    (&m.lon, "lon"),
+                    (&m.lateral_offset_m, "lateral_offset_m"),
+                    (&m.lane_confidence, "lane_confidence"),
+                    (&m.object_distance_m, "object_distance_m"),
+                    (&m.object_rel_speed_mps, "object_rel_speed_mps"),
                 ];
-                for (slot, v) in self.f64s.iter_mut().zip(values) {
-                    set(slot, v);
+                for (slot, (raw, name)) in own.into_iter().enumerate() {
+                    f(slot, raw, name, self);
                 }
+                return;
+            }
+            "/lane" => {
+                f(8, &m.lateral_offset_m, "lateral_offset_m", self);
+                f(9, &m.lane_confidence, "lane_confidence", self);
             }
             "/objects" => {
-                set(&mut self.f64s[10], m.distance_m);
-                set(&mut self.f64s[11], m.rel_speed_mps);
-                set(&mut self.strs[0], shared(m.class));
+                f(10, &m.distance_m, "distance_m", self);
+                f(11, &m.rel_speed_mps, "rel_speed_mps", self);
+                put(&mut self.strs[0], m.class.text(), invalid, topic, "class");
             }
             "/context" => {
-                set(&mut self.strs[1], shared(m.weather));
-                set(&mut self.strs[2], shared(m.time_of_day));
+                put(
+                    &mut self.strs[1],
+                    m.weather.text(),
+                    invalid,
+                    topic,
+                    "weather",
+                );
+                put(
+                    &mut self.strs[2],
+                    m.time_of_day.text(),
+                    invalid,
+                    topic,
+                    "time_of_day",
+                );
             }
             "/ground_truth" => {
-                let values = [
-                    m.hard_brake,
-                    m.cut_in,
-                    m.pedestrian_close_call,
-                    m.low_lane_confidence,
+                let flags = [
+                    (&m.hard_brake, "hard_brake"),
+                    (&m.cut_in, "cut_in"),
+                    (&m.pedestrian_close_call, "pedestrian_close_call"),
+                    (&m.low_lane_confidence, "low_lane_confidence"),
                 ];
-                for (slot, v) in self.gts.iter_mut().zip(values) {
-                    set(slot, v);
+                for (slot, (raw, name)) in self.gts.iter_mut().zip(flags) {
+                    put(slot, raw.flag(), invalid, topic, name);
                 }
             }
-            _ => {}
+            _ => return,
+        }
+        if let Some(c) = HELD_CHANNELS.iter().position(|(t, _)| *t == topic) {
+            self.since[c] = Some(log_time);
         }
     }
 
-    /// Takes every value `other` has.
-    pub(super) fn overlay(&mut self, other: &Held) {
-        for (slot, v) in self.f64s.iter_mut().zip(&other.f64s) {
-            set(slot, *v);
+    /// The frame of a `/vehicle` message whose own fields are `own`: its own number
+    /// columns as they are (null included), the others its own where it has them, else
+    /// what the channels hold.
+    fn frame(&self, own: &Held) -> Held {
+        let mut out = self.clone();
+        out.f64s[..OWN].copy_from_slice(&own.f64s[..OWN]);
+        for (slot, v) in out.f64s[OWN..].iter_mut().zip(&own.f64s[OWN..]) {
+            if v.is_some() {
+                *slot = *v;
+            }
         }
-        for (slot, v) in self.strs.iter_mut().zip(&other.strs) {
-            set(slot, v.clone());
-        }
-        for (slot, v) in self.gts.iter_mut().zip(&other.gts) {
-            set(slot, *v);
-        }
+        out
     }
 
-    /// Takes every known column of a JSON-lines frame.
-    pub(super) fn take_row(&mut self, v: &Value) {
+    /// Takes every known column of a JSON-lines frame (every field its own).
+    pub(super) fn take_row(&mut self, v: &Value, invalid: &mut Invalid) {
+        let raw = |c: &str| match v.get(c) {
+            None => fields::Raw::Absent,
+            Some(Value::Null) => fields::Raw::Null,
+            Some(Value::Number(n)) => fields::Raw::Num(n.as_f64().unwrap_or(f64::NAN)),
+            Some(Value::String(s)) => fields::Raw::Text(Arc::from(s.as_str())),
+            Some(Value::Bool(b)) => fields::Raw::Flag(*b),
+            Some(_) => fields::Raw::Nested,
+        };
         for (slot, c) in self.f64s.iter_mut().zip(F64_COLUMNS) {
-            set(slot, v.get(*c).and_then(Value::as_f64));
+            put(slot, raw(c).num(), invalid, "line", c);
         }
         for (slot, c) in self.strs.iter_mut().zip(STR_COLUMNS) {
-            set(slot, v.get(*c).and_then(Value::as_str).map(Arc::from));
+            put(slot, raw(c).text(), invalid, "line", c);
         }
         for (slot, c) in self.gts.iter_mut().zip(GT_COLUMNS) {
-            set(slot, v.get(*c).and_then(Value::as_bool));
+            put(slot, raw(c).flag(), invalid, "line", c);
         }
     }
 }
@@ -211,13 +231,15 @@ struct Pending {
 }
 
 /// Turns JSON channel messages, fed in log-time order, into frames: one per `/vehicle`
-/// message, each holding the latest value of every column at its log time (messages
-/// sharing that log time included, whatever their order in the file).
+/// message, with its own fields and the latest message of every other channel at its
+/// log time (messages sharing that log time included, whatever their order in the file).
 pub(super) struct FrameBuilder {
     writer: DriveWriter,
     held: Held,
     /// The `/vehicle` messages at the latest log time, waiting for the rest of it.
     pending: Vec<Pending>,
+    /// Fields and messages the table could not take.
+    pub(super) invalid: Invalid,
 }
 
 impl FrameBuilder {
@@ -226,10 +248,13 @@ impl FrameBuilder {
             writer,
             held: Held::default(),
             pending: Vec::new(),
+            invalid: Invalid::default(),
         }
     }
 
-    /// Takes one message; `log_time` is never before the last one's.
+    /// Takes one message of a topic that makes frames ([`Held::reads`]); `log_time` is
+    /// never before the last one's. A message that is not a JSON object is counted, not
+    /// an error: one bad message never costs the drive.
     pub(super) fn message(
         &mut self,
         topic: &str,
@@ -242,18 +267,16 @@ impl FrameBuilder {
         if self.pending.first().is_some_and(|p| log_time > p.log_time) {
             self.flush_pending()?;
         }
-        let msg: Msg<'_> = serde_json::from_slice(data).map_err(|e| {
-            anyhow::anyhow!(
-                "message on {topic} at log time {log_time} is not a JSON object of the known fields: {e}"
-            )
-        })?;
+        let Some(msg) = Msg::parse(data) else {
+            self.invalid.message(topic);
+            return Ok(());
+        };
         if topic != "/vehicle" {
-            self.held.take(topic, msg);
+            self.held.take(topic, log_time, &msg, &mut self.invalid);
             return Ok(());
         }
         let mut own = Held::default();
-        own.take(topic, msg);
-        self.held.overlay(&own);
+        own.take(topic, log_time, &msg, &mut self.invalid);
         self.pending.push(Pending {
             log_time,
             offset,
@@ -265,17 +288,16 @@ impl FrameBuilder {
 
     pub(super) fn flush_pending(&mut self) -> anyhow::Result<()> {
         for p in std::mem::take(&mut self.pending) {
-            let mut held = self.held.clone();
-            held.overlay(&p.own);
+            let frame = self.held.frame(&p.own);
             self.writer
-                .push(p.log_time, p.offset, p.chunk_offset, &held)?;
+                .push(p.log_time, p.offset, p.chunk_offset, &frame)?;
         }
         Ok(())
     }
 
-    pub(super) fn finish(mut self) -> anyhow::Result<u64> {
+    pub(super) fn finish(mut self) -> anyhow::Result<(u64, Invalid)> {
         self.flush_pending()?;
-        self.writer.finish()
+        Ok((self.writer.finish()?, self.invalid))
     }
 }
 
@@ -325,6 +347,13 @@ impl DriveWriter {
         })
     }
 
+    /// Measures `ts` from `origin` (the drive's earliest log time) instead of the first
+    /// frame pushed: for logs read out of time order.
+    pub(super) fn with_origin(mut self, origin: u64) -> DriveWriter {
+        self.first_ns = Some(origin);
+        self
+    }
+
     pub(super) fn push(
         &mut self,
         log_time: u64,
@@ -332,6 +361,12 @@ impl DriveWriter {
         chunk: Option<u64>,
         held: &Held,
     ) -> anyhow::Result<()> {
+        if log_time > i64::MAX as u64 {
+            anyhow::bail!(
+                "{}: the frame at byte offset {offset} has log time {log_time} ns, past what the table's int64 `log_time_ns` holds (2^63 - 1 ns, the year 2262): a corrupt or foreign clock",
+                self.source
+            );
+        }
         self.first_ns.get_or_insert(log_time);
         self.rows.push((log_time, offset, chunk, held.clone()));
         if self.rows.len() >= ROWS_PER_BATCH {
@@ -365,6 +400,10 @@ impl DriveWriter {
             STR_COLUMNS.iter().map(|_| StringBuilder::new()).collect();
         let mut gts: Vec<BooleanBuilder> =
             GT_COLUMNS.iter().map(|_| BooleanBuilder::new()).collect();
+        let mut ages: Vec<Float64Builder> = HELD_CHANNELS
+            .iter()
+            .map(|_| Float64Builder::with_capacity(n))
+            .collect();
         let mut src = StringBuilder::new();
         let mut off = Int64Builder::with_capacity(n);
         let mut coff = Int64Builder::with_capacity(n);
@@ -381,6 +420,9 @@ impl DriveWriter {
             for (b, v) in gts.iter_mut().zip(held.gts) {
                 b.append_option(v);
             }
+            for (b, since) in ages.iter_mut().zip(held.since) {
+                b.append_option(since.map(|s| log_time.saturating_sub(s) as f64 / 1e9));
+            }
             src.append_value(&self.source);
             off.append_value(offset as i64);
             coff.append_option(chunk.map(|c| c as i64));
@@ -393,6 +435,7 @@ impl DriveWriter {
         cols.extend(f64s.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
         cols.extend(strs.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
         cols.extend(gts.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
+        cols.extend(ages.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
         cols.push(Arc::new(src.finish()));
         cols.push(Arc::new(off.finish()));
         cols.push(Arc::new(coff.finish()));

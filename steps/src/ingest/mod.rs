@@ -53,10 +53,12 @@ use crate::logsource::LogSource;
 use crate::mcapio::{self, Message};
 use crate::{IngestConfig, LogFormat, OnError};
 
+mod fields;
 mod frames;
 mod index;
 mod tusimple;
-pub use frames::{frame_schema, GT_COLUMNS, SORTED_BY};
+use fields::Invalid;
+pub use frames::{frame_schema, GT_COLUMNS, HELD_CHANNELS, SORTED_BY};
 use frames::{DriveWriter, FrameBuilder, Held, ROWS_PER_BATCH};
 use index::{ChannelStats, IndexWriter};
 use tusimple::ingest_tusimple;
@@ -66,9 +68,13 @@ struct FileResult {
     frames: u64,
     /// Its messages were not in log-time order (and were put in order).
     reordered: bool,
-    /// It ended without a footer (a recorder that stopped, a copy cut short at a record
-    /// boundary): what it held was read, what it would have held is unknown.
+    /// It ended without a footer (a recorder that stopped, a copy cut short): what it
+    /// held was read, what it would have held is unknown.
     unfinished: bool,
+    /// Cut inside a record at this offset (that record and a chunk's messages in it lost).
+    cut: Option<u64>,
+    /// Fields and messages the table could not take.
+    invalid: Invalid,
 }
 
 /// Reads every log of `source` and writes the tables; returns the values.
@@ -97,6 +103,11 @@ pub fn ingest(
     let mut without_frames = Vec::new();
     let mut reordered = Vec::new();
     let mut unfinished = Vec::new();
+    let mut unfinished_detail = Vec::new();
+    let mut sources = Vec::new();
+    let mut invalid_values = serde_json::Map::new();
+    let mut unreadable = serde_json::Map::new();
+    let (mut invalid_total, mut unreadable_total) = (0u64, 0u64);
     let mut drives: BTreeMap<String, u64> = BTreeMap::new();
     let mut drive_files: BTreeMap<String, String> = BTreeMap::new();
     let mut tusimple = Vec::new();
@@ -130,7 +141,16 @@ pub fn ingest(
                 "{first} and {rel} are both drive `{drive}`: a drive is named by its file, so one would replace the other; rename one"
             );
         }
-        let file = source.fetch(rel)?;
+        // A log that cannot be fetched is a log that cannot be read: `on_error` decides.
+        let file = match source.fetch(rel) {
+            Ok(f) => f,
+            Err(e) if skip => {
+                eprintln!("skipping {rel}: {e:#}");
+                skipped.push(json!({"file": rel, "error": format!("{e:#}")}));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         // Channel statistics and index rows count only the files read to the end. A
         // file that may be skipped is indexed into a part of its own, merged once it was
         // read; otherwise an error ends the stage and rows go straight to the index.
@@ -150,11 +170,7 @@ pub fn ingest(
                 file_index.as_mut().or(index_writer.as_mut()),
                 &mut file_channels,
             ),
-            _ => ingest_jsonl(&file.path, rel, &drive, frames).map(|frames| FileResult {
-                frames,
-                reordered: false,
-                unfinished: false,
-            }),
+            _ => ingest_jsonl(&file.path, rel, &drive, frames),
         };
         let file_index = match file_index {
             Some(w) => Some(w.close()?),
@@ -184,10 +200,26 @@ pub fn ingest(
                     reordered.push(rel.clone());
                 }
                 if r.unfinished {
-                    eprintln!("warning: {rel} has no footer: it may have been cut short");
+                    let how = match r.cut {
+                        Some(at) => format!(
+                            "cut inside the record at byte offset {at}; the records before it read"
+                        ),
+                        None => "no footer: it may have been cut short".to_owned(),
+                    };
+                    eprintln!("warning: {rel}: {how}");
                     unfinished.push(rel.clone());
+                    unfinished_detail.push(
+                        json!({"file": rel, "frames": r.frames, "cut_at": r.cut, "why": how}),
+                    );
+                }
+                if !r.invalid.is_empty() {
+                    invalid_values.insert(drive.clone(), json!(r.invalid.fields));
+                    unreadable.insert(drive.clone(), json!(r.invalid.messages));
+                    invalid_total += r.invalid.values();
+                    unreadable_total += r.invalid.messages.values().sum::<u64>();
                 }
                 bytes += std::fs::metadata(&file.path).map(|m| m.len()).unwrap_or(0);
+                sources.push(source.location(rel));
                 drives.insert(drive, r.frames);
             }
             Err(e) if skip => {
@@ -227,7 +259,30 @@ pub fn ingest(
             skipped[0]["error"].as_str().unwrap_or_default()
         );
     }
+    if let Some(max) = cfg.max_unfinished {
+        if unfinished.len() as u64 > max {
+            anyhow::bail!(
+                "{} log(s) unfinished, more than max_unfinished {max}: {}",
+                unfinished.len(),
+                unfinished_detail
+                    .iter()
+                    .map(|u| format!(
+                        "{} ({})",
+                        u["file"].as_str().unwrap_or_default(),
+                        u["why"].as_str().unwrap_or_default()
+                    ))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+        }
+    }
     let frames_total: u64 = drives.values().sum();
+    let warnings = warnings(
+        &unfinished_detail,
+        &skipped,
+        invalid_total,
+        unreadable_total,
+    );
     let channels: serde_json::Map<String, Value> = channels
         .into_iter()
         .map(|(topic, s)| {
@@ -246,6 +301,7 @@ pub fn ingest(
         "bytes": bytes,
         "frames": frames_total,
         "drives": drives,
+        "sources": sources,
         "channels": channels,
         "tusimple_rows": lanes_rows,
         "skipped": skipped,
@@ -257,7 +313,53 @@ pub fn ingest(
         "reordered": reordered,
         "unfinished": unfinished,
         "unfinished_files": unfinished.len(),
+        "unfinished_detail": unfinished_detail,
+        "invalid_values": invalid_values,
+        "invalid_values_total": invalid_total,
+        "unreadable_messages": unreadable,
+        "unreadable_messages_total": unreadable_total,
+        "warnings": warnings,
     }))
+}
+
+/// What a stage that succeeded must still say: the engine shows these with its phase
+/// (`run`, `status`, the web view), so partial results are never a plain success.
+fn warnings(unfinished: &[Value], skipped: &[Value], invalid: u64, unreadable: u64) -> Vec<String> {
+    let mut out = Vec::new();
+    let list = |items: &[Value]| {
+        items
+            .iter()
+            .take(3)
+            .map(|u| u["file"].as_str().unwrap_or_default().to_owned())
+            .collect::<Vec<_>>()
+            .join(", ")
+            + if items.len() > 3 { ", …" } else { "" }
+    };
+    if !unfinished.is_empty() {
+        out.push(format!(
+            "{} log(s) unfinished, read up to where they end: {} (fail on them with `max_unfinished: 0`)",
+            unfinished.len(),
+            list(unfinished)
+        ));
+    }
+    if !skipped.is_empty() {
+        out.push(format!(
+            "{} log(s) skipped as unreadable: {}",
+            skipped.len(),
+            list(skipped)
+        ));
+    }
+    if invalid > 0 {
+        out.push(format!(
+            "{invalid} field value(s) of the wrong type left null (`invalid_values` per drive and field)"
+        ));
+    }
+    if unreadable > 0 {
+        out.push(format!(
+            "{unreadable} message(s) that are not JSON objects left out (`unreadable_messages` per drive and topic)"
+        ));
+    }
+    out
 }
 
 /// One JSON message kept for putting a log in time order.
@@ -278,9 +380,12 @@ fn ingest_mcap(
     channels: &mut BTreeMap<String, ChannelStats>,
 ) -> anyhow::Result<FileResult> {
     let mut builder = FrameBuilder::new(DriveWriter::create(frames, drive, rel)?);
-    // Frames are built as the file is read while its JSON messages come in log-time
-    // order; past the first that does not, the file is read again and put in order.
-    let mut last_json: Option<u64> = None;
+    // Frames are built as the file is read while the messages that make them come in
+    // log-time order; past the first that does not, the file is read again and put in
+    // order. Other topics are indexed and counted, never parsed.
+    let makes_frames =
+        |m: &Message<'_>| m.channel.message_encoding == "json" && Held::reads(&m.channel.topic);
+    let mut last: Option<u64> = None;
     let mut in_order = true;
     let mut on_message = |m: Message<'_>| -> anyhow::Result<()> {
         let json = m.channel.message_encoding == "json";
@@ -311,14 +416,14 @@ fn ingest_mcap(
                 ix.flush()?;
             }
         }
-        if !json || !in_order {
+        if !makes_frames(&m) || !in_order {
             return Ok(());
         }
-        if last_json.is_some_and(|t| m.log_time < t) {
+        if last.is_some_and(|t| m.log_time < t) {
             in_order = false;
             return Ok(());
         }
-        last_json = Some(m.log_time);
+        last = Some(m.log_time);
         builder.message(
             &m.channel.topic,
             m.log_time,
@@ -328,20 +433,24 @@ fn ingest_mcap(
         )
     };
     let end = mcapio::scan(file, &mut on_message)?;
-    let unfinished = !end.complete;
+    let (unfinished, cut) = (!end.complete, end.cut);
     if in_order {
+        let (frames, invalid) = builder.finish()?;
         return Ok(FileResult {
-            frames: builder.finish()?,
+            frames,
             reordered: false,
             unfinished,
+            cut,
+            invalid,
         });
     }
-    // Out of order: the JSON messages in memory, stably sorted by log time (file order
-    // among equal times), then built as above. A new writer replaces the partial file.
+    // Out of order: the messages that make frames in memory, stably sorted by log time
+    // (file order among equal times), then built as above. A new writer replaces the
+    // partial file.
     drop(builder);
     let mut kept = Vec::new();
     mcapio::scan(file, &mut |m: Message<'_>| {
-        if m.channel.message_encoding == "json" && Held::reads(&m.channel.topic) {
+        if makes_frames(&m) {
             kept.push(Kept {
                 log_time: m.log_time,
                 topic: m.channel.topic.clone(),
@@ -357,45 +466,74 @@ fn ingest_mcap(
     for k in &kept {
         builder.message(&k.topic, k.log_time, k.offset, k.chunk_offset, &k.data)?;
     }
+    let (frames, invalid) = builder.finish()?;
     Ok(FileResult {
-        frames: builder.finish()?,
+        frames,
         reordered: true,
         unfinished,
+        cut,
+        invalid,
     })
 }
 
-fn ingest_jsonl(file: &Path, rel: &str, drive: &str, frames: &Path) -> anyhow::Result<u64> {
-    let mut writer = DriveWriter::create(frames, drive, rel)?;
-    let r = std::io::BufReader::new(std::fs::File::open(file)?);
-    let mut offset = 0u64;
-    for (n, line) in r.lines().enumerate() {
-        let line = line?;
-        let len = line.len() as u64 + 1;
-        if line.trim().is_empty() {
-            offset += len;
-            continue;
-        }
-        let v: Value = serde_json::from_str(&line).map_err(|e| {
-            anyhow::anyhow!(
-                "{rel}: line {} (byte offset {offset}) is not JSON: {e}",
-                n + 1
-            )
-        })?;
+/// A JSON-lines frame's log time: `log_time_ns`, else `ts` in seconds.
+fn line_time(v: &Value) -> Option<u64> {
+    v.get("log_time_ns").and_then(Value::as_u64).or_else(|| {
+        v.get("ts")
+            .and_then(Value::as_f64)
+            .filter(|t| t.is_finite() && *t >= 0.0)
+            .map(|t| (t * 1e9).round() as u64)
+    })
+}
+
+/// A JSON-lines log: one frame per line, in any order. A first pass finds the earliest
+/// log time, so `ts` is measured from it whatever the order of the lines (the writer puts
+/// each row group in order and says whether the file is).
+fn ingest_jsonl(file: &Path, rel: &str, drive: &str, frames: &Path) -> anyhow::Result<FileResult> {
+    let lines =
+        || -> anyhow::Result<_> { Ok(std::io::BufReader::new(std::fs::File::open(file)?).lines()) };
+    let mut origin: Option<u64> = None;
+    let each =
+        |f: &mut dyn FnMut(usize, u64, &Value, u64) -> anyhow::Result<()>| -> anyhow::Result<()> {
+            let mut offset = 0u64;
+            for (n, line) in lines()?.enumerate() {
+                let line = line?;
+                let len = line.len() as u64 + 1;
+                if !line.trim().is_empty() {
+                    let v: Value = serde_json::from_str(&line).map_err(|e| {
+                        anyhow::anyhow!(
+                            "{rel}: line {} (byte offset {offset}) is not JSON: {e}",
+                            n + 1
+                        )
+                    })?;
+                    let t = line_time(&v).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "{rel}: line {} (byte offset {offset}) has no `log_time_ns` (an integer of ns) nor `ts` (seconds, not negative)",
+                        n + 1
+                    )
+                })?;
+                    f(n, offset, &v, t)?;
+                }
+                offset += len;
+            }
+            Ok(())
+        };
+    each(&mut |_, _, _, t| {
+        origin = Some(origin.map_or(t, |o| o.min(t)));
+        Ok(())
+    })?;
+    let mut writer = DriveWriter::create(frames, drive, rel)?.with_origin(origin.unwrap_or(0));
+    let mut invalid = Invalid::default();
+    each(&mut |_, offset, v, t| {
         let mut held = Held::default();
-        held.take_row(&v);
-        let log_time = v
-            .get("log_time_ns")
-            .and_then(Value::as_u64)
-            .or_else(|| {
-                v.get("ts")
-                    .and_then(Value::as_f64)
-                    .map(|t| (t * 1e9) as u64)
-            })
-            .ok_or_else(|| {
-                anyhow::anyhow!("{rel}: line {} has neither `ts` nor `log_time_ns`", n + 1)
-            })?;
-        writer.push(log_time, offset, None, &held)?;
-        offset += len;
-    }
-    writer.finish()
+        held.take_row(v, &mut invalid);
+        writer.push(t, offset, None, &held)
+    })?;
+    Ok(FileResult {
+        frames: writer.finish()?,
+        reordered: false,
+        unfinished: false,
+        cut: None,
+        invalid,
+    })
 }
