@@ -62,14 +62,23 @@ fn registry_references_and_key_entries_decide_cache_hits() {
         ("ran".into(), "ran".into(), "ran".into())
     );
     // Same everything: make is a hit; promote runs again (it moves an alias, which is
-    // the point of running it) and registers version 2; eval's key names production,
-    // which moved from 1 to 2: a miss.
+    // the point of running it), finds the same model bytes as version 1 and moves
+    // production to it, registering no copy; eval's key names production, still 1: a hit.
     let second = run(&home, file, &[]);
     assert_eq!(
         origins(&home, &second),
-        ("cached".into(), "ran".into(), "ran".into())
+        ("cached".into(), "ran".into(), "cached".into())
     );
-    let explain = home.drivetrain(&["explain", &second, "eval"]);
+    let st = home.status(&second);
+    assert_eq!(stage(&st, "promote")["values"]["version"], 1, "{st}");
+    assert_eq!(stage(&st, "promote")["values"]["registered"], false, "{st}");
+    // A new model: version 2, production moves, and eval's key with it: a miss.
+    let third = run(&home, file, &["version=b"]);
+    assert_eq!(
+        origins(&home, &third),
+        ("ran".into(), "ran".into(), "ran".into())
+    );
+    let explain = home.drivetrain(&["explain", &third, "eval"]);
     let text = common::text(&explain.stdout);
     assert!(
         text.contains("`registry:lane@production` changed: 1 → 2"),

@@ -157,20 +157,29 @@ fn the_nightly_retrain_ingests_its_fleet_bucket_on_s3() {
     ] {
         assert_eq!(stage(&status, s)["phase"], "Succeeded", "{s}: {status}");
     }
-    // Fetched logs are not left behind.
-    let leftovers: Vec<_> = walk(&home.dir.join(".drivetrain/work"))
+    // Fetched logs went into the attempt's own directory (`fetched/`, beside its
+    // values), one at a time, and none is left behind.
+    let attempt = walk(&home.dir.join(".drivetrain/work"))
         .into_iter()
-        .filter(|p| p.to_string_lossy().contains("drivetrain-ingest/fetch-"))
-        .collect();
+        .find(|p| p.ends_with("fetched"))
+        .expect("ingest fetched its logs into its attempt's directory");
+    assert!(attempt.is_dir(), "{}", attempt.display());
+    let leftovers: Vec<_> = walk(&attempt);
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
+/// Every file under `dir`, and every empty directory (as itself).
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let p = e.path();
         if p.is_dir() {
-            out.extend(walk(&p));
+            let inner = walk(&p);
+            if inner.is_empty() {
+                out.push(p);
+            } else {
+                out.extend(inner);
+            }
         } else {
             out.push(p);
         }

@@ -188,3 +188,111 @@ fn ticks_match_croniter_across_every_clock_change() {
         failures.join("\n")
     );
 }
+
+/// Regression (round 2): `@daily` and the other nicknames were refused ("has 1 fields"),
+/// and `0 0 */2 * 1` fired on every odd day OR every Monday. Nicknames mean what croniter
+/// (and cronie) make of them; day of month and day of week follow cronie's rule, which
+/// ANDs them when either field starts with `*` and ORs them otherwise (cronie's
+/// `DOM_STAR`/`DOW_STAR` flags). croniter ORs unless told `day_or=False`, so it is told
+/// which, by that rule, per expression: the matching itself is croniter's.
+#[test]
+fn nicknames_and_day_fields_follow_cronie() {
+    const SCRIPT: &str = r#"
+import json, sys
+from datetime import datetime, timezone
+from croniter import croniter
+out = []
+for c in json.load(sys.stdin):
+    start = datetime.fromisoformat(c["start"])
+    end = datetime.fromisoformat(c["end"])
+    it = croniter(c["cron"], start, day_or=c["day_or"])
+    ticks = []
+    while True:
+        t = it.get_next(datetime).astimezone(timezone.utc)
+        if t > end:
+            break
+        ticks.append(t.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    out.append(ticks)
+json.dump(out, sys.stdout)
+"#;
+    let crons = [
+        "@hourly",
+        "@daily",
+        "@midnight",
+        "@weekly",
+        "@monthly",
+        "@yearly",
+        "@annually",
+        "0 0 */2 * 1",
+        "0 0 1 * 1",
+        "30 6 1,15 * 5",
+        "0 12 * * */2",
+        "0 0 */10 * 0",
+        "15 3 1-7 * 1",
+        "0 0 * * 1",
+    ];
+    let (start, end) = ("2026-01-01T00:00:00Z", "2027-03-01T00:00:00Z");
+    let cases: Vec<Value> = crons
+        .iter()
+        .map(|cron| {
+            let f: Vec<&str> = cron.split_whitespace().collect();
+            let day_or = f.len() != 5 || !(f[2].starts_with('*') || f[4].starts_with('*'));
+            json!({"cron": cron, "start": start, "end": end, "day_or": day_or})
+        })
+        .collect();
+    let mut child = Command::new(drivetrain_engine::testing::venv_bin("python"))
+        .args(["-c", SCRIPT])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the tests' venv python");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&serde_json::to_vec(&cases).unwrap())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "croniter failed");
+    let expected: Vec<Vec<String>> = serde_json::from_slice(&out.stdout).unwrap();
+    for (cron, want) in crons.iter().zip(&expected) {
+        let schedule = Schedule {
+            cron: cron.to_string(),
+            timezone: chrono_tz::UTC,
+            concurrency: Concurrency::Allow,
+            catchup: Catchup::All,
+            max_catchup: 100_000,
+            suspend: false,
+        };
+        let ticker = Ticker::new(&schedule).unwrap_or_else(|e| panic!("{cron}: {e}"));
+        let at = |s: &str| s.parse::<DateTime<Utc>>().unwrap();
+        let got: Vec<String> = ticker
+            .between(at(start), at(end), 100_000)
+            .into_iter()
+            .map(text)
+            .collect();
+        assert!(!got.is_empty(), "{cron}");
+        assert_eq!(&got, want, "{cron}");
+    }
+    // The case of the report, spelled out: odd days of the month that are Mondays.
+    let ticker = Ticker::new(&Schedule {
+        cron: "0 0 */2 * 1".into(),
+        timezone: chrono_tz::UTC,
+        concurrency: Concurrency::Allow,
+        catchup: Catchup::All,
+        max_catchup: 100,
+        suspend: false,
+    })
+    .unwrap();
+    use chrono::Datelike;
+    for t in ticker.between(
+        "2026-01-01T00:00:00Z".parse().unwrap(),
+        "2026-07-01T00:00:00Z".parse().unwrap(),
+        100,
+    ) {
+        assert_eq!(t.weekday(), chrono::Weekday::Mon, "{t}");
+        assert_eq!(t.day() % 2, 1, "{t}");
+    }
+    assert!(drivetrain_engine::schedule::parse_cron("@reboot").is_err());
+    assert!(drivetrain_engine::schedule::parse_cron("0 0 * *").is_err());
+}

@@ -284,7 +284,7 @@ pub struct EventRates {
 }
 
 /// `ingest`: logs to frame tables.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IngestConfig {
     /// A store URL or directory of drive logs; default: the `logs` input.

@@ -387,9 +387,9 @@ fn summary_message_count(path: &Path, total: u64) -> Result<Option<(u64, u64)>, 
     } else {
         footer_at
     };
-    if summary_start > summary_end {
+    if summary_start > summary_end || summary_end > footer_at {
         return Err(format!(
-            "the Footer's summary start {summary_start} is past its end: corrupt"
+            "the Footer's summary ({summary_start} to {summary_end}) is not between the data and the Footer at {footer_at}: corrupt"
         ));
     }
     let mut summary = vec![0u8; (summary_end - summary_start) as usize];

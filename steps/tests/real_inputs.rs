@@ -10,46 +10,14 @@ mod common;
 use common::{rt, tmp};
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use drivetrain_steps::logsource::LogSource;
 use drivetrain_steps::{IngestConfig, LabelImportConfig, OnError};
 use serde_json::{json, Value};
 
-/// Writes an MCAP file with the Python `mcap` package's writer: `messages` in the order
-/// given (`topic`, `encoding`, `log_time` in ns, `data` text), each channel with a schema
-/// of the profile's encoding; `chunk_size` small puts messages in chunks of their own.
+/// Writes an MCAP file with the Python `mcap` writer, chunks uncompressed.
 fn python_mcap(path: &Path, profile: &str, chunk_size: u64, messages: &[Value]) {
-    const SCRIPT: &str = r#"
-import json, sys
-from mcap.writer import Writer, CompressionType
-spec = json.load(sys.stdin)
-with open(spec["path"], "wb") as f:
-    w = Writer(f, chunk_size=spec["chunk_size"], compression=CompressionType.NONE)
-    w.start(profile=spec["profile"], library="python mcap test writer")
-    channels = {}
-    for m in spec["messages"]:
-        key = (m["topic"], m["encoding"])
-        if key not in channels:
-            schema_encoding = {"json": "jsonschema", "ros1": "ros1msg", "protobuf": "protobuf"}[m["encoding"]]
-            sid = w.register_schema(name=m["topic"].strip("/") or "x", encoding=schema_encoding, data=b"{}")
-            channels[key] = w.register_channel(topic=m["topic"], message_encoding=m["encoding"], schema_id=sid)
-        w.add_message(channel_id=channels[key], log_time=m["log_time"], publish_time=m["log_time"], data=m["data"].encode())
-    w.finish()
-"#;
-    let spec =
-        json!({"path": path, "profile": profile, "chunk_size": chunk_size, "messages": messages});
-    let mut child = Command::new(drivetrain_engine::testing::venv_bin("python"))
-        .args(["-c", SCRIPT])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("the tests' venv python");
-    std::io::Write::write_all(child.stdin.as_mut().unwrap(), spec.to_string().as_bytes()).unwrap();
-    drop(child.stdin.take());
-    assert!(
-        child.wait().unwrap().success(),
-        "the python mcap writer failed"
-    );
+    common::python_mcap(path, profile, chunk_size, "NONE", messages)
 }
 
 fn vehicle(t_s: f64, speed: f64) -> Value {
@@ -695,4 +663,188 @@ fn too_few_labels_fail_the_stage_with_the_numbers() {
     )
     .unwrap();
     assert_eq!(v["unlabeled"], 3, "{v}");
+}
+
+/// Regression (round 2): a `/vehicle` message without `accel_x` took the previous
+/// message's value, so one hard brake followed by nine messages without the field made
+/// ten hard-brake frames. A frame's own fields are its message's; the other channels
+/// are held, with their age in a column of their own so rules can exclude stale values.
+#[test]
+fn a_missing_vehicle_field_is_null_never_the_previous_value() {
+    let dir = tmp("own-fields");
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut messages = vec![lane(0.0, 0.8)];
+    messages.push(
+        json!({"topic": "/vehicle", "encoding": "json", "log_time": 0u64,
+        "data": json!({"speed_mps": 12.0, "accel_x": -6.0}).to_string()}),
+    );
+    for i in 1..10u64 {
+        let data = if i == 5 {
+            json!({"speed_mps": 12.0, "accel_x": null})
+        } else {
+            json!({"speed_mps": 12.0})
+        };
+        messages.push(
+            json!({"topic": "/vehicle", "encoding": "json", "log_time": i * 100_000_000,
+            "data": data.to_string()}),
+        );
+    }
+    python_mcap(&logs.join("brake.mcap"), "", 1 << 20, &messages);
+    let (v, out) = ingest(&dir, &logs, None).unwrap();
+    assert_eq!(v["frames"], 10, "{v}");
+    let rows = query(
+        &[("f", &out.frames)],
+        "SELECT count(*) AS n, count(accel_x) AS with_accel, min(lane_confidence) AS lane, max(lane_age_s) AS oldest FROM f WHERE accel_x < -4 OR accel_x IS NULL",
+    );
+    assert_eq!(rows[0]["n"], 10, "{rows:?}");
+    assert_eq!(
+        rows[0]["with_accel"], 1,
+        "one hard brake, not ten: {rows:?}"
+    );
+    // The lane message is held onto every frame, and its age says how old it is.
+    assert_eq!(rows[0]["lane"], 0.8, "{rows:?}");
+    assert_eq!(rows[0]["oldest"], 0.9, "{rows:?}");
+    let fresh = query(&[("f", &out.frames)], "SELECT objects_age_s FROM f LIMIT 1");
+    assert_eq!(
+        fresh[0]["objects_age_s"],
+        Value::Null,
+        "no /objects message yet"
+    );
+}
+
+/// Regression (round 2): one `/vehicle` value of the wrong type (`"12.5"`, Python's
+/// `NaN`), or an unrelated topic with a known key of another type (`/diagnostics
+/// {"class": 3}`) or a JSON array, failed the whole file. Now the bad field is null and
+/// counted per drive and field, the message's other fields are kept, and topics that
+/// make no column are never parsed.
+#[test]
+fn one_bad_value_is_null_and_counted_never_the_drive() {
+    let dir = tmp("bad-values");
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let raw = |topic: &str, t: u64, data: &str| json!({"topic": topic, "encoding": "json", "log_time": t, "data": data});
+    let mut messages = vec![
+        raw("/diagnostics", 0, r#"{"class": 3}"#),
+        raw("/diagnostics", 0, "[1, 2, 3]"),
+    ];
+    for i in 0..200u64 {
+        let t = i * 50_000_000;
+        let data = match i {
+            7 => r#"{"speed_mps": "12.5", "accel_x": -1.0}"#.to_owned(),
+            8 => r#"{"speed_mps": NaN, "accel_x": -1.0}"#.to_owned(),
+            9 => r#"{"speed_mps": 3.0, "steering": [0.1]}"#.to_owned(),
+            _ => json!({"speed_mps": 10.0, "accel_x": 0.0}).to_string(),
+        };
+        messages.push(raw("/vehicle", t, &data));
+    }
+    messages.push(raw(
+        "/objects",
+        10_000_000_000,
+        r#"{"class": 3, "distance_m": 4.5}"#,
+    ));
+    messages.push(raw("/vehicle", 10_000_000_000, "[1]"));
+    python_mcap(&logs.join("drive.mcap"), "", 4096, &messages);
+    let (v, out) = ingest(&dir, &logs, None).unwrap();
+    assert_eq!(v["frames"], 200, "{v}");
+    assert_eq!(
+        v["invalid_values"]["drive"],
+        json!({"/vehicle.speed_mps": 2, "/vehicle.steering": 1, "/objects.class": 1}),
+        "{v}"
+    );
+    assert_eq!(v["invalid_values_total"], 4, "{v}");
+    assert_eq!(
+        v["unreadable_messages"]["drive"],
+        json!({"/vehicle": 1}),
+        "{v}"
+    );
+    assert_eq!(v["warnings"].as_array().unwrap().len(), 2, "{v}");
+    let rows = query(
+        &[("f", &out.frames)],
+        "SELECT count(speed_mps) AS speeds, count(accel_x) AS accels FROM f",
+    );
+    assert_eq!(
+        (rows[0]["speeds"].as_i64(), rows[0]["accels"].as_i64()),
+        (Some(198), Some(199)),
+        "{rows:?}"
+    );
+}
+
+/// Regression (round 2): a JSON-lines log out of time order got `ts` measured from its
+/// first line (earlier frames clamped to 0.0); a log time at or past 2^63 ns turned
+/// negative in the int64 column.
+#[test]
+fn json_lines_times_are_exact_whatever_the_order() {
+    let dir = tmp("jsonl-order");
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut lines: Vec<String> = (0..100u64)
+        .map(|i| json!({"log_time_ns": 1_000_000_000 + i * 10_000_000, "speed_mps": i}).to_string())
+        .collect();
+    // A fixed shuffle.
+    for i in 0..lines.len() {
+        lines.swap(i, (i * 37 + 11) % 100);
+    }
+    std::fs::write(logs.join("shuffled.jsonl"), lines.join("\n")).unwrap();
+    let (_, out) = ingest(&dir, &logs, None).unwrap();
+    let rows = query(
+        &[("f", &out.frames)],
+        "SELECT count(*) AS wrong FROM f WHERE abs(ts - speed_mps / 100.0) > 1e-9",
+    );
+    assert_eq!(rows[0]["wrong"], 0, "{rows:?}");
+    std::fs::write(
+        logs.join("shuffled.jsonl"),
+        format!(
+            "{}\n{}\n",
+            json!({"log_time_ns": 5}),
+            json!({"log_time_ns": 1u64 << 63})
+        ),
+    )
+    .unwrap();
+    let e = format!("{:#}", ingest(&dir.join("far"), &logs, None).unwrap_err());
+    assert!(
+        e.contains("9223372036854775808 ns") && e.contains("byte offset"),
+        "{e}"
+    );
+}
+
+/// A log cut inside a chunk: the chunks before the cut are read (as `mcap recover`
+/// does), the log is listed as unfinished with where it was cut, the stage says so in
+/// its warnings, and `max_unfinished: 0` fails it.
+#[test]
+fn a_cut_log_keeps_its_whole_chunks_and_says_it_is_unfinished() {
+    let dir = tmp("cut-log");
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let many: Vec<Value> = (0..400).map(|i| vehicle(i as f64 / 10.0, 1.0)).collect();
+    python_mcap(&logs.join("cut.mcap"), "", 1024, &many);
+    let bytes = std::fs::read(logs.join("cut.mcap")).unwrap();
+    std::fs::write(logs.join("cut.mcap"), &bytes[..bytes.len() / 2]).unwrap();
+    let (v, _) = ingest(&dir, &logs, None).unwrap();
+    let frames = v["frames"].as_u64().unwrap();
+    assert!(frames > 100 && frames < 400, "{v}");
+    assert_eq!(v["unfinished"], json!(["cut.mcap"]), "{v}");
+    assert!(
+        v["unfinished_detail"][0]["cut_at"].as_u64().is_some(),
+        "{v}"
+    );
+    assert!(
+        v["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("1 log(s) unfinished"),
+        "{v}"
+    );
+    let strict = drivetrain_steps::IngestConfig {
+        max_unfinished: Some(0),
+        ..Default::default()
+    };
+    let out = outputs(&dir.join("strict"));
+    let e =
+        drivetrain_steps::ingest::ingest(&strict, &LogSource::Local(logs), &out.frames, None, None)
+            .unwrap_err();
+    assert!(
+        format!("{e:#}").contains("more than max_unfinished 0"),
+        "{e:#}"
+    );
 }
