@@ -2,7 +2,8 @@
 """Benchmarks of the driving-loop steps against Python baselines on the same data, same run.
 
   ingest: MCAP → Parquet frames, `drivetrain step ingest` against the Python `mcap` reader
-          assembling the same frames (sample-and-hold per /vehicle message) and writing
+          assembling the same frames (a /vehicle message's own fields, the other channels held
+          with their age) and writing
           them with pyarrow. Throughput in MB/s of MCAP read.
   mine:   the reference rule set of pipelines/driving-loop.yaml over an N-million-frame
           table, `drivetrain step mine-corner-cases` (DataFusion) against DuckDB running the
@@ -73,36 +74,49 @@ from mcap.reader import make_reader
 src, out = sys.argv[1], sys.argv[2]
 F64 = ["speed_mps","accel_x","accel_y","yaw_rate","steering","brake_pressure","lat","lon",
        "lateral_offset_m","lane_confidence","object_distance_m","object_rel_speed_mps"]
+OWN = F64[:8]
+HELD = {"/lane": "lane_age_s", "/objects": "objects_age_s", "/context": "context_age_s",
+        "/ground_truth": "ground_truth_age_s"}
+GT = ["hard_brake","cut_in","pedestrian_close_call","low_lane_confidence"]
+num = lambda v: v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 for name in sorted(os.listdir(src)):
     drive = name.rsplit(".", 1)[0]
     cols = {c: [] for c in ["drive","ts","log_time_ns",*F64,"object_class","weather","time_of_day",
-                            "gt_hard_brake","gt_cut_in","gt_pedestrian_close_call","gt_low_lane_confidence"]}
-    held, pending, first = {}, None, None
-    def emit(t):
+                            *["gt_" + g for g in GT], *HELD.values()]}
+    held, since, pending, first = {}, {}, [], None
+    def emit():
         global first
-        first = t if first is None else first
-        cols["drive"].append(drive); cols["ts"].append((t - first) / 1e9); cols["log_time_ns"].append(t)
-        for c in F64: cols[c].append(held.get(c))
-        for c in ["object_class","weather","time_of_day"]: cols[c].append(held.get(c))
-        for c in ["hard_brake","cut_in","pedestrian_close_call","low_lane_confidence"]: cols["gt_"+c].append(held.get("gt_"+c))
+        for t, own in pending:
+            first = t if first is None else first
+            cols["drive"].append(drive); cols["ts"].append((t - first) / 1e9); cols["log_time_ns"].append(t)
+            # A frame's own fields are its /vehicle message's; the other channels are held.
+            for c in OWN: cols[c].append(num(own.get(c)))
+            for c in F64[8:]:
+                v = num(own.get(c))
+                cols[c].append(v if v is not None else held.get(c))
+            for c in ["object_class","weather","time_of_day", *["gt_" + g for g in GT]]: cols[c].append(held.get(c))
+            for topic, c in HELD.items(): cols[c].append((t - since[topic]) / 1e9 if topic in since else None)
+        pending.clear()
     with open(os.path.join(src, name), "rb") as f:
         for schema, channel, message in make_reader(f).iter_messages():
-            if pending is not None and message.log_time > pending:
-                emit(pending); pending = None
-            v = json.loads(message.data)
             t = channel.topic
-            if t in ("/vehicle", "/lane"):
-                held.update({k: v[k] for k in v if k in F64})
+            if t != "/vehicle" and t not in HELD:
+                continue
+            if pending and message.log_time > pending[0][0]:
+                emit()
+            v = json.loads(message.data)
+            if t == "/vehicle":
+                pending.append((message.log_time, v)); continue
+            if t == "/lane":
+                held["lateral_offset_m"] = num(v.get("lateral_offset_m")); held["lane_confidence"] = num(v.get("lane_confidence"))
             elif t == "/objects":
-                held["object_distance_m"] = v.get("distance_m"); held["object_rel_speed_mps"] = v.get("rel_speed_mps"); held["object_class"] = v.get("class")
+                held["object_distance_m"] = num(v.get("distance_m")); held["object_rel_speed_mps"] = num(v.get("rel_speed_mps")); held["object_class"] = v.get("class")
             elif t == "/context":
                 held["weather"] = v.get("weather"); held["time_of_day"] = v.get("time_of_day")
             elif t == "/ground_truth":
-                held.update({"gt_" + k: v[k] for k in v})
-            if t == "/vehicle":
-                pending = message.log_time
-    if pending is not None:
-        emit(pending)
+                held.update({"gt_" + k: v.get(k) for k in GT})
+            since[t] = message.log_time
+    emit()
     d = os.path.join(out, f"drive={drive}"); os.makedirs(d, exist_ok=True)
     pq.write_table(pa.table(cols), os.path.join(d, "part-00000.parquet"), compression="zstd")
 '''

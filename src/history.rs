@@ -114,6 +114,9 @@ pub fn explanation(
         "compared_with_run": compared,
         "changes": changes,
         "components": mine,
+        // What a stage that succeeded still said about its result (logs read only in
+        // part, values it could not take): a cache hit passes these on too.
+        "warnings": s.values.get("warnings").cloned().unwrap_or(json!([])),
     })))
 }
 
@@ -212,6 +215,9 @@ pub fn explain(home: &Path, run: &str, stage: &str, json_out: bool) -> anyhow::R
     println!("key {} from:", text(&e["cache_key"]));
     for (k, v) in e["components"].as_object().into_iter().flatten() {
         println!("  {k:<24} {}", text(v));
+    }
+    for w in e["warnings"].as_array().into_iter().flatten() {
+        println!("warning: {}", text(w));
     }
     Ok(ExitCode::SUCCESS)
 }

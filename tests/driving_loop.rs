@@ -247,8 +247,14 @@ fn the_registry_and_the_runs_agree_after_seeds_7_9_7() {
     // this test is about, and a test that branches on it may never see the move.
     let original = std::fs::read_to_string(loop_file()).unwrap();
     let gate = "gate: \"candidate.recall.hard_brake >= production.recall.hard_brake - 0.05 and candidate.f1 >= production.f1 - 0.02\"";
-    assert!(original.contains(gate), "the loop's gate changed: update this test");
-    let open = home.write("open-gate.yaml", &original.replace(gate, "gate: \"candidate.f1 >= 0\""));
+    assert!(
+        original.contains(gate),
+        "the loop's gate changed: update this test"
+    );
+    let open = home.write(
+        "open-gate.yaml",
+        &original.replace(gate, "gate: \"candidate.f1 >= 0\""),
+    );
     let open = open.to_str().unwrap().to_owned();
     let mut runs = Vec::new();
     for (seed, file) in [("7", loop_file()), ("9", open), ("7", loop_file())] {
@@ -282,10 +288,13 @@ fn the_registry_and_the_runs_agree_after_seeds_7_9_7() {
     );
     let second = home.status(&runs[1]);
     assert_eq!(stage(&second, "promote")["phase"], "Succeeded", "{second}");
-    assert_eq!(stage(&second, "promote")["values"]["version"], 2, "{second}");
     assert_eq!(
-        explain["components"]["registry:risk-model@production"],
-        "2",
+        stage(&second, "promote")["values"]["version"],
+        2,
+        "{second}"
+    );
+    assert_eq!(
+        explain["components"]["registry:risk-model@production"], "2",
         "{explain}"
     );
     let history = home.drivetrain(&["registry", "history", "risk-model", "--output", "json"]);

@@ -60,6 +60,29 @@ fn a_partial_ingest_is_a_warning_in_run_and_status_and_can_fail_the_run() {
         "{ingest}"
     );
     assert_eq!(ingest["values"]["unfinished_files"], 1, "{ingest}");
+    let explain = text(&home.drivetrain(&["explain", &run_id(&o), "ingest"]).stdout);
+    assert!(
+        explain.contains("warning: 1 log(s) unfinished"),
+        "{explain}"
+    );
+    // A cache hit of it says so too: the same partial result, reused.
+    let again = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_ok(&again);
+    let again_out = text(&again.stdout);
+    assert!(again_out.contains("cached (from run"), "{again_out}");
+    assert!(
+        again_out.contains("warning: 1 log(s) unfinished"),
+        "{again_out}"
+    );
+    let explain = text(
+        &home
+            .drivetrain(&["explain", &run_id(&again), "ingest"])
+            .stdout,
+    );
+    assert!(
+        explain.contains("warning: 1 log(s) unfinished"),
+        "{again_out}\n{explain}"
+    );
 
     // The same, bounded: a failed stage naming the log.
     std::fs::write(&file, pipeline(", max_unfinished: 0", "logs")).unwrap();

@@ -9,12 +9,19 @@
 //! `background` share of the budget is drawn from all frames (the negatives a classifier
 //! needs), deterministically.
 //!
+//! Export names itself: `export.json` beside the tasks and `data.export_id` in every task
+//! (the run and stage), since task ids restart at 1 in every export.
+//!
 //! Import reads completed Label Studio tasks (`labels` input or `source`, Label Studio's
-//! `JSON` or `JSON_MIN` export) matched by `data.task_id` (Label Studio renumbers the
-//! tasks it imports): of each task's annotations, cancelled ones are skipped and the
-//! newest (or the majority, `policy`) decides, by the `choices` result of the `risk`
-//! control (`from_name`; the one that chose `risky` or `normal` when unset). Fewer labeled
-//! tasks than `min_labeled` (default 90 %) fail the stage with the counts. Or, for the demo,
+//! `JSON` or `JSON_MIN` export), each matched to the frame it was made from by
+//! `data.task_id` (Label Studio renumbers the tasks it imports), `data.export_id`, drive
+//! and log time; anything else is foreign, counted, and fails the stage past
+//! `max_foreign` (default 0). Of each task's annotations, cancelled ones are skipped and
+//! the newest (by parsed RFC 3339 time; or the majority, `policy`) decides, by the
+//! `choices` result of the `risk` control (`from_name`; when the annotation has no `risk`
+//! result, the one that chose a mapped value). Choices mean what `choices:` maps them to;
+//! a value it does not name fails the stage with the counts. Fewer labeled tasks than
+//! `min_labeled` (default 90 %) fail the stage with the counts. Or, for the demo,
 //! labels from the simulator's ground truth (`label_source` = `auto:ground-truth`), and
 //! writes `dataset/{train,val,test}.parquet`: whole drives go to one split, never across.
 

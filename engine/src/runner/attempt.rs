@@ -650,7 +650,7 @@ pub(super) async fn wait_attempt(
 /// logs read only in part, values it could not take), kept as the stage's reason so
 /// `run`, `status`, the API and the web view show it beside the phase: a partial result
 /// is never a plain success.
-fn warnings(values: &Value) -> Option<String> {
+pub(super) fn warnings(values: &Value) -> Option<String> {
     let list: Vec<&str> = values
         .get("warnings")?
         .as_array()?

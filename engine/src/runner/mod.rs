@@ -759,7 +759,11 @@ async fn execute(
         if let Ok(hit) = found {
             provenance.origin = "cached".into();
             provenance.origin_run = Some(hit.run_id.clone());
-            let reason = format!("cached (from run {})", hit.run_id);
+            // A partial result reused is still partial: its warnings go with it.
+            let reason = match attempt::warnings(&hit.values) {
+                Some(w) => format!("cached (from run {})\n{w}", hit.run_id),
+                None => format!("cached (from run {})", hit.run_id),
+            };
             record_taken(
                 ctx,
                 &stage.name,

@@ -3,15 +3,21 @@
 //! ## The frame table (`frames/drive=<drive>/part-NNNNN.parquet`)
 //!
 //! One row per `/vehicle` message, whatever the order of log times in the file (equal
-//! times, chunks out of order, several writers); the other channels are sampled and held
-//! in log-time order (the latest message at or before the frame's log time, messages
-//! sharing it included). A file read in order is streamed; one that is not is read again
-//! and its JSON messages put in order in memory (`reordered` in the values):
+//! times, chunks out of order, several writers). A frame's own fields are its message's:
+//! a field the message lacks, or has as null, is null, never an earlier message's. The
+//! other channels are sampled and held in log-time order (the latest message of each at
+//! or before the frame's log time, messages sharing it included, as a whole: its missing
+//! fields are null too), with that message's age in the channel's `*_age_s` column. A
+//! file read in order is streamed; one that is not is read again and its JSON messages of
+//! those channels put in order in memory (`reordered` in the values). Only those channels
+//! are parsed, and each field on its own: a value of the wrong type is null and counted
+//! (`invalid_values`, per drive and field), a message that is not a JSON object is left
+//! out and counted (`unreadable_messages`, per drive and topic):
 //!
 //! | column | type | from |
 //! |---|---|---|
 //! | `drive` | string | the file's name without extension |
-//! | `ts` | float64 | seconds since the drive's first frame |
+//! | `ts` | float64 | seconds since the drive's earliest frame |
 //! | `log_time_ns` | int64 | the message's log time |
 //! | `speed_mps`, `accel_x`, `accel_y`, `yaw_rate`, `steering`, `brake_pressure`, `lat`, `lon` | float64 | `/vehicle` |
 //! | `lateral_offset_m`, `lane_confidence` | float64 | `/lane` |
@@ -19,6 +25,7 @@
 //! | `object_distance_m`, `object_rel_speed_mps` | float64 | `/objects` |
 //! | `weather`, `time_of_day` | string | `/context` |
 //! | `gt_hard_brake`, `gt_cut_in`, `gt_pedestrian_close_call`, `gt_low_lane_confidence` | bool | `/ground_truth` (simulated drives) |
+//! | `lane_age_s`, `objects_age_s`, `context_age_s`, `ground_truth_age_s` | float64, null | seconds since that channel's held message (null: none yet) |
 //! | `source_file` | string | the log the frame came from |
 //! | `source_offset` | int64 | byte offset of the `/vehicle` message record, or of the chunk holding it |
 //! | `source_chunk_offset` | int64, null | offset of the message inside its decompressed chunk |
@@ -81,8 +88,13 @@ struct FileResult {
 ///
 /// Nothing read is dropped without a count: files of no known format are listed under
 /// `ignored`, logs without `/vehicle` messages under `without_frames` (they are still
-/// indexed), MCAP files without a footer under `unfinished`, logs skipped by `on_error:
-/// skip` under `skipped` (and are absent from every table). Only a source with no logs at all, or whose every log failed, is an error.
+/// indexed), MCAP files without a footer or cut short under `unfinished` (and
+/// `unfinished_detail`: where, how many frames), logs skipped by `on_error: skip` under
+/// `skipped` (and are absent from every table), fields and messages the table could not
+/// take under `invalid_values` and `unreadable_messages`. Whatever of these a succeeded
+/// stage has is also in `warnings`, which the engine shows beside its phase. Only a source
+/// with no logs at all, or whose every log failed, or more unfinished logs than
+/// `max_unfinished`, is an error.
 pub fn ingest(
     cfg: &IngestConfig,
     source: &LogSource,
