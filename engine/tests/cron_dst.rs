@@ -104,8 +104,13 @@ for c in json.load(sys.stdin):
     out.append(ticks)
 json.dump(out, sys.stdout)
 "#;
+    python(SCRIPT, cases)
+}
+
+/// What a Python script of the tests' venv prints (JSON) for `cases` on its stdin.
+fn python(script: &str, cases: &[Value]) -> Vec<Vec<String>> {
     let mut child = Command::new(drivetrain_engine::testing::venv_bin("python"))
-        .args(["-c", SCRIPT])
+        .args(["-c", script])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -240,21 +245,7 @@ json.dump(out, sys.stdout)
             json!({"cron": cron, "start": start, "end": end, "day_or": day_or})
         })
         .collect();
-    let mut child = Command::new(drivetrain_engine::testing::venv_bin("python"))
-        .args(["-c", SCRIPT])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("the tests' venv python");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(&serde_json::to_vec(&cases).unwrap())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "croniter failed");
-    let expected: Vec<Vec<String>> = serde_json::from_slice(&out.stdout).unwrap();
+    let expected = python(SCRIPT, &cases);
     for (cron, want) in crons.iter().zip(&expected) {
         let schedule = Schedule {
             cron: cron.to_string(),
