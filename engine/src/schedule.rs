@@ -16,6 +16,9 @@
 //! does not exist (spring forward) fires at the first minute after the gap, and a time
 //! that exists twice (fall back) fires twice for interval jobs (hour `*` or `*/N`) and
 //! once for a fixed hour (see [`Ticker`]; `tests/cron_dst.rs` compares with croniter).
+//! Expressions are read as cronie reads them ([`parse_cron`]): nicknames (`@daily`,
+//! `@midnight`, …), and day of month and day of week ORed only when neither starts with
+//! `*`.
 
 use chrono::{DateTime, Duration, NaiveDateTime, SubsecRound, Utc};
 
