@@ -3,9 +3,11 @@
 //! Every output of a stage attempt lives under `runs/<run>/<stage>/<attempt>/<output>/`,
 //! its log at `runs/<run>/logs/<stage>.<attempt>.txt`.
 //! An output becomes an artifact only when the engine writes its manifest
-//! (`runs/<run>/<stage>/<attempt>/manifests/<output>.json`: every object's path, size and
-//! ETag) after the stage succeeded; the artifact's digest is the sha256 of the manifest's
-//! bytes. Objects of a failed attempt are never referenced by a manifest, so they are never
+//! (`runs/<run>/<stage>/<attempt>/manifests/<output>.json`: every object's path, size,
+//! ETag and, for files published from this machine, the sha256 of its bytes) after the
+//! stage succeeded; the artifact's digest is the sha256 of the manifest's bytes. An input
+//! materialized on a `file://` store is checked against that sha256 first: a rewrite that
+//! kept the size and modification time (and so the ETag) is an error, not an input. Objects of a failed attempt are never referenced by a manifest, so they are never
 //! visible as an artifact. Keys are validated: no `..`, no absolute paths, no symlinks, so
 //! nothing a stage writes escapes its prefix.
 //!
@@ -138,6 +140,12 @@ pub struct ManifestEntry {
     pub key: Option<String>,
     pub size: u64,
     pub etag: Option<String>,
+    /// The sha256 of the object's bytes (hex), taken when it was published from a local
+    /// file: what materializing it on this machine checks, so a rewrite that keeps the
+    /// size and restores the modification time (the `file://` ETag) is still seen.
+    /// Absent for objects a pod uploaded and for manifests written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 /// What an artifact is: its objects, listed once when the stage succeeded.
@@ -304,8 +312,9 @@ impl ArtifactStore {
     ) -> Result<ArtifactRef, ArtifactError> {
         let prefix = format!("{}/{}", attempt.prefix(), output);
         let files = self.upload(&prefix, output, dir).await?;
+        let hashes = sha256_files(dir, files.iter().map(|f| f.rel.clone()).collect()).await?;
         let mut entries = Vec::with_capacity(files.len());
-        for f in files {
+        for (f, sha256) in files.into_iter().zip(hashes) {
             // A `file://` store's ETag covers the inode, so it is read after linking.
             let (size, etag) = match f.etag {
                 Some(etag) => (f.size, Some(etag)),
@@ -323,6 +332,7 @@ impl ArtifactStore {
                 key: None,
                 size,
                 etag,
+                sha256: Some(sha256),
             });
         }
         let manifest_key = format!("{}/manifests/{output}.json", attempt.prefix());
@@ -348,6 +358,7 @@ impl ArtifactStore {
                     key: Some(key),
                     size: f.size,
                     etag: f.etag,
+                    sha256: f.sha256,
                 });
             }
         }
@@ -399,6 +410,7 @@ impl ArtifactStore {
                 key: None,
                 size: m.size,
                 etag: m.e_tag,
+                sha256: None,
             });
         }
         entries.sort_by(|a, b| a.path.cmp(&b.path));
@@ -605,6 +617,17 @@ impl ArtifactStore {
                     .map_err(io(format!("create {}", parent.display())))?;
             }
             if let Some(src) = self.local_path(&key) {
+                // Same size and ETag is not the same bytes: a rewrite can keep both.
+                if let Some(want) = &f.sha256 {
+                    let found = sha256_file(src.clone()).await?;
+                    if &found != want {
+                        return Err(ArtifactError::Modified {
+                            key: key.to_string(),
+                            expected: format!("sha256 {want}"),
+                            found: format!("sha256 {found}"),
+                        });
+                    }
+                }
                 if std::fs::hard_link(&src, &target).is_ok() {
                     continue;
                 }
@@ -821,6 +844,44 @@ impl ArtifactStore {
     }
 }
 
+/// The sha256 (hex) of a local file, read in 1 MiB blocks on the blocking pool.
+async fn sha256_file(path: std::path::PathBuf) -> Result<String, ArtifactError> {
+    tokio::task::spawn_blocking(move || hash_file(&path))
+        .await
+        .map_err(|e| ArtifactError::Io {
+            what: "hash a file".into(),
+            source: std::io::Error::other(e),
+        })?
+}
+
+/// The sha256 of each of `rels` under `dir`, in order, on the blocking pool.
+async fn sha256_files(dir: &FsPath, rels: Vec<String>) -> Result<Vec<String>, ArtifactError> {
+    let dir = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || rels.iter().map(|r| hash_file(&dir.join(r))).collect())
+        .await
+        .map_err(|e| ArtifactError::Io {
+            what: "hash the outputs".into(),
+            source: std::io::Error::other(e),
+        })?
+}
+
+fn hash_file(path: &FsPath) -> Result<String, ArtifactError> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(io(format!("open {}", path.display())))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f
+            .read(&mut buf)
+            .map_err(io(format!("read {}", path.display())))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
 fn object_key(manifest: &Manifest, f: &ManifestEntry) -> Path {
     match &f.key {
         Some(k) => Path::from(k.as_str()),
@@ -1009,6 +1070,53 @@ mod tests {
             err.to_string()
                 .contains("was modified after it was published"),
             "{err}"
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// Regression (issue 26): a rewrite that keeps the size and restores the
+    /// modification time keeps the `file://` ETag too, so `verify` cannot see it; the
+    /// manifest's sha256 does, when the artifact is materialized.
+    #[tokio::test]
+    async fn a_same_size_rewrite_with_its_old_mtime_is_seen_by_its_sha256() {
+        let root = std::env::temp_dir().join(format!("dt-sha-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let out = root.join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        std::fs::write(out.join("a.txt"), b"hello").unwrap();
+        let store = ArtifactStore::open(&format!("file://{}/store", root.display())).unwrap();
+        let art = store.publish_dir(&attempt(), "data", &out).await.unwrap();
+        let m = store.manifest(&art).await.unwrap();
+        assert_eq!(
+            m.files[0].sha256.as_deref(),
+            Some("2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"),
+            "sha256 of `hello`"
+        );
+        let stored = root.join("store/runs/r1/s/1/data/a.txt");
+        let mtime = std::fs::metadata(&stored).unwrap().modified().unwrap();
+        let mut perm = std::fs::metadata(&stored).unwrap().permissions();
+        #[allow(clippy::permissions_set_readonly_false)]
+        perm.set_readonly(false);
+        std::fs::set_permissions(&stored, perm).unwrap();
+        std::fs::write(&stored, b"HELLO").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&stored)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+        // Size, inode and mtime as published: the ETag check passes.
+        store.verify(&art).await.unwrap();
+        let err = store.materialize(&art, &root.join("in")).await.unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("was modified after it was published"),
+            "{text}"
+        );
+        assert!(text.contains("sha256 2cf24dba"), "{text}");
+        assert!(
+            !root.join("in/a.txt").exists(),
+            "nothing tampered is handed on"
         );
         std::fs::remove_dir_all(&root).unwrap();
     }

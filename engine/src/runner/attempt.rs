@@ -190,8 +190,15 @@ pub(super) async fn run_attempt(
                         dest: dest.clone(),
                     });
                 } else {
+                    // A changed artifact is its producer's fault (or the store's), not
+                    // this stage's: name who made it.
                     ctx.artifacts.materialize(art, &dest).await.map_err(|e| {
-                        format!("cannot materialize input `{}`: {}", input.name, chain(&e))
+                        format!(
+                            "cannot materialize input `{}` (an artifact of `{}`): {}",
+                            input.name,
+                            ctx.pipeline.stage(input.stage).name,
+                            chain(&e)
+                        )
                     })?;
                 }
                 input_paths.insert(input.name.clone(), dest.display().to_string());
