@@ -6,16 +6,74 @@
 //! of `state.db` while its run reported Succeeded. The test runs with
 //! `DRIVETRAIN_ISOLATION=required`, so it fails rather than passes vacuously where no
 //! namespace can be had; as another user it says so and checks nothing (that case is the
-//! user-namespace path, whose attempt drops its capabilities at `exec` anyway).
+//! user-namespace path, whose attempt drops its capabilities at `exec` anyway), except
+//! under `CI=true`, where a test that cannot run as root fails: CI must check it.
+//!
+//! A layer the kernel refuses is shown too: with user namespaces refused (the engine runs
+//! inside `unshare -U -r -m` with `user.max_user_namespaces = 0`, which only that
+//! namespace sees), `required` fails the stage naming the layer, and `auto` runs it in a
+//! mount namespace alone.
 
 mod common;
 
 use common::*;
 
+/// Whether this test runs as root; when not, it is skipped with `why`, except under
+/// `CI=true`, where it fails: the isolation tests must never pass without checking.
+fn root_or_skip(why: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").map_or(true, |v| v != "true"),
+        "CI runs the isolation tests as root, and this one is not: {why}"
+    );
+    eprintln!("not root, skipped: {why}");
+    false
+}
+
+/// `drivetrain ARGS` in `home` with user namespaces refused to it and its stages.
+fn without_user_namespaces(home: &Home, isolation: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("unshare")
+        .args(["-U", "-r", "-m", "sh", "-c"])
+        .arg(r#"echo 0 > /proc/sys/user/max_user_namespaces && exec "$0" "$@""#)
+        .arg(env!("CARGO_BIN_EXE_drivetrain"))
+        .args(args)
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .env("DRIVETRAIN_ISOLATION", isolation)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("unshare runs")
+}
+
+#[test]
+fn a_refused_user_namespace_fails_a_required_stage_and_auto_says_what_it_has() {
+    if !root_or_skip("user namespaces are refused from inside a namespace root makes") {
+        return;
+    }
+    let home = Home::new("no-userns");
+    let file = home.write(
+        "p.yaml",
+        "version: 1\nname: no-userns\nstages:\n  a:\n    run: {command: [sh, -c, 'echo ran > \"$0/f\"', \"{{ outputs.o }}\"]}\n    outputs: [o]\n",
+    );
+    let file = file.to_str().unwrap();
+    let o = without_user_namespaces(&home, "required", &["run", file]);
+    let out = text(&o.stdout) + &text(&o.stderr);
+    assert_ne!(o.status.code(), Some(0), "{out}");
+    assert!(
+        out.contains("the kernel refused it a user namespace"),
+        "{out}"
+    );
+    assert!(out.contains("DRIVETRAIN_ISOLATION=required"), "{out}");
+    // `auto`: the mount namespace alone, which root can still make; the stage runs.
+    let o = without_user_namespaces(&home, "auto", &["run", file]);
+    assert_ok(&o);
+}
+
 #[test]
 fn a_root_stage_cannot_undo_its_mounts() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("not root: the probe is about stages of an engine running as root");
+    if !root_or_skip("the probe is about stages of an engine running as root") {
         return;
     }
     let home = Home::new("escape");
@@ -142,8 +200,9 @@ fn an_isolated_stage_starts_like_any_process() {
         .args(["-Urm", "true"])
         .status()
         .is_ok_and(|s| s.success());
-    if !nix::unistd::geteuid().is_root() && !userns {
-        eprintln!("no mount namespaces for this user here: nothing is isolated to check");
+    if !userns
+        && !root_or_skip("no mount namespaces for this user here: nothing is isolated to check")
+    {
         return;
     }
     let home = Home::new("clone-start");

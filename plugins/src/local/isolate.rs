@@ -115,13 +115,17 @@ pub(super) struct MountPlan {
     /// `/proc/PID/root` of the engine's, whatever its uid and capabilities).
     user: [(CString, CString); 3],
     /// Root may go on without the user namespace where the kernel refuses one (a
-    /// seccomp filter, a sysctl): it can make the mount namespace alone.
+    /// seccomp filter, a sysctl): it can make the mount namespace alone. Not when
+    /// isolation is `required`: every layer or none.
     root: bool,
+    required: bool,
     mounts: Vec<(CString, bool)>,
 }
 
 impl MountPlan {
-    pub(super) fn new(access: &[PathAccess]) -> std::io::Result<Self> {
+    /// The plan for an attempt that may reach `access`; `required`: a layer the kernel
+    /// refuses (the user namespace) fails the start instead of being done without.
+    pub(super) fn new(access: &[PathAccess], required: bool) -> std::io::Result<Self> {
         let uid = nix::unistd::geteuid();
         let gid = nix::unistd::getegid();
         let c = |s: String| CString::new(s).expect("no NUL");
@@ -140,6 +144,7 @@ impl MountPlan {
         Ok(MountPlan {
             user,
             root: uid.is_root(),
+            required,
             mounts,
         })
     }
@@ -160,8 +165,8 @@ impl MountPlan {
                     nix::unistd::write(&fd, text.as_bytes())?;
                 }
             }
-            Err(_) if self.root => unshare(CloneFlags::CLONE_NEWNS)?,
-            Err(e) => return Err(e.into()),
+            Err(_) if self.root && !self.required => unshare(CloneFlags::CLONE_NEWNS)?,
+            Err(e) => return Err(std::io::Error::from_raw_os_error(e as i32 | USERNS_FLAG)),
         }
         // Nothing mounted here propagates back to the engine's namespace.
         mount(
@@ -184,13 +189,18 @@ impl MountPlan {
     }
 }
 
+/// Set on the errno [`MountPlan::apply`] returns when the kernel refused the attempt a
+/// user namespace (errnos are < 4096), so the engine's error can say which layer it was
+/// without the child allocating.
+const USERNS_FLAG: i32 = 1 << 20;
+
 /// Whether this process can give its children mount namespaces: found once, by starting
 /// `true` in one the way attempts are started ([`spawn`]).
 pub fn namespaces_work() -> bool {
     static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *WORKS.get_or_init(|| {
         let started = (|| {
-            let plan = Arc::new(MountPlan::new(&[])?);
+            let plan = Arc::new(MountPlan::new(&[], false)?);
             let null = std::fs::File::create("/dev/null")?;
             let path = std::env::var("PATH").unwrap_or_default();
             let env = BTreeMap::from([("PATH".to_string(), path)]);
@@ -223,6 +233,7 @@ struct Failure {
 const STEP_SETUP: i32 = 1;
 const STEP_ISOLATE: i32 = 2;
 const STEP_EXEC: i32 = 3;
+const STEP_USERNS: i32 = 4;
 
 /// Everything the child needs, made before the clone: C strings and the pointer arrays
 /// `execve` takes (pointing into them), the descriptors it installs as 0, 1 and 2.
@@ -365,6 +376,9 @@ pub(super) fn spawn(
     Err(match launch.failure.step.load(Ordering::SeqCst) {
         STEP_EXEC => os,
         STEP_ISOLATE => std::io::Error::other(format!("cannot isolate the attempt: {os}")),
+        STEP_USERNS => std::io::Error::other(format!(
+            "cannot isolate the attempt: the kernel refused it a user namespace ({os}), and DRIVETRAIN_ISOLATION=required runs a stage with every layer or not at all"
+        )),
         _ => std::io::Error::other(format!("cannot set up the process: {os}")),
     })
 }
@@ -414,7 +428,10 @@ fn prepare_and_exec(l: &Launch) -> (i32, i32) {
         }
     }
     if let Err(e) = l.plan.apply() {
-        return (STEP_ISOLATE, e.raw_os_error().unwrap_or(libc::EIO));
+        return match e.raw_os_error() {
+            Some(n) if n & USERNS_FLAG != 0 => (STEP_USERNS, n & !USERNS_FLAG),
+            n => (STEP_ISOLATE, n.unwrap_or(libc::EIO)),
+        };
     }
     let mut denied = false;
     let mut errno = libc::ENOENT;

@@ -276,7 +276,8 @@ impl Executor for LocalExecutor {
         };
         let plan = if isolate {
             Some(Arc::new(
-                MountPlan::new(&spec.access).map_err(|e| ExecutorError(e.to_string()))?,
+                MountPlan::new(&spec.access, self.isolation == Isolation::Required)
+                    .map_err(|e| ExecutorError(e.to_string()))?,
             ))
         } else {
             None
