@@ -1,5 +1,5 @@
 //! `drivetrain doctor`: what this machine offers local runs — cores, GPUs (and how they
-//! were found), whether stages get a private mount namespace.
+//! were found), and each layer of a local stage's containment: active here or not.
 
 use std::process::ExitCode;
 
@@ -10,6 +10,7 @@ pub fn doctor(gpus: Option<usize>, json_out: bool) -> anyhow::Result<ExitCode> {
     let cores = crate::runs::default_parallelism();
     let found = drivetrain_plugins::gpus::detect(gpus);
     let isolation = drivetrain_plugins::local::namespaces_work();
+    let layers = drivetrain_plugins::local::layers();
     if json_out {
         let list: Vec<_> = found
             .gpus
@@ -23,6 +24,10 @@ pub fn doctor(gpus: Option<usize>, json_out: bool) -> anyhow::Result<ExitCode> {
                 "gpus": list,
                 "gpus_from": found.source,
                 "isolation": isolation,
+                "layers": layers
+                    .iter()
+                    .map(|(name, active, what)| json!({"layer": name, "active": active, "what": what}))
+                    .collect::<Vec<_>>(),
             }))?
         );
         return Ok(ExitCode::SUCCESS);
@@ -47,5 +52,12 @@ pub fn doctor(gpus: Option<usize>, json_out: bool) -> anyhow::Result<ExitCode> {
             false => "no mount namespaces here: inputs are checked after each attempt instead",
         }
     );
+    for (name, active, what) in &layers {
+        println!(
+            "  {:<18} {:<3} {what}",
+            name,
+            if *active { "yes" } else { "no" }
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

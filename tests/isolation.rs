@@ -69,6 +69,23 @@ fn a_refused_user_namespace_fails_a_required_stage_and_auto_says_what_it_has() {
     // `auto`: the mount namespace alone, which root can still make; the stage runs.
     let o = without_user_namespaces(&home, "auto", &["run", file]);
     assert_ok(&o);
+    // And `doctor` says which layers there are, there and here.
+    let layer = |o: std::process::Output, name: &str| -> serde_json::Value {
+        assert_ok(&o);
+        let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let found = report["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["layer"] == name);
+        found.unwrap_or_else(|| panic!("{name}: {report}"))["active"].clone()
+    };
+    let doctor = || without_user_namespaces(&home, "auto", &["doctor", "-o", "json"]);
+    assert_eq!(layer(doctor(), "user namespace"), false);
+    assert_eq!(layer(doctor(), "mount namespace"), true);
+    let here = || home.drivetrain(&["doctor", "-o", "json"]);
+    assert_eq!(layer(here(), "user namespace"), true);
+    assert_eq!(layer(here(), "pid namespace"), false, "not built yet");
 }
 
 #[test]

@@ -223,6 +223,60 @@ pub fn namespaces_work() -> bool {
     })
 }
 
+/// Whether an attempt gets a user namespace of its own here (what `required` needs):
+/// found once, by starting `true` the way a `required` attempt starts.
+pub fn user_namespaces_work() -> bool {
+    static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WORKS.get_or_init(|| {
+        let started = (|| {
+            let plan = Arc::new(MountPlan::new(&[], true)?);
+            let null = std::fs::File::create("/dev/null")?;
+            let path = std::env::var("PATH").unwrap_or_default();
+            let env = BTreeMap::from([("PATH".to_string(), path)]);
+            spawn("true", &[], &env, Path::new("/"), &null, 0, plan)
+        })();
+        match started {
+            Ok(pid) => matches!(
+                nix::sys::wait::waitpid(Pid::from_raw(pid), None),
+                Ok(nix::sys::wait::WaitStatus::Exited(_, 0))
+            ),
+            Err(_) => false,
+        }
+    })
+}
+
+/// Each layer of a local attempt's containment and whether this machine gives it, in
+/// the order they are set up: what `doctor` lists. Layers not built yet say so.
+pub fn layers() -> Vec<(&'static str, bool, &'static str)> {
+    let mount = namespaces_work();
+    vec![
+        (
+            "user namespace",
+            user_namespaces_work(),
+            "the attempt's uids are its own namespace's (uid 0 is still mapped to uid 0)",
+        ),
+        (
+            "mount namespace",
+            mount,
+            "the engine's home, the store and the inputs read-only; the attempt's directory and outputs writable",
+        ),
+        (
+            "capabilities",
+            mount,
+            "every capability but Docker's default set less MKNOD dropped; no_new_privs",
+        ),
+        (
+            "artifact sha256",
+            true,
+            "inputs on file:// are hashed and checked against their manifest before the stage starts",
+        ),
+        ("pid namespace", false, "not built: a stage sees and can signal other processes of its uid"),
+        ("cgroup limits", false, "not built: `resources` are not enforced on this executor"),
+        ("seccomp filter", false, "not built"),
+        ("network namespace", false, "not built: stages share the host's network"),
+    ]
+}
+
 /// Where the child failed, with the `errno`, for the engine's error.
 #[derive(Default)]
 struct Failure {

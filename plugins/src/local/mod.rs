@@ -45,7 +45,7 @@ use tokio::process::{Child, Command};
 mod isolate;
 
 use isolate::MountPlan;
-pub use isolate::{namespaces_work, KEPT_CAPS};
+pub use isolate::{layers, namespaces_work, user_namespaces_work, KEPT_CAPS};
 
 /// Runs attempts as local processes.
 #[derive(Debug, Default, Clone)]
