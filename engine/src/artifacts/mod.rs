@@ -1046,6 +1046,14 @@ mod tests {
         std::fs::remove_dir_all(&root).unwrap();
     }
 
+    /// Undoes the read-only mode a published file gets, as a root stage could.
+    fn make_writable(path: &std::path::Path) {
+        let mut perm = std::fs::metadata(path).unwrap().permissions();
+        #[allow(clippy::permissions_set_readonly_false)]
+        perm.set_readonly(false);
+        std::fs::set_permissions(path, perm).unwrap();
+    }
+
     #[tokio::test]
     async fn modified_objects_are_detected() {
         let root = std::env::temp_dir().join(format!("dt-mod-{}", std::process::id()));
@@ -1058,10 +1066,7 @@ mod tests {
         store.verify(&art).await.unwrap();
         // Write through a hard link, as a careless stage could (the engine runs as root here).
         let stored = root.join("store/runs/r1/s/1/data/a.txt");
-        let mut perm = std::fs::metadata(&stored).unwrap().permissions();
-        #[allow(clippy::permissions_set_readonly_false)]
-        perm.set_readonly(false);
-        std::fs::set_permissions(&stored, perm).unwrap();
+        make_writable(&stored);
         std::fs::write(&stored, b"HELLO, tampered").unwrap();
         let err = store.verify(&art).await.unwrap_err();
         assert!(matches!(err, ArtifactError::Modified { .. }), "{err}");
@@ -1094,10 +1099,7 @@ mod tests {
         );
         let stored = root.join("store/runs/r1/s/1/data/a.txt");
         let mtime = std::fs::metadata(&stored).unwrap().modified().unwrap();
-        let mut perm = std::fs::metadata(&stored).unwrap().permissions();
-        #[allow(clippy::permissions_set_readonly_false)]
-        perm.set_readonly(false);
-        std::fs::set_permissions(&stored, perm).unwrap();
+        make_writable(&stored);
         std::fs::write(&stored, b"HELLO").unwrap();
         std::fs::File::options()
             .write(true)

@@ -194,25 +194,31 @@ impl MountPlan {
 /// without the child allocating.
 const USERNS_FLAG: i32 = 1 << 20;
 
+/// Whether `true` starts and exits 0 isolated as an attempt is ([`spawn`]), with every
+/// layer (`required`) or with what the kernel gives.
+fn probe(required: bool) -> bool {
+    let started = (|| {
+        let plan = Arc::new(MountPlan::new(&[], required)?);
+        let null = std::fs::File::create("/dev/null")?;
+        let path = std::env::var("PATH").unwrap_or_default();
+        let env = BTreeMap::from([("PATH".to_string(), path)]);
+        spawn("true", &[], &env, Path::new("/"), &null, 0, plan)
+    })();
+    match started {
+        Ok(pid) => matches!(
+            nix::sys::wait::waitpid(Pid::from_raw(pid), None),
+            Ok(nix::sys::wait::WaitStatus::Exited(_, 0))
+        ),
+        Err(_) => false,
+    }
+}
+
 /// Whether this process can give its children mount namespaces: found once, by starting
-/// `true` in one the way attempts are started ([`spawn`]).
+/// `true` in one the way attempts are started.
 pub fn namespaces_work() -> bool {
     static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *WORKS.get_or_init(|| {
-        let started = (|| {
-            let plan = Arc::new(MountPlan::new(&[], false)?);
-            let null = std::fs::File::create("/dev/null")?;
-            let path = std::env::var("PATH").unwrap_or_default();
-            let env = BTreeMap::from([("PATH".to_string(), path)]);
-            spawn("true", &[], &env, Path::new("/"), &null, 0, plan)
-        })();
-        let works = match started {
-            Ok(pid) => matches!(
-                nix::sys::wait::waitpid(Pid::from_raw(pid), None),
-                Ok(nix::sys::wait::WaitStatus::Exited(_, 0))
-            ),
-            Err(_) => false,
-        };
+        let works = probe(false);
         if !works {
             tracing::warn!(
                 "no mount namespace for stages here (not root, and no unprivileged user namespaces): \
@@ -227,22 +233,7 @@ pub fn namespaces_work() -> bool {
 /// found once, by starting `true` the way a `required` attempt starts.
 pub fn user_namespaces_work() -> bool {
     static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WORKS.get_or_init(|| {
-        let started = (|| {
-            let plan = Arc::new(MountPlan::new(&[], true)?);
-            let null = std::fs::File::create("/dev/null")?;
-            let path = std::env::var("PATH").unwrap_or_default();
-            let env = BTreeMap::from([("PATH".to_string(), path)]);
-            spawn("true", &[], &env, Path::new("/"), &null, 0, plan)
-        })();
-        match started {
-            Ok(pid) => matches!(
-                nix::sys::wait::waitpid(Pid::from_raw(pid), None),
-                Ok(nix::sys::wait::WaitStatus::Exited(_, 0))
-            ),
-            Err(_) => false,
-        }
-    })
+    *WORKS.get_or_init(|| probe(true))
 }
 
 /// Each layer of a local attempt's containment and whether this machine gives it, in
