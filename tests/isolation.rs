@@ -295,3 +295,61 @@ stages:
         text(&o.stdout)
     );
 }
+
+/// A stage sees its own attempt only: another attempt's live log (unmasked until that
+/// attempt ends), other work directories and the state database are not there for it,
+/// while its own directory, checkpoints and inputs are (issue 26's cross-run secret).
+#[test]
+fn a_stage_cannot_read_other_attempts_or_the_state_database() {
+    if !root_or_skip("the home is hidden in the attempt's mount namespace") {
+        return;
+    }
+    let home = Home::new("hidden");
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: hidden
+stages:
+  talker:
+    run: {command: [sh, -c, 'echo "token=s3cr3t-$$"; sleep 3']}
+  reader:
+    run:
+      command:
+        - sh
+        - -c
+        - |
+          sleep 1
+          work=$(cd ../.. && pwd)
+          echo "runs: $(ls "$work" | wc -l)"
+          cat "$work"/*/*/log.txt 2>/dev/null | grep token= || echo "no token read"
+          echo "state.db bytes: $(wc -c < "$work/../state.db")"
+          echo mine > own.txt && cat own.txt
+          echo nope > "$work/x" 2>/dev/null && echo "WROTE into the hidden dir" || echo "refused: hidden dir"
+  after:
+    needs: [reader]
+    run: {command: [sh, -c, 'test -d "$DRIVETRAIN_CHECKPOINTS" && echo ok > "$DRIVETRAIN_CHECKPOINTS/c" && cat "$DRIVETRAIN_CHECKPOINTS/c"']}
+"#,
+    );
+    // An earlier run's attempt, still running as far as its files go.
+    let other = home
+        .dir
+        .join(".drivetrain/work/20261124-000000-other/train.1");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("log.txt"), "token=s3cr3t-of-another-run\n").unwrap();
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap(), "--parallelism", "2"],
+        &[("DRIVETRAIN_ISOLATION", "required")],
+    );
+    assert_ok(&o);
+    let run = run_id(&o);
+    let log = text(&home.drivetrain(&["logs", &run, "--stage", "reader"]).stdout);
+    assert!(log.contains("runs: 1"), "only its own run's folder: {log}");
+    assert!(!log.contains("s3cr3t"), "{log}");
+    assert!(log.contains("no token read"), "{log}");
+    assert!(log.contains("state.db bytes: 0"), "{log}");
+    assert!(log.contains("mine"), "its own directory is writable: {log}");
+    assert!(log.contains("refused: hidden dir"), "{log}");
+    let after = text(&home.drivetrain(&["logs", &run, "--stage", "after"]).stdout);
+    assert!(after.contains("ok"), "checkpoints stay writable: {after}");
+}

@@ -189,10 +189,14 @@ pub struct ExecOutput {
 }
 
 /// One entry of [`AttemptSpec::access`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PathAccess {
     pub path: PathBuf,
     pub writable: bool,
+    /// Nothing of it is visible to the attempt (an empty directory over a directory,
+    /// an empty file over a file), except later entries under it, which stay as given:
+    /// other attempts' work directories and the state database.
+    pub hidden: bool,
 }
 
 /// How an attempt ended.

@@ -397,7 +397,7 @@ pub(super) async fn run_attempt(
     let mut access = Vec::new();
     let ro = |path: &Path| PathAccess {
         path: path.to_path_buf(),
-        writable: false,
+        ..Default::default()
     };
     let home = ctx.opts.work_dir.parent().unwrap_or(&ctx.opts.work_dir);
     access.push(ro(home));
@@ -406,13 +406,28 @@ pub(super) async fn run_attempt(
             access.push(ro(root));
         }
     }
+    // A stage sees its own attempt only: not the state database, not other attempts'
+    // directories (their live logs are not masked until they end).
+    let hide = |path: PathBuf| PathAccess {
+        path,
+        hidden: true,
+        ..Default::default()
+    };
+    access.push(hide(ctx.opts.work_dir.clone()));
+    for db in ["state.db", "state.db-wal", "state.db-shm"] {
+        if home.join(db).is_file() {
+            access.push(hide(home.join(db)));
+        }
+    }
     access.push(PathAccess {
         path: dir.clone(),
         writable: true,
+        ..Default::default()
     });
     access.push(PathAccess {
         path: checkpoints.clone(),
         writable: true,
+        ..Default::default()
     });
     if let (Action::Step { registry: true, .. }, Some(root)) =
         (&stage.action, ctx.artifacts.local_root())
@@ -422,6 +437,7 @@ pub(super) async fn run_attempt(
         access.push(PathAccess {
             path: registry,
             writable: true,
+            ..Default::default()
         });
     }
     for o in stage.outputs.iter().filter(|o| o.mode == IoMode::Url) {
@@ -429,6 +445,7 @@ pub(super) async fn run_attempt(
             access.push(PathAccess {
                 path: p,
                 writable: true,
+                ..Default::default()
             });
         }
     }

@@ -119,7 +119,32 @@ pub(super) struct MountPlan {
     /// isolation is `required`: every layer or none.
     root: bool,
     required: bool,
-    mounts: Vec<(CString, bool)>,
+    mounts: Vec<Mount>,
+}
+
+/// One mount of an attempt's namespace, in the order they are made.
+struct Mount {
+    path: CString,
+    writable: bool,
+    kind: Kind,
+}
+
+enum Kind {
+    /// Bound onto itself, then remounted read-only or writable.
+    Bind,
+    /// An empty read-only tmpfs over a directory.
+    HideDir,
+    /// An empty read-only file over a file: `.empty`, made in the tmpfs of a directory
+    /// hidden before it (`/dev/null` where there is none: a device stays writable).
+    HideFile { empty: Option<CString> },
+    /// Under a hidden directory: its tree is captured (`open_tree`) before anything is
+    /// hidden, and put back (`move_mount`) onto `dirs`, made in the tmpfs first.
+    Reattach {
+        dirs: Vec<CString>,
+        /// The captured tree's descriptor, set by the child (the plan is shared memory
+        /// with it, and its children start one at a time).
+        fd: AtomicI32,
+    },
 }
 
 impl MountPlan {
@@ -134,12 +159,43 @@ impl MountPlan {
             (c("/proc/self/uid_map".into()), c(format!("{uid} {uid} 1"))),
             (c("/proc/self/gid_map".into()), c(format!("{gid} {gid} 1"))),
         ];
+        let c_path = |p: &Path| {
+            CString::new(p.as_os_str().as_bytes())
+                .map_err(|_| std::io::Error::other(format!("path {} has a NUL byte", p.display())))
+        };
         let mut mounts = Vec::with_capacity(access.len());
-        for a in access {
-            let path = CString::new(a.path.as_os_str().as_bytes()).map_err(|_| {
-                std::io::Error::other(format!("path {} has a NUL byte", a.path.display()))
-            })?;
-            mounts.push((path, a.writable));
+        for (i, a) in access.iter().enumerate() {
+            let under = access[..i]
+                .iter()
+                .find(|h| h.hidden && h.path.is_dir() && a.path.starts_with(&h.path));
+            let kind = match (a.hidden, under) {
+                (true, _) if a.path.is_dir() => Kind::HideDir,
+                (true, _) => Kind::HideFile {
+                    empty: access[..i]
+                        .iter()
+                        .find(|h| h.hidden && h.path.is_dir())
+                        .map(|h| c_path(&h.path.join(".empty")))
+                        .transpose()?,
+                },
+                (false, Some(h)) => Kind::Reattach {
+                    dirs: a
+                        .path
+                        .ancestors()
+                        .take_while(|d| d.starts_with(&h.path) && *d != h.path)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .map(c_path)
+                        .collect::<std::io::Result<_>>()?,
+                    fd: AtomicI32::new(-1),
+                },
+                (false, None) => Kind::Bind,
+            };
+            mounts.push(Mount {
+                path: c_path(&a.path)?,
+                writable: a.writable,
+                kind,
+            });
         }
         Ok(MountPlan {
             user,
@@ -176,14 +232,109 @@ impl MountPlan {
             MsFlags::MS_REC | MsFlags::MS_PRIVATE,
             none,
         )?;
-        for (path, writable) in &self.mounts {
-            let p = path.as_c_str();
-            mount(Some(p), p, none, MsFlags::MS_BIND | MsFlags::MS_REC, none)?;
+        // What stays visible under a hidden directory is taken before anything is hidden.
+        for m in &self.mounts {
+            if let Kind::Reattach { fd, .. } = &m.kind {
+                // SAFETY: open_tree with a NUL-terminated path and integer flags.
+                let r = unsafe {
+                    libc::syscall(
+                        libc::SYS_open_tree,
+                        libc::AT_FDCWD,
+                        m.path.as_ptr(),
+                        OPEN_TREE_CLONE
+                            | libc::O_CLOEXEC as libc::c_uint
+                            | libc::AT_RECURSIVE as libc::c_uint,
+                    )
+                };
+                if r < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                fd.store(r as i32, Ordering::SeqCst);
+            }
+        }
+        let read_only =
+            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+        for m in &self.mounts {
+            let p = m.path.as_c_str();
+            match &m.kind {
+                Kind::HideDir => {
+                    mount(
+                        Some(c"tmpfs"),
+                        p,
+                        Some(c"tmpfs"),
+                        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                        Some(c"mode=0755,size=64k"),
+                    )?;
+                    continue;
+                }
+                // Read-only, as everything of the home is: writing to it is refused,
+                // not swallowed by `/dev/null`.
+                Kind::HideFile { empty } => {
+                    let source = match empty {
+                        Some(e) => {
+                            let fd = nix::fcntl::open(
+                                e.as_c_str(),
+                                nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_WRONLY,
+                                nix::sys::stat::Mode::from_bits_truncate(0o444),
+                            )?;
+                            drop(fd);
+                            e.as_c_str()
+                        }
+                        None => c"/dev/null",
+                    };
+                    mount(Some(source), p, none, MsFlags::MS_BIND, none)?;
+                }
+                Kind::Reattach { dirs, fd } => {
+                    for d in dirs {
+                        match nix::unistd::mkdir(
+                            d.as_c_str(),
+                            nix::sys::stat::Mode::from_bits_truncate(0o755),
+                        ) {
+                            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    let tree = fd.swap(-1, Ordering::SeqCst);
+                    // SAFETY: move_mount of the descriptor open_tree gave, onto a
+                    // NUL-terminated path; then close it.
+                    let r = unsafe {
+                        libc::syscall(
+                            libc::SYS_move_mount,
+                            tree,
+                            c"".as_ptr(),
+                            libc::AT_FDCWD,
+                            p.as_ptr(),
+                            MOVE_MOUNT_F_EMPTY_PATH,
+                        )
+                    };
+                    let err = std::io::Error::last_os_error();
+                    // SAFETY: closing the descriptor this child opened.
+                    unsafe { libc::close(tree) };
+                    if r < 0 {
+                        return Err(err);
+                    }
+                }
+                Kind::Bind => {
+                    mount(Some(p), p, none, MsFlags::MS_BIND | MsFlags::MS_REC, none)?;
+                }
+            }
             let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT;
-            if !writable {
+            if !m.writable {
                 flags |= MsFlags::MS_RDONLY;
             }
             mount(none, p, none, flags, none)?;
+        }
+        // The hiding tmpfs read-only too, once what stays under it is back.
+        for m in &self.mounts {
+            if let Kind::HideDir = m.kind {
+                mount(
+                    none,
+                    m.path.as_c_str(),
+                    none,
+                    MsFlags::MS_REMOUNT | read_only,
+                    none,
+                )?;
+            }
         }
         drop_capabilities()
     }
@@ -193,6 +344,10 @@ impl MountPlan {
 /// user namespace (errnos are < 4096), so the engine's error can say which layer it was
 /// without the child allocating.
 const USERNS_FLAG: i32 = 1 << 20;
+
+/// `open_tree` and `move_mount` flags (linux/mount.h), which the libc crate does not name.
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 
 /// Whether `true` starts and exits 0 isolated as an attempt is ([`spawn`]), with every
 /// layer (`required`) or with what the kernel gives.
@@ -249,7 +404,7 @@ pub fn layers() -> Vec<(&'static str, bool, &'static str)> {
         (
             "mount namespace",
             mount,
-            "the engine's home, the store and the inputs read-only; the attempt's directory and outputs writable",
+            "the engine's home, the store and the inputs read-only; the attempt's directory and outputs writable; other attempts' directories and the state database hidden",
         ),
         (
             "capabilities",
