@@ -159,12 +159,17 @@ fn the_nightly_retrain_ingests_its_fleet_bucket_on_s3() {
     }
     // Fetched logs went into the attempt's own directory (`fetched/`, beside its
     // values), one at a time, and none is left behind.
-    let attempt = walk(&home.dir.join(".drivetrain/work"))
-        .into_iter()
-        .find(|p| p.ends_with("fetched"))
-        .expect("ingest fetched its logs into its attempt's directory");
-    assert!(attempt.is_dir(), "{}", attempt.display());
-    let leftovers: Vec<_> = walk(&attempt);
+    let work = walk(&home.dir.join(".drivetrain/work"));
+    let in_fetched = |p: &&std::path::PathBuf| p.components().any(|c| c.as_os_str() == "fetched");
+    assert!(
+        work.iter().any(|p| p.ends_with("fetched") && p.is_dir()),
+        "ingest fetched its logs into its attempt's directory: {work:?}"
+    );
+    let leftovers: Vec<_> = work
+        .iter()
+        .filter(in_fetched)
+        .filter(|p| p.is_file())
+        .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 

@@ -262,7 +262,7 @@ pub fn scan(
             }
             end.complete = true;
             if let Some((at, count)) =
-                summary_message_count(path, total).map_err(|e| fail(total, e))?
+                summary_message_count(path, total, finished).map_err(|e| fail(total, e))?
             {
                 if count != end.messages {
                     return Err(fail(
@@ -361,9 +361,14 @@ fn ends_with_magic(path: &Path, total: u64) -> Result<bool, String> {
 
 /// The message count of the summary's Statistics record, with its offset, where the
 /// file has a footer that points to a summary holding one.
-fn summary_message_count(path: &Path, total: u64) -> Result<Option<(u64, u64)>, String> {
+/// `finished`: the file ends with the magic (the scan already looked).
+fn summary_message_count(
+    path: &Path,
+    total: u64,
+    finished: bool,
+) -> Result<Option<(u64, u64)>, String> {
     // Footer: opcode, length 20, summary start, summary offset start, CRC; then magic.
-    if total < 8 + 29 + 8 || !ends_with_magic(path, total)? {
+    if total < 8 + 29 + 8 || !finished {
         return Ok(None);
     }
     let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;

@@ -1054,15 +1054,21 @@ mod tests {
         std::fs::set_permissions(path, perm).unwrap();
     }
 
-    #[tokio::test]
-    async fn modified_objects_are_detected() {
-        let root = std::env::temp_dir().join(format!("dt-mod-{}", std::process::id()));
+    /// A `file://` store under a fresh root with `a.txt` = `hello` published as `data`.
+    async fn published_hello(name: &str) -> (std::path::PathBuf, ArtifactStore, ArtifactRef) {
+        let root = std::env::temp_dir().join(format!("dt-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let out = root.join("out");
         std::fs::create_dir_all(&out).unwrap();
         std::fs::write(out.join("a.txt"), b"hello").unwrap();
         let store = ArtifactStore::open(&format!("file://{}/store", root.display())).unwrap();
         let art = store.publish_dir(&attempt(), "data", &out).await.unwrap();
+        (root, store, art)
+    }
+
+    #[tokio::test]
+    async fn modified_objects_are_detected() {
+        let (root, store, art) = published_hello("mod").await;
         store.verify(&art).await.unwrap();
         // Write through a hard link, as a careless stage could (the engine runs as root here).
         let stored = root.join("store/runs/r1/s/1/data/a.txt");
@@ -1084,13 +1090,7 @@ mod tests {
     /// manifest's sha256 does, when the artifact is materialized.
     #[tokio::test]
     async fn a_same_size_rewrite_with_its_old_mtime_is_seen_by_its_sha256() {
-        let root = std::env::temp_dir().join(format!("dt-sha-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let out = root.join("out");
-        std::fs::create_dir_all(&out).unwrap();
-        std::fs::write(out.join("a.txt"), b"hello").unwrap();
-        let store = ArtifactStore::open(&format!("file://{}/store", root.display())).unwrap();
-        let art = store.publish_dir(&attempt(), "data", &out).await.unwrap();
+        let (root, store, art) = published_hello("sha").await;
         let m = store.manifest(&art).await.unwrap();
         assert_eq!(
             m.files[0].sha256.as_deref(),

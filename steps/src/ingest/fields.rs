@@ -46,6 +46,19 @@ impl<T> Taken<T> {
 }
 
 impl Raw {
+    /// A field of an already parsed JSON object (`None`: absent).
+    pub(super) fn of(v: Option<&serde_json::Value>) -> Raw {
+        use serde_json::Value;
+        match v {
+            None => Raw::Absent,
+            Some(Value::Null) => Raw::Null,
+            Some(Value::Number(n)) => Raw::Num(n.as_f64().unwrap_or(f64::NAN)),
+            Some(Value::String(s)) => Raw::Text(Arc::from(s.as_str())),
+            Some(Value::Bool(b)) => Raw::Flag(*b),
+            Some(_) => Raw::Nested,
+        }
+    }
+
     fn take<T>(&self, pick: impl FnOnce(&Raw) -> Option<T>) -> Taken<T> {
         match self {
             Raw::Absent | Raw::Null => Taken::Missing,

@@ -201,14 +201,7 @@ impl Held {
 
     /// Takes every known column of a JSON-lines frame (every field its own).
     pub(super) fn take_row(&mut self, v: &Value, invalid: &mut Invalid) {
-        let raw = |c: &str| match v.get(c) {
-            None => fields::Raw::Absent,
-            Some(Value::Null) => fields::Raw::Null,
-            Some(Value::Number(n)) => fields::Raw::Num(n.as_f64().unwrap_or(f64::NAN)),
-            Some(Value::String(s)) => fields::Raw::Text(Arc::from(s.as_str())),
-            Some(Value::Bool(b)) => fields::Raw::Flag(*b),
-            Some(_) => fields::Raw::Nested,
-        };
+        let raw = |c: &str| fields::Raw::of(v.get(c));
         for (slot, c) in self.f64s.iter_mut().zip(F64_COLUMNS) {
             put(slot, raw(c).num(), invalid, "line", c);
         }

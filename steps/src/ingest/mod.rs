@@ -488,57 +488,85 @@ fn ingest_mcap(
     })
 }
 
-/// A JSON-lines frame's log time: `log_time_ns`, else `ts` in seconds.
-fn line_time(v: &Value) -> Option<u64> {
-    v.get("log_time_ns").and_then(Value::as_u64).or_else(|| {
-        v.get("ts")
-            .and_then(Value::as_f64)
-            .filter(|t| t.is_finite() && *t >= 0.0)
-            .map(|t| (t * 1e9).round() as u64)
-    })
+/// The two fields of a JSON-lines frame that say when it is (serde skips the rest).
+#[derive(serde::Deserialize)]
+struct LineTime {
+    #[serde(default)]
+    log_time_ns: Option<Value>,
+    #[serde(default)]
+    ts: Option<Value>,
 }
 
-/// A JSON-lines log: one frame per line, in any order. A first pass finds the earliest
-/// log time, so `ts` is measured from it whatever the order of the lines (the writer puts
-/// each row group in order and says whether the file is).
+impl LineTime {
+    /// `log_time_ns` (an integer of ns), else `ts` (seconds, not negative).
+    fn ns(&self) -> Option<u64> {
+        self.log_time_ns
+            .as_ref()
+            .and_then(Value::as_u64)
+            .or_else(|| {
+                self.ts
+                    .as_ref()
+                    .and_then(Value::as_f64)
+                    .filter(|t| t.is_finite() && *t >= 0.0)
+                    .map(|t| (t * 1e9).round() as u64)
+            })
+    }
+}
+
+/// Calls `f` with the line number, byte offset, log time and parsed value of every
+/// non-empty line of a JSON-lines log; a line that is not JSON or has no time is an
+/// error naming it.
+fn for_each_line<T: serde::de::DeserializeOwned>(
+    file: &Path,
+    rel: &str,
+    time: impl Fn(&T) -> Option<u64>,
+    mut f: impl FnMut(u64, u64, T) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut offset = 0u64;
+    for (n, line) in std::io::BufReader::new(std::fs::File::open(file)?)
+        .lines()
+        .enumerate()
+    {
+        let line = line?;
+        let len = line.len() as u64 + 1;
+        if !line.trim().is_empty() {
+            let at = || format!("{rel}: line {} (byte offset {offset})", n + 1);
+            let v: T = serde_json::from_str(&line)
+                .map_err(|e| anyhow::anyhow!("{} is not JSON: {e}", at()))?;
+            let t = time(&v).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{} has no `log_time_ns` (an integer of ns) nor `ts` (seconds, not negative)",
+                    at()
+                )
+            })?;
+            f(offset, t, v)?;
+        }
+        offset += len;
+    }
+    Ok(())
+}
+
+/// A JSON-lines log: one frame per line, in any order. A first pass reads only the
+/// times, to find the earliest, so `ts` is measured from it whatever the order of the
+/// lines (the writer puts each row group in order and says whether the file is).
 fn ingest_jsonl(file: &Path, rel: &str, drive: &str, frames: &Path) -> anyhow::Result<FileResult> {
-    let lines =
-        || -> anyhow::Result<_> { Ok(std::io::BufReader::new(std::fs::File::open(file)?).lines()) };
     let mut origin: Option<u64> = None;
-    let each =
-        |f: &mut dyn FnMut(usize, u64, &Value, u64) -> anyhow::Result<()>| -> anyhow::Result<()> {
-            let mut offset = 0u64;
-            for (n, line) in lines()?.enumerate() {
-                let line = line?;
-                let len = line.len() as u64 + 1;
-                if !line.trim().is_empty() {
-                    let v: Value = serde_json::from_str(&line).map_err(|e| {
-                        anyhow::anyhow!(
-                            "{rel}: line {} (byte offset {offset}) is not JSON: {e}",
-                            n + 1
-                        )
-                    })?;
-                    let t = line_time(&v).ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "{rel}: line {} (byte offset {offset}) has no `log_time_ns` (an integer of ns) nor `ts` (seconds, not negative)",
-                        n + 1
-                    )
-                })?;
-                    f(n, offset, &v, t)?;
-                }
-                offset += len;
-            }
-            Ok(())
-        };
-    each(&mut |_, _, _, t| {
+    for_each_line(file, rel, LineTime::ns, |_, t, _| {
         origin = Some(origin.map_or(t, |o| o.min(t)));
         Ok(())
     })?;
     let mut writer = DriveWriter::create(frames, drive, rel)?.with_origin(origin.unwrap_or(0));
     let mut invalid = Invalid::default();
-    each(&mut |_, offset, v, t| {
+    let time = |v: &Value| {
+        LineTime {
+            log_time_ns: v.get("log_time_ns").cloned(),
+            ts: v.get("ts").cloned(),
+        }
+        .ns()
+    };
+    for_each_line(file, rel, time, |offset, t, v: Value| {
         let mut held = Held::default();
-        held.take_row(v, &mut invalid);
+        held.take_row(&v, &mut invalid);
         writer.push(t, offset, None, &held)
     })?;
     Ok(FileResult {
