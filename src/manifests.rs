@@ -192,6 +192,7 @@ fn attempt(
         log: PathBuf::new(),
         distributed: stage.distributed.clone(),
         access: Vec::new(),
+        mask: Default::default(),
         placement: Placement::of(
             &p.name,
             stage,

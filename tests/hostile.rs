@@ -257,3 +257,69 @@ fn printing_commands_die_quietly_of_a_closed_pipe() {
         );
     }
 }
+
+/// A running stage's log never holds a declared secret's value, not even while it runs
+/// (`logs --follow` and the API read it live): the engine reads the stage's output from a
+/// pipe and writes it masked, a value cut across two writes too.
+#[test]
+fn a_running_stages_log_is_masked_as_it_is_written() {
+    const SECRET: &str = "live-Hq9-secret";
+    let home = Home::new("live-mask");
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: live-mask
+stages:
+  talk:
+    secrets: [{name: db, key: password, env: DB_PASSWORD}]
+    run:
+      command:
+        - sh
+        - -c
+        - |
+          echo "whole: $DB_PASSWORD"
+          half=${#DB_PASSWORD}; half=$((half / 2))
+          printf 'cut: %s' "$(printf %s "$DB_PASSWORD" | cut -c1-$half)"; sleep 0.5
+          printf '%s\n' "$(printf %s "$DB_PASSWORD" | cut -c$((half + 1))-)"
+          touch "$0/ready"; sleep 3
+        - "{{ outputs.o }}"
+    outputs: [o]
+"#,
+    );
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+        .args(["run", file.to_str().unwrap()])
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .env("DRIVETRAIN_SECRET_DB_PASSWORD", SECRET)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // While it runs: every live log under the work directory, read again and again.
+    let work = home.dir.join(".drivetrain/work");
+    let mut seen = String::new();
+    for _ in 0..60 {
+        let found = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("cat {}/*/*/log.txt 2>/dev/null", work.display()))
+            .output()
+            .unwrap();
+        let live = text(&found.stdout);
+        assert!(!live.contains(SECRET), "{live}");
+        assert!(!live.contains(&SECRET[..SECRET.len() / 2 + 1]), "{live}");
+        if live.contains("cut: ***") {
+            seen = live;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_ok(&o);
+    assert!(
+        seen.contains("whole: ***"),
+        "the live log showed the masked lines: {seen}"
+    );
+    let id = run_id(&o);
+    let log = text(&home.drivetrain(&["logs", &id, "--stage", "talk"]).stdout);
+    assert_eq!(log, "whole: ***\ncut: ***\n");
+}

@@ -85,7 +85,9 @@ fn a_refused_user_namespace_fails_a_required_stage_and_auto_says_what_it_has() {
     assert_eq!(layer(doctor(), "mount namespace"), true);
     let here = || home.drivetrain(&["doctor", "-o", "json"]);
     assert_eq!(layer(here(), "user namespace"), true);
-    assert_eq!(layer(here(), "pid namespace"), false, "not built yet");
+    assert_eq!(layer(here(), "pid namespace"), true);
+    assert_eq!(layer(here(), "network namespace"), true);
+    assert_eq!(layer(here(), "seccomp filter"), true);
 }
 
 #[test]
@@ -352,4 +354,328 @@ stages:
     assert!(log.contains("refused: hidden dir"), "{log}");
     let after = text(&home.drivetrain(&["logs", &run, "--stage", "after"]).stdout);
     assert!(after.contains("ok"), "checkpoints stay writable: {after}");
+}
+
+/// One hostile stage per way out that issue 26 found with the engine running as root,
+/// each refused or contained, and the run truthful about it: the stage is root in its own
+/// namespaces and host `nobody` outside them, in a PID namespace of its own whose every
+/// process ends with the stage.
+#[test]
+fn a_root_stage_reaches_nothing_of_the_hosts_and_nothing_outlives_it() {
+    if !root_or_skip("the stage user of a root engine is the point") {
+        return;
+    }
+    const SECRET: &str = "grandchild-Zk4";
+    let home = Home::new("contained");
+    let other = Home::new("contained-other");
+    let other_db = other.write("state.db", "another engine's state\n");
+    let outside = home.dir.with_extension("outside");
+    std::fs::write(&outside, "root's file\n").unwrap();
+    let core_pattern = std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap();
+    // A process of the engine's user outside the attempt, its secret on its command line.
+    let mut victim = std::process::Command::new("bash")
+        .args(["-c", "exec -a 'sleep --token=victim-secret' sleep 60"])
+        .spawn()
+        .unwrap();
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: contained
+stages:
+  attack:
+    secrets: [{name: db, key: password, env: DB_PASSWORD}]
+    outputs: [o]
+    run:
+      command:
+        - sh
+        - -c
+        - |
+          out=$0
+          try() { what=$1; shift; if "$@" 2>/dev/null; then echo "ESCAPED: $what"; else echo "refused: $what"; fi; }
+          echo "uid in its namespace: $(id -u)"
+          try "sysctl" sh -c "echo '|/tmp/helper' > /proc/sys/kernel/core_pattern"
+          try "sysrq" sh -c "echo h > /proc/sysrq-trigger"
+          try "a host file" sh -c "echo x >> $OUTSIDE"
+          try "/etc" sh -c "echo x >> /etc/hostname"
+          try "the engine binary" sh -c "printf '' >> $ENGINE"
+          try "another home" sh -c "echo x >> $OTHER_DB"
+          try "stop a process outside" kill -STOP "$VICTIM"
+          try "kill a process outside" kill -9 "$VICTIM"
+          try "read its command line" grep -q token "/proc/$VICTIM/cmdline"
+          echo "processes seen: $(ls /proc | grep -c '^[0-9]')"
+          echo published > "$out/f"
+          echo "uid_map:$(tr -s ' ' < /proc/self/uid_map)"
+          # Outlive the attempt: rewrite the published output, then print the secret.
+          setsid sh -c 'sleep 2; echo tampered > "$0/f"; echo "late $DB_PASSWORD"' "$out" &
+          echo "stage done"
+        - "{{ outputs.o }}"
+  reader:
+    inputs: {o: attack.o}
+    run: {command: [sh, -c, 'sleep 3; cat "$0/f"', "{{ inputs.o }}"]}
+"#,
+    );
+    let engine = env!("CARGO_BIN_EXE_drivetrain");
+    let victim_pid = victim.id().to_string();
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap()],
+        &[
+            ("DRIVETRAIN_ISOLATION", "required"),
+            ("DRIVETRAIN_SECRET_DB_PASSWORD", SECRET),
+            ("OUTSIDE", outside.to_str().unwrap()),
+            ("ENGINE", engine),
+            ("OTHER_DB", other_db.to_str().unwrap()),
+            ("VICTIM", &victim_pid),
+        ],
+    );
+    // The grandchild would have struck by now.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let victim_alive = victim.try_wait().unwrap().is_none();
+    let victim_state =
+        std::fs::read_to_string(format!("/proc/{victim_pid}/stat")).unwrap_or_default();
+    let _ = victim.kill();
+    let _ = victim.wait();
+    assert_ok(&o);
+    let id = run_id(&o);
+    let log = text(&home.drivetrain(&["logs", &id, "--stage", "attack"]).stdout);
+    assert!(!log.contains("ESCAPED"), "{log}");
+    for what in [
+        "sysctl",
+        "sysrq",
+        "a host file",
+        "/etc",
+        "the engine binary",
+        "another home",
+        "stop a process outside",
+        "kill a process outside",
+        "read its command line",
+    ] {
+        assert!(log.contains(&format!("refused: {what}")), "{what}: {log}");
+    }
+    assert!(log.contains("uid in its namespace: 0"), "{log}");
+    // `sh`, `ls` and `grep`: nothing of the host's.
+    let seen: usize = log
+        .lines()
+        .find_map(|l| l.strip_prefix("processes seen: "))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("a count");
+    assert!(seen <= 4, "{log}");
+    assert!(victim_alive, "the process outside the attempt was killed");
+    let state = victim_state
+        .rsplit(')')
+        .next()
+        .unwrap_or_default()
+        .trim_start();
+    assert!(!state.starts_with('T'), "stopped: {victim_state}");
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap(),
+        core_pattern
+    );
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "root's file\n");
+    assert_eq!(
+        std::fs::read_to_string(&other_db).unwrap(),
+        "another engine's state\n"
+    );
+    // The grandchild ended with the stage: the output as published, no late line.
+    let reader = text(&home.drivetrain(&["logs", &id, "--stage", "reader"]).stdout);
+    assert_eq!(reader, "published\n");
+    assert!(!log.contains("late"), "{log}");
+    let published = home
+        .dir
+        .join(format!(".drivetrain/artifacts/runs/{id}/attack/1/o/f"));
+    assert_eq!(std::fs::read_to_string(&published).unwrap(), "published\n");
+    // The stage wrote it as host nobody; published, it is the engine's again (no other
+    // process that runs as nobody on the host owns an artifact).
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(&published).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (0, 0));
+    let map = format!("uid_map: 0 {} 1", drivetrain_plugins::local::STAGE_ID);
+    assert!(log.contains(&map), "{log}");
+    // And the secret is nowhere under the home.
+    let grep = std::process::Command::new("grep")
+        .args(["-r", "-l", SECRET])
+        .arg(home.dir.join(".drivetrain"))
+        .output()
+        .unwrap();
+    assert!(grep.stdout.is_empty(), "{}", text(&grep.stdout));
+    let _ = std::fs::remove_file(&outside);
+}
+
+/// `resources` are limits on the local executor (cgroups; v1 on this machine and CI):
+/// 1 GiB touched under `memory: 64Mi` is killed by the kernel and reported as out of
+/// memory, retried under `retries.on: [oom]`; a 2,000-process fork storm stops at the
+/// pids limit and the failure says so; and nothing of either is left behind.
+#[test]
+fn resources_are_enforced_and_an_oom_kill_is_reported_as_such() {
+    if !root_or_skip("the engine makes cgroups as root") {
+        return;
+    }
+    let host = drivetrain_plugins::local::Cgroups::host();
+    if !host.active() {
+        assert!(
+            std::env::var("CI").map_or(true, |v| v != "true"),
+            "CI's machine has cgroups: {host:?}"
+        );
+        eprintln!("no cgroups here, skipped: {host:?}");
+        return;
+    }
+    let home = Home::new("resources");
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: resources
+stages:
+  hog:
+    resources: {memory: 64Mi}
+    retries: {limit: 1, on: [oom], backoff: 0s}
+    run: {command: [python3, -c, "b = bytearray(1 << 30); b[::4096] = b'x' * (len(b) // 4096); print('touched 1 GiB')"]}
+  storm:
+    run:
+      command: [sh, -c, 'i=0; while [ $i -lt 2000 ]; do sleep 30 & i=$((i+1)); done; echo "all started"']
+  small:
+    resources: {memory: 64Mi, cpu: "0.5"}
+    run: {command: [python3, -c, "b = bytearray(8 << 20); print('fits')"]}
+"#,
+    );
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap()],
+        &[
+            ("DRIVETRAIN_ISOLATION", "required"),
+            ("DRIVETRAIN_PIDS_MAX", "200"),
+        ],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}{}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    let id = run_id(&o);
+    let st = home.status(&id);
+    let hog = stage(&st, "hog");
+    assert_eq!(hog["phase"], "Failed", "{st}");
+    assert_eq!(hog["attempts"], 2, "retried on oom: {st}");
+    assert_eq!(hog["exit_code"], 137);
+    let reason = hog["reason"].as_str().unwrap();
+    assert!(reason.starts_with("out of memory (limit 64Mi)"), "{reason}");
+    let storm = stage(&st, "storm");
+    assert_eq!(storm["phase"], "Failed", "{st}");
+    let reason = storm["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("refused at the limit of 200 processes"),
+        "{reason}"
+    );
+    assert!(
+        !text(&home.drivetrain(&["logs", &id, "--stage", "storm"]).stdout).contains("all started")
+    );
+    assert_eq!(stage(&st, "small")["phase"], "Succeeded", "{st}");
+    // No `sleep 30` of the storm is left, and no cgroup of the run.
+    let left = std::process::Command::new("pgrep")
+        .args(["-c", "-f", "^sleep 30$"])
+        .output()
+        .unwrap();
+    assert_eq!(text(&left.stdout).trim(), "0");
+    let cgroups = std::process::Command::new("find")
+        .args(["/sys/fs/cgroup", "-maxdepth", "6", "-type", "d", "-name"])
+        .arg(format!("{id}*"))
+        .output()
+        .unwrap();
+    assert_eq!(text(&cgroups.stdout), "");
+}
+
+/// `network: none` gives a stage a network namespace of its own with loopback only: the
+/// engine's machine's loopback services and interfaces are not there for it, its own
+/// loopback is; a stage without it (the default, `host`) reaches the service.
+#[test]
+fn network_none_leaves_a_stage_its_own_loopback_only() {
+    if !root_or_skip("network namespaces are made by the root engine's stages") {
+        return;
+    }
+    let service = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = service.local_addr().unwrap().port().to_string();
+    let home = Home::new("network");
+    let probe = r#"
+import socket, sys
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2).close()
+    print("reached the host's service")
+except OSError as e:
+    print("refused:", e.strerror)
+own = socket.socket(); own.bind(("127.0.0.1", 0)); own.listen()
+socket.create_connection(own.getsockname(), timeout=2).close()
+print("own loopback works")
+print("interfaces:", sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:]))
+"#;
+    let file = home.write(
+        "p.yaml",
+        &format!(
+            "version: 1\nname: network\nstages:\n  cut:\n    network: none\n    run: {{command: [python3, -c, {probe:?}, \"{port}\"]}}\n  open:\n    run: {{command: [python3, -c, {probe:?}, \"{port}\"]}}\n"
+        ),
+    );
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap()],
+        &[("DRIVETRAIN_ISOLATION", "required")],
+    );
+    assert_ok(&o);
+    let id = run_id(&o);
+    let cut = text(&home.drivetrain(&["logs", &id, "--stage", "cut"]).stdout);
+    assert!(cut.contains("refused: Connection refused"), "{cut}");
+    assert!(cut.contains("own loopback works"), "{cut}");
+    assert!(cut.contains("interfaces: ['lo']"), "{cut}");
+    let open = text(&home.drivetrain(&["logs", &id, "--stage", "open"]).stdout);
+    assert!(open.contains("reached the host's service"), "{open}");
+    drop(service);
+}
+
+/// Where the host gives no cgroups (here: the engine runs in a mount namespace whose
+/// `/sys/fs/cgroup` is an empty tmpfs), `doctor` says so, `required` fails the stage
+/// naming the layer, and `auto` runs it with a line in its log saying its `resources`
+/// are not enforced: never silently.
+#[test]
+fn without_cgroups_resources_are_said_to_be_unenforced() {
+    if !root_or_skip("the cgroups are hidden from inside a mount namespace root makes") {
+        return;
+    }
+    let home = Home::new("no-cgroups");
+    let file = home.write(
+        "p.yaml",
+        "version: 1\nname: no-cgroups\nstages:\n  a:\n    resources: {memory: 64Mi}\n    run: {command: [echo, ran]}\n",
+    );
+    let without = |isolation: &str, args: &[&str]| {
+        std::process::Command::new("unshare")
+            .args(["-m", "sh", "-c"])
+            .arg(r#"mount -t tmpfs none /sys/fs/cgroup && exec "$0" "$@""#)
+            .arg(env!("CARGO_BIN_EXE_drivetrain"))
+            .args(args)
+            .current_dir(&home.dir)
+            .env_remove("DRIVETRAIN_HOME")
+            .env("DRIVETRAIN_ISOLATION", isolation)
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("unshare runs")
+    };
+    let o = without("auto", &["doctor", "-o", "json"]);
+    assert_ok(&o);
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let layer = report["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["layer"] == "cgroup limits")
+        .unwrap()
+        .clone();
+    assert_eq!(layer["active"], false, "{layer}");
+    assert!(layer["what"].as_str().unwrap().contains("not enforced"), "{layer}");
+    let file = file.to_str().unwrap();
+    let o = without("required", &["run", file]);
+    let out = text(&o.stdout) + &text(&o.stderr);
+    assert_ne!(o.status.code(), Some(0), "{out}");
+    assert!(out.contains("DRIVETRAIN_ISOLATION=required"), "{out}");
+    let o = without("auto", &["run", file]);
+    assert_ok(&o);
+    let log = text(&home.drivetrain(&["logs", &run_id(&o), "--stage", "a"]).stdout);
+    assert!(log.contains("`resources` are not enforced here"), "{log}");
+    assert!(log.contains("ran"), "{log}");
 }

@@ -11,6 +11,23 @@ fn pid_alive(pid: &str) -> bool {
     Path::new(&format!("/proc/{}", pid.trim())).exists()
 }
 
+/// The host pid of the one process whose command line is exactly `command`: a stage's
+/// own `$$` is its PID namespace's, not the host's. Polls up to 30 s.
+fn host_pid(command: &str) -> String {
+    for _ in 0..300 {
+        let o = std::process::Command::new("pgrep")
+            .args(["-x", "-f", command])
+            .output()
+            .expect("pgrep runs");
+        let found = text(&o.stdout);
+        if let Some(pid) = found.lines().next() {
+            return pid.to_owned();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("no process `{command}`");
+}
+
 #[test]
 fn the_shell_demo_passes_files_between_stages() {
     let home = Home::new("demo");
@@ -109,11 +126,12 @@ name: hung
 stages:
   hang:
     timeout: 1s
-    run: {{command: [sh, -c, 'sleep 300 & echo $! > {}; wait']}}
+    run: {{command: [sh, -c, 'sleep 300.101 & echo $! > {}; wait']}}
 "#,
             pidfile.display()
         ),
     );
+    let grandchild = std::thread::spawn(|| host_pid("sleep 300.101"));
     let o = home.drivetrain(&["run", file.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
     let st = home.status(&run_id(&o));
@@ -122,7 +140,8 @@ stages:
         reason.starts_with("timed out after 1.0s; the process group was killed"),
         "{reason}"
     );
-    let pid = std::fs::read_to_string(&pidfile).unwrap();
+    assert!(pidfile.exists());
+    let pid = grandchild.join().unwrap();
     // The grandchild was in the stage's group: it is gone (give the kernel a moment to reap).
     let mut alive = pid_alive(&pid);
     for _ in 0..50 {
@@ -389,7 +408,7 @@ stages:
     outputs: [data]
   second:
     needs: [first]
-    run: {{command: [sh, -c, 'if [ -e {d}/marker ]; then exit 0; fi; touch {d}/marker; echo $$ > {d}/second.pid; exec sleep 300']}}
+    run: {{command: [sh, -c, 'if [ -e {d}/marker ]; then exit 0; fi; touch {d}/marker; echo $$ > {d}/second.pid; exec sleep 300.102']}}
   third:
     needs: [second]
     inputs: {{data: first.data}}
@@ -398,7 +417,8 @@ stages:
         ),
     );
     let (mut engine, id) = spawn_run(&home, &file);
-    let orphan = wait_for_file(&home.dir.join("second.pid"));
+    wait_for_file(&home.dir.join("second.pid"));
+    let orphan = host_pid("sleep 300.102");
     let beat = [("DRIVETRAIN_HEARTBEAT", "200ms")];
     let orphaned = |id: &str| {
         let o = home.drivetrain_env(&["status", id, "-o", "json"], &beat);
@@ -478,7 +498,7 @@ version: 1
 name: long
 stages:
   long:
-    run: {{command: [sh, -c, 'echo $$ > {d}/long.pid; exec sleep 300']}}
+    run: {{command: [sh, -c, 'echo $$ > {d}/long.pid; exec sleep 300.103']}}
   after:
     needs: [long]
     run: {{command: [echo, after]}}
@@ -486,7 +506,8 @@ stages:
         ),
     );
     let (mut engine, id) = spawn_run(&home, &file);
-    let pid = wait_for_file(&home.dir.join("long.pid"));
+    wait_for_file(&home.dir.join("long.pid"));
+    let pid = host_pid("sleep 300.103");
     let o = home.drivetrain(&["cancel", &id]);
     assert_ok(&o);
     assert_eq!(engine.wait().unwrap().code(), Some(130));
@@ -952,7 +973,7 @@ name: mapcrash
 stages:
   each:
     map: {{items: [a, b, hang, d], max_parallel: 1}}
-    run: {{command: [sh, -c, 'echo "$0" >> {d}/ran; if [ "$0" = hang ] && [ ! -e {d}/marker ]; then touch {d}/marker; echo $$ > {d}/hang.pid; exec sleep 300; fi; echo "$0" > "$1/x"', "{{{{ item }}}}", "{{{{ outputs.out }}}}"]}}
+    run: {{command: [sh, -c, 'echo "$0" >> {d}/ran; if [ "$0" = hang ] && [ ! -e {d}/marker ]; then touch {d}/marker; echo $$ > {d}/hang.pid; exec sleep 300.104; fi; echo "$0" > "$1/x"', "{{{{ item }}}}", "{{{{ outputs.out }}}}"]}}
     outputs: [out]
   after:
     inputs: {{all: each.out}}
@@ -961,7 +982,8 @@ stages:
         ),
     );
     let (mut engine, id) = spawn_run(&home, &file);
-    let orphan = wait_for_file(&home.dir.join("hang.pid"));
+    wait_for_file(&home.dir.join("hang.pid"));
+    let orphan = host_pid("sleep 300.104");
     engine.kill().unwrap();
     engine.wait().unwrap();
 
@@ -985,9 +1007,15 @@ fn parallelism_bounds_the_processes_running_at_once() {
     let home = Home::new("parallelism");
     let running = home.dir.join("running");
     std::fs::create_dir_all(&running).unwrap();
+    std::fs::set_permissions(
+        &running,
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
     let seen = home.dir.join("seen");
+    // `$$` is 1 in every stage's PID namespace: each takes a file of its own name.
     let count = format!(
-        "touch {r}/$$ && ls {r} | wc -l >> {s} && sleep 0.3 && rm {r}/$$",
+        "f=$(mktemp -p {r}) && ls {r} | wc -l >> {s} && sleep 0.3 && rm $f",
         r = running.display(),
         s = seen.display()
     );

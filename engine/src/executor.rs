@@ -108,6 +108,9 @@ pub struct AttemptSpec {
     /// link. An executor that cannot enforce this runs the attempt anyway; the run loop
     /// still verifies every input against its manifest afterwards.
     pub access: Vec<PathAccess>,
+    /// The values of the stage's declared secrets: an executor that can masks them in the
+    /// log as it is written (the engine masks the whole log again when the attempt ends).
+    pub mask: crate::mask::Mask,
     /// Where and with what the attempt runs on a cluster; the local executor reads only
     /// what it can honour (none of it today but GPUs, which the run loop assigns).
     pub placement: Placement,
@@ -130,6 +133,7 @@ impl Placement {
             secrets: stage.secrets.clone(),
             node_selector: stage.node_selector.clone(),
             tolerations: stage.tolerations.clone(),
+            network: stage.network,
             snapshot: stage.snapshot.clone(),
             timeout: stage.timeout,
         }
@@ -150,6 +154,8 @@ pub struct Placement {
     pub secrets: Vec<SecretRef>,
     pub node_selector: std::collections::BTreeMap<String, String>,
     pub tolerations: Vec<Toleration>,
+    /// `none`: loopback only.
+    pub network: crate::spec::Network,
     pub snapshot: Option<SnapshotSpec>,
     /// The stage's timeout (the run loop enforces it too).
     pub timeout: Option<std::time::Duration>,
@@ -212,6 +218,8 @@ pub enum AttemptOutcome {
     },
     /// Stopped by `cancel` (a timeout or a user's cancel).
     Cancelled,
+    /// Killed by the kernel for exceeding its memory limit (`retries.on: [oom]`).
+    OutOfMemory { reason: String },
 }
 
 /// The executor could not run the attempt at all: the infrastructure's fault.
@@ -286,6 +294,7 @@ pub mod conformance {
             log: dir.join(format!("{name}.log")),
             distributed: None,
             access: Vec::new(),
+            mask: Default::default(),
             placement: Placement::default(),
         }
     }

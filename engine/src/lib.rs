@@ -14,6 +14,7 @@ pub mod diag;
 pub mod executor;
 pub mod expr;
 pub mod history;
+pub mod mask;
 pub mod plan;
 pub mod runner;
 pub mod schedule;

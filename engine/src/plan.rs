@@ -224,6 +224,7 @@ pub struct Stage {
     pub secrets: Vec<SecretRef>,
     pub node_selector: BTreeMap<String, String>,
     pub tolerations: Vec<Toleration>,
+    pub network: crate::spec::Network,
     /// The container image on Kubernetes (`run.image` or `defaults.image`).
     pub image: Option<Template>,
 }

@@ -233,6 +233,20 @@ pub struct StageSpec {
     /// Environment variables; values may hold templates.
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub env: IndexMap<String, String>,
+    /// `host` (the default: the machine's network, or the pod's) or `none`: loopback
+    /// only, in a network namespace of the stage's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
+}
+
+/// A stage's network.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    #[default]
+    Host,
+    /// Loopback only: no other host, no service of the machine's.
+    None,
 }
 
 /// A command, optionally in a container image.

@@ -17,6 +17,11 @@ impl Home {
         let dir = std::env::temp_dir().join(format!("dt-run-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
+        // The tests' stages leave marks here (pid files, counters): a root engine's
+        // stages are host `nobody`, so the folder is open to them. The engine's home
+        // under it (`.drivetrain`) is the engine's and read-only to them all the same.
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
         Home { dir }
     }
 

@@ -3,6 +3,7 @@
 //! its timeout, heartbeat and cancel, and publishing its outputs.
 
 use super::*;
+use crate::mask::Mask;
 
 /// Attempts of a stage (or of one item of a map stage) until one succeeds, the retry
 /// policy gives up, or the run is cancelled; each attempt recorded before it starts.
@@ -465,6 +466,12 @@ pub(super) async fn run_attempt(
             v.from_snapshot = Some(render(&t));
         }
     }
+    // The values of the stage's secrets, which nothing the engine keeps may show.
+    let mask = Mask::new(
+        env.iter()
+            .filter(|(k, _)| stage.secrets.iter().any(|s| s.env.as_deref() == Some(k)))
+            .map(|(_, v)| v.clone()),
+    );
     let spec = AttemptSpec {
         run_id: key.run.clone(),
         stage: key.stage.clone(),
@@ -476,6 +483,7 @@ pub(super) async fn run_attempt(
         distributed: stage.distributed.clone(),
         access,
         placement,
+        mask,
     };
     let mut result = start_and_wait(ctx, stage, key, spec, &log, &values_path, &outputs_dir).await;
     // Inputs are hard links into the store: a stage that wrote to one changed an
@@ -546,13 +554,7 @@ pub(super) async fn wait_attempt(
     values_path: &Path,
     outputs_dir: &Path,
 ) -> Result<AttemptEnd, String> {
-    // The values of the stage's secrets, which nothing the engine keeps may show.
-    let mask = Mask::new(
-        spec.env
-            .iter()
-            .filter(|(k, _)| stage.secrets.iter().any(|s| s.env.as_deref() == Some(k)))
-            .map(|(_, v)| v.clone()),
-    );
+    let mask = spec.mask.clone();
     let mut running = ctx.executor.start(spec).await.map_err(|e| e.to_string())?;
     let recorded = match key.stage.split_once("/items/") {
         Some((_, index)) => ctx.state.set_item_handle(
@@ -600,6 +602,13 @@ pub(super) async fn wait_attempt(
     match outcome {
         AttemptOutcome::Succeeded => {}
         AttemptOutcome::Cancelled => return Ok(AttemptEnd::Cancelled),
+        AttemptOutcome::OutOfMemory { reason } => {
+            return Ok(AttemptEnd::Failed {
+                exit_code: Some(137),
+                reason: mask.text(&format!("{reason}{}", log_tail(log))),
+                class: ErrorClass::Oom,
+            })
+        }
         AttemptOutcome::Failed { exit_code, reason } => {
             return Ok(AttemptEnd::Failed {
                 exit_code,
@@ -714,80 +723,6 @@ pub(super) fn store_config_env() -> Vec<(String, String)> {
     env
 }
 
-/// The values of a stage's declared secrets, replaced by `***` (the convention of Argo and
-/// GitHub Actions) in its log, its failure reason and its values before the engine
-/// stores or prints any of them. The log is masked in place when the attempt ends; while
-/// it runs, `logs --follow` reads what the stage wrote.
-pub(super) struct Mask(Vec<String>);
-
-impl Mask {
-    pub(super) fn new(secrets: impl IntoIterator<Item = String>) -> Mask {
-        let mut v: Vec<String> = secrets.into_iter().filter(|s| !s.is_empty()).collect();
-        // Longest first: a secret that contains another is masked whole.
-        v.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        Mask(v)
-    }
-
-    fn bytes(&self, text: &[u8]) -> Option<Vec<u8>> {
-        let mut out: Option<Vec<u8>> = None;
-        for secret in &self.0 {
-            let src = out.as_deref().unwrap_or(text);
-            let needle = secret.as_bytes();
-            if !src.windows(needle.len()).any(|w| w == needle) {
-                continue;
-            }
-            let mut masked = Vec::with_capacity(src.len());
-            let mut i = 0;
-            while i < src.len() {
-                if src[i..].starts_with(needle) {
-                    masked.extend_from_slice(b"***");
-                    i += needle.len();
-                } else {
-                    masked.push(src[i]);
-                    i += 1;
-                }
-            }
-            out = Some(masked);
-        }
-        out
-    }
-
-    pub(super) fn text(&self, text: &str) -> String {
-        match self.bytes(text.as_bytes()) {
-            Some(b) => String::from_utf8_lossy(&b).into_owned(),
-            None => text.to_owned(),
-        }
-    }
-
-    pub(super) fn json(&self, v: &mut Value) {
-        if self.0.is_empty() {
-            return;
-        }
-        match v {
-            Value::String(s) => *s = self.text(s),
-            Value::Array(items) => items.iter_mut().for_each(|i| self.json(i)),
-            Value::Object(m) => m.values_mut().for_each(|i| self.json(i)),
-            _ => {}
-        }
-    }
-
-    /// Masks a file in place (a new file renamed over it, so a reader sees either).
-    fn file(&self, path: &Path) {
-        if self.0.is_empty() {
-            return;
-        }
-        let Ok(bytes) = std::fs::read(path) else {
-            return;
-        };
-        if let Some(masked) = self.bytes(&bytes) {
-            let tmp = path.with_extension("masked");
-            if std::fs::write(&tmp, masked).is_ok() {
-                let _ = std::fs::rename(&tmp, path);
-            }
-        }
-    }
-}
-
 /// The last 20 lines of a log, for failure reasons.
 pub(super) fn log_tail(log: &Path) -> String {
     let Ok(text) = std::fs::read_to_string(log) else {
@@ -799,30 +734,4 @@ pub(super) fn log_tail(log: &Path) -> String {
     }
     let tail = &lines[lines.len().saturating_sub(20)..];
     format!("\nlast {} log lines:\n{}", tail.len(), tail.join("\n"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Mask;
-
-    #[test]
-    fn secrets_are_masked_in_text_bytes_and_json() {
-        let m = Mask::new(["s3cr3t".to_owned(), "s3cr3t-long".to_owned(), String::new()]);
-        assert_eq!(
-            m.text("token=s3cr3t-long and s3cr3t, s3cr3ts3cr3t"),
-            "token=*** and ***, ******"
-        );
-        // Bytes that are not UTF-8 around a secret stay as they were.
-        let raw = [b"\xff\xfe ".as_slice(), b"s3cr3t", b" \xff"].concat();
-        assert_eq!(m.bytes(&raw).unwrap(), b"\xff\xfe *** \xff");
-        assert!(m.bytes(b"nothing here").is_none());
-        let mut v = serde_json::json!({"a": ["x s3cr3t"], "b": {"c": "s3cr3t"}, "n": 1});
-        m.json(&mut v);
-        assert_eq!(
-            v,
-            serde_json::json!({"a": ["x ***"], "b": {"c": "***"}, "n": 1})
-        );
-        // No secrets: nothing changes, the empty value included.
-        assert_eq!(Mask::new(Vec::new()).text("s3cr3t"), "s3cr3t");
-    }
 }

@@ -500,6 +500,7 @@ impl<'a> Cx<'a> {
             secrets: spec.secrets.clone(),
             node_selector: spec.node_selector.clone(),
             tolerations: spec.tolerations.clone(),
+            network: spec.network.unwrap_or_default(),
             image,
         })
     }

@@ -299,6 +299,14 @@ impl Executor for KubernetesExecutor {
     }
 
     async fn start(&self, spec: AttemptSpec) -> Result<Box<dyn RunningAttempt>, ExecutorError> {
+        if spec.placement.network == drivetrain_engine::spec::Network::None {
+            // A pod's network is the cluster's; cutting it takes a NetworkPolicy (and a
+            // CNI that enforces one), which is not rendered yet: never run it connected.
+            return Err(ExecutorError(format!(
+                "stage `{}` has `network: none`, which the kubernetes executor cannot give it yet (it renders no NetworkPolicy)",
+                spec.stage
+            )));
+        }
         let client = self.client().await?;
         let ns = self.settings.namespace.clone();
         let Rendered {

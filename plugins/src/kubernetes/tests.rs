@@ -63,6 +63,7 @@ fn spec(dir: &Path, stage: &str, argv: &[&str]) -> AttemptSpec {
         log: dir.join(format!("{stage}.log")),
         distributed: None,
         access: Vec::new(),
+        mask: Default::default(),
         placement: Placement {
             pipeline: "test".into(),
             ..Placement::default()

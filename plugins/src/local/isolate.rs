@@ -20,10 +20,10 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::process::ExitStatusExt as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
 use std::sync::Arc;
@@ -32,6 +32,8 @@ use drivetrain_engine::executor::PathAccess;
 use nix::libc;
 use nix::unistd::Pid;
 use tokio::io::unix::AsyncFd;
+
+use super::{kernel, seccomp, userns};
 
 /// Capabilities an isolated attempt keeps: Docker's default set for containers
 /// (`CHOWN DAC_OVERRIDE FOWNER FSETID KILL SETGID SETUID SETPCAP NET_BIND_SERVICE NET_RAW
@@ -110,16 +112,43 @@ fn drop_capabilities() -> std::io::Result<()> {
 /// Everything the child needs to isolate itself, allocated before the clone (the child may
 /// only make system calls until it execs).
 pub(super) struct MountPlan {
-    /// The user namespace the attempt enters first, mapping the engine's uid and gid to
-    /// themselves (root included: a process in a child user namespace cannot reach
-    /// `/proc/PID/root` of the engine's, whatever its uid and capabilities).
-    user: [(CString, CString); 3],
-    /// Root may go on without the user namespace where the kernel refuses one (a
-    /// seccomp filter, a sysctl): it can make the mount namespace alone. Not when
-    /// isolation is `required`: every layer or none.
-    root: bool,
-    required: bool,
+    user: Userns,
+    /// A PID namespace of its own (a clone flag), with a `/proc` of its own: the stage
+    /// sees and signals only its own processes, and they all end with its first one.
+    pid: bool,
+    /// A network namespace of its own with loopback only (`network: none`).
+    pub(super) net: bool,
+    /// `cgroup.procs` of each of the attempt's cgroups, which the child joins first.
+    pub(super) cgroups: Vec<RawFd>,
+    /// The system calls it may not make, installed last.
+    seccomp: Option<&'static seccompiler::BpfProgram>,
     mounts: Vec<Mount>,
+    /// The writable paths given to the stage user, what stays the engine's under them,
+    /// and the log: taken back when the attempt has ended ([`MountPlan::take_back`]).
+    given: Vec<PathBuf>,
+    read_only: Vec<PathBuf>,
+    log: PathBuf,
+}
+
+/// The user namespace an attempt runs in.
+enum Userns {
+    /// The engine is not root: a new one (a clone flag), mapping the engine's uid and gid
+    /// to themselves; the stage can do no more than the engine's user.
+    Own([(CString, CString); 3]),
+    /// The engine is root: the stage namespace ([`userns::stage_userns`]), entered once
+    /// the mounts are made; the stage is host `nobody`.
+    Stage(RawFd),
+    /// None: root where the kernel refuses one, and isolation is not `required`.
+    Host,
+}
+
+/// Which layers attempts get here: what the kernel gave the probes ([`available`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layers {
+    pub mount: bool,
+    pub user: bool,
+    pub pid: bool,
+    pub seccomp: bool,
 }
 
 /// One mount of an attempt's namespace, in the order they are made.
@@ -148,22 +177,75 @@ enum Kind {
 }
 
 impl MountPlan {
-    /// The plan for an attempt that may reach `access`; `required`: a layer the kernel
-    /// refuses (the user namespace) fails the start instead of being done without.
-    pub(super) fn new(access: &[PathAccess], required: bool) -> std::io::Result<Self> {
-        let uid = nix::unistd::geteuid();
-        let gid = nix::unistd::getegid();
+    /// The plan for an attempt that may reach `access`, with `layers`. `reach`: what its
+    /// user must be able to get to (its program, `PATH`, working directory) where that is
+    /// not the engine's user; `log`: the engine's log file, never given to the stage.
+    pub(super) fn new(
+        access: &[PathAccess],
+        layers: Layers,
+        reach: &[PathBuf],
+        log: &Path,
+    ) -> std::io::Result<Self> {
         let c = |s: String| CString::new(s).expect("no NUL");
-        let user = [
-            (c("/proc/self/setgroups".into()), c("deny".into())),
-            (c("/proc/self/uid_map".into()), c(format!("{uid} {uid} 1"))),
-            (c("/proc/self/gid_map".into()), c(format!("{gid} {gid} 1"))),
-        ];
+        let user = match (layers.user, nix::unistd::geteuid().is_root()) {
+            (false, _) => Userns::Host,
+            (true, false) => {
+                let uid = nix::unistd::geteuid();
+                let gid = nix::unistd::getegid();
+                Userns::Own([
+                    (c("/proc/self/setgroups".into()), c("deny".into())),
+                    (c("/proc/self/uid_map".into()), c(format!("{uid} {uid} 1"))),
+                    (c("/proc/self/gid_map".into()), c(format!("{gid} {gid} 1"))),
+                ])
+            }
+            (true, true) => match userns::stage_userns() {
+                Some(fd) => Userns::Stage(fd),
+                None => return Err(refused_userns()),
+            },
+        };
         let c_path = |p: &Path| {
             CString::new(p.as_os_str().as_bytes())
                 .map_err(|_| std::io::Error::other(format!("path {} has a NUL byte", p.display())))
         };
         let mut mounts = Vec::with_capacity(access.len());
+        let read_only: Vec<PathBuf> = access
+            .iter()
+            .filter(|a| !a.writable)
+            .map(|a| a.path.clone())
+            .collect();
+        let mut given = Vec::new();
+        if let Userns::Stage(_) = user {
+            // The stage user owns what it may write, and can get to what it needs.
+            let keep: Vec<&Path> = read_only.iter().map(PathBuf::as_path).collect();
+            for a in access.iter().filter(|a| a.writable && !a.hidden) {
+                userns::give(&a.path, &keep, log, (userns::STAGE_ID, userns::STAGE_ID))?;
+                given.push(a.path.clone());
+            }
+            let targets: Vec<PathBuf> = reach
+                .iter()
+                .cloned()
+                .chain(access.iter().filter(|a| !a.hidden).map(|a| a.path.clone()))
+                .collect();
+            let mut hidden: Vec<PathBuf> = Vec::new();
+            for (dir, entry) in userns::closed_on_the_way(&targets) {
+                if !hidden.contains(&dir) {
+                    mounts.push(Mount {
+                        path: c_path(&dir)?,
+                        writable: false,
+                        kind: Kind::HideDir,
+                    });
+                    hidden.push(dir);
+                }
+                mounts.push(Mount {
+                    path: c_path(&entry)?,
+                    writable: false,
+                    kind: Kind::Reattach {
+                        dirs: vec![c_path(&entry)?],
+                        fd: AtomicI32::new(-1),
+                    },
+                });
+            }
+        }
         for (i, a) in access.iter().enumerate() {
             let under = access[..i]
                 .iter()
@@ -199,30 +281,64 @@ impl MountPlan {
         }
         Ok(MountPlan {
             user,
-            root: uid.is_root(),
-            required,
+            pid: layers.pid,
+            net: false,
+            cgroups: Vec::new(),
+            seccomp: if layers.seccomp {
+                Some(seccomp::filter().map_err(std::io::Error::other)?)
+            } else {
+                None
+            },
             mounts,
+            given,
+            read_only,
+            log: log.to_path_buf(),
         })
+    }
+
+    /// Gives the engine back what the stage user was given, once no process of the
+    /// attempt is left.
+    pub(super) fn take_back(&self) -> std::io::Result<()> {
+        let engine = (
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw(),
+        );
+        let keep: Vec<&Path> = self.read_only.iter().map(PathBuf::as_path).collect();
+        for path in &self.given {
+            userns::give(path, &keep, &self.log, engine)?;
+        }
+        Ok(())
+    }
+
+    /// The namespaces the child is cloned into.
+    fn clone_flags(&self) -> nix::sched::CloneFlags {
+        use nix::sched::CloneFlags;
+        let mut flags = CloneFlags::CLONE_NEWNS;
+        if self.pid {
+            flags |= CloneFlags::CLONE_NEWPID;
+        }
+        if let Userns::Own(_) = self.user {
+            flags |= CloneFlags::CLONE_NEWUSER;
+        }
+        if self.net {
+            flags |= CloneFlags::CLONE_NEWNET;
+        }
+        flags
     }
 
     /// In the child, between the clone and `exec`: system calls only, no allocation.
     fn apply(&self) -> std::io::Result<()> {
         use nix::mount::{mount, MsFlags};
-        use nix::sched::{unshare, CloneFlags};
         let none: Option<&CStr> = None;
-        match unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS) {
-            Ok(()) => {
-                for (file, text) in &self.user {
-                    let fd = nix::fcntl::open(
-                        file.as_c_str(),
-                        nix::fcntl::OFlag::O_WRONLY,
-                        nix::sys::stat::Mode::empty(),
-                    )?;
-                    nix::unistd::write(&fd, text.as_bytes())?;
-                }
+        if let Userns::Own(maps) = &self.user {
+            for (file, text) in maps {
+                let fd = nix::fcntl::open(
+                    file.as_c_str(),
+                    nix::fcntl::OFlag::O_WRONLY,
+                    nix::sys::stat::Mode::empty(),
+                )?;
+                nix::unistd::write(&fd, text.as_bytes())?;
             }
-            Err(_) if self.root && !self.required => unshare(CloneFlags::CLONE_NEWNS)?,
-            Err(e) => return Err(std::io::Error::from_raw_os_error(e as i32 | USERNS_FLAG)),
         }
         // Nothing mounted here propagates back to the engine's namespace.
         mount(
@@ -336,25 +452,47 @@ impl MountPlan {
                 )?;
             }
         }
-        drop_capabilities()
+        if self.pid {
+            mount(
+                Some(c"proc"),
+                c"/proc",
+                Some(c"proc"),
+                read_only - MsFlags::MS_RDONLY,
+                none,
+            )?;
+        }
+        kernel::protect()?;
+        if self.net {
+            kernel::loopback_up()?;
+        }
+        if let Userns::Stage(fd) = self.user {
+            userns::enter(fd)?;
+        }
+        drop_capabilities()?;
+        if let Some(program) = self.seccomp {
+            seccomp::install(program)?;
+        }
+        Ok(())
     }
 }
-
-/// Set on the errno [`MountPlan::apply`] returns when the kernel refused the attempt a
-/// user namespace (errnos are < 4096), so the engine's error can say which layer it was
-/// without the child allocating.
-const USERNS_FLAG: i32 = 1 << 20;
 
 /// `open_tree` and `move_mount` flags (linux/mount.h), which the libc crate does not name.
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 
-/// Whether `true` starts and exits 0 isolated as an attempt is ([`spawn`]), with every
-/// layer (`required`) or with what the kernel gives.
-fn probe(required: bool) -> bool {
+/// The error of an attempt that must have a user namespace where the kernel refuses one.
+fn refused_userns() -> std::io::Error {
+    std::io::Error::other(
+        "cannot isolate the attempt: the kernel refused it a user namespace, and DRIVETRAIN_ISOLATION=required runs a stage with every layer or not at all",
+    )
+}
+
+/// Whether `true` starts and exits 0 isolated as an attempt is ([`spawn`]) with `layers`.
+fn probe(layers: Layers) -> bool {
     let started = (|| {
-        let plan = Arc::new(MountPlan::new(&[], required)?);
-        let null = std::fs::File::create("/dev/null")?;
+        let null = Path::new("/dev/null");
+        let plan = Arc::new(MountPlan::new(&[], layers, &[], null)?);
+        let null = std::fs::File::create(null)?;
         let path = std::env::var("PATH").unwrap_or_default();
         let env = BTreeMap::from([("PATH".to_string(), path)]);
         spawn("true", &[], &env, Path::new("/"), &null, 0, plan)
@@ -368,47 +506,107 @@ fn probe(required: bool) -> bool {
     }
 }
 
-/// Whether this process can give its children mount namespaces: found once, by starting
-/// `true` in one the way attempts are started.
-pub fn namespaces_work() -> bool {
-    static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WORKS.get_or_init(|| {
-        let works = probe(false);
-        if !works {
+/// The layers attempts get here: found once, by starting `true` with each set, most
+/// first. A root engine's user namespace is the stage namespace (its stages are host
+/// `nobody`); another user's is its own uid mapped to itself.
+pub fn available() -> Layers {
+    static LAYERS: std::sync::OnceLock<Layers> = std::sync::OnceLock::new();
+    *LAYERS.get_or_init(|| {
+        let root = nix::unistd::geteuid().is_root();
+        let user = !root || userns::stage_userns().is_some();
+        let tries = [
+            (true, user, true),
+            (true, user, false),
+            // Root can make the mount namespace without a user namespace.
+            (root, false, root),
+            (root, false, false),
+        ];
+        let mut found = tries
+            .into_iter()
+            .map(|(mount, user, pid)| Layers { mount, user, pid, seccomp: false })
+            .find(|l| l.mount && probe(*l))
+            .unwrap_or(Layers { mount: false, user: false, pid: false, seccomp: false });
+        found.seccomp = found.mount
+            && seccomp::filter().is_ok()
+            && probe(Layers { seccomp: true, ..found });
+        if !found.mount {
             tracing::warn!(
                 "no mount namespace for stages here (not root, and no unprivileged user namespaces): \
                  inputs are checked after each attempt instead of protected"
             );
         }
-        works
+        found
     })
 }
 
-/// Whether an attempt gets a user namespace of its own here (what `required` needs):
-/// found once, by starting `true` the way a `required` attempt starts.
-pub fn user_namespaces_work() -> bool {
+/// Whether an attempt can get a network namespace of its own here (`network: none`):
+/// found once, by starting `true` in one.
+pub fn network_namespaces_work() -> bool {
     static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WORKS.get_or_init(|| probe(true))
+    *WORKS.get_or_init(|| {
+        let layers = available();
+        layers.mount
+            && (|| {
+                let null = Path::new("/dev/null");
+                let mut plan = MountPlan::new(&[], layers, &[], null)?;
+                plan.net = true;
+                let out = std::fs::File::create(null)?;
+                let env = BTreeMap::from([(
+                    "PATH".to_string(),
+                    std::env::var("PATH").unwrap_or_default(),
+                )]);
+                spawn("true", &[], &env, Path::new("/"), &out, 0, Arc::new(plan))
+            })()
+            .is_ok_and(|pid| {
+                matches!(
+                    nix::sys::wait::waitpid(Pid::from_raw(pid), None),
+                    Ok(nix::sys::wait::WaitStatus::Exited(_, 0))
+                )
+            })
+    })
+}
+
+/// Whether this process can give its children mount namespaces.
+pub fn namespaces_work() -> bool {
+    available().mount
+}
+
+/// Whether an attempt gets a user namespace of its own here (what `required` needs).
+pub fn user_namespaces_work() -> bool {
+    available().user
 }
 
 /// Each layer of a local attempt's containment and whether this machine gives it, in
 /// the order they are set up: what `doctor` lists. Layers not built yet say so.
-pub fn layers() -> Vec<(&'static str, bool, &'static str)> {
-    let mount = namespaces_work();
-    vec![
-        (
-            "user namespace",
-            user_namespaces_work(),
-            "the attempt's uids are its own namespace's (uid 0 is still mapped to uid 0)",
+pub fn layers() -> Vec<(&'static str, bool, String)> {
+    let l = available();
+    let user = if nix::unistd::geteuid().is_root() {
+        "the stage is root in its own namespaces and host nobody (uid 65534) outside them: no host-root file, sysctl or socket, no other home, not the engine's binary"
+    } else {
+        "the stage's uids are its own namespace's, mapped to the engine's user"
+    };
+    let cgroups = match super::Cgroups::host() {
+        super::Cgroups::None(why) => format!("not here ({why}): `resources` are not enforced"),
+        host => format!(
+            "cgroup {}: `resources.memory` and `cpu` limit the attempt, a pids limit stops fork storms; an OOM kill is reported as such",
+            if matches!(host, super::Cgroups::V2 { .. }) { "v2" } else { "v1" }
         ),
+    };
+    let fixed = [
+        ("user namespace", l.user, user),
         (
             "mount namespace",
-            mount,
-            "the engine's home, the store and the inputs read-only; the attempt's directory and outputs writable; other attempts' directories and the state database hidden",
+            l.mount,
+            "the engine's home, the store and the inputs read-only; the attempt's directory and outputs writable; other attempts' directories and the state database hidden; /sys, /proc/sys and /proc/sysrq-trigger read-only, /proc/kcore and the like masked",
+        ),
+        (
+            "pid namespace",
+            l.pid,
+            "the stage sees and signals only its own processes (a /proc of its own), and everything it started ends with it",
         ),
         (
             "capabilities",
-            mount,
+            l.mount,
             "every capability but Docker's default set less MKNOD dropped; no_new_privs",
         ),
         (
@@ -416,11 +614,26 @@ pub fn layers() -> Vec<(&'static str, bool, &'static str)> {
             true,
             "inputs on file:// are hashed and checked against their manifest before the stage starts",
         ),
-        ("pid namespace", false, "not built: a stage sees and can signal other processes of its uid"),
-        ("cgroup limits", false, "not built: `resources` are not enforced on this executor"),
-        ("seccomp filter", false, "not built"),
-        ("network namespace", false, "not built: stages share the host's network"),
-    ]
+    ];
+    let mut all: Vec<_> = fixed
+        .into_iter()
+        .map(|(n, a, w)| (n, a, w.to_owned()))
+        .collect();
+    all.push(("cgroup limits", super::Cgroups::host().active(), cgroups));
+    all.push((
+        "seccomp filter",
+        l.seccomp,
+        match seccomp::filter() {
+            Ok(_) => "Docker's default deny list (modules, kexec, reboot, the clock, keyrings, bpf, perf, mounts and namespaces, io_uring, other processes' memory) fails with EPERM".into(),
+            Err(why) => why,
+        },
+    ));
+    all.push((
+        "network namespace",
+        network_namespaces_work(),
+        "`network: none`: a stage's own network namespace with loopback only; `host` (the default) shares the machine's".into(),
+    ));
+    all
 }
 
 /// Where the child failed, with the `errno`, for the engine's error.
@@ -433,7 +646,6 @@ struct Failure {
 const STEP_SETUP: i32 = 1;
 const STEP_ISOLATE: i32 = 2;
 const STEP_EXEC: i32 = 3;
-const STEP_USERNS: i32 = 4;
 
 /// Everything the child needs, made before the clone: C strings and the pointer arrays
 /// `execve` takes (pointing into them), the descriptors it installs as 0, 1 and 2.
@@ -486,7 +698,7 @@ fn dev_null() -> std::io::Result<libc::c_int> {
 
 /// Starts `program` with `args` and exactly `env`, in `cwd`, stdout and stderr to `out`,
 /// stdin from `/dev/null`, in process group `pgid` (0: a new one led by the child),
-/// isolated by `plan`. Returns the child's pid once it has exec'ed; an error (the child
+/// isolated by `plan` (its cgroups too). Returns the child's pid once it has exec'ed; an error (the child
 /// reaped) when it could not: `NotFound`/`PermissionDenied` as `execvp` would say them.
 pub(super) fn spawn(
     program: &str,
@@ -525,6 +737,9 @@ pub(super) fn spawn(
         .chain(pointers(&argv_strings).into_iter().skip(1))
         .map(|p| AtomicPtr::new(p.cast_mut()))
         .collect();
+    let flags = plan.clone_flags();
+    // A process in a PID namespace of its own cannot join a group outside it.
+    let pgid = if plan.pid { 0 } else { pgid };
     let launch = Launch {
         candidates,
         sh,
@@ -559,14 +774,26 @@ pub(super) fn spawn(
             nix::sched::clone(
                 Box::new(move || child(launch)),
                 &mut stack,
-                nix::sched::CloneFlags::CLONE_VM | nix::sched::CloneFlags::CLONE_VFORK,
+                nix::sched::CloneFlags::CLONE_VM | nix::sched::CloneFlags::CLONE_VFORK | flags,
                 Some(libc::SIGCHLD),
             )
         }
     };
     // SAFETY: restores the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-    let pid = cloned?;
+    let pid = match cloned {
+        Ok(pid) => pid,
+        Err(e) if flags.contains(nix::sched::CloneFlags::CLONE_NEWUSER) => {
+            return Err(std::io::Error::other(format!(
+                "cannot isolate the attempt: the kernel refused it a user namespace ({e})"
+            )))
+        }
+        Err(e) => {
+            return Err(std::io::Error::other(format!(
+                "cannot isolate the attempt: the kernel refused its namespaces ({e})"
+            )))
+        }
+    };
     let errno = launch.failure.errno.load(Ordering::SeqCst);
     if errno == 0 {
         return Ok(pid.as_raw());
@@ -576,11 +803,28 @@ pub(super) fn spawn(
     Err(match launch.failure.step.load(Ordering::SeqCst) {
         STEP_EXEC => os,
         STEP_ISOLATE => std::io::Error::other(format!("cannot isolate the attempt: {os}")),
-        STEP_USERNS => std::io::Error::other(format!(
-            "cannot isolate the attempt: the kernel refused it a user namespace ({os}), and DRIVETRAIN_ISOLATION=required runs a stage with every layer or not at all"
-        )),
         _ => std::io::Error::other(format!("cannot set up the process: {os}")),
     })
+}
+
+/// Makes a process the standard library starts join the cgroups whose `cgroup.procs`
+/// are open as `cgroups` before it execs.
+pub(super) fn join_before_exec(command: &mut tokio::process::Command, cgroups: Vec<RawFd>) {
+    if cgroups.is_empty() {
+        return;
+    }
+    // SAFETY: the hook runs in the forked child before exec and only makes `write`
+    // system calls on descriptors open in it.
+    unsafe {
+        command.pre_exec(move || {
+            for fd in &cgroups {
+                if libc::write(*fd, c"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
 }
 
 /// The child, on the engine's memory and its own stack: system calls only, no
@@ -626,12 +870,14 @@ fn prepare_and_exec(l: &Launch) -> (i32, i32) {
         {
             return (STEP_SETUP, last());
         }
+        for fd in &l.plan.cgroups {
+            if libc::write(*fd, c"0".as_ptr().cast(), 1) != 1 {
+                return (STEP_SETUP, last());
+            }
+        }
     }
     if let Err(e) = l.plan.apply() {
-        return match e.raw_os_error() {
-            Some(n) if n & USERNS_FLAG != 0 => (STEP_USERNS, n & !USERNS_FLAG),
-            n => (STEP_ISOLATE, n.unwrap_or(libc::EIO)),
-        };
+        return (STEP_ISOLATE, e.raw_os_error().unwrap_or(libc::EIO));
     }
     let mut denied = false;
     let mut errno = libc::ENOENT;
@@ -690,6 +936,33 @@ impl RawChild {
 
     pub(super) fn id(&self) -> u32 {
         self.pid as u32
+    }
+
+    /// `SIGKILL` to the child unless it has been reaped (its pid may be another's by
+    /// then), through its pidfd where there is one. The first process of a PID namespace
+    /// takes every other one in it along.
+    pub(super) fn kill(&mut self) {
+        if !matches!(self.try_reap(), Ok(None)) {
+            return;
+        }
+        match &self.exited {
+            // SAFETY: pidfd_send_signal on the descriptor this child owns, no siginfo.
+            Some(fd) => unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                );
+            },
+            None => {
+                let _ = nix::sys::signal::kill(
+                    Pid::from_raw(self.pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
     }
 
     fn try_reap(&mut self) -> std::io::Result<Option<ExitStatus>> {

@@ -9,24 +9,37 @@
 //! (gang semantics). A stage without `distributed:` is a world of one with the same
 //! variables, so `init_process_group(init_method="env://")` works there too.
 //!
-//! Each attempt also gets a private mount namespace (as root, or through an unprivileged
-//! user namespace where the kernel allows one) in which the paths of
-//! [`AttemptSpec::access`] are bind-mounted read-only or writable: the store and the
-//! engine's home are read-only, the attempt's own directory and outputs writable, its
-//! inputs read-only again. A stage then cannot change an artifact even through the hard
-//! links its inputs are, not with `chmod`, not by writing into the store directly. Where no
-//! namespace can be had, attempts run without one ([`Isolation::Auto`]) and the run loop's
-//! check of every input against its manifest still catches a write.
+//! An isolated attempt (`DRIVETRAIN_ISOLATION=auto` where the kernel allows it, or
+//! `required`) is contained the way runc and bubblewrap contain a container, in the
+//! engine's own spawn path (no `fork`: `isolate.rs`). Each layer, in the order the child
+//! sets it up; `doctor` lists which are active here ([`layers`]):
+//! - **cgroups** (`cgroups.rs`): `resources.memory` and `cpu` are limits, every attempt
+//!   has a pids limit; an OOM kill is `out of memory (limit …)`, retryable by
+//!   `retries.on: [oom]`.
+//! - **user namespace** (`userns.rs`): a root engine's stage is root in its namespaces
+//!   and host `nobody` outside them, so nothing that checks for host root (files outside
+//!   its paths, sysctls, other homes, the engine's binary, root's sockets) is open to it;
+//!   it owns its writable paths while it runs, and the engine takes them back before
+//!   anything is published. Another user's engine maps its own uid.
+//! - **mount namespace**: the paths of [`AttemptSpec::access`] bound read-only or
+//!   writable (the store, the home and the inputs read-only, even through the hard links
+//!   inputs are; the attempt's directory and outputs writable; other attempts and the
+//!   state database hidden), directories closed to `nobody` on the way to what the stage
+//!   needs given a view with only that in them, and the kernel's own files (`kernel.rs`):
+//!   `/sys` and `/proc/sys` read-only, `/proc/kcore` and the like masked.
+//! - **PID namespace** with its own `/proc`: the stage sees and signals only its own
+//!   processes, and when its first process ends the kernel ends every other one, a
+//!   `setsid` grandchild too, so nothing of an attempt outlives it.
+//! - **network namespace** for `network: none`: loopback only.
+//! - **capabilities**: all but Docker's default set less `CAP_MKNOD` dropped from the
+//!   bounding, inheritable and ambient sets ([`KEPT_CAPS`]); `no_new_privs`.
+//! - **seccomp** (`seccomp.rs`): Docker's deny list of system calls fails with `EPERM`.
 //!
-//! An isolated attempt cannot undo its mounts: before `exec` it loses every capability
-//! but Docker's default set less `CAP_MKNOD` ([`KEPT_CAPS`]) from its bounding, inheritable
-//! and ambient sets, and gets `no_new_privs`. A stage the root engine starts is still uid
-//! 0, but without `CAP_SYS_ADMIN` it cannot unmount, remount or mount, nor `setns` into
-//! another namespace, and without `CAP_SYS_PTRACE` it cannot reach `/proc/1/root`. It
-//! also runs in a user namespace of its own (uid 0 mapped to 0), so `/proc/PID/root` of
-//! no process outside it is open to it, not even of a root process with no capabilities
-//! (which a stage with a superset of them could otherwise enter); where the kernel
-//! refuses a user namespace to root, the mount namespace alone is made.
+//! A stage with declared secrets writes to a pipe, which the engine copies into its log
+//! masked as it comes: no value is on disk while it runs either.
+//!
+//! Where no namespace can be had, attempts run without one ([`Isolation::Auto`]) and the
+//! run loop's check of every input against its manifest still catches a write.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -37,15 +50,27 @@ use async_trait::async_trait;
 use drivetrain_engine::executor::{
     AttemptOutcome, AttemptSpec, Executor, ExecutorError, Rank, RunningAttempt,
 };
+use drivetrain_engine::mask::Stream;
+use drivetrain_engine::spec::Network;
 use futures::FutureExt as _;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
+mod cgroups;
 mod isolate;
+mod kernel;
+mod seccomp;
+mod userns;
 
+use cgroups::AttemptCgroup;
+pub use cgroups::{Cgroups, Usage, PIDS_MAX};
 use isolate::MountPlan;
-pub use isolate::{layers, namespaces_work, user_namespaces_work, KEPT_CAPS};
+pub use isolate::{
+    available, layers, namespaces_work, network_namespaces_work, user_namespaces_work, Layers,
+    KEPT_CAPS,
+};
+pub use userns::STAGE_ID;
 
 /// Runs attempts as local processes.
 #[derive(Debug, Default, Clone)]
@@ -114,6 +139,14 @@ impl Proc {
             Proc::Cloned(c) => c.wait().await,
         }
     }
+
+    /// Ends a rank in a PID namespace of its own (with all it started); one that is not
+    /// ends with its process group.
+    fn kill(&mut self) {
+        if let Proc::Cloned(c) = self {
+            c.kill();
+        }
+    }
 }
 
 struct Started {
@@ -122,6 +155,12 @@ struct Started {
     /// Set when the command could not be started (does not exist, not executable).
     failed_to_start: Option<String>,
     cancelled: bool,
+    /// The attempt's cgroups (removed when it is dropped), and its memory limit as written.
+    cgroup: Option<AttemptCgroup>,
+    memory_limit: Option<String>,
+    plan: Option<Arc<MountPlan>>,
+    /// Copies the stage's output from its pipe to the log, masked, when it has secrets.
+    drain: Option<tokio::task::JoinHandle<()>>,
 }
 
 fn kill_group(pgid: i32) {
@@ -129,6 +168,45 @@ fn kill_group(pgid: i32) {
         // ESRCH (the group is gone) is the expected case after a clean exit.
         let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
     }
+}
+
+impl Started {
+    /// Ends every rank still running and all they started.
+    fn kill_all(&mut self) {
+        kill_group(self.pgid);
+        for (_, child) in &mut self.children {
+            child.kill();
+        }
+    }
+
+    /// Waits until the masked copy of the stage's output is all in the log: at the end of
+    /// the pipe (every process of the attempt gone), or after a few seconds, when one that
+    /// is not in its PID namespace still holds it (what it writes later is lost, never
+    /// stored unmasked).
+    async fn drained(&mut self) {
+        if let Some(mut drain) = self.drain.take() {
+            if tokio::time::timeout(std::time::Duration::from_secs(5), &mut drain)
+                .await
+                .is_err()
+            {
+                drain.abort();
+            }
+        }
+    }
+}
+
+/// Copies what the stage writes to its pipe into `log`, masked as it comes.
+async fn copy_masked(pipe: std::os::fd::OwnedFd, mut log: std::fs::File, mut mask: Stream) {
+    use std::io::Write as _;
+    use tokio::io::AsyncReadExt as _;
+    let Ok(mut pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(pipe) else {
+        return;
+    };
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Ok(n @ 1..) = pipe.read(&mut buf).await {
+        let _ = log.write_all(&mask.push(&buf[..n]));
+    }
+    let _ = log.write_all(&mask.finish());
 }
 
 #[async_trait]
@@ -163,7 +241,7 @@ impl RunningAttempt for Started {
                         exit_code: None,
                         reason: format!("cannot wait for the process: {e}"),
                     });
-                    kill_group(self.pgid);
+                    self.kill_all();
                     continue;
                 }
             };
@@ -191,25 +269,115 @@ impl RunningAttempt for Started {
                     },
                 });
                 // Gang semantics: one rank down stops them all.
-                kill_group(self.pgid);
+                self.kill_all();
             }
         }
         // Whatever the stage left running in its group goes with it.
-        kill_group(self.pgid);
+        self.kill_all();
+        self.drained().await;
         if self.cancelled {
             return AttemptOutcome::Cancelled;
         }
-        failure.unwrap_or(AttemptOutcome::Succeeded)
+        if let Some(Err(e)) = self.plan.as_ref().map(|p| p.take_back()) {
+            return AttemptOutcome::Failed {
+                exit_code: None,
+                reason: format!("cannot take the attempt's outputs back from the stage user: {e}"),
+            };
+        }
+        let usage = self.cgroup.as_ref().map(AttemptCgroup::usage);
+        match (failure, usage) {
+            // The kernel killed a process of the attempt for its memory limit.
+            (Some(AttemptOutcome::Failed { reason, .. }), Some(u)) if u.oom_kills > 0 => {
+                AttemptOutcome::OutOfMemory {
+                    reason: format!(
+                        "out of memory (limit {}): {reason}",
+                        self.memory_limit.as_deref().unwrap_or("none")
+                    ),
+                }
+            }
+            // A fork refused at the pids limit is why a failed stage failed, most likely.
+            (Some(AttemptOutcome::Failed { exit_code, reason }), Some(u))
+                if u.forks_refused > 0 =>
+            {
+                let limit = self.cgroup.as_ref().and_then(AttemptCgroup::pids_max);
+                AttemptOutcome::Failed {
+                    exit_code,
+                    reason: format!(
+                        "{reason}; {} fork(s) refused at the limit of {} processes",
+                        u.forks_refused,
+                        limit.as_deref().unwrap_or("?")
+                    ),
+                }
+            }
+            (failure, _) => failure.unwrap_or(AttemptOutcome::Succeeded),
+        }
     }
 
     async fn cancel(&mut self) {
         self.cancelled = true;
-        kill_group(self.pgid);
+        self.kill_all();
         for (_, child) in &mut self.children {
             let _ = child.wait().await;
         }
         self.children.clear();
+        self.drained().await;
     }
+}
+
+impl LocalExecutor {
+    /// The attempt's cgroups with its `resources`' limits, where the host has cgroups.
+    /// Where it has none, a stage that asked for limits is told so in its log (and
+    /// `required` isolation fails it): they are never ignored silently.
+    fn cgroup(
+        &self,
+        spec: &AttemptSpec,
+        mut log: &std::fs::File,
+    ) -> Result<Option<AttemptCgroup>, ExecutorError> {
+        use std::io::Write as _;
+        let resources = &spec.placement.resources;
+        let asked = resources.memory.is_some() || resources.cpu.is_some();
+        let host = Cgroups::host();
+        let why = match host {
+            Cgroups::None(why) => why.clone(),
+            _ if self.isolation == Isolation::Off => return Ok(None),
+            _ => {
+                let name = format!("{}.{}.{}", spec.run_id, spec.stage, spec.attempt);
+                match AttemptCgroup::create(host, &name, resources) {
+                    Ok(made) => return Ok(made),
+                    Err(e) => format!("cannot make the attempt's cgroup: {e}"),
+                }
+            }
+        };
+        if self.isolation == Isolation::Required {
+            return Err(ExecutorError(format!(
+                "cannot isolate the attempt: {why}, and DRIVETRAIN_ISOLATION=required runs a stage with every layer or not at all"
+            )));
+        }
+        if asked {
+            let _ = writeln!(log, "drivetrain: `resources` are not enforced here: {why}");
+        }
+        Ok(None)
+    }
+}
+
+/// The layers `DRIVETRAIN_ISOLATION=required` runs a stage with: all of them, or an error
+/// naming the one the kernel refuses.
+fn required_layers() -> Result<Layers, ExecutorError> {
+    let l = available();
+    let missing = if !l.mount {
+        "this process cannot create mount namespaces"
+    } else if !l.user {
+        "the kernel refused it a user namespace"
+    } else if !l.pid {
+        "the kernel refused it a PID namespace"
+    } else if !l.seccomp {
+        "the kernel refused its seccomp filter"
+    } else {
+        return Ok(l);
+    };
+    Err(ExecutorError(format!(
+        "cannot isolate the attempt: {missing}, and DRIVETRAIN_ISOLATION=required runs a stage with every layer or not at all"
+    )))
 }
 
 fn free_port() -> std::io::Result<u16> {
@@ -260,33 +428,88 @@ impl Executor for LocalExecutor {
             .as_ref()
             .map(|d| d.framework)
             .unwrap_or_default();
-        let isolate = match self.isolation {
-            Isolation::Off => false,
-            _ if spec.access.is_empty() => false,
-            Isolation::Auto => namespaces_work(),
-            Isolation::Required => {
-                if !namespaces_work() {
-                    return Err(ExecutorError(
-                        "isolation is required but this process cannot create mount namespaces"
-                            .into(),
-                    ));
-                }
-                true
+        let no_network = spec.placement.network == Network::None;
+        if no_network {
+            if workers > 1 {
+                return Err(ExecutorError(format!(
+                    "stage `{}`: `network: none` runs one process; its {workers} ranks would have no network to meet on",
+                    spec.stage
+                )));
             }
+            if self.isolation == Isolation::Off || !network_namespaces_work() {
+                return Err(ExecutorError(format!(
+                    "stage `{}` has `network: none`, and this engine cannot give it a network namespace ({})",
+                    spec.stage,
+                    if self.isolation == Isolation::Off { "DRIVETRAIN_ISOLATION=off" } else { "the kernel refused one" }
+                )));
+            }
+        }
+        let cgroup = self.cgroup(&spec, &log)?;
+        let cgroup_procs = cgroup.as_ref().map(|c| c.procs()).unwrap_or_default();
+        let layers = match self.isolation {
+            Isolation::Off => None,
+            _ if spec.access.is_empty() && !no_network => None,
+            Isolation::Auto => Some(available()).filter(|l| l.mount),
+            Isolation::Required => Some(required_layers()?),
         };
-        let plan = if isolate {
-            Some(Arc::new(
-                MountPlan::new(&spec.access, self.isolation == Isolation::Required)
-                    .map_err(|e| ExecutorError(e.to_string()))?,
-            ))
+        let plan = match layers {
+            Some(layers) => {
+                // What the stage's user must get to: its program, `PATH`, working directory.
+                let path = spec
+                    .env
+                    .iter()
+                    .rev()
+                    .find(|(k, _)| k == "PATH")
+                    .map(|(_, v)| v.clone())
+                    .or_else(|| std::env::var("PATH").ok())
+                    .unwrap_or_default();
+                let reach: Vec<std::path::PathBuf> = program
+                    .contains('/')
+                    .then(|| spec.workdir.join(&program))
+                    .into_iter()
+                    .chain(
+                        path.split(':')
+                            .filter(|d| d.starts_with('/'))
+                            .map(Into::into),
+                    )
+                    .chain([spec.workdir.clone()])
+                    .collect();
+                let mut plan = MountPlan::new(&spec.access, layers, &reach, &spec.log)
+                    .map_err(|e| ExecutorError(e.to_string()))?;
+                plan.net = no_network;
+                plan.cgroups = cgroup_procs.clone();
+                Some(Arc::new(plan))
+            }
+            None => None,
+        };
+        // With secrets to mask, the stage writes to a pipe the engine copies into the log,
+        // masked: no value is ever on disk, not while the stage runs either.
+        let (out, drain) = if spec.mask.is_empty() {
+            (log.try_clone(), None)
         } else {
-            None
+            let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                .map_err(|e| ExecutorError(format!("cannot make the log's pipe: {e}")))?;
+            let copy = log
+                .try_clone()
+                .map_err(|e| ExecutorError(format!("cannot open the log: {e}")))?;
+            let task = tokio::spawn(copy_masked(read, copy, spec.mask.stream()));
+            (Ok(std::fs::File::from(write)), Some(task))
         };
+        let out = out.map_err(|e| ExecutorError(format!("cannot open the log: {e}")))?;
         let mut started = Started {
             pgid: 0,
             children: Vec::with_capacity(workers),
             failed_to_start: None,
             cancelled: false,
+            cgroup,
+            memory_limit: spec
+                .placement
+                .resources
+                .memory
+                .as_ref()
+                .map(|m| m.text.clone()),
+            plan: plan.clone(),
+            drain,
         };
         for rank in 0..workers {
             // All ranks on this one machine: one node, local ranks = ranks.
@@ -318,14 +541,16 @@ impl Executor for LocalExecutor {
                     &spec.argv[1..],
                     &env,
                     &spec.workdir,
-                    &log,
+                    &out,
                     started.pgid,
                     plan.clone(),
                 )
                 .map(|pid| Proc::Cloned(isolate::RawChild::new(pid))),
-                None => log.try_clone().and_then(|out| {
+                None => out.try_clone().and_then(|out| {
                     let err = out.try_clone()?;
-                    Command::new(&program)
+                    let mut command = Command::new(&program);
+                    isolate::join_before_exec(&mut command, cgroup_procs.clone());
+                    command
                         .args(&spec.argv[1..])
                         .current_dir(&spec.workdir)
                         .env_clear()

@@ -1,0 +1,335 @@
+//! `resources:` enforced on a local attempt through cgroups, and what it used.
+//!
+//! Each attempt gets a cgroup of its own under the engine's, in each hierarchy it needs:
+//! v1 controllers (`memory`, `pids`, `cpu`, `cpuacct`) where the host mounts them (this
+//! machine and CI do), else the v2 unified hierarchy with those controllers enabled for
+//! the engine's subtree. Limits come from the stage: `memory` → `memory.limit_in_bytes`
+//! (v1) or `memory.max` with no swap (v2); `cpu` → a CFS quota of that many cores per
+//! 100 ms period; every attempt gets a `pids` limit ([`PIDS_MAX`], or
+//! `DRIVETRAIN_PIDS_MAX`), so a fork storm ends at the limit, not at the host's. The
+//! child joins before it execs (it writes `0` to descriptors of `cgroup.procs` the engine
+//! opened), so nothing of the stage runs outside. When the attempt ends the engine reads
+//! the kernel's OOM-kill count, peak memory and CPU time, then removes the cgroups.
+//!
+//! Where the host gives none of this (no controllers, not permitted), [`Cgroups::detect`]
+//! says why once; `doctor` and every run that asked for `resources` say so.
+
+use std::os::fd::{AsRawFd as _, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+use drivetrain_engine::plan::Resources;
+
+/// Processes (and threads) an attempt may have at once unless `DRIVETRAIN_PIDS_MAX` says.
+pub const PIDS_MAX: u64 = 4096;
+
+/// Where the engine makes its attempts' cgroups.
+#[derive(Debug, Clone)]
+pub enum Cgroups {
+    /// One directory per v1 controller: the engine's own cgroup in that hierarchy.
+    V1 {
+        memory: Option<PathBuf>,
+        pids: Option<PathBuf>,
+        cpu: Option<PathBuf>,
+        cpuacct: Option<PathBuf>,
+    },
+    /// The engine's cgroup in the unified hierarchy, with the controllers its children get.
+    V2 { dir: PathBuf },
+    /// None here, and why.
+    None(String),
+}
+
+/// What an attempt used, from its cgroups.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    pub peak_memory_bytes: Option<u64>,
+    pub cpu_seconds: Option<f64>,
+    /// Processes the kernel killed for the memory limit.
+    pub oom_kills: u64,
+    /// `fork`s refused at the pids limit.
+    pub forks_refused: u64,
+}
+
+impl Cgroups {
+    /// This host's cgroups, found once.
+    pub fn host() -> &'static Cgroups {
+        static HOST: std::sync::OnceLock<Cgroups> = std::sync::OnceLock::new();
+        HOST.get_or_init(|| {
+            let found = Cgroups::detect();
+            if let Cgroups::None(why) = &found {
+                tracing::warn!("no cgroups for stages here: {why}; `resources` are not enforced");
+            }
+            found
+        })
+    }
+
+    /// Reads `/proc/self/mountinfo` and `/proc/self/cgroup`; v1 when it has `memory`.
+    pub fn detect() -> Cgroups {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let v1 = |controller: &str| -> Option<PathBuf> {
+            let mount = mountinfo.lines().find_map(|l| {
+                let (left, right) = l.split_once(" - ")?;
+                let mut r = right.split_whitespace();
+                let (fstype, _, options) = (r.next()?, r.next()?, r.next()?);
+                (fstype == "cgroup" && options.split(',').any(|o| o == controller))
+                    .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
+            })?;
+            let path = own.lines().find_map(|l| {
+                let mut f = l.splitn(3, ':');
+                let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+                controllers
+                    .split(',')
+                    .any(|c| c == controller)
+                    .then_some(path)
+            })?;
+            let dir = mount.join(path.trim_start_matches('/'));
+            writable(&dir).then_some(dir)
+        };
+        let memory = v1("memory");
+        if memory.is_some() {
+            return Cgroups::V1 {
+                memory,
+                pids: v1("pids"),
+                cpu: v1("cpu"),
+                cpuacct: v1("cpuacct"),
+            };
+        }
+        let unified = mountinfo.lines().find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            (right.split_whitespace().next()? == "cgroup2")
+                .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
+        });
+        let Some(unified) = unified else {
+            return Cgroups::None("no cgroup hierarchy is mounted".into());
+        };
+        let path = own
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .unwrap_or("/");
+        let dir = unified.join(path.trim_start_matches('/'));
+        let controllers =
+            std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+        if !controllers.split_whitespace().any(|c| c == "memory") {
+            return Cgroups::None(format!(
+                "the memory controller is not delegated to {}",
+                dir.display()
+            ));
+        }
+        // Children of the engine's cgroup get the controllers through a leaf of their own
+        // (a cgroup with processes cannot hand controllers to its children).
+        let base = dir.join("drivetrain");
+        let enable = std::fs::create_dir_all(&base).and_then(|()| {
+            let wanted: Vec<&str> = ["memory", "pids", "cpu"]
+                .into_iter()
+                .filter(|c| controllers.split_whitespace().any(|x| x == *c))
+                .collect();
+            let line: Vec<String> = wanted.iter().map(|c| format!("+{c}")).collect();
+            std::fs::write(dir.join("cgroup.subtree_control"), line.join(" "))?;
+            std::fs::write(base.join("cgroup.subtree_control"), line.join(" "))
+        });
+        match enable {
+            Ok(()) => Cgroups::V2 { dir: base },
+            Err(e) => Cgroups::None(format!(
+                "cannot enable controllers under {}: {e}",
+                dir.display()
+            )),
+        }
+    }
+
+    /// Whether attempts get cgroups here.
+    pub fn active(&self) -> bool {
+        !matches!(self, Cgroups::None(_))
+    }
+}
+
+fn writable(dir: &Path) -> bool {
+    nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_ok()
+}
+
+/// One attempt's cgroups: made before it starts, removed when it has ended.
+pub(super) struct AttemptCgroup {
+    dirs: Vec<PathBuf>,
+    /// `cgroup.procs` of each, open for the child to join by writing `0`.
+    procs: Vec<OwnedFd>,
+    memory: Option<PathBuf>,
+    cpu: Option<PathBuf>,
+    pids: Option<PathBuf>,
+    v2: bool,
+}
+
+impl AttemptCgroup {
+    /// Makes the attempt's cgroups named `name` and sets `resources`' limits.
+    pub(super) fn create(
+        host: &Cgroups,
+        name: &str,
+        resources: &Resources,
+    ) -> std::io::Result<Option<AttemptCgroup>> {
+        let name: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let pids_max = std::env::var("DRIVETRAIN_PIDS_MAX")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(PIDS_MAX);
+        let memory = resources.memory.as_ref().map(|q| q.value as u64);
+        let cpu_quota = resources
+            .cpu
+            .as_ref()
+            .map(|q| ((q.value * 100_000.0).ceil() as u64).max(1000));
+        let mut made = AttemptCgroup {
+            dirs: Vec::new(),
+            procs: Vec::new(),
+            memory: None,
+            cpu: None,
+            pids: None,
+            v2: false,
+        };
+        let mut mk = |parent: &Path| -> std::io::Result<PathBuf> {
+            let dir = parent.join("drivetrain").join(&name);
+            std::fs::create_dir_all(&dir)?;
+            made.dirs.push(dir.clone());
+            let procs = std::fs::OpenOptions::new()
+                .write(true)
+                .open(dir.join("cgroup.procs"))?;
+            made.procs.push(procs.into());
+            Ok(dir)
+        };
+        match host {
+            Cgroups::None(_) => return Ok(None),
+            Cgroups::V1 {
+                memory: mem,
+                pids,
+                cpu,
+                cpuacct,
+            } => {
+                if let Some(parent) = mem {
+                    let dir = mk(parent)?;
+                    if let Some(bytes) = memory {
+                        std::fs::write(dir.join("memory.limit_in_bytes"), bytes.to_string())?;
+                        // No swap instead of the limit, where the host has swap accounting.
+                        let _ = std::fs::write(
+                            dir.join("memory.memsw.limit_in_bytes"),
+                            bytes.to_string(),
+                        );
+                    }
+                    made.memory = Some(dir);
+                }
+                if let Some(parent) = pids {
+                    let dir = mk(parent)?;
+                    std::fs::write(dir.join("pids.max"), pids_max.to_string())?;
+                    made.pids = Some(dir);
+                }
+                if let Some(parent) = cpu {
+                    let dir = mk(parent)?;
+                    if let Some(quota) = cpu_quota {
+                        std::fs::write(dir.join("cpu.cfs_period_us"), "100000")?;
+                        std::fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string())?;
+                    }
+                }
+                if let Some(parent) = cpuacct {
+                    made.cpu = Some(mk(parent)?);
+                }
+            }
+            Cgroups::V2 { dir: base } => {
+                let dir = base.join(&name);
+                std::fs::create_dir_all(&dir)?;
+                made.dirs.push(dir.clone());
+                if let Some(bytes) = memory {
+                    std::fs::write(dir.join("memory.max"), bytes.to_string())?;
+                    let _ = std::fs::write(dir.join("memory.swap.max"), "0");
+                }
+                let _ = std::fs::write(dir.join("pids.max"), pids_max.to_string());
+                if let Some(quota) = cpu_quota {
+                    let _ = std::fs::write(dir.join("cpu.max"), format!("{quota} 100000"));
+                }
+                let procs = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(dir.join("cgroup.procs"))?;
+                made.procs.push(procs.into());
+                made.memory = Some(dir.clone());
+                made.cpu = Some(dir.clone());
+                made.pids = Some(dir);
+                made.v2 = true;
+            }
+        }
+        Ok(Some(made))
+    }
+
+    /// The descriptors the child writes `0` to, joining every cgroup of the attempt.
+    pub(super) fn procs(&self) -> Vec<RawFd> {
+        self.procs.iter().map(|f| f.as_raw_fd()).collect()
+    }
+
+    /// The pids limit this attempt has.
+    pub(super) fn pids_max(&self) -> Option<String> {
+        let dir = self.pids.as_ref()?;
+        std::fs::read_to_string(dir.join("pids.max"))
+            .ok()
+            .map(|s| s.trim().to_owned())
+    }
+
+    /// What the attempt used, read once it has ended.
+    pub(super) fn usage(&self) -> Usage {
+        let read = |dir: &Option<PathBuf>, file: &str| {
+            dir.as_ref()
+                .and_then(|d| std::fs::read_to_string(d.join(file)).ok())
+                .unwrap_or_default()
+        };
+        let field = |text: &str, key: &str| {
+            text.lines().find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == key).then(|| v.trim().parse::<u64>().ok())?
+            })
+        };
+        let forks_refused = field(&read(&self.pids, "pids.events"), "max").unwrap_or(0);
+        if self.v2 {
+            let cpu = read(&self.cpu, "cpu.stat");
+            Usage {
+                peak_memory_bytes: read(&self.memory, "memory.peak").trim().parse().ok(),
+                cpu_seconds: field(&cpu, "usage_usec").map(|us| us as f64 / 1e6),
+                oom_kills: field(&read(&self.memory, "memory.events"), "oom_kill").unwrap_or(0),
+                forks_refused,
+            }
+        } else {
+            Usage {
+                peak_memory_bytes: read(&self.memory, "memory.max_usage_in_bytes")
+                    .trim()
+                    .parse()
+                    .ok(),
+                cpu_seconds: read(&self.cpu, "cpuacct.usage")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .map(|ns| ns as f64 / 1e9),
+                oom_kills: field(&read(&self.memory, "memory.oom_control"), "oom_kill")
+                    .unwrap_or(0),
+                forks_refused,
+            }
+        }
+    }
+}
+
+impl Drop for AttemptCgroup {
+    /// Removes the cgroups; one still holding a process (a kill not yet through) is
+    /// retried for a moment, then left to the next start of the engine.
+    fn drop(&mut self) {
+        self.procs.clear();
+        for dir in self.dirs.iter().rev() {
+            for _ in 0..50 {
+                match std::fs::remove_dir(dir) {
+                    Err(e) if e.raw_os_error() == Some(nix::libc::EBUSY) => {
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                    }
+                    _ => break,
+                }
+            }
+        }
+    }
+}
