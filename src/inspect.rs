@@ -94,6 +94,9 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
                 .and_then(|r| r.lines().next())
                 .unwrap_or_default()
         );
+        if let Some(used) = s.usage.as_ref().map(usage_line).filter(|l| !l.is_empty()) {
+            println!("{:<24} used: {used}", "");
+        }
         // A map stage: how its items stand.
         let counts = state.item_counts(&id, &s.stage)?;
         if !counts.is_empty() {
@@ -106,6 +109,24 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What an attempt used, for people: `peak 812.0 MiB memory, 3.2 CPU s, GPUs 41% …`.
+fn usage_line(u: &drivetrain_engine::executor::ResourceUsage) -> String {
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0));
+    [
+        u.peak_memory_bytes
+            .map(|b| format!("peak {} memory", mib(b))),
+        u.cpu_seconds.map(|c| format!("{c:.2} CPU s")),
+        u.gpu_utilization_percent
+            .map(|g| format!("GPUs {g:.0}% busy")),
+        u.gpu_memory_bytes
+            .map(|b| format!("peak {} GPU memory", mib(b))),
+    ]
+    .into_iter()
+    .flatten()
+    .collect::<Vec<_>>()
+    .join(", ")
 }
 
 fn elapsed(a: &str, b: &str) -> String {

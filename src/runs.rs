@@ -711,6 +711,7 @@ impl Progress {
                 let line = event_line(ev);
                 let _ = bars.println(line.trim_end());
             }
+            RunEvent::Used { .. } => {}
         }
     }
 }
@@ -730,7 +731,7 @@ fn event_line(ev: &RunEvent) -> String {
         }
         RunEvent::Started { stage, .. } => format!("  ▶ {stage}\n"),
         RunEvent::Items { stage, total } => format!("  … {stage}: {total} items\n"),
-        RunEvent::ItemDone { .. } => String::new(),
+        RunEvent::ItemDone { .. } | RunEvent::Used { .. } => String::new(),
         RunEvent::Retrying {
             stage,
             attempt,

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use drivetrain_engine::artifacts::ArtifactStore;
-use drivetrain_engine::executor::Executor;
+use drivetrain_engine::executor::{Executor, ResourceUsage};
 use drivetrain_engine::plan::Pipeline;
 use drivetrain_engine::runner::{self, RunEvent, RunOptions};
 use drivetrain_engine::schedule::{self, Decision, Ticker};
@@ -85,6 +85,68 @@ pub struct Metrics {
     pub stage_seconds: Histogram,
     pub transition_seconds: Histogram,
     pub schedule_lag_seconds: Histogram,
+    /// What stages used: (pipeline, stage) → their latest attempt's usage and the CPU
+    /// seconds of all their attempts since this server started.
+    pub usage: Mutex<BTreeMap<(String, String), (ResourceUsage, f64)>>,
+}
+
+impl Metrics {
+    fn used(&self, pipeline: &str, stage: &str, usage: ResourceUsage) {
+        let mut all = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = all
+            .entry((pipeline.to_owned(), stage.to_owned()))
+            .or_insert((usage, 0.0));
+        entry.0 = usage;
+        entry.1 += usage.cpu_seconds.unwrap_or(0.0);
+    }
+
+    /// The usage gauges and counter, in the exposition format.
+    pub fn render_usage(&self, out: &mut String) {
+        let all = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        let label = |v: &str| {
+            v.replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', "\\n")
+        };
+        let series: [(&str, &str, &str, fn(&(ResourceUsage, f64)) -> Option<f64>); 4] = [
+            (
+                "drivetrain_stage_peak_memory_bytes",
+                "gauge",
+                "Peak memory of a stage's latest attempt.",
+                |(u, _)| u.peak_memory_bytes.map(|b| b as f64),
+            ),
+            (
+                "drivetrain_stage_cpu_seconds_total",
+                "counter",
+                "CPU time of a stage's attempts since this server started.",
+                |(_, total)| Some(*total),
+            ),
+            (
+                "drivetrain_stage_gpu_utilization_percent",
+                "gauge",
+                "Mean GPU utilization of a stage's latest attempt.",
+                |(u, _)| u.gpu_utilization_percent,
+            ),
+            (
+                "drivetrain_stage_gpu_memory_bytes",
+                "gauge",
+                "Peak GPU memory of a stage's latest attempt.",
+                |(u, _)| u.gpu_memory_bytes.map(|b| b as f64),
+            ),
+        ];
+        for (name, kind, help, value) in series {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+            for ((pipeline, stage), u) in all.iter() {
+                if let Some(v) = value(u) {
+                    out.push_str(&format!(
+                        "{name}{{pipeline=\"{}\",stage=\"{}\"}} {v}\n",
+                        label(pipeline),
+                        label(stage)
+                    ));
+                }
+            }
+        }
+    }
 }
 
 /// A pipeline of the served directory.
@@ -558,10 +620,14 @@ impl Server {
             .insert(run.clone(), tx);
         let (events, mut drain) = tokio::sync::mpsc::unbounded_channel();
         let me = self.clone();
+        let pipeline_name = pipeline.name.clone();
         tokio::spawn(async move {
             let mut last = Instant::now();
             while let Some(ev) = drain.recv().await {
                 match ev {
+                    RunEvent::Used { stage, usage } => {
+                        me.metrics.used(&pipeline_name, &stage, usage);
+                    }
                     RunEvent::Started { attempt: 1, .. } => {
                         me.metrics
                             .transition_seconds
@@ -838,6 +904,7 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
             stage_seconds: Histogram::new(SECONDS),
             transition_seconds: Histogram::new(SECONDS),
             schedule_lag_seconds: Histogram::new(SECONDS),
+            usage: Mutex::new(BTreeMap::new()),
         },
         parallelism: args.parallelism.unwrap_or(2),
         catalog,

@@ -151,6 +151,15 @@ fn runs_schedules_logs_and_metrics_over_http() {
     ] {
         assert!(m.contains(name), "{name} in:\n{m}");
     }
+    // What stages used, where the machine gives cgroups (CI's does).
+    if drivetrain_plugins::local::Cgroups::host().active() {
+        for name in [
+            "drivetrain_stage_cpu_seconds_total{pipeline=\"hello\",stage=\"greet\"}",
+            "drivetrain_stage_peak_memory_bytes{pipeline=\"hello\",stage=\"greet\"}",
+        ] {
+            assert!(m.contains(name), "{name} in:\n{m}");
+        }
+    }
 
     // Every documented route answers (not 404 / 405).
     let doc: serde_json::Value = serde_json::from_str(

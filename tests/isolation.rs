@@ -570,7 +570,19 @@ stages:
     assert!(
         !text(&home.drivetrain(&["logs", &id, "--stage", "storm"]).stdout).contains("all started")
     );
-    assert_eq!(stage(&st, "small")["phase"], "Succeeded", "{st}");
+    let small = stage(&st, "small");
+    assert_eq!(small["phase"], "Succeeded", "{st}");
+    // What it used, from its cgroups: at least the 8 MiB it made, some CPU time.
+    let peak = small["usage"]["peak_memory_bytes"]
+        .as_u64()
+        .expect("a peak");
+    assert!((8 << 20..64 << 20).contains(&peak), "{st}");
+    assert!(
+        small["usage"]["cpu_seconds"].as_f64().unwrap() > 0.0,
+        "{st}"
+    );
+    let status = text(&home.drivetrain(&["status", &id]).stdout);
+    assert!(status.contains("used: peak "), "{status}");
     // No `sleep 30` of the storm is left, and no cgroup of the run.
     let left = std::process::Command::new("pgrep")
         .args(["-c", "-f", "^sleep 30$"])
@@ -667,7 +679,10 @@ fn without_cgroups_resources_are_said_to_be_unenforced() {
         .unwrap()
         .clone();
     assert_eq!(layer["active"], false, "{layer}");
-    assert!(layer["what"].as_str().unwrap().contains("not enforced"), "{layer}");
+    assert!(
+        layer["what"].as_str().unwrap().contains("not enforced"),
+        "{layer}"
+    );
     let file = file.to_str().unwrap();
     let o = without("required", &["run", file]);
     let out = text(&o.stdout) + &text(&o.stderr);
@@ -675,7 +690,11 @@ fn without_cgroups_resources_are_said_to_be_unenforced() {
     assert!(out.contains("DRIVETRAIN_ISOLATION=required"), "{out}");
     let o = without("auto", &["run", file]);
     assert_ok(&o);
-    let log = text(&home.drivetrain(&["logs", &run_id(&o), "--stage", "a"]).stdout);
+    let log = text(
+        &home
+            .drivetrain(&["logs", &run_id(&o), "--stage", "a"])
+            .stdout,
+    );
     assert!(log.contains("`resources` are not enforced here"), "{log}");
     assert!(log.contains("ran"), "{log}");
 }

@@ -244,6 +244,38 @@ pub trait RunningAttempt: Send {
     fn made(&self) -> Option<serde_json::Value> {
         None
     }
+    /// What the attempt used, once `wait` returned, where the executor measures it (the
+    /// local executor, from the attempt's cgroups).
+    fn usage(&self) -> Option<ResourceUsage> {
+        None
+    }
+}
+
+/// What an attempt used: recorded with it, shown by `status`, the API and `/metrics`, so
+/// a team sees which stage wastes its memory or GPUs.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+pub struct ResourceUsage {
+    /// The most memory the attempt's processes held at once (their cgroup's peak).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<u64>,
+    /// CPU time, user and system, of all its processes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<f64>,
+    /// Mean utilization (0–100) of its GPUs while it ran, where NVML says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_utilization_percent: Option<f64>,
+    /// The most GPU memory its processes held, where NVML says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_bytes: Option<u64>,
 }
 
 /// Runs stage attempts.

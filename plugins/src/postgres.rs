@@ -136,6 +136,8 @@ CREATE INDEX ticks_by_time ON schedule_ticks(pipeline, scheduled_time);
     // 3: ticks by when they were recorded, so the scheduler finds new unstarted ones (a
     // `schedule trigger`) every loop without reading them all.
     "CREATE INDEX ticks_by_record ON schedule_ticks(recorded_at)",
+    // 4: what each attempt used (JSON), and its stage's latest.
+    "ALTER TABLE attempts ADD COLUMN usage TEXT; ALTER TABLE stages ADD COLUMN usage TEXT",
 ];
 
 /// Any key of this store's advisory lock for migrations.
@@ -285,7 +287,7 @@ fn run_from_row(r: &Row) -> RunRecord {
 }
 
 const STAGE_COLUMNS: &str = "stage, phase, attempts, started_at, finished_at, exit_code, reason, \
-     outputs, vals, origin, origin_run, cache_key, provenance, inputs";
+     outputs, vals, origin, origin_run, cache_key, provenance, inputs, usage";
 
 fn stage_from_row(r: &Row) -> StageRecord {
     StageRecord {
@@ -305,6 +307,9 @@ fn stage_from_row(r: &Row) -> StageRecord {
             provenance: json_col(r.get(12)),
             inputs: json_col(r.get(13)),
         },
+        usage: r
+            .get::<_, Option<String>>(14)
+            .and_then(|u| serde_json::from_str(&u).ok()),
     }
 }
 
@@ -610,6 +615,32 @@ impl StateStore for PostgresState {
                 format!("record handle of {stage}"),
             )
             .map(|_| ())
+        })
+    }
+
+    fn set_attempt_usage(
+        &self,
+        run: &RunId,
+        stage: &str,
+        attempt: u32,
+        usage: &drivetrain_engine::executor::ResourceUsage,
+    ) -> Result<(), StateError> {
+        let text = serde_json::to_string(usage).unwrap_or_default();
+        self.with(|c| {
+            let mut tx = c.transaction().map_err(db("begin"))?;
+            exec(
+                &mut tx,
+                "UPDATE attempts SET usage = $4 WHERE run_id = $1 AND stage = $2 AND attempt = $3",
+                &[&run.0, &stage, &i64::from(attempt), &text],
+                format!("record what attempt {attempt} of {stage} used"),
+            )?;
+            exec(
+                &mut tx,
+                "UPDATE stages SET usage = $3 WHERE run_id = $1 AND stage = $2",
+                &[&run.0, &stage, &text],
+                format!("record what {stage} used"),
+            )?;
+            tx.commit().map_err(db("commit"))
         })
     }
 

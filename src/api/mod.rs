@@ -754,6 +754,7 @@ async fn metrics(State(s): State<Shared>) -> Response {
             v.load(Ordering::Relaxed)
         ));
     }
+    m.render_usage(&mut out);
     m.stage_seconds.render(
         &mut out,
         "drivetrain_stage_duration_seconds",

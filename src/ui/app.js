@@ -465,6 +465,17 @@ async function runPage(id, selected) {
   }).catch(quiet);
 }
 
+// What the stage's last attempt used: peak memory, CPU time, GPUs where measured.
+function usage(u) {
+  const mib = (b) => `${(b / 1048576).toFixed(1)} MiB`;
+  return [
+    u.peak_memory_bytes != null ? `peak ${mib(u.peak_memory_bytes)} memory` : "",
+    u.cpu_seconds != null ? `${u.cpu_seconds.toFixed(2)} CPU s` : "",
+    u.gpu_utilization_percent != null ? `GPUs ${Math.round(u.gpu_utilization_percent)}% busy` : "",
+    u.gpu_memory_bytes != null ? `peak ${mib(u.gpu_memory_bytes)} GPU memory` : "",
+  ].filter(Boolean).join(", ");
+}
+
 function origin(s) {
   if (s.origin === "cached") return ["cached from ", runLink(s.origin_run)];
   if (s.origin === "reused") return ["reused from ", runLink(s.origin_run)];
@@ -500,7 +511,8 @@ async function stagePanel(run, s, panel, signal) {
       h("dt", {}, "Attempts"), h("dd", {}, s.attempts),
       h("dt", {}, "Took"), h("dd", {}, took(s.started_at, s.finished_at)),
       s.exit_code !== null && s.exit_code !== undefined ? [h("dt", {}, "Exit code"), h("dd", {}, s.exit_code)] : "",
-      s.reason ? [h("dt", {}, "Reason"), h("dd", { class: "reason" }, s.reason)] : ""),
+      s.reason ? [h("dt", {}, "Reason"), h("dd", { class: "reason" }, s.reason)] : "",
+      s.usage ? [h("dt", {}, "Used"), h("dd", { "data-field": "usage" }, usage(s.usage))] : ""),
     h("table", { class: "attempts" }, h("caption", {}, "Attempts"),
       h("thead", {}, h("tr", {}, ["#", "Phase", "Started", "Took", "Exit", "Reason"].map((c) => h("th", { scope: "col" }, c)))), attempts),
     outputs.length ? h("table", { class: "outputs" }, h("caption", {}, "Outputs"),

@@ -593,6 +593,9 @@ pub(super) async fn wait_attempt(
             });
         }
     };
+    if let Some(usage) = running.usage() {
+        record_usage(ctx, key, usage);
+    }
     mask.file(log);
     mask.file(values_path);
     ctx.artifacts
@@ -721,6 +724,25 @@ pub(super) fn store_config_env() -> Vec<(String, String)> {
         .collect();
     env.push(("DRIVETRAIN_USER".into(), crate::step::who()));
     env
+}
+
+/// Records what an attempt used (a map item's with its stage's name) and tells the
+/// listeners (`serve`'s `/metrics`). A store that cannot record it loses only the figure
+/// (and fails the attempt's own record a moment later, which the run reports).
+fn record_usage(ctx: &Ctx, key: &AttemptKey, usage: crate::executor::ResourceUsage) {
+    let stage = key
+        .stage
+        .split_once("/items/")
+        .map_or(key.stage.as_str(), |(s, _)| s);
+    if !key.stage.contains("/items/") {
+        let _ = ctx
+            .state
+            .set_attempt_usage(&ctx.run.id, stage, key.attempt, &usage);
+    }
+    let _ = ctx.events.send(RunEvent::Used {
+        stage: stage.to_owned(),
+        usage,
+    });
 }
 
 /// The last 20 lines of a log, for failure reasons.

@@ -129,6 +129,11 @@ pub enum RunEvent {
         stage: String,
         succeeded: bool,
     },
+    /// What an attempt used, where its executor measured it.
+    Used {
+        stage: String,
+        usage: crate::executor::ResourceUsage,
+    },
 }
 
 /// A run-level failure of the engine or its infrastructure (not of a stage).

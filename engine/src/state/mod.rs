@@ -183,6 +183,9 @@ pub struct StageRecord {
     /// How it came by its outputs.
     #[serde(flatten)]
     pub how: Provenance,
+    /// What its last attempt used, where the executor measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::executor::ResourceUsage>,
 }
 
 /// How a stage came by its outputs, recorded with the cache key and its components.
@@ -369,6 +372,14 @@ pub trait StateStore: Send + Sync {
         reason: Option<&str>,
     ) -> Result<(), StateError>;
     fn attempts(&self, run: &RunId) -> Result<Vec<AttemptRecord>, StateError>;
+    /// Records what an attempt used, on the attempt and as its stage's latest.
+    fn set_attempt_usage(
+        &self,
+        run: &RunId,
+        stage: &str,
+        attempt: u32,
+        usage: &crate::executor::ResourceUsage,
+    ) -> Result<(), StateError>;
     /// Records the items of a map stage as `Pending` (replacing earlier ones).
     fn add_map_items(
         &self,

@@ -321,6 +321,32 @@ impl StateStore for SqliteState {
         self.with(|c| write_attempt_end(c, run, stage, attempt, phase, exit_code, reason))
     }
 
+    fn set_attempt_usage(
+        &self,
+        run: &RunId,
+        stage: &str,
+        attempt: u32,
+        usage: &crate::executor::ResourceUsage,
+    ) -> Result<(), StateError> {
+        let text = serde_json::to_string(usage).unwrap_or_default();
+        self.with(|c| {
+            let tx = c.unchecked_transaction().map_err(sql("begin"))?;
+            tx.execute_cached(
+                "UPDATE attempts SET usage = ?4 WHERE run_id = ?1 AND stage = ?2 AND attempt = ?3",
+                params![run.0, stage, attempt, text],
+            )
+            .map_err(sql(format!(
+                "record what attempt {attempt} of {stage} used"
+            )))?;
+            tx.execute_cached(
+                "UPDATE stages SET usage = ?3 WHERE run_id = ?1 AND stage = ?2",
+                params![run.0, stage, text],
+            )
+            .map_err(sql(format!("record what {stage} used")))?;
+            tx.commit().map_err(sql("commit"))
+        })
+    }
+
     fn add_map_items(
         &self,
         run: &RunId,

@@ -48,7 +48,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use drivetrain_engine::executor::{
-    AttemptOutcome, AttemptSpec, Executor, ExecutorError, Rank, RunningAttempt,
+    AttemptOutcome, AttemptSpec, Executor, ExecutorError, Rank, ResourceUsage, RunningAttempt,
 };
 use drivetrain_engine::mask::Stream;
 use drivetrain_engine::spec::Network;
@@ -161,6 +161,8 @@ struct Started {
     plan: Option<Arc<MountPlan>>,
     /// Copies the stage's output from its pipe to the log, masked, when it has secrets.
     drain: Option<tokio::task::JoinHandle<()>>,
+    /// What it used, read from its cgroups when it ended.
+    usage: Option<ResourceUsage>,
 }
 
 fn kill_group(pgid: i32) {
@@ -285,6 +287,11 @@ impl RunningAttempt for Started {
             };
         }
         let usage = self.cgroup.as_ref().map(AttemptCgroup::usage);
+        self.usage = usage.map(|u| ResourceUsage {
+            peak_memory_bytes: u.peak_memory_bytes,
+            cpu_seconds: u.cpu_seconds,
+            ..ResourceUsage::default()
+        });
         match (failure, usage) {
             // The kernel killed a process of the attempt for its memory limit.
             (Some(AttemptOutcome::Failed { reason, .. }), Some(u)) if u.oom_kills > 0 => {
@@ -311,6 +318,10 @@ impl RunningAttempt for Started {
             }
             (failure, _) => failure.unwrap_or(AttemptOutcome::Succeeded),
         }
+    }
+
+    fn usage(&self) -> Option<ResourceUsage> {
+        self.usage
     }
 
     async fn cancel(&mut self) {
@@ -510,6 +521,7 @@ impl Executor for LocalExecutor {
                 .map(|m| m.text.clone()),
             plan: plan.clone(),
             drain,
+            usage: None,
         };
         for rank in 0..workers {
             // All ranks on this one machine: one node, local ranks = ranks.

@@ -137,4 +137,9 @@ ALTER TABLE runs ADD COLUMN heartbeat_at TEXT;
     r#"
 CREATE INDEX ticks_by_record ON schedule_ticks(recorded_at);
 "#,
+    // 10: what each attempt used (JSON), and its stage's latest.
+    r#"
+ALTER TABLE attempts ADD COLUMN usage TEXT;
+ALTER TABLE stages ADD COLUMN usage TEXT;
+"#,
 ];

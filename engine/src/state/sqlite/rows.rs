@@ -74,7 +74,7 @@ pub(super) fn cache_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CacheEnt
 
 pub(super) const STAGE_COLUMNS: &str =
     "stage, phase, attempts, started_at, finished_at, exit_code, reason, \
-     outputs, vals, origin, origin_run, cache_key, provenance, inputs";
+     outputs, vals, origin, origin_run, cache_key, provenance, inputs, usage";
 
 pub(super) fn stage_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StageRecord> {
     Ok(StageRecord {
@@ -94,6 +94,9 @@ pub(super) fn stage_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StageRec
             provenance: json_col(r.get(12)?),
             inputs: json_col(r.get(13)?),
         },
+        usage: r
+            .get::<_, Option<String>>(14)?
+            .and_then(|u| serde_json::from_str(&u).ok()),
     })
 }
 
