@@ -108,7 +108,8 @@ impl Metrics {
                 .replace('"', "\\\"")
                 .replace('\n', "\\n")
         };
-        let series: [(&str, &str, &str, fn(&(ResourceUsage, f64)) -> Option<f64>); 4] = [
+        type Value = fn(&(ResourceUsage, f64)) -> Option<f64>;
+        let series: [(&str, &str, &str, Value); 4] = [
             (
                 "drivetrain_stage_peak_memory_bytes",
                 "gauge",
