@@ -91,6 +91,39 @@ pub fn visible_devices(list: &str) -> Vec<String> {
     out
 }
 
+/// The device nodes a stage given the GPUs of `visible` (its `CUDA_VISIBLE_DEVICES`)
+/// needs: each GPU's `/dev/nvidiaN` (N its minor number, from NVML where it is there, else
+/// the index) and the driver's control nodes, those this machine has.
+pub fn device_nodes(visible: &str) -> Vec<std::path::PathBuf> {
+    let ids = visible_devices(visible);
+    if ids.is_empty() {
+        return Vec::new();
+    }
+    let nvml = nvml_wrapper::Nvml::init().ok();
+    let minor = |id: &str| -> Option<u32> {
+        let nvml = nvml.as_ref();
+        match id.parse::<u32>() {
+            Ok(i) => nvml
+                .and_then(|n| n.device_by_index(i).ok())
+                .and_then(|d| d.minor_number().ok())
+                .or(Some(i)),
+            Err(_) => nvml
+                .and_then(|n| n.device_by_uuid(id).ok())
+                .and_then(|d| d.minor_number().ok()),
+        }
+    };
+    ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"]
+        .iter()
+        .map(|n| std::path::PathBuf::from(format!("/dev/{n}")))
+        .chain(
+            ids.iter()
+                .filter_map(|id| minor(id))
+                .map(|m| std::path::PathBuf::from(format!("/dev/nvidia{m}"))),
+        )
+        .filter(|p| p.exists())
+        .collect()
+}
+
 /// The model of the GPU `id` (an index or a UUID) among `found`.
 fn named(found: &Gpus, id: &str) -> Option<String> {
     let by_index = id.parse::<usize>().ok().and_then(|i| found.gpus.get(i));

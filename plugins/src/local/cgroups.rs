@@ -192,7 +192,7 @@ impl AttemptCgroup {
             v2: false,
         };
         let mut mk = |parent: &Path| -> std::io::Result<PathBuf> {
-            let dir = parent.join("drivetrain").join(&name);
+            let dir = engine_dir(parent).join(&name);
             std::fs::create_dir_all(&dir)?;
             made.dirs.push(dir.clone());
             let procs = std::fs::OpenOptions::new()
@@ -226,19 +226,18 @@ impl AttemptCgroup {
                     std::fs::write(dir.join("pids.max"), pids_max.to_string())?;
                     made.pids = Some(dir);
                 }
-                if let Some(parent) = cpu {
+                // The cpu hierarchy only for a quota (one cgroup less to make per attempt).
+                if let (Some(parent), Some(quota)) = (cpu, cpu_quota) {
                     let dir = mk(parent)?;
-                    if let Some(quota) = cpu_quota {
-                        std::fs::write(dir.join("cpu.cfs_period_us"), "100000")?;
-                        std::fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string())?;
-                    }
+                    std::fs::write(dir.join("cpu.cfs_period_us"), "100000")?;
+                    std::fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string())?;
                 }
                 if let Some(parent) = cpuacct {
                     made.cpu = Some(mk(parent)?);
                 }
             }
             Cgroups::V2 { dir: base } => {
-                let dir = base.join(&name);
+                let dir = engine_dir(base).join(&name);
                 std::fs::create_dir_all(&dir)?;
                 made.dirs.push(dir.clone());
                 if let Some(bytes) = memory {
@@ -317,19 +316,65 @@ impl AttemptCgroup {
 }
 
 impl Drop for AttemptCgroup {
-    /// Removes the cgroups; one still holding a process (a kill not yet through) is
-    /// retried for a moment, then left to the next start of the engine.
+    /// Removes the cgroups; one that still holds a process (a kill not yet through) is
+    /// retried for a moment on a thread of its own, off the run loop's path, and one left
+    /// then goes when the next engine starts ([`engine_dir`]).
     fn drop(&mut self) {
         self.procs.clear();
-        for dir in self.dirs.iter().rev() {
-            for _ in 0..50 {
-                match std::fs::remove_dir(dir) {
-                    Err(e) if e.raw_os_error() == Some(nix::libc::EBUSY) => {
-                        std::thread::sleep(std::time::Duration::from_millis(2));
+        let mut dirs = std::mem::take(&mut self.dirs);
+        // Empty as soon as its processes are reaped, as a rule: removed here and now.
+        dirs.retain(|d| std::fs::remove_dir(d).is_err() && d.exists());
+        if dirs.is_empty() {
+            return;
+        }
+        let remove = move || {
+            for dir in dirs.iter().rev() {
+                for _ in 0..500 {
+                    match std::fs::remove_dir(dir) {
+                        Err(e) if e.raw_os_error() == Some(nix::libc::EBUSY) => {
+                            std::thread::sleep(std::time::Duration::from_millis(2));
+                        }
+                        _ => break,
                     }
-                    _ => break,
                 }
+            }
+        };
+        if std::thread::Builder::new()
+            .name("cgroup-rmdir".into())
+            .spawn(remove.clone())
+            .is_err()
+        {
+            remove();
+        }
+    }
+}
+
+/// This engine's directory under `parent` (`drivetrain/PID`), made once; the first time,
+/// the directories of engines no longer running are removed with what is left in them.
+fn engine_dir(parent: &Path) -> PathBuf {
+    static SWEPT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    let base = parent.join("drivetrain");
+    let mine = base.join(std::process::id().to_string());
+    let mut swept = SWEPT.lock().unwrap_or_else(|e| e.into_inner());
+    if !swept.contains(&base) {
+        swept.push(base.clone());
+        for entry in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+            let pid = entry.file_name().to_string_lossy().parse::<i32>().ok();
+            let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+            if pid.is_some() && !alive {
+                remove_tree(&entry.path());
             }
         }
     }
+    mine
+}
+
+/// Removes an empty cgroup and its children (cgroup directories hold no files to delete).
+fn remove_tree(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_tree(&entry.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }

@@ -122,6 +122,8 @@ pub(super) struct MountPlan {
     pub(super) cgroups: Vec<RawFd>,
     /// The system calls it may not make, installed last.
     seccomp: Option<&'static seccompiler::BpfProgram>,
+    /// Its private `/dev`.
+    pub(super) dev: kernel::Dev,
     mounts: Vec<Mount>,
     /// The writable paths given to the stage user, what stays the engine's under them,
     /// and the log: taken back when the attempt has ended ([`MountPlan::take_back`]).
@@ -284,6 +286,7 @@ impl MountPlan {
             pid: layers.pid,
             net: false,
             cgroups: Vec::new(),
+            dev: kernel::Dev::new(&[], None, false),
             seccomp: if layers.seccomp {
                 Some(seccomp::filter().map_err(std::io::Error::other)?)
             } else {
@@ -351,21 +354,8 @@ impl MountPlan {
         // What stays visible under a hidden directory is taken before anything is hidden.
         for m in &self.mounts {
             if let Kind::Reattach { fd, .. } = &m.kind {
-                // SAFETY: open_tree with a NUL-terminated path and integer flags.
-                let r = unsafe {
-                    libc::syscall(
-                        libc::SYS_open_tree,
-                        libc::AT_FDCWD,
-                        m.path.as_ptr(),
-                        OPEN_TREE_CLONE
-                            | libc::O_CLOEXEC as libc::c_uint
-                            | libc::AT_RECURSIVE as libc::c_uint,
-                    )
-                };
-                if r < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                fd.store(r as i32, Ordering::SeqCst);
+                let tree = kernel::open_tree(&m.path, libc::AT_RECURSIVE as libc::c_uint)?;
+                fd.store(tree, Ordering::SeqCst);
             }
         }
         let read_only =
@@ -410,25 +400,7 @@ impl MountPlan {
                             Err(e) => return Err(e.into()),
                         }
                     }
-                    let tree = fd.swap(-1, Ordering::SeqCst);
-                    // SAFETY: move_mount of the descriptor open_tree gave, onto a
-                    // NUL-terminated path; then close it.
-                    let r = unsafe {
-                        libc::syscall(
-                            libc::SYS_move_mount,
-                            tree,
-                            c"".as_ptr(),
-                            libc::AT_FDCWD,
-                            p.as_ptr(),
-                            MOVE_MOUNT_F_EMPTY_PATH,
-                        )
-                    };
-                    let err = std::io::Error::last_os_error();
-                    // SAFETY: closing the descriptor this child opened.
-                    unsafe { libc::close(tree) };
-                    if r < 0 {
-                        return Err(err);
-                    }
+                    kernel::move_tree(fd.swap(-1, Ordering::SeqCst), p)?;
                 }
                 Kind::Bind => {
                     mount(Some(p), p, none, MsFlags::MS_BIND | MsFlags::MS_REC, none)?;
@@ -461,6 +433,7 @@ impl MountPlan {
                 none,
             )?;
         }
+        self.dev.mount()?;
         kernel::protect()?;
         if self.net {
             kernel::loopback_up()?;
@@ -475,10 +448,6 @@ impl MountPlan {
         Ok(())
     }
 }
-
-/// `open_tree` and `move_mount` flags (linux/mount.h), which the libc crate does not name.
-const OPEN_TREE_CLONE: libc::c_uint = 1;
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 
 /// The error of an attempt that must have a user namespace where the kernel refuses one.
 fn refused_userns() -> std::io::Error {

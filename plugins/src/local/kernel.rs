@@ -143,3 +143,232 @@ pub(super) fn loopback_up() -> std::io::Result<()> {
         up
     }
 }
+
+/// The devices every isolated attempt gets in its private `/dev`, bound from the host's.
+const DEVICES: &[&CStr] = &[
+    c"/dev/null",
+    c"/dev/zero",
+    c"/dev/full",
+    c"/dev/random",
+    c"/dev/urandom",
+    c"/dev/tty",
+];
+
+/// The most devices a `/dev` takes (those above, the GPUs given, their control nodes).
+const MAX_DEVICES: usize = 64;
+
+/// An attempt's private `/dev`: a tmpfs with only [`DEVICES`] and the GPUs it was given
+/// (bound from the host's nodes, so no `mknod` is needed), `/dev/shm`, `/dev/pts`, and
+/// the usual links. Made before the clone; set up by the child ([`Dev::mount`]).
+#[derive(Debug)]
+pub(super) struct Dev {
+    devices: Vec<std::ffi::CString>,
+    /// Each device's number, where the child makes its nodes with `mknod` (an engine
+    /// running as root: cheaper than a bind mount each); empty: bound from the host's.
+    numbers: Vec<libc::dev_t>,
+    /// The options of `/dev/shm`'s tmpfs; `None`: the host's `/dev/shm` is bound instead
+    /// (the ranks of a distributed attempt share it, as NCCL's shared-memory transport
+    /// needs).
+    shm: Option<std::ffi::CString>,
+}
+
+impl Dev {
+    /// `gpus`: device nodes of the GPUs the attempt was given; `shm`: the size of its
+    /// `/dev/shm` in bytes (`resources.shm`; `None`: the tmpfs default, half the memory),
+    /// or `shared` for the host's.
+    pub(super) fn new(gpus: &[std::path::PathBuf], shm: Option<u64>, shared: bool) -> Dev {
+        use std::os::unix::ffi::OsStrExt as _;
+        use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+        let devices: Vec<std::ffi::CString> = DEVICES
+            .iter()
+            .map(|d| (*d).to_owned())
+            .chain(
+                gpus.iter()
+                    .filter_map(|p| std::ffi::CString::new(p.as_os_str().as_bytes()).ok()),
+            )
+            .filter(|d| {
+                std::fs::metadata(std::ffi::OsStr::from_bytes(d.as_bytes()))
+                    .is_ok_and(|m| m.file_type().is_char_device())
+            })
+            .take(MAX_DEVICES)
+            .collect();
+        let numbers = if nix::unistd::geteuid().is_root() {
+            devices
+                .iter()
+                .filter_map(|d| std::fs::metadata(std::ffi::OsStr::from_bytes(d.as_bytes())).ok())
+                .map(|m| m.rdev() as libc::dev_t)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let options = match shm {
+            Some(bytes) => format!("mode=1777,size={bytes}"),
+            None => "mode=1777".to_owned(),
+        };
+        Dev {
+            numbers: if numbers.len() == devices.len() {
+                numbers
+            } else {
+                Vec::new()
+            },
+            devices,
+            shm: (!shared).then(|| std::ffi::CString::new(options).expect("no NUL")),
+        }
+    }
+
+    /// In the child: captures the host's nodes, covers `/dev` with a tmpfs, and puts them
+    /// back. System calls on memory made before the clone and this stack only.
+    pub(super) fn mount(&self) -> std::io::Result<()> {
+        let last = std::io::Error::last_os_error;
+        let mut trees = [-1i32; MAX_DEVICES + 1];
+        let made = !self.numbers.is_empty();
+        if !made {
+            for (i, d) in self.devices.iter().enumerate() {
+                trees[i] = device_tree(d)?;
+            }
+        }
+        let shm_tree = MAX_DEVICES;
+        if self.shm.is_none() {
+            trees[shm_tree] = device_tree(c"/dev/shm")?;
+        }
+        // Nodes made here must work: no `nodev` then (the stage cannot make any: no
+        // `CAP_MKNOD`, and its user namespace's own nodes never open a device).
+        let nodev = if made {
+            MsFlags::empty()
+        } else {
+            MsFlags::MS_NODEV
+        };
+        mount(
+            Some(c"tmpfs"),
+            c"/dev",
+            Some(c"tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | nodev,
+            Some(c"mode=0755,size=1m"),
+        )?;
+        for (d, number) in self.devices.iter().zip(&self.numbers) {
+            // SAFETY: mknod and chmod (past the umask) on a NUL-terminated path.
+            unsafe {
+                if libc::mknod(d.as_ptr(), libc::S_IFCHR | 0o666, *number) != 0
+                    || libc::chmod(d.as_ptr(), 0o666) != 0
+                {
+                    return Err(last());
+                }
+            }
+        }
+        for (i, d) in self.devices.iter().enumerate() {
+            if trees[i] < 0 {
+                continue;
+            }
+            // SAFETY: open/close on a NUL-terminated path.
+            unsafe {
+                let fd = libc::open(d.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC, 0o666);
+                if fd < 0 {
+                    return Err(last());
+                }
+                libc::close(fd);
+            }
+            move_tree(trees[i], d)?;
+        }
+        let dir = |p: &CStr, mode: libc::mode_t| {
+            // SAFETY: mkdir on a NUL-terminated path.
+            if unsafe { libc::mkdir(p.as_ptr(), mode) } != 0 {
+                return Err(last());
+            }
+            Ok(())
+        };
+        dir(c"/dev/shm", 0o1777)?;
+        match &self.shm {
+            Some(options) => mount(
+                Some(c"shm"),
+                c"/dev/shm",
+                Some(c"tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some(options.as_c_str()),
+            )?,
+            None if trees[shm_tree] >= 0 => move_tree(trees[shm_tree], c"/dev/shm")?,
+            None => {}
+        }
+        dir(c"/dev/pts", 0o755)?;
+        // A devpts of its own where the kernel gives one (`script`, `ssh -t`, Python's
+        // `pty`); without, a stage simply has no terminals.
+        if mount(
+            Some(c"devpts"),
+            c"/dev/pts",
+            Some(c"devpts"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            Some(c"newinstance,ptmxmode=0666,mode=0620"),
+        )
+        .is_ok()
+        {
+            symlink(c"pts/ptmx", c"/dev/ptmx")?;
+        }
+        for (target, link) in [
+            (c"/proc/self/fd", c"/dev/fd"),
+            (c"/proc/self/fd/0", c"/dev/stdin"),
+            (c"/proc/self/fd/1", c"/dev/stdout"),
+            (c"/proc/self/fd/2", c"/dev/stderr"),
+        ] {
+            symlink(target, link)?;
+        }
+        Ok(())
+    }
+}
+
+/// A detached copy of the mount at `path` (`open_tree(OPEN_TREE_CLONE)`, with `extra`
+/// flags: `AT_RECURSIVE` for a whole tree).
+pub(super) fn open_tree(path: &CStr, extra: libc::c_uint) -> std::io::Result<i32> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    // SAFETY: open_tree with a NUL-terminated path and integer flags.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | extra,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(r as i32)
+}
+
+/// [`open_tree`] of a host device node; -1 where the host has none.
+fn device_tree(path: &CStr) -> std::io::Result<i32> {
+    match open_tree(path, 0) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(-1),
+        r => r,
+    }
+}
+
+/// Attaches the detached tree `fd` at `path` and closes it.
+pub(super) fn move_tree(fd: i32, path: &CStr) -> std::io::Result<()> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    // SAFETY: move_mount of a descriptor this child opened onto a NUL-terminated path;
+    // then close it.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            fd,
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: as above.
+    unsafe { libc::close(fd) };
+    if r < 0 {
+        return Err(err);
+    }
+    Ok(())
+}
+
+fn symlink(target: &CStr, link: &CStr) -> std::io::Result<()> {
+    // SAFETY: symlink with two NUL-terminated paths.
+    if unsafe { libc::symlink(target.as_ptr(), link.as_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}

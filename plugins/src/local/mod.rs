@@ -488,6 +488,18 @@ impl Executor for LocalExecutor {
                 let mut plan = MountPlan::new(&spec.access, layers, &reach, &spec.log)
                     .map_err(|e| ExecutorError(e.to_string()))?;
                 plan.net = no_network;
+                let visible = spec
+                    .env
+                    .iter()
+                    .rev()
+                    .find(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
+                    .map(|(_, v)| v.as_str())
+                    .unwrap_or_default();
+                plan.dev = kernel::Dev::new(
+                    &crate::gpus::device_nodes(visible),
+                    spec.placement.resources.shm.as_ref().map(|q| q.value as u64),
+                    workers > 1,
+                );
                 plan.cgroups = cgroup_procs.clone();
                 Some(Arc::new(plan))
             }

@@ -147,8 +147,27 @@ pub(super) fn closed_on_the_way(targets: &[PathBuf]) -> Vec<(PathBuf, PathBuf)> 
     pairs
 }
 
-/// Whether the stage user (no supplementary group) may search directory `dir`.
+/// Whether the stage user (no supplementary group) may search directory `dir`: looked up
+/// once per engine process (the directories above the engine's paths change rarely, and
+/// every attempt asks about the same ones).
 fn searchable(dir: &Path) -> bool {
+    static SEEN: std::sync::Mutex<Option<std::collections::HashMap<PathBuf, bool>>> =
+        std::sync::Mutex::new(None);
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let seen = seen.get_or_insert_with(Default::default);
+    if let Some(known) = seen.get(dir) {
+        return *known;
+    }
+    let answer = look_up(dir);
+    // Each attempt's own directories are new: a bound, not a record of every attempt.
+    if seen.len() >= 4096 {
+        seen.clear();
+    }
+    seen.insert(dir.to_path_buf(), answer);
+    answer
+}
+
+fn look_up(dir: &Path) -> bool {
     let Ok(meta) = std::fs::metadata(dir) else {
         return true;
     };
