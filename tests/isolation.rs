@@ -403,6 +403,8 @@ stages:
           try "stop a process outside" kill -STOP "$VICTIM"
           try "kill a process outside" kill -9 "$VICTIM"
           try "read its command line" grep -q token "/proc/$VICTIM/cmdline"
+          try "a host block device" sh -c "ls /dev | grep -qE '^(loop|vd|sd|nvme|xvd)'"
+          echo "devices: $(ls /dev | tr '\n' ' ')"
           echo "processes seen: $(ls /proc | grep -c '^[0-9]')"
           echo published > "$out/f"
           echo "uid_map:$(tr -s ' ' < /proc/self/uid_map)"
@@ -449,10 +451,18 @@ stages:
         "stop a process outside",
         "kill a process outside",
         "read its command line",
+        "a host block device",
     ] {
         assert!(log.contains(&format!("refused: {what}")), "{what}: {log}");
     }
     assert!(log.contains("uid in its namespace: 0"), "{log}");
+    // A /dev of its own: the usual nodes, no disk of the host's.
+    assert!(
+        log.contains(
+            "devices: fd full null ptmx pts random shm stderr stdin stdout tty urandom zero"
+        ),
+        "{log}"
+    );
     // `sh`, `ls` and `grep`: nothing of the host's.
     let seen: usize = log
         .lines()

@@ -112,16 +112,21 @@ pub fn device_nodes(visible: &str) -> Vec<std::path::PathBuf> {
                 .and_then(|d| d.minor_number().ok()),
         }
     };
-    ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"]
-        .iter()
-        .map(|n| std::path::PathBuf::from(format!("/dev/{n}")))
-        .chain(
-            ids.iter()
-                .filter_map(|id| minor(id))
-                .map(|m| std::path::PathBuf::from(format!("/dev/nvidia{m}"))),
-        )
-        .filter(|p| p.exists())
-        .collect()
+    [
+        "nvidiactl",
+        "nvidia-uvm",
+        "nvidia-uvm-tools",
+        "nvidia-modeset",
+    ]
+    .iter()
+    .map(|n| std::path::PathBuf::from(format!("/dev/{n}")))
+    .chain(
+        ids.iter()
+            .filter_map(|id| minor(id))
+            .map(|m| std::path::PathBuf::from(format!("/dev/nvidia{m}"))),
+    )
+    .filter(|p| p.exists())
+    .collect()
 }
 
 /// The model of the GPU `id` (an index or a UUID) among `found`.

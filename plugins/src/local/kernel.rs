@@ -192,7 +192,7 @@ impl Dev {
             })
             .take(MAX_DEVICES)
             .collect();
-        let numbers = if nix::unistd::geteuid().is_root() {
+        let numbers = if root_of_the_machine() {
             devices
                 .iter()
                 .filter_map(|d| std::fs::metadata(std::ffi::OsStr::from_bytes(d.as_bytes())).ok())
@@ -261,7 +261,11 @@ impl Dev {
             }
             // SAFETY: open/close on a NUL-terminated path.
             unsafe {
-                let fd = libc::open(d.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC, 0o666);
+                let fd = libc::open(
+                    d.as_ptr(),
+                    libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+                    0o666,
+                );
                 if fd < 0 {
                     return Err(last());
                 }
@@ -312,6 +316,18 @@ impl Dev {
         }
         Ok(())
     }
+}
+
+/// Whether this process is root in the machine's own user namespace (the one whose
+/// uid map is the whole range), which `mknod` of a device needs; root of a namespace
+/// `unshare -U -r` made is not.
+fn root_of_the_machine() -> bool {
+    static ROOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ROOT.get_or_init(|| {
+        nix::unistd::geteuid().is_root()
+            && std::fs::read_to_string("/proc/self/uid_map")
+                .is_ok_and(|m| m.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"])
+    })
 }
 
 /// A detached copy of the mount at `path` (`open_tree(OPEN_TREE_CLONE)`, with `extra`

@@ -497,7 +497,11 @@ impl Executor for LocalExecutor {
                     .unwrap_or_default();
                 plan.dev = kernel::Dev::new(
                     &crate::gpus::device_nodes(visible),
-                    spec.placement.resources.shm.as_ref().map(|q| q.value as u64),
+                    spec.placement
+                        .resources
+                        .shm
+                        .as_ref()
+                        .map(|q| q.value as u64),
                     workers > 1,
                 );
                 plan.cgroups = cgroup_procs.clone();
