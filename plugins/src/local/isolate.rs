@@ -458,13 +458,19 @@ fn refused_userns() -> std::io::Error {
 
 /// Whether `true` starts and exits 0 isolated as an attempt is ([`spawn`]) with `layers`.
 fn probe(layers: Layers) -> bool {
+    probe_with(layers, false)
+}
+
+/// [`probe`], in a network namespace of its own too where `net`.
+fn probe_with(layers: Layers, net: bool) -> bool {
     let started = (|| {
         let null = Path::new("/dev/null");
-        let plan = Arc::new(MountPlan::new(&[], layers, &[], null)?);
+        let mut plan = MountPlan::new(&[], layers, &[], null)?;
+        plan.net = net;
         let null = std::fs::File::create(null)?;
         let path = std::env::var("PATH").unwrap_or_default();
         let env = BTreeMap::from([("PATH".to_string(), path)]);
-        spawn("true", &[], &env, Path::new("/"), &null, 0, plan)
+        spawn("true", &[], &env, Path::new("/"), &null, 0, Arc::new(plan))
     })();
     match started {
         Ok(pid) => matches!(
@@ -514,24 +520,7 @@ pub fn network_namespaces_work() -> bool {
     static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *WORKS.get_or_init(|| {
         let layers = available();
-        layers.mount
-            && (|| {
-                let null = Path::new("/dev/null");
-                let mut plan = MountPlan::new(&[], layers, &[], null)?;
-                plan.net = true;
-                let out = std::fs::File::create(null)?;
-                let env = BTreeMap::from([(
-                    "PATH".to_string(),
-                    std::env::var("PATH").unwrap_or_default(),
-                )]);
-                spawn("true", &[], &env, Path::new("/"), &out, 0, Arc::new(plan))
-            })()
-            .is_ok_and(|pid| {
-                matches!(
-                    nix::sys::wait::waitpid(Pid::from_raw(pid), None),
-                    Ok(nix::sys::wait::WaitStatus::Exited(_, 0))
-                )
-            })
+        layers.mount && probe_with(layers, true)
     })
 }
 
