@@ -371,6 +371,53 @@ impl LocalExecutor {
     }
 }
 
+/// How an isolated attempt is set up: `layers`, its paths, what its user must get to (its
+/// program, `PATH`, working directory), its network, its `/dev` (with the GPUs it was
+/// given) and its cgroups.
+fn plan(
+    spec: &AttemptSpec,
+    program: &str,
+    layers: Layers,
+    workers: usize,
+    no_network: bool,
+    cgroups: Vec<std::os::fd::RawFd>,
+) -> std::io::Result<MountPlan> {
+    let env = |name: &str| {
+        spec.env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    let path = env("PATH")
+        .or_else(|| std::env::var("PATH").ok())
+        .unwrap_or_default();
+    let reach: Vec<std::path::PathBuf> = program
+        .contains('/')
+        .then(|| spec.workdir.join(program))
+        .into_iter()
+        .chain(
+            path.split(':')
+                .filter(|d| d.starts_with('/'))
+                .map(Into::into),
+        )
+        .chain([spec.workdir.clone()])
+        .collect();
+    let mut plan = MountPlan::new(&spec.access, layers, &reach, &spec.log)?;
+    plan.net = no_network;
+    plan.dev = kernel::Dev::new(
+        &crate::gpus::device_nodes(&env("CUDA_VISIBLE_DEVICES").unwrap_or_default()),
+        spec.placement
+            .resources
+            .shm
+            .as_ref()
+            .map(|q| q.value as u64),
+        workers > 1,
+    );
+    plan.cgroups = cgroups;
+    Ok(plan)
+}
+
 /// The layers `DRIVETRAIN_ISOLATION=required` runs a stage with: all of them, or an error
 /// naming the one the kernel refuses.
 fn required_layers() -> Result<Layers, ExecutorError> {
@@ -464,49 +511,17 @@ impl Executor for LocalExecutor {
             Isolation::Required => Some(required_layers()?),
         };
         let plan = match layers {
-            Some(layers) => {
-                // What the stage's user must get to: its program, `PATH`, working directory.
-                let path = spec
-                    .env
-                    .iter()
-                    .rev()
-                    .find(|(k, _)| k == "PATH")
-                    .map(|(_, v)| v.clone())
-                    .or_else(|| std::env::var("PATH").ok())
-                    .unwrap_or_default();
-                let reach: Vec<std::path::PathBuf> = program
-                    .contains('/')
-                    .then(|| spec.workdir.join(&program))
-                    .into_iter()
-                    .chain(
-                        path.split(':')
-                            .filter(|d| d.starts_with('/'))
-                            .map(Into::into),
-                    )
-                    .chain([spec.workdir.clone()])
-                    .collect();
-                let mut plan = MountPlan::new(&spec.access, layers, &reach, &spec.log)
-                    .map_err(|e| ExecutorError(e.to_string()))?;
-                plan.net = no_network;
-                let visible = spec
-                    .env
-                    .iter()
-                    .rev()
-                    .find(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
-                    .map(|(_, v)| v.as_str())
-                    .unwrap_or_default();
-                plan.dev = kernel::Dev::new(
-                    &crate::gpus::device_nodes(visible),
-                    spec.placement
-                        .resources
-                        .shm
-                        .as_ref()
-                        .map(|q| q.value as u64),
-                    workers > 1,
-                );
-                plan.cgroups = cgroup_procs.clone();
-                Some(Arc::new(plan))
-            }
+            Some(layers) => Some(Arc::new(
+                plan(
+                    &spec,
+                    &program,
+                    layers,
+                    workers,
+                    no_network,
+                    cgroup_procs.clone(),
+                )
+                .map_err(|e| ExecutorError(e.to_string()))?,
+            )),
             None => None,
         };
         // With secrets to mask, the stage writes to a pipe the engine copies into the log,
