@@ -203,6 +203,9 @@ pub struct PathAccess {
     /// an empty file over a file), except later entries under it, which stay as given:
     /// other attempts' work directories and the state database.
     pub hidden: bool,
+    /// Writable for other attempts at the same time too (the local model registry): an
+    /// executor that gives an attempt its writable paths does not take this one back.
+    pub shared: bool,
 }
 
 /// How an attempt ended.

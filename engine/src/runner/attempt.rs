@@ -438,6 +438,7 @@ pub(super) async fn run_attempt(
         access.push(PathAccess {
             path: registry,
             writable: true,
+            shared: true,
             ..Default::default()
         });
     }

@@ -221,7 +221,10 @@ impl MountPlan {
             let keep: Vec<&Path> = read_only.iter().map(PathBuf::as_path).collect();
             for a in access.iter().filter(|a| a.writable && !a.hidden) {
                 userns::give(&a.path, &keep, log, (userns::STAGE_ID, userns::STAGE_ID))?;
-                given.push(a.path.clone());
+                // Another attempt may be writing a shared path still: it stays given.
+                if !a.shared {
+                    given.push(a.path.clone());
+                }
             }
             let targets: Vec<PathBuf> = reach
                 .iter()
