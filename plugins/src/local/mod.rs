@@ -579,24 +579,16 @@ impl Executor for LocalExecutor {
             );
             // The first rank leads a new group; the others join it.
             let spawned = match &plan {
-                // Until it execs, the child's set-up holds the thread that cloned it
-                // (joining its cgroups waits out an RCU grace period under cgroup v1,
-                // milliseconds on a VM): a blocking-pool thread, not a runtime worker,
-                // so other attempts start and end meanwhile.
-                Some(plan) => {
-                    let (program, args, workdir) =
-                        (program.clone(), spec.argv[1..].to_vec(), spec.workdir.clone());
-                    let (pgid, plan) = (started.pgid, plan.clone());
-                    match out.try_clone() {
-                        Ok(out) => tokio::task::spawn_blocking(move || {
-                            isolate::spawn(&program, &args, &env, &workdir, &out, pgid, plan)
-                        })
-                        .await
-                        .unwrap_or_else(|e| Err(std::io::Error::other(e))),
-                        Err(e) => Err(e),
-                    }
-                    .map(|pid| Proc::Cloned(isolate::RawChild::new(pid)))
-                }
+                Some(plan) => isolate::spawn(
+                    &program,
+                    &spec.argv[1..],
+                    &env,
+                    &spec.workdir,
+                    &out,
+                    started.pgid,
+                    plan.clone(),
+                )
+                .map(|pid| Proc::Cloned(isolate::RawChild::new(pid))),
                 None => out.try_clone().and_then(|out| {
                     let err = out.try_clone()?;
                     let mut command = Command::new(&program);
