@@ -34,9 +34,20 @@ fn root_or_skip(why: &str) -> bool {
 
 /// `drivetrain ARGS` in `home` with user namespaces refused to it and its stages.
 fn without_user_namespaces(home: &Home, isolation: &str, args: &[&str]) -> std::process::Output {
+    refusing(&["user"], home, isolation, args)
+}
+
+/// `drivetrain ARGS` in `home`, run as root of a user namespace of its own (`unshare -U
+/// -r -m`) in which the kernel refuses each of `kinds` of namespace (`user`, `pid`,
+/// `net`: `user.max_KIND_namespaces = 0`, which only that namespace and its children see).
+fn refusing(kinds: &[&str], home: &Home, isolation: &str, args: &[&str]) -> std::process::Output {
+    let limits: String = kinds
+        .iter()
+        .map(|k| format!("echo 0 > /proc/sys/user/max_{k}_namespaces && "))
+        .collect();
     std::process::Command::new("unshare")
         .args(["-U", "-r", "-m", "sh", "-c"])
-        .arg(r#"echo 0 > /proc/sys/user/max_user_namespaces && exec "$0" "$@""#)
+        .arg(format!(r#"{limits}exec "$0" "$@""#))
         .arg(env!("CARGO_BIN_EXE_drivetrain"))
         .args(args)
         .current_dir(&home.dir)
@@ -707,4 +718,56 @@ fn without_cgroups_resources_are_said_to_be_unenforced() {
     );
     assert!(log.contains("`resources` are not enforced here"), "{log}");
     assert!(log.contains("ran"), "{log}");
+}
+
+/// With PID and network namespaces refused (here: `user.max_pid_namespaces` and
+/// `max_net_namespaces` 0 in a user namespace made for the engine), `doctor` says so, `auto`
+/// runs a stage without them, and a `network: none` stage fails saying why instead of
+/// running connected.
+#[test]
+fn refused_pid_and_network_namespaces_are_said_and_network_none_is_never_ignored() {
+    if !root_or_skip("the namespaces are refused from inside a namespace root makes") {
+        return;
+    }
+    let home = Home::new("no-pidns");
+    let file = home.write(
+        "p.yaml",
+        "version: 1\nname: no-pidns\nstages:\n  a:\n    run: {command: [sh, -c, 'echo ran']}\n",
+    );
+    let cut = home.write(
+        "cut.yaml",
+        "version: 1\nname: cut\nstages:\n  a:\n    network: none\n    run: {command: [echo, ran]}\n",
+    );
+    let run = |file: &std::path::Path| {
+        refusing(
+            &["pid", "net"],
+            &home,
+            "auto",
+            &["run", file.to_str().unwrap()],
+        )
+    };
+    let doctor = refusing(&["pid", "net"], &home, "auto", &["doctor", "-o", "json"]);
+    assert_ok(&doctor);
+    let report: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let active = |name: &str| {
+        report["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["layer"] == name)
+            .unwrap()["active"]
+            .clone()
+    };
+    assert_eq!(active("pid namespace"), false, "{report}");
+    assert_eq!(active("network namespace"), false, "{report}");
+    assert_eq!(active("mount namespace"), true, "{report}");
+    let o = run(&file);
+    assert_ok(&o);
+    let o = run(&cut);
+    let out = text(&o.stdout) + &text(&o.stderr);
+    assert_ne!(o.status.code(), Some(0), "{out}");
+    assert!(
+        out.contains("has `network: none`, and this engine cannot give it a network namespace (the kernel refused one)"),
+        "{out}"
+    );
 }
