@@ -138,6 +138,8 @@ CREATE INDEX ticks_by_time ON schedule_ticks(pipeline, scheduled_time);
     "CREATE INDEX ticks_by_record ON schedule_ticks(recorded_at)",
     // 4: what each attempt used (JSON), and its stage's latest.
     "ALTER TABLE attempts ADD COLUMN usage TEXT; ALTER TABLE stages ADD COLUMN usage TEXT",
+    // 5: what each map item's last attempt used.
+    "ALTER TABLE map_items ADD COLUMN usage TEXT",
 ];
 
 /// Any key of this store's advisory lock for migrations.
@@ -618,6 +620,25 @@ impl StateStore for PostgresState {
         })
     }
 
+    fn set_item_usage(
+        &self,
+        run: &RunId,
+        stage: &str,
+        idx: usize,
+        usage: &drivetrain_engine::executor::ResourceUsage,
+    ) -> Result<(), StateError> {
+        let text = serde_json::to_string(usage).unwrap_or_default();
+        self.with(|c| {
+            exec(
+                c,
+                "UPDATE map_items SET usage = $4 WHERE run_id = $1 AND stage = $2 AND idx = $3",
+                &[&run.0, &stage, &(idx as i64), &text],
+                format!("record what item {idx} of {stage} used"),
+            )
+            .map(|_| ())
+        })
+    }
+
     fn set_attempt_usage(
         &self,
         run: &RunId,
@@ -784,7 +805,7 @@ impl StateStore for PostgresState {
         self.with(|c| {
             rows(
                 c,
-                "SELECT idx, item, phase, attempts, reason, outputs, handle FROM map_items \
+                "SELECT idx, item, phase, attempts, reason, outputs, handle, usage FROM map_items \
                  WHERE run_id = $1 AND stage = $2 ORDER BY idx",
                 &[&run.0, &stage],
                 "read items",
@@ -796,6 +817,9 @@ impl StateStore for PostgresState {
                     reason: r.get(4),
                     outputs: json_col(r.get(5)),
                     handle: r.get(6),
+                    usage: r
+                        .get::<_, Option<String>>(7)
+                        .and_then(|u| serde_json::from_str(&u).ok()),
                 },
             )
         })

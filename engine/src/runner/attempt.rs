@@ -727,19 +727,20 @@ pub(super) fn store_config_env() -> Vec<(String, String)> {
     env
 }
 
-/// Records what an attempt used (a map item's with its stage's name) and tells the
+/// Records what an attempt used (a map item's on the item) and tells the
 /// listeners (`serve`'s `/metrics`). A store that cannot record it loses only the figure
 /// (and fails the attempt's own record a moment later, which the run reports).
 fn record_usage(ctx: &Ctx, key: &AttemptKey, usage: crate::executor::ResourceUsage) {
-    let stage = key
-        .stage
-        .split_once("/items/")
-        .map_or(key.stage.as_str(), |(s, _)| s);
-    if !key.stage.contains("/items/") {
-        let _ = ctx
+    let (stage, item) = match key.stage.split_once("/items/") {
+        Some((stage, idx)) => (stage, idx.parse::<usize>().ok()),
+        None => (key.stage.as_str(), None),
+    };
+    let _ = match item {
+        Some(idx) => ctx.state.set_item_usage(&ctx.run.id, stage, idx, &usage),
+        None => ctx
             .state
-            .set_attempt_usage(&ctx.run.id, stage, key.attempt, &usage);
-    }
+            .set_attempt_usage(&ctx.run.id, stage, key.attempt, &usage),
+    };
     let _ = ctx.events.send(RunEvent::Used {
         stage: stage.to_owned(),
         usage,

@@ -498,6 +498,12 @@ fn runs_stages_and_attempts(s: &dyn StateStore) {
         .unwrap();
     s.set_stage(&id, "a", Phase::Succeeded, Some(0), None)
         .unwrap();
+    let used = crate::executor::ResourceUsage {
+        peak_memory_bytes: Some(64 << 20),
+        cpu_seconds: Some(1.5),
+        ..Default::default()
+    };
+    s.set_attempt_usage(&id, "a", 2, &used).unwrap();
     s.set_stage_results(
         &id,
         "a",
@@ -526,6 +532,8 @@ fn runs_stages_and_attempts(s: &dyn StateStore) {
     assert_eq!(stages[0].values["ok"], true);
     assert_eq!(stages[0].outputs["out"]["digest"], "x");
     assert_eq!(stages[1].reason.as_deref(), Some("when was false"));
+    assert_eq!(stages[0].usage, Some(used), "what its last attempt used");
+    assert_eq!(stages[1].usage, None);
     let attempts = s.attempts(&id).unwrap();
     assert_eq!(attempts.len(), 2);
     assert_eq!(attempts[0].handle.as_deref(), Some("pgid:42"));
@@ -573,8 +581,14 @@ fn map_items(s: &dyn StateStore) {
         &serde_json::json!({}),
     )
     .unwrap();
+    let used = crate::executor::ResourceUsage {
+        peak_memory_bytes: Some(1 << 20),
+        ..Default::default()
+    };
+    s.set_item_usage(&id, "m", 3, &used).unwrap();
     let listed = s.map_items(&id, "m").unwrap();
     assert_eq!(listed.len(), 1000);
+    assert_eq!((listed[3].usage, listed[4].usage), (Some(used), None));
     assert_eq!((listed[3].phase, listed[3].attempts), (Phase::Succeeded, 1));
     assert_eq!(listed[3].handle.as_deref(), Some("pgid:9"));
     assert_eq!(listed[3].item["drive"], 3);

@@ -270,6 +270,9 @@ pub struct ItemRecord {
     pub reason: Option<String>,
     pub outputs: serde_json::Value,
     pub handle: Option<String>,
+    /// What its last attempt used, where the executor measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::executor::ResourceUsage>,
 }
 
 /// One attempt of a stage as recorded.
@@ -404,6 +407,14 @@ pub trait StateStore: Send + Sync {
         phase: Phase,
         reason: Option<&str>,
         outputs: &serde_json::Value,
+    ) -> Result<(), StateError>;
+    /// Records what an item's last attempt used.
+    fn set_item_usage(
+        &self,
+        run: &RunId,
+        stage: &str,
+        idx: usize,
+        usage: &crate::executor::ResourceUsage,
     ) -> Result<(), StateError>;
     /// Records the executor handle of an item's running attempt.
     fn set_item_handle(

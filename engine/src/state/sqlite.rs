@@ -347,6 +347,24 @@ impl StateStore for SqliteState {
         })
     }
 
+    fn set_item_usage(
+        &self,
+        run: &RunId,
+        stage: &str,
+        idx: usize,
+        usage: &crate::executor::ResourceUsage,
+    ) -> Result<(), StateError> {
+        let text = serde_json::to_string(usage).unwrap_or_default();
+        self.with(|c| {
+            c.execute_cached(
+                "UPDATE map_items SET usage = ?4 WHERE run_id = ?1 AND stage = ?2 AND idx = ?3",
+                params![run.0, stage, idx as i64, text],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("record what item {idx} of {stage} used")))
+        })
+    }
+
     fn add_map_items(
         &self,
         run: &RunId,
@@ -427,7 +445,7 @@ impl StateStore for SqliteState {
         self.with(|c| {
             query(
                 c,
-                "SELECT idx, item, phase, attempts, reason, outputs, handle FROM map_items \
+                "SELECT idx, item, phase, attempts, reason, outputs, handle, usage FROM map_items \
                  WHERE run_id = ?1 AND stage = ?2 ORDER BY idx",
                 params![run.0, stage],
                 "read items",
@@ -440,6 +458,9 @@ impl StateStore for SqliteState {
                         reason: r.get(4)?,
                         outputs: json_col(r.get(5)?),
                         handle: r.get(6)?,
+                        usage: r
+                            .get::<_, Option<String>>(7)?
+                            .and_then(|u| serde_json::from_str(&u).ok()),
                     })
                 },
             )

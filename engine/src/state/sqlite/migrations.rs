@@ -142,4 +142,8 @@ CREATE INDEX ticks_by_record ON schedule_ticks(recorded_at);
 ALTER TABLE attempts ADD COLUMN usage TEXT;
 ALTER TABLE stages ADD COLUMN usage TEXT;
 "#,
+    // 11: what each map item's last attempt used.
+    r#"
+ALTER TABLE map_items ADD COLUMN usage TEXT;
+"#,
 ];
