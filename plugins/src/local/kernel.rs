@@ -53,14 +53,9 @@ pub(super) fn protect() -> std::io::Result<()> {
     let none: Option<&CStr> = None;
     let sealed = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     let missing = |e: nix::errno::Errno| e == nix::errno::Errno::ENOENT;
-    // `/sys` and every mount under it, in one call.
-    mount(
-        Some(c"/sys"),
-        c"/sys",
-        none,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        none,
-    )?;
+    // `/sys` and every mount under it, in one call on this namespace's own copies of them
+    // (no bind needed: adding `MS_RDONLY` is allowed even on mounts locked from a more
+    // privileged namespace).
     let attr = MountAttr {
         attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
         attr_clr: 0,
