@@ -1,5 +1,5 @@
-//! Isolating an attempt: its mount namespace (see the executor's docs for what it
-//! enforces) and the process that enters it, started without `fork`.
+//! Isolating an attempt: its namespaces and mounts (see the executor's docs for every
+//! layer) and the process that enters them, started without `fork`.
 //!
 //! `fork` copies the engine's page tables and makes each page the engine writes afterwards
 //! a copy-on-write fault with a TLB shoot-down; the child then throws it all away at
@@ -7,9 +7,12 @@
 //! `copy_page_range`, `ptep_clear_flush`, `exit_mmap` under `begin_new_exec`), and it grows
 //! with the engine's memory. [`spawn`] starts the child the way `posix_spawn` does
 //! instead: `clone(CLONE_VM | CLONE_VFORK)` onto a stack of its own, this thread waiting
-//! until the child has exec'ed or failed. The child resets signal handlers, joins the
-//! attempt's process group, sets up stdio and the working directory, unshares its
-//! namespaces, mounts, drops capabilities ([`MountPlan::apply`]) and execs. Sharing the
+//! until the child has exec'ed or failed; the clone itself makes its PID, mount and
+//! network namespaces (and, when the engine is not root, its user namespace). The child
+//! resets signal handlers, joins the attempt's process group and cgroups, sets up stdio
+//! and the working directory, mounts, enters the stage user namespace (a root engine's),
+//! drops capabilities, installs its seccomp filter ([`MountPlan::apply`]) and execs.
+//! Sharing the
 //! engine's memory, it only makes system calls on what [`Launch`] prepared before the
 //! clone, and reports a failure through [`Launch::failure`].
 //!
