@@ -205,7 +205,11 @@ impl MountPlan {
             }
             (true, true) => match userns::stage_userns() {
                 Some(fd) => Userns::Stage(fd),
-                None => return Err(refused_userns()),
+                None => {
+                    return Err(std::io::Error::other(refused(
+                        "the kernel refused it a user namespace",
+                    )))
+                }
             },
         };
         let c_path = |p: &Path| {
@@ -455,10 +459,10 @@ impl MountPlan {
     }
 }
 
-/// The error of an attempt that must have a user namespace where the kernel refuses one.
-fn refused_userns() -> std::io::Error {
-    std::io::Error::other(
-        "cannot isolate the attempt: the kernel refused it a user namespace, and DRIVETRAIN_ISOLATION=required runs a stage with every layer or not at all",
+/// Why an attempt that must have every layer cannot start: `missing` says which.
+pub(super) fn refused(missing: &str) -> String {
+    format!(
+        "cannot isolate the attempt: {missing}, and DRIVETRAIN_ISOLATION=required runs a stage with every layer or not at all"
     )
 }
 

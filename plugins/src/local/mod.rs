@@ -64,7 +64,7 @@ mod seccomp;
 mod userns;
 
 use cgroups::AttemptCgroup;
-pub use cgroups::{Cgroups, Usage, PIDS_MAX};
+pub use cgroups::{Cgroups, PIDS_MAX};
 use isolate::MountPlan;
 pub use isolate::{
     available, layers, namespaces_work, network_namespaces_work, user_namespaces_work, Layers,
@@ -360,9 +360,7 @@ impl LocalExecutor {
             }
         };
         if self.isolation == Isolation::Required {
-            return Err(ExecutorError(format!(
-                "cannot isolate the attempt: {why}, and DRIVETRAIN_ISOLATION=required runs a stage with every layer or not at all"
-            )));
+            return Err(ExecutorError(isolate::refused(&why)));
         }
         if asked {
             let _ = writeln!(log, "drivetrain: `resources` are not enforced here: {why}");
@@ -433,9 +431,7 @@ fn required_layers() -> Result<Layers, ExecutorError> {
     } else {
         return Ok(l);
     };
-    Err(ExecutorError(format!(
-        "cannot isolate the attempt: {missing}, and DRIVETRAIN_ISOLATION=required runs a stage with every layer or not at all"
-    )))
+    Err(ExecutorError(isolate::refused(missing)))
 }
 
 fn free_port() -> std::io::Result<u16> {
