@@ -10,6 +10,7 @@ mod doctor;
 mod exec;
 mod history;
 mod inspect;
+mod listener;
 mod manifests;
 mod plan_output;
 mod report;

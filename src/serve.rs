@@ -180,9 +180,15 @@ pub struct Server {
     pub metrics: Metrics,
     parallelism: usize,
     catalog: Catalog,
-    /// Set when shutting down: no new runs.
     /// Set on SIGTERM: no new work, and the live streams of pages end.
     pub(crate) stopping: std::sync::atomic::AtomicBool,
+    /// The event streams and followed logs open, within the listener's limits.
+    pub streams: Arc<crate::listener::Streams>,
+    /// The run list's changes, polled once for every stream of it.
+    pub runs_feed: crate::api::views::RunsFeed,
+    /// The state reads of streams at once (each on the blocking pool): a thousand streams
+    /// share a few threads instead of taking a thread each.
+    pub stream_reads: tokio::sync::Semaphore,
     /// Fired ticks recorded since then without a run are started by the next loop.
     unstarted_since: Mutex<String>,
 }
@@ -834,6 +840,8 @@ pub(crate) fn stale_before() -> anyhow::Result<String> {
 /// How many posted pipelines are validated at once: with the per-document bounds of
 /// validation, this bounds the memory requests can take together.
 pub const VALIDATIONS: usize = 2;
+/// State reads of event streams and followed logs at once.
+pub const STREAM_READS: usize = 4;
 
 /// `drivetrain serve`'s options.
 pub struct ServeArgs {
@@ -881,6 +889,7 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         eprintln!("error: no valid pipeline under {}", dir.display());
         return Ok(ExitCode::from(2));
     }
+    let limits = crate::listener::Limits::for_files(crate::listener::raise_file_limit());
     let listener = std::net::TcpListener::bind(addr)
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     listener.set_nonblocking(true)?;
@@ -910,6 +919,9 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         parallelism: args.parallelism.unwrap_or(2),
         catalog,
         stopping: std::sync::atomic::AtomicBool::new(false),
+        streams: crate::listener::Streams::new(limits),
+        runs_feed: Default::default(),
+        stream_reads: tokio::sync::Semaphore::new(STREAM_READS),
         // At start, a week back: a tick queued or claimed while no server ran.
         unstarted_since: Mutex::new(
             (chrono::Utc::now() - chrono::Duration::days(7))
@@ -942,11 +954,10 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         let app = crate::api::router(server.clone());
         let (stop_http, stopped) = tokio::sync::oneshot::channel::<()>();
         let http = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await
+            crate::listener::serve(listener, app, limits, async {
+                let _ = stopped.await;
+            })
+            .await
         });
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let mut last_check = std::time::Instant::now();

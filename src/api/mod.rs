@@ -34,7 +34,7 @@ use drivetrain_engine::state::RunId;
 use crate::serve::Server;
 
 pub mod openapi;
-mod views;
+pub mod views;
 use openapi::{
     ApiError, Cancelling, Queued, Registered, RunDetail, RunList, ScheduleList, ScheduleStatus,
     Spawned, Started, Suspension,
@@ -527,14 +527,29 @@ async fn register(State(s): State<Shared>, JsonBody(body): JsonBody<Register>) -
     }
 }
 
+/// A place for one more stream to the request's client, or the `503` that refuses it.
+fn admit_stream(
+    s: &Shared,
+    client: Option<axum::Extension<crate::listener::Client>>,
+) -> Result<crate::listener::StreamPermit, Box<Response>> {
+    let ip = client.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |c| c.0 .0.ip());
+    s.streams
+        .admit(ip)
+        .map_err(|why| Box::new(crate::listener::busy(&why)))
+}
+
+/// The most of a live log one read sends.
+const FOLLOW_CHUNK: u64 = 64 << 10;
+
 /// Streams the live log of an attempt from its start, as it grows, until the attempt has
-/// ended and everything it wrote was sent.
+/// ended and everything it wrote was sent; at most [`FOLLOW_CHUNK`] bytes a read.
 fn follow(
     s: Shared,
     run: RunId,
     stage: String,
     attempt: u32,
     path: std::path::PathBuf,
+    permit: crate::listener::StreamPermit,
 ) -> Response {
     use std::io::{Read as _, Seek as _};
     let ended = move |s: &Server| {
@@ -548,23 +563,35 @@ fn follow(
             })
             .unwrap_or(true)
     };
+    let permit = std::sync::Arc::new(permit);
     let stream = futures::stream::unfold((0u64, false), move |(offset, done)| {
         let s = s.clone();
         let path = path.clone();
         let ended = ended.clone();
+        let _held = permit.clone();
         async move {
             if done {
                 return None;
             }
             loop {
-                // Ended is read before the file, so nothing written before the end is missed.
-                let finished = ended(&s);
-                let mut chunk = Vec::new();
-                if let Ok(mut f) = std::fs::File::open(&path) {
-                    if f.seek(std::io::SeekFrom::Start(offset)).is_ok() {
-                        let _ = f.read_to_end(&mut chunk);
+                let (server, path, ended) = (s.clone(), path.clone(), ended.clone());
+                let turn = s.stream_reads.acquire().await;
+                let read = tokio::task::spawn_blocking(move || {
+                    // Ended is read before the file, so nothing written before the end is missed.
+                    let finished = ended(&server);
+                    let mut chunk = Vec::new();
+                    if let Ok(mut f) = std::fs::File::open(&path) {
+                        if f.seek(std::io::SeekFrom::Start(offset)).is_ok() {
+                            let _ = f.take(FOLLOW_CHUNK).read_to_end(&mut chunk);
+                        }
                     }
-                }
+                    (finished, chunk)
+                })
+                .await;
+                drop(turn);
+                let Ok((finished, chunk)) = read else {
+                    return None;
+                };
                 if !chunk.is_empty() {
                     let next = offset + chunk.len() as u64;
                     return Some((Ok::<_, std::convert::Infallible>(chunk), (next, false)));
@@ -597,6 +624,7 @@ async fn logs(
     State(s): State<Shared>,
     Path(id): Path<String>,
     Params(q): Params<LogsQuery>,
+    client: Option<axum::Extension<crate::listener::Client>>,
 ) -> Response {
     let run = RunId(id);
     let attempts = match s.state.attempts(&run) {
@@ -621,7 +649,10 @@ async fn logs(
     };
     let live = crate::runs::live_log(&s.work_dir, &run.0, &q.stage, latest);
     if q.follow {
-        return follow(s.clone(), run, q.stage, latest, live);
+        return match admit_stream(&s, client) {
+            Ok(permit) => follow(s.clone(), run, q.stage, latest, live, permit),
+            Err(busy) => *busy,
+        };
     }
     let text = match s.artifacts.log(&key).await {
         Ok(Some(bytes)) => bytes,
@@ -727,6 +758,8 @@ async fn metrics(State(s): State<Shared>) -> Response {
     }
     out.push_str("# HELP drivetrain_queue_depth Runs in flight in this server.\n# TYPE drivetrain_queue_depth gauge\n");
     out.push_str(&format!("drivetrain_queue_depth {}\n", s.in_flight()));
+    out.push_str("# HELP drivetrain_http_streams Event streams and followed logs open.\n# TYPE drivetrain_http_streams gauge\n");
+    out.push_str(&format!("drivetrain_http_streams {}\n", s.streams.open()));
     for (name, help, v) in [
         (
             "drivetrain_ticks_fired_total",

@@ -486,6 +486,13 @@ pub fn responses(route: &Route) -> Vec<(u16, &'static str, Body)> {
     if route.request.is_some() {
         add(JSON_BODY);
     }
+    // The listener's answer when every connection is busy or, on a stream, when the
+    // client or the server has its most open (src/listener.rs).
+    add(&[(
+        503,
+        "the server is busy: every connection, or its streams; `Retry-After` says when to retry",
+        ERROR,
+    )]);
     all.sort_by_key(|r| r.0);
     all
 }

@@ -5,21 +5,25 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use tokio::sync::watch;
 
 use drivetrain_engine::plan::Action;
 use drivetrain_engine::state::RunId;
 
 use super::openapi::{AttemptList, GraphNode, RunGraph};
 use super::{error, internal, Params, Shared};
+use crate::listener::Client;
 
 /// How often a live stream reads the state store. The browser never polls: it holds one
 /// stream per page and the server sends what changed.
@@ -116,17 +120,25 @@ struct Sent {
 
 /// `GET /api/v1/runs/{id}/events`: `snapshot` (the run and its stages) first, then
 /// `run` and `stage` events as they change, and `end` once the run has ended.
-pub(super) async fn run_events(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+pub(super) async fn run_events(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    client: Option<Extension<Client>>,
+) -> Response {
     let run = RunId(id);
     if s.state.run(&run).is_err() {
         return error(StatusCode::NOT_FOUND, format!("no run `{run}`"));
     }
+    let permit = match super::admit_stream(&s, client) {
+        Ok(p) => p,
+        Err(busy) => return *busy,
+    };
     let start = Sent {
         run: None,
         stages: BTreeMap::new(),
         done: false,
     };
-    let stream = futures::stream::unfold(start, move |mut sent| {
+    let stream = futures::stream::unfold((start, permit), move |(mut sent, permit)| {
         let (s, run) = (s.clone(), run.clone());
         async move {
             if sent.done {
@@ -137,8 +149,15 @@ pub(super) async fn run_events(State(s): State<Shared>, Path(id): Path<String>) 
                 if s.stopping.load(Ordering::SeqCst) {
                     return None;
                 }
-                let (record, stages) = match (s.state.run(&run), s.state.stages(&run)) {
-                    (Ok(r), Ok(st)) => (r, st),
+                let (server, id) = (s.clone(), run.clone());
+                let turn = s.stream_reads.acquire().await;
+                let read = tokio::task::spawn_blocking(move || {
+                    (server.state.run(&id), server.state.stages(&id))
+                })
+                .await;
+                drop(turn);
+                let (record, stages) = match read {
+                    Ok((Ok(r), Ok(st))) => (r, st),
                     _ => return None,
                 };
                 let ended = record.phase.is_terminal();
@@ -172,7 +191,7 @@ pub(super) async fn run_events(State(s): State<Shared>, Path(id): Path<String>) 
                 }
                 if !events.is_empty() {
                     let batch = futures::stream::iter(events.into_iter().map(Ok::<_, Infallible>));
-                    return Some((batch, sent));
+                    return Some((batch, (sent, permit)));
                 }
                 tokio::time::sleep(EVENT_INTERVAL).await;
             }
@@ -183,34 +202,118 @@ pub(super) async fn run_events(State(s): State<Shared>, Path(id): Path<String>) 
         .into_response()
 }
 
-/// `GET /api/v1/events`: a `runs` event whenever the set of runs or the phase of one of
-/// the newest 200 changes (the page then reads the list it shows, with its filters).
-pub(super) async fn list_events(State(s): State<Shared>) -> Response {
-    let stream = futures::stream::unfold(None::<Value>, move |last| {
-        let s = s.clone();
-        async move {
+/// The run list's state as `GET /api/v1/events` reports it (run counts per phase and
+/// the phases of the newest 200), read by one task every [`EVENT_INTERVAL`] for all the
+/// streams open, and not read at all while none is.
+#[derive(Default)]
+pub struct RunsFeed {
+    sender: std::sync::OnceLock<Arc<watch::Sender<Option<Reading>>>>,
+    /// A new stream found no current reading: read now, for it and any other.
+    wanted: tokio::sync::Notify,
+}
+
+/// One reading of the feed: when it was taken and what it said (`Null`: the server is
+/// stopping, and the streams end).
+type Reading = (tokio::time::Instant, Arc<Value>);
+
+impl RunsFeed {
+    fn subscribe(&self, s: &Shared) -> watch::Receiver<Option<Reading>> {
+        self.sender
+            .get_or_init(|| {
+                let sender = Arc::new(watch::channel(None).0);
+                tokio::spawn(poll_runs(s.clone(), sender.clone()));
+                sender
+            })
+            .subscribe()
+    }
+}
+
+/// What the run list's streams report, read on the blocking pool.
+async fn read_runs(s: &Shared) -> Option<Value> {
+    let server = s.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        let counts = server.state.run_counts().ok()?;
+        let runs = server.state.list_runs(200).ok()?;
+        let phases: Vec<(String, String)> = runs
+            .into_iter()
+            .map(|r| (r.id.0, r.phase.as_str().to_owned()))
+            .collect();
+        Some(json!({"counts": counts, "phases": phases}))
+    });
+    read.await.ok().flatten()
+}
+
+/// The feed's one reader: a reading per interval while a stream listens, and one at once
+/// when a new stream wants it. Every reading is sent (its time is new); each stream skips
+/// what it has already sent.
+async fn poll_runs(s: Shared, sender: Arc<watch::Sender<Option<Reading>>>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(EVENT_INTERVAL) => {}
+            _ = s.runs_feed.wanted.notified() => {}
+        }
+        if s.stopping.load(Ordering::SeqCst) {
+            sender.send_replace(Some((tokio::time::Instant::now(), Arc::new(Value::Null))));
+            return;
+        }
+        if sender.receiver_count() == 0 {
+            sender.send_replace(None);
+            continue;
+        }
+        let Some(now) = read_runs(&s).await else {
+            continue;
+        };
+        sender.send_replace(Some((tokio::time::Instant::now(), Arc::new(now))));
+    }
+}
+
+/// `GET /api/v1/events`: a `runs` event at once, then whenever the set of runs or the
+/// phase of one of the newest 200 changes (the page then reads the list it shows, with
+/// its filters).
+pub(super) async fn list_events(
+    State(s): State<Shared>,
+    client: Option<Extension<Client>>,
+) -> Response {
+    let permit = match super::admit_stream(&s, client) {
+        Ok(p) => p,
+        Err(busy) => return *busy,
+    };
+    let mut feed = s.runs_feed.subscribe(&s);
+    // The feed's reading if it is current; else the next, asked for now.
+    let first = feed
+        .borrow_and_update()
+        .clone()
+        .filter(|(at, _)| at.elapsed() <= EVENT_INTERVAL)
+        .map(|(_, v)| v);
+    if first.is_none() {
+        s.runs_feed.wanted.notify_one();
+    }
+    let stream = futures::stream::unfold(
+        (feed, None::<Arc<Value>>, first, permit),
+        |(mut feed, last, mut next, permit)| async move {
             loop {
-                if s.stopping.load(Ordering::SeqCst) {
+                let now = match next.take() {
+                    Some(v) => v,
+                    None => {
+                        feed.changed().await.ok()?;
+                        let reading = feed.borrow_and_update().clone();
+                        match reading {
+                            Some((_, v)) => v,
+                            None => continue,
+                        }
+                    }
+                };
+                if now.is_null() {
                     return None;
                 }
-                let now = match (s.state.run_counts(), s.state.list_runs(200)) {
-                    (Ok(counts), Ok(runs)) => {
-                        let phases: Vec<(String, String)> = runs
-                            .into_iter()
-                            .map(|r| (r.id.0, r.phase.as_str().to_owned()))
-                            .collect();
-                        json!({"counts": counts, "phases": phases})
-                    }
-                    _ => return None,
-                };
-                if last.as_ref() != Some(&now) {
-                    let event = sse_event("runs", &json!({"counts": now["counts"]}));
-                    return Some((Ok::<_, Infallible>(event), Some(now)));
+                if last.as_ref() == Some(&now) {
+                    continue;
                 }
-                tokio::time::sleep(EVENT_INTERVAL).await;
+                let event = sse_event("runs", &json!({"counts": now["counts"]}));
+                return Some((Ok::<_, Infallible>(event), (feed, Some(now), None, permit)));
             }
-        }
-    });
+        },
+    );
     Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response()

@@ -23,16 +23,20 @@ impl Drop for Server {
 }
 
 pub fn start(home: &Home, extra: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
-        .args(["serve", "--pipelines", "served", "--bind", "127.0.0.1:0"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_drivetrain"));
+    cmd.args(["serve", "--pipelines", "served", "--bind", "127.0.0.1:0"])
         .args(extra)
         .current_dir(&home.dir)
         .env_remove("DRIVETRAIN_HOME")
         .env_remove("DRIVETRAIN_TOKEN")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::null());
+    start_command(cmd)
+}
+
+/// Starts `cmd` (a `serve` with its stdout piped) and waits for the address it prints.
+pub fn start_command(mut cmd: Command) -> Server {
+    let mut child = cmd.spawn().unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let addr = loop {
         let line = lines

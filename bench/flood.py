@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""`drivetrain serve` under a flood (bench/README.md, "serve under a flood"): what
+tests/flood.rs checks, with the figures.
+
+Starts the binary's `serve` with at most 1,024 open files (soft and hard), then:
+1. opens 1,100 connections that each send half a request head and nothing more;
+2. asks for 2,000 streams of `GET /api/v1/events`, from this one client;
+3. times 50 `GET /healthz` and 50 `GET /api/v1/runs` while all of that is open;
+4. closes everything and samples the server's RSS for 30 s (the start: after one
+   request of each kind, which fault in code and fill caches).
+Prints the latencies (median, p99, max), the streams served and refused, and the RSS
+before, at the peak and after. Standard library only; needs a hard limit of at least
+3,400 open files for this process. Usage: bench/flood.py [BINARY]
+"""
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+IDLE, STREAMS, TOKEN = 1100, 2000, "bench-token"
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def get(addr, path, token=None):
+    start = time.perf_counter()
+    with socket.create_connection(addr, timeout=30) as c:
+        head = f"GET {path} HTTP/1.1\r\nHost: {addr[0]}:{addr[1]}\r\nConnection: close\r\n"
+        if token:
+            head += f"Authorization: Bearer {token}\r\n"
+        c.sendall((head + "\r\n").encode())
+        data = b""
+        while chunk := c.recv(65536):
+            data += chunk
+    took = time.perf_counter() - start
+    assert data.startswith(b"HTTP/1.1 200"), data[:200]
+    return took
+
+
+def figures(name, took):
+    took = sorted(t * 1000 for t in took)
+    print(f"{name}: median {statistics.median(took):.2f} ms, p99 {took[int(len(took) * 0.99)]:.2f} ms, "
+          f"max {took[-1]:.2f} ms ({len(took)} requests)")
+
+
+def main():
+    binary = sys.argv[1] if len(sys.argv) > 1 else "target/release/drivetrain"
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, IDLE + STREAMS + 300), hard))
+    home = tempfile.mkdtemp(prefix="dt-flood-")
+    os.mkdir(os.path.join(home, "served"))
+    with open(os.path.join(home, "served", "hello.yaml"), "w") as f:
+        f.write('version: 1\nname: hello\nstages:\n  a:\n    run: {command: ["true"]}\n')
+    server = subprocess.Popen(
+        ["sh", "-c", 'ulimit -n 1024 && exec "$0" "$@"', os.path.abspath(binary),
+         "serve", "--pipelines", "served", "--bind", "127.0.0.1:0", "--token", TOKEN],
+        cwd=home, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in server.stdout:
+            if line.startswith("listening on http://"):
+                host, port = line.strip().removeprefix("listening on http://").rsplit(":", 1)
+                addr = (host, int(port))
+                break
+        # Warm: the first of each kind of request faults in code and fills caches.
+        for path, token in (("/healthz", None), ("/api/v1/runs", TOKEN), ("/metrics", TOKEN)):
+            get(addr, path, token)
+        with socket.create_connection(addr) as c:
+            c.sendall((f"GET /api/v1/events HTTP/1.1\r\nHost: {addr[0]}:{addr[1]}\r\n"
+                       f"Authorization: Bearer {TOKEN}\r\n\r\n").encode())
+            c.recv(4096)
+        time.sleep(1)
+        before = rss_kib(server.pid)
+        held = []
+        for _ in range(IDLE):
+            c = socket.create_connection(addr)
+            c.sendall(b"GET /api/v1/runs HTTP/1.1\r\nHost: x\r\n")
+            held.append(c)
+        ask = (f"GET /api/v1/events HTTP/1.1\r\nHost: {addr[0]}:{addr[1]}\r\n"
+               f"Authorization: Bearer {TOKEN}\r\n\r\n").encode()
+        streams = []
+        for _ in range(STREAMS):
+            c = socket.create_connection(addr)
+            c.sendall(ask)
+            streams.append(c)
+        figures("GET /healthz", [get(addr, "/healthz") for _ in range(50)])
+        figures("GET /api/v1/runs", [get(addr, "/api/v1/runs", TOKEN) for _ in range(50)])
+        served = refused = 0
+        for c in streams:
+            c.settimeout(0.2)
+            try:
+                first = c.recv(64)
+            except OSError:
+                first = b""
+            served += first.startswith(b"HTTP/1.1 200")
+            refused += first.startswith(b"HTTP/1.1 503")
+        print(f"streams: {served} served, {refused} refused with 503, "
+              f"{STREAMS - served - refused} closed or unanswered")
+        peak = rss_kib(server.pid)
+        for c in held + streams:
+            c.close()
+        samples = []
+        for _ in range(30):
+            time.sleep(1)
+            samples.append(rss_kib(server.pid))
+        print(f"RSS: {before / 1024:.1f} MiB before, {peak / 1024:.1f} MiB during, "
+              f"{samples[4] / 1024:.1f} / {samples[9] / 1024:.1f} / {samples[-1] / 1024:.1f} MiB "
+              f"5 / 10 / 30 s after the flood closed ({samples[-1] / before:.2f}× the start)")
+    finally:
+        server.terminate()
+        server.wait()
+        subprocess.run(["rm", "-rf", home])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+//! `drivetrain serve` under a flood of connections nobody uses and of event streams, with
+//! the common limit of 1,024 open files (set on the server's process, soft and hard, so
+//! it cannot raise it): it keeps answering, refuses the streams past its bound with
+//! `503` and `Retry-After`, and gives the memory back once they close. The real binary
+//! on loopback; the flood stops by itself when the test ends. The figures (latencies,
+//! RSS) come from `bench/flood.py`; the bounds here are a hundred times looser and
+//! only tell a server that answers from one that does not.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::http::{request, Server, TOKEN};
+use common::Home;
+
+const IDLE: usize = 1_100;
+const STREAMS: usize = 2_000;
+
+/// The server's resident memory, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+/// Opens to this test as many files as the flood needs (its soft limit up to its hard).
+fn room_for_the_flood() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    let need = (IDLE + STREAMS + 256) as u64;
+    assert!(
+        hard >= need,
+        "this test opens {need} sockets; the hard limit on open files here is {hard}"
+    );
+    setrlimit(Resource::RLIMIT_NOFILE, need, hard).unwrap();
+}
+
+/// `serve` with at most 1,024 open files, soft and hard (`ulimit -n` without `-S` or
+/// `-H` sets both).
+fn start_limited(home: &Home) -> Server {
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "ulimit -n 1024 && exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_drivetrain"))
+        .args(["serve", "--pipelines", "served", "--bind", "127.0.0.1:0"])
+        .args(["--token", TOKEN])
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .env_remove("DRIVETRAIN_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    common::http::start_command(cmd)
+}
+
+/// How long `/healthz` takes to answer 200.
+fn healthz(s: &Server) -> Duration {
+    let started = Instant::now();
+    assert_eq!(request(s, "GET", "/healthz", None, None).0, 200);
+    started.elapsed()
+}
+
+/// The first bytes of an answer on `c`, waiting at most `within`.
+fn head(c: &mut TcpStream, within: Duration) -> String {
+    c.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 512];
+    let n = c.read(&mut buf).unwrap_or(0);
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[test]
+fn serve_answers_through_a_flood_of_idle_connections_and_streams() {
+    room_for_the_flood();
+    let home = Home::new("flood");
+    std::fs::create_dir_all(home.dir.join("served")).unwrap();
+    home.write(
+        "served/hello.yaml",
+        "version: 1\nname: hello\nstages:\n  a:\n    run: {command: [\"true\"]}\n",
+    );
+    let s = start_limited(&home);
+    let pid = s.child.id();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    assert!(
+        limits
+            .lines()
+            .any(|l| l.starts_with("Max open files") && l.contains(" 1024 ")),
+        "{limits}"
+    );
+    // Warm: the first of each kind of request faults in code and fills caches.
+    healthz(&s);
+    assert_eq!(request(&s, "GET", "/api/v1/runs", Some(TOKEN), None).0, 200);
+    assert_eq!(request(&s, "GET", "/metrics", Some(TOKEN), None).0, 200);
+    let mut first = TcpStream::connect(&s.addr).unwrap();
+    write!(
+        first,
+        "GET /api/v1/events HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\n\r\n",
+        s.addr
+    )
+    .unwrap();
+    assert!(head(&mut first, Duration::from_secs(5)).starts_with("HTTP/1.1 200"));
+    drop(first);
+    std::thread::sleep(Duration::from_secs(1));
+    let before = rss_kib(pid);
+
+    // Requests begun and never finished: more than the server may have files.
+    let mut held = Vec::new();
+    for _ in 0..IDLE {
+        let mut c = TcpStream::connect(&s.addr).unwrap();
+        c.write_all(b"GET /api/v1/runs HTTP/1.1\r\nHost: x\r\n")
+            .unwrap();
+        held.push(c);
+    }
+    let during_idle = healthz(&s);
+
+    // Streams of the run list, each a request of its own, all from this one client.
+    let ask = format!(
+        "GET /api/v1/events HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\n\r\n",
+        s.addr
+    );
+    let mut streams = Vec::new();
+    for _ in 0..STREAMS {
+        let mut c = TcpStream::connect(&s.addr).unwrap();
+        c.write_all(ask.as_bytes()).unwrap();
+        streams.push(c);
+    }
+    let during_streams = healthz(&s);
+    let api = Instant::now();
+    assert_eq!(request(&s, "GET", "/api/v1/runs", Some(TOKEN), None).0, 200);
+    let api = api.elapsed();
+
+    // The newest streams' answers: served, or refused with a time to come back.
+    let (mut open, mut refused) = (0, 0);
+    for c in streams.iter_mut().rev().take(200) {
+        let h = head(c, Duration::from_secs(5));
+        if h.starts_with("HTTP/1.1 200") {
+            assert!(h.contains("text/event-stream"), "{h}");
+            open += 1;
+        } else if h.starts_with("HTTP/1.1 503") {
+            assert!(h.to_ascii_lowercase().contains("retry-after: "), "{h}");
+            refused += 1;
+        }
+    }
+    assert!(refused > 0, "2,000 streams from one client, none refused");
+    // Those still open, and the metric that counts them.
+    let (_, metrics) = request(&s, "GET", "/metrics", Some(TOKEN), None);
+    let counted: usize = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("drivetrain_http_streams "))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!(counted > 0 && counted <= 1024, "{counted} streams open");
+    eprintln!(
+        "healthz: {during_idle:?} under {IDLE} idle connections, {during_streams:?} with \
+         {STREAMS} streams asked for ({counted} open; of the last 200, {open} served, \
+         {refused} refused); GET /api/v1/runs {api:?}"
+    );
+    let bound = Duration::from_secs(10);
+    assert!(during_idle < bound && during_streams < bound && api < bound);
+
+    // An unfinished request does not hold its connection past the header timeout.
+    let mut slow = TcpStream::connect(&s.addr).unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\n").unwrap();
+    drop(held);
+    drop(streams);
+    let closed = Instant::now();
+    let mut rest = Vec::new();
+    slow.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let _ = slow.read_to_end(&mut rest);
+    assert!(
+        closed.elapsed() < Duration::from_secs(25),
+        "an unfinished request held its connection {:?}",
+        closed.elapsed()
+    );
+
+    // The memory the flood took comes back once it is over.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let after = loop {
+        let now = rss_kib(pid);
+        if now <= before + before / 5 || Instant::now() > deadline {
+            break now;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        after <= before + before / 5,
+        "RSS {before} KiB before the flood, {after} KiB after it closed"
+    );
+    healthz(&s);
+}
