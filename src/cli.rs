@@ -340,8 +340,9 @@ pub(crate) enum Command {
         #[arg(long)]
         parallelism: Option<usize>,
     },
-    /// The web view of this home's runs, stages, logs, lineage and registry, without
-    /// firing schedules: `serve` for one person (it also serves the view at `/`).
+    /// The web view of this home's runs, stages, logs, lineage and registry: `serve` for
+    /// one person (it also serves the view at `/`), without firing schedules or taking
+    /// over orphaned runs; it executes only what its buttons ask for.
     #[command(
         after_help = "Examples:\n  drivetrain ui                              # http://127.0.0.1:8080, read-only\n  drivetrain ui --insecure-no-auth           # and the buttons (cancel, retry, rerun) work\n  drivetrain ui --pipelines pipelines/ --token \"$TOKEN\""
     )]

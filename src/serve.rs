@@ -945,8 +945,11 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         .thread_stack_size(8 << 20)
         .build()?;
     rt.block_on(async move {
-        for run in server.resume_orphans()? {
-            println!("resuming run {run}: its engine is gone");
+        // Only `serve` takes over orphaned runs; `ui` is a viewer and executes nothing.
+        if schedules {
+            for run in server.resume_orphans()? {
+                println!("resuming run {run}: its engine is gone");
+            }
         }
         let listener = tokio::net::TcpListener::from_std(listener)?;
         println!("listening on http://{}", listener.local_addr()?);
@@ -966,7 +969,8 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
                 true => server.tick(chrono::Utc::now())?,
                 false => Duration::from_secs(1),
             };
-            if last_check.elapsed() >= drivetrain_engine::runner::heartbeat_interval() {
+            if schedules && last_check.elapsed() >= drivetrain_engine::runner::heartbeat_interval()
+            {
                 last_check = std::time::Instant::now();
                 match server.take_over_stale() {
                     Ok(runs) => {

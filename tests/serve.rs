@@ -6,7 +6,7 @@
 //! `engine/src/schedule.rs`.)
 
 use std::collections::BTreeSet;
-use std::process::Child;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -227,6 +227,37 @@ stages:
     }
     server.kill().unwrap();
     server.wait().unwrap();
+
+    // `ui`, the viewer, shows the orphan and executes nothing of it, for longer than a
+    // heartbeat's staleness (three intervals of 1 s here).
+    let mut ui = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+        .args(["ui", "--bind", "127.0.0.1:0"])
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .env("DRIVETRAIN_HEARTBEAT", "1s")
+        .stdout(std::fs::File::create(home.dir.join("ui.log")).unwrap())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    let o = home.drivetrain(&["status", &run, "--output", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    ui.kill().unwrap();
+    ui.wait().unwrap();
+    let log = std::fs::read_to_string(home.dir.join("ui.log")).unwrap();
+    assert!(log.contains("listening on"), "{log}");
+    assert!(
+        !log.contains("resuming") && !log.contains("taking over"),
+        "{log}"
+    );
+    let wait = v["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stage"] == "wait")
+        .unwrap();
+    assert_eq!(wait["attempts"], 1, "ui executed the stage again: {v}");
+    assert_eq!(v["run"]["phase"], "Running", "{v}");
 
     let mut server = start(&home);
     std::fs::write(&gate, "").unwrap();
