@@ -1,6 +1,7 @@
 //! `status`, `list` and `logs`: reading what runs recorded.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -391,13 +392,8 @@ pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Resu
     let id = resolve_run(&*state, run)?;
     let record = state.run(&id)?;
     let attempts = state.attempts(&id)?;
-    // A map stage's logs are its items'.
-    let items = match stage {
-        Some(s) => state.map_items(&id, s)?,
-        None => Vec::new(),
-    };
     if let Some(s) = stage {
-        if !attempts.iter().any(|a| a.stage == s) && items.is_empty() {
+        if !attempts.iter().any(|a| a.stage == s) && state.map_items(&id, s)?.is_empty() {
             eprintln!("error: run {id} has no attempts of stage `{s}`");
             return Ok(ExitCode::from(2));
         }
@@ -410,67 +406,91 @@ pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Resu
     });
     let artifacts = ArtifactStore::open(&store_url(pipeline_store.as_deref(), home)?)?;
     let mut latest: BTreeMap<&str, u32> = BTreeMap::new();
-    let mut order: Vec<&str> = Vec::new();
     for a in &attempts {
-        if !latest.contains_key(a.stage.as_str()) {
-            order.push(&a.stage);
-        }
         let e = latest.entry(&a.stage).or_default();
         *e = (*e).max(a.attempt);
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    if let (Some(s), false) = (stage, items.is_empty()) {
+    let mut out = std::io::stdout().lock();
+    // Every stage in the run's order; a map stage's logs are its items'.
+    let stages: Vec<String> = match stage {
+        Some(s) => vec![s.to_owned()],
+        None => state.stages(&id)?.into_iter().map(|s| s.stage).collect(),
+    };
+    for s in &stages {
+        let items = state.map_items(&id, s)?;
         for item in items.iter().filter(|i| i.attempts > 0) {
             let key = AttemptKey {
                 run: id.0.clone(),
                 stage: format!("{s}/items/{}", item.index),
                 attempt: item.attempts,
             };
-            let text = rt
-                .block_on(artifacts.log(&key))?
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-                .unwrap_or_default();
-            println!(
+            writeln!(
+                out,
                 "── {s}[{}] {} (attempt {}, {}) ──",
                 item.index,
                 drivetrain_engine::template::value_text(&item.item),
                 item.attempts,
                 item.phase
-            );
-            print!("{text}");
-            if !text.is_empty() && !text.ends_with('\n') {
-                println!();
-            }
+            )?;
+            copy_log(&rt, &artifacts, &key, None, &mut out)?;
         }
-        return Ok(ExitCode::SUCCESS);
-    }
-    for s in order {
-        if stage.is_some_and(|x| x != s) {
+        let Some(&attempt) = latest.get(s.as_str()) else {
             continue;
-        }
-        let attempt = latest[s];
+        };
         let key = AttemptKey {
             run: id.0.clone(),
-            stage: s.to_owned(),
+            stage: s.clone(),
             attempt,
         };
-        let text = match rt.block_on(artifacts.log(&key))? {
-            Some(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
-            None => {
-                // Still running: read the attempt's local log.
-                let local = live_log(&home.join("work"), &id.0, s, attempt);
-                std::fs::read_to_string(local).unwrap_or_default()
-            }
-        };
         if stage.is_none() {
-            println!("── {s} (attempt {attempt}) ──");
+            writeln!(out, "── {s} (attempt {attempt}) ──")?;
         }
-        print!("{text}");
-        if !text.is_empty() && !text.ends_with('\n') {
-            println!();
-        }
+        // Still running: the attempt's local log.
+        let live = live_log(&home.join("work"), &id.0, s, attempt);
+        copy_log(&rt, &artifacts, &key, Some(&live), &mut out)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes an attempt's log to `out` a piece at a time (the stored one, else the `live`
+/// file), ending it with a newline if it has none.
+fn copy_log(
+    rt: &tokio::runtime::Runtime,
+    artifacts: &ArtifactStore,
+    key: &AttemptKey,
+    live: Option<&Path>,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let mut last = b'\n';
+    match rt.block_on(artifacts.log_from(key, 0))? {
+        Some((_, mut pieces)) => {
+            while let Some(piece) = rt.block_on(futures::StreamExt::next(&mut pieces)) {
+                let piece = piece?;
+                if let Some(b) = piece.last() {
+                    last = *b;
+                }
+                out.write_all(&piece)?;
+            }
+        }
+        None => {
+            if let Some(mut f) = live.and_then(|p| std::fs::File::open(p).ok()) {
+                let mut piece = vec![0u8; 64 << 10];
+                loop {
+                    let n = std::io::Read::read(&mut f, &mut piece)?;
+                    if n == 0 {
+                        break;
+                    }
+                    last = piece[n - 1];
+                    out.write_all(&piece[..n])?;
+                }
+            }
+        }
+    }
+    if last != b'\n' {
+        out.write_all(b"\n")?;
+    }
+    Ok(())
 }

@@ -519,6 +519,23 @@ stages:
 }
 
 #[test]
+fn logs_of_a_run_made_only_of_a_map_stage() {
+    let home = Home::new("map-logs");
+    let file = home.write(
+        "p.yaml",
+        "version: 1\nname: only-map\nstages:\n  each:\n    map: {items: [a, b]}\n    run: {command: [echo, \"item {{ item }}\"]}\n",
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_ok(&o);
+    let logs = home.drivetrain(&["logs", &run_id(&o)]);
+    assert_ok(&logs);
+    assert_eq!(
+        text(&logs.stdout),
+        "── each[0] a (attempt 1, Succeeded) ──\nitem a\n── each[1] b (attempt 1, Succeeded) ──\nitem b\n"
+    );
+}
+
+#[test]
 fn map_stages_fan_out_and_fan_in() {
     let home = Home::new("map");
     let file = home.write(

@@ -75,19 +75,39 @@ impl Mask {
         }
     }
 
-    /// Masks a file in place (a new file renamed over it, so a reader sees either).
+    /// Masks a file in place (a new file renamed over it, so a reader sees either), read
+    /// and written a piece at a time, so a file of any size takes little memory; left as
+    /// it is when it holds no secret.
     pub fn file(&self, path: &Path) {
+        use std::io::{Read as _, Write as _};
         if self.0.is_empty() {
             return;
         }
-        let Ok(bytes) = std::fs::read(path) else {
+        let Ok(mut input) = std::fs::File::open(path) else {
             return;
         };
-        if let Some(masked) = self.bytes(&bytes) {
-            let tmp = path.with_extension("masked");
-            if std::fs::write(&tmp, masked).is_ok() {
-                let _ = std::fs::rename(&tmp, path);
+        let tmp = path.with_extension("masked");
+        let Ok(out) = std::fs::File::create(&tmp) else {
+            return;
+        };
+        let mut out = std::io::BufWriter::new(out);
+        let mut stream = self.stream();
+        let mut piece = vec![0u8; Stream::HOLD];
+        let copied = loop {
+            match input.read(&mut piece) {
+                Ok(0) => break out.write_all(&stream.finish()).and_then(|_| out.flush()),
+                Ok(n) => {
+                    if let Err(e) = out.write_all(&stream.push(&piece[..n])) {
+                        break Err(e);
+                    }
+                }
+                Err(e) => break Err(e),
             }
+        };
+        if copied.is_ok() && stream.masked {
+            let _ = std::fs::rename(&tmp, path);
+        } else {
+            let _ = std::fs::remove_file(&tmp);
         }
     }
 
@@ -96,6 +116,7 @@ impl Mask {
         Stream {
             mask: self.clone(),
             held: Vec::new(),
+            masked: false,
         }
     }
 }
@@ -105,6 +126,8 @@ impl Mask {
 pub struct Stream {
     mask: Mask,
     held: Vec<u8>,
+    /// Whether anything that went out had a secret masked.
+    pub masked: bool,
 }
 
 impl std::fmt::Debug for Stream {
@@ -157,7 +180,10 @@ impl Stream {
     fn take(&mut self, cut: usize) -> Vec<u8> {
         let out: Vec<u8> = self.held.drain(..cut).collect();
         match self.mask.bytes(&out) {
-            Some(masked) => masked,
+            Some(masked) => {
+                self.masked = true;
+                masked
+            }
             None => out,
         }
     }
@@ -166,6 +192,35 @@ impl Stream {
 #[cfg(test)]
 mod tests {
     use super::Mask;
+
+    /// A file far longer than a piece, with secrets on lines longer than a piece and
+    /// across pieces' ends, comes out as masking it whole would make it; a file with no
+    /// secret is not rewritten.
+    #[test]
+    fn a_file_is_masked_piece_by_piece_as_if_whole() {
+        use std::os::unix::fs::MetadataExt as _;
+        let m = Mask::new(["tok-9f8e7d".to_owned()]);
+        let dir = std::env::temp_dir().join(format!("dt-mask-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("log");
+        let mut text = Vec::new();
+        for i in 0..200_000u32 {
+            text.extend_from_slice(format!("{i} tok-9f8e7d ").as_bytes());
+            if i % 7_001 == 0 {
+                text.push(b'\n');
+            }
+        }
+        std::fs::write(&path, &text).unwrap();
+        m.file(&path);
+        assert_eq!(std::fs::read(&path).unwrap(), m.bytes(&text).unwrap());
+        let clean = dir.join("clean");
+        std::fs::write(&clean, "nothing secret\n".repeat(10_000)).unwrap();
+        let inode = std::fs::metadata(&clean).unwrap().ino();
+        m.file(&clean);
+        assert_eq!(std::fs::metadata(&clean).unwrap().ino(), inode);
+        assert!(!dir.join("clean.masked").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn secrets_are_masked_in_text_bytes_and_json() {

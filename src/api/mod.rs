@@ -617,6 +617,51 @@ struct LogsQuery {
     /// Stream the log as it grows until the stage's attempt ends.
     #[serde(default)]
     follow: bool,
+    /// Start this many bytes into the log (what a reader already has).
+    #[serde(default)]
+    offset: u64,
+}
+
+/// The start `Range: bytes=N-` asks for, if the request has that header.
+fn range_start(headers: &axum::http::HeaderMap) -> Option<Result<u64, ()>> {
+    let range = headers.get(header::RANGE)?;
+    let start = range
+        .to_str()
+        .ok()
+        .and_then(|r| r.strip_prefix("bytes="))
+        .and_then(|r| r.strip_suffix('-'))
+        .and_then(|n| n.parse::<u64>().ok());
+    Some(start.ok_or(()))
+}
+
+/// A live log file's bytes `from..to`, a piece at a time, as a response body (what it
+/// had when asked for: it may grow meanwhile).
+fn file_body(path: std::path::PathBuf, from: u64, to: u64) -> axum::body::Body {
+    use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
+    let pieces = futures::stream::unfold(
+        None,
+        move |file: Option<tokio::io::Take<tokio::fs::File>>| {
+            let path = path.clone();
+            async move {
+                let mut file = match file {
+                    Some(f) => f,
+                    None => {
+                        let mut f = tokio::fs::File::open(&path).await.ok()?;
+                        f.seek(std::io::SeekFrom::Start(from)).await.ok()?;
+                        f.take(to.saturating_sub(from))
+                    }
+                };
+                let mut piece = vec![0u8; FOLLOW_CHUNK as usize];
+                let n = file.read(&mut piece).await.ok()?;
+                if n == 0 {
+                    return None;
+                }
+                piece.truncate(n);
+                Some((Ok::<_, std::io::Error>(piece), Some(file)))
+            }
+        },
+    );
+    axum::body::Body::from_stream(pieces)
 }
 
 /// The latest attempt's log of a stage: the published one, or the live file while it runs.
@@ -625,6 +670,7 @@ async fn logs(
     Path(id): Path<String>,
     Params(q): Params<LogsQuery>,
     client: Option<axum::Extension<crate::listener::Client>>,
+    headers: axum::http::HeaderMap,
 ) -> Response {
     let run = RunId(id);
     let attempts = match s.state.attempts(&run) {
@@ -654,11 +700,53 @@ async fn logs(
             Err(busy) => *busy,
         };
     }
-    let text = match s.artifacts.log(&key).await {
-        Ok(Some(bytes)) => bytes,
-        _ => std::fs::read(&live).unwrap_or_default(),
+    // Sent as it is read, never whole in memory: from `offset`, or from a `Range`'s start
+    // (answered 206 with the range it covers).
+    let ranged = match range_start(&headers) {
+        Some(Ok(start)) => Some(start),
+        Some(Err(())) => {
+            return error(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "only `Range: bytes=N-` is understood here",
+            )
+        }
+        None => None,
     };
-    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
+    let from = ranged.unwrap_or(q.offset);
+    let (size, body) = match s.artifacts.log_from(&key, from).await {
+        Ok(Some((size, pieces))) => (size, axum::body::Body::from_stream(pieces)),
+        Ok(None) => {
+            let size = std::fs::metadata(&live).map(|m| m.len()).unwrap_or(0);
+            (size, file_body(live, from, size))
+        }
+        Err(e) => return internal(e),
+    };
+    let mut response = (
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8".to_owned()),
+            (header::ACCEPT_RANGES, "bytes".to_owned()),
+            (
+                header::CONTENT_LENGTH,
+                size.saturating_sub(from).to_string(),
+            ),
+        ],
+        body,
+    )
+        .into_response();
+    if let Some(start) = ranged {
+        if start >= size && size > 0 {
+            return error(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                format!("the log has {size} bytes; the range starts at {start}"),
+            );
+        }
+        *response.status_mut() = StatusCode::PARTIAL_CONTENT;
+        let range = format!("bytes {start}-{}/{size}", size.saturating_sub(1));
+        if let Ok(v) = header::HeaderValue::from_str(&range) {
+            response.headers_mut().insert(header::CONTENT_RANGE, v);
+        }
+    }
+    response
 }
 
 async fn schedules(State(s): State<Shared>) -> Response {

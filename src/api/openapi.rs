@@ -334,12 +334,15 @@ pub const ROUTES: &[Route] = &[
         query: &[
             ("stage", "string", "the stage (required)"),
             ("follow", "boolean", "stream until the attempt ends"),
+            ("offset", "integer", "start this many bytes into the log"),
         ],
         request: None,
         responses: &[
-            (200, "the log", Body::Text),
+            (200, "the log, sent as it is read", Body::Text),
+            (206, "the log from the start of `Range: bytes=N-`, with `Content-Range`", Body::Text),
             (400, "no `stage`", ERROR),
             (404, "no attempts of that stage", ERROR),
+            (416, "a `Range` other than `bytes=N-`, or one past the log's end", ERROR),
         ],
     },
     Route {

@@ -18,6 +18,10 @@ use std::path::{Component, Path as FsPath, PathBuf};
 use std::sync::Arc;
 
 use futures::TryStreamExt;
+
+/// A stored log's bytes, piece by piece ([`ArtifactStore::log_from`]).
+pub type LogStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<bytes::Bytes, ArtifactError>> + Send>>;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use serde::{Deserialize, Serialize};
@@ -705,6 +709,44 @@ impl ArtifactStore {
         }
     }
 
+    /// An attempt's stored log from byte `from` on, as a stream of pieces, with the log's
+    /// whole size: what the CLI and the API send without holding a log in memory.
+    pub async fn log_from(
+        &self,
+        attempt: &AttemptKey,
+        from: u64,
+    ) -> Result<Option<(u64, LogStream)>, ArtifactError> {
+        for key in [attempt.log_key(), format!("{}/log.txt", attempt.prefix())] {
+            let key = Path::from(key.as_str());
+            let size = match self.store.head(&key).await {
+                Ok(meta) => meta.size,
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(store_err(format!("read {key}"))(e)),
+            };
+            if from >= size {
+                return Ok(Some((size, Box::pin(futures::stream::empty()))));
+            }
+            let options = object_store::GetOptions {
+                range: Some(object_store::GetRange::Offset(from)),
+                ..Default::default()
+            };
+            let got = self
+                .store
+                .get_opts(&key, options)
+                .await
+                .map_err(store_err(format!("read {key}")))?;
+            let what = format!("read {key}");
+            let pieces = got
+                .into_stream()
+                .map_err(move |source| ArtifactError::Store {
+                    what: what.clone(),
+                    source,
+                });
+            return Ok(Some((size, Box::pin(pieces))));
+        }
+        Ok(None)
+    }
+
     /// Stores the `values.json` an attempt wrote away from the engine (in a pod).
     pub async fn put_values(
         &self,
@@ -719,10 +761,21 @@ impl ArtifactStore {
         Ok(())
     }
 
-    /// The `values.json` stored by [`ArtifactStore::put_values`], if any.
-    pub async fn values(&self, attempt: &AttemptKey) -> Result<Option<Vec<u8>>, ArtifactError> {
-        self.get_optional(&format!("{}/values.json", attempt.prefix()))
-            .await
+    /// The `values.json` stored by [`ArtifactStore::put_values`], if any, unless it is
+    /// over `limit` bytes: then `Err(size)`, unread.
+    pub async fn values(
+        &self,
+        attempt: &AttemptKey,
+        limit: u64,
+    ) -> Result<Result<Option<Vec<u8>>, u64>, ArtifactError> {
+        let key = format!("{}/values.json", attempt.prefix());
+        match self.store.head(&Path::from(key.as_str())).await {
+            Ok(meta) if meta.size > limit => return Ok(Err(meta.size)),
+            Ok(_) => {}
+            Err(object_store::Error::NotFound { .. }) => return Ok(Ok(None)),
+            Err(e) => return Err(store_err(format!("read {key}"))(e)),
+        }
+        Ok(Ok(self.get_optional(&key).await?))
     }
 
     async fn get_optional(&self, key: &str) -> Result<Option<Vec<u8>>, ArtifactError> {

@@ -624,11 +624,28 @@ pub(super) async fn wait_attempt(
     let remote = ctx.executor.container_root().is_some();
     let stored = if remote {
         ctx.artifacts
-            .values(key)
+            .values(key, MAX_VALUES)
             .await
             .map_err(|e| format!("cannot read values.json: {}", chain(&e)))?
     } else {
-        std::fs::read(values_path).ok()
+        match std::fs::metadata(values_path) {
+            Ok(m) if m.len() > MAX_VALUES => Err(m.len()),
+            Ok(_) => Ok(std::fs::read(values_path).ok()),
+            Err(_) => Ok(None),
+        }
+    };
+    let stored = match stored {
+        Ok(s) => s,
+        Err(size) => {
+            return Ok(AttemptEnd::Failed {
+                exit_code: Some(0),
+                reason: format!(
+                    "values.json is {size} bytes, over the {MAX_VALUES}-byte bound on a stage's values: \
+                     put data in an output, and in values only what a later stage's template or `when` reads"
+                ),
+                class: ErrorClass::Failed,
+            })
+        }
     };
     let values = match stored {
         Some(bytes) => match serde_json::from_slice::<Value>(&bytes) {
@@ -747,15 +764,39 @@ fn record_usage(ctx: &Ctx, key: &AttemptKey, usage: crate::executor::ResourceUsa
     });
 }
 
-/// The last 20 lines of a log, for failure reasons.
+/// The most of a stage's `values.json` the engine reads; past it the attempt fails.
+pub const MAX_VALUES: u64 = 4 << 20;
+/// The most of a log's end a failure reason looks at.
+const TAIL_BYTES: u64 = 64 << 10;
+
+/// The last 20 lines of a log, for failure reasons: read from its last [`TAIL_BYTES`]
+/// only, each line clipped ([`crate::diag::clip`]), whatever the log's size or the
+/// length of its lines (a progress bar's `\r`-joined line is one line).
 pub(super) fn log_tail(log: &Path) -> String {
-    let Ok(text) = std::fs::read_to_string(log) else {
+    use std::io::{Read as _, Seek as _};
+    let Ok(mut f) = std::fs::File::open(log) else {
         return String::new();
     };
-    let lines: Vec<&str> = text.lines().collect();
+    let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = size.saturating_sub(TAIL_BYTES);
+    let mut end = Vec::new();
+    if f.seek(std::io::SeekFrom::Start(start)).is_err()
+        || f.take(TAIL_BYTES).read_to_end(&mut end).is_err()
+    {
+        return String::new();
+    }
+    let text = String::from_utf8_lossy(&end);
+    let mut lines: Vec<&str> = text.lines().collect();
+    // A line cut by the start of the tail is not shown as if it were whole.
+    if start > 0 && lines.len() > 1 {
+        lines.remove(0);
+    }
     if lines.is_empty() {
         return String::new();
     }
-    let tail = &lines[lines.len().saturating_sub(20)..];
+    let tail: Vec<String> = lines[lines.len().saturating_sub(20)..]
+        .iter()
+        .map(|l| crate::diag::clip((*l).to_owned()))
+        .collect();
     format!("\nlast {} log lines:\n{}", tail.len(), tail.join("\n"))
 }
