@@ -328,10 +328,14 @@ pub(crate) enum Command {
         /// Where the HTTP API listens (`127.0.0.1:0` picks a free port).
         #[arg(long, default_value = "127.0.0.1:8080")]
         bind: String,
-        /// The bearer token the API requires (also `DRIVETRAIN_TOKEN`); required to bind
-        /// anything but a loopback address.
-        #[arg(long)]
+        /// The bearer token the API requires; required to bind anything but a loopback
+        /// address. Every process on the machine can read a command line: prefer
+        /// `--token-file` or `DRIVETRAIN_TOKEN`.
+        #[arg(long, conflicts_with = "token_file")]
         token: Option<String>,
+        /// A file whose first line is the bearer token (a mounted secret).
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
         /// Without a token, let every client on this machine start, rerun and cancel runs
         /// (by default a server without a token answers reads only).
         #[arg(long)]
@@ -352,9 +356,13 @@ pub(crate) enum Command {
         pipelines: Option<PathBuf>,
         #[arg(long, default_value = "127.0.0.1:8080")]
         bind: String,
-        /// The bearer token the page asks for (also `DRIVETRAIN_TOKEN`).
-        #[arg(long)]
+        /// The bearer token the page asks for (prefer `--token-file` or
+        /// `DRIVETRAIN_TOKEN`: a command line is visible to every process).
+        #[arg(long, conflicts_with = "token_file")]
         token: Option<String>,
+        /// A file whose first line is the bearer token.
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
         /// Without a token, let the page (and every client on this machine) start, rerun
         /// and cancel runs.
         #[arg(long)]

@@ -449,6 +449,7 @@ fn main() -> ExitCode {
             pipelines,
             bind,
             token,
+            token_file,
             insecure_no_auth,
             parallelism,
         } => outcome(serve::serve(
@@ -459,6 +460,7 @@ fn main() -> ExitCode {
                 schedules: true,
                 bind,
                 token,
+                token_file,
                 insecure_no_auth,
                 parallelism,
             },
@@ -467,6 +469,7 @@ fn main() -> ExitCode {
             pipelines,
             bind,
             token,
+            token_file,
             insecure_no_auth,
         } => outcome(serve::serve(
             catalog,
@@ -476,6 +479,7 @@ fn main() -> ExitCode {
                 schedules: false,
                 bind,
                 token,
+                token_file,
                 insecure_no_auth,
                 parallelism: None,
             },

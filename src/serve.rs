@@ -387,6 +387,12 @@ impl Server {
                 let log =
                     std::fs::read_to_string(self.home.join("engine").join(format!("{id}.log")))
                         .unwrap_or_default();
+                // Exit 0 without a run: there was nothing to do (a retry of a run whose
+                // stages all succeeded), which the engine said as the CLI says it.
+                if code == Some(0) {
+                    let said = log.lines().last().unwrap_or("nothing to do");
+                    return Err((409, drivetrain_engine::diag::clip(said.to_owned())));
+                }
                 let said = log
                     .lines()
                     .filter(|l| l.starts_with("error"))
@@ -851,20 +857,57 @@ pub struct ServeArgs {
     pub schedules: bool,
     pub bind: String,
     pub token: Option<String>,
+    pub token_file: Option<PathBuf>,
     pub insecure_no_auth: bool,
     pub parallelism: Option<usize>,
 }
 
+/// The token from `--token`, `--token-file` or `DRIVETRAIN_TOKEN`, in that order; a
+/// warning for the first, which every process on the machine can read.
+fn token(args: &ServeArgs) -> anyhow::Result<Option<String>> {
+    if args.token.is_some() {
+        eprintln!(
+            "warning: --token is in this process's command line, which every user of this \
+             machine can read (/proc/PID/cmdline): use --token-file or DRIVETRAIN_TOKEN"
+        );
+    }
+    let from_file = match &args.token_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("--token-file {}: {e}", path.display()))?;
+            let first = text.lines().next().unwrap_or("").trim().to_owned();
+            if first.is_empty() {
+                anyhow::bail!("--token-file {}: its first line is empty", path.display());
+            }
+            Some(first)
+        }
+        None => None,
+    };
+    Ok(args
+        .token
+        .clone()
+        .or(from_file)
+        .or_else(|| std::env::var("DRIVETRAIN_TOKEN").ok())
+        .filter(|t| !t.is_empty()))
+}
+
+/// `--bind`: an address, or a host name and port (`localhost:8080`), resolved to its
+/// first address.
+fn bind_address(bind: &str) -> anyhow::Result<SocketAddr> {
+    if let Ok(a) = bind.parse() {
+        return Ok(a);
+    }
+    use std::net::ToSocketAddrs as _;
+    bind.to_socket_addrs()
+        .map_err(|e| anyhow::anyhow!("--bind {bind}: {e} (give ADDRESS:PORT or HOST:PORT)"))?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("--bind {bind}: the name has no address"))
+}
+
 /// `drivetrain serve --pipelines DIR --bind ADDR`.
 pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let addr: SocketAddr = args
-        .bind
-        .parse()
-        .map_err(|e| anyhow::anyhow!("--bind {}: {e}", args.bind))?;
-    let token = args
-        .token
-        .or_else(|| std::env::var("DRIVETRAIN_TOKEN").ok())
-        .filter(|t| !t.is_empty());
+    let addr = bind_address(&args.bind)?;
+    let token = token(&args)?;
     if !addr.ip().is_loopback() && token.is_none() {
         eprintln!("error: refusing to serve on {addr} without a token: set --token or DRIVETRAIN_TOKEN, or bind a loopback address");
         return Ok(ExitCode::from(2));

@@ -202,6 +202,70 @@ fn serve_refuses_a_public_address_without_a_token() {
     );
 }
 
+/// A token from a file stays out of the command line every process can read; `--token`
+/// still works, with a warning that says so; `--bind` takes a host name.
+#[test]
+fn the_token_from_a_file_is_in_no_command_line() {
+    let home = Home::new("api-token-file");
+    served(&home);
+    let secret = home.write("token", &format!("{TOKEN}\n"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_drivetrain"));
+    cmd.args(["serve", "--pipelines", "served", "--bind", "localhost:0"])
+        .arg("--token-file")
+        .arg(&secret)
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .env_remove("DRIVETRAIN_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(home.dir.join("err")).unwrap());
+    let s = common::http::start_command(cmd);
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", s.child.id())).unwrap();
+    assert!(!String::from_utf8_lossy(&cmdline).contains(TOKEN));
+    assert_eq!(request(&s, "GET", "/api/v1/runs", None, None).0, 401);
+    assert_eq!(request(&s, "GET", "/api/v1/runs", Some(TOKEN), None).0, 200);
+    assert!(!std::fs::read_to_string(home.dir.join("err"))
+        .unwrap()
+        .contains("warning"));
+    drop(s);
+
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_drivetrain"));
+    cmd.args([
+        "serve",
+        "--pipelines",
+        "served",
+        "--bind",
+        "127.0.0.1:0",
+        "--token",
+        TOKEN,
+    ])
+    .current_dir(&home.dir)
+    .env_remove("DRIVETRAIN_HOME")
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::fs::File::create(home.dir.join("err")).unwrap());
+    let s = common::http::start_command(cmd);
+    assert_eq!(request(&s, "GET", "/api/v1/runs", Some(TOKEN), None).0, 200);
+    let err = std::fs::read_to_string(home.dir.join("err")).unwrap();
+    assert!(
+        err.contains("warning: --token is in this process's command line"),
+        "{err}"
+    );
+    drop(s);
+    let empty = home.write("empty", "\n");
+    let o = home.drivetrain(&[
+        "serve",
+        "--pipelines",
+        "served",
+        "--token-file",
+        empty.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("its first line is empty"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
 /// Reruns and retries run in engines of their own that the server starts; logs stream
 /// while a stage runs; pipelines with a schedule can be registered over the API.
 #[test]
@@ -265,6 +329,17 @@ fn reruns_retries_followed_logs_and_registered_schedules_over_http() {
     assert_eq!(code, 201, "{v}");
     let retried = wait_phase(&s, v["run"].as_str().unwrap(), "Succeeded");
     assert_eq!(retried["run"]["trigger"], "retry");
+    // Retrying a run that succeeded is a conflict that says why, as the CLI says it.
+    let done = retried["run"]["id"].as_str().unwrap().to_owned();
+    let (code, v) = json(&s, "POST", &format!("/api/v1/runs/{done}/retry"), None);
+    assert_eq!(code, 409, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("succeeded; nothing to retry"),
+        "{v}"
+    );
 
     // A followed log streams until the stage ends.
     let yaml = "version: 1\nname: chatty\nstages:\n  talk:\n    run: {command: [sh, -c, 'echo first line; sleep 1; echo last line']}\n";

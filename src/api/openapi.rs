@@ -323,7 +323,7 @@ pub const ROUTES: &[Route] = &[
             (201, "started: the new run is recorded", body!(Spawned)),
             (400, "the engine refused what to run (an unknown stage or param)", ERROR),
             (404, "no such run", ERROR),
-            (409, "the run is still running", ERROR),
+            (409, "the run is still running, or (a retry) every stage of it succeeded: nothing to retry", ERROR),
             (503, "the server is shutting down", ERROR),
         ],
     },
