@@ -562,11 +562,50 @@ fn usage_errors(errors: &[String]) -> ExitCode {
     ExitCode::from(EXIT_USAGE)
 }
 
-fn read(file: &Path) -> Result<String, ExitCode> {
-    std::fs::read_to_string(file).map_err(|e| {
+/// Why a pipeline file gives no text.
+enum Unread {
+    /// Missing, unreadable: a usage error.
+    Io,
+    /// Read, but not UTF-8: an invalid pipeline, said with where.
+    NotText,
+}
+
+impl From<Unread> for ExitCode {
+    fn from(u: Unread) -> ExitCode {
+        ExitCode::from(match u {
+            Unread::Io => EXIT_USAGE,
+            Unread::NotText => EXIT_INVALID,
+        })
+    }
+}
+
+/// A pipeline file's text; the error is printed: the I/O error, or where the first byte
+/// that is not UTF-8 is (line, column and byte offset).
+fn read_text(file: &Path) -> Result<String, Unread> {
+    let bytes = std::fs::read(file).map_err(|e| {
         eprintln!("error: cannot read {}: {e}", file.display());
-        ExitCode::from(EXIT_USAGE)
+        Unread::Io
+    })?;
+    String::from_utf8(bytes).map_err(|e| {
+        let bytes = e.as_bytes();
+        let at = e.utf8_error().valid_up_to();
+        let line_start = bytes[..at]
+            .iter()
+            .rposition(|b| *b == b'\n')
+            .map_or(0, |i| i + 1);
+        let line = bytes[..at].iter().filter(|b| **b == b'\n').count() + 1;
+        let column = String::from_utf8_lossy(&bytes[line_start..at]).chars().count() + 1;
+        eprintln!(
+            "error[not-utf8]: a pipeline is UTF-8 text; byte {:#04x} at offset {at} is not\n  ┌─ {}:{line}:{column}",
+            bytes[at],
+            file.display()
+        );
+        Unread::NotText
     })
+}
+
+fn read(file: &Path) -> Result<String, ExitCode> {
+    read_text(file).map_err(ExitCode::from)
 }
 
 /// Reads and validates one file; on errors, prints them and returns the exit code.
@@ -595,10 +634,18 @@ fn cmd_validate(catalog: &Catalog, files: &[PathBuf], output: Format) -> ExitCod
     let mut results = Vec::new();
     for file in files {
         let name = file.display().to_string();
-        let Ok(src) = read(file) else {
-            unreadable = true;
-            results.push(json!({"file": name, "valid": false, "error": "unreadable"}));
-            continue;
+        let src = match read_text(file) {
+            Ok(src) => src,
+            Err(Unread::NotText) => {
+                invalid = true;
+                results.push(json!({"file": name, "valid": false, "error": "not UTF-8"}));
+                continue;
+            }
+            Err(Unread::Io) => {
+                unreadable = true;
+                results.push(json!({"file": name, "valid": false, "error": "unreadable"}));
+                continue;
+            }
         };
         let v = validate(&src, catalog);
         invalid |= v.has_errors();

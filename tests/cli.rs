@@ -193,6 +193,20 @@ fn exit_codes_mean_one_thing_each() {
             .code(),
         Some(1)
     );
+    // A file that is not UTF-8 is an invalid pipeline, said with where (Latin-1 here).
+    let latin1 = std::env::temp_dir().join(format!("dt-latin1-{}.yaml", std::process::id()));
+    std::fs::write(&latin1, b"version: 1\nname: caf\xe9\nstages: {}\n").unwrap();
+    for command in ["validate", "run", "plan"] {
+        let o = drivetrain(&[command, latin1.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(1), "{command}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("byte 0xe9 at offset 20 is not")
+                && stderr(&o).contains(&format!("{}:2:10", latin1.display())),
+            "{command}: {}",
+            stderr(&o)
+        );
+    }
+    std::fs::remove_file(&latin1).unwrap();
 }
 
 #[test]
