@@ -9,9 +9,9 @@
 //! `drivetrain` binary as the pod's wrapper, which then moves inputs and outputs through
 //! the run's object store). The executor's code path is the one a real cluster sees.
 //!
-//! Schema validation runs `tests/k8s/validate.py` with the Python that has
-//! `kubernetes-validate` (`.ci/run` installs it into `~/.cache/drivetrain/venv`;
-//! `DRIVETRAIN_PYTHON` overrides).
+//! Schema validation runs `tests/k8s/validate.py` with the Python of the tests' venv,
+//! which has `kubernetes-validate` (`.ci/run` installs it; `DRIVETRAIN_TEST_VENV`, as for
+//! every other test, says where it is).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,17 +26,7 @@ fn repo() -> &'static Path {
 }
 
 fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("DRIVETRAIN_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let venv = PathBuf::from(std::env::var("HOME").unwrap_or_default())
-        .join(".cache/drivetrain/venv/bin/python");
-    assert!(
-        venv.exists(),
-        "{} is missing: `bash .ci/run` creates it (python3 -m venv, pip install kubernetes-validate jsonschema pyyaml)",
-        venv.display()
-    );
-    venv
+    drivetrain_engine::testing::venv_bin("python")
 }
 
 /// Runs the schema check on `files`; its lines and whether every object passed.

@@ -293,13 +293,11 @@ struct Submit {
 pub const VALIDATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Validates posted YAML on the blocking pool: at most [`crate::serve::VALIDATIONS`] at
-/// once, each answered within [`VALIDATION_TIMEOUT`]. A validation that runs over keeps
-/// its permit until it ends, so slow requests cannot pile up behind the answer.
+/// once, each answered within [`VALIDATION_TIMEOUT`] ([`bounded`]).
 async fn validate_posted(
     s: &Shared,
     yaml: String,
 ) -> Result<(drivetrain_engine::Pipeline, String), Response> {
-    let deadline = tokio::time::Instant::now() + VALIDATION_TIMEOUT;
     let busy = || {
         error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -309,21 +307,46 @@ async fn validate_posted(
             ),
         )
     };
-    let permit =
-        match tokio::time::timeout_at(deadline, s.validations.clone().acquire_owned()).await {
-            Ok(Ok(p)) => p,
-            _ => return Err(busy()),
-        };
     let server = s.clone();
+    let work = move || server.validated(&yaml).map(|p| (p, yaml));
+    match bounded(&s.validations, VALIDATION_TIMEOUT, work).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(problems)) => Err(error(StatusCode::BAD_REQUEST, problems)),
+        Err(Unanswered::Late) => Err(busy()),
+        Err(Unanswered::Failed(e)) => Err(internal(format!("validation failed: {e}"))),
+    }
+}
+
+/// Why [`bounded`] has no answer.
+#[derive(Debug)]
+enum Unanswered {
+    /// No permit, or no result, within the time.
+    Late,
+    /// The work panicked.
+    Failed(String),
+}
+
+/// Runs `work` on the blocking pool with one of `permits`, answering within `within`
+/// (waiting for the permit included). Work that runs over keeps its permit until it
+/// ends, so slow requests cannot pile up behind the answer.
+async fn bounded<T: Send + 'static>(
+    permits: &std::sync::Arc<tokio::sync::Semaphore>,
+    within: std::time::Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Unanswered> {
+    let deadline = tokio::time::Instant::now() + within;
+    let permit = match tokio::time::timeout_at(deadline, permits.clone().acquire_owned()).await {
+        Ok(Ok(p)) => p,
+        _ => return Err(Unanswered::Late),
+    };
     let task = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        server.validated(&yaml).map(|p| (p, yaml))
+        work()
     });
     match tokio::time::timeout_at(deadline, task).await {
-        Ok(Ok(Ok(v))) => Ok(v),
-        Ok(Ok(Err(problems))) => Err(error(StatusCode::BAD_REQUEST, problems)),
-        Ok(Err(e)) => Err(internal(format!("validation failed: {e}"))),
-        Err(_) => Err(busy()),
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(Unanswered::Failed(e.to_string())),
+        Err(_) => Err(Unanswered::Late),
     }
 }
 
@@ -896,6 +919,69 @@ async fn metrics(State(s): State<Shared>) -> Response {
 
 #[cfg(test)]
 mod tests {
+
+    /// Posted YAML is validated two at a time, each answered within its bound: the same
+    /// `bounded` with slow work and short bounds instead of 30 s.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bounded_work_runs_two_at_a_time_and_answers_in_time() {
+        use super::{bounded, Unanswered};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        use std::time::Duration;
+        let permits = Arc::new(tokio::sync::Semaphore::new(crate::serve::VALIDATIONS));
+        let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let mut jobs = Vec::new();
+        for _ in 0..6 {
+            let (permits, now, most) = (permits.clone(), now.clone(), most.clone());
+            jobs.push(tokio::spawn(async move {
+                bounded(&permits, Duration::from_secs(10), move || {
+                    let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(n, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(100));
+                    now.fetch_sub(1, Ordering::SeqCst);
+                })
+                .await
+            }));
+        }
+        for j in jobs {
+            assert!(j.await.unwrap().is_ok());
+        }
+        assert_eq!(most.load(Ordering::SeqCst), crate::serve::VALIDATIONS);
+
+        // Over its bound: answered late at the bound, its permit kept until it ends, so
+        // the next one waits for it (and, with a bound shorter than that, is late too).
+        let slow = bounded(&permits, Duration::from_millis(50), || {
+            std::thread::sleep(Duration::from_millis(1000))
+        });
+        let started = std::time::Instant::now();
+        assert!(matches!(slow.await, Err(Unanswered::Late)));
+        assert!(started.elapsed() < Duration::from_millis(800));
+        assert_eq!(permits.available_permits(), crate::serve::VALIDATIONS - 1);
+        let all = permits.clone().acquire_many_owned(2);
+        assert!(tokio::time::timeout(Duration::from_millis(50), all)
+            .await
+            .is_err());
+        let busy: Vec<_> = (0..crate::serve::VALIDATIONS - 1)
+            .map(|_| {
+                let permits = permits.clone();
+                tokio::spawn(async move {
+                    bounded(&permits, Duration::from_secs(5), || {
+                        std::thread::sleep(Duration::from_millis(600))
+                    })
+                    .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let queued = bounded(&permits, Duration::from_millis(100), || ()).await;
+        assert!(matches!(queued, Err(Unanswered::Late)), "{queued:?}");
+        for b in busy {
+            assert!(b.await.unwrap().is_ok());
+        }
+        assert!(bounded(&permits, Duration::from_secs(1), || ())
+            .await
+            .is_ok());
+    }
     /// Every route of the table has a handler (the router is built from the table).
     #[test]
     fn every_route_has_a_handler() {
