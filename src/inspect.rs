@@ -173,9 +173,6 @@ pub struct ListFilter {
     pub since: Option<String>,
 }
 
-/// How many of the newest runs a filtered list looks through.
-const FILTER_WINDOW: usize = 100_000;
-
 /// A phase as a person types it, in any case: `failed`, `Failed`, `FAILED`.
 fn parse_phase(p: &str) -> Option<Phase> {
     let mut chars = p.chars();
@@ -187,18 +184,13 @@ fn parse_phase(p: &str) -> Option<Phase> {
     Phase::parse(&(word + &chars.as_str().to_ascii_lowercase()))
 }
 
-/// The newest runs that pass `filter`: the state store's newest first, filtered here
-/// (looking back at most [`FILTER_WINDOW`] runs). `Err` names a phase that is none.
+/// The newest runs that pass `filter`, filtered by the state store. `Err` names a phase
+/// that is none.
 pub fn runs_matching(
     state: &dyn StateStore,
     filter: &ListFilter,
 ) -> anyhow::Result<Result<Vec<drivetrain_engine::state::RunRecord>, String>> {
     let given = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
-    let (pipeline, trigger, since) = (
-        given(&filter.pipeline),
-        given(&filter.trigger),
-        given(&filter.since),
-    );
     let phase = match given(&filter.phase) {
         None => None,
         Some(p) => match parse_phase(&p) {
@@ -210,24 +202,13 @@ pub fn runs_matching(
             }
         },
     };
-    let filtered = phase.is_some() || pipeline.is_some() || trigger.is_some() || since.is_some();
-    let scan = if filtered {
-        FILTER_WINDOW
-    } else {
-        filter.limit
+    let by = drivetrain_engine::state::RunFilter {
+        pipeline: given(&filter.pipeline),
+        phase,
+        trigger: given(&filter.trigger),
+        since: given(&filter.since),
     };
-    Ok(Ok(state
-        .list_runs(scan)?
-        .into_iter()
-        .filter(|r| {
-            phase.is_none_or(|p| r.phase == p)
-                && pipeline.as_ref().is_none_or(|p| r.pipeline == *p)
-                && trigger.as_ref().is_none_or(|t| r.trigger == *t)
-                // RFC 3339 in UTC with milliseconds sorts as text.
-                && since.as_ref().is_none_or(|t| r.created_at >= *t)
-        })
-        .take(filter.limit)
-        .collect()))
+    Ok(Ok(state.find_runs(&by, filter.limit)?))
 }
 
 /// `drivetrain list`.

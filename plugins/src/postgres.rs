@@ -13,8 +13,8 @@ use std::sync::Mutex;
 
 use drivetrain_engine::state::{
     now, ArtifactRecord, ArtifactUse, AttemptRecord, CacheEntry, ItemRecord, Phase, Provenance,
-    RunId, RunRecord, ScheduleEntry, StageRecord, StateError, StateStore, TickRecord, LAST_TICK,
-    UNSTARTED_SINCE,
+    RunFilter, RunId, RunRecord, ScheduleEntry, StageRecord, StateError, StateStore, TickRecord,
+    LAST_TICK, UNSTARTED_SINCE,
 };
 use postgres::types::ToSql;
 use postgres::{Client, GenericClient, NoTls, Row};
@@ -140,6 +140,12 @@ CREATE INDEX ticks_by_time ON schedule_ticks(pipeline, scheduled_time);
     "ALTER TABLE attempts ADD COLUMN usage TEXT; ALTER TABLE stages ADD COLUMN usage TEXT",
     // 5: what each map item's last attempt used.
     "ALTER TABLE map_items ADD COLUMN usage TEXT",
+    // 6: the run list's order within each filter, so a filtered list reads only the rows
+    // it shows (`StateStore::find_runs`).
+    "CREATE INDEX runs_by_time_id ON runs(created_at, id); \
+     CREATE INDEX runs_by_pipeline_time ON runs(pipeline, created_at, id); \
+     CREATE INDEX runs_by_phase_time ON runs(phase, created_at, id); \
+     CREATE INDEX runs_by_trigger_time ON runs(trigger, created_at, id)",
 ];
 
 /// Any key of this store's advisory lock for migrations.
@@ -476,17 +482,18 @@ impl StateStore for PostgresState {
     }
 
     fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StateError> {
-        self.with(|c| {
-            rows(
-                c,
-                &format!(
-                    "SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at DESC, id DESC LIMIT $1"
-                ),
-                &[&(limit as i64)],
-                "list runs",
-                run_from_row,
-            )
-        })
+        self.find_runs(&RunFilter::default(), limit)
+    }
+
+    fn find_runs(&self, filter: &RunFilter, limit: usize) -> Result<Vec<RunRecord>, StateError> {
+        let (clause, args) = filter.sql(|n| format!("${n}"));
+        let q = format!(
+            "SELECT {RUN_COLUMNS} FROM runs{clause} ORDER BY created_at DESC, id DESC LIMIT {}",
+            limit.min(i64::MAX as usize)
+        );
+        let args: Vec<&(dyn ToSql + Sync)> =
+            args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
+        self.with(|c| rows(c, &q, &args, "list runs", run_from_row))
     }
 
     fn set_stage(

@@ -31,6 +31,7 @@ pub fn check(store: &dyn StateStore) {
     runs_stages_and_attempts(store);
     map_items(store);
     listing(store);
+    filtered_listing(store);
     provenance_and_cache(store);
     success_at_once(store);
     schedules_and_ticks(store);
@@ -614,4 +615,58 @@ fn listing(s: &dyn StateStore) {
         "newest first"
     );
     assert_eq!(s.list_runs(1).unwrap().len(), 1);
+}
+
+/// `find_runs` answers what filtering the whole list would, for every filter alone and
+/// together, newest first, within its limit.
+fn filtered_listing(s: &dyn StateStore) {
+    let phases = [Phase::Succeeded, Phase::Failed, Phase::Running];
+    let triggers = ["cli", "api", "schedule"];
+    for i in 0..36 {
+        let mut r = run_record(&format!("filtered-{i:02}"));
+        r.pipeline = ["fa", "fb"][i % 2].into();
+        r.phase = phases[i % 3];
+        r.trigger = triggers[(i / 3) % 3].into();
+        // Far in the future and in order, some sharing a time (the id breaks the tie).
+        r.created_at = format!("2090-01-01T00:00:{:02}.000Z", i / 2 * 2);
+        s.create_run(&r).unwrap();
+    }
+    let all = s.list_runs(100_000).unwrap();
+    let since = "2090-01-01T00:00:20.000Z".to_owned();
+    for pipeline in [None, Some("fa"), Some("nope")] {
+        for phase in [None, Some(Phase::Failed), Some(Phase::Running)] {
+            for trigger in [None, Some("api")] {
+                for since in [None, Some(since.clone())] {
+                    let filter = RunFilter {
+                        pipeline: pipeline.map(Into::into),
+                        phase,
+                        trigger: trigger.map(Into::into),
+                        since: since.clone(),
+                    };
+                    for limit in [3, 1000] {
+                        let expected: Vec<&RunId> = all
+                            .iter()
+                            .filter(|r| {
+                                pipeline.is_none_or(|p| r.pipeline == p)
+                                    && phase.is_none_or(|p| r.phase == p)
+                                    && trigger.is_none_or(|t| r.trigger == t)
+                                    && since.as_ref().is_none_or(|t| r.created_at >= *t)
+                            })
+                            .map(|r| &r.id)
+                            .take(limit)
+                            .collect();
+                        let got = s.find_runs(&filter, limit).unwrap();
+                        let got: Vec<&RunId> = got.iter().map(|r| &r.id).collect();
+                        assert_eq!(got, expected, "{filter:?}, limit {limit}");
+                    }
+                }
+            }
+        }
+    }
+    let newest = s.find_runs(&RunFilter::default(), 2).unwrap();
+    assert_eq!(newest[0].id.0, "filtered-35");
+    assert_eq!(
+        newest[1].id.0, "filtered-34",
+        "the same time: the greater id first"
+    );
 }

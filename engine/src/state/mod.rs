@@ -58,6 +58,44 @@ impl RunId {
 
 /// Phases of runs, stages and attempts (Argo's, kept apart: `Failed` is the stage's own
 /// failure, `Error` an infrastructure or engine fault).
+/// What runs are listed by (`drivetrain list`, `GET /api/v1/runs`, the web view); every
+/// field given must match.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunFilter {
+    pub pipeline: Option<String>,
+    pub phase: Option<Phase>,
+    /// `cli`, `api`, `schedule`, `rerun`, `retry`.
+    pub trigger: Option<String>,
+    /// Created at or after this RFC 3339 time (UTC with milliseconds sorts as text).
+    pub since: Option<String>,
+}
+
+impl RunFilter {
+    /// The `WHERE` clause (empty, or starting with ` WHERE`) and its arguments in order,
+    /// with `placeholder(n)` for the n-th (from 1): `?n` for SQLite, `$n` for PostgreSQL.
+    pub fn sql(&self, placeholder: impl Fn(usize) -> String) -> (String, Vec<String>) {
+        let mut clauses = Vec::new();
+        let mut args = Vec::new();
+        let fields = [
+            ("pipeline = ", self.pipeline.clone()),
+            ("phase = ", self.phase.map(|p| p.as_str().to_owned())),
+            ("trigger = ", self.trigger.clone()),
+            ("created_at >= ", self.since.clone()),
+        ];
+        for (test, value) in fields {
+            if let Some(v) = value {
+                args.push(v);
+                clauses.push(format!("{test}{}", placeholder(args.len())));
+            }
+        }
+        let clause = match clauses.is_empty() {
+            true => String::new(),
+            false => format!(" WHERE {}", clauses.join(" AND ")),
+        };
+        (clause, args)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema)]
 pub enum Phase {
     Pending,
@@ -333,6 +371,9 @@ pub trait StateStore: Send + Sync {
     fn run(&self, run: &RunId) -> Result<RunRecord, StateError>;
     /// The most recent runs first.
     fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StateError>;
+    /// The most recent runs that pass `filter` first, at most `limit`: filtered by the
+    /// database, through an index for each filter ([`RunFilter::sql`]).
+    fn find_runs(&self, filter: &RunFilter, limit: usize) -> Result<Vec<RunRecord>, StateError>;
     /// Sets a stage's phase (creating its row); `reason` and `exit_code` replace earlier ones.
     fn set_stage(
         &self,

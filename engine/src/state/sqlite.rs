@@ -200,9 +200,24 @@ impl StateStore for SqliteState {
     }
 
     fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StateError> {
-        let q =
-            format!("SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at DESC, id DESC LIMIT ?1");
-        self.with(|c| query(c, &q, params![limit as i64], "list runs", run_from_row))
+        self.find_runs(&RunFilter::default(), limit)
+    }
+
+    fn find_runs(&self, filter: &RunFilter, limit: usize) -> Result<Vec<RunRecord>, StateError> {
+        let (clause, args) = filter.sql(|n| format!("?{n}"));
+        let q = format!(
+            "SELECT {RUN_COLUMNS} FROM runs{clause} ORDER BY created_at DESC, id DESC LIMIT {}",
+            limit.min(i64::MAX as usize)
+        );
+        self.with(|c| {
+            query(
+                c,
+                &q,
+                rusqlite::params_from_iter(args.iter()),
+                "list runs",
+                run_from_row,
+            )
+        })
     }
 
     fn set_stage(

@@ -146,4 +146,12 @@ ALTER TABLE stages ADD COLUMN usage TEXT;
     r#"
 ALTER TABLE map_items ADD COLUMN usage TEXT;
 "#,
+    // 12: the run list's order within each filter, so a filtered list reads only the
+    // rows it shows (`StateStore::find_runs`).
+    r#"
+CREATE INDEX runs_by_time_id ON runs(created_at, id);
+CREATE INDEX runs_by_pipeline_time ON runs(pipeline, created_at, id);
+CREATE INDEX runs_by_phase_time ON runs(phase, created_at, id);
+CREATE INDEX runs_by_trigger_time ON runs(trigger, created_at, id);
+"#,
 ];
