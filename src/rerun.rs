@@ -56,6 +56,24 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(2));
     }
+    // An orphan (its engine stopped) is ended first, so no run stays `Running` forever
+    // behind the new one; what it finished is taken from it as from any ended run.
+    if !parent.phase.is_terminal() {
+        let verb = if args.retry { "retry" } else { "rerun" };
+        crate::runs::end_orphan(
+            &*state,
+            &parent,
+            Phase::Error,
+            &format!(
+                "its engine stopped; ended by `drivetrain {verb}`, which started a new run from it"
+            ),
+        )?;
+        eprintln!(
+            "run {} was orphaned (its engine stopped): ended as Error; the {verb} goes on from it",
+            parent.id
+        );
+    }
+    let parent = state.run(&args.parent)?;
     let mut pipeline = args.pipeline;
     let before = state.stages(&parent.id)?;
     let name_of = |id: drivetrain_engine::StageId| pipeline.stage(id).name.clone();

@@ -618,16 +618,29 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
         eprintln!("error: engine process {pid} did not stop run {id} within 60 s");
         return Ok(ExitCode::from(1));
     }
-    let executor = drivetrain_plugins::executor(record.executor.as_deref().unwrap_or("local"))
-        .map_err(|e| anyhow::anyhow!(e))?;
-    reap_lost(&*state, executor.as_ref(), &id, false)?;
-    state.finish_run(
-        &id,
+    end_orphan(
+        &*state,
+        &record,
         Phase::Cancelled,
-        Some("cancelled after its engine stopped"),
+        "cancelled after its engine stopped",
     )?;
     println!("run {id} Cancelled");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Ends `record`, a run whose engine stopped: the attempts it left running are stopped and
+/// recorded as lost, then the run ends as `phase` with `reason`.
+pub fn end_orphan(
+    state: &dyn StateStore,
+    record: &drivetrain_engine::state::RunRecord,
+    phase: Phase,
+    reason: &str,
+) -> anyhow::Result<()> {
+    let executor = drivetrain_plugins::executor(record.executor.as_deref().unwrap_or("local"))
+        .map_err(|e| anyhow::anyhow!(e))?;
+    reap_lost(state, executor.as_ref(), &record.id, false)?;
+    state.finish_run(&record.id, phase, Some(reason))?;
+    Ok(())
 }
 
 /// Progress output: plain lines (a pipe, a log file), or on a terminal a live line per

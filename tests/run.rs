@@ -486,6 +486,58 @@ stages:
     assert_eq!(text(&logs.stdout), "artifact\n");
 }
 
+/// `retry` of a run whose engine was killed ends that run (its processes stopped, the
+/// reason said) before it starts the new one: no run is left `Running` behind it.
+#[test]
+fn retry_of_an_orphaned_run_ends_the_orphan() {
+    let home = Home::new("retry-orphan");
+    let d = home.dir.display().to_string();
+    let file = home.write(
+        "p.yaml",
+        &format!(
+            r#"
+version: 1
+name: orphaned
+stages:
+  first:
+    run: {{command: [echo, done]}}
+  second:
+    needs: [first]
+    run: {{command: [sh, -c, 'if [ -e {d}/marker ]; then exit 0; fi; touch {d}/marker; echo $$ > {d}/second.pid; exec sleep 300.104']}}
+"#
+        ),
+    );
+    let (mut engine, id) = spawn_run(&home, &file);
+    wait_for_file(&home.dir.join("second.pid"));
+    let orphan = host_pid("sleep 300.104");
+    engine.kill().unwrap(); // SIGKILL
+    engine.wait().unwrap();
+    let o = home.drivetrain(&["retry", &id]);
+    assert_ok(&o);
+    assert!(
+        text(&o.stderr).contains(&format!(
+            "run {id} was orphaned (its engine stopped): ended as Error"
+        )),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(wait_dead(&orphan), "the orphan's stage was stopped");
+    let old = home.status(&id);
+    assert_eq!(old["run"]["phase"], "Error", "{old}");
+    assert!(
+        old["run"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("ended by `drivetrain retry`"),
+        "{old}"
+    );
+    assert_eq!(stage(&old, "second")["phase"], "Error");
+    let new = home.status(&run_id(&o));
+    assert_eq!(new["run"]["phase"], "Succeeded", "{new}");
+    assert_eq!(new["run"]["parent"], id.as_str());
+    assert_eq!(stage(&new, "first")["origin"], "reused", "{new}");
+}
+
 #[test]
 fn cancel_stops_a_running_run_from_another_process() {
     let home = Home::new("cancel");

@@ -504,8 +504,16 @@ async fn retry(State(s): State<Shared>, Path(id): Path<String>) -> Response {
 
 async fn from_run(s: &Server, verb: &str, id: String, extra: &[String]) -> Response {
     let parent = RunId(id);
+    // An orphan (its engine stopped beating) may be retried or rerun: the engine started
+    // for that ends it first.
+    let orphaned = || {
+        crate::serve::stale_before()
+            .ok()
+            .and_then(|t| s.state.stale_runs(&t).ok())
+            .is_some_and(|stale| stale.contains(&parent))
+    };
     match s.state.run(&parent) {
-        Ok(r) if !r.phase.is_terminal() => {
+        Ok(r) if !r.phase.is_terminal() && !orphaned() => {
             return error(
                 StatusCode::CONFLICT,
                 format!("run `{parent}` is still running; wait for it or cancel it first"),
