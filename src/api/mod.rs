@@ -251,7 +251,33 @@ struct ListQuery {
     since: Option<String>,
 }
 
+/// The most runs one list answers (`limit`).
+pub const MAX_LIST: usize = 1_000_000;
+
 async fn list_runs(State(s): State<Shared>, Params(q): Params<ListQuery>) -> Response {
+    if q.limit.is_some_and(|l| l > MAX_LIST) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("limit: at most {MAX_LIST} runs a request"),
+        );
+    }
+    // A phase as the document lists it: its name, or in lower case.
+    if let Some(p) = q.phase.as_deref().filter(|p| !p.is_empty()) {
+        let named = drivetrain_engine::state::Phase::parse(p).or_else(|| {
+            drivetrain_engine::state::Phase::ALL
+                .into_iter()
+                .find(|x| x.as_str().to_lowercase() == p)
+        });
+        if named.is_none() {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "phase {}: not a phase of a run (Pending, Running, Succeeded, Failed, …, or in lower case)",
+                    drivetrain_engine::diag::clip(p.to_owned())
+                ),
+            );
+        }
+    }
     let filter = crate::inspect::ListFilter {
         limit: q.limit.unwrap_or(50),
         pipeline: q.pipeline,

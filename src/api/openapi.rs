@@ -142,8 +142,8 @@ pub struct Models {
 pub enum Body {
     Json(fn(&mut SchemaGenerator) -> Schema),
     Text,
-    /// Server-sent events (`text/event-stream`).
-    Events,
+    /// Server-sent events (`text/event-stream`) of these names, each carrying JSON.
+    Events(&'static [&'static str]),
 }
 
 fn error_body(g: &mut SchemaGenerator) -> Schema {
@@ -196,15 +196,17 @@ fn submit_request() -> Value {
             "pipeline": {"type": "string", "description": "a pipeline of the served directory"},
             "yaml": {"type": "string", "description": "a whole pipeline file"},
             "params": {"type": "object", "description": "param name → value"}
-        }
+        },
+        "oneOf": [{"required": ["pipeline"]}, {"required": ["yaml"]}]
     })
 }
 
 fn rerun_request() -> Value {
     json!({
         "type": "object",
+        "required": ["stages"],
         "properties": {
-            "stages": {"type": "array", "items": {"type": "string"}},
+            "stages": {"type": "array", "items": {"type": "string"}, "minItems": 1},
             "downstream": {"type": "boolean"},
             "params": {"type": "object"}
         },
@@ -258,9 +260,9 @@ pub const ROUTES: &[Route] = &[
         path: "/api/v1/runs",
         summary: "Recent runs, newest first",
         query: &[
-            ("limit", "integer", "how many (default 50)"),
+            ("limit", r#"{"type": "integer", "minimum": 0, "maximum": 1000000}"#, "how many (default 50)"),
             ("pipeline", "string", "only runs of this pipeline"),
-            ("phase", "string", "only runs in this phase (`Running`, `Failed`, …)"),
+            ("phase", r#"{"type": "string", "enum": ["", "Pending", "Running", "Succeeded", "Failed", "Error", "Skipped", "Omitted", "Cancelled", "pending", "running", "succeeded", "failed", "error", "skipped", "omitted", "cancelled"]}"#, "only runs in this phase, in any case (`Running`, `failed`, …)"),
             ("trigger", "string", "only runs started so (`cli`, `api`, `schedule`, `rerun`, `retry`)"),
             ("since", "string", "only runs created at or after this RFC 3339 time"),
         ],
@@ -334,7 +336,7 @@ pub const ROUTES: &[Route] = &[
         query: &[
             ("stage", "string", "the stage (required)"),
             ("follow", "boolean", "stream until the attempt ends"),
-            ("offset", "integer", "start this many bytes into the log"),
+            ("offset", r#"{"type": "integer", "minimum": 0, "maximum": 9007199254740991}"#, "start this many bytes into the log"),
         ],
         request: None,
         responses: &[
@@ -367,7 +369,7 @@ pub const ROUTES: &[Route] = &[
         summary: "Live: `snapshot` {run, stages}, then `run` and `stage` as they change, `end` when the run ends",
         query: &[],
         request: None,
-        responses: &[(200, "server-sent events", Body::Events), (404, "no such run", ERROR)],
+        responses: &[(200, "server-sent events", Body::Events(&["snapshot", "run", "stage", "end"])), (404, "no such run", ERROR)],
     },
     Route {
         method: "get",
@@ -383,7 +385,7 @@ pub const ROUTES: &[Route] = &[
         summary: "Live: a `runs` event whenever runs start or change phase",
         query: &[],
         request: None,
-        responses: &[(200, "server-sent events", Body::Events)],
+        responses: &[(200, "server-sent events", Body::Events(&["runs"]))],
     },
     Route {
         method: "get",
@@ -513,7 +515,17 @@ pub fn document() -> Value {
             let content = match body {
                 Body::Json(schema) => json!({"application/json": {"schema": schema(&mut g)}}),
                 Body::Text => json!({"text/plain": {"schema": {"type": "string"}}}),
-                Body::Events => json!({"text/event-stream": {"schema": {"type": "string"}}}),
+                // Before OpenAPI 3.2's `itemSchema`, `schema` describes each event.
+                Body::Events(names) => json!({"text/event-stream": {"schema": {
+                    "type": "object",
+                    "required": ["event", "data"],
+                    "properties": {
+                        "event": {"type": "string", "enum": names},
+                        "data": {"type": "string", "contentMediaType": "application/json"},
+                        "id": {"type": "string"},
+                        "retry": {"type": "integer"}
+                    }
+                }}}),
             };
             answers.insert(
                 status.to_string(),
@@ -525,7 +537,11 @@ pub fn document() -> Value {
             .query
             .iter()
             .map(|(name, ty, description)| {
-                json!({"in": "query", "name": name, "description": description, "schema": {"type": ty}})
+                // A type, or a whole schema given as JSON; "(required)" in the
+                // description makes the parameter required.
+                let schema: Value = serde_json::from_str(ty).unwrap_or_else(|_| json!({"type": ty}));
+                let required = description.contains("(required)");
+                json!({"in": "query", "name": name, "description": description, "required": required, "schema": schema})
             })
             .collect();
         for seg in r.path.split('/').filter(|s| s.starts_with('{')) {

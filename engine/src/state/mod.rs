@@ -111,6 +111,18 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// Every phase.
+    pub const ALL: [Phase; 8] = [
+        Phase::Pending,
+        Phase::Running,
+        Phase::Succeeded,
+        Phase::Failed,
+        Phase::Error,
+        Phase::Skipped,
+        Phase::Omitted,
+        Phase::Cancelled,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Phase::Pending => "Pending",
