@@ -278,6 +278,8 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
         .map(|id| pipeline.stage(*id).name.clone())
         .collect();
     let work_dir = opts.work_dir.clone();
+    keep_reserve(&work_dir);
+    let run_id = id.clone();
     let deadline_hit = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let hit = deadline_hit.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -328,8 +330,22 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
         };
         let _ = printer.await;
         summary
-    })??;
-    let mut summary = summary;
+    });
+    // The engine stopped on an error of its own (a state store that cannot be written,
+    // a full disk): the run still ends, as `Error` with that reason, not `Running`.
+    let mut summary = match summary {
+        Ok(Ok(summary)) => summary,
+        Ok(Err(e)) => {
+            let e = anyhow::Error::from(e);
+            end_after_failure(&*state, &run_id, &work_dir, &format!("{e:#}"));
+            return Err(e);
+        }
+        Err(e) => {
+            let e = anyhow::Error::from(e);
+            end_after_failure(&*state, &run_id, &work_dir, &format!("{e:#}"));
+            return Err(e);
+        }
+    };
     if deadline_hit.load(std::sync::atomic::Ordering::SeqCst) {
         let reason = format!(
             "run deadline of {} exceeded",
@@ -626,6 +642,61 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
     )?;
     println!("run {id} Cancelled");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Space kept free beside the home's state for an engine to record the end of its run
+/// when the disk fills: a file this size, given up when the engine fails.
+const RESERVE: u64 = 4 << 20;
+
+fn reserve_path(work_dir: &Path) -> PathBuf {
+    work_dir.with_file_name("reserve")
+}
+
+/// Makes the reserve if it is missing (allocated, not sparse); where there is no room for
+/// it, there is none.
+fn keep_reserve(work_dir: &Path) {
+    let path = reserve_path(work_dir);
+    if path.exists() {
+        return;
+    }
+    let made = std::fs::File::create(&path).and_then(|f| {
+        nix::fcntl::posix_fallocate(&f, 0, RESERVE as i64).map_err(std::io::Error::from)
+    });
+    if made.is_err() {
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// After the engine failed with `why`: gives up the reserve, then ends the run as
+/// `Error` with that reason (its attempts stopped and recorded as lost), retrying the
+/// writes with backoff for a few seconds.
+fn end_after_failure(state: &dyn StateStore, id: &RunId, work_dir: &Path, why: &str) {
+    let _ = std::fs::remove_file(reserve_path(work_dir));
+    let reason = format!("the engine stopped: {why}");
+    let mut wait = Duration::from_millis(100);
+    for left in (0..6).rev() {
+        let ended =
+            state
+                .run(id)
+                .map_err(anyhow::Error::from)
+                .and_then(|r| match r.phase.is_terminal() {
+                    true => Ok(()),
+                    false => end_orphan(state, &r, Phase::Error, &reason),
+                });
+        match ended {
+            Ok(()) => {
+                eprintln!("run {id} ended as Error: {reason}");
+                return;
+            }
+            Err(e) if left == 0 => {
+                eprintln!("error: cannot record the end of run {id}: {e:#}");
+            }
+            Err(_) => {
+                std::thread::sleep(wait);
+                wait *= 2;
+            }
+        }
+    }
 }
 
 /// Ends `record`, a run whose engine stopped: the attempts it left running are stopped and

@@ -159,3 +159,51 @@ stages:
     drop(s);
     assert!(children_peak_mib() < 200, "{} MiB", children_peak_mib());
 }
+
+/// A stage fills the disk the home is on (an 8 MiB tmpfs, mounted in a user and mount
+/// namespace of the test's own: `unshare -U -r -m`), and the engine cannot record the
+/// attempt's end: the run still ends, as `Error` with the reason, not `Running`; the
+/// reserve the engine keeps beside its state is what makes room for that last write.
+#[test]
+fn a_full_disk_ends_the_run_as_error_with_the_reason() {
+    let home = Home::new("bounds-full-disk");
+    home.write(
+        "p.yaml",
+        r#"version: 1
+name: fill
+stages:
+  fill:
+    run: {command: [sh, -c, 'head -c 100000000 /dev/zero > "$0/big"; echo "head: $?"', "{{ outputs.data }}"]}
+    outputs: [data]
+  after:
+    needs: [fill]
+    run: {command: [echo, after]}
+"#,
+    );
+    std::fs::create_dir_all(home.dir.join("small")).unwrap();
+    let o = Command::new("unshare")
+        .args(["-U", "-r", "-m", "sh", "-c"])
+        .arg(
+            r#"mount -t tmpfs -o size=8m tmpfs small && cd small && cp ../p.yaml . && "$0" run p.yaml; echo "exit=$?"; "$0" list --output json"#,
+        )
+        .arg(env!("CARGO_BIN_EXE_drivetrain"))
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let out = text(&o.stdout);
+    let err = text(&o.stderr);
+    assert!(out.contains("exit=1"), "{out}{err}");
+    assert!(err.contains("disk is full"), "{err}");
+    let listed: serde_json::Value =
+        serde_json::from_str(&out[out.find('[').expect("the list")..]).unwrap();
+    let run = &listed[0];
+    assert_eq!(run["phase"], "Error", "{out}{err}");
+    let reason = run["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("the engine stopped: ") && reason.contains("disk is full"),
+        "{reason}"
+    );
+    assert_eq!(run["orphaned"], false);
+}

@@ -29,7 +29,16 @@ fn schemathesis_finds_no_mismatch_with_the_document() {
         .args(["run", &format!("{repo}/docs/openapi.json")])
         .args(["--url", &format!("http://{}", s.addr)])
         .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
-        .args(["--checks", "all", "--max-examples", "20", "--workers", "2", "--seed", "1"])
+        .args([
+            "--checks",
+            "all",
+            "--max-examples",
+            "20",
+            "--workers",
+            "2",
+            "--seed",
+            "1",
+        ])
         .env("NO_COLOR", "1")
         .current_dir(&home.dir)
         .output()
