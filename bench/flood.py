@@ -2,7 +2,10 @@
 """`drivetrain serve` under a flood (bench/README.md, "serve under a flood"): what
 tests/flood.rs checks, with the figures.
 
-Starts the binary's `serve` with at most 1,024 open files (soft and hard), then:
+Makes a home of 5,400 runs, starts the binary's `serve` on it with at most 1,024 open
+files (soft and hard), then:
+0. opens 200 run-list streams from four loopback addresses and measures the share of a
+   core the server spends on them, idle, over 5 s; closes them;
 1. opens 1,100 connections that each send half a request head and nothing more;
 2. asks for 2,000 streams of `GET /api/v1/events`, from this one client;
 3. times 50 `GET /healthz` and 50 `GET /api/v1/runs` while all of that is open;
@@ -51,6 +54,39 @@ def get(addr, path, token=None, within=5):
     return took
 
 
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_streams_cpu(server, addr, n=200, clients=4):
+    """The share of a core `n` open, idle run-list streams cost the server, from `clients`
+    loopback addresses (each within the per-client bound), over 5 s."""
+    ask = (f"GET /api/v1/events HTTP/1.1\r\nHost: {addr[0]}:{addr[1]}\r\n"
+           f"Authorization: Bearer {TOKEN}\r\n\r\n").encode()
+    streams = []
+    for i in range(n):
+        c = socket.socket()
+        c.bind((f"127.0.0.{2 + i % clients}", 0))
+        c.connect(addr)
+        c.sendall(ask)
+        streams.append(c)
+    time.sleep(1)
+    before = cpu_seconds(server.pid)
+    time.sleep(5)
+    used = (cpu_seconds(server.pid) - before) / 5
+    served = 0
+    for c in streams:
+        c.settimeout(0.5)
+        try:
+            served += c.recv(64).startswith(b"HTTP/1.1 200")
+        except OSError:
+            pass
+        c.close()
+    print(f"{n} idle streams ({served} served): {used:.2f} of a core")
+
+
 def figures(name, took):
     answered = sorted(t * 1000 for t in took if t is not None)
     missing = len(took) - len(answered)
@@ -66,6 +102,11 @@ def main():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, IDLE + STREAMS + 300), hard))
     home = tempfile.mkdtemp(prefix="dt-flood-")
+    # A home of 5,400 runs, as where the issue measured (bench/run_list.py writes them).
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import run_list
+    run_list.RUNS = 5400
+    run_list.make_home(os.path.abspath(binary), home)
     os.mkdir(os.path.join(home, "served"))
     with open(os.path.join(home, "served", "hello.yaml"), "w") as f:
         f.write('version: 1\nname: hello\nstages:\n  a:\n    run: {command: ["true"]}\n')
@@ -86,6 +127,8 @@ def main():
             c.sendall((f"GET /api/v1/events HTTP/1.1\r\nHost: {addr[0]}:{addr[1]}\r\n"
                        f"Authorization: Bearer {TOKEN}\r\n\r\n").encode())
             c.recv(4096)
+        time.sleep(1)
+        idle_streams_cpu(server, addr)
         time.sleep(1)
         before = rss_kib(server.pid)
         held, refused_connects = [], 0

@@ -654,7 +654,7 @@ fn reserve_path(work_dir: &Path) -> PathBuf {
 
 /// Makes the reserve if it is missing (allocated, not sparse); where there is no room for
 /// it, there is none.
-fn keep_reserve(work_dir: &Path) {
+pub(crate) fn keep_reserve(work_dir: &Path) {
     let path = reserve_path(work_dir);
     if path.exists() {
         return;
@@ -670,7 +670,7 @@ fn keep_reserve(work_dir: &Path) {
 /// After the engine failed with `why`: gives up the reserve, then ends the run as
 /// `Error` with that reason (its attempts stopped and recorded as lost), retrying the
 /// writes with backoff for a few seconds.
-fn end_after_failure(state: &dyn StateStore, id: &RunId, work_dir: &Path, why: &str) {
+pub(crate) fn end_after_failure(state: &dyn StateStore, id: &RunId, work_dir: &Path, why: &str) {
     let _ = std::fs::remove_file(reserve_path(work_dir));
     let reason = format!("the engine stopped: {why}");
     let mut wait = Duration::from_millis(100);

@@ -690,7 +690,17 @@ impl Server {
         tokio::spawn(async move {
             match fut.await {
                 Ok(s) => println!("run {run} {}", s.phase),
-                Err(e) => eprintln!("run {run}: {e}"),
+                Err(e) => {
+                    let why = format!("{:#}", anyhow::Error::from(e));
+                    eprintln!("run {run}: {why}");
+                    // Ended as Error with the reason, not left Running to be taken over
+                    // (and fail the same way) again and again.
+                    let (server, id) = (me.clone(), run.clone());
+                    let _ = tokio::task::spawn_blocking(move || {
+                        crate::runs::end_after_failure(&*server.state, &id, &server.work_dir, &why)
+                    })
+                    .await;
+                }
             }
             me.cancels
                 .lock()
@@ -981,6 +991,7 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
             println!("schedule {name}: `{}` {} (next {next})", s.cron, s.timezone);
         }
     }
+    crate::runs::keep_reserve(&server.work_dir);
     let schedules = args.schedules;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -192,3 +192,37 @@ fn serve_answers_through_a_flood_of_idle_connections_and_streams() {
     );
     healthz(&s);
 }
+
+/// `serve` lifts its soft limit on open files to the hard one at start.
+#[test]
+fn serve_raises_its_file_limit_to_the_hard_one() {
+    let home = Home::new("flood-limit");
+    std::fs::create_dir_all(home.dir.join("served")).unwrap();
+    home.write(
+        "served/hello.yaml",
+        "version: 1\nname: hello\nstages:\n  a:\n    run: {command: [\"true\"]}\n",
+    );
+    let mut cmd = Command::new("sh");
+    cmd.args([
+        "-c",
+        "ulimit -Sn 1024 && ulimit -Hn 4096 && exec \"$0\" \"$@\"",
+    ])
+    .arg(env!("CARGO_BIN_EXE_drivetrain"))
+    .args(["serve", "--pipelines", "served", "--bind", "127.0.0.1:0"])
+    .current_dir(&home.dir)
+    .env_remove("DRIVETRAIN_HOME")
+    .env_remove("DRIVETRAIN_TOKEN")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
+    let s = common::http::start_command(cmd);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", s.child.id())).unwrap();
+    let files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    assert_eq!(
+        files.split_whitespace().skip(3).take(2).collect::<Vec<_>>(),
+        ["4096", "4096"],
+        "{files}"
+    );
+}
