@@ -3,7 +3,8 @@
 //!
 //! - **Headers within [`HEADER_TIMEOUT`]**: a connection that has not sent a whole
 //!   request head by then (the first one or the next one on a kept-alive connection) is
-//!   closed, by hyper's own timer.
+//!   closed, by hyper's own timer; a body within [`BODY_TIMEOUT`] after that, or the
+//!   request is answered as a body that could not be read.
 //! - **A bounded number of connections** ([`Limits::connections`], from the file limit,
 //!   which [`raise_file_limit`] lifts to the hard limit first), and of those with no
 //!   request in progress ([`Limits::idle`]). When either is reached, a new connection
@@ -19,6 +20,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
+use std::future::Future as _;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -35,6 +37,10 @@ use tower::ServiceExt as _;
 
 /// How long a client has to send a request's head (request line and headers).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client has to send a request's body, once its head has come: a request in
+/// progress is never closed for a newer connection, so one that never finishes its body
+/// must end by itself.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Descriptors kept for everything else the server opens (state, logs, stages' pipes).
 const RESERVED_FILES: u64 = 256;
 /// What a client told to come back later is told to wait, in seconds.
@@ -188,6 +194,42 @@ impl<T: Unpin + Send + 'static> http_body::Body for Held<T> {
     }
 }
 
+/// A request's body that fails once [`BODY_TIMEOUT`] has passed without its end.
+struct Deadline {
+    inner: hyper::body::Incoming,
+    expires: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl http_body::Body for Deadline {
+    type Data = bytes::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        match self.expires.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(format!(
+                "the request's body did not arrive within {} s",
+                BODY_TIMEOUT.as_secs()
+            )
+            .into()))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// A request in progress on a connection, from its head to its response's end.
 struct Busy(Arc<AtomicUsize>);
 
@@ -313,7 +355,13 @@ pub async fn serve(
             req.extensions_mut().insert(Client(peer));
             let app = app.clone();
             async move {
-                let response = app.oneshot(req.map(Body::new)).await?;
+                let req = req.map(|inner| {
+                    Body::new(Deadline {
+                        inner,
+                        expires: Box::pin(tokio::time::sleep(BODY_TIMEOUT)),
+                    })
+                });
+                let response = app.oneshot(req).await?;
                 Ok::<_, Infallible>(response.map(|b| {
                     Body::new(Held {
                         inner: b,

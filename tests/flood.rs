@@ -226,3 +226,33 @@ fn serve_raises_its_file_limit_to_the_hard_one() {
         "{files}"
     );
 }
+
+/// A request whose body never finishes is answered (a body that could not be read) once
+/// its time is up, and its connection is free again: a request in progress is never
+/// closed for a newer connection, so this is what ends one.
+#[test]
+fn a_body_that_never_finishes_is_answered_in_time() {
+    let home = Home::new("flood-body");
+    std::fs::create_dir_all(home.dir.join("served")).unwrap();
+    home.write(
+        "served/hello.yaml",
+        "version: 1\nname: hello\nstages:\n  a:\n    run: {command: [\"true\"]}\n",
+    );
+    let s = common::http::start(&home, &["--token", TOKEN]);
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    write!(
+        c,
+        "POST /api/v1/runs HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"pipeline\": ",
+        s.addr
+    )
+    .unwrap();
+    let sent = Instant::now();
+    let answer = head(&mut c, Duration::from_secs(60));
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(
+        sent.elapsed() > Duration::from_secs(20) && sent.elapsed() < Duration::from_secs(50),
+        "{:?}",
+        sent.elapsed()
+    );
+    healthz(&s);
+}
