@@ -161,11 +161,11 @@ stages:
 }
 
 /// A stage fills the disk the home is on (an 8 MiB tmpfs, mounted in a user and mount
-/// namespace of the test's own: `unshare -U -r -m`), and the engine cannot record the
-/// attempt's end: the run still ends, as `Error` with the reason, not `Running`; the
-/// reserve the engine keeps beside its state is what makes room for that last write.
+/// namespace of the test's own: `unshare -U -r -m`), so the engine cannot record the
+/// attempt's end: it gives up the reserve it keeps beside its state, records the stage's
+/// own failure, and the run ends `Failed` with it, not `Running`.
 #[test]
-fn a_full_disk_ends_the_run_as_error_with_the_reason() {
+fn a_full_disk_keeps_the_stage_s_own_error_and_ends_the_run() {
     let home = Home::new("bounds-full-disk");
     home.write(
         "p.yaml",
@@ -173,7 +173,7 @@ fn a_full_disk_ends_the_run_as_error_with_the_reason() {
 name: fill
 stages:
   fill:
-    run: {command: [sh, -c, 'head -c 100000000 /dev/zero > "$0/big"; echo "head: $?"', "{{ outputs.data }}"]}
+    run: {command: [sh, -c, 'head -c 100000000 /dev/zero > "$0/big"', "{{ outputs.data }}"]}
     outputs: [data]
   after:
     needs: [fill]
@@ -184,7 +184,7 @@ stages:
     let o = Command::new("unshare")
         .args(["-U", "-r", "-m", "sh", "-c"])
         .arg(
-            r#"mount -t tmpfs -o size=8m tmpfs small && cd small && cp ../p.yaml . && "$0" run p.yaml; echo "exit=$?"; "$0" list --output json"#,
+            r#"mount -t tmpfs -o size=8m tmpfs small && cd small && cp ../p.yaml . && "$0" run p.yaml; echo "exit=$?"; "$0" status --output json"#,
         )
         .arg(env!("CARGO_BIN_EXE_drivetrain"))
         .current_dir(&home.dir)
@@ -195,15 +195,20 @@ stages:
     let out = text(&o.stdout);
     let err = text(&o.stderr);
     assert!(out.contains("exit=1"), "{out}{err}");
-    assert!(err.contains("disk is full"), "{err}");
-    let listed: serde_json::Value =
-        serde_json::from_str(&out[out.find('[').expect("the list")..]).unwrap();
-    let run = &listed[0];
-    assert_eq!(run["phase"], "Error", "{out}{err}");
-    let reason = run["reason"].as_str().unwrap();
+    assert!(err.contains("disk is full: gave up the reserve"), "{err}");
+    let status: serde_json::Value =
+        serde_json::from_str(&out[out.find("\n{").expect("the status")..]).unwrap();
+    assert_eq!(status["run"]["phase"], "Failed", "{out}{err}");
+    assert_eq!(status["run"]["reason"], "failed: fill");
+    assert_eq!(status["orphaned"], false);
+    let fill = stage(&status, "fill");
+    assert_eq!(fill["phase"], "Failed", "{fill}");
     assert!(
-        reason.starts_with("the engine stopped: ") && reason.contains("disk is full"),
-        "{reason}"
+        fill["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("exited with code 1"),
+        "the stage's own error: {fill}"
     );
-    assert_eq!(run["orphaned"], false);
+    assert_eq!(stage(&status, "after")["phase"], "Omitted");
 }

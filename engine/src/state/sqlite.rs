@@ -18,10 +18,21 @@ use migrations::MIGRATIONS;
 use rows::*;
 pub use rows::{LAST_TICK, UNSTARTED_SINCE};
 
+/// Whether SQLite failed for want of space (`SQLITE_FULL`, or an I/O error writing).
+fn disk_full(e: &StateError) -> bool {
+    matches!(e, StateError::Sqlite {
+        source: rusqlite::Error::SqliteFailure(f, _), ..
+    } if matches!(f.code, rusqlite::ErrorCode::DiskFull | rusqlite::ErrorCode::SystemIoFailure))
+}
+
 /// The embedded SQLite state store.
 #[derive(Debug)]
 pub struct SqliteState {
     conn: Mutex<Connection>,
+    /// The space the engine keeps free beside the database (`reserve`, made by the
+    /// commands that run pipelines): given up, and the write tried once more, when the
+    /// disk is full, so the outcome being recorded is kept.
+    reserve: Option<std::path::PathBuf>,
 }
 
 /// Runs a query and collects its rows, naming `what` in errors.
@@ -53,7 +64,9 @@ impl SqliteState {
     /// Opens (creating and migrating) the database at `path`, in WAL mode.
     pub fn open(path: &Path) -> Result<Self, StateError> {
         let conn = Connection::open(path).map_err(sql(format!("open {}", path.display())))?;
-        Self::init(conn)
+        let mut state = Self::init(conn)?;
+        state.reserve = Some(path.with_file_name("reserve"));
+        Ok(state)
     }
 
     /// An in-memory database, for tests.
@@ -112,16 +125,25 @@ impl SqliteState {
         }
         Ok(SqliteState {
             conn: Mutex::new(conn),
+            reserve: None,
         })
     }
 
-    fn with<T>(
-        &self,
-        f: impl FnOnce(&Connection) -> Result<T, StateError>,
-    ) -> Result<T, StateError> {
+    fn with<T>(&self, f: impl Fn(&Connection) -> Result<T, StateError>) -> Result<T, StateError> {
         // A poisoned lock means a panic mid-statement; SQLite rolled the statement back.
         let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        f(&conn)
+        match f(&conn) {
+            Err(e) if disk_full(&e) => match &self.reserve {
+                Some(reserve) if std::fs::remove_file(reserve).is_ok() => {
+                    eprintln!(
+                        "warning: the state store's disk is full: gave up the reserve beside it to record this"
+                    );
+                    f(&conn)
+                }
+                _ => Err(e),
+            },
+            done => done,
+        }
     }
 }
 
