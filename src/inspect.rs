@@ -32,10 +32,14 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
     let stages = state.stages(&id)?;
     if json_out {
         let mut items = serde_json::Map::new();
+        let mut item_usage = serde_json::Map::new();
         for st in &stages {
             let counts = state.item_counts(&id, &st.stage)?;
             if !counts.is_empty() {
                 items.insert(st.stage.clone(), serde_json::to_value(counts)?);
+                if let Some(u) = items_usage(&state.map_items(&id, &st.stage)?) {
+                    item_usage.insert(st.stage.clone(), serde_json::to_value(u)?);
+                }
             }
         }
         println!(
@@ -45,6 +49,7 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
                 "orphaned": orphaned(state.as_ref())?.contains(&id),
                 "stages": stages,
                 "items": items,
+                "item_usage": item_usage,
             }))?
         );
         return Ok(ExitCode::SUCCESS);
@@ -107,12 +112,48 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
                 .map(|(p, n)| format!("{n} {}", p.to_lowercase()))
                 .collect();
             println!("{:<24} items: {total} ({})", "", parts.join(", "));
+            if let Some(u) = items_usage(&state.map_items(&id, &s.stage)?) {
+                println!(
+                    "{:<24} items used: {} (memory: the largest item's peak; CPU: all items)",
+                    "",
+                    usage_line(&u)
+                );
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// What an attempt used, for people: `peak 812.0 MiB memory, 3.2 CPU s, GPUs 41% …`.
+/// What a map stage's items used together: the largest peak of memory (of GPU memory)
+/// among them, their CPU seconds summed, their GPUs' mean utilization; `None` when no
+/// item recorded any.
+fn items_usage(
+    items: &[drivetrain_engine::state::ItemRecord],
+) -> Option<drivetrain_engine::executor::ResourceUsage> {
+    let used: Vec<_> = items.iter().filter_map(|i| i.usage).collect();
+    if used.is_empty() {
+        return None;
+    }
+    let max = |f: fn(&drivetrain_engine::executor::ResourceUsage) -> Option<u64>| {
+        used.iter().filter_map(f).max()
+    };
+    let gpu: Vec<f64> = used
+        .iter()
+        .filter_map(|u| u.gpu_utilization_percent)
+        .collect();
+    Some(drivetrain_engine::executor::ResourceUsage {
+        peak_memory_bytes: max(|u| u.peak_memory_bytes),
+        cpu_seconds: used
+            .iter()
+            .filter_map(|u| u.cpu_seconds)
+            .reduce(|a, b| a + b),
+        gpu_utilization_percent: (!gpu.is_empty())
+            .then(|| gpu.iter().sum::<f64>() / gpu.len() as f64),
+        gpu_memory_bytes: max(|u| u.gpu_memory_bytes),
+    })
+}
+
 fn usage_line(u: &drivetrain_engine::executor::ResourceUsage) -> String {
     let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0));
     [

@@ -557,6 +557,9 @@ stages:
   small:
     resources: {memory: 64Mi, cpu: "0.5"}
     run: {command: [python3, -c, "b = bytearray(8 << 20); print('fits')"]}
+  each:
+    map: {items: [4, 12]}
+    run: {command: [python3, -c, "import sys; b = bytearray(int(sys.argv[1]) << 20)", "{{ item }}"]}
 "#,
     );
     let o = home.drivetrain_env(
@@ -604,6 +607,12 @@ stages:
     );
     let status = text(&home.drivetrain(&["status", &id]).stdout);
     assert!(status.contains("used: peak "), "{status}");
+    // A map stage's items: the largest item's peak (the 12 MiB one), all items' CPU.
+    assert!(status.contains("items used: peak "), "{status}");
+    let each = &st["item_usage"]["each"];
+    let peak = each["peak_memory_bytes"].as_u64().expect("a peak");
+    assert!((12 << 20..64 << 20).contains(&peak), "{st}");
+    assert!(each["cpu_seconds"].as_f64().unwrap() > 0.0, "{st}");
     // No `sleep 30` of the storm is left, and no cgroup of the run.
     let left = std::process::Command::new("pgrep")
         .args(["-c", "-f", "^sleep 30$"])
