@@ -212,3 +212,47 @@ stages:
     );
     assert_eq!(stage(&status, "after")["phase"], "Omitted");
 }
+
+/// The same full disk under `drivetrain serve` (its home on an 8 MiB tmpfs in a user and
+/// mount namespace of the test's own; the network is the host's, so the test reaches it
+/// on loopback): the run posted to it ends `Failed` with the stage's own error.
+#[test]
+fn a_full_disk_under_serve_ends_the_run_too() {
+    let home = Home::new("bounds-full-disk-serve");
+    home.write(
+        "p.yaml",
+        r#"version: 1
+name: fill
+stages:
+  fill:
+    run: {command: [sh, -c, 'head -c 100000000 /dev/zero > "$0/big"', "{{ outputs.data }}"]}
+    outputs: [data]
+"#,
+    );
+    std::fs::create_dir_all(home.dir.join("small")).unwrap();
+    let mut cmd = Command::new("unshare");
+    cmd.args(["-U", "-r", "-m", "sh", "-c"])
+        .arg(
+            r#"mount -t tmpfs -o size=8m tmpfs small && cd small && mkdir served && cp ../p.yaml served/ && exec "$0" serve --pipelines served --bind 127.0.0.1:0 --token "$1""#,
+        )
+        .arg(env!("CARGO_BIN_EXE_drivetrain"))
+        .arg(TOKEN)
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .env_remove("DRIVETRAIN_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let s = common::http::start_command(cmd);
+    let (code, v) = common::http::json(&s, "POST", "/api/v1/runs", Some(r#"{"pipeline": "fill"}"#));
+    assert_eq!(code, 201, "{v}");
+    let done = common::http::wait_phase(&s, v["run"].as_str().unwrap(), "Failed");
+    assert_eq!(done["run"]["reason"], "failed: fill", "{done}");
+    let fill = stage(&done, "fill");
+    assert!(
+        fill["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("exited with code 1"),
+        "the stage's own error: {fill}"
+    );
+}
