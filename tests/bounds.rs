@@ -12,6 +12,18 @@ mod common;
 use common::http::{start, TOKEN};
 use common::{run_id, stage, text, Home};
 
+/// A stage that writes until the disk is full (and fails), and one after it.
+const FILL: &str = r#"version: 1
+name: fill
+stages:
+  fill:
+    run: {command: [sh, -c, 'head -c 100000000 /dev/zero > "$0/big"', "{{ outputs.data }}"]}
+    outputs: [data]
+  after:
+    needs: [fill]
+    run: {command: [echo, after]}
+"#;
+
 /// 256 MiB: far more than the engine may hold, no disk (sparse).
 const BIG: &str = "268435456";
 
@@ -167,19 +179,7 @@ stages:
 #[test]
 fn a_full_disk_keeps_the_stage_s_own_error_and_ends_the_run() {
     let home = Home::new("bounds-full-disk");
-    home.write(
-        "p.yaml",
-        r#"version: 1
-name: fill
-stages:
-  fill:
-    run: {command: [sh, -c, 'head -c 100000000 /dev/zero > "$0/big"', "{{ outputs.data }}"]}
-    outputs: [data]
-  after:
-    needs: [fill]
-    run: {command: [echo, after]}
-"#,
-    );
+    home.write("p.yaml", FILL);
     std::fs::create_dir_all(home.dir.join("small")).unwrap();
     let o = Command::new("unshare")
         .args(["-U", "-r", "-m", "sh", "-c"])
@@ -219,34 +219,23 @@ stages:
 #[test]
 fn a_full_disk_under_serve_ends_the_run_too() {
     let home = Home::new("bounds-full-disk-serve");
-    home.write(
-        "p.yaml",
-        r#"version: 1
-name: fill
-stages:
-  fill:
-    run: {command: [sh, -c, 'head -c 100000000 /dev/zero > "$0/big"', "{{ outputs.data }}"]}
-    outputs: [data]
-"#,
-    );
+    home.write("p.yaml", FILL);
     std::fs::create_dir_all(home.dir.join("small")).unwrap();
-    let mut cmd = Command::new("unshare");
-    cmd.args(["-U", "-r", "-m", "sh", "-c"])
-        .arg(
-            r#"mount -t tmpfs -o size=8m tmpfs small && cd small && mkdir served && cp ../p.yaml served/ && exec "$0" serve --pipelines served --bind 127.0.0.1:0 --token "$1""#,
-        )
-        .arg(env!("CARGO_BIN_EXE_drivetrain"))
-        .arg(TOKEN)
-        .current_dir(&home.dir)
-        .env_remove("DRIVETRAIN_HOME")
-        .env_remove("DRIVETRAIN_TOKEN")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let s = common::http::start_command(cmd);
+    let wrapper = [
+        "unshare",
+        "-U",
+        "-r",
+        "-m",
+        "sh",
+        "-c",
+        r#"mount -t tmpfs -o size=8m tmpfs small && cd small && mkdir served && cp ../p.yaml served/ && exec "$0" "$@""#,
+    ];
+    let s = common::http::start_wrapped(&home, &wrapper, &["--token", TOKEN]);
     let (code, v) = common::http::json(&s, "POST", "/api/v1/runs", Some(r#"{"pipeline": "fill"}"#));
     assert_eq!(code, 201, "{v}");
     let done = common::http::wait_phase(&s, v["run"].as_str().unwrap(), "Failed");
     assert_eq!(done["run"]["reason"], "failed: fill", "{done}");
+    assert_eq!(stage(&done, "after")["phase"], "Omitted");
     let fill = stage(&done, "fill");
     assert!(
         fill["reason"]

@@ -8,7 +8,6 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -44,17 +43,8 @@ fn room_for_the_flood() {
 /// `serve` with at most 1,024 open files, soft and hard (`ulimit -n` without `-S` or
 /// `-H` sets both).
 fn start_limited(home: &Home) -> Server {
-    let mut cmd = Command::new("sh");
-    cmd.args(["-c", "ulimit -n 1024 && exec \"$0\" \"$@\""])
-        .arg(env!("CARGO_BIN_EXE_drivetrain"))
-        .args(["serve", "--pipelines", "served", "--bind", "127.0.0.1:0"])
-        .args(["--token", TOKEN])
-        .current_dir(&home.dir)
-        .env_remove("DRIVETRAIN_HOME")
-        .env_remove("DRIVETRAIN_TOKEN")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    common::http::start_command(cmd)
+    let wrapper = ["sh", "-c", "ulimit -n 1024 && exec \"$0\" \"$@\""];
+    common::http::start_wrapped(home, &wrapper, &["--token", TOKEN])
 }
 
 /// How long `/healthz` takes to answer 200.
@@ -76,11 +66,7 @@ fn head(c: &mut TcpStream, within: Duration) -> String {
 fn serve_answers_through_a_flood_of_idle_connections_and_streams() {
     room_for_the_flood();
     let home = Home::new("flood");
-    std::fs::create_dir_all(home.dir.join("served")).unwrap();
-    home.write(
-        "served/hello.yaml",
-        "version: 1\nname: hello\nstages:\n  a:\n    run: {command: [\"true\"]}\n",
-    );
+    common::http::serve_hello(&home);
     let s = start_limited(&home);
     let pid = s.child.id();
     let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
@@ -197,24 +183,13 @@ fn serve_answers_through_a_flood_of_idle_connections_and_streams() {
 #[test]
 fn serve_raises_its_file_limit_to_the_hard_one() {
     let home = Home::new("flood-limit");
-    std::fs::create_dir_all(home.dir.join("served")).unwrap();
-    home.write(
-        "served/hello.yaml",
-        "version: 1\nname: hello\nstages:\n  a:\n    run: {command: [\"true\"]}\n",
-    );
-    let mut cmd = Command::new("sh");
-    cmd.args([
+    common::http::serve_hello(&home);
+    let wrapper = [
+        "sh",
         "-c",
         "ulimit -Sn 1024 && ulimit -Hn 4096 && exec \"$0\" \"$@\"",
-    ])
-    .arg(env!("CARGO_BIN_EXE_drivetrain"))
-    .args(["serve", "--pipelines", "served", "--bind", "127.0.0.1:0"])
-    .current_dir(&home.dir)
-    .env_remove("DRIVETRAIN_HOME")
-    .env_remove("DRIVETRAIN_TOKEN")
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null());
-    let s = common::http::start_command(cmd);
+    ];
+    let s = common::http::start_wrapped(&home, &wrapper, &[]);
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", s.child.id())).unwrap();
     let files = limits
         .lines()
@@ -233,11 +208,7 @@ fn serve_raises_its_file_limit_to_the_hard_one() {
 #[test]
 fn a_body_that_never_finishes_is_answered_in_time() {
     let home = Home::new("flood-body");
-    std::fs::create_dir_all(home.dir.join("served")).unwrap();
-    home.write(
-        "served/hello.yaml",
-        "version: 1\nname: hello\nstages:\n  a:\n    run: {command: [\"true\"]}\n",
-    );
+    common::http::serve_hello(&home);
     let s = common::http::start(&home, &["--token", TOKEN]);
     let mut c = TcpStream::connect(&s.addr).unwrap();
     write!(

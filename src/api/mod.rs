@@ -620,12 +620,12 @@ fn follow(
             })
             .unwrap_or(true)
     };
-    let permit = std::sync::Arc::new(permit);
-    let stream = futures::stream::unfold((0u64, false), move |(offset, done)| {
+    // The permit rides in the stream's state: given back when the stream is dropped.
+    let start = (0u64, false, permit);
+    let stream = futures::stream::unfold(start, move |(offset, done, permit)| {
         let s = s.clone();
         let path = path.clone();
         let ended = ended.clone();
-        let _held = permit.clone();
         async move {
             if done {
                 return None;
@@ -651,7 +651,8 @@ fn follow(
                 };
                 if !chunk.is_empty() {
                     let next = offset + chunk.len() as u64;
-                    return Some((Ok::<_, std::convert::Infallible>(chunk), (next, false)));
+                    let state = (next, false, permit);
+                    return Some((Ok::<_, std::convert::Infallible>(chunk), state));
                 }
                 // A reader left open does not hold up a server that is stopping.
                 if finished || s.stopping.load(Ordering::SeqCst) {

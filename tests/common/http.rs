@@ -23,7 +23,20 @@ impl Drop for Server {
 }
 
 pub fn start(home: &Home, extra: &[&str]) -> Server {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_drivetrain"));
+    start_wrapped(home, &[], extra)
+}
+
+/// `serve` of `served/` with `extra`, started through `wrapper` (a command that execs
+/// the binary it is given after its own arguments, such as `sh -c '… exec "$0" "$@"'`).
+pub fn start_wrapped(home: &Home, wrapper: &[&str], extra: &[&str]) -> Server {
+    let mut cmd = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(env!("CARGO_BIN_EXE_drivetrain"));
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_drivetrain")),
+    };
     cmd.args(["serve", "--pipelines", "served", "--bind", "127.0.0.1:0"])
         .args(extra)
         .current_dir(&home.dir)
@@ -32,6 +45,15 @@ pub fn start(home: &Home, extra: &[&str]) -> Server {
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
     start_command(cmd)
+}
+
+/// A home's `served/hello.yaml`: one stage of `true`.
+pub fn serve_hello(home: &Home) {
+    std::fs::create_dir_all(home.dir.join("served")).unwrap();
+    home.write(
+        "served/hello.yaml",
+        "version: 1\nname: hello\nstages:\n  a:\n    run: {command: [\"true\"]}\n",
+    );
 }
 
 /// Starts `cmd` (a `serve` with its stdout piped) and waits for the address it prints.
