@@ -146,3 +146,75 @@ stages:
     lines.sort();
     assert_eq!(lines, ["0/2 0/2 0/2", "1/2 1/2 1/2"], "{mpi}");
 }
+
+/// What a stage's GPU did is recorded from NVML: a stage that holds 4 GiB of GPU memory
+/// and multiplies matrices shows that memory and a busy GPU; a stage given the same GPU
+/// that only sleeps shows an idle one and no memory.
+///
+/// This needs a real NVIDIA GPU, its driver's NVML and a Python with PyTorch
+/// (`DRIVETRAIN_TEST_GPU_PYTHON`, default `python3`): CI has none, and there the test says
+/// so and checks nothing. It was run on an H200 (bench/README.md, "GPU usage").
+#[test]
+fn a_stage_records_what_its_gpu_did() {
+    let home = Home::new("gpu-usage");
+    let doctor = home.drivetrain(&["doctor", "-o", "json"]);
+    assert_ok(&doctor);
+    let report: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let nvml = report["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|l| l["layer"] == "gpu usage" && l["active"] == true);
+    if !nvml {
+        eprintln!("no NVML here (no NVIDIA GPU): skipped");
+        return;
+    }
+    let python = std::env::var("DRIVETRAIN_TEST_GPU_PYTHON").unwrap_or("python3".into());
+    let burn = r#"
+import time, torch
+held = torch.empty(1 << 30, dtype=torch.float32, device="cuda")  # 4 GiB
+a = torch.randn(8192, 8192, device="cuda")
+end = time.time() + 6
+while time.time() < end:
+    b = a @ a
+    torch.cuda.synchronize()
+print("held", held.numel() * 4, "bytes")
+"#;
+    let file = home.write(
+        "p.yaml",
+        &format!(
+            r#"
+version: 1
+name: gpu-usage
+stages:
+  burn:
+    resources: {{gpu: 1}}
+    run: {{command: [{python}, -c, {burn}]}}
+  idle:
+    needs: [burn]
+    resources: {{gpu: 1}}
+    run: {{command: [sleep, "3"]}}
+"#,
+            burn = serde_json::to_string(burn).unwrap()
+        ),
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    let id = run_id(&o);
+    let logs = text(&home.drivetrain(&["logs", &id]).stdout);
+    assert!(o.status.success(), "{}\n{logs}", text(&o.stderr));
+    let st = home.status(&id);
+    let used = |name: &str| stage(&st, name)["usage"].clone();
+    let burn = used("burn");
+    eprintln!("burn used {burn}, idle used {}", used("idle"));
+    let memory = burn["gpu_memory_bytes"].as_u64().unwrap_or(0);
+    assert!(memory >= 4 << 30, "{burn}");
+    let busy = burn["gpu_utilization_percent"].as_f64().unwrap_or(0.0);
+    assert!(busy >= 30.0, "{burn}");
+    let idle = used("idle");
+    assert!(idle["gpu_memory_bytes"].is_null(), "{idle}");
+    let quiet = idle["gpu_utilization_percent"].as_f64();
+    assert!(quiet.is_some_and(|u| u < 5.0), "{idle}");
+    // `status` says it to people too.
+    let text = text(&home.drivetrain(&["status", &id]).stdout);
+    assert!(text.contains("GPU memory"), "{text}");
+}

@@ -44,7 +44,7 @@ pub fn detect(count: Option<usize>) -> Gpus {
             .and_then(|v| v.trim().parse().ok())
             .map(|n| (n, "DRIVETRAIN_LOCAL_GPUS"))
     });
-    let found = nvml().or_else(nvidia_smi).unwrap_or_default();
+    let found = from_nvml().or_else(nvidia_smi).unwrap_or_default();
     let outer = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     let visible = match outer.as_deref() {
         Some(list) => Gpus {
@@ -99,18 +99,12 @@ pub fn device_nodes(visible: &str) -> Vec<std::path::PathBuf> {
     if ids.is_empty() {
         return Vec::new();
     }
-    let nvml = nvml_wrapper::Nvml::init().ok();
     let minor = |id: &str| -> Option<u32> {
-        let nvml = nvml.as_ref();
-        match id.parse::<u32>() {
-            Ok(i) => nvml
-                .and_then(|n| n.device_by_index(i).ok())
-                .and_then(|d| d.minor_number().ok())
-                .or(Some(i)),
-            Err(_) => nvml
-                .and_then(|n| n.device_by_uuid(id).ok())
-                .and_then(|d| d.minor_number().ok()),
-        }
+        let index = id.parse::<u32>().ok();
+        nvml()
+            .and_then(|n| device(n, id))
+            .and_then(|d| d.minor_number().ok())
+            .or(index)
     };
     [
         "nvidiactl",
@@ -137,8 +131,23 @@ fn named(found: &Gpus, id: &str) -> Option<String> {
         .and_then(|g| g.name.clone())
 }
 
-fn nvml() -> Option<Gpus> {
-    let nvml = nvml_wrapper::Nvml::init().ok()?;
+/// NVML, loaded once per process (`None` on a machine without the NVIDIA driver).
+pub fn nvml() -> Option<&'static nvml_wrapper::Nvml> {
+    static NVML: std::sync::OnceLock<Option<nvml_wrapper::Nvml>> = std::sync::OnceLock::new();
+    NVML.get_or_init(|| nvml_wrapper::Nvml::init().ok())
+        .as_ref()
+}
+
+/// The device `id` names (an index or a UUID, as in `CUDA_VISIBLE_DEVICES`).
+pub fn device<'n>(nvml: &'n nvml_wrapper::Nvml, id: &str) -> Option<nvml_wrapper::Device<'n>> {
+    match id.parse::<u32>() {
+        Ok(i) => nvml.device_by_index(i).ok(),
+        Err(_) => nvml.device_by_uuid(id).ok(),
+    }
+}
+
+fn from_nvml() -> Option<Gpus> {
+    let nvml = nvml()?;
     let n = nvml.device_count().ok()?;
     let gpus = (0..n)
         .map(|i| {

@@ -601,6 +601,14 @@ pub fn layers() -> Vec<(&'static str, bool, String)> {
         network_namespaces_work(),
         "`network: none`: a stage's own network namespace with loopback only; `host` (the default) shares the machine's".into(),
     ));
+    all.push((
+        "gpu usage",
+        crate::gpus::nvml().is_some(),
+        match crate::gpus::nvml() {
+            Some(_) => "NVML: each attempt's GPU utilization and its processes' GPU memory, sampled while it runs".into(),
+            None => "no NVML here (no NVIDIA driver): attempts record no GPU usage".into(),
+        },
+    ));
     all
 }
 

@@ -35,6 +35,10 @@
 //!   bounding, inheritable and ambient sets ([`KEPT_CAPS`]); `no_new_privs`.
 //! - **seccomp** (`seccomp.rs`): Docker's deny list of system calls fails with `EPERM`.
 //!
+//! An attempt given GPUs has their utilization and its processes' GPU memory sampled from
+//! NVML while it runs (`gpu_usage.rs`), recorded with its cgroups' peak memory and CPU
+//! time.
+//!
 //! A stage with declared secrets writes to a pipe, which the engine copies into its log
 //! masked as it comes: no value is on disk while it runs either.
 //!
@@ -58,6 +62,7 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
 mod cgroups;
+mod gpu_usage;
 mod isolate;
 mod kernel;
 mod seccomp;
@@ -65,6 +70,7 @@ mod userns;
 
 use cgroups::AttemptCgroup;
 pub use cgroups::{Cgroups, PIDS_MAX};
+use gpu_usage::GpuWatch;
 use isolate::MountPlan;
 pub use isolate::{
     available, layers, namespaces_work, network_namespaces_work, user_namespaces_work, Layers,
@@ -161,7 +167,9 @@ struct Started {
     plan: Option<Arc<MountPlan>>,
     /// Copies the stage's output from its pipe to the log, masked, when it has secrets.
     drain: Option<tokio::task::JoinHandle<()>>,
-    /// What it used, read from its cgroups when it ended.
+    /// Its GPUs' utilization and memory, sampled from NVML while it runs.
+    gpu: Option<GpuWatch>,
+    /// What it used, read from its cgroups (and the GPU watch) when it ended.
     usage: Option<ResourceUsage>,
 }
 
@@ -287,10 +295,12 @@ impl RunningAttempt for Started {
             };
         }
         let usage = self.cgroup.as_ref().map(AttemptCgroup::usage);
-        self.usage = usage.map(|u| ResourceUsage {
-            peak_memory_bytes: u.peak_memory_bytes,
-            cpu_seconds: u.cpu_seconds,
-            ..ResourceUsage::default()
+        let gpu = self.gpu.take().map(GpuWatch::finish);
+        self.usage = (usage.is_some() || gpu.is_some()).then(|| ResourceUsage {
+            peak_memory_bytes: usage.and_then(|u| u.peak_memory_bytes),
+            cpu_seconds: usage.and_then(|u| u.cpu_seconds),
+            gpu_utilization_percent: gpu.and_then(|g| g.utilization_percent()),
+            gpu_memory_bytes: gpu.and_then(|g| g.peak_memory_bytes),
         });
         match (failure, usage) {
             // The kernel killed a process of the attempt for its memory limit.
@@ -332,6 +342,9 @@ impl RunningAttempt for Started {
         }
         self.children.clear();
         self.drained().await;
+        if let Some(gpu) = self.gpu.take() {
+            gpu.finish();
+        }
     }
 }
 
@@ -534,6 +547,12 @@ impl Executor for LocalExecutor {
             (Ok(std::fs::File::from(write)), Some(task))
         };
         let out = out.map_err(|e| ExecutorError(format!("cannot open the log: {e}")))?;
+        let gpu = spec
+            .env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
+            .and_then(|(_, v)| GpuWatch::start(v, cgroup.as_ref().and_then(|c| c.members())));
         let mut started = Started {
             pgid: 0,
             children: Vec::with_capacity(workers),
@@ -548,6 +567,7 @@ impl Executor for LocalExecutor {
                 .map(|m| m.text.clone()),
             plan: plan.clone(),
             drain,
+            gpu,
             usage: None,
         };
         for rank in 0..workers {
