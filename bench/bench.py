@@ -74,13 +74,15 @@ def until_exit():
 
 def measure_once(cmd):
     """Wall time and peak RSS of one run under GNU time (for runs that take minutes)."""
+    gnu_time = ["/usr/bin/time", "-f", "%M"] if os.path.exists("/usr/bin/time") else []
     start = time.perf_counter()
-    out = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], stdout=subprocess.DEVNULL,
+    out = subprocess.run([*gnu_time, *cmd], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - start
     if out.returncode != 0:
         sys.exit(f"{' '.join(cmd)} exited {out.returncode}")
-    return wall, int(out.stderr.strip().splitlines()[-1])
+    # Without GNU time (the GPU machine's image has none) there is no peak RSS.
+    return wall, (int(out.stderr.strip().splitlines()[-1]) if gnu_time else 0)
 
 
 def measure(cmd, repeats, ok=(0,)):
@@ -216,7 +218,8 @@ def fanout(binary, repeats, stages=1000, pars=(2, 16)):
                 walls.append(measure_once(engine)[0])
             floor, wall = statistics.median(floors), statistics.median(walls)
             print(f"| --parallelism {par} | {wall * 1000:.0f} ms | {floor * 1000:.0f} ms | "
-                  f"{(wall - floor) / stages * 1000:.2f} ms | {rss / 1024:.1f} MiB |")
+                  f"{(wall - floor) / stages * 1000:.2f} ms | "
+                  f"{f'{rss / 1024:.1f} MiB' if rss else 'n/a'} |")
 
 
 def passthrough(binary, repeats, mib, stages=10):

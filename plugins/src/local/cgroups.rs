@@ -32,8 +32,9 @@ pub enum Cgroups {
         cpu: Option<PathBuf>,
         cpuacct: Option<PathBuf>,
     },
-    /// The engine's cgroup in the unified hierarchy, with the controllers its children get.
-    V2 { dir: PathBuf },
+    /// The engine's cgroup in the unified hierarchy, and the controllers its children get
+    /// (a `cgroup.subtree_control` line: `+memory +pids +cpu`).
+    V2 { dir: PathBuf, subtree: String },
     /// None here, and why.
     None(String),
 }
@@ -115,24 +116,15 @@ impl Cgroups {
                 dir.display()
             ));
         }
-        // Children of the engine's cgroup get the controllers through a leaf of their own
-        // (a cgroup with processes cannot hand controllers to its children).
-        let base = dir.join("drivetrain");
-        let enable = std::fs::create_dir_all(&base).and_then(|()| {
-            let wanted: Vec<&str> = ["memory", "pids", "cpu"]
-                .into_iter()
-                .filter(|c| controllers.split_whitespace().any(|x| x == *c))
-                .collect();
-            let line: Vec<String> = wanted.iter().map(|c| format!("+{c}")).collect();
-            std::fs::write(dir.join("cgroup.subtree_control"), line.join(" "))?;
-            std::fs::write(base.join("cgroup.subtree_control"), line.join(" "))
-        });
-        match enable {
-            Ok(()) => Cgroups::V2 { dir: base },
-            Err(e) => Cgroups::None(format!(
-                "cannot enable controllers under {}: {e}",
-                dir.display()
-            )),
+        let wanted: Vec<String> = ["memory", "pids", "cpu"]
+            .into_iter()
+            .filter(|c| controllers.split_whitespace().any(|x| x == *c))
+            .map(|c| format!("+{c}"))
+            .collect();
+        let subtree = wanted.join(" ");
+        match v2_delegate(&dir, &subtree) {
+            Ok(()) => Cgroups::V2 { dir, subtree },
+            Err(why) => Cgroups::None(why),
         }
     }
 
@@ -140,6 +132,79 @@ impl Cgroups {
     pub fn active(&self) -> bool {
         !matches!(self, Cgroups::None(_))
     }
+}
+
+/// Makes the engine's v2 cgroup `dir` hand `subtree` to the attempts' cgroups under
+/// `dir/drivetrain/`. cgroup v2 enables controllers for a cgroup's children only while it
+/// holds no process itself ("no internal processes"), so an engine alone in its cgroup (a
+/// systemd unit with `Delegate=yes`, a container's engine) first moves into a leaf of it,
+/// `drivetrain-engine.PID`, as runc and systemd do; one that shares its cgroup with other
+/// processes says so instead of moving them.
+fn v2_delegate(dir: &Path, subtree: &str) -> Result<(), String> {
+    let enable = |d: &Path| std::fs::write(d.join("cgroup.subtree_control"), subtree);
+    let me = std::process::id();
+    // Leaves of engines that are gone.
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(pid) = name.strip_prefix("drivetrain-engine.") {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_dir(entry.path());
+            }
+        }
+    }
+    // The engine's own children (a probe, a stage not yet in its cgroup) go along.
+    let ours = |pid: u32| pid == me || parent_of(pid) == Some(me);
+    let leaf = dir.join(format!("drivetrain-engine.{me}"));
+    for _ in 0..20 {
+        match enable(dir) {
+            Ok(()) => break,
+            Err(e) if e.raw_os_error() == Some(nix::libc::EBUSY) => {}
+            Err(e) => {
+                return Err(format!(
+                    "cannot enable controllers under {}: {e}",
+                    dir.display()
+                ))
+            }
+        }
+        let procs: Vec<u32> = std::fs::read_to_string(dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        let others = procs.iter().filter(|p| !ours(**p)).count();
+        if others > 0 {
+            return Err(format!(
+                "the engine's cgroup {} holds {others} other process(es), and cgroup v2 gives \
+                 controllers to a cgroup's children only once it holds none: run the engine \
+                 in a cgroup of its own (a systemd unit with Delegate=yes)",
+                dir.display()
+            ));
+        }
+        std::fs::create_dir_all(&leaf)
+            .map_err(|e| format!("cannot make {} for the engine: {e}", leaf.display()))?;
+        for pid in procs {
+            // A child that has ended meanwhile is no error.
+            let _ = std::fs::write(leaf.join("cgroup.procs"), pid.to_string());
+        }
+    }
+    if let Err(e) = enable(dir) {
+        return Err(format!(
+            "cannot enable controllers under {} (the engine moved into {}): {e}",
+            dir.display(),
+            leaf.display()
+        ));
+    }
+    let base = dir.join("drivetrain");
+    std::fs::create_dir_all(&base)
+        .and_then(|()| enable(&base))
+        .map_err(|e| format!("cannot enable controllers under {}: {e}", base.display()))
+}
+
+/// The parent of process `pid`, from `/proc/PID/stat` (its fourth field, after the name).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn writable(dir: &Path) -> bool {
@@ -239,8 +304,18 @@ impl AttemptCgroup {
                     made.cpu = Some(mk(parent)?);
                 }
             }
-            Cgroups::V2 { dir: base } => {
-                let dir = engine_dir(base).join(&name);
+            Cgroups::V2 { dir: base, subtree } => {
+                // This engine's directory hands the controllers on to its attempts too.
+                let engine = engine_dir(base);
+                static ENABLED: std::sync::OnceLock<std::io::Result<()>> =
+                    std::sync::OnceLock::new();
+                if let Err(e) = ENABLED.get_or_init(|| {
+                    std::fs::create_dir_all(&engine)?;
+                    std::fs::write(engine.join("cgroup.subtree_control"), subtree)
+                }) {
+                    return Err(std::io::Error::new(e.kind(), e.to_string()));
+                }
+                let dir = engine.join(&name);
                 std::fs::create_dir_all(&dir)?;
                 made.dirs.push(dir.clone());
                 if let Some(bytes) = memory {
@@ -267,6 +342,13 @@ impl AttemptCgroup {
     /// The descriptors the child writes `0` to, joining every cgroup of the attempt.
     pub(super) fn procs(&self) -> Vec<RawFd> {
         self.procs.iter().map(|f| f.as_raw_fd()).collect()
+    }
+
+    /// The file listing the attempt's processes now (host pids): `cgroup.procs` of its
+    /// memory (else pids) cgroup.
+    pub(super) fn members(&self) -> Option<PathBuf> {
+        let dir = self.memory.as_ref().or(self.pids.as_ref())?;
+        Some(dir.join("cgroup.procs"))
     }
 
     /// The pids limit this attempt has.
