@@ -695,29 +695,8 @@ fn without_cgroups_resources_are_said_to_be_unenforced() {
         "p.yaml",
         "version: 1\nname: no-cgroups\nstages:\n  a:\n    resources: {memory: 64Mi}\n    run: {command: [echo, ran]}\n",
     );
-    let without = |isolation: &str, args: &[&str]| {
-        std::process::Command::new("unshare")
-            .args(["-m", "sh", "-c"])
-            .arg(r#"mount -t tmpfs none /sys/fs/cgroup && exec "$0" "$@""#)
-            .arg(env!("CARGO_BIN_EXE_drivetrain"))
-            .args(args)
-            .current_dir(&home.dir)
-            .env_remove("DRIVETRAIN_HOME")
-            .env("DRIVETRAIN_ISOLATION", isolation)
-            .env("NO_COLOR", "1")
-            .output()
-            .expect("unshare runs")
-    };
-    let o = without("auto", &["doctor", "-o", "json"]);
-    assert_ok(&o);
-    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let layer = report["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["layer"] == "cgroup limits")
-        .unwrap()
-        .clone();
+    let without = |isolation: &str, args: &[&str]| hiding("/sys/fs/cgroup", &home, isolation, args);
+    let layer = cgroup_layer(without("auto", &["doctor", "-o", "json"]));
     assert_eq!(layer["active"], false, "{layer}");
     assert!(
         layer["what"].as_str().unwrap().contains("not enforced"),
@@ -737,6 +716,86 @@ fn without_cgroups_resources_are_said_to_be_unenforced() {
     );
     assert!(log.contains("`resources` are not enforced here"), "{log}");
     assert!(log.contains("ran"), "{log}");
+}
+
+/// `drivetrain ARGS` in `home` in a mount namespace of its own whose `hidden` is an empty
+/// tmpfs (a host without those cgroups).
+fn hiding(hidden: &str, home: &Home, isolation: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("unshare")
+        .args(["-m", "sh", "-c"])
+        .arg(format!(r#"mount -t tmpfs none {hidden} && exec "$0" "$@""#))
+        .arg(env!("CARGO_BIN_EXE_drivetrain"))
+        .args(args)
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .env("DRIVETRAIN_ISOLATION", isolation)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("unshare runs")
+}
+
+/// The `cgroup limits` layer of a `doctor -o json` report.
+fn cgroup_layer(doctor: std::process::Output) -> serde_json::Value {
+    assert_ok(&doctor);
+    let report: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let layers = report["layers"].as_array().unwrap();
+    let found = layers.iter().find(|l| l["layer"] == "cgroup limits");
+    found.unwrap().clone()
+}
+
+/// A host whose cgroups lack a controller (here: the v1 `pids` hierarchy hidden; on v2, a
+/// parent that delegates only `memory`, as a lent GPU machine's does) still limits what it
+/// can, and says what it cannot: `doctor` names the controller, `required` fails the stage
+/// naming it, `auto` runs it with a line in its log.
+#[test]
+fn a_missing_pids_controller_is_said_and_required_refuses() {
+    if !root_or_skip("the pids hierarchy is hidden from inside a mount namespace root makes") {
+        return;
+    }
+    if !std::path::Path::new("/sys/fs/cgroup/pids").is_dir() {
+        assert!(
+            std::env::var("CI").map_or(true, |v| v != "true"),
+            "CI's machine has v1 cgroups with a pids hierarchy"
+        );
+        eprintln!("no v1 pids hierarchy here to hide, skipped");
+        return;
+    }
+    let home = Home::new("no-pids");
+    let file = home.write(
+        "p.yaml",
+        "version: 1\nname: no-pids\nstages:\n  a:\n    resources: {memory: 64Mi}\n    run: {command: [echo, ran]}\n",
+    );
+    let without =
+        |isolation: &str, args: &[&str]| hiding("/sys/fs/cgroup/pids", &home, isolation, args);
+    let layer = cgroup_layer(without("auto", &["doctor", "-o", "json"]));
+    assert_eq!(layer["active"], true, "{layer}");
+    let what = layer["what"].as_str().unwrap();
+    assert!(
+        what.contains("not the pids controller here: no limit on an attempt's processes"),
+        "{layer}"
+    );
+    let file = file.to_str().unwrap();
+    let o = without("required", &["run", file]);
+    let out = text(&o.stdout) + &text(&o.stderr);
+    assert_ne!(o.status.code(), Some(0), "{out}");
+    assert!(
+        out.contains("the host's cgroups have no pids controller"),
+        "{out}"
+    );
+    let o = without("auto", &["run", file]);
+    assert_ok(&o);
+    let id = run_id(&o);
+    let log = text(&home.drivetrain(&["logs", &id, "--stage", "a"]).stdout);
+    assert!(
+        log.contains("drivetrain: the host's cgroups have no pids controller"),
+        "{log}"
+    );
+    // The memory limit it could set is still there: the stage's usage is recorded.
+    let st = home.status(&id);
+    assert!(
+        stage(&st, "a")["usage"]["peak_memory_bytes"].is_u64(),
+        "{st}"
+    );
 }
 
 /// With PID and network namespaces refused (here: `user.max_pid_namespaces` and

@@ -67,13 +67,25 @@ impl Cgroups {
     pub fn detect() -> Cgroups {
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        // What is mounted where, the last mount on a path hiding those before it.
+        let mut mounts: Vec<(&str, &str, &str)> = Vec::new();
+        for l in mountinfo.lines() {
+            let Some((left, right)) = l.split_once(" - ") else {
+                continue;
+            };
+            let mut r = right.split_whitespace();
+            let (Some(fstype), Some(_), Some(options), Some(point)) =
+                (r.next(), r.next(), r.next(), left.split_whitespace().nth(4))
+            else {
+                continue;
+            };
+            mounts.retain(|(p, _, _)| *p != point);
+            mounts.push((point, fstype, options));
+        }
         let v1 = |controller: &str| -> Option<PathBuf> {
-            let mount = mountinfo.lines().find_map(|l| {
-                let (left, right) = l.split_once(" - ")?;
-                let mut r = right.split_whitespace();
-                let (fstype, _, options) = (r.next()?, r.next()?, r.next()?);
-                (fstype == "cgroup" && options.split(',').any(|o| o == controller))
-                    .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
+            let mount = mounts.iter().find_map(|(point, fstype, options)| {
+                (*fstype == "cgroup" && options.split(',').any(|o| o == controller))
+                    .then(|| PathBuf::from(point))
             })?;
             let path = own.lines().find_map(|l| {
                 let mut f = l.splitn(3, ':');
@@ -95,11 +107,9 @@ impl Cgroups {
                 cpuacct: v1("cpuacct"),
             };
         }
-        let unified = mountinfo.lines().find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            (right.split_whitespace().next()? == "cgroup2")
-                .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
-        });
+        let unified = mounts
+            .iter()
+            .find_map(|(point, fstype, _)| (*fstype == "cgroup2").then(|| PathBuf::from(point)));
         let Some(unified) = unified else {
             return Cgroups::None("no cgroup hierarchy is mounted".into());
         };
@@ -132,6 +142,39 @@ impl Cgroups {
     pub fn active(&self) -> bool {
         !matches!(self, Cgroups::None(_))
     }
+
+    /// Which of the controllers attempts need (`memory`, `pids`, `cpu`) these cgroups do
+    /// not have (a v2 parent may delegate only some; a v1 host may not mount one).
+    pub fn lacking(&self) -> Vec<&'static str> {
+        let has = |c: &str| match self {
+            Cgroups::V1 {
+                memory, pids, cpu, ..
+            } => match c {
+                "memory" => memory.is_some(),
+                "pids" => pids.is_some(),
+                _ => cpu.is_some(),
+            },
+            Cgroups::V2 { subtree, .. } => subtree.split_whitespace().any(|x| x == format!("+{c}")),
+            Cgroups::None(_) => false,
+        };
+        ["memory", "pids", "cpu"]
+            .into_iter()
+            .filter(|c| !has(c))
+            .collect()
+    }
+}
+
+/// What goes unenforced without each of the `lacking` controllers, for people.
+pub(super) fn unenforced(lacking: &[&str]) -> String {
+    lacking
+        .iter()
+        .map(|c| match *c {
+            "pids" => "no limit on an attempt's processes",
+            "memory" => "`resources.memory` is not enforced",
+            _ => "`resources.cpu` is not enforced",
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Makes the engine's v2 cgroup `dir` hand `subtree` to the attempts' cgroups under

@@ -556,8 +556,16 @@ pub fn layers() -> Vec<(&'static str, bool, String)> {
     let cgroups = match super::Cgroups::host() {
         super::Cgroups::None(why) => format!("not here ({why}): `resources` are not enforced"),
         host => format!(
-            "cgroup {}: `resources.memory` and `cpu` limit the attempt, a pids limit stops fork storms; an OOM kill is reported as such",
-            if matches!(host, super::Cgroups::V2 { .. }) { "v2" } else { "v1" }
+            "cgroup {}: `resources.memory` and `cpu` limit the attempt, a pids limit stops fork storms; an OOM kill is reported as such{}",
+            if matches!(host, super::Cgroups::V2 { .. }) { "v2" } else { "v1" },
+            match host.lacking() {
+                lacking if lacking.is_empty() => String::new(),
+                lacking => format!(
+                    " (but not the {} controller here: {})",
+                    lacking.join(", "),
+                    super::cgroups::unenforced(&lacking)
+                ),
+            }
         ),
     };
     let fixed = [

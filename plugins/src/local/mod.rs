@@ -365,9 +365,32 @@ impl LocalExecutor {
             Cgroups::None(why) => why.clone(),
             _ if self.isolation == Isolation::Off => return Ok(None),
             _ => {
+                // What this attempt needs that the host's cgroups lack is said, never
+                // passed over: every attempt has a process limit, some ask for more.
+                let lacking: Vec<&str> = host
+                    .lacking()
+                    .into_iter()
+                    .filter(|c| match *c {
+                        "memory" => resources.memory.is_some(),
+                        "cpu" => resources.cpu.is_some(),
+                        _ => true,
+                    })
+                    .collect();
                 let name = format!("{}.{}.{}", spec.run_id, spec.stage, spec.attempt);
                 match AttemptCgroup::create(host, &name, resources) {
-                    Ok(made) => return Ok(made),
+                    Ok(made) if lacking.is_empty() => return Ok(made),
+                    Ok(made) => {
+                        let why = format!(
+                            "the host's cgroups have no {} controller: {}",
+                            lacking.join(", "),
+                            cgroups::unenforced(&lacking)
+                        );
+                        if self.isolation == Isolation::Required {
+                            return Err(ExecutorError(isolate::refused(&why)));
+                        }
+                        let _ = writeln!(log, "drivetrain: {why}");
+                        return Ok(made);
+                    }
                     Err(e) => format!("cannot make the attempt's cgroup: {e}"),
                 }
             }
