@@ -13,8 +13,8 @@ use std::sync::Mutex;
 
 use drivetrain_engine::state::{
     now, ArtifactRecord, ArtifactUse, AttemptRecord, CacheEntry, ItemRecord, Phase, Provenance,
-    RunFilter, RunId, RunRecord, ScheduleEntry, StageRecord, StateError, StateStore, TickRecord,
-    LAST_TICK, UNSTARTED_SINCE,
+    RunFilter, RunId, RunRecord, ScheduleEntry, StageRecord, StateError, StateStore, Success,
+    TickRecord, LAST_TICK, UNSTARTED_SINCE,
 };
 use postgres::types::ToSql;
 use postgres::{Client, GenericClient, NoTls, Row};
@@ -430,7 +430,168 @@ fn row<T>(
     Ok(c.query_opt(q, args).map_err(db(what))?.as_ref().map(map))
 }
 
+/// The writes [`StateStore::record_success`] makes, each also a method of its own.
+fn write_stage(
+    c: &mut impl GenericClient,
+    run: &RunId,
+    stage: &str,
+    phase: Phase,
+    exit_code: Option<i32>,
+    reason: Option<&str>,
+) -> Result<(), StateError> {
+    let t = now();
+    let started = (phase == Phase::Running).then_some(t.as_str());
+    let finished = phase.is_terminal().then_some(t.as_str());
+    exec(
+        c,
+        "INSERT INTO stages (run_id, stage, phase, started_at, finished_at, exit_code, reason) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) \
+         ON CONFLICT (run_id, stage) DO UPDATE SET phase = $3, \
+           started_at = COALESCE(stages.started_at, $4), finished_at = $5, \
+           exit_code = $6, reason = $7",
+        &[
+            &run.0,
+            &stage,
+            &phase.as_str(),
+            &started,
+            &finished,
+            &exit_code,
+            &reason,
+        ],
+        format!("record stage {stage} of run {run}"),
+    )
+    .map(|_| ())
+}
+
+fn write_stage_results(
+    c: &mut impl GenericClient,
+    run: &RunId,
+    stage: &str,
+    outputs: &serde_json::Value,
+    values: &serde_json::Value,
+) -> Result<(), StateError> {
+    let (outputs, values) = (outputs.to_string(), values.to_string());
+    exec(
+        c,
+        "UPDATE stages SET outputs = $3, vals = $4 WHERE run_id = $1 AND stage = $2",
+        &[&run.0, &stage, &outputs, &values],
+        format!("record results of stage {stage} of run {run}"),
+    )
+    .map(|_| ())
+}
+
+fn write_attempt_end(
+    c: &mut impl GenericClient,
+    run: &RunId,
+    stage: &str,
+    attempt: u32,
+    phase: Phase,
+    exit_code: Option<i32>,
+    reason: Option<&str>,
+) -> Result<(), StateError> {
+    exec(
+        c,
+        "UPDATE attempts SET phase = $4, finished_at = $5, exit_code = $6, reason = $7 \
+         WHERE run_id = $1 AND stage = $2 AND attempt = $3",
+        &[
+            &run.0,
+            &stage,
+            &i64::from(attempt),
+            &phase.as_str(),
+            &now(),
+            &exit_code,
+            &reason,
+        ],
+        format!("finish attempt {attempt} of {stage}"),
+    )
+    .map(|_| ())
+}
+
+fn write_artifacts(
+    c: &mut impl GenericClient,
+    artifacts: &[ArtifactRecord],
+) -> Result<(), StateError> {
+    for a in artifacts {
+        exec(
+            c,
+            "INSERT INTO artifacts (digest, manifest, run_id, stage, output, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+            &[
+                &a.digest,
+                &a.manifest,
+                &a.run_id,
+                &a.stage,
+                &a.output,
+                &a.created_at,
+            ],
+            format!("record artifact {}", a.digest),
+        )?;
+    }
+    Ok(())
+}
+
+fn write_cache_entry(c: &mut impl GenericClient, e: &CacheEntry) -> Result<(), StateError> {
+    let (outputs, values, components) = (
+        e.outputs.to_string(),
+        e.values.to_string(),
+        e.components.to_string(),
+    );
+    exec(
+        c,
+        &format!(
+            "INSERT INTO cache_entries ({CACHE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT (key) DO UPDATE SET pipeline = $2, stage = $3, run_id = $4, \
+               outputs = $5, vals = $6, components = $7, created_at = $8"
+        ),
+        &[
+            &e.key,
+            &e.pipeline,
+            &e.stage,
+            &e.run_id,
+            &outputs,
+            &values,
+            &components,
+            &e.created_at,
+        ],
+        format!("record cache entry of {}", e.stage),
+    )
+    .map(|_| ())
+}
+
 impl StateStore for PostgresState {
+    /// One transaction, as the SQLite store's: a stage recorded as succeeded always has
+    /// its attempt's end, artifacts, outputs and cache entry.
+    fn record_success(&self, s: &Success<'_>) -> Result<(), StateError> {
+        self.with(|c| {
+            let mut tx = c.transaction().map_err(db("begin"))?;
+            if let Some(attempt) = s.attempt {
+                write_attempt_end(
+                    &mut tx,
+                    s.run,
+                    s.stage,
+                    attempt,
+                    Phase::Succeeded,
+                    s.exit_code,
+                    None,
+                )?;
+            }
+            write_artifacts(&mut tx, s.artifacts)?;
+            write_stage_results(&mut tx, s.run, s.stage, s.outputs, s.values)?;
+            if let Some(entry) = s.cache {
+                write_cache_entry(&mut tx, entry)?;
+            }
+            write_stage(
+                &mut tx,
+                s.run,
+                s.stage,
+                Phase::Succeeded,
+                s.exit_code,
+                s.reason,
+            )?;
+            tx.commit().map_err(db("commit"))
+        })
+    }
+
     fn create_run(&self, run: &RunRecord) -> Result<(), StateError> {
         self.with(|c| insert_run(c, run))
     }
@@ -504,22 +665,7 @@ impl StateStore for PostgresState {
         exit_code: Option<i32>,
         reason: Option<&str>,
     ) -> Result<(), StateError> {
-        let t = now();
-        let started = (phase == Phase::Running).then_some(t.as_str());
-        let finished = phase.is_terminal().then_some(t.as_str());
-        self.with(|c| {
-            exec(
-                c,
-                "INSERT INTO stages (run_id, stage, phase, started_at, finished_at, exit_code, reason) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) \
-                 ON CONFLICT (run_id, stage) DO UPDATE SET phase = $3, \
-                   started_at = COALESCE(stages.started_at, $4), finished_at = $5, \
-                   exit_code = $6, reason = $7",
-                &[&run.0, &stage, &phase.as_str(), &started, &finished, &exit_code, &reason],
-                format!("record stage {stage} of run {run}"),
-            )
-            .map(|_| ())
-        })
+        self.with(|c| write_stage(c, run, stage, phase, exit_code, reason))
     }
 
     fn set_stage_results(
@@ -529,16 +675,7 @@ impl StateStore for PostgresState {
         outputs: &serde_json::Value,
         values: &serde_json::Value,
     ) -> Result<(), StateError> {
-        let (outputs, values) = (outputs.to_string(), values.to_string());
-        self.with(|c| {
-            exec(
-                c,
-                "UPDATE stages SET outputs = $3, vals = $4 WHERE run_id = $1 AND stage = $2",
-                &[&run.0, &stage, &outputs, &values],
-                format!("record results of stage {stage} of run {run}"),
-            )
-            .map(|_| ())
-        })
+        self.with(|c| write_stage_results(c, run, stage, outputs, values))
     }
 
     fn stages(&self, run: &RunId) -> Result<Vec<StageRecord>, StateError> {
@@ -681,24 +818,7 @@ impl StateStore for PostgresState {
         exit_code: Option<i32>,
         reason: Option<&str>,
     ) -> Result<(), StateError> {
-        self.with(|c| {
-            exec(
-                c,
-                "UPDATE attempts SET phase = $4, finished_at = $5, exit_code = $6, reason = $7 \
-                 WHERE run_id = $1 AND stage = $2 AND attempt = $3",
-                &[
-                    &run.0,
-                    &stage,
-                    &i64::from(attempt),
-                    &phase.as_str(),
-                    &now(),
-                    &exit_code,
-                    &reason,
-                ],
-                format!("finish attempt {attempt} of {stage}"),
-            )
-            .map(|_| ())
-        })
+        self.with(|c| write_attempt_end(c, run, stage, attempt, phase, exit_code, reason))
     }
 
     fn attempts(&self, run: &RunId) -> Result<Vec<AttemptRecord>, StateError> {
@@ -886,22 +1006,7 @@ impl StateStore for PostgresState {
     fn add_artifacts(&self, artifacts: &[ArtifactRecord]) -> Result<(), StateError> {
         self.with(|c| {
             let mut tx = c.transaction().map_err(db("begin"))?;
-            for a in artifacts {
-                exec(
-                    &mut tx,
-                    "INSERT INTO artifacts (digest, manifest, run_id, stage, output, created_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
-                    &[
-                        &a.digest,
-                        &a.manifest,
-                        &a.run_id,
-                        &a.stage,
-                        &a.output,
-                        &a.created_at,
-                    ],
-                    format!("record artifact {}", a.digest),
-                )?;
-            }
+            write_artifacts(&mut tx, artifacts)?;
             tx.commit().map_err(db("commit"))
         })
     }
@@ -944,24 +1049,7 @@ impl StateStore for PostgresState {
     }
 
     fn put_cache_entry(&self, e: &CacheEntry) -> Result<(), StateError> {
-        let (outputs, values, components) = (
-            e.outputs.to_string(),
-            e.values.to_string(),
-            e.components.to_string(),
-        );
-        self.with(|c| {
-            exec(
-                c,
-                &format!(
-                    "INSERT INTO cache_entries ({CACHE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-                     ON CONFLICT (key) DO UPDATE SET pipeline = $2, stage = $3, run_id = $4, \
-                       outputs = $5, vals = $6, components = $7, created_at = $8"
-                ),
-                &[&e.key, &e.pipeline, &e.stage, &e.run_id, &outputs, &values, &components, &e.created_at],
-                format!("record cache entry of {}", e.stage),
-            )
-            .map(|_| ())
-        })
+        self.with(|c| write_cache_entry(c, e))
     }
 
     fn cache_entry(&self, key: &str) -> Result<Option<CacheEntry>, StateError> {

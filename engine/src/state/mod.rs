@@ -360,7 +360,7 @@ pub trait StateStore: Send + Sync {
     /// A stage that succeeded, all at once: its last attempt's end, the artifacts it
     /// published, its outputs and values, its cache entry, then its phase, so a stage
     /// recorded as succeeded always has its outputs. A backend with transactions commits
-    /// it as one (the SQLite store does: one commit per stage instead of five); this
+    /// it as one (SQLite and PostgreSQL do: one commit per stage instead of five); this
     /// default records the parts one by one, in that order.
     fn record_success(&self, s: &Success<'_>) -> Result<(), StateError> {
         if let Some(attempt) = s.attempt {
