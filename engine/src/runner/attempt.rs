@@ -2,9 +2,26 @@
 //! starting an attempt on the executor with its inputs materialized, waiting for it with
 //! its timeout, heartbeat and cancel, and publishing its outputs.
 
-use super::*;
-use crate::mask::Mask;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use serde_json::Value;
+
+use crate::artifacts::{ArtifactRef, AttemptKey};
+use crate::executor::{AttemptOutcome, AttemptSpec, PathAccess};
+use crate::mask::Mask;
+use crate::plan::{Action, Stage, StageId};
+use crate::spec::{ErrorClass, IoMode};
+use crate::state::Phase;
+use crate::step::env_suffix;
+use crate::template::{value_text, Ref, Template};
+
+use super::keys::input_artifacts;
+use super::{
+    backoff, chain, first_line, humanize, lookup_value, retryable, Ctx, LoopEnd, RunError,
+    RunEvent, StageResult, Track,
+};
 /// Attempts of a stage (or of one item of a map stage) until one succeeds, the retry
 /// policy gives up, or the run is cancelled; each attempt recorded before it starts.
 pub(super) async fn attempt_loop(

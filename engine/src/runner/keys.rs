@@ -3,7 +3,16 @@
 //! now), whether it may be cached at all, and whether an earlier entry answers for it.
 //! The key's components are described in [`crate::cache`].
 
-use super::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::artifacts::ArtifactRef;
+use crate::plan::{Action, MapSource, Stage, StageId};
+use crate::template::{value_text, Ref, Template};
+
+use super::{humanize, lookup_value, Ctx, RunError, StageResult};
 
 /// Whether a stage's outputs may come from the cache, or why not.
 pub(super) fn cacheable(ctx: &Ctx, stage: &Stage) -> Result<(), String> {

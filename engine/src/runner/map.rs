@@ -1,7 +1,16 @@
 //! `map` stages: each item its own attempt loop (with its own retries) recorded as a row
 //! in the state store, their outputs collected under `<index>/` for downstream stages.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::artifacts::{ArtifactRef, AttemptKey};
+use crate::plan::{MapSource, Stage, StageId};
+use crate::state::Phase;
+
+use super::attempt::attempt_loop;
+use super::{chain, first_line, Ctx, LoopEnd, RunError, RunEvent, StageResult, Track};
 
 /// A map stage: one attempt loop per item, at most `max_parallel` at once (and never
 /// more than the run's parallelism), items recorded in the state store. Each output of

@@ -9,7 +9,7 @@
 //! branches finish, unless `fail_fast` stops everything.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,22 +18,21 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::artifacts::{ArtifactRef, ArtifactStore, AttemptKey};
-use crate::executor::{AttemptOutcome, AttemptSpec, Executor, PathAccess};
-use crate::plan::{Action, MapSource, Pipeline, RetryPolicy, Stage, StageId};
-use crate::spec::{ErrorClass, Hook, IoMode, RetryOn};
+use crate::executor::Executor;
+use crate::plan::{Action, Pipeline, RetryPolicy, Stage, StageId};
+use crate::spec::{ErrorClass, Hook, RetryOn};
 use crate::state::{ArtifactRecord, CacheEntry, Provenance, Success};
 use crate::state::{Phase, RunId, RunRecord, StateError, StateStore};
-use crate::step::env_suffix;
-use crate::template::{value_text, Ref, Template};
+use crate::template::Ref;
 
 mod attempt;
 mod gpus;
 mod keys;
 mod map;
-use attempt::*;
+use attempt::{attempt_loop, AbortOnDrop};
 use gpus::GpuPool;
 use keys::{cache_hit, cacheable, input_artifacts, key_parts, resolve_external};
-use map::*;
+use map::execute_map;
 
 /// How a run is carried out.
 #[derive(Debug, Clone)]
