@@ -22,6 +22,7 @@ use super::{
     backoff, chain, first_line, humanize, lookup_value, retryable, Ctx, LoopEnd, RunError,
     RunEvent, StageResult, Track,
 };
+
 /// Attempts of a stage (or of one item of a map stage) until one succeeds, the retry
 /// policy gives up, or the run is cancelled; each attempt recorded before it starts.
 pub(super) async fn attempt_loop(

@@ -1,11 +1,16 @@
 //! The embedded SQLite state store: one WAL-mode file with versioned migrations.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::*;
+use super::{
+    now, ArtifactRecord, ArtifactUse, AttemptRecord, CacheEntry, ItemRecord, Phase, Provenance,
+    RunFilter, RunId, RunRecord, ScheduleEntry, StageRecord, StateError, StateStore, Success,
+    TickRecord,
+};
 
 fn sql(what: impl Into<String>) -> impl FnOnce(rusqlite::Error) -> StateError {
     let what = what.into();

@@ -2,7 +2,18 @@
 //! sources, artifact references (`STAGE.OUTPUT`), references in templates and
 //! conditions, and cycles, reported with the cycle spelled out.
 
-use super::*;
+use std::collections::{HashMap, HashSet};
+
+use petgraph::graph::{DiGraph, NodeIndex};
+use serde_json::Value;
+
+use crate::diag::{did_you_mean, one_of, Diagnostic};
+use crate::plan::{Action, EdgeKind, MapPlan, MapSource, Output, StageId};
+use crate::spec::ParamType;
+use crate::template::{Ref, Template};
+use crate::yaml::{Node, YamlPath};
+
+use super::{collect_strings, p, typed_params, Annotate, Cx, Raw, RefSite, StageCx};
 
 impl<'a> Cx<'a> {
     pub(super) fn check_uses(

@@ -14,14 +14,12 @@ use serde_json::Value;
 
 use crate::de::from_node;
 use crate::diag::{did_you_mean, one_of, Diagnostic, Span};
-use crate::expr::Expr;
 use crate::plan::{
-    stable_topo_order, Action, CachePolicy, Distributed, EdgeKind, Input, MapPlan, MapSource,
-    Output, Param, Pipeline, Resources, RetryPolicy, Schedule, Stage, StageId,
+    stable_topo_order, EdgeKind, Param, Pipeline, Resources, RetryPolicy, Schedule, StageId,
 };
 use crate::spec::{
     DefaultsSpec, ParamSpec, ParamType, PipelineSpec, QuantityText, RetrySpec, ScheduleSpec,
-    StageSpec, TolerationOperator, PIPELINE_FIELDS,
+    StageSpec, PIPELINE_FIELDS,
 };
 use crate::step::Catalog;
 use crate::template::{Ref, Template};

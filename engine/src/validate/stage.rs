@@ -2,7 +2,18 @@
 //! step), environment, condition, resources, retries, timeout, cache policy, volumes and
 //! distribution, each problem located at its YAML path.
 
-use super::*;
+use std::collections::HashSet;
+
+use crate::diag::{did_you_mean, Diagnostic};
+use crate::expr::Expr;
+use crate::plan::{
+    Action, CachePolicy, Distributed, EdgeKind, Input, Output, Resources, RetryPolicy, Stage,
+};
+use crate::spec::TolerationOperator;
+use crate::template::Template;
+use crate::units::parse_duration;
+
+use super::{dns1123_label, is_ident, p, Annotate, Cx, RefSite, StageCx};
 
 impl<'a> Cx<'a> {
     pub(super) fn check_stage(&mut self, sc: &mut StageCx<'_>, executor: &str) -> Option<Stage> {

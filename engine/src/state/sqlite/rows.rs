@@ -2,7 +2,10 @@
 
 use rusqlite::{params, Connection};
 
-use super::*;
+use super::{
+    now, sql, ArtifactRecord, CacheEntry, ExecuteCached, Phase, Provenance, RunId, RunRecord,
+    ScheduleEntry, StageRecord, StateError, TickRecord,
+};
 
 pub(super) fn json_col(s: String) -> serde_json::Value {
     serde_json::from_str(&s).unwrap_or(serde_json::Value::Null)

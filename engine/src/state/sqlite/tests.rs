@@ -1,6 +1,7 @@
 //! The SQLite store's own tests (the conformance suite, opening, migrating, claiming).
 
 use super::*;
+use crate::state::conformance;
 
 #[test]
 fn sqlite_passes_the_conformance_suite() {
