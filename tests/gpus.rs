@@ -158,14 +158,7 @@ stages:
 fn a_stage_records_what_its_gpu_did() {
     let home = Home::new("gpu-usage");
     let doctor = home.drivetrain(&["doctor", "-o", "json"]);
-    assert_ok(&doctor);
-    let report: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
-    let nvml = report["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|l| l["layer"] == "gpu usage" && l["active"] == true);
-    if !nvml {
+    if doctor_layer(&doctor, "gpu usage")["active"] != true {
         eprintln!("no NVML here (no NVIDIA GPU): skipped");
         return;
     }

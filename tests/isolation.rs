@@ -45,9 +45,22 @@ fn refusing(kinds: &[&str], home: &Home, isolation: &str, args: &[&str]) -> std:
         .iter()
         .map(|k| format!("echo 0 > /proc/sys/user/max_{k}_namespaces && "))
         .collect();
+    unshared(&["-U", "-r", "-m"], &limits, home, isolation, args)
+}
+
+/// `drivetrain ARGS` in `home` under `unshare FLAGS`, after the shell commands `setup`
+/// (each ending in `&& `).
+fn unshared(
+    flags: &[&str],
+    setup: &str,
+    home: &Home,
+    isolation: &str,
+    args: &[&str],
+) -> std::process::Output {
     std::process::Command::new("unshare")
-        .args(["-U", "-r", "-m", "sh", "-c"])
-        .arg(format!(r#"{limits}exec "$0" "$@""#))
+        .args(flags)
+        .args(["sh", "-c"])
+        .arg(format!(r#"{setup}exec "$0" "$@""#))
         .arg(env!("CARGO_BIN_EXE_drivetrain"))
         .args(args)
         .current_dir(&home.dir)
@@ -81,16 +94,7 @@ fn a_refused_user_namespace_fails_a_required_stage_and_auto_says_what_it_has() {
     let o = without_user_namespaces(&home, "auto", &["run", file]);
     assert_ok(&o);
     // And `doctor` says which layers there are, there and here.
-    let layer = |o: std::process::Output, name: &str| -> serde_json::Value {
-        assert_ok(&o);
-        let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        let found = report["layers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|l| l["layer"] == name);
-        found.unwrap_or_else(|| panic!("{name}: {report}"))["active"].clone()
-    };
+    let layer = |o: std::process::Output, name: &str| doctor_layer(&o, name)["active"].clone();
     let doctor = || without_user_namespaces(&home, "auto", &["doctor", "-o", "json"]);
     assert_eq!(layer(doctor(), "user namespace"), false);
     assert_eq!(layer(doctor(), "mount namespace"), true);
@@ -534,15 +538,7 @@ fn resources_are_enforced_and_an_oom_kill_is_reported_as_such() {
     let home = Home::new("resources");
     // Asked of the engine, not of this process (on cgroup v2 the engine moves into a leaf
     // of its cgroup to hand controllers on).
-    let doctor = home.drivetrain(&["doctor", "-o", "json"]);
-    let report: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
-    let cgroups = report["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["layer"] == "cgroup limits")
-        .cloned()
-        .unwrap();
+    let cgroups = cgroup_layer(home.drivetrain(&["doctor", "-o", "json"]));
     if cgroups["active"] != true {
         assert!(
             std::env::var("CI").map_or(true, |v| v != "true"),
@@ -721,26 +717,13 @@ fn without_cgroups_resources_are_said_to_be_unenforced() {
 /// `drivetrain ARGS` in `home` in a mount namespace of its own whose `hidden` is an empty
 /// tmpfs (a host without those cgroups).
 fn hiding(hidden: &str, home: &Home, isolation: &str, args: &[&str]) -> std::process::Output {
-    std::process::Command::new("unshare")
-        .args(["-m", "sh", "-c"])
-        .arg(format!(r#"mount -t tmpfs none {hidden} && exec "$0" "$@""#))
-        .arg(env!("CARGO_BIN_EXE_drivetrain"))
-        .args(args)
-        .current_dir(&home.dir)
-        .env_remove("DRIVETRAIN_HOME")
-        .env("DRIVETRAIN_ISOLATION", isolation)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("unshare runs")
+    let setup = format!("mount -t tmpfs none {hidden} && ");
+    unshared(&["-m"], &setup, home, isolation, args)
 }
 
 /// The `cgroup limits` layer of a `doctor -o json` report.
 fn cgroup_layer(doctor: std::process::Output) -> serde_json::Value {
-    assert_ok(&doctor);
-    let report: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
-    let layers = report["layers"].as_array().unwrap();
-    let found = layers.iter().find(|l| l["layer"] == "cgroup limits");
-    found.unwrap().clone()
+    doctor_layer(&doctor, "cgroup limits")
 }
 
 /// A host whose cgroups lack a controller (here: the v1 `pids` hierarchy hidden; on v2, a
@@ -825,20 +808,10 @@ fn refused_pid_and_network_namespaces_are_said_and_network_none_is_never_ignored
         )
     };
     let doctor = refusing(&["pid", "net"], &home, "auto", &["doctor", "-o", "json"]);
-    assert_ok(&doctor);
-    let report: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
-    let active = |name: &str| {
-        report["layers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|l| l["layer"] == name)
-            .unwrap()["active"]
-            .clone()
-    };
-    assert_eq!(active("pid namespace"), false, "{report}");
-    assert_eq!(active("network namespace"), false, "{report}");
-    assert_eq!(active("mount namespace"), true, "{report}");
+    let active = |name: &str| doctor_layer(&doctor, name)["active"].clone();
+    assert_eq!(active("pid namespace"), false);
+    assert_eq!(active("network namespace"), false);
+    assert_eq!(active("mount namespace"), true);
     let o = run(&file);
     assert_ok(&o);
     let o = run(&cut);

@@ -144,3 +144,12 @@ where
         .map(|(k, v)| (k.as_ref(), v.as_ref()))
         .collect()
 }
+
+/// The layer `name` of a `drivetrain doctor -o json` report.
+pub fn doctor_layer(doctor: &Output, name: &str) -> serde_json::Value {
+    assert_ok(doctor);
+    let report: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let layers = report["layers"].as_array().expect("layers");
+    let found = layers.iter().find(|l| l["layer"] == name);
+    found.unwrap_or_else(|| panic!("{name}: {report}")).clone()
+}
