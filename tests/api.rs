@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::http::{documented, json, request, request_to, start, wait_phase, TOKEN};
-use common::{assert_ok, text, Home};
+use common::{assert_ok, doctor_layer, text, Home};
 
 fn served(home: &Home) {
     std::fs::create_dir_all(home.dir.join("served")).unwrap();
@@ -152,7 +152,8 @@ fn runs_schedules_logs_and_metrics_over_http() {
         assert!(m.contains(name), "{name} in:\n{m}");
     }
     // What stages used, where the machine gives cgroups (CI's does).
-    if drivetrain_plugins::local::Cgroups::host().active() {
+    let doctor = home.drivetrain(&["doctor", "-o", "json"]);
+    if doctor_layer(&doctor, "cgroup limits")["active"] == true {
         for name in [
             "drivetrain_stage_cpu_seconds_total{pipeline=\"hello\",stage=\"greet\"}",
             "drivetrain_stage_peak_memory_bytes{pipeline=\"hello\",stage=\"greet\"}",
