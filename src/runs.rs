@@ -49,7 +49,7 @@ pub fn open_state(home: &Path) -> anyhow::Result<Arc<dyn StateStore>> {
     std::fs::create_dir_all(home)?;
     match std::env::var("DRIVETRAIN_STATE") {
         Ok(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => Ok(
-            Arc::new(drivetrain_plugins::postgres::PostgresState::open(&url)?),
+            Arc::new(drivetrain_engine::state::PostgresState::open(&url)?),
         ),
         Ok(url) if !url.is_empty() => anyhow::bail!(
             "DRIVETRAIN_STATE `{url}`: expected a postgres:// URL (unset it for SQLite in the home)"

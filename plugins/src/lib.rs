@@ -1,4 +1,4 @@
-//! Executors and registry backends, registered by the binary in one explicit list.
+//! Executors, registered by the binary in one explicit list.
 //!
 //! The spec names an executor with `defaults.executor`; [`EXECUTORS`] is what validation
 //! accepts and [`executor`] what can run today.
@@ -10,7 +10,6 @@ use drivetrain_engine::executor::Executor;
 pub mod gpus;
 pub mod kubernetes;
 pub mod local;
-pub mod postgres;
 
 /// The executor kinds a pipeline may name, default first.
 pub const EXECUTORS: &[&str] = &["local", "kubernetes"];

@@ -20,7 +20,7 @@ fn main() -> ExitCode {
     let store: Box<dyn StateStore> = match kind.as_str() {
         "sqlite" => Box::new(SqliteState::open(std::path::Path::new(target)).expect("sqlite")),
         "postgres" => {
-            Box::new(drivetrain_plugins::postgres::PostgresState::open(target).expect("postgres"))
+            Box::new(drivetrain_engine::state::PostgresState::open(target).expect("postgres"))
         }
         other => {
             eprintln!("unknown store {other}");

@@ -5,7 +5,8 @@
 //! migrations. A transition is written (and committed) before the engine acts on it, so an
 //! engine killed at any point leaves a record of what it was doing.
 //!
-//! The SQLite store is in [`sqlite`]; the suite every store's tests run, in
+//! The SQLite store is in `sqlite`, the PostgreSQL store beside it in `postgres` (the
+//! `postgres` feature, which the binary turns on); the suite every store's tests run, in
 //! [`conformance`].
 
 use std::collections::BTreeMap;
@@ -13,7 +14,11 @@ use std::fmt;
 
 use serde::Serialize;
 
+#[cfg(feature = "postgres")]
+mod postgres;
 mod sqlite;
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresState;
 pub use sqlite::{SqliteState, LAST_TICK, UNSTARTED_SINCE};
 
 #[cfg(any(test, feature = "testing"))]

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use drivetrain_engine::state::{
+use super::{
     now, ArtifactRecord, ArtifactUse, AttemptRecord, CacheEntry, ItemRecord, Phase, Provenance,
     RunFilter, RunId, RunRecord, ScheduleEntry, StageRecord, StateError, StateStore, Success,
     TickRecord, LAST_TICK, UNSTARTED_SINCE,
@@ -769,7 +769,7 @@ impl StateStore for PostgresState {
         run: &RunId,
         stage: &str,
         idx: usize,
-        usage: &drivetrain_engine::executor::ResourceUsage,
+        usage: &crate::executor::ResourceUsage,
     ) -> Result<(), StateError> {
         let text = serde_json::to_string(usage).unwrap_or_default();
         self.with(|c| {
@@ -788,7 +788,7 @@ impl StateStore for PostgresState {
         run: &RunId,
         stage: &str,
         attempt: u32,
-        usage: &drivetrain_engine::executor::ResourceUsage,
+        usage: &crate::executor::ResourceUsage,
     ) -> Result<(), StateError> {
         let text = serde_json::to_string(usage).unwrap_or_default();
         self.with(|c| {
@@ -1309,8 +1309,8 @@ fn schedule_from_row(r: &Row) -> ScheduleEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use drivetrain_engine::state::conformance;
-    use drivetrain_engine::testing::Postgres;
+    use crate::state::conformance;
+    use crate::testing::Postgres;
 
     /// Against a real PostgreSQL (initdb + pg_ctl on a loopback port).
     #[test]
