@@ -8,9 +8,9 @@ use serde_json::json;
 /// Prints the machine's report, as text or JSON.
 pub fn doctor(gpus: Option<usize>, json_out: bool) -> anyhow::Result<ExitCode> {
     let cores = crate::runs::default_parallelism();
-    let found = drivetrain_plugins::gpus::detect(gpus);
-    let isolation = drivetrain_plugins::local::namespaces_work();
-    let layers = drivetrain_plugins::local::layers();
+    let found = drivetrain_executors::gpus::detect(gpus);
+    let isolation = drivetrain_executors::local::namespaces_work();
+    let layers = drivetrain_executors::local::layers();
     if json_out {
         let list: Vec<_> = found
             .gpus

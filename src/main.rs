@@ -40,7 +40,7 @@ use plan_output::{plan_json, plan_text};
 fn catalog() -> Catalog {
     Catalog::new(
         drivetrain_steps::all(),
-        drivetrain_plugins::EXECUTORS.to_vec(),
+        drivetrain_executors::EXECUTORS.to_vec(),
     )
 }
 
@@ -418,7 +418,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
                 return outcome(
-                    drivetrain_plugins::kubernetes::Settings::from_env()
+                    drivetrain_executors::kubernetes::Settings::from_env()
                         .map_err(anyhow::Error::msg)
                         .and_then(|settings| {
                             manifests::manifests(&p, &values, &selected, &settings, &run_id)

@@ -14,7 +14,7 @@ use drivetrain_engine::plan::{Action, Pipeline};
 use drivetrain_engine::step::env_suffix;
 use drivetrain_engine::template::{render_value, value_text, Ref, Template};
 use drivetrain_engine::StageId;
-use drivetrain_plugins::kubernetes::{render, Settings};
+use drivetrain_executors::kubernetes::{render, Settings};
 use serde_json::Value;
 
 /// Comment lines heading the documents: the artifact store the pods will use and where

@@ -245,7 +245,7 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
         "params": args.params.iter().map(|(k, _)| (k.clone(), params.get(k).cloned().unwrap_or_default())).collect::<serde_json::Map<_, _>>(),
         "images": images,
     });
-    let executor = match drivetrain_plugins::executor(&pipeline.executor) {
+    let executor = match drivetrain_executors::executor(&pipeline.executor) {
         Ok(e) => e,
         Err(why) => return usage(why),
     };

@@ -106,7 +106,7 @@ pub struct RunArgs<'a> {
 /// Runs a pipeline to its end, printing the run id first and then one line per transition.
 pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
     let executor_name = args.executor.unwrap_or(&args.pipeline.executor).to_owned();
-    let executor = match drivetrain_plugins::executor(&executor_name) {
+    let executor = match drivetrain_executors::executor(&executor_name) {
         Ok(e) => e,
         Err(why) => {
             eprintln!("error: {why}");
@@ -209,13 +209,13 @@ pub fn detach(home: &Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The GPUs stages of `pipeline` may claim (`drivetrain_plugins::gpus::detect`, `count`
+/// The GPUs stages of `pipeline` may claim (`drivetrain_executors::gpus::detect`, `count`
 /// overriding how many), looked for only when a stage asks for one.
 pub fn machine_gpus(pipeline: &Pipeline, count: Option<usize>) -> Vec<String> {
     if count.is_none() && pipeline.stages.iter().all(|s| s.gpus() == 0) {
         return Vec::new();
     }
-    drivetrain_plugins::gpus::detect(count).ids()
+    drivetrain_executors::gpus::detect(count).ids()
 }
 
 pub(crate) fn default_parallelism() -> usize {
@@ -514,7 +514,7 @@ pub fn resume(
         return Ok(ExitCode::from(1));
     };
     // The executor the run started on (`--executor` may have overridden the pipeline's).
-    let executor = match drivetrain_plugins::executor(
+    let executor = match drivetrain_executors::executor(
         record.executor.as_deref().unwrap_or(&pipeline.executor),
     ) {
         Ok(e) => e,
@@ -707,7 +707,7 @@ pub fn end_orphan(
     phase: Phase,
     reason: &str,
 ) -> anyhow::Result<()> {
-    let executor = drivetrain_plugins::executor(record.executor.as_deref().unwrap_or("local"))
+    let executor = drivetrain_executors::executor(record.executor.as_deref().unwrap_or("local"))
         .map_err(|e| anyhow::anyhow!(e))?;
     reap_lost(state, executor.as_ref(), &record.id, false)?;
     state.finish_run(&record.id, phase, Some(reason))?;

@@ -949,7 +949,7 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
     let bound = listener.local_addr()?;
     let server = Arc::new(Server {
         artifacts: ArtifactStore::open(&store_url(None, home)?)?,
-        executor: drivetrain_plugins::executor("local").map_err(|e| anyhow::anyhow!(e))?,
+        executor: drivetrain_executors::executor("local").map_err(|e| anyhow::anyhow!(e))?,
         work_dir: std::fs::canonicalize(home)?.join("work"),
         home: std::fs::canonicalize(home)?,
         dir: std::fs::canonicalize(args.pipelines.as_deref().unwrap_or(home))?,

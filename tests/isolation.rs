@@ -514,7 +514,7 @@ stages:
     use std::os::unix::fs::MetadataExt as _;
     let meta = std::fs::metadata(&published).unwrap();
     assert_eq!((meta.uid(), meta.gid()), (0, 0));
-    let map = format!("uid_map: 0 {} 1", drivetrain_plugins::local::STAGE_ID);
+    let map = format!("uid_map: 0 {} 1", drivetrain_executors::local::STAGE_ID);
     assert!(log.contains(&map), "{log}");
     // And the secret is nowhere under the home.
     let grep = std::process::Command::new("grep")

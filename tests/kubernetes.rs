@@ -1,7 +1,7 @@
 //! The kubernetes executor end to end: the manifests `drivetrain plan --manifests`
 //! renders (snapshots, and validated against the official Kubernetes schemas and the CRDs
 //! in tests/k8s/crds/, vendored from the published CRDs), and a pipeline run by the binary against the Kubernetes API
-//! stand-in (`drivetrain_plugins::kubernetes::standin`).
+//! stand-in (`drivetrain_executors::kubernetes::standin`).
 //!
 //! The stand-in is not a cluster: it is an HTTP server that the real kube-rs client in the
 //! binary talks to over loopback, serving the API paths the executor uses, and it runs
@@ -16,7 +16,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use drivetrain_plugins::kubernetes::standin::{Node, StandIn};
+use drivetrain_executors::kubernetes::standin::{Node, StandIn};
 
 mod common;
 use common::{assert_ok, run_id, stage, text, Home};

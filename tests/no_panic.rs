@@ -8,7 +8,7 @@ use proptest::prelude::*;
 fn catalog() -> Catalog {
     Catalog::new(
         drivetrain_steps::all(),
-        drivetrain_plugins::EXECUTORS.to_vec(),
+        drivetrain_executors::EXECUTORS.to_vec(),
     )
 }
 

@@ -4,7 +4,7 @@
 //! writes, the inputs it reads and a config type; validation checks a stage's `with:`
 //! block against that type with located errors. Executors are named here too, so
 //! `validate` can reject `executor: kubernets`. The engine never names a concrete step or
-//! executor: the binary builds one [`Catalog`] from the `steps` and `plugins` crates.
+//! executor: the binary builds one [`Catalog`] from the `steps` and `executors` crates.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -1,7 +1,7 @@
 //! The local executor passes the executor conformance suite.
 
 use drivetrain_engine::executor::conformance;
-use drivetrain_plugins::local::LocalExecutor;
+use drivetrain_executors::local::LocalExecutor;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_executor_conforms() {
