@@ -59,7 +59,7 @@ impl GpuUsage {
     /// Adds one moment's memory: what the processes of `procs` that `mine` says are the
     /// attempt's held, summed over the GPUs (each GPU's list one entry of `on_gpus`).
     fn add_memory(&mut self, on_gpus: &[Vec<ProcessInfo>], mine: impl Fn(u32) -> bool) {
-        let held: u64 = on_gpus
+        let held: Vec<u64> = on_gpus
             .iter()
             .flatten()
             .filter(|p| mine(p.pid))
@@ -67,10 +67,11 @@ impl GpuUsage {
                 UsedGpuMemory::Used(b) => b,
                 UsedGpuMemory::Unavailable => 0,
             })
-            .sum();
-        let any = on_gpus.iter().flatten().any(|p| mine(p.pid));
-        if any || self.peak_memory_bytes.is_some() {
-            self.peak_memory_bytes = Some(self.peak_memory_bytes.unwrap_or(0).max(held));
+            .collect();
+        // None until a process of the attempt is on one of its GPUs.
+        if !held.is_empty() || self.peak_memory_bytes.is_some() {
+            let now = held.iter().sum::<u64>();
+            self.peak_memory_bytes = Some(self.peak_memory_bytes.unwrap_or(0).max(now));
         }
     }
 }
@@ -137,23 +138,21 @@ impl GpuWatch {
                         }
                     }
                     // Once it is ending its processes are gone: no moment of memory then.
-                    if !ending {
-                        let on_gpus: Vec<Vec<ProcessInfo>> = devices
-                            .iter()
-                            .map(|d| {
-                                let mut all = d.running_compute_processes().unwrap_or_default();
-                                all.extend(d.running_graphics_processes().unwrap_or_default());
-                                all
-                            })
-                            .collect();
-                        let pids = procs.as_ref().map(|p| read_pids(p));
-                        usage.add_memory(&on_gpus, |pid| {
-                            pids.as_ref().is_none_or(|set| set.contains(&pid))
-                        });
-                    }
                     if ending {
                         return usage;
                     }
+                    let on_gpus: Vec<Vec<ProcessInfo>> = devices
+                        .iter()
+                        .map(|d| {
+                            let mut all = d.running_compute_processes().unwrap_or_default();
+                            all.extend(d.running_graphics_processes().unwrap_or_default());
+                            all
+                        })
+                        .collect();
+                    let pids = procs.as_ref().map(|p| read_pids(p));
+                    usage.add_memory(&on_gpus, |pid| {
+                        pids.as_ref().is_none_or(|set| set.contains(&pid))
+                    });
                 }
             })
             .ok()?;

@@ -609,12 +609,13 @@ pub fn layers() -> Vec<(&'static str, bool, String)> {
         network_namespaces_work(),
         "`network: none`: a stage's own network namespace with loopback only; `host` (the default) shares the machine's".into(),
     ));
+    let nvml = crate::gpus::nvml().is_some();
     all.push((
         "gpu usage",
-        crate::gpus::nvml().is_some(),
-        match crate::gpus::nvml() {
-            Some(_) => "NVML: each attempt's GPU utilization and its processes' GPU memory, sampled while it runs".into(),
-            None => "no NVML here (no NVIDIA driver): attempts record no GPU usage".into(),
+        nvml,
+        match nvml {
+            true => "NVML: each attempt's GPU utilization and its processes' GPU memory, sampled while it runs".into(),
+            false => "no NVML here (no NVIDIA driver): attempts record no GPU usage".into(),
         },
     ));
     all

@@ -405,6 +405,15 @@ impl LocalExecutor {
     }
 }
 
+/// The value the attempt's own environment gives `name` (the last one set wins).
+fn attempt_env<'a>(spec: &'a AttemptSpec, name: &str) -> Option<&'a str> {
+    spec.env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
 /// How an isolated attempt is set up: `layers`, its paths, what its user must get to (its
 /// program, `PATH`, working directory), its network, its `/dev` (with the GPUs it was
 /// given) and its cgroups.
@@ -416,13 +425,7 @@ fn plan(
     no_network: bool,
     cgroups: Vec<std::os::fd::RawFd>,
 ) -> std::io::Result<MountPlan> {
-    let env = |name: &str| {
-        spec.env
-            .iter()
-            .rev()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-    };
+    let env = |name: &str| attempt_env(spec, name).map(str::to_owned);
     let path = env("PATH")
         .or_else(|| std::env::var("PATH").ok())
         .unwrap_or_default();
@@ -570,12 +573,8 @@ impl Executor for LocalExecutor {
             (Ok(std::fs::File::from(write)), Some(task))
         };
         let out = out.map_err(|e| ExecutorError(format!("cannot open the log: {e}")))?;
-        let gpu = spec
-            .env
-            .iter()
-            .rev()
-            .find(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
-            .and_then(|(_, v)| GpuWatch::start(v, cgroup.as_ref().and_then(|c| c.members())));
+        let gpu = attempt_env(&spec, "CUDA_VISIBLE_DEVICES")
+            .and_then(|v| GpuWatch::start(v, cgroup.as_ref().and_then(|c| c.members())));
         let mut started = Started {
             pgid: 0,
             children: Vec::with_capacity(workers),
