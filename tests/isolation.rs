@@ -536,15 +536,7 @@ fn resources_are_enforced_and_an_oom_kill_is_reported_as_such() {
         return;
     }
     let home = Home::new("resources");
-    // Asked of the engine, not of this process (on cgroup v2 the engine moves into a leaf
-    // of its cgroup to hand controllers on).
-    let cgroups = cgroup_layer(home.drivetrain(&["doctor", "-o", "json"]));
-    if cgroups["active"] != true {
-        assert!(
-            std::env::var("CI").map_or(true, |v| v != "true"),
-            "CI's machine has cgroups: {cgroups}"
-        );
-        eprintln!("no cgroups here, skipped: {cgroups}");
+    if !cgroups_or_skip(&home) {
         return;
     }
     let file = home.write(
@@ -631,6 +623,134 @@ stages:
         .output()
         .unwrap();
     assert_eq!(text(&cgroups.stdout), "");
+    // Nor a cgroup the engine kept for its next attempts (`drivetrain/PID/slot-N`), once
+    // it has exited.
+    let slots = std::process::Command::new("find")
+        .args([
+            "/sys/fs/cgroup",
+            "-maxdepth",
+            "8",
+            "-type",
+            "d",
+            "-path",
+            "*/drivetrain/*/slot-*",
+        ])
+        .output()
+        .unwrap();
+    let left: Vec<&str> = std::str::from_utf8(&slots.stdout)
+        .unwrap()
+        .lines()
+        .filter(|d| {
+            let pid = d.rsplit('/').nth(1).unwrap();
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        })
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// Whether the engine gives stages cgroups here (CI's machine does). Asked of the engine,
+/// not of this process (on cgroup v2 the engine moves into a leaf of its cgroup to hand
+/// controllers on).
+fn cgroups_or_skip(home: &Home) -> bool {
+    let cgroups = cgroup_layer(home.drivetrain(&["doctor", "-o", "json"]));
+    if cgroups["active"] != true {
+        assert!(
+            std::env::var("CI").map_or(true, |v| v != "true"),
+            "CI's machine has cgroups: {cgroups}"
+        );
+        eprintln!("no cgroups here, skipped: {cgroups}");
+        return false;
+    }
+    true
+}
+
+/// An attempt's cgroups serve the next attempt once it has ended (v1: making and removing
+/// them was a third of a millisecond per stage), and the next one counts only its own:
+/// after a stage that burnt half a second of CPU and held 32 MiB, and one killed for its
+/// 64 MiB limit, a hook in the same cgroups (its `/proc/self/cgroup` says so) has neither
+/// their CPU time, nor their peak, nor their OOM kill, nor their limit.
+#[test]
+fn an_ended_attempts_cgroups_serve_the_next_one_which_counts_only_its_own() {
+    if !root_or_skip("the engine makes cgroups as root") {
+        return;
+    }
+    let home = Home::new("cgroup-reuse");
+    if !cgroups_or_skip(&home) {
+        return;
+    }
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: reuse
+stages:
+  burn:
+    run: {command: [python3, -c, "import time\nb = bytearray(32 << 20)\nb[::4096] = b'x' * (len(b) // 4096)\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\nprint(open('/proc/self/cgroup').read())"]}
+  hog:
+    needs: [burn]
+    resources: {memory: 64Mi}
+    run: {command: [python3, -c, "b = bytearray(1 << 30); b[::4096] = b'x' * (len(b) // 4096)"]}
+  after:
+    hook: finally
+    run: {command: [sh, -c, 'cat /proc/self/cgroup; head -c 100000000 /dev/zero | tail -c 1 > /dev/null; echo under no limit; exit 3']}
+"#,
+    );
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap(), "--parallelism", "1"],
+        &[("DRIVETRAIN_ISOLATION", "required")],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}{}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    let id = run_id(&o);
+    let st = home.status(&id);
+    let burn = stage(&st, "burn");
+    assert_eq!(burn["phase"], "Succeeded", "{st}");
+    assert!(
+        burn["usage"]["cpu_seconds"].as_f64().unwrap() >= 0.45,
+        "{st}"
+    );
+    assert!(
+        burn["usage"]["peak_memory_bytes"].as_u64().unwrap() >= 32 << 20,
+        "{st}"
+    );
+    let hog = stage(&st, "hog");
+    let reason = hog["reason"].as_str().unwrap();
+    assert!(reason.starts_with("out of memory (limit 64Mi)"), "{reason}");
+    let after = stage(&st, "after");
+    let reason = after["reason"].as_str().unwrap();
+    assert!(reason.starts_with("exited with code 3\n"), "{reason}");
+    assert!(
+        after["usage"]["cpu_seconds"].as_f64().unwrap() < 0.3,
+        "{st}"
+    );
+    assert!(
+        after["usage"]["peak_memory_bytes"].as_u64().unwrap() < 16 << 20,
+        "{st}"
+    );
+    // The same cgroups: the first and the last stage name the same ones.
+    let cgroup = |stage: &str| {
+        let log = text(&home.drivetrain(&["logs", &id, "--stage", stage]).stdout);
+        let pids: Vec<String> = log
+            .lines()
+            .filter(|l| l.contains(":pids:"))
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(pids.len(), 1, "{log}");
+        pids[0].clone()
+    };
+    assert!(
+        cgroup("burn").contains("/drivetrain/"),
+        "{}",
+        cgroup("burn")
+    );
+    assert_eq!(cgroup("burn"), cgroup("after"));
+    let after_log = text(&home.drivetrain(&["logs", &id, "--stage", "after"]).stdout);
+    assert!(after_log.contains("under no limit"), "{after_log}");
 }
 
 /// `network: none` gives a stage a network namespace of its own with loopback only: the

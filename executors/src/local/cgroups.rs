@@ -1,4 +1,4 @@
-//! `resources:` enforced on a local attempt through cgroups, and what it used.
+//! The host's cgroups: where the engine makes its attempts' (`attempt_cgroup.rs`).
 //!
 //! Each attempt gets a cgroup of its own under the engine's, in each hierarchy it needs:
 //! v1 controllers (`memory`, `pids`, `cpu`, `cpuacct`) where the host mounts them (this
@@ -8,16 +8,14 @@
 //! 100 ms period; every attempt gets a `pids` limit ([`PIDS_MAX`], or
 //! `DRIVETRAIN_PIDS_MAX`), so a fork storm ends at the limit, not at the host's. The
 //! child joins before it execs (it writes `0` to descriptors of v1's `tasks` or v2's
-//! `cgroup.procs` the engine opened), so nothing of the stage runs outside. When the attempt ends the engine reads
-//! the kernel's OOM-kill count, peak memory and CPU time, then removes the cgroups.
+//! //! `cgroup.procs` the engine opened), so nothing of the stage runs outside. When the
+//! attempt ends the engine reads the kernel's OOM-kill count, peak memory and CPU time,
+//! and keeps the cgroups for the next attempt or removes them.
 //!
 //! Where the host gives none of this (no controllers, not permitted), [`Cgroups::detect`]
 //! says why once; `doctor` and every run that asked for `resources` say so.
 
-use std::os::fd::{AsRawFd as _, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-
-use drivetrain_engine::plan::Resources;
 
 /// Processes (and threads) an attempt may have at once unless `DRIVETRAIN_PIDS_MAX` says.
 pub const PIDS_MAX: u64 = 4096;
@@ -37,17 +35,6 @@ pub enum Cgroups {
     V2 { dir: PathBuf, subtree: String },
     /// None here, and why.
     None(String),
-}
-
-/// What an attempt used, from its cgroups.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Usage {
-    pub peak_memory_bytes: Option<u64>,
-    pub cpu_seconds: Option<f64>,
-    /// Processes the kernel killed for the memory limit.
-    pub oom_kills: u64,
-    /// `fork`s refused at the pids limit.
-    pub forks_refused: u64,
 }
 
 impl Cgroups {
@@ -254,232 +241,9 @@ fn writable(dir: &Path) -> bool {
     nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_ok()
 }
 
-/// One attempt's cgroups: made before it starts, removed when it has ended.
-pub(super) struct AttemptCgroup {
-    dirs: Vec<PathBuf>,
-    /// `tasks` (v1) or `cgroup.procs` (v2) of each, open for the child to join by writing `0`.
-    procs: Vec<OwnedFd>,
-    memory: Option<PathBuf>,
-    cpu: Option<PathBuf>,
-    pids: Option<PathBuf>,
-    v2: bool,
-}
-
-impl AttemptCgroup {
-    /// Makes the attempt's cgroups named `name` and sets `resources`' limits.
-    pub(super) fn create(
-        host: &Cgroups,
-        name: &str,
-        resources: &Resources,
-    ) -> std::io::Result<Option<AttemptCgroup>> {
-        let name: String = name
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        let pids_max = std::env::var("DRIVETRAIN_PIDS_MAX")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(PIDS_MAX);
-        let memory = resources.memory.as_ref().map(|q| q.value as u64);
-        let cpu_quota = resources
-            .cpu
-            .as_ref()
-            .map(|q| ((q.value * 100_000.0).ceil() as u64).max(1000));
-        let mut made = AttemptCgroup {
-            dirs: Vec::new(),
-            procs: Vec::new(),
-            memory: None,
-            cpu: None,
-            pids: None,
-            v2: false,
-        };
-        let mut mk = |parent: &Path| -> std::io::Result<PathBuf> {
-            let dir = engine_dir(parent).join(&name);
-            std::fs::create_dir_all(&dir)?;
-            made.dirs.push(dir.clone());
-            // `tasks`, not `cgroup.procs`: the child moves only itself (its one thread),
-            // which the kernel does without the global `cgroup_threadgroup_rwsem` and
-            // its RCU grace period (bench/cgroup_migration.py: ~0.1 ms, not ~8 ms).
-            let tasks = std::fs::OpenOptions::new()
-                .write(true)
-                .open(dir.join("tasks"))?;
-            made.procs.push(tasks.into());
-            Ok(dir)
-        };
-        match host {
-            Cgroups::None(_) => return Ok(None),
-            Cgroups::V1 {
-                memory: mem,
-                pids,
-                cpu,
-                cpuacct,
-            } => {
-                if let Some(parent) = mem {
-                    let dir = mk(parent)?;
-                    if let Some(bytes) = memory {
-                        std::fs::write(dir.join("memory.limit_in_bytes"), bytes.to_string())?;
-                        // No swap instead of the limit, where the host has swap accounting.
-                        let _ = std::fs::write(
-                            dir.join("memory.memsw.limit_in_bytes"),
-                            bytes.to_string(),
-                        );
-                    }
-                    made.memory = Some(dir);
-                }
-                if let Some(parent) = pids {
-                    let dir = mk(parent)?;
-                    std::fs::write(dir.join("pids.max"), pids_max.to_string())?;
-                    made.pids = Some(dir);
-                }
-                // The cpu hierarchy only for a quota (one cgroup less to make per attempt).
-                if let (Some(parent), Some(quota)) = (cpu, cpu_quota) {
-                    let dir = mk(parent)?;
-                    std::fs::write(dir.join("cpu.cfs_period_us"), "100000")?;
-                    std::fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string())?;
-                }
-                if let Some(parent) = cpuacct {
-                    made.cpu = Some(mk(parent)?);
-                }
-            }
-            Cgroups::V2 { dir: base, subtree } => {
-                // This engine's directory hands the controllers on to its attempts too.
-                let engine = engine_dir(base);
-                static ENABLED: std::sync::OnceLock<std::io::Result<()>> =
-                    std::sync::OnceLock::new();
-                if let Err(e) = ENABLED.get_or_init(|| {
-                    std::fs::create_dir_all(&engine)?;
-                    std::fs::write(engine.join("cgroup.subtree_control"), subtree)
-                }) {
-                    return Err(std::io::Error::new(e.kind(), e.to_string()));
-                }
-                let dir = engine.join(&name);
-                std::fs::create_dir_all(&dir)?;
-                made.dirs.push(dir.clone());
-                if let Some(bytes) = memory {
-                    std::fs::write(dir.join("memory.max"), bytes.to_string())?;
-                    let _ = std::fs::write(dir.join("memory.swap.max"), "0");
-                }
-                let _ = std::fs::write(dir.join("pids.max"), pids_max.to_string());
-                if let Some(quota) = cpu_quota {
-                    let _ = std::fs::write(dir.join("cpu.max"), format!("{quota} 100000"));
-                }
-                let procs = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(dir.join("cgroup.procs"))?;
-                made.procs.push(procs.into());
-                made.memory = Some(dir.clone());
-                made.cpu = Some(dir.clone());
-                made.pids = Some(dir);
-                made.v2 = true;
-            }
-        }
-        Ok(Some(made))
-    }
-
-    /// The descriptors the child writes `0` to, joining every cgroup of the attempt.
-    pub(super) fn procs(&self) -> Vec<RawFd> {
-        self.procs.iter().map(|f| f.as_raw_fd()).collect()
-    }
-
-    /// The file listing the attempt's processes now (host pids): `cgroup.procs` of its
-    /// memory (else pids) cgroup.
-    pub(super) fn members(&self) -> Option<PathBuf> {
-        let dir = self.memory.as_ref().or(self.pids.as_ref())?;
-        Some(dir.join("cgroup.procs"))
-    }
-
-    /// The pids limit this attempt has.
-    pub(super) fn pids_max(&self) -> Option<String> {
-        let dir = self.pids.as_ref()?;
-        std::fs::read_to_string(dir.join("pids.max"))
-            .ok()
-            .map(|s| s.trim().to_owned())
-    }
-
-    /// What the attempt used, read once it has ended.
-    pub(super) fn usage(&self) -> Usage {
-        let read = |dir: &Option<PathBuf>, file: &str| {
-            dir.as_ref()
-                .and_then(|d| std::fs::read_to_string(d.join(file)).ok())
-                .unwrap_or_default()
-        };
-        let field = |text: &str, key: &str| {
-            text.lines().find_map(|l| {
-                let (k, v) = l.split_once(' ')?;
-                (k == key).then(|| v.trim().parse::<u64>().ok())?
-            })
-        };
-        let forks_refused = field(&read(&self.pids, "pids.events"), "max").unwrap_or(0);
-        if self.v2 {
-            let cpu = read(&self.cpu, "cpu.stat");
-            Usage {
-                peak_memory_bytes: read(&self.memory, "memory.peak").trim().parse().ok(),
-                cpu_seconds: field(&cpu, "usage_usec").map(|us| us as f64 / 1e6),
-                oom_kills: field(&read(&self.memory, "memory.events"), "oom_kill").unwrap_or(0),
-                forks_refused,
-            }
-        } else {
-            Usage {
-                peak_memory_bytes: read(&self.memory, "memory.max_usage_in_bytes")
-                    .trim()
-                    .parse()
-                    .ok(),
-                cpu_seconds: read(&self.cpu, "cpuacct.usage")
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-                    .map(|ns| ns as f64 / 1e9),
-                oom_kills: field(&read(&self.memory, "memory.oom_control"), "oom_kill")
-                    .unwrap_or(0),
-                forks_refused,
-            }
-        }
-    }
-}
-
-impl Drop for AttemptCgroup {
-    /// Removes the cgroups; one that still holds a process (a kill not yet through) is
-    /// retried for a moment on a thread of its own, off the run loop's path, and one left
-    /// then goes when the next engine starts ([`engine_dir`]).
-    fn drop(&mut self) {
-        self.procs.clear();
-        let mut dirs = std::mem::take(&mut self.dirs);
-        // Empty as soon as its processes are reaped, as a rule: removed here and now.
-        dirs.retain(|d| std::fs::remove_dir(d).is_err() && d.exists());
-        if dirs.is_empty() {
-            return;
-        }
-        let remove = move || {
-            for dir in dirs.iter().rev() {
-                for _ in 0..500 {
-                    match std::fs::remove_dir(dir) {
-                        Err(e) if e.raw_os_error() == Some(nix::libc::EBUSY) => {
-                            std::thread::sleep(std::time::Duration::from_millis(2));
-                        }
-                        _ => break,
-                    }
-                }
-            }
-        };
-        if std::thread::Builder::new()
-            .name("cgroup-rmdir".into())
-            .spawn(remove.clone())
-            .is_err()
-        {
-            remove();
-        }
-    }
-}
-
 /// This engine's directory under `parent` (`drivetrain/PID`), made once; the first time,
 /// the directories of engines no longer running are removed with what is left in them.
-fn engine_dir(parent: &Path) -> PathBuf {
+pub(super) fn engine_dir(parent: &Path) -> PathBuf {
     static SWEPT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
     let base = parent.join("drivetrain");
     let mine = base.join(std::process::id().to_string());
@@ -498,7 +262,7 @@ fn engine_dir(parent: &Path) -> PathBuf {
 }
 
 /// Removes an empty cgroup and its children (cgroup directories hold no files to delete).
-fn remove_tree(dir: &Path) {
+pub(super) fn remove_tree(dir: &Path) {
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
             remove_tree(&entry.path());

@@ -258,24 +258,24 @@ impl MountPlan {
                 });
             }
         }
+        // Which hidden paths are directories, asked once each.
+        let hidden_dir: Vec<bool> = access.iter().map(|a| a.hidden && a.path.is_dir()).collect();
         for (i, a) in access.iter().enumerate() {
-            let under = access[..i]
-                .iter()
-                .find(|h| h.hidden && h.path.is_dir() && a.path.starts_with(&h.path));
+            let earlier_dirs = || (0..i).filter(|&j| hidden_dir[j]).map(|j| &access[j].path);
+            let under = earlier_dirs().find(|h| a.path.starts_with(h));
             let kind = match (a.hidden, under) {
-                (true, _) if a.path.is_dir() => Kind::HideDir,
+                (true, _) if hidden_dir[i] => Kind::HideDir,
                 (true, _) => Kind::HideFile {
-                    empty: access[..i]
-                        .iter()
-                        .find(|h| h.hidden && h.path.is_dir())
-                        .map(|h| c_path(&h.path.join(".empty")))
+                    empty: earlier_dirs()
+                        .next()
+                        .map(|h| c_path(&h.join(".empty")))
                         .transpose()?,
                 },
                 (false, Some(h)) => Kind::Reattach {
                     dirs: a
                         .path
                         .ancestors()
-                        .take_while(|d| d.starts_with(&h.path) && *d != h.path)
+                        .take_while(|d| d.starts_with(h) && *d != h.as_path())
                         .collect::<Vec<_>>()
                         .into_iter()
                         .rev()

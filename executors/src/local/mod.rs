@@ -13,9 +13,9 @@
 //! `required`) is contained the way runc and bubblewrap contain a container, in the
 //! engine's own spawn path (no `fork`: `isolate.rs`). Each layer, in the order the child
 //! sets it up; `doctor` lists which are active here ([`layers`]):
-//! - **cgroups** (`cgroups.rs`): `resources.memory` and `cpu` are limits, every attempt
-//!   has a pids limit; an OOM kill is `out of memory (limit …)`, retryable by
-//!   `retries.on: [oom]`.
+//! - **cgroups** (`cgroups.rs`, `attempt_cgroup.rs`): `resources.memory` and `cpu` are
+//!   limits, every attempt has a pids limit; an OOM kill is `out of memory (limit …)`,
+//!   retryable by `retries.on: [oom]`. An ended attempt's cgroups serve the next one.
 //! - **user namespace** (`userns.rs`): a root engine's stage is root in its namespaces
 //!   and host `nobody` outside them, so nothing that checks for host root (files outside
 //!   its paths, sysctls, other homes, the engine's binary, root's sockets) is open to it;
@@ -61,6 +61,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
+mod attempt_cgroup;
 mod cgroups;
 mod gpu_usage;
 mod isolate;
@@ -68,7 +69,7 @@ mod kernel;
 mod seccomp;
 mod userns;
 
-use cgroups::AttemptCgroup;
+use attempt_cgroup::{AttemptCgroup, CgroupPool};
 pub use cgroups::{Cgroups, PIDS_MAX};
 use gpu_usage::GpuWatch;
 use isolate::MountPlan;
@@ -82,6 +83,8 @@ pub use userns::STAGE_ID;
 #[derive(Debug, Default, Clone)]
 pub struct LocalExecutor {
     pub isolation: Isolation,
+    /// Attempts' cgroups, kept for the next attempts once theirs have ended.
+    cgroups: Arc<CgroupPool>,
 }
 
 /// Whether attempts get a private mount namespace enforcing [`AttemptSpec::access`].
@@ -117,6 +120,7 @@ impl LocalExecutor {
             isolation: std::env::var("DRIVETRAIN_ISOLATION")
                 .unwrap_or_default()
                 .parse()?,
+            ..LocalExecutor::default()
         })
     }
 }
@@ -294,7 +298,7 @@ impl RunningAttempt for Started {
                 reason: format!("cannot take the attempt's outputs back from the stage user: {e}"),
             };
         }
-        let usage = self.cgroup.as_ref().map(AttemptCgroup::usage);
+        let usage = self.cgroup.as_mut().map(AttemptCgroup::usage);
         let gpu = self.gpu.take().map(GpuWatch::finish);
         self.usage = (usage.is_some() || gpu.is_some()).then(|| ResourceUsage {
             peak_memory_bytes: usage.and_then(|u| u.peak_memory_bytes),
@@ -377,7 +381,7 @@ impl LocalExecutor {
                     })
                     .collect();
                 let name = format!("{}.{}.{}", spec.run_id, spec.stage, spec.attempt);
-                match AttemptCgroup::create(host, &name, resources) {
+                match self.cgroups.take(host, &name, resources) {
                     Ok(made) if lacking.is_empty() => return Ok(made),
                     Ok(made) => {
                         let why = format!(
