@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use drivetrain_engine::artifacts::ArtifactStore;
+use drivetrain_engine::engine::RunRequest;
 use drivetrain_engine::plan::Pipeline;
-use drivetrain_engine::runner::{self, RunOptions};
+use drivetrain_engine::runner;
 use drivetrain_engine::state::{Phase, RunId, StateStore};
 use serde_json::json;
 
@@ -268,38 +269,29 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
             }
         );
     }
-    let opts = RunOptions {
-        parallelism: args.parallelism.unwrap_or_else(default_parallelism),
-        fail_fast: args.fail_fast,
-        work_dir: std::fs::canonicalize(&args.home)?.join("work"),
-        file: args.file.display().to_string(),
-        spec_digest: digest(args.source),
-        trigger: trigger.into(),
-        gpus: machine_gpus(&pipeline, None),
-        parent: Some(parent.id.clone()),
-        selection: Some(selection),
-        reuse,
-        overrides,
-        // A rerun executes what it selected, whatever the cache holds; a retry may hit.
-        cache: runner::CacheMode {
-            read: args.retry && !args.no_cache,
-            write: !args.no_cache,
-        },
-        step_command: step_command()?,
-        resolver: Some(resolver()),
-        scheduled_time: None,
+    let engine = engine(state, ArtifactStore::open(&url)?, executor, &args.home)?.build();
+    let mut request = RunRequest::new(
+        id,
+        Arc::new(pipeline),
+        args.file.display().to_string(),
+        digest(args.source),
+    );
+    request.params = params;
+    request.trigger = trigger.into();
+    request.parallelism = args.parallelism;
+    request.fail_fast = args.fail_fast;
+    request.parent = Some(parent.id.clone());
+    request.selection = Some(selection);
+    request.reuse = reuse;
+    request.overrides = overrides;
+    // A rerun executes what it selected, whatever the cache holds; a retry may hit.
+    request.cache = runner::CacheMode {
+        read: args.retry && !args.no_cache,
+        write: !args.no_cache,
     };
     drive(Drive {
-        id,
-        pipeline: Arc::new(pipeline),
-        params,
-        services: Services {
-            state,
-            artifacts: ArtifactStore::open(&url)?,
-            executor,
-        },
-        opts,
-        resume: None,
+        engine,
+        request,
         deadline: None,
         json: args.json,
     })

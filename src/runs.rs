@@ -13,8 +13,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use drivetrain_engine::artifacts::ArtifactStore;
+use drivetrain_engine::engine::{Engine, EngineBuilder, RunRequest};
 use drivetrain_engine::plan::Pipeline;
-use drivetrain_engine::runner::{self, RunEvent, RunOptions};
+use drivetrain_engine::runner::{self, RunEvent};
 use drivetrain_engine::state::{Phase, RunId, SqliteState, StateStore};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -120,42 +121,29 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
         .run_id
         .map(RunId)
         .unwrap_or_else(|| RunId::generate(chrono::Utc::now()));
-    let opts = RunOptions {
-        parallelism: args.parallelism.unwrap_or_else(default_parallelism),
-        fail_fast: args.fail_fast,
-        work_dir: std::fs::canonicalize(&args.home)?.join("work"),
-        file: args.file.display().to_string(),
-        spec_digest: digest(args.source),
-        trigger: "cli".into(),
-        gpus: machine_gpus(&args.pipeline, args.gpus),
-        parent: None,
-        selection: None,
-        reuse: BTreeMap::new(),
-        overrides: json!({}),
-        cache: args.cache,
-        step_command: step_command()?,
-        resolver: Some(resolver()),
-        scheduled_time: None,
-    };
+    let engine = engine(state, artifacts, executor, &args.home)?.build();
+    let mut request = RunRequest::new(
+        id.clone(),
+        Arc::new(args.pipeline),
+        args.file.display().to_string(),
+        digest(args.source),
+    );
+    request.params = args.params;
+    request.parallelism = args.parallelism;
+    request.fail_fast = args.fail_fast;
+    request.gpus = args.gpus;
+    request.cache = args.cache;
     if !args.json {
         println!("run {id}");
         println!(
             "pipeline {} ({} stages), store {url}",
-            args.pipeline.name,
-            args.pipeline.stages.len()
+            request.pipeline.name,
+            request.pipeline.stages.len()
         );
     }
     drive(Drive {
-        id,
-        pipeline: Arc::new(args.pipeline),
-        params: args.params,
-        services: Services {
-            state,
-            artifacts,
-            executor,
-        },
-        opts,
-        resume: None,
+        engine,
+        request,
         deadline: args.deadline,
         json: args.json,
     })
@@ -239,20 +227,30 @@ pub fn digest(source: &str) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(source.as_bytes())))
 }
 
-pub(crate) struct Services {
-    pub(crate) state: Arc<dyn StateStore>,
-    pub(crate) artifacts: ArtifactStore,
-    pub(crate) executor: Arc<dyn drivetrain_engine::executor::Executor>,
+/// The engine (to build) for runs on `home`, recording them in `state`, with their artifacts in
+/// `artifacts` and their attempts on `executor`.
+pub(crate) fn engine(
+    state: Arc<dyn StateStore>,
+    artifacts: ArtifactStore,
+    executor: Arc<dyn drivetrain_engine::executor::Executor>,
+    home: &Path,
+) -> anyhow::Result<EngineBuilder> {
+    Ok(EngineBuilder::new(
+        state,
+        artifacts,
+        executor,
+        std::fs::canonicalize(home)?.join("work"),
+    )
+    .parallelism(default_parallelism())
+    .step_command(step_command()?)
+    .resolver(resolver())
+    .gpus(machine_gpus))
 }
 
-/// A run to carry out: what `run` and `resume` hand to [`drive`].
+/// A run to carry out: what `run`, `resume`, `rerun` and `retry` hand to [`drive`].
 pub(crate) struct Drive {
-    pub(crate) id: RunId,
-    pub(crate) pipeline: Arc<Pipeline>,
-    pub(crate) params: BTreeMap<String, Value>,
-    pub(crate) services: Services,
-    pub(crate) opts: RunOptions,
-    pub(crate) resume: Option<runner::Resume>,
+    pub(crate) engine: Engine,
+    pub(crate) request: RunRequest,
     pub(crate) deadline: Option<Duration>,
     pub(crate) json: bool,
 }
@@ -260,25 +258,23 @@ pub(crate) struct Drive {
 /// Runs (or resumes) a run to its end, printing progress; Ctrl-C and SIGTERM cancel it.
 pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
     let Drive {
-        id,
-        pipeline,
-        params,
-        services,
-        opts,
-        resume,
+        engine,
+        request,
         deadline,
         json,
     } = d;
-    let state = services.state.clone();
+    let state = engine.state().clone();
     // The last stage in plan order, and where its attempts' logs are: the run ends by
     // quoting the last stage that succeeded (what the pipeline concluded).
+    let pipeline = &request.pipeline;
     let order: Vec<String> = pipeline
         .order
         .iter()
         .map(|id| pipeline.stage(*id).name.clone())
         .collect();
-    let work_dir = opts.work_dir.clone();
+    let work_dir = engine.work_dir().to_path_buf();
     keep_reserve(&work_dir);
+    let id = request.id.clone();
     let run_id = id.clone();
     let deadline_hit = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let hit = deadline_hit.clone();
@@ -288,18 +284,7 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
     let summary = rt.block_on(async move {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
-        let run = tokio::spawn(runner::run(
-            id.clone(),
-            pipeline,
-            params,
-            services.state,
-            services.artifacts,
-            services.executor,
-            opts,
-            resume,
-            tx,
-            cancel_rx,
-        ));
+        let run = tokio::spawn(async move { engine.run(request, tx, cancel_rx).await });
         let printer = tokio::spawn(async move {
             let mut progress = Progress::new();
             while let Some(ev) = rx.recv().await {
@@ -555,46 +540,35 @@ pub fn resume(
             reattach.len()
         );
     }
-    let opts = RunOptions {
-        parallelism: default_parallelism(),
-        fail_fast: false,
-        work_dir: std::fs::canonicalize(home)?.join("work"),
-        file: record.file.clone(),
-        spec_digest: record.spec_digest.clone(),
-        trigger: record.trigger.clone(),
-        gpus: machine_gpus(&pipeline, None),
-        parent: record.parent.clone(),
-        selection: record
-            .selection
-            .as_ref()
-            .map(|s| s.iter().cloned().collect()),
-        reuse: BTreeMap::new(),
-        overrides: record.overrides.clone(),
-        // A rerun executes what it selected, whatever the cache holds.
-        cache: runner::CacheMode {
-            read: record.trigger != "rerun",
-            write: true,
-        },
-        step_command: step_command()?,
-        resolver: Some(resolver()),
-        scheduled_time: record.scheduled_time.clone(),
+    let engine = engine(state, ArtifactStore::open(&url)?, executor, home)?.build();
+    let mut request = RunRequest::new(
+        id,
+        Arc::new(pipeline),
+        record.file.clone(),
+        record.spec_digest.clone(),
+    );
+    request.params = params;
+    request.trigger = record.trigger.clone();
+    request.parent = record.parent.clone();
+    request.selection = record
+        .selection
+        .as_ref()
+        .map(|s| s.iter().cloned().collect());
+    request.overrides = record.overrides.clone();
+    // A rerun executes what it selected, whatever the cache holds.
+    request.cache = runner::CacheMode {
+        read: record.trigger != "rerun",
+        write: true,
     };
-    let resume = runner::Resume {
+    request.scheduled_time = record.scheduled_time.clone();
+    request.resume = Some(runner::Resume {
         record,
         succeeded,
         attempts,
-    };
+    });
     drive(Drive {
-        id,
-        pipeline: Arc::new(pipeline),
-        params,
-        services: Services {
-            state,
-            artifacts: ArtifactStore::open(&url)?,
-            executor,
-        },
-        opts,
-        resume: Some(resume),
+        engine,
+        request,
         deadline: None,
         json: json_out,
     })

@@ -18,9 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use drivetrain_engine::artifacts::ArtifactStore;
-use drivetrain_engine::executor::{Executor, ResourceUsage};
+use drivetrain_engine::engine::{Engine, RunRequest};
+use drivetrain_engine::executor::ResourceUsage;
 use drivetrain_engine::plan::Pipeline;
-use drivetrain_engine::runner::{self, RunEvent, RunOptions};
+use drivetrain_engine::runner::{self, RunEvent};
 use drivetrain_engine::schedule::{self, Decision, Ticker};
 use drivetrain_engine::state::{Phase, RunId, StateStore, TickRecord};
 use drivetrain_engine::Catalog;
@@ -160,10 +161,8 @@ pub struct Loaded {
 
 /// Everything the scheduler loop and the API share.
 pub struct Server {
-    pub state: Arc<dyn StateStore>,
-    pub artifacts: ArtifactStore,
-    executor: Arc<dyn Executor>,
-    pub work_dir: PathBuf,
+    /// Runs execute in this process, on the local executor, with the home's stores.
+    pub engine: Engine,
     /// The engine's home (reruns and retries run as child engines on it).
     pub home: PathBuf,
     /// The served directory, where schedules registered over the API are written.
@@ -178,7 +177,6 @@ pub struct Server {
     /// Posted pipelines validated at once (see [`VALIDATIONS`]).
     pub validations: Arc<tokio::sync::Semaphore>,
     pub metrics: Metrics,
-    parallelism: usize,
     catalog: Catalog,
     /// Set on SIGTERM: no new work, and the live streams of pages end.
     pub(crate) stopping: std::sync::atomic::AtomicBool,
@@ -281,7 +279,7 @@ impl Server {
             overrides: json!({}),
             selection: None,
             scheduled_time: at.map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
-            executor: Some(self.executor.name().to_owned()),
+            executor: Some(self.engine.executor().name().to_owned()),
         })
     }
 
@@ -329,7 +327,8 @@ impl Server {
         let file = self.dir.join(format!("{name}.yaml"));
         std::fs::write(&file, yaml)
             .map_err(|e| (500, format!("cannot write {}: {e}", file.display())))?;
-        self.state
+        self.engine
+            .state()
             .upsert_schedule(&name, &file.display().to_string(), &now_text())
             .map_err(|e| (500, e.to_string()))?;
         let next = ticker
@@ -376,12 +375,12 @@ impl Server {
             .map_err(|e| (500, e.to_string()))?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            if self.state.run(&id).is_ok() {
+            if self.engine.state().run(&id).is_ok() {
                 return Ok(id);
             }
             if let Ok(code) = exited.try_recv() {
                 // It may have recorded the run just before it ended.
-                if self.state.run(&id).is_ok() {
+                if self.engine.state().run(&id).is_ok() {
                     return Ok(id);
                 }
                 let log =
@@ -450,7 +449,7 @@ impl Server {
     fn resume_orphans(&self) -> anyhow::Result<Vec<RunId>> {
         let mut resumed = Vec::new();
         let before = stale_before()?;
-        for r in self.state.list_runs(10_000)? {
+        for r in self.engine.state().list_runs(10_000)? {
             if r.phase.is_terminal() || r.engine_pid.is_some_and(crate::runs::alive) {
                 continue;
             }
@@ -458,7 +457,7 @@ impl Server {
             // machine sharing the state store, or just killed here) is not taken now; the
             // periodic `take_over_stale` takes it once its heartbeat is stale. One replica
             // of any starting together wins.
-            if !self.state.take_over(&r.id, &before)? {
+            if !self.engine.state().take_over(&r.id, &before)? {
                 continue;
             }
             self.spawn_engine(&r.id, &["resume".into(), r.id.0.clone()])?;
@@ -472,14 +471,14 @@ impl Server {
     fn take_over_stale(&self) -> anyhow::Result<Vec<RunId>> {
         let before = stale_before()?;
         let mut taken = Vec::new();
-        for run in self.state.stale_runs(&before)? {
+        for run in self.engine.state().stale_runs(&before)? {
             // One of ours whose beats were late (a stalled runtime) is still ours.
             let ours = self
                 .cancels
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .contains_key(&run);
-            if !ours && self.state.take_over(&run, &before)? {
+            if !ours && self.engine.state().take_over(&run, &before)? {
                 self.spawn_engine(&run, &["resume".into(), run.0.clone()])?;
                 taken.push(run);
             }
@@ -604,28 +603,22 @@ impl Server {
                     trigger,
                     scheduled,
                 )?;
-                self.state.create_run(&r)?;
+                self.engine.state().create_run(&r)?;
                 r
             }
         };
-        let opts = RunOptions {
-            parallelism: self.parallelism,
-            fail_fast: false,
-            work_dir: self.work_dir.clone(),
-            file: file.to_owned(),
-            spec_digest: digest.to_owned(),
-            trigger: trigger.into(),
-            gpus: crate::runs::machine_gpus(&pipeline, None),
-            parent: None,
-            selection: None,
-            reuse: BTreeMap::new(),
-            overrides: json!({}),
-            cache: runner::CacheMode::default(),
-            scheduled_time: scheduled
-                .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
-            step_command: crate::runs::step_command()?,
-            resolver: Some(crate::runs::resolver()),
-        };
+        let mut request =
+            RunRequest::new(run.clone(), pipeline, file.to_owned(), digest.to_owned());
+        request.params = params;
+        request.trigger = trigger.into();
+        request.scheduled_time =
+            scheduled.map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+        // The run continues from its record.
+        request.resume = Some(runner::Resume {
+            record: recorded,
+            succeeded: BTreeMap::new(),
+            attempts: BTreeMap::new(),
+        });
         let (tx, rx) = tokio::sync::watch::channel(false);
         self.cancels
             .lock()
@@ -633,7 +626,7 @@ impl Server {
             .insert(run.clone(), tx);
         let (events, mut drain) = tokio::sync::mpsc::unbounded_channel();
         let me = self.clone();
-        let pipeline_name = pipeline.name.clone();
+        let pipeline_name = request.pipeline.name.clone();
         tokio::spawn(async move {
             let mut last = Instant::now();
             while let Some(ev) = drain.recv().await {
@@ -668,24 +661,8 @@ impl Server {
                 }
             }
         });
-        // The run continues from its record.
-        let resume = Some(runner::Resume {
-            record: recorded,
-            succeeded: BTreeMap::new(),
-            attempts: BTreeMap::new(),
-        });
-        let fut = runner::run(
-            run.clone(),
-            pipeline,
-            params,
-            self.state.clone(),
-            self.artifacts.clone(),
-            self.executor.clone(),
-            opts,
-            resume,
-            events,
-            rx,
-        );
+        let engine = self.engine.clone();
+        let fut = async move { engine.run(request, events, rx).await };
         let me = self.clone();
         tokio::spawn(async move {
             match fut.await {
@@ -697,7 +674,12 @@ impl Server {
                     // (and fail the same way) again and again.
                     let (server, id) = (me.clone(), run.clone());
                     let _ = tokio::task::spawn_blocking(move || {
-                        crate::runs::end_after_failure(&*server.state, &id, &server.work_dir, &why)
+                        crate::runs::end_after_failure(
+                            server.engine.state().as_ref(),
+                            &id,
+                            server.engine.work_dir(),
+                            &why,
+                        )
                     })
                     .await;
                 }
@@ -740,7 +722,7 @@ impl Server {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let decided = schedule::due_all(
-            self.state.as_ref(),
+            self.engine.state().as_ref(),
             &due,
             now,
             &since,
@@ -947,10 +929,16 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     listener.set_nonblocking(true)?;
     let bound = listener.local_addr()?;
+    let engine = crate::runs::engine(
+        state.clone(),
+        ArtifactStore::open(&store_url(None, home)?)?,
+        drivetrain_executors::executor("local").map_err(|e| anyhow::anyhow!(e))?,
+        home,
+    )?
+    .parallelism(args.parallelism.unwrap_or(2))
+    .build();
     let server = Arc::new(Server {
-        artifacts: ArtifactStore::open(&store_url(None, home)?)?,
-        executor: drivetrain_executors::executor("local").map_err(|e| anyhow::anyhow!(e))?,
-        work_dir: std::fs::canonicalize(home)?.join("work"),
+        engine,
         home: std::fs::canonicalize(home)?,
         dir: std::fs::canonicalize(args.pipelines.as_deref().unwrap_or(home))?,
         pipelines: std::sync::RwLock::new(pipelines),
@@ -969,7 +957,6 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
             schedule_lag_seconds: Histogram::new(SECONDS),
             usage: Mutex::new(BTreeMap::new()),
         },
-        parallelism: args.parallelism.unwrap_or(2),
         catalog,
         stopping: std::sync::atomic::AtomicBool::new(false),
         streams: crate::listener::Streams::new(limits),
@@ -980,7 +967,6 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
             (chrono::Utc::now() - chrono::Duration::days(7))
                 .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         ),
-        state,
     });
     for (name, l) in server.loaded().iter() {
         if let (Some(t), Some(s)) = (&l.ticker, &l.pipeline.schedule) {
@@ -991,7 +977,7 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
             println!("schedule {name}: `{}` {} (next {next})", s.cron, s.timezone);
         }
     }
-    crate::runs::keep_reserve(&server.work_dir);
+    crate::runs::keep_reserve(server.engine.work_dir());
     let schedules = args.schedules;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

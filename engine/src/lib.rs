@@ -11,6 +11,7 @@ pub mod cache;
 pub mod cloud;
 pub mod de;
 pub mod diag;
+pub mod engine;
 pub mod executor;
 pub mod expr;
 pub mod history;

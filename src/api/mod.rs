@@ -236,7 +236,7 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
 }
 
 async fn ready(State(s): State<Shared>) -> Response {
-    match s.state.list_runs(1) {
+    match s.engine.state().list_runs(1) {
         Ok(_) => "ready\n".into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
@@ -285,7 +285,7 @@ async fn list_runs(State(s): State<Shared>, Params(q): Params<ListQuery>) -> Res
         trigger: q.trigger,
         since: q.since,
     };
-    match crate::inspect::runs_matching(&*s.state, &filter) {
+    match crate::inspect::runs_matching(s.engine.state().as_ref(), &filter) {
         Ok(Ok(runs)) => Json(RunList { runs }).into_response(),
         Ok(Err(why)) => error(StatusCode::BAD_REQUEST, format!("phase {why}")),
         Err(e) => internal(e),
@@ -294,11 +294,11 @@ async fn list_runs(State(s): State<Shared>, Params(q): Params<ListQuery>) -> Res
 
 async fn get_run(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     let id = RunId(id);
-    let run = match s.state.run(&id) {
+    let run = match s.engine.state().run(&id) {
         Ok(r) => r,
         Err(_) => return error(StatusCode::NOT_FOUND, format!("no run `{id}`")),
     };
-    match s.state.stages(&id) {
+    match s.engine.state().stages(&id) {
         Ok(stages) => Json(RunDetail { run, stages }).into_response(),
         Err(e) => internal(e),
     }
@@ -441,7 +441,7 @@ async fn cancel(State(s): State<Shared>, Path(id): Path<String>) -> Response {
         return accepted.into_response();
     }
     // A rerun or retry this server started runs in an engine of its own.
-    match s.state.run(&run) {
+    match s.engine.state().run(&run) {
         Ok(r)
             if !r.phase.is_terminal()
                 && r.engine_pid
@@ -535,10 +535,10 @@ async fn from_run(s: &Server, verb: &str, id: String, extra: &[String]) -> Respo
     let orphaned = || {
         crate::serve::stale_before()
             .ok()
-            .and_then(|t| s.state.stale_runs(&t).ok())
+            .and_then(|t| s.engine.state().stale_runs(&t).ok())
             .is_some_and(|stale| stale.contains(&parent))
     };
-    match s.state.run(&parent) {
+    match s.engine.state().run(&parent) {
         Ok(r) if !r.phase.is_terminal() && !orphaned() => {
             return error(
                 StatusCode::CONFLICT,
@@ -610,7 +610,8 @@ fn follow(
 ) -> Response {
     use std::io::{Read as _, Seek as _};
     let ended = move |s: &Server| {
-        s.state
+        s.engine
+            .state()
             .attempts(&run)
             .map(|a| {
                 a.iter().any(|a| {
@@ -731,7 +732,7 @@ async fn logs(
     headers: axum::http::HeaderMap,
 ) -> Response {
     let run = RunId(id);
-    let attempts = match s.state.attempts(&run) {
+    let attempts = match s.engine.state().attempts(&run) {
         Ok(a) => a,
         Err(e) => return internal(e),
     };
@@ -751,7 +752,7 @@ async fn logs(
         stage: q.stage.clone(),
         attempt: latest,
     };
-    let live = crate::runs::live_log(&s.work_dir, &run.0, &q.stage, latest);
+    let live = crate::runs::live_log(s.engine.work_dir(), &run.0, &q.stage, latest);
     if q.follow {
         return match admit_stream(&s, client) {
             Ok(permit) => follow(s.clone(), run, q.stage, latest, live, permit),
@@ -771,7 +772,7 @@ async fn logs(
         None => None,
     };
     let from = ranged.unwrap_or(q.offset);
-    let (size, body) = match s.artifacts.log_from(&key, from).await {
+    let (size, body) = match s.engine.artifacts().log_from(&key, from).await {
         Ok(Some((size, pieces))) => (size, axum::body::Body::from_stream(pieces)),
         Ok(None) => {
             let size = std::fs::metadata(&live).map(|m| m.len()).unwrap_or(0);
@@ -808,13 +809,13 @@ async fn logs(
 }
 
 async fn schedules(State(s): State<Shared>) -> Response {
-    let list = match s.state.schedules() {
+    let list = match s.engine.state().schedules() {
         Ok(l) => l,
         Err(e) => return internal(e),
     };
     let mut out = Vec::new();
     for e in list {
-        let ticks = s.state.ticks(&e.pipeline, 10).unwrap_or_default();
+        let ticks = s.engine.state().ticks(&e.pipeline, 10).unwrap_or_default();
         let next_tick =
             crate::schedules::next_tick(std::path::Path::new(&e.file), chrono::Utc::now());
         out.push(ScheduleStatus {
@@ -827,7 +828,7 @@ async fn schedules(State(s): State<Shared>) -> Response {
 }
 
 fn known(s: &Server, name: &str) -> Option<Response> {
-    match s.state.schedule(name) {
+    match s.engine.state().schedule(name) {
         Ok(Some(_)) => None,
         Ok(None) => Some(error(
             StatusCode::NOT_FOUND,
@@ -841,7 +842,7 @@ async fn suspend(State(s): State<Shared>, Path(name): Path<String>) -> Response 
     if let Some(r) = known(&s, &name) {
         return r;
     }
-    match s.state.set_suspended(&name, true, None) {
+    match s.engine.state().set_suspended(&name, true, None) {
         Ok(()) => Json(Suspension {
             schedule: name,
             suspended: true,
@@ -867,7 +868,11 @@ async fn resume(
         return r;
     }
     let anchor = (!q.catchup).then(crate::serve::now_text);
-    match s.state.set_suspended(&name, false, anchor.as_deref()) {
+    match s
+        .engine
+        .state()
+        .set_suspended(&name, false, anchor.as_deref())
+    {
         Ok(()) => Json(Suspension {
             schedule: name,
             suspended: false,
@@ -882,7 +887,7 @@ async fn trigger(State(s): State<Shared>, Path(name): Path<String>) -> Response 
     if let Some(r) = known(&s, &name) {
         return r;
     }
-    match crate::serve::queue_manual_tick(s.state.as_ref(), &name) {
+    match crate::serve::queue_manual_tick(s.engine.state().as_ref(), &name) {
         Ok(run) => (
             StatusCode::ACCEPTED,
             Json(Queued {
@@ -899,7 +904,7 @@ async fn metrics(State(s): State<Shared>) -> Response {
     let mut out = String::new();
     let m = &s.metrics;
     out.push_str("# HELP drivetrain_runs Runs by status.\n# TYPE drivetrain_runs gauge\n");
-    for (phase, n) in s.state.run_counts().unwrap_or_default() {
+    for (phase, n) in s.engine.state().run_counts().unwrap_or_default() {
         out.push_str(&format!("drivetrain_runs{{status=\"{phase}\"}} {n}\n"));
     }
     out.push_str("# HELP drivetrain_queue_depth Runs in flight in this server.\n# TYPE drivetrain_queue_depth gauge\n");

@@ -33,7 +33,7 @@ pub const EVENT_INTERVAL: Duration = Duration::from_millis(400);
 /// pipeline file the run was started from.
 pub(super) async fn graph(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     let run = RunId(id);
-    let record = match s.state.run(&run) {
+    let record = match s.engine.state().run(&run) {
         Ok(r) => r,
         Err(_) => return error(StatusCode::NOT_FOUND, format!("no run `{run}`")),
     };
@@ -54,7 +54,7 @@ pub(super) async fn graph(State(s): State<Shared>, Path(id): Path<String>) -> Re
         Ok(Ok(p)) => p,
         Ok(Err(why)) => {
             // The stages the state store knows, without edges: still a picture of the run.
-            return match s.state.stages(&run) {
+            return match s.engine.state().stages(&run) {
                 Ok(stages) => Json(RunGraph {
                     nodes: stages
                         .into_iter()
@@ -98,10 +98,10 @@ pub(super) async fn graph(State(s): State<Shared>, Path(id): Path<String>) -> Re
 /// `GET /api/v1/runs/{id}/attempts`.
 pub(super) async fn attempts(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     let run = RunId(id);
-    if s.state.run(&run).is_err() {
+    if s.engine.state().run(&run).is_err() {
         return error(StatusCode::NOT_FOUND, format!("no run `{run}`"));
     }
-    match s.state.attempts(&run) {
+    match s.engine.state().attempts(&run) {
         Ok(attempts) => Json(AttemptList { attempts }).into_response(),
         Err(e) => internal(e),
     }
@@ -126,7 +126,7 @@ pub(super) async fn run_events(
     client: Option<Extension<Client>>,
 ) -> Response {
     let run = RunId(id);
-    if s.state.run(&run).is_err() {
+    if s.engine.state().run(&run).is_err() {
         return error(StatusCode::NOT_FOUND, format!("no run `{run}`"));
     }
     let permit = match super::admit_stream(&s, client) {
@@ -152,7 +152,10 @@ pub(super) async fn run_events(
                 let (server, id) = (s.clone(), run.clone());
                 let turn = s.stream_reads.acquire().await;
                 let read = tokio::task::spawn_blocking(move || {
-                    (server.state.run(&id), server.state.stages(&id))
+                    (
+                        server.engine.state().run(&id),
+                        server.engine.state().stages(&id),
+                    )
                 })
                 .await;
                 drop(turn);
@@ -232,8 +235,8 @@ impl RunsFeed {
 async fn read_runs(s: &Shared) -> Option<Value> {
     let server = s.clone();
     let read = tokio::task::spawn_blocking(move || {
-        let counts = server.state.run_counts().ok()?;
-        let runs = server.state.list_runs(200).ok()?;
+        let counts = server.engine.state().run_counts().ok()?;
+        let runs = server.engine.state().list_runs(200).ok()?;
         let phases: Vec<(String, String)> = runs
             .into_iter()
             .map(|r| (r.id.0, r.phase.as_str().to_owned()))
@@ -324,10 +327,10 @@ pub(super) async fn explain(
     State(s): State<Shared>,
     Path((id, stage)): Path<(String, String)>,
 ) -> Response {
-    if s.state.run(&RunId(id.clone())).is_err() {
+    if s.engine.state().run(&RunId(id.clone())).is_err() {
         return error(StatusCode::NOT_FOUND, format!("no run `{id}`"));
     }
-    match crate::history::explanation(&*s.state, &id, &stage) {
+    match crate::history::explanation(s.engine.state().as_ref(), &id, &stage) {
         Ok(Ok(e)) => Json(e).into_response(),
         Ok(Err(why)) => error(StatusCode::NOT_FOUND, why),
         Err(e) => internal(e),
@@ -356,8 +359,13 @@ pub(super) async fn lineage(State(s): State<Shared>, Params(q): Params<LineageQu
             true => Direction::Downstream,
             false => Direction::Upstream,
         };
-        let roots = history::resolve_target(&*server.state, &target)?;
-        history::lineage(&*server.state, &server.artifacts, roots, direction)
+        let roots = history::resolve_target(server.engine.state().as_ref(), &target)?;
+        history::lineage(
+            server.engine.state().as_ref(),
+            server.engine.artifacts(),
+            roots,
+            direction,
+        )
     })
     .await;
     match made {

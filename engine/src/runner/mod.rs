@@ -34,9 +34,9 @@ use gpus::GpuPool;
 use keys::{cache_hit, cacheable, input_artifacts, key_parts, resolve_external};
 use map::execute_map;
 
-/// How a run is carried out.
+/// How a run is carried out: its request's settings with the engine's.
 #[derive(Debug, Clone)]
-pub struct RunOptions {
+pub(crate) struct RunOptions {
     /// The most attempts running at once.
     pub parallelism: usize,
     /// Stop everything at the first failure.
@@ -203,22 +203,36 @@ impl Ctx {
     }
 }
 
-/// Runs every stage of `pipeline` once, as run `id`, and records it. Returns when the
-/// run has ended; the run's phase is `Succeeded` when every stage succeeded or was
-/// skipped.
-#[allow(clippy::too_many_arguments)]
-pub async fn run(
-    id: RunId,
-    pipeline: Arc<Pipeline>,
-    params: BTreeMap<String, Value>,
-    state: Arc<dyn StateStore>,
-    artifacts: ArtifactStore,
-    executor: Arc<dyn Executor>,
-    opts: RunOptions,
-    resume: Option<Resume>,
+/// What a run needs: the request's parts and the engine's services
+/// ([`crate::engine::Engine::run`] makes it).
+pub(crate) struct Job {
+    pub(crate) id: RunId,
+    pub(crate) pipeline: Arc<Pipeline>,
+    pub(crate) params: BTreeMap<String, Value>,
+    pub(crate) state: Arc<dyn StateStore>,
+    pub(crate) artifacts: ArtifactStore,
+    pub(crate) executor: Arc<dyn Executor>,
+    pub(crate) opts: RunOptions,
+    pub(crate) resume: Option<Resume>,
+}
+
+/// Runs every stage of the job's pipeline once and records it. Returns when the run has
+/// ended; the run's phase is `Succeeded` when every stage succeeded or was skipped.
+pub(crate) async fn run(
+    job: Job,
     events: mpsc::UnboundedSender<RunEvent>,
     cancel: watch::Receiver<bool>,
 ) -> Result<RunSummary, RunError> {
+    let Job {
+        id,
+        pipeline,
+        params,
+        state,
+        artifacts,
+        executor,
+        opts,
+        resume,
+    } = job;
     let fresh = RunRecord {
         id: id.clone(),
         pipeline: pipeline.name.clone(),
