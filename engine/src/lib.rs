@@ -23,7 +23,7 @@ pub mod spec;
 pub mod state;
 pub mod step;
 pub mod template;
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod units;
 pub mod validate;

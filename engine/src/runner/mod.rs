@@ -27,6 +27,8 @@ use crate::template::Ref;
 
 mod attempt;
 mod gpus;
+#[cfg(test)]
+mod in_process;
 mod keys;
 mod map;
 use attempt::{attempt_loop, AbortOnDrop};

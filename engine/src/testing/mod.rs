@@ -2,7 +2,8 @@
 //! and PostgreSQL. The Python servers come from the venv `.ci/run` installs
 //! (`$DRIVETRAIN_TEST_VENV`, default `~/.cache/drivetrain/venv`); PostgreSQL from the
 //! Debian packages (`initdb`, `pg_ctl`). A missing server fails the test with what to
-//! install: these tests never skip.
+//! install: these tests never skip. And an executor that runs no process
+//! ([`FakeExecutor`]), for the run loop's own tests.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -10,6 +11,9 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod fake;
+pub use fake::FakeExecutor;
 
 /// A free loopback port (bound, then released for the server to take).
 pub fn free_port() -> u16 {
