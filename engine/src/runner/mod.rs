@@ -26,12 +26,14 @@ use crate::state::{Phase, RunId, RunRecord, StateError, StateStore};
 use crate::template::Ref;
 
 mod attempt;
+mod dag;
 mod gpus;
 #[cfg(test)]
 mod in_process;
 mod keys;
 mod map;
 use attempt::{attempt_loop, AbortOnDrop};
+use dag::{Dag, StageResult};
 use gpus::GpuPool;
 use keys::{cache_hit, cacheable, input_artifacts, key_parts, resolve_external};
 use map::execute_map;
@@ -153,14 +155,6 @@ pub struct RunSummary {
     pub stages: BTreeMap<String, Phase>,
 }
 
-/// What a finished stage leaves for its dependants.
-#[derive(Debug, Clone)]
-struct StageResult {
-    phase: Phase,
-    outputs: BTreeMap<String, ArtifactRef>,
-    values: Value,
-}
-
 /// What a resumed run keeps from before: its record and every stage that succeeded.
 #[derive(Debug, Clone)]
 pub struct Resume {
@@ -275,7 +269,6 @@ pub(crate) async fn run(
             }
         }))
     };
-    let n = pipeline.stages.len();
     let slots = Arc::new(Semaphore::new(opts.parallelism.max(1)));
     // Stages in hand (looking up the cache, waiting for a slot, recording how they
     // ended): twice the parallelism, so that one stage's bookkeeping overlaps another's
@@ -312,24 +305,9 @@ pub(crate) async fn run(
         files: Default::default(),
     });
 
-    let mut results: Vec<Option<StageResult>> = vec![None; n];
-    let mut waiting: Vec<usize> = (0..n)
-        .map(|i| pipeline.upstream(StageId(i as u32)).len())
-        .collect();
+    let mut dag = Dag::new(&pipeline);
     let mut tasks: JoinSet<(StageId, Result<StageResult, RunError>)> = JoinSet::new();
     let mut stopping = false;
-    // Ready stages, in the plan's order: (position in `pipeline.order`, stage).
-    let mut rank = vec![0usize; n];
-    for (i, id) in pipeline.order.iter().enumerate() {
-        rank[id.index()] = i;
-    }
-    let mut ready: BTreeSet<(usize, StageId)> = pipeline
-        .order
-        .iter()
-        .copied()
-        .filter(|id| waiting[id.index()] == 0 && pipeline.stage(*id).hook.is_none())
-        .map(|id| (rank[id.index()], id))
-        .collect();
     // A resumed run starts from what already succeeded: those stages end at once. In
     // plan order an upstream stage ends first, so each is removed from `ready` after any
     // upstream stage queued it.
@@ -354,31 +332,22 @@ pub(crate) async fn run(
             _ => None,
         };
         if let Some((outputs, values)) = prior.get(name).cloned().or(taken) {
-            ready.remove(&(rank[id.index()], id));
             let result = StageResult {
                 phase: Phase::Succeeded,
                 outputs,
                 values,
             };
-            finish(
-                &pipeline,
-                &rank,
-                id,
-                result,
-                &mut results,
-                &mut waiting,
-                &mut ready,
-            );
+            dag.end(&pipeline, id, result);
         }
     }
 
     loop {
         // Decide every ready stage; decisions that end a stage at once may make more ready.
-        while let Some((_, id)) = ready.pop_first() {
+        while let Some(id) = dag.next_ready() {
             let decision = if stopping {
                 Some((Phase::Omitted, "the run is stopping".to_owned()))
             } else {
-                decide(&pipeline, &ctx, id, &results)
+                decide(&pipeline, &ctx, id, &dag)
             };
             match decision {
                 Some((phase, reason)) => {
@@ -390,22 +359,10 @@ pub(crate) async fn run(
                         reason: Some(reason),
                         elapsed: Duration::ZERO,
                     });
-                    finish(
-                        &pipeline,
-                        &rank,
-                        id,
-                        StageResult {
-                            phase,
-                            outputs: BTreeMap::new(),
-                            values: Value::Null,
-                        },
-                        &mut results,
-                        &mut waiting,
-                        &mut ready,
-                    );
+                    dag.end(&pipeline, id, StageResult::empty(phase));
                 }
                 None => {
-                    let inputs = upstream_results(&pipeline, id, &results);
+                    let inputs = dag.upstream(&pipeline, id);
                     let ctx = ctx.clone();
                     let in_hand = in_hand.clone();
                     // A map stage's items are bounded by its own limit; the stage itself
@@ -436,19 +393,11 @@ pub(crate) async fn run(
         if *cancel.borrow() {
             stopping = true;
         }
-        finish(
-            &pipeline,
-            &rank,
-            id,
-            result,
-            &mut results,
-            &mut waiting,
-            &mut ready,
-        );
+        dag.end(&pipeline, id, result);
     }
 
     let cancelled = *cancel.borrow();
-    let main_phase = run_phase(&pipeline, &results, cancelled, |s| s.hook.is_none());
+    let main_phase = dag.run_phase(&pipeline, cancelled, |s| s.hook.is_none());
     let _ = ctx.main_phase.set(main_phase);
 
     // Hooks: after everything else, `finally` always, `on_failure` when the run failed.
@@ -474,7 +423,7 @@ pub(crate) async fn run(
                 main_phase.as_str().to_lowercase()
             ))
         } else {
-            hook_condition(&pipeline, &ctx, id, &results)
+            hook_condition(&pipeline, &ctx, id, &dag)
         };
         let result = match skip {
             Some(reason) => {
@@ -491,34 +440,20 @@ pub(crate) async fn run(
                     reason: Some(reason),
                     elapsed: Duration::ZERO,
                 });
-                StageResult {
-                    phase: Phase::Skipped,
-                    outputs: BTreeMap::new(),
-                    values: Value::Null,
-                }
+                StageResult::empty(Phase::Skipped)
             }
             None => {
-                let inputs = upstream_results(&pipeline, id, &results);
+                let inputs = dag.upstream(&pipeline, id);
                 execute(&ctx, id, inputs).await?
             }
         };
-        results[id.index()] = Some(result);
+        dag.end(&pipeline, id, result);
     }
     forward.abort();
     hook_forward.abort();
 
-    let stages: BTreeMap<String, Phase> = pipeline
-        .stages
-        .iter()
-        .map(|s| {
-            let phase = results[s.id.index()]
-                .as_ref()
-                .map(|r| r.phase)
-                .unwrap_or(Phase::Omitted);
-            (s.name.clone(), phase)
-        })
-        .collect();
-    let phase = run_phase(&pipeline, &results, cancelled, |_| true);
+    let stages = dag.phases(&pipeline);
+    let phase = dag.run_phase(&pipeline, cancelled, |_| true);
     let failed: Vec<&str> = stages
         .iter()
         .filter(|(_, p)| matches!(p, Phase::Failed | Phase::Error))
@@ -529,94 +464,17 @@ pub(crate) async fn run(
     Ok(RunSummary { id, phase, stages })
 }
 
-/// The phase of a run over the stages `counted` selects: `Succeeded` when each succeeded
-/// or was skipped (a skipped hook counts as skipped).
-fn run_phase(
-    pipeline: &Pipeline,
-    results: &[Option<StageResult>],
-    cancelled: bool,
-    counted: impl Fn(&Stage) -> bool,
-) -> Phase {
-    let phases: Vec<Phase> = pipeline
-        .stages
-        .iter()
-        .filter(|s| counted(s))
-        .map(|s| {
-            results[s.id.index()]
-                .as_ref()
-                .map(|r| r.phase)
-                .unwrap_or(Phase::Omitted)
-        })
-        .collect();
-    if cancelled {
-        Phase::Cancelled
-    } else if phases
-        .iter()
-        .all(|p| matches!(p, Phase::Succeeded | Phase::Skipped))
-    {
-        Phase::Succeeded
-    } else if phases.contains(&Phase::Error) {
-        Phase::Error
-    } else {
-        Phase::Failed
-    }
-}
-
 /// A triggered hook runs unless its own `when` is false; what it depends on may have
 /// failed (that is what `on_failure` hooks are for).
-fn hook_condition(
-    pipeline: &Pipeline,
-    ctx: &Ctx,
-    id: StageId,
-    results: &[Option<StageResult>],
-) -> Option<String> {
+fn hook_condition(pipeline: &Pipeline, ctx: &Ctx, id: StageId, dag: &Dag) -> Option<String> {
     let (expr, text) = pipeline.stage(id).when.as_ref()?;
-    let values = upstream_results(pipeline, id, results);
+    let values = dag.upstream(pipeline, id);
     let lookup = |r: &Ref| lookup_value(pipeline, ctx, &values, r);
     (!expr.eval(&lookup)).then(|| format!("`when: {text}` was false"))
 }
 
-fn finish(
-    pipeline: &Pipeline,
-    rank: &[usize],
-    id: StageId,
-    result: StageResult,
-    results: &mut [Option<StageResult>],
-    waiting: &mut [usize],
-    ready: &mut BTreeSet<(usize, StageId)>,
-) {
-    results[id.index()] = Some(result);
-    for d in pipeline.downstream(id) {
-        // Hooks run after the rest; a stage a rerun reused ended before its upstream did.
-        if pipeline.stage(d).hook.is_some() || results[d.index()].is_some() {
-            continue;
-        }
-        waiting[d.index()] -= 1;
-        if waiting[d.index()] == 0 {
-            ready.insert((rank[d.index()], d));
-        }
-    }
-}
-
-fn upstream_results(
-    pipeline: &Pipeline,
-    id: StageId,
-    results: &[Option<StageResult>],
-) -> BTreeMap<StageId, StageResult> {
-    pipeline
-        .upstream(id)
-        .into_iter()
-        .filter_map(|u| results[u.index()].clone().map(|r| (u, r)))
-        .collect()
-}
-
 /// Whether a ready stage ends without running, and why.
-fn decide(
-    pipeline: &Pipeline,
-    ctx: &Ctx,
-    id: StageId,
-    results: &[Option<StageResult>],
-) -> Option<(Phase, String)> {
+fn decide(pipeline: &Pipeline, ctx: &Ctx, id: StageId, dag: &Dag) -> Option<(Phase, String)> {
     let stage = pipeline.stage(id);
     if let Some(selection) = &ctx.opts.selection {
         if stage.hook.is_none() && !selection.contains(&stage.name) {
@@ -632,36 +490,11 @@ fn decide(
             ));
         }
     }
-    for u in pipeline.upstream(id) {
-        let phase = results[u.index()]
-            .as_ref()
-            .map(|r| r.phase)
-            .unwrap_or(Phase::Omitted);
-        if matches!(
-            phase,
-            Phase::Failed | Phase::Error | Phase::Omitted | Phase::Cancelled
-        ) {
-            return Some((
-                Phase::Omitted,
-                format!("`{}` did not succeed ({phase})", pipeline.stage(u).name),
-            ));
-        }
-    }
-    for input in &stage.inputs {
-        let phase = results[input.stage.index()].as_ref().map(|r| r.phase);
-        if phase == Some(Phase::Skipped) && !input.optional {
-            return Some((
-                Phase::Skipped,
-                format!(
-                    "input `{}` comes from `{}`, which was skipped",
-                    input.name,
-                    pipeline.stage(input.stage).name
-                ),
-            ));
-        }
+    if let Some(blocked) = dag.blocked(pipeline, id) {
+        return Some(blocked);
     }
     if let Some((expr, text)) = &stage.when {
-        let values = upstream_results(pipeline, id, results);
+        let values = dag.upstream(pipeline, id);
         let lookup = |r: &Ref| lookup_value(pipeline, ctx, &values, r);
         if !expr.eval(&lookup) {
             return Some((Phase::Skipped, format!("`when: {text}` was false")));
