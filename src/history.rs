@@ -385,9 +385,9 @@ pub fn gc(home: &Path, keep_days: u32, apply: bool, json_out: bool) -> anyhow::R
 pub fn registry(
     home: &Path,
     registry: Option<&str>,
-    command: crate::RegistryCommand,
+    command: crate::cli::RegistryCommand,
 ) -> anyhow::Result<ExitCode> {
-    use crate::RegistryCommand as C;
+    use crate::cli::RegistryCommand as C;
     let reg = drivetrain_steps::registry::Registry::open_for(registry, &store_url(None, home)?)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -406,7 +406,7 @@ pub fn registry(
                         .collect();
                     all.push(json!({"model": m, "versions": versions.len(), "aliases": aliases}));
                 }
-                if output == crate::Format::Json {
+                if output == crate::cli::Format::Json {
                     println!("{}", serde_json::to_string_pretty(&all)?);
                 } else if all.is_empty() {
                     println!("no models registered yet");
@@ -430,13 +430,13 @@ pub fn registry(
             C::Show { spec, output } => {
                 let v = reg.resolve(&spec).await?;
                 match output {
-                    crate::Format::Json => println!("{}", serde_json::to_string_pretty(&v)?),
-                    crate::Format::Text => print!("{}", version_text(&v)),
+                    crate::cli::Format::Json => println!("{}", serde_json::to_string_pretty(&v)?),
+                    crate::cli::Format::Text => print!("{}", version_text(&v)),
                 }
             }
             C::History { model, output } => {
                 let h = reg.history(&model).await?;
-                if output == crate::Format::Json {
+                if output == crate::cli::Format::Json {
                     println!("{}", serde_json::to_string_pretty(&h)?);
                 } else {
                     for e in &h {

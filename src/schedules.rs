@@ -17,7 +17,7 @@ use crate::serve::{now_text, queue_manual_tick};
 fn schedule_in(file: &Path) -> anyhow::Result<Schedule> {
     let source = std::fs::read_to_string(file)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
-    let pipeline = drivetrain_engine::validate(&source, &crate::catalog())
+    let pipeline = drivetrain_engine::validate(&source, &crate::commands::catalog())
         .pipeline
         .ok_or_else(|| {
             anyhow::anyhow!(
@@ -76,10 +76,10 @@ pub(crate) fn next_tick(file: &Path, now: DateTime<Utc>) -> Value {
 /// `drivetrain schedule list|next|suspend|resume|trigger`.
 pub fn command(
     home: &Path,
-    command: crate::ScheduleCommand,
+    command: crate::cli::ScheduleCommand,
     json_out: bool,
 ) -> anyhow::Result<ExitCode> {
-    use crate::ScheduleCommand as C;
+    use crate::cli::ScheduleCommand as C;
     let state = open_state(home)?;
     let now = Utc::now();
     match command {

@@ -1,0 +1,33 @@
+//! Commands on what runs left: `explain`, `lineage`, `forget`, `gc` and the model
+//! `registry` (`crate::history`).
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use super::outcome;
+use crate::cli::{Command, Format};
+use crate::history;
+
+/// Runs one of this group's commands.
+pub(super) fn dispatch(home: &Path, command: Command) -> ExitCode {
+    match command {
+        Command::Explain { run, stage, output } => {
+            outcome(history::explain(home, &run, &stage, output == Format::Json))
+        }
+        Command::Lineage {
+            target,
+            downstream,
+            output,
+        } => outcome(history::lineage(home, &target, downstream, output)),
+        Command::Forget { input, output } => outcome(history::forget(home, &input, output)),
+        Command::Gc {
+            keep_days,
+            apply,
+            output,
+        } => outcome(history::gc(home, keep_days, apply, output == Format::Json)),
+        Command::Registry { registry, command } => {
+            outcome(history::registry(home, registry.as_deref(), command))
+        }
+        _ => unreachable!("not a command of this group"),
+    }
+}

@@ -1,0 +1,66 @@
+//! Commands that look at runs and stop them: `status`, `logs`, `cancel`, `list`, on this
+//! home or through a server (`--server`).
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use super::outcome;
+use crate::cli::{Command, Format};
+use crate::{client, inspect, runs};
+
+/// Runs one of this group's commands.
+pub(super) fn dispatch(home: &Path, command: Command) -> ExitCode {
+    match command {
+        Command::Status {
+            run,
+            output,
+            server: Some(url),
+            ..
+        } => outcome(client::status(&url, run.as_deref(), output == Format::Json)),
+        Command::Status {
+            run,
+            output,
+            watch: true,
+            ..
+        } => outcome(inspect::watch(home, run.as_deref(), output == Format::Json)),
+        Command::Status { run, output, .. } => {
+            outcome(runs::status(home, run.as_deref(), output == Format::Json))
+        }
+        Command::Logs {
+            run: Some(run),
+            stage: Some(stage),
+            follow,
+            server: Some(url),
+        } => outcome(client::logs(&url, &run, &stage, follow)),
+        Command::Logs {
+            run, stage, follow, ..
+        } => match (follow, stage.as_deref()) {
+            (true, Some(s)) => outcome(runs::follow(home, run.as_deref(), s)),
+            (true, None) => outcome(runs::follow_run(home, run.as_deref())),
+            _ => outcome(runs::logs(home, run.as_deref(), stage.as_deref())),
+        },
+        Command::Cancel { run, server } => outcome(match server {
+            Some(url) => client::cancel(&url, &run),
+            None => runs::cancel(home, &run),
+        }),
+        Command::List {
+            limit,
+            pipeline,
+            phase,
+            trigger,
+            since,
+            output,
+        } => outcome(runs::list(
+            home,
+            &inspect::ListFilter {
+                limit,
+                pipeline,
+                phase,
+                trigger,
+                since,
+            },
+            output == Format::Json,
+        )),
+        _ => unreachable!("not a command of this group"),
+    }
+}

@@ -1,0 +1,214 @@
+//! Commands on a pipeline file and the catalog: `validate`, `graph`, `plan` (and its
+//! Kubernetes manifests), `steps`, `schema`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use drivetrain_engine::Catalog;
+use serde_json::{json, Value};
+
+use super::files::{read_text, Unread};
+use super::{load, outcome, usage_errors, EXIT_INVALID, EXIT_USAGE};
+use crate::cli::{Command, Format, GraphFormat};
+use crate::plan_output::{plan_json, plan_text};
+use crate::{api, manifests, report};
+
+/// Runs one of this group's commands.
+pub(super) fn dispatch(catalog: &Catalog, command: Command) -> ExitCode {
+    match command {
+        Command::Validate { files, output } => validate(catalog, &files, output),
+        Command::Graph { file, format } => match load(catalog, &file) {
+            Ok(p) => {
+                print!(
+                    "{}",
+                    match format {
+                        GraphFormat::Mermaid => p.to_mermaid(),
+                        GraphFormat::Dot => p.to_dot(),
+                    }
+                );
+                ExitCode::SUCCESS
+            }
+            Err(code) => code,
+        },
+        Command::Plan {
+            file,
+            params,
+            only,
+            from,
+            to,
+            output,
+            executor,
+            manifests,
+            run_id,
+        } => {
+            let p = match load(catalog, &file) {
+                Ok(p) => p,
+                Err(code) => return code,
+            };
+            let values = match p.resolve_params(&params) {
+                Ok(v) => v,
+                Err(errors) => return usage_errors(&errors),
+            };
+            let selected = match p.select(&only, &from, &to) {
+                Ok(s) => s,
+                Err(errors) => return usage_errors(&errors),
+            };
+            if manifests {
+                let executor = executor.as_deref().unwrap_or(&p.executor);
+                if executor != "kubernetes" {
+                    eprintln!("error: --manifests renders Kubernetes objects: add `--executor kubernetes` (this pipeline's executor is `{executor}`)");
+                    return ExitCode::from(2);
+                }
+                return outcome(
+                    drivetrain_executors::kubernetes::Settings::from_env()
+                        .map_err(anyhow::Error::msg)
+                        .and_then(|settings| {
+                            manifests::manifests(&p, &values, &selected, &settings, &run_id)
+                        })
+                        .map(|text| manifests::store_header(&p) + &text)
+                        .map(|text| {
+                            print!("{text}");
+                            ExitCode::SUCCESS
+                        }),
+                );
+            }
+            match output {
+                Format::Text => print!("{}", plan_text(&p, &values, &selected)),
+                Format::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&plan_json(&p, &values, &selected))
+                        .expect("JSON values serialize")
+                ),
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Schema { api } => {
+            let doc = match api {
+                true => api::openapi::document(),
+                false => drivetrain_engine::spec::json_schema(),
+            };
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&doc).expect("schema serializes")
+            );
+            ExitCode::SUCCESS
+        }
+        Command::Steps { output } => steps(catalog, output),
+        _ => unreachable!("not a command of this group"),
+    }
+}
+
+fn validate(catalog: &Catalog, files: &[PathBuf], output: Format) -> ExitCode {
+    let mut invalid = false;
+    let mut unreadable = false;
+    let mut results = Vec::new();
+    for file in files {
+        let name = file.display().to_string();
+        let src = match read_text(file) {
+            Ok(src) => src,
+            Err(Unread::NotText) => {
+                invalid = true;
+                results.push(json!({"file": name, "valid": false, "error": "not UTF-8"}));
+                continue;
+            }
+            Err(Unread::Io) => {
+                unreadable = true;
+                results.push(json!({"file": name, "valid": false, "error": "unreadable"}));
+                continue;
+            }
+        };
+        let v = drivetrain_engine::validate(&src, catalog);
+        invalid |= v.has_errors();
+        match output {
+            Format::Text => {
+                report::emit(&name, &src, &v.diagnostics);
+                match &v.pipeline {
+                    Some(p) => println!(
+                        "ok {name}: pipeline `{}`, {} stage{}{}",
+                        p.name,
+                        p.stages.len(),
+                        if p.stages.len() == 1 { "" } else { "s" },
+                        if v.diagnostics.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", report::counts(&v.diagnostics))
+                        }
+                    ),
+                    None => eprintln!("{name}: invalid ({})", report::counts(&v.diagnostics)),
+                }
+            }
+            Format::Json => results.push(json!({
+                "file": name,
+                "valid": !v.has_errors(),
+                "pipeline": v.pipeline.as_ref().map(|p| p.name.clone()),
+                "stages": v.pipeline.as_ref().map(|p| p.stages.len()),
+                "diagnostics": v.diagnostics.iter().map(|d| report::to_json(&name, d)).collect::<Vec<_>>(),
+            })),
+        }
+    }
+    if output == Format::Json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&results).expect("JSON values serialize")
+        );
+    }
+    if unreadable {
+        ExitCode::from(EXIT_USAGE)
+    } else if invalid {
+        ExitCode::from(EXIT_INVALID)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// `drivetrain steps`: the built-in steps and the executors, for people or as JSON.
+fn steps(catalog: &Catalog, output: Format) -> ExitCode {
+    match output {
+        Format::Text => {
+            println!("built-in steps:");
+            for s in catalog.steps() {
+                let inputs: Vec<String> = s
+                    .inputs()
+                    .iter()
+                    .map(|(n, req)| if *req { n.to_string() } else { format!("{n}?") })
+                    .collect();
+                println!(
+                    "  {:<18} {}\n  {:<18} inputs: {}  outputs: {}",
+                    s.name(),
+                    s.summary(),
+                    "",
+                    if inputs.is_empty() {
+                        "-".into()
+                    } else {
+                        inputs.join(", ")
+                    },
+                    s.outputs().join(", ")
+                );
+            }
+            println!("executors: {}", catalog.executors().join(", "));
+        }
+        Format::Json => {
+            let steps: Vec<Value> = catalog
+                .steps()
+                .map(|s| {
+                    json!({
+                        "name": s.name(),
+                        "version": s.version(),
+                        "summary": s.summary(),
+                        "inputs": s.inputs().iter().map(|(n, r)| json!({"name": n, "required": r})).collect::<Vec<_>>(),
+                        "outputs": s.outputs(),
+                        "config_schema": s.config_schema(),
+                    })
+                })
+                .collect();
+            println!(
+                "{}",
+                serde_json::to_string_pretty(
+                    &json!({"steps": steps, "executors": catalog.executors()})
+                )
+                .expect("JSON values serialize")
+            );
+        }
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,218 @@
+//! Commands that run stages: `run`, `rerun`, `retry` and `resume` drive an engine
+//! (`crate::runs`, `crate::rerun`); `step` and `exec` run inside a stage.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use drivetrain_engine::Catalog;
+
+use super::{load, outcome, read, usage_errors, EXIT_INVALID, EXIT_USAGE};
+use crate::cli::{Command, Format, FromRun};
+use crate::{client, exec, runs};
+
+/// Runs one of this group's commands.
+pub(super) fn dispatch(catalog: &Catalog, home: PathBuf, command: Command) -> ExitCode {
+    match command {
+        Command::Run {
+            file,
+            params,
+            parallelism,
+            fail_fast,
+            timeout,
+            executor,
+            gpus,
+            detach,
+            server,
+            run_id,
+            no_cache,
+            overwrite_cache,
+            output,
+        } => {
+            if let Some(url) = server {
+                return outcome(client::run(
+                    &url,
+                    &file,
+                    &params,
+                    detach,
+                    output == Format::Json,
+                ));
+            }
+            let src = match read(&file) {
+                Ok(s) => s,
+                Err(code) => return code,
+            };
+            let pipeline = match load(catalog, &file) {
+                Ok(p) => p,
+                Err(code) => return code,
+            };
+            let params = match pipeline.resolve_params(&params) {
+                Ok(v) => v,
+                Err(errors) => return usage_errors(&errors),
+            };
+            if detach {
+                return outcome(runs::detach(&home));
+            }
+            outcome(runs::run(runs::RunArgs {
+                deadline: timeout,
+                gpus,
+                run_id,
+                file: &file,
+                source: &src,
+                pipeline,
+                params,
+                parallelism,
+                fail_fast,
+                executor: executor.as_deref(),
+                home,
+                json: output == Format::Json,
+                cache: drivetrain_engine::runner::CacheMode {
+                    read: !no_cache && !overwrite_cache,
+                    write: !no_cache,
+                },
+            }))
+        }
+        Command::Rerun {
+            run,
+            stage,
+            downstream,
+            from,
+            only,
+            params,
+            images,
+            common,
+        } => rerun(
+            catalog,
+            home,
+            RerunCli {
+                run,
+                retry: false,
+                stages: stage,
+                downstream,
+                from,
+                only,
+                params,
+                images,
+                common,
+            },
+        ),
+        Command::Retry { run, common } => rerun(
+            catalog,
+            home,
+            RerunCli {
+                run,
+                retry: true,
+                stages: Vec::new(),
+                downstream: false,
+                from: Vec::new(),
+                only: Vec::new(),
+                params: Vec::new(),
+                images: Vec::new(),
+                common,
+            },
+        ),
+        Command::Resume { run, output } => {
+            outcome(runs::resume(catalog, &home, &run, output == Format::Json))
+        }
+        Command::Step { name } => step(catalog, &name),
+        Command::Exec { install, command } => outcome(match install {
+            Some(dir) => exec::install(&dir),
+            None => exec::exec(&command),
+        }),
+        _ => unreachable!("not a command of this group"),
+    }
+}
+
+/// `drivetrain step NAME`: runs a built-in step in this process with the attempt's
+/// environment; its error is the stage's reason.
+fn step(catalog: &Catalog, name: &str) -> ExitCode {
+    let Some(step) = catalog.step(name) else {
+        eprintln!(
+            "error: unknown step `{name}`; built-in steps: {}",
+            catalog.step_names().join(", ")
+        );
+        return ExitCode::from(EXIT_USAGE);
+    };
+    let cx = match drivetrain_engine::step::StepContext::from_env(step) {
+        Ok(cx) => cx,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_INVALID);
+        }
+    };
+    match rt.block_on(step.run(&cx)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: step `{name}`: {e}");
+            ExitCode::from(EXIT_INVALID)
+        }
+    }
+}
+
+/// `rerun` and `retry` as parsed.
+struct RerunCli {
+    run: String,
+    retry: bool,
+    stages: Vec<String>,
+    downstream: bool,
+    from: Vec<String>,
+    only: Vec<String>,
+    params: Vec<(String, String)>,
+    images: Vec<(String, String)>,
+    common: FromRun,
+}
+
+/// `rerun` and `retry`: the earlier run's pipeline file (or `--file`), validated as `run`
+/// validates it.
+fn rerun(catalog: &Catalog, home: PathBuf, a: RerunCli) -> ExitCode {
+    let file = match a.common.file {
+        Some(f) => f,
+        None => match runs::run_file(&home, &a.run) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+    };
+    let src = match read(&file) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let pipeline = match load(catalog, &file) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    runs::rerun(runs::RerunArgs {
+        parent: drivetrain_engine::state::RunId(a.run),
+        retry: a.retry,
+        stages: a.stages,
+        downstream: a.downstream,
+        from: a.from,
+        only: a.only,
+        params: a.params,
+        images: a.images,
+        file: &file,
+        source: &src,
+        pipeline,
+        parallelism: a.common.parallelism,
+        fail_fast: a.common.fail_fast,
+        no_cache: a.common.no_cache,
+        home,
+        json: a.common.output == Format::Json,
+        run_id: a.common.run_id.map(drivetrain_engine::state::RunId),
+    })
+    .unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        ExitCode::from(EXIT_INVALID)
+    })
+}

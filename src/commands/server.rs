@@ -1,0 +1,61 @@
+//! Commands of the long-running engine: `serve` (API, web view, cron), `ui` (the web
+//! view alone), `schedule`, and `doctor` (what this machine gives stages).
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use drivetrain_engine::Catalog;
+
+use super::outcome;
+use crate::cli::{Command, Format};
+use crate::{doctor, schedules, serve};
+
+/// Runs one of this group's commands.
+pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitCode {
+    match command {
+        Command::Serve {
+            pipelines,
+            bind,
+            token,
+            token_file,
+            insecure_no_auth,
+            parallelism,
+        } => outcome(serve::serve(
+            catalog,
+            home,
+            serve::ServeArgs {
+                pipelines: Some(pipelines),
+                schedules: true,
+                bind,
+                token,
+                token_file,
+                insecure_no_auth,
+                parallelism,
+            },
+        )),
+        Command::Ui {
+            pipelines,
+            bind,
+            token,
+            token_file,
+            insecure_no_auth,
+        } => outcome(serve::serve(
+            catalog,
+            home,
+            serve::ServeArgs {
+                pipelines,
+                schedules: false,
+                bind,
+                token,
+                token_file,
+                insecure_no_auth,
+                parallelism: None,
+            },
+        )),
+        Command::Schedule { command, output } => {
+            outcome(schedules::command(home, command, output == Format::Json))
+        }
+        Command::Doctor { gpus, output } => outcome(doctor::doctor(gpus, output == Format::Json)),
+        _ => unreachable!("not a command of this group"),
+    }
+}
