@@ -4,8 +4,6 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::history;
-
 /// The workflow engine for the autonomous-driving data loop.
 #[derive(Debug, Parser)]
 #[command(
@@ -188,8 +186,8 @@ pub(crate) enum Command {
         target: String,
         #[arg(long)]
         downstream: bool,
-        #[arg(long, short = 'o', value_enum, default_value_t = history::GraphOutput::Text)]
-        output: history::GraphOutput,
+        #[arg(long, short = 'o', value_enum, default_value_t = GraphOutput::Text)]
+        output: GraphOutput,
     },
     /// Everything derived from a source: an artifact, or any text a stage's definition
     /// mentions (a drive log's URL), for data-deletion requests.
@@ -198,8 +196,8 @@ pub(crate) enum Command {
     )]
     Forget {
         input: String,
-        #[arg(long, short = 'o', value_enum, default_value_t = history::GraphOutput::Text)]
-        output: history::GraphOutput,
+        #[arg(long, short = 'o', value_enum, default_value_t = GraphOutput::Text)]
+        output: GraphOutput,
     },
     /// List (and with --apply delete) artifacts no kept run, cache entry or running run
     /// refers to.
@@ -503,4 +501,13 @@ pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
         Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
         _ => Err(format!("expected NAME=VALUE, got `{s}`")),
     }
+}
+
+/// Output formats of `lineage` and `forget`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GraphOutput {
+    Text,
+    Json,
+    Dot,
+    Mermaid,
 }

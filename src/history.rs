@@ -10,16 +10,8 @@ use drivetrain_engine::history::{self, Direction, LineageError};
 use drivetrain_engine::state::{RunId, StateStore};
 use serde_json::{json, Value};
 
+use crate::cli::GraphOutput;
 use crate::runs::{open_state, store_url};
-
-/// Output formats of `lineage` and `forget`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum GraphOutput {
-    Text,
-    Json,
-    Dot,
-    Mermaid,
-}
 
 fn components(v: &Value) -> BTreeMap<String, String> {
     serde_json::from_value(v.clone()).unwrap_or_default()

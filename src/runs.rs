@@ -20,9 +20,6 @@ use drivetrain_engine::state::{Phase, RunId, SqliteState, StateStore};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-pub use crate::inspect::{follow, follow_run, list, logs, status};
-pub use crate::rerun::{rerun, run_file, RerunArgs};
-
 /// Exit code of a cancelled run (128 + SIGINT, as shells report Ctrl-C).
 pub const EXIT_CANCELLED: u8 = 130;
 

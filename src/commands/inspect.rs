@@ -23,9 +23,11 @@ pub(super) fn dispatch(home: &Path, command: Command) -> ExitCode {
             watch: true,
             ..
         } => outcome(inspect::watch(home, run.as_deref(), output == Format::Json)),
-        Command::Status { run, output, .. } => {
-            outcome(runs::status(home, run.as_deref(), output == Format::Json))
-        }
+        Command::Status { run, output, .. } => outcome(inspect::status(
+            home,
+            run.as_deref(),
+            output == Format::Json,
+        )),
         Command::Logs {
             run: Some(run),
             stage: Some(stage),
@@ -35,9 +37,9 @@ pub(super) fn dispatch(home: &Path, command: Command) -> ExitCode {
         Command::Logs {
             run, stage, follow, ..
         } => match (follow, stage.as_deref()) {
-            (true, Some(s)) => outcome(runs::follow(home, run.as_deref(), s)),
-            (true, None) => outcome(runs::follow_run(home, run.as_deref())),
-            _ => outcome(runs::logs(home, run.as_deref(), stage.as_deref())),
+            (true, Some(s)) => outcome(inspect::follow(home, run.as_deref(), s)),
+            (true, None) => outcome(inspect::follow_run(home, run.as_deref())),
+            _ => outcome(inspect::logs(home, run.as_deref(), stage.as_deref())),
         },
         Command::Cancel { run, server } => outcome(match server {
             Some(url) => client::cancel(&url, &run),
@@ -50,7 +52,7 @@ pub(super) fn dispatch(home: &Path, command: Command) -> ExitCode {
             trigger,
             since,
             output,
-        } => outcome(runs::list(
+        } => outcome(inspect::list(
             home,
             &inspect::ListFilter {
                 limit,

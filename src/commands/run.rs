@@ -8,7 +8,7 @@ use drivetrain_engine::Catalog;
 
 use super::{load, outcome, read, usage_errors, EXIT_INVALID, EXIT_USAGE};
 use crate::cli::{Command, Format, FromRun};
-use crate::{client, exec, runs};
+use crate::{client, exec, rerun, runs};
 
 /// Runs one of this group's commands.
 pub(super) fn dispatch(catalog: &Catalog, home: PathBuf, command: Command) -> ExitCode {
@@ -176,7 +176,7 @@ struct RerunCli {
 fn rerun(catalog: &Catalog, home: PathBuf, a: RerunCli) -> ExitCode {
     let file = match a.common.file {
         Some(f) => f,
-        None => match runs::run_file(&home, &a.run) {
+        None => match rerun::run_file(&home, &a.run) {
             Ok(f) => f,
             Err(e) => {
                 eprintln!("error: {e:#}");
@@ -192,7 +192,7 @@ fn rerun(catalog: &Catalog, home: PathBuf, a: RerunCli) -> ExitCode {
         Ok(p) => p,
         Err(code) => return code,
     };
-    runs::rerun(runs::RerunArgs {
+    rerun::rerun(rerun::RerunArgs {
         parent: drivetrain_engine::state::RunId(a.run),
         retry: a.retry,
         stages: a.stages,
