@@ -293,7 +293,7 @@ pub fn list(home: &Path, filter: &ListFilter, json_out: bool) -> anyhow::Result<
 /// wherever it ran: killed, or its machine gone.
 fn orphaned(state: &dyn StateStore) -> anyhow::Result<std::collections::BTreeSet<RunId>> {
     Ok(state
-        .stale_runs(&crate::serve::stale_before()?)?
+        .stale_runs(&crate::runs::stale_before()?)?
         .into_iter()
         .collect())
 }

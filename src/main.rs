@@ -4,7 +4,7 @@
 //! Exit codes mean one thing each: 0 success, 1 the pipeline is invalid (or the run
 //! failed), 2 usage (bad arguments, unreadable files), 130 cancelled.
 
-mod api;
+mod catalog;
 mod cli;
 mod client;
 mod commands;
@@ -12,15 +12,13 @@ mod doctor;
 mod exec;
 mod history;
 mod inspect;
-mod listener;
 mod manifests;
 mod plan_output;
 mod report;
 mod rerun;
 mod runs;
 mod schedules;
-mod serve;
-mod ui;
+mod server;
 
 /// Validation builds a located tree of every YAML value: an allocator made for many small
 /// short-lived objects makes the 10,000-stage benchmark markedly faster than glibc malloc.

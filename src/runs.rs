@@ -832,3 +832,9 @@ fn event_line(ev: &RunEvent) -> String {
 }
 
 use std::time::Duration;
+
+/// Heartbeats older than this (three intervals ago) are a dead engine's.
+pub(crate) fn stale_before() -> anyhow::Result<String> {
+    let silence = chrono::Duration::from_std(drivetrain_engine::runner::heartbeat_interval() * 3)?;
+    Ok((chrono::Utc::now() - silence).to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+}

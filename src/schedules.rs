@@ -11,13 +11,12 @@ use drivetrain_engine::state::StateStore;
 use serde_json::{json, Value};
 
 use crate::runs::open_state;
-use crate::serve::{now_text, queue_manual_tick};
 
 /// The schedule of the pipeline file `file`, if it validates and has one.
 fn schedule_in(file: &Path) -> anyhow::Result<Schedule> {
     let source = std::fs::read_to_string(file)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
-    let pipeline = drivetrain_engine::validate(&source, &crate::commands::catalog())
+    let pipeline = drivetrain_engine::validate(&source, &crate::catalog::catalog())
         .pipeline
         .ok_or_else(|| {
             anyhow::anyhow!(
@@ -164,4 +163,30 @@ pub fn command(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Now, as schedules record it (seconds, UTC).
+pub fn now_text() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// Records a claimed tick for now that the server will start: `schedule trigger`.
+pub fn queue_manual_tick(
+    state: &dyn StateStore,
+    pipeline: &str,
+) -> anyhow::Result<drivetrain_engine::state::RunId> {
+    let at = chrono::Utc::now();
+    let run = drivetrain_engine::schedule::tick_run_id(pipeline, at);
+    state.claim_tick(&drivetrain_engine::state::TickRecord {
+        id: format!(
+            "{}+manual",
+            drivetrain_engine::schedule::tick_id(pipeline, at)
+        ),
+        pipeline: pipeline.to_owned(),
+        scheduled_time: at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        outcome: "fired".into(),
+        run_id: Some(run.0.clone()),
+        reason: Some("triggered by hand".into()),
+    })?;
+    Ok(run)
 }

@@ -8,8 +8,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use drivetrain_engine::Catalog;
-
 use crate::cli::Command;
 
 mod files;
@@ -25,14 +23,6 @@ pub(crate) use files::{load, read, usage_errors};
 pub(crate) const EXIT_INVALID: u8 = 1;
 /// Bad arguments, unreadable files.
 pub(crate) const EXIT_USAGE: u8 = 2;
-
-/// The one explicit list of steps and executors this binary knows.
-pub(crate) fn catalog() -> Catalog {
-    Catalog::new(
-        drivetrain_steps::all(),
-        drivetrain_executors::EXECUTORS.to_vec(),
-    )
-}
 
 /// A command's result as its exit code; an error is printed first.
 pub(crate) fn outcome(r: anyhow::Result<ExitCode>) -> ExitCode {
@@ -51,7 +41,7 @@ pub(crate) fn outcome(r: anyhow::Result<ExitCode>) -> ExitCode {
 
 /// Runs `command` with the engine's home `home`.
 pub(crate) fn dispatch(command: Command, home: PathBuf) -> ExitCode {
-    let catalog = catalog();
+    let catalog = crate::catalog::catalog();
     match command {
         c @ (Command::Run { .. }
         | Command::Rerun { .. }

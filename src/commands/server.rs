@@ -8,7 +8,7 @@ use drivetrain_engine::Catalog;
 
 use super::outcome;
 use crate::cli::{Command, Format};
-use crate::{doctor, schedules, serve};
+use crate::{doctor, schedules, server as serve};
 
 /// Runs one of this group's commands.
 pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitCode {

@@ -13,7 +13,7 @@
 //!   its own name and is refused.
 //!
 //! Validation of posted YAML runs on the blocking pool, at most
-//! [`crate::serve::VALIDATIONS`] at once and each within [`VALIDATION_TIMEOUT`], so one
+//! [`crate::server::VALIDATIONS`] at once and each within [`VALIDATION_TIMEOUT`], so one
 //! hostile pipeline can neither stall the async workers nor take the memory of many.
 
 use std::sync::atomic::Ordering;
@@ -31,7 +31,7 @@ use serde_json::Value;
 use drivetrain_engine::artifacts::AttemptKey;
 use drivetrain_engine::state::RunId;
 
-use crate::serve::Server;
+use crate::server::Server;
 
 pub mod openapi;
 pub mod views;
@@ -133,7 +133,7 @@ pub fn router(server: Shared) -> Router {
     }
     let api = api.layer(axum::middleware::from_fn_with_state(server.clone(), auth));
     open.merge(api)
-        .merge(crate::ui::router())
+        .merge(crate::server::ui::router())
         .with_state(server)
 }
 
@@ -318,7 +318,7 @@ struct Submit {
 /// before the request is answered 503.
 pub const VALIDATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Validates posted YAML on the blocking pool: at most [`crate::serve::VALIDATIONS`] at
+/// Validates posted YAML on the blocking pool: at most [`crate::server::VALIDATIONS`] at
 /// once, each answered within [`VALIDATION_TIMEOUT`] ([`bounded`]).
 async fn validate_posted(
     s: &Shared,
@@ -533,7 +533,7 @@ async fn from_run(s: &Server, verb: &str, id: String, extra: &[String]) -> Respo
     // An orphan (its engine stopped beating) may be retried or rerun: the engine started
     // for that ends it first.
     let orphaned = || {
-        crate::serve::stale_before()
+        crate::runs::stale_before()
             .ok()
             .and_then(|t| s.engine.state().stale_runs(&t).ok())
             .is_some_and(|stale| stale.contains(&parent))
@@ -587,12 +587,12 @@ async fn register(State(s): State<Shared>, JsonBody(body): JsonBody<Register>) -
 /// A place for one more stream to the request's client, or the `503` that refuses it.
 fn admit_stream(
     s: &Shared,
-    client: Option<axum::Extension<crate::listener::Client>>,
-) -> Result<crate::listener::StreamPermit, Box<Response>> {
+    client: Option<axum::Extension<crate::server::listener::Client>>,
+) -> Result<crate::server::listener::StreamPermit, Box<Response>> {
     let ip = client.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |c| c.0 .0.ip());
     s.streams
         .admit(ip)
-        .map_err(|why| Box::new(crate::listener::busy(&why)))
+        .map_err(|why| Box::new(crate::server::listener::busy(&why)))
 }
 
 /// The most of a live log one read sends.
@@ -606,7 +606,7 @@ fn follow(
     stage: String,
     attempt: u32,
     path: std::path::PathBuf,
-    permit: crate::listener::StreamPermit,
+    permit: crate::server::listener::StreamPermit,
 ) -> Response {
     use std::io::{Read as _, Seek as _};
     let ended = move |s: &Server| {
@@ -728,7 +728,7 @@ async fn logs(
     State(s): State<Shared>,
     Path(id): Path<String>,
     Params(q): Params<LogsQuery>,
-    client: Option<axum::Extension<crate::listener::Client>>,
+    client: Option<axum::Extension<crate::server::listener::Client>>,
     headers: axum::http::HeaderMap,
 ) -> Response {
     let run = RunId(id);
@@ -867,7 +867,7 @@ async fn resume(
     if let Some(r) = known(&s, &name) {
         return r;
     }
-    let anchor = (!q.catchup).then(crate::serve::now_text);
+    let anchor = (!q.catchup).then(crate::schedules::now_text);
     match s
         .engine
         .state()
@@ -887,7 +887,7 @@ async fn trigger(State(s): State<Shared>, Path(name): Path<String>) -> Response 
     if let Some(r) = known(&s, &name) {
         return r;
     }
-    match crate::serve::queue_manual_tick(s.engine.state().as_ref(), &name) {
+    match crate::schedules::queue_manual_tick(s.engine.state().as_ref(), &name) {
         Ok(run) => (
             StatusCode::ACCEPTED,
             Json(Queued {
@@ -968,7 +968,7 @@ mod tests {
         use std::sync::atomic::{AtomicUsize, Ordering};
         use std::sync::Arc;
         use std::time::Duration;
-        let permits = Arc::new(tokio::sync::Semaphore::new(crate::serve::VALIDATIONS));
+        let permits = Arc::new(tokio::sync::Semaphore::new(crate::server::VALIDATIONS));
         let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let mut jobs = Vec::new();
         for _ in 0..6 {
@@ -986,7 +986,7 @@ mod tests {
         for j in jobs {
             assert!(j.await.unwrap().is_ok());
         }
-        assert_eq!(most.load(Ordering::SeqCst), crate::serve::VALIDATIONS);
+        assert_eq!(most.load(Ordering::SeqCst), crate::server::VALIDATIONS);
 
         // Over its bound: answered late at the bound, its permit kept until it ends, so
         // the next one waits for it (and, with a bound shorter than that, is late too).
@@ -996,12 +996,12 @@ mod tests {
         let started = std::time::Instant::now();
         assert!(matches!(slow.await, Err(Unanswered::Late)));
         assert!(started.elapsed() < Duration::from_millis(800));
-        assert_eq!(permits.available_permits(), crate::serve::VALIDATIONS - 1);
+        assert_eq!(permits.available_permits(), crate::server::VALIDATIONS - 1);
         let all = permits.clone().acquire_many_owned(2);
         assert!(tokio::time::timeout(Duration::from_millis(50), all)
             .await
             .is_err());
-        let busy: Vec<_> = (0..crate::serve::VALIDATIONS - 1)
+        let busy: Vec<_> = (0..crate::server::VALIDATIONS - 1)
             .map(|_| {
                 let permits = permits.clone();
                 tokio::spawn(async move {

@@ -1,5 +1,5 @@
 //! `drivetrain serve`: runs the pipelines of a directory on their cron schedules, serves
-//! the HTTP API ([`crate::api`]), and `drivetrain schedule …` to list, suspend, resume and
+//! the HTTP API ([`crate::server::api`]), and `drivetrain schedule …` to list, suspend, resume and
 //! trigger schedules from the command line.
 //!
 //! Every loop decides the due ticks of every schedule against the state store
@@ -8,6 +8,12 @@
 //! started again neither fires a tick twice nor loses one (within the catch-up policy); a
 //! tick queued by `schedule trigger` (claimed without a run) is started by the next loop.
 //! Runs execute in this process, on the local executor.
+
+use crate::schedules::now_text;
+
+pub(crate) mod api;
+pub(crate) mod listener;
+mod ui;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -23,15 +29,11 @@ use drivetrain_engine::executor::ResourceUsage;
 use drivetrain_engine::plan::Pipeline;
 use drivetrain_engine::runner::{self, RunEvent};
 use drivetrain_engine::schedule::{self, Decision, Ticker};
-use drivetrain_engine::state::{Phase, RunId, StateStore, TickRecord};
+use drivetrain_engine::state::{Phase, RunId, StateStore};
 use drivetrain_engine::Catalog;
 use serde_json::{json, Value};
 
-use crate::runs::{open_state, store_url};
-
-pub fn now_text() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
+use crate::runs::{open_state, stale_before, store_url};
 
 /// A histogram in Prometheus' cumulative form.
 #[derive(Debug)]
@@ -181,9 +183,9 @@ pub struct Server {
     /// Set on SIGTERM: no new work, and the live streams of pages end.
     pub(crate) stopping: std::sync::atomic::AtomicBool,
     /// The event streams and followed logs open, within the listener's limits.
-    pub streams: Arc<crate::listener::Streams>,
+    pub streams: Arc<crate::server::listener::Streams>,
     /// The run list's changes, polled once for every stream of it.
-    pub runs_feed: crate::api::views::RunsFeed,
+    pub runs_feed: crate::server::api::views::RunsFeed,
     /// The state reads of streams at once (each on the blocking pool): a thousand streams
     /// share a few threads instead of taking a thread each.
     pub stream_reads: tokio::sync::Semaphore,
@@ -233,21 +235,6 @@ fn load(
         );
     }
     Ok(out)
-}
-
-/// Records a claimed tick for now that the server will start: `schedule trigger`.
-pub fn queue_manual_tick(state: &dyn StateStore, pipeline: &str) -> anyhow::Result<RunId> {
-    let at = chrono::Utc::now();
-    let run = schedule::tick_run_id(pipeline, at);
-    state.claim_tick(&TickRecord {
-        id: format!("{}+manual", schedule::tick_id(pipeline, at)),
-        pipeline: pipeline.to_owned(),
-        scheduled_time: at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        outcome: "fired".into(),
-        run_id: Some(run.0.clone()),
-        reason: Some("triggered by hand".into()),
-    })?;
-    Ok(run)
 }
 
 impl Server {
@@ -829,12 +816,6 @@ fn start_error(e: anyhow::Error) -> (u16, String) {
     (code, format!("{e:#}"))
 }
 
-/// Heartbeats older than this (three intervals ago) are a dead engine's.
-pub(crate) fn stale_before() -> anyhow::Result<String> {
-    let silence = chrono::Duration::from_std(drivetrain_engine::runner::heartbeat_interval() * 3)?;
-    Ok((chrono::Utc::now() - silence).to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-}
-
 /// How many posted pipelines are validated at once: with the per-document bounds of
 /// validation, this bounds the memory requests can take together.
 pub const VALIDATIONS: usize = 2;
@@ -924,7 +905,8 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         eprintln!("error: no valid pipeline under {}", dir.display());
         return Ok(ExitCode::from(2));
     }
-    let limits = crate::listener::Limits::for_files(crate::listener::raise_file_limit());
+    let limits =
+        crate::server::listener::Limits::for_files(crate::server::listener::raise_file_limit());
     let listener = std::net::TcpListener::bind(addr)
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     listener.set_nonblocking(true)?;
@@ -959,7 +941,7 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         },
         catalog,
         stopping: std::sync::atomic::AtomicBool::new(false),
-        streams: crate::listener::Streams::new(limits),
+        streams: crate::server::listener::Streams::new(limits),
         runs_feed: Default::default(),
         stream_reads: tokio::sync::Semaphore::new(STREAM_READS),
         // At start, a week back: a tick queued or claimed while no server ran.
@@ -994,10 +976,10 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         let listener = tokio::net::TcpListener::from_std(listener)?;
         println!("listening on http://{}", listener.local_addr()?);
         println!("the web view: http://{}/", listener.local_addr()?);
-        let app = crate::api::router(server.clone());
+        let app = crate::server::api::router(server.clone());
         let (stop_http, stopped) = tokio::sync::oneshot::channel::<()>();
         let http = tokio::spawn(async move {
-            crate::listener::serve(listener, app, limits, async {
+            crate::server::listener::serve(listener, app, limits, async {
                 let _ = stopped.await;
             })
             .await

@@ -492,7 +492,7 @@ pub fn responses(route: &Route) -> Vec<(u16, &'static str, Body)> {
         add(JSON_BODY);
     }
     // The listener's answer when every connection is busy or, on a stream, when the
-    // client or the server has its most open (src/listener.rs).
+    // client or the server has its most open (src/server/listener.rs).
     add(&[(
         503,
         "the server is busy: every connection, or its streams; `Retry-After` says when to retry",

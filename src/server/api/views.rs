@@ -23,7 +23,7 @@ use drivetrain_engine::state::RunId;
 
 use super::openapi::{AttemptList, GraphNode, RunGraph};
 use super::{error, internal, Params, Shared};
-use crate::listener::Client;
+use crate::server::listener::Client;
 
 /// How often a live stream reads the state store. The browser never polls: it holds one
 /// stream per page and the server sends what changed.
