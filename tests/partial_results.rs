@@ -27,7 +27,7 @@ fn a_partial_ingest_is_a_warning_in_run_and_status_and_can_fail_the_run() {
     let project = home.dir.join("project");
     let logs = project.join("logs");
     std::fs::create_dir_all(&logs).unwrap();
-    let sim: drivetrain_steps::FleetSimConfig = serde_json::from_value(serde_json::json!(
+    let sim: drivetrain_steps::sim::FleetSimConfig = serde_json::from_value(serde_json::json!(
         {"drives": 2, "duration": "20s", "rate_hz": 10, "seed": 3}
     ))
     .unwrap();

@@ -89,7 +89,7 @@ fn the_nightly_retrain_ingests_its_fleet_bucket_on_s3() {
     let home = Home::new("s3-source");
     let logs = home.dir.join("sim");
     std::fs::create_dir_all(&logs).unwrap();
-    let sim: drivetrain_steps::FleetSimConfig = serde_json::from_value(serde_json::json!(
+    let sim: drivetrain_steps::sim::FleetSimConfig = serde_json::from_value(serde_json::json!(
         {"drives": 2, "duration": "30s", "rate_hz": 10, "seed": 5,
          "events": {"hard_brake": 4, "low_lane_confidence": 4}}
     ))

@@ -32,7 +32,6 @@ use datafusion::arrow::datatypes::DataType;
 use serde_json::{json, Map, Value};
 
 use crate::table::{frame_columns, rows, session, write_rows};
-use crate::{ChoiceClass, LabelExportConfig, LabelFormat, LabelImportConfig, LabelPolicy};
 
 /// The selected frames and what was written.
 pub async fn export(
@@ -773,4 +772,159 @@ pub async fn import(
         "label_source": if human.is_some() { "human" } else { "auto:ground-truth" },
         "splits": counts,
     }))
+}
+
+// The `label-export` and `label-import` step: its `with:` block, registration and what it does with its context.
+
+/// `label-export`: selection for labeling.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LabelExportConfig {
+    /// The most frames to send to labeling.
+    pub budget: u32,
+    /// Diversity: at most this many frames per drive per rule.
+    #[serde(default)]
+    pub max_per_drive_per_rule: Option<u32>,
+    /// Frames of one drive closer than this (a duration) count as duplicates.
+    #[serde(default)]
+    pub dedup_window: Option<String>,
+    /// Export formats. Default both.
+    #[serde(default)]
+    pub formats: Vec<LabelFormat>,
+    /// The share of the budget drawn from all frames (negatives for training) when the
+    /// `frames` input is connected. Default 0.25.
+    #[serde(default)]
+    pub background: Option<f64>,
+}
+
+/// Labeling task formats.
+#[derive(Debug, Clone, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum LabelFormat {
+    LabelStudio,
+    Coco,
+}
+
+/// `label-import`: labels back into a dataset.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LabelImportConfig {
+    /// A store URL of completed labels; default: the `labels` input, else the demo
+    /// ground truth of `tasks`.
+    #[serde(default)]
+    pub source: Option<String>,
+    /// Fractions for train / val / test. Default 0.8 / 0.1 / 0.1.
+    #[serde(default)]
+    pub split: Option<Split>,
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// The labeling control whose choices are the label (`from_name` in Label Studio's
+    /// results). Default: the `choices` result that chose `risky` or `normal`.
+    #[serde(default)]
+    pub from_name: Option<String>,
+    /// Which annotation of a task counts when it has several (cancelled ones never do):
+    /// `newest` (default) or `majority` (ties go to the newest).
+    #[serde(default)]
+    pub policy: Option<LabelPolicy>,
+    /// The fewest exported tasks that must come back labeled: a share of them below 1
+    /// (`0.9`, the default) or a count from 1 up (`250`); fewer fails the stage.
+    #[serde(default)]
+    pub min_labeled: Option<f64>,
+    /// The label control's choice values and what each means: `risky`, `normal`, or
+    /// `skip` (no label). Default `{risky: risky, normal: normal}`. A value not named
+    /// here fails the stage with the values and their counts.
+    #[serde(default)]
+    pub choices: Option<std::collections::BTreeMap<String, ChoiceClass>>,
+    /// The most labeled items that may not be tasks of this export (another export's,
+    /// or naming another frame) before the stage fails. Default 0.
+    #[serde(default)]
+    pub max_foreign: Option<u64>,
+}
+
+/// What a labeling choice means to `label-import`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ChoiceClass {
+    Risky,
+    Normal,
+    Skip,
+}
+
+/// Which annotation of a task `label-import` takes.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LabelPolicy {
+    Newest,
+    Majority,
+}
+
+/// Dataset split fractions.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Split {
+    pub train: f64,
+    pub val: f64,
+    #[serde(default)]
+    pub test: Option<f64>,
+}
+
+/// The steps, as the catalog lists them.
+pub(crate) fn steps() -> Vec<Box<dyn drivetrain_engine::step::Step>> {
+    vec![
+        crate::builtin::builtin::<LabelExportConfig>(
+            "label-export",
+            "budgeted, de-duplicated frames to Label Studio and COCO tasks",
+            &[("corner_cases", true), ("frames", false)],
+            &["tasks"],
+            |c, cx| Box::pin(run_export(c, cx)),
+        )
+        .boxed(),
+        crate::builtin::builtin::<LabelImportConfig>(
+            "label-import",
+            "completed labels to a split training dataset (Parquet)",
+            &[("tasks", true), ("labels", false)],
+            &["dataset"],
+            |c, cx| Box::pin(run_import(c, cx)),
+        )
+        .boxed(),
+    ]
+}
+
+async fn run_export(
+    c: LabelExportConfig,
+    cx: &drivetrain_engine::step::StepContext,
+) -> anyhow::Result<serde_json::Value> {
+    let cases = cx.input("corner_cases").map_err(crate::builtin::err)?;
+    let frames = cx.inputs.get("frames").map(std::path::PathBuf::as_path);
+    let out = cx.output("tasks").map_err(crate::builtin::err)?;
+    // Task ids restart at 1 in every export: the run and stage name this one.
+    let export_id = match cx.run_id.as_str() {
+        "" => "local".to_owned(),
+        run => format!("{run}/{}", cx.stage),
+    };
+    let v = export(
+        &c,
+        &cases.join("corner_cases.parquet"),
+        frames,
+        out,
+        &export_id,
+    )
+    .await?;
+    println!(
+        "selected {} frames for labeling ({} corner cases, {} background)",
+        v["selected"], v["corner_cases"], v["background"]
+    );
+    Ok(v)
+}
+
+async fn run_import(
+    c: LabelImportConfig,
+    cx: &drivetrain_engine::step::StepContext,
+) -> anyhow::Result<serde_json::Value> {
+    let tasks = cx.input("tasks").map_err(crate::builtin::err)?;
+    let labels = cx.inputs.get("labels").map(std::path::PathBuf::as_path);
+    let out = cx.output("dataset").map_err(crate::builtin::err)?;
+    let v = import(&c, tasks, labels, out).await?;
+    println!("dataset: {}", v["splits"]);
+    Ok(v)
 }

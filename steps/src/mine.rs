@@ -670,6 +670,43 @@ fn parquet_files(frames: &std::path::Path) -> anyhow::Result<Vec<std::path::Path
     Ok(files)
 }
 
+// The `mine-corner-cases` step: its `with:` block, registration and what it does with its context.
+
+/// `mine-corner-cases`: named SQL rules.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MineConfig {
+    /// Rule name → SQL boolean expression over the frame columns (window functions allowed).
+    pub rules: indexmap::IndexMap<String, String>,
+}
+
+/// The step, as the catalog lists it.
+pub(crate) fn step() -> Box<dyn drivetrain_engine::step::Step> {
+    crate::builtin::builtin::<MineConfig>(
+        "mine-corner-cases",
+        "named SQL rules over the frames to tagged corner-case frames",
+        &[("frames", true)],
+        &["corner_cases"],
+        |c, cx| Box::pin(run_step(c, cx)),
+    )
+    .checked(|c| check_rules(&c.rules))
+    .boxed()
+}
+
+async fn run_step(
+    c: MineConfig,
+    cx: &drivetrain_engine::step::StepContext,
+) -> anyhow::Result<serde_json::Value> {
+    let frames = cx.input("frames").map_err(crate::builtin::err)?;
+    let out = cx.output("corner_cases").map_err(crate::builtin::err)?;
+    let v = mine(&c.rules, frames, out).await?;
+    println!(
+        "{} of {} frames matched: {}",
+        v["matched"], v["frames"], v["rules"]
+    );
+    Ok(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -162,3 +162,8 @@ pub fn evaluate(model: &Model, rows: &[Map<String, Value>]) -> Value {
         "precision": precision,
     })
 }
+
+/// A model from its `model.json` bytes.
+pub(crate) fn load(bytes: &[u8]) -> anyhow::Result<Model> {
+    serde_json::from_slice(bytes).map_err(|e| anyhow::anyhow!("not a model: {e}"))
+}

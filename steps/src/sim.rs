@@ -24,7 +24,6 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::rng::Rng;
-use crate::FleetSimConfig;
 
 /// What the simulator wrote.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -234,4 +233,66 @@ pub fn simulate(cfg: &FleetSimConfig, dir: &Path) -> anyhow::Result<SimSummary> 
 
 fn round(x: f64) -> f64 {
     (x * 1e4).round() / 1e4
+}
+
+// The `fleet-sim` step: its `with:` block, registration and what it does with its context.
+
+/// `fleet-sim`: synthetic drives.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FleetSimConfig {
+    /// Number of drives. Default 4.
+    #[serde(default)]
+    pub drives: Option<u32>,
+    /// Length of each drive, as a duration (`10m`). Default `2m`.
+    #[serde(default)]
+    pub duration: Option<String>,
+    /// Signal rate in Hz (10 to 20). Default 10.
+    #[serde(default)]
+    pub rate_hz: Option<f64>,
+    /// Seed; the same seed writes the same bytes.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Rare events per minute of driving, by kind.
+    #[serde(default)]
+    pub events: Option<EventRates>,
+}
+
+/// Injected event rates, per minute.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EventRates {
+    #[serde(default)]
+    pub hard_brake: Option<f64>,
+    #[serde(default)]
+    pub cut_in: Option<f64>,
+    #[serde(default)]
+    pub pedestrian_close_call: Option<f64>,
+    #[serde(default)]
+    pub low_lane_confidence: Option<f64>,
+}
+
+/// The step, as the catalog lists it.
+pub(crate) fn step() -> Box<dyn drivetrain_engine::step::Step> {
+    crate::builtin::builtin::<FleetSimConfig>(
+        "fleet-sim",
+        "write synthetic fleet drive logs (MCAP) with rare events injected",
+        &[],
+        &["logs"],
+        |c, cx| Box::pin(run_step(c, cx)),
+    )
+    .boxed()
+}
+
+async fn run_step(
+    c: FleetSimConfig,
+    cx: &drivetrain_engine::step::StepContext,
+) -> anyhow::Result<serde_json::Value> {
+    let out = cx.output("logs").map_err(crate::builtin::err)?.clone();
+    let s = tokio::task::block_in_place(|| simulate(&c, &out))?;
+    println!(
+        "simulated {} drives, {} frames, events {:?}",
+        s.drives, s.frames, s.events
+    );
+    Ok(serde_json::json!({"drives": s.drives, "frames": s.frames, "events": s.events}))
 }

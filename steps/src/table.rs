@@ -134,3 +134,19 @@ pub fn frame_columns(extra: &[(&'static str, DataType)]) -> Vec<(String, DataTyp
     cols.extend(extra.iter().map(|(n, t)| ((*n).to_owned(), t.clone())));
     cols
 }
+
+/// The rows of one split of a dataset directory.
+pub(crate) async fn split(
+    dataset: &std::path::Path,
+    name: &str,
+) -> anyhow::Result<Vec<serde_json::Map<String, serde_json::Value>>> {
+    let file = dataset.join(format!("{name}.parquet"));
+    if !file.exists() {
+        anyhow::bail!(
+            "the dataset has no {name} split ({} is missing)",
+            file.display()
+        );
+    }
+    let ctx = session(&[("d", &file)]).await?;
+    rows(&ctx, "SELECT * FROM d ORDER BY drive, ts").await
+}

@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use crate::model::{normalization, raw_features, sigmoid, standardize, Model, FEATURES};
-use crate::TrainConfig;
 
 /// How ranks exchange gradients.
 enum Reduce {
@@ -233,4 +232,74 @@ pub fn train(
         model,
         json!({"epochs": history, "resumed_from_epoch": start, "world_size": world, "rows": n}),
     ))
+}
+
+// The `train` step: its `with:` block, registration and what it does with its context.
+
+/// `train`: the reference trainer.
+#[derive(Debug, Clone, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    #[serde(default)]
+    pub epochs: Option<u32>,
+    /// Global batch size, split across ranks.
+    #[serde(default)]
+    pub batch_size: Option<u32>,
+    #[serde(default)]
+    pub learning_rate: Option<f64>,
+    #[serde(default)]
+    pub seed: Option<u64>,
+}
+
+/// The step, as the catalog lists it.
+pub(crate) fn step() -> Box<dyn drivetrain_engine::step::Step> {
+    crate::builtin::builtin::<TrainConfig>(
+        "train",
+        "the reference risk model, trained data-parallel across ranks",
+        &[("dataset", true)],
+        &["model", "metrics"],
+        |c, cx| Box::pin(run_step(c, cx)),
+    )
+    .boxed()
+}
+
+async fn run_step(
+    c: TrainConfig,
+    cx: &drivetrain_engine::step::StepContext,
+) -> anyhow::Result<serde_json::Value> {
+    let dataset = cx.input("dataset").map_err(crate::builtin::err)?;
+    let data = crate::table::split(dataset, "train").await?;
+    let (model, history) = tokio::task::block_in_place(|| {
+        train(
+            &c,
+            &data,
+            cx.rank,
+            cx.world,
+            cx.master.as_deref(),
+            cx.checkpoints.as_deref(),
+        )
+    })?;
+    if cx.rank != 0 {
+        return Ok(serde_json::Value::Null);
+    }
+    let metrics = crate::model::evaluate(&model, &data);
+    std::fs::write(
+        cx.output("model")
+            .map_err(crate::builtin::err)?
+            .join("model.json"),
+        serde_json::to_vec_pretty(&model)?,
+    )?;
+    if let Some(m) = cx.outputs.get("metrics") {
+        std::fs::write(
+            m.join("metrics.json"),
+            serde_json::to_vec_pretty(&serde_json::json!({"train": metrics, "history": history}))?,
+        )?;
+    }
+    println!(
+        "trained on {} frames over {} rank(s): train f1 {:.3}",
+        data.len(),
+        cx.world,
+        metrics["f1"].as_f64().unwrap_or(0.0)
+    );
+    Ok(serde_json::json!({"train": metrics, "history": history}))
 }

@@ -182,8 +182,8 @@ fn a_corrupt_chunk_size_is_an_error_not_an_abort() {
     drive(&logs.join("good.mcap"), "ZSTD");
     let frames = dir.join("frames");
     std::fs::create_dir_all(&frames).unwrap();
-    let cfg = drivetrain_steps::IngestConfig {
-        on_error: Some(drivetrain_steps::OnError::Skip),
+    let cfg = drivetrain_steps::ingest::IngestConfig {
+        on_error: Some(drivetrain_steps::ingest::OnError::Skip),
         ..Default::default()
     };
     let v = drivetrain_steps::ingest::ingest(

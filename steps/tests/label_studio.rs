@@ -17,7 +17,7 @@ use std::process::Command;
 
 use datafusion::arrow::datatypes::DataType;
 use drivetrain_engine::testing::LabelStudio;
-use drivetrain_steps::{LabelExportConfig, LabelImportConfig};
+use drivetrain_steps::label::{LabelExportConfig, LabelImportConfig};
 use serde_json::{json, Value};
 
 /// Creates the project, imports the tasks, annotates them as `plan` says (our task id →

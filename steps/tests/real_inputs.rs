@@ -11,8 +11,9 @@ use common::{rt, tmp};
 
 use std::path::{Path, PathBuf};
 
+use drivetrain_steps::ingest::{IngestConfig, OnError};
+use drivetrain_steps::label::LabelImportConfig;
 use drivetrain_steps::logsource::LogSource;
-use drivetrain_steps::{IngestConfig, LabelImportConfig, OnError};
 use serde_json::{json, Value};
 
 /// Writes an MCAP file with the Python `mcap` writer, chunks uncompressed.
@@ -835,7 +836,7 @@ fn a_cut_log_keeps_its_whole_chunks_and_says_it_is_unfinished() {
             .contains("1 log(s) unfinished"),
         "{v}"
     );
-    let strict = drivetrain_steps::IngestConfig {
+    let strict = drivetrain_steps::ingest::IngestConfig {
         max_unfinished: Some(0),
         ..Default::default()
     };

@@ -9,8 +9,8 @@ use common::{python_mcap, rt, tmp};
 
 use drivetrain_engine::artifacts::ArtifactStore;
 use drivetrain_engine::testing::S3Server;
+use drivetrain_steps::ingest::IngestConfig;
 use drivetrain_steps::logsource::LogSource;
-use drivetrain_steps::IngestConfig;
 use object_store::{ObjectStoreExt, PutPayload};
 use serde_json::json;
 

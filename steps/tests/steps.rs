@@ -9,8 +9,11 @@ use std::collections::BTreeMap;
 use std::io::BufWriter;
 use std::path::Path;
 
+use drivetrain_steps::ingest::{IngestConfig, OnError};
 use drivetrain_steps::logsource::LogSource;
-use drivetrain_steps::{mcapio, FleetSimConfig, IngestConfig, OnError, TrainConfig};
+use drivetrain_steps::mcapio;
+use drivetrain_steps::sim::FleetSimConfig;
+use drivetrain_steps::train::TrainConfig;
 
 fn sim(dir: &Path, seed: u64, drives: u32) -> drivetrain_steps::sim::SimSummary {
     let cfg: FleetSimConfig = serde_json::from_value(serde_json::json!({

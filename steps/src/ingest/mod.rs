@@ -58,7 +58,6 @@ use serde_json::{json, Value};
 
 use crate::logsource::LogSource;
 use crate::mcapio::{self, Message};
-use crate::{IngestConfig, LogFormat, OnError};
 
 mod fields;
 mod frames;
@@ -576,4 +575,89 @@ fn ingest_jsonl(file: &Path, rel: &str, drive: &str, frames: &Path) -> anyhow::R
         cut: None,
         invalid,
     })
+}
+
+// The `ingest` step: its `with:` block, registration and what it does with its context.
+
+/// `ingest`: logs to frame tables.
+#[derive(Debug, Clone, Default, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IngestConfig {
+    /// A store URL or directory of drive logs; default: the `logs` input.
+    #[serde(default)]
+    pub source: Option<String>,
+    /// The log format. Default `auto` (by extension: `.mcap`, `.jsonl`,
+    /// `label_data_*.json`).
+    #[serde(default)]
+    pub format: Option<LogFormat>,
+    /// A log that cannot be read: `fail` the stage (default) or `skip` it, counted in
+    /// `values.json`.
+    #[serde(default)]
+    pub on_error: Option<OnError>,
+    /// The most logs that may end unfinished (cut short, or never closed by their
+    /// writer) before the stage fails; they are read up to where they end and listed
+    /// under `unfinished` either way. Default: no bound.
+    #[serde(default)]
+    pub max_unfinished: Option<u64>,
+}
+
+/// What `ingest` does with a log it cannot read.
+#[derive(Debug, Clone, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    Fail,
+    Skip,
+}
+
+/// Drive log formats `ingest` reads.
+#[derive(Debug, Clone, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Auto,
+    Mcap,
+    Jsonl,
+    Tusimple,
+}
+
+/// The step, as the catalog lists it.
+pub(crate) fn step() -> Box<dyn drivetrain_engine::step::Step> {
+    crate::builtin::builtin::<IngestConfig>(
+        "ingest",
+        "drive logs (MCAP, JSON lines, TuSimple labels) to Parquet frame tables",
+        &[("logs", false)],
+        &["frames", "index", "lanes"],
+        |c, cx| Box::pin(run_step(c, cx)),
+    )
+    .boxed()
+}
+
+async fn run_step(
+    c: IngestConfig,
+    cx: &drivetrain_engine::step::StepContext,
+) -> anyhow::Result<serde_json::Value> {
+    // Fetched logs go beside the attempt's values, in its own directory: nothing of
+    // them outlives the attempt's work directory, even when the stage is killed.
+    let scratch = cx
+        .values
+        .parent()
+        .map(|d| d.join("fetched"))
+        .unwrap_or_else(|| std::path::PathBuf::from("fetched"));
+    let source = match (&c.source, cx.inputs.get("logs")) {
+        (Some(s), _) => crate::logsource::LogSource::open(s, &scratch, cx.pipeline_dir.as_deref())?,
+        (None, Some(dir)) => crate::logsource::LogSource::Local(dir.clone()),
+        (None, None) => anyhow::bail!("no logs: connect the `logs` input or set `source`"),
+    };
+    let frames = cx.output("frames").map_err(crate::builtin::err)?.clone();
+    let index = cx.outputs.get("index").cloned();
+    let lanes = cx.outputs.get("lanes").cloned();
+    let v = tokio::task::block_in_place(|| {
+        ingest(&c, &source, &frames, index.as_deref(), lanes.as_deref())
+    })?;
+    println!(
+        "ingested {} file(s), {} frames from {} drive(s)",
+        v["files"],
+        v["frames"],
+        v["drives"].as_object().map(|d| d.len()).unwrap_or(0)
+    );
+    Ok(v)
 }
