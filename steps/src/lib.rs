@@ -18,7 +18,6 @@ pub mod label;
 pub mod logsource;
 pub mod mcapio;
 pub mod mine;
-pub mod mlflow;
 pub mod model;
 pub mod promote;
 pub mod registry;

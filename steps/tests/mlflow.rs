@@ -21,7 +21,7 @@ async fn versions_aliases_history_and_files_in_mlflow() {
     let local = Registry::open_with(Some(&registry), "file:///tmp/x", s3.env()).unwrap_err();
     assert!(local.to_string().contains("s3://"), "{local}");
     let reg = Registry::open_with(Some(&registry), store, s3.env()).unwrap();
-    assert!(matches!(reg, Registry::Mlflow(_)));
+    assert_eq!(reg.kind(), "mlflow");
 
     std::fs::write(model.join("model.json"), r#"{"w": [1]}"#).unwrap();
     let meta = json!({"source": {"run": "run-1", "pipeline": "loop", "stage": "promote", "model_digest": "sha256:aa"}});

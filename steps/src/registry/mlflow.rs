@@ -19,6 +19,8 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
+use super::backend::ModelRegistry;
+
 /// A client of one MLflow tracking server, keeping model files in an artifact store.
 #[derive(Debug, Clone)]
 pub struct MlflowRegistry {
@@ -125,100 +127,11 @@ impl MlflowRegistry {
         }
     }
 
-    pub async fn models(&self) -> anyhow::Result<Vec<String>> {
-        let mut names = Vec::new();
-        let mut token = String::new();
-        loop {
-            let mut q = vec![("max_results", "1000")];
-            if !token.is_empty() {
-                q.push(("page_token", token.as_str()));
-            }
-            let page = self
-                .ok(reqwest::Method::GET, "registered-models/search", &q, None)
-                .await?;
-            for m in page["registered_models"].as_array().into_iter().flatten() {
-                if let Some(n) = m["name"].as_str() {
-                    names.push(n.to_owned());
-                }
-            }
-            match page["next_page_token"].as_str() {
-                Some(t) if !t.is_empty() => token = t.to_owned(),
-                _ => break,
-            }
-        }
-        names.sort();
-        Ok(names)
-    }
-
     async fn registered(&self, model: &str) -> anyhow::Result<Option<Value>> {
         Ok(self
             .optional("registered-models/get", &[("name", model)])
             .await?
             .map(|v| v["registered_model"].clone()))
-    }
-
-    /// Registers the files under `dir` (stored in the artifact store, content-addressed)
-    /// as a new model version; returns its number.
-    pub async fn register(&self, model: &str, dir: &Path, meta: Value) -> anyhow::Result<u64> {
-        match self
-            .call(
-                reqwest::Method::POST,
-                "registered-models/create",
-                &[],
-                Some(json!({"name": model, "description": "registered by drivetrain"})),
-            )
-            .await?
-        {
-            Ok(_) => {}
-            Err(e) if e.code == "RESOURCE_ALREADY_EXISTS" => {}
-            Err(e) => anyhow::bail!("MLflow: cannot create model `{model}`: {}", e.message),
-        }
-        let (digest, files) = crate::registry::digest_dir(dir)?;
-        let files_url = format!(
-            "{}/registry/{model}/files/{}",
-            self.store.trim_end_matches('/'),
-            digest.trim_start_matches("sha256:")
-        );
-        let store = drivetrain_engine::artifacts::ArtifactStore::open_with(&files_url, &self.vars)?;
-        crate::registry::put_files(&store.object_store(), "", dir, &files).await?;
-        let mut record = meta;
-        record["model"] = json!(model);
-        record["files"] = json!(files);
-        record["files_digest"] = json!(digest);
-        record["registered_at"] = json!(crate::registry::now());
-        let text = |p: &str| {
-            record
-                .pointer(p)
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned()
-        };
-        let mut tags = vec![
-            json!({"key": "drivetrain.run", "value": text("/source/run")}),
-            json!({"key": "drivetrain.pipeline", "value": text("/source/pipeline")}),
-            json!({"key": "drivetrain.stage", "value": text("/source/stage")}),
-            json!({"key": "drivetrain.model_digest", "value": text("/source/model_digest")}),
-        ];
-        tags.retain(|t| t["value"] != "");
-        tags.push(json!({"key": "drivetrain.version", "value": record.to_string()}));
-        let created = self
-            .ok(
-                reqwest::Method::POST,
-                "model-versions/create",
-                &[],
-                Some(json!({
-                    "name": model,
-                    "source": files_url,
-                    "tags": tags,
-                    "run_link": format!("drivetrain://runs/{}", text("/source/run")),
-                    "description": format!("drivetrain run {}", text("/source/run")),
-                })),
-            )
-            .await?;
-        created["model_version"]["version"]
-            .as_str()
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| anyhow::anyhow!("MLflow answered no version number: {created}"))
     }
 
     /// drivetrain's record of an MLflow model version.
@@ -239,54 +152,6 @@ impl MlflowRegistry {
         r["mlflow"] =
             json!({"source": mv["source"], "status": mv["status"], "run_link": mv["run_link"]});
         r
-    }
-
-    pub async fn version(&self, model: &str, n: u64) -> anyhow::Result<Option<Value>> {
-        let n = n.to_string();
-        Ok(self
-            .optional("model-versions/get", &[("name", model), ("version", &n)])
-            .await?
-            .map(|v| Self::record(&v["model_version"])))
-    }
-
-    pub async fn versions(&self, model: &str) -> anyhow::Result<Vec<Value>> {
-        let filter = format!("name='{}'", model.replace('\'', "\\'"));
-        let found = self
-            .ok(
-                reqwest::Method::GET,
-                "model-versions/search",
-                &[("filter", &filter), ("max_results", "10000")],
-                None,
-            )
-            .await?;
-        let mut out: Vec<Value> = found["model_versions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(Self::record)
-            .collect();
-        out.sort_by_key(|v| v["version"].as_u64());
-        Ok(out)
-    }
-
-    /// Reads a file of a version from where its `source` points.
-    pub async fn file(&self, model: &str, n: u64, rel: &str) -> anyhow::Result<Vec<u8>> {
-        let v = self
-            .version(model, n)
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("`{model}` has no version {n}"))?;
-        let source = v["mlflow"]["source"]
-            .as_str()
-            .ok_or_else(|| anyhow::anyhow!("version {n} of `{model}` has no source"))?;
-        let store = drivetrain_engine::artifacts::ArtifactStore::open_with(source, &self.vars)?;
-        use object_store::ObjectStoreExt;
-        Ok(store
-            .object_store()
-            .get(&object_store::path::Path::from(rel))
-            .await?
-            .bytes()
-            .await?
-            .to_vec())
     }
 
     /// The audit entries of `alias` (every alias when `None`), oldest generation first.
@@ -336,8 +201,152 @@ impl MlflowRegistry {
             })
             .collect()
     }
+}
 
-    pub async fn alias(&self, model: &str, alias: &str) -> anyhow::Result<Option<Value>> {
+#[async_trait::async_trait]
+impl ModelRegistry for MlflowRegistry {
+    fn kind(&self) -> &'static str {
+        "mlflow"
+    }
+
+    async fn models(&self) -> anyhow::Result<Vec<String>> {
+        let mut names = Vec::new();
+        let mut token = String::new();
+        loop {
+            let mut q = vec![("max_results", "1000")];
+            if !token.is_empty() {
+                q.push(("page_token", token.as_str()));
+            }
+            let page = self
+                .ok(reqwest::Method::GET, "registered-models/search", &q, None)
+                .await?;
+            for m in page["registered_models"].as_array().into_iter().flatten() {
+                if let Some(n) = m["name"].as_str() {
+                    names.push(n.to_owned());
+                }
+            }
+            match page["next_page_token"].as_str() {
+                Some(t) if !t.is_empty() => token = t.to_owned(),
+                _ => break,
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// Registers the files under `dir` (stored in the artifact store, content-addressed)
+    /// as a new model version; returns its number.
+    async fn register(&self, model: &str, dir: &Path, meta: Value) -> anyhow::Result<u64> {
+        match self
+            .call(
+                reqwest::Method::POST,
+                "registered-models/create",
+                &[],
+                Some(json!({"name": model, "description": "registered by drivetrain"})),
+            )
+            .await?
+        {
+            Ok(_) => {}
+            Err(e) if e.code == "RESOURCE_ALREADY_EXISTS" => {}
+            Err(e) => anyhow::bail!("MLflow: cannot create model `{model}`: {}", e.message),
+        }
+        let (digest, files) = super::files::digest_dir(dir)?;
+        let files_url = format!(
+            "{}/registry/{model}/files/{}",
+            self.store.trim_end_matches('/'),
+            digest.trim_start_matches("sha256:")
+        );
+        let store = drivetrain_engine::artifacts::ArtifactStore::open_with(&files_url, &self.vars)?;
+        super::files::put_files(&store.object_store(), "", dir, &files).await?;
+        let mut record = meta;
+        record["model"] = json!(model);
+        record["files"] = json!(files);
+        record["files_digest"] = json!(digest);
+        record["registered_at"] = json!(super::files::now());
+        let text = |p: &str| {
+            record
+                .pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned()
+        };
+        let mut tags = vec![
+            json!({"key": "drivetrain.run", "value": text("/source/run")}),
+            json!({"key": "drivetrain.pipeline", "value": text("/source/pipeline")}),
+            json!({"key": "drivetrain.stage", "value": text("/source/stage")}),
+            json!({"key": "drivetrain.model_digest", "value": text("/source/model_digest")}),
+        ];
+        tags.retain(|t| t["value"] != "");
+        tags.push(json!({"key": "drivetrain.version", "value": record.to_string()}));
+        let created = self
+            .ok(
+                reqwest::Method::POST,
+                "model-versions/create",
+                &[],
+                Some(json!({
+                    "name": model,
+                    "source": files_url,
+                    "tags": tags,
+                    "run_link": format!("drivetrain://runs/{}", text("/source/run")),
+                    "description": format!("drivetrain run {}", text("/source/run")),
+                })),
+            )
+            .await?;
+        created["model_version"]["version"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("MLflow answered no version number: {created}"))
+    }
+
+    async fn version(&self, model: &str, n: u64) -> anyhow::Result<Option<Value>> {
+        let n = n.to_string();
+        Ok(self
+            .optional("model-versions/get", &[("name", model), ("version", &n)])
+            .await?
+            .map(|v| Self::record(&v["model_version"])))
+    }
+
+    async fn versions(&self, model: &str) -> anyhow::Result<Vec<Value>> {
+        let filter = format!("name='{}'", model.replace('\'', "\\'"));
+        let found = self
+            .ok(
+                reqwest::Method::GET,
+                "model-versions/search",
+                &[("filter", &filter), ("max_results", "10000")],
+                None,
+            )
+            .await?;
+        let mut out: Vec<Value> = found["model_versions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(Self::record)
+            .collect();
+        out.sort_by_key(|v| v["version"].as_u64());
+        Ok(out)
+    }
+
+    /// Reads a file of a version from where its `source` points.
+    async fn file(&self, model: &str, n: u64, rel: &str) -> anyhow::Result<Vec<u8>> {
+        let v = self
+            .version(model, n)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("`{model}` has no version {n}"))?;
+        let source = v["mlflow"]["source"]
+            .as_str()
+            .ok_or_else(|| anyhow::anyhow!("version {n} of `{model}` has no source"))?;
+        let store = drivetrain_engine::artifacts::ArtifactStore::open_with(source, &self.vars)?;
+        use object_store::ObjectStoreExt;
+        Ok(store
+            .object_store()
+            .get(&object_store::path::Path::from(rel))
+            .await?
+            .bytes()
+            .await?
+            .to_vec())
+    }
+
+    async fn alias(&self, model: &str, alias: &str) -> anyhow::Result<Option<Value>> {
         let registered = self.registered(model).await?.unwrap_or(Value::Null);
         Ok(Self::alias_versions(&registered)
             .into_iter()
@@ -347,7 +356,7 @@ impl MlflowRegistry {
 
     /// Moves `alias` (last writer wins: MLflow has no conditional update). The version
     /// was checked by [`crate::registry::Registry::move_alias`].
-    pub async fn move_alias(
+    async fn move_alias(
         &self,
         model: &str,
         alias: &str,
@@ -366,7 +375,7 @@ impl MlflowRegistry {
             .unwrap_or(0)
             + 1;
         let entry =
-            crate::registry::audit_entry(model, alias, generation, version, current.as_ref(), note);
+            super::files::audit_entry(model, alias, generation, version, current.as_ref(), note);
         self.ok(
             reqwest::Method::POST,
             "registered-models/set-tag",
@@ -384,14 +393,14 @@ impl MlflowRegistry {
         Ok(entry)
     }
 
-    pub async fn history(&self, model: &str) -> anyhow::Result<Vec<Value>> {
+    async fn history(&self, model: &str) -> anyhow::Result<Vec<Value>> {
         let registered = self.registered(model).await?.unwrap_or(Value::Null);
         let mut out = Self::audit(&registered, None);
         out.sort_by(|a, b| a["at"].as_str().cmp(&b["at"].as_str()));
         Ok(out)
     }
 
-    pub async fn aliases(&self, model: &str) -> anyhow::Result<Vec<(String, Value)>> {
+    async fn aliases(&self, model: &str) -> anyhow::Result<Vec<(String, Value)>> {
         let registered = self.registered(model).await?.unwrap_or(Value::Null);
         let mut out: Vec<(String, Value)> = Self::alias_versions(&registered)
             .into_iter()
