@@ -139,50 +139,19 @@ impl Engine {
         events: mpsc::UnboundedSender<RunEvent>,
         cancel: watch::Receiver<bool>,
     ) -> Result<RunSummary, RunError> {
-        let RunRequest {
-            id,
-            pipeline,
-            params,
-            file,
-            spec_digest,
-            trigger,
-            parallelism,
-            fail_fast,
-            gpus,
-            parent,
-            selection,
-            reuse,
-            overrides,
-            cache,
-            scheduled_time,
-            resume,
-        } = request;
         let opts = runner::RunOptions {
-            parallelism: parallelism.unwrap_or(self.parallelism).max(1),
-            fail_fast,
+            parallelism: request.parallelism.unwrap_or(self.parallelism).max(1),
             work_dir: self.work_dir.clone(),
-            file,
-            spec_digest,
-            trigger,
-            gpus: (self.gpus)(&pipeline, gpus),
-            parent,
-            selection,
-            reuse,
-            overrides,
-            cache,
-            scheduled_time,
+            gpus: (self.gpus)(&request.pipeline, request.gpus),
             step_command: self.step_command.clone(),
             resolver: self.resolver.clone(),
+            request,
         };
         let job = runner::Job {
-            id,
-            pipeline,
-            params,
             state: self.state.clone(),
             artifacts: self.artifacts.clone(),
             executor: self.executor.clone(),
             opts,
-            resume,
         };
         runner::run(job, events, cancel).await
     }

@@ -315,7 +315,7 @@ pub(super) async fn run_attempt(
     ];
     // Built-in steps resolve a relative path the user wrote (ingest's `source`) against
     // the pipeline file's folder, as the user reads the file.
-    if let Some(dir) = std::fs::canonicalize(&ctx.opts.file)
+    if let Some(dir) = std::fs::canonicalize(&ctx.opts.request.file)
         .ok()
         .and_then(|f| f.parent().map(Path::to_path_buf))
     {

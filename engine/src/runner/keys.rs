@@ -35,7 +35,7 @@ pub(super) fn cacheable(ctx: &Ctx, stage: &Stage) -> Result<(), String> {
     if !stage.cache.enabled {
         return Err("`cache: {enabled: false}`".into());
     }
-    if !ctx.opts.cache.read && !ctx.opts.cache.write {
+    if !ctx.opts.request.cache.read && !ctx.opts.request.cache.write {
         return Err("the run has --no-cache".into());
     }
     Ok(())

@@ -8,7 +8,7 @@
 //! timeouts cancel the attempt. A failed stage stops its dependants while independent
 //! branches finish, unless `fail_fast` stops everything.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,35 +38,18 @@ use gpus::GpuPool;
 use keys::{cache_hit, cacheable, input_artifacts, key_parts, resolve_external};
 use map::execute_map;
 
-/// How a run is carried out: its request's settings with the engine's.
+/// How a run is carried out: its request, with what the engine settled for it.
 #[derive(Debug, Clone)]
 pub(crate) struct RunOptions {
+    /// What was asked; its params and resume are taken out when the run starts.
+    pub request: crate::engine::RunRequest,
     /// The most attempts running at once.
     pub parallelism: usize,
-    /// Stop everything at the first failure.
-    pub fail_fast: bool,
     /// Where attempts get their working directories (`.drivetrain/work`).
     pub work_dir: PathBuf,
-    /// The pipeline file, as given.
-    pub file: String,
-    /// sha256 of the pipeline file.
-    pub spec_digest: String,
-    pub trigger: String,
     /// GPUs of this machine that stages may claim (`resources.gpu`), as
     /// `CUDA_VISIBLE_DEVICES` names them (UUIDs or indices).
     pub gpus: Vec<String>,
-    /// The run this one reruns or retries.
-    pub parent: Option<RunId>,
-    /// The stages to execute (a rerun's or retry's selection); the others end at once,
-    /// `reused` when listed in [`RunOptions::reuse`], else `Skipped`. `None`: all.
-    pub selection: Option<BTreeSet<String>>,
-    /// Stages whose outputs come from an earlier run, not executed.
-    pub reuse: BTreeMap<String, Reused>,
-    /// What a rerun overrode (recorded with the run).
-    pub overrides: Value,
-    pub cache: CacheMode,
-    /// The cron tick this run is for (`{{ schedule.time }}`); default: the run's start.
-    pub scheduled_time: Option<String>,
     /// How a built-in step runs: this argv plus the step's name (`drivetrain step`),
     /// with the rendered `with:` block in `DRIVETRAIN_STEP_CONFIG`. Empty: steps cannot
     /// run here.
@@ -202,14 +185,10 @@ impl Ctx {
 /// What a run needs: the request's parts and the engine's services
 /// ([`crate::engine::Engine::run`] makes it).
 pub(crate) struct Job {
-    pub(crate) id: RunId,
-    pub(crate) pipeline: Arc<Pipeline>,
-    pub(crate) params: BTreeMap<String, Value>,
     pub(crate) state: Arc<dyn StateStore>,
     pub(crate) artifacts: ArtifactStore,
     pub(crate) executor: Arc<dyn Executor>,
     pub(crate) opts: RunOptions,
-    pub(crate) resume: Option<Resume>,
 }
 
 /// Runs every stage of the job's pipeline once and records it. Returns when the run has
@@ -220,31 +199,35 @@ pub(crate) async fn run(
     cancel: watch::Receiver<bool>,
 ) -> Result<RunSummary, RunError> {
     let Job {
-        id,
-        pipeline,
-        params,
         state,
         artifacts,
         executor,
-        opts,
-        resume,
+        mut opts,
     } = job;
+    let id = opts.request.id.clone();
+    let pipeline = opts.request.pipeline.clone();
+    let params = std::mem::take(&mut opts.request.params);
+    let resume = opts.request.resume.take();
     let fresh = RunRecord {
         id: id.clone(),
         pipeline: pipeline.name.clone(),
-        file: opts.file.clone(),
-        spec_digest: opts.spec_digest.clone(),
+        file: opts.request.file.clone(),
+        spec_digest: opts.request.spec_digest.clone(),
         params: serde_json::to_value(&params).unwrap_or_default(),
-        trigger: opts.trigger.clone(),
-        parent: opts.parent.clone(),
+        trigger: opts.request.trigger.clone(),
+        parent: opts.request.parent.clone(),
         phase: Phase::Running,
         created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         finished_at: None,
         reason: None,
         engine_pid: Some(i64::from(std::process::id())),
-        overrides: opts.overrides.clone(),
-        selection: opts.selection.as_ref().map(|s| s.iter().cloned().collect()),
-        scheduled_time: opts.scheduled_time.clone(),
+        overrides: opts.request.overrides.clone(),
+        selection: opts
+            .request
+            .selection
+            .as_ref()
+            .map(|s| s.iter().cloned().collect()),
+        scheduled_time: opts.request.scheduled_time.clone(),
         executor: Some(executor.name().to_owned()),
     };
     let (record, prior, prior_attempts) = match resume {
@@ -314,7 +297,7 @@ pub(crate) async fn run(
     for &id in &pipeline.order {
         let name = &pipeline.stage(id).name;
         // A rerun or retry records what it takes from its parent as this run's own.
-        let taken = match (prior.contains_key(name), ctx.opts.reuse.get(name)) {
+        let taken = match (prior.contains_key(name), ctx.opts.request.reuse.get(name)) {
             (false, Some(r)) => {
                 let from = r.provenance.origin_run.as_deref().unwrap_or("?");
                 let reason = format!("reused from run {from}");
@@ -386,7 +369,7 @@ pub(crate) async fn run(
             Err(e) => std::panic::resume_unwind(e.into_panic()),
         };
         let result = result?;
-        if matches!(result.phase, Phase::Failed | Phase::Error) && ctx.opts.fail_fast {
+        if matches!(result.phase, Phase::Failed | Phase::Error) && ctx.opts.request.fail_fast {
             stopping = true;
             let _ = stop_tx.send(true);
         }
@@ -476,10 +459,11 @@ fn hook_condition(pipeline: &Pipeline, ctx: &Ctx, id: StageId, dag: &Dag) -> Opt
 /// Whether a ready stage ends without running, and why.
 fn decide(pipeline: &Pipeline, ctx: &Ctx, id: StageId, dag: &Dag) -> Option<(Phase, String)> {
     let stage = pipeline.stage(id);
-    if let Some(selection) = &ctx.opts.selection {
+    if let Some(selection) = &ctx.opts.request.selection {
         if stage.hook.is_none() && !selection.contains(&stage.name) {
             let parent = ctx
                 .opts
+                .request
                 .parent
                 .as_ref()
                 .map(|p| p.0.as_str())
@@ -597,14 +581,14 @@ async fn execute(
             "components": parts.components,
             "definition": parts.definition,
             "cache": match &cacheable {
-                Ok(()) if ctx.opts.cache.read => "hit".to_owned(),
+                Ok(()) if ctx.opts.request.cache.read => "hit".to_owned(),
                 Ok(()) => "not looked up (--overwrite-cache)".to_owned(),
                 Err(why) => format!("not cacheable: {why}"),
             },
         }),
         inputs: serde_json::to_value(&inputs).unwrap_or_default(),
     };
-    if cacheable.is_ok() && ctx.opts.cache.read {
+    if cacheable.is_ok() && ctx.opts.request.cache.read {
         let found = cache_hit(ctx, stage, &key).await?;
         if let Err(why) = &found {
             provenance.provenance["cache"] = Value::String(format!("miss: {why}"));
@@ -677,7 +661,7 @@ async fn execute(
                 created_at: now.clone(),
             })
             .collect();
-        let cache = (cacheable.is_ok() && ctx.opts.cache.write).then(|| CacheEntry {
+        let cache = (cacheable.is_ok() && ctx.opts.request.cache.write).then(|| CacheEntry {
             key,
             pipeline: ctx.pipeline.name.clone(),
             stage: stage.name.clone(),
