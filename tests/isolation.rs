@@ -532,13 +532,9 @@ stages:
 /// pids limit and the failure says so; and nothing of either is left behind.
 #[test]
 fn resources_are_enforced_and_an_oom_kill_is_reported_as_such() {
-    if !root_or_skip("the engine makes cgroups as root") {
+    let Some(home) = cgroup_home("resources") else {
         return;
-    }
-    let home = Home::new("resources");
-    if !cgroups_or_skip(&home) {
-        return;
-    }
+    };
     let file = home.write(
         "p.yaml",
         r#"
@@ -648,6 +644,16 @@ stages:
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// A home for a test of the engine's cgroups, where it makes them: as root, on a machine
+/// with cgroups (CI's has both).
+fn cgroup_home(name: &str) -> Option<Home> {
+    if !root_or_skip("the engine makes cgroups as root") {
+        return None;
+    }
+    let home = Home::new(name);
+    cgroups_or_skip(&home).then_some(home)
+}
+
 /// Whether the engine gives stages cgroups here (CI's machine does). Asked of the engine,
 /// not of this process (on cgroup v2 the engine moves into a leaf of its cgroup to hand
 /// controllers on).
@@ -671,13 +677,9 @@ fn cgroups_or_skip(home: &Home) -> bool {
 /// their CPU time, nor their peak, nor their OOM kill, nor their limit.
 #[test]
 fn an_ended_attempts_cgroups_serve_the_next_one_which_counts_only_its_own() {
-    if !root_or_skip("the engine makes cgroups as root") {
+    let Some(home) = cgroup_home("cgroup-reuse") else {
         return;
-    }
-    let home = Home::new("cgroup-reuse");
-    if !cgroups_or_skip(&home) {
-        return;
-    }
+    };
     let file = home.write(
         "p.yaml",
         r#"
