@@ -208,28 +208,7 @@ pub(crate) async fn run(
     let pipeline = opts.request.pipeline.clone();
     let params = std::mem::take(&mut opts.request.params);
     let resume = opts.request.resume.take();
-    let fresh = RunRecord {
-        id: id.clone(),
-        pipeline: pipeline.name.clone(),
-        file: opts.request.file.clone(),
-        spec_digest: opts.request.spec_digest.clone(),
-        params: serde_json::to_value(&params).unwrap_or_default(),
-        trigger: opts.request.trigger.clone(),
-        parent: opts.request.parent.clone(),
-        phase: Phase::Running,
-        created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        finished_at: None,
-        reason: None,
-        engine_pid: Some(i64::from(std::process::id())),
-        overrides: opts.request.overrides.clone(),
-        selection: opts
-            .request
-            .selection
-            .as_ref()
-            .map(|s| s.iter().cloned().collect()),
-        scheduled_time: opts.request.scheduled_time.clone(),
-        executor: Some(executor.name().to_owned()),
-    };
+    let fresh = fresh_record(&opts, &params, executor.name());
     let (record, prior, prior_attempts) = match resume {
         Some(r) => {
             state.reopen_run(&id, std::process::id())?;
@@ -291,38 +270,7 @@ pub(crate) async fn run(
     let mut dag = Dag::new(&pipeline);
     let mut tasks: JoinSet<(StageId, Result<StageResult, RunError>)> = JoinSet::new();
     let mut stopping = false;
-    // A resumed run starts from what already succeeded: those stages end at once. In
-    // plan order an upstream stage ends first, so each is removed from `ready` after any
-    // upstream stage queued it.
-    for &id in &pipeline.order {
-        let name = &pipeline.stage(id).name;
-        // A rerun or retry records what it takes from its parent as this run's own.
-        let taken = match (prior.contains_key(name), ctx.opts.request.reuse.get(name)) {
-            (false, Some(r)) => {
-                let from = r.provenance.origin_run.as_deref().unwrap_or("?");
-                let reason = format!("reused from run {from}");
-                record_taken(
-                    &ctx,
-                    name,
-                    &r.provenance,
-                    &r.outputs,
-                    &r.values,
-                    reason,
-                    Duration::ZERO,
-                )?;
-                Some((r.outputs.clone(), r.values.clone()))
-            }
-            _ => None,
-        };
-        if let Some((outputs, values)) = prior.get(name).cloned().or(taken) {
-            let result = StageResult {
-                phase: Phase::Succeeded,
-                outputs,
-                values,
-            };
-            dag.end(&pipeline, id, result);
-        }
-    }
+    take_earlier(&ctx, &pipeline, &prior, &mut dag)?;
 
     loop {
         // Decide every ready stage; decisions that end a stage at once may make more ready.
@@ -334,15 +282,7 @@ pub(crate) async fn run(
             };
             match decision {
                 Some((phase, reason)) => {
-                    let stage = pipeline.stage(id);
-                    state.set_stage(&ctx.run.id, &stage.name, phase, None, Some(&reason))?;
-                    let _ = ctx.events.send(RunEvent::Finished {
-                        stage: stage.name.clone(),
-                        phase,
-                        reason: Some(reason),
-                        elapsed: Duration::ZERO,
-                    });
-                    dag.end(&pipeline, id, StageResult::empty(phase));
+                    end_without_running(&ctx, id, phase, reason, &mut dag)?;
                 }
                 None => {
                     let inputs = dag.upstream(&pipeline, id);
@@ -383,8 +323,121 @@ pub(crate) async fn run(
     let main_phase = dag.run_phase(&pipeline, cancelled, |s| s.hook.is_none());
     let _ = ctx.main_phase.set(main_phase);
 
-    // Hooks: after everything else, `finally` always, `on_failure` when the run failed.
-    let hook_forward = {
+    run_hooks(&ctx, &mut dag, &cancel, hook_stop_tx, main_phase).await?;
+    forward.abort();
+
+    let stages = dag.phases(&pipeline);
+    let phase = dag.run_phase(&pipeline, cancelled, |_| true);
+    let failed: Vec<&str> = stages
+        .iter()
+        .filter(|(_, p)| matches!(p, Phase::Failed | Phase::Error))
+        .map(|(s, _)| s.as_str())
+        .collect();
+    let reason = (!failed.is_empty()).then(|| format!("failed: {}", failed.join(", ")));
+    state.finish_run(&id, phase, reason.as_deref())?;
+    Ok(RunSummary { id, phase, stages })
+}
+
+/// The record of a run that starts now, this process its engine.
+fn fresh_record(opts: &RunOptions, params: &BTreeMap<String, Value>, executor: &str) -> RunRecord {
+    RunRecord {
+        id: opts.request.id.clone(),
+        pipeline: opts.request.pipeline.name.clone(),
+        file: opts.request.file.clone(),
+        spec_digest: opts.request.spec_digest.clone(),
+        params: serde_json::to_value(params).unwrap_or_default(),
+        trigger: opts.request.trigger.clone(),
+        parent: opts.request.parent.clone(),
+        phase: Phase::Running,
+        created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        finished_at: None,
+        reason: None,
+        engine_pid: Some(i64::from(std::process::id())),
+        overrides: opts.request.overrides.clone(),
+        selection: opts
+            .request
+            .selection
+            .as_ref()
+            .map(|s| s.iter().cloned().collect()),
+        scheduled_time: opts.request.scheduled_time.clone(),
+        executor: Some(executor.to_owned()),
+    }
+}
+
+/// A resumed run starts from what already succeeded: those stages end at once. In
+/// plan order an upstream stage ends first, so each is removed from `ready` after any
+/// upstream stage queued it.
+/// A rerun or retry also ends the stages it reuses from its parent, recorded as its own.
+fn take_earlier(
+    ctx: &Ctx,
+    pipeline: &Pipeline,
+    prior: &BTreeMap<String, (BTreeMap<String, ArtifactRef>, Value)>,
+    dag: &mut Dag,
+) -> Result<(), RunError> {
+    for &id in &pipeline.order {
+        let name = &pipeline.stage(id).name;
+        // A rerun or retry records what it takes from its parent as this run's own.
+        let taken = match (prior.contains_key(name), ctx.opts.request.reuse.get(name)) {
+            (false, Some(r)) => {
+                let from = r.provenance.origin_run.as_deref().unwrap_or("?");
+                let reason = format!("reused from run {from}");
+                record_taken(
+                    ctx,
+                    name,
+                    &r.provenance,
+                    &r.outputs,
+                    &r.values,
+                    reason,
+                    Duration::ZERO,
+                )?;
+                Some((r.outputs.clone(), r.values.clone()))
+            }
+            _ => None,
+        };
+        if let Some((outputs, values)) = prior.get(name).cloned().or(taken) {
+            let result = StageResult {
+                phase: Phase::Succeeded,
+                outputs,
+                values,
+            };
+            dag.end(pipeline, id, result);
+        }
+    }
+    Ok(())
+}
+
+/// Ends stage `id` without running it (skipped, omitted), saying why.
+fn end_without_running(
+    ctx: &Ctx,
+    id: StageId,
+    phase: Phase,
+    reason: String,
+    dag: &mut Dag,
+) -> Result<(), RunError> {
+    let stage = ctx.pipeline.stage(id);
+    ctx.state
+        .set_stage(&ctx.run.id, &stage.name, phase, None, Some(&reason))?;
+    let _ = ctx.events.send(RunEvent::Finished {
+        stage: stage.name.clone(),
+        phase,
+        reason: Some(reason),
+        elapsed: Duration::ZERO,
+    });
+    dag.end(&ctx.pipeline, id, StageResult::empty(phase));
+    Ok(())
+}
+
+/// Runs the hooks, after everything else: `finally` always, `on_failure` when the run
+/// (`main_phase`) failed. A cancel that arrives while they run stops them.
+async fn run_hooks(
+    ctx: &Ctx,
+    dag: &mut Dag,
+    cancel: &watch::Receiver<bool>,
+    hook_stop_tx: watch::Sender<bool>,
+    main_phase: Phase,
+) -> Result<(), RunError> {
+    let pipeline = &ctx.pipeline;
+    let hook_forward = AbortOnDrop({
         let mut external = cancel.clone();
         external.borrow_and_update();
         tokio::spawn(async move {
@@ -392,7 +445,7 @@ pub(crate) async fn run(
                 let _ = hook_stop_tx.send(true);
             }
         })
-    };
+    });
     for &id in &pipeline.order {
         let stage = pipeline.stage(id);
         let Some(hook) = stage.hook else { continue };
@@ -406,45 +459,19 @@ pub(crate) async fn run(
                 main_phase.as_str().to_lowercase()
             ))
         } else {
-            hook_condition(&pipeline, &ctx, id, &dag)
+            hook_condition(pipeline, ctx, id, dag)
         };
-        let result = match skip {
-            Some(reason) => {
-                state.set_stage(
-                    &ctx.run.id,
-                    &stage.name,
-                    Phase::Skipped,
-                    None,
-                    Some(&reason),
-                )?;
-                let _ = ctx.events.send(RunEvent::Finished {
-                    stage: stage.name.clone(),
-                    phase: Phase::Skipped,
-                    reason: Some(reason),
-                    elapsed: Duration::ZERO,
-                });
-                StageResult::empty(Phase::Skipped)
-            }
+        match skip {
+            Some(reason) => end_without_running(ctx, id, Phase::Skipped, reason, dag)?,
             None => {
-                let inputs = dag.upstream(&pipeline, id);
-                execute(&ctx, id, inputs).await?
+                let inputs = dag.upstream(pipeline, id);
+                let result = execute(ctx, id, inputs).await?;
+                dag.end(pipeline, id, result);
             }
-        };
-        dag.end(&pipeline, id, result);
+        }
     }
-    forward.abort();
-    hook_forward.abort();
-
-    let stages = dag.phases(&pipeline);
-    let phase = dag.run_phase(&pipeline, cancelled, |_| true);
-    let failed: Vec<&str> = stages
-        .iter()
-        .filter(|(_, p)| matches!(p, Phase::Failed | Phase::Error))
-        .map(|(s, _)| s.as_str())
-        .collect();
-    let reason = (!failed.is_empty()).then(|| format!("failed: {}", failed.join(", ")));
-    state.finish_run(&id, phase, reason.as_deref())?;
-    Ok(RunSummary { id, phase, stages })
+    drop(hook_forward);
+    Ok(())
 }
 
 /// A triggered hook runs unless its own `when` is false; what it depends on may have
