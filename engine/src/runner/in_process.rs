@@ -72,6 +72,15 @@ impl Ran {
 
 /// Runs `yaml` to its end; `shape` adjusts the request (fail-fast, a resume, …).
 async fn run_with(yaml: &str, shape: impl FnOnce(&mut RunRequest, &dyn StateStore)) -> Ran {
+    run_cancelled(yaml, shape, None).await
+}
+
+/// [`run_with`], cancelled (as Ctrl-C would) `after` that long when given.
+async fn run_cancelled(
+    yaml: &str,
+    shape: impl FnOnce(&mut RunRequest, &dyn StateStore),
+    after: Option<std::time::Duration>,
+) -> Ran {
     let scratch = Scratch::new("run");
     let validated = crate::validate(yaml, &Catalog::new(Vec::new(), vec!["local"]));
     let pipeline = validated
@@ -100,7 +109,19 @@ async fn run_with(yaml: &str, shape: impl FnOnce(&mut RunRequest, &dyn StateStor
     request.params = params;
     shape(&mut request, state.as_ref());
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let (_cancel, cancel) = watch::channel(false);
+    let (cancel_tx, cancel) = watch::channel(false);
+    // The sender lives until the run has ended (in the task that cancels, or here).
+    let _uncancelled = match after {
+        Some(after) => {
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let _ = cancel_tx.send(true);
+                std::future::pending::<()>().await
+            });
+            None
+        }
+        None => Some(cancel_tx),
+    };
     let summary = engine.run(request, tx, cancel).await.expect("the run ends");
     let mut events = Vec::new();
     while let Ok(ev) = rx.try_recv() {
@@ -313,4 +334,25 @@ async fn a_map_runs_each_item_and_fails_when_one_does() {
     };
     assert_eq!(done("each", true), 3);
     assert_eq!(done("some", false), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_stops_the_running_stage_omits_the_rest_and_still_runs_finally_hooks() {
+    let r = run_cancelled(
+        &format!(
+            "{HEAD}stages:\n  slow:\n    run: {{command: [sleep, 600]}}\n  later:\n    needs: [slow]\n    run: {{command: [ok]}}\n  always:\n    hook: finally\n    run: {{command: [ok]}}\n"
+        ),
+        |_, _| {},
+        Some(std::time::Duration::from_secs(60)),
+    )
+    .await;
+    assert_eq!(r.summary.phase, Phase::Cancelled);
+    assert_eq!(r.phase("slow"), Phase::Cancelled);
+    assert_eq!(r.phase("later"), Phase::Omitted);
+    assert_eq!(
+        r.phase("always"),
+        Phase::Succeeded,
+        "hooks run after a cancel"
+    );
+    assert!(r.attempts("later").is_empty());
 }
