@@ -674,7 +674,8 @@ fn cgroups_or_skip(home: &Home) -> bool {
 /// them was a third of a millisecond per stage), and the next one counts only its own:
 /// after a stage that burnt half a second of CPU and held 32 MiB, and one killed for its
 /// 64 MiB limit, a hook in the same cgroups (its `/proc/self/cgroup` says so) has neither
-/// their CPU time, nor their peak, nor their OOM kill, nor their limit.
+/// their CPU time, nor their peak, nor their OOM kill; and the next hook holds 96 MiB, past
+/// the limit the killed stage had.
 #[test]
 fn an_ended_attempts_cgroups_serve_the_next_one_which_counts_only_its_own() {
     let Some(home) = cgroup_home("cgroup-reuse") else {
@@ -694,7 +695,10 @@ stages:
     run: {command: [python3, -c, "b = bytearray(1 << 30); b[::4096] = b'x' * (len(b) // 4096)"]}
   after:
     hook: finally
-    run: {command: [sh, -c, 'cat /proc/self/cgroup; head -c 100000000 /dev/zero | tail -c 1 > /dev/null; echo under no limit; exit 3']}
+    run: {command: [sh, -c, 'cat /proc/self/cgroup; exit 3']}
+  big:
+    hook: finally
+    run: {command: [python3, -c, "print(open('/proc/self/cgroup').read())\nb = bytearray(96 << 20)\nb[::4096] = b'x' * (len(b) // 4096)\nprint('96 MiB under no limit')"]}
 "#,
     );
     let o = home.drivetrain_env(
@@ -751,8 +755,14 @@ stages:
         cgroup("burn")
     );
     assert_eq!(cgroup("burn"), cgroup("after"));
-    let after_log = text(&home.drivetrain(&["logs", &id, "--stage", "after"]).stdout);
-    assert!(after_log.contains("under no limit"), "{after_log}");
+    // The next hook, in the same cgroups still, has no memory limit: hog's 64 MiB is gone.
+    assert_eq!(cgroup("burn"), cgroup("big"));
+    let big = stage(&st, "big");
+    assert_eq!(big["phase"], "Succeeded", "{st}");
+    assert!(
+        big["usage"]["peak_memory_bytes"].as_u64().unwrap() >= 96 << 20,
+        "{st}"
+    );
 }
 
 /// `network: none` gives a stage a network namespace of its own with loopback only: the
