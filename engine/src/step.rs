@@ -137,16 +137,27 @@ pub fn env_suffix(name: &str) -> String {
         .collect()
 }
 
+/// What a step's context lacks: the step was started outside a run, or its stage does not
+/// connect what the step reads or writes.
+#[derive(Debug, thiserror::Error)]
+pub enum ContextError {
+    #[error("{0} is not set: run steps through `drivetrain run`")]
+    Unset(&'static str),
+    #[error("DRIVETRAIN_STEP_CONFIG is not JSON: {0}")]
+    Config(serde_json::Error),
+    #[error("input `{0}` is not connected (declare `inputs: {{{0}: STAGE.OUTPUT}}`)")]
+    Input(String),
+    #[error("output `{0}` is not declared (add it to the stage's `outputs`)")]
+    Output(String),
+}
+
 impl StepContext {
     /// The context of step `step` from this process's environment.
-    pub fn from_env(step: &dyn Step) -> Result<StepContext, String> {
+    pub fn from_env(step: &dyn Step) -> Result<StepContext, ContextError> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        let need = |k: &str| {
-            var(k).ok_or_else(|| format!("{k} is not set: run steps through `drivetrain run`"))
-        };
+        let need = |k: &'static str| var(k).ok_or(ContextError::Unset(k));
         let config = match var("DRIVETRAIN_STEP_CONFIG") {
-            Some(c) => serde_json::from_str(&c)
-                .map_err(|e| format!("DRIVETRAIN_STEP_CONFIG is not JSON: {e}"))?,
+            Some(c) => serde_json::from_str(&c).map_err(ContextError::Config)?,
             None => Value::Object(Default::default()),
         };
         let mut inputs = BTreeMap::new();
@@ -193,17 +204,17 @@ impl StepContext {
     }
 
     /// An input's directory, or a clear error naming it.
-    pub fn input(&self, name: &str) -> Result<&PathBuf, String> {
-        self.inputs.get(name).ok_or_else(|| {
-            format!("input `{name}` is not connected (declare `inputs: {{{name}: STAGE.OUTPUT}}`)")
-        })
+    pub fn input(&self, name: &str) -> Result<&PathBuf, ContextError> {
+        self.inputs
+            .get(name)
+            .ok_or_else(|| ContextError::Input(name.to_owned()))
     }
 
     /// An output's directory, or a clear error naming it.
-    pub fn output(&self, name: &str) -> Result<&PathBuf, String> {
-        self.outputs.get(name).ok_or_else(|| {
-            format!("output `{name}` is not declared (add it to the stage's `outputs`)")
-        })
+    pub fn output(&self, name: &str) -> Result<&PathBuf, ContextError> {
+        self.outputs
+            .get(name)
+            .ok_or_else(|| ContextError::Output(name.to_owned()))
     }
 
     /// Writes `values.json` (rank 0 only, when distributed).

@@ -13,11 +13,6 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-/// A context accessor's error (a missing input or output) as the step's error.
-pub(crate) fn err(e: String) -> anyhow::Error {
-    anyhow::anyhow!(e)
-}
-
 type RunFn<C> = for<'a> fn(
     C,
     &'a StepContext,

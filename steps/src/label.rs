@@ -894,9 +894,9 @@ async fn run_export(
     c: LabelExportConfig,
     cx: &drivetrain_engine::step::StepContext,
 ) -> anyhow::Result<serde_json::Value> {
-    let cases = cx.input("corner_cases").map_err(crate::builtin::err)?;
+    let cases = cx.input("corner_cases")?;
     let frames = cx.inputs.get("frames").map(std::path::PathBuf::as_path);
-    let out = cx.output("tasks").map_err(crate::builtin::err)?;
+    let out = cx.output("tasks")?;
     // Task ids restart at 1 in every export: the run and stage name this one.
     let export_id = match cx.run_id.as_str() {
         "" => "local".to_owned(),
@@ -921,9 +921,9 @@ async fn run_import(
     c: LabelImportConfig,
     cx: &drivetrain_engine::step::StepContext,
 ) -> anyhow::Result<serde_json::Value> {
-    let tasks = cx.input("tasks").map_err(crate::builtin::err)?;
+    let tasks = cx.input("tasks")?;
     let labels = cx.inputs.get("labels").map(std::path::PathBuf::as_path);
-    let out = cx.output("dataset").map_err(crate::builtin::err)?;
+    let out = cx.output("dataset")?;
     let v = import(&c, tasks, labels, out).await?;
     println!("dataset: {}", v["splits"]);
     Ok(v)

@@ -697,8 +697,8 @@ async fn run_step(
     c: MineConfig,
     cx: &drivetrain_engine::step::StepContext,
 ) -> anyhow::Result<serde_json::Value> {
-    let frames = cx.input("frames").map_err(crate::builtin::err)?;
-    let out = cx.output("corner_cases").map_err(crate::builtin::err)?;
+    let frames = cx.input("frames")?;
+    let out = cx.output("corner_cases")?;
     let v = mine(&c.rules, frames, out).await?;
     println!(
         "{} of {} frames matched: {}",

@@ -34,7 +34,7 @@ async fn run_step(
     c: PromoteConfig,
     cx: &drivetrain_engine::step::StepContext,
 ) -> anyhow::Result<serde_json::Value> {
-    let model_dir = cx.input("model").map_err(crate::builtin::err)?;
+    let model_dir = cx.input("model")?;
     let report: serde_json::Value = match cx.inputs.get("report") {
         Some(d) => serde_json::from_slice(&std::fs::read(d.join("report.json"))?)?,
         None => serde_json::Value::Null,
@@ -51,9 +51,7 @@ async fn run_step(
         .await?;
     let out = serde_json::json!({"model": c.model, "version": version, "registered": registered, "alias": c.alias, "from": entry["from"], "generation": entry["generation"]});
     std::fs::write(
-        cx.output("registration")
-            .map_err(crate::builtin::err)?
-            .join("registration.json"),
+        cx.output("registration")?.join("registration.json"),
         serde_json::to_vec_pretty(&out)?,
     )?;
     let why = report

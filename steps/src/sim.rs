@@ -288,7 +288,7 @@ async fn run_step(
     c: FleetSimConfig,
     cx: &drivetrain_engine::step::StepContext,
 ) -> anyhow::Result<serde_json::Value> {
-    let out = cx.output("logs").map_err(crate::builtin::err)?.clone();
+    let out = cx.output("logs")?.clone();
     let s = tokio::task::block_in_place(|| simulate(&c, &out))?;
     println!(
         "simulated {} drives, {} frames, events {:?}",

@@ -267,7 +267,7 @@ async fn run_step(
     c: TrainConfig,
     cx: &drivetrain_engine::step::StepContext,
 ) -> anyhow::Result<serde_json::Value> {
-    let dataset = cx.input("dataset").map_err(crate::builtin::err)?;
+    let dataset = cx.input("dataset")?;
     let data = crate::table::split(dataset, "train").await?;
     let (model, history) = tokio::task::block_in_place(|| {
         train(
@@ -284,9 +284,7 @@ async fn run_step(
     }
     let metrics = crate::model::evaluate(&model, &data);
     std::fs::write(
-        cx.output("model")
-            .map_err(crate::builtin::err)?
-            .join("model.json"),
+        cx.output("model")?.join("model.json"),
         serde_json::to_vec_pretty(&model)?,
     )?;
     if let Some(m) = cx.outputs.get("metrics") {

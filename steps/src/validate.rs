@@ -63,12 +63,8 @@ async fn run_step(
     cx: &drivetrain_engine::step::StepContext,
 ) -> anyhow::Result<serde_json::Value> {
     let gate = crate::gate::parse(&c.gate).map_err(|e| anyhow::anyhow!("gate: {e}"))?;
-    let candidate = crate::model::load(&std::fs::read(
-        cx.input("model")
-            .map_err(crate::builtin::err)?
-            .join("model.json"),
-    )?)?;
-    let dataset = cx.input("dataset").map_err(crate::builtin::err)?;
+    let candidate = crate::model::load(&std::fs::read(cx.input("model")?.join("model.json"))?)?;
+    let dataset = cx.input("dataset")?;
     let mut val = crate::table::split(dataset, "val").await?;
     if val.is_empty() {
         eprintln!("warning: the validation split is empty; validating on the test split");
@@ -127,9 +123,7 @@ async fn run_step(
         "lineage": {"inputs": cx.input_digests, "run": cx.run_id, "pipeline": cx.pipeline},
     });
     std::fs::write(
-        cx.output("report")
-            .map_err(crate::builtin::err)?
-            .join("report.json"),
+        cx.output("report")?.join("report.json"),
         serde_json::to_vec_pretty(&report)?,
     )?;
     println!(

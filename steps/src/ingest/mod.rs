@@ -647,7 +647,7 @@ async fn run_step(
         (None, Some(dir)) => crate::logsource::LogSource::Local(dir.clone()),
         (None, None) => anyhow::bail!("no logs: connect the `logs` input or set `source`"),
     };
-    let frames = cx.output("frames").map_err(crate::builtin::err)?.clone();
+    let frames = cx.output("frames")?.clone();
     let index = cx.outputs.get("index").cloned();
     let lanes = cx.outputs.get("lanes").cloned();
     let v = tokio::task::block_in_place(|| {
