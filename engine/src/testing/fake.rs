@@ -40,9 +40,9 @@ enum Act {
     Sleep(Duration),
 }
 
+/// A started attempt: what it does, until it is cancelled.
 struct Attempt {
     act: Option<Act>,
-    cancelled: bool,
 }
 
 #[async_trait]
@@ -82,10 +82,7 @@ impl Executor for FakeExecutor {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((spec.stage.clone(), spec.attempt));
-        Ok(Box::new(Attempt {
-            act: Some(act),
-            cancelled: false,
-        }))
+        Ok(Box::new(Attempt { act: Some(act) }))
     }
 
     async fn reap(&self, _handle: &str) -> bool {
@@ -100,9 +97,6 @@ impl RunningAttempt for Attempt {
     }
 
     async fn wait(&mut self) -> AttemptOutcome {
-        if self.cancelled {
-            return AttemptOutcome::Cancelled;
-        }
         match &self.act {
             Some(Act::Exit(outcome)) => outcome.clone(),
             Some(Act::Sleep(d)) => {
@@ -114,7 +108,6 @@ impl RunningAttempt for Attempt {
     }
 
     async fn cancel(&mut self) {
-        self.cancelled = true;
         self.act = None;
     }
 }
