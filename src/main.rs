@@ -9,7 +9,6 @@ mod cli;
 mod client;
 mod commands;
 mod doctor;
-mod exec;
 mod history;
 mod inspect;
 mod manifests;

@@ -171,7 +171,9 @@ fn attempt(
             ));
             (
                 vec![
-                    root.join("bin/drivetrain").display().to_string(),
+                    root.join(drivetrain_engine::executor::REMOTE_BINARY)
+                        .display()
+                        .to_string(),
                     "step".into(),
                     name.clone(),
                 ],

@@ -6,8 +6,9 @@
 //! The stand-in is not a cluster: it is an HTTP server that the real kube-rs client in the
 //! binary talks to over loopback, serving the API paths the executor uses, and it runs
 //! pods' containers as local processes (the init container installs the real
-//! `drivetrain` binary as the pod's wrapper, which then moves inputs and outputs through
-//! the run's object store). The executor's code path is the one a real cluster sees.
+//! `drivetrain-exec` as the pod's wrapper, or the whole `drivetrain` binary where the pod
+//! runs a built-in step, which then moves inputs and outputs through the run's object
+//! store). The executor's code path is the one a real cluster sees.
 //!
 //! Schema validation runs `tests/k8s/validate.py` with the Python of the tests' venv,
 //! which has `kubernetes-validate` (`.ci/run` installs it; `DRIVETRAIN_TEST_VENV`, as for
@@ -279,18 +280,25 @@ async fn cluster(home: &Home) -> (StandIn, PathBuf, ClusterDir) {
     let standin = StandIn::start(&dir.0.join("cluster"), Node::default()).await;
     let kubeconfig = home.dir.join("kubeconfig");
     standin.write_kubeconfig(&kubeconfig);
-    let wrapper = dir.0.join("image-bin");
-    std::fs::create_dir_all(&wrapper).unwrap();
-    let wrapper = wrapper.join("dt");
-    if std::fs::hard_link(env!("CARGO_BIN_EXE_drivetrain"), &wrapper).is_err() {
-        std::fs::copy(env!("CARGO_BIN_EXE_drivetrain"), &wrapper).unwrap();
+    // The wrapper image: the small wrapper and the whole binary, under names of its own.
+    let image = dir.0.join("image-bin");
+    std::fs::create_dir_all(&image).unwrap();
+    let (wrapper, binary) = (image.join("dt-exec"), image.join("dt"));
+    for (from, to) in [
+        (env!("CARGO_BIN_EXE_drivetrain-exec"), &wrapper),
+        (env!("CARGO_BIN_EXE_drivetrain"), &binary),
+    ] {
+        if std::fs::hard_link(from, to).is_err() {
+            std::fs::copy(from, to).unwrap();
+        }
     }
     let settings = home.write(
         "k8s.yaml",
         &format!(
-            "kubeconfig: {}\nwrapper_path: {}\nroot: /dt-pod\nlabels: {{team: perception}}\n",
+            "kubeconfig: {}\nwrapper_path: {}\nbinary_path: {}\nroot: /dt-pod\nlabels: {{team: perception}}\n",
             kubeconfig.display(),
-            wrapper.display()
+            wrapper.display(),
+            binary.display()
         ),
     );
     (standin, settings, dir)
@@ -358,6 +366,19 @@ async fn a_pipeline_runs_as_jobs_against_the_api_stand_in() {
             && j["metadata"]["labels"]["team"] == "perception"
             && j["spec"]["backoffLimit"] == 0
     ));
+    // The built-in step's pod gets the whole binary; a command of the stage's own runs
+    // under the small wrapper, the only binary its pod gets.
+    for j in &jobs {
+        let pod = &j["spec"]["template"]["spec"];
+        let init = pod["initContainers"][0]["command"][0].as_str().unwrap();
+        let main = pod["containers"][0]["command"][0].as_str().unwrap();
+        let (image_bin, pod_bin) = match j["metadata"]["labels"]["drivetrain.dev/stage"] == "sim" {
+            true => ("image-bin/dt", "/dt-pod/bin/drivetrain"),
+            false => ("image-bin/dt-exec", "/dt-pod/bin/drivetrain-exec"),
+        };
+        assert!(init.ends_with(image_bin), "{j:#}");
+        assert_eq!(main, pod_bin, "{j:#}");
+    }
     // The pod's log reached the run's logs; the artifact went through the store.
     let logs = home.drivetrain(&["logs", &id, "--stage", "count"]);
     let logs = text(&logs.stdout);

@@ -161,6 +161,15 @@ pub struct Placement {
     pub timeout: Option<std::time::Duration>,
 }
 
+/// Where a pod's copy of the whole drivetrain binary is, under the executor's
+/// [`Executor::container_root`]: a built-in step runs `ROOT/bin/drivetrain step NAME`, and
+/// only a pod whose command is this binary gets it.
+pub const REMOTE_BINARY: &str = "bin/drivetrain";
+
+/// Where a pod's copy of the wrapper is, under the container root: `drivetrain-exec`, a
+/// small binary of its own (`drivetrain exec` where the pod has the whole binary).
+pub const REMOTE_WRAPPER: &str = "bin/drivetrain-exec";
+
 /// What `drivetrain exec` does around a stage's command in a pod (the
 /// `DRIVETRAIN_EXEC_PLAN` environment variable, JSON): fetch the inputs from the store,
 /// run the command, and if it succeeded upload the outputs and `values.json` to the

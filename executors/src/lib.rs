@@ -10,6 +10,7 @@ use drivetrain_engine::executor::Executor;
 pub mod gpus;
 pub mod kubernetes;
 pub mod local;
+pub mod wrapper;
 
 /// The executor kinds a pipeline may name, default first.
 pub const EXECUTORS: &[&str] = &["local", "kubernetes"];

@@ -8,7 +8,8 @@ use drivetrain_engine::Catalog;
 
 use super::{load, outcome, read, usage_errors, EXIT_INVALID, EXIT_USAGE};
 use crate::cli::{Command, Format, FromRun};
-use crate::{client, exec, rerun, runs};
+use crate::{client, rerun, runs};
+use drivetrain_executors::wrapper;
 
 /// Runs one of this group's commands.
 pub(super) fn dispatch(catalog: &Catalog, home: PathBuf, command: Command) -> ExitCode {
@@ -115,8 +116,8 @@ pub(super) fn dispatch(catalog: &Catalog, home: PathBuf, command: Command) -> Ex
         }
         Command::Step { name } => step(catalog, &name),
         Command::Exec { install, command } => outcome(match install {
-            Some(dir) => exec::install(&dir),
-            None => exec::exec(&command),
+            Some(dir) => wrapper::install(&dir, "drivetrain"),
+            None => wrapper::exec(&command),
         }),
         _ => unreachable!("not a command of this group"),
     }

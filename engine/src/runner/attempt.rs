@@ -152,7 +152,9 @@ pub(super) async fn run_attempt(
         Action::Step { name, config, .. } => {
             let command = match &remote {
                 Some(root) => vec![
-                    root.join("bin/drivetrain").display().to_string(),
+                    root.join(crate::executor::REMOTE_BINARY)
+                        .display()
+                        .to_string(),
                     "step".into(),
                 ],
                 None => ctx.opts.step_command.clone(),

@@ -69,11 +69,15 @@ pub struct Settings {
     /// Gang scheduling of distributed stages: `{scheduler: kueue, queue: NAME}` or
     /// `{scheduler: volcano, queue: NAME}`.
     pub gang: Option<Gang>,
-    /// The image holding the drivetrain binary, whose init container copies the wrapper
+    /// The image holding the drivetrain binaries, whose init container copies the wrapper
     /// into every pod.
     pub wrapper_image: String,
-    /// Where the binary is in `wrapper_image`.
+    /// Where the wrapper, `drivetrain-exec`, is in `wrapper_image`: every pod of a
+    /// stage's own command gets a copy.
     pub wrapper_path: String,
+    /// Where the whole `drivetrain` binary is in `wrapper_image`: the pods of built-in
+    /// steps (`drivetrain step NAME`) get a copy.
+    pub binary_path: String,
     /// The pod-local directory of the wrapper, inputs and outputs (an emptyDir).
     pub root: PathBuf,
     /// The rendezvous port of distributed ranks (`MASTER_PORT`).
@@ -95,7 +99,8 @@ impl Default for Settings {
             unschedulable_timeout: Duration::from_secs(600),
             gang: None,
             wrapper_image: "drivetrain:0.1.0".into(),
-            wrapper_path: "/usr/local/bin/drivetrain".into(),
+            wrapper_path: "/usr/local/bin/drivetrain-exec".into(),
+            binary_path: "/usr/local/bin/drivetrain".into(),
             root: PathBuf::from("/drivetrain"),
             master_port: 29500,
         }

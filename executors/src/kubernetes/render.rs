@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use drivetrain_engine::executor::{AttemptSpec, Rank};
+use drivetrain_engine::executor::{AttemptSpec, Rank, REMOTE_BINARY, REMOTE_WRAPPER};
 use drivetrain_engine::plan::Distributed;
 use drivetrain_engine::spec::{Framework, TaintEffect, TolerationOperator};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
@@ -331,12 +331,7 @@ fn pod_parts(
     let init = vec![Container {
         name: "drivetrain-wrapper".into(),
         image: Some(settings.wrapper_image.clone()),
-        command: Some(vec![
-            settings.wrapper_path.clone(),
-            "exec".into(),
-            "--install".into(),
-            settings.root.join("bin").display().to_string(),
-        ]),
+        command: Some(Wrapper::of(settings, spec).install),
         volume_mounts: Some(vec![VolumeMount {
             name: "drivetrain".into(),
             mount_path: root,
@@ -444,13 +439,44 @@ fn main_container(
     }
 }
 
-/// `ROOT/bin/drivetrain exec -- argv…`
-fn wrapped(settings: &Settings, argv: &[String]) -> Vec<String> {
-    let mut c = vec![
-        settings.root.join("bin/drivetrain").display().to_string(),
-        "exec".into(),
-        "--".into(),
-    ];
+/// The wrapper a pod's command runs under, and the init container's command that puts
+/// it into the pod: the small `drivetrain-exec` (`wrapper_path`), or the whole binary
+/// (`binary_path`) where the command is that binary (a built-in step), since the pod
+/// needs it then anyway.
+struct Wrapper {
+    install: Vec<String>,
+    run: Vec<String>,
+}
+
+impl Wrapper {
+    fn of(settings: &Settings, spec: &AttemptSpec) -> Wrapper {
+        let bin = settings.root.join("bin").display().to_string();
+        let binary = settings.root.join(REMOTE_BINARY).display().to_string();
+        if spec.argv.first() == Some(&binary) {
+            Wrapper {
+                install: vec![
+                    settings.binary_path.clone(),
+                    "exec".into(),
+                    "--install".into(),
+                    bin,
+                ],
+                run: vec![binary, "exec".into(), "--".into()],
+            }
+        } else {
+            Wrapper {
+                install: vec![settings.wrapper_path.clone(), "--install".into(), bin],
+                run: vec![
+                    settings.root.join(REMOTE_WRAPPER).display().to_string(),
+                    "--".into(),
+                ],
+            }
+        }
+    }
+}
+
+/// `ROOT/bin/drivetrain-exec -- argv…` (or the whole binary's `exec`: [`Wrapper`]).
+fn wrapped(settings: &Settings, spec: &AttemptSpec, argv: &[String]) -> Vec<String> {
+    let mut c = Wrapper::of(settings, spec).run;
     c.extend(argv.iter().cloned());
     c
 }
@@ -598,7 +624,7 @@ pub fn render(settings: &Settings, spec: &AttemptSpec) -> Rendered {
                 &launcher_spec,
                 &parts,
                 MAIN,
-                Some(wrapped(settings, &mpirun)),
+                Some(wrapped(settings, spec, &mpirun)),
                 Vec::new(),
             );
             let mut launcher = template(launcher, &labels);
@@ -639,7 +665,7 @@ pub fn render(settings: &Settings, spec: &AttemptSpec) -> Rendered {
                 spec,
                 &parts,
                 "pytorch",
-                Some(wrapped(settings, &spec.argv)),
+                Some(wrapped(settings, spec, &spec.argv)),
                 Vec::new(),
             );
             let pod = template(container, &labels);
@@ -722,7 +748,7 @@ pub fn render(settings: &Settings, spec: &AttemptSpec) -> Rendered {
                 spec,
                 &parts,
                 MAIN,
-                Some(wrapped(settings, &spec.argv)),
+                Some(wrapped(settings, spec, &spec.argv)),
                 extra,
             );
             let mut pod = template(container, &labels);

@@ -3,8 +3,9 @@
 //! cluster: it runs pods' containers as local processes; the executor's code is the one
 //! that runs against a real cluster.
 //!
-//! The pods' wrapper here is a shell stand-in for `drivetrain exec` (the binary's tests
-//! run the real one): `exec --install DIR` copies itself, `exec -- CMD…` runs CMD.
+//! The pods' wrapper here is a shell stand-in for `drivetrain-exec` and `drivetrain exec`
+//! (the binary's tests run the real ones): `--install DIR` and `exec --install DIR` copy
+//! it, `-- CMD…` and `exec -- CMD…` run CMD.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -33,7 +34,7 @@ async fn fixture(name: &str, node: Node, tweak: impl FnOnce(&mut Settings)) -> F
     let wrapper = dir.join("wrapper.sh");
     std::fs::write(
         &wrapper,
-        "#!/bin/sh\nif [ \"$2\" = --install ]; then mkdir -p \"$3\" && cp \"$0\" \"$3/drivetrain\"; exit $?; fi\nshift 2\nexec \"$@\"\n",
+        "#!/bin/sh\ncase \"$1\" in\n--install) mkdir -p \"$2\" && cp \"$0\" \"$2/drivetrain-exec\"; exit $?;;\nexec) if [ \"$2\" = --install ]; then mkdir -p \"$3\" && cp \"$0\" \"$3/drivetrain\"; exit $?; fi; shift 2;;\n--) shift;;\nesac\nexec \"$@\"\n",
     )
     .unwrap();
     use std::os::unix::fs::PermissionsExt as _;
@@ -41,6 +42,7 @@ async fn fixture(name: &str, node: Node, tweak: impl FnOnce(&mut Settings)) -> F
     let standin = StandIn::start(&dir, node).await;
     let mut settings = Settings {
         wrapper_path: wrapper.display().to_string(),
+        binary_path: wrapper.display().to_string(),
         ..Settings::default()
     };
     tweak(&mut settings);

@@ -1,4 +1,6 @@
-//! `drivetrain exec -- CMD…`: the wrapper around a stage's command in a pod.
+//! The wrapper around a stage's command where the stage runs away from the engine's file
+//! system (a pod): `drivetrain-exec -- CMD…`, a small binary of its own (`src/bin/`),
+//! and `drivetrain exec -- CMD…`, the same code in the whole binary.
 //!
 //! The engine hands the pod a transfer plan (`DRIVETRAIN_EXEC_PLAN`, an
 //! [`ExecPlan`]): the wrapper fetches every input artifact from the store into its
@@ -7,8 +9,11 @@
 //! Nothing it uploads is an artifact until the engine has published the listing, so a
 //! failed or killed pod never leaves a partial artifact behind.
 //!
-//! `drivetrain exec --install DIR` copies this binary into `DIR` (the init container of
-//! every pod, so any image can run the wrapper).
+//! `--install DIR` copies the running binary into `DIR` (the init container of every
+//! pod, so any image can run the wrapper): as `drivetrain-exec`
+//! ([`drivetrain_engine::executor::REMOTE_WRAPPER`]) from the small binary, as
+//! `drivetrain` ([`drivetrain_engine::executor::REMOTE_BINARY`]) from the whole one,
+//! which a pod needs only where its command is the binary (a built-in step).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -17,11 +22,38 @@ use anyhow::Context as _;
 use drivetrain_engine::artifacts::{ArtifactStore, AttemptKey};
 use drivetrain_engine::executor::ExecPlan;
 
-/// Copies the running binary to `dir/drivetrain`.
-pub fn install(dir: &Path) -> anyhow::Result<ExitCode> {
+const USAGE: &str = "usage: drivetrain-exec -- COMMAND [ARG]...\n       drivetrain-exec --install DIR\n\nRuns COMMAND between fetching a pod's inputs and uploading its outputs (the transfer\nplan in DRIVETRAIN_EXEC_PLAN), or copies this binary into DIR.";
+
+/// `drivetrain-exec`'s arguments and exit code (1 on an error of its own, 2 on a usage
+/// error, else the command's).
+pub fn main(args: &[String]) -> ExitCode {
+    let result = match args {
+        [flag] if flag == "--version" || flag == "-V" => {
+            println!("drivetrain-exec {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        [flag] if flag == "--help" || flag == "-h" => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        [flag, dir] if flag == "--install" => install(Path::new(dir), "drivetrain-exec"),
+        [dashes, argv @ ..] if dashes == "--" => exec(argv),
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        ExitCode::from(1)
+    })
+}
+
+/// Copies the running binary to `dir/name`.
+pub fn install(dir: &Path, name: &str) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe().context("cannot find the running binary")?;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let dest = dir.join("drivetrain");
+    let dest = dir.join(name);
     let _ = std::fs::remove_file(&dest);
     // A hard link where the image and the volume share a file system, else a copy.
     if std::fs::hard_link(&exe, &dest).is_err() {
@@ -34,8 +66,9 @@ pub fn install(dir: &Path) -> anyhow::Result<ExitCode> {
 
 /// Runs `argv` between fetching the inputs and uploading the outputs.
 pub fn exec(argv: &[String]) -> anyhow::Result<ExitCode> {
-    let text = std::env::var("DRIVETRAIN_EXEC_PLAN")
-        .context("DRIVETRAIN_EXEC_PLAN is not set: `drivetrain exec` runs inside a pod the kubernetes executor started")?;
+    let text = std::env::var("DRIVETRAIN_EXEC_PLAN").context(
+        "DRIVETRAIN_EXEC_PLAN is not set: `drivetrain exec` runs inside a pod an executor started",
+    )?;
     let plan: ExecPlan =
         serde_json::from_str(&text).context("DRIVETRAIN_EXEC_PLAN is not a transfer plan")?;
     let (program, args) = argv.split_first().context("no command to run")?;
