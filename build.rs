@@ -1,10 +1,10 @@
 //! Links the `drivetrain` command as a position-dependent executable on Linux (glibc).
 //!
 //! The binary holds about 256,000 pointers that a position-independent executable has
-//! the dynamic loader relocate at every start, writing to some 1,100 pages: 6–8 ms of
-//! every `drivetrain --version`, `status` or `list` (bench/README.md, "The command's
-//! start"). Linked at a fixed address it starts in about a millisecond; Go's toolchain
-//! links its programs the same way. Libraries, the stack and the heap stay randomized.
+//! the dynamic loader relocate at every start, writing to some 1,100 pages: most of the
+//! 8.8 ms of a `drivetrain --version`, `status` or `list`. Linked at a fixed address it
+//! starts in 3.3 ms (bench/README.md, "The binaries"); Go's toolchain links its programs
+//! the same way. Shared libraries, the stack and the heap stay randomized.
 //! The small wrapper a pod copies (`drivetrain-exec`) stays position-independent.
 
 fn main() {
