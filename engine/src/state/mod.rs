@@ -16,6 +16,7 @@ use serde::Serialize;
 
 #[cfg(feature = "postgres")]
 mod postgres;
+mod schema;
 mod sqlite;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresState;

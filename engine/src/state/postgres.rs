@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use super::schema::Dialect;
 use super::{
     now, ArtifactRecord, ArtifactUse, AttemptRecord, CacheEntry, ItemRecord, Phase, Provenance,
     RunFilter, RunId, RunRecord, ScheduleEntry, StageRecord, StateError, StateStore, Success,
@@ -19,8 +20,11 @@ use super::{
 use postgres::types::ToSql;
 use postgres::{Client, GenericClient, NoTls, Row};
 
-/// The schema, one migration per step; `drivetrain_schema.version` says how many ran.
-const MIGRATIONS: &[&str] = &[
+/// PostgreSQL's own schema history, frozen: what brings a database made before the
+/// shared schema (`state/schema.rs`) to it, one step per version
+/// (`drivetrain_schema.version` says how many ran). New databases get the shared schema
+/// instead; changes go there.
+const HISTORY: &[&str] = &[
     r#"
 CREATE TABLE runs (
     id TEXT PRIMARY KEY,
@@ -209,14 +213,11 @@ impl PostgresState {
                 tx.execute("INSERT INTO drivetrain_schema (version) VALUES (0)", &[])
                     .map_err(db("record schema version"))?;
             }
-            for (i, m) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
-                tx.batch_execute(m)
-                    .map_err(db(format!("migration to version {}", i + 1)))?;
-                tx.execute(
-                    "UPDATE drivetrain_schema SET version = $1",
-                    &[&(i as i64 + 1)],
-                )
-                .map_err(db("record schema version"))?;
+            for (to, m) in Dialect::Postgres.steps(version.max(0) as usize, HISTORY) {
+                tx.batch_execute(&m)
+                    .map_err(db(format!("migration to version {to}")))?;
+                tx.execute("UPDATE drivetrain_schema SET version = $1", &[&(to as i64)])
+                    .map_err(db("record schema version"))?;
             }
             tx.commit().map_err(db("commit migrations"))
         })?;
@@ -1322,6 +1323,81 @@ mod tests {
         let again = PostgresState::open(&pg.url()).unwrap();
         assert!(!again.list_runs(10).unwrap().is_empty());
         conformance::exclusive_claims(&|| Box::new(PostgresState::open(&pg.url()).unwrap()));
+    }
+
+    /// Every column (table, name, type, nullable, default) and index (its definition) of
+    /// the database at `url`.
+    fn describe(url: &str) -> std::collections::BTreeSet<String> {
+        let mut c = Client::connect(url, NoTls).unwrap();
+        let columns = c
+            .query(
+                "SELECT table_name::text, column_name::text, data_type::text, is_nullable::text, \
+                 coalesce(column_default::text, '') FROM information_schema.columns \
+                 WHERE table_schema = 'public'",
+                &[],
+            )
+            .unwrap();
+        let indexes = c
+            .query(
+                "SELECT indexdef::text FROM pg_indexes WHERE schemaname = 'public'",
+                &[],
+            )
+            .unwrap();
+        columns
+            .iter()
+            .map(|r| {
+                let f = |i| r.get::<_, String>(i);
+                format!(
+                    "{}.{}: {} nullable={} default={}",
+                    f(0),
+                    f(1),
+                    f(2),
+                    f(3),
+                    f(4)
+                )
+            })
+            .chain(indexes.iter().map(|r| r.get::<_, String>(0)))
+            .collect()
+    }
+
+    /// A database made before the shared schema, at any version of PostgreSQL's own
+    /// history, opens to exactly the tables, columns and indexes of a new one.
+    #[test]
+    fn a_database_of_the_old_history_opens_to_the_shared_schema() {
+        let pg = Postgres::start();
+        let base = pg.url();
+        let url = |db: &str| format!("{}/{db}", base.strip_suffix("/postgres").unwrap());
+        let mut admin = Client::connect(&base, NoTls).unwrap();
+        PostgresState::open(&url("postgres")).unwrap();
+        let new = describe(&base);
+        assert!(
+            new.iter().any(|l| l.starts_with("runs.heartbeat_at: text")),
+            "{new:#?}"
+        );
+        for version in [1, 3, HISTORY.len()] {
+            let db = format!("v{version}");
+            admin
+                .batch_execute(&format!("CREATE DATABASE {db}"))
+                .unwrap();
+            let mut old = Client::connect(&url(&db), NoTls).unwrap();
+            for m in &HISTORY[..version] {
+                old.batch_execute(m).unwrap();
+            }
+            old.batch_execute(&format!(
+                "CREATE TABLE drivetrain_schema (version BIGINT NOT NULL); \
+                 INSERT INTO drivetrain_schema (version) VALUES ({version})"
+            ))
+            .unwrap();
+            drop(old);
+            PostgresState::open(&url(&db)).unwrap();
+            let got = describe(&url(&db));
+            let missing: Vec<_> = new.difference(&got).collect();
+            let extra: Vec<_> = got.difference(&new).collect();
+            assert!(
+                missing.is_empty() && extra.is_empty(),
+                "from version {version}: missing {missing:#?}, extra {extra:#?}"
+            );
+        }
     }
 
     /// Inside a tokio runtime (where the engine calls it) the blocking client still works.

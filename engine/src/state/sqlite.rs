@@ -19,7 +19,8 @@ fn sql(what: impl Into<String>) -> impl FnOnce(rusqlite::Error) -> StateError {
 
 mod migrations;
 mod rows;
-use migrations::MIGRATIONS;
+use super::schema::Dialect;
+use migrations::HISTORY;
 use rows::*;
 pub use rows::{LAST_TICK, UNSTARTED_SINCE};
 
@@ -109,13 +110,13 @@ impl SqliteState {
                 .map(|v| v.max(0) as usize)
                 .map_err(sql("read schema version"))
         };
-        if current(&conn)? < MIGRATIONS.len() {
+        if current(&conn)? < Dialect::Sqlite.version() {
             conn.execute_batch("BEGIN IMMEDIATE")
                 .map_err(sql("lock for migration"))?;
             let version = current(&conn)?;
             let mut batch = String::new();
-            for (i, m) in MIGRATIONS.iter().enumerate().skip(version) {
-                batch.push_str(&format!("{m};\nPRAGMA user_version = {};\n", i + 1));
+            for (to, m) in Dialect::Sqlite.steps(version, HISTORY) {
+                batch.push_str(&format!("{m};\nPRAGMA user_version = {to};\n"));
             }
             let applied = conn.execute_batch(&batch);
             match applied {

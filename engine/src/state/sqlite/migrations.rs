@@ -1,7 +1,9 @@
-//! The SQLite schema, one migration per step.
+//! SQLite's own schema history, frozen: what brings a database made before the shared
+//! schema (`state/schema.rs`) to it, one step per version (`user_version` says how many
+//! have run). New databases get the shared schema instead; changes go there.
 
-/// The schema, one migration per step; `user_version` says how many have run.
-pub(super) const MIGRATIONS: &[&str] = &[
+/// The steps to version 12, where the shared schema starts.
+pub(super) const HISTORY: &[&str] = &[
     r#"
 CREATE TABLE runs (
     id TEXT PRIMARY KEY,

@@ -45,6 +45,99 @@ fn a_file_database_survives_reopening_and_migrates_once() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Every table's columns (name, type affinity, NOT NULL, default, key) and every index
+/// (name, table, columns) of the database behind `c`.
+fn describe(c: &Connection) -> std::collections::BTreeSet<String> {
+    // SQLite's rules for a declared type's affinity (`BIGINT` and `INTEGER` are one).
+    let affinity = |t: &str| {
+        let t = t.to_ascii_uppercase();
+        match () {
+            _ if t.contains("INT") => "INTEGER",
+            _ if ["CHAR", "CLOB", "TEXT"].iter().any(|k| t.contains(k)) => "TEXT",
+            _ if t.contains("BLOB") || t.is_empty() => "BLOB",
+            _ if ["REAL", "FLOA", "DOUB"].iter().any(|k| t.contains(k)) => "REAL",
+            _ => "NUMERIC",
+        }
+    };
+    let names = |kind: &str| -> Vec<(String, String)> {
+        let mut q = c
+            .prepare("SELECT name, tbl_name FROM sqlite_master WHERE type = ?1 AND sql IS NOT NULL")
+            .unwrap();
+        q.query_map([kind], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let mut out = std::collections::BTreeSet::new();
+    for (table, _) in names("table") {
+        let mut q = c
+            .prepare("SELECT name, type, \"notnull\", dflt_value, pk FROM pragma_table_info(?1)")
+            .unwrap();
+        let rows = q
+            .query_map([&table], |r| {
+                Ok(format!(
+                    "{table}.{}: {} notnull={} default={:?} pk={}",
+                    r.get::<_, String>(0)?,
+                    affinity(&r.get::<_, String>(1)?),
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, Option<String>>(3)?,
+                    r.get::<_, i64>(4)?
+                ))
+            })
+            .unwrap();
+        out.extend(rows.map(Result::unwrap));
+    }
+    for (index, table) in names("index") {
+        let mut q = c
+            .prepare("SELECT name FROM pragma_index_info(?1) ORDER BY seqno")
+            .unwrap();
+        let columns: Vec<String> = q
+            .query_map([&index], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        out.insert(format!("index {index} on {table}({})", columns.join(", ")));
+    }
+    out
+}
+
+/// A database made before the shared schema, at any version of SQLite's own history,
+/// opens to exactly the tables, columns and indexes of a new one.
+#[test]
+fn a_database_of_the_old_history_opens_to_the_shared_schema() {
+    let new = SqliteState::in_memory().unwrap();
+    let new = describe(&new.conn.lock().unwrap());
+    assert!(
+        new.iter().any(|l| l.starts_with("runs.heartbeat_at: TEXT")),
+        "{new:#?}"
+    );
+    assert!(
+        new.contains("index runs_by_trigger_time on runs(trigger, created_at, id)"),
+        "{new:#?}"
+    );
+    let dir = std::env::temp_dir().join(format!("dt-state-history-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for version in [1, 5, HISTORY.len()] {
+        let path = dir.join(format!("v{version}.db"));
+        let _ = std::fs::remove_file(&path);
+        let old = Connection::open(&path).unwrap();
+        for (i, m) in HISTORY[..version].iter().enumerate() {
+            old.execute_batch(&format!("{m};\nPRAGMA user_version = {};", i + 1))
+                .unwrap();
+        }
+        drop(old);
+        let opened = SqliteState::open(&path).unwrap();
+        let got = describe(&opened.conn.lock().unwrap());
+        let missing: Vec<_> = new.difference(&got).collect();
+        let extra: Vec<_> = got.difference(&new).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "from version {version}: missing {missing:#?}, extra {extra:#?}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn sqlite_connections_claim_ticks_exclusively() {
     let dir = std::env::temp_dir().join(format!("dt-state-claims-{}", std::process::id()));

@@ -1,0 +1,197 @@
+//! The state stores' schema: one text for SQLite and PostgreSQL.
+//!
+//! [`SCHEMA`] is the schema both backends reached together (SQLite's version 12,
+//! PostgreSQL's version 6), written once in PostgreSQL's types; [`Dialect::schema`] gives
+//! SQLite's form of it, which differs in two places only (SQLite orders rows by `rowid`,
+//! not a `seq` column, and stores booleans as integers). Every change since is a
+//! [`MIGRATIONS`] entry, applied to both backends the same way.
+//!
+//! A new database gets [`SCHEMA`] and then every migration in one transaction. A database
+//! made before this text existed still has its backend's own history to catch up on
+//! (`sqlite/migrations.rs`, `postgres.rs`), frozen: the tests check that it ends where a
+//! new database starts (`sqlite/tests.rs`, `postgres.rs`).
+
+/// The schema both backends reached together.
+pub(super) const SCHEMA: &str = r#"
+CREATE TABLE runs (
+    id TEXT PRIMARY KEY,
+    pipeline TEXT NOT NULL,
+    file TEXT NOT NULL,
+    spec_digest TEXT NOT NULL,
+    params TEXT NOT NULL,
+    trigger TEXT NOT NULL,
+    parent TEXT,
+    phase TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    finished_at TEXT,
+    reason TEXT,
+    engine_pid BIGINT,
+    overrides TEXT NOT NULL DEFAULT '{}',
+    selection TEXT,
+    scheduled_time TEXT,
+    executor TEXT,
+    heartbeat_at TEXT
+);
+CREATE INDEX runs_by_time ON runs(created_at);
+CREATE INDEX runs_by_pipeline ON runs(pipeline, phase);
+CREATE INDEX runs_by_time_id ON runs(created_at, id);
+CREATE INDEX runs_by_pipeline_time ON runs(pipeline, created_at, id);
+CREATE INDEX runs_by_phase_time ON runs(phase, created_at, id);
+CREATE INDEX runs_by_trigger_time ON runs(trigger, created_at, id);
+CREATE TABLE stages (
+    seq BIGSERIAL,
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    stage TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    attempts BIGINT NOT NULL DEFAULT 0,
+    started_at TEXT,
+    finished_at TEXT,
+    exit_code INTEGER,
+    reason TEXT,
+    outputs TEXT NOT NULL DEFAULT '{}',
+    vals TEXT NOT NULL DEFAULT '{}',
+    origin TEXT NOT NULL DEFAULT 'ran',
+    origin_run TEXT,
+    cache_key TEXT,
+    provenance TEXT NOT NULL DEFAULT '{}',
+    inputs TEXT NOT NULL DEFAULT '{}',
+    usage TEXT,
+    PRIMARY KEY (run_id, stage)
+);
+CREATE TABLE attempts (
+    seq BIGSERIAL,
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    stage TEXT NOT NULL,
+    attempt BIGINT NOT NULL,
+    phase TEXT NOT NULL,
+    started_at TEXT NOT NULL,
+    finished_at TEXT,
+    exit_code INTEGER,
+    reason TEXT,
+    handle TEXT,
+    usage TEXT,
+    PRIMARY KEY (run_id, stage, attempt)
+);
+CREATE TABLE map_items (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    stage TEXT NOT NULL,
+    idx BIGINT NOT NULL,
+    item TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    attempts BIGINT NOT NULL DEFAULT 0,
+    reason TEXT,
+    outputs TEXT NOT NULL DEFAULT '{}',
+    handle TEXT,
+    usage TEXT,
+    PRIMARY KEY (run_id, stage, idx)
+);
+CREATE TABLE cache_entries (
+    key TEXT PRIMARY KEY,
+    pipeline TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    outputs TEXT NOT NULL,
+    vals TEXT NOT NULL,
+    components TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX cache_by_stage ON cache_entries(pipeline, stage, created_at);
+CREATE TABLE artifacts (
+    digest TEXT PRIMARY KEY,
+    manifest TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    output TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE artifact_uses (
+    digest TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    input TEXT NOT NULL,
+    PRIMARY KEY (digest, run_id, stage, input)
+);
+CREATE INDEX uses_by_stage ON artifact_uses(run_id, stage);
+CREATE TABLE schedules (
+    pipeline TEXT PRIMARY KEY,
+    file TEXT NOT NULL,
+    suspended BOOLEAN NOT NULL DEFAULT FALSE,
+    anchor TEXT NOT NULL
+);
+CREATE TABLE schedule_ticks (
+    id TEXT PRIMARY KEY,
+    pipeline TEXT NOT NULL,
+    scheduled_time TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    run_id TEXT,
+    reason TEXT,
+    recorded_at TEXT NOT NULL
+);
+CREATE INDEX ticks_by_time ON schedule_ticks(pipeline, scheduled_time);
+CREATE INDEX ticks_by_record ON schedule_ticks(recorded_at);
+"#;
+
+/// The changes since [`SCHEMA`], in order, one text each for both backends (through
+/// [`Dialect::text`]). Append only.
+pub(super) const MIGRATIONS: &[&str] = &[];
+
+/// A backend's SQL, where it differs from PostgreSQL's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+impl Dialect {
+    /// [`SCHEMA`] in this dialect.
+    pub(super) fn schema(self) -> String {
+        self.text(SCHEMA)
+    }
+
+    /// `sql` in this dialect: SQLite has no `seq` column (it orders by `rowid`) and keeps
+    /// booleans as integers.
+    pub(super) fn text(self, sql: &str) -> String {
+        match self {
+            Dialect::Postgres => sql.to_owned(),
+            Dialect::Sqlite => sql.replace("    seq BIGSERIAL,\n", "").replace(
+                "BOOLEAN NOT NULL DEFAULT FALSE",
+                "INTEGER NOT NULL DEFAULT 0",
+            ),
+        }
+    }
+
+    /// The schema version a database of this dialect is at once it has [`SCHEMA`]: the
+    /// length of its backend's frozen history.
+    pub(super) fn base_version(self) -> usize {
+        match self {
+            Dialect::Sqlite => 12,
+            Dialect::Postgres => 6,
+        }
+    }
+
+    /// The current schema version of this dialect.
+    pub(super) fn version(self) -> usize {
+        self.base_version() + MIGRATIONS.len()
+    }
+
+    /// What brings a database at `version` to [`Dialect::version`], after its
+    /// backend's own history (`history`, the steps to [`Dialect::base_version`]): each
+    /// step's SQL with the version it reaches. A new database (`version` 0) gets
+    /// [`SCHEMA`] in one step instead of the history.
+    pub(super) fn steps(self, version: usize, history: &[&str]) -> Vec<(usize, String)> {
+        debug_assert_eq!(history.len(), self.base_version());
+        let mut steps = Vec::new();
+        if version == 0 {
+            steps.push((self.base_version(), self.schema()));
+        } else {
+            for (i, m) in history.iter().enumerate().skip(version) {
+                steps.push((i + 1, (*m).to_owned()));
+            }
+        }
+        let done = version.max(self.base_version()) - self.base_version();
+        for (i, m) in MIGRATIONS.iter().enumerate().skip(done) {
+            steps.push((self.base_version() + i + 1, self.text(m)));
+        }
+        steps
+    }
+}
