@@ -492,7 +492,9 @@ pub(crate) enum GraphFormat {
     Dot,
 }
 
-pub(crate) fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn parse_duration_arg(
+    s: &str,
+) -> Result<std::time::Duration, drivetrain_engine::units::UnitError> {
     drivetrain_engine::units::parse_duration(s)
 }
 

@@ -29,7 +29,23 @@ use sha2::{Digest, Sha256};
 pub trait Resolver: Send + Sync + std::fmt::Debug {
     /// The current value of `reference` for a run whose artifact store is `store`, or
     /// why it cannot be read (the stage is then not looked up in the cache).
-    async fn resolve(&self, reference: &str, store: &str) -> Result<String, String>;
+    async fn resolve(&self, reference: &str, store: &str) -> Result<String, ResolveError>;
+}
+
+/// Why a reference outside the run could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    #[error("`{0}` is not a registry reference")]
+    NotARegistryReference(String),
+    #[error("`{0}`: write `registry:MODEL@ALIAS`")]
+    Malformed(String),
+    /// The registry could not be opened or read (its error, with its causes).
+    #[error("{0}")]
+    Registry(String),
+    #[error("alias `{alias}` names no version: {found}")]
+    NoVersion { alias: String, found: String },
+    #[error("this engine has no resolver for it")]
+    NoResolver,
 }
 
 /// Whether a rendered key entry names something outside the run, for a [`Resolver`].

@@ -25,6 +25,30 @@ use object_store::gcp::GoogleCloudStorageBuilder;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreScheme, RetryConfig};
 
+/// Why a cloud store could not be opened: its URL, its settings, or the profile file.
+#[derive(Debug, thiserror::Error)]
+pub enum CloudError {
+    /// The URL is not a store object_store knows (its message: object_store does not
+    /// export the error's type).
+    #[error("{0}")]
+    Url(String),
+    /// The store's builder refused its settings.
+    #[error("{0}")]
+    Store(#[from] object_store::Error),
+    #[error("unsupported store kind {0}")]
+    Unsupported(String),
+    #[error("DRIVETRAIN_STORE_RETRY_TIMEOUT `{text}`: {source}")]
+    RetryTimeout {
+        text: String,
+        source: humantime::DurationError,
+    },
+    #[error("cannot read {}: {source}", path.display())]
+    Profile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// Installs rustls' ring provider as the process default (reqwest is built without one,
 /// so the same crypto serves kube and object_store).
 pub fn install_crypto() {
@@ -45,41 +69,40 @@ pub fn process_env() -> BTreeMap<String, String> {
 pub fn open(
     url: &url::Url,
     vars: &BTreeMap<String, String>,
-) -> Result<(Arc<dyn ObjectStore>, Path), String> {
+) -> Result<(Arc<dyn ObjectStore>, Path), CloudError> {
     install_crypto();
-    let (scheme, prefix) = ObjectStoreScheme::parse(url).map_err(|e| e.to_string())?;
+    let (scheme, prefix) =
+        ObjectStoreScheme::parse(url).map_err(|e| CloudError::Url(e.to_string()))?;
     let retry = retry_config(vars)?;
     let store: Arc<dyn ObjectStore> = match scheme {
-        ObjectStoreScheme::AmazonS3 => Arc::new(
-            s3_builder(url.as_str(), vars)?
-                .with_retry(retry)
-                .build()
-                .map_err(|e| e.to_string())?,
-        ),
+        ObjectStoreScheme::AmazonS3 => {
+            Arc::new(s3_builder(url.as_str(), vars)?.with_retry(retry).build()?)
+        }
         ObjectStoreScheme::GoogleCloudStorage => Arc::new(
             GoogleCloudStorageBuilder::from_env()
                 .with_url(url.as_str())
                 .with_retry(retry)
-                .build()
-                .map_err(|e| e.to_string())?,
+                .build()?,
         ),
         ObjectStoreScheme::MicrosoftAzure => Arc::new(
             MicrosoftAzureBuilder::from_env()
                 .with_url(url.as_str())
                 .with_retry(retry)
-                .build()
-                .map_err(|e| e.to_string())?,
+                .build()?,
         ),
-        other => return Err(format!("unsupported store kind {other:?}")),
+        other => return Err(CloudError::Unsupported(format!("{other:?}"))),
     };
     Ok((store, prefix))
 }
 
-fn retry_config(vars: &BTreeMap<String, String>) -> Result<RetryConfig, String> {
+fn retry_config(vars: &BTreeMap<String, String>) -> Result<RetryConfig, CloudError> {
     let mut retry = RetryConfig::default();
     if let Some(v) = vars.get("DRIVETRAIN_STORE_RETRY_TIMEOUT") {
-        retry.retry_timeout = humantime::parse_duration(v)
-            .map_err(|e| format!("DRIVETRAIN_STORE_RETRY_TIMEOUT `{v}`: {e}"))?;
+        retry.retry_timeout =
+            humantime::parse_duration(v).map_err(|source| CloudError::RetryTimeout {
+                text: v.clone(),
+                source,
+            })?;
         retry.backoff.max_backoff = retry
             .backoff
             .max_backoff
@@ -91,7 +114,10 @@ fn retry_config(vars: &BTreeMap<String, String>) -> Result<RetryConfig, String> 
 /// An S3 builder for `url` from the `AWS_*` variables in `vars` (as
 /// `AmazonS3Builder::from_env` reads them) and, for what they leave unset, the shared AWS
 /// profile files.
-pub fn s3_builder(url: &str, vars: &BTreeMap<String, String>) -> Result<AmazonS3Builder, String> {
+pub fn s3_builder(
+    url: &str,
+    vars: &BTreeMap<String, String>,
+) -> Result<AmazonS3Builder, CloudError> {
     install_crypto();
     let mut b = AmazonS3Builder::new();
     for (k, v) in vars {
@@ -142,7 +168,7 @@ pub fn s3_builder(url: &str, vars: &BTreeMap<String, String>) -> Result<AmazonS3
 struct Profile(BTreeMap<String, String>);
 
 impl Profile {
-    fn load(vars: &BTreeMap<String, String>) -> Result<Profile, String> {
+    fn load(vars: &BTreeMap<String, String>) -> Result<Profile, CloudError> {
         let name = vars
             .get("AWS_PROFILE")
             .or(vars.get("AWS_DEFAULT_PROFILE"))
@@ -179,11 +205,19 @@ impl Profile {
 }
 
 /// The `key = value` pairs of one `[section]` of an INI file; a missing file has none.
-fn read_section(path: &std::path::Path, section: &str) -> Result<BTreeMap<String, String>, String> {
+fn read_section(
+    path: &std::path::Path,
+    section: &str,
+) -> Result<BTreeMap<String, String>, CloudError> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        Err(source) => {
+            return Err(CloudError::Profile {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
     };
     let mut out = BTreeMap::new();
     let mut inside = false;

@@ -296,7 +296,10 @@ impl P<'_> {
                 "null" => Ok(Expr::Lit(Value::Null)),
                 _ => Ref::parse(&w)
                     .map(|r| Expr::Ref(r, range.clone()))
-                    .map_err(|message| ExprError { message, range }),
+                    .map_err(|e| ExprError {
+                        message: e.to_string(),
+                        range,
+                    }),
             },
             Tok::Op(o) => Err(ExprError {
                 message: format!("expected a value, found `{o}`"),

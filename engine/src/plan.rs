@@ -520,33 +520,46 @@ pub fn stable_topo_order(graph: &DiGraph<StageId, EdgeKind>) -> Option<Vec<Stage
     (order.len() == n).then_some(order)
 }
 
+/// A `--param` value that is not of its parameter's declared type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("expected {expected}, got `{raw}`")]
+pub struct ParamValueError {
+    /// What the type takes: `an integer`, `a number`, `` `true` or `false` ``, `a JSON list`.
+    pub expected: &'static str,
+    pub raw: String,
+}
+
 /// Parses a `--param` value for a declared type.
-pub fn parse_param_value(kind: ParamType, raw: &str) -> Result<Value, String> {
+pub fn parse_param_value(kind: ParamType, raw: &str) -> Result<Value, ParamValueError> {
+    let bad = |expected| ParamValueError {
+        expected,
+        raw: raw.to_owned(),
+    };
     match kind {
         ParamType::String => Ok(Value::String(raw.to_owned())),
         ParamType::Integer => raw
             .trim()
             .parse::<i64>()
             .map(Value::from)
-            .map_err(|_| format!("expected an integer, got `{raw}`")),
+            .map_err(|_| bad("an integer")),
         ParamType::Number => raw
             .trim()
             .parse::<f64>()
             .ok()
             .and_then(serde_json::Number::from_f64)
             .map(Value::Number)
-            .ok_or_else(|| format!("expected a number, got `{raw}`")),
+            .ok_or_else(|| bad("a number")),
         ParamType::Boolean => match raw.trim() {
             "true" => Ok(Value::Bool(true)),
             "false" => Ok(Value::Bool(false)),
-            _ => Err(format!("expected `true` or `false`, got `{raw}`")),
+            _ => Err(bad("`true` or `false`")),
         },
         ParamType::List => {
             let t = raw.trim();
             if t.starts_with('[') {
                 match serde_json::from_str::<Value>(t) {
                     Ok(v @ Value::Array(_)) => Ok(v),
-                    _ => Err(format!("expected a JSON list, got `{raw}`")),
+                    _ => Err(bad("a JSON list")),
                 }
             } else if t.is_empty() {
                 Ok(Value::Array(Vec::new()))

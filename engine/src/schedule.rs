@@ -73,6 +73,8 @@ pub enum CronError {
     Invalid(String),
 }
 
+impl std::error::Error for CronError {}
+
 impl std::fmt::Display for CronError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -112,9 +114,20 @@ pub fn parse_cron(expr: &str) -> Result<croner::Cron, CronError> {
         .map_err(|e| CronError::Invalid(e.to_string()))
 }
 
+/// A schedule whose cron expression does not parse, with the expression.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("`{cron}` {source}")]
+pub struct ScheduleError {
+    pub cron: String,
+    pub source: CronError,
+}
+
 impl Ticker {
-    pub fn new(s: &Schedule) -> Result<Ticker, String> {
-        let cron = parse_cron(&s.cron).map_err(|e| format!("`{}` {e}", s.cron))?;
+    pub fn new(s: &Schedule) -> Result<Ticker, ScheduleError> {
+        let cron = parse_cron(&s.cron).map_err(|source| ScheduleError {
+            cron: s.cron.clone(),
+            source,
+        })?;
         Ok(Ticker {
             cron,
             timezone: s.timezone,

@@ -42,18 +42,49 @@ pub const ROOTS: &[&str] = &[
     "params", "run", "pipeline", "schedule", "inputs", "outputs", "stages", "item",
 ];
 
+/// A dotted reference that names nothing, with what it could have been.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RefError {
+    #[error("`{path}` is not a reference")]
+    Malformed { path: String },
+    #[error("unknown reference `{root}.{field}`; `{root}` has {known}")]
+    UnknownField {
+        root: &'static str,
+        field: String,
+        known: &'static str,
+    },
+    #[error("`{path}` is not a reference; stage values are read as `stages.{stage}.values.KEY`")]
+    NotAStageValue { path: String, stage: String },
+    #[error("`{path}` is not a reference; write `{root}.NAME`")]
+    NoName { path: String, root: String },
+    #[error("unknown reference root `{root}` in `{path}`{}",
+        .hint.as_ref().map(|h| format!("; {h}")).unwrap_or_default())]
+    UnknownRoot {
+        root: String,
+        path: String,
+        hint: Option<String>,
+    },
+}
+
 impl Ref {
     /// Parses a dotted reference (`stages.validate.values.passed`).
-    pub fn parse(path: &str) -> Result<Ref, String> {
+    pub fn parse(path: &str) -> Result<Ref, RefError> {
         let segs: Vec<&str> = path.split('.').collect();
         if segs.iter().any(|s| s.is_empty()) {
-            return Err(format!("`{path}` is not a reference"));
+            return Err(RefError::Malformed {
+                path: path.to_owned(),
+            });
         }
         let rest = |n: usize| {
             segs[n..]
                 .iter()
                 .map(|s| (*s).to_owned())
                 .collect::<Vec<_>>()
+        };
+        let unknown = |root, field: &str, known| RefError::UnknownField {
+            root,
+            field: field.to_owned(),
+            known,
         };
         match segs.as_slice() {
             ["params", name] => Ok(Ref::Param((*name).to_owned())),
@@ -69,27 +100,25 @@ impl Ref {
                 key: rest(3),
             }),
             ["item", ..] => Ok(Ref::Item(rest(1))),
-            ["run", other] => Err(format!(
-                "unknown reference `run.{other}`; `run` has `id`, `date` and `status`"
-            )),
-            ["schedule", other] => Err(format!(
-                "unknown reference `schedule.{other}`; `schedule` has `time`"
-            )),
-            ["stages", stage, ..] => Err(format!(
-                "`{path}` is not a reference; stage values are read as `stages.{stage}.values.KEY`"
-            )),
-            [root, ..] if ROOTS.contains(root) => {
-                Err(format!("`{path}` is not a reference; write `{root}.NAME`"))
-            }
-            [root, ..] => {
-                let mut m = format!("unknown reference root `{root}` in `{path}`");
-                if let Some(h) = crate::diag::did_you_mean(root, ROOTS.iter().copied()) {
-                    m.push_str("; ");
-                    m.push_str(&h);
-                }
-                Err(m)
-            }
-            [] => Err("empty reference".to_owned()),
+            ["run", other] => Err(unknown("run", other, "`id`, `date` and `status`")),
+            ["schedule", other] => Err(unknown("schedule", other, "`time`")),
+            ["stages", stage, ..] => Err(RefError::NotAStageValue {
+                path: path.to_owned(),
+                stage: (*stage).to_owned(),
+            }),
+            [root, ..] if ROOTS.contains(root) => Err(RefError::NoName {
+                path: path.to_owned(),
+                root: (*root).to_owned(),
+            }),
+            [root, ..] => Err(RefError::UnknownRoot {
+                root: (*root).to_owned(),
+                path: path.to_owned(),
+                hint: crate::diag::did_you_mean(root, ROOTS.iter().copied()),
+            }),
+            // `split` yields at least one segment, and an empty one is malformed above.
+            [] => Err(RefError::Malformed {
+                path: path.to_owned(),
+            }),
         }
     }
 }
@@ -181,7 +210,10 @@ impl Template {
                         }
                         parts.push(Part::Ref(r, range));
                     }
-                    Err(message) => errors.push(TemplateError { message, range }),
+                    Err(e) => errors.push(TemplateError {
+                        message: e.to_string(),
+                        range,
+                    }),
                 }
             }
             rest = close + 2;

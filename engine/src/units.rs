@@ -8,15 +8,31 @@
 use std::fmt;
 use std::time::Duration;
 
+/// Why a duration or a quantity was refused: the user's text, in every case.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum UnitError {
+    #[error("`{text}` is not a duration ({source}); write e.g. `90s`, `15m`, `2h` or `1h30m`")]
+    Duration {
+        text: String,
+        source: humantime::DurationError,
+    },
+    #[error("`{text}` is not a Kubernetes quantity; write e.g. `2`, `500m`, `4Gi`{}",
+        .hint.as_ref().map(|h| format!(" (did you mean `{h}`?)")).unwrap_or_default())]
+    Quantity { text: String, hint: Option<String> },
+    #[error("`{text}` is negative; resources are at least 0")]
+    Negative { text: String },
+}
+
 /// Parses a duration: humantime syntax (`90s`, `15m`, `2h`, `1h30m`, `7d`, `1h 30m`) or a
 /// bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
     let t = s.trim();
     if let Ok(secs) = t.parse::<u64>() {
         return Ok(Duration::from_secs(secs));
     }
-    humantime::parse_duration(t).map_err(|e| {
-        format!("`{s}` is not a duration ({e}); write e.g. `90s`, `15m`, `2h` or `1h30m`")
+    humantime::parse_duration(t).map_err(|source| UnitError::Duration {
+        text: s.to_owned(),
+        source,
     })
 }
 
@@ -54,14 +70,11 @@ const SUFFIXES: &[(&str, f64)] = &[
 ];
 
 /// Parses a quantity with the Kubernetes grammar.
-pub fn parse_quantity(s: &str) -> Result<Quantity, String> {
+pub fn parse_quantity(s: &str) -> Result<Quantity, UnitError> {
     let text = s.trim();
-    let bad = || {
-        let mut m = format!("`{s}` is not a Kubernetes quantity; write e.g. `2`, `500m`, `4Gi`");
-        if let Some(hint) = lowercase_binary_hint(text) {
-            m.push_str(&format!(" (did you mean `{hint}`?)"));
-        }
-        m
+    let bad = || UnitError::Quantity {
+        text: s.to_owned(),
+        hint: lowercase_binary_hint(text),
     };
     let (num, mult) = match SUFFIXES.iter().find(|(suf, _)| text.ends_with(suf)) {
         Some((suf, mult)) => (&text[..text.len() - suf.len()], *mult),
@@ -83,7 +96,7 @@ pub fn parse_quantity(s: &str) -> Result<Quantity, String> {
     }
     let n: f64 = num.parse().map_err(|_| bad())?;
     if n < 0.0 {
-        return Err(format!("`{s}` is negative; resources are at least 0"));
+        return Err(UnitError::Negative { text: s.to_owned() });
     }
     Ok(Quantity {
         text: text.to_owned(),
@@ -138,7 +151,7 @@ mod tests {
         assert_eq!(parse_quantity("1e3").unwrap().value, 1000.0);
         assert_eq!(parse_quantity("12E").unwrap().value, 12e18);
         let e = parse_quantity("4gb").unwrap_err();
-        assert!(e.contains("did you mean `4G`"), "{e}");
+        assert!(e.to_string().contains("did you mean `4G`"), "{e}");
         assert!(parse_quantity("lots").is_err());
         assert!(parse_quantity("1..2").is_err());
         assert!(parse_quantity("-1").is_err());

@@ -256,7 +256,8 @@ impl ArtifactStore {
                 transfer,
             }),
             _ => {
-                let (store, prefix) = crate::cloud::open(&parsed, vars).map_err(fail)?;
+                let (store, prefix) =
+                    crate::cloud::open(&parsed, vars).map_err(|e| fail(e.to_string()))?;
                 let store: Arc<dyn ObjectStore> = if prefix.as_ref().is_empty() {
                     store
                 } else {

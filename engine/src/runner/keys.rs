@@ -68,7 +68,7 @@ pub(super) async fn resolve_external(
     for reference in external {
         let value = match &ctx.opts.resolver {
             Some(r) => r.resolve(reference, ctx.artifacts.url()).await,
-            None => Err("this engine has no resolver for it".to_owned()),
+            None => Err(crate::cache::ResolveError::NoResolver),
         };
         match value {
             Ok(v) => parts.plain(reference.clone(), v),

@@ -746,7 +746,7 @@ impl<'a> Cx<'a> {
         match parse_duration(text) {
             Ok(d) => Some(d),
             Err(e) => {
-                self.err("invalid-duration", path, e);
+                self.err("invalid-duration", path, e.to_string());
                 None
             }
         }
@@ -756,7 +756,7 @@ impl<'a> Cx<'a> {
         match parse_quantity(&q.0) {
             Ok(q) => Some(q),
             Err(e) => {
-                self.err("invalid-quantity", path, e);
+                self.err("invalid-quantity", path, e.to_string());
                 None
             }
         }
@@ -1035,25 +1035,35 @@ fn infer_type(v: &Value) -> Option<ParamType> {
     }
 }
 
+/// Why a name is not a DNS-1123 label (each reads after the name: "`x_y` may hold …").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LabelError {
+    #[error("is empty")]
+    Empty,
+    #[error("is {0} characters long; at most 63 fit a Kubernetes name")]
+    TooLong(usize),
+    #[error("may hold only lowercase letters, digits and `-`")]
+    Characters,
+    #[error("must start and end with a letter or digit")]
+    Ends,
+}
+
 /// Checks a DNS-1123 label: what Kubernetes accepts as a name and label value.
-pub fn dns1123_label(name: &str) -> Result<(), String> {
+pub fn dns1123_label(name: &str) -> Result<(), LabelError> {
     if name.is_empty() {
-        return Err("is empty".into());
+        return Err(LabelError::Empty);
     }
     if name.len() > 63 {
-        return Err(format!(
-            "is {} characters long; at most 63 fit a Kubernetes name",
-            name.len()
-        ));
+        return Err(LabelError::TooLong(name.len()));
     }
     if !name
         .bytes()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
     {
-        return Err("may hold only lowercase letters, digits and `-`".into());
+        return Err(LabelError::Characters);
     }
     if name.starts_with('-') || name.ends_with('-') {
-        return Err("must start and end with a letter or digit".into());
+        return Err(LabelError::Ends);
     }
     Ok(())
 }

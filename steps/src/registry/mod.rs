@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use drivetrain_engine::cache::{ResolveError, Resolver};
 use serde_json::{json, Value};
 
 mod backend;
@@ -45,11 +46,11 @@ pub fn reference(model: &str, alias: &str, registry: Option<&str>) -> String {
 pub struct AliasResolver;
 
 #[async_trait::async_trait]
-impl drivetrain_engine::cache::Resolver for AliasResolver {
-    async fn resolve(&self, reference: &str, store: &str) -> Result<String, String> {
+impl Resolver for AliasResolver {
+    async fn resolve(&self, reference: &str, store: &str) -> Result<String, ResolveError> {
         let spec = reference
             .strip_prefix("registry:")
-            .ok_or_else(|| format!("`{reference}` is not a registry reference"))?;
+            .ok_or_else(|| ResolveError::NotARegistryReference(reference.to_owned()))?;
         let (spec, registry) = match spec.split_once(" in ") {
             Some((s, r)) => (s, Some(r)),
             None => (spec, None),
@@ -57,18 +58,17 @@ impl drivetrain_engine::cache::Resolver for AliasResolver {
         let (model, alias) = spec
             .rsplit_once('@')
             .filter(|(m, a)| !m.is_empty() && !a.is_empty())
-            .ok_or_else(|| format!("`{reference}`: write `registry:MODEL@ALIAS`"))?;
-        let reg = Registry::open_for(registry, store).map_err(|e| format!("{e:#}"))?;
-        match reg
-            .alias(model, alias)
-            .await
-            .map_err(|e| format!("{e:#}"))?
-        {
+            .ok_or_else(|| ResolveError::Malformed(reference.to_owned()))?;
+        let unreadable = |e: anyhow::Error| ResolveError::Registry(format!("{e:#}"));
+        let reg = Registry::open_for(registry, store).map_err(unreadable)?;
+        match reg.alias(model, alias).await.map_err(unreadable)? {
             None => Ok("unset".into()),
-            Some(a) => a["version"]
-                .as_u64()
-                .map(|v| v.to_string())
-                .ok_or_else(|| format!("alias `{model}@{alias}` names no version: {a}")),
+            Some(a) => a["version"].as_u64().map(|v| v.to_string()).ok_or_else(|| {
+                ResolveError::NoVersion {
+                    alias: format!("{model}@{alias}"),
+                    found: a.to_string(),
+                }
+            }),
         }
     }
 }
