@@ -135,7 +135,7 @@ pub(super) enum AttemptEnd {
 
 /// One attempt: prepare directories, render, start, wait (with the timeout), publish.
 /// `Err` is an infrastructure fault with its reason.
-pub(super) async fn run_attempt(
+async fn run_attempt(
     ctx: &Ctx,
     stage: &Stage,
     track: Track<'_>,
@@ -537,7 +537,7 @@ pub(super) async fn run_attempt(
     result
 }
 
-pub(super) async fn start_and_wait(
+async fn start_and_wait(
     ctx: &Ctx,
     stage: &Stage,
     key: &AttemptKey,
@@ -566,7 +566,7 @@ pub(super) async fn start_and_wait(
     result
 }
 
-pub(super) async fn wait_attempt(
+async fn wait_attempt(
     ctx: &Ctx,
     stage: &Stage,
     key: &AttemptKey,

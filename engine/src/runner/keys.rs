@@ -9,15 +9,42 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::artifacts::ArtifactRef;
+use crate::cache::ResolveError;
 use crate::plan::{Action, MapSource, Stage, StageId};
 use crate::template::{value_text, Ref, Template};
 
 use super::{humanize, lookup_value, Ctx, RunError, StageResult};
 
+/// Why a stage's outputs may not come from the cache (and are not stored in it).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum NotCacheable {
+    #[error("hooks always run")]
+    Hook,
+    #[error("step `{0}` writes the model registry: it runs every time")]
+    WritesRegistry(String),
+    #[error("it declares no outputs")]
+    NoOutputs,
+    #[error("`cache: {{enabled: false}}`")]
+    Disabled,
+    #[error("the run has --no-cache")]
+    NoCache,
+    /// References outside the run its key holds that could not be read.
+    #[error("{}", unread_text(.0))]
+    Unread(Vec<(String, ResolveError)>),
+}
+
+fn unread_text(unread: &[(String, ResolveError)]) -> String {
+    let each: Vec<String> = unread
+        .iter()
+        .map(|(reference, why)| format!("`{reference}` could not be read: {why}"))
+        .collect();
+    each.join("; ")
+}
+
 /// Whether a stage's outputs may come from the cache, or why not.
-pub(super) fn cacheable(ctx: &Ctx, stage: &Stage) -> Result<(), String> {
+pub(super) fn cacheable(ctx: &Ctx, stage: &Stage) -> Result<(), NotCacheable> {
     if stage.hook.is_some() {
-        return Err("hooks always run".into());
+        return Err(NotCacheable::Hook);
     }
     if let Action::Step {
         registry: true,
@@ -25,18 +52,16 @@ pub(super) fn cacheable(ctx: &Ctx, stage: &Stage) -> Result<(), String> {
         ..
     } = &stage.action
     {
-        return Err(format!(
-            "step `{name}` writes the model registry: it runs every time"
-        ));
+        return Err(NotCacheable::WritesRegistry(name.clone()));
     }
     if stage.outputs.is_empty() {
-        return Err("it declares no outputs".into());
+        return Err(NotCacheable::NoOutputs);
     }
     if !stage.cache.enabled {
-        return Err("`cache: {enabled: false}`".into());
+        return Err(NotCacheable::Disabled);
     }
     if !ctx.opts.request.cache.read && !ctx.opts.request.cache.write {
-        return Err("the run has --no-cache".into());
+        return Err(NotCacheable::NoCache);
     }
     Ok(())
 }
@@ -63,24 +88,24 @@ pub(super) async fn resolve_external(
     ctx: &Ctx,
     external: &[String],
     parts: &mut crate::cache::KeyParts,
-) -> Result<(), String> {
+) -> Result<(), NotCacheable> {
     let mut unread = Vec::new();
     for reference in external {
         let value = match &ctx.opts.resolver {
             Some(r) => r.resolve(reference, ctx.artifacts.url()).await,
-            None => Err(crate::cache::ResolveError::NoResolver),
+            None => Err(ResolveError::NoResolver),
         };
         match value {
             Ok(v) => parts.plain(reference.clone(), v),
             Err(why) => {
                 parts.plain(reference.clone(), "unreadable".into());
-                unread.push(format!("`{reference}` could not be read: {why}"));
+                unread.push((reference.clone(), why));
             }
         }
     }
     match unread.is_empty() {
         true => Ok(()),
-        false => Err(unread.join("; ")),
+        false => Err(NotCacheable::Unread(unread)),
     }
 }
 
@@ -209,15 +234,34 @@ pub(super) struct Hit {
     pub(super) values: Value,
 }
 
+/// Why the cache held nothing usable for a stage's key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum Miss {
+    #[error("no entry has this key")]
+    NoEntry,
+    #[error("the entry from run {run} ({created}) is older than `max_age` {max_age}")]
+    TooOld {
+        run: String,
+        created: String,
+        max_age: String,
+    },
+    #[error("the entry's outputs do not parse")]
+    Unparsable,
+    #[error("the entry has no output `{0}`")]
+    NoOutput(String),
+    #[error("output `{output}` of the entry from run {run} is gone from the store")]
+    Gone { output: String, run: String },
+}
+
 /// The cache entry for `key` if it exists, is young enough, covers every declared output
 /// and its artifacts are still in the store; otherwise why not.
 pub(super) async fn cache_hit(
     ctx: &Ctx,
     stage: &Stage,
     key: &str,
-) -> Result<Result<Hit, String>, RunError> {
+) -> Result<Result<Hit, Miss>, RunError> {
     let Some(entry) = ctx.state.cache_entry(key)? else {
-        return Ok(Err("no entry has this key".into()));
+        return Ok(Err(Miss::NoEntry));
     };
     if let Some(max_age) = stage.cache.max_age {
         let created = chrono::DateTime::parse_from_rfc3339(&entry.created_at).ok();
@@ -226,32 +270,31 @@ pub(super) async fn cache_hit(
             .and_then(|a| a.to_std().ok())
             .is_some_and(|a| a <= max_age);
         if !young {
-            return Ok(Err(format!(
-                "the entry from run {} ({}) is older than `max_age` {}",
-                entry.run_id,
-                entry.created_at,
-                humanize(max_age)
-            )));
+            return Ok(Err(Miss::TooOld {
+                run: entry.run_id,
+                created: entry.created_at,
+                max_age: humanize(max_age),
+            }));
         }
     }
     let Ok(outputs) =
         serde_json::from_value::<BTreeMap<String, ArtifactRef>>(entry.outputs.clone())
     else {
-        return Ok(Err("the entry's outputs do not parse".into()));
+        return Ok(Err(Miss::Unparsable));
     };
     if let Some(o) = stage
         .outputs
         .iter()
         .find(|o| !outputs.contains_key(&o.name))
     {
-        return Ok(Err(format!("the entry has no output `{}`", o.name)));
+        return Ok(Err(Miss::NoOutput(o.name.clone())));
     }
     for (name, art) in &outputs {
         if ctx.artifacts.manifest(art).await.is_err() {
-            return Ok(Err(format!(
-                "output `{name}` of the entry from run {} is gone from the store",
-                entry.run_id
-            )));
+            return Ok(Err(Miss::Gone {
+                output: name.clone(),
+                run: entry.run_id,
+            }));
         }
     }
     Ok(Ok(Hit {

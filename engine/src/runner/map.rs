@@ -216,7 +216,7 @@ pub(super) async fn run_item(
 }
 
 /// The items of a `map.from` source: `items.json` in the artifact, a JSON list.
-pub(super) async fn read_items(ctx: &Ctx, art: &ArtifactRef) -> Result<Vec<Value>, String> {
+async fn read_items(ctx: &Ctx, art: &ArtifactRef) -> Result<Vec<Value>, String> {
     let dir = ctx
         .opts
         .work_dir
