@@ -3,24 +3,21 @@
 //! its timeout, heartbeat and cancel, and publishing its outputs.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::artifacts::{ArtifactRef, AttemptKey};
-use crate::executor::{AttemptOutcome, AttemptSpec, PathAccess};
-use crate::mask::Mask;
-use crate::plan::{Action, Stage, StageId};
+use crate::executor::{AttemptOutcome, AttemptSpec};
+use crate::plan::{Stage, StageId};
 use crate::spec::{ErrorClass, IoMode};
 use crate::state::Phase;
-use crate::step::env_suffix;
-use crate::template::{value_text, Ref, Template};
 
-use super::keys::input_artifacts;
+use super::prepare::prepare;
 use super::{
-    backoff, chain, first_line, humanize, lookup_value, retryable, Ctx, LoopEnd, RunError,
-    RunEvent, StageResult, Track,
+    backoff, chain, first_line, humanize, retryable, Ctx, LoopEnd, RunError, RunEvent, StageResult,
+    Track,
 };
 
 /// Attempts of a stage (or of one item of a map stage) until one succeeds, the retry
@@ -133,8 +130,9 @@ pub(super) enum AttemptEnd {
     Cancelled,
 }
 
-/// One attempt: prepare directories, render, start, wait (with the timeout), publish.
-/// `Err` is an infrastructure fault with its reason.
+/// One attempt: prepare it ([`prepare`]), start it and wait (with the timeout), publish,
+/// then check that it left its inputs as they were. `Err` is an infrastructure fault
+/// with its reason.
 async fn run_attempt(
     ctx: &Ctx,
     stage: &Stage,
@@ -142,373 +140,31 @@ async fn run_attempt(
     key: &AttemptKey,
     upstream: &BTreeMap<StageId, StageResult>,
 ) -> Result<AttemptEnd, String> {
-    // An executor that runs stages away from this file system (in a pod) gets paths
-    // under its root and a transfer plan for `drivetrain exec`.
-    let remote = ctx.executor.container_root();
-    let (argv, workdir, step_config) = match &stage.action {
-        Action::Command { argv, workdir, .. } => (argv.clone(), workdir.clone(), None),
-        // A built-in step runs as `drivetrain step NAME`, the same contract as in a
-        // container: the rendered config in the environment.
-        Action::Step { name, config, .. } => {
-            let command = match &remote {
-                Some(root) => vec![
-                    root.join(crate::executor::REMOTE_BINARY)
-                        .display()
-                        .to_string(),
-                    "step".into(),
-                ],
-                None => ctx.opts.step_command.clone(),
-            };
-            let argv: Vec<Template> = command
-                .into_iter()
-                .chain([name.clone()])
-                .map(|a| Template {
-                    parts: vec![crate::template::Part::Lit(a)],
-                })
-                .collect();
-            (argv, None, Some(config))
-        }
+    let (spec, layout) = match prepare(ctx, stage, track, key, upstream).await? {
+        Ok(prepared) => prepared,
+        Err(end) => return Ok(end),
     };
-    let dir = key.work_dir(&ctx.opts.work_dir);
-    let mk = |p: &Path| {
-        std::fs::create_dir_all(p).map_err(|e| format!("cannot create {}: {e}", p.display()))
-    };
-    // Made afresh: a resumed run may run an attempt number again. One `mkdir` as a rule;
-    // the run's first attempt makes the run's directory too.
-    match std::fs::create_dir(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let _ = std::fs::remove_dir_all(&dir);
-            mk(&dir)?;
-        }
-        Err(_) => mk(&dir)?,
+    let log = spec.log.clone();
+    let mut result =
+        start_and_wait(ctx, stage, key, spec, &log, &layout.values, &layout.outputs).await;
+    if let Some(end) = wrote_to_an_input(ctx, stage, upstream).await {
+        result = Ok(end);
     }
-    // `inputs/` and `outputs/` are made by what goes into them (materialized inputs,
-    // output directories): a stage without inputs or outputs costs no directory for them.
-    let (inputs_dir, outputs_dir) = match &remote {
-        Some(root) => (root.join("inputs"), root.join("outputs")),
-        None => (dir.join("inputs"), dir.join("outputs")),
-    };
-    let mut exec_inputs = Vec::new();
-    let mut input_paths = BTreeMap::new();
-    for input in &stage.inputs {
-        let producer = upstream.get(&input.stage);
-        match producer.and_then(|r| r.outputs.get(&input.output)) {
-            // For data too large to copy, the stage reads the objects where they are.
-            Some(art) if input.mode == IoMode::Url => {
-                let url =
-                    ctx.artifacts.url_of(art).await.map_err(|e| {
-                        format!("cannot resolve input `{}`: {}", input.name, chain(&e))
-                    })?;
-                input_paths.insert(input.name.clone(), url);
-            }
-            Some(art) => {
-                let dest = inputs_dir.join(&input.name);
-                if remote.is_some() {
-                    exec_inputs.push(crate::executor::ExecInput {
-                        name: input.name.clone(),
-                        artifact: art.clone(),
-                        dest: dest.clone(),
-                    });
-                } else {
-                    // A changed artifact is its producer's fault (or the store's), not
-                    // this stage's: name who made it.
-                    ctx.artifacts.materialize(art, &dest).await.map_err(|e| {
-                        format!(
-                            "cannot materialize input `{}` (an artifact of `{}`): {}",
-                            input.name,
-                            ctx.pipeline.stage(input.stage).name,
-                            chain(&e)
-                        )
-                    })?;
-                }
-                input_paths.insert(input.name.clone(), dest.display().to_string());
-            }
-            // An optional input whose producer was skipped is absent; so is any input of
-            // a hook whose producer did not succeed.
-            None if input.optional || stage.hook.is_some() => {
-                input_paths.insert(input.name.clone(), String::new());
-            }
-            None => return Err(format!("input `{}` has no artifact", input.name)),
-        }
+    // Inputs are hard links to upstream artifacts: nothing of a finished attempt may keep
+    // a writable name for them. (In a pod they were copies, gone with the pod.)
+    if layout.remote.is_none() && !stage.inputs.is_empty() {
+        let _ = std::fs::remove_dir_all(&layout.inputs);
     }
-    let mut exec_outputs = Vec::new();
-    let mut output_paths = BTreeMap::new();
-    for o in &stage.outputs {
-        if o.mode == IoMode::Url {
-            let url = ctx
-                .artifacts
-                .output_url(key, &o.name)
-                .map_err(|e| format!("cannot prepare output `{}`: {}", o.name, chain(&e)))?;
-            output_paths.insert(o.name.clone(), url);
-            continue;
-        }
-        let p = outputs_dir.join(&o.name);
-        if remote.is_some() {
-            exec_outputs.push(crate::executor::ExecOutput {
-                name: o.name.clone(),
-                dir: p.clone(),
-            });
-        } else {
-            mk(&p)?;
-        }
-        output_paths.insert(o.name.clone(), p.display().to_string());
-    }
-    let values_path = match &remote {
-        Some(root) => root.join("values.json"),
-        None => dir.join("values.json"),
-    };
-    let (item, item_index) = match track {
-        Track::Item { item, index } => (Some(item), Some(index)),
-        Track::Stage => (None, None),
-    };
-    let render = |t: &Template| -> String {
-        t.render(|r| match r {
-            Ref::Input(n) => input_paths.get(n).cloned(),
-            Ref::Output(n) => output_paths.get(n).cloned(),
-            Ref::Item(keys) => {
-                let mut v = item?;
-                for k in keys {
-                    v = v.get(k)?;
-                }
-                Some(value_text(v))
-            }
-            other => lookup_value(&ctx.pipeline, ctx, upstream, other).map(|v| value_text(&v)),
-        })
-    };
-    let argv: Vec<String> = argv.iter().map(render).collect();
-    let step_config = step_config.map(|c| {
-        let lookup = |r: &Ref| match r {
-            Ref::Input(n) => input_paths.get(n).cloned().map(Value::String),
-            Ref::Output(n) => output_paths.get(n).cloned().map(Value::String),
-            Ref::Item(keys) => {
-                let mut v = item?;
-                for k in keys {
-                    v = v.get(k)?;
-                }
-                Some(v.clone())
-            }
-            other => lookup_value(&ctx.pipeline, ctx, upstream, other),
-        };
-        crate::template::render_value(c, &lookup)
-    });
-    let mut env: Vec<(String, String)> = vec![
-        ("DRIVETRAIN_RUN_ID".into(), key.run.clone()),
-        ("DRIVETRAIN_STAGE".into(), key.stage.clone()),
-        ("DRIVETRAIN_ATTEMPT".into(), key.attempt.to_string()),
-        ("DRIVETRAIN_PIPELINE".into(), ctx.pipeline.name.clone()),
-        (
-            "DRIVETRAIN_INPUTS_DIR".into(),
-            inputs_dir.display().to_string(),
-        ),
-        (
-            "DRIVETRAIN_OUTPUTS_DIR".into(),
-            outputs_dir.display().to_string(),
-        ),
-        (
-            "DRIVETRAIN_VALUES".into(),
-            values_path.display().to_string(),
-        ),
-        (
-            "DRIVETRAIN_PARAMS".into(),
-            serde_json::to_string(&ctx.params).unwrap_or_default(),
-        ),
-        ("DRIVETRAIN_STORE".into(), ctx.artifacts.url().to_owned()),
-    ];
-    // Built-in steps resolve a relative path the user wrote (ingest's `source`) against
-    // the pipeline file's folder, as the user reads the file.
-    if let Some(dir) = std::fs::canonicalize(&ctx.opts.request.file)
-        .ok()
-        .and_then(|f| f.parent().map(Path::to_path_buf))
-    {
-        env.push(("DRIVETRAIN_PIPELINE_DIR".into(), dir.display().to_string()));
-    }
-    if let Track::Item { index, item } = track {
-        env.push(("DRIVETRAIN_ITEM".into(), value_text(item)));
-        env.push(("DRIVETRAIN_ITEM_INDEX".into(), index.to_string()));
-    }
-    for (name, path) in &input_paths {
-        env.push((
-            format!("DRIVETRAIN_INPUT_{}", env_suffix(name)),
-            path.clone(),
-        ));
-    }
-    for (name, art) in input_artifacts(stage, upstream) {
-        env.push((
-            format!("DRIVETRAIN_INPUT_{}_DIGEST", env_suffix(&name)),
-            art.digest,
-        ));
-    }
-    // Kept across the attempts of this stage (and items) in this run: checkpoints. (In a
-    // pod they live as long as the pod: a volume keeps them across attempts there.)
-    let checkpoints = match &remote {
-        Some(root) => root.join("checkpoints"),
-        None => {
-            let c = key.checkpoints_dir(&ctx.opts.work_dir);
-            mk(&c)?;
-            c
-        }
-    };
-    env.push((
-        "DRIVETRAIN_CHECKPOINTS".into(),
-        checkpoints.display().to_string(),
-    ));
-    for (name, path) in &output_paths {
-        env.push((
-            format!("DRIVETRAIN_OUTPUT_{}", env_suffix(name)),
-            path.clone(),
-        ));
-    }
-    if let Some(c) = &step_config {
-        env.push(("DRIVETRAIN_STEP_CONFIG".into(), c.to_string()));
-        // A built-in step on this machine reaches the store (and the registry) as the
-        // engine does; in a pod, credentials come from the pod's own secrets.
-        if remote.is_none() {
-            env.extend(store_config_env());
-        }
-    }
-    for (k, t) in &stage.env {
-        env.push((k.clone(), render(t)));
-    }
-    // On a cluster secrets come from Secret objects the executor references; here from
-    // the engine's environment.
-    for s in stage.secrets.iter().filter(|_| remote.is_none()) {
-        if let (Some(var), Some(k)) = (&s.env, &s.key) {
-            let source = format!(
-                "DRIVETRAIN_SECRET_{}_{}",
-                env_suffix(&s.name),
-                env_suffix(k)
-            );
-            match std::env::var(&source) {
-                Ok(v) => env.push((var.clone(), v)),
-                Err(_) => {
-                    return Ok(AttemptEnd::Failed {
-                        exit_code: None,
-                        reason: format!("secret `{}` key `{k}` is not set: the local executor reads it from `{source}`", s.name),
-                        class: ErrorClass::Error,
-                    })
-                }
-            }
-        }
-    }
-    if remote.is_some() {
-        let plan = crate::executor::ExecPlan {
-            store: ctx.artifacts.url().to_owned(),
-            run: key.run.clone(),
-            stage: key.stage.clone(),
-            attempt: key.attempt,
-            inputs: exec_inputs,
-            outputs: exec_outputs,
-            values: values_path.clone(),
-        };
-        env.push((
-            "DRIVETRAIN_EXEC_PLAN".into(),
-            serde_json::to_string(&plan).unwrap_or_default(),
-        ));
-    }
-    // In a pod, no `workdir` means the image's own.
-    let cwd = match (&workdir, &remote) {
-        (Some(w), _) => PathBuf::from(render(w)),
-        (None, Some(_)) => PathBuf::new(),
-        (None, None) => dir.clone(),
-    };
-    let log = dir.join("log.txt");
-    // The engine's home and the store are read-only for the stage; its own directory and
-    // `mode: url` outputs are writable, and its inputs read-only again.
-    let mut access = Vec::new();
-    let ro = |path: &Path| PathAccess {
-        path: path.to_path_buf(),
-        ..Default::default()
-    };
-    let home = ctx.opts.work_dir.parent().unwrap_or(&ctx.opts.work_dir);
-    access.push(ro(home));
-    if let Some(root) = ctx.artifacts.local_root() {
-        if !root.starts_with(home) {
-            access.push(ro(root));
-        }
-    }
-    // A stage sees its own attempt only: not the state database, not other attempts'
-    // directories (their live logs are not masked until they end).
-    let hide = |path: PathBuf| PathAccess {
-        path,
-        hidden: true,
-        ..Default::default()
-    };
-    access.push(hide(ctx.opts.work_dir.clone()));
-    for db in ["state.db", "state.db-wal", "state.db-shm"] {
-        if home.join(db).is_file() {
-            access.push(hide(home.join(db)));
-        }
-    }
-    access.push(PathAccess {
-        path: dir.clone(),
-        writable: true,
-        ..Default::default()
-    });
-    access.push(PathAccess {
-        path: checkpoints.clone(),
-        writable: true,
-        ..Default::default()
-    });
-    if let (Action::Step { registry: true, .. }, Some(root)) =
-        (&stage.action, ctx.artifacts.local_root())
-    {
-        let registry = root.join("registry");
-        mk(&registry)?;
-        access.push(PathAccess {
-            path: registry,
-            writable: true,
-            shared: true,
-            ..Default::default()
-        });
-    }
-    for o in stage.outputs.iter().filter(|o| o.mode == IoMode::Url) {
-        if let Some(p) = ctx.artifacts.output_dir(key, &o.name) {
-            access.push(PathAccess {
-                path: p,
-                writable: true,
-                ..Default::default()
-            });
-        }
-    }
-    if !stage.inputs.is_empty() && inputs_dir.exists() {
-        access.push(ro(&inputs_dir));
-    }
-    let mut placement = crate::executor::Placement::of(
-        &ctx.pipeline.name,
-        stage,
-        stage.image.as_ref().map(render),
-        item_index,
-    );
-    // `from_snapshot` may name a snapshot an upstream stage recorded in its values: a
-    // rerun that reuses that stage mounts exactly the data of the original run.
-    for v in &mut placement.volumes {
-        if let Some(Ok(t)) = v.from_snapshot.as_deref().map(Template::parse) {
-            v.from_snapshot = Some(render(&t));
-        }
-    }
-    // The values of the stage's secrets, which nothing the engine keeps may show.
-    let mask = Mask::new(
-        env.iter()
-            .filter(|(k, _)| stage.secrets.iter().any(|s| s.env.as_deref() == Some(k)))
-            .map(|(_, v)| v.clone()),
-    );
-    let spec = AttemptSpec {
-        run_id: key.run.clone(),
-        stage: key.stage.clone(),
-        attempt: key.attempt,
-        argv,
-        env,
-        workdir: cwd,
-        log: log.clone(),
-        distributed: stage.distributed.clone(),
-        access,
-        placement,
-        mask,
-    };
-    let mut result = start_and_wait(ctx, stage, key, spec, &log, &values_path, &outputs_dir).await;
-    // Inputs are hard links into the store: a stage that wrote to one changed an
-    // artifact. Say so, and fail the stage, rather than let it pass unnoticed.
+    result
+}
+
+/// Inputs are hard links into the store: a stage that wrote to one changed an artifact.
+/// Say so, and fail the stage, rather than let it pass unnoticed.
+async fn wrote_to_an_input(
+    ctx: &Ctx,
+    stage: &Stage,
+    upstream: &BTreeMap<StageId, StageResult>,
+) -> Option<AttemptEnd> {
     for input in &stage.inputs {
         let Some(art) = upstream
             .get(&input.stage)
@@ -517,7 +173,7 @@ async fn run_attempt(
             continue;
         };
         if let Err(e) = ctx.artifacts.verify(art).await {
-            result = Ok(AttemptEnd::Failed {
+            return Some(AttemptEnd::Failed {
                 exit_code: None,
                 reason: format!(
                     "the stage wrote to its input `{}` (an artifact of `{}`): {e}; artifacts are immutable, write to an output instead",
@@ -526,15 +182,9 @@ async fn run_attempt(
                 ),
                 class: ErrorClass::Failed,
             });
-            break;
         }
     }
-    // Inputs are hard links to upstream artifacts: nothing of a finished attempt may keep
-    // a writable name for them. (In a pod they were copies, gone with the pod.)
-    if remote.is_none() && !stage.inputs.is_empty() {
-        let _ = std::fs::remove_dir_all(&inputs_dir);
-    }
-    result
+    None
 }
 
 async fn start_and_wait(

@@ -32,6 +32,7 @@ mod gpus;
 mod in_process;
 mod keys;
 mod map;
+mod prepare;
 use attempt::{attempt_loop, AbortOnDrop};
 use dag::{Dag, StageResult};
 use gpus::GpuPool;

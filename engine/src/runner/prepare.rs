@@ -1,0 +1,472 @@
+//! Preparing one attempt: its directories, its inputs materialized (or, for a pod, the
+//! transfer plan that fetches them), its command and environment rendered, and what it
+//! may read and write, as the [`AttemptSpec`] an executor starts.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::artifacts::AttemptKey;
+use crate::executor::{AttemptSpec, ExecInput, ExecOutput, PathAccess};
+use crate::mask::Mask;
+use crate::plan::{Action, Stage, StageId};
+use crate::spec::{ErrorClass, IoMode};
+use crate::step::env_suffix;
+use crate::template::{value_text, Ref, Template};
+
+use super::attempt::{store_config_env, AttemptEnd};
+use super::keys::input_artifacts;
+use super::{chain, lookup_value, Ctx, StageResult, Track};
+
+/// Where an attempt's files are: its directory on this machine (its log is always here),
+/// and the inputs, outputs and values it sees: in that directory, or under the container
+/// root of an executor that runs stages away from this file system (a pod), which gets a
+/// transfer plan for `drivetrain exec` instead of materialized inputs.
+pub(super) struct Layout {
+    pub(super) dir: PathBuf,
+    /// The container root, where the attempt runs under one.
+    pub(super) remote: Option<PathBuf>,
+    pub(super) inputs: PathBuf,
+    pub(super) outputs: PathBuf,
+    pub(super) values: PathBuf,
+}
+
+impl Layout {
+    fn new(ctx: &Ctx, key: &AttemptKey) -> Layout {
+        let dir = key.work_dir(&ctx.opts.work_dir);
+        let remote = ctx.executor.container_root();
+        let base = remote.clone().unwrap_or_else(|| dir.clone());
+        Layout {
+            inputs: base.join("inputs"),
+            outputs: base.join("outputs"),
+            values: base.join("values.json"),
+            dir,
+            remote,
+        }
+    }
+
+    /// Kept across the attempts of this stage (and items) in this run: checkpoints. (In a
+    /// pod they live as long as the pod: a volume keeps them across attempts there.)
+    fn checkpoints(&self, ctx: &Ctx, key: &AttemptKey) -> Result<PathBuf, String> {
+        match &self.remote {
+            Some(root) => Ok(root.join("checkpoints")),
+            None => {
+                let c = key.checkpoints_dir(&ctx.opts.work_dir);
+                mkdirs(&c)?;
+                Ok(c)
+            }
+        }
+    }
+}
+
+fn mkdirs(p: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(p).map_err(|e| format!("cannot create {}: {e}", p.display()))
+}
+
+/// Makes the attempt's directory afresh: a resumed run may run an attempt number again.
+/// One `mkdir` as a rule; the run's first attempt makes the run's directory too.
+fn fresh_dir(dir: &Path) -> Result<(), String> {
+    match std::fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let _ = std::fs::remove_dir_all(dir);
+            mkdirs(dir)
+        }
+        Err(_) => mkdirs(dir),
+    }
+}
+
+/// Where the command finds each input and writes each output (a path, or a URL for
+/// `mode: url`; an absent optional input is empty), and what a pod's wrapper moves.
+#[derive(Default)]
+struct Paths {
+    inputs: BTreeMap<String, String>,
+    outputs: BTreeMap<String, String>,
+    fetch: Vec<ExecInput>,
+    upload: Vec<ExecOutput>,
+}
+
+impl Paths {
+    async fn of(
+        ctx: &Ctx,
+        stage: &Stage,
+        key: &AttemptKey,
+        layout: &Layout,
+        upstream: &BTreeMap<StageId, StageResult>,
+    ) -> Result<Paths, String> {
+        let mut paths = Paths::default();
+        for input in &stage.inputs {
+            let producer = upstream.get(&input.stage);
+            let path = match producer.and_then(|r| r.outputs.get(&input.output)) {
+                // For data too large to copy, the stage reads the objects where they are.
+                Some(art) if input.mode == IoMode::Url => {
+                    ctx.artifacts.url_of(art).await.map_err(|e| {
+                        format!("cannot resolve input `{}`: {}", input.name, chain(&e))
+                    })?
+                }
+                Some(art) => {
+                    let dest = layout.inputs.join(&input.name);
+                    if layout.remote.is_some() {
+                        paths.fetch.push(ExecInput {
+                            name: input.name.clone(),
+                            artifact: art.clone(),
+                            dest: dest.clone(),
+                        });
+                    } else {
+                        // A changed artifact is its producer's fault (or the store's), not
+                        // this stage's: name who made it.
+                        ctx.artifacts.materialize(art, &dest).await.map_err(|e| {
+                            format!(
+                                "cannot materialize input `{}` (an artifact of `{}`): {}",
+                                input.name,
+                                ctx.pipeline.stage(input.stage).name,
+                                chain(&e)
+                            )
+                        })?;
+                    }
+                    dest.display().to_string()
+                }
+                // An optional input whose producer was skipped is absent; so is any input
+                // of a hook whose producer did not succeed.
+                None if input.optional || stage.hook.is_some() => String::new(),
+                None => return Err(format!("input `{}` has no artifact", input.name)),
+            };
+            paths.inputs.insert(input.name.clone(), path);
+        }
+        for o in &stage.outputs {
+            if o.mode == IoMode::Url {
+                let url = ctx
+                    .artifacts
+                    .output_url(key, &o.name)
+                    .map_err(|e| format!("cannot prepare output `{}`: {}", o.name, chain(&e)))?;
+                paths.outputs.insert(o.name.clone(), url);
+                continue;
+            }
+            let p = layout.outputs.join(&o.name);
+            if layout.remote.is_some() {
+                paths.upload.push(ExecOutput {
+                    name: o.name.clone(),
+                    dir: p.clone(),
+                });
+            } else {
+                mkdirs(&p)?;
+            }
+            paths
+                .outputs
+                .insert(o.name.clone(), p.display().to_string());
+        }
+        Ok(paths)
+    }
+}
+
+/// The attempt's command, working directory and (for a built-in step) config, not yet
+/// rendered. A built-in step runs as `drivetrain step NAME`, the same contract as in a
+/// container: the rendered config in the environment.
+fn command<'s>(
+    ctx: &Ctx,
+    stage: &'s Stage,
+    layout: &Layout,
+) -> (Vec<Template>, Option<Template>, Option<&'s Value>) {
+    match &stage.action {
+        Action::Command { argv, workdir, .. } => (argv.clone(), workdir.clone(), None),
+        Action::Step { name, config, .. } => {
+            let command = match &layout.remote {
+                Some(root) => vec![
+                    root.join(crate::executor::REMOTE_BINARY)
+                        .display()
+                        .to_string(),
+                    "step".into(),
+                ],
+                None => ctx.opts.step_command.clone(),
+            };
+            let argv: Vec<Template> = command
+                .into_iter()
+                .chain([name.clone()])
+                .map(|a| Template {
+                    parts: vec![crate::template::Part::Lit(a)],
+                })
+                .collect();
+            (argv, None, Some(config))
+        }
+    }
+}
+
+/// The attempt as an executor starts it, and where its files are; or, as the inner
+/// `Err`, how it ended before starting (a secret it declares is not set). The outer
+/// `Err` is an infrastructure fault with its reason.
+pub(super) async fn prepare(
+    ctx: &Ctx,
+    stage: &Stage,
+    track: Track<'_>,
+    key: &AttemptKey,
+    upstream: &BTreeMap<StageId, StageResult>,
+) -> Result<Result<(AttemptSpec, Layout), AttemptEnd>, String> {
+    let layout = Layout::new(ctx, key);
+    let (argv, workdir, step_config) = command(ctx, stage, &layout);
+    fresh_dir(&layout.dir)?;
+    // `inputs/` and `outputs/` are made by what goes into them (materialized inputs,
+    // output directories): a stage without inputs or outputs costs no directory for them.
+    let paths = Paths::of(ctx, stage, key, &layout, upstream).await?;
+    let item = match track {
+        Track::Item { item, .. } => Some(item),
+        Track::Stage => None,
+    };
+    let lookup = |r: &Ref| match r {
+        Ref::Input(n) => paths.inputs.get(n).cloned().map(Value::String),
+        Ref::Output(n) => paths.outputs.get(n).cloned().map(Value::String),
+        Ref::Item(keys) => {
+            let mut v = item?;
+            for k in keys {
+                v = v.get(k)?;
+            }
+            Some(v.clone())
+        }
+        other => lookup_value(&ctx.pipeline, ctx, upstream, other),
+    };
+    let render = |t: &Template| -> String { t.render(|r| lookup(r).map(|v| value_text(&v))) };
+    let argv: Vec<String> = argv.iter().map(render).collect();
+    let step_config = step_config.map(|c| crate::template::render_value(c, &lookup));
+    let checkpoints = layout.checkpoints(ctx, key)?;
+    let env = Env {
+        ctx,
+        stage,
+        key,
+        track,
+        layout: &layout,
+        paths: &paths,
+        checkpoints: &checkpoints,
+        upstream,
+    };
+    let mut env = match env.build(step_config.as_ref(), &render) {
+        Ok(env) => env,
+        Err(end) => return Ok(Err(end)),
+    };
+    if layout.remote.is_some() {
+        let plan = crate::executor::ExecPlan {
+            store: ctx.artifacts.url().to_owned(),
+            run: key.run.clone(),
+            stage: key.stage.clone(),
+            attempt: key.attempt,
+            inputs: paths.fetch.clone(),
+            outputs: paths.upload.clone(),
+            values: layout.values.clone(),
+        };
+        env.push((
+            "DRIVETRAIN_EXEC_PLAN".into(),
+            serde_json::to_string(&plan).unwrap_or_default(),
+        ));
+    }
+    // In a pod, no `workdir` means the image's own.
+    let cwd = match (&workdir, &layout.remote) {
+        (Some(w), _) => PathBuf::from(render(w)),
+        (None, Some(_)) => PathBuf::new(),
+        (None, None) => layout.dir.clone(),
+    };
+    let item_index = match track {
+        Track::Item { index, .. } => Some(index),
+        Track::Stage => None,
+    };
+    let mut placement = crate::executor::Placement::of(
+        &ctx.pipeline.name,
+        stage,
+        stage.image.as_ref().map(render),
+        item_index,
+    );
+    // `from_snapshot` may name a snapshot an upstream stage recorded in its values: a
+    // rerun that reuses that stage mounts exactly the data of the original run.
+    for v in &mut placement.volumes {
+        if let Some(Ok(t)) = v.from_snapshot.as_deref().map(Template::parse) {
+            v.from_snapshot = Some(render(&t));
+        }
+    }
+    // The values of the stage's secrets, which nothing the engine keeps may show.
+    let mask = Mask::new(
+        env.iter()
+            .filter(|(k, _)| stage.secrets.iter().any(|s| s.env.as_deref() == Some(k)))
+            .map(|(_, v)| v.clone()),
+    );
+    let spec = AttemptSpec {
+        run_id: key.run.clone(),
+        stage: key.stage.clone(),
+        attempt: key.attempt,
+        argv,
+        env,
+        workdir: cwd,
+        log: layout.dir.join("log.txt"),
+        distributed: stage.distributed.clone(),
+        access: access(ctx, stage, key, &layout, &checkpoints)?,
+        placement,
+        mask,
+    };
+    Ok(Ok((spec, layout)))
+}
+
+/// What an attempt's environment is made of.
+struct Env<'a> {
+    ctx: &'a Ctx,
+    stage: &'a Stage,
+    key: &'a AttemptKey,
+    track: Track<'a>,
+    layout: &'a Layout,
+    paths: &'a Paths,
+    checkpoints: &'a Path,
+    upstream: &'a BTreeMap<StageId, StageResult>,
+}
+
+impl Env<'_> {
+    /// The attempt's environment, in order: the engine's contract (`DRIVETRAIN_*`), the
+    /// stage's `env`, then its secrets. `Err` ends the attempt: a secret is not set.
+    fn build(
+        &self,
+        step_config: Option<&Value>,
+        render: &dyn Fn(&Template) -> String,
+    ) -> Result<Vec<(String, String)>, AttemptEnd> {
+        let (ctx, key, layout) = (self.ctx, self.key, self.layout);
+        let path = |p: &Path| p.display().to_string();
+        let mut env: Vec<(String, String)> = vec![
+            ("DRIVETRAIN_RUN_ID".into(), key.run.clone()),
+            ("DRIVETRAIN_STAGE".into(), key.stage.clone()),
+            ("DRIVETRAIN_ATTEMPT".into(), key.attempt.to_string()),
+            ("DRIVETRAIN_PIPELINE".into(), ctx.pipeline.name.clone()),
+            ("DRIVETRAIN_INPUTS_DIR".into(), path(&layout.inputs)),
+            ("DRIVETRAIN_OUTPUTS_DIR".into(), path(&layout.outputs)),
+            ("DRIVETRAIN_VALUES".into(), path(&layout.values)),
+            (
+                "DRIVETRAIN_PARAMS".into(),
+                serde_json::to_string(&ctx.params).unwrap_or_default(),
+            ),
+            ("DRIVETRAIN_STORE".into(), ctx.artifacts.url().to_owned()),
+        ];
+        // Built-in steps resolve a relative path the user wrote (ingest's `source`)
+        // against the pipeline file's folder, as the user reads the file.
+        if let Some(dir) = std::fs::canonicalize(&ctx.opts.request.file)
+            .ok()
+            .and_then(|f| f.parent().map(Path::to_path_buf))
+        {
+            env.push(("DRIVETRAIN_PIPELINE_DIR".into(), path(&dir)));
+        }
+        if let Track::Item { index, item } = self.track {
+            env.push(("DRIVETRAIN_ITEM".into(), value_text(item)));
+            env.push(("DRIVETRAIN_ITEM_INDEX".into(), index.to_string()));
+        }
+        for (name, p) in &self.paths.inputs {
+            env.push((format!("DRIVETRAIN_INPUT_{}", env_suffix(name)), p.clone()));
+        }
+        for (name, art) in input_artifacts(self.stage, self.upstream) {
+            env.push((
+                format!("DRIVETRAIN_INPUT_{}_DIGEST", env_suffix(&name)),
+                art.digest,
+            ));
+        }
+        env.push(("DRIVETRAIN_CHECKPOINTS".into(), path(self.checkpoints)));
+        for (name, p) in &self.paths.outputs {
+            env.push((format!("DRIVETRAIN_OUTPUT_{}", env_suffix(name)), p.clone()));
+        }
+        if let Some(c) = step_config {
+            env.push(("DRIVETRAIN_STEP_CONFIG".into(), c.to_string()));
+            // A built-in step on this machine reaches the store (and the registry) as the
+            // engine does; in a pod, credentials come from the pod's own secrets.
+            if layout.remote.is_none() {
+                env.extend(store_config_env());
+            }
+        }
+        for (k, t) in &self.stage.env {
+            env.push((k.clone(), render(t)));
+        }
+        self.secrets(&mut env)?;
+        Ok(env)
+    }
+
+    /// The stage's secrets as environment values. On a cluster secrets come from Secret
+    /// objects the executor references; here from the engine's environment.
+    fn secrets(&self, env: &mut Vec<(String, String)>) -> Result<(), AttemptEnd> {
+        if self.layout.remote.is_some() {
+            return Ok(());
+        }
+        for s in &self.stage.secrets {
+            let (Some(var), Some(k)) = (&s.env, &s.key) else {
+                continue;
+            };
+            let source = format!(
+                "DRIVETRAIN_SECRET_{}_{}",
+                env_suffix(&s.name),
+                env_suffix(k)
+            );
+            match std::env::var(&source) {
+                Ok(v) => env.push((var.clone(), v)),
+                Err(_) => {
+                    return Err(AttemptEnd::Failed {
+                        exit_code: None,
+                        reason: format!("secret `{}` key `{k}` is not set: the local executor reads it from `{source}`", s.name),
+                        class: ErrorClass::Error,
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the attempt may read and write ([`AttemptSpec::access`]): the engine's home and
+/// the store read-only, the state database and other attempts hidden, its own
+/// directory, checkpoints and `mode: url` outputs writable, its inputs read-only again.
+fn access(
+    ctx: &Ctx,
+    stage: &Stage,
+    key: &AttemptKey,
+    layout: &Layout,
+    checkpoints: &Path,
+) -> Result<Vec<PathAccess>, String> {
+    let ro = |path: &Path| PathAccess {
+        path: path.to_path_buf(),
+        ..Default::default()
+    };
+    let writable = |path: PathBuf| PathAccess {
+        path,
+        writable: true,
+        ..Default::default()
+    };
+    let mut access = Vec::new();
+    let home = ctx.opts.work_dir.parent().unwrap_or(&ctx.opts.work_dir);
+    access.push(ro(home));
+    if let Some(root) = ctx.artifacts.local_root() {
+        if !root.starts_with(home) {
+            access.push(ro(root));
+        }
+    }
+    // A stage sees its own attempt only: not the state database, not other attempts'
+    // directories (their live logs are not masked until they end).
+    let hide = |path: PathBuf| PathAccess {
+        path,
+        hidden: true,
+        ..Default::default()
+    };
+    access.push(hide(ctx.opts.work_dir.clone()));
+    for db in ["state.db", "state.db-wal", "state.db-shm"] {
+        if home.join(db).is_file() {
+            access.push(hide(home.join(db)));
+        }
+    }
+    access.push(writable(layout.dir.clone()));
+    access.push(writable(checkpoints.to_path_buf()));
+    if let (Action::Step { registry: true, .. }, Some(root)) =
+        (&stage.action, ctx.artifacts.local_root())
+    {
+        let registry = root.join("registry");
+        mkdirs(&registry)?;
+        access.push(PathAccess {
+            shared: true,
+            ..writable(registry)
+        });
+    }
+    for o in stage.outputs.iter().filter(|o| o.mode == IoMode::Url) {
+        if let Some(p) = ctx.artifacts.output_dir(key, &o.name) {
+            access.push(writable(p));
+        }
+    }
+    if !stage.inputs.is_empty() && layout.inputs.exists() {
+        access.push(ro(&layout.inputs));
+    }
+    Ok(access)
+}
