@@ -139,6 +139,7 @@ pub(super) const MIGRATIONS: &[&str] = &[];
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Dialect {
     Sqlite,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Postgres,
 }
 

@@ -20,8 +20,67 @@ impl<'a> Cx<'a> {
         let spec = sc.spec;
         let path = sc.path.clone();
         let errors_before = self.diags.iter().filter(|d| d.is_error()).count();
-
-        // Outputs first: templates refer to them.
+        let outputs = self.stage_outputs(sc);
+        let action = self.stage_action(sc, &outputs);
+        let env = self.stage_env(sc);
+        let inputs = self.stage_inputs(sc);
+        self.stage_needs(sc);
+        let when = self.stage_when(sc);
+        let map = spec.map.as_ref().and_then(|m| self.check_map(sc, m));
+        // Scalars with units.
+        let retries = match (&spec.retries, &sc.raw.defaults.retries) {
+            (Some(r), _) => self.retries(&path.key("retries"), r),
+            (None, Some(r)) => self.quietly(|cx| cx.retries(&p("defaults").key("retries"), r)),
+            (None, None) => RetryPolicy::default(),
+        };
+        let timeout = match &spec.timeout {
+            Some(t) => self.duration(&path.key("timeout"), t),
+            None => sc
+                .raw
+                .defaults
+                .timeout
+                .as_deref()
+                .and_then(|t| parse_duration(t).ok()),
+        };
+        let cache = self.stage_cache(sc);
+        let resources = self.stage_resources(sc);
+        let distributed = self.stage_distributed(sc);
+        self.stage_volumes(sc);
+        self.stage_secrets(sc);
+        let image = self.stage_image(sc, executor);
+        let errors_after = self.diags.iter().filter(|d| d.is_error()).count();
+        if errors_after > errors_before {
+            return None;
+        }
+        Some(Stage {
+            id: sc.id,
+            name: sc.name.to_owned(),
+            description: spec.description.clone(),
+            action: action?,
+            env,
+            inputs,
+            outputs,
+            when,
+            map,
+            hook: spec.hook,
+            retries,
+            timeout,
+            cache,
+            resources,
+            distributed,
+            volumes: spec.volumes.clone(),
+            snapshot: spec.snapshot.clone(),
+            secrets: spec.secrets.clone(),
+            node_selector: spec.node_selector.clone(),
+            tolerations: spec.tolerations.clone(),
+            network: spec.network.unwrap_or_default(),
+            image,
+        })
+    }
+    /// A stage's outputs, checked first: templates refer to them.
+    fn stage_outputs(&mut self, sc: &StageCx<'_>) -> Vec<Output> {
+        let spec = sc.spec;
+        let path = sc.path.clone();
         let mut outputs = Vec::new();
         let mut seen = HashSet::new();
         for (i, o) in spec.outputs.iter().enumerate() {
@@ -43,9 +102,14 @@ impl<'a> Cx<'a> {
                 mode: o.mode(),
             });
         }
+        outputs
+    }
 
-        // Action.
-        let action = match (&spec.uses, &spec.run) {
+    /// What a stage does: a built-in step (`uses`) or a command (`run`), not both.
+    fn stage_action(&mut self, sc: &mut StageCx<'_>, outputs: &[Output]) -> Option<Action> {
+        let spec = sc.spec;
+        let path = sc.path.clone();
+        match (&spec.uses, &spec.run) {
             (Some(_), Some(_)) => {
                 self.err_key(
                     "uses-and-run",
@@ -61,64 +125,73 @@ impl<'a> Cx<'a> {
                 ));
                 None
             }
-            (Some(step_name), None) => self.check_uses(sc, step_name, &outputs),
-            (None, Some(run)) => {
-                if spec.with.is_some() {
-                    self.err_key(
-                        "with-without-uses",
-                        &path.key("with"),
-                        "`with` configures a built-in step; this stage has `run`",
-                    )
-                    .hint("pass configuration to a command through `args` or `env`");
-                }
-                let rp = path.key("run");
-                if run.command.is_empty() {
-                    self.err(
-                        "empty-command",
-                        &rp.key("command"),
-                        "`command` is empty; it needs at least the program",
-                    );
-                }
-                if let Some(prog) = run.command.first() {
-                    let is_shell_line =
-                        run.command.len() == 1 && prog.contains(' ') && !prog.contains("{{");
-                    if is_shell_line {
-                        self.err("shell-string", &rp.key("command").index(0), format!(
-                            "`{prog}` is one argv element with spaces; drivetrain runs argv directly, never through a shell"
-                        ))
-                        .hint(format!("split it: [{}]", prog.split_whitespace().collect::<Vec<_>>().join(", ")));
-                    }
-                }
-                let argv: Vec<Template> = run
-                    .command
+            (Some(step_name), None) => self.check_uses(sc, step_name, outputs),
+            (None, Some(run)) => self.run_action(sc, run),
+        }
+    }
+
+    /// A command stage's action: argv, image and working directory as templates.
+    fn run_action(&mut self, sc: &mut StageCx<'_>, run: &crate::spec::RunSpec) -> Option<Action> {
+        let spec = sc.spec;
+        let path = sc.path.clone();
+        if spec.with.is_some() {
+            self.err_key(
+                "with-without-uses",
+                &path.key("with"),
+                "`with` configures a built-in step; this stage has `run`",
+            )
+            .hint("pass configuration to a command through `args` or `env`");
+        }
+        let rp = path.key("run");
+        if run.command.is_empty() {
+            self.err(
+                "empty-command",
+                &rp.key("command"),
+                "`command` is empty; it needs at least the program",
+            );
+        }
+        if let Some(prog) = run.command.first() {
+            let is_shell_line =
+                run.command.len() == 1 && prog.contains(' ') && !prog.contains("{{");
+            if is_shell_line {
+                self.err("shell-string", &rp.key("command").index(0), format!(
+                    "`{prog}` is one argv element with spaces; drivetrain runs argv directly, never through a shell"
+                ))
+                .hint(format!("split it: [{}]", prog.split_whitespace().collect::<Vec<_>>().join(", ")));
+            }
+        }
+        let argv: Vec<Template> = run
+            .command
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (rp.key("command").index(i), a))
+            .chain(
+                run.args
                     .iter()
                     .enumerate()
-                    .map(|(i, a)| (rp.key("command").index(i), a))
-                    .chain(
-                        run.args
-                            .iter()
-                            .enumerate()
-                            .map(|(i, a)| (rp.key("args").index(i), a)),
-                    )
-                    .filter_map(|(ap, a)| self.stage_template(sc, &ap, a))
-                    .collect();
-                let image = run
-                    .image
-                    .as_ref()
-                    .and_then(|i| self.stage_template(sc, &rp.key("image"), i));
-                let workdir = run
-                    .workdir
-                    .as_ref()
-                    .and_then(|w| self.stage_template(sc, &rp.key("workdir"), w));
-                Some(Action::Command {
-                    image,
-                    argv,
-                    workdir,
-                })
-            }
-        };
+                    .map(|(i, a)| (rp.key("args").index(i), a)),
+            )
+            .filter_map(|(ap, a)| self.stage_template(sc, &ap, a))
+            .collect();
+        let image = run
+            .image
+            .as_ref()
+            .and_then(|i| self.stage_template(sc, &rp.key("image"), i));
+        let workdir = run
+            .workdir
+            .as_ref()
+            .and_then(|w| self.stage_template(sc, &rp.key("workdir"), w));
+        Some(Action::Command {
+            image,
+            argv,
+            workdir,
+        })
+    }
 
-        // Environment: defaults, then the stage's, then run.env.
+    /// A stage's environment: defaults, then the stage's, then `run.env`.
+    fn stage_env(&mut self, sc: &mut StageCx<'_>) -> Vec<(String, Template)> {
+        let spec = sc.spec;
+        let path = sc.path.clone();
         let mut env: Vec<(String, Template)> = Vec::new();
         let set_env = |env: &mut Vec<(String, Template)>, k: &str, t: Template| match env
             .iter_mut()
@@ -145,8 +218,13 @@ impl<'a> Cx<'a> {
                 set_env(&mut env, k, t);
             }
         }
+        env
+    }
 
-        // Inputs.
+    /// A stage's inputs, each an edge from the stage whose output it reads.
+    fn stage_inputs(&mut self, sc: &mut StageCx<'_>) -> Vec<Input> {
+        let spec = sc.spec;
+        let path = sc.path.clone();
         let mut inputs = Vec::new();
         for (name, input) in &spec.inputs {
             let ip = path.key("inputs").key(name);
@@ -179,8 +257,13 @@ impl<'a> Cx<'a> {
                 });
             }
         }
+        inputs
+    }
 
-        // needs.
+    /// A stage's `needs`, each an edge.
+    fn stage_needs(&mut self, sc: &mut StageCx<'_>) {
+        let spec = sc.spec;
+        let path = sc.path.clone();
         for (i, need) in spec.needs.iter().enumerate() {
             let np = path.key("needs").index(i);
             if need == sc.name {
@@ -200,9 +283,13 @@ impl<'a> Cx<'a> {
                 }
             }
         }
+    }
 
-        // when.
-        let when = spec.when.as_ref().and_then(|w| {
+    /// A stage's `when` condition, parsed, with its references checked.
+    fn stage_when(&mut self, sc: &mut StageCx<'_>) -> Option<(Expr, String)> {
+        let spec = sc.spec;
+        let path = sc.path.clone();
+        spec.when.as_ref().and_then(|w| {
             let wp = path.key("when");
             match Expr::parse(w) {
                 Ok(e) => {
@@ -221,25 +308,13 @@ impl<'a> Cx<'a> {
                     None
                 }
             }
-        });
+        })
+    }
 
-        let map = spec.map.as_ref().and_then(|m| self.check_map(sc, m));
-
-        // Scalars with units.
-        let retries = match (&spec.retries, &sc.raw.defaults.retries) {
-            (Some(r), _) => self.retries(&path.key("retries"), r),
-            (None, Some(r)) => self.quietly(|cx| cx.retries(&p("defaults").key("retries"), r)),
-            (None, None) => RetryPolicy::default(),
-        };
-        let timeout = match &spec.timeout {
-            Some(t) => self.duration(&path.key("timeout"), t),
-            None => sc
-                .raw
-                .defaults
-                .timeout
-                .as_deref()
-                .and_then(|t| parse_duration(t).ok()),
-        };
+    /// A stage's cache policy, over the defaults' one.
+    fn stage_cache(&mut self, sc: &mut StageCx<'_>) -> CachePolicy {
+        let spec = sc.spec;
+        let path = sc.path.clone();
         let cache_spec = spec.cache.as_ref().or(sc.raw.defaults.cache.as_ref());
         let cache_key = match (&spec.cache, cache_spec) {
             (Some(c), _) => {
@@ -258,7 +333,7 @@ impl<'a> Cx<'a> {
                 .collect(),
             (None, None) => Vec::new(),
         };
-        let cache = CachePolicy {
+        CachePolicy {
             key: cache_key,
             enabled: cache_spec.is_none_or(|c| c.enabled),
             max_age: match spec.cache.as_ref().and_then(|c| c.max_age.as_ref()) {
@@ -267,8 +342,14 @@ impl<'a> Cx<'a> {
                     .and_then(|c| c.max_age.as_deref())
                     .and_then(|m| parse_duration(m).ok()),
             },
-        };
-        let resources = match &spec.resources {
+        }
+    }
+
+    /// A stage's resources, each unset one taken from the defaults.
+    fn stage_resources(&mut self, sc: &StageCx<'_>) -> Resources {
+        let spec = sc.spec;
+        let path = sc.path.clone();
+        match &spec.resources {
             Some(r) => {
                 let mut own = self.resources(&path.key("resources"), r);
                 if let Some(d) = &sc.raw.defaults.resources {
@@ -285,8 +366,14 @@ impl<'a> Cx<'a> {
                 Some(d) => self.quietly(|cx| cx.resources(&p("defaults").key("resources"), d)),
                 None => Resources::default(),
             },
-        };
-        let distributed = spec.distributed.as_ref().and_then(|d| {
+        }
+    }
+
+    /// A stage's `distributed` ranks.
+    fn stage_distributed(&mut self, sc: &StageCx<'_>) -> Option<Distributed> {
+        let spec = sc.spec;
+        let path = sc.path.clone();
+        spec.distributed.as_ref().and_then(|d| {
             let dp = path.key("distributed");
             let mut ok = true;
             if d.workers < 1 {
@@ -332,9 +419,13 @@ impl<'a> Cx<'a> {
                 workers: d.workers.clamp(1, u32::MAX as i64) as u32,
                 slots_per_worker: slots.clamp(1, u32::MAX as i64) as u32,
             })
-        });
+        })
+    }
 
-        // Volumes, snapshot, secrets, tolerations.
+    /// A stage's volumes and the one its `snapshot` names.
+    fn stage_volumes(&mut self, sc: &mut StageCx<'_>) {
+        let spec = sc.spec;
+        let path = sc.path.clone();
         let mut volume_names = HashSet::new();
         for (i, v) in spec.volumes.iter().enumerate() {
             let vp = path.key("volumes").index(i);
@@ -422,6 +513,12 @@ impl<'a> Cx<'a> {
                 .maybe_hint(hint);
             }
         }
+    }
+
+    /// A stage's secrets and tolerations.
+    fn stage_secrets(&mut self, sc: &StageCx<'_>) {
+        let spec = sc.spec;
+        let path = sc.path.clone();
         for (i, s) in spec.secrets.iter().enumerate() {
             let sp = path.key("secrets").index(i);
             match (&s.env, &s.mount_path) {
@@ -463,8 +560,12 @@ impl<'a> Cx<'a> {
                 );
             }
         }
+    }
 
-        // Image for container executors.
+    /// A stage's image, which a container executor needs.
+    fn stage_image(&mut self, sc: &StageCx<'_>, executor: &str) -> Option<Template> {
+        let spec = sc.spec;
+        let path = sc.path.clone();
         let image = match spec.run.as_ref().and_then(|r| r.image.as_ref()) {
             Some(i) => Template::parse(i).ok(),
             None => sc
@@ -485,34 +586,6 @@ impl<'a> Cx<'a> {
             )
             .hint("set `run.image` or `defaults.image`");
         }
-
-        let errors_after = self.diags.iter().filter(|d| d.is_error()).count();
-        if errors_after > errors_before {
-            return None;
-        }
-        Some(Stage {
-            id: sc.id,
-            name: sc.name.to_owned(),
-            description: spec.description.clone(),
-            action: action?,
-            env,
-            inputs,
-            outputs,
-            when,
-            map,
-            hook: spec.hook,
-            retries,
-            timeout,
-            cache,
-            resources,
-            distributed,
-            volumes: spec.volumes.clone(),
-            snapshot: spec.snapshot.clone(),
-            secrets: spec.secrets.clone(),
-            node_selector: spec.node_selector.clone(),
-            tolerations: spec.tolerations.clone(),
-            network: spec.network.unwrap_or_default(),
-            image,
-        })
+        image
     }
 }
