@@ -433,57 +433,58 @@ fn find_key(
 /// syntax errors (one, where the parser stopped), duplicate keys, non-scalar keys,
 /// unknown aliases and documents beyond the size bounds.
 pub fn parse(src: &str) -> Result<Node<'_>, Vec<Diagnostic>> {
-    let index = LineIndex::new(src);
     let mut parser = Parser::new_from_str(src);
-    let mut stack: Vec<Frame<'_>> = Vec::new();
-    // Each anchor with its weight (values, scalar bytes), counted once.
-    let mut anchors: HashMap<usize, (Node<'_>, usize, usize)> = HashMap::new();
-    let mut root: Option<Node<'_>> = None;
-    let mut docs = 0usize;
-    let mut count = 0usize;
-    let mut bytes = 0usize;
-    let mut errors = Vec::new();
-
+    let mut b = Builder {
+        src,
+        index: LineIndex::new(src),
+        stack: Vec::new(),
+        anchors: HashMap::new(),
+        root: None,
+        docs: 0,
+        count: 0,
+        bytes: 0,
+        errors: Vec::new(),
+    };
     while let Some(ev) = parser.next_event() {
-        let (event, yspan) = match ev {
-            Ok(e) => e,
-            Err(e) => {
-                let m = e.marker();
-                let off = index.offset(src, m.line(), m.col());
-                errors.push(
-                    Diagnostic::new("yaml-syntax", format!("YAML syntax error: {}", e.info())).at(
-                        Span {
-                            start: off,
-                            end: off,
-                            line: m.line().max(1) as u32,
-                            column: m.col() as u32 + 1,
-                        },
-                    ),
-                );
-                return Err(errors);
-            }
+        let step = match ev {
+            Ok((event, yspan)) => b.event(event, yspan),
+            Err(e) => Err(b.syntax_error(&e)),
         };
-        let span = index.span(src, yspan);
-        let complete: Option<(Node<'_>, usize)> = match event {
+        if step.is_err() {
+            return Err(b.errors);
+        }
+    }
+    b.finish()
+}
+
+/// Parsing stopped at the last diagnostic in [`Builder::errors`].
+struct Stop;
+
+/// The tree being built from the parser's events: the open collections, the anchors
+/// seen, and the size so far (aliases expanded).
+struct Builder<'a> {
+    src: &'a str,
+    index: LineIndex,
+    stack: Vec<Frame<'a>>,
+    /// Each anchor with its weight (values, scalar bytes), counted once.
+    anchors: HashMap<usize, (Node<'a>, usize, usize)>,
+    root: Option<Node<'a>>,
+    docs: usize,
+    count: usize,
+    bytes: usize,
+    errors: Vec<Diagnostic>,
+}
+
+impl<'a> Builder<'a> {
+    /// One event: a value it completes goes into the collection that holds it.
+    fn event(&mut self, event: Event<'a>, yspan: YSpan) -> Result<(), Stop> {
+        let span = self.index.span(self.src, yspan);
+        let complete = match event {
             Event::StreamStart | Event::StreamEnd | Event::Nothing | Event::DocumentEnd => None,
-            Event::DocumentStart(_) => {
-                docs += 1;
-                if docs > 1 {
-                    errors.push(
-                        Diagnostic::new(
-                            "yaml-multiple-documents",
-                            "a pipeline file holds exactly one YAML document",
-                        )
-                        .at(span)
-                        .hint("remove the `---` separator or split the file in two"),
-                    );
-                    return Err(errors);
-                }
-                None
-            }
+            Event::DocumentStart(_) => self.document_start(span)?,
             Event::Scalar(text, style, anchor, tag) => {
-                count += 1;
-                bytes += text.len();
+                self.count += 1;
+                self.bytes += text.len();
                 // `!!int 3` and friends resolve as plain scalars; `!!str` and custom tags
                 // keep the text as a string.
                 let core_non_str = matches!(
@@ -491,33 +492,16 @@ pub fn parse(src: &str) -> Result<Node<'_>, Vec<Diagnostic>> {
                     Some(t) if t.is_yaml_core_schema() && t.suffix != "str"
                 );
                 let plain = (matches!(style, ScalarStyle::Plain) && tag.is_none()) || core_non_str;
-                Some((
-                    Node {
-                        value: Value::Scalar {
-                            text: tight(text),
-                            plain,
-                        },
-                        span,
-                    },
-                    anchor,
-                ))
+                let value = Value::Scalar {
+                    text: tight(text),
+                    plain,
+                };
+                Some((Node { value, span }, anchor))
             }
-            Event::Alias(id) => match anchors.get(&id) {
-                Some((n, nodes, size)) => {
-                    count += nodes;
-                    bytes += size;
-                    let mut n = n.clone();
-                    n.span = span;
-                    Some((n, 0))
-                }
-                None => {
-                    errors.push(Diagnostic::new("yaml-syntax", "unknown alias").at(span));
-                    return Err(errors);
-                }
-            },
+            Event::Alias(id) => Some((self.alias(id, span)?, 0)),
             Event::SequenceStart(anchor, _) => {
-                count += 1;
-                stack.push(Frame::Seq {
+                self.count += 1;
+                self.stack.push(Frame::Seq {
                     span,
                     anchor,
                     items: Vec::new(),
@@ -525,8 +509,8 @@ pub fn parse(src: &str) -> Result<Node<'_>, Vec<Diagnostic>> {
                 None
             }
             Event::MappingStart(anchor, _) => {
-                count += 1;
-                stack.push(Frame::Map {
+                self.count += 1;
+                self.stack.push(Frame::Map {
                     span,
                     anchor,
                     entries: Vec::new(),
@@ -536,93 +520,143 @@ pub fn parse(src: &str) -> Result<Node<'_>, Vec<Diagnostic>> {
                 });
                 None
             }
-            Event::SequenceEnd => match stack.pop() {
-                Some(Frame::Seq {
-                    span: s,
-                    anchor,
-                    items,
-                }) => Some((
+            Event::SequenceEnd | Event::MappingEnd => self.close(span),
+        };
+        self.check_bounds(span)?;
+        if let Some((node, anchor)) = complete {
+            if anchor != 0 {
+                let (nodes, size) = weigh(&node);
+                self.anchors.insert(anchor, (node.clone(), nodes, size));
+            }
+            self.attach(node);
+        }
+        Ok(())
+    }
+
+    fn syntax_error(&mut self, e: &saphyr_parser::ScanError) -> Stop {
+        let m = e.marker();
+        let off = self.index.offset(self.src, m.line(), m.col());
+        let at = Span {
+            start: off,
+            end: off,
+            line: m.line().max(1) as u32,
+            column: m.col() as u32 + 1,
+        };
+        let message = format!("YAML syntax error: {}", e.info());
+        self.errors
+            .push(Diagnostic::new("yaml-syntax", message).at(at));
+        Stop
+    }
+
+    fn document_start(&mut self, span: Span) -> Result<Option<(Node<'a>, usize)>, Stop> {
+        self.docs += 1;
+        if self.docs > 1 {
+            self.errors.push(
+                Diagnostic::new(
+                    "yaml-multiple-documents",
+                    "a pipeline file holds exactly one YAML document",
+                )
+                .at(span)
+                .hint("remove the `---` separator or split the file in two"),
+            );
+            return Err(Stop);
+        }
+        Ok(None)
+    }
+
+    /// The anchored value an alias names, counted again, at the alias's place.
+    fn alias(&mut self, id: usize, span: Span) -> Result<Node<'a>, Stop> {
+        match self.anchors.get(&id) {
+            Some((n, nodes, size)) => {
+                self.count += nodes;
+                self.bytes += size;
+                let mut n = n.clone();
+                n.span = span;
+                Ok(n)
+            }
+            None => {
+                self.errors
+                    .push(Diagnostic::new("yaml-syntax", "unknown alias").at(span));
+                Err(Stop)
+            }
+        }
+    }
+
+    /// The collection that ends at `span`, complete (merge keys applied to a mapping).
+    fn close(&mut self, span: Span) -> Option<(Node<'a>, usize)> {
+        match self.stack.pop()? {
+            Frame::Seq {
+                span: s,
+                anchor,
+                mut items,
+            } => {
+                items.shrink_to_fit();
+                let value = Value::Seq(items);
+                Some((
                     Node {
-                        value: Value::Seq({
-                            let mut items = items;
-                            items.shrink_to_fit();
-                            items
-                        }),
+                        value,
                         span: s.to(span),
                     },
                     anchor,
-                )),
-                _ => None,
-            },
-            Event::MappingEnd => match stack.pop() {
-                Some(Frame::Map {
-                    span: s,
-                    anchor,
-                    mut entries,
-                    merges,
-                    ..
-                }) => {
-                    for m in merges {
-                        merge_into(&mut entries, m);
-                    }
-                    Some((
-                        Node {
-                            value: Value::Map({
-                                entries.shrink_to_fit();
-                                entries
-                            }),
-                            span: s.to(span),
-                        },
-                        anchor,
-                    ))
+                ))
+            }
+            Frame::Map {
+                span: s,
+                anchor,
+                mut entries,
+                merges,
+                ..
+            } => {
+                for m in merges {
+                    merge_into(&mut entries, m);
                 }
-                _ => None,
-            },
+                entries.shrink_to_fit();
+                let value = Value::Map(entries);
+                Some((
+                    Node {
+                        value,
+                        span: s.to(span),
+                    },
+                    anchor,
+                ))
+            }
+        }
+    }
+
+    /// Stops at a document larger or deeper than the bounds.
+    fn check_bounds(&mut self, span: Span) -> Result<(), Stop> {
+        let refused = if self.count > MAX_NODES {
+            Diagnostic::new(
+                "yaml-too-large",
+                format!("the document expands to more than {MAX_NODES} values"),
+            )
+            .hint("aliases are expanded; an alias of an alias multiplies the size")
+        } else if self.bytes > MAX_BYTES {
+            Diagnostic::new(
+                "yaml-too-large",
+                format!(
+                    "the document holds more than {} MiB of text",
+                    MAX_BYTES >> 20
+                ),
+            )
+            .hint("aliases are expanded: each `*alias` counts the anchored value's text again")
+        } else if self.stack.len() > MAX_DEPTH {
+            Diagnostic::new(
+                "yaml-too-deep",
+                format!("the document nests deeper than {MAX_DEPTH} levels"),
+            )
+        } else {
+            return Ok(());
         };
-        if count > MAX_NODES {
-            errors.push(
-                Diagnostic::new(
-                    "yaml-too-large",
-                    format!("the document expands to more than {MAX_NODES} values"),
-                )
-                .at(span)
-                .hint("aliases are expanded; an alias of an alias multiplies the size"),
-            );
-            return Err(errors);
-        }
-        if bytes > MAX_BYTES {
-            errors.push(
-                Diagnostic::new(
-                    "yaml-too-large",
-                    format!(
-                        "the document holds more than {} MiB of text",
-                        MAX_BYTES >> 20
-                    ),
-                )
-                .at(span)
-                .hint("aliases are expanded: each `*alias` counts the anchored value's text again"),
-            );
-            return Err(errors);
-        }
-        if stack.len() > MAX_DEPTH {
-            errors.push(
-                Diagnostic::new(
-                    "yaml-too-deep",
-                    format!("the document nests deeper than {MAX_DEPTH} levels"),
-                )
-                .at(span),
-            );
-            return Err(errors);
-        }
-        let Some((node, anchor)) = complete else {
-            continue;
-        };
-        if anchor != 0 {
-            let (nodes, size) = weigh(&node);
-            anchors.insert(anchor, (node.clone(), nodes, size));
-        }
+        self.errors.push(refused.at(span));
+        Err(Stop)
+    }
+
+    /// Puts a complete value where it belongs: the root, the next item of a sequence, or
+    /// a mapping's key or the value of its pending key.
+    fn attach(&mut self, node: Node<'a>) {
         // Where an earlier entry with the same key is, if the value completes an entry.
-        let duplicate = match stack.last_mut() {
+        let duplicate = match self.stack.last_mut() {
             Some(Frame::Map {
                 pending_key: Some((key, _)),
                 entries,
@@ -631,22 +665,9 @@ pub fn parse(src: &str) -> Result<Node<'_>, Vec<Diagnostic>> {
             }) if key != "<<" => find_key(entries, index, key),
             _ => None,
         };
-        let dup_path = duplicate.map(|_| {
-            let mut path = YamlPath::root();
-            for f in &stack {
-                match f {
-                    Frame::Seq { items, .. } => path = path.index(items.len()),
-                    Frame::Map {
-                        pending_key: Some((k, _)),
-                        ..
-                    } => path = path.key(k.clone()),
-                    Frame::Map { .. } => {}
-                }
-            }
-            path
-        });
-        match stack.last_mut() {
-            None => root = Some(node),
+        let dup_path = duplicate.map(|_| self.path());
+        match self.stack.last_mut() {
+            None => self.root = Some(node),
             Some(Frame::Seq { items, .. }) => items.push(node),
             Some(Frame::Map {
                 entries,
@@ -660,7 +681,7 @@ pub fn parse(src: &str) -> Result<Node<'_>, Vec<Diagnostic>> {
                         *pending_key = Some((text.clone(), node.span));
                     }
                     _ => {
-                        errors.push(
+                        self.errors.push(
                             Diagnostic::new(
                                 "yaml-complex-key",
                                 format!("mapping keys must be scalars, found {}", node.kind()),
@@ -674,10 +695,10 @@ pub fn parse(src: &str) -> Result<Node<'_>, Vec<Diagnostic>> {
                     if key == "<<" && matches!(node.value, Value::Map(_) | Value::Seq(_)) {
                         merges.push(node);
                     } else if let Some(first) = duplicate.map(|i| &entries[i]) {
-                        errors.push(
+                        self.errors.push(
                             Diagnostic::new("duplicate-key", format!("duplicate key `{key}`"))
                                 .at(key_span)
-                                .path(dup_path.clone().unwrap_or_default())
+                                .path(dup_path.unwrap_or_default())
                                 .note(format!(
                                     "first defined at line {}, column {}",
                                     first.key_span.line, first.key_span.column
@@ -698,21 +719,40 @@ pub fn parse(src: &str) -> Result<Node<'_>, Vec<Diagnostic>> {
             },
         }
     }
-    if !errors.is_empty() {
-        return Err(errors);
+
+    /// The YAML path of the value being completed.
+    fn path(&self) -> YamlPath {
+        let mut path = YamlPath::root();
+        for f in &self.stack {
+            match f {
+                Frame::Seq { items, .. } => path = path.index(items.len()),
+                Frame::Map {
+                    pending_key: Some((k, _)),
+                    ..
+                } => path = path.key(k.clone()),
+                Frame::Map { .. } => {}
+            }
+        }
+        path
     }
-    match root {
-        Some(node) => Ok(node),
-        None => Err(vec![Diagnostic::new("empty-document", "the file is empty")
-            .at(Span {
-                start: 0,
-                end: 0,
-                line: 1,
-                column: 1,
-            })
-            .hint(
-                "a pipeline needs at least `version: 1`, `name` and `stages`",
-            )]),
+
+    fn finish(self) -> Result<Node<'a>, Vec<Diagnostic>> {
+        if !self.errors.is_empty() {
+            return Err(self.errors);
+        }
+        match self.root {
+            Some(node) => Ok(node),
+            None => Err(vec![Diagnostic::new("empty-document", "the file is empty")
+                .at(Span {
+                    start: 0,
+                    end: 0,
+                    line: 1,
+                    column: 1,
+                })
+                .hint(
+                    "a pipeline needs at least `version: 1`, `name` and `stages`",
+                )]),
+        }
     }
 }
 
