@@ -14,7 +14,7 @@ use crate::plan::{Stage, StageId};
 use crate::spec::{ErrorClass, IoMode};
 use crate::state::Phase;
 
-use super::prepare::prepare;
+use super::prepare::{prepare, Layout};
 use super::{
     backoff, chain, first_line, humanize, retryable, Ctx, LoopEnd, RunError, RunEvent, StageResult,
     Track,
@@ -144,9 +144,7 @@ async fn run_attempt(
         Ok(prepared) => prepared,
         Err(end) => return Ok(end),
     };
-    let log = spec.log.clone();
-    let mut result =
-        start_and_wait(ctx, stage, key, spec, &log, &layout.values, &layout.outputs).await;
+    let mut result = start_and_wait(ctx, stage, key, spec, &layout).await;
     if let Some(end) = wrote_to_an_input(ctx, stage, upstream).await {
         result = Ok(end);
     }
@@ -192,9 +190,7 @@ async fn start_and_wait(
     stage: &Stage,
     key: &AttemptKey,
     spec: AttemptSpec,
-    log: &Path,
-    values_path: &Path,
-    outputs_dir: &Path,
+    layout: &Layout,
 ) -> Result<AttemptEnd, String> {
     let mut spec = spec;
     let gpus = match stage.gpus() {
@@ -211,21 +207,23 @@ async fn start_and_wait(
         spec.env.push(("CUDA_VISIBLE_DEVICES".into(), list.clone()));
         spec.env.push(("NVIDIA_VISIBLE_DEVICES".into(), list));
     }
-    let result = wait_attempt(ctx, stage, key, spec, log, values_path, outputs_dir).await;
+    let result = wait_attempt(ctx, stage, key, spec, layout).await;
     ctx.gpus.release(&gpus);
     result
 }
 
+/// Starts the attempt and waits for it (its timeout, a cancel), stores its log, and
+/// takes what a successful one left: its values and outputs.
 async fn wait_attempt(
     ctx: &Ctx,
     stage: &Stage,
     key: &AttemptKey,
     spec: AttemptSpec,
-    log: &Path,
-    values_path: &Path,
-    outputs_dir: &Path,
+    layout: &Layout,
 ) -> Result<AttemptEnd, String> {
     let mask = spec.mask.clone();
+    let log = spec.log.clone();
+    let log = log.as_path();
     let mut running = ctx.executor.start(spec).await.map_err(|e| e.to_string())?;
     let recorded = match key.stage.split_once("/items/") {
         Some((_, index)) => ctx.state.set_item_handle(
@@ -268,7 +266,7 @@ async fn wait_attempt(
         record_usage(ctx, key, usage);
     }
     mask.file(log);
-    mask.file(values_path);
+    mask.file(&layout.values);
     ctx.artifacts
         .put_log(key, log)
         .await
@@ -291,50 +289,66 @@ async fn wait_attempt(
             })
         }
     }
-    let remote = ctx.executor.container_root().is_some();
-    let stored = if remote {
+    let mut values = match read_values(ctx, key, layout).await? {
+        Ok(v) => v,
+        Err(end) => return Ok(end),
+    };
+    if let (Value::Object(v), Some(Value::Object(made))) = (&mut values, running.made()) {
+        v.extend(made);
+    }
+    mask.json(&mut values);
+    match publish(ctx, stage, key, layout).await? {
+        Ok(outputs) => Ok(AttemptEnd::Succeeded { outputs, values }),
+        Err(end) => Ok(end),
+    }
+}
+
+/// A succeeded attempt's `values.json`: an object, of at most [`MAX_VALUES`] bytes (the
+/// inner `Err` fails the attempt), or an empty object where it wrote none.
+async fn read_values(
+    ctx: &Ctx,
+    key: &AttemptKey,
+    layout: &Layout,
+) -> Result<Result<Value, AttemptEnd>, String> {
+    let stored = if layout.remote.is_some() {
         ctx.artifacts
             .values(key, MAX_VALUES)
             .await
             .map_err(|e| format!("cannot read values.json: {}", chain(&e)))?
     } else {
-        match std::fs::metadata(values_path) {
+        match std::fs::metadata(&layout.values) {
             Ok(m) if m.len() > MAX_VALUES => Err(m.len()),
-            Ok(_) => Ok(std::fs::read(values_path).ok()),
+            Ok(_) => Ok(std::fs::read(&layout.values).ok()),
             Err(_) => Ok(None),
         }
     };
-    let stored = match stored {
-        Ok(s) => s,
-        Err(size) => {
-            return Ok(AttemptEnd::Failed {
-                exit_code: Some(0),
-                reason: format!(
-                    "values.json is {size} bytes, over the {MAX_VALUES}-byte bound on a stage's values: \
-                     put data in an output, and in values only what a later stage's template or `when` reads"
-                ),
-                class: ErrorClass::Failed,
-            })
-        }
+    let failed = |reason: String| AttemptEnd::Failed {
+        exit_code: Some(0),
+        reason,
+        class: ErrorClass::Failed,
     };
-    let values = match stored {
-        Some(bytes) => match serde_json::from_slice::<Value>(&bytes) {
-            Ok(v @ Value::Object(_)) => v,
-            _ => {
-                return Ok(AttemptEnd::Failed {
-                    exit_code: Some(0),
-                    reason: "values.json is not a JSON object".into(),
-                    class: ErrorClass::Failed,
-                })
-            }
+    Ok(match stored {
+        Err(size) => Err(failed(format!(
+            "values.json is {size} bytes, over the {MAX_VALUES}-byte bound on a stage's values: \
+             put data in an output, and in values only what a later stage's template or `when` reads"
+        ))),
+        Ok(None) => Ok(Value::Object(Default::default())),
+        Ok(Some(bytes)) => match serde_json::from_slice::<Value>(&bytes) {
+            Ok(v @ Value::Object(_)) => Ok(v),
+            _ => Err(failed("values.json is not a JSON object".into())),
         },
-        None => Value::Object(Default::default()),
-    };
-    let mut values = values;
-    if let (Value::Object(v), Some(Value::Object(made))) = (&mut values, running.made()) {
-        v.extend(made);
-    }
-    mask.json(&mut values);
+    })
+}
+
+/// Publishes a succeeded attempt's outputs as artifacts; an output the store refuses
+/// (a key out of bounds, a symlink) fails the attempt (the inner `Err`).
+async fn publish(
+    ctx: &Ctx,
+    stage: &Stage,
+    key: &AttemptKey,
+    layout: &Layout,
+) -> Result<Result<BTreeMap<String, ArtifactRef>, AttemptEnd>, String> {
+    let remote = layout.remote.is_some();
     let mut outputs = BTreeMap::new();
     for o in &stage.outputs {
         // `drivetrain exec` uploaded a pod's outputs where `mode: url` ones go.
@@ -342,7 +356,7 @@ async fn wait_attempt(
             ctx.artifacts.publish_listing(key, &o.name).await
         } else {
             ctx.artifacts
-                .publish_dir(key, &o.name, &outputs_dir.join(&o.name))
+                .publish_dir(key, &o.name, &layout.outputs.join(&o.name))
                 .await
         };
         match art {
@@ -353,11 +367,11 @@ async fn wait_attempt(
                 e @ (crate::artifacts::ArtifactError::InvalidKey { .. }
                 | crate::artifacts::ArtifactError::Symlink { .. }),
             ) => {
-                return Ok(AttemptEnd::Failed {
+                return Ok(Err(AttemptEnd::Failed {
                     exit_code: Some(0),
                     reason: e.to_string(),
                     class: ErrorClass::Failed,
-                })
+                }))
             }
             Err(e) => return Err(format!("cannot publish output `{}`: {}", o.name, chain(&e))),
         }
@@ -365,9 +379,9 @@ async fn wait_attempt(
     // The published files are hard links: drop the attempt's own names for them so
     // nothing left of the attempt can write to an artifact.
     if !remote && !stage.outputs.is_empty() {
-        let _ = std::fs::remove_dir_all(outputs_dir);
+        let _ = std::fs::remove_dir_all(&layout.outputs);
     }
-    Ok(AttemptEnd::Succeeded { outputs, values })
+    Ok(Ok(outputs))
 }
 
 /// What a stage that succeeded still says about its result (`warnings` in its values:
