@@ -20,44 +20,97 @@ pub(super) async fn execute_map(
     stage: &Stage,
     upstream: &BTreeMap<StageId, StageResult>,
 ) -> Result<LoopEnd, RunError> {
-    use futures::StreamExt;
     let map = stage.map.as_ref().expect("a map stage");
-    let failed = |reason: String| LoopEnd {
+    let items = match items_of(ctx, &map.source, upstream).await {
+        Ok(items) => items,
+        Err(reason) => return Ok(failed(reason, Value::Null)),
+    };
+    ctx.state
+        .set_stage(&ctx.run.id, &stage.name, Phase::Running, None, None)?;
+    let (kept, first_attempt) = resume(ctx, stage, &items)?;
+    let _ = ctx.events.send(RunEvent::Started {
+        stage: stage.name.clone(),
+        attempt: 1,
+    });
+    let _ = ctx.events.send(RunEvent::Items {
+        stage: stage.name.clone(),
+        total: items.len(),
+    });
+    let tally = run_items(ctx, stage, &items, kept, &first_attempt, upstream).await?;
+    let n = items.len();
+    let values = serde_json::json!({"items": n, "succeeded": tally.succeeded.len(), "failed": tally.failures});
+    if tally.cancelled {
+        return Ok(LoopEnd {
+            attempt: None,
+            phase: Phase::Cancelled,
+            exit: None,
+            reason: Some("cancelled".into()),
+            outputs: BTreeMap::new(),
+            values,
+        });
+    }
+    let needed = (map.min_success_ratio * n as f64).ceil() as usize;
+    if tally.succeeded.len() < needed {
+        let reason = format!(
+            "{} of {n} items succeeded, {needed} needed (min_success_ratio {}); {}",
+            tally.succeeded.len(),
+            map.min_success_ratio,
+            tally.first_failure.unwrap_or_default()
+        );
+        return Ok(failed(reason, values));
+    }
+    let reason = (tally.failures > 0).then(|| {
+        format!(
+            "{} of {n} items failed, within min_success_ratio",
+            tally.failures
+        )
+    });
+    Ok(collect(ctx, stage, &tally.succeeded, values, reason).await)
+}
+
+/// A map stage's end before its items ran, or with too few of them succeeded.
+fn failed(reason: String, values: Value) -> LoopEnd {
+    LoopEnd {
         attempt: None,
         phase: Phase::Failed,
         exit: None,
         reason: Some(reason),
         outputs: BTreeMap::new(),
-        values: Value::Null,
-    };
-    let items: Vec<Value> = match &map.source {
-        MapSource::Items(items) => items.clone(),
+        values,
+    }
+}
+
+/// The items a map stage runs over, or why there are none to take.
+async fn items_of(
+    ctx: &Ctx,
+    source: &MapSource,
+    upstream: &BTreeMap<StageId, StageResult>,
+) -> Result<Vec<Value>, String> {
+    match source {
+        MapSource::Items(items) => Ok(items.clone()),
         MapSource::Param(p) => match ctx.params.get(p) {
-            Some(Value::Array(items)) => items.clone(),
-            _ => return Ok(failed(format!("param `{p}` is not a list"))),
+            Some(Value::Array(items)) => Ok(items.clone()),
+            _ => Err(format!("param `{p}` is not a list")),
         },
         MapSource::From {
             stage: from,
             output,
-        } => {
-            let Some(art) = upstream.get(from).and_then(|r| r.outputs.get(output)) else {
-                return Ok(failed(format!("map source `{output}` has no artifact")));
-            };
-            match read_items(ctx, art).await {
-                Ok(items) => items,
-                Err(reason) => return Ok(failed(reason)),
-            }
-        }
-    };
-    ctx.state
-        .set_stage(&ctx.run.id, &stage.name, Phase::Running, None, None)?;
-    // On a resume, items that succeeded before keep their outputs and do not run again.
-    // Items attempted before count their attempts on.
-    let mut kept: BTreeMap<usize, BTreeMap<String, ArtifactRef>> = BTreeMap::new();
+        } => match upstream.get(from).and_then(|r| r.outputs.get(output)) {
+            Some(art) => read_items(ctx, art).await,
+            None => Err(format!("map source `{output}` has no artifact")),
+        },
+    }
+}
+
+/// The outputs of each item that succeeded in an earlier try of this run (kept, not run
+/// again), and the attempt number each item starts at; records the items if this is the
+/// first try, or the items changed.
+fn resume(ctx: &Ctx, stage: &Stage, items: &[Value]) -> Result<(Kept, Vec<u32>), RunError> {
+    let mut kept = BTreeMap::new();
     let mut first_attempt = vec![1u32; items.len()];
     let prior = ctx.state.map_items(&ctx.run.id, &stage.name)?;
     let same_items =
-        prior.len() == items.len() && prior.iter().zip(&items).all(|(p, i)| &p.item == i);
+        prior.len() == items.len() && prior.iter().zip(items).all(|(p, i)| &p.item == i);
     if same_items {
         for p in prior {
             first_attempt[p.index] = p.attempts + 1;
@@ -69,22 +122,39 @@ pub(super) async fn execute_map(
             }
         }
     } else {
-        ctx.state.add_map_items(&ctx.run.id, &stage.name, &items)?;
+        ctx.state.add_map_items(&ctx.run.id, &stage.name, items)?;
     }
-    let _ = ctx.events.send(RunEvent::Started {
-        stage: stage.name.clone(),
-        attempt: 1,
-    });
-    let _ = ctx.events.send(RunEvent::Items {
-        stage: stage.name.clone(),
-        total: items.len(),
-    });
+    Ok((kept, first_attempt))
+}
+
+/// Items' outputs by index.
+type Kept = BTreeMap<usize, BTreeMap<String, ArtifactRef>>;
+
+/// How a map stage's items ended.
+struct Tally {
+    /// Each succeeded item's outputs, by index.
+    succeeded: Vec<(usize, BTreeMap<String, ArtifactRef>)>,
+    failures: usize,
+    cancelled: bool,
+    first_failure: Option<String>,
+}
+
+/// Runs the items not kept from an earlier try, `max_parallel` at once.
+async fn run_items(
+    ctx: &Ctx,
+    stage: &Stage,
+    items: &[Value],
+    kept: Kept,
+    first_attempt: &[u32],
+    upstream: &BTreeMap<StageId, StageResult>,
+) -> Result<Tally, RunError> {
+    use futures::StreamExt;
+    let map = stage.map.as_ref().expect("a map stage");
     let limit = map
         .max_parallel
         .map(|m| m as usize)
         .unwrap_or(usize::MAX)
         .clamp(1, ctx.opts.parallelism.max(1));
-    let items_ref = &items;
     let todo: Vec<usize> = (0..items.len()).filter(|i| !kept.contains_key(i)).collect();
     let results = futures::stream::iter(todo)
         .map(|index| {
@@ -92,22 +162,26 @@ pub(super) async fn execute_map(
                 ctx,
                 stage,
                 index,
-                &items_ref[index],
+                &items[index],
                 upstream,
                 first_attempt[index],
             )
         })
         .buffer_unordered(limit);
     futures::pin_mut!(results);
-    let (mut succeeded, mut failures, mut cancelled) = (Vec::new(), 0usize, false);
+    let mut tally = Tally {
+        succeeded: Vec::new(),
+        failures: 0,
+        cancelled: false,
+        first_failure: None,
+    };
     for (index, outputs) in kept {
         let _ = ctx.events.send(RunEvent::ItemDone {
             stage: stage.name.clone(),
             succeeded: true,
         });
-        succeeded.push((index, outputs));
+        tally.succeeded.push((index, outputs));
     }
-    let mut first_failure: Option<String> = None;
     while let Some(r) = results.next().await {
         let (index, end) = r?;
         let _ = ctx.events.send(RunEvent::ItemDone {
@@ -115,42 +189,30 @@ pub(super) async fn execute_map(
             succeeded: end.phase == Phase::Succeeded,
         });
         match end.phase {
-            Phase::Succeeded => succeeded.push((index, end.outputs)),
-            Phase::Cancelled => cancelled = true,
+            Phase::Succeeded => tally.succeeded.push((index, end.outputs)),
+            Phase::Cancelled => tally.cancelled = true,
             _ => {
-                failures += 1;
-                if first_failure.is_none() {
-                    first_failure = end
+                tally.failures += 1;
+                if tally.first_failure.is_none() {
+                    tally.first_failure = end
                         .reason
                         .map(|r| format!("item {index}: {}", first_line(&r)));
                 }
             }
         }
     }
-    succeeded.sort_by_key(|(i, _)| *i);
-    let n = items.len();
-    let values = serde_json::json!({"items": n, "succeeded": succeeded.len(), "failed": failures});
-    if cancelled {
-        return Ok(LoopEnd {
-            attempt: None,
-            phase: Phase::Cancelled,
-            exit: None,
-            reason: Some("cancelled".into()),
-            outputs: BTreeMap::new(),
-            values,
-        });
-    }
-    let needed = (map.min_success_ratio * n as f64).ceil() as usize;
-    if succeeded.len() < needed {
-        let mut end = failed(format!(
-            "{} of {n} items succeeded, {needed} needed (min_success_ratio {}); {}",
-            succeeded.len(),
-            map.min_success_ratio,
-            first_failure.unwrap_or_default()
-        ));
-        end.values = values;
-        return Ok(end);
-    }
+    tally.succeeded.sort_by_key(|(i, _)| *i);
+    Ok(tally)
+}
+
+/// A succeeded map stage: each output the collection of the items' outputs.
+async fn collect(
+    ctx: &Ctx,
+    stage: &Stage,
+    succeeded: &[(usize, BTreeMap<String, ArtifactRef>)],
+    values: Value,
+    reason: Option<String>,
+) -> LoopEnd {
     let key = AttemptKey {
         run: ctx.run.id.0.clone(),
         stage: stage.name.clone(),
@@ -171,26 +233,25 @@ pub(super) async fn execute_map(
                 outputs.insert(o.name.clone(), a);
             }
             Err(e) => {
-                return Ok(LoopEnd {
+                return LoopEnd {
                     attempt: None,
                     phase: Phase::Error,
                     exit: None,
                     reason: Some(format!("cannot publish output `{}`: {}", o.name, chain(&e))),
                     outputs: BTreeMap::new(),
                     values,
-                })
+                }
             }
         }
     }
-    Ok(LoopEnd {
+    LoopEnd {
         attempt: None,
         phase: Phase::Succeeded,
         exit: None,
-        reason: (failures > 0)
-            .then(|| format!("{failures} of {n} items failed, within min_success_ratio")),
+        reason,
         outputs,
         values,
-    })
+    }
 }
 
 /// One item of a map stage (each attempt holds one of the run's slots while it runs).
