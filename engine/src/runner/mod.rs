@@ -580,22 +580,7 @@ async fn execute(
 ) -> Result<StageResult, RunError> {
     let stage = ctx.pipeline.stage(id);
     let started = Instant::now();
-    let unsupported = match &stage.action {
-        Action::Step { name, .. } if ctx.opts.step_command.is_empty() => Some(format!(
-            "built-in step `{name}` cannot run: this engine has no step runner"
-        )),
-        Action::Step { .. } if stage.gpus() > ctx.opts.gpus.len() => {
-            Some(too_few_gpus(stage, &ctx.opts.gpus))
-        }
-        Action::Step { .. } => None,
-        Action::Command { .. } if stage.secrets.iter().any(|s| s.mount_path.is_some()) => {
-            Some("secrets mounted as files are not supported by the local executor".to_owned())
-        }
-        Action::Command { .. } if stage.gpus() > ctx.opts.gpus.len() => {
-            Some(too_few_gpus(stage, &ctx.opts.gpus))
-        }
-        Action::Command { .. } => None,
-    };
+    let unsupported = unsupported(ctx, stage);
     let (mut parts, external) = key_parts(ctx, stage, &upstream);
     let resolved = resolve_external(ctx, &external, &mut parts).await;
     let key = parts.key();
@@ -648,77 +633,15 @@ async fn execute(
     ctx.state
         .set_provenance(&ctx.run.id, &stage.name, &provenance)?;
     let end = match unsupported {
-        Some(reason) => {
-            let attempt = ctx.prior_attempts.get(&stage.name).copied().unwrap_or(0) + 1;
-            ctx.state.start_attempt(&ctx.run.id, &stage.name, attempt)?;
-            ctx.state.finish_attempt(
-                &ctx.run.id,
-                &stage.name,
-                attempt,
-                Phase::Error,
-                None,
-                Some(&reason),
-            )?;
-            LoopEnd {
-                attempt: None,
-                phase: Phase::Error,
-                exit: None,
-                reason: Some(reason),
-                outputs: BTreeMap::new(),
-                values: Value::Null,
-            }
-        }
+        Some(reason) => refuse(ctx, stage, reason)?,
         None if stage.map.is_some() => execute_map(ctx, stage, &upstream).await?,
         None => {
             let first = ctx.prior_attempts.get(&stage.name).copied().unwrap_or(0) + 1;
             attempt_loop(ctx, stage, Track::Stage, &upstream, first).await?
         }
     };
-    if end.phase == Phase::Succeeded {
-        let outputs_json = serde_json::to_value(&end.outputs).unwrap_or_default();
-        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-        let published: Vec<ArtifactRecord> = end
-            .outputs
-            .iter()
-            .map(|(output, art)| ArtifactRecord {
-                digest: art.digest.clone(),
-                manifest: art.manifest.clone(),
-                run_id: ctx.run.id.0.clone(),
-                stage: stage.name.clone(),
-                output: output.clone(),
-                created_at: now.clone(),
-            })
-            .collect();
-        let cache = (cacheable.is_ok() && ctx.opts.request.cache.write).then(|| CacheEntry {
-            key,
-            pipeline: ctx.pipeline.name.clone(),
-            stage: stage.name.clone(),
-            run_id: ctx.run.id.0.clone(),
-            outputs: outputs_json.clone(),
-            values: end.values.clone(),
-            components: serde_json::to_value(&parts.components).unwrap_or_default(),
-            created_at: now,
-        });
-        ctx.state.record_success(&Success {
-            run: &ctx.run.id,
-            stage: &stage.name,
-            attempt: end.attempt,
-            artifacts: &published,
-            outputs: &outputs_json,
-            values: &end.values,
-            cache: cache.as_ref(),
-            exit_code: end.exit,
-            reason: end.reason.as_deref(),
-        })?;
-    } else {
-        ctx.state.set_stage(
-            &ctx.run.id,
-            &stage.name,
-            end.phase,
-            end.exit,
-            end.reason.as_deref(),
-        )?;
-    }
+    let cache = (cacheable.is_ok() && ctx.opts.request.cache.write).then_some((key, &parts));
+    record_end(ctx, stage, &end, cache)?;
     let _ = ctx.events.send(RunEvent::Finished {
         stage: stage.name.clone(),
         phase: end.phase,
@@ -730,6 +653,105 @@ async fn execute(
         outputs: end.outputs,
         values: end.values,
     })
+}
+
+/// Why this engine cannot run a stage at all, if it cannot.
+fn unsupported(ctx: &Ctx, stage: &Stage) -> Option<String> {
+    match &stage.action {
+        Action::Step { name, .. } if ctx.opts.step_command.is_empty() => Some(format!(
+            "built-in step `{name}` cannot run: this engine has no step runner"
+        )),
+        Action::Step { .. } if stage.gpus() > ctx.opts.gpus.len() => {
+            Some(too_few_gpus(stage, &ctx.opts.gpus))
+        }
+        Action::Step { .. } => None,
+        Action::Command { .. } if stage.secrets.iter().any(|s| s.mount_path.is_some()) => {
+            Some("secrets mounted as files are not supported by the local executor".to_owned())
+        }
+        Action::Command { .. } if stage.gpus() > ctx.opts.gpus.len() => {
+            Some(too_few_gpus(stage, &ctx.opts.gpus))
+        }
+        Action::Command { .. } => None,
+    }
+}
+
+/// A stage this engine cannot run ends in `Error` with one attempt that says why.
+fn refuse(ctx: &Ctx, stage: &Stage, reason: String) -> Result<LoopEnd, RunError> {
+    let attempt = ctx.prior_attempts.get(&stage.name).copied().unwrap_or(0) + 1;
+    ctx.state.start_attempt(&ctx.run.id, &stage.name, attempt)?;
+    ctx.state.finish_attempt(
+        &ctx.run.id,
+        &stage.name,
+        attempt,
+        Phase::Error,
+        None,
+        Some(&reason),
+    )?;
+    Ok(LoopEnd {
+        attempt: None,
+        phase: Phase::Error,
+        exit: None,
+        reason: Some(reason),
+        outputs: BTreeMap::new(),
+        values: Value::Null,
+    })
+}
+
+/// Records how a stage that ran ended: a success with its artifacts, results and (when
+/// `cache` holds its key and parts) its cache entry in one commit; any other end its
+/// phase and reason.
+fn record_end(
+    ctx: &Ctx,
+    stage: &Stage,
+    end: &LoopEnd,
+    cache: Option<(String, &crate::cache::KeyParts)>,
+) -> Result<(), RunError> {
+    if end.phase != Phase::Succeeded {
+        ctx.state.set_stage(
+            &ctx.run.id,
+            &stage.name,
+            end.phase,
+            end.exit,
+            end.reason.as_deref(),
+        )?;
+        return Ok(());
+    }
+    let outputs_json = serde_json::to_value(&end.outputs).unwrap_or_default();
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let published: Vec<ArtifactRecord> = end
+        .outputs
+        .iter()
+        .map(|(output, art)| ArtifactRecord {
+            digest: art.digest.clone(),
+            manifest: art.manifest.clone(),
+            run_id: ctx.run.id.0.clone(),
+            stage: stage.name.clone(),
+            output: output.clone(),
+            created_at: now.clone(),
+        })
+        .collect();
+    let cache = cache.map(|(key, parts)| CacheEntry {
+        key,
+        pipeline: ctx.pipeline.name.clone(),
+        stage: stage.name.clone(),
+        run_id: ctx.run.id.0.clone(),
+        outputs: outputs_json.clone(),
+        values: end.values.clone(),
+        components: serde_json::to_value(&parts.components).unwrap_or_default(),
+        created_at: now,
+    });
+    ctx.state.record_success(&Success {
+        run: &ctx.run.id,
+        stage: &stage.name,
+        attempt: end.attempt,
+        artifacts: &published,
+        outputs: &outputs_json,
+        values: &end.values,
+        cache: cache.as_ref(),
+        exit_code: end.exit,
+        reason: end.reason.as_deref(),
+    })?;
+    Ok(())
 }
 
 /// Records a stage that ends with outputs it did not make (a cache hit, a rerun's
