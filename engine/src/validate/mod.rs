@@ -397,40 +397,8 @@ impl<'a> Cx<'a> {
             }
         }
         self.check_templates_in_defaults(&raw, &params, &mut used_params);
-        for param in &params {
-            let used_by_map = raw.stages.values().flatten().any(|s| {
-                s.map.as_ref().and_then(|m| m.param.as_deref()) == Some(param.name.as_str())
-            });
-            if !used_params.contains(&param.name) && !used_by_map {
-                let pp = p("params").key(&param.name);
-                self.diags.push(
-                    Diagnostic::warning(
-                        "unused-param",
-                        format!("param `{}` is never used", param.name),
-                    )
-                    .path(&pp),
-                );
-            }
-        }
-        // Hooks run after everything else: nothing ordinary may wait for one.
-        for e in graph.edge_indices() {
-            let (a, b) = graph.edge_endpoints(e).expect("edge exists");
-            let (from, to) = (names[a.index()], names[b.index()]);
-            let is_hook = |n: &str| {
-                raw.stages
-                    .get(n)
-                    .and_then(|s| s.as_ref())
-                    .is_some_and(|s| s.hook.is_some())
-            };
-            if is_hook(from) && !is_hook(to) {
-                self.err_key(
-                    "depends-on-hook",
-                    &p("stages").key(to),
-                    format!("stage `{to}` depends on hook `{from}`, which runs only after every other stage"),
-                )
-                .hint("make the dependant a hook too, or drop the dependency");
-            }
-        }
+        self.check_unused_params(&raw, &params, &used_params);
+        self.check_hook_edges(&raw, &graph, &names);
         let order = stable_topo_order(&graph);
         if order.is_none() {
             self.report_cycles(&graph, &names, &raw, &value_origin);
@@ -466,6 +434,47 @@ impl<'a> Cx<'a> {
             order: order?,
             spec,
         })
+    }
+
+    /// Warns of a param no template, condition or `map` uses.
+    fn check_unused_params(&mut self, raw: &Raw, params: &[Param], used_params: &HashSet<String>) {
+        for param in params {
+            let used_by_map = raw.stages.values().flatten().any(|s| {
+                s.map.as_ref().and_then(|m| m.param.as_deref()) == Some(param.name.as_str())
+            });
+            if !used_params.contains(&param.name) && !used_by_map {
+                let pp = p("params").key(&param.name);
+                self.diags.push(
+                    Diagnostic::warning(
+                        "unused-param",
+                        format!("param `{}` is never used", param.name),
+                    )
+                    .path(&pp),
+                );
+            }
+        }
+    }
+
+    /// Hooks run after everything else: nothing ordinary may wait for one.
+    fn check_hook_edges(&mut self, raw: &Raw, graph: &DiGraph<StageId, EdgeKind>, names: &[&str]) {
+        for e in graph.edge_indices() {
+            let (a, b) = graph.edge_endpoints(e).expect("edge exists");
+            let (from, to) = (names[a.index()], names[b.index()]);
+            let is_hook = |n: &str| {
+                raw.stages
+                    .get(n)
+                    .and_then(|s| s.as_ref())
+                    .is_some_and(|s| s.hook.is_some())
+            };
+            if is_hook(from) && !is_hook(to) {
+                self.err_key(
+                "depends-on-hook",
+                &p("stages").key(to),
+                format!("stage `{to}` depends on hook `{from}`, which runs only after every other stage"),
+            )
+            .hint("make the dependant a hook too, or drop the dependency");
+            }
+        }
     }
 
     fn check_version(&mut self, raw: &Raw) {
