@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use drivetrain_engine::plan::{framework_name, render_for_plan, Action, MapSource, Pipeline};
+use drivetrain_engine::plan::{
+    framework_name, render_for_plan, Action, MapPlan, MapSource, Pipeline, Stage,
+};
 use serde_json::{json, Value};
 
 /// Shows argv as a copy-pasteable line (display only: nothing is run through a shell).
@@ -85,187 +87,212 @@ pub(crate) fn plan_text(
             },
             mark
         );
-        let field = |out: &mut String, k: &str, v: String| {
-            let _ = writeln!(out, "     {k:<12} {v}");
-        };
-        match &s.action {
-            Action::Step {
-                name,
-                version,
-                config,
-                ..
-            } => {
-                field(&mut out, "uses", format!("{name}@{version}"));
-                if config.as_object().is_some_and(|o| !o.is_empty()) {
-                    let rendered = render_json_templates(config, params);
-                    field(&mut out, "with", rendered.to_string());
-                }
-            }
-            Action::Command { argv, workdir, .. } => {
-                let argv: Vec<String> = argv.iter().map(|t| render_for_plan(t, params)).collect();
-                field(&mut out, "command", shell_display(&argv));
-                if let Some(w) = workdir {
-                    field(&mut out, "workdir", render_for_plan(w, params));
-                }
-            }
-        }
-        if let Some(img) = &s.image {
-            field(&mut out, "image", render_for_plan(img, params));
-        }
-        for i in &s.inputs {
-            field(
-                &mut out,
-                "input",
-                format!(
-                    "{} ← {}.{}{}",
-                    i.name,
-                    p.stage(i.stage).name,
-                    i.output,
-                    if i.optional { " (optional)" } else { "" }
-                ),
-            );
-        }
-        if !s.outputs.is_empty() {
-            let names: Vec<&str> = s.outputs.iter().map(|o| o.name.as_str()).collect();
-            field(&mut out, "outputs", names.join(", "));
-        }
-        for (k, v) in &s.env {
-            field(
-                &mut out,
-                "env",
-                format!("{k}={}", render_for_plan(v, params)),
-            );
-        }
-        if let Some((_, text)) = &s.when {
-            field(&mut out, "when", text.clone());
-        }
+        let mut fields = Vec::new();
+        action_fields(&mut fields, s, params);
+        io_fields(&mut fields, p, s, params);
         if let Some(m) = &s.map {
-            let over = match &m.source {
-                MapSource::Items(items) => format!("{} items", items.len()),
-                MapSource::Param(name) => match params.get(name) {
-                    Some(Value::Array(a)) => format!("param {name} ({} items)", a.len()),
-                    _ => format!("param {name}"),
-                },
-                MapSource::From { stage, output } => {
-                    format!("items of {}.{}", p.stage(*stage).name, output)
-                }
-            };
-            let mut line = format!("over {over}");
-            if let Some(mp) = m.max_parallel {
-                line.push_str(&format!(", at most {mp} at once"));
-            }
-            if m.min_success_ratio < 1.0 {
-                line.push_str(&format!(
-                    ", succeeds at ≥{}% of items",
-                    m.min_success_ratio * 100.0
-                ));
-            }
-            field(&mut out, "map", line);
+            fields.push(("map", map_line(p, m, params)));
         }
-        if let Some(d) = &s.distributed {
-            field(
-                &mut out,
-                "distributed",
-                format!(
-                    "{} × {} workers{}",
-                    framework_name(d.framework),
-                    d.workers,
-                    if d.slots_per_worker > 1 {
-                        format!(", {} slots each", d.slots_per_worker)
-                    } else {
-                        String::new()
-                    }
-                ),
-            );
-        }
-        let r = &s.resources;
-        let mut res = Vec::new();
-        if let Some(c) = &r.cpu {
-            res.push(format!("cpu={c}"));
-        }
-        if let Some(m) = &r.memory {
-            res.push(format!("memory={m}"));
-        }
-        if let Some(g) = r.gpu {
-            res.push(format!("gpu={g}"));
-        }
-        if let Some(s) = &r.shm {
-            res.push(format!("shm={s}"));
-        }
-        if let Some(e) = &r.ephemeral_storage {
-            res.push(format!("ephemeral-storage={e}"));
-        }
-        if !res.is_empty() {
-            field(&mut out, "resources", res.join(" "));
-        }
-        if s.retries.limit > 0 {
-            field(
-                &mut out,
-                "retries",
-                format!(
-                    "{} (backoff {}, max {})",
-                    s.retries.limit,
-                    humantime::format_duration(s.retries.backoff),
-                    humantime::format_duration(s.retries.max_backoff)
-                ),
-            );
-        }
-        if let Some(t) = s.timeout {
-            field(
-                &mut out,
-                "timeout",
-                humantime::format_duration(t).to_string(),
-            );
-        }
-        if !s.cache.enabled {
-            field(&mut out, "cache", "disabled".into());
-        }
-        for v in &s.volumes {
-            let src = v
-                .claim
-                .as_ref()
-                .map(|c| format!("claim {c}"))
-                .or_else(|| {
-                    v.from_snapshot
-                        .as_ref()
-                        .map(|s| format!("from snapshot {s}"))
-                })
-                .or_else(|| v.empty_dir.as_ref().map(|q| format!("empty dir {}", q.0)))
-                .unwrap_or_default();
-            field(
-                &mut out,
-                "volume",
-                format!("{} at {} ({src})", v.name, v.mount_path),
-            );
-        }
-        if let Some(snap) = &s.snapshot {
-            field(
-                &mut out,
-                "snapshot",
-                format!("volume {} on {:?}", snap.volume, snap.when).to_lowercase(),
-            );
-        }
-        for sec in &s.secrets {
-            let to = match (&sec.env, &sec.mount_path) {
-                (Some(e), _) => format!("env {e}"),
-                (None, Some(m)) => format!("files at {m}"),
-                _ => String::new(),
-            };
-            field(
-                &mut out,
-                "secret",
-                format!(
-                    "{}{} → {to}",
-                    sec.name,
-                    sec.key
-                        .as_ref()
-                        .map(|k| format!("/{k}"))
-                        .unwrap_or_default()
-                ),
-            );
+        run_fields(&mut fields, s);
+        storage_fields(&mut fields, s);
+        for (k, v) in fields {
+            let _ = writeln!(out, "     {k:<12} {v}");
         }
     }
     out
+}
+
+/// A stage's `KEY  value` lines in `plan`'s text, in order.
+type Fields = Vec<(&'static str, String)>;
+
+fn push(f: &mut Fields, k: &'static str, v: String) {
+    f.push((k, v));
+}
+
+/// What the stage runs: its step and config, or its command and working directory.
+fn action_fields(f: &mut Fields, s: &Stage, params: &BTreeMap<String, Value>) {
+    match &s.action {
+        Action::Step {
+            name,
+            version,
+            config,
+            ..
+        } => {
+            push(f, "uses", format!("{name}@{version}"));
+            if config.as_object().is_some_and(|o| !o.is_empty()) {
+                let rendered = render_json_templates(config, params);
+                push(f, "with", rendered.to_string());
+            }
+        }
+        Action::Command { argv, workdir, .. } => {
+            let argv: Vec<String> = argv.iter().map(|t| render_for_plan(t, params)).collect();
+            push(f, "command", shell_display(&argv));
+            if let Some(w) = workdir {
+                push(f, "workdir", render_for_plan(w, params));
+            }
+        }
+    }
+}
+
+/// Its image, inputs, outputs, environment and condition.
+fn io_fields(f: &mut Fields, p: &Pipeline, s: &Stage, params: &BTreeMap<String, Value>) {
+    if let Some(img) = &s.image {
+        push(f, "image", render_for_plan(img, params));
+    }
+    for i in &s.inputs {
+        push(
+            f,
+            "input",
+            format!(
+                "{} ← {}.{}{}",
+                i.name,
+                p.stage(i.stage).name,
+                i.output,
+                if i.optional { " (optional)" } else { "" }
+            ),
+        );
+    }
+    if !s.outputs.is_empty() {
+        let names: Vec<&str> = s.outputs.iter().map(|o| o.name.as_str()).collect();
+        push(f, "outputs", names.join(", "));
+    }
+    for (k, v) in &s.env {
+        push(f, "env", format!("{k}={}", render_for_plan(v, params)));
+    }
+    if let Some((_, text)) = &s.when {
+        push(f, "when", text.clone());
+    }
+}
+
+/// What a map stage runs over, and how many at once.
+fn map_line(p: &Pipeline, m: &MapPlan, params: &BTreeMap<String, Value>) -> String {
+    let over = match &m.source {
+        MapSource::Items(items) => format!("{} items", items.len()),
+        MapSource::Param(name) => match params.get(name) {
+            Some(Value::Array(a)) => format!("param {name} ({} items)", a.len()),
+            _ => format!("param {name}"),
+        },
+        MapSource::From { stage, output } => {
+            format!("items of {}.{}", p.stage(*stage).name, output)
+        }
+    };
+    let mut line = format!("over {over}");
+    if let Some(mp) = m.max_parallel {
+        line.push_str(&format!(", at most {mp} at once"));
+    }
+    if m.min_success_ratio < 1.0 {
+        line.push_str(&format!(
+            ", succeeds at ≥{}% of items",
+            m.min_success_ratio * 100.0
+        ));
+    }
+    line
+}
+
+/// How it runs: distribution, resources, retries, timeout, cache.
+fn run_fields(f: &mut Fields, s: &Stage) {
+    if let Some(d) = &s.distributed {
+        push(
+            f,
+            "distributed",
+            format!(
+                "{} × {} workers{}",
+                framework_name(d.framework),
+                d.workers,
+                if d.slots_per_worker > 1 {
+                    format!(", {} slots each", d.slots_per_worker)
+                } else {
+                    String::new()
+                }
+            ),
+        );
+    }
+    let r = &s.resources;
+    let mut res = Vec::new();
+    if let Some(c) = &r.cpu {
+        res.push(format!("cpu={c}"));
+    }
+    if let Some(m) = &r.memory {
+        res.push(format!("memory={m}"));
+    }
+    if let Some(g) = r.gpu {
+        res.push(format!("gpu={g}"));
+    }
+    if let Some(s) = &r.shm {
+        res.push(format!("shm={s}"));
+    }
+    if let Some(e) = &r.ephemeral_storage {
+        res.push(format!("ephemeral-storage={e}"));
+    }
+    if !res.is_empty() {
+        push(f, "resources", res.join(" "));
+    }
+    if s.retries.limit > 0 {
+        push(
+            f,
+            "retries",
+            format!(
+                "{} (backoff {}, max {})",
+                s.retries.limit,
+                humantime::format_duration(s.retries.backoff),
+                humantime::format_duration(s.retries.max_backoff)
+            ),
+        );
+    }
+    if let Some(t) = s.timeout {
+        push(f, "timeout", humantime::format_duration(t).to_string());
+    }
+    if !s.cache.enabled {
+        push(f, "cache", "disabled".into());
+    }
+}
+
+/// Its volumes, snapshot and secrets.
+fn storage_fields(f: &mut Fields, s: &Stage) {
+    for v in &s.volumes {
+        let src = v
+            .claim
+            .as_ref()
+            .map(|c| format!("claim {c}"))
+            .or_else(|| {
+                v.from_snapshot
+                    .as_ref()
+                    .map(|s| format!("from snapshot {s}"))
+            })
+            .or_else(|| v.empty_dir.as_ref().map(|q| format!("empty dir {}", q.0)))
+            .unwrap_or_default();
+        push(
+            f,
+            "volume",
+            format!("{} at {} ({src})", v.name, v.mount_path),
+        );
+    }
+    if let Some(snap) = &s.snapshot {
+        push(
+            f,
+            "snapshot",
+            format!("volume {} on {:?}", snap.volume, snap.when).to_lowercase(),
+        );
+    }
+    for sec in &s.secrets {
+        let to = match (&sec.env, &sec.mount_path) {
+            (Some(e), _) => format!("env {e}"),
+            (None, Some(m)) => format!("files at {m}"),
+            _ => String::new(),
+        };
+        push(
+            f,
+            "secret",
+            format!(
+                "{}{} → {to}",
+                sec.name,
+                sec.key
+                    .as_ref()
+                    .map(|k| format!("/{k}"))
+                    .unwrap_or_default()
+            ),
+        );
+    }
 }
 
 /// Substitutes params into a step config, for display; run-time references stay visible.
