@@ -567,217 +567,262 @@ pub fn render(settings: &Settings, spec: &AttemptSpec) -> Rendered {
         Some(Gang::Kueue { queue }) => Some(queue.clone()),
         _ => None,
     };
-    let workload_labels = {
-        let mut l = labels.clone();
-        if let Some(queue) = &kueue {
-            l.insert("kueue.x-k8s.io/queue-name".into(), queue.clone());
-        }
-        l
-    };
-    let template = |container: Container, labels: &BTreeMap<String, String>| PodTemplateSpec {
-        metadata: Some(ObjectMeta {
-            labels: Some(labels.clone()),
-            annotations: (!annotations.is_empty()).then(|| annotations.clone()),
-            ..Default::default()
-        }),
-        spec: Some(pod_spec(settings, spec, &parts, container)),
-    };
-    let mut run_policy = json!({
-        "backoffLimit": 0,
-        "cleanPodPolicy": "Running",
-        "suspend": kueue.is_some(),
-    });
-    if let Some(d) = deadline(spec) {
-        run_policy["activeDeadlineSeconds"] = json!(d);
+    let mut workload_labels = labels.clone();
+    if let Some(queue) = &kueue {
+        workload_labels.insert("kueue.x-k8s.io/queue-name".into(), queue.clone());
     }
-    if let Some(ttl) = settings.ttl_seconds_after_finished {
-        run_policy["ttlSecondsAfterFinished"] = json!(ttl);
-    }
-    match spec.distributed.as_ref() {
+    let w = Workload {
+        settings,
+        spec,
+        name,
+        labels,
+        workload_labels,
+        parts,
+        annotations,
+        suspended: kueue.is_some(),
+    };
+    let kind = match spec.distributed.as_ref() {
         Some(Distributed {
             framework: Framework::Mpi,
             workers,
             slots_per_worker,
-        }) => {
-            let ranks = (workers * slots_per_worker).to_string();
-            let mut mpirun = vec![
-                "mpirun".to_owned(),
-                "--allow-run-as-root".into(),
-                "-np".into(),
-                ranks,
-                "-bind-to".into(),
-                "none".into(),
-                "-map-by".into(),
-                "slot".into(),
-            ];
-            mpirun.extend(
-                spec.env
-                    .iter()
-                    .flat_map(|(k, _)| ["-x".to_owned(), k.clone()]),
-            );
-            mpirun.extend(spec.argv.iter().cloned());
-            // The launcher only starts the ranks: no GPU, no share of the workers' memory.
-            let mut launcher_spec = spec.clone();
-            launcher_spec.placement.resources = Default::default();
-            let launcher = main_container(
-                settings,
-                &launcher_spec,
-                &parts,
-                MAIN,
-                Some(wrapped(settings, spec, &mpirun)),
-                Vec::new(),
-            );
-            let mut launcher = template(launcher, &labels);
-            if let Some(s) = launcher.spec.as_mut() {
-                s.init_containers = Some(parts.init.clone());
-            }
-            // Workers run the image's own entrypoint (its SSH server), started by the
-            // launcher's mpirun.
-            let worker = main_container(settings, spec, &parts, MAIN, None, Vec::new());
-            let mut worker = template(worker, &labels);
-            if let Some(s) = worker.spec.as_mut() {
-                s.init_containers = None;
-            }
-            let mut job = DynamicObject::new(&name, &mpijob_resource()).within(&settings.namespace);
-            job.metadata.labels = Some(workload_labels);
-            job.data = json!({"spec": {
-                "slotsPerWorker": slots_per_worker,
-                "runPolicy": run_policy,
-                "mpiImplementation": "OpenMPI",
-                "mpiReplicaSpecs": {
-                    "Launcher": {"replicas": 1, "restartPolicy": "Never", "template": launcher},
-                    "Worker": {"replicas": workers, "restartPolicy": "Never", "template": worker},
-                },
-            }});
-            objects.push(Object::Custom(Box::new(job), mpijob_resource()));
-            Rendered {
-                objects,
-                workload: ("MPIJob".into(), name),
-            }
-        }
+        }) => w.mpijob(&mut objects, *workers, *slots_per_worker),
         Some(Distributed {
             framework: Framework::Pytorch,
             workers,
             ..
-        }) => {
-            let container = main_container(
-                settings,
-                spec,
-                &parts,
-                "pytorch",
-                Some(wrapped(settings, spec, &spec.argv)),
-                Vec::new(),
-            );
-            let pod = template(container, &labels);
-            let mut replicas = serde_json::Map::new();
-            replicas.insert(
-                "Master".into(),
-                json!({"replicas": 1, "restartPolicy": "Never", "template": pod}),
-            );
-            if *workers > 1 {
-                replicas.insert(
-                    "Worker".into(),
-                    json!({"replicas": workers - 1, "restartPolicy": "Never", "template": pod}),
-                );
-            }
-            let mut job =
-                DynamicObject::new(&name, &pytorchjob_resource()).within(&settings.namespace);
-            job.metadata.labels = Some(workload_labels);
-            job.data = json!({"spec": {"runPolicy": run_policy, "pytorchReplicaSpecs": replicas}});
-            objects.push(Object::Custom(Box::new(job), pytorchjob_resource()));
-            Rendered {
-                objects,
-                workload: ("PyTorchJob".into(), name),
-            }
+        }) => w.pytorchjob(&mut objects, *workers),
+        distributed => w.job(&mut objects, distributed),
+    };
+    Rendered {
+        objects,
+        workload: (kind.into(), w.name),
+    }
+}
+
+/// What every object of one attempt's workload shares.
+struct Workload<'a> {
+    settings: &'a Settings,
+    spec: &'a AttemptSpec,
+    name: String,
+    /// The pods' labels.
+    labels: BTreeMap<String, String>,
+    /// The workload's own: the pods' and Kueue's queue.
+    workload_labels: BTreeMap<String, String>,
+    parts: PodParts,
+    annotations: BTreeMap<String, String>,
+    /// Created suspended: Kueue admits it.
+    suspended: bool,
+}
+
+impl Workload<'_> {
+    fn template(&self, container: Container, labels: &BTreeMap<String, String>) -> PodTemplateSpec {
+        PodTemplateSpec {
+            metadata: Some(ObjectMeta {
+                labels: Some(labels.clone()),
+                annotations: (!self.annotations.is_empty()).then(|| self.annotations.clone()),
+                ..Default::default()
+            }),
+            spec: Some(pod_spec(self.settings, self.spec, &self.parts, container)),
         }
-        distributed => {
-            // Plain ranks and Indexed Jobs: one Indexed Job with a headless Service, rank
-            // 0's stable DNS name as the rendezvous address.
-            let indexed =
-                distributed.is_some_and(|d| d.workers > 1 || d.framework == Framework::Indexed);
-            let mut extra = Vec::new();
-            if indexed {
-                // One pod per node, one process per pod: the Job's completion index is the
-                // rank and the node.
-                let index = || EnvVarSource {
-                    field_ref: Some(ObjectFieldSelector {
-                        field_path:
-                            "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-                                .into(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                };
-                for var in ["RANK", "GROUP_RANK", "ROLE_RANK", "NODE_RANK"] {
-                    extra.push(EnvVar {
-                        name: var.into(),
-                        value_from: Some(index()),
-                        ..Default::default()
-                    });
-                }
-                for var in ["WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE"] {
-                    extra.push(plain(var, workers.to_string()));
-                }
-                extra.push(plain("LOCAL_RANK", "0"));
-                extra.push(plain("LOCAL_WORLD_SIZE", "1"));
-                extra.push(plain("MASTER_ADDR", format!("{name}-0.{name}")));
-                extra.push(plain("MASTER_PORT", settings.master_port.to_string()));
-                let service = Service {
-                    metadata: meta(&name, settings, &labels),
-                    spec: Some(ServiceSpec {
-                        cluster_ip: Some("None".into()),
-                        selector: Some(BTreeMap::from([(LABEL_WORKLOAD.to_owned(), name.clone())])),
-                        publish_not_ready_addresses: Some(true),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                };
-                objects.push(Object::Service(Box::new(service)));
-            } else {
-                // A world of one, rendezvous on the pod's own loopback: a single-process
-                // `torch.distributed` job starts as it does locally.
-                extra.extend(
-                    Rank::ALONE
-                        .env("127.0.0.1", settings.master_port, Framework::None)
-                        .into_iter()
-                        .map(|(k, v)| plain(k, v)),
-                );
-            }
-            let container = main_container(
-                settings,
-                spec,
-                &parts,
-                MAIN,
-                Some(wrapped(settings, spec, &spec.argv)),
-                extra,
+    }
+
+    /// The Kubeflow training operator's `runPolicy`.
+    fn run_policy(&self) -> serde_json::Value {
+        let mut run_policy = json!({
+            "backoffLimit": 0,
+            "cleanPodPolicy": "Running",
+            "suspend": self.suspended,
+        });
+        if let Some(d) = deadline(self.spec) {
+            run_policy["activeDeadlineSeconds"] = json!(d);
+        }
+        if let Some(ttl) = self.settings.ttl_seconds_after_finished {
+            run_policy["ttlSecondsAfterFinished"] = json!(ttl);
+        }
+        run_policy
+    }
+
+    /// An MPIJob: a launcher that runs `mpirun` (under the wrapper) over the workers.
+    fn mpijob(
+        &self,
+        objects: &mut Vec<Object>,
+        workers: u32,
+        slots_per_worker: u32,
+    ) -> &'static str {
+        let (settings, spec, name) = (self.settings, self.spec, &self.name);
+        let ranks = (workers * slots_per_worker).to_string();
+        let mut mpirun = vec![
+            "mpirun".to_owned(),
+            "--allow-run-as-root".into(),
+            "-np".into(),
+            ranks,
+            "-bind-to".into(),
+            "none".into(),
+            "-map-by".into(),
+            "slot".into(),
+        ];
+        mpirun.extend(
+            spec.env
+                .iter()
+                .flat_map(|(k, _)| ["-x".to_owned(), k.clone()]),
+        );
+        mpirun.extend(spec.argv.iter().cloned());
+        // The launcher only starts the ranks: no GPU, no share of the workers' memory.
+        let mut launcher_spec = spec.clone();
+        launcher_spec.placement.resources = Default::default();
+        let launcher = main_container(
+            settings,
+            &launcher_spec,
+            &self.parts,
+            MAIN,
+            Some(wrapped(settings, spec, &mpirun)),
+            Vec::new(),
+        );
+        let mut launcher = self.template(launcher, &self.labels);
+        if let Some(s) = launcher.spec.as_mut() {
+            s.init_containers = Some(self.parts.init.clone());
+        }
+        // Workers run the image's own entrypoint (its SSH server), started by the
+        // launcher's mpirun.
+        let worker = main_container(settings, spec, &self.parts, MAIN, None, Vec::new());
+        let mut worker = self.template(worker, &self.labels);
+        if let Some(s) = worker.spec.as_mut() {
+            s.init_containers = None;
+        }
+        let mut job = DynamicObject::new(name, &mpijob_resource()).within(&settings.namespace);
+        job.metadata.labels = Some(self.workload_labels.clone());
+        job.data = json!({"spec": {
+            "slotsPerWorker": slots_per_worker,
+            "runPolicy": self.run_policy(),
+            "mpiImplementation": "OpenMPI",
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "restartPolicy": "Never", "template": launcher},
+                "Worker": {"replicas": workers, "restartPolicy": "Never", "template": worker},
+            },
+        }});
+        objects.push(Object::Custom(Box::new(job), mpijob_resource()));
+        "MPIJob"
+    }
+
+    /// A PyTorchJob: a master and `workers - 1` workers, each under the wrapper.
+    fn pytorchjob(&self, objects: &mut Vec<Object>, workers: u32) -> &'static str {
+        let (settings, spec, name) = (self.settings, self.spec, &self.name);
+        let container = main_container(
+            settings,
+            spec,
+            &self.parts,
+            "pytorch",
+            Some(wrapped(settings, spec, &spec.argv)),
+            Vec::new(),
+        );
+        let pod = self.template(container, &self.labels);
+        let mut replicas = serde_json::Map::new();
+        replicas.insert(
+            "Master".into(),
+            json!({"replicas": 1, "restartPolicy": "Never", "template": pod}),
+        );
+        if workers > 1 {
+            replicas.insert(
+                "Worker".into(),
+                json!({"replicas": workers - 1, "restartPolicy": "Never", "template": pod}),
             );
-            let mut pod = template(container, &labels);
-            if indexed {
-                if let Some(s) = pod.spec.as_mut() {
-                    s.subdomain = Some(name.clone());
-                }
-            }
-            let job = Job {
-                metadata: meta(&name, settings, &workload_labels),
-                spec: Some(JobSpec {
-                    backoff_limit: Some(0),
-                    active_deadline_seconds: deadline(spec),
-                    ttl_seconds_after_finished: settings.ttl_seconds_after_finished,
-                    completions: indexed.then_some(workers as i32),
-                    parallelism: indexed.then_some(workers as i32),
-                    completion_mode: indexed.then(|| "Indexed".into()),
-                    suspend: kueue.is_some().then_some(true),
-                    template: pod,
+        }
+        let mut job = DynamicObject::new(name, &pytorchjob_resource()).within(&settings.namespace);
+        job.metadata.labels = Some(self.workload_labels.clone());
+        job.data =
+            json!({"spec": {"runPolicy": self.run_policy(), "pytorchReplicaSpecs": replicas}});
+        objects.push(Object::Custom(Box::new(job), pytorchjob_resource()));
+        "PyTorchJob"
+    }
+
+    /// A batch Job: one pod, or (for plain ranks and Indexed Jobs) an Indexed Job with a
+    /// headless Service, rank 0's stable DNS name as the rendezvous address.
+    fn job(&self, objects: &mut Vec<Object>, distributed: Option<&Distributed>) -> &'static str {
+        let (settings, spec, name) = (self.settings, self.spec, &self.name);
+        let workers = distributed.map(|d| d.workers).unwrap_or(1);
+        // Plain ranks and Indexed Jobs: one Indexed Job with a headless Service, rank
+        // 0's stable DNS name as the rendezvous address.
+        let indexed =
+            distributed.is_some_and(|d| d.workers > 1 || d.framework == Framework::Indexed);
+        let mut extra = Vec::new();
+        if indexed {
+            // One pod per node, one process per pod: the Job's completion index is the
+            // rank and the node.
+            let index = || EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+                        .into(),
                     ..Default::default()
                 }),
                 ..Default::default()
             };
-            objects.push(Object::Job(Box::new(job)));
-            Rendered {
-                objects,
-                workload: ("Job".into(), name),
+            for var in ["RANK", "GROUP_RANK", "ROLE_RANK", "NODE_RANK"] {
+                extra.push(EnvVar {
+                    name: var.into(),
+                    value_from: Some(index()),
+                    ..Default::default()
+                });
+            }
+            for var in ["WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE"] {
+                extra.push(plain(var, workers.to_string()));
+            }
+            extra.push(plain("LOCAL_RANK", "0"));
+            extra.push(plain("LOCAL_WORLD_SIZE", "1"));
+            extra.push(plain("MASTER_ADDR", format!("{name}-0.{name}")));
+            extra.push(plain("MASTER_PORT", settings.master_port.to_string()));
+            let service = Service {
+                metadata: meta(name, settings, &self.labels),
+                spec: Some(ServiceSpec {
+                    cluster_ip: Some("None".into()),
+                    selector: Some(BTreeMap::from([(LABEL_WORKLOAD.to_owned(), name.clone())])),
+                    publish_not_ready_addresses: Some(true),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            objects.push(Object::Service(Box::new(service)));
+        } else {
+            // A world of one, rendezvous on the pod's own loopback: a single-process
+            // `torch.distributed` job starts as it does locally.
+            extra.extend(
+                Rank::ALONE
+                    .env("127.0.0.1", settings.master_port, Framework::None)
+                    .into_iter()
+                    .map(|(k, v)| plain(k, v)),
+            );
+        }
+        let container = main_container(
+            settings,
+            spec,
+            &self.parts,
+            MAIN,
+            Some(wrapped(settings, spec, &spec.argv)),
+            extra,
+        );
+        let mut pod = self.template(container, &self.labels);
+        if indexed {
+            if let Some(s) = pod.spec.as_mut() {
+                s.subdomain = Some(name.clone());
             }
         }
+        let job = Job {
+            metadata: meta(name, settings, &self.workload_labels),
+            spec: Some(JobSpec {
+                backoff_limit: Some(0),
+                active_deadline_seconds: deadline(spec),
+                ttl_seconds_after_finished: settings.ttl_seconds_after_finished,
+                completions: indexed.then_some(workers as i32),
+                parallelism: indexed.then_some(workers as i32),
+                completion_mode: indexed.then(|| "Indexed".into()),
+                suspend: self.suspended.then_some(true),
+                template: pod,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        objects.push(Object::Job(Box::new(job)));
+        "Job"
     }
 }
 
