@@ -47,6 +47,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
+use std::os::fd::RawFd;
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 
@@ -461,6 +462,143 @@ fn plan(
 
 /// The layers `DRIVETRAIN_ISOLATION=required` runs a stage with: all of them, or an error
 /// naming the one the kernel refuses.
+impl LocalExecutor {
+    /// `network: none` needs one process and a network namespace.
+    fn check_network(
+        &self,
+        spec: &AttemptSpec,
+        workers: usize,
+        no_network: bool,
+    ) -> Result<(), ExecutorError> {
+        if !no_network {
+            return Ok(());
+        }
+        if workers > 1 {
+            return Err(ExecutorError(format!(
+                "stage `{}`: `network: none` runs one process; its {workers} ranks would have no network to meet on",
+                spec.stage
+            )));
+        }
+        if self.isolation == Isolation::Off || !network_namespaces_work() {
+            return Err(ExecutorError(format!(
+                "stage `{}` has `network: none`, and this engine cannot give it a network namespace ({})",
+                spec.stage,
+                if self.isolation == Isolation::Off { "DRIVETRAIN_ISOLATION=off" } else { "the kernel refused one" }
+            )));
+        }
+        Ok(())
+    }
+
+    /// The namespaces, mounts and filter the attempt's processes start in, if any.
+    fn isolation_plan(
+        &self,
+        spec: &AttemptSpec,
+        program: &str,
+        workers: usize,
+        no_network: bool,
+        cgroup_procs: &[RawFd],
+    ) -> Result<Option<Arc<MountPlan>>, ExecutorError> {
+        let layers = match self.isolation {
+            Isolation::Off => None,
+            _ if spec.access.is_empty() && !no_network => None,
+            Isolation::Auto => Some(available()).filter(|l| l.mount),
+            Isolation::Required => Some(required_layers()?),
+        };
+        let Some(layers) = layers else {
+            return Ok(None);
+        };
+        plan(
+            spec,
+            program,
+            layers,
+            workers,
+            no_network,
+            cgroup_procs.to_vec(),
+        )
+        .map(|p| Some(Arc::new(p)))
+        .map_err(|e| ExecutorError(e.to_string()))
+    }
+}
+
+/// Where the attempt's output goes: the log itself, or, with secrets to mask, a pipe the
+/// engine copies into the log masked (the task that copies it), so no value is ever on
+/// disk, not while the stage runs either.
+fn log_sink(
+    spec: &AttemptSpec,
+    log: &std::fs::File,
+) -> Result<(std::fs::File, Option<tokio::task::JoinHandle<()>>), ExecutorError> {
+    let opened = |e| ExecutorError(format!("cannot open the log: {e}"));
+    if spec.mask.is_empty() {
+        return Ok((log.try_clone().map_err(opened)?, None));
+    }
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| ExecutorError(format!("cannot make the log's pipe: {e}")))?;
+    let copy = log.try_clone().map_err(opened)?;
+    let task = tokio::spawn(copy_masked(read, copy, spec.mask.stream()));
+    Ok((std::fs::File::from(write), Some(task)))
+}
+
+/// Starts one rank, in the attempt's namespaces where it has a plan; the first rank
+/// (`pgid` 0) leads a new process group, the others join it.
+fn spawn_rank(
+    spec: &AttemptSpec,
+    env: &BTreeMap<String, String>,
+    out: &std::fs::File,
+    pgid: i32,
+    plan: &Option<Arc<MountPlan>>,
+    cgroup_procs: &[RawFd],
+) -> std::io::Result<Proc> {
+    let program = &spec.argv[0];
+    match plan {
+        Some(plan) => isolate::spawn(
+            program,
+            &spec.argv[1..],
+            env,
+            &spec.workdir,
+            out,
+            pgid,
+            plan.clone(),
+        )
+        .map(|pid| Proc::Cloned(isolate::RawChild::new(pid))),
+        None => {
+            let out = out.try_clone()?;
+            let err = out.try_clone()?;
+            let mut command = Command::new(program);
+            isolate::join_before_exec(&mut command, cgroup_procs.to_vec());
+            command
+                .args(&spec.argv[1..])
+                .current_dir(&spec.workdir)
+                .env_clear()
+                .envs(env)
+                .stdin(Stdio::null())
+                .stdout(Stdio::from(out))
+                .stderr(Stdio::from(err))
+                .process_group(pgid)
+                .spawn()
+                .map(Proc::Spawned)
+        }
+    }
+}
+
+/// Why a rank did not start, in the user's terms.
+fn start_failure(spec: &AttemptSpec, e: &std::io::Error) -> String {
+    let program = &spec.argv[0];
+    match e.kind() {
+        std::io::ErrorKind::NotFound => format!(
+            "stage `{}`: command `{program}` not found (in {} or on PATH)",
+            spec.stage,
+            spec.workdir.display()
+        ),
+        std::io::ErrorKind::PermissionDenied => {
+            format!(
+                "stage `{}`: command `{program}` is not executable",
+                spec.stage
+            )
+        }
+        _ => format!("stage `{}`: cannot start `{program}`: {e}", spec.stage),
+    }
+}
+
 fn required_layers() -> Result<Layers, ExecutorError> {
     let l = available();
     let missing = if !l.mount {
@@ -526,57 +664,11 @@ impl Executor for LocalExecutor {
             .map(|d| d.framework)
             .unwrap_or_default();
         let no_network = spec.placement.network == Network::None;
-        if no_network {
-            if workers > 1 {
-                return Err(ExecutorError(format!(
-                    "stage `{}`: `network: none` runs one process; its {workers} ranks would have no network to meet on",
-                    spec.stage
-                )));
-            }
-            if self.isolation == Isolation::Off || !network_namespaces_work() {
-                return Err(ExecutorError(format!(
-                    "stage `{}` has `network: none`, and this engine cannot give it a network namespace ({})",
-                    spec.stage,
-                    if self.isolation == Isolation::Off { "DRIVETRAIN_ISOLATION=off" } else { "the kernel refused one" }
-                )));
-            }
-        }
+        self.check_network(&spec, workers, no_network)?;
         let cgroup = self.cgroup(&spec, &log)?;
         let cgroup_procs = cgroup.as_ref().map(|c| c.procs()).unwrap_or_default();
-        let layers = match self.isolation {
-            Isolation::Off => None,
-            _ if spec.access.is_empty() && !no_network => None,
-            Isolation::Auto => Some(available()).filter(|l| l.mount),
-            Isolation::Required => Some(required_layers()?),
-        };
-        let plan = match layers {
-            Some(layers) => Some(Arc::new(
-                plan(
-                    &spec,
-                    &program,
-                    layers,
-                    workers,
-                    no_network,
-                    cgroup_procs.clone(),
-                )
-                .map_err(|e| ExecutorError(e.to_string()))?,
-            )),
-            None => None,
-        };
-        // With secrets to mask, the stage writes to a pipe the engine copies into the log,
-        // masked: no value is ever on disk, not while the stage runs either.
-        let (out, drain) = if spec.mask.is_empty() {
-            (log.try_clone(), None)
-        } else {
-            let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-                .map_err(|e| ExecutorError(format!("cannot make the log's pipe: {e}")))?;
-            let copy = log
-                .try_clone()
-                .map_err(|e| ExecutorError(format!("cannot open the log: {e}")))?;
-            let task = tokio::spawn(copy_masked(read, copy, spec.mask.stream()));
-            (Ok(std::fs::File::from(write)), Some(task))
-        };
-        let out = out.map_err(|e| ExecutorError(format!("cannot open the log: {e}")))?;
+        let plan = self.isolation_plan(&spec, &program, workers, no_network, &cgroup_procs)?;
+        let (out, drain) = log_sink(&spec, &log)?;
         let gpu = attempt_env(&spec, "CUDA_VISIBLE_DEVICES")
             .and_then(|v| GpuWatch::start(v, cgroup.as_ref().and_then(|c| c.members())));
         let mut started = Started {
@@ -619,35 +711,7 @@ impl Executor for LocalExecutor {
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v)),
             );
-            // The first rank leads a new group; the others join it.
-            let spawned = match &plan {
-                Some(plan) => isolate::spawn(
-                    &program,
-                    &spec.argv[1..],
-                    &env,
-                    &spec.workdir,
-                    &out,
-                    started.pgid,
-                    plan.clone(),
-                )
-                .map(|pid| Proc::Cloned(isolate::RawChild::new(pid))),
-                None => out.try_clone().and_then(|out| {
-                    let err = out.try_clone()?;
-                    let mut command = Command::new(&program);
-                    isolate::join_before_exec(&mut command, cgroup_procs.clone());
-                    command
-                        .args(&spec.argv[1..])
-                        .current_dir(&spec.workdir)
-                        .env_clear()
-                        .envs(&env)
-                        .stdin(Stdio::null())
-                        .stdout(Stdio::from(out))
-                        .stderr(Stdio::from(err))
-                        .process_group(started.pgid)
-                        .spawn()
-                        .map(Proc::Spawned)
-                }),
-            };
+            let spawned = spawn_rank(&spec, &env, &out, started.pgid, &plan, &cgroup_procs);
             match spawned {
                 Ok(child) => {
                     if started.pgid == 0 {
@@ -657,20 +721,7 @@ impl Executor for LocalExecutor {
                 }
                 Err(e) => {
                     kill_group(started.pgid);
-                    started.failed_to_start = Some(match e.kind() {
-                        std::io::ErrorKind::NotFound => format!(
-                            "stage `{}`: command `{program}` not found (in {} or on PATH)",
-                            spec.stage,
-                            spec.workdir.display()
-                        ),
-                        std::io::ErrorKind::PermissionDenied => {
-                            format!(
-                                "stage `{}`: command `{program}` is not executable",
-                                spec.stage
-                            )
-                        }
-                        _ => format!("stage `{}`: cannot start `{program}`: {e}", spec.stage),
-                    });
+                    started.failed_to_start = Some(start_failure(&spec, &e));
                     for (_, mut c) in started.children.drain(..) {
                         let _ = c.wait().await;
                     }
