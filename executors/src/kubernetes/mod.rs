@@ -552,6 +552,9 @@ impl Seen {
     }
 }
 
+/// The attempt's log, written by the task that follows each pod's.
+type SharedLog = Arc<std::sync::Mutex<std::fs::File>>;
+
 impl KubeAttempt {
     fn main_container(&self) -> &'static str {
         if self.kind == "PyTorchJob" {
@@ -629,7 +632,7 @@ impl KubeAttempt {
         &self,
         pod: String,
         prefix: String,
-        log: Arc<std::sync::Mutex<std::fs::File>>,
+        log: SharedLog,
     ) -> tokio::task::JoinHandle<()> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.settings.namespace);
         let params = LogParams {
@@ -654,6 +657,106 @@ impl KubeAttempt {
                 }
             }
         })
+    }
+
+    /// Follows the log of every pod that has started and is not followed yet.
+    fn follow_started(
+        &self,
+        seen: &Seen,
+        followed: &mut BTreeMap<String, tokio::task::JoinHandle<()>>,
+        log: &SharedLog,
+        ranks: u32,
+    ) {
+        for (name, pod) in &seen.pods {
+            let phase = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .unwrap_or("Pending");
+            let started = Seen::terminated(pod, self.main_container()).is_some()
+                || pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.container_statuses.as_ref())
+                    .is_some_and(|cs| {
+                        cs.iter().any(|c| {
+                            c.name == self.main_container()
+                                && c.state.as_ref().is_some_and(|s| s.running.is_some())
+                        })
+                    });
+            if (phase != "Pending" || started) && !followed.contains_key(name) {
+                let prefix = log_prefix(pod, ranks);
+                followed.insert(
+                    name.clone(),
+                    self.follow_log(name.clone(), prefix, log.clone()),
+                );
+            }
+        }
+    }
+
+    /// The workload's end can arrive before its pods' updates: reads the logs of pods
+    /// not followed yet, then lets every stream drain (they end with the containers).
+    async fn drain_logs(
+        &self,
+        mut followed: BTreeMap<String, tokio::task::JoinHandle<()>>,
+        log: &SharedLog,
+        ranks: u32,
+    ) {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.settings.namespace);
+        let selector = kube::api::ListParams::default().labels(&format!(
+            "{}={}",
+            render::LABEL_WORKLOAD,
+            self.name
+        ));
+        if let Ok(list) = pods.list(&selector).await {
+            for pod in list.items {
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                if !followed.contains_key(&name) {
+                    let prefix = log_prefix(&pod, ranks);
+                    followed.insert(name.clone(), self.follow_log(name, prefix, log.clone()));
+                }
+            }
+        }
+        for (_, task) in followed {
+            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+        }
+    }
+
+    /// Takes the snapshot the stage asks for after an attempt that ended with `outcome`,
+    /// and says so in its log. `Some` fails a succeeded attempt whose snapshot failed.
+    async fn take_snapshot(
+        &mut self,
+        outcome: &AttemptOutcome,
+        log: &SharedLog,
+    ) -> Option<AttemptOutcome> {
+        use std::io::Write as _;
+        let succeeded = *outcome == AttemptOutcome::Succeeded;
+        let snapshot = self.spec.placement.snapshot.as_ref()?;
+        if !succeeded && snapshot.when != drivetrain_engine::spec::SnapshotWhen::Always {
+            return None;
+        }
+        let volume = snapshot.volume.clone();
+        let line = match self.snapshot().await {
+            Ok(Some((name, claim))) => {
+                let ns = &self.settings.namespace;
+                self.made = Some(serde_json::json!({"snapshot": {
+                    "name": name, "namespace": ns, "claim": claim, "volume": volume,
+                }}));
+                format!("drivetrain: VolumeSnapshot {name} of claim {claim} created")
+            }
+            Ok(None) => "drivetrain: nothing to snapshot".into(),
+            Err(e) if succeeded => {
+                return Some(AttemptOutcome::Failed {
+                    exit_code: None,
+                    reason: e.0,
+                })
+            }
+            Err(e) => format!("drivetrain: {}", e.0),
+        };
+        if let Ok(mut f) = log.lock() {
+            let _ = writeln!(f, "{line}");
+        }
+        None
     }
 
     /// Takes the stage's snapshot: its name and the claim it is of.
@@ -749,55 +852,12 @@ impl RunningAttempt for KubeAttempt {
                 },
                 _ = tick.tick() => {}
             }
-            for (name, pod) in &seen.pods {
-                let phase = pod
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.phase.as_deref())
-                    .unwrap_or("Pending");
-                let started = Seen::terminated(pod, self.main_container()).is_some()
-                    || pod
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.container_statuses.as_ref())
-                        .is_some_and(|cs| {
-                            cs.iter().any(|c| {
-                                c.name == self.main_container()
-                                    && c.state.as_ref().is_some_and(|s| s.running.is_some())
-                            })
-                        });
-                if (phase != "Pending" || started) && !followed.contains_key(name) {
-                    let prefix = log_prefix(pod, ranks);
-                    followed.insert(
-                        name.clone(),
-                        self.follow_log(name.clone(), prefix, log.clone()),
-                    );
-                }
-            }
+            self.follow_started(&seen, &mut followed, &log, ranks);
             if let Some(o) = self.outcome(&mut seen) {
                 break o;
             }
         };
-        // The workload's end can arrive before its pods' updates: read the logs of pods
-        // not followed yet, then let every stream drain (they end with the containers).
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
-        let selector = kube::api::ListParams::default().labels(&format!(
-            "{}={}",
-            render::LABEL_WORKLOAD,
-            self.name
-        ));
-        if let Ok(list) = pods.list(&selector).await {
-            for pod in list.items {
-                let name = pod.metadata.name.clone().unwrap_or_default();
-                if !followed.contains_key(&name) {
-                    let prefix = log_prefix(&pod, ranks);
-                    followed.insert(name.clone(), self.follow_log(name, prefix, log.clone()));
-                }
-            }
-        }
-        for (_, task) in followed {
-            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
-        }
+        self.drain_logs(followed, &log, ranks).await;
         match outcome {
             AttemptOutcome::Failed { ref reason, .. }
                 if !reason.starts_with("lost:") && seen.conditions.is_empty() =>
@@ -807,42 +867,10 @@ impl RunningAttempt for KubeAttempt {
             }
             _ => {}
         }
-        let succeeded = outcome == AttemptOutcome::Succeeded;
-        let wanted =
-            self.spec.placement.snapshot.as_ref().is_some_and(|s| {
-                succeeded || s.when == drivetrain_engine::spec::SnapshotWhen::Always
-            });
-        if wanted {
-            use std::io::Write as _;
-            let line = match self.snapshot().await {
-                Ok(Some((name, claim))) => {
-                    let volume = self
-                        .spec
-                        .placement
-                        .snapshot
-                        .as_ref()
-                        .map(|s| s.volume.clone());
-                    self.made = Some(serde_json::json!({"snapshot": {
-                        "name": name, "namespace": ns, "claim": claim, "volume": volume,
-                    }}));
-                    format!("drivetrain: VolumeSnapshot {name} of claim {claim} created")
-                }
-                Ok(None) => "drivetrain: nothing to snapshot".into(),
-                Err(e) => {
-                    if succeeded {
-                        return AttemptOutcome::Failed {
-                            exit_code: None,
-                            reason: e.0,
-                        };
-                    }
-                    format!("drivetrain: {}", e.0)
-                }
-            };
-            if let Ok(mut f) = log.lock() {
-                let _ = writeln!(f, "{line}");
-            }
+        match self.take_snapshot(&outcome, &log).await {
+            Some(failed) => failed,
+            None => outcome,
         }
-        outcome
     }
 
     fn made(&self) -> Option<serde_json::Value> {
