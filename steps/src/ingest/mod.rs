@@ -108,35 +108,16 @@ pub fn ingest(
         Some(dir) => Some(IndexWriter::create(&dir.join("messages.parquet"))?),
         None => None,
     };
-    let mut channels: BTreeMap<String, ChannelStats> = BTreeMap::new();
-    let mut skipped = Vec::new();
-    let mut ignored = Vec::new();
-    let mut without_frames = Vec::new();
-    let mut reordered = Vec::new();
-    let mut unfinished = Vec::new();
-    let mut unfinished_detail = Vec::new();
-    let mut sources = Vec::new();
-    let mut invalid_values = serde_json::Map::new();
-    let mut unreadable = serde_json::Map::new();
-    let (mut invalid_total, mut unreadable_total) = (0u64, 0u64);
-    let mut drives: BTreeMap<String, u64> = BTreeMap::new();
+    let mut t = Tally::default();
     let mut drive_files: BTreeMap<String, String> = BTreeMap::new();
     let mut tusimple = Vec::new();
-    let mut logs = 0usize;
-    let mut bytes = 0u64;
     for rel in &files {
         let name = rel.rsplit('/').next().unwrap_or(rel).to_owned();
-        let kind = match (&format, name.rsplit_once('.').map(|(_, e)| e)) {
-            (LogFormat::Tusimple, _) => "tusimple",
-            (LogFormat::Auto, Some("json")) if name.starts_with("label_data") => "tusimple",
-            (LogFormat::Mcap, _) | (LogFormat::Auto, Some("mcap")) => "mcap",
-            (LogFormat::Jsonl, _) | (LogFormat::Auto, Some("jsonl")) => "jsonl",
-            _ => {
-                ignored.push(rel.clone());
-                continue;
-            }
+        let Some(kind) = kind_of(&format, &name) else {
+            t.ignored.push(rel.clone());
+            continue;
         };
-        logs += 1;
+        t.logs += 1;
         if kind == "tusimple" {
             tusimple.push(source.fetch(rel)?);
             continue;
@@ -156,8 +137,7 @@ pub fn ingest(
         let file = match source.fetch(rel) {
             Ok(f) => f,
             Err(e) if skip => {
-                eprintln!("skipping {rel}: {e:#}");
-                skipped.push(json!({"file": rel, "error": format!("{e:#}")}));
+                t.skip(rel, &e);
                 continue;
             }
             Err(e) => return Err(e),
@@ -189,55 +169,16 @@ pub fn ingest(
         };
         match result {
             Ok(r) => {
-                for (topic, s) in file_channels {
-                    let all: &mut ChannelStats = channels.entry(topic).or_default();
-                    if all.messages == 0 {
-                        all.first_ns = s.first_ns;
-                        all.encoding = s.encoding;
-                        all.schema = s.schema;
-                    }
-                    all.messages += s.messages;
-                    all.bytes += s.bytes;
-                    all.first_ns = all.first_ns.min(s.first_ns);
-                    all.last_ns = all.last_ns.max(s.last_ns);
-                }
                 if let (Some(w), Some(part)) = (index_writer.as_mut(), &file_index) {
                     w.append(part)?;
                 }
-                if r.frames == 0 {
-                    without_frames.push(rel.clone());
-                }
-                if r.reordered {
-                    reordered.push(rel.clone());
-                }
-                if r.unfinished {
-                    let how = match r.cut {
-                        Some(at) => format!(
-                            "cut inside the record at byte offset {at}; the records before it read"
-                        ),
-                        None => "no footer: it may have been cut short".to_owned(),
-                    };
-                    eprintln!("warning: {rel}: {how}");
-                    unfinished.push(rel.clone());
-                    unfinished_detail.push(
-                        json!({"file": rel, "frames": r.frames, "cut_at": r.cut, "why": how}),
-                    );
-                }
-                if !r.invalid.is_empty() {
-                    invalid_values.insert(drive.clone(), json!(r.invalid.fields));
-                    unreadable.insert(drive.clone(), json!(r.invalid.messages));
-                    invalid_total += r.invalid.values();
-                    unreadable_total += r.invalid.messages.values().sum::<u64>();
-                }
-                bytes += std::fs::metadata(&file.path).map(|m| m.len()).unwrap_or(0);
-                sources.push(source.location(rel));
-                drives.insert(drive, r.frames);
+                let size = std::fs::metadata(&file.path).map(|m| m.len()).unwrap_or(0);
+                t.read(rel, drive, r, file_channels, size, source.location(rel));
             }
             Err(e) if skip => {
                 // A half-written partition of a skipped file is not part of the table.
                 let _ = std::fs::remove_dir_all(frames.join(format!("drive={drive}")));
-                eprintln!("skipping {rel}: {e:#}");
-                skipped.push(json!({"file": rel, "error": format!("{e:#}")}));
+                t.skip(rel, &e);
             }
             Err(e) => return Err(e),
         }
@@ -256,81 +197,188 @@ pub fn ingest(
         let paths: Vec<PathBuf> = tusimple.iter().map(|f| f.path.clone()).collect();
         lanes_rows = ingest_tusimple(&paths, &dir.join("tusimple.parquet"))?;
     }
-    if logs == 0 {
-        anyhow::bail!(
-            "no drive logs in {} (looked for *.mcap, *.jsonl, label_data_*.json; {} other file(s))",
-            source.describe(),
-            ignored.len()
-        );
+    t.check(cfg, source)?;
+    Ok(t.into_values(lanes_rows))
+}
+
+/// How a file is read, by `format` and its name; `None` for a file that is not a log.
+fn kind_of(format: &LogFormat, name: &str) -> Option<&'static str> {
+    Some(match (format, name.rsplit_once('.').map(|(_, e)| e)) {
+        (LogFormat::Tusimple, _) => "tusimple",
+        (LogFormat::Auto, Some("json")) if name.starts_with("label_data") => "tusimple",
+        (LogFormat::Mcap, _) | (LogFormat::Auto, Some("mcap")) => "mcap",
+        (LogFormat::Jsonl, _) | (LogFormat::Auto, Some("jsonl")) => "jsonl",
+        _ => return None,
+    })
+}
+
+/// What ingest found across the logs, for its values and its checks.
+#[derive(Default)]
+struct Tally {
+    logs: usize,
+    bytes: u64,
+    channels: BTreeMap<String, ChannelStats>,
+    /// Frames by drive.
+    drives: BTreeMap<String, u64>,
+    sources: Vec<String>,
+    skipped: Vec<Value>,
+    ignored: Vec<String>,
+    without_frames: Vec<String>,
+    reordered: Vec<String>,
+    unfinished: Vec<String>,
+    unfinished_detail: Vec<Value>,
+    invalid_values: serde_json::Map<String, Value>,
+    unreadable: serde_json::Map<String, Value>,
+    invalid_total: u64,
+    unreadable_total: u64,
+}
+
+impl Tally {
+    fn skip(&mut self, rel: &str, e: &anyhow::Error) {
+        eprintln!("skipping {rel}: {e:#}");
+        self.skipped
+            .push(json!({"file": rel, "error": format!("{e:#}")}));
     }
-    if skipped.len() == logs {
-        anyhow::bail!(
-            "every one of the {logs} log(s) in {} could not be read: {}",
-            source.describe(),
-            skipped[0]["error"].as_str().unwrap_or_default()
-        );
+
+    /// A log read to its end (or to where it was cut).
+    fn read(
+        &mut self,
+        rel: &str,
+        drive: String,
+        r: FileResult,
+        file_channels: BTreeMap<String, ChannelStats>,
+        size: u64,
+        location: String,
+    ) {
+        for (topic, s) in file_channels {
+            let all: &mut ChannelStats = self.channels.entry(topic).or_default();
+            if all.messages == 0 {
+                all.first_ns = s.first_ns;
+                all.encoding = s.encoding;
+                all.schema = s.schema;
+            }
+            all.messages += s.messages;
+            all.bytes += s.bytes;
+            all.first_ns = all.first_ns.min(s.first_ns);
+            all.last_ns = all.last_ns.max(s.last_ns);
+        }
+        if r.frames == 0 {
+            self.without_frames.push(rel.to_owned());
+        }
+        if r.reordered {
+            self.reordered.push(rel.to_owned());
+        }
+        if r.unfinished {
+            let how = match r.cut {
+                Some(at) => {
+                    format!("cut inside the record at byte offset {at}; the records before it read")
+                }
+                None => "no footer: it may have been cut short".to_owned(),
+            };
+            eprintln!("warning: {rel}: {how}");
+            self.unfinished.push(rel.to_owned());
+            self.unfinished_detail
+                .push(json!({"file": rel, "frames": r.frames, "cut_at": r.cut, "why": how}));
+        }
+        if !r.invalid.is_empty() {
+            self.invalid_values
+                .insert(drive.clone(), json!(r.invalid.fields));
+            self.unreadable
+                .insert(drive.clone(), json!(r.invalid.messages));
+            self.invalid_total += r.invalid.values();
+            self.unreadable_total += r.invalid.messages.values().sum::<u64>();
+        }
+        self.bytes += size;
+        self.sources.push(location);
+        self.drives.insert(drive, r.frames);
     }
-    if let Some(max) = cfg.max_unfinished {
-        if unfinished.len() as u64 > max {
+
+    /// Fails a stage that found no log, could read none, or found more unfinished ones
+    /// than `max_unfinished` allows.
+    fn check(&self, cfg: &IngestConfig, source: &LogSource) -> anyhow::Result<()> {
+        let logs = self.logs;
+        if logs == 0 {
             anyhow::bail!(
-                "{} log(s) unfinished, more than max_unfinished {max}: {}",
-                unfinished.len(),
-                unfinished_detail
-                    .iter()
-                    .map(|u| format!(
-                        "{} ({})",
-                        u["file"].as_str().unwrap_or_default(),
-                        u["why"].as_str().unwrap_or_default()
-                    ))
-                    .collect::<Vec<_>>()
-                    .join("; ")
+                "no drive logs in {} (looked for *.mcap, *.jsonl, label_data_*.json; {} other file(s))",
+                source.describe(),
+                self.ignored.len()
             );
         }
+        if self.skipped.len() == logs {
+            anyhow::bail!(
+                "every one of the {logs} log(s) in {} could not be read: {}",
+                source.describe(),
+                self.skipped[0]["error"].as_str().unwrap_or_default()
+            );
+        }
+        if let Some(max) = cfg.max_unfinished {
+            if self.unfinished.len() as u64 > max {
+                anyhow::bail!(
+                    "{} log(s) unfinished, more than max_unfinished {max}: {}",
+                    self.unfinished.len(),
+                    self.unfinished_detail
+                        .iter()
+                        .map(|u| format!(
+                            "{} ({})",
+                            u["file"].as_str().unwrap_or_default(),
+                            u["why"].as_str().unwrap_or_default()
+                        ))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                );
+            }
+        }
+        Ok(())
     }
-    let frames_total: u64 = drives.values().sum();
-    let warnings = warnings(
-        &unfinished_detail,
-        &skipped,
-        invalid_total,
-        unreadable_total,
-    );
-    let channels: serde_json::Map<String, Value> = channels
-        .into_iter()
-        .map(|(topic, s)| {
-            (
-                topic,
-                json!({
-                    "messages": s.messages, "bytes": s.bytes,
-                    "first_log_time_ns": s.first_ns, "last_log_time_ns": s.last_ns,
-                    "message_encoding": s.encoding, "schema": s.schema,
-                }),
-            )
+
+    /// The stage's values.
+    fn into_values(self, lanes_rows: u64) -> Value {
+        let frames_total: u64 = self.drives.values().sum();
+        let warnings = warnings(
+            &self.unfinished_detail,
+            &self.skipped,
+            self.invalid_total,
+            self.unreadable_total,
+        );
+        let channels: serde_json::Map<String, Value> = self
+            .channels
+            .into_iter()
+            .map(|(topic, s)| {
+                (
+                    topic,
+                    json!({
+                        "messages": s.messages, "bytes": s.bytes,
+                        "first_log_time_ns": s.first_ns, "last_log_time_ns": s.last_ns,
+                        "message_encoding": s.encoding, "schema": s.schema,
+                    }),
+                )
+            })
+            .collect();
+        json!({
+            "files": self.logs,
+            "bytes": self.bytes,
+            "frames": frames_total,
+            "drives": self.drives,
+            "sources": self.sources,
+            "channels": channels,
+            "tusimple_rows": lanes_rows,
+            "skipped": self.skipped,
+            "skipped_files": self.skipped.len(),
+            "ignored": self.ignored,
+            "ignored_files": self.ignored.len(),
+            "without_frames": self.without_frames,
+            "files_without_frames": self.without_frames.len(),
+            "reordered": self.reordered,
+            "unfinished": self.unfinished,
+            "unfinished_files": self.unfinished.len(),
+            "unfinished_detail": self.unfinished_detail,
+            "invalid_values": self.invalid_values,
+            "invalid_values_total": self.invalid_total,
+            "unreadable_messages": self.unreadable,
+            "unreadable_messages_total": self.unreadable_total,
+            "warnings": warnings,
         })
-        .collect();
-    Ok(json!({
-        "files": logs,
-        "bytes": bytes,
-        "frames": frames_total,
-        "drives": drives,
-        "sources": sources,
-        "channels": channels,
-        "tusimple_rows": lanes_rows,
-        "skipped": skipped,
-        "skipped_files": skipped.len(),
-        "ignored": ignored,
-        "ignored_files": ignored.len(),
-        "without_frames": without_frames,
-        "files_without_frames": without_frames.len(),
-        "reordered": reordered,
-        "unfinished": unfinished,
-        "unfinished_files": unfinished.len(),
-        "unfinished_detail": unfinished_detail,
-        "invalid_values": invalid_values,
-        "invalid_values_total": invalid_total,
-        "unreadable_messages": unreadable,
-        "unreadable_messages_total": unreadable_total,
-        "warnings": warnings,
-    }))
+    }
 }
 
 /// What a stage that succeeded must still say: the engine shows these with its phase
