@@ -66,6 +66,59 @@ pub async fn export(
     }
     let ctx = session(&tables).await?;
     let candidates = rows(&ctx, "SELECT * FROM corner_cases ORDER BY drive, ts").await?;
+    let target = budget - (budget as f64 * background_share).round() as usize;
+    let (chosen, skipped_dup) = pick(&candidates, target, per, window);
+    let mut selected: Vec<Map<String, Value>> =
+        chosen.iter().map(|i| candidates[*i].clone()).collect();
+    let background = match frames {
+        Some(_) => add_background(&ctx, &mut selected, budget).await?,
+        None => 0,
+    };
+    selected.sort_by(|a, b| {
+        let k = |r: &Map<String, Value>| {
+            (
+                r["drive"].as_str().unwrap_or_default().to_owned(),
+                r["log_time_ns"].as_i64().unwrap_or_default(),
+            )
+        };
+        k(a).cmp(&k(b))
+    });
+    for (i, r) in selected.iter_mut().enumerate() {
+        r.insert("task_id".into(), Value::from(i as i64 + 1));
+    }
+    // Which export a labeled task came from: task ids restart at 1 in every export.
+    std::fs::write(
+        out.join(EXPORT_FILE),
+        serde_json::to_vec_pretty(&json!({"export_id": export_id}))?,
+    )?;
+    if selected.is_empty() {
+        eprintln!("warning: nothing selected for labeling (no corner cases, or a zero budget)");
+    }
+    write_formats(cfg, out, &selected, export_id)?;
+    let cols = frame_columns(&[("rules", DataType::Utf8), ("task_id", DataType::Int64)]);
+    write_rows(&out.join("frames.parquet"), &cols, &selected)?;
+    let per_rule = per_rule(&selected);
+    Ok(json!({
+        "export_id": export_id,
+        "selected": selected.len(),
+        "corner_cases": selected.len() - background,
+        "background": background,
+        "candidates": candidates.len(),
+        "skipped_as_duplicates": skipped_dup,
+        "rules": per_rule,
+    }))
+}
+
+/// Corner cases for labeling: the rules take turns, each taking its next candidate in
+/// time order, until `target` are chosen or every rule is exhausted; at most `per` of a
+/// rule from one drive, none within `window` seconds of one taken from the same drive.
+/// The candidates chosen (by position), and how many were passed over as duplicates.
+fn pick(
+    candidates: &[Map<String, Value>],
+    target: usize,
+    per: usize,
+    window: f64,
+) -> (Vec<usize>, u64) {
     // Each rule's candidates in time order.
     let mut by_rule: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for (i, r) in candidates.iter().enumerate() {
@@ -80,7 +133,6 @@ pub async fn export(
             }
         }
     }
-    let target = budget - (budget as f64 * background_share).round() as usize;
     let mut chosen: Vec<usize> = Vec::new();
     let mut taken: BTreeSet<usize> = BTreeSet::new();
     let mut count: HashMap<(String, String), usize> = HashMap::new();
@@ -133,66 +185,60 @@ pub async fn export(
             break;
         }
     }
-    let mut selected: Vec<Map<String, Value>> =
-        chosen.iter().map(|i| candidates[*i].clone()).collect();
-    // Background frames: a fixed pseudo-random sample of all frames (no rule matched
-    // them, or they were not picked), spread over drives.
+    (chosen, skipped_dup)
+}
+
+/// Background frames: a fixed pseudo-random sample of all frames (no rule matched them,
+/// or they were not picked), spread over drives, filling `selected` up to `budget`.
+async fn add_background(
+    ctx: &datafusion::prelude::SessionContext,
+    selected: &mut Vec<Map<String, Value>>,
+    budget: usize,
+) -> anyhow::Result<usize> {
     let mut background = 0usize;
-    if frames.is_some() {
-        let want = budget.saturating_sub(selected.len());
-        if want > 0 {
-            let sample = rows(
-                &ctx,
-                &format!(
-                    "SELECT *, '' AS rules FROM frames ORDER BY ((log_time_ns % 1000003) * 7919) % 1000003, drive, ts LIMIT {}",
-                    want * 2
-                ),
-            )
-            .await?;
-            let keys: BTreeSet<(String, i64)> = selected
-                .iter()
-                .map(|r| {
-                    (
-                        r["drive"].as_str().unwrap_or_default().to_owned(),
-                        r["log_time_ns"].as_i64().unwrap_or_default(),
-                    )
-                })
-                .collect();
-            for r in sample {
-                if background >= want {
-                    break;
-                }
-                let key = (
+    let want = budget.saturating_sub(selected.len());
+    if want > 0 {
+        let sample = rows(
+            ctx,
+            &format!(
+                "SELECT *, '' AS rules FROM frames ORDER BY ((log_time_ns % 1000003) * 7919) % 1000003, drive, ts LIMIT {}",
+                want * 2
+            ),
+        )
+        .await?;
+        let keys: BTreeSet<(String, i64)> = selected
+            .iter()
+            .map(|r| {
+                (
                     r["drive"].as_str().unwrap_or_default().to_owned(),
                     r["log_time_ns"].as_i64().unwrap_or_default(),
-                );
-                if !keys.contains(&key) {
-                    selected.push(r);
-                    background += 1;
-                }
+                )
+            })
+            .collect();
+        for r in sample {
+            if background >= want {
+                break;
+            }
+            let key = (
+                r["drive"].as_str().unwrap_or_default().to_owned(),
+                r["log_time_ns"].as_i64().unwrap_or_default(),
+            );
+            if !keys.contains(&key) {
+                selected.push(r);
+                background += 1;
             }
         }
     }
-    selected.sort_by(|a, b| {
-        let k = |r: &Map<String, Value>| {
-            (
-                r["drive"].as_str().unwrap_or_default().to_owned(),
-                r["log_time_ns"].as_i64().unwrap_or_default(),
-            )
-        };
-        k(a).cmp(&k(b))
-    });
-    for (i, r) in selected.iter_mut().enumerate() {
-        r.insert("task_id".into(), Value::from(i as i64 + 1));
-    }
-    // Which export a labeled task came from: task ids restart at 1 in every export.
-    std::fs::write(
-        out.join(EXPORT_FILE),
-        serde_json::to_vec_pretty(&json!({"export_id": export_id}))?,
-    )?;
-    if selected.is_empty() {
-        eprintln!("warning: nothing selected for labeling (no corner cases, or a zero budget)");
-    }
+    Ok(background)
+}
+
+/// Writes the tasks in each format asked for (Label Studio and COCO by default).
+fn write_formats(
+    cfg: &LabelExportConfig,
+    out: &Path,
+    selected: &[Map<String, Value>],
+    export_id: &str,
+) -> anyhow::Result<()> {
     let formats: Vec<&LabelFormat> = if cfg.formats.is_empty() {
         vec![&LabelFormat::LabelStudio, &LabelFormat::Coco]
     } else {
@@ -241,10 +287,13 @@ pub async fn export(
             }
         }
     }
-    let cols = frame_columns(&[("rules", DataType::Utf8), ("task_id", DataType::Int64)]);
-    write_rows(&out.join("frames.parquet"), &cols, &selected)?;
+    Ok(())
+}
+
+/// How many of the selected frames each rule matched.
+fn per_rule(selected: &[Map<String, Value>]) -> BTreeMap<String, u64> {
     let mut per_rule: BTreeMap<String, u64> = BTreeMap::new();
-    for r in &selected {
+    for r in selected {
         for rule in r["rules"]
             .as_str()
             .unwrap_or_default()
@@ -254,15 +303,7 @@ pub async fn export(
             *per_rule.entry(rule.to_owned()).or_default() += 1;
         }
     }
-    Ok(json!({
-        "export_id": export_id,
-        "selected": selected.len(),
-        "corner_cases": selected.len() - background,
-        "background": background,
-        "candidates": candidates.len(),
-        "skipped_as_duplicates": skipped_dup,
-        "rules": per_rule,
-    }))
+    per_rule
 }
 
 /// A stable hash for assigning drives to splits.
@@ -626,24 +667,7 @@ pub async fn import(
     };
     drop(exported);
     if let Some(h) = &human {
-        if !h.unknown_choices.is_empty() {
-            anyhow::bail!(
-                "choices the label mapping does not name: {} (map each under `choices:` to risky, normal or skip)",
-                h.unknown_choices
-                    .iter()
-                    .map(|(v, n)| format!("`{v}` ×{n}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        }
-        let max = cfg.max_foreign.unwrap_or(0);
-        if h.foreign > max {
-            anyhow::bail!(
-                "{} labeled item(s) are not tasks of this export (max_foreign {max}), e.g. {}: labels of another export must not label these frames",
-                h.foreign,
-                h.foreign_examples.join("; ")
-            );
-        }
+        check_mapping(h, cfg)?;
     }
     let exported = frames.len() as u64;
     let mut unlabeled = 0u64;
@@ -670,28 +694,85 @@ pub async fn import(
         true
     });
     if let Some(h) = &human {
-        let labeled = exported - unlabeled;
-        let min = cfg.min_labeled.unwrap_or(0.9);
-        if min < 0.0 {
-            anyhow::bail!("min_labeled must not be negative (got {min})");
-        }
-        let need = if min < 1.0 {
-            (min * exported as f64).ceil() as u64
-        } else {
-            min.ceil() as u64
-        };
-        if labeled < need {
-            anyhow::bail!(
-                "only {labeled} of {exported} exported tasks came back labeled (min_labeled {min} needs {need}): \
-                 {unlabeled} without a label, {} cancelled annotation(s) skipped, {} annotation(s) without a `{}` choice, \
-                 {} item(s) not of this export (tasks are matched by `data.task_id`, `export_id`, drive and log time)",
-                h.cancelled,
-                h.without_label,
-                cfg.from_name.as_deref().unwrap_or("risky/normal"),
-                h.foreign
-            );
-        }
+        check_labeled(h, cfg, exported, unlabeled)?;
     }
+    let split_of = split_drives(cfg, &frames)?;
+    let counts = write_splits(out, &frames, &split_of)?;
+    Ok(json!({
+        "frames": frames.len(),
+        "exported": exported,
+        "unlabeled": unlabeled,
+        "cancelled_annotations": human.as_ref().map(|h| h.cancelled),
+        "annotations_without_label": human.as_ref().map(|h| h.without_label),
+        "foreign_items": human.as_ref().map(|h| h.foreign),
+        "skipped_choices": human.as_ref().map(|h| h.skipped_choices),
+        "export_id": export_id,
+        "label_source": if human.is_some() { "human" } else { "auto:ground-truth" },
+        "splits": counts,
+    }))
+}
+
+/// Refuses labels with a choice the mapping does not name, or with more items of
+/// another export than `max_foreign`.
+fn check_mapping(h: &StudioLabels, cfg: &LabelImportConfig) -> anyhow::Result<()> {
+    if !h.unknown_choices.is_empty() {
+        anyhow::bail!(
+            "choices the label mapping does not name: {} (map each under `choices:` to risky, normal or skip)",
+            h.unknown_choices
+                .iter()
+                .map(|(v, n)| format!("`{v}` ×{n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let max = cfg.max_foreign.unwrap_or(0);
+    if h.foreign > max {
+        anyhow::bail!(
+            "{} labeled item(s) are not tasks of this export (max_foreign {max}), e.g. {}: labels of another export must not label these frames",
+            h.foreign,
+            h.foreign_examples.join("; ")
+        );
+    }
+    Ok(())
+}
+
+/// Refuses an import with fewer labeled tasks than `min_labeled` asks for.
+fn check_labeled(
+    h: &StudioLabels,
+    cfg: &LabelImportConfig,
+    exported: u64,
+    unlabeled: u64,
+) -> anyhow::Result<()> {
+    let labeled = exported - unlabeled;
+    let min = cfg.min_labeled.unwrap_or(0.9);
+    if min < 0.0 {
+        anyhow::bail!("min_labeled must not be negative (got {min})");
+    }
+    let need = if min < 1.0 {
+        (min * exported as f64).ceil() as u64
+    } else {
+        min.ceil() as u64
+    };
+    if labeled < need {
+        anyhow::bail!(
+            "only {labeled} of {exported} exported tasks came back labeled (min_labeled {min} needs {need}): \
+             {unlabeled} without a label, {} cancelled annotation(s) skipped, {} annotation(s) without a `{}` choice, \
+             {} item(s) not of this export (tasks are matched by `data.task_id`, `export_id`, drive and log time)",
+            h.cancelled,
+            h.without_label,
+            cfg.from_name.as_deref().unwrap_or("risky/normal"),
+            h.foreign
+        );
+    }
+    Ok(())
+}
+
+/// Each drive's split (`train`, `val`, `test`): whole drives, in an order the seed
+/// fixes, so no drive's frames are on both sides.
+fn split_drives(
+    cfg: &LabelImportConfig,
+    frames: &[Map<String, Value>],
+) -> anyhow::Result<HashMap<String, &'static str>> {
     let split = cfg.split.as_ref();
     let (train_f, val_f) = (
         split.map(|s| s.train).unwrap_or(0.8),
@@ -734,6 +815,15 @@ pub async fn import(
         };
         split_of.insert(d.clone(), s);
     }
+    Ok(split_of)
+}
+
+/// Writes `train`, `val` and `test` as Parquet; what each holds.
+fn write_splits(
+    out: &Path,
+    frames: &[Map<String, Value>],
+    split_of: &HashMap<String, &'static str>,
+) -> anyhow::Result<BTreeMap<&'static str, Value>> {
     let cols = frame_columns(&[
         ("rules", DataType::Utf8),
         ("task_id", DataType::Int64),
@@ -760,18 +850,7 @@ pub async fn import(
             "drives": split_of.iter().filter(|(_, v)| **v == s).map(|(k, _)| k.clone()).collect::<BTreeSet<_>>()}));
         write_rows(&out.join(format!("{s}.parquet")), &cols, &part)?;
     }
-    Ok(json!({
-        "frames": frames.len(),
-        "exported": exported,
-        "unlabeled": unlabeled,
-        "cancelled_annotations": human.as_ref().map(|h| h.cancelled),
-        "annotations_without_label": human.as_ref().map(|h| h.without_label),
-        "foreign_items": human.as_ref().map(|h| h.foreign),
-        "skipped_choices": human.as_ref().map(|h| h.skipped_choices),
-        "export_id": export_id,
-        "label_source": if human.is_some() { "human" } else { "auto:ground-truth" },
-        "splits": counts,
-    }))
+    Ok(counts)
 }
 
 // The `label-export` and `label-import` step: its `with:` block, registration and what it does with its context.
