@@ -285,59 +285,9 @@ pub fn scan(
         section.update(&head);
         section.update(&body);
         if op == OP_CHUNK {
-            let Record::Chunk { header, data } = mcap::parse_record(op, &body)
-                .map_err(|e| fail(pos, format!("corrupt chunk: {e}")))?
-            else {
-                return Err(fail(pos, "corrupt chunk".into()));
-            };
-            let records = decompress(&header.compression, &data, header.uncompressed_size)
+            state
+                .chunk(&body, pos, on_message, &mut end.messages)
                 .map_err(|e| fail(pos, e))?;
-            let crc = crc32fast::hash(&records);
-            if header.uncompressed_crc != 0 && header.uncompressed_crc != crc {
-                return Err(fail(
-                    pos,
-                    format!(
-                        "chunk CRC mismatch (the chunk says {:08x}, its records give {crc:08x}): the file is corrupt",
-                        header.uncompressed_crc
-                    ),
-                ));
-            }
-            let mut at = 0usize;
-            while at < records.len() {
-                if records.len() - at < 9 {
-                    return Err(fail(
-                        pos,
-                        format!("corrupt chunk: record header cut at {at}"),
-                    ));
-                }
-                let iop = records[at];
-                let ilen = u64::from_le_bytes(records[at + 1..at + 9].try_into().expect("8"));
-                let start = at + 9;
-                let stop = usize::try_from(ilen)
-                    .ok()
-                    .and_then(|l| start.checked_add(l))
-                    .filter(|s| *s <= records.len())
-                    .ok_or_else(|| {
-                        fail(pos, format!("corrupt chunk: record at {at} overruns it"))
-                    })?;
-                if !matches!(iop, OP_SCHEMA | OP_CHANNEL | OP_MESSAGE) && iop < 0x80 {
-                    return Err(fail(
-                        pos,
-                        format!("corrupt chunk: a record of opcode 0x{iop:02x} at {at} cannot stand in a chunk"),
-                    ));
-                }
-                state
-                    .record(
-                        iop,
-                        &records[start..stop],
-                        pos,
-                        Some(at as u64),
-                        on_message,
-                        &mut end.messages,
-                    )
-                    .map_err(|e| fail(pos, e))?;
-                at = stop;
-            }
         } else {
             state
                 .record(op, &body, pos, None, on_message, &mut end.messages)
@@ -347,6 +297,61 @@ pub fn scan(
     }
     end.bytes = total;
     Ok(end)
+}
+
+impl State {
+    /// The records of one chunk: its compression undone, its CRC checked, each record
+    /// (schemas, channels, messages) taken in order.
+    fn chunk(
+        &mut self,
+        body: &[u8],
+        pos: u64,
+        on_message: &mut dyn FnMut(Message<'_>) -> anyhow::Result<()>,
+        messages: &mut u64,
+    ) -> Result<(), String> {
+        let Record::Chunk { header, data } =
+            mcap::parse_record(OP_CHUNK, body).map_err(|e| format!("corrupt chunk: {e}"))?
+        else {
+            return Err("corrupt chunk".into());
+        };
+        let records = decompress(&header.compression, &data, header.uncompressed_size)?;
+        let crc = crc32fast::hash(&records);
+        if header.uncompressed_crc != 0 && header.uncompressed_crc != crc {
+            return Err(format!(
+                "chunk CRC mismatch (the chunk says {:08x}, its records give {crc:08x}): the file is corrupt",
+                header.uncompressed_crc
+            ));
+        }
+        let mut at = 0usize;
+        while at < records.len() {
+            if records.len() - at < 9 {
+                return Err(format!("corrupt chunk: record header cut at {at}"));
+            }
+            let iop = records[at];
+            let ilen = u64::from_le_bytes(records[at + 1..at + 9].try_into().expect("8"));
+            let start = at + 9;
+            let stop = usize::try_from(ilen)
+                .ok()
+                .and_then(|l| start.checked_add(l))
+                .filter(|s| *s <= records.len())
+                .ok_or_else(|| format!("corrupt chunk: record at {at} overruns it"))?;
+            if !matches!(iop, OP_SCHEMA | OP_CHANNEL | OP_MESSAGE) && iop < 0x80 {
+                return Err(format!(
+                    "corrupt chunk: a record of opcode 0x{iop:02x} at {at} cannot stand in a chunk"
+                ));
+            }
+            self.record(
+                iop,
+                &records[start..stop],
+                pos,
+                Some(at as u64),
+                on_message,
+                messages,
+            )?;
+            at = stop;
+        }
+        Ok(())
+    }
 }
 
 /// Whether the file's last 8 bytes are the MCAP magic (a writer finished it).

@@ -96,139 +96,153 @@ pub fn simulate(cfg: &FleetSimConfig, dir: &Path) -> anyhow::Result<SimSummary> 
         ..Default::default()
     };
     for d in 0..drives {
-        let mut rng = root.fork(u64::from(d) + 1);
-        let path = dir.join(format!("drive-{d:03}.mcap"));
-        let file = std::fs::File::create(&path)?;
-        let mut w = mcap::WriteOptions::new()
-            .compression(Some(mcap::Compression::Zstd))
-            .profile("")
-            .library("drivetrain fleet-sim")
-            .create(BufWriter::new(file))?;
-        let mut channels = Vec::new();
-        for (topic, schema) in TOPICS {
-            let title = topic.trim_start_matches('/');
-            let sid = w.add_schema(title, "jsonschema", schema.as_bytes())?;
-            channels.push(w.add_channel(sid, topic, "json", &BTreeMap::new())?);
-        }
-        let weather = *rng.pick(&["clear", "clear", "clear", "rain", "fog"]);
-        let time_of_day = *rng.pick(&["day", "day", "dusk", "night"]);
-        let highway = rng.chance(0.5);
-        let cruise = if highway { 27.0 } else { 12.0 } + rng.range(-2.0, 2.0);
-        let mut speed = cruise;
-        let (mut lat, mut lon) = (
-            48.13 + rng.range(-0.05, 0.05),
-            11.57 + rng.range(-0.05, 0.05),
-        );
-        let mut heading = rng.range(0.0, std::f64::consts::TAU);
-        let mut offset: f64 = 0.0;
-        let mut lead = rng.range(20.0, 60.0);
-        // Remaining frames of each active event.
-        let mut active: BTreeMap<&str, u32> = BTreeMap::new();
-        let dt = 1.0 / rate;
-        let frames = (seconds * rate) as u64;
-        let start = EPOCH_NS + u64::from(d) * 3_600_000_000_000;
-        let mut seq = 0u32;
-        for i in 0..frames {
-            let t = i as f64 * dt;
-            let log_time = start + (t * 1e9) as u64;
-            for (kind, length) in EVENTS {
-                let mut p = per_minute(kind) / 60.0 * dt;
-                if *kind == "low_lane_confidence" && (weather != "clear" || time_of_day == "night")
-                {
-                    p *= 3.0;
-                }
-                if !active.contains_key(kind) && rng.chance(p) {
-                    active.insert(kind, (length * rate) as u32);
-                    *summary.events.entry((*kind).to_owned()).or_default() += 1;
-                }
-            }
-            let on = |k: &str| active.contains_key(k);
-            // Vehicle dynamics: speed relaxes to cruise, braking events override.
-            let mut accel = 0.3 * (cruise - speed) + 0.3 * rng.normal();
-            if on("hard_brake") {
-                accel = rng.range(-8.0, -5.0);
-            }
-            speed = (speed + accel * dt).max(0.0);
-            let steering = 0.05 * (t / 7.0).sin()
-                + 0.01 * rng.normal()
-                + if rng.chance(0.002) {
-                    rng.range(-0.6, 0.6)
-                } else {
-                    0.0
-                };
-            let yaw_rate = speed * steering / 2.8;
-            heading += yaw_rate * dt;
-            lat += speed * dt * heading.cos() / 111_320.0;
-            lon += speed * dt * heading.sin() / (111_320.0 * lat.to_radians().cos());
-            offset = (offset + 0.02 * rng.normal()).clamp(-1.5, 1.5) * 0.995;
-            let mut confidence = match (weather, time_of_day) {
-                ("clear", "day") => 0.92,
-                ("clear", _) => 0.8,
-                (_, "night") => 0.6,
-                _ => 0.7,
-            } + 0.04 * rng.normal();
-            if on("low_lane_confidence") {
-                confidence = rng.range(0.1, 0.3);
-            }
-            lead = (lead + rng.normal() * 0.5).clamp(10.0, 80.0);
-            let (class, distance, rel) = if on("pedestrian_close_call") {
-                ("pedestrian", rng.range(3.0, 7.0), -speed.min(5.0))
-            } else if on("cut_in") {
-                ("car", rng.range(4.0, 9.0), rng.range(-4.0, -1.0))
-            } else {
-                (
-                    if highway && rng.chance(0.2) {
-                        "truck"
-                    } else {
-                        "car"
-                    },
-                    lead,
-                    rng.range(-1.0, 1.0),
-                )
-            };
-            let messages: [Option<Value>; 5] = [
-                Some(json!({
-                    "speed_mps": round(speed), "accel_x": round(accel),
-                    "accel_y": round(speed * yaw_rate), "yaw_rate": round(yaw_rate),
-                    "steering": round(steering), "brake_pressure": round(if accel < 0.0 { -accel * 12.0 } else { 0.0 }),
-                    "lat": lat, "lon": lon,
-                })),
-                Some(
-                    json!({"lateral_offset_m": round(offset), "lane_confidence": round(confidence.clamp(0.0, 1.0))}),
-                ),
-                Some(
-                    json!({"class": class, "distance_m": round(distance), "rel_speed_mps": round(rel)}),
-                ),
-                (i % rate.max(1.0) as u64 == 0)
-                    .then(|| json!({"weather": weather, "time_of_day": time_of_day})),
-                Some(json!({
-                    "hard_brake": on("hard_brake"), "cut_in": on("cut_in"),
-                    "pedestrian_close_call": on("pedestrian_close_call"),
-                    "low_lane_confidence": on("low_lane_confidence"),
-                })),
-            ];
-            for (c, m) in channels.iter().zip(messages) {
-                let Some(m) = m else { continue };
-                seq += 1;
-                w.write_to_known_channel(
-                    &mcap::records::MessageHeader {
-                        channel_id: *c,
-                        sequence: seq,
-                        log_time,
-                        publish_time: log_time,
-                    },
-                    m.to_string().as_bytes(),
-                )?;
-            }
-            active.retain(|_, left| {
-                *left = left.saturating_sub(1);
-                *left > 0
-            });
-            summary.frames += 1;
-        }
-        w.finish()?;
+        write_drive(d, &root, dir, seconds, rate, &per_minute, &mut summary)?;
     }
     Ok(summary)
+}
+
+/// Writes drive `d` (`drive-00d.mcap` in `dir`): `seconds` of frames at `rate`, events
+/// at `per_minute(kind)`, counted into `summary`.
+fn write_drive(
+    d: u32,
+    root: &Rng,
+    dir: &Path,
+    seconds: f64,
+    rate: f64,
+    per_minute: &dyn Fn(&str) -> f64,
+    summary: &mut SimSummary,
+) -> anyhow::Result<()> {
+    let mut rng = root.fork(u64::from(d) + 1);
+    let path = dir.join(format!("drive-{d:03}.mcap"));
+    let file = std::fs::File::create(&path)?;
+    let mut w = mcap::WriteOptions::new()
+        .compression(Some(mcap::Compression::Zstd))
+        .profile("")
+        .library("drivetrain fleet-sim")
+        .create(BufWriter::new(file))?;
+    let mut channels = Vec::new();
+    for (topic, schema) in TOPICS {
+        let title = topic.trim_start_matches('/');
+        let sid = w.add_schema(title, "jsonschema", schema.as_bytes())?;
+        channels.push(w.add_channel(sid, topic, "json", &BTreeMap::new())?);
+    }
+    let weather = *rng.pick(&["clear", "clear", "clear", "rain", "fog"]);
+    let time_of_day = *rng.pick(&["day", "day", "dusk", "night"]);
+    let highway = rng.chance(0.5);
+    let cruise = if highway { 27.0 } else { 12.0 } + rng.range(-2.0, 2.0);
+    let mut speed = cruise;
+    let (mut lat, mut lon) = (
+        48.13 + rng.range(-0.05, 0.05),
+        11.57 + rng.range(-0.05, 0.05),
+    );
+    let mut heading = rng.range(0.0, std::f64::consts::TAU);
+    let mut offset: f64 = 0.0;
+    let mut lead = rng.range(20.0, 60.0);
+    // Remaining frames of each active event.
+    let mut active: BTreeMap<&str, u32> = BTreeMap::new();
+    let dt = 1.0 / rate;
+    let frames = (seconds * rate) as u64;
+    let start = EPOCH_NS + u64::from(d) * 3_600_000_000_000;
+    let mut seq = 0u32;
+    for i in 0..frames {
+        let t = i as f64 * dt;
+        let log_time = start + (t * 1e9) as u64;
+        for (kind, length) in EVENTS {
+            let mut p = per_minute(kind) / 60.0 * dt;
+            if *kind == "low_lane_confidence" && (weather != "clear" || time_of_day == "night") {
+                p *= 3.0;
+            }
+            if !active.contains_key(kind) && rng.chance(p) {
+                active.insert(kind, (length * rate) as u32);
+                *summary.events.entry((*kind).to_owned()).or_default() += 1;
+            }
+        }
+        let on = |k: &str| active.contains_key(k);
+        // Vehicle dynamics: speed relaxes to cruise, braking events override.
+        let mut accel = 0.3 * (cruise - speed) + 0.3 * rng.normal();
+        if on("hard_brake") {
+            accel = rng.range(-8.0, -5.0);
+        }
+        speed = (speed + accel * dt).max(0.0);
+        let steering = 0.05 * (t / 7.0).sin()
+            + 0.01 * rng.normal()
+            + if rng.chance(0.002) {
+                rng.range(-0.6, 0.6)
+            } else {
+                0.0
+            };
+        let yaw_rate = speed * steering / 2.8;
+        heading += yaw_rate * dt;
+        lat += speed * dt * heading.cos() / 111_320.0;
+        lon += speed * dt * heading.sin() / (111_320.0 * lat.to_radians().cos());
+        offset = (offset + 0.02 * rng.normal()).clamp(-1.5, 1.5) * 0.995;
+        let mut confidence = match (weather, time_of_day) {
+            ("clear", "day") => 0.92,
+            ("clear", _) => 0.8,
+            (_, "night") => 0.6,
+            _ => 0.7,
+        } + 0.04 * rng.normal();
+        if on("low_lane_confidence") {
+            confidence = rng.range(0.1, 0.3);
+        }
+        lead = (lead + rng.normal() * 0.5).clamp(10.0, 80.0);
+        let (class, distance, rel) = if on("pedestrian_close_call") {
+            ("pedestrian", rng.range(3.0, 7.0), -speed.min(5.0))
+        } else if on("cut_in") {
+            ("car", rng.range(4.0, 9.0), rng.range(-4.0, -1.0))
+        } else {
+            (
+                if highway && rng.chance(0.2) {
+                    "truck"
+                } else {
+                    "car"
+                },
+                lead,
+                rng.range(-1.0, 1.0),
+            )
+        };
+        let messages: [Option<Value>; 5] = [
+            Some(json!({
+                "speed_mps": round(speed), "accel_x": round(accel),
+                "accel_y": round(speed * yaw_rate), "yaw_rate": round(yaw_rate),
+                "steering": round(steering), "brake_pressure": round(if accel < 0.0 { -accel * 12.0 } else { 0.0 }),
+                "lat": lat, "lon": lon,
+            })),
+            Some(
+                json!({"lateral_offset_m": round(offset), "lane_confidence": round(confidence.clamp(0.0, 1.0))}),
+            ),
+            Some(
+                json!({"class": class, "distance_m": round(distance), "rel_speed_mps": round(rel)}),
+            ),
+            (i % rate.max(1.0) as u64 == 0)
+                .then(|| json!({"weather": weather, "time_of_day": time_of_day})),
+            Some(json!({
+                "hard_brake": on("hard_brake"), "cut_in": on("cut_in"),
+                "pedestrian_close_call": on("pedestrian_close_call"),
+                "low_lane_confidence": on("low_lane_confidence"),
+            })),
+        ];
+        for (c, m) in channels.iter().zip(messages) {
+            let Some(m) = m else { continue };
+            seq += 1;
+            w.write_to_known_channel(
+                &mcap::records::MessageHeader {
+                    channel_id: *c,
+                    sequence: seq,
+                    log_time,
+                    publish_time: log_time,
+                },
+                m.to_string().as_bytes(),
+            )?;
+        }
+        active.retain(|_, left| {
+            *left = left.saturating_sub(1);
+            *left > 0
+        });
+        summary.frames += 1;
+    }
+    w.finish()?;
+    Ok(())
 }
 
 fn round(x: f64) -> f64 {
