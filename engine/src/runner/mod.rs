@@ -33,17 +33,19 @@ mod in_process;
 mod keys;
 mod map;
 mod prepare;
+mod request;
 use attempt::{attempt_loop, AbortOnDrop};
 use dag::{Dag, StageResult};
 use gpus::GpuPool;
 use keys::{cache_hit, cacheable, input_artifacts, key_parts, resolve_external};
 use map::execute_map;
+pub use request::RunRequest;
 
 /// How a run is carried out: its request, with what the engine settled for it.
 #[derive(Debug, Clone)]
 pub(crate) struct RunOptions {
     /// What was asked; its params and resume are taken out when the run starts.
-    pub request: crate::engine::RunRequest,
+    pub request: RunRequest,
     /// The most attempts running at once.
     pub parallelism: usize,
     /// Where attempts get their working directories (`.drivetrain/work`).
