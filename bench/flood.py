@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`drivetrain serve` under a flood (bench/README.md, "serve under a flood"): what
-tests/flood.rs checks, with the figures.
+tests/it/flood.rs checks, with the figures.
 
 Makes a home of 5,400 runs, starts the binary's `serve` on it with at most 1,024 open
 files (soft and hard), then:

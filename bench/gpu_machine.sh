@@ -3,9 +3,9 @@
 # machine has no Rust toolchain and no network: build here, bring the binaries):
 #   1. the machine: GPU, kernel, cores, cgroups, and `drivetrain doctor` (which layers of
 #      containment it gives, and whether NVML records GPU usage);
-#   2. tests/gpus.rs's `a_stage_records_what_its_gpu_did` and every test of
-#      tests/isolation.rs (root, cgroup v2 there), test binaries built with
-#      `cargo test --release --test gpus --test isolation --no-run`, against the release
+#   2. tests/it/gpus.rs's `a_stage_records_what_its_gpu_did` and every test of
+#      tests/it/isolation.rs (root, cgroup v2 there), from the test binary built with
+#      `cargo test --release --test it --no-run`, against the release
 #      `drivetrain` at the path they were built with (Python with PyTorch for the GPU
 #      test: DRIVETRAIN_TEST_GPU_PYTHON, default python3);
 #   3. `bench.py --suite run` with containment (the default) and without
@@ -17,11 +17,11 @@
 # leaf `init` first, as Docker-in-Docker's entrypoint does, and every engine runs in a
 # cgroup of its own through bench/own-cgroup.sh, as a systemd unit with Delegate=yes.
 #
-# Usage: bench/gpu_machine.sh DRIVETRAIN GPUS_TEST ISOLATION_TEST OUT_DIR
+# Usage: bench/gpu_machine.sh DRIVETRAIN IT_TEST OUT_DIR
 # Each binary may be `.xz`-compressed (the copy to the GPU machine is size-limited).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bin=$1 gpus_test=$2 isolation_test=$3 out=$4
+bin=$1 it_test=$2 out=$3
 mkdir -p "$out"
 
 unpack() { # FILE DEST
@@ -38,8 +38,7 @@ shutil.copyfileobj(src(sys.argv[1], "rb"), open(sys.argv[2], "wb"))' "$1" "$2"
 built_with=${BUILT_WITH:-/root/.cache/drivetrain/target/release/drivetrain}
 real=/tmp/drivetrain-real
 unpack "$bin" "$real"
-unpack "$gpus_test" /tmp/gpus-test
-unpack "$isolation_test" /tmp/isolation-test
+unpack "$it_test" /tmp/it-test
 
 mkdir -p "$(dirname "$built_with")"
 cg=/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)
@@ -63,8 +62,8 @@ fi
 
 {
   DRIVETRAIN_TEST_GPU_PYTHON=${DRIVETRAIN_TEST_GPU_PYTHON:-$(command -v python3)} \
-    /tmp/gpus-test --test-threads 1 --nocapture a_stage_records_what_its_gpu_did
-  CI=true /tmp/isolation-test --test-threads 2
+    /tmp/it-test --test-threads 1 --nocapture gpus::a_stage_records_what_its_gpu_did
+  CI=true /tmp/it-test --test-threads 2 isolation::
 } 2>&1 | tee "$out/tests.txt"
 
 for isolation in auto off; do

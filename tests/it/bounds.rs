@@ -8,7 +8,7 @@
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 
-mod common;
+use crate::common;
 use common::http::{start, TOKEN};
 use common::{run_id, stage, text, Home};
 

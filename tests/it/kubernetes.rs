@@ -19,7 +19,7 @@ use std::process::Command;
 
 use drivetrain_executors::kubernetes::standin::{Node, StandIn};
 
-mod common;
+use crate::common;
 use common::{assert_ok, run_id, stage, text, Home};
 
 fn repo() -> &'static Path {

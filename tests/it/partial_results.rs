@@ -4,7 +4,7 @@
 //! cut short (a recorder that died) beside a whole one, and a relative `source:`,
 //! resolved against the pipeline file's folder, not the attempt's directory.
 
-mod common;
+use crate::common;
 use common::{assert_ok, run_id, stage, text, Home};
 
 fn pipeline(max_unfinished: &str, source: &str) -> String {

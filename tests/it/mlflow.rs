@@ -3,7 +3,7 @@
 //! `DRIVETRAIN_REGISTRY`, `DRIVETRAIN_STORE` and the AWS variables. The second run's
 //! candidate is validated against the model the first run promoted, read back from MLflow.
 
-mod common;
+use crate::common;
 use common::{assert_ok, env_pairs, run_id, stage, text, Home};
 use drivetrain_engine::testing::{http, Mlflow, S3Server};
 

@@ -13,9 +13,9 @@ fn catalog() -> Catalog {
 }
 
 const REFERENCE: &[&str] = &[
-    include_str!("../pipelines/driving-loop.yaml"),
-    include_str!("../pipelines/lane-detection-mpi.yaml"),
-    include_str!("../pipelines/nightly-retrain.yaml"),
+    include_str!("../../pipelines/driving-loop.yaml"),
+    include_str!("../../pipelines/lane-detection-mpi.yaml"),
+    include_str!("../../pipelines/nightly-retrain.yaml"),
 ];
 
 fn check(src: &str) {

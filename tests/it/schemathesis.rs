@@ -7,7 +7,7 @@
 
 use std::process::Command;
 
-mod common;
+use crate::common;
 use common::http::{start, TOKEN};
 use common::{assert_ok, text, Home};
 

@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 use common::http::{request, Server, TOKEN};
 use common::Home;
 

@@ -3,7 +3,7 @@
 //! on loopback with a token the test types into the page. `.ci/run` installs both
 //! packages; where they are missing the test fails and says how to get them.
 //!
-//! `DRIVETRAIN_SCREENSHOTS=1 cargo test --test ui` also writes the screenshots in
+//! `DRIVETRAIN_SCREENSHOTS=1 cargo test --test it ui::` also writes the screenshots in
 //! `docs/screenshots/`.
 
 use std::net::TcpListener;
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 
-mod common;
+use crate::common;
 use common::http::{json as call, start, wait_phase, TOKEN};
 use common::Home;
 
@@ -514,7 +514,7 @@ async fn the_web_view_in_a_browser() {
 
 /// The figures of `bench/README.md` (web view at scale), not a check: a list of 10,000
 /// runs and the DAG of a 1,000-stage run in the same headless Chromium.
-/// `cargo test --release --test ui -- --ignored --nocapture at_scale`.
+/// `cargo test --release --test it -- --ignored --nocapture ui::at_scale`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a benchmark: run it by name"]
 async fn at_scale() {

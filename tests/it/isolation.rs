@@ -14,7 +14,7 @@
 //! namespace sees), `required` fails the stage naming the layer, and `auto` runs it in a
 //! mount namespace alone.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -7,7 +7,7 @@
 //! stage gets which device, what an outer `CUDA_VISIBLE_DEVICES` hides, what a stage
 //! needing more than there is hears — is the real code path.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 use common::http::{documented, json, request, request_to, start, wait_phase, TOKEN};
 use common::{assert_ok, doctor_layer, text, Home};
 

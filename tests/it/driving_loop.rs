@@ -4,7 +4,7 @@
 //! against the model the first run promoted; and distributed training that fails after a
 //! checkpoint and resumes from it on the retry.
 
-mod common;
+use crate::common;
 use common::{assert_ok, run_id, stage, text, Home};
 
 fn loop_file() -> String {

@@ -237,7 +237,7 @@ fn the_committed_json_schema_matches_the_spec_types() {
     let committed = std::fs::read_to_string(&path).expect("docs/pipeline.schema.json exists");
     assert!(
         committed == generated,
-        "docs/pipeline.schema.json is out of date: run DRIVETRAIN_UPDATE_SCHEMA=1 cargo test --test cli"
+        "docs/pipeline.schema.json is out of date: run DRIVETRAIN_UPDATE_SCHEMA=1 cargo test --test it cli::"
     );
     // And the binary prints the same document.
     let o = drivetrain(&["schema"]);

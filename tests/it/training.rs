@@ -3,7 +3,7 @@
 //! the loop's own `fleet-sim` and `ingest` made. PyTorch comes from PyPI into a venv of
 //! its own (`.ci/run`); its `python3` is first on PATH for the stage.
 
-mod common;
+use crate::common;
 
 use common::*;
 

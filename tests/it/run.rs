@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-mod common;
+use crate::common;
 use common::{assert_ok, run_id, stage, text, Home};
 
 fn pid_alive(pid: &str) -> bool {

@@ -4,7 +4,7 @@
 //! the middle of a multipart upload leaves no partial artifact, and the stage's retry
 //! succeeds once it is back.
 
-mod common;
+use crate::common;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

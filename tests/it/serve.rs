@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 use common::{assert_ok, text, Home};
 
 fn start(home: &Home) -> Child {

@@ -5,7 +5,7 @@
 //! naming the producer, rather than succeeding on tampered bytes or being blamed for them.
 //! Through the binary, on the embedded store.
 
-mod common;
+use crate::common;
 use common::{assert_ok, run_id, stage, text, Home};
 
 const PIPELINE: &str = r#"

@@ -2,7 +2,7 @@
 //! through the binary: real processes, a `file://` store and SQLite state. Every stage
 //! appends its name to a counter file, so the tests see exactly what executed.
 
-mod common;
+use crate::common;
 use common::{assert_ok, run_id, stage, text, Home};
 
 /// A 5-stage chain a → b → c → d → e. `b` renders the `seed` param; `c` runs a script

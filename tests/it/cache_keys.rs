@@ -3,7 +3,7 @@
 //! resolved against the registry when the stage is about to run. A stage that writes the
 //! registry is never a cache hit. Through the binary, on the embedded store.
 
-mod common;
+use crate::common;
 use common::{assert_ok, run_id, stage, Home};
 
 const PIPELINE: &str = r#"

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 use common::{assert_ok, env_pairs, run_id, text, Home};
 use drivetrain_engine::testing::Postgres;
 

@@ -3,7 +3,7 @@
 //! stage's declared secrets never reach what the engine stores or prints; printing
 //! commands die quietly of a closed pipe.
 
-mod common;
+use crate::common;
 
 use std::io::Read as _;
 use std::os::unix::process::ExitStatusExt as _;

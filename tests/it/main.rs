@@ -1,0 +1,29 @@
+//! The end-to-end tests of the `drivetrain` binary, one test binary (one link of the
+//! engine, DataFusion, kube and object_store instead of one per file). Run one file's
+//! tests with its module as the filter: `cargo test --test it corpus::`.
+
+mod common;
+
+mod api;
+mod bounds;
+mod cache_keys;
+mod cli;
+mod corpus;
+mod driving_loop;
+mod flood;
+mod gpus;
+mod history;
+mod hostile;
+mod integrity;
+mod isolation;
+mod kubernetes;
+mod mlflow;
+mod no_panic;
+mod partial_results;
+mod postgres;
+mod run;
+mod s3;
+mod schemathesis;
+mod serve;
+mod training;
+mod ui;
