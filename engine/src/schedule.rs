@@ -15,7 +15,7 @@
 //! skipped, with why. Ticks are UTC instants; across daylight-saving changes a time that
 //! does not exist (spring forward) fires at the first minute after the gap, and a time
 //! that exists twice (fall back) fires twice for interval jobs (hour `*` or `*/N`) and
-//! once for a fixed hour (see [`Ticker`]; `tests/cron_dst.rs` compares with croniter).
+//! once for a fixed hour (see [`Ticker`]; `tests/it/cron_dst.rs` compares with croniter).
 //! Expressions are read as cronie reads them ([`parse_cron`]): nicknames (`@daily`,
 //! `@midnight`, …), and day of month and day of week ORed only when neither starts with
 //! `*`.

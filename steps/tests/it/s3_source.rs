@@ -4,7 +4,7 @@
 //! percent-encoded a second time: `NoSuchKey`), every log is recorded by its exact URL
 //! (what `forget` matches), and fetched copies do not outlive their reading.
 
-mod common;
+use crate::common;
 use common::{python_mcap, rt, tmp};
 
 use drivetrain_engine::artifacts::ArtifactStore;

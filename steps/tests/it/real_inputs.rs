@@ -6,7 +6,7 @@
 //! left in the index, labels lost to renumbered tasks, another control or a cancelled
 //! annotation.
 
-mod common;
+use crate::common;
 use common::{rt, tmp};
 
 use std::path::{Path, PathBuf};

@@ -9,7 +9,7 @@
 //! round 2, a chunk opcode turned into a Footer's dropped the rest of the drive, an
 //! unknown opcode skipped a chunk, and a corrupt lz4 size aborted the process.
 
-mod common;
+use crate::common;
 use common::{python_mcap, tmp};
 
 use std::path::Path;

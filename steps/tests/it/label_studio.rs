@@ -9,7 +9,7 @@
 //! export read against another run's tasks (task ids restart at 1 in every export) is
 //! refused as foreign, never applied to the other run's frames.
 
-mod common;
+use crate::common;
 use common::{rt, tmp};
 
 use std::path::Path;

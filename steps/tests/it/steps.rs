@@ -2,7 +2,7 @@
 //! unchunked, truncated, corrupt, another profile), Parquet frames, the split, training
 //! over TCP between real ranks, checkpoints.
 
-mod common;
+use crate::common;
 use common::{rt, tmp};
 
 use std::collections::BTreeMap;
