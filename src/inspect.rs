@@ -446,7 +446,8 @@ pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Resu
         for item in items.iter().filter(|i| i.attempts > 0) {
             let key = AttemptKey {
                 run: id.0.clone(),
-                stage: format!("{s}/items/{}", item.index),
+                stage: s.clone(),
+                item: Some(item.index),
                 attempt: item.attempts,
             };
             writeln!(
@@ -462,11 +463,7 @@ pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Resu
         let Some(&attempt) = latest.get(s.as_str()) else {
             continue;
         };
-        let key = AttemptKey {
-            run: id.0.clone(),
-            stage: s.clone(),
-            attempt,
-        };
+        let key = AttemptKey::of_stage(id.0.clone(), s.clone(), attempt);
         if stage.is_none() {
             writeln!(out, "── {s} (attempt {attempt}) ──")?;
         }

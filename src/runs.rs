@@ -72,13 +72,9 @@ pub fn store_url(pipeline_store: Option<&str>, home: &Path) -> anyhow::Result<St
 /// The log an attempt writes while it runs, under the engine's work directory (the run
 /// loop publishes it to the store when the attempt ends).
 pub fn live_log(work: &Path, run: &str, stage: &str, attempt: u32) -> std::path::PathBuf {
-    drivetrain_engine::artifacts::AttemptKey {
-        run: run.into(),
-        stage: stage.into(),
-        attempt,
-    }
-    .work_dir(work)
-    .join("log.txt")
+    drivetrain_engine::artifacts::AttemptKey::from_stage_key(run, stage, attempt)
+        .work_dir(work)
+        .join("log.txt")
 }
 
 /// Options of `drivetrain run`.

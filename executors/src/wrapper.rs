@@ -77,11 +77,7 @@ pub fn exec(argv: &[String]) -> anyhow::Result<ExitCode> {
         .build()?;
     rt.block_on(async move {
         let store = ArtifactStore::open(&plan.store)?;
-        let key = AttemptKey {
-            run: plan.run.clone(),
-            stage: plan.stage.clone(),
-            attempt: plan.attempt,
-        };
+        let key = AttemptKey::from_stage_key(plan.run.clone(), &plan.stage, plan.attempt);
         for input in &plan.inputs {
             store
                 .materialize(&input.artifact, &input.dest)

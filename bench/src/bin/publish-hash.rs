@@ -56,11 +56,7 @@ fn main() {
     }
     let read = t.elapsed().as_secs_f64();
     assert_eq!(n, mib << 20);
-    let key = AttemptKey {
-        run: "bench".into(),
-        stage: "s".into(),
-        attempt: 1,
-    };
+    let key = AttemptKey::of_stage("bench", "s", 1);
     let t = Instant::now();
     let art = rt.block_on(store.publish_dir(&key, "data", &out)).unwrap();
     let publish = t.elapsed().as_secs_f64();

@@ -23,11 +23,7 @@ fn main() -> ExitCode {
     let rt = tokio::runtime::Runtime::new().expect("a runtime");
     let result = rt.block_on(async {
         let store = ArtifactStore::open(url)?;
-        let key = AttemptKey {
-            run: format!("bench-{}", std::process::id()),
-            stage: "transfer".into(),
-            attempt: 1,
-        };
+        let key = AttemptKey::of_stage(format!("bench-{}", std::process::id()), "transfer", 1);
         let t = Instant::now();
         let art = store
             .publish_dir(&key, "data", std::path::Path::new(dir))

@@ -4,11 +4,7 @@
 use super::*;
 
 fn attempt(n: u32) -> AttemptKey {
-    AttemptKey {
-        run: "r1".into(),
-        stage: "s".into(),
-        attempt: n,
-    }
+    AttemptKey::of_stage("r1", "s", n)
 }
 
 fn scratch(store: &ArtifactStore) -> PathBuf {

@@ -169,25 +169,69 @@ pub struct ArtifactRef {
     pub digest: String,
 }
 
-/// Where one attempt's outputs go.
+/// Where one attempt's outputs go: an attempt of a stage, or of one item of a map stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttemptKey {
     pub run: String,
     pub stage: String,
+    /// The map item, for an item's attempt.
+    pub item: Option<usize>,
     pub attempt: u32,
 }
 
 impl AttemptKey {
+    /// The attempt of `stage` (not of an item).
+    pub fn of_stage(run: impl Into<String>, stage: impl Into<String>, attempt: u32) -> Self {
+        AttemptKey {
+            run: run.into(),
+            stage: stage.into(),
+            item: None,
+            attempt,
+        }
+    }
+
+    /// The key of a stage key as it is written where the engine meets the outside (paths,
+    /// a pod's transfer plan, `DRIVETRAIN_STAGE`, the API): `stage` or
+    /// `stage/items/<i>` ([`AttemptKey::stage_key`]).
+    pub fn from_stage_key(run: impl Into<String>, stage_key: &str, attempt: u32) -> Self {
+        let (stage, item) = match stage_key.split_once("/items/") {
+            Some((stage, i)) => match i.parse() {
+                Ok(i) => (stage, Some(i)),
+                Err(_) => (stage_key, None),
+            },
+            None => (stage_key, None),
+        };
+        AttemptKey {
+            run: run.into(),
+            stage: stage.to_owned(),
+            item,
+            attempt,
+        }
+    }
+
+    /// `stage`, or `stage/items/<i>` for an item's attempt.
+    pub fn stage_key(&self) -> String {
+        match self.item {
+            Some(i) => format!("{}/items/{i}", self.stage),
+            None => self.stage.clone(),
+        }
+    }
+
     /// Where the attempt's outputs, manifests and `values.json` go in the store.
     fn prefix(&self) -> String {
-        format!("runs/{}/{}/{}", self.run, self.stage, self.attempt)
+        format!("runs/{}/{}/{}", self.run, self.stage_key(), self.attempt)
     }
 
     /// Where the attempt's log goes in the store: `runs/RUN/logs/STAGE.ATTEMPT.txt`, in one
     /// folder per run, so that storing a log on a `file://` store makes no directory for
     /// a stage or an attempt that has no outputs.
     fn log_key(&self) -> String {
-        format!("runs/{}/logs/{}.{}.txt", self.run, self.stage, self.attempt)
+        format!(
+            "runs/{}/logs/{}.{}.txt",
+            self.run,
+            self.stage_key(),
+            self.attempt
+        )
     }
 
     /// The attempt's own directory on the engine's machine under `work` (the home's
@@ -195,14 +239,14 @@ impl AttemptKey {
     /// `log.txt`, `values.json`, and `inputs/` and `outputs/` where it has them).
     pub fn work_dir(&self, work: &FsPath) -> PathBuf {
         work.join(&self.run)
-            .join(format!("{}.{}", self.stage, self.attempt))
+            .join(format!("{}.{}", self.stage_key(), self.attempt))
     }
 
     /// The directory kept across the attempts of the stage (or map item) in the run, for
     /// checkpoints: `RUN/STAGE.checkpoints` under `work`.
     pub fn checkpoints_dir(&self, work: &FsPath) -> PathBuf {
         work.join(&self.run)
-            .join(format!("{}.checkpoints", self.stage))
+            .join(format!("{}.checkpoints", self.stage_key()))
     }
 }
 
@@ -1026,11 +1070,7 @@ mod tests {
     use super::*;
 
     fn attempt() -> AttemptKey {
-        AttemptKey {
-            run: "r1".into(),
-            stage: "s".into(),
-            attempt: 1,
-        }
+        AttemptKey::of_stage("r1", "s", 1)
     }
 
     #[tokio::test]

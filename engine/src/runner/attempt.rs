@@ -35,9 +35,10 @@ pub(super) async fn attempt_loop(
         attempt += 1;
         let key = AttemptKey {
             run: run.0.clone(),
-            stage: match track {
-                Track::Stage => stage.name.clone(),
-                Track::Item { index, .. } => format!("{}/items/{index}", stage.name),
+            stage: stage.name.clone(),
+            item: match track {
+                Track::Stage => None,
+                Track::Item { index, .. } => Some(index),
             },
             attempt,
         };
@@ -225,13 +226,11 @@ async fn wait_attempt(
     let log = spec.log.clone();
     let log = log.as_path();
     let mut running = ctx.executor.start(spec).await.map_err(|e| e.to_string())?;
-    let recorded = match key.stage.split_once("/items/") {
-        Some((_, index)) => ctx.state.set_item_handle(
-            &ctx.run.id,
-            &stage.name,
-            index.parse().unwrap_or_default(),
-            &running.handle(),
-        ),
+    let recorded = match key.item {
+        Some(index) => {
+            ctx.state
+                .set_item_handle(&ctx.run.id, &stage.name, index, &running.handle())
+        }
         None => {
             ctx.state
                 .set_attempt_handle(&ctx.run.id, &stage.name, key.attempt, &running.handle())
@@ -432,11 +431,8 @@ pub(super) fn store_config_env() -> Vec<(String, String)> {
 /// listeners (`serve`'s `/metrics`). A store that cannot record it loses only the figure
 /// (and fails the attempt's own record a moment later, which the run reports).
 fn record_usage(ctx: &Ctx, key: &AttemptKey, usage: crate::executor::ResourceUsage) {
-    let (stage, item) = match key.stage.split_once("/items/") {
-        Some((stage, idx)) => (stage, idx.parse::<usize>().ok()),
-        None => (key.stage.as_str(), None),
-    };
-    let _ = match item {
+    let stage = key.stage.as_str();
+    let _ = match key.item {
         Some(idx) => ctx.state.set_item_usage(&ctx.run.id, stage, idx, &usage),
         None => ctx
             .state

@@ -213,11 +213,7 @@ async fn collect(
     values: Value,
     reason: Option<String>,
 ) -> LoopEnd {
-    let key = AttemptKey {
-        run: ctx.run.id.0.clone(),
-        stage: stage.name.clone(),
-        attempt: 1,
-    };
+    let key = AttemptKey::of_stage(ctx.run.id.0.clone(), stage.name.clone(), 1);
     let mut outputs = BTreeMap::new();
     for o in &stage.outputs {
         let parts: Vec<(usize, ArtifactRef)> = succeeded

@@ -825,7 +825,7 @@ pub fn backoff(policy: &RetryPolicy, attempt: u32, key: &AttemptKey) -> Duration
     for b in key
         .run
         .bytes()
-        .chain(key.stage.bytes())
+        .chain(key.stage_key().into_bytes())
         .chain(attempt.to_le_bytes())
     {
         h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
@@ -882,11 +882,7 @@ mod tests {
             max_backoff: Duration::from_secs(60),
             on: Vec::new(),
         };
-        let key = AttemptKey {
-            run: "r".into(),
-            stage: "s".into(),
-            attempt: 1,
-        };
+        let key = AttemptKey::of_stage("r", "s", 1);
         let d1 = backoff(&policy, 1, &key);
         let d2 = backoff(&policy, 2, &key);
         let d5 = backoff(&policy, 5, &key);

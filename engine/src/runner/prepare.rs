@@ -246,7 +246,7 @@ pub(super) async fn prepare(
         let plan = crate::executor::ExecPlan {
             store: ctx.artifacts.url().to_owned(),
             run: key.run.clone(),
-            stage: key.stage.clone(),
+            stage: key.stage_key(),
             attempt: key.attempt,
             inputs: paths.fetch.clone(),
             outputs: paths.upload.clone(),
@@ -288,7 +288,7 @@ pub(super) async fn prepare(
     );
     let spec = AttemptSpec {
         run_id: key.run.clone(),
-        stage: key.stage.clone(),
+        stage: key.stage_key(),
         attempt: key.attempt,
         argv,
         env,
@@ -326,7 +326,7 @@ impl Env<'_> {
         let path = |p: &Path| p.display().to_string();
         let mut env: Vec<(String, String)> = vec![
             ("DRIVETRAIN_RUN_ID".into(), key.run.clone()),
-            ("DRIVETRAIN_STAGE".into(), key.stage.clone()),
+            ("DRIVETRAIN_STAGE".into(), key.stage_key()),
             ("DRIVETRAIN_ATTEMPT".into(), key.attempt.to_string()),
             ("DRIVETRAIN_PIPELINE".into(), ctx.pipeline.name.clone()),
             ("DRIVETRAIN_INPUTS_DIR".into(), path(&layout.inputs)),

@@ -75,11 +75,7 @@ async fn check(runs: Vec<RunSpec>, cache: Vec<(usize, bool)>) {
         state.create_run(&rec).unwrap();
         for (s, op) in spec.ops.iter().enumerate() {
             let stage = format!("s{s}");
-            let key = AttemptKey {
-                run: id.clone(),
-                stage: stage.clone(),
-                attempt: 1,
-            };
+            let key = AttemptKey::of_stage(id.clone(), stage.clone(), 1);
             let pick =
                 |i: &usize| (!published.is_empty()).then(|| published[i % published.len()].clone());
             let (origin, inputs, output) = match op {

@@ -747,11 +747,7 @@ async fn logs(
             format!("run `{run}` has no attempts of stage `{}`", q.stage),
         );
     };
-    let key = AttemptKey {
-        run: run.0.clone(),
-        stage: q.stage.clone(),
-        attempt: latest,
-    };
+    let key = AttemptKey::from_stage_key(run.0.clone(), &q.stage, latest);
     let live = crate::runs::live_log(s.engine.work_dir(), &run.0, &q.stage, latest);
     if q.follow {
         return match admit_stream(&s, client) {
