@@ -6,12 +6,44 @@ use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 
-/// An empty directory of its own for one test of this process.
-pub fn tmp(name: &str) -> PathBuf {
+/// An empty directory of its own for one test of this process, removed when the test
+/// ends (kept where the test failed, to be looked at).
+pub fn tmp(name: &str) -> Scratch {
     let d = std::env::temp_dir().join(format!("dt-steps-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    Scratch(d)
+}
+
+/// A test's scratch directory ([`tmp`]).
+#[derive(Debug)]
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 /// A runtime for the async step functions.
