@@ -20,5 +20,5 @@ PY
 perf record -q -a -g -o "$dir/perf.data" -- "$bin" --home "$dir/home" run "$dir/wide.yaml" --parallelism "$par" >/dev/null 2>&1
 perf report -i "$dir/perf.data" --children --sort sym --stdio 2>/dev/null \
   | grep -E '^ +[0-9]' \
-  | grep -E '__x64_sys_(mkdir|rmdir|mount|exit_group|execve|openat)$|do_seccomp|cgroup_mkdir|cgroup_rmdir|cgroup_addrm_files|recently_deleted|pv_native_safe_halt' \
-  | head -20
+  | grep -E '__x64_sys_(mkdir|rmdir|mount|exit_group|execve|openat)$|do_seccomp|cgroup_mkdir|cgroup_rmdir|cgroup_addrm_files|recently_deleted|pv_native_safe_halt|fc_mount$|cleanup_mnt$|deactivate_locked_super$|copy_mnt_ns$|shmem_fill_super$|userns::give' \
+  | head -30

@@ -21,6 +21,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use drivetrain_engine::artifacts::{ArtifactStore, AttemptKey};
 use drivetrain_engine::executor::ExecPlan;
+pub use drivetrain_engine::executor::{REMOTE_BINARY, REMOTE_WRAPPER};
 
 const USAGE: &str = "usage: drivetrain-exec -- COMMAND [ARG]...\n       drivetrain-exec --install DIR\n\nRuns COMMAND between fetching a pod's inputs and uploading its outputs (the transfer\nplan in DRIVETRAIN_EXEC_PLAN), or copies this binary into DIR.";
 
@@ -36,7 +37,7 @@ pub fn main(args: &[String]) -> ExitCode {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
         }
-        [flag, dir] if flag == "--install" => install(Path::new(dir), "drivetrain-exec"),
+        [flag, dir] if flag == "--install" => install(Path::new(dir), REMOTE_WRAPPER),
         [dashes, argv @ ..] if dashes == "--" => exec(argv),
         _ => {
             eprintln!("{USAGE}");
@@ -49,10 +50,14 @@ pub fn main(args: &[String]) -> ExitCode {
     })
 }
 
-/// Copies the running binary to `dir/name`.
-pub fn install(dir: &Path, name: &str) -> anyhow::Result<ExitCode> {
+/// Copies the running binary into `dir` under the file name of `remote` (one of
+/// [`REMOTE_WRAPPER`] and [`REMOTE_BINARY`], the paths the pod's command uses).
+pub fn install(dir: &Path, remote: &str) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe().context("cannot find the running binary")?;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let name = Path::new(remote)
+        .file_name()
+        .context("a remote path names a file")?;
     let dest = dir.join(name);
     let _ = std::fs::remove_file(&dest);
     // A hard link where the image and the volume share a file system, else a copy.

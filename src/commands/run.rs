@@ -116,7 +116,7 @@ pub(super) fn dispatch(catalog: &Catalog, home: PathBuf, command: Command) -> Ex
         }
         Command::Step { name } => step(catalog, &name),
         Command::Exec { install, command } => outcome(match install {
-            Some(dir) => wrapper::install(&dir, "drivetrain"),
+            Some(dir) => wrapper::install(&dir, wrapper::REMOTE_BINARY),
             None => wrapper::exec(&command),
         }),
         _ => unreachable!("not a command of this group"),

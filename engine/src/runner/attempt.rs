@@ -223,8 +223,8 @@ async fn wait_attempt(
     layout: &Layout,
 ) -> Result<AttemptEnd, String> {
     let mask = spec.mask.clone();
-    let log = spec.log.clone();
-    let log = log.as_path();
+    let log_path = spec.log.clone();
+    let log = log_path.as_path();
     let mut running = ctx.executor.start(spec).await.map_err(|e| e.to_string())?;
     let recorded = match key.item {
         Some(index) => {
