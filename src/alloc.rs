@@ -111,3 +111,36 @@ unsafe impl GlobalAlloc for Allocator {
         }
     }
 }
+
+unsafe extern "C" {
+    fn mi_collect(force: bool);
+}
+
+/// Hands the memory this thread's mimalloc heap holds free back to the system, at most
+/// once a second per thread: for a worker thread about to sleep (`serve`'s runtime calls
+/// it on `on_thread_park`). A block freed by another thread only joins its heap's queue,
+/// and the pages it empties go back when this thread next allocates or collects, which an
+/// idle worker never does: after a flood of connections `serve` kept up to 1.3× the memory
+/// it started with (bench/README.md, "`serve` under a flood").
+pub fn release_idle() {
+    use std::cell::Cell;
+    use std::time::{Duration, Instant};
+    thread_local! {
+        static LAST: Cell<Option<Instant>> = const { Cell::new(None) };
+    }
+    if choice() != MIMALLOC {
+        return;
+    }
+    let now = Instant::now();
+    let due = LAST.with(|l| match l.get() {
+        Some(t) if now.duration_since(t) < Duration::from_secs(1) => false,
+        _ => {
+            l.set(Some(now));
+            true
+        }
+    });
+    if due {
+        // SAFETY: mimalloc is this process's allocator; collecting is always allowed.
+        unsafe { mi_collect(false) };
+    }
+}

@@ -965,6 +965,7 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         .enable_all()
         // The main thread's size: what validates in `drivetrain validate` validates here.
         .thread_stack_size(8 << 20)
+        .on_thread_park(crate::alloc::release_idle)
         .build()?;
     rt.block_on(async move {
         // Only `serve` takes over orphaned runs; `ui` is a viewer and executes nothing.

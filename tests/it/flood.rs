@@ -114,6 +114,7 @@ fn serve_answers_through_a_flood_of_idle_connections_and_streams() {
         streams.push(c);
     }
     let during_streams = healthz(&s);
+    let peak = rss_kib(pid);
     let api = Instant::now();
     assert_eq!(request(&s, "GET", "/api/v1/runs", Some(TOKEN), None).0, 200);
     let api = api.elapsed();
@@ -172,6 +173,9 @@ fn serve_answers_through_a_flood_of_idle_connections_and_streams() {
         }
         std::thread::sleep(Duration::from_millis(200));
     };
+    eprintln!(
+        "RSS {before} KiB before the flood, {peak} KiB at its height, {after} KiB after it closed"
+    );
     assert!(
         after <= before + before / 5,
         "RSS {before} KiB before the flood, {after} KiB after it closed"
