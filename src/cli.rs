@@ -492,6 +492,20 @@ pub(crate) enum GraphFormat {
     Dot,
 }
 
+/// The answer to `drivetrain --version` (or `-V`) alone, given before clap builds the
+/// parser: building its 27 commands and their flags is most of what such a process costs
+/// (half of its page faults: bench/README.md, "The binaries"). The same text as clap's
+/// (a test below compares them); `None` for every other command line.
+pub(crate) fn version_only(mut args: impl Iterator<Item = std::ffi::OsString>) -> Option<String> {
+    let _program = args.next();
+    match (args.next(), args.next()) {
+        (Some(flag), None) if flag == "--version" || flag == "-V" => {
+            Some(format!("drivetrain {}\n", env!("CARGO_PKG_VERSION")))
+        }
+        _ => None,
+    }
+}
+
 pub(crate) fn parse_duration_arg(
     s: &str,
 ) -> Result<std::time::Duration, drivetrain_engine::units::UnitError> {
@@ -512,4 +526,40 @@ pub enum GraphOutput {
     Json,
     Dot,
     Mermaid,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    fn args(list: &[&str]) -> impl Iterator<Item = std::ffi::OsString> {
+        list.iter()
+            .map(|a| a.into())
+            .collect::<Vec<std::ffi::OsString>>()
+            .into_iter()
+    }
+
+    #[test]
+    fn the_early_version_is_clap_s() {
+        let clap = Cli::command().render_version().to_string();
+        assert_eq!(
+            version_only(args(&["drivetrain", "--version"])),
+            Some(clap.clone())
+        );
+        assert_eq!(
+            version_only(args(&["/usr/bin/drivetrain", "-V"])),
+            Some(clap)
+        );
+        for other in [
+            &["drivetrain"][..],
+            &["drivetrain", "--help"],
+            &["drivetrain", "--version", "list"],
+            &["drivetrain", "list", "--version"],
+            &["drivetrain", "--versions"],
+        ] {
+            assert_eq!(version_only(args(other)), None, "{other:?}");
+        }
+    }
 }

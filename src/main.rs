@@ -54,6 +54,11 @@ fn die_quietly_on_closed_pipes(command: &Command) {
 }
 
 fn main() -> ExitCode {
+    if let Some(version) = cli::version_only(std::env::args_os()) {
+        // As clap does: a closed stdout is not an error here.
+        let _ = std::io::Write::write_all(&mut std::io::stdout(), version.as_bytes());
+        return ExitCode::SUCCESS;
+    }
     let cli = Cli::parse();
     die_quietly_on_closed_pipes(&cli.command);
     // As the environment would: child engines (`serve`'s resumes, `--detach`) and built-in
