@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common;
-use common::http::{documented, json, request, request_to, start, wait_phase, TOKEN};
+use common::http::{documented, json, request, request_to, start, wait_phase, Server, TOKEN};
 use common::{assert_ok, doctor_layer, text, Home};
 
 fn served(home: &Home) {
@@ -49,20 +49,28 @@ fn runs_schedules_logs_and_metrics_over_http() {
         401
     );
     assert_eq!(request(&s, "GET", "/metrics", None, None).0, 401);
+    let run = a_run_by_name_and_one_posted(&s);
+    a_long_run_is_cancelled(&s);
+    schedules_suspend_resume_and_trigger(&s);
+    metrics_in_prometheus_text(&s, &home);
+    every_documented_route_answers(&s, &run);
+}
 
-    // Submit by name with a param; it runs, its status and logs come back.
+/// Submit by name with a param; it runs, its status and logs come back. Posted YAML; a bad
+/// param and an invalid pipeline are 400s that say why. The first run's id.
+fn a_run_by_name_and_one_posted(s: &Server) -> String {
     let (status, v) = json(
-        &s,
+        s,
         "POST",
         "/api/v1/runs",
         Some(r#"{"pipeline": "hello", "params": {"who": "fleet"}}"#),
     );
     assert_eq!(status, 201, "{v}");
     let run = v["run"].as_str().unwrap().to_owned();
-    let done = wait_phase(&s, &run, "Succeeded");
+    let done = wait_phase(s, &run, "Succeeded");
     assert_eq!(done["run"]["trigger"], "api");
     let (status, log) = request(
-        &s,
+        s,
         "GET",
         &format!("/api/v1/runs/{run}/logs?stage=greet"),
         Some(TOKEN),
@@ -72,34 +80,37 @@ fn runs_schedules_logs_and_metrics_over_http() {
 
     // Posted YAML; a bad param and an invalid pipeline are 400s that say why.
     let yaml = serde_json::json!({"yaml": "version: 1\nname: adhoc\nstages:\n  a:\n    run: {command: [\"true\"]}\n"}).to_string();
-    let (status, v) = json(&s, "POST", "/api/v1/runs", Some(&yaml));
+    let (status, v) = json(s, "POST", "/api/v1/runs", Some(&yaml));
     assert_eq!(status, 201, "{v}");
-    wait_phase(&s, v["run"].as_str().unwrap(), "Succeeded");
+    wait_phase(s, v["run"].as_str().unwrap(), "Succeeded");
     let (status, v) = json(
-        &s,
+        s,
         "POST",
         "/api/v1/runs",
         Some(r#"{"pipeline": "hello", "params": {"sleep": "long"}}"#),
     );
     assert_eq!(status, 400);
     assert!(v["error"].as_str().unwrap().contains("sleep"), "{v}");
-    let (status, v) = json(&s, "POST", "/api/v1/runs", Some(r#"{"pipeline": "nope"}"#));
+    let (status, v) = json(s, "POST", "/api/v1/runs", Some(r#"{"pipeline": "nope"}"#));
     assert_eq!(status, 400);
     assert!(
         v["error"].as_str().unwrap().contains("no pipeline `nope`"),
         "{v}"
     );
+    run
+}
 
-    // Cancel a long run.
+/// Cancel a long run.
+fn a_long_run_is_cancelled(s: &Server) {
     let (_, v) = json(
-        &s,
+        s,
         "POST",
         "/api/v1/runs",
         Some(r#"{"pipeline": "hello", "params": {"sleep": 30}}"#),
     );
     let long = v["run"].as_str().unwrap().to_owned();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while json(&s, "GET", &format!("/api/v1/runs/{long}"), None).1["stages"]
+    while json(s, "GET", &format!("/api/v1/runs/{long}"), None).1["stages"]
         .as_array()
         .map(|a| {
             a.iter()
@@ -111,34 +122,39 @@ fn runs_schedules_logs_and_metrics_over_http() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(
-        json(&s, "POST", &format!("/api/v1/runs/{long}/cancel"), None).0,
+        json(s, "POST", &format!("/api/v1/runs/{long}/cancel"), None).0,
         202
     );
-    wait_phase(&s, &long, "Cancelled");
+    wait_phase(s, &long, "Cancelled");
+}
 
-    // Schedules: listed, suspended, resumed, triggered.
-    let (_, v) = json(&s, "GET", "/api/v1/schedules", None);
+/// Schedules: listed, suspended, resumed, triggered.
+fn schedules_suspend_resume_and_trigger(s: &Server) {
+    let (_, v) = json(s, "GET", "/api/v1/schedules", None);
     assert_eq!(v["schedules"][0]["schedule"]["pipeline"], "nightly", "{v}");
     assert_eq!(
-        json(&s, "POST", "/api/v1/schedules/nightly/suspend", None).1["suspended"],
+        json(s, "POST", "/api/v1/schedules/nightly/suspend", None).1["suspended"],
         true
     );
     assert_eq!(
-        json(&s, "POST", "/api/v1/schedules/nightly/resume", None).1["suspended"],
+        json(s, "POST", "/api/v1/schedules/nightly/resume", None).1["suspended"],
         false
     );
     assert_eq!(
-        json(&s, "POST", "/api/v1/schedules/nope/suspend", None).0,
+        json(s, "POST", "/api/v1/schedules/nope/suspend", None).0,
         404
     );
-    let (status, v) = json(&s, "POST", "/api/v1/schedules/nightly/trigger", None);
+    let (status, v) = json(s, "POST", "/api/v1/schedules/nightly/trigger", None);
     assert_eq!(status, 202);
-    let triggered = wait_phase(&s, v["run"].as_str().unwrap(), "Succeeded");
+    let triggered = wait_phase(s, v["run"].as_str().unwrap(), "Succeeded");
     assert_eq!(triggered["run"]["trigger"], "schedule");
     assert!(triggered["run"]["scheduled_time"].is_string());
+}
 
-    // Metrics in Prometheus text.
-    let (status, m) = request(&s, "GET", "/metrics", Some(TOKEN), None);
+/// Metrics in Prometheus text, and what stages used where the machine gives cgroups
+/// (CI's does).
+fn metrics_in_prometheus_text(s: &Server, home: &Home) {
+    let (status, m) = request(s, "GET", "/metrics", Some(TOKEN), None);
     assert_eq!(status, 200);
     for name in [
         "drivetrain_runs{status=\"Succeeded\"}",
@@ -161,8 +177,10 @@ fn runs_schedules_logs_and_metrics_over_http() {
             assert!(m.contains(name), "{name} in:\n{m}");
         }
     }
+}
 
-    // Every documented route answers (not 404 / 405).
+/// Every documented route answers (not 404 / 405).
+fn every_documented_route_answers(s: &Server, run: &str) {
     let doc: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.json"))
             .unwrap(),
@@ -174,14 +192,14 @@ fn runs_schedules_logs_and_metrics_over_http() {
             continue;
         }
         for method in ops.as_object().unwrap().keys() {
-            let p = path.replace("{id}", &run).replace("{name}", "nightly")
+            let p = path.replace("{id}", run).replace("{name}", "nightly")
                 + if path.ends_with("/logs") {
                     "?stage=greet"
                 } else {
                     ""
                 };
             // A 404 of ours says why in JSON; the router's own 404 (no such route) is empty.
-            let (status, body) = request(&s, &method.to_uppercase(), &p, Some(TOKEN), Some("{}"));
+            let (status, body) = request(s, &method.to_uppercase(), &p, Some(TOKEN), Some("{}"));
             assert!(
                 status != 405 && (status != 404 || body.contains("\"error\"")),
                 "{method} {p}: {status} {body}"
@@ -274,30 +292,37 @@ fn reruns_retries_followed_logs_and_registered_schedules_over_http() {
     let home = Home::new("api-more");
     served(&home);
     let s = start(&home, &["--token", TOKEN]);
+    let first = a_rerun_of_one_stage_with_a_new_param(&s);
+    a_retry_executes_what_failed(&s, &home);
+    a_followed_log_streams_until_the_stage_ends(&s);
+    a_schedule_registered_over_the_api(&s, &home);
+    a_rerun_is_cancelled_through_the_server(&s, &first);
+}
 
-    // A rerun of one stage with a new param, in its own engine.
+/// A rerun of one stage with a new param, in its own engine. The first run's id.
+fn a_rerun_of_one_stage_with_a_new_param(s: &Server) -> String {
     let (code, v) = json(
-        &s,
+        s,
         "POST",
         "/api/v1/runs",
         Some(r#"{"pipeline": "hello", "params": {"who": "a"}}"#),
     );
     assert_eq!(code, 201, "{v}");
     let first = v["run"].as_str().unwrap().to_owned();
-    wait_phase(&s, &first, "Succeeded");
+    wait_phase(s, &first, "Succeeded");
     let (code, v) = json(
-        &s,
+        s,
         "POST",
         &format!("/api/v1/runs/{first}/rerun"),
         Some(r#"{"stages": ["greet"], "params": {"who": "b"}}"#),
     );
     assert_eq!(code, 201, "{v}");
     let rerun = v["run"].as_str().unwrap().to_owned();
-    let done = wait_phase(&s, &rerun, "Succeeded");
+    let done = wait_phase(s, &rerun, "Succeeded");
     assert_eq!(done["run"]["trigger"], "rerun");
     assert_eq!(done["run"]["parent"], first.as_str());
     let (_, log) = request(
-        &s,
+        s,
         "GET",
         &format!("/api/v1/runs/{rerun}/logs?stage=greet"),
         Some(TOKEN),
@@ -305,34 +330,38 @@ fn reruns_retries_followed_logs_and_registered_schedules_over_http() {
     );
     assert!(log.contains("hello b"), "{log}");
     let (code, _) = json(
-        &s,
+        s,
         "POST",
         &format!("/api/v1/runs/{first}/rerun"),
         Some("{}"),
     );
     assert_eq!(code, 400, "a rerun names its stages");
-    let (code, _) = json(&s, "POST", "/api/v1/runs/no-such-run/retry", None);
+    let (code, _) = json(s, "POST", "/api/v1/runs/no-such-run/retry", None);
     assert_eq!(code, 404);
+    first
+}
 
-    // A retry executes what failed, once it can succeed.
+/// A retry executes what failed, once it can succeed; retrying a run that succeeded is a
+/// conflict that says why, as the CLI says it.
+fn a_retry_executes_what_failed(s: &Server, home: &Home) {
     let flag = home.dir.join("flag");
     let yaml = format!(
         "version: 1\nname: flaky\nstages:\n  check:\n    run: {{command: [test, -e, {}]}}\n",
         flag.display()
     );
     let body = serde_json::json!({ "yaml": yaml }).to_string();
-    let (code, v) = json(&s, "POST", "/api/v1/runs", Some(&body));
+    let (code, v) = json(s, "POST", "/api/v1/runs", Some(&body));
     assert_eq!(code, 201, "{v}");
     let failed = v["run"].as_str().unwrap().to_owned();
-    wait_phase(&s, &failed, "Failed");
+    wait_phase(s, &failed, "Failed");
     std::fs::write(&flag, "").unwrap();
-    let (code, v) = json(&s, "POST", &format!("/api/v1/runs/{failed}/retry"), None);
+    let (code, v) = json(s, "POST", &format!("/api/v1/runs/{failed}/retry"), None);
     assert_eq!(code, 201, "{v}");
-    let retried = wait_phase(&s, v["run"].as_str().unwrap(), "Succeeded");
+    let retried = wait_phase(s, v["run"].as_str().unwrap(), "Succeeded");
     assert_eq!(retried["run"]["trigger"], "retry");
     // Retrying a run that succeeded is a conflict that says why, as the CLI says it.
     let done = retried["run"]["id"].as_str().unwrap().to_owned();
-    let (code, v) = json(&s, "POST", &format!("/api/v1/runs/{done}/retry"), None);
+    let (code, v) = json(s, "POST", &format!("/api/v1/runs/{done}/retry"), None);
     assert_eq!(code, 409, "{v}");
     assert!(
         v["error"]
@@ -341,15 +370,17 @@ fn reruns_retries_followed_logs_and_registered_schedules_over_http() {
             .contains("succeeded; nothing to retry"),
         "{v}"
     );
+}
 
-    // A followed log streams until the stage ends.
+/// A followed log streams until the stage ends.
+fn a_followed_log_streams_until_the_stage_ends(s: &Server) {
     let yaml = "version: 1\nname: chatty\nstages:\n  talk:\n    run: {command: [sh, -c, 'echo first line; sleep 1; echo last line']}\n";
     let body = serde_json::json!({ "yaml": yaml }).to_string();
-    let (_, v) = json(&s, "POST", "/api/v1/runs", Some(&body));
+    let (_, v) = json(s, "POST", "/api/v1/runs", Some(&body));
     let chatty = v["run"].as_str().unwrap().to_owned();
     let deadline = Instant::now() + Duration::from_secs(30);
     while request(
-        &s,
+        s,
         "GET",
         &format!("/api/v1/runs/{chatty}/logs?stage=talk"),
         Some(TOKEN),
@@ -361,7 +392,7 @@ fn reruns_retries_followed_logs_and_registered_schedules_over_http() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let (code, streamed) = request(
-        &s,
+        s,
         "GET",
         &format!("/api/v1/runs/{chatty}/logs?stage=talk&follow=true"),
         Some(TOKEN),
@@ -372,15 +403,18 @@ fn reruns_retries_followed_logs_and_registered_schedules_over_http() {
         streamed.contains("first line") && streamed.contains("last line"),
         "{streamed}"
     );
+}
 
-    // A schedule registered over the API is served (and written into the directory).
+/// A schedule registered over the API is served (and written into the directory), and it
+/// can be triggered at once.
+fn a_schedule_registered_over_the_api(s: &Server, home: &Home) {
     let yaml = "version: 1\nname: hourly\nschedule: {cron: \"0 * * * *\", timezone: Asia/Tokyo}\nstages:\n  s:\n    run: {command: [\"true\"]}\n";
     let body = serde_json::json!({ "yaml": yaml }).to_string();
-    let (code, v) = json(&s, "POST", "/api/v1/schedules", Some(&body));
+    let (code, v) = json(s, "POST", "/api/v1/schedules", Some(&body));
     assert_eq!(code, 201, "{v}");
     assert_eq!(v["schedule"], "hourly");
     assert!(home.dir.join("served/hourly.yaml").exists());
-    let (_, list) = json(&s, "GET", "/api/v1/schedules", None);
+    let (_, list) = json(s, "GET", "/api/v1/schedules", None);
     assert!(
         list["schedules"]
             .as_array()
@@ -389,33 +423,35 @@ fn reruns_retries_followed_logs_and_registered_schedules_over_http() {
             .any(|e| e["schedule"]["pipeline"] == "hourly"),
         "{list}"
     );
-    let (code, _) = json(&s, "POST", "/api/v1/schedules", Some(&body));
+    let (code, _) = json(s, "POST", "/api/v1/schedules", Some(&body));
     assert_eq!(code, 409, "a served name is not replaced unless asked");
     let body = serde_json::json!({ "yaml": yaml, "replace": true }).to_string();
-    assert_eq!(json(&s, "POST", "/api/v1/schedules", Some(&body)).0, 201);
+    assert_eq!(json(s, "POST", "/api/v1/schedules", Some(&body)).0, 201);
     let unscheduled = serde_json::json!({ "yaml": "version: 1\nname: x\nstages:\n  s:\n    run: {command: [\"true\"]}\n" }).to_string();
     assert_eq!(
-        json(&s, "POST", "/api/v1/schedules", Some(&unscheduled)).0,
+        json(s, "POST", "/api/v1/schedules", Some(&unscheduled)).0,
         400
     );
     // And it can be triggered at once.
-    let (code, v) = json(&s, "POST", "/api/v1/schedules/hourly/trigger", None);
+    let (code, v) = json(s, "POST", "/api/v1/schedules/hourly/trigger", None);
     assert_eq!(code, 202, "{v}");
-    wait_phase(&s, v["run"].as_str().unwrap(), "Succeeded");
+    wait_phase(s, v["run"].as_str().unwrap(), "Succeeded");
+}
 
-    // A rerun the server started is cancelled through the server.
+/// A rerun the server started is cancelled through the server.
+fn a_rerun_is_cancelled_through_the_server(s: &Server, first: &str) {
     let (code, v) = json(
-        &s,
+        s,
         "POST",
         &format!("/api/v1/runs/{first}/rerun"),
         Some(r#"{"stages": ["slow"], "params": {"sleep": 60}}"#),
     );
     assert_eq!(code, 201, "{v}");
     let slow = v["run"].as_str().unwrap().to_owned();
-    wait_phase(&s, &slow, "Running");
+    wait_phase(s, &slow, "Running");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (_, v) = json(&s, "GET", &format!("/api/v1/runs/{slow}"), None);
+        let (_, v) = json(s, "GET", &format!("/api/v1/runs/{slow}"), None);
         if v["stages"].as_array().is_some_and(|a| {
             a.iter()
                 .any(|st| st["stage"] == "slow" && st["phase"] == "Running")
@@ -425,9 +461,9 @@ fn reruns_retries_followed_logs_and_registered_schedules_over_http() {
         assert!(Instant::now() < deadline, "slow never ran: {v}");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let (code, v) = json(&s, "POST", &format!("/api/v1/runs/{slow}/cancel"), None);
+    let (code, v) = json(s, "POST", &format!("/api/v1/runs/{slow}/cancel"), None);
     assert_eq!(code, 202, "{v}");
-    wait_phase(&s, &slow, "Cancelled");
+    wait_phase(s, &slow, "Cancelled");
 }
 
 /// `run`, `status`, `logs` and `cancel` with `--server URL` go through the API.
@@ -715,22 +751,35 @@ stages:
     let (_, v) = json(&s, "POST", "/api/v1/runs", Some(r#"{"pipeline": "hello"}"#));
     let hello = v["run"].as_str().unwrap().to_owned();
     wait_phase(&s, &hello, "Succeeded");
+    a_run_s_graph_and_attempts(&s, &run);
+    events_of_a_run_and_of_the_list(&s, &run);
+    explain_of_a_stage(&s, &run);
+    lineage_and_the_empty_registry(&s, &run);
+    filters_and_schedules(&s, &run);
+    the_page_and_its_policy(&s);
+    let started = another_site_is_refused(&s);
+    an_open_page_does_not_hold_up_a_stop(&mut s, &started);
+}
 
-    // The graph: each stage with what it needs, in the pipeline's order.
-    let (code, g) = json(&s, "GET", &format!("/api/v1/runs/{run}/graph"), None);
+/// The graph: each stage with what it needs, in the pipeline's order; and its attempts.
+fn a_run_s_graph_and_attempts(s: &Server, run: &str) {
+    let (code, g) = json(s, "GET", &format!("/api/v1/runs/{run}/graph"), None);
     assert_eq!(code, 200, "{g}");
     assert_eq!(g["nodes"][0]["name"], "make");
     assert_eq!(g["nodes"][1]["needs"], serde_json::json!(["make"]), "{g}");
     assert_eq!(g["nodes"][1]["kind"], "command");
     assert!(g.get("note").is_none(), "{g}");
 
-    let (code, a) = json(&s, "GET", &format!("/api/v1/runs/{run}/attempts"), None);
+    let (code, a) = json(s, "GET", &format!("/api/v1/runs/{run}/attempts"), None);
     assert_eq!(code, 200);
     let attempts = a["attempts"].as_array().unwrap();
     assert_eq!(attempts.len(), 2, "{a}");
     assert!(attempts.iter().all(|a| a["phase"] == "Succeeded"), "{a}");
+}
 
-    // Events of an ended run: the snapshot, then the end, then the stream closes.
+/// Events of an ended run: the snapshot, then the end, then the stream closes; the
+/// list's stream announces the runs at once.
+fn events_of_a_run_and_of_the_list(s: &Server, run: &str) {
     let events = raw(
         &s.addr,
         &format!(
@@ -757,9 +806,12 @@ stages:
     );
     assert!(listed.contains("event: runs"), "{listed}");
     assert!(listed.contains("\"Succeeded\":2"), "{listed}");
+}
 
+/// `explain` of a stage, and of a stage the run does not have.
+fn explain_of_a_stage(s: &Server, run: &str) {
     let (code, e) = json(
-        &s,
+        s,
         "GET",
         &format!("/api/v1/runs/{run}/stages/use/explain"),
         None,
@@ -768,7 +820,7 @@ stages:
     assert!(e["verdict"].as_str().unwrap().starts_with("ran"), "{e}");
     assert!(e["components"]["input:data"].is_string(), "{e}");
     let (code, e) = json(
-        &s,
+        s,
         "GET",
         &format!("/api/v1/runs/{run}/stages/nope/explain"),
         None,
@@ -778,14 +830,12 @@ stages:
         e["error"].as_str().unwrap().contains("has no stage `nope`"),
         "{e}"
     );
+}
 
-    // Lineage from the consuming stage up to the artifact and the stage that made it.
-    let (code, l) = json(
-        &s,
-        "GET",
-        &format!("/api/v1/lineage?target={run}/use"),
-        None,
-    );
+/// Lineage from the consuming stage up to the artifact and the stage that made it; an
+/// empty registry.
+fn lineage_and_the_empty_registry(s: &Server, run: &str) {
+    let (code, l) = json(s, "GET", &format!("/api/v1/lineage?target={run}/use"), None);
     assert_eq!(code, 200, "{l}");
     let kinds: Vec<&str> = l["nodes"]
         .as_object()
@@ -799,16 +849,16 @@ stages:
     );
     assert!(l["nodes"][format!("{run}/make")].is_object(), "{l}");
     assert_eq!(
-        json(&s, "GET", "/api/v1/lineage?target=sha256:0000", None).0,
+        json(s, "GET", "/api/v1/lineage?target=sha256:0000", None).0,
         404
     );
-    assert_eq!(json(&s, "GET", "/api/v1/lineage", None).0, 400);
+    assert_eq!(json(s, "GET", "/api/v1/lineage", None).0, 400);
 
-    let (code, r) = json(&s, "GET", "/api/v1/registry", None);
+    let (code, r) = json(s, "GET", "/api/v1/registry", None);
     assert_eq!((code, r["models"].clone()), (200, serde_json::json!([])));
     assert_eq!(
         json(
-            &s,
+            s,
             "POST",
             "/api/v1/registry/lanes/aliases/production/rollback",
             None
@@ -816,32 +866,31 @@ stages:
         .0,
         404
     );
+}
 
-    // Filters.
-    let (_, v) = json(
-        &s,
-        "GET",
-        "/api/v1/runs?pipeline=made&phase=Succeeded",
-        None,
-    );
+/// The run list's filters, and the schedules' next ticks.
+fn filters_and_schedules(s: &Server, run: &str) {
+    let (_, v) = json(s, "GET", "/api/v1/runs?pipeline=made&phase=Succeeded", None);
     let runs = v["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 1, "{v}");
-    assert_eq!(runs[0]["id"], run.as_str());
-    let (_, v) = json(&s, "GET", "/api/v1/runs?phase=Failed", None);
+    assert_eq!(runs[0]["id"], run);
+    let (_, v) = json(s, "GET", "/api/v1/runs?phase=Failed", None);
     assert_eq!(v["runs"], serde_json::json!([]));
-    let (_, v) = json(&s, "GET", "/api/v1/runs?trigger=api&limit=1", None);
+    let (_, v) = json(s, "GET", "/api/v1/runs?trigger=api&limit=1", None);
     assert_eq!(v["runs"].as_array().unwrap().len(), 1);
-    let (_, v) = json(&s, "GET", "/api/v1/runs?since=2999-01-01T00:00:00Z", None);
+    let (_, v) = json(s, "GET", "/api/v1/runs?since=2999-01-01T00:00:00Z", None);
     assert_eq!(v["runs"], serde_json::json!([]));
-    let (code, v) = json(&s, "GET", "/api/v1/runs?phase=Sleeping", None);
+    let (code, v) = json(s, "GET", "/api/v1/runs?phase=Sleeping", None);
     assert_eq!(code, 400);
     assert!(v["error"].as_str().unwrap().contains("Sleeping"), "{v}");
 
     // Schedules show their next tick.
-    let (_, v) = json(&s, "GET", "/api/v1/schedules", None);
+    let (_, v) = json(s, "GET", "/api/v1/schedules", None);
     assert!(v["schedules"][0]["next_tick"].is_object(), "{v}");
+}
 
-    // The page: open, with a policy that keeps other sites' scripts out.
+/// The page: open, with a policy that keeps other sites' scripts out.
+fn the_page_and_its_policy(s: &Server) {
     let page = raw(
         &s.addr,
         &format!(
@@ -865,9 +914,12 @@ stages:
         "route();",
     );
     assert!(script.contains("text/javascript"), "{script}");
+}
 
-    // A page of another site cannot make the browser start a run, even with the token a
-    // person typed into this one: the browser names the page's origin.
+/// A page of another site cannot make the browser start a run, even with the token a
+/// person typed into this one: the browser names the page's origin. The run this
+/// server's own origin started.
+fn another_site_is_refused(s: &Server) -> String {
     let post = |origin: &str| {
         let body = r#"{"pipeline": "hello"}"#;
         raw(
@@ -885,8 +937,11 @@ stages:
     assert!(refused.contains("cannot change this server"), "{refused}");
     let accepted = post(&format!("http://{}", s.addr));
     assert!(accepted.starts_with("HTTP/1.1 201"), "{accepted}");
+    accepted.rsplit('"').nth(1).unwrap().to_owned()
+}
 
-    // A page left open (its stream of the run list) does not hold up a graceful stop.
+/// A page left open (its stream of the run list) does not hold up a graceful stop.
+fn an_open_page_does_not_hold_up_a_stop(s: &mut Server, run: &str) {
     let mut open = std::net::TcpStream::connect(&s.addr).unwrap();
     write!(
         open,
@@ -897,7 +952,7 @@ stages:
     let mut first = [0u8; 512];
     let n = open.read(&mut first).unwrap();
     assert!(String::from_utf8_lossy(&first[..n]).contains("200 OK"));
-    wait_phase(&s, accepted.rsplit('"').nth(1).unwrap(), "Succeeded");
+    wait_phase(s, run, "Succeeded");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(s.child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,

@@ -61,8 +61,14 @@ fn the_driving_loop_closes() {
         listed.contains("risk-model  1 version(s)  production → 1"),
         "{listed}"
     );
+    let promoted = against_the_promoted_model(&home);
+    the_registry_s_history_and_rollback(&home, promoted);
+    forget_and_lineage_reach_the_drives(&home, &first);
+}
 
-    // New fleet data: the candidate is measured against the model the first run promoted.
+/// New fleet data: the candidate is measured against the model the first run promoted.
+/// Whether it was promoted in turn.
+fn against_the_promoted_model(home: &Home) -> bool {
     let o = home.drivetrain(&[
         "run",
         &loop_file(),
@@ -98,9 +104,11 @@ fn the_driving_loop_closes() {
         stage(&st, "promote")["phase"],
         if promoted { "Succeeded" } else { "Skipped" }
     );
+    promoted
+}
 
-    // The registry: history, a manual move, a rollback; lineage from the model back to
-    // the simulated drives it was trained on.
+/// The registry: history, a manual move, a rollback.
+fn the_registry_s_history_and_rollback(home: &Home, promoted: bool) {
     let o = home.drivetrain(&["registry", "alias", "risk-model", "candidate", "1"]);
     assert_ok(&o);
     let history = home.drivetrain(&["registry", "history", "risk-model", "--output", "json"]);
@@ -123,10 +131,14 @@ fn the_driving_loop_closes() {
     let o = home.drivetrain(&["registry", "rollback", "risk-model", "candidate"]);
     assert_eq!(o.status.code(), Some(1), "candidate has no earlier version");
     assert!(text(&o.stderr).contains("no earlier version"));
+}
+
+/// Lineage from the model back to the simulated drives it was trained on.
+fn forget_and_lineage_reach_the_drives(home: &Home, first: &str) {
     // A drive log the loop read out of fleet-sim's directory: `forget` finds the ingest
     // that read it (its values list every log by its exact location) and everything made
     // from that; the same name in a folder never read is not that log.
-    let status = home.status(&first);
+    let status = home.status(first);
     let source = common::stage(&status, "ingest")["values"]["sources"][0]
         .as_str()
         .expect("ingest lists the logs it read")

@@ -164,6 +164,14 @@ stages:
     run: {command: [sh, -c, 'sleep 1; echo "epoch 1 loss 0.42"']}
 "#;
 
+/// The server and the browser a test drives, and the base of the server's address.
+struct Page {
+    c: Client,
+    s: common::http::Server,
+    base: String,
+    home: Home,
+}
+
 /// A run started by the test appears in the list; its DAG turns green stage by stage; a
 /// failed stage shows its log line; the rerun button starts a linked run, which succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -178,29 +186,48 @@ async fn the_web_view_in_a_browser() {
     let s = start(&home, &["--token", TOKEN]);
     let (_driver, c) = browser(&home).await;
     let base = format!("http://{}", s.addr);
+    let p = Page { c, s, base, home };
+    the_token_opens_the_list(&p).await;
+    let run = a_run_turns_green_upstream_first(&p).await;
+    a_stage_panel_has_values_log_and_explain(&p).await;
+    let failed = a_failed_stage_shows_its_log_line(&p).await;
+    the_rerun_button_starts_a_linked_run(&p, &failed).await;
+    lineage_reaches_the_ingest(&p, &run).await;
+    the_registry_shows_versions_and_rolls_back(&p, &run).await;
+    schedules_trigger_and_suspend(&p).await;
+    the_list_filters_to_failures(&p, &failed).await;
+    p.c.close().await.unwrap();
+}
 
-    // Without the token the page says it needs one; with it, the list shows.
-    c.goto(&format!("{base}/")).await.unwrap();
+/// Without the token the page says it needs one; with it, the list shows.
+async fn the_token_opens_the_list(p: &Page) {
+    let base = &p.base;
+    p.c.goto(&format!("{base}/")).await.unwrap();
     let refusal = until(
-        &c,
+        &p.c,
         "the refusal",
         "const s = document.getElementById('status'); return s.className === 'error' && s.textContent",
     )
     .await;
     assert!(refusal.as_str().unwrap().contains("Bearer"), "{refusal}");
-    let field = c.find(Locator::Id("token")).await.unwrap();
+    let field = p.c.find(Locator::Id("token")).await.unwrap();
     field.send_keys(TOKEN).await.unwrap();
-    click(&c, Locator::Css("#token-form button")).await;
+    click(&p.c, Locator::Css("#token-form button")).await;
     until(
-        &c,
+        &p.c,
         "the run list",
         "return document.querySelector('table.runs')",
     )
     .await;
+}
 
+/// A run started elsewhere appears without a reload, and its DAG turns green stage by
+/// stage, upstream first. Its id.
+async fn a_run_turns_green_upstream_first(p: &Page) -> String {
+    let base = &p.base;
     // A run started elsewhere appears without a reload.
     let (code, v) = call(
-        &s,
+        &p.s,
         "POST",
         "/api/v1/runs",
         Some(r#"{"pipeline": "drive-loop-demo"}"#),
@@ -208,16 +235,16 @@ async fn the_web_view_in_a_browser() {
     assert_eq!(code, 201, "{v}");
     let run = v["run"].as_str().unwrap().to_owned();
     until(
-        &c,
+        &p.c,
         "the new run in the list",
         &format!("return document.querySelector('tr[data-run=\"{run}\"]')"),
     )
     .await;
 
     // Its DAG turns green stage by stage, upstream first.
-    c.goto(&format!("{base}/#/runs/{run}")).await.unwrap();
+    p.c.goto(&format!("{base}/#/runs/{run}")).await.unwrap();
     until(
-        &c,
+        &p.c,
         "the DAG",
         "return document.querySelectorAll('.dag .node').length === 4",
     )
@@ -230,7 +257,7 @@ async fn the_web_view_in_a_browser() {
             Instant::now() < deadline,
             "the DAG never turned green: {order:?}"
         );
-        let phases = eval(&c, PHASES).await;
+        let phases = eval(&p.c, PHASES).await;
         let green: Vec<String> = phases
             .as_object()
             .unwrap()
@@ -257,17 +284,20 @@ async fn the_web_view_in_a_browser() {
         "{order:?}"
     );
     until(
-        &c,
+        &p.c,
         "the run's phase",
         "return document.querySelector('.run-head .badge.phase-Succeeded')",
     )
     .await;
-    screenshot(&c, &home, "run").await;
+    screenshot(&p.c, &p.home, "run").await;
+    run
+}
 
-    // A stage's panel: its values, outputs with digests, and explain.
-    click(&c, Locator::Css(".dag .node[data-node=\"mine\"]")).await;
+/// A stage's panel: its values, its log, and explain.
+async fn a_stage_panel_has_values_log_and_explain(p: &Page) {
+    click(&p.c, Locator::Css(".dag .node[data-node=\"mine\"]")).await;
     let values = until(
-        &c,
+        &p.c,
         "mine's values",
         "return document.querySelector('.stage-panel pre.json')?.textContent",
     )
@@ -276,30 +306,33 @@ async fn the_web_view_in_a_browser() {
         values.as_str().unwrap().contains("corner_cases"),
         "{values}"
     );
-    let log = until(&c, "mine's log", "const l = document.getElementById('log'); return l && l.textContent.includes('frames') && l.textContent").await;
+    let log = until(&p.c, "mine's log", "const l = document.getElementById('log'); return l && l.textContent.includes('frames') && l.textContent").await;
     assert!(log.as_str().unwrap().contains("1200 frames"), "{log}");
-    click(&c, Locator::Id("explain")).await;
+    click(&p.c, Locator::Id("explain")).await;
     let why = until(
-        &c,
+        &p.c,
         "explain",
         "return document.querySelector('.explain p')?.textContent",
     )
     .await;
     assert!(why.as_str().unwrap().starts_with("ran"), "{why}");
+}
 
-    // A failing run: the failed stage shows its log line, the rest of the DAG says why.
+/// A failing run: the failed stage shows its log line, the rest of the DAG says why. Its id.
+async fn a_failed_stage_shows_its_log_line(p: &Page) -> String {
+    let base = &p.base;
     let (_, v) = call(
-        &s,
+        &p.s,
         "POST",
         "/api/v1/runs",
         Some(r#"{"pipeline": "drive-loop-demo", "params": {"fail": true}}"#),
     );
     let failed = v["run"].as_str().unwrap().to_owned();
-    c.goto(&format!("{base}/#/runs/{failed}/calibrate"))
+    p.c.goto(&format!("{base}/#/runs/{failed}/calibrate"))
         .await
         .unwrap();
     let line = until(
-        &c,
+        &p.c,
         "the failed stage's log line",
         "const l = document.getElementById('log'); return l && l.textContent.includes('calibration') && l.textContent",
     )
@@ -311,31 +344,34 @@ async fn the_web_view_in_a_browser() {
         "{line}"
     );
     until(
-        &c,
+        &p.c,
         "calibrate failed",
         "return document.querySelector('.dag .node.phase-Failed[data-node=\"calibrate\"]')",
     )
     .await;
     until(
-        &c,
+        &p.c,
         "the run failed",
         "return document.querySelector('.run-head .badge.phase-Failed')",
     )
     .await;
-    screenshot(&c, &home, "failed-stage").await;
+    screenshot(&p.c, &p.home, "failed-stage").await;
+    failed
+}
 
-    // The rerun button: calibrate and downstream again with fail=false, in a linked run.
+/// The rerun button: calibrate and downstream again with fail=false, in a linked run.
+async fn the_rerun_button_starts_a_linked_run(p: &Page, failed: &str) {
     until(
-        &c,
+        &p.c,
         "rerun enabled",
         "return !document.getElementById('rerun').disabled",
     )
     .await;
-    let params = c.find(Locator::Id("rerun-params")).await.unwrap();
+    let params = p.c.find(Locator::Id("rerun-params")).await.unwrap();
     params.send_keys("fail=false").await.unwrap();
-    click(&c, Locator::Id("rerun")).await;
+    click(&p.c, Locator::Id("rerun")).await;
     let hash = until(
-        &c,
+        &p.c,
         "the rerun's page",
         &format!("return !location.hash.includes('{failed}') && location.hash"),
     )
@@ -349,39 +385,42 @@ async fn the_web_view_in_a_browser() {
         .unwrap()
         .to_owned();
     let linked = until(
-        &c,
+        &p.c,
         "the link to the parent",
         &format!("return [...document.querySelectorAll('.run-head a')].some(a => a.textContent === '{failed}')"),
     )
     .await;
     assert_eq!(linked, true);
     until(
-        &c,
+        &p.c,
         "the rerun succeeded",
         "return document.querySelector('.run-head .badge.phase-Succeeded')",
     )
     .await;
-    let done = wait_phase(&s, &rerun, "Succeeded");
+    let done = wait_phase(&p.s, &rerun, "Succeeded");
     assert_eq!(done["run"]["trigger"], "rerun");
-    assert_eq!(done["run"]["parent"], failed.as_str());
+    assert_eq!(done["run"]["parent"], failed);
     // ingest and mine were reused from the failed run, calibrate and train ran again.
-    let origins = eval(&c, "return [...document.querySelectorAll('.dag .node .sub')].map(t => t.textContent).join('|')").await;
+    let origins = eval(&p.c, "return [...document.querySelectorAll('.dag .node .sub')].map(t => t.textContent).join('|')").await;
     assert!(origins.as_str().unwrap().contains("reused"), "{origins}");
+}
 
-    // Lineage from the first run's mine stage reaches the ingest that made its frames.
-    c.goto(&format!(
+/// Lineage from the first run's mine stage reaches the ingest that made its frames.
+async fn lineage_reaches_the_ingest(p: &Page, run: &str) {
+    let base = &p.base;
+    p.c.goto(&format!(
         "{base}/#/lineage?target={run}/mine&downstream=false"
     ))
     .await
     .unwrap();
     until(
-        &c,
+        &p.c,
         "the lineage graph",
         "return document.querySelectorAll('.dag .node.kind-artifact').length > 0",
     )
     .await;
     let nodes = eval(
-        &c,
+        &p.c,
         "return [...document.querySelectorAll('.dag .node')].map(n => n.dataset.node)",
     )
     .await;
@@ -393,17 +432,20 @@ async fn the_web_view_in_a_browser() {
             .any(|n| n.as_str().unwrap().ends_with("/ingest")),
         "{nodes}"
     );
-    screenshot(&c, &home, "lineage").await;
+    screenshot(&p.c, &p.home, "lineage").await;
+}
 
-    // The registry: versions with metrics and the run that made them, an alias, and the
-    // roll-back button, whose move the history then shows.
-    let artifacts = home.dir.join(".drivetrain/artifacts");
+/// The registry: versions with metrics and the run that made them, an alias, and the
+/// roll-back button, whose move the history then shows.
+async fn the_registry_shows_versions_and_rolls_back(p: &Page, run: &str) {
+    let base = &p.base;
+    let artifacts = p.home.dir.join(".drivetrain/artifacts");
     let url = format!(
         "file://{}",
         std::fs::canonicalize(&artifacts).unwrap().display()
     );
     let reg = drivetrain_steps::registry::Registry::open_for(None, &url).unwrap();
-    let model = home.dir.join("model");
+    let model = p.home.dir.join("model");
     std::fs::create_dir_all(&model).unwrap();
     std::fs::write(model.join("model.json"), "{}").unwrap();
     for accuracy in [0.81, 0.87] {
@@ -415,9 +457,9 @@ async fn the_web_view_in_a_browser() {
             .await
             .unwrap();
     }
-    c.goto(&format!("{base}/#/registry")).await.unwrap();
+    p.c.goto(&format!("{base}/#/registry")).await.unwrap();
     let alias = until(
-        &c,
+        &p.c,
         "the alias",
         "return document.querySelector('.aliases li')?.textContent",
     )
@@ -430,7 +472,7 @@ async fn the_web_view_in_a_browser() {
         "{alias}"
     );
     let versions = eval(
-        &c,
+        &p.c,
         "return document.querySelector('.model table tbody').textContent",
     )
     .await;
@@ -438,21 +480,24 @@ async fn the_web_view_in_a_browser() {
         versions.as_str().unwrap().contains("accuracy 0.87"),
         "{versions}"
     );
-    assert!(versions.as_str().unwrap().contains(&run), "{versions}");
-    click(&c, Locator::Css("[data-rollback=\"lanes@production\"]")).await;
-    until(&c, "the rollback", "return document.querySelector('.aliases li')?.textContent.startsWith('production → version 1')").await;
+    assert!(versions.as_str().unwrap().contains(run), "{versions}");
+    click(&p.c, Locator::Css("[data-rollback=\"lanes@production\"]")).await;
+    until(&p.c, "the rollback", "return document.querySelector('.aliases li')?.textContent.startsWith('production → version 1')").await;
     let moves = eval(
-        &c,
+        &p.c,
         "return document.querySelectorAll('.model table:last-of-type tbody tr').length",
     )
     .await;
     assert_eq!(moves, 3, "two moves and the rollback");
-    screenshot(&c, &home, "registry").await;
+    screenshot(&p.c, &p.home, "registry").await;
+}
 
-    // Schedules: the next tick, and a trigger that queues a run the list then shows.
-    c.goto(&format!("{base}/#/schedules")).await.unwrap();
+/// Schedules: the next tick, and a trigger that queues a run the list then shows.
+async fn schedules_trigger_and_suspend(p: &Page) {
+    let base = &p.base;
+    p.c.goto(&format!("{base}/#/schedules")).await.unwrap();
     let next = until(
-        &c,
+        &p.c,
         "the schedule's row",
         "const r = document.querySelector('tbody tr'); return r && r.cells[2].textContent",
     )
@@ -461,10 +506,10 @@ async fn the_web_view_in_a_browser() {
         !next.as_str().unwrap().is_empty() && next != "never",
         "{next}"
     );
-    screenshot(&c, &home, "schedules").await;
-    click(&c, Locator::XPath("//button[text()='Trigger']")).await;
+    screenshot(&p.c, &p.home, "schedules").await;
+    click(&p.c, Locator::XPath("//button[text()='Trigger']")).await;
     let queued = until(
-        &c,
+        &p.c,
         "the queued tick",
         "const s = document.getElementById('status').textContent; return s.includes('queued') && s",
     )
@@ -476,40 +521,42 @@ async fn the_web_view_in_a_browser() {
         .nth(2)
         .unwrap()
         .to_owned();
-    wait_phase(&s, &ticked, "Succeeded");
-    click(&c, Locator::XPath("//button[text()='Suspend']")).await;
+    wait_phase(&p.s, &ticked, "Succeeded");
+    click(&p.c, Locator::XPath("//button[text()='Suspend']")).await;
     until(
-        &c,
+        &p.c,
         "suspended",
         "return document.querySelector('tbody tr')?.cells[1].textContent === 'suspended'",
     )
     .await;
+}
 
-    // The list, filtered to failures, shows the failed run only.
-    c.goto(&format!("{base}/#/runs?phase=Failed"))
+/// The list, filtered to failures, shows the failed run only.
+async fn the_list_filters_to_failures(p: &Page, failed: &str) {
+    let base = &p.base;
+    p.c.goto(&format!("{base}/#/runs?phase=Failed"))
         .await
         .unwrap();
     until(
-        &c,
+        &p.c,
         "the filtered list",
         &format!("return document.querySelector('tr[data-run=\"{failed}\"]')"),
     )
     .await;
     let shown = eval(
-        &c,
+        &p.c,
         "return document.querySelectorAll('table.runs tbody tr').length",
     )
     .await;
     assert_eq!(shown, 1);
-    c.goto(&format!("{base}/#/runs")).await.unwrap();
+    p.c.goto(&format!("{base}/#/runs")).await.unwrap();
     until(
-        &c,
+        &p.c,
         "the whole list",
         "return document.querySelectorAll('table.runs tbody tr').length === 4",
     )
     .await;
-    screenshot(&c, &home, "runs").await;
-    c.close().await.unwrap();
+    screenshot(&p.c, &p.home, "runs").await;
 }
 
 /// The figures of `bench/README.md` (web view at scale), not a check: a list of 10,000

@@ -58,10 +58,60 @@ fn history() -> impl Strategy<Value = (Vec<RunSpec>, Vec<(usize, bool)>)> {
     )
 }
 
+/// Records the generated history, runs gc, and checks that everything referenced
+/// survives and that an old run's unreferenced artifact does not.
 async fn check(runs: Vec<RunSpec>, cache: Vec<(usize, bool)>) {
     let state = SqliteState::in_memory().unwrap();
     let store = ArtifactStore::open("memory://").unwrap();
     let scratch = tempdir();
+    let published = record(&state, &store, &scratch, &runs).await;
+    put_cache_entries(&state, &published, &cache);
+    let referenced = referenced(&state, &runs);
+    let report = gc(&state, &store, CUTOFF, true).await.unwrap();
+    for a in &referenced {
+        store
+            .verify(a)
+            .await
+            .unwrap_or_else(|e| panic!("gc broke referenced artifact {a:?}: {e}\n{report:?}"));
+    }
+    // Not vacuous: an old run's artifact that nothing refers to, directly or as a member
+    // of a referenced collection, is gone.
+    let mut member_prefixes = BTreeSet::new();
+    for a in &referenced {
+        for k in store.object_keys(a).await.unwrap() {
+            member_prefixes.insert(k);
+        }
+    }
+    for a in &published {
+        let run = a.manifest.split('/').nth(1).unwrap();
+        let r: usize = run[1..].parse().unwrap();
+        let kept = !runs[r].old || runs[r].running;
+        if kept || referenced.contains(a) {
+            continue;
+        }
+        let objects = store.object_keys(a).await;
+        let still_needed = objects
+            .as_ref()
+            .map(|ks| ks.iter().any(|k| member_prefixes.contains(k)))
+            .unwrap_or(false);
+        if !still_needed {
+            assert!(
+                store.manifest(a).await.is_err(),
+                "unreferenced artifact {a:?} of old run {run} survived gc"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// Records `runs` in `state`, publishing what their stages ran into `store`: every
+/// artifact published, in order.
+async fn record(
+    state: &SqliteState,
+    store: &ArtifactStore,
+    scratch: &std::path::Path,
+    runs: &[RunSpec],
+) -> Vec<ArtifactRef> {
     // Every artifact published so far, with whether it is a collection.
     let mut published: Vec<ArtifactRef> = Vec::new();
     for (r, spec) in runs.iter().enumerate() {
@@ -133,6 +183,11 @@ async fn check(runs: Vec<RunSpec>, cache: Vec<(usize, bool)>) {
             state.finish_run(&rec.id, Phase::Succeeded, None).unwrap();
         }
     }
+    published
+}
+
+/// The cache entries `cache` asks for, each naming one published artifact, young or old.
+fn put_cache_entries(state: &SqliteState, published: &[ArtifactRef], cache: &[(usize, bool)]) {
     for (i, (a, young)) in cache.iter().enumerate() {
         if published.is_empty() {
             break;
@@ -156,8 +211,10 @@ async fn check(runs: Vec<RunSpec>, cache: Vec<(usize, bool)>) {
             })
             .unwrap();
     }
+}
 
-    // What must survive, computed from the generated history rather than by gc.
+/// What must survive, computed from the generated history rather than by gc.
+fn referenced(state: &SqliteState, runs: &[RunSpec]) -> BTreeSet<ArtifactRef> {
     let mut referenced: BTreeSet<ArtifactRef> = BTreeSet::new();
     for (r, spec) in runs.iter().enumerate() {
         if spec.old && !spec.running {
@@ -181,42 +238,7 @@ async fn check(runs: Vec<RunSpec>, cache: Vec<(usize, bool)>) {
             referenced.insert(serde_json::from_value(e.outputs["o"].clone()).unwrap());
         }
     }
-
-    let report = gc(&state, &store, CUTOFF, true).await.unwrap();
-    for a in &referenced {
-        store
-            .verify(a)
-            .await
-            .unwrap_or_else(|e| panic!("gc broke referenced artifact {a:?}: {e}\n{report:?}"));
-    }
-    // Not vacuous: an old run's artifact that nothing refers to, directly or as a member
-    // of a referenced collection, is gone.
-    let mut member_prefixes = BTreeSet::new();
-    for a in &referenced {
-        for k in store.object_keys(a).await.unwrap() {
-            member_prefixes.insert(k);
-        }
-    }
-    for a in &published {
-        let run = a.manifest.split('/').nth(1).unwrap();
-        let r: usize = run[1..].parse().unwrap();
-        let kept = !runs[r].old || runs[r].running;
-        if kept || referenced.contains(a) {
-            continue;
-        }
-        let objects = store.object_keys(a).await;
-        let still_needed = objects
-            .as_ref()
-            .map(|ks| ks.iter().any(|k| member_prefixes.contains(k)))
-            .unwrap_or(false);
-        if !still_needed {
-            assert!(
-                store.manifest(a).await.is_err(),
-                "unreferenced artifact {a:?} of old run {run} survived gc"
-            );
-        }
-    }
-    let _ = std::fs::remove_dir_all(&scratch);
+    referenced
 }
 
 fn tempdir() -> std::path::PathBuf {

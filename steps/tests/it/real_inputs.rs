@@ -397,8 +397,12 @@ fn labels_come_back_from_real_label_studio_exports() {
         .map(|s| v["splits"][s]["positives"].as_u64().unwrap())
         .sum();
     assert_eq!(positives, 2, "tasks 1 and 3 are risky: {v}");
+}
 
-    // JSON_MIN: one flat item per annotation, the control's value at the top level.
+/// JSON_MIN: one flat item per annotation, the control's value at the top level.
+#[test]
+fn labels_come_back_from_a_json_min_export() {
+    let dir = tmp("labels-min");
     let min = json!([
         {"id": 101, "task_id": 1, "drive": "d1", "log_time_ns": 1_000_000_000i64, "risk": "risky", "annotator": 1, "annotation_id": 1, "created_at": "2026-11-21T09:00:00Z", "updated_at": "2026-11-21T09:00:00Z", "lead_time": 1.0},
         {"id": 102, "task_id": 2, "drive": "d1", "log_time_ns": 2_000_000_000i64, "risk": {"choices": ["normal"]}, "annotator": 1, "annotation_id": 2, "created_at": "2026-11-21T09:00:00Z", "updated_at": "2026-11-21T09:00:00Z", "lead_time": 1.0},
@@ -407,8 +411,12 @@ fn labels_come_back_from_real_label_studio_exports() {
     ]);
     let v = import(&dir.join("min"), &min, json!({"from_name": "risk"})).unwrap();
     assert_eq!(v["unlabeled"], 0, "{v}");
+}
 
-    // Majority: two `normal` against one newer `risky`.
+/// Majority: two `normal` against one newer `risky`.
+#[test]
+fn a_majority_outvotes_the_newest_annotation() {
+    let dir = tmp("labels-majority");
     let export = json!([
         task(
             101,
