@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use drivetrain_engine::artifacts::ArtifactStore;
 use drivetrain_engine::cache::diff;
 use drivetrain_engine::history::{self, Direction, LineageError};
-use drivetrain_engine::state::{RunId, StateStore};
+use drivetrain_engine::state::{Origin, RunId, StateStore};
 use serde_json::{json, Value};
 
 use crate::cli::GraphOutput;
@@ -41,26 +41,22 @@ pub fn explanation(
         .unwrap_or_default()
         .to_owned();
     let key = s.how.cache_key.clone().unwrap_or_default();
-    let (verdict, changes, compared) = match s.how.origin.as_str() {
-        "cached" => (
-            format!(
-                "hit: outputs taken from run {} (key {key})",
-                s.how.origin_run.as_deref().unwrap_or("?")
-            ),
+    let (verdict, changes, compared) = match &s.how.origin {
+        Origin::Cached { run: from } => (
+            format!("hit: outputs taken from run {from} (key {key})"),
             Vec::new(),
             None,
         ),
-        "reused" => (
+        Origin::Reused { run: from } => (
             format!(
-                "reused: a {} of run {} took this stage's outputs from run {} without executing it",
+                "reused: a {} of run {} took this stage's outputs from run {from} without executing it",
                 record.trigger,
                 record.parent.as_ref().map(|p| p.0.as_str()).unwrap_or("?"),
-                s.how.origin_run.as_deref().unwrap_or("?")
             ),
             Vec::new(),
             None,
         ),
-        _ => {
+        Origin::Ran => {
             // The closest of the recent entries: fewest changed components, then newest.
             let previous = state
                 .recent_cache_entries(&record.pipeline, stage, &key, 50)?
@@ -99,8 +95,8 @@ pub fn explanation(
         "run": run,
         "stage": stage,
         "definition_changes": definition_changes,
-        "origin": s.how.origin,
-        "origin_run": s.how.origin_run,
+        "origin": s.how.origin.name(),
+        "origin_run": s.how.origin.run(),
         "verdict": verdict,
         "cache_key": s.how.cache_key,
         "compared_with_run": compared,

@@ -81,11 +81,10 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
             (Some(a), Some(b)) => elapsed(a, b),
             _ => String::new(),
         };
-        let origin = match (s.how.origin.as_str(), &s.how.origin_run) {
-            (_, _) if s.phase != Phase::Succeeded => String::new(),
-            ("ran", _) => "ran".to_owned(),
-            (o, Some(r)) => format!("{o} (from run {r})"),
-            (o, None) => o.to_owned(),
+        let origin = match (&s.how.origin, s.how.origin.run()) {
+            _ if s.phase != Phase::Succeeded => String::new(),
+            (o, Some(r)) => format!("{} (from run {r})", o.name()),
+            (o, None) => o.name().to_owned(),
         };
         println!(
             "{:<24} {:<10} {:<38} {:>8} {:>9} {:>5}  {}",

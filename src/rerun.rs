@@ -9,7 +9,7 @@ use drivetrain_engine::artifacts::ArtifactStore;
 use drivetrain_engine::engine::RunRequest;
 use drivetrain_engine::plan::Pipeline;
 use drivetrain_engine::runner;
-use drivetrain_engine::state::{Phase, RunId, RunRecord, StageRecord, StateStore};
+use drivetrain_engine::state::{Origin, Phase, RunId, RunRecord, StageRecord, StateStore};
 use drivetrain_engine::StageId;
 use serde_json::json;
 
@@ -322,22 +322,15 @@ fn reused(
             continue;
         }
         let outputs = serde_json::from_value(b.outputs.clone()).unwrap_or_default();
-        let origin_run = match b.how.origin.as_str() {
-            "ran" => parent.id.0.clone(),
-            _ => b
-                .how
-                .origin_run
-                .clone()
-                .unwrap_or_else(|| parent.id.0.clone()),
-        };
+        // Where the outputs were made: the parent, or the run it took them from.
+        let run = b.how.origin.run().unwrap_or(&parent.id.0).to_owned();
         reuse.insert(
             b.stage.clone(),
             runner::Reused {
                 outputs,
                 values: b.values.clone(),
                 provenance: drivetrain_engine::state::Provenance {
-                    origin: "reused".into(),
-                    origin_run: Some(origin_run),
+                    origin: Origin::Reused { run },
                     ..b.how.clone()
                 },
             },

@@ -16,7 +16,7 @@ use drivetrain_engine::artifacts::ArtifactStore;
 use drivetrain_engine::engine::{Engine, EngineBuilder, RunRequest};
 use drivetrain_engine::plan::Pipeline;
 use drivetrain_engine::runner::{self, RunEvent};
-use drivetrain_engine::state::{Phase, RunId, SqliteState, StateStore};
+use drivetrain_engine::state::{Origin, Phase, RunId, SqliteState, StateStore};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -370,7 +370,7 @@ fn conclusion(
         stages.iter().find(|s| {
             &s.stage == name
                 && s.phase == Phase::Succeeded
-                && s.how.origin == "ran"
+                && s.how.origin == Origin::Ran
                 && s.attempts > 0
         })
     })?;
@@ -797,6 +797,7 @@ fn event_line(ev: &RunEvent) -> String {
             phase,
             reason,
             elapsed,
+            ..
         } => {
             let glyph = match phase {
                 Phase::Succeeded => "✓",

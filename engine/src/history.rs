@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::artifacts::{ArtifactRef, ArtifactStore};
-use crate::state::{Phase, RunId, StateError, StateStore};
+use crate::state::{Origin, Phase, RunId, StateError, StateStore};
 
 /// A node of the lineage graph.
 #[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
@@ -32,9 +32,9 @@ pub enum Node {
         run: String,
         stage: String,
         pipeline: String,
-        /// `ran`, `cached` or `reused`.
-        origin: String,
-        origin_run: Option<String>,
+        /// How it came by its outputs (`origin`, `origin_run`).
+        #[serde(flatten)]
+        origin: Origin,
         params: Value,
         /// The rendered definition (command, image, env, …).
         definition: Value,
@@ -209,7 +209,6 @@ pub fn lineage(
                 stage: stage.to_owned(),
                 pipeline,
                 origin: rec.how.origin.clone(),
-                origin_run: rec.how.origin_run.clone(),
                 params,
                 definition: rec
                     .how
@@ -222,8 +221,8 @@ pub fn lineage(
         match direction {
             Direction::Upstream => {
                 // A cached or reused stage's outputs were made by another run's stage.
-                if rec.how.origin != "ran" {
-                    if let Some(origin) = &rec.how.origin_run {
+                if rec.how.origin != Origin::Ran {
+                    if let Some(origin) = rec.how.origin.run() {
                         let made_by = stage_id(origin, stage);
                         g.edges.insert((made_by.clone(), id.clone()));
                         queue.push_back(made_by);
@@ -287,7 +286,9 @@ impl Lineage {
                 digest,
                 ..
             }) => format!("{run}/{stage}/{output} ({})", short(digest)),
-            Some(Node::Stage { origin, .. }) if origin != "ran" => format!("{id} [{origin}]"),
+            Some(Node::Stage { origin, .. }) if *origin != Origin::Ran => {
+                format!("{id} [{}]", origin.name())
+            }
             _ => id.to_owned(),
         }
     }

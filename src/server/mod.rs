@@ -29,7 +29,7 @@ use drivetrain_engine::executor::ResourceUsage;
 use drivetrain_engine::plan::Pipeline;
 use drivetrain_engine::runner::{self, RunEvent};
 use drivetrain_engine::schedule::{self, Decision, Ticker};
-use drivetrain_engine::state::{Phase, RunId, StateStore};
+use drivetrain_engine::state::{Origin, Phase, RunId, StateStore};
 use drivetrain_engine::Catalog;
 use serde_json::{json, Value};
 
@@ -627,21 +627,19 @@ impl Server {
                             .observe(last.elapsed().as_secs_f64());
                     }
                     RunEvent::Finished {
-                        phase,
-                        reason,
-                        elapsed,
-                        ..
+                        origin, elapsed, ..
                     } => {
                         last = Instant::now();
                         me.metrics.stage_seconds.observe(elapsed.as_secs_f64());
-                        match reason.as_deref() {
-                            Some(r) if r.starts_with("cached") => {
+                        match origin {
+                            Some(Origin::Cached { .. }) => {
                                 me.metrics.cache_hits.fetch_add(1, Ordering::Relaxed)
                             }
-                            _ if phase == Phase::Succeeded => {
+                            Some(Origin::Ran) => {
                                 me.metrics.cache_misses.fetch_add(1, Ordering::Relaxed)
                             }
-                            _ => 0,
+                            // Taken from the parent by a rerun: neither a hit nor a miss.
+                            Some(Origin::Reused { .. }) | None => 0,
                         };
                     }
                     _ => {}

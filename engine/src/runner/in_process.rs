@@ -10,8 +10,8 @@ use tokio::sync::{mpsc, watch};
 
 use crate::artifacts::ArtifactStore;
 use crate::engine::{EngineBuilder, RunRequest};
-use crate::runner::{Resume, RunEvent, RunSummary};
-use crate::state::{Phase, RunId, SqliteState, StateStore};
+use crate::runner::{Resume, Reused, RunEvent, RunSummary};
+use crate::state::{Origin, Phase, Provenance, RunId, SqliteState, StateStore};
 use crate::step::Catalog;
 use crate::testing::FakeExecutor;
 
@@ -312,6 +312,60 @@ async fn a_resumed_run_does_not_execute_what_succeeded_before() {
     .await;
     assert_eq!(r.summary.phase, Phase::Succeeded);
     assert_eq!(r.fake.started(), vec![("b".to_string(), 1)]);
+}
+
+/// The origin of each stage that succeeded, in the order their `Finished` events came.
+fn origins(r: &Ran) -> Vec<(String, Option<Origin>)> {
+    r.events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::Finished { stage, origin, .. } => Some((stage.clone(), origin.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rerun_reuses_what_it_takes_and_says_so_in_events_and_state() {
+    let yaml = format!(
+        "{HEAD}stages:\n  a:\n    run: {{command: [ok]}}\n  b:\n    needs: [a]\n    run: {{command: [ok]}}\n  c:\n    needs: [b]\n    run: {{command: [fail]}}\n"
+    );
+    let r = run_with(&yaml, |req, _| {
+        let taken = Provenance {
+            origin: Origin::Ran,
+            cache_key: None,
+            provenance: serde_json::json!({}),
+            inputs: serde_json::json!({}),
+        };
+        req.selection = Some(["b".to_string(), "c".to_string()].into());
+        req.reuse = BTreeMap::from([(
+            "a".to_string(),
+            Reused {
+                outputs: BTreeMap::new(),
+                values: serde_json::json!({}),
+                provenance: Provenance {
+                    origin: Origin::Reused { run: "r0".into() },
+                    ..taken
+                },
+            },
+        )]);
+    })
+    .await;
+    assert_eq!(
+        r.fake.started(),
+        vec![("b".to_string(), 1), ("c".to_string(), 1)]
+    );
+    let reused = Some(Origin::Reused { run: "r0".into() });
+    assert_eq!(
+        origins(&r),
+        vec![
+            ("a".to_string(), reused.clone()),
+            ("b".to_string(), Some(Origin::Ran)),
+            ("c".to_string(), None),
+        ]
+    );
+    let a = r.state.stage(&r.summary.id, "a").unwrap().unwrap();
+    assert_eq!(Some(a.how.origin), reused);
 }
 
 #[tokio::test(start_paused = true)]

@@ -21,7 +21,7 @@ use crate::artifacts::{ArtifactRef, ArtifactStore, AttemptKey};
 use crate::executor::Executor;
 use crate::plan::{Action, Pipeline, RetryPolicy, Stage, StageId};
 use crate::spec::{ErrorClass, Hook, RetryOn};
-use crate::state::{ArtifactRecord, CacheEntry, Provenance, Success};
+use crate::state::{ArtifactRecord, CacheEntry, Origin, Provenance, Success};
 use crate::state::{Phase, RunId, RunRecord, StateError, StateStore};
 use crate::template::Ref;
 
@@ -85,7 +85,7 @@ impl Default for CacheMode {
 pub struct Reused {
     pub outputs: BTreeMap<String, ArtifactRef>,
     pub values: Value,
-    /// How the earlier run came by them: `origin_run` names the run the outputs are from.
+    /// How the earlier run came by them: its origin names the run the outputs are from.
     pub provenance: Provenance,
 }
 
@@ -105,6 +105,8 @@ pub enum RunEvent {
     Finished {
         stage: String,
         phase: Phase,
+        /// How a stage that succeeded came by its outputs; `None` in every other phase.
+        origin: Option<Origin>,
         reason: Option<String>,
         elapsed: Duration,
     },
@@ -382,7 +384,7 @@ fn take_earlier(
         // A rerun or retry records what it takes from its parent as this run's own.
         let taken = match (prior.contains_key(name), ctx.opts.request.reuse.get(name)) {
             (false, Some(r)) => {
-                let from = r.provenance.origin_run.as_deref().unwrap_or("?");
+                let from = r.provenance.origin.run().unwrap_or("?");
                 let reason = format!("reused from run {from}");
                 record_taken(
                     ctx,
@@ -423,6 +425,7 @@ fn end_without_running(
     let _ = ctx.events.send(RunEvent::Finished {
         stage: stage.name.clone(),
         phase,
+        origin: None,
         reason: Some(reason),
         elapsed: Duration::ZERO,
     });
@@ -589,8 +592,7 @@ async fn execute(
     let inputs = input_artifacts(stage, &upstream);
     let cacheable = cacheable(ctx, stage).and(resolved);
     let mut provenance = Provenance {
-        origin: "ran".into(),
-        origin_run: None,
+        origin: Origin::Ran,
         cache_key: Some(key.clone()),
         provenance: serde_json::json!({
             "components": parts.components,
@@ -609,8 +611,9 @@ async fn execute(
             provenance.provenance["cache"] = Value::String(format!("miss: {why}"));
         }
         if let Ok(hit) = found {
-            provenance.origin = "cached".into();
-            provenance.origin_run = Some(hit.run_id.clone());
+            provenance.origin = Origin::Cached {
+                run: hit.run_id.clone(),
+            };
             // A partial result reused is still partial: its warnings go with it.
             let reason = match attempt::warnings(&hit.values) {
                 Some(w) => format!("cached (from run {})\n{w}", hit.run_id),
@@ -647,6 +650,7 @@ async fn execute(
     let _ = ctx.events.send(RunEvent::Finished {
         stage: stage.name.clone(),
         phase: end.phase,
+        origin: (end.phase == Phase::Succeeded).then_some(Origin::Ran),
         reason: end.reason,
         elapsed: started.elapsed(),
     });
@@ -777,6 +781,7 @@ fn record_taken(
     let _ = ctx.events.send(RunEvent::Finished {
         stage: stage.to_owned(),
         phase: Phase::Succeeded,
+        origin: Some(provenance.origin.clone()),
         reason: Some(reason),
         elapsed,
     });

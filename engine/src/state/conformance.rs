@@ -301,8 +301,7 @@ fn provenance_and_cache(s: &dyn StateStore) {
     // A stage that ran records the artifacts it read; a reused one does not.
     let art = serde_json::json!({"manifest": "runs/x/a/1/manifests/o.json", "digest": "sha256:aa"});
     let ran = Provenance {
-        origin: "ran".into(),
-        origin_run: None,
+        origin: Origin::Ran,
         cache_key: Some("sha256:k1".into()),
         provenance: serde_json::json!({"components": {"input:data": "sha256:aa"}}),
         inputs: serde_json::json!({"data": art}),
@@ -311,8 +310,9 @@ fn provenance_and_cache(s: &dyn StateStore) {
     s.set_stage(&id, "b", Phase::Succeeded, Some(0), None)
         .unwrap();
     let reused = Provenance {
-        origin: "reused".into(),
-        origin_run: Some("conf-r1".into()),
+        origin: Origin::Reused {
+            run: "conf-r1".into(),
+        },
         cache_key: None,
         provenance: serde_json::json!({}),
         inputs: serde_json::json!({"data": art}),
@@ -322,8 +322,8 @@ fn provenance_and_cache(s: &dyn StateStore) {
     let b = stages.iter().find(|x| x.stage == "b").unwrap();
     assert_eq!(b.phase, Phase::Succeeded, "provenance keeps the phase");
     assert_eq!(
-        (b.how.origin.as_str(), b.how.cache_key.as_deref()),
-        ("ran", Some("sha256:k1"))
+        (&b.how.origin, b.how.cache_key.as_deref()),
+        (&Origin::Ran, Some("sha256:k1"))
     );
     assert_eq!(b.how.inputs["data"]["digest"], "sha256:aa");
     assert_eq!(s.stage(&id, "b").unwrap().as_ref(), Some(b));
@@ -334,8 +334,10 @@ fn provenance_and_cache(s: &dyn StateStore) {
     );
     let c = stages.iter().find(|x| x.stage == "c").unwrap();
     assert_eq!(
-        (c.how.origin.as_str(), c.how.origin_run.as_deref()),
-        ("reused", Some("conf-r1"))
+        c.how.origin,
+        Origin::Reused {
+            run: "conf-r1".into()
+        }
     );
     let uses = s.artifact_uses("sha256:aa").unwrap();
     assert_eq!(uses.len(), 1, "{uses:?}");

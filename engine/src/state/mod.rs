@@ -247,16 +247,97 @@ pub struct StageRecord {
 /// How a stage came by its outputs, recorded with the cache key and its components.
 #[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct Provenance {
-    /// `ran`, `cached` (a cache hit) or `reused` (a rerun or retry took it from its parent).
-    pub origin: String,
-    /// The run whose outputs a `cached` or `reused` stage took.
-    pub origin_run: Option<String>,
+    #[serde(flatten)]
+    pub origin: Origin,
     pub cache_key: Option<String>,
     /// What the cache key was made of: component → digest (`command`, `image`,
     /// `input:NAME`, `file:PATH`, …), the rendered definition, and the cache lookup.
     pub provenance: serde_json::Value,
     /// Input name → the artifact (`{manifest, digest}`) the stage read.
     pub inputs: serde_json::Value,
+}
+
+/// How a stage came by its outputs: the two columns `origin` and `origin_run` of a state
+/// store, and the two fields of the same names in JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+#[serde(into = "OriginColumns")]
+pub enum Origin {
+    /// Its command ran in this run (also a stage that has not succeeded).
+    #[default]
+    Ran,
+    /// A cache hit: the outputs an attempt of `run` made under the same cache key.
+    Cached { run: String },
+    /// A rerun or retry took the outputs from `run`, the run it was started from.
+    Reused { run: String },
+}
+
+impl Origin {
+    /// `ran`, `cached` or `reused`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Origin::Ran => "ran",
+            Origin::Cached { .. } => "cached",
+            Origin::Reused { .. } => "reused",
+        }
+    }
+
+    /// The run whose outputs a cached or reused stage took.
+    pub fn run(&self) -> Option<&str> {
+        match self {
+            Origin::Ran => None,
+            Origin::Cached { run } | Origin::Reused { run } => Some(run),
+        }
+    }
+
+    /// From a state store's two columns. The engine writes `cached` and `reused` with
+    /// their run, both columns in one statement, so a row without it (or with a name the
+    /// engine never writes) can only have been edited by hand: it reads as `Ran`, the
+    /// origin that claims no other run's outputs.
+    pub fn from_columns(name: &str, run: Option<String>) -> Origin {
+        match (name, run) {
+            ("cached", Some(run)) => Origin::Cached { run },
+            ("reused", Some(run)) => Origin::Reused { run },
+            _ => Origin::Ran,
+        }
+    }
+}
+
+// [`Origin`] as stored and served (no doc comment: the schema of what flattens it would take it).
+#[derive(Serialize, schemars::JsonSchema)]
+struct OriginColumns {
+    /// `ran`, `cached` (a cache hit) or `reused` (a rerun or retry took it from its parent).
+    origin: OriginName,
+    /// The run whose outputs a `cached` or `reused` stage took.
+    origin_run: Option<String>,
+}
+
+#[derive(Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+enum OriginName {
+    Ran,
+    Cached,
+    Reused,
+}
+
+impl From<Origin> for OriginColumns {
+    fn from(o: Origin) -> OriginColumns {
+        let (origin, origin_run) = match o {
+            Origin::Ran => (OriginName::Ran, None),
+            Origin::Cached { run } => (OriginName::Cached, Some(run)),
+            Origin::Reused { run } => (OriginName::Reused, Some(run)),
+        };
+        OriginColumns { origin, origin_run }
+    }
+}
+
+impl schemars::JsonSchema for Origin {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        OriginColumns::schema_name()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        OriginColumns::json_schema(generator)
+    }
 }
 
 /// A cache entry: the outputs a stage attempt with this key produced.

@@ -13,9 +13,9 @@ use std::sync::Mutex;
 
 use super::schema::Dialect;
 use super::{
-    now, ArtifactRecord, ArtifactUse, AttemptRecord, CacheEntry, ItemRecord, Phase, Provenance,
-    RunFilter, RunId, RunRecord, ScheduleEntry, StageRecord, StateError, StateStore, Success,
-    TickRecord, LAST_TICK, UNSTARTED_SINCE,
+    now, ArtifactRecord, ArtifactUse, AttemptRecord, CacheEntry, ItemRecord, Origin, Phase,
+    Provenance, RunFilter, RunId, RunRecord, ScheduleEntry, StageRecord, StateError, StateStore,
+    Success, TickRecord, LAST_TICK, UNSTARTED_SINCE,
 };
 use postgres::types::ToSql;
 use postgres::{Client, GenericClient, NoTls, Row};
@@ -310,8 +310,7 @@ fn stage_from_row(r: &Row) -> StageRecord {
         outputs: json_col(r.get(7)),
         values: json_col(r.get(8)),
         how: Provenance {
-            origin: r.get(9),
-            origin_run: r.get(10),
+            origin: Origin::from_columns(r.get(9), r.get(10)),
             cache_key: r.get(11),
             provenance: json_col(r.get(12)),
             inputs: json_col(r.get(13)),
@@ -977,7 +976,7 @@ impl StateStore for PostgresState {
                  VALUES ($1, $2, 'Pending', $3, $4, $5, $6, $7) \
                  ON CONFLICT (run_id, stage) DO UPDATE SET origin = $3, origin_run = $4, \
                    cache_key = $5, provenance = $6, inputs = $7",
-                &[&run.0, &stage, &p.origin, &p.origin_run, &p.cache_key, &provenance, &inputs],
+                &[&run.0, &stage, &p.origin.name(), &p.origin.run(), &p.cache_key, &provenance, &inputs],
                 what.clone(),
             )?;
             exec(
@@ -986,7 +985,7 @@ impl StateStore for PostgresState {
                 &[&run.0, &stage],
                 what.clone(),
             )?;
-            if p.origin == "ran" {
+            if p.origin == Origin::Ran {
                 for (name, art) in p.inputs.as_object().into_iter().flatten() {
                     let Some(digest) = art.get("digest").and_then(|d| d.as_str()) else {
                         continue;

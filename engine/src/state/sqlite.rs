@@ -7,9 +7,9 @@ use std::sync::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{
-    now, ArtifactRecord, ArtifactUse, AttemptRecord, CacheEntry, ItemRecord, Phase, Provenance,
-    RunFilter, RunId, RunRecord, ScheduleEntry, StageRecord, StateError, StateStore, Success,
-    TickRecord,
+    now, ArtifactRecord, ArtifactUse, AttemptRecord, CacheEntry, ItemRecord, Origin, Phase,
+    Provenance, RunFilter, RunId, RunRecord, ScheduleEntry, StageRecord, StateError, StateStore,
+    Success, TickRecord,
 };
 
 fn sql(what: impl Into<String>) -> impl FnOnce(rusqlite::Error) -> StateError {
@@ -534,8 +534,8 @@ impl StateStore for SqliteState {
                 params![
                     run.0,
                     stage,
-                    p.origin,
-                    p.origin_run,
+                    p.origin.name(),
+                    p.origin.run(),
                     p.cache_key,
                     p.provenance.to_string(),
                     p.inputs.to_string()
@@ -547,7 +547,7 @@ impl StateStore for SqliteState {
                 params![run.0, stage],
             )
             .map_err(sql(what.clone()))?;
-            if p.origin == "ran" {
+            if p.origin == Origin::Ran {
                 if let Some(inputs) = p.inputs.as_object() {
                     for (name, art) in inputs {
                         let Some(digest) = art.get("digest").and_then(|d| d.as_str()) else {

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use drivetrain_engine::artifacts::{ArtifactRef, ArtifactStore, AttemptKey};
 use drivetrain_engine::history::gc;
 use drivetrain_engine::state::{
-    conformance::run_record, CacheEntry, Phase, Provenance, SqliteState, StateStore,
+    conformance::run_record, CacheEntry, Origin, Phase, Provenance, SqliteState, StateStore,
 };
 use proptest::prelude::*;
 use serde_json::json;
@@ -137,13 +137,16 @@ async fn record(
                     let art = store.publish_dir(&key, "o", &dir).await.unwrap();
                     let input = input.as_ref().and_then(pick);
                     (
-                        "ran",
+                        Origin::Ran,
                         input.map(|a| json!({"i": a})).unwrap_or(json!({})),
                         art,
                     )
                 }
                 Op::Reused { artifact } => match pick(artifact) {
-                    Some(a) => ("reused", json!({}), a),
+                    Some(a) => {
+                        let run = a.manifest.split('/').nth(1).unwrap().to_owned();
+                        (Origin::Reused { run }, json!({}), a)
+                    }
                     None => continue,
                 },
                 Op::Collect { items } => {
@@ -153,7 +156,7 @@ async fn record(
                         continue;
                     }
                     let art = store.publish_collection(&key, "o", &items).await.unwrap();
-                    ("ran", json!({}), art)
+                    (Origin::Ran, json!({}), art)
                 }
             };
             state
@@ -161,8 +164,7 @@ async fn record(
                     &rec.id,
                     &stage,
                     &Provenance {
-                        origin: origin.into(),
-                        origin_run: None,
+                        origin: origin.clone(),
                         cache_key: None,
                         provenance: json!({}),
                         inputs,
@@ -175,7 +177,7 @@ async fn record(
             state
                 .set_stage(&rec.id, &stage, Phase::Succeeded, Some(0), None)
                 .unwrap();
-            if origin == "ran" {
+            if origin == Origin::Ran {
                 published.push(output);
             }
         }

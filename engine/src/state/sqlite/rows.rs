@@ -3,8 +3,8 @@
 use rusqlite::{params, Connection};
 
 use super::{
-    now, sql, ArtifactRecord, CacheEntry, ExecuteCached, Phase, Provenance, RunId, RunRecord,
-    ScheduleEntry, StageRecord, StateError, TickRecord,
+    now, sql, ArtifactRecord, CacheEntry, ExecuteCached, Origin, Phase, Provenance, RunId,
+    RunRecord, ScheduleEntry, StageRecord, StateError, TickRecord,
 };
 
 pub(super) fn json_col(s: String) -> serde_json::Value {
@@ -91,8 +91,7 @@ pub(super) fn stage_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StageRec
         outputs: json_col(r.get(7)?),
         values: json_col(r.get(8)?),
         how: Provenance {
-            origin: r.get(9)?,
-            origin_run: r.get(10)?,
+            origin: Origin::from_columns(&r.get::<_, String>(9)?, r.get(10)?),
             cache_key: r.get(11)?,
             provenance: json_col(r.get(12)?),
             inputs: json_col(r.get(13)?),
