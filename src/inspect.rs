@@ -7,12 +7,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use drivetrain_engine::artifacts::{ArtifactStore, AttemptKey};
-use drivetrain_engine::state::{Phase, RunId, StateStore};
+use drivetrain_engine::state::{Phase, RunId, RunStore, StateStore};
 use serde_json::json;
 
 use crate::runs::*;
 
-fn resolve_run(state: &dyn StateStore, run: Option<&str>) -> anyhow::Result<RunId> {
+fn resolve_run(state: &dyn RunStore, run: Option<&str>) -> anyhow::Result<RunId> {
     match run {
         Some(r) => Ok(RunId(r.to_owned())),
         None => state
@@ -290,7 +290,7 @@ pub fn list(home: &Path, filter: &ListFilter, json_out: bool) -> anyhow::Result<
 
 /// Runs recorded as running whose engine stopped beating (three heartbeats missed),
 /// wherever it ran: killed, or its machine gone.
-fn orphaned(state: &dyn StateStore) -> anyhow::Result<std::collections::BTreeSet<RunId>> {
+fn orphaned(state: &dyn RunStore) -> anyhow::Result<std::collections::BTreeSet<RunId>> {
     Ok(state
         .stale_runs(&crate::runs::stale_before()?)?
         .into_iter()

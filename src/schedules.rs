@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use chrono::{DateTime, Utc};
 use drivetrain_engine::plan::Schedule;
 use drivetrain_engine::schedule::Ticker;
-use drivetrain_engine::state::StateStore;
+use drivetrain_engine::state::{ScheduleStore, StateStore};
 use serde_json::{json, Value};
 
 use crate::runs::open_state;
@@ -30,7 +30,7 @@ fn schedule_in(file: &Path) -> anyhow::Result<Schedule> {
 }
 
 /// The schedule `pipeline` names: a registered schedule's name, or a pipeline file.
-fn find(state: &dyn StateStore, pipeline: &str) -> anyhow::Result<Option<Schedule>> {
+fn find(state: &dyn ScheduleStore, pipeline: &str) -> anyhow::Result<Option<Schedule>> {
     let file = match state.schedule(pipeline)? {
         Some(s) => s.file,
         None if Path::new(pipeline).is_file() => pipeline.to_owned(),

@@ -552,7 +552,7 @@ fn catchup_name(c: Catchup) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::SqliteState;
+    use crate::state::{prelude::*, SqliteState};
 
     fn at(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)

@@ -6,6 +6,7 @@
 //! `DRIVETRAIN_SCREENSHOTS=1 cargo test --test it ui::` also writes the screenshots in
 //! `docs/screenshots/`.
 
+use drivetrain_engine::state::prelude::*;
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
@@ -565,7 +566,7 @@ async fn the_list_filters_to_failures(p: &Page, failed: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a benchmark: run it by name"]
 async fn at_scale() {
-    use drivetrain_engine::state::{Phase, RunId, RunRecord, SqliteState, StateStore};
+    use drivetrain_engine::state::{Phase, RunId, RunRecord, SqliteState};
     let home = Home::new("ui-scale");
     std::fs::create_dir_all(home.dir.join("served")).unwrap();
     let mut wide =

@@ -70,7 +70,7 @@ pub fn exclusive_claims(open: &(dyn Fn() -> Box<dyn StateStore> + Sync)) {
     assert_eq!(all, (0..TICKS).collect::<Vec<_>>(), "each tick won once");
 }
 
-fn heartbeats_and_take_over(s: &dyn StateStore) {
+fn heartbeats_and_take_over(s: &dyn RunStore) {
     let id = RunId("conf-hb".into());
     s.create_run(&run_record("conf-hb")).unwrap();
     let past = "2000-01-01T00:00:00.000Z";
@@ -609,7 +609,7 @@ fn map_items(s: &dyn StateStore) {
     );
 }
 
-fn listing(s: &dyn StateStore) {
+fn listing(s: &dyn RunStore) {
     let runs = s.list_runs(10).unwrap();
     assert!(runs.len() >= 2);
     assert!(
@@ -621,7 +621,7 @@ fn listing(s: &dyn StateStore) {
 
 /// `find_runs` answers what filtering the whole list would, for every filter alone and
 /// together, newest first, within its limit.
-fn filtered_listing(s: &dyn StateStore) {
+fn filtered_listing(s: &dyn RunStore) {
     let phases = [Phase::Succeeded, Phase::Failed, Phase::Running];
     let triggers = ["cli", "api", "schedule"];
     for i in 0..36 {

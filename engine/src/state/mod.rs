@@ -442,8 +442,20 @@ pub struct Success<'a> {
     pub reason: Option<&'a str>,
 }
 
-/// What the run loop records. Every method commits before it returns.
-pub trait StateStore: Send + Sync {
+/// The store's traits, to call their methods on a `dyn StateStore`:
+/// `use drivetrain_engine::state::prelude::*`.
+pub mod prelude {
+    pub use super::{
+        ArtifactIndex, AttemptStore, CacheStore, RunStore, ScheduleStore, StageStore, StateStore,
+    };
+}
+
+/// What the run loop records: every capability below (a function that needs one takes
+/// it alone, as `&dyn CacheStore`), and a stage's success all at once. Every method
+/// commits before it returns.
+pub trait StateStore:
+    RunStore + StageStore + AttemptStore + ArtifactIndex + CacheStore + ScheduleStore + Send + Sync
+{
     /// A stage that succeeded, all at once: its last attempt's end, the artifacts it
     /// published, its outputs and values, its cache entry, then its phase, so a stage
     /// recorded as succeeded always has its outputs. A backend with transactions commits
@@ -460,7 +472,10 @@ pub trait StateStore: Send + Sync {
         }
         self.set_stage(s.run, s.stage, Phase::Succeeded, s.exit_code, s.reason)
     }
+}
 
+/// Runs: their records, the list and its filters, and the leases engines hold on them.
+pub trait RunStore: Send + Sync {
     /// Records a new run in phase `Running`.
     fn create_run(&self, run: &RunRecord) -> Result<(), StateError>;
     fn finish_run(&self, run: &RunId, phase: Phase, reason: Option<&str>)
@@ -473,6 +488,25 @@ pub trait StateStore: Send + Sync {
     /// The most recent runs that pass `filter` first, at most `limit`: filtered by the
     /// database, through an index for each filter ([`RunFilter::sql`]).
     fn find_runs(&self, filter: &RunFilter, limit: usize) -> Result<Vec<RunRecord>, StateError>;
+    /// Runs of `pipeline` still running.
+    fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError>;
+    /// How many runs there are in each phase (for `/metrics`), without reading them.
+    fn run_counts(&self) -> Result<BTreeMap<String, u64>, StateError>;
+    /// The engine running `run` is alive: it records so every few seconds
+    /// ([`crate::runner::heartbeat_interval`]).
+    fn heartbeat(&self, run: &RunId) -> Result<(), StateError>;
+    /// Running runs whose engine has not recorded a heartbeat since `before`: it died,
+    /// wherever it ran.
+    fn stale_runs(&self, before: &str) -> Result<Vec<RunId>, StateError>;
+    /// Takes over a running run whose heartbeat is older than `before` (or that never
+    /// beat) for resuming it: true for exactly one of any number of replicas asking at
+    /// once (the heartbeat is renewed and the dead engine's pid forgotten in one
+    /// conditional update).
+    fn take_over(&self, run: &RunId, before: &str) -> Result<bool, StateError>;
+}
+
+/// Stages of a run: phase, outputs and values, and how each came by them.
+pub trait StageStore: Send + Sync {
     /// Sets a stage's phase (creating its row); `reason` and `exit_code` replace earlier ones.
     fn set_stage(
         &self,
@@ -496,6 +530,13 @@ pub trait StateStore: Send + Sync {
     /// Stages whose rendered definition or values contain `text` (a source URL, a drive
     /// log's name), as (run, stage).
     fn stages_mentioning(&self, text: &str) -> Result<Vec<(RunId, String)>, StateError>;
+    /// Records how a stage came by its outputs and, for a stage that ran, which
+    /// artifacts it read (for lineage).
+    fn set_provenance(&self, run: &RunId, stage: &str, p: &Provenance) -> Result<(), StateError>;
+}
+
+/// Attempts of a stage and items of a map stage: their starts, handles, ends and usage.
+pub trait AttemptStore: Send + Sync {
     /// Records an attempt as `Running` before its process starts.
     fn start_attempt(&self, run: &RunId, stage: &str, attempt: u32) -> Result<(), StateError>;
     fn set_attempt_handle(
@@ -568,15 +609,20 @@ pub trait StateStore: Send + Sync {
     fn map_items(&self, run: &RunId, stage: &str) -> Result<Vec<ItemRecord>, StateError>;
     /// How many items of a map stage are in each phase.
     fn item_counts(&self, run: &RunId, stage: &str) -> Result<BTreeMap<String, u64>, StateError>;
-    /// Records how a stage came by its outputs and, for a stage that ran, which
-    /// artifacts it read (for lineage).
-    fn set_provenance(&self, run: &RunId, stage: &str, p: &Provenance) -> Result<(), StateError>;
+}
+
+/// Published artifacts and the stages that read them (lineage and `forget`).
+pub trait ArtifactIndex: Send + Sync {
     /// Records the artifacts a stage published (for lineage and gc).
     fn add_artifacts(&self, artifacts: &[ArtifactRecord]) -> Result<(), StateError>;
     /// The stage that published the artifact with this digest.
     fn artifact(&self, digest: &str) -> Result<Option<ArtifactRecord>, StateError>;
     /// Every stage that read the artifact with this digest.
     fn artifact_uses(&self, digest: &str) -> Result<Vec<ArtifactUse>, StateError>;
+}
+
+/// The cache: entries by key, the recent ones of a stage (for `explain`), expiry.
+pub trait CacheStore: Send + Sync {
     /// Records (or replaces) a cache entry.
     fn put_cache_entry(&self, e: &CacheEntry) -> Result<(), StateError>;
     fn cache_entry(&self, key: &str) -> Result<Option<CacheEntry>, StateError>;
@@ -592,6 +638,10 @@ pub trait StateStore: Send + Sync {
     fn cache_entries(&self) -> Result<Vec<CacheEntry>, StateError>;
     /// Removes cache entries created before `before` (RFC 3339); returns how many.
     fn expire_cache_entries(&self, before: &str) -> Result<usize, StateError>;
+}
+
+/// Schedules and their ticks, each claimed once across replicas.
+pub trait ScheduleStore: Send + Sync {
     /// Registers a schedule (ticks count from `anchor`), or updates its file.
     fn upsert_schedule(&self, pipeline: &str, file: &str, anchor: &str) -> Result<(), StateError>;
     fn schedule(&self, pipeline: &str) -> Result<Option<ScheduleEntry>, StateError>;
@@ -622,22 +672,6 @@ pub trait StateStore: Send + Sync {
         &self,
         ticks: &[(TickRecord, Option<RunRecord>)],
     ) -> Result<Vec<Result<bool, StateError>>, StateError>;
-    /// Runs of `pipeline` still running.
-    fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError>;
-    /// How many runs there are in each phase (for `/metrics`), without reading them.
-    fn run_counts(&self) -> Result<BTreeMap<String, u64>, StateError>;
-
-    /// The engine running `run` is alive: it records so every few seconds
-    /// ([`crate::runner::heartbeat_interval`]).
-    fn heartbeat(&self, run: &RunId) -> Result<(), StateError>;
-    /// Running runs whose engine has not recorded a heartbeat since `before`: it died,
-    /// wherever it ran.
-    fn stale_runs(&self, before: &str) -> Result<Vec<RunId>, StateError>;
-    /// Takes over a running run whose heartbeat is older than `before` (or that never
-    /// beat) for resuming it: true for exactly one of any number of replicas asking at
-    /// once (the heartbeat is renewed and the dead engine's pid forgotten in one
-    /// conditional update).
-    fn take_over(&self, run: &RunId, before: &str) -> Result<bool, StateError>;
 }
 
 /// The time stamps the state stores record: RFC 3339, milliseconds, UTC.

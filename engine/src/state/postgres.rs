@@ -8,6 +8,7 @@
 //! The `postgres` client blocks on a runtime of its own; a call made on a tokio worker
 //! runs on a scoped thread so the engine's runtime is never blocked inside itself.
 
+use super::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -591,7 +592,9 @@ impl StateStore for PostgresState {
             tx.commit().map_err(db("commit"))
         })
     }
+}
 
+impl RunStore for PostgresState {
     fn create_run(&self, run: &RunRecord) -> Result<(), StateError> {
         self.with(|c| insert_run(c, run))
     }
@@ -657,6 +660,70 @@ impl StateStore for PostgresState {
         self.with(|c| rows(c, &q, &args, "list runs", run_from_row))
     }
 
+    fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                "SELECT id FROM runs WHERE pipeline = $1 AND phase IN ('Running', 'Pending') ORDER BY created_at",
+                &[&pipeline],
+                "read running runs",
+                |r| RunId(r.get(0)),
+            )
+        })
+    }
+
+    fn heartbeat(&self, run: &RunId) -> Result<(), StateError> {
+        self.with(|c| {
+            exec(
+                c,
+                "UPDATE runs SET heartbeat_at = $2 WHERE id = $1",
+                &[&run.0, &now()],
+                format!("record the heartbeat of run {run}"),
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn stale_runs(&self, before: &str) -> Result<Vec<RunId>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                "SELECT id FROM runs WHERE phase = 'Running' AND heartbeat_at < $1 ORDER BY created_at",
+                &[&before],
+                "read stale runs",
+                |r| RunId(r.get(0)),
+            )
+        })
+    }
+
+    fn take_over(&self, run: &RunId, before: &str) -> Result<bool, StateError> {
+        self.with(|c| {
+            exec(
+                c,
+                "UPDATE runs SET heartbeat_at = $3, engine_pid = NULL \
+                 WHERE id = $1 AND phase = 'Running' AND (heartbeat_at IS NULL OR heartbeat_at < $2)",
+                &[&run.0, &before, &now()],
+                format!("take over run {run}"),
+            )
+            .map(|n| n == 1)
+        })
+    }
+
+    fn run_counts(&self) -> Result<BTreeMap<String, u64>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                "SELECT phase, COUNT(*) FROM runs GROUP BY phase",
+                &[],
+                "count runs",
+                |r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64),
+            )
+            .map(|v| v.into_iter().collect())
+        })
+    }
+}
+
+impl StageStore for PostgresState {
     fn set_stage(
         &self,
         run: &RunId,
@@ -714,6 +781,46 @@ impl StateStore for PostgresState {
         })
     }
 
+    fn set_provenance(&self, run: &RunId, stage: &str, p: &Provenance) -> Result<(), StateError> {
+        let what = format!("record provenance of {stage}");
+        let (provenance, inputs) = (p.provenance.to_string(), p.inputs.to_string());
+        self.with(|c| {
+            let mut tx = c.transaction().map_err(db("begin"))?;
+            exec(
+                &mut tx,
+                "INSERT INTO stages (run_id, stage, phase, origin, origin_run, cache_key, provenance, inputs) \
+                 VALUES ($1, $2, 'Pending', $3, $4, $5, $6, $7) \
+                 ON CONFLICT (run_id, stage) DO UPDATE SET origin = $3, origin_run = $4, \
+                   cache_key = $5, provenance = $6, inputs = $7",
+                &[&run.0, &stage, &p.origin.name(), &p.origin.run(), &p.cache_key, &provenance, &inputs],
+                what.clone(),
+            )?;
+            exec(
+                &mut tx,
+                "DELETE FROM artifact_uses WHERE run_id = $1 AND stage = $2",
+                &[&run.0, &stage],
+                what.clone(),
+            )?;
+            if p.origin == Origin::Ran {
+                for (name, art) in p.inputs.as_object().into_iter().flatten() {
+                    let Some(digest) = art.get("digest").and_then(|d| d.as_str()) else {
+                        continue;
+                    };
+                    exec(
+                        &mut tx,
+                        "INSERT INTO artifact_uses (digest, run_id, stage, input) \
+                         VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                        &[&digest, &run.0, &stage, name],
+                        what.clone(),
+                    )?;
+                }
+            }
+            tx.commit().map_err(db("commit"))
+        })
+    }
+}
+
+impl AttemptStore for PostgresState {
     fn start_attempt(&self, run: &RunId, stage: &str, attempt: u32) -> Result<(), StateError> {
         let t = now();
         let n = i64::from(attempt);
@@ -964,45 +1071,9 @@ impl StateStore for PostgresState {
             .map(|v| v.into_iter().collect())
         })
     }
+}
 
-    fn set_provenance(&self, run: &RunId, stage: &str, p: &Provenance) -> Result<(), StateError> {
-        let what = format!("record provenance of {stage}");
-        let (provenance, inputs) = (p.provenance.to_string(), p.inputs.to_string());
-        self.with(|c| {
-            let mut tx = c.transaction().map_err(db("begin"))?;
-            exec(
-                &mut tx,
-                "INSERT INTO stages (run_id, stage, phase, origin, origin_run, cache_key, provenance, inputs) \
-                 VALUES ($1, $2, 'Pending', $3, $4, $5, $6, $7) \
-                 ON CONFLICT (run_id, stage) DO UPDATE SET origin = $3, origin_run = $4, \
-                   cache_key = $5, provenance = $6, inputs = $7",
-                &[&run.0, &stage, &p.origin.name(), &p.origin.run(), &p.cache_key, &provenance, &inputs],
-                what.clone(),
-            )?;
-            exec(
-                &mut tx,
-                "DELETE FROM artifact_uses WHERE run_id = $1 AND stage = $2",
-                &[&run.0, &stage],
-                what.clone(),
-            )?;
-            if p.origin == Origin::Ran {
-                for (name, art) in p.inputs.as_object().into_iter().flatten() {
-                    let Some(digest) = art.get("digest").and_then(|d| d.as_str()) else {
-                        continue;
-                    };
-                    exec(
-                        &mut tx,
-                        "INSERT INTO artifact_uses (digest, run_id, stage, input) \
-                         VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-                        &[&digest, &run.0, &stage, name],
-                        what.clone(),
-                    )?;
-                }
-            }
-            tx.commit().map_err(db("commit"))
-        })
-    }
-
+impl ArtifactIndex for PostgresState {
     fn add_artifacts(&self, artifacts: &[ArtifactRecord]) -> Result<(), StateError> {
         self.with(|c| {
             let mut tx = c.transaction().map_err(db("begin"))?;
@@ -1047,7 +1118,9 @@ impl StateStore for PostgresState {
             )
         })
     }
+}
 
+impl CacheStore for PostgresState {
     fn put_cache_entry(&self, e: &CacheEntry) -> Result<(), StateError> {
         self.with(|c| write_cache_entry(c, e))
     }
@@ -1109,7 +1182,9 @@ impl StateStore for PostgresState {
             .map(|n| n as usize)
         })
     }
+}
 
+impl ScheduleStore for PostgresState {
     fn upsert_schedule(&self, pipeline: &str, file: &str, anchor: &str) -> Result<(), StateError> {
         self.with(|c| {
             exec(
@@ -1231,68 +1306,6 @@ impl StateStore for PostgresState {
                 "read ticks",
                 tick_from_row,
             )
-        })
-    }
-
-    fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError> {
-        self.with(|c| {
-            rows(
-                c,
-                "SELECT id FROM runs WHERE pipeline = $1 AND phase IN ('Running', 'Pending') ORDER BY created_at",
-                &[&pipeline],
-                "read running runs",
-                |r| RunId(r.get(0)),
-            )
-        })
-    }
-
-    fn heartbeat(&self, run: &RunId) -> Result<(), StateError> {
-        self.with(|c| {
-            exec(
-                c,
-                "UPDATE runs SET heartbeat_at = $2 WHERE id = $1",
-                &[&run.0, &now()],
-                format!("record the heartbeat of run {run}"),
-            )
-            .map(|_| ())
-        })
-    }
-
-    fn stale_runs(&self, before: &str) -> Result<Vec<RunId>, StateError> {
-        self.with(|c| {
-            rows(
-                c,
-                "SELECT id FROM runs WHERE phase = 'Running' AND heartbeat_at < $1 ORDER BY created_at",
-                &[&before],
-                "read stale runs",
-                |r| RunId(r.get(0)),
-            )
-        })
-    }
-
-    fn take_over(&self, run: &RunId, before: &str) -> Result<bool, StateError> {
-        self.with(|c| {
-            exec(
-                c,
-                "UPDATE runs SET heartbeat_at = $3, engine_pid = NULL \
-                 WHERE id = $1 AND phase = 'Running' AND (heartbeat_at IS NULL OR heartbeat_at < $2)",
-                &[&run.0, &before, &now()],
-                format!("take over run {run}"),
-            )
-            .map(|n| n == 1)
-        })
-    }
-
-    fn run_counts(&self) -> Result<BTreeMap<String, u64>, StateError> {
-        self.with(|c| {
-            rows(
-                c,
-                "SELECT phase, COUNT(*) FROM runs GROUP BY phase",
-                &[],
-                "count runs",
-                |r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64),
-            )
-            .map(|v| v.into_iter().collect())
         })
     }
 }

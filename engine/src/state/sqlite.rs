@@ -1,5 +1,6 @@
 //! The embedded SQLite state store: one WAL-mode file with versioned migrations.
 
+use super::prelude::*;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
@@ -177,7 +178,9 @@ impl StateStore for SqliteState {
             tx.commit().map_err(sql("commit"))
         })
     }
+}
 
+impl RunStore for SqliteState {
     fn create_run(&self, run: &RunRecord) -> Result<(), StateError> {
         self.with(|c| insert_run(c, run))
     }
@@ -248,6 +251,68 @@ impl StateStore for SqliteState {
         })
     }
 
+    fn run_counts(&self) -> Result<BTreeMap<String, u64>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT phase, COUNT(*) FROM runs GROUP BY phase",
+                params![],
+                "count runs",
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)),
+            )
+            .map(|rows: Vec<(String, u64)>| rows.into_iter().collect())
+        })
+    }
+
+    fn heartbeat(&self, run: &RunId) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                "UPDATE runs SET heartbeat_at = ?2 WHERE id = ?1",
+                params![run.0, now()],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("record the heartbeat of run {run}")))
+        })
+    }
+
+    fn stale_runs(&self, before: &str) -> Result<Vec<RunId>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT id FROM runs WHERE phase = 'Running' AND heartbeat_at < ?1 ORDER BY created_at",
+                params![before],
+                "read stale runs",
+                |r| Ok(RunId(r.get(0)?)),
+            )
+        })
+    }
+
+    fn take_over(&self, run: &RunId, before: &str) -> Result<bool, StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                "UPDATE runs SET heartbeat_at = ?3, engine_pid = NULL \
+                 WHERE id = ?1 AND phase = 'Running' AND (heartbeat_at IS NULL OR heartbeat_at < ?2)",
+                params![run.0, before, now()],
+            )
+            .map(|n| n == 1)
+            .map_err(sql(format!("take over run {run}")))
+        })
+    }
+
+    fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError> {
+        self.with(|c| {
+            query(
+                c,
+                "SELECT id FROM runs WHERE pipeline = ?1 AND phase IN ('Running', 'Pending') ORDER BY created_at",
+                params![pipeline],
+                "read running runs",
+                |r| Ok(RunId(r.get(0)?)),
+            )
+        })
+    }
+}
+
+impl StageStore for SqliteState {
     fn set_stage(
         &self,
         run: &RunId,
@@ -305,6 +370,52 @@ impl StateStore for SqliteState {
         })
     }
 
+    fn set_provenance(&self, run: &RunId, stage: &str, p: &Provenance) -> Result<(), StateError> {
+        let what = format!("record provenance of {stage}");
+        self.with(|c| {
+            let tx = c.unchecked_transaction().map_err(sql("begin"))?;
+            tx.execute_cached(
+                "INSERT INTO stages (run_id, stage, phase, origin, origin_run, cache_key, provenance, inputs) \
+                 VALUES (?1, ?2, 'Pending', ?3, ?4, ?5, ?6, ?7) \
+                 ON CONFLICT (run_id, stage) DO UPDATE SET origin = ?3, origin_run = ?4, \
+                   cache_key = ?5, provenance = ?6, inputs = ?7",
+                params![
+                    run.0,
+                    stage,
+                    p.origin.name(),
+                    p.origin.run(),
+                    p.cache_key,
+                    p.provenance.to_string(),
+                    p.inputs.to_string()
+                ],
+            )
+            .map_err(sql(what.clone()))?;
+            tx.execute_cached(
+                "DELETE FROM artifact_uses WHERE run_id = ?1 AND stage = ?2",
+                params![run.0, stage],
+            )
+            .map_err(sql(what.clone()))?;
+            if p.origin == Origin::Ran {
+                if let Some(inputs) = p.inputs.as_object() {
+                    for (name, art) in inputs {
+                        let Some(digest) = art.get("digest").and_then(|d| d.as_str()) else {
+                            continue;
+                        };
+                        tx.execute_cached(
+                            "INSERT OR IGNORE INTO artifact_uses (digest, run_id, stage, input) \
+                             VALUES (?1, ?2, ?3, ?4)",
+                            params![digest, run.0, stage, name],
+                        )
+                        .map_err(sql(what.clone()))?;
+                    }
+                }
+            }
+            tx.commit().map_err(sql("commit"))
+        })
+    }
+}
+
+impl AttemptStore for SqliteState {
     fn start_attempt(&self, run: &RunId, stage: &str, attempt: u32) -> Result<(), StateError> {
         let t = now();
         self.with(|c| {
@@ -522,50 +633,32 @@ impl StateStore for SqliteState {
         })
     }
 
-    fn set_provenance(&self, run: &RunId, stage: &str, p: &Provenance) -> Result<(), StateError> {
-        let what = format!("record provenance of {stage}");
+    fn attempts(&self, run: &RunId) -> Result<Vec<AttemptRecord>, StateError> {
         self.with(|c| {
-            let tx = c.unchecked_transaction().map_err(sql("begin"))?;
-            tx.execute_cached(
-                "INSERT INTO stages (run_id, stage, phase, origin, origin_run, cache_key, provenance, inputs) \
-                 VALUES (?1, ?2, 'Pending', ?3, ?4, ?5, ?6, ?7) \
-                 ON CONFLICT (run_id, stage) DO UPDATE SET origin = ?3, origin_run = ?4, \
-                   cache_key = ?5, provenance = ?6, inputs = ?7",
-                params![
-                    run.0,
-                    stage,
-                    p.origin.name(),
-                    p.origin.run(),
-                    p.cache_key,
-                    p.provenance.to_string(),
-                    p.inputs.to_string()
-                ],
+            query(
+                c,
+                "SELECT stage, attempt, phase, started_at, finished_at, exit_code, reason, handle \
+                 FROM attempts WHERE run_id = ?1 ORDER BY rowid",
+                params![run.0],
+                "read attempts",
+                |r| {
+                    Ok(AttemptRecord {
+                        stage: r.get(0)?,
+                        attempt: r.get(1)?,
+                        phase: phase_col(r.get(2)?),
+                        started_at: r.get(3)?,
+                        finished_at: r.get(4)?,
+                        exit_code: r.get(5)?,
+                        reason: r.get(6)?,
+                        handle: r.get(7)?,
+                    })
+                },
             )
-            .map_err(sql(what.clone()))?;
-            tx.execute_cached(
-                "DELETE FROM artifact_uses WHERE run_id = ?1 AND stage = ?2",
-                params![run.0, stage],
-            )
-            .map_err(sql(what.clone()))?;
-            if p.origin == Origin::Ran {
-                if let Some(inputs) = p.inputs.as_object() {
-                    for (name, art) in inputs {
-                        let Some(digest) = art.get("digest").and_then(|d| d.as_str()) else {
-                            continue;
-                        };
-                        tx.execute_cached(
-                            "INSERT OR IGNORE INTO artifact_uses (digest, run_id, stage, input) \
-                             VALUES (?1, ?2, ?3, ?4)",
-                            params![digest, run.0, stage, name],
-                        )
-                        .map_err(sql(what.clone()))?;
-                    }
-                }
-            }
-            tx.commit().map_err(sql("commit"))
         })
     }
+}
 
+impl ArtifactIndex for SqliteState {
     fn add_artifacts(&self, artifacts: &[ArtifactRecord]) -> Result<(), StateError> {
         self.with(|c| {
             let tx = c.unchecked_transaction().map_err(sql("begin"))?;
@@ -614,7 +707,9 @@ impl StateStore for SqliteState {
             )
         })
     }
+}
 
+impl CacheStore for SqliteState {
     fn put_cache_entry(&self, e: &CacheEntry) -> Result<(), StateError> {
         self.with(|c| write_cache_entry(c, e))
     }
@@ -673,7 +768,9 @@ impl StateStore for SqliteState {
             .map_err(sql("expire cache entries"))
         })
     }
+}
 
+impl ScheduleStore for SqliteState {
     fn upsert_schedule(&self, pipeline: &str, file: &str, anchor: &str) -> Result<(), StateError> {
         self.with(|c| {
             c.execute_cached(
@@ -795,90 +892,6 @@ impl StateStore for SqliteState {
                 params![pipeline, limit as i64],
                 "read ticks",
                 tick_from_row,
-            )
-        })
-    }
-
-    fn run_counts(&self) -> Result<BTreeMap<String, u64>, StateError> {
-        self.with(|c| {
-            query(
-                c,
-                "SELECT phase, COUNT(*) FROM runs GROUP BY phase",
-                params![],
-                "count runs",
-                |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)),
-            )
-            .map(|rows: Vec<(String, u64)>| rows.into_iter().collect())
-        })
-    }
-
-    fn heartbeat(&self, run: &RunId) -> Result<(), StateError> {
-        self.with(|c| {
-            c.execute_cached(
-                "UPDATE runs SET heartbeat_at = ?2 WHERE id = ?1",
-                params![run.0, now()],
-            )
-            .map(|_| ())
-            .map_err(sql(format!("record the heartbeat of run {run}")))
-        })
-    }
-
-    fn stale_runs(&self, before: &str) -> Result<Vec<RunId>, StateError> {
-        self.with(|c| {
-            query(
-                c,
-                "SELECT id FROM runs WHERE phase = 'Running' AND heartbeat_at < ?1 ORDER BY created_at",
-                params![before],
-                "read stale runs",
-                |r| Ok(RunId(r.get(0)?)),
-            )
-        })
-    }
-
-    fn take_over(&self, run: &RunId, before: &str) -> Result<bool, StateError> {
-        self.with(|c| {
-            c.execute_cached(
-                "UPDATE runs SET heartbeat_at = ?3, engine_pid = NULL \
-                 WHERE id = ?1 AND phase = 'Running' AND (heartbeat_at IS NULL OR heartbeat_at < ?2)",
-                params![run.0, before, now()],
-            )
-            .map(|n| n == 1)
-            .map_err(sql(format!("take over run {run}")))
-        })
-    }
-
-    fn running_runs(&self, pipeline: &str) -> Result<Vec<RunId>, StateError> {
-        self.with(|c| {
-            query(
-                c,
-                "SELECT id FROM runs WHERE pipeline = ?1 AND phase IN ('Running', 'Pending') ORDER BY created_at",
-                params![pipeline],
-                "read running runs",
-                |r| Ok(RunId(r.get(0)?)),
-            )
-        })
-    }
-
-    fn attempts(&self, run: &RunId) -> Result<Vec<AttemptRecord>, StateError> {
-        self.with(|c| {
-            query(
-                c,
-                "SELECT stage, attempt, phase, started_at, finished_at, exit_code, reason, handle \
-                 FROM attempts WHERE run_id = ?1 ORDER BY rowid",
-                params![run.0],
-                "read attempts",
-                |r| {
-                    Ok(AttemptRecord {
-                        stage: r.get(0)?,
-                        attempt: r.get(1)?,
-                        phase: phase_col(r.get(2)?),
-                        started_at: r.get(3)?,
-                        finished_at: r.get(4)?,
-                        exit_code: r.get(5)?,
-                        reason: r.get(6)?,
-                        handle: r.get(7)?,
-                    })
-                },
             )
         })
     }

@@ -4,12 +4,13 @@
 //! every artifact a kept run or a live cache entry refers to is complete and verifies,
 //! and every artifact of an old run that nothing refers to is gone.
 
+use drivetrain_engine::state::prelude::*;
 use std::collections::BTreeSet;
 
 use drivetrain_engine::artifacts::{ArtifactRef, ArtifactStore, AttemptKey};
 use drivetrain_engine::history::gc;
 use drivetrain_engine::state::{
-    conformance::run_record, CacheEntry, Origin, Phase, Provenance, SqliteState, StateStore,
+    conformance::run_record, CacheEntry, Origin, Phase, Provenance, SqliteState,
 };
 use proptest::prelude::*;
 use serde_json::json;
