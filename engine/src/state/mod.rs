@@ -16,6 +16,7 @@ use serde::Serialize;
 
 #[cfg(feature = "postgres")]
 mod postgres;
+mod queries;
 mod schema;
 mod sqlite;
 #[cfg(feature = "postgres")]

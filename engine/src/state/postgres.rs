@@ -12,6 +12,7 @@ use super::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use super::queries;
 use super::schema::Dialect;
 use super::{
     now, ArtifactRecord, ArtifactUse, AttemptRecord, CacheEntry, ItemRecord, Origin, Phase,
@@ -348,9 +349,7 @@ fn insert_run(c: &mut impl GenericClient, run: &RunRecord) -> Result<(), StateEr
     let parent = run.parent.as_ref().map(|p| p.0.clone());
     exec(
         c,
-        "INSERT INTO runs (id, pipeline, file, spec_digest, params, trigger, parent, phase, \
-         created_at, engine_pid, overrides, selection, scheduled_time, executor) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+        queries::pg::INSERT_RUN,
         &[
             &run.id.0,
             &run.pipeline,
@@ -445,11 +444,7 @@ fn write_stage(
     let finished = phase.is_terminal().then_some(t.as_str());
     exec(
         c,
-        "INSERT INTO stages (run_id, stage, phase, started_at, finished_at, exit_code, reason) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7) \
-         ON CONFLICT (run_id, stage) DO UPDATE SET phase = $3, \
-           started_at = COALESCE(stages.started_at, $4), finished_at = $5, \
-           exit_code = $6, reason = $7",
+        queries::pg::WRITE_STAGE,
         &[
             &run.0,
             &stage,
@@ -474,7 +469,7 @@ fn write_stage_results(
     let (outputs, values) = (outputs.to_string(), values.to_string());
     exec(
         c,
-        "UPDATE stages SET outputs = $3, vals = $4 WHERE run_id = $1 AND stage = $2",
+        queries::pg::WRITE_STAGE_RESULTS,
         &[&run.0, &stage, &outputs, &values],
         format!("record results of stage {stage} of run {run}"),
     )
@@ -492,8 +487,7 @@ fn write_attempt_end(
 ) -> Result<(), StateError> {
     exec(
         c,
-        "UPDATE attempts SET phase = $4, finished_at = $5, exit_code = $6, reason = $7 \
-         WHERE run_id = $1 AND stage = $2 AND attempt = $3",
+        queries::pg::WRITE_ATTEMPT_END,
         &[
             &run.0,
             &stage,
@@ -608,7 +602,7 @@ impl RunStore for PostgresState {
         self.with(|c| {
             exec(
                 c,
-                "UPDATE runs SET phase = $2, finished_at = $3, reason = $4, engine_pid = NULL WHERE id = $1",
+                queries::pg::FINISH_RUN,
                 &[&run.0, &phase.as_str(), &now(), &reason],
                 format!("finish run {run}"),
             )
@@ -620,8 +614,7 @@ impl RunStore for PostgresState {
         self.with(|c| {
             let n = exec(
                 c,
-                "UPDATE runs SET phase = 'Running', finished_at = NULL, reason = NULL, engine_pid = $2 \
-                 WHERE id = $1",
+                queries::pg::REOPEN_RUN,
                 &[&run.0, &i64::from(pid)],
                 format!("reopen run {run}"),
             )?;
@@ -664,7 +657,7 @@ impl RunStore for PostgresState {
         self.with(|c| {
             rows(
                 c,
-                "SELECT id FROM runs WHERE pipeline = $1 AND phase IN ('Running', 'Pending') ORDER BY created_at",
+                queries::pg::RUNNING_RUNS,
                 &[&pipeline],
                 "read running runs",
                 |r| RunId(r.get(0)),
@@ -676,7 +669,7 @@ impl RunStore for PostgresState {
         self.with(|c| {
             exec(
                 c,
-                "UPDATE runs SET heartbeat_at = $2 WHERE id = $1",
+                queries::pg::HEARTBEAT,
                 &[&run.0, &now()],
                 format!("record the heartbeat of run {run}"),
             )
@@ -688,7 +681,7 @@ impl RunStore for PostgresState {
         self.with(|c| {
             rows(
                 c,
-                "SELECT id FROM runs WHERE phase = 'Running' AND heartbeat_at < $1 ORDER BY created_at",
+                queries::pg::STALE_RUNS,
                 &[&before],
                 "read stale runs",
                 |r| RunId(r.get(0)),
@@ -700,8 +693,7 @@ impl RunStore for PostgresState {
         self.with(|c| {
             exec(
                 c,
-                "UPDATE runs SET heartbeat_at = $3, engine_pid = NULL \
-                 WHERE id = $1 AND phase = 'Running' AND (heartbeat_at IS NULL OR heartbeat_at < $2)",
+                queries::pg::TAKE_OVER,
                 &[&run.0, &before, &now()],
                 format!("take over run {run}"),
             )
@@ -711,13 +703,9 @@ impl RunStore for PostgresState {
 
     fn run_counts(&self) -> Result<BTreeMap<String, u64>, StateError> {
         self.with(|c| {
-            rows(
-                c,
-                "SELECT phase, COUNT(*) FROM runs GROUP BY phase",
-                &[],
-                "count runs",
-                |r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64),
-            )
+            rows(c, queries::pg::RUN_COUNTS, &[], "count runs", |r| {
+                (r.get::<_, String>(0), r.get::<_, i64>(1) as u64)
+            })
             .map(|v| v.into_iter().collect())
         })
     }
@@ -788,16 +776,21 @@ impl StageStore for PostgresState {
             let mut tx = c.transaction().map_err(db("begin"))?;
             exec(
                 &mut tx,
-                "INSERT INTO stages (run_id, stage, phase, origin, origin_run, cache_key, provenance, inputs) \
-                 VALUES ($1, $2, 'Pending', $3, $4, $5, $6, $7) \
-                 ON CONFLICT (run_id, stage) DO UPDATE SET origin = $3, origin_run = $4, \
-                   cache_key = $5, provenance = $6, inputs = $7",
-                &[&run.0, &stage, &p.origin.name(), &p.origin.run(), &p.cache_key, &provenance, &inputs],
+                queries::pg::SET_PROVENANCE,
+                &[
+                    &run.0,
+                    &stage,
+                    &p.origin.name(),
+                    &p.origin.run(),
+                    &p.cache_key,
+                    &provenance,
+                    &inputs,
+                ],
                 what.clone(),
             )?;
             exec(
                 &mut tx,
-                "DELETE FROM artifact_uses WHERE run_id = $1 AND stage = $2",
+                queries::pg::CLEAR_ARTIFACT_USES,
                 &[&run.0, &stage],
                 what.clone(),
             )?;
@@ -830,8 +823,7 @@ impl AttemptStore for PostgresState {
             // it; never for one that ended.
             let changed = exec(
                 &mut tx,
-                "INSERT INTO attempts (run_id, stage, attempt, phase, started_at) VALUES ($1, $2, $3, 'Running', $4) \
-                 ON CONFLICT (run_id, stage, attempt) DO UPDATE SET phase = 'Running' WHERE attempts.phase = 'Running'",
+                queries::pg::START_ATTEMPT,
                 &[&run.0, &stage, &n, &t],
                 format!("record attempt {attempt} of {stage}"),
             )?;
@@ -843,9 +835,7 @@ impl AttemptStore for PostgresState {
             }
             exec(
                 &mut tx,
-                "INSERT INTO stages (run_id, stage, phase, attempts, started_at) VALUES ($1, $2, 'Running', $3, $4) \
-                 ON CONFLICT (run_id, stage) DO UPDATE SET phase = 'Running', attempts = $3, \
-                   started_at = COALESCE(stages.started_at, $4)",
+                queries::pg::START_STAGE,
                 &[&run.0, &stage, &n, &t],
                 format!("record stage {stage}"),
             )?;
@@ -863,7 +853,7 @@ impl AttemptStore for PostgresState {
         self.with(|c| {
             exec(
                 c,
-                "UPDATE attempts SET handle = $4 WHERE run_id = $1 AND stage = $2 AND attempt = $3",
+                queries::pg::SET_ATTEMPT_HANDLE,
                 &[&run.0, &stage, &i64::from(attempt), &handle],
                 format!("record handle of {stage}"),
             )
@@ -882,7 +872,7 @@ impl AttemptStore for PostgresState {
         self.with(|c| {
             exec(
                 c,
-                "UPDATE map_items SET usage = $4 WHERE run_id = $1 AND stage = $2 AND idx = $3",
+                queries::pg::SET_ITEM_USAGE,
                 &[&run.0, &stage, &(idx as i64), &text],
                 format!("record what item {idx} of {stage} used"),
             )
@@ -902,13 +892,13 @@ impl AttemptStore for PostgresState {
             let mut tx = c.transaction().map_err(db("begin"))?;
             exec(
                 &mut tx,
-                "UPDATE attempts SET usage = $4 WHERE run_id = $1 AND stage = $2 AND attempt = $3",
+                queries::pg::SET_ATTEMPT_USAGE,
                 &[&run.0, &stage, &i64::from(attempt), &text],
                 format!("record what attempt {attempt} of {stage} used"),
             )?;
             exec(
                 &mut tx,
-                "UPDATE stages SET usage = $3 WHERE run_id = $1 AND stage = $2",
+                queries::pg::SET_STAGE_USAGE,
                 &[&run.0, &stage, &text],
                 format!("record what {stage} used"),
             )?;
@@ -962,7 +952,7 @@ impl AttemptStore for PostgresState {
             let mut tx = c.transaction().map_err(db("begin"))?;
             exec(
                 &mut tx,
-                "DELETE FROM map_items WHERE run_id = $1 AND stage = $2",
+                queries::pg::CLEAR_MAP_ITEMS,
                 &[&run.0, &stage],
                 format!("reset items of {stage}"),
             )?;
@@ -988,7 +978,7 @@ impl AttemptStore for PostgresState {
         self.with(|c| {
             exec(
                 c,
-                "UPDATE map_items SET phase = 'Running', attempts = $4 WHERE run_id = $1 AND stage = $2 AND idx = $3",
+                queries::pg::START_ITEM,
                 &[&run.0, &stage, &(idx as i64), &i64::from(attempt)],
                 format!("record item {idx} of {stage}"),
             )
@@ -1009,8 +999,15 @@ impl AttemptStore for PostgresState {
         self.with(|c| {
             exec(
                 c,
-                "UPDATE map_items SET phase = $4, reason = $5, outputs = $6 WHERE run_id = $1 AND stage = $2 AND idx = $3",
-                &[&run.0, &stage, &(idx as i64), &phase.as_str(), &reason, &outputs],
+                queries::pg::FINISH_ITEM,
+                &[
+                    &run.0,
+                    &stage,
+                    &(idx as i64),
+                    &phase.as_str(),
+                    &reason,
+                    &outputs,
+                ],
                 format!("finish item {idx} of {stage}"),
             )
             .map(|_| ())
@@ -1027,7 +1024,7 @@ impl AttemptStore for PostgresState {
         self.with(|c| {
             exec(
                 c,
-                "UPDATE map_items SET handle = $4 WHERE run_id = $1 AND stage = $2 AND idx = $3",
+                queries::pg::SET_ITEM_HANDLE,
                 &[&run.0, &stage, &(idx as i64), &handle],
                 format!("record handle of item {idx} of {stage}"),
             )
@@ -1039,8 +1036,7 @@ impl AttemptStore for PostgresState {
         self.with(|c| {
             rows(
                 c,
-                "SELECT idx, item, phase, attempts, reason, outputs, handle, usage FROM map_items \
-                 WHERE run_id = $1 AND stage = $2 ORDER BY idx",
+                queries::pg::MAP_ITEMS,
                 &[&run.0, &stage],
                 "read items",
                 |r| ItemRecord {
@@ -1063,7 +1059,7 @@ impl AttemptStore for PostgresState {
         self.with(|c| {
             rows(
                 c,
-                "SELECT phase, COUNT(*) FROM map_items WHERE run_id = $1 AND stage = $2 GROUP BY phase",
+                queries::pg::ITEM_COUNTS,
                 &[&run.0, &stage],
                 "count items",
                 |r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64),
@@ -1086,7 +1082,7 @@ impl ArtifactIndex for PostgresState {
         self.with(|c| {
             row(
                 c,
-                "SELECT digest, manifest, run_id, stage, output, created_at FROM artifacts WHERE digest = $1",
+                queries::pg::ARTIFACT,
                 &[&digest],
                 format!("read artifact {digest}"),
                 |r| ArtifactRecord {
@@ -1105,8 +1101,7 @@ impl ArtifactIndex for PostgresState {
         self.with(|c| {
             rows(
                 c,
-                "SELECT digest, run_id, stage, input FROM artifact_uses WHERE digest = $1 \
-                 ORDER BY run_id, stage, input",
+                queries::pg::ARTIFACT_USES,
                 &[&digest],
                 "read artifact uses",
                 |r| ArtifactUse {
@@ -1175,7 +1170,7 @@ impl CacheStore for PostgresState {
         self.with(|c| {
             exec(
                 c,
-                "DELETE FROM cache_entries WHERE created_at < $1",
+                queries::pg::EXPIRE_CACHE_ENTRIES,
                 &[&before],
                 "expire cache entries",
             )
@@ -1189,8 +1184,7 @@ impl ScheduleStore for PostgresState {
         self.with(|c| {
             exec(
                 c,
-                "INSERT INTO schedules (pipeline, file, anchor) VALUES ($1, $2, $3) \
-                 ON CONFLICT (pipeline) DO UPDATE SET file = $2",
+                queries::pg::UPSERT_SCHEDULE,
                 &[&pipeline, &file, &anchor],
                 format!("register schedule {pipeline}"),
             )
@@ -1202,7 +1196,7 @@ impl ScheduleStore for PostgresState {
         self.with(|c| {
             row(
                 c,
-                "SELECT pipeline, file, suspended, anchor FROM schedules WHERE pipeline = $1",
+                queries::pg::SCHEDULE,
                 &[&pipeline],
                 "read schedule",
                 schedule_from_row,
@@ -1214,7 +1208,7 @@ impl ScheduleStore for PostgresState {
         self.with(|c| {
             rows(
                 c,
-                "SELECT pipeline, file, suspended, anchor FROM schedules ORDER BY pipeline",
+                queries::pg::SCHEDULES,
                 &[],
                 "read schedules",
                 schedule_from_row,
@@ -1231,7 +1225,7 @@ impl ScheduleStore for PostgresState {
         self.with(|c| {
             let n = exec(
                 c,
-                "UPDATE schedules SET suspended = $2, anchor = COALESCE($3, anchor) WHERE pipeline = $1",
+                queries::pg::SET_SUSPENDED,
                 &[&pipeline, &suspended, &anchor],
                 format!("suspend schedule {pipeline}"),
             )?;
@@ -1300,8 +1294,7 @@ impl ScheduleStore for PostgresState {
         self.with(|c| {
             rows(
                 c,
-                "SELECT id, pipeline, scheduled_time, outcome, run_id, reason FROM schedule_ticks \
-                 WHERE pipeline = $1 ORDER BY scheduled_time DESC LIMIT $2",
+                queries::pg::TICKS,
                 &[&pipeline, &(limit as i64)],
                 "read ticks",
                 tick_from_row,

@@ -20,6 +20,7 @@ fn sql(what: impl Into<String>) -> impl FnOnce(rusqlite::Error) -> StateError {
 
 mod migrations;
 mod rows;
+use super::queries;
 use super::schema::Dialect;
 use migrations::HISTORY;
 use rows::*;
@@ -193,7 +194,7 @@ impl RunStore for SqliteState {
     ) -> Result<(), StateError> {
         self.with(|c| {
             c.execute_cached(
-                "UPDATE runs SET phase = ?2, finished_at = ?3, reason = ?4, engine_pid = NULL WHERE id = ?1",
+                queries::sqlite::FINISH_RUN,
                 params![run.0, phase.as_str(), now(), reason],
             )
             .map(|_| ())
@@ -204,11 +205,7 @@ impl RunStore for SqliteState {
     fn reopen_run(&self, run: &RunId, pid: u32) -> Result<(), StateError> {
         self.with(|c| {
             let n = c
-                .execute_cached(
-                    "UPDATE runs SET phase = 'Running', finished_at = NULL, reason = NULL, engine_pid = ?2 \
-                     WHERE id = ?1",
-                    params![run.0, pid],
-                )
+                .execute_cached(queries::sqlite::REOPEN_RUN, params![run.0, pid])
                 .map_err(sql(format!("reopen run {run}")))?;
             if n == 0 {
                 return Err(StateError::UnknownRun(run.0.clone()));
@@ -255,7 +252,7 @@ impl RunStore for SqliteState {
         self.with(|c| {
             query(
                 c,
-                "SELECT phase, COUNT(*) FROM runs GROUP BY phase",
+                queries::sqlite::RUN_COUNTS,
                 params![],
                 "count runs",
                 |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)),
@@ -266,12 +263,9 @@ impl RunStore for SqliteState {
 
     fn heartbeat(&self, run: &RunId) -> Result<(), StateError> {
         self.with(|c| {
-            c.execute_cached(
-                "UPDATE runs SET heartbeat_at = ?2 WHERE id = ?1",
-                params![run.0, now()],
-            )
-            .map(|_| ())
-            .map_err(sql(format!("record the heartbeat of run {run}")))
+            c.execute_cached(queries::sqlite::HEARTBEAT, params![run.0, now()])
+                .map(|_| ())
+                .map_err(sql(format!("record the heartbeat of run {run}")))
         })
     }
 
@@ -279,7 +273,7 @@ impl RunStore for SqliteState {
         self.with(|c| {
             query(
                 c,
-                "SELECT id FROM runs WHERE phase = 'Running' AND heartbeat_at < ?1 ORDER BY created_at",
+                queries::sqlite::STALE_RUNS,
                 params![before],
                 "read stale runs",
                 |r| Ok(RunId(r.get(0)?)),
@@ -289,13 +283,9 @@ impl RunStore for SqliteState {
 
     fn take_over(&self, run: &RunId, before: &str) -> Result<bool, StateError> {
         self.with(|c| {
-            c.execute_cached(
-                "UPDATE runs SET heartbeat_at = ?3, engine_pid = NULL \
-                 WHERE id = ?1 AND phase = 'Running' AND (heartbeat_at IS NULL OR heartbeat_at < ?2)",
-                params![run.0, before, now()],
-            )
-            .map(|n| n == 1)
-            .map_err(sql(format!("take over run {run}")))
+            c.execute_cached(queries::sqlite::TAKE_OVER, params![run.0, before, now()])
+                .map(|n| n == 1)
+                .map_err(sql(format!("take over run {run}")))
         })
     }
 
@@ -303,7 +293,7 @@ impl RunStore for SqliteState {
         self.with(|c| {
             query(
                 c,
-                "SELECT id FROM runs WHERE pipeline = ?1 AND phase IN ('Running', 'Pending') ORDER BY created_at",
+                queries::sqlite::RUNNING_RUNS,
                 params![pipeline],
                 "read running runs",
                 |r| Ok(RunId(r.get(0)?)),
@@ -375,10 +365,7 @@ impl StageStore for SqliteState {
         self.with(|c| {
             let tx = c.unchecked_transaction().map_err(sql("begin"))?;
             tx.execute_cached(
-                "INSERT INTO stages (run_id, stage, phase, origin, origin_run, cache_key, provenance, inputs) \
-                 VALUES (?1, ?2, 'Pending', ?3, ?4, ?5, ?6, ?7) \
-                 ON CONFLICT (run_id, stage) DO UPDATE SET origin = ?3, origin_run = ?4, \
-                   cache_key = ?5, provenance = ?6, inputs = ?7",
+                queries::sqlite::SET_PROVENANCE,
                 params![
                     run.0,
                     stage,
@@ -390,11 +377,8 @@ impl StageStore for SqliteState {
                 ],
             )
             .map_err(sql(what.clone()))?;
-            tx.execute_cached(
-                "DELETE FROM artifact_uses WHERE run_id = ?1 AND stage = ?2",
-                params![run.0, stage],
-            )
-            .map_err(sql(what.clone()))?;
+            tx.execute_cached(queries::sqlite::CLEAR_ARTIFACT_USES, params![run.0, stage])
+                .map_err(sql(what.clone()))?;
             if p.origin == Origin::Ran {
                 if let Some(inputs) = p.inputs.as_object() {
                     for (name, art) in inputs {
@@ -424,8 +408,7 @@ impl AttemptStore for SqliteState {
             // it; never for one that ended.
             let changed = tx
                 .execute_cached(
-                    "INSERT INTO attempts (run_id, stage, attempt, phase, started_at) VALUES (?1, ?2, ?3, 'Running', ?4) \
-                     ON CONFLICT (run_id, stage, attempt) DO UPDATE SET phase = 'Running' WHERE attempts.phase = 'Running'",
+                    queries::sqlite::START_ATTEMPT,
                     params![run.0, stage, attempt, t],
                 )
                 .map_err(sql(format!("record attempt {attempt} of {stage}")))?;
@@ -436,9 +419,7 @@ impl AttemptStore for SqliteState {
                 });
             }
             tx.execute_cached(
-                "INSERT INTO stages (run_id, stage, phase, attempts, started_at) VALUES (?1, ?2, 'Running', ?3, ?4) \
-                 ON CONFLICT (run_id, stage) DO UPDATE SET phase = 'Running', attempts = ?3, \
-                   started_at = COALESCE(stages.started_at, ?4)",
+                queries::sqlite::START_STAGE,
                 params![run.0, stage, attempt, t],
             )
             .map_err(sql(format!("record stage {stage}")))?;
@@ -455,7 +436,7 @@ impl AttemptStore for SqliteState {
     ) -> Result<(), StateError> {
         self.with(|c| {
             c.execute_cached(
-                "UPDATE attempts SET handle = ?4 WHERE run_id = ?1 AND stage = ?2 AND attempt = ?3",
+                queries::sqlite::SET_ATTEMPT_HANDLE,
                 params![run.0, stage, attempt, handle],
             )
             .map(|_| ())
@@ -486,14 +467,14 @@ impl AttemptStore for SqliteState {
         self.with(|c| {
             let tx = c.unchecked_transaction().map_err(sql("begin"))?;
             tx.execute_cached(
-                "UPDATE attempts SET usage = ?4 WHERE run_id = ?1 AND stage = ?2 AND attempt = ?3",
+                queries::sqlite::SET_ATTEMPT_USAGE,
                 params![run.0, stage, attempt, text],
             )
             .map_err(sql(format!(
                 "record what attempt {attempt} of {stage} used"
             )))?;
             tx.execute_cached(
-                "UPDATE stages SET usage = ?3 WHERE run_id = ?1 AND stage = ?2",
+                queries::sqlite::SET_STAGE_USAGE,
                 params![run.0, stage, text],
             )
             .map_err(sql(format!("record what {stage} used")))?;
@@ -511,7 +492,7 @@ impl AttemptStore for SqliteState {
         let text = serde_json::to_string(usage).unwrap_or_default();
         self.with(|c| {
             c.execute_cached(
-                "UPDATE map_items SET usage = ?4 WHERE run_id = ?1 AND stage = ?2 AND idx = ?3",
+                queries::sqlite::SET_ITEM_USAGE,
                 params![run.0, stage, idx as i64, text],
             )
             .map(|_| ())
@@ -527,7 +508,7 @@ impl AttemptStore for SqliteState {
     ) -> Result<(), StateError> {
         self.with(|c| {
             let tx = c.unchecked_transaction().map_err(sql("begin"))?;
-            tx.execute_cached("DELETE FROM map_items WHERE run_id = ?1 AND stage = ?2", params![run.0, stage])
+            tx.execute_cached(queries::sqlite::CLEAR_MAP_ITEMS, params![run.0, stage])
                 .map_err(sql(format!("reset items of {stage}")))?;
             {
                 let mut stmt = tx
@@ -551,7 +532,7 @@ impl AttemptStore for SqliteState {
     ) -> Result<(), StateError> {
         self.with(|c| {
             c.execute_cached(
-                "UPDATE map_items SET phase = 'Running', attempts = ?4 WHERE run_id = ?1 AND stage = ?2 AND idx = ?3",
+                queries::sqlite::START_ITEM,
                 params![run.0, stage, idx as i64, attempt],
             )
             .map(|_| ())
@@ -570,8 +551,15 @@ impl AttemptStore for SqliteState {
     ) -> Result<(), StateError> {
         self.with(|c| {
             c.execute_cached(
-                "UPDATE map_items SET phase = ?4, reason = ?5, outputs = ?6 WHERE run_id = ?1 AND stage = ?2 AND idx = ?3",
-                params![run.0, stage, idx as i64, phase.as_str(), reason, outputs.to_string()],
+                queries::sqlite::FINISH_ITEM,
+                params![
+                    run.0,
+                    stage,
+                    idx as i64,
+                    phase.as_str(),
+                    reason,
+                    outputs.to_string()
+                ],
             )
             .map(|_| ())
             .map_err(sql(format!("finish item {idx} of {stage}")))
@@ -587,7 +575,7 @@ impl AttemptStore for SqliteState {
     ) -> Result<(), StateError> {
         self.with(|c| {
             c.execute_cached(
-                "UPDATE map_items SET handle = ?4 WHERE run_id = ?1 AND stage = ?2 AND idx = ?3",
+                queries::sqlite::SET_ITEM_HANDLE,
                 params![run.0, stage, idx as i64, handle],
             )
             .map(|_| ())
@@ -599,8 +587,7 @@ impl AttemptStore for SqliteState {
         self.with(|c| {
             query(
                 c,
-                "SELECT idx, item, phase, attempts, reason, outputs, handle, usage FROM map_items \
-                 WHERE run_id = ?1 AND stage = ?2 ORDER BY idx",
+                queries::sqlite::MAP_ITEMS,
                 params![run.0, stage],
                 "read items",
                 |r| {
@@ -625,7 +612,7 @@ impl AttemptStore for SqliteState {
         self.with(|c| {
             query(
                 c,
-                "SELECT phase, COUNT(*) FROM map_items WHERE run_id = ?1 AND stage = ?2 GROUP BY phase",
+                queries::sqlite::ITEM_COUNTS,
                 params![run.0, stage],
                 "count items",
                 |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)),
@@ -669,20 +656,16 @@ impl ArtifactIndex for SqliteState {
 
     fn artifact(&self, digest: &str) -> Result<Option<ArtifactRecord>, StateError> {
         self.with(|c| {
-            c.query_row(
-                "SELECT digest, manifest, run_id, stage, output, created_at FROM artifacts WHERE digest = ?1",
-                params![digest],
-                |r| {
-                    Ok(ArtifactRecord {
-                        digest: r.get(0)?,
-                        manifest: r.get(1)?,
-                        run_id: r.get(2)?,
-                        stage: r.get(3)?,
-                        output: r.get(4)?,
-                        created_at: r.get(5)?,
-                    })
-                },
-            )
+            c.query_row(queries::sqlite::ARTIFACT, params![digest], |r| {
+                Ok(ArtifactRecord {
+                    digest: r.get(0)?,
+                    manifest: r.get(1)?,
+                    run_id: r.get(2)?,
+                    stage: r.get(3)?,
+                    output: r.get(4)?,
+                    created_at: r.get(5)?,
+                })
+            })
             .optional()
             .map_err(sql(format!("read artifact {digest}")))
         })
@@ -692,8 +675,7 @@ impl ArtifactIndex for SqliteState {
         self.with(|c| {
             query(
                 c,
-                "SELECT digest, run_id, stage, input FROM artifact_uses WHERE digest = ?1 \
-                 ORDER BY run_id, stage, input",
+                queries::sqlite::ARTIFACT_USES,
                 params![digest],
                 "read artifact uses",
                 |r| {
@@ -761,11 +743,8 @@ impl CacheStore for SqliteState {
 
     fn expire_cache_entries(&self, before: &str) -> Result<usize, StateError> {
         self.with(|c| {
-            c.execute_cached(
-                "DELETE FROM cache_entries WHERE created_at < ?1",
-                params![before],
-            )
-            .map_err(sql("expire cache entries"))
+            c.execute_cached(queries::sqlite::EXPIRE_CACHE_ENTRIES, params![before])
+                .map_err(sql("expire cache entries"))
         })
     }
 }
@@ -774,8 +753,7 @@ impl ScheduleStore for SqliteState {
     fn upsert_schedule(&self, pipeline: &str, file: &str, anchor: &str) -> Result<(), StateError> {
         self.with(|c| {
             c.execute_cached(
-                "INSERT INTO schedules (pipeline, file, anchor) VALUES (?1, ?2, ?3) \
-                 ON CONFLICT (pipeline) DO UPDATE SET file = ?2",
+                queries::sqlite::UPSERT_SCHEDULE,
                 params![pipeline, file, anchor],
             )
             .map(|_| ())
@@ -787,7 +765,7 @@ impl ScheduleStore for SqliteState {
         // One row by its key: the scheduler asks for every pipeline on every tick.
         self.with(|c| {
             c.query_row(
-                "SELECT pipeline, file, suspended, anchor FROM schedules WHERE pipeline = ?1",
+                queries::sqlite::SCHEDULE,
                 params![pipeline],
                 schedule_from_row,
             )
@@ -800,7 +778,7 @@ impl ScheduleStore for SqliteState {
         self.with(|c| {
             query(
                 c,
-                "SELECT pipeline, file, suspended, anchor FROM schedules ORDER BY pipeline",
+                queries::sqlite::SCHEDULES,
                 [],
                 "read schedules",
                 schedule_from_row,
@@ -817,7 +795,7 @@ impl ScheduleStore for SqliteState {
         self.with(|c| {
             let n = c
                 .execute_cached(
-                    "UPDATE schedules SET suspended = ?2, anchor = COALESCE(?3, anchor) WHERE pipeline = ?1",
+                    queries::sqlite::SET_SUSPENDED,
                     params![pipeline, suspended as i64, anchor],
                 )
                 .map_err(sql(format!("suspend schedule {pipeline}")))?;
@@ -887,8 +865,7 @@ impl ScheduleStore for SqliteState {
         self.with(|c| {
             query(
                 c,
-                "SELECT id, pipeline, scheduled_time, outcome, run_id, reason FROM schedule_ticks \
-                 WHERE pipeline = ?1 ORDER BY scheduled_time DESC LIMIT ?2",
+                queries::sqlite::TICKS,
                 params![pipeline, limit as i64],
                 "read ticks",
                 tick_from_row,

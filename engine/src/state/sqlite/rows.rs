@@ -2,6 +2,7 @@
 
 use rusqlite::{params, Connection};
 
+use super::super::queries;
 use super::{
     now, sql, ArtifactRecord, CacheEntry, ExecuteCached, Origin, Phase, Provenance, RunId,
     RunRecord, ScheduleEntry, StageRecord, StateError, TickRecord,
@@ -105,9 +106,7 @@ pub(super) fn stage_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StageRec
 /// Inserts a run's record.
 pub(super) fn insert_run(c: &Connection, run: &RunRecord) -> Result<(), StateError> {
     c.execute_cached(
-        "INSERT INTO runs (id, pipeline, file, spec_digest, params, trigger, parent, phase, \
-         created_at, engine_pid, overrides, selection, scheduled_time, executor) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+        queries::sqlite::INSERT_RUN,
         params![
             run.id.0,
             run.pipeline,
@@ -173,11 +172,7 @@ pub(super) fn write_stage(
     let started = (phase == Phase::Running).then_some(t.as_str());
     let finished = phase.is_terminal().then_some(t.as_str());
     c.execute_cached(
-        "INSERT INTO stages (run_id, stage, phase, started_at, finished_at, exit_code, reason) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
-         ON CONFLICT (run_id, stage) DO UPDATE SET phase = ?3, \
-           started_at = COALESCE(stages.started_at, ?4), finished_at = ?5, \
-           exit_code = ?6, reason = ?7",
+        queries::sqlite::WRITE_STAGE,
         params![
             run.0,
             stage,
@@ -200,7 +195,7 @@ pub(super) fn write_stage_results(
     values: &serde_json::Value,
 ) -> Result<(), StateError> {
     c.execute_cached(
-        "UPDATE stages SET outputs = ?3, vals = ?4 WHERE run_id = ?1 AND stage = ?2",
+        queries::sqlite::WRITE_STAGE_RESULTS,
         params![run.0, stage, outputs.to_string(), values.to_string()],
     )
     .map(|_| ())
@@ -217,8 +212,7 @@ pub(super) fn write_attempt_end(
     reason: Option<&str>,
 ) -> Result<(), StateError> {
     c.execute_cached(
-        "UPDATE attempts SET phase = ?4, finished_at = ?5, exit_code = ?6, reason = ?7 \
-         WHERE run_id = ?1 AND stage = ?2 AND attempt = ?3",
+        queries::sqlite::WRITE_ATTEMPT_END,
         params![
             run.0,
             stage,

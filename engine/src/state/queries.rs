@@ -1,0 +1,206 @@
+//! The statements both state stores run, in one text with PostgreSQL's placeholders
+//! (`$1`, `$2`, …): [`pg`] holds them as written, [`sqlite`] the same text with `?1`,
+//! `?2`, … (SQLite reads `$1` as a named parameter numbered where it first appears, not
+//! as the first), made at compile time. What differs between the two dialects beyond
+//! that (`instr` against `strpos`, `INSERT OR IGNORE`, `rowid` against `seq`) stays in
+//! each store's file.
+
+/// `text` with every `$` turned into `?`, as bytes: PostgreSQL's placeholders as SQLite's.
+/// No statement here has a `$` anywhere else.
+const fn question_marks<const N: usize>(text: &str) -> [u8; N] {
+    let bytes = text.as_bytes();
+    let mut out = [0u8; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = if bytes[i] == b'$' { b'?' } else { bytes[i] };
+        i += 1;
+    }
+    out
+}
+
+/// Declares each statement once, in both dialects.
+macro_rules! statements {
+    ($($name:ident = $text:expr;)*) => {
+        /// The statements in PostgreSQL's placeholders.
+        pub(super) mod pg {
+            $(pub(in crate::state) const $name: &str = $text;)*
+        }
+        /// The same statements in SQLite's numbered placeholders.
+        pub(super) mod sqlite {
+            $(pub(in crate::state) static $name: &str = {
+                static BYTES: [u8; $text.len()] = super::question_marks($text);
+                match std::str::from_utf8(&BYTES) {
+                    Ok(s) => s,
+                    Err(_) => panic!("a statement that is not UTF-8"),
+                }
+            };)*
+            /// Every statement, for the tests.
+            #[cfg(test)]
+            pub(in crate::state) static ALL: &[&str] = &[$($name),*];
+        }
+    };
+}
+
+statements! {
+    FINISH_RUN =
+        "UPDATE runs SET phase = $2, finished_at = $3, reason = $4, engine_pid = NULL WHERE \
+         id = $1";
+    REOPEN_RUN =
+        "UPDATE runs SET phase = 'Running', finished_at = NULL, reason = NULL, engine_pid = \
+         $2 WHERE id = $1";
+    RUN_COUNTS =
+        "SELECT phase, COUNT(*) FROM runs GROUP BY phase";
+    HEARTBEAT =
+        "UPDATE runs SET heartbeat_at = $2 WHERE id = $1";
+    STALE_RUNS =
+        "SELECT id FROM runs WHERE phase = 'Running' AND heartbeat_at < $1 ORDER BY \
+         created_at";
+    TAKE_OVER =
+        "UPDATE runs SET heartbeat_at = $3, engine_pid = NULL WHERE id = $1 AND phase = \
+         'Running' AND (heartbeat_at IS NULL OR heartbeat_at < $2)";
+    RUNNING_RUNS =
+        "SELECT id FROM runs WHERE pipeline = $1 AND phase IN ('Running', 'Pending') ORDER \
+         BY created_at";
+    SET_PROVENANCE =
+        "INSERT INTO stages (run_id, stage, phase, origin, origin_run, cache_key, \
+         provenance, inputs) VALUES ($1, $2, 'Pending', $3, $4, $5, $6, $7) ON CONFLICT \
+         (run_id, stage) DO UPDATE SET origin = $3, origin_run = $4, cache_key = $5, \
+         provenance = $6, inputs = $7";
+    CLEAR_ARTIFACT_USES =
+        "DELETE FROM artifact_uses WHERE run_id = $1 AND stage = $2";
+    START_ATTEMPT =
+        "INSERT INTO attempts (run_id, stage, attempt, phase, started_at) VALUES ($1, $2, \
+         $3, 'Running', $4) ON CONFLICT (run_id, stage, attempt) DO UPDATE SET phase = \
+         'Running' WHERE attempts.phase = 'Running'";
+    START_STAGE =
+        "INSERT INTO stages (run_id, stage, phase, attempts, started_at) VALUES ($1, $2, \
+         'Running', $3, $4) ON CONFLICT (run_id, stage) DO UPDATE SET phase = 'Running', \
+         attempts = $3, started_at = COALESCE(stages.started_at, $4)";
+    SET_ATTEMPT_HANDLE =
+        "UPDATE attempts SET handle = $4 WHERE run_id = $1 AND stage = $2 AND attempt = $3";
+    SET_ATTEMPT_USAGE =
+        "UPDATE attempts SET usage = $4 WHERE run_id = $1 AND stage = $2 AND attempt = $3";
+    SET_STAGE_USAGE =
+        "UPDATE stages SET usage = $3 WHERE run_id = $1 AND stage = $2";
+    SET_ITEM_USAGE =
+        "UPDATE map_items SET usage = $4 WHERE run_id = $1 AND stage = $2 AND idx = $3";
+    CLEAR_MAP_ITEMS =
+        "DELETE FROM map_items WHERE run_id = $1 AND stage = $2";
+    START_ITEM =
+        "UPDATE map_items SET phase = 'Running', attempts = $4 WHERE run_id = $1 AND stage \
+         = $2 AND idx = $3";
+    FINISH_ITEM =
+        "UPDATE map_items SET phase = $4, reason = $5, outputs = $6 WHERE run_id = $1 AND \
+         stage = $2 AND idx = $3";
+    SET_ITEM_HANDLE =
+        "UPDATE map_items SET handle = $4 WHERE run_id = $1 AND stage = $2 AND idx = $3";
+    MAP_ITEMS =
+        "SELECT idx, item, phase, attempts, reason, outputs, handle, usage FROM map_items \
+         WHERE run_id = $1 AND stage = $2 ORDER BY idx";
+    ITEM_COUNTS =
+        "SELECT phase, COUNT(*) FROM map_items WHERE run_id = $1 AND stage = $2 GROUP BY \
+         phase";
+    ARTIFACT =
+        "SELECT digest, manifest, run_id, stage, output, created_at FROM artifacts WHERE \
+         digest = $1";
+    ARTIFACT_USES =
+        "SELECT digest, run_id, stage, input FROM artifact_uses WHERE digest = $1 ORDER BY \
+         run_id, stage, input";
+    EXPIRE_CACHE_ENTRIES =
+        "DELETE FROM cache_entries WHERE created_at < $1";
+    UPSERT_SCHEDULE =
+        "INSERT INTO schedules (pipeline, file, anchor) VALUES ($1, $2, $3) ON CONFLICT \
+         (pipeline) DO UPDATE SET file = $2";
+    SCHEDULE =
+        "SELECT pipeline, file, suspended, anchor FROM schedules WHERE pipeline = $1";
+    SCHEDULES =
+        "SELECT pipeline, file, suspended, anchor FROM schedules ORDER BY pipeline";
+    SET_SUSPENDED =
+        "UPDATE schedules SET suspended = $2, anchor = COALESCE($3, anchor) WHERE pipeline \
+         = $1";
+    TICKS =
+        "SELECT id, pipeline, scheduled_time, outcome, run_id, reason FROM schedule_ticks \
+         WHERE pipeline = $1 ORDER BY scheduled_time DESC LIMIT $2";
+    INSERT_RUN =
+        "INSERT INTO runs (id, pipeline, file, spec_digest, params, trigger, parent, phase, \
+         created_at, engine_pid, overrides, selection, scheduled_time, executor) VALUES \
+         ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
+    WRITE_STAGE =
+        "INSERT INTO stages (run_id, stage, phase, started_at, finished_at, exit_code, \
+         reason) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (run_id, stage) DO UPDATE \
+         SET phase = $3, started_at = COALESCE(stages.started_at, $4), finished_at = $5, \
+         exit_code = $6, reason = $7";
+    WRITE_STAGE_RESULTS =
+        "UPDATE stages SET outputs = $3, vals = $4 WHERE run_id = $1 AND stage = $2";
+    WRITE_ATTEMPT_END =
+        "UPDATE attempts SET phase = $4, finished_at = $5, exit_code = $6, reason = $7 \
+         WHERE run_id = $1 AND stage = $2 AND attempt = $3";
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every statement prepares on SQLite's schema, and its placeholders are `?1` to `?N`
+    /// with none left out (a number skipped would bind the wrong value in both stores).
+    #[test]
+    fn every_statement_prepares_on_sqlite_with_placeholders_one_to_n() {
+        let path = std::env::temp_dir().join(format!("dt-queries-{}.db", std::process::id()));
+        drop(crate::state::SqliteState::open(&path).unwrap());
+        let c = rusqlite::Connection::open(&path).unwrap();
+        for (sql, pg) in super::sqlite::ALL.iter().zip(pg_all()) {
+            assert_eq!(sql.replace('?', "$"), pg, "the same text in both dialects");
+            let stmt = c.prepare(sql).unwrap_or_else(|e| panic!("{e}: {sql}"));
+            for k in 1..=stmt.parameter_count() {
+                assert_eq!(
+                    stmt.parameter_name(k),
+                    Some(format!("?{k}").as_str()),
+                    "{sql}"
+                );
+            }
+            let highest = (1..=99).rev().find(|k| pg.contains(&format!("${k}")));
+            assert_eq!(highest.unwrap_or(0), stmt.parameter_count(), "{sql}");
+        }
+        drop(c);
+        for end in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{end}", path.display()));
+        }
+    }
+
+    fn pg_all() -> Vec<&'static str> {
+        use super::pg::*;
+        vec![
+            FINISH_RUN,
+            REOPEN_RUN,
+            RUN_COUNTS,
+            HEARTBEAT,
+            STALE_RUNS,
+            TAKE_OVER,
+            RUNNING_RUNS,
+            SET_PROVENANCE,
+            CLEAR_ARTIFACT_USES,
+            START_ATTEMPT,
+            START_STAGE,
+            SET_ATTEMPT_HANDLE,
+            SET_ATTEMPT_USAGE,
+            SET_STAGE_USAGE,
+            SET_ITEM_USAGE,
+            CLEAR_MAP_ITEMS,
+            START_ITEM,
+            FINISH_ITEM,
+            SET_ITEM_HANDLE,
+            MAP_ITEMS,
+            ITEM_COUNTS,
+            ARTIFACT,
+            ARTIFACT_USES,
+            EXPIRE_CACHE_ENTRIES,
+            UPSERT_SCHEDULE,
+            SCHEDULE,
+            SCHEDULES,
+            SET_SUSPENDED,
+            TICKS,
+            INSERT_RUN,
+            WRITE_STAGE,
+            WRITE_STAGE_RESULTS,
+            WRITE_ATTEMPT_END,
+        ]
+    }
+}
