@@ -196,6 +196,14 @@ def engine_overhead(binary, repeats, stages=100):
             print(f"| {label} | {wall * 1000:.1f} ms | {shown} | {per} |")
 
 
+
+def scratch_root():
+    """`target/` of the checkout, made if a CARGO_TARGET_DIR elsewhere left it absent: the
+    suites that write homes of many runs write them there, on disk."""
+    path = os.path.join(ROOT, "target")
+    os.makedirs(path, exist_ok=True)
+    return path
+
 def fanout(binary, repeats, stages=1000, pars=(2, 16)):
     """A 1,000-wide fan-out of `true` at --parallelism P against `xargs -P P` running the
     same 1,000 `true`s (the fork+exec floor at that parallelism), in the same run."""
@@ -235,7 +243,7 @@ def passthrough(binary, repeats, mib, stages=10):
                   f"    inputs: {{data: s{i - 1}.data}}",
                   f"    run: {{command: [cp, \"{{{{ inputs.data }}}}/data\", \"{{{{ outputs.data }}}}/data\"]}}",
                   "    outputs: [data]"]
-    with tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "target")) as tmp:
+    with tempfile.TemporaryDirectory(dir=scratch_root()) as tmp:
         path = os.path.join(tmp, "pass.yaml")
         with open(path, "w") as f:
             f.write("\n".join(lines) + "\n")
@@ -256,7 +264,7 @@ def passthrough(binary, repeats, mib, stages=10):
 def scale(binary, items=100_000, stages=10_000):
     """A `items`-item map and a `stages`-stage chain of `/bin/true`: both complete; peak
     memory of the engine and wall time (one run each: they take minutes)."""
-    with tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "target")) as tmp:
+    with tempfile.TemporaryDirectory(dir=scratch_root()) as tmp:
         m = os.path.join(tmp, "map.yaml")
         with open(m, "w") as f:
             f.write(
@@ -292,7 +300,7 @@ def cache_and_lineage(binary, repeats, stages=1000, depth=100):
     """A fully cached run of a `stages`-stage chain (every stage a hit), against the same
     binary validating the file and the first, uncached run; and `lineage` of the last
     artifact of a `depth`-stage chain, against `drivetrain list` on the same home."""
-    with tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "target")) as tmp:
+    with tempfile.TemporaryDirectory(dir=scratch_root()) as tmp:
         path = os.path.join(tmp, "chain.yaml")
         with open(path, "w") as f:
             f.write(output_chain(stages))
