@@ -179,6 +179,29 @@ async fn a_failure_omits_its_dependants_and_independent_branches_finish() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_stage_that_cannot_start_ends_in_error_and_so_does_its_run() {
+    let r = run(&format!(
+        "{HEAD}stages:\n  a:\n    run: {{command: [no-such-program]}}\n  b:\n    needs: [a]\n    run: {{command: [ok]}}\n  c:\n    run: {{command: [fail, 2]}}\n"
+    ))
+    .await;
+    assert_eq!(r.phase("a"), Phase::Error);
+    assert_eq!(r.phase("b"), Phase::Omitted);
+    assert_eq!(r.phase("c"), Phase::Failed);
+    // An error of the engine's or the machine's outranks a stage's own failure.
+    assert_eq!(r.summary.phase, Phase::Error);
+    assert!(r.attempts("b").is_empty());
+    assert!(r
+        .events
+        .iter()
+        .any(|e| matches!(e, RunEvent::Started { stage, attempt: 1 } if stage == "a")));
+    assert!(r.events.iter().any(|e| matches!(
+        e,
+        RunEvent::Finished { stage, phase: Phase::Error, origin: None, .. } if stage == "a"
+    )));
+    assert!(!r.reason("a").is_empty());
+}
+
+#[tokio::test(start_paused = true)]
 async fn fail_fast_stops_the_rest_of_the_run() {
     let r = run_with(
         &format!(
