@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use drivetrain_engine::artifacts::ArtifactStore;
 use drivetrain_engine::cache::diff;
+use drivetrain_engine::fault::{Blame, Fault};
 use drivetrain_engine::history::{self, Direction, LineageError};
 use drivetrain_engine::state::{Origin, RunId, StateStore};
 use serde_json::{json, Value};
@@ -224,13 +225,15 @@ fn print_graph(
     Ok(())
 }
 
+/// A target that names nothing is the request's fault (exit 2); a store that failed is
+/// an error.
 fn lineage_error(e: LineageError) -> anyhow::Result<ExitCode> {
-    match e {
-        LineageError::NotFound(m) => {
-            eprintln!("error: {m}");
-            Ok(ExitCode::from(2))
+    match e.fault() {
+        Fault::Request => {
+            eprintln!("error: {e}");
+            Ok(ExitCode::from(Fault::Request.exit_code()))
         }
-        LineageError::State(e) => Err(e.into()),
+        _ => Err(e.into()),
     }
 }
 

@@ -14,6 +14,7 @@ pub mod diag;
 pub mod engine;
 pub mod executor;
 pub mod expr;
+pub mod fault;
 pub mod history;
 pub mod mask;
 pub mod plan;

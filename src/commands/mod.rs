@@ -8,6 +8,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use drivetrain_engine::fault::{Blame, Fault};
+
 use crate::cli::Command;
 
 mod files;
@@ -24,19 +26,35 @@ pub(crate) const EXIT_INVALID: u8 = 1;
 /// Bad arguments, unreadable files.
 pub(crate) const EXIT_USAGE: u8 = 2;
 
-/// A command's result as its exit code; an error is printed first.
+/// A command's result as its exit code; an error is printed first. The code is whose
+/// fault the error is (the first of its chain that says): naming a run that does not
+/// exist is a usage error, as an unknown stage is; a store that fails is not.
 pub(crate) fn outcome(r: anyhow::Result<ExitCode>) -> ExitCode {
     r.unwrap_or_else(|e| {
         eprintln!("error: {e:#}");
-        // Naming a run that does not exist is a usage error, as an unknown stage is.
-        let unknown = e.chain().any(|c| {
-            matches!(
-                c.downcast_ref::<drivetrain_engine::state::StateError>(),
-                Some(drivetrain_engine::state::StateError::UnknownRun(_))
-            )
-        });
-        ExitCode::from(if unknown { EXIT_USAGE } else { EXIT_INVALID })
+        let code = e
+            .chain()
+            .find_map(fault_of)
+            .map_or(EXIT_INVALID, Fault::exit_code);
+        ExitCode::from(code)
     })
+}
+
+/// Whose fault `e` is, when it is one of the engine's errors.
+fn fault_of(e: &(dyn std::error::Error + 'static)) -> Option<Fault> {
+    use drivetrain_engine::{artifacts, cloud, history, runner, state, template};
+    fn blamed<T: Blame + std::error::Error + 'static>(
+        e: &(dyn std::error::Error + 'static),
+    ) -> Option<Fault> {
+        e.downcast_ref::<T>().map(Blame::fault)
+    }
+    blamed::<state::StateError>(e)
+        .or_else(|| blamed::<history::LineageError>(e))
+        .or_else(|| blamed::<history::GcError>(e))
+        .or_else(|| blamed::<artifacts::ArtifactError>(e))
+        .or_else(|| blamed::<cloud::CloudError>(e))
+        .or_else(|| blamed::<template::RefError>(e))
+        .or_else(|| blamed::<runner::RunError>(e))
 }
 
 /// Runs `command` with the engine's home `home`.

@@ -173,6 +173,24 @@ fn exit_codes_mean_one_thing_each() {
     );
     assert_eq!(drivetrain(&["validate"]).status.code(), Some(2));
     assert_eq!(drivetrain(&["no-such-command"]).status.code(), Some(2));
+    // Whose fault decides: a run that does not exist, or a store URL nothing knows, is the
+    // request's (2), as a wrong flag is.
+    let home = std::env::temp_dir().join(format!("dt-cli-fault-{}", std::process::id()));
+    let home = home.to_str().unwrap();
+    assert_eq!(
+        drivetrain(&["--home", home, "status", "no-such-run"])
+            .status
+            .code(),
+        Some(2)
+    );
+    let o = drivetrain(&["--home", home, "--store", "bogus://x", "gc"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot open artifact store `bogus://x`"),
+        "{}",
+        stderr(&o)
+    );
+    let _ = std::fs::remove_dir_all(home);
     // One invalid file among valid ones makes the whole command fail.
     let o = drivetrain(&[
         "validate",

@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
+use drivetrain_engine::fault::{Blame, Fault};
 use drivetrain_engine::plan::Action;
 use drivetrain_engine::state::RunId;
 
@@ -370,8 +371,9 @@ pub(super) async fn lineage(State(s): State<Shared>, Params(q): Params<LineageQu
     .await;
     match made {
         Ok(Ok(g)) => Json(g).into_response(),
-        Ok(Err(LineageError::NotFound(m))) => error(StatusCode::NOT_FOUND, m),
-        Ok(Err(LineageError::State(e))) => internal(e),
+        // A target that names nothing, or a run that is gone: not found.
+        Ok(Err(e)) if e.fault() == Fault::Request => error(StatusCode::NOT_FOUND, e.to_string()),
+        Ok(Err(e)) => internal(e),
         Err(e) => internal(e),
     }
 }
