@@ -1,7 +1,12 @@
 //! The suite every artifact store passes (`memory://`, `file://`, S3), for the tests of
 //! this crate and of the backends'.
 
-use super::*;
+use std::path::PathBuf;
+
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutPayload};
+
+use super::{ArtifactError, ArtifactStore, AttemptKey};
 
 fn attempt(n: u32) -> AttemptKey {
     AttemptKey::of_stage("r1", "s", n)

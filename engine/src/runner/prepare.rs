@@ -192,6 +192,31 @@ fn command<'s>(
     }
 }
 
+/// Why an attempt could not be prepared, where it is the machine's or a store's fault (a
+/// directory that could not be made, an input that could not be fetched): the attempt
+/// ends in `Error` with this reason.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(super) struct Unprepared(String);
+
+impl From<String> for Unprepared {
+    fn from(reason: String) -> Unprepared {
+        Unprepared(reason)
+    }
+}
+
+impl From<Unprepared> for String {
+    fn from(e: Unprepared) -> String {
+        e.0
+    }
+}
+
+impl crate::fault::Blame for Unprepared {
+    fn fault(&self) -> crate::fault::Fault {
+        crate::fault::Fault::Infrastructure
+    }
+}
+
 /// The attempt as an executor starts it, and where its files are; or, as the inner
 /// `Err`, how it ended before starting (a secret it declares is not set). The outer
 /// `Err` is an infrastructure fault with its reason.
@@ -201,7 +226,7 @@ pub(super) async fn prepare(
     track: Track<'_>,
     key: &AttemptKey,
     upstream: &BTreeMap<StageId, StageResult>,
-) -> Result<Result<(AttemptSpec, Layout), AttemptEnd>, String> {
+) -> Result<Result<(AttemptSpec, Layout), AttemptEnd>, Unprepared> {
     let layout = Layout::new(ctx, key);
     let (argv, workdir, step_config) = command(ctx, stage, &layout);
     fresh_dir(&layout.dir)?;

@@ -1,7 +1,12 @@
 //! The conformance suite every [`StateStore`] implementation's tests call, so SQLite
 //! and the server databases behave the same. Panics on the first broken guarantee.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use super::{
+    now, ArtifactRecord, CacheEntry, Origin, Phase, Provenance, RunFilter, RunId, RunRecord,
+    RunStore, StateError, StateStore, Success, TickRecord,
+};
 
 /// A run record for tests.
 pub fn run_record(id: &str) -> RunRecord {

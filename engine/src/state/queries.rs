@@ -22,6 +22,7 @@ const fn question_marks<const N: usize>(text: &str) -> [u8; N] {
 macro_rules! statements {
     ($($name:ident = $text:expr;)*) => {
         /// The statements in PostgreSQL's placeholders.
+        #[cfg(any(feature = "postgres", test))]
         pub(super) mod pg {
             $(pub(in crate::state) const $name: &str = $text;)*
         }
