@@ -337,7 +337,7 @@ async fn a_resumed_run_does_not_execute_what_succeeded_before() {
     assert_eq!(r.fake.started(), vec![("b".to_string(), 1)]);
 }
 
-/// The origin of each stage that succeeded, in the order their `Finished` events came.
+/// The origin each `Finished` event gave, with its stage, in the order they came.
 fn origins(r: &Ran) -> Vec<(String, Option<Origin>)> {
     r.events
         .iter()

@@ -452,7 +452,7 @@ pub mod prelude {
 }
 
 /// What the run loop records: every capability below (a function that needs one takes
-/// it alone, as `&dyn CacheStore`), and a stage's success all at once. Every method
+/// it alone, as `&dyn RunStore`), and a stage's success all at once. Every method
 /// commits before it returns.
 pub trait StateStore:
     RunStore + StageStore + AttemptStore + ArtifactIndex + CacheStore + ScheduleStore + Send + Sync
