@@ -381,3 +381,49 @@ fn the_help_examples_of_the_read_only_commands_work() {
     }
     assert!(ran >= 6, "only {ran} examples ran");
 }
+
+/// The README's first command is `cargo run -- …`: with two binaries in the package,
+/// cargo runs it only if the package names which one (`default-run`), and that must be
+/// the command. Read from `cargo metadata`, as `cargo run` reads it.
+#[test]
+fn the_readme_s_cargo_run_picks_the_command() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let first = readme
+        .lines()
+        .find(|l| l.starts_with("cargo run"))
+        .expect("the README starts with a cargo run command");
+    assert!(
+        first.starts_with("cargo run -- run pipelines/driving-loop.yaml"),
+        "{first}"
+    );
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let o = std::process::Command::new(cargo)
+        .args([
+            "metadata",
+            "--no-deps",
+            "--format-version",
+            "1",
+            "--offline",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let meta: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let package = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "drivetrain")
+        .unwrap();
+    let bins = package["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["kind"].as_array().unwrap().iter().any(|k| k == "bin"))
+        .count();
+    if bins > 1 {
+        assert_eq!(package["default_run"], "drivetrain", "{bins} binaries");
+    }
+}
