@@ -83,9 +83,10 @@ impl Blame for crate::cloud::CloudError {
     fn fault(&self) -> Fault {
         use crate::cloud::CloudError::*;
         match self {
-            Url(_) | Unsupported(_) | RetryTimeout { .. } | Profile { .. } => Fault::Request,
-            // The builder refused the settings it was given.
-            Store(_) => Fault::Request,
+            // `Store`: the builder refused the settings it was given.
+            Url(_) | Unsupported(_) | RetryTimeout { .. } | Profile { .. } | Store(_) => {
+                Fault::Request
+            }
         }
     }
 }

@@ -211,12 +211,6 @@ impl From<Unprepared> for String {
     }
 }
 
-impl crate::fault::Blame for Unprepared {
-    fn fault(&self) -> crate::fault::Fault {
-        crate::fault::Fault::Infrastructure
-    }
-}
-
 /// The attempt as an executor starts it, and where its files are; or, as the inner
 /// `Err`, how it ended before starting (a secret it declares is not set). The outer
 /// `Err` is an infrastructure fault with its reason.

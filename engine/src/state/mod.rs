@@ -260,11 +260,10 @@ pub struct Provenance {
 
 /// How a stage came by its outputs: the two columns `origin` and `origin_run` of a state
 /// store, and the two fields of the same names in JSON.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(into = "OriginColumns")]
 pub enum Origin {
     /// Its command ran in this run (also a stage that has not succeeded).
-    #[default]
     Ran,
     /// A cache hit: the outputs an attempt of `run` made under the same cache key.
     Cached { run: String },

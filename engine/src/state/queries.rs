@@ -39,6 +39,9 @@ macro_rules! statements {
             #[cfg(test)]
             pub(in crate::state) static ALL: &[&str] = &[$($name),*];
         }
+        /// Every statement as written, in the same order as [`sqlite::ALL`].
+        #[cfg(test)]
+        const ALL: &[&str] = &[$($text),*];
     };
 }
 
@@ -147,7 +150,8 @@ mod tests {
         let path = std::env::temp_dir().join(format!("dt-queries-{}.db", std::process::id()));
         drop(crate::state::SqliteState::open(&path).unwrap());
         let c = rusqlite::Connection::open(&path).unwrap();
-        for (sql, pg) in super::sqlite::ALL.iter().zip(pg_all()) {
+        assert_eq!(super::sqlite::ALL.len(), super::ALL.len());
+        for (sql, &pg) in super::sqlite::ALL.iter().zip(super::ALL) {
             assert_eq!(sql.replace('?', "$"), pg, "the same text in both dialects");
             let stmt = c.prepare(sql).unwrap_or_else(|e| panic!("{e}: {sql}"));
             for k in 1..=stmt.parameter_count() {
@@ -164,44 +168,5 @@ mod tests {
         for end in ["", "-wal", "-shm"] {
             let _ = std::fs::remove_file(format!("{}{end}", path.display()));
         }
-    }
-
-    fn pg_all() -> Vec<&'static str> {
-        use super::pg::*;
-        vec![
-            FINISH_RUN,
-            REOPEN_RUN,
-            RUN_COUNTS,
-            HEARTBEAT,
-            STALE_RUNS,
-            TAKE_OVER,
-            RUNNING_RUNS,
-            SET_PROVENANCE,
-            CLEAR_ARTIFACT_USES,
-            START_ATTEMPT,
-            START_STAGE,
-            SET_ATTEMPT_HANDLE,
-            SET_ATTEMPT_USAGE,
-            SET_STAGE_USAGE,
-            SET_ITEM_USAGE,
-            CLEAR_MAP_ITEMS,
-            START_ITEM,
-            FINISH_ITEM,
-            SET_ITEM_HANDLE,
-            MAP_ITEMS,
-            ITEM_COUNTS,
-            ARTIFACT,
-            ARTIFACT_USES,
-            EXPIRE_CACHE_ENTRIES,
-            UPSERT_SCHEDULE,
-            SCHEDULE,
-            SCHEDULES,
-            SET_SUSPENDED,
-            TICKS,
-            INSERT_RUN,
-            WRITE_STAGE,
-            WRITE_STAGE_RESULTS,
-            WRITE_ATTEMPT_END,
-        ]
     }
 }

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use drivetrain_engine::artifacts::AttemptKey;
 use drivetrain_engine::executor::{AttemptSpec, Rank, REMOTE_BINARY, REMOTE_WRAPPER};
 use drivetrain_engine::plan::Distributed;
 use drivetrain_engine::spec::{Framework, TaintEffect, TolerationOperator};
@@ -165,15 +166,12 @@ fn short_hash(parts: &[&str]) -> String {
 /// At most 52 characters, so the pods' hostnames (`<name>-<index>`) and the Kubeflow
 /// replicas' names (`<name>-worker-<i>`) stay within 63.
 pub fn workload_name(run: &str, stage_key: &str, attempt: u32) -> String {
-    let stage = stage_key.split('/').next().unwrap_or(stage_key);
-    let item = stage_key
-        .split_once("/items/")
-        .map(|(_, i)| format!("-i{i}"))
-        .unwrap_or_default();
+    let key = AttemptKey::from_stage_key(run, stage_key, attempt);
+    let item = key.item.map(|i| format!("-i{i}")).unwrap_or_default();
     let hash = short_hash(&[run, stage_key, &attempt.to_string()]);
     let tail = format!("{item}-a{attempt}-{hash}");
     let room = 52usize.saturating_sub(3 + tail.len());
-    format!("dt-{}{tail}", dns_label(stage, room.max(1)))
+    format!("dt-{}{tail}", dns_label(&key.stage, room.max(1)))
 }
 
 /// The name of the snapshot of `volume` taken after `stage` of `run`.
