@@ -748,6 +748,9 @@ stages:
         "{}",
         cgroup("burn")
     );
+    // `drivetrain/PID/slot-N`: the shape the resources test looks for once its engine has
+    // exited, so that its finding nothing means something.
+    assert!(cgroup("burn").contains("/slot-"), "{}", cgroup("burn"));
     assert_eq!(cgroup("burn"), cgroup("after"));
     // The next hook, in the same cgroups still, has no memory limit: hog's 64 MiB is gone.
     assert_eq!(cgroup("burn"), cgroup("big"));
