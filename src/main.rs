@@ -54,6 +54,10 @@ fn die_quietly_on_closed_pipes(command: &Command) {
 }
 
 fn main() -> ExitCode {
+    // A prepared sandbox's init is this binary too (executors/src/local/sandbox.rs).
+    if let Some(code) = drivetrain_executors::local::serve_if_asked() {
+        return code;
+    }
     if let Some(version) = cli::version_only(std::env::args_os()) {
         // As clap does: a closed stdout is not an error here.
         let _ = std::io::Write::write_all(&mut std::io::stdout(), version.as_bytes());

@@ -20,7 +20,7 @@ use common::*;
 
 /// Whether this test runs as root; when not, it is skipped with `why`, except under
 /// `CI=true`, where it fails: the isolation tests must never pass without checking.
-fn root_or_skip(why: &str) -> bool {
+pub(crate) fn root_or_skip(why: &str) -> bool {
     if nix::unistd::geteuid().is_root() {
         return true;
     }

@@ -23,6 +23,7 @@ mod partial_results;
 mod postgres;
 mod run;
 mod s3;
+mod sandbox;
 mod schemathesis;
 mod serve;
 mod training;

@@ -1,42 +1,26 @@
 //! Isolating an attempt: its namespaces and mounts (see the executor's docs for every
-//! layer) and the process that enters them, started without `fork`.
-//!
-//! `fork` copies the engine's page tables and makes each page the engine writes afterwards
-//! a copy-on-write fault with a TLB shoot-down; the child then throws it all away at
-//! `exec`. On a 1,000-stage fan-out that was most of the engine's time (a profile:
-//! `copy_page_range`, `ptep_clear_flush`, `exit_mmap` under `begin_new_exec`), and it grows
-//! with the engine's memory. [`spawn`] starts the child the way `posix_spawn` does
-//! instead: `clone(CLONE_VM | CLONE_VFORK)` onto a stack of its own, this thread waiting
-//! until the child has exec'ed or failed; the clone itself makes its PID, mount and
-//! network namespaces (and, when the engine is not root, its user namespace). The child
-//! resets signal handlers, joins the attempt's process group and cgroups, sets up stdio
-//! and the working directory, mounts, enters the stage user namespace (a root engine's),
-//! drops capabilities, installs its seccomp filter ([`MountPlan::apply`]) and execs.
-//! Sharing the
-//! engine's memory, it only makes system calls on what [`Launch`] prepared before the
-//! clone, and reports a failure through [`Launch::failure`].
-//!
-//! A started child is a [`RawChild`]: waited for through a pidfd the runtime polls.
+//! layer), as a [`MountPlan`] the attempt's process applies to itself before it execs
+//! ([`super::launch`]): it mounts, enters the stage user namespace (a root engine's),
+//! drops capabilities and installs its seccomp filter ([`MountPlan::apply`]). Where a
+//! prepared sandbox holds the part every attempt of the home shares, the plan is applied
+//! in two parts ([`MountPlan::apply_shared`], [`MountPlan::apply_own`]).
 //!
 //! Unsafe code lives here, each block with what makes it sound.
 #![allow(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt as _;
-use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
-use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
 use drivetrain_engine::executor::PathAccess;
 use nix::libc;
 use nix::unistd::Pid;
-use tokio::io::unix::AsyncFd;
 
-use super::{kernel, seccomp, userns};
+use super::{kernel, launch, seccomp, userns};
 
 /// Capabilities an isolated attempt keeps: Docker's default set for containers
 /// (`CHOWN DAC_OVERRIDE FOWNER FSETID KILL SETGID SETUID SETPCAP NET_BIND_SERVICE NET_RAW
@@ -128,6 +112,13 @@ pub(super) struct MountPlan {
     /// Its private `/dev`.
     pub(super) dev: kernel::Dev,
     mounts: Vec<Mount>,
+    /// Where the attempt's own mounts begin in `mounts` (its writable paths and what is
+    /// put back under a hidden directory), all before being the same for every attempt of
+    /// the home (its read-only views, what is hidden): the part a prepared sandbox holds
+    /// ([`super::sandbox`]). `None` where the two are not apart.
+    own_from: Option<usize>,
+    /// The hidden directories the attempt's own mounts are under.
+    own_hides: Vec<CString>,
     /// The writable paths given to the stage user, what stays the engine's under them,
     /// and the log: taken back when the attempt has ended ([`MountPlan::take_back`]).
     given: Vec<PathBuf>,
@@ -174,6 +165,8 @@ enum Kind {
     /// Under a hidden directory: its tree is captured (`open_tree`) before anything is
     /// hidden, and put back (`move_mount`) onto `dirs`, made in the tmpfs first.
     Reattach {
+        /// The hidden directory it is under.
+        hide: CString,
         dirs: Vec<CString>,
         /// The captured tree's descriptor, set by the child (the plan is shared memory
         /// with it, and its children start one at a time).
@@ -240,6 +233,7 @@ impl MountPlan {
                 .collect();
             let mut hidden: Vec<PathBuf> = Vec::new();
             for (dir, entry) in userns::closed_on_the_way(&targets) {
+                let hide = c_path(&dir)?;
                 if !hidden.contains(&dir) {
                     mounts.push(Mount {
                         path: c_path(&dir)?,
@@ -252,6 +246,7 @@ impl MountPlan {
                     path: c_path(&entry)?,
                     writable: false,
                     kind: Kind::Reattach {
+                        hide,
                         dirs: vec![c_path(&entry)?],
                         fd: AtomicI32::new(-1),
                     },
@@ -260,6 +255,17 @@ impl MountPlan {
         }
         // Which hidden paths are directories, asked once each.
         let hidden_dir: Vec<bool> = access.iter().map(|a| a.hidden && a.path.is_dir()).collect();
+        let hidden_dirs = || {
+            (0..access.len())
+                .filter(|&j| hidden_dir[j])
+                .map(|j| &access[j].path)
+        };
+        // Nothing on the way to what is hidden may be the attempt's own.
+        let mut own_from = (!mounts.iter().any(|m| {
+            let path = Path::new(std::ffi::OsStr::from_bytes(m.path.as_bytes()));
+            hidden_dirs().any(|h| path.starts_with(h))
+        }))
+        .then_some(mounts.len());
         for (i, a) in access.iter().enumerate() {
             let earlier_dirs = || (0..i).filter(|&j| hidden_dir[j]).map(|j| &access[j].path);
             let under = earlier_dirs().find(|h| a.path.starts_with(h));
@@ -272,6 +278,7 @@ impl MountPlan {
                         .transpose()?,
                 },
                 (false, Some(h)) => Kind::Reattach {
+                    hide: c_path(h)?,
                     dirs: a
                         .path
                         .ancestors()
@@ -284,6 +291,12 @@ impl MountPlan {
                     fd: AtomicI32::new(-1),
                 },
                 (false, None) => Kind::Bind,
+            };
+            let own = a.writable || matches!(kind, Kind::Reattach { .. });
+            own_from = match own_from {
+                Some(from) if !own && from == mounts.len() => Some(from + 1),
+                Some(_) if !own => None,
+                from => from,
             };
             mounts.push(Mount {
                 path: c_path(&a.path)?,
@@ -302,7 +315,21 @@ impl MountPlan {
             } else {
                 None
             },
+            own_hides: own_from
+                .map(|from| {
+                    let mut hides: Vec<CString> = Vec::new();
+                    for m in &mounts[from..] {
+                        if let Kind::Reattach { hide, .. } = &m.kind {
+                            if !hides.contains(hide) {
+                                hides.push(hide.clone());
+                            }
+                        }
+                    }
+                    hides
+                })
+                .unwrap_or_default(),
             mounts,
+            own_from,
             given,
             read_only,
             log: log.to_path_buf(),
@@ -323,8 +350,13 @@ impl MountPlan {
         Ok(())
     }
 
+    /// Whether the attempt has a PID namespace of its own.
+    pub(super) fn pid(&self) -> bool {
+        self.pid
+    }
+
     /// The namespaces the child is cloned into.
-    fn clone_flags(&self) -> nix::sched::CloneFlags {
+    pub(super) fn clone_flags(&self) -> nix::sched::CloneFlags {
         use nix::sched::CloneFlags;
         let mut flags = CloneFlags::CLONE_NEWNS;
         if self.pid {
@@ -340,9 +372,7 @@ impl MountPlan {
     }
 
     /// In the child, between the clone and `exec`: system calls only, no allocation.
-    fn apply(&self) -> std::io::Result<()> {
-        use nix::mount::{mount, MsFlags};
-        let none: Option<&CStr> = None;
+    pub(super) fn apply(&self) -> std::io::Result<()> {
         if let Userns::Own(maps) = &self.user {
             for (file, text) in maps {
                 let fd = nix::fcntl::open(
@@ -353,34 +383,144 @@ impl MountPlan {
                 nix::unistd::write(&fd, text.as_bytes())?;
             }
         }
-        // Nothing mounted here propagates back to the engine's namespace.
-        mount(
-            none,
-            c"/",
-            none,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            none,
-        )?;
-        // What stays visible under a hidden directory is taken before anything is hidden.
-        for m in &self.mounts {
+        private_root()?;
+        let all = 0..self.mounts.len();
+        self.capture(all.clone())?;
+        self.mount_range(all)?;
+        if self.pid {
+            mount_proc(None)?;
+        }
+        self.dev.mount()?;
+        kernel::protect()?;
+        if self.net {
+            kernel::loopback_up()?;
+        }
+        self.confine()
+    }
+
+    /// What a prepared sandbox holds for every attempt of the home
+    /// ([`super::sandbox`]): its view of the home and what is hidden, `/proc` (whose
+    /// processes a stage sees only where it may trace them: not the sandbox's init),
+    /// `/dev` (the sandbox's init empties `/dev/shm` after each attempt), the kernel's
+    /// files protected. In the sandbox init's
+    /// child, before it execs; it keeps its capabilities.
+    pub(super) fn apply_shared(&self) -> std::io::Result<()> {
+        let shared = 0..self.own_from.unwrap_or(self.mounts.len());
+        private_root()?;
+        self.capture(shared.clone())?;
+        self.mount_range(shared)?;
+        mount_proc(Some(c"hidepid=invisible"))?;
+        self.dev.mount()?;
+        kernel::protect()
+    }
+
+    /// In the attempt's first child, still in the engine's mount namespace: captures
+    /// the trees of its own paths under hidden directories ([`MountPlan::apply_own`]).
+    pub(super) fn capture_own(&self) -> std::io::Result<()> {
+        self.capture(self.own_from.unwrap_or(self.mounts.len())..self.mounts.len())
+    }
+
+    /// In the sandbox's mount namespace: the attempt's own paths, each hidden directory
+    /// they are under an empty tmpfs of the attempt's over the sandbox's (so nothing of
+    /// an earlier attempt stays). Undone by the sandbox's init when the attempt has ended
+    /// ([`MountPlan::own_mount_points`]).
+    pub(super) fn apply_own(&self) -> std::io::Result<()> {
+        for h in &self.own_hides {
+            hide_dir(h)?;
+        }
+        self.mount_range(self.own_from.unwrap_or(self.mounts.len())..self.mounts.len())?;
+        for h in &self.own_hides {
+            seal(h)?;
+        }
+        Ok(())
+    }
+
+    /// Where [`MountPlan::apply_own`] mounts, last first: what the sandbox's init
+    /// detaches after the attempt.
+    pub(super) fn own_mount_points(&self) -> Vec<CString> {
+        let from = self.own_from.unwrap_or(self.mounts.len());
+        self.mounts[from..]
+            .iter()
+            .rev()
+            .filter(|m| matches!(m.kind, Kind::Bind))
+            .map(|m| m.path.clone())
+            .chain(self.own_hides.iter().cloned())
+            .collect()
+    }
+
+    /// The prepared sandbox an attempt with this plan can run in ([`super::sandbox`]),
+    /// named by what it holds (the same for every attempt of the home); `None` where the
+    /// attempt needs namespaces of its own: an engine that is not root, no PID
+    /// namespace, `network: none`, GPUs, a distributed attempt's shared `/dev/shm`, a
+    /// home under `/dev`.
+    pub(super) fn sandbox_key(&self) -> Option<String> {
+        let from = self.own_from?;
+        if !self.pid || self.net || !self.dev.is_usual() || !matches!(self.user, Userns::Stage(_)) {
+            return None;
+        }
+        // The sandbox's own `/dev` and `/proc` would cover a path under them.
+        let kernels = |m: &Mount| {
+            let p = m.path.as_bytes();
+            [&b"/dev/"[..], b"/proc/", b"/sys/"]
+                .iter()
+                .any(|k| p.starts_with(k))
+        };
+        if self.mounts.iter().any(kernels) {
+            return None;
+        }
+        let mut key = format!("shm {:?}\n", self.dev.shm_options());
+        for m in &self.mounts[..from] {
+            let (tag, extra) = match &m.kind {
+                Kind::Bind => ("bind", None),
+                Kind::HideDir => ("hide", None),
+                Kind::HideFile { empty } => ("hide-file", empty.as_ref()),
+                Kind::Reattach { hide, .. } => ("reattach", Some(hide)),
+            };
+            key.push_str(&format!(
+                "{tag} {} {:?} {:?}\n",
+                if m.writable { "rw" } else { "ro" },
+                m.path,
+                extra
+            ));
+        }
+        Some(key)
+    }
+
+    /// Enters the stage user namespace (a root engine's), drops capabilities and installs
+    /// the seccomp filter: the last steps before `exec`.
+    pub(super) fn confine(&self) -> std::io::Result<()> {
+        if let Userns::Stage(fd) = self.user {
+            userns::enter(fd)?;
+        }
+        drop_capabilities()?;
+        if let Some(program) = self.seccomp {
+            seccomp::install(program)?;
+        }
+        Ok(())
+    }
+
+    /// Captures the trees that stay visible under a hidden directory, among `range`,
+    /// before anything is hidden.
+    fn capture(&self, range: std::ops::Range<usize>) -> std::io::Result<()> {
+        for m in &self.mounts[range] {
             if let Kind::Reattach { fd, .. } = &m.kind {
                 let tree = kernel::open_tree(&m.path, libc::AT_RECURSIVE as libc::c_uint)?;
                 fd.store(tree, Ordering::SeqCst);
             }
         }
-        let read_only =
-            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-        for m in &self.mounts {
+        Ok(())
+    }
+
+    /// Makes the mounts in `range` ([`MountPlan::capture`] first), then seals the hiding
+    /// tmpfs among them read-only.
+    fn mount_range(&self, range: std::ops::Range<usize>) -> std::io::Result<()> {
+        use nix::mount::{mount, MsFlags};
+        let none: Option<&CStr> = None;
+        for m in &self.mounts[range.clone()] {
             let p = m.path.as_c_str();
             match &m.kind {
                 Kind::HideDir => {
-                    mount(
-                        Some(c"tmpfs"),
-                        p,
-                        Some(c"tmpfs"),
-                        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-                        Some(c"mode=0755,size=64k"),
-                    )?;
+                    hide_dir(p)?;
                     continue;
                 }
                 // Read-only, as everything of the home is: writing to it is refused,
@@ -400,7 +540,7 @@ impl MountPlan {
                     };
                     mount(Some(source), p, none, MsFlags::MS_BIND, none)?;
                 }
-                Kind::Reattach { dirs, fd } => {
+                Kind::Reattach { dirs, fd, .. } => {
                     for d in dirs {
                         match nix::unistd::mkdir(
                             d.as_c_str(),
@@ -423,40 +563,67 @@ impl MountPlan {
             mount(none, p, none, flags, none)?;
         }
         // The hiding tmpfs read-only too, once what stays under it is back.
-        for m in &self.mounts {
+        for m in &self.mounts[range] {
             if let Kind::HideDir = m.kind {
-                mount(
-                    none,
-                    m.path.as_c_str(),
-                    none,
-                    MsFlags::MS_REMOUNT | read_only,
-                    none,
-                )?;
+                seal(&m.path)?;
             }
-        }
-        if self.pid {
-            mount(
-                Some(c"proc"),
-                c"/proc",
-                Some(c"proc"),
-                read_only - MsFlags::MS_RDONLY,
-                none,
-            )?;
-        }
-        self.dev.mount()?;
-        kernel::protect()?;
-        if self.net {
-            kernel::loopback_up()?;
-        }
-        if let Userns::Stage(fd) = self.user {
-            userns::enter(fd)?;
-        }
-        drop_capabilities()?;
-        if let Some(program) = self.seccomp {
-            seccomp::install(program)?;
         }
         Ok(())
     }
+}
+
+/// Nothing mounted in the child's namespace propagates back to the engine's.
+fn private_root() -> std::io::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    let none: Option<&CStr> = None;
+    Ok(mount(
+        none,
+        c"/",
+        none,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        none,
+    )?)
+}
+
+/// An empty tmpfs over `path`, writable until [`seal`]ed.
+fn hide_dir(path: &CStr) -> std::io::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    Ok(mount(
+        Some(c"tmpfs"),
+        path,
+        Some(c"tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some(c"mode=0755,size=64k"),
+    )?)
+}
+
+/// The hiding tmpfs at `path` read-only.
+fn seal(path: &CStr) -> std::io::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    let none: Option<&CStr> = None;
+    Ok(mount(
+        none,
+        path,
+        none,
+        MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | MsFlags::MS_NOEXEC,
+        none,
+    )?)
+}
+
+/// A `/proc` of the child's PID namespace, with `options`.
+fn mount_proc(options: Option<&CStr>) -> std::io::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    Ok(mount(
+        Some(c"proc"),
+        c"/proc",
+        Some(c"proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        options,
+    )?)
 }
 
 /// Why an attempt that must have every layer cannot start: `missing` says which.
@@ -480,7 +647,15 @@ fn probe_with(layers: Layers, net: bool) -> bool {
         let null = std::fs::File::create(null)?;
         let path = std::env::var("PATH").unwrap_or_default();
         let env = BTreeMap::from([("PATH".to_string(), path)]);
-        spawn("true", &[], &env, Path::new("/"), &null, 0, Arc::new(plan))
+        let c = launch::Command {
+            program: "true",
+            args: &[],
+            env: &env,
+            cwd: Path::new("/"),
+            out: &null,
+            pgid: 0,
+        };
+        launch::spawn(&c, Arc::new(plan))
     })();
     match started {
         Ok(pid) => matches!(
@@ -619,373 +794,4 @@ pub fn layers() -> Vec<(&'static str, bool, String)> {
         },
     ));
     all
-}
-
-/// Where the child failed, with the `errno`, for the engine's error.
-#[derive(Default)]
-struct Failure {
-    step: AtomicI32,
-    errno: AtomicI32,
-}
-
-const STEP_SETUP: i32 = 1;
-const STEP_ISOLATE: i32 = 2;
-const STEP_EXEC: i32 = 3;
-
-/// Everything the child needs, made before the clone: C strings and the pointer arrays
-/// `execve` takes (pointing into them), the descriptors it installs as 0, 1 and 2.
-struct Launch {
-    /// Paths to try `execve` on, in order: the program itself when it names a path, or it
-    /// in each `PATH` entry of the attempt's environment (what `execvp` does).
-    candidates: Vec<CString>,
-    _argv: Vec<CString>,
-    argv: Vec<*const libc::c_char>,
-    _env: Vec<CString>,
-    env: Vec<*const libc::c_char>,
-    /// `/bin/sh`, then the candidate (set by the child), then the arguments: what
-    /// `execvp` runs a file without a `#!` line with.
-    sh: CString,
-    sh_argv: Vec<AtomicPtr<libc::c_char>>,
-    cwd: CString,
-    stdin: libc::c_int,
-    out: libc::c_int,
-    pgid: libc::pid_t,
-    plan: Arc<MountPlan>,
-    failure: Failure,
-}
-
-fn c_string(s: &[u8], what: &str) -> std::io::Result<CString> {
-    CString::new(s).map_err(|_| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("{what} has a NUL byte"),
-        )
-    })
-}
-
-fn pointers(strings: &[CString]) -> Vec<*const libc::c_char> {
-    strings
-        .iter()
-        .map(|s| s.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect()
-}
-
-/// `/dev/null`, opened once for every child's stdin.
-fn dev_null() -> std::io::Result<libc::c_int> {
-    static NULL: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
-    if let Some(f) = NULL.get() {
-        return Ok(f.as_raw_fd());
-    }
-    let f = std::fs::File::open("/dev/null")?;
-    Ok(NULL.get_or_init(|| f).as_raw_fd())
-}
-
-/// Starts `program` with `args` and exactly `env`, in `cwd`, stdout and stderr to `out`,
-/// stdin from `/dev/null`, in process group `pgid` (0: a new one led by the child),
-/// isolated by `plan` (its cgroups too). Returns the child's pid once it has exec'ed; an error (the child
-/// reaped) when it could not: `NotFound`/`PermissionDenied` as `execvp` would say them.
-pub(super) fn spawn(
-    program: &str,
-    args: &[String],
-    env: &BTreeMap<String, String>,
-    cwd: &Path,
-    out: &std::fs::File,
-    pgid: i32,
-    plan: Arc<MountPlan>,
-) -> std::io::Result<i32> {
-    let candidates = if program.contains('/') {
-        vec![c_string(program.as_bytes(), "the program")?]
-    } else {
-        let path = env
-            .get("PATH")
-            .map(String::as_str)
-            .unwrap_or("/usr/local/bin:/usr/bin:/bin");
-        path.split(':')
-            .map(|dir| {
-                let dir = if dir.is_empty() { "." } else { dir };
-                c_string(format!("{dir}/{program}").as_bytes(), "the program")
-            })
-            .collect::<std::io::Result<_>>()?
-    };
-    let argv_strings = std::iter::once(program)
-        .chain(args.iter().map(String::as_str))
-        .map(|a| c_string(a.as_bytes(), "an argument"))
-        .collect::<std::io::Result<Vec<_>>>()?;
-    let env_strings = env
-        .iter()
-        .map(|(k, v)| c_string(format!("{k}={v}").as_bytes(), "an environment value"))
-        .collect::<std::io::Result<Vec<_>>>()?;
-    let sh = CString::from(c"/bin/sh");
-    let sh_argv = [sh.as_ptr(), std::ptr::null()]
-        .into_iter()
-        .chain(pointers(&argv_strings).into_iter().skip(1))
-        .map(|p| AtomicPtr::new(p.cast_mut()))
-        .collect();
-    let flags = plan.clone_flags();
-    // A process in a PID namespace of its own cannot join a group outside it.
-    let pgid = if plan.pid { 0 } else { pgid };
-    let launch = Launch {
-        candidates,
-        sh,
-        sh_argv,
-        argv: pointers(&argv_strings),
-        _argv: argv_strings,
-        env: pointers(&env_strings),
-        _env: env_strings,
-        cwd: c_string(cwd.as_os_str().as_bytes(), "the working directory")?,
-        stdin: dev_null()?,
-        out: out.as_raw_fd(),
-        pgid,
-        plan,
-        failure: Failure::default(),
-    };
-    let mut stack = vec![0u8; 128 * 1024];
-    // No signal handler of the engine's may run in the child before it resets them.
-    // SAFETY: sigset_t is plain data the libc calls initialise.
-    let (all, mut old) = unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        (all, std::mem::zeroed::<libc::sigset_t>())
-    };
-    // SAFETY: both sets are valid for the call.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old) };
-    let cloned = {
-        let launch = &launch;
-        // SAFETY: CLONE_VFORK suspends this thread until the child execs or exits, so
-        // `launch` and `stack` outlive its use of them; the child only makes system calls
-        // on them ([`child`]) and never returns into this frame.
-        unsafe {
-            nix::sched::clone(
-                Box::new(move || child(launch)),
-                &mut stack,
-                nix::sched::CloneFlags::CLONE_VM | nix::sched::CloneFlags::CLONE_VFORK | flags,
-                Some(libc::SIGCHLD),
-            )
-        }
-    };
-    // SAFETY: restores the mask saved above.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-    let pid = match cloned {
-        Ok(pid) => pid,
-        Err(e) if flags.contains(nix::sched::CloneFlags::CLONE_NEWUSER) => {
-            return Err(std::io::Error::other(format!(
-                "cannot isolate the attempt: the kernel refused it a user namespace ({e})"
-            )))
-        }
-        Err(e) => {
-            return Err(std::io::Error::other(format!(
-                "cannot isolate the attempt: the kernel refused its namespaces ({e})"
-            )))
-        }
-    };
-    let errno = launch.failure.errno.load(Ordering::SeqCst);
-    if errno == 0 {
-        return Ok(pid.as_raw());
-    }
-    let _ = nix::sys::wait::waitpid(pid, None);
-    let os = std::io::Error::from_raw_os_error(errno);
-    Err(match launch.failure.step.load(Ordering::SeqCst) {
-        STEP_EXEC => os,
-        STEP_ISOLATE => std::io::Error::other(format!("cannot isolate the attempt: {os}")),
-        _ => std::io::Error::other(format!("cannot set up the process: {os}")),
-    })
-}
-
-/// Makes a process the standard library starts join the cgroups whose `cgroup.procs`
-/// are open as `cgroups` before it execs.
-pub(super) fn join_before_exec(command: &mut tokio::process::Command, cgroups: Vec<RawFd>) {
-    if cgroups.is_empty() {
-        return;
-    }
-    // SAFETY: the hook runs in the forked child before exec and only makes `write`
-    // system calls on descriptors open in it.
-    unsafe {
-        command.pre_exec(move || {
-            for fd in &cgroups {
-                if libc::write(*fd, c"0".as_ptr().cast(), 1) != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
-}
-
-/// The child, on the engine's memory and its own stack: system calls only, no
-/// allocation, no lock, no panic. Never returns.
-fn child(l: &Launch) -> isize {
-    let (step, errno) = prepare_and_exec(l);
-    l.failure.step.store(step, Ordering::SeqCst);
-    l.failure.errno.store(errno, Ordering::SeqCst);
-    // SAFETY: ends the child without running anything of the engine's.
-    unsafe { libc::_exit(127) }
-}
-
-fn prepare_and_exec(l: &Launch) -> (i32, i32) {
-    let last = || {
-        std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO)
-    };
-    // SAFETY: plain system calls on memory prepared before the clone.
-    unsafe {
-        // Handlers of the engine's become the default (as exec would make them); an
-        // ignored SIGPIPE too (Rust ignores it in the engine); then nothing is blocked.
-        let mut dfl: libc::sigaction = std::mem::zeroed();
-        dfl.sa_sigaction = libc::SIG_DFL;
-        for sig in 1..65 {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
-                continue;
-            }
-            let handled = old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN;
-            if handled || sig == libc::SIGPIPE {
-                libc::sigaction(sig, &dfl, std::ptr::null_mut());
-            }
-        }
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-        if libc::setpgid(0, l.pgid) != 0
-            || libc::dup2(l.stdin, 0) < 0
-            || libc::dup2(l.out, 1) < 0
-            || libc::dup2(l.out, 2) < 0
-            || libc::chdir(l.cwd.as_ptr()) != 0
-        {
-            return (STEP_SETUP, last());
-        }
-        for fd in &l.plan.cgroups {
-            if libc::write(*fd, c"0".as_ptr().cast(), 1) != 1 {
-                return (STEP_SETUP, last());
-            }
-        }
-    }
-    if let Err(e) = l.plan.apply() {
-        return (STEP_ISOLATE, e.raw_os_error().unwrap_or(libc::EIO));
-    }
-    let mut denied = false;
-    let mut errno = libc::ENOENT;
-    for path in &l.candidates {
-        // SAFETY: NUL-terminated arrays of pointers into the strings `l` holds.
-        unsafe { libc::execve(path.as_ptr(), l.argv.as_ptr(), l.env.as_ptr()) };
-        errno = last();
-        match errno {
-            libc::ENOEXEC => {
-                l.sh_argv[1].store(path.as_ptr().cast_mut(), Ordering::SeqCst);
-                // SAFETY: as above; `AtomicPtr` has the layout of a pointer.
-                unsafe {
-                    libc::execve(
-                        l.sh.as_ptr(),
-                        l.sh_argv.as_ptr().cast::<*const libc::c_char>(),
-                        l.env.as_ptr(),
-                    )
-                };
-                return (STEP_EXEC, last());
-            }
-            libc::EACCES => denied = true,
-            libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG | libc::ESTALE => {}
-            _ => return (STEP_EXEC, errno),
-        }
-    }
-    (STEP_EXEC, if denied { libc::EACCES } else { errno })
-}
-
-/// A child [`spawn`] started, waited for without blocking the runtime: through a pidfd
-/// (readable once the child has exited), or by polling where the kernel has none.
-pub(super) struct RawChild {
-    pid: i32,
-    exited: Option<AsyncFd<OwnedFd>>,
-    status: Option<ExitStatus>,
-}
-
-impl RawChild {
-    /// Wraps a child of this process that nothing else waits for.
-    pub(super) fn new(pid: i32) -> Self {
-        // SAFETY: pidfd_open with integer arguments; the child is not reaped yet, so the
-        // pid is still its.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        let exited = (fd >= 0)
-            // SAFETY: a new descriptor this call owns.
-            .then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
-            // SAFETY: the `OwnedFd` moves into the `AsyncFd`, open and the same until dropped.
-            .and_then(|fd| {
-                unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()
-            });
-        RawChild {
-            pid,
-            exited,
-            status: None,
-        }
-    }
-
-    pub(super) fn id(&self) -> u32 {
-        self.pid as u32
-    }
-
-    /// `SIGKILL` to the child unless it has been reaped (its pid may be another's by
-    /// then), through its pidfd where there is one. The first process of a PID namespace
-    /// takes every other one in it along.
-    pub(super) fn kill(&mut self) {
-        if !matches!(self.try_reap(), Ok(None)) {
-            return;
-        }
-        match &self.exited {
-            // SAFETY: pidfd_send_signal on the descriptor this child owns, no siginfo.
-            Some(fd) => unsafe {
-                libc::syscall(
-                    libc::SYS_pidfd_send_signal,
-                    fd.as_raw_fd(),
-                    libc::SIGKILL,
-                    std::ptr::null::<libc::siginfo_t>(),
-                    0,
-                );
-            },
-            None => {
-                let _ = nix::sys::signal::kill(
-                    Pid::from_raw(self.pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
-    }
-
-    fn try_reap(&mut self) -> std::io::Result<Option<ExitStatus>> {
-        if self.status.is_none() {
-            let mut raw = 0;
-            // SAFETY: waitpid on our own child, writing one int.
-            let r = unsafe { libc::waitpid(self.pid, &mut raw, libc::WNOHANG) };
-            if r < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if r == self.pid {
-                self.status = Some(ExitStatus::from_raw(raw));
-            }
-        }
-        Ok(self.status)
-    }
-
-    /// The child's exit status, once it has ended (again and again after that).
-    pub(super) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        loop {
-            if let Some(status) = self.try_reap()? {
-                return Ok(status);
-            }
-            match &self.exited {
-                Some(fd) => fd.readable().await?.clear_ready(),
-                None => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
-            }
-        }
-    }
-}
-
-impl Drop for RawChild {
-    fn drop(&mut self) {
-        // Not waited for (the engine is going away): reap it when it ends, not leaving a
-        // zombie behind.
-        if matches!(self.try_reap(), Ok(None)) {
-            let pid = Pid::from_raw(self.pid);
-            std::thread::spawn(move || nix::sys::wait::waitpid(pid, None));
-        }
-    }
 }

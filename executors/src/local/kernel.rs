@@ -165,6 +165,18 @@ pub(super) struct Dev {
     /// (the ranks of a distributed attempt share it, as NCCL's shared-memory transport
     /// needs).
     shm: Option<std::ffi::CString>,
+    /// Whether it has device nodes beyond [`DEVICES`] (the attempt's GPUs).
+    gpus: bool,
+}
+
+/// The number of the character device at `path`; `None` where there is none.
+fn char_device(path: &[u8]) -> Option<libc::dev_t> {
+    use std::os::unix::ffi::OsStrExt as _;
+    use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+    let meta = std::fs::metadata(std::ffi::OsStr::from_bytes(path)).ok()?;
+    meta.file_type()
+        .is_char_device()
+        .then_some(meta.rdev() as libc::dev_t)
 }
 
 impl Dev {
@@ -173,42 +185,44 @@ impl Dev {
     /// or `shared` for the host's.
     pub(super) fn new(gpus: &[std::path::PathBuf], shm: Option<u64>, shared: bool) -> Dev {
         use std::os::unix::ffi::OsStrExt as _;
-        use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
-        let devices: Vec<std::ffi::CString> = DEVICES
-            .iter()
-            .map(|d| (*d).to_owned())
-            .chain(
-                gpus.iter()
-                    .filter_map(|p| std::ffi::CString::new(p.as_os_str().as_bytes()).ok()),
-            )
-            .filter(|d| {
-                std::fs::metadata(std::ffi::OsStr::from_bytes(d.as_bytes()))
-                    .is_ok_and(|m| m.file_type().is_char_device())
-            })
-            .take(MAX_DEVICES)
-            .collect();
-        let numbers = if root_of_the_machine() {
-            devices
+        // The usual nodes are looked up once: every attempt has them.
+        static USUAL: std::sync::OnceLock<Vec<(std::ffi::CString, libc::dev_t)>> =
+            std::sync::OnceLock::new();
+        let usual = USUAL.get_or_init(|| {
+            DEVICES
                 .iter()
-                .filter_map(|d| std::fs::metadata(std::ffi::OsStr::from_bytes(d.as_bytes())).ok())
-                .map(|m| m.rdev() as libc::dev_t)
+                .filter_map(|d| char_device(d.to_bytes()).map(|n| ((*d).to_owned(), n)))
                 .collect()
-        } else {
-            Vec::new()
-        };
+        });
+        let (devices, numbers): (Vec<std::ffi::CString>, Vec<libc::dev_t>) = usual
+            .iter()
+            .cloned()
+            .chain(gpus.iter().filter_map(|p| {
+                let d = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
+                char_device(d.as_bytes()).map(|n| (d, n))
+            }))
+            .take(MAX_DEVICES)
+            .unzip();
         let options = match shm {
             Some(bytes) => format!("mode=1777,size={bytes}"),
             None => "mode=1777".to_owned(),
         };
         Dev {
-            numbers: if numbers.len() == devices.len() {
+            numbers: if root_of_the_machine() {
                 numbers
             } else {
                 Vec::new()
             },
+            gpus: devices.len() > usual.len(),
             devices,
             shm: (!shared).then(|| std::ffi::CString::new(options).expect("no NUL")),
         }
+    }
+
+    /// Whether this `/dev` is the one every attempt gets (no GPU, a `/dev/shm` of its
+    /// own), which a prepared sandbox can hold ([`super::sandbox`]).
+    pub(super) fn is_usual(&self) -> bool {
+        !self.gpus && self.shm.is_some()
     }
 
     /// In the child: captures the host's nodes, covers `/dev` with a tmpfs, and puts them
@@ -310,6 +324,11 @@ impl Dev {
             symlink(target, link)?;
         }
         Ok(())
+    }
+
+    /// The options of its `/dev/shm`'s tmpfs; `None`: the host's.
+    pub(super) fn shm_options(&self) -> Option<&std::ffi::CStr> {
+        self.shm.as_deref()
     }
 }
 

@@ -67,6 +67,8 @@ mod cgroups;
 mod gpu_usage;
 mod isolate;
 mod kernel;
+mod launch;
+mod sandbox;
 mod seccomp;
 mod userns;
 
@@ -78,6 +80,8 @@ pub use isolate::{
     available, layers, namespaces_work, network_namespaces_work, user_namespaces_work, Layers,
     KEPT_CAPS,
 };
+pub use sandbox::serve_if_asked;
+use sandbox::Sandbox;
 pub use userns::STAGE_ID;
 
 /// Runs attempts as local processes.
@@ -133,7 +137,7 @@ const PASS_THROUGH: &[&str] = &["PATH", "HOME", "LANG", "TZ", "TMPDIR"];
 /// is not isolated, or cloned into its namespaces by [`isolate::spawn`].
 enum Proc {
     Spawned(Child),
-    Cloned(isolate::RawChild),
+    Cloned(launch::RawChild),
 }
 
 impl Proc {
@@ -170,6 +174,9 @@ struct Started {
     cgroup: Option<AttemptCgroup>,
     memory_limit: Option<String>,
     plan: Option<Arc<MountPlan>>,
+    /// The prepared sandbox it runs in, if any: cleaned when it ends (every process left
+    /// in it killed) before its output is drained, taken back and published.
+    sandbox: Option<Sandbox>,
     /// Copies the stage's output from its pipe to the log, masked, when it has secrets.
     drain: Option<tokio::task::JoinHandle<()>>,
     /// Its GPUs' utilization and memory, sampled from NVML while it runs.
@@ -191,6 +198,16 @@ impl Started {
         kill_group(self.pgid);
         for (_, child) in &mut self.children {
             child.kill();
+        }
+    }
+
+    /// Ends what is left of the attempt in its sandbox; a sandbox that cannot be cleaned
+    /// is dropped, which ends its PID namespace.
+    async fn leave_sandbox(&mut self) {
+        if let Some(sandbox) = self.sandbox.take() {
+            if let Err(e) = sandbox.clean().await {
+                tracing::warn!("a sandbox could not be cleaned ({e}): dropped");
+            }
         }
     }
 
@@ -232,6 +249,7 @@ impl RunningAttempt for Started {
 
     async fn wait(&mut self) -> AttemptOutcome {
         if let Some(reason) = self.failed_to_start.take() {
+            self.leave_sandbox().await;
             return AttemptOutcome::Failed {
                 exit_code: None,
                 reason,
@@ -289,6 +307,7 @@ impl RunningAttempt for Started {
         }
         // Whatever the stage left running in its group goes with it.
         self.kill_all();
+        self.leave_sandbox().await;
         self.drained().await;
         if self.cancelled {
             return AttemptOutcome::Cancelled;
@@ -346,6 +365,7 @@ impl RunningAttempt for Started {
             let _ = child.wait().await;
         }
         self.children.clear();
+        self.leave_sandbox().await;
         self.drained().await;
         if let Some(gpu) = self.gpu.take() {
             gpu.finish();
@@ -546,25 +566,29 @@ fn spawn_rank(
     out: &std::fs::File,
     pgid: i32,
     plan: &Option<Arc<MountPlan>>,
+    sandbox: Option<&Sandbox>,
     cgroup_procs: &[RawFd],
 ) -> std::io::Result<Proc> {
     let program = &spec.argv[0];
+    let command = launch::Command {
+        program,
+        args: &spec.argv[1..],
+        env,
+        cwd: &spec.workdir,
+        out,
+        pgid,
+    };
     match plan {
-        Some(plan) => isolate::spawn(
-            program,
-            &spec.argv[1..],
-            env,
-            &spec.workdir,
-            out,
-            pgid,
-            plan.clone(),
-        )
-        .map(|pid| Proc::Cloned(isolate::RawChild::new(pid))),
+        Some(plan) => match sandbox.and_then(Sandbox::init) {
+            Some(init) => launch::spawn_in(&command, plan.clone(), init),
+            None => launch::spawn(&command, plan.clone()),
+        }
+        .map(|pid| Proc::Cloned(launch::RawChild::new(pid))),
         None => {
             let out = out.try_clone()?;
             let err = out.try_clone()?;
             let mut command = Command::new(program);
-            isolate::join_before_exec(&mut command, cgroup_procs.to_vec());
+            launch::join_before_exec(&mut command, cgroup_procs.to_vec());
             command
                 .args(&spec.argv[1..])
                 .current_dir(&spec.workdir)
@@ -683,6 +707,10 @@ impl Executor for LocalExecutor {
                 .memory
                 .as_ref()
                 .map(|m| m.text.clone()),
+            sandbox: match (&plan, workers) {
+                (Some(plan), 1) => Sandbox::take(plan).await,
+                _ => None,
+            },
             plan: plan.clone(),
             drain,
             gpu,
@@ -711,7 +739,15 @@ impl Executor for LocalExecutor {
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v)),
             );
-            let spawned = spawn_rank(&spec, &env, &out, started.pgid, &plan, &cgroup_procs);
+            let spawned = spawn_rank(
+                &spec,
+                &env,
+                &out,
+                started.pgid,
+                &plan,
+                started.sandbox.as_ref(),
+                &cgroup_procs,
+            );
             match spawned {
                 Ok(child) => {
                     if started.pgid == 0 {

@@ -1,0 +1,90 @@
+//! Prepared sandboxes (executors/src/local/sandbox.rs): attempts of a root engine enter a
+//! PID and mount namespace made once for the home instead of building their own, and
+//! nothing of one attempt is there for the next.
+
+use crate::common;
+use crate::isolation::root_or_skip;
+
+use common::*;
+
+/// A chain of two stages at `--parallelism 1`: the second runs in the sandbox the first
+/// ran in (the same PID namespace, which neither is the host's), and finds none of what
+/// the first left: its `setsid` process (gone from the host too), its `/dev/shm` file, its
+/// work directory; it does not see the sandbox's init either.
+#[test]
+fn a_sandbox_serves_attempt_after_attempt_and_keeps_nothing_of_one_for_the_next() {
+    if !root_or_skip("sandboxes are made for a root engine's attempts") {
+        return;
+    }
+    let home = Home::new("sandbox");
+    let marker = format!("sandbox-leftover-{}", std::process::id());
+    let file = home.write(
+        "p.yaml",
+        &format!(
+            r#"
+version: 1
+name: sandbox
+stages:
+  first:
+    run:
+      command:
+        - sh
+        - -c
+        - |
+          echo "pid namespace: $(readlink /proc/self/ns/pid)"
+          echo left > /dev/shm/left-by-first
+          setsid sh -c 'sleep 300; : {marker}' &
+          sleep 0.2
+          echo "first sees: $(ls /proc | grep -c '^[0-9]') processes"
+  second:
+    needs: [first]
+    run:
+      command:
+        - sh
+        - -c
+        - |
+          echo "pid namespace: $(readlink /proc/self/ns/pid)"
+          echo "shm: [$(ls -A /dev/shm)]"
+          echo "attempts: $(ls .. | tr '\n' ' ')"
+          grep -l '[{first}]{rest}' /proc/[0-9]*/cmdline 2>/dev/null || echo "no leftover process"
+          test -e /proc/1 && echo "init visible" || echo "init hidden"
+"#,
+            first = &marker[..1],
+            rest = &marker[1..],
+        ),
+    );
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap(), "--parallelism", "1"],
+        &[("DRIVETRAIN_ISOLATION", "required")],
+    );
+    assert_ok(&o);
+    let run = run_id(&o);
+    let log = |stage: &str| text(&home.drivetrain(&["logs", &run, "--stage", stage]).stdout);
+    let (first, second) = (log("first"), log("second"));
+    let ns = |log: &str| {
+        log.lines()
+            .find_map(|l| l.strip_prefix("pid namespace: "))
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("no namespace in {log}"))
+    };
+    let host = std::fs::read_link("/proc/self/ns/pid").unwrap();
+    assert_eq!(ns(&first), ns(&second), "one sandbox: {first}\n{second}");
+    assert_ne!(ns(&first), host.to_string_lossy(), "{first}");
+    assert!(first.contains("first sees: "), "{first}");
+    assert!(second.contains("shm: []"), "{second}");
+    assert!(
+        second.contains("attempts: second.1 second.checkpoints "),
+        "{second}"
+    );
+    assert!(second.contains("no leftover process"), "{second}");
+    assert!(second.contains("init hidden"), "{second}");
+    let host_leftover = std::process::Command::new("pgrep")
+        .args(["-f", &marker])
+        .output()
+        .unwrap();
+    assert!(
+        host_leftover.stdout.is_empty(),
+        "still running on the host: {}",
+        text(&host_leftover.stdout)
+    );
+}
