@@ -88,3 +88,52 @@ stages:
         text(&host_leftover.stdout)
     );
 }
+
+/// An isolated stage gets a `/dev` of its own, which covers a home under `/dev/shm`: the
+/// stage would not find its own output directory there. The run says so, naming the
+/// path, instead of the stage failing on a missing directory.
+#[test]
+fn a_home_under_dev_is_refused_with_the_reason() {
+    if !root_or_skip("an engine that can isolate its stages") {
+        return;
+    }
+    let dir = std::path::PathBuf::from(format!(
+        "/dev/shm/drivetrain-devhome-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("p.yaml");
+    std::fs::write(
+        &file,
+        "version: 1\nname: d\nstages:\n  a:\n    outputs: [o]\n    run: {command: [sh, -c, 'echo hi > \"$0/f\"', '{{ outputs.o }}']}\n",
+    )
+    .unwrap();
+    let home = dir.join("h");
+    let run = |isolation: &str| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+            .args([
+                "--home",
+                home.to_str().unwrap(),
+                "run",
+                file.to_str().unwrap(),
+            ])
+            .env("DRIVETRAIN_ISOLATION", isolation)
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            format!("{}{}", text(&o.stdout), text(&o.stderr)),
+        )
+    };
+    let (ok, out) = run("auto");
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("is under /dev, /proc or /sys") && out.contains(&home.display().to_string()),
+        "{out}"
+    );
+    // Without isolation the same home works.
+    let (ok, out) = run("off");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(ok, "{out}");
+}

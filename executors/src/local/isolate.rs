@@ -451,21 +451,10 @@ impl MountPlan {
     /// The prepared sandbox an attempt with this plan can run in ([`super::sandbox`]),
     /// named by what it holds (the same for every attempt of the home); `None` where the
     /// attempt needs namespaces of its own: an engine that is not root, no PID
-    /// namespace, `network: none`, GPUs, a distributed attempt's shared `/dev/shm`, a
-    /// home under `/dev`.
+    /// namespace, `network: none`, GPUs, a distributed attempt's shared `/dev/shm`.
     pub(super) fn sandbox_key(&self) -> Option<String> {
         let from = self.own_from?;
         if !self.pid || self.net || !self.dev.is_usual() || !matches!(self.user, Userns::Stage(_)) {
-            return None;
-        }
-        // The sandbox's own `/dev` and `/proc` would cover a path under them.
-        let kernels = |m: &Mount| {
-            let p = m.path.as_bytes();
-            [&b"/dev/"[..], b"/proc/", b"/sys/"]
-                .iter()
-                .any(|k| p.starts_with(k))
-        };
-        if self.mounts.iter().any(kernels) {
             return None;
         }
         let mut key = format!("shm {:?}\n", self.dev.shm_options());

@@ -527,6 +527,18 @@ impl LocalExecutor {
         let Some(layers) = layers else {
             return Ok(None);
         };
+        // Its own `/dev` and `/proc` would cover them: the stage would not find its paths.
+        if let Some(a) = spec.access.iter().find(|a| {
+            ["/dev", "/proc", "/sys"]
+                .iter()
+                .any(|k| a.path.starts_with(k))
+        }) {
+            return Err(ExecutorError(format!(
+                "stage `{}`: {} is under /dev, /proc or /sys, which an isolated stage gets its own of: put the engine's home and store elsewhere, or set DRIVETRAIN_ISOLATION=off",
+                spec.stage,
+                a.path.display()
+            )));
+        }
         plan(
             spec,
             program,
