@@ -98,7 +98,9 @@ fn a_refused_user_namespace_fails_a_required_stage_and_auto_says_what_it_has() {
     let doctor = || without_user_namespaces(&home, "auto", &["doctor", "-o", "json"]);
     assert_eq!(layer(doctor(), "user namespace"), false);
     assert_eq!(layer(doctor(), "mount namespace"), true);
+    assert_eq!(layer(doctor(), "prepared sandboxes"), false);
     let here = || home.drivetrain(&["doctor", "-o", "json"]);
+    assert_eq!(layer(here(), "prepared sandboxes"), true);
     assert_eq!(layer(here(), "user namespace"), true);
     assert_eq!(layer(here(), "pid namespace"), true);
     assert_eq!(layer(here(), "network namespace"), true);

@@ -745,6 +745,11 @@ pub fn layers() -> Vec<(&'static str, bool, String)> {
             "the stage sees and signals only its own processes (a /proc of its own), and everything it started ends with it",
         ),
         (
+            "prepared sandboxes",
+            l.pid && l.user && super::sandbox::can_serve(),
+            "attempts enter a PID and mount namespace made once for the home and mount only their own paths; between two attempts its init kills whatever the first left and undoes its mounts",
+        ),
+        (
             "capabilities",
             l.mount,
             "every capability but Docker's default set less MKNOD dropped; no_new_privs",

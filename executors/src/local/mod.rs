@@ -11,8 +11,8 @@
 //!
 //! An isolated attempt (`DRIVETRAIN_ISOLATION=auto` where the kernel allows it, or
 //! `required`) is contained the way runc and bubblewrap contain a container, in the
-//! engine's own spawn path (no `fork`: `isolate.rs`). Each layer, in the order the child
-//! sets it up; `doctor` lists which are active here ([`layers`]):
+//! engine's own spawn path (no `fork`: `launch.rs`; the plan: `isolate.rs`). Each layer,
+//! in the order the child sets it up; `doctor` lists which are active here ([`layers`]):
 //! - **cgroups** (`cgroups.rs`, `attempt_cgroup.rs`): `resources.memory` and `cpu` are
 //!   limits, every attempt has a pids limit; an OOM kill is `out of memory (limit …)`,
 //!   retryable by `retries.on: [oom]`. An ended attempt's cgroups serve the next one.
@@ -28,8 +28,12 @@
 //!   needs given a view with only that in them, and the kernel's own files (`kernel.rs`):
 //!   `/sys` and `/proc/sys` read-only, `/proc/kcore` and the like masked.
 //! - **PID namespace** with its own `/proc`: the stage sees and signals only its own
-//!   processes, and when its first process ends the kernel ends every other one, a
-//!   `setsid` grandchild too, so nothing of an attempt outlives it.
+//!   processes, and when it ends every other one ends too, a `setsid` grandchild as well,
+//!   so nothing of an attempt outlives it.
+//! - **prepared sandboxes** (`sandbox.rs`): a root engine's attempts do not build the
+//!   mount and PID namespaces from nothing each time; they enter one made for the home,
+//!   mount only their own paths there, and when an attempt ends the sandbox's init kills
+//!   every process left in it and undoes its mounts before the next attempt enters.
 //! - **network namespace** for `network: none`: loopback only.
 //! - **capabilities**: all but Docker's default set less `CAP_MKNOD` dropped from the
 //!   bounding, inheritable and ambient sets ([`KEPT_CAPS`]); `no_new_privs`.

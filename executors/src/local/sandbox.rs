@@ -72,6 +72,12 @@ pub fn serve_if_asked() -> Option<std::process::ExitCode> {
     None
 }
 
+/// Whether this engine's attempts can run in prepared sandboxes: its binary can be their
+/// init, and it is root (another user's attempts each have a user namespace of their own).
+pub(super) fn can_serve() -> bool {
+    CAN_INIT.load(Ordering::Relaxed) && nix::unistd::geteuid().is_root()
+}
+
 /// A prepared sandbox: its init, and the socket the engine asks it to clean through.
 pub(super) struct Sandbox {
     key: String,
