@@ -402,8 +402,8 @@ impl MountPlan {
     /// ([`super::sandbox`]): its view of the home and what is hidden, `/proc` (whose
     /// processes a stage sees only where it may trace them: not the sandbox's init),
     /// `/dev` (the sandbox's init empties `/dev/shm` after each attempt), the kernel's
-    /// files protected. In the sandbox init's
-    /// child, before it execs; it keeps its capabilities.
+    /// files protected. In the sandbox init's child, before it execs; it keeps its
+    /// capabilities.
     pub(super) fn apply_shared(&self) -> std::io::Result<()> {
         let shared = 0..self.own_from.unwrap_or(self.mounts.len());
         private_root()?;

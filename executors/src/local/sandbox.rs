@@ -109,10 +109,10 @@ impl Sandbox {
             None => match Sandbox::start(key, plan).await {
                 Ok(s) => s,
                 Err(e) => {
-                    static SAID: std::sync::Once = std::sync::Once::new();
-                    SAID.call_once(|| {
-                        tracing::warn!("cannot prepare a sandbox for attempts ({e}): each builds its own namespaces")
-                    });
+                    // Not tried again: attempts build their own namespaces, as safely.
+                    if CAN_INIT.swap(false, Ordering::Relaxed) {
+                        tracing::warn!("cannot prepare a sandbox for attempts ({e}): each builds its own namespaces");
+                    }
                     return None;
                 }
             },
