@@ -137,3 +137,70 @@ fn a_home_under_dev_is_refused_with_the_reason() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(ok, "{out}");
 }
+
+/// An engine killed with SIGKILL takes its sandboxes along: each init reads the end of
+/// its control socket and exits, and the kernel ends every process in its PID namespace,
+/// the attempt's too (`resume` runs it again as a lost attempt).
+#[test]
+fn a_killed_engine_leaves_no_sandbox_and_no_stage_behind() {
+    if !root_or_skip("sandboxes are made for a root engine's attempts") {
+        return;
+    }
+    let home = Home::new("sandbox-kill9");
+    let started = home.dir.join("started");
+    let file = home.write(
+        "p.yaml",
+        &format!(
+            "version: 1\nname: k\nstages:\n  a:\n    run: {{command: [sh, -c, 'touch {}; exec sleep 300.303']}}\n",
+            started.display()
+        ),
+    );
+    let mut engine = std::process::Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+        .args(["run", file.to_str().unwrap()])
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .env_remove("DRIVETRAIN_ISOLATION")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let waited = std::time::Instant::now();
+    while !started.exists() && waited.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // The engine's children: its sandbox's init and the stage's process.
+    let children = |pid: u32| {
+        let o = std::process::Command::new("ps")
+            .args(["-o", "pid=,args=", "--ppid", &pid.to_string()])
+            .output()
+            .unwrap();
+        text(&o.stdout)
+    };
+    let before = children(engine.id());
+    let pid_of = |what: &str| {
+        before
+            .lines()
+            .find(|l| l.contains(what))
+            .and_then(|l| l.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no {what} among the engine's children: {before}"))
+            .to_owned()
+    };
+    let (init, stage) = (pid_of("__drivetrain-sandbox-init"), pid_of("sleep 300.303"));
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+    let running = |pid: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| !matches!(s.rsplit(')').next().map(str::trim), Some(s) if s.starts_with(['Z', 'X'])))
+    };
+    let waited = std::time::Instant::now();
+    while (running(&init) || running(&stage))
+        && waited.elapsed() < std::time::Duration::from_secs(10)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        !running(&init),
+        "the sandbox's init {init} outlived its engine"
+    );
+    assert!(!running(&stage), "the stage {stage} outlived its engine");
+}

@@ -33,7 +33,8 @@
 //! - **prepared sandboxes** (`sandbox.rs`): a root engine's attempts do not build the
 //!   mount and PID namespaces from nothing each time; they enter one made for the home,
 //!   mount only their own paths there, and when an attempt ends the sandbox's init kills
-//!   every process left in it and undoes its mounts before the next attempt enters.
+//!   every process left in it and undoes its mounts before the next attempt enters. An
+//!   engine that dies takes its sandboxes, and the attempts in them, along.
 //! - **network namespace** for `network: none`: loopback only.
 //! - **capabilities**: all but Docker's default set less `CAP_MKNOD` dropped from the
 //!   bounding, inheritable and ambient sets ([`KEPT_CAPS`]); `no_new_privs`.
