@@ -414,7 +414,7 @@ impl MountPlan {
         kernel::protect()
     }
 
-    /// In the attempt's first child, still in the engine's mount namespace: captures
+    /// In the attempt's process, still in the engine's mount namespace: captures
     /// the trees of its own paths under hidden directories ([`MountPlan::apply_own`]).
     pub(super) fn capture_own(&self) -> std::io::Result<()> {
         self.capture(self.own_from.unwrap_or(self.mounts.len())..self.mounts.len())

@@ -77,17 +77,10 @@ enum How {
     Fresh,
     /// A sandbox's init: the shared part of the plan, keeping its capabilities.
     Init,
-    /// An attempt's process in the sandbox whose init's pidfd is `init`: the child enters
-    /// the sandbox's mount and PID namespaces, makes the attempt's own mounts there, and
-    /// clones the process that execs (a PID namespace takes in only the children of who
-    /// enters it) onto the stack whose top is `top`, as a child of the engine's; its pid
-    /// goes to `inner`.
-    Enter {
-        init: RawFd,
-        _stack: Vec<u8>,
-        top: *mut libc::c_void,
-        inner: AtomicI32,
-    },
+    /// An attempt's process in the sandbox whose init's pidfd is `init`: cloned into its
+    /// PID namespace, the child enters its mount namespace and makes the attempt's own
+    /// mounts there.
+    Enter { init: RawFd },
 }
 
 fn c_string(s: &[u8], what: &str) -> std::io::Result<CString> {
@@ -200,30 +193,20 @@ pub(super) fn spawn(c: &Command, plan: Arc<MountPlan>) -> std::io::Result<i32> {
 /// Starts `c` in the sandbox whose init's pidfd is `init`, isolated by the attempt's own
 /// part of `plan` there; as [`spawn`] otherwise. The process is a child of this one.
 pub(super) fn spawn_in(c: &Command, plan: Arc<MountPlan>, init: RawFd) -> std::io::Result<i32> {
-    let mut stack = vec![0u8; 128 * 1024];
-    // Its end, 16-byte aligned, as the ABI wants a stack.
-    let top = ((stack.as_mut_ptr_range().end as usize) & !15) as *mut libc::c_void;
-    let how = How::Enter {
-        init,
-        _stack: stack,
-        top,
-        inner: AtomicI32::new(0),
-    };
-    let launch = Launch::new(c, dev_null()?, plan, how)?;
-    let first = clone_child(&launch, nix::sched::CloneFlags::empty())
+    let launch = Launch::new(c, dev_null()?, plan, How::Enter { init })?;
+    let pid = clone_child(&launch, nix::sched::CloneFlags::empty())
         .map_err(|e| std::io::Error::other(format!("cannot start the attempt: {e}")))?;
-    // It has ended: after the process it cloned exec'ed, or failed.
-    let _ = nix::sys::wait::waitpid(first, None);
-    let How::Enter { inner, .. } = &launch.how else {
-        unreachable!("made above")
-    };
-    match inner.load(Ordering::SeqCst) {
-        0 => {
-            Err(failed(&launch)
-                .unwrap_or_else(|| std::io::Error::other("cannot start the attempt")))
-        }
-        pid => launched(&launch, Pid::from_raw(pid)),
+    launched(&launch, pid)
+}
+
+/// The PID namespace of this process, which a thread's children go back to.
+fn own_pid_namespace() -> std::io::Result<RawFd> {
+    static OWN: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
+    if let Some(fd) = OWN.get() {
+        return Ok(fd.as_raw_fd());
     }
+    let fd = OwnedFd::from(std::fs::File::open("/proc/self/ns/pid")?);
+    Ok(OWN.get_or_init(|| fd).as_raw_fd())
 }
 
 /// Starts a sandbox's init: `program` `args` (the engine's own binary, read through
@@ -252,8 +235,18 @@ pub(super) fn start_init(
 
 /// Clones the child of `launch` with `flags` onto a stack of its own, this thread
 /// waiting until it has exec'ed or ended.
-fn clone_child(launch: &Launch, flags: nix::sched::CloneFlags) -> nix::Result<nix::unistd::Pid> {
+fn clone_child(
+    launch: &Launch,
+    flags: nix::sched::CloneFlags,
+) -> std::io::Result<nix::unistd::Pid> {
     let mut stack = vec![0u8; 128 * 1024];
+    // A child entering a sandbox is born in its PID namespace: `setns` of a PID namespace
+    // changes only where this thread's next children go, and this thread goes back to its
+    // own at once.
+    let sandbox = match launch.how {
+        How::Enter { init } => Some((init, own_pid_namespace()?)),
+        _ => None,
+    };
     // No signal handler of the engine's may run in the child before it resets them.
     // SAFETY: sigset_t is plain data the libc calls initialise.
     let (all, mut old) = unsafe {
@@ -263,17 +256,33 @@ fn clone_child(launch: &Launch, flags: nix::sched::CloneFlags) -> nix::Result<ni
     };
     // SAFETY: both sets are valid for the call.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old) };
-    // SAFETY: CLONE_VFORK suspends this thread until the child execs or exits, so
-    // `launch` and `stack` outlive its use of them; the child only makes system calls
-    // on them ([`child`]) and never returns into this frame.
-    let cloned = unsafe {
-        nix::sched::clone(
-            Box::new(move || child(launch)),
-            &mut stack,
-            nix::sched::CloneFlags::CLONE_VM | nix::sched::CloneFlags::CLONE_VFORK | flags,
-            Some(libc::SIGCHLD),
-        )
-    };
+    let cloned = (|| {
+        if let Some((init, _)) = sandbox {
+            // SAFETY: setns on the init's pidfd, integer flags.
+            if unsafe { libc::setns(init, libc::CLONE_NEWPID) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        // SAFETY: CLONE_VFORK suspends this thread until the child execs or exits, so
+        // `launch` and `stack` outlive its use of them; the child only makes system calls
+        // on them ([`child`]) and never returns into this frame.
+        let cloned = unsafe {
+            nix::sched::clone(
+                Box::new(move || child(launch)),
+                &mut stack,
+                nix::sched::CloneFlags::CLONE_VM | nix::sched::CloneFlags::CLONE_VFORK | flags,
+                Some(libc::SIGCHLD),
+            )
+        };
+        if let Some((_, own)) = sandbox {
+            // SAFETY: setns on a descriptor of this process's own PID namespace.
+            if unsafe { libc::setns(own, libc::CLONE_NEWPID) } != 0 {
+                // Its next thread would fail to start: nothing it does is right now.
+                std::process::abort();
+            }
+        }
+        Ok(cloned?)
+    })();
     // SAFETY: restores the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     cloned
@@ -328,9 +337,7 @@ pub(super) fn join_before_exec(command: &mut tokio::process::Command, cgroups: V
 /// allocation, no lock, no panic. Never returns.
 fn child(l: &Launch) -> isize {
     let (step, errno) = match &l.how {
-        How::Enter {
-            init, top, inner, ..
-        } => enter(l, *init, *top, inner),
+        How::Enter { init } => enter(l, *init),
         How::Fresh | How::Init => prepare_and_exec(l),
     };
     if errno != 0 {
@@ -408,50 +415,21 @@ fn prepare_and_exec(l: &Launch) -> (i32, i32) {
     exec(l)
 }
 
-/// The first child of an attempt in a sandbox: captures its own trees, enters the
-/// sandbox, mounts them there, and clones the process that execs ([`in_sandbox`]).
-fn enter(l: &Launch, init: RawFd, top: *mut libc::c_void, inner: &AtomicI32) -> (i32, i32) {
+/// An attempt's process in a sandbox (in its PID namespace since the clone): captures
+/// its own trees, enters the sandbox's mount namespace, mounts them there, sets itself
+/// up, is confined, and execs.
+fn enter(l: &Launch, init: RawFd) -> (i32, i32) {
     reset_signals();
     if let Err(e) = l.plan.capture_own() {
         return (STEP_ISOLATE, e.raw_os_error().unwrap_or(libc::EIO));
     }
     // SAFETY: setns on the init's pidfd, integer flags.
-    if unsafe { libc::setns(init, libc::CLONE_NEWNS | libc::CLONE_NEWPID) } != 0 {
+    if unsafe { libc::setns(init, libc::CLONE_NEWNS) } != 0 {
         return (STEP_ISOLATE, last_errno());
     }
     if let Err(e) = l.plan.apply_own() {
         return (STEP_ISOLATE, e.raw_os_error().unwrap_or(libc::EIO));
     }
-    // SAFETY: CLONE_VFORK suspends this child until the new one execs or ends, so the
-    // stack and `l` outlive its use of them; `in_sandbox_entry` makes system calls only.
-    let pid = unsafe {
-        libc::clone(
-            in_sandbox_entry,
-            top,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PARENT | libc::SIGCHLD,
-            l as *const Launch as *mut libc::c_void,
-        )
-    };
-    if pid < 0 {
-        return (STEP_ISOLATE, last_errno());
-    }
-    // Where the process failed, it said so in `l.failure`: the engine reaps it.
-    inner.store(pid, Ordering::SeqCst);
-    (0, 0)
-}
-
-extern "C" fn in_sandbox_entry(arg: *mut libc::c_void) -> libc::c_int {
-    // SAFETY: `enter` passes the `Launch` it runs on, alive until this process execs.
-    let l = unsafe { &*(arg as *const Launch) };
-    let (step, errno) = in_sandbox(l);
-    l.failure.step.store(step, Ordering::SeqCst);
-    l.failure.errno.store(errno, Ordering::SeqCst);
-    // SAFETY: ends the process without running anything of the engine's.
-    unsafe { libc::_exit(127) }
-}
-
-/// The attempt's process in its sandbox: set up, confined, exec'ed.
-fn in_sandbox(l: &Launch) -> (i32, i32) {
     if let Err(errno) = set_up(l) {
         return (STEP_SETUP, errno);
     }
