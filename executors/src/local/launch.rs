@@ -500,6 +500,11 @@ impl RawChild {
         self.pid as u32
     }
 
+    /// Whether it has ended (it is reaped if so).
+    pub(super) fn has_ended(&mut self) -> bool {
+        !matches!(self.try_reap(), Ok(None))
+    }
+
     /// Its pidfd, where the kernel gave one.
     pub(super) fn pidfd(&self) -> Option<RawFd> {
         self.exited.as_ref().map(|fd| fd.get_ref().as_raw_fd())

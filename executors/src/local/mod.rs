@@ -597,7 +597,17 @@ fn spawn_rank(
     };
     match plan {
         Some(plan) => match sandbox.and_then(Sandbox::init) {
-            Some(init) => launch::spawn_in(&command, plan.clone(), init),
+            Some(init) => launch::spawn_in(&command, plan.clone(), init).or_else(|e| {
+                match e.kind() {
+                    // The command's own: the same without a sandbox.
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => Err(e),
+                    // The sandbox's (its init ended under it): namespaces of its own.
+                    _ => {
+                        tracing::warn!("cannot start stage `{}` in its sandbox ({e}): it gets namespaces of its own", spec.stage);
+                        launch::spawn(&command, plan.clone())
+                    }
+                }
+            }),
             None => launch::spawn(&command, plan.clone()),
         }
         .map(|pid| Proc::Cloned(launch::RawChild::new(pid))),

@@ -99,7 +99,8 @@ impl Sandbox {
         let key = plan.sandbox_key()?;
         let idle = {
             let mut idle = IDLE.lock().unwrap_or_else(|e| e.into_inner());
-            idle.retain(|s| s.made.elapsed() < MAX_AGE);
+            // An init that has ended (killed by someone) took its namespace along.
+            idle.retain_mut(|s| s.made.elapsed() < MAX_AGE && !s.init.has_ended());
             idle.iter()
                 .rposition(|s| s.key == key)
                 .map(|i| idle.remove(i))
