@@ -204,3 +204,57 @@ fn a_killed_engine_leaves_no_sandbox_and_no_stage_behind() {
     );
     assert!(!running(&stage), "the stage {stage} outlived its engine");
 }
+
+/// The seccomp filter refuses a namespace through `clone` (`unshare` and `setns` were
+/// refused already) and answers `clone3` with "not implemented", whose flags it cannot
+/// read; threads and child processes still start (the C library falls back to `clone`).
+#[test]
+fn a_stage_cannot_make_namespaces_through_clone() {
+    if !root_or_skip("a root engine's stage with every layer") || std::env::consts::ARCH != "x86_64"
+    {
+        return;
+    }
+    let home = Home::new("clone-ns");
+    let file = home.write(
+        "p.yaml",
+        r#"
+version: 1
+name: clone-ns
+stages:
+  probe:
+    run:
+      command:
+        - python3
+        - -c
+        - |
+          import ctypes, os, subprocess, threading
+          libc = ctypes.CDLL(None, use_errno=True)
+          r = libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0)  # clone(CLONE_NEWUSER | SIGCHLD)
+          if r == 0:
+              os._exit(0)
+          print("clone with CLONE_NEWUSER:", r, ctypes.get_errno())
+          r = libc.syscall(435, None, 0)  # clone3
+          print("clone3:", r, ctypes.get_errno())
+          t = threading.Thread(target=lambda: print("a thread ran"))
+          t.start(); t.join()
+          print("a child exited", subprocess.run(["true"]).returncode)
+"#,
+    );
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap()],
+        &[("DRIVETRAIN_ISOLATION", "required")],
+    );
+    assert_ok(&o);
+    let log = text(
+        &home
+            .drivetrain(&["logs", &run_id(&o), "--stage", "probe"])
+            .stdout,
+    );
+    assert!(
+        log.contains("clone with CLONE_NEWUSER: -1 1\n"),
+        "EPERM: {log}"
+    );
+    assert!(log.contains("clone3: -1 38\n"), "ENOSYS: {log}");
+    assert!(log.contains("a thread ran"), "{log}");
+    assert!(log.contains("a child exited 0"), "{log}");
+}

@@ -769,7 +769,7 @@ pub fn layers() -> Vec<(&'static str, bool, String)> {
         "seccomp filter",
         l.seccomp,
         match seccomp::filter() {
-            Ok(_) => "Docker's default deny list (modules, kexec, reboot, the clock, keyrings, bpf, perf, mounts and namespaces, io_uring, other processes' memory) fails with EPERM".into(),
+            Ok(_) => "Docker's default deny list (modules, kexec, reboot, the clock, keyrings, bpf, perf, mounts and namespaces (through clone too), io_uring, other processes' memory) fails with EPERM".into(),
             Err(why) => why,
         },
     ));

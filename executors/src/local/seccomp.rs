@@ -4,7 +4,9 @@
 //! its capabilities and just before `exec`. A denied call fails with `EPERM`, as under
 //! Docker's default profile, whose list this follows: loading kernel modules, `kexec`,
 //! `reboot`, swap, the clock, kernel keyrings, `bpf` and `perf_event_open`, mounting
-//! and namespaces (`mount`, `umount2`, the new mount API, `unshare`, `setns`, `pivot_root`),
+//! and namespaces (`mount`, `umount2`, the new mount API, `unshare`, `setns`, `pivot_root`,
+//! `clone` with a namespace flag; `clone3`, whose flags are in memory a filter cannot
+//! read, answers `ENOSYS`, and the C library falls back to `clone`),
 //! file handles that bypass paths (`open_by_handle_at`), `userfaultfd`, `io_uring`, other
 //! processes' memory, `acct`, `quotactl`, `syslog`; on x86-64 also `iopl`, `ioperm` and the
 //! old ones Docker lists. Everything else is allowed: the filter is a deny list, so that
@@ -95,12 +97,31 @@ const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 const LOAD_WORD: u16 = 0x20;
 const JUMP_EQ: u16 = 0x15;
 const JUMP_GE: u16 = 0x35;
+/// BPF_JMP|BPF_JSET|BPF_K: taken when the accumulator has any bit of `k`.
+const JUMP_SET: u16 = 0x45;
 const RETURN: u16 = 0x06;
 /// Offsets in `struct seccomp_data`.
 const NR: u32 = 0;
 const ARCH: u32 = 4;
+/// The low 32 bits of the first argument (`args[0]`), where `clone` takes its flags.
+#[cfg(target_endian = "little")]
+const ARG0_LOW: u32 = 16;
+#[cfg(target_endian = "big")]
+const ARG0_LOW: u32 = 20;
 const DENY: u32 = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+/// What `clone3` gets: "not implemented", so that the C library falls back to `clone`,
+/// whose flags the filter can read (`clone3` passes them in memory it cannot).
+const NO_CLONE3: u32 = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
 const ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
+/// The `clone` flags that make a namespace (user, mount, PID, network, IPC, UTS, cgroup):
+/// refused, as Docker's profile refuses them to a container without `CAP_SYS_ADMIN`.
+const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWCGROUP) as u32;
 
 fn op(code: u16, jt: u8, jf: u8, k: u32) -> seccompiler::sock_filter {
     seccompiler::sock_filter { code, jt, jf, k }
@@ -138,6 +159,17 @@ pub(super) fn filter() -> Result<&'static BpfProgram, String> {
             if cfg!(target_arch = "x86_64") {
                 program.extend([op(JUMP_GE, 0, 1, X32_SYSCALL_BIT), op(RETURN, 0, 0, DENY)]);
             }
+            program.extend([
+                op(JUMP_EQ, 0, 1, libc::SYS_clone3 as u32),
+                op(RETURN, 0, 0, NO_CLONE3),
+                // `clone` with a namespace flag: denied; without: allowed (it is on no
+                // list).
+                op(JUMP_EQ, 0, 4, libc::SYS_clone as u32),
+                op(LOAD_WORD, 0, 0, ARG0_LOW),
+                op(JUMP_SET, 0, 1, NAMESPACE_FLAGS),
+                op(RETURN, 0, 0, DENY),
+                op(RETURN, 0, 0, ALLOW),
+            ]);
             search(&denied, &mut program)?;
             Ok(program)
         })
@@ -186,17 +218,28 @@ mod tests {
     /// What the kernel's classic BPF does with the four kinds of instruction both
     /// compilations use, for one call.
     fn verdict(program: &BpfProgram, arch: u32, nr: u32) -> u32 {
+        verdict_of(program, arch, nr, 0)
+    }
+
+    /// [`verdict`] of a call whose first argument's low 32 bits are `arg0`.
+    fn verdict_of(program: &BpfProgram, arch: u32, nr: u32, arg0: u32) -> u32 {
         let (mut pc, mut acc) = (0usize, 0u32);
         loop {
             let i = &program[pc];
             pc += 1;
             match i.code {
-                LOAD_WORD => acc = if i.k == ARCH { arch } else { nr },
-                JUMP_EQ | JUMP_GE => {
-                    let taken = if i.code == JUMP_EQ {
-                        acc == i.k
-                    } else {
-                        acc >= i.k
+                LOAD_WORD => {
+                    acc = match i.k {
+                        ARCH => arch,
+                        ARG0_LOW => arg0,
+                        _ => nr,
+                    }
+                }
+                JUMP_EQ | JUMP_GE | JUMP_SET => {
+                    let taken = match i.code {
+                        JUMP_EQ => acc == i.k,
+                        JUMP_GE => acc >= i.k,
+                        _ => acc & i.k != 0,
                     };
                     pc += usize::from(if taken { i.jt } else { i.jf });
                 }
@@ -233,6 +276,9 @@ mod tests {
         let arch = AUDIT_ARCH.unwrap();
         let mut denied = 0;
         for nr in 0..2048 {
+            if nr == libc::SYS_clone3 as u32 {
+                continue;
+            }
             let v = verdict(ours, arch, nr);
             assert_eq!(v, verdict(&theirs, arch, nr), "system call {nr}");
             denied += usize::from(v == DENY);
@@ -245,6 +291,40 @@ mod tests {
             }
         }
         assert_eq!(denied, DENIED.len() + DENIED_HERE.len());
+        // `clone3` is "not implemented"; `clone` makes no namespace, whatever else it does.
+        assert_eq!(verdict(ours, arch, libc::SYS_clone3 as u32), NO_CLONE3);
+        let clone = libc::SYS_clone as u32;
+        for flag in [
+            libc::CLONE_NEWUSER,
+            libc::CLONE_NEWNS,
+            libc::CLONE_NEWPID,
+            libc::CLONE_NEWNET,
+            libc::CLONE_NEWIPC,
+            libc::CLONE_NEWUTS,
+            libc::CLONE_NEWCGROUP,
+        ] {
+            let flags = (flag | libc::SIGCHLD) as u32;
+            assert_eq!(verdict_of(ours, arch, clone, flags), DENY, "{flags:#x}");
+        }
+        // What fork and pthread_create pass.
+        for flags in [
+            libc::SIGCHLD | libc::CLONE_CHILD_SETTID | libc::CLONE_CHILD_CLEARTID,
+            libc::CLONE_VM
+                | libc::CLONE_FS
+                | libc::CLONE_FILES
+                | libc::CLONE_SIGHAND
+                | libc::CLONE_THREAD
+                | libc::CLONE_SYSVSEM
+                | libc::CLONE_SETTLS
+                | libc::CLONE_PARENT_SETTID
+                | libc::CLONE_CHILD_CLEARTID,
+        ] {
+            assert_eq!(
+                verdict_of(ours, arch, clone, flags as u32),
+                ALLOW,
+                "{flags:#x}"
+            );
+        }
         // i386's calls on x86-64 (AUDIT_ARCH_I386): killed, as seccompiler does.
         assert_eq!(
             verdict(ours, 0x4000_0003, 1),
@@ -291,8 +371,36 @@ mod tests {
                     13
                 } else if libc::syscall(libc::SYS_getppid) <= 0 {
                     14
+                } else if libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0) != -1
+                    || *libc::__errno_location() != libc::ENOSYS
+                {
+                    15
                 } else {
-                    0
+                    // A child that a namespace flag let through ends at once.
+                    let flags = (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_long;
+                    match libc::syscall(libc::SYS_clone, flags, 0, 0, 0, 0) {
+                        0 => libc::_exit(0),
+                        -1 if *libc::__errno_location() == libc::EPERM => {
+                            // And a plain one (what `fork` does) still starts.
+                            match libc::syscall(
+                                libc::SYS_clone,
+                                libc::SIGCHLD as libc::c_long,
+                                0,
+                                0,
+                                0,
+                                0,
+                            ) {
+                                0 => libc::_exit(0),
+                                child if child > 0 => {
+                                    let mut st = 0;
+                                    libc::waitpid(child as libc::pid_t, &mut st, 0);
+                                    0
+                                }
+                                _ => 17,
+                            }
+                        }
+                        _ => 16,
+                    }
                 };
                 libc::_exit(code);
             }
