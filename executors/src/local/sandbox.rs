@@ -3,7 +3,7 @@
 //!
 //! Building an attempt's namespaces took some 40 mounts, 8 new file systems (`/proc`,
 //! `/dev`, `/dev/pts`, the hiding tmpfs, the masks) and their teardown at its end: most of
-//! what isolation cost per stage (bench/README.md, "Prepared sandboxes"). A sandbox is a
+//! what isolation cost per stage (bench/README.md, "Session 17: prepared sandboxes"). A sandbox is a
 //! small init process (this binary, [`serve_if_asked`]) in a PID and a mount namespace of
 //! its own, holding the part of an attempt's [`MountPlan`] that is the same for every
 //! attempt of the home ([`MountPlan::apply_shared`]): the home and store read-only, the
