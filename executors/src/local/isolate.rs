@@ -622,7 +622,7 @@ pub(super) fn refused(missing: &str) -> String {
     )
 }
 
-/// Whether `true` starts and exits 0 isolated as an attempt is ([`spawn`]) with `layers`.
+/// Whether `true` starts and exits 0 isolated as an attempt is ([`launch::spawn`]) with `layers`.
 fn probe(layers: Layers) -> bool {
     probe_with(layers, false)
 }

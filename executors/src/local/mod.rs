@@ -139,7 +139,8 @@ impl LocalExecutor {
 const PASS_THROUGH: &[&str] = &["PATH", "HOME", "LANG", "TZ", "TMPDIR"];
 
 /// One rank's process: spawned by the standard library (`posix_spawn`) when the attempt
-/// is not isolated, or cloned into its namespaces by [`isolate::spawn`].
+/// is not isolated, or cloned into its namespaces or its sandbox by [`launch::spawn`] and
+/// [`launch::spawn_in`].
 enum Proc {
     Spawned(Child),
     Cloned(launch::RawChild),
