@@ -258,3 +258,91 @@ stages:
     assert!(log.contains("a thread ran"), "{log}");
     assert!(log.contains("a child exited 0"), "{log}");
 }
+
+/// An idle sandbox whose init was killed is not used again: a retried stage's second
+/// attempt, after its sandbox's init was killed during the back-off, runs in a new one,
+/// without first failing to start in the dead one.
+#[test]
+fn a_sandbox_whose_init_was_killed_is_not_taken_again() {
+    if !root_or_skip("sandboxes are made for a root engine's attempts") {
+        return;
+    }
+    let home = Home::new("sandbox-dead-init");
+    let first = home.dir.join("first-ns");
+    let file = home.write(
+        "p.yaml",
+        &format!(
+            r#"
+version: 1
+name: dead-init
+stages:
+  a:
+    retries: {{limit: 1, backoff: 3s, on: [failed]}}
+    run:
+      command:
+        - sh
+        - -c
+        - |
+          if [ -e {first} ]; then echo "second: $(readlink /proc/self/ns/pid)"; exit 0; fi
+          echo "first: $(readlink /proc/self/ns/pid)" > {first}.tmp && mv {first}.tmp {first}
+          exit 1
+"#,
+            first = first.display()
+        ),
+    );
+    let engine = std::process::Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+        .args(["run", file.to_str().unwrap()])
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .env_remove("DRIVETRAIN_ISOLATION")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let waited = std::time::Instant::now();
+    while !first.exists() && waited.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // The first attempt has ended and its sandbox is idle: kill its init.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let children = std::process::Command::new("ps")
+        .args(["-o", "pid=,args=", "--ppid", &engine.id().to_string()])
+        .output()
+        .unwrap();
+    let children = text(&children.stdout);
+    let init = children
+        .lines()
+        .find(|l| l.contains("__drivetrain-sandbox-init"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no sandbox init among the engine's children: {children}"));
+    let killed = std::process::Command::new("kill")
+        .args(["-9", init])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = engine.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    let run = text(&out.stdout)
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("run "))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let log = text(&home.drivetrain(&["logs", &run, "--stage", "a"]).stdout);
+    let first = std::fs::read_to_string(&first).unwrap();
+    let ns = |text: &str, which: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(which))
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("no `{which}` in {text}"))
+    };
+    assert_ne!(
+        ns(&first, "first: "),
+        ns(&log, "second: "),
+        "{first}\n{log}"
+    );
+    // Not found out by failing to start in it (the fallback that would say so).
+    let err = text(&out.stderr);
+    assert!(!err.contains("in its sandbox"), "{err}");
+}
