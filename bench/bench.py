@@ -69,6 +69,11 @@ def until_exit():
     cleanup would slow the engine in the next suite but not its fork+exec floor."""
     path = tempfile.mkdtemp()
     atexit.register(shutil.rmtree, path, True)
+    # An isolated stage gets a /dev of its own, so the engine refuses a home under /dev
+    # (bench/README.md, "Session 17"): every run would fail, and the figures with it.
+    if os.path.realpath(path).startswith(("/dev/", "/proc/", "/sys/")):
+        sys.exit(f"TMPDIR is under /dev ({path}): the engine refuses a home there for isolated "
+                 "stages; mount a tmpfs elsewhere (mount -t tmpfs tmpfs /tmp/tmpfs) and use TMPDIR=/tmp/tmpfs")
     yield path
 
 

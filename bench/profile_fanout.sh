@@ -3,12 +3,17 @@
 # `true` at --parallelism P (default 16; after a first run that makes the home), then the kernel
 # entry points that the containment layers use, as shares of all CPU time (bench/README.md,
 # "Containment"). Usage: bench/profile_fanout.sh [BINARY [P]]  (default target/release/drivetrain;
-# needs perf and root). Set TMPDIR to a tmpfs to leave ext4's inode allocation out.
+# needs perf and root). Set TMPDIR to a tmpfs (not under /dev) to leave ext4's inode allocation out.
 set -eu
 bin=${1:-target/release/drivetrain}
 par=${2:-16}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
+case "$dir" in
+  /dev/*|/proc/*|/sys/*)
+    echo "TMPDIR is under /dev ($dir): the engine refuses a home there for isolated stages; use a tmpfs elsewhere (mount -t tmpfs tmpfs /tmp/tmpfs; TMPDIR=/tmp/tmpfs)" >&2
+    exit 1 ;;
+esac
 python3 - "$dir/wide.yaml" <<'PY'
 import sys
 lines = ["version: 1", "name: wide", "stages:"]
