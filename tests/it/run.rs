@@ -5,23 +5,9 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::common;
-use common::{assert_ok, doctor_layer, run_id, stage, text, Home};
-
-/// Whether process `pid` is still running: a zombie (ended, not yet reaped by whoever
-/// inherited it) is not.
-fn pid_alive(pid: &str) -> bool {
-    match std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) {
-        // The state is the first field after the command's closing parenthesis.
-        Ok(stat) => !matches!(
-            stat.rsplit(')')
-                .next()
-                .map(str::trim_start)
-                .and_then(|s| s.chars().next()),
-            Some('Z' | 'X')
-        ),
-        Err(_) => false,
-    }
-}
+use common::{
+    assert_ok, doctor_layer, pid_alive, run_id, stage, text, wait_dead, wait_for_file, Home,
+};
 
 /// The host pid of the one process whose command line is exactly `command`: a stage's
 /// own `$$` is its PID namespace's, not the host's. Polls up to 30 s.
@@ -354,29 +340,6 @@ fn run_refuses_bad_params_before_starting() {
         !home.dir.join(".drivetrain/state.db").exists(),
         "nothing was recorded"
     );
-}
-
-/// Polls until `path` exists (a stage announcing it started), up to 30 s.
-fn wait_for_file(path: &Path) -> String {
-    for _ in 0..300 {
-        if let Ok(s) = std::fs::read_to_string(path) {
-            if !s.trim().is_empty() {
-                return s;
-            }
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    panic!("{} never appeared", path.display());
-}
-
-fn wait_dead(pid: &str) -> bool {
-    for _ in 0..100 {
-        if !pid_alive(pid) {
-            return true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    false
 }
 
 fn spawn_run(home: &Home, file: &Path) -> (std::process::Child, String) {

@@ -7,6 +7,37 @@ use crate::isolation::root_or_skip;
 
 use common::*;
 
+/// `drivetrain run FILE` in `home`, isolated as the engine decides, its output piped.
+fn spawn_engine(home: &Home, file: &std::path::Path) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+        .args(["run", file.to_str().unwrap()])
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .env_remove("DRIVETRAIN_ISOLATION")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The pid of the child of process `parent` whose command line has `what` in it.
+fn child_of(parent: u32, what: &str) -> String {
+    let o = std::process::Command::new("ps")
+        .args(["-o", "pid=,args=", "--ppid", &parent.to_string()])
+        .output()
+        .unwrap();
+    let children = text(&o.stdout);
+    children
+        .lines()
+        .find(|l| l.contains(what))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no {what} among the children of {parent}: {children}"))
+        .to_owned()
+}
+
+/// What a sandbox's init has in its command line.
+const INIT: &str = "__drivetrain-sandbox-init";
+
 /// A chain of two stages at `--parallelism 1`: the second runs in the sandbox the first
 /// ran in (the same PID namespace, which neither is the host's), and finds none of what
 /// the first left: its `setsid` process (gone from the host too), its `/dev/shm` file, its
@@ -151,58 +182,24 @@ fn a_killed_engine_leaves_no_sandbox_and_no_stage_behind() {
     let file = home.write(
         "p.yaml",
         &format!(
-            "version: 1\nname: k\nstages:\n  a:\n    run: {{command: [sh, -c, 'touch {}; exec sleep 300.303']}}\n",
+            "version: 1\nname: k\nstages:\n  a:\n    run: {{command: [sh, -c, 'echo started > {}; exec sleep 300.303']}}\n",
             started.display()
         ),
     );
-    let mut engine = std::process::Command::new(env!("CARGO_BIN_EXE_drivetrain"))
-        .args(["run", file.to_str().unwrap()])
-        .current_dir(&home.dir)
-        .env_remove("DRIVETRAIN_HOME")
-        .env_remove("DRIVETRAIN_ISOLATION")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let waited = std::time::Instant::now();
-    while !started.exists() && waited.elapsed() < std::time::Duration::from_secs(30) {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let mut engine = spawn_engine(&home, &file);
+    wait_for_file(&started);
     // The engine's children: its sandbox's init and the stage's process.
-    let children = |pid: u32| {
-        let o = std::process::Command::new("ps")
-            .args(["-o", "pid=,args=", "--ppid", &pid.to_string()])
-            .output()
-            .unwrap();
-        text(&o.stdout)
-    };
-    let before = children(engine.id());
-    let pid_of = |what: &str| {
-        before
-            .lines()
-            .find(|l| l.contains(what))
-            .and_then(|l| l.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no {what} among the engine's children: {before}"))
-            .to_owned()
-    };
-    let (init, stage) = (pid_of("__drivetrain-sandbox-init"), pid_of("sleep 300.303"));
+    let (init, stage) = (
+        child_of(engine.id(), INIT),
+        child_of(engine.id(), "sleep 300.303"),
+    );
     engine.kill().unwrap();
     engine.wait().unwrap();
-    let running = |pid: &str| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|s| !matches!(s.rsplit(')').next().map(str::trim), Some(s) if s.starts_with(['Z', 'X'])))
-    };
-    let waited = std::time::Instant::now();
-    while (running(&init) || running(&stage))
-        && waited.elapsed() < std::time::Duration::from_secs(10)
-    {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
     assert!(
-        !running(&init),
+        wait_dead(&init),
         "the sandbox's init {init} outlived its engine"
     );
-    assert!(!running(&stage), "the stage {stage} outlived its engine");
+    assert!(wait_dead(&stage), "the stage {stage} outlived its engine");
 }
 
 /// The seccomp filter refuses a namespace through `clone` (`unshare` and `setns` were
@@ -290,45 +287,19 @@ stages:
             first = first.display()
         ),
     );
-    let engine = std::process::Command::new(env!("CARGO_BIN_EXE_drivetrain"))
-        .args(["run", file.to_str().unwrap()])
-        .current_dir(&home.dir)
-        .env_remove("DRIVETRAIN_HOME")
-        .env_remove("DRIVETRAIN_ISOLATION")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let waited = std::time::Instant::now();
-    while !first.exists() && waited.elapsed() < std::time::Duration::from_secs(30) {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let engine = spawn_engine(&home, &file);
+    wait_for_file(&first);
     // The first attempt has ended and its sandbox is idle: kill its init.
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let children = std::process::Command::new("ps")
-        .args(["-o", "pid=,args=", "--ppid", &engine.id().to_string()])
-        .output()
-        .unwrap();
-    let children = text(&children.stdout);
-    let init = children
-        .lines()
-        .find(|l| l.contains("__drivetrain-sandbox-init"))
-        .and_then(|l| l.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no sandbox init among the engine's children: {children}"));
+    let init = child_of(engine.id(), INIT);
     let killed = std::process::Command::new("kill")
-        .args(["-9", init])
+        .args(["-9", &init])
         .status()
         .unwrap();
     assert!(killed.success());
     let out = engine.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stdout));
-    let run = text(&out.stdout)
-        .lines()
-        .next()
-        .and_then(|l| l.strip_prefix("run "))
-        .unwrap()
-        .trim()
-        .to_owned();
+    let run = run_id(&out);
     let log = text(&home.drivetrain(&["logs", &run, "--stage", "a"]).stdout);
     let first = std::fs::read_to_string(&first).unwrap();
     let ns = |text: &str, which: &str| {

@@ -98,6 +98,46 @@ impl Drop for Home {
     }
 }
 
+/// Whether process `pid` is still running: a zombie (ended, not yet reaped by whoever
+/// inherited it) is not.
+pub fn pid_alive(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) {
+        // The state is the first field after the command's closing parenthesis.
+        Ok(stat) => !matches!(
+            stat.rsplit(')')
+                .next()
+                .map(str::trim_start)
+                .and_then(|s| s.chars().next()),
+            Some('Z' | 'X')
+        ),
+        Err(_) => false,
+    }
+}
+
+/// Polls until `path` exists (a stage announcing it started), up to 30 s.
+pub fn wait_for_file(path: &std::path::Path) -> String {
+    for _ in 0..300 {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            if !s.trim().is_empty() {
+                return s;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("{} never appeared", path.display());
+}
+
+/// Polls until process `pid` has ended, up to 5 s: whether it did.
+pub fn wait_dead(pid: &str) -> bool {
+    for _ in 0..100 {
+        if !pid_alive(pid) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    false
+}
+
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
