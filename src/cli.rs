@@ -376,6 +376,30 @@ pub(crate) enum Command {
         #[arg(long, short = 'o', value_enum, default_value_t = Format::Text, global = true)]
         output: Format,
     },
+    /// The triggers `serve` keeps: their cursor, inbox and last decision; pause, resume,
+    /// backfill.
+    #[command(
+        after_help = "Examples:\n  drivetrain trigger list\n  drivetrain trigger show fleet-ingest/new-logs\n  drivetrain trigger pause new-logs           # objects keep queueing, no run starts\n  drivetrain trigger resume new-logs --replay # what queued starts runs\n  drivetrain trigger resume new-logs --skip   # what queued is skipped\n  drivetrain trigger backfill new-logs --since 2026-11-01"
+    )]
+    Trigger {
+        #[command(subcommand)]
+        command: TriggerCommand,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text, global = true)]
+        output: Format,
+    },
+    /// The notifications outbox: what was sent, what waits, what is dead.
+    #[command(
+        after_help = "Examples:\n  drivetrain notifications --state dead\n  drivetrain notifications -o json -n 500"
+    )]
+    Notifications {
+        /// Only those `pending`, `delivered` or `dead`.
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(short = 'n', long = "limit", default_value_t = 50)]
+        limit: usize,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
     /// Print the JSON Schema of pipeline files (for editors), or with `--api` the OpenAPI
     /// document of `drivetrain serve`'s HTTP API.
     #[command(
@@ -428,6 +452,32 @@ pub(crate) enum ScheduleCommand {
     },
     /// Start a run now (the server picks it up).
     Trigger { pipeline: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum TriggerCommand {
+    /// Every trigger: state, inbox depth, lag of the oldest waiting object, last decision.
+    List,
+    /// One trigger (`PIPELINE/TRIGGER`, or `TRIGGER` when only one pipeline has it).
+    Show { trigger: String },
+    /// Start no run until resumed; objects keep being discovered and queue.
+    Pause { trigger: String },
+    /// Start runs again: `--replay` what queued while paused, or `--skip` it.
+    Resume {
+        trigger: String,
+        #[arg(long, conflicts_with = "skip")]
+        replay: bool,
+        #[arg(long)]
+        skip: bool,
+    },
+    /// List the trigger's prefix and queue the objects modified since a date that it has
+    /// not seen (those it has are not taken twice).
+    Backfill {
+        trigger: String,
+        /// A date (`2026-11-01`) or an RFC 3339 time.
+        #[arg(long)]
+        since: String,
+    },
 }
 
 /// What `rerun` and `retry` share.

@@ -46,6 +46,7 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
             "{}",
             serde_json::to_string_pretty(&json!({
                 "run": record,
+                "trigger": state.run_trigger(&id)?,
                 "orphaned": orphaned(state.as_ref())?.contains(&id),
                 "stages": stages,
                 "items": items,
@@ -71,6 +72,22 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
     }
     if let Some(parent) = &record.parent {
         println!("{} of run {parent}", record.trigger);
+    }
+    if let Some(t) = state.run_trigger(&id)? {
+        println!(
+            "started by trigger {} for {} object(s):",
+            t.trigger,
+            t.objects.len()
+        );
+        for o in t.objects.iter().take(10) {
+            println!("  {} ({})", o.url, o.etag);
+        }
+        if t.objects.len() > 10 {
+            println!(
+                "  … and {} more (`-o json` lists them all)",
+                t.objects.len() - 10
+            );
+        }
     }
     println!(
         "{:<24} {:<10} {:<38} {:>8} {:>9} {:>5}  reason",

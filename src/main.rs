@@ -19,6 +19,7 @@ mod rerun;
 mod runs;
 mod schedules;
 mod server;
+mod triggers;
 
 /// mimalloc, but where the process only prints its version or help (`alloc.rs`).
 #[global_allocator]

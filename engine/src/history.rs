@@ -260,7 +260,22 @@ pub fn forget(
         Err(LineageError::NotFound(_)) => {
             // As a JSON string: the whole value, not a part of a longer one.
             let quoted = serde_json::to_string(input).unwrap_or_default();
-            let found = state.stages_mentioning(&quoted)?;
+            let mut found = state.stages_mentioning(&quoted)?;
+            // Every stage of a run a trigger started with the object (a local file's
+            // object is recorded by its `file://` URL).
+            let mut urls = vec![input.to_owned()];
+            if input.starts_with('/') {
+                urls.push(format!("file://{input}"));
+            }
+            for url in urls {
+                for (run, _) in state.object_runs(&url)? {
+                    for st in state.stages(&run)? {
+                        found.push((run.clone(), st.stage));
+                    }
+                }
+            }
+            found.sort();
+            found.dedup();
             if found.is_empty() {
                 return Err(LineageError::NotFound(format!(
                     "nothing recorded read `{input}`: give a run, stage or artifact digest, or a source exactly as ingest recorded it (its store URL, or a local file's absolute path)"

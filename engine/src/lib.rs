@@ -12,6 +12,7 @@ pub mod cloud;
 pub mod de;
 pub mod diag;
 pub mod engine;
+pub mod events;
 pub mod executor;
 pub mod expr;
 pub mod fault;

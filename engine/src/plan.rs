@@ -48,6 +48,10 @@ pub struct Pipeline {
     pub description: Option<String>,
     pub params: Vec<Param>,
     pub schedule: Option<Schedule>,
+    /// What starts runs besides the CLI, the API and cron, by name.
+    pub triggers: BTreeMap<String, crate::events::Trigger>,
+    /// Where its runs are told of.
+    pub notify: Vec<crate::events::Sink>,
     pub store: Option<String>,
     /// `local` unless `defaults.executor` says otherwise.
     pub executor: String,

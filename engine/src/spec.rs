@@ -30,6 +30,14 @@ pub struct PipelineSpec {
     /// Run this pipeline from cron (see `drivetrain serve`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<ScheduleSpec>,
+    /// Run this pipeline when objects land under a store prefix (see `drivetrain serve`
+    /// and `drivetrain trigger`), by trigger name.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub triggers: IndexMap<String, TriggerSpec>,
+    /// Where to tell of this pipeline's runs: CloudEvents webhooks, Slack-compatible
+    /// webhooks, e-mail (sent by `drivetrain serve`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notify: Vec<NotifySpec>,
     /// Settings every stage inherits unless it sets its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub defaults: Option<DefaultsSpec>,
@@ -48,6 +56,8 @@ pub const PIPELINE_FIELDS: &[&str] = &[
     "description",
     "params",
     "schedule",
+    "triggers",
+    "notify",
     "defaults",
     "store",
     "stages",
@@ -116,6 +126,142 @@ pub struct ScheduleSpec {
     /// A suspended schedule fires nothing; resuming does not fire the backlog.
     #[serde(default)]
     pub suspend: bool,
+}
+
+/// A trigger: what starts a run, how objects are batched into runs, and the params a
+/// run gets.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TriggerSpec {
+    /// New objects under a store prefix.
+    pub objects: ObjectsSpec,
+    /// How many objects one run takes, and how long the first may wait for more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<BatchSpec>,
+    /// The params a run gets, by param name: templates over `trigger.manifest` (the URL
+    /// of a JSON file listing the batch's objects), `trigger.name`, `trigger.count`,
+    /// `trigger.group` and `trigger.urls` (the objects' URLs, one per line).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub params: IndexMap<String, String>,
+    /// A paused trigger keeps discovering objects and starts no run until resumed.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// Where objects land and how they are discovered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectsSpec {
+    /// A store prefix: `s3://bucket/prefix/`, `gs://…`, `az://…` or `file:///abs/dir/`.
+    pub source: String,
+    /// A glob over the key below the prefix (`*.mcap`, `veh*/**/*.mcap`); default: every
+    /// object.
+    #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+    /// An SQS queue URL that receives the bucket's event notifications: objects are
+    /// seen within a second; the listing still runs, every `rescan`, as a safety net.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// How often new keys are listed (from the cursor on). Default `10s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll: Option<String>,
+    /// How often the whole prefix is listed again, for objects whose keys sort before
+    /// the cursor or that a notification missed. Default `10m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rescan: Option<String>,
+}
+
+/// How objects become runs: a run starts when `min_items` objects wait, or when the
+/// oldest waiting one has waited `max_wait`, whichever comes first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchSpec {
+    /// Default 1: every object starts a run at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_items: Option<u32>,
+    /// The most objects one run takes. Default 1000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_items: Option<u32>,
+    /// A duration (`6h`): a run starts with fewer than `min_items` once the oldest
+    /// waiting object has waited this long. Default: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wait: Option<String>,
+    /// A template over `object.key`, `object.dir` and `object.name` (the key below the
+    /// prefix, its directory and its file name): objects of different groups never
+    /// share a run, e.g. `{{ object.dir }}` for one run per vehicle directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_by: Option<String>,
+}
+
+/// One notification sink and the events it receives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NotifySpec {
+    /// The events: `started`, `succeeded`, `failed`, `error`, `cancelled`. Default: the
+    /// four that end a run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub on: Vec<NotifyEvent>,
+    /// An HTTP endpoint that receives CloudEvents 1.0 (structured JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<WebhookSpec>,
+    /// A Slack-compatible incoming webhook (`{"text": …}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slack: Option<SlackSpec>,
+    /// E-mail over SMTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email: Option<EmailSpec>,
+}
+
+/// A run event a sink can receive.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum NotifyEvent {
+    Started,
+    Succeeded,
+    Failed,
+    Error,
+    Cancelled,
+}
+
+/// A CloudEvents webhook. The body is signed with HMAC-SHA256 of the secret, sent as
+/// `X-Drivetrain-Signature: sha256=<hex>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookSpec {
+    pub url: String,
+    /// The environment variable of the engine that holds the signing secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_env: Option<String>,
+    /// A file that holds the signing secret (its first line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_file: Option<String>,
+}
+
+/// A Slack-compatible incoming webhook: its URL is a secret, so it is named, never written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SlackSpec {
+    /// The environment variable that holds the webhook URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_env: Option<String>,
+    /// A file that holds the webhook URL (its first line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_file: Option<String>,
+}
+
+/// E-mail over SMTP (plain or STARTTLS-less, as a relay on the host or a test sink).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EmailSpec {
+    /// `smtp://host:port`.
+    pub smtp: String,
+    pub from: String,
+    pub to: Vec<String>,
+    /// The environment variable that holds `user:password` for SMTP AUTH PLAIN, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_env: Option<String>,
 }
 
 /// Concurrency policy of a schedule.

@@ -84,6 +84,8 @@ pub(crate) fn dispatch(command: Command, home: PathBuf) -> ExitCode {
         c @ (Command::Serve { .. }
         | Command::Ui { .. }
         | Command::Schedule { .. }
+        | Command::Trigger { .. }
+        | Command::Notifications { .. }
         | Command::Doctor { .. }) => server::dispatch(catalog, &home, c),
     }
 }

@@ -1,5 +1,5 @@
 //! Commands of the long-running engine: `serve` (API, web view, cron), `ui` (the web
-//! view alone), `schedule`, and `doctor` (what this machine gives stages).
+//! view alone), `schedule`, `trigger`, `notifications`, and `doctor` (what this machine gives stages).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -8,7 +8,7 @@ use drivetrain_engine::Catalog;
 
 use super::outcome;
 use crate::cli::{Command, Format};
-use crate::{doctor, schedules, server as serve};
+use crate::{doctor, schedules, server as serve, triggers};
 
 /// Runs one of this group's commands.
 pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitCode {
@@ -55,6 +55,22 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitC
         Command::Schedule { command, output } => {
             outcome(schedules::command(home, command, output == Format::Json))
         }
+        Command::Trigger { command, output } => outcome(triggers::command(
+            &catalog,
+            home,
+            command,
+            output == Format::Json,
+        )),
+        Command::Notifications {
+            state,
+            limit,
+            output,
+        } => outcome(triggers::notifications(
+            home,
+            state.as_deref(),
+            limit,
+            output == Format::Json,
+        )),
         Command::Doctor { gpus, output } => outcome(doctor::doctor(gpus, output == Format::Json)),
         _ => unreachable!("not a command of this group"),
     }

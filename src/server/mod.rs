@@ -13,6 +13,8 @@ use crate::schedules::now_text;
 
 pub(crate) mod api;
 pub(crate) mod listener;
+mod notify;
+mod triggers;
 mod ui;
 
 use std::collections::BTreeMap;
@@ -447,10 +449,21 @@ impl Server {
             if !self.engine.state().take_over(&r.id, &before)? {
                 continue;
             }
-            self.spawn_engine(&r.id, &["resume".into(), r.id.0.clone()])?;
             resumed.push(r.id);
         }
         Ok(resumed)
+    }
+
+    /// Resumes runs taken over, each in a child engine, a triggered run's manifest
+    /// written first.
+    async fn resume(&self, runs: &[RunId]) -> anyhow::Result<()> {
+        for run in runs {
+            if let Err(e) = self.restore_manifest(run).await {
+                eprintln!("run {run}: cannot write its trigger's manifest again: {e:#}");
+            }
+            self.spawn_engine(run, &["resume".into(), run.0.clone()])?;
+        }
+        Ok(())
     }
 
     /// Takes over the runs whose engine stopped beating, on this machine or another one
@@ -466,7 +479,6 @@ impl Server {
                 .unwrap_or_else(|e| e.into_inner())
                 .contains_key(&run);
             if !ours && self.engine.state().take_over(&run, &before)? {
-                self.spawn_engine(&run, &["resume".into(), run.0.clone()])?;
                 taken.push(run);
             }
         }
@@ -968,9 +980,13 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
     rt.block_on(async move {
         // Only `serve` takes over orphaned runs; `ui` is a viewer and executes nothing.
         if schedules {
-            for run in server.resume_orphans()? {
+            let orphans = server.resume_orphans()?;
+            for run in &orphans {
                 println!("resuming run {run}: its engine is gone");
             }
+            server.resume(&orphans).await?;
+            server.start_triggers()?;
+            tokio::spawn(server.clone().notify_loop());
         }
         let listener = tokio::net::TcpListener::from_std(listener)?;
         println!("listening on http://{}", listener.local_addr()?);
@@ -995,8 +1011,11 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
                 last_check = std::time::Instant::now();
                 match server.take_over_stale() {
                     Ok(runs) => {
-                        for run in runs {
+                        for run in &runs {
                             println!("taking over run {run}: its engine stopped beating");
+                        }
+                        if let Err(e) = server.resume(&runs).await {
+                            eprintln!("cannot resume runs taken over: {e:#}");
                         }
                     }
                     Err(e) => eprintln!("cannot look for runs to take over: {e:#}"),

@@ -3,6 +3,9 @@
 
 use std::collections::BTreeMap;
 
+mod events;
+pub use events::exclusive_batches;
+
 use super::{
     now, ArtifactRecord, CacheEntry, Origin, Phase, Provenance, RunFilter, RunId, RunRecord,
     RunStore, StateError, StateStore, Success, TickRecord,
@@ -41,6 +44,8 @@ pub fn check(store: &dyn StateStore) {
     success_at_once(store);
     schedules_and_ticks(store);
     ticks_in_batches(store);
+    events::inbox(store);
+    events::outbox(store);
 }
 
 /// Replicas racing for the same ticks, each through its own connection (`open`),

@@ -14,11 +14,15 @@ use std::fmt;
 
 use serde::Serialize;
 
+mod events;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod queries;
 mod schema;
 mod sqlite;
+pub use events::{
+    InboxObject, OutboxItem, OutboxStore, RunTrigger, TriggerRecord, TriggerStore, Waiting,
+};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresState;
 pub use sqlite::{SqliteState, LAST_TICK, UNSTARTED_SINCE};
@@ -446,7 +450,8 @@ pub struct Success<'a> {
 /// `use drivetrain_engine::state::prelude::*`.
 pub mod prelude {
     pub use super::{
-        ArtifactIndex, AttemptStore, CacheStore, RunStore, ScheduleStore, StageStore, StateStore,
+        ArtifactIndex, AttemptStore, CacheStore, OutboxStore, RunStore, ScheduleStore, StageStore,
+        StateStore, TriggerStore,
     };
 }
 
@@ -454,7 +459,16 @@ pub mod prelude {
 /// it alone, as `&dyn RunStore`), and a stage's success all at once. Every method
 /// commits before it returns.
 pub trait StateStore:
-    RunStore + StageStore + AttemptStore + ArtifactIndex + CacheStore + ScheduleStore + Send + Sync
+    RunStore
+    + StageStore
+    + AttemptStore
+    + ArtifactIndex
+    + CacheStore
+    + ScheduleStore
+    + TriggerStore
+    + OutboxStore
+    + Send
+    + Sync
 {
     /// A stage that succeeded, all at once: its last attempt's end, the artifacts it
     /// published, its outputs and values, its cache entry, then its phase, so a stage

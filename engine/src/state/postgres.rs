@@ -8,6 +8,8 @@
 //! The `postgres` client blocks on a runtime of its own; a call made on a tokio worker
 //! runs on a scoped thread so the engine's runtime is never blocked inside itself.
 
+mod events;
+
 use super::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -1328,6 +1330,7 @@ mod tests {
         let again = PostgresState::open(&pg.url()).unwrap();
         assert!(!again.list_runs(10).unwrap().is_empty());
         conformance::exclusive_claims(&|| Box::new(PostgresState::open(&pg.url()).unwrap()));
+        conformance::exclusive_batches(&|| Box::new(PostgresState::open(&pg.url()).unwrap()));
     }
 
     /// Every column (table, name, type, nullable, default) and index (its definition) of

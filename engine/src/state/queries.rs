@@ -46,6 +46,79 @@ macro_rules! statements {
 }
 
 statements! {
+    ENSURE_TRIGGER =
+        "INSERT INTO triggers (pipeline, trigger_name, paused, file) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (pipeline, trigger_name) DO UPDATE SET file = $4";
+    ADD_OBJECT =
+        "INSERT INTO trigger_inbox (pipeline, trigger_name, url, etag, size, modified, grp, \
+         discovered_at, state) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'waiting') ON \
+         CONFLICT (pipeline, trigger_name, url, etag) DO NOTHING";
+    MOVE_CURSOR =
+        "UPDATE triggers SET cursor_key = $3 WHERE pipeline = $1 AND trigger_name = $2 AND \
+         (cursor_key IS NULL OR cursor_key < $3)";
+    NOTE_RESCAN =
+        "UPDATE triggers SET rescanned_at = $3 WHERE pipeline = $1 AND trigger_name = $2";
+    WAITING =
+        "SELECT grp, COUNT(*), MIN(discovered_at) FROM trigger_inbox WHERE pipeline = $1 AND \
+         trigger_name = $2 AND state = 'waiting' GROUP BY grp ORDER BY MIN(discovered_at)";
+    CLAIMABLE =
+        "SELECT url, etag, size, modified, grp, discovered_at FROM trigger_inbox WHERE \
+         pipeline = $1 AND trigger_name = $2 AND grp = $3 AND state = 'waiting' AND NOT \
+         EXISTS (SELECT 1 FROM triggers t WHERE t.pipeline = $1 AND t.trigger_name = $2 AND \
+         t.paused) ORDER BY discovered_at, url LIMIT $4";
+    CONSUME_OBJECT =
+        "UPDATE trigger_inbox SET state = 'consumed', run_id = $5 WHERE pipeline = $1 AND \
+         trigger_name = $2 AND url = $3 AND etag = $4 AND state = 'waiting'";
+    RUN_TRIGGER =
+        "SELECT trigger_name, url, etag, size, modified, grp, discovered_at FROM \
+         trigger_inbox WHERE run_id = $1 ORDER BY discovered_at, url";
+    OBJECT_RUNS =
+        "SELECT run_id, trigger_name FROM trigger_inbox WHERE url = $1 AND run_id IS NOT \
+         NULL ORDER BY run_id";
+    TRIGGERS =
+        "SELECT t.pipeline, t.trigger_name, t.cursor_key, t.paused, t.paused_at, \
+         t.rescanned_at, t.evaluated_at, t.last_reason, (SELECT COUNT(*) FROM trigger_inbox \
+         i WHERE i.pipeline = t.pipeline AND i.trigger_name = t.trigger_name AND i.state = \
+         'waiting'), (SELECT MIN(i.discovered_at) FROM trigger_inbox i WHERE i.pipeline = \
+         t.pipeline AND i.trigger_name = t.trigger_name AND i.state = 'waiting'), (SELECT \
+         COUNT(*) FROM trigger_inbox i WHERE i.pipeline = t.pipeline AND i.trigger_name = \
+         t.trigger_name AND i.state = 'consumed'), (SELECT COUNT(*) FROM trigger_inbox i \
+         WHERE i.pipeline = t.pipeline AND i.trigger_name = t.trigger_name AND i.state = \
+         'skipped'), t.file FROM triggers t ORDER BY t.pipeline, t.trigger_name";
+    SET_TRIGGER_PAUSED =
+        "UPDATE triggers SET paused = $3, paused_at = $4 WHERE pipeline = $1 AND \
+         trigger_name = $2";
+    SKIP_WAITING =
+        "UPDATE trigger_inbox SET state = 'skipped' WHERE pipeline = $1 AND trigger_name = \
+         $2 AND state = 'waiting'";
+    NOTE_EVALUATION =
+        "UPDATE triggers SET evaluated_at = $3, last_reason = $4 WHERE pipeline = $1 AND \
+         trigger_name = $2";
+    ENQUEUE_NOTIFICATION =
+        "INSERT INTO outbox (id, pipeline, run_id, event, sink, body, state, next_at, \
+         created_at) VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $7) ON CONFLICT (id) DO \
+         NOTHING";
+    MARK_NOTIFIED =
+        "UPDATE runs SET notified = $2 WHERE id = $1";
+    DUE_NOTIFICATIONS =
+        "SELECT id, pipeline, run_id, event, sink, body, state, attempts, next_at, \
+         last_error, created_at, delivered_at FROM outbox WHERE state = 'pending' AND \
+         next_at <= $1 ORDER BY next_at LIMIT $2";
+    NOTIFICATION_SENT =
+        "UPDATE outbox SET state = 'delivered', attempts = attempts + 1, delivered_at = $2, \
+         last_error = NULL WHERE id = $1";
+    NOTIFICATION_RETRY =
+        "UPDATE outbox SET attempts = attempts + 1, last_error = $2, next_at = $3 WHERE id = \
+         $1 AND state = 'pending'";
+    NOTIFICATION_DEAD =
+        "UPDATE outbox SET state = 'dead', attempts = attempts + 1, last_error = $2 WHERE id \
+         = $1 AND state = 'pending'";
+    NOTIFICATIONS =
+        "SELECT id, pipeline, run_id, event, sink, body, state, attempts, next_at, \
+         last_error, created_at, delivered_at FROM outbox WHERE ($1 = '' OR state = $1) \
+         ORDER BY created_at DESC, id LIMIT $2";
+    NOTIFICATION_COUNTS =
+        "SELECT state, COUNT(*) FROM outbox GROUP BY state";
     FINISH_RUN =
         "UPDATE runs SET phase = $2, finished_at = $3, reason = $4, engine_pid = NULL WHERE \
          id = $1";

@@ -133,7 +133,59 @@ CREATE INDEX ticks_by_record ON schedule_ticks(recorded_at);
 
 /// The changes since [`SCHEMA`], in order, one text each for both backends (through
 /// [`Dialect::text`]). Append only.
-pub(super) const MIGRATIONS: &[&str] = &[];
+pub(super) const MIGRATIONS: &[&str] = &[
+    // 1: triggers (the inbox of discovered objects, each trigger's cursor and pause) and
+    // the notifications outbox; runs note the phase they were last weighed in for
+    // notifications (runs made before are taken as weighed: no flood on upgrade).
+    r#"
+CREATE TABLE trigger_inbox (
+    pipeline TEXT NOT NULL,
+    trigger_name TEXT NOT NULL,
+    url TEXT NOT NULL,
+    etag TEXT NOT NULL,
+    size BIGINT,
+    modified TEXT,
+    grp TEXT NOT NULL,
+    discovered_at TEXT NOT NULL,
+    state TEXT NOT NULL,
+    run_id TEXT,
+    PRIMARY KEY (pipeline, trigger_name, url, etag)
+);
+CREATE INDEX inbox_waiting ON trigger_inbox(pipeline, trigger_name, state, grp, discovered_at);
+CREATE INDEX inbox_by_run ON trigger_inbox(run_id);
+CREATE INDEX inbox_by_url ON trigger_inbox(url);
+CREATE TABLE triggers (
+    pipeline TEXT NOT NULL,
+    trigger_name TEXT NOT NULL,
+    file TEXT NOT NULL,
+    cursor_key TEXT,
+    paused BOOLEAN NOT NULL DEFAULT FALSE,
+    paused_at TEXT,
+    rescanned_at TEXT,
+    evaluated_at TEXT,
+    last_reason TEXT,
+    PRIMARY KEY (pipeline, trigger_name)
+);
+CREATE TABLE outbox (
+    id TEXT PRIMARY KEY,
+    pipeline TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    event TEXT NOT NULL,
+    sink TEXT NOT NULL,
+    body TEXT NOT NULL,
+    state TEXT NOT NULL,
+    attempts BIGINT NOT NULL DEFAULT 0,
+    next_at TEXT NOT NULL,
+    last_error TEXT,
+    created_at TEXT NOT NULL,
+    delivered_at TEXT
+);
+CREATE INDEX outbox_due ON outbox(state, next_at);
+ALTER TABLE runs ADD COLUMN notified TEXT;
+UPDATE runs SET notified = phase;
+CREATE INDEX runs_by_notified ON runs(notified);
+"#,
+];
 
 /// A backend's SQL, where it differs from PostgreSQL's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

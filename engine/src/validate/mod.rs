@@ -18,14 +18,15 @@ use crate::plan::{
     stable_topo_order, EdgeKind, Param, Pipeline, Resources, RetryPolicy, Schedule, StageId,
 };
 use crate::spec::{
-    DefaultsSpec, ParamSpec, ParamType, PipelineSpec, QuantityText, RetrySpec, ScheduleSpec,
-    StageSpec, PIPELINE_FIELDS,
+    DefaultsSpec, NotifySpec, ParamSpec, ParamType, PipelineSpec, QuantityText, RetrySpec,
+    ScheduleSpec, StageSpec, TriggerSpec, PIPELINE_FIELDS,
 };
 use crate::step::Catalog;
 use crate::template::{Ref, Template};
 use crate::units::{parse_duration, parse_quantity, Quantity};
 use crate::yaml::{self, Node, YamlPath};
 
+mod events;
 mod links;
 mod stage;
 
@@ -101,6 +102,8 @@ struct Raw {
     description: Option<String>,
     params: IndexMap<String, ParamSpec>,
     schedule: Option<ScheduleSpec>,
+    triggers: IndexMap<String, Option<TriggerSpec>>,
+    notify: Vec<NotifySpec>,
     defaults: DefaultsSpec,
     store: Option<String>,
     stages: IndexMap<String, Option<StageSpec>>,
@@ -205,6 +208,8 @@ impl<'a> Cx<'a> {
             description: None,
             params: IndexMap::new(),
             schedule: None,
+            triggers: IndexMap::new(),
+            notify: Vec::new(),
             defaults: DefaultsSpec::default(),
             store: None,
             stages: IndexMap::new(),
@@ -225,6 +230,27 @@ impl<'a> Cx<'a> {
                 "name" => raw.name = from_node(&e.value, &path, d),
                 "description" => raw.description = from_node(&e.value, &path, d),
                 "schedule" => raw.schedule = from_node(&e.value, &path, d),
+                "notify" => raw.notify = from_node(&e.value, &path, d).unwrap_or_default(),
+                "triggers" => {
+                    match e.value.as_map() {
+                        Some(triggers) => {
+                            for te in triggers {
+                                let tp = path.key(&*te.key);
+                                let spec = from_node::<TriggerSpec>(&te.value, &tp, d);
+                                raw.triggers.insert(te.key.to_string(), spec);
+                            }
+                        }
+                        None if e.value.scalar() == Some(yaml::Resolved::Null) => {}
+                        None => {
+                            let kind = e.value.kind();
+                            self.err(
+                            "invalid-type",
+                            &path,
+                            format!("`triggers` is a mapping of trigger name to trigger; found {kind}"),
+                        );
+                        }
+                    }
+                }
                 "defaults" => raw.defaults = from_node(&e.value, &path, d).unwrap_or_default(),
                 "store" => raw.store = from_node(&e.value, &path, d),
                 "params" => match e.value.as_map() {
@@ -328,6 +354,8 @@ impl<'a> Cx<'a> {
         }
         let params = self.check_params(&raw);
         let schedule = raw.schedule.as_ref().and_then(|s| self.check_schedule(s));
+        let triggers = self.check_triggers(&raw, &params);
+        let notify = self.check_notify(&raw.notify);
         self.check_store(&raw);
         let executor = self.check_defaults(&raw.defaults);
         if raw.stages.is_empty() && raw.stages_is_map {
@@ -418,6 +446,12 @@ impl<'a> Cx<'a> {
             description: raw.description,
             params: raw.params,
             schedule: raw.schedule,
+            triggers: raw
+                .triggers
+                .into_iter()
+                .filter_map(|(k, v)| Some((k, v?)))
+                .collect(),
+            notify: raw.notify,
             defaults: Some(raw.defaults),
             store: raw.store,
             stages: stages_spec,
@@ -427,6 +461,8 @@ impl<'a> Cx<'a> {
             description: spec.description.clone(),
             params,
             schedule,
+            triggers: triggers?,
+            notify: notify?,
             store: spec.store.clone(),
             executor,
             stages,

@@ -145,6 +145,7 @@ fn sqlite_connections_claim_ticks_exclusively() {
     let path = dir.join("state.db");
     let _ = std::fs::remove_file(&path);
     conformance::exclusive_claims(&|| Box::new(SqliteState::open(&path).unwrap()));
+    conformance::exclusive_batches(&|| Box::new(SqliteState::open(&path).unwrap()));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

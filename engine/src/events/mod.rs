@@ -1,0 +1,232 @@
+//! Events in and out of the engine: triggers that start runs when objects land under a
+//! store prefix, and notifications of how runs went.
+//!
+//! - [`Trigger`]: a validated `triggers:` entry. [`discover`] finds objects (a listing
+//!   from a durable cursor, and an SQS queue of bucket notifications, [`sqs`]);
+//!   [`batch`] decides when waiting objects become a run. The inbox that makes each
+//!   object be consumed by exactly one run is in the state store
+//!   ([`crate::state::TriggerStore`]).
+//! - [`Sink`]: a validated `notify:` entry; [`notify`] renders events (CloudEvents 1.0)
+//!   and delivers them from the state store's outbox ([`crate::state::OutboxStore`]).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub mod batch;
+pub mod discover;
+pub mod notify;
+pub mod sigv4;
+pub mod sqs;
+
+pub use crate::spec::NotifyEvent;
+
+/// A validated trigger.
+#[derive(Debug, Clone)]
+pub struct Trigger {
+    pub name: String,
+    /// The store prefix, as written (`s3://fleet/incoming/`).
+    pub source: String,
+    /// The glob over keys below the prefix, as written.
+    pub pattern: Option<String>,
+    pub matcher: Option<globset::GlobMatcher>,
+    pub queue: Option<String>,
+    pub poll: Duration,
+    pub rescan: Duration,
+    pub min_items: usize,
+    pub max_items: usize,
+    pub max_wait: Option<Duration>,
+    pub group_by: Option<Text>,
+    /// Param name → its template over `trigger.*`.
+    pub params: BTreeMap<String, Text>,
+    pub paused: bool,
+}
+
+impl Trigger {
+    /// Whether a key below the prefix is one this trigger takes.
+    pub fn matches(&self, key: &str) -> bool {
+        self.matcher.as_ref().is_none_or(|m| m.is_match(key))
+    }
+
+    /// The group of an object (`""` without `group_by`).
+    pub fn group(&self, key: &str) -> String {
+        let Some(t) = &self.group_by else {
+            return String::new();
+        };
+        let (dir, name) = match key.rsplit_once('/') {
+            Some((d, n)) => (d, n),
+            None => ("", key),
+        };
+        t.render(|v| match v {
+            "object.key" => Some(key.to_owned()),
+            "object.dir" => Some(dir.to_owned()),
+            "object.name" => Some(name.to_owned()),
+            _ => None,
+        })
+    }
+}
+
+/// The names a trigger's `params` can use.
+pub const TRIGGER_VALUES: &[&str] = &[
+    "trigger.manifest",
+    "trigger.name",
+    "trigger.count",
+    "trigger.group",
+    "trigger.urls",
+];
+/// The names a `group_by` can use.
+pub const OBJECT_VALUES: &[&str] = &["object.key", "object.dir", "object.name"];
+
+/// A small template (`{{ name }}` among text) over a fixed set of names: what trigger
+/// params and `group_by` are written in, apart from the stages' templates (whose values a
+/// trigger does not have).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Text {
+    parts: Vec<(bool, String)>,
+}
+
+impl Text {
+    /// Parses `s`, whose references must be among `known`: the first that is not, or
+    /// an unclosed `{{`, is the error.
+    pub fn parse(s: &str, known: &[&str]) -> Result<Text, String> {
+        let mut parts = Vec::new();
+        let mut rest = s;
+        while let Some(open) = rest.find("{{") {
+            if open > 0 {
+                parts.push((false, rest[..open].to_owned()));
+            }
+            let after = &rest[open + 2..];
+            let Some(close) = after.find("}}") else {
+                return Err(format!("`{{{{` without `}}}}` in `{s}`"));
+            };
+            let name = after[..close].trim();
+            if !known.contains(&name) {
+                return Err(format!(
+                    "unknown reference `{name}`; here the references are {}",
+                    known
+                        .iter()
+                        .map(|k| format!("`{k}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+            parts.push((true, name.to_owned()));
+            rest = &after[close + 2..];
+        }
+        if !rest.is_empty() {
+            parts.push((false, rest.to_owned()));
+        }
+        Ok(Text { parts })
+    }
+
+    /// The text with each reference's value.
+    pub fn render(&self, value: impl Fn(&str) -> Option<String>) -> String {
+        self.parts
+            .iter()
+            .map(|(is_ref, t)| match is_ref {
+                true => value(t).unwrap_or_default(),
+                false => t.clone(),
+            })
+            .collect()
+    }
+}
+
+/// A validated notification sink (kept with each notification in the outbox, so a
+/// delivery does not depend on the pipeline still being served).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Sink {
+    /// Its position in `notify:` (`notify[0]`), which names it in the outbox.
+    pub name: String,
+    pub on: Vec<NotifyEvent>,
+    pub to: SinkKind,
+}
+
+/// Where a sink delivers. Secrets are named (an environment variable or a file), and
+/// read when an event is delivered.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    Webhook {
+        url: String,
+        secret: Option<Secret>,
+    },
+    Slack {
+        url: Secret,
+    },
+    Email {
+        smtp: String,
+        from: String,
+        to: Vec<String>,
+        auth: Option<Secret>,
+    },
+}
+
+/// A secret named in a pipeline: its value is never in the pipeline's text.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Secret {
+    Env(String),
+    File(String),
+}
+
+impl Secret {
+    /// Its value (a file's first line).
+    pub fn read(&self) -> Result<String, String> {
+        match self {
+            Secret::Env(name) => std::env::var(name)
+                .map_err(|_| format!("the environment variable `{name}` is not set")),
+            Secret::File(path) => std::fs::read_to_string(path)
+                .map(|t| t.lines().next().unwrap_or("").trim().to_owned())
+                .map_err(|e| format!("cannot read {path}: {e}")),
+        }
+    }
+}
+
+impl NotifyEvent {
+    pub const ENDS: [NotifyEvent; 4] = [
+        NotifyEvent::Succeeded,
+        NotifyEvent::Failed,
+        NotifyEvent::Error,
+        NotifyEvent::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotifyEvent::Started => "started",
+            NotifyEvent::Succeeded => "succeeded",
+            NotifyEvent::Failed => "failed",
+            NotifyEvent::Error => "error",
+            NotifyEvent::Cancelled => "cancelled",
+        }
+    }
+
+    /// The event of a run in `phase` (none for phases that are not an end, but
+    /// `Running`, which is its start).
+    pub fn of_phase(phase: crate::state::Phase) -> Option<NotifyEvent> {
+        use crate::state::Phase;
+        Some(match phase {
+            Phase::Running | Phase::Pending => NotifyEvent::Started,
+            Phase::Succeeded => NotifyEvent::Succeeded,
+            Phase::Failed => NotifyEvent::Failed,
+            Phase::Error => NotifyEvent::Error,
+            Phase::Cancelled => NotifyEvent::Cancelled,
+            Phase::Skipped | Phase::Omitted => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_renders_known_references_and_refuses_others() {
+        let t = Text::parse("run-{{ object.dir }}/x", OBJECT_VALUES).unwrap();
+        assert_eq!(
+            t.render(|v| (v == "object.dir").then(|| "veh7".into())),
+            "run-veh7/x"
+        );
+        let e = Text::parse("{{ params.x }}", OBJECT_VALUES).unwrap_err();
+        assert!(e.contains("unknown reference `params.x`"), "{e}");
+        assert!(Text::parse("{{ object.key", OBJECT_VALUES).is_err());
+    }
+}

@@ -1,0 +1,222 @@
+//! Notifications: a run's start and end as CloudEvents 1.0, put in the state store's
+//! outbox in the transaction that notes the run as weighed, then delivered to each sink
+//! at least once (retried with backoff, then dead-lettered). Receivers de-duplicate by
+//! the CloudEvents `id`, which is the same for every delivery of one event.
+
+use std::time::Duration;
+
+use hmac::{KeyInit, Mac};
+use serde_json::{json, Value};
+
+use super::{NotifyEvent, Sink, SinkKind};
+use crate::state::{OutboxItem, RunRecord};
+
+/// Deliveries of one notification before it is dead.
+pub const MAX_ATTEMPTS: u32 = 8;
+
+/// How long after its `attempts`-th failed delivery a notification is tried again:
+/// 2 s, 4 s, 8 s, … at most 5 minutes.
+pub fn backoff(attempts: u32) -> Duration {
+    Duration::from_secs(2u64.saturating_pow(attempts.clamp(1, 16)).min(300))
+}
+
+/// The CloudEvent of `event` of `run`; `source` names the server (`drivetrain://HOST`).
+pub fn cloud_event(run: &RunRecord, event: NotifyEvent, source: &str) -> Value {
+    let time = match event {
+        NotifyEvent::Started => run.created_at.clone(),
+        _ => run.finished_at.clone().unwrap_or_else(crate::state::now),
+    };
+    json!({
+        "specversion": "1.0",
+        "id": format!("{}.{}", run.id, event.as_str()),
+        "source": format!("{source}/pipelines/{}", run.pipeline),
+        "type": format!("dev.drivetrain.run.{}", event.as_str()),
+        "subject": run.id.0,
+        "time": time,
+        "datacontenttype": "application/json",
+        "data": {
+            "run": run.id.0,
+            "pipeline": run.pipeline,
+            "phase": run.phase.as_str(),
+            "reason": run.reason,
+            "trigger": run.trigger,
+            "created_at": run.created_at,
+            "finished_at": run.finished_at,
+        },
+    })
+}
+
+/// The outbox entries of `events` of `run` for the sinks that want them.
+pub fn outbox_items(
+    run: &RunRecord,
+    events: &[NotifyEvent],
+    sinks: &[Sink],
+    source: &str,
+) -> Vec<OutboxItem> {
+    let now = crate::state::now();
+    let mut out = Vec::new();
+    for &event in events {
+        for sink in sinks.iter().filter(|s| s.on.contains(&event)) {
+            out.push(OutboxItem {
+                id: format!("{}/{}/{}", run.id, event.as_str(), sink.name),
+                pipeline: run.pipeline.clone(),
+                run_id: run.id.0.clone(),
+                event: event.as_str().to_owned(),
+                sink: serde_json::to_value(sink).unwrap_or(Value::Null),
+                body: cloud_event(run, event, source),
+                state: "pending".into(),
+                attempts: 0,
+                next_at: now.clone(),
+                last_error: None,
+                created_at: now.clone(),
+                delivered_at: None,
+            });
+        }
+    }
+    out
+}
+
+/// `sha256=HEX` of the body under the secret: the `X-Drivetrain-Signature` header.
+pub fn signature(secret: &str, body: &[u8]) -> String {
+    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes())
+        .expect("HMAC takes any key length");
+    m.update(body);
+    format!("sha256={}", hex::encode(m.finalize().into_bytes()))
+}
+
+/// One line about the event, for chat and e-mail.
+fn summary(e: &Value) -> String {
+    let d = &e["data"];
+    let what = e["type"]
+        .as_str()
+        .unwrap_or("")
+        .rsplit('.')
+        .next()
+        .unwrap_or("");
+    let mut s = format!(
+        "drivetrain: run {} of {} {what}",
+        d["run"].as_str().unwrap_or("?"),
+        d["pipeline"].as_str().unwrap_or("?")
+    );
+    if let Some(r) = d["reason"].as_str() {
+        s.push_str(&format!(": {r}"));
+    }
+    s
+}
+
+/// Delivers one notification; the error says why not (with no secret in it).
+pub async fn deliver(item: &OutboxItem, http: &reqwest::Client) -> Result<(), String> {
+    let sink: Sink = serde_json::from_value(item.sink.clone())
+        .map_err(|e| format!("the sink cannot be read: {e}"))?;
+    match sink.to {
+        SinkKind::Webhook { url, secret } => {
+            let body = item.body.to_string();
+            let mut r = http.post(&url).header(
+                "content-type",
+                "application/cloudevents+json; charset=utf-8",
+            );
+            if let Some(secret) = secret {
+                r = r.header(
+                    "x-drivetrain-signature",
+                    signature(&secret.read()?, body.as_bytes()),
+                );
+            }
+            answer(r.body(body).send().await, &url).await
+        }
+        SinkKind::Slack { url } => {
+            let url = url.read()?;
+            let r = http.post(&url).json(&json!({"text": summary(&item.body)}));
+            answer(r.send().await, "the Slack webhook").await
+        }
+        SinkKind::Email {
+            smtp,
+            from,
+            to,
+            auth,
+        } => {
+            let auth = auth.map(|a| a.read()).transpose()?;
+            let subject = summary(&item.body);
+            let text = format!(
+                "{subject}\n\n{}\n",
+                serde_json::to_string_pretty(&item.body["data"]).unwrap_or_default()
+            );
+            let id = item.id.clone();
+            tokio::task::spawn_blocking(move || {
+                send_mail(&smtp, &from, &to, auth, &subject, &text, &id)
+            })
+            .await
+            .map_err(|e| e.to_string())?
+        }
+    }
+}
+
+async fn answer(r: Result<reqwest::Response, reqwest::Error>, to: &str) -> Result<(), String> {
+    // reqwest's errors name the URL, which may be the secret: say only what failed.
+    let r = r.map_err(|e| format!("{to}: {}", e.without_url()))?;
+    match r.status().is_success() {
+        true => Ok(()),
+        false => Err(format!("{to} answered {}", r.status())),
+    }
+}
+
+fn send_mail(
+    smtp: &str,
+    from: &str,
+    to: &[String],
+    auth: Option<String>,
+    subject: &str,
+    text: &str,
+    id: &str,
+) -> Result<(), String> {
+    use lettre::message::header::ContentType;
+    use lettre::Transport;
+    let url = url::Url::parse(smtp).map_err(|e| format!("{smtp}: {e}"))?;
+    let host = url.host_str().unwrap_or("localhost");
+    let mut m = lettre::Message::builder()
+        .from(from.parse().map_err(|e| format!("from `{from}`: {e}"))?)
+        .subject(subject)
+        // One Message-ID per event and sink: a mail store de-duplicates by it.
+        .message_id(Some(format!("<{}@drivetrain>", id.replace('/', "."))))
+        .header(ContentType::TEXT_PLAIN);
+    for t in to {
+        m = m.to(t.parse().map_err(|e| format!("to `{t}`: {e}"))?);
+    }
+    let message = m.body(text.to_owned()).map_err(|e| e.to_string())?;
+    let mut transport = lettre::SmtpTransport::builder_dangerous(host)
+        .port(url.port().unwrap_or(25))
+        .timeout(Some(Duration::from_secs(30)));
+    if let Some(a) = auth {
+        let (user, pass) = a.split_once(':').unwrap_or((&a, ""));
+        transport =
+            transport.credentials(lettre::transport::smtp::authentication::Credentials::new(
+                user.to_owned(),
+                pass.to_owned(),
+            ));
+    }
+    transport
+        .build()
+        .send(&message)
+        .map(|_| ())
+        .map_err(|e| format!("{smtp}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signature_is_hmac_sha256_of_the_body() {
+        // RFC 4231's test case 2.
+        assert_eq!(
+            signature("Jefe", b"what do ya want for nothing?"),
+            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_to_five_minutes() {
+        assert_eq!(backoff(1), Duration::from_secs(2));
+        assert_eq!(backoff(3), Duration::from_secs(8));
+        assert_eq!(backoff(30), Duration::from_secs(300));
+    }
+}

@@ -1,0 +1,289 @@
+//! Checks of `triggers:` and `notify:`, into [`Trigger`]s and [`Sink`]s.
+
+use std::collections::BTreeMap;
+
+use super::{dns1123_label, p, Annotate, Cx, Raw};
+use crate::diag::did_you_mean;
+use crate::events::{Secret, Sink, SinkKind, Text, Trigger, OBJECT_VALUES, TRIGGER_VALUES};
+use crate::plan::Param;
+use crate::spec::{NotifyEvent, NotifySpec, TriggerSpec};
+use crate::yaml::YamlPath;
+
+const SOURCE_SCHEMES: &[&str] = &["s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "file"];
+
+impl Cx<'_> {
+    /// Every trigger, or `None` if one is invalid (reported).
+    pub(super) fn check_triggers(
+        &mut self,
+        raw: &Raw,
+        params: &[Param],
+    ) -> Option<BTreeMap<String, Trigger>> {
+        let mut out = BTreeMap::new();
+        let mut ok = true;
+        for (name, spec) in &raw.triggers {
+            let tp = p("triggers").key(name);
+            if let Err(why) = dns1123_label(name) {
+                self.err_key("invalid-name", &tp, format!("trigger name `{name}` {why}"));
+                ok = false;
+            }
+            let Some(spec) = spec else {
+                ok = false;
+                continue;
+            };
+            match self.check_trigger(name, &tp, spec, params) {
+                Some(t) => {
+                    out.insert(name.clone(), t);
+                }
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    fn check_trigger(
+        &mut self,
+        name: &str,
+        tp: &YamlPath,
+        spec: &TriggerSpec,
+        params: &[Param],
+    ) -> Option<Trigger> {
+        let op = tp.key("objects");
+        let o = &spec.objects;
+        let mut ok = true;
+        match url::Url::parse(&o.source) {
+            Ok(u) if SOURCE_SCHEMES.contains(&u.scheme()) => {
+                if u.scheme() == "file" && !u.path().starts_with('/') {
+                    self.err(
+                        "invalid-source",
+                        &op.key("source"),
+                        "a `file://` source is an absolute path",
+                    );
+                    ok = false;
+                }
+            }
+            Ok(u) => {
+                let scheme = u.scheme().to_owned();
+                self.err(
+                    "invalid-source",
+                    &op.key("source"),
+                    format!("objects cannot be discovered under `{scheme}://`; use s3://, gs://, az:// or file://"),
+                )
+                .maybe_hint(did_you_mean(&scheme, SOURCE_SCHEMES.iter().copied()));
+                ok = false;
+            }
+            Err(e) => {
+                self.err(
+                    "invalid-source",
+                    &op.key("source"),
+                    format!("`{}` is not a URL: {e}", o.source),
+                )
+                .hint("e.g. `s3://fleet/incoming/` or `file:///data/incoming/`");
+                ok = false;
+            }
+        }
+        let matcher = match &o.pattern {
+            None => None,
+            Some(g) => match globset::GlobBuilder::new(g).literal_separator(true).build() {
+                Ok(g) => Some(g.compile_matcher()),
+                Err(e) => {
+                    self.err("invalid-glob", &op.key("match"), format!("`{g}`: {e}"));
+                    ok = false;
+                    None
+                }
+            },
+        };
+        if let Some(q) = &o.queue {
+            if !q.starts_with("http://") && !q.starts_with("https://") {
+                self.err(
+                    "invalid-queue",
+                    &op.key("queue"),
+                    format!("`{q}` is not an SQS queue URL (`https://sqs.REGION.amazonaws.com/ACCOUNT/NAME`)"),
+                );
+                ok = false;
+            }
+        }
+        let poll = self.duration_or(&op.key("poll"), o.poll.as_deref(), 10);
+        let rescan = self.duration_or(&op.key("rescan"), o.rescan.as_deref(), 600);
+        let bp = tp.key("batch");
+        let b = spec.batch.clone().unwrap_or(crate::spec::BatchSpec {
+            min_items: None,
+            max_items: None,
+            max_wait: None,
+            group_by: None,
+        });
+        let min_items = b.min_items.unwrap_or(1).max(1) as usize;
+        let max_items = b.max_items.unwrap_or(1000) as usize;
+        if max_items == 0 || max_items < min_items {
+            self.err(
+                "invalid-batch",
+                &bp.key("max_items"),
+                format!("`max_items` ({max_items}) is below `min_items` ({min_items})"),
+            );
+            ok = false;
+        }
+        let max_wait = match &b.max_wait {
+            Some(t) => Some(self.duration(&bp.key("max_wait"), t)?),
+            None => None,
+        };
+        let group_by = match &b.group_by {
+            None => None,
+            Some(g) => match Text::parse(g, OBJECT_VALUES) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    self.err("invalid-template", &bp.key("group_by"), e);
+                    ok = false;
+                    None
+                }
+            },
+        };
+        let mut tparams = BTreeMap::new();
+        for (param, text) in &spec.params {
+            let pp = tp.key("params").key(param);
+            if !params.iter().any(|x| &x.name == param) {
+                let known = params.iter().map(|x| x.name.as_str());
+                self.err_key(
+                    "unknown-param",
+                    &pp,
+                    format!(
+                        "trigger `{name}` sets `{param}`, which is not a param of this pipeline"
+                    ),
+                )
+                .maybe_hint(did_you_mean(param, known));
+                ok = false;
+                continue;
+            }
+            match Text::parse(text, TRIGGER_VALUES) {
+                Ok(t) => {
+                    tparams.insert(param.clone(), t);
+                }
+                Err(e) => {
+                    self.err("invalid-template", &pp, e);
+                    ok = false;
+                }
+            }
+        }
+        Some(Trigger {
+            name: name.to_owned(),
+            source: o.source.clone(),
+            pattern: o.pattern.clone(),
+            matcher,
+            queue: o.queue.clone(),
+            poll: poll?,
+            rescan: rescan?,
+            min_items,
+            max_items,
+            max_wait,
+            group_by,
+            params: tparams,
+            paused: spec.paused,
+        })
+        .filter(|_| ok)
+    }
+
+    fn duration_or(
+        &mut self,
+        path: &YamlPath,
+        text: Option<&str>,
+        default_s: u64,
+    ) -> Option<std::time::Duration> {
+        match text {
+            Some(t) => self.duration(path, t),
+            None => Some(std::time::Duration::from_secs(default_s)),
+        }
+    }
+
+    /// Every sink, or `None` if one is invalid (reported).
+    pub(super) fn check_notify(&mut self, specs: &[NotifySpec]) -> Option<Vec<Sink>> {
+        let mut out = Vec::new();
+        let mut ok = true;
+        for (i, s) in specs.iter().enumerate() {
+            let np = p("notify").index(i);
+            let secret = |env: &Option<String>, file: &Option<String>| match (env, file) {
+                (Some(e), None) => Some(Secret::Env(e.clone())),
+                (None, Some(f)) => Some(Secret::File(f.clone())),
+                _ => None,
+            };
+            let mut kinds = Vec::new();
+            if let Some(w) = &s.webhook {
+                match url::Url::parse(&w.url) {
+                    Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {}
+                    _ => {
+                        self.err(
+                            "invalid-url",
+                            &np.key("webhook").key("url"),
+                            format!("`{}` is not an http:// or https:// URL", w.url),
+                        );
+                        ok = false;
+                    }
+                }
+                if w.secret_env.is_some() && w.secret_file.is_some() {
+                    self.err(
+                        "invalid-secret",
+                        &np.key("webhook"),
+                        "give `secret_env` or `secret_file`, not both",
+                    );
+                    ok = false;
+                }
+                kinds.push(SinkKind::Webhook {
+                    url: w.url.clone(),
+                    secret: secret(&w.secret_env, &w.secret_file),
+                });
+            }
+            if let Some(sl) = &s.slack {
+                match secret(&sl.url_env, &sl.url_file) {
+                    Some(url) => kinds.push(SinkKind::Slack { url }),
+                    None => {
+                        self.err(
+                            "invalid-secret",
+                            &np.key("slack"),
+                            "a Slack webhook's URL is a secret: name it with `url_env` or `url_file` (one of them)",
+                        );
+                        ok = false;
+                    }
+                }
+            }
+            if let Some(e) = &s.email {
+                match url::Url::parse(&e.smtp) {
+                    Ok(u) if u.scheme() == "smtp" && u.host_str().is_some() => {}
+                    _ => {
+                        self.err(
+                            "invalid-url",
+                            &np.key("email").key("smtp"),
+                            format!("`{}` is not an `smtp://host:port` URL", e.smtp),
+                        );
+                        ok = false;
+                    }
+                }
+                if e.to.is_empty() {
+                    self.err("invalid-email", &np.key("email").key("to"), "no recipient");
+                    ok = false;
+                }
+                kinds.push(SinkKind::Email {
+                    smtp: e.smtp.clone(),
+                    from: e.from.clone(),
+                    to: e.to.clone(),
+                    auth: e.auth_env.clone().map(Secret::Env),
+                });
+            }
+            if kinds.len() != 1 {
+                self.err(
+                    "invalid-sink",
+                    &np,
+                    "each `notify` entry has one of `webhook`, `slack` or `email`",
+                );
+                ok = false;
+                continue;
+            }
+            let mut on = s.on.clone();
+            if on.is_empty() {
+                on = NotifyEvent::ENDS.to_vec();
+            }
+            out.push(Sink {
+                name: format!("notify[{i}]"),
+                on,
+                to: kinds.remove(0),
+            });
+        }
+        ok.then_some(out)
+    }
+}

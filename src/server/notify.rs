@@ -1,0 +1,129 @@
+//! `serve`'s notifications: runs whose start or end has not been weighed get their
+//! notifications put in the outbox (with the note that they were weighed, in one
+//! transaction), and due notifications are delivered, retried with backoff, and
+//! dead-lettered after [`notify::MAX_ATTEMPTS`].
+//!
+//! The outbox is filled from the runs table, not from the engine's events, so a run
+//! ended by anything (its engine, a resume that found it lost, `cancel` from another
+//! process, a server killed and restarted) is told of all the same.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use drivetrain_engine::events::{notify, NotifyEvent};
+use drivetrain_engine::state::{OutboxItem, RunRecord};
+
+use super::Server;
+
+/// Deliveries at once.
+const DELIVERIES: usize = 8;
+
+impl Server {
+    /// Weighs runs and delivers notifications every half second until the server stops.
+    pub(crate) async fn notify_loop(self: Arc<Self>) {
+        drivetrain_engine::cloud::install_crypto();
+        let http = match reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+        {
+            Ok(h) => h,
+            Err(e) => {
+                eprintln!("notifications: {e}");
+                return;
+            }
+        };
+        let source = format!(
+            "drivetrain://{}",
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_else(|_| "localhost".into())
+        );
+        while !self.stopping.load(Ordering::SeqCst) {
+            let me = self.clone();
+            let src = source.clone();
+            match tokio::task::spawn_blocking(move || me.weigh_runs(&src)).await {
+                Ok(Err(e)) => eprintln!("notifications: {e:#}"),
+                Err(e) => eprintln!("notifications: {e}"),
+                Ok(Ok(())) => {}
+            }
+            if let Err(e) = self.deliver_due(&http).await {
+                eprintln!("notifications: {e:#}");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Puts the notifications of runs not yet weighed in the outbox.
+    fn weigh_runs(&self, source: &str) -> anyhow::Result<()> {
+        let state = self.engine.state();
+        for run in state.unnotified_runs(500)? {
+            let items = self.notifications_of(&run, source);
+            state.enqueue_notifications(&run.id, run.phase.as_str(), &items)?;
+        }
+        Ok(())
+    }
+
+    /// A run's notifications for the sinks of its pipeline: its start, and its end once
+    /// it has ended (a start already enqueued is kept: the outbox's ids are unique).
+    fn notifications_of(&self, run: &RunRecord, source: &str) -> Vec<OutboxItem> {
+        let Some(l) = self.loaded().get(&run.pipeline).cloned() else {
+            return Vec::new();
+        };
+        if l.pipeline.notify.is_empty() {
+            return Vec::new();
+        }
+        let mut events = vec![NotifyEvent::Started];
+        if run.phase.is_terminal() {
+            events.extend(NotifyEvent::of_phase(run.phase));
+        }
+        notify::outbox_items(run, &events, &l.pipeline.notify, source)
+    }
+
+    /// Delivers the notifications that are due, [`DELIVERIES`] at once.
+    async fn deliver_due(&self, http: &reqwest::Client) -> anyhow::Result<()> {
+        let state = self.engine.state().clone();
+        let now = drivetrain_engine::state::now();
+        let due = tokio::task::spawn_blocking(move || state.due_notifications(&now, 64)).await??;
+        let outcomes = futures::future::join_all(due.chunks(DELIVERIES).map(|chunk| async move {
+            let mut out = Vec::new();
+            for item in chunk {
+                out.push((item, notify::deliver(item, http).await));
+            }
+            out
+        }))
+        .await;
+        let state = self.engine.state().clone();
+        let outcomes: Vec<(String, u32, Result<(), String>)> = outcomes
+            .into_iter()
+            .flatten()
+            .map(|(i, r)| (i.id.clone(), i.attempts, r))
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            for (id, attempts, r) in outcomes {
+                let done = match r {
+                    Ok(()) => state.notification_outcome(&id, None, None),
+                    Err(e) if attempts + 1 >= notify::MAX_ATTEMPTS => {
+                        eprintln!(
+                            "notification {id}: dead after {} attempts: {e}",
+                            attempts + 1
+                        );
+                        state.notification_outcome(&id, Some(&e), None)
+                    }
+                    Err(e) => {
+                        let at = chrono::Utc::now()
+                            + chrono::Duration::from_std(notify::backoff(attempts + 1))
+                                .unwrap_or_default();
+                        let at = at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+                        state.notification_outcome(&id, Some(&e), Some(&at))
+                    }
+                };
+                if let Err(e) = done {
+                    eprintln!("notification {id}: cannot record its delivery: {e}");
+                }
+            }
+        })
+        .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,460 @@
+//! `serve`'s triggers: each trigger of a served pipeline finds objects (listing its
+//! prefix from a durable cursor, and its SQS queue of bucket notifications where it has
+//! one), puts them in the state store's inbox, and starts a run when a batch is due.
+//!
+//! Crash safety is the inbox's: an object is recorded before its queue message is
+//! deleted, and a batch's objects become a run's in the transaction that creates the
+//! run, so a server killed anywhere starts no batch twice and loses no object; the run
+//! it created but did not start is resumed by the next server like any orphaned run.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use drivetrain_engine::events::batch::{self, Decision};
+use drivetrain_engine::events::discover::Source;
+use drivetrain_engine::events::sqs::{self, Queue};
+use drivetrain_engine::events::Trigger;
+use drivetrain_engine::state::{InboxObject, RunId, RunRecord};
+use serde_json::{json, Value};
+
+use super::{Loaded, Server};
+
+/// How often waiting objects are weighed (and `max_wait` noticed).
+const EVALUATE_EVERY: Duration = Duration::from_millis(500);
+
+impl Server {
+    /// Registers every trigger of the served pipelines and starts its loops.
+    pub(crate) fn start_triggers(self: &Arc<Self>) -> anyhow::Result<()> {
+        let loaded: Vec<Arc<Loaded>> = self.loaded().values().cloned().collect();
+        for l in loaded {
+            for t in l.pipeline.triggers.values() {
+                self.engine.state().ensure_trigger(
+                    &l.pipeline.name,
+                    &t.name,
+                    &l.file.display().to_string(),
+                    t.paused,
+                )?;
+                let wake = Arc::new(tokio::sync::Notify::new());
+                println!(
+                    "trigger {}/{}: objects under {}{}",
+                    l.pipeline.name,
+                    t.name,
+                    t.source,
+                    t.queue
+                        .as_ref()
+                        .map(|q| format!(" (notifications from {q})"))
+                        .unwrap_or_default()
+                );
+                tokio::spawn(
+                    self.clone()
+                        .trigger_loop(l.clone(), t.clone(), wake.clone()),
+                );
+                if let Some(q) = &t.queue {
+                    tokio::spawn(
+                        self.clone()
+                            .queue_loop(l.clone(), t.clone(), q.clone(), wake),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Lists the prefix every `poll` (the whole prefix every `rescan`) and weighs what
+    /// waits every [`EVALUATE_EVERY`], or at once when the queue found something.
+    async fn trigger_loop(
+        self: Arc<Self>,
+        l: Arc<Loaded>,
+        t: Trigger,
+        wake: Arc<tokio::sync::Notify>,
+    ) {
+        let pipeline = l.pipeline.name.clone();
+        let name = format!("trigger {pipeline}/{}", t.name);
+        let source = match Source::open(&t.source) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("{name}: {e}");
+                let _ = self.engine.state().note_evaluation(&pipeline, &t.name, &e);
+                return;
+            }
+        };
+        let mut cursor = self
+            .trigger_record(&pipeline, &t.name)
+            .and_then(|r| r.cursor);
+        let (mut listed_at, mut rescanned_at): (Option<Instant>, Option<Instant>) = (None, None);
+        while !self.stopping.load(Ordering::SeqCst) {
+            let rescan_due = rescanned_at.is_none_or(|at| at.elapsed() >= t.rescan);
+            let rescan = rescan_due || source.lists_whole();
+            if rescan_due || listed_at.is_none_or(|at| at.elapsed() >= t.poll) {
+                let after = if rescan { None } else { cursor.clone() };
+                match source.list(&t, after.as_deref()).await {
+                    Ok(found) => {
+                        let next = found
+                            .last_key
+                            .clone()
+                            .filter(|k| cursor.as_ref().is_none_or(|c| k > c));
+                        let state = self.engine.state().clone();
+                        let (p, n, objs, c) = (
+                            pipeline.clone(),
+                            t.name.clone(),
+                            found.objects,
+                            next.clone(),
+                        );
+                        let added = tokio::task::spawn_blocking(move || {
+                            state.add_objects(&p, &n, &objs, c.as_deref(), rescan)
+                        })
+                        .await;
+                        match added {
+                            Ok(Ok(new)) => {
+                                if new > 0 {
+                                    println!("{name}: {new} new object(s) listed");
+                                }
+                                cursor = next.or(cursor);
+                                listed_at = Some(Instant::now());
+                                if rescan {
+                                    rescanned_at = listed_at;
+                                }
+                            }
+                            Ok(Err(e)) => eprintln!("{name}: cannot record objects: {e}"),
+                            Err(e) => eprintln!("{name}: {e}"),
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("{name}: {e}");
+                        let _ = self.engine.state().note_evaluation(&pipeline, &t.name, &e);
+                        listed_at = Some(Instant::now());
+                    }
+                }
+            }
+            let me = self.clone();
+            let (l2, t2) = (l.clone(), t.clone());
+            match tokio::task::spawn_blocking(move || me.evaluate(&l2, &t2)).await {
+                Ok(Err(e)) => eprintln!("{name}: {e:#}"),
+                Err(e) => eprintln!("{name}: {e}"),
+                Ok(Ok(fired)) => {
+                    for (id, objs) in fired {
+                        if let Err(e) = self.start_triggered(&id, &l, &t, &objs).await {
+                            eprintln!("run {id}: cannot start: {e:#}");
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(EVALUATE_EVERY) => {}
+                _ = wake.notified() => {}
+            }
+        }
+    }
+
+    /// Receives the queue's notifications, records their objects, then deletes them.
+    async fn queue_loop(
+        self: Arc<Self>,
+        l: Arc<Loaded>,
+        t: Trigger,
+        queue: String,
+        wake: Arc<tokio::sync::Notify>,
+    ) {
+        let pipeline = l.pipeline.name.clone();
+        let name = format!("trigger {pipeline}/{}", t.name);
+        let q = match Queue::new(&queue) {
+            Ok(q) => q,
+            Err(e) => {
+                eprintln!("{name}: {e}");
+                return;
+            }
+        };
+        let base = match t.source.ends_with('/') {
+            true => t.source.clone(),
+            false => format!("{}/", t.source),
+        };
+        while !self.stopping.load(Ordering::SeqCst) {
+            let messages = match q.receive(1).await {
+                Ok(m) => m,
+                Err(e) => {
+                    eprintln!("{name}: {e}");
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    continue;
+                }
+            };
+            if messages.is_empty() {
+                continue;
+            }
+            let now = drivetrain_engine::state::now();
+            let mut objects = Vec::new();
+            let mut done = Vec::new();
+            for m in &messages {
+                match sqs::announced(&m.body) {
+                    Ok(found) => {
+                        for a in found {
+                            let url = a.url();
+                            let Some(key) = url.strip_prefix(&base) else {
+                                continue;
+                            };
+                            if !t.matches(key) {
+                                continue;
+                            }
+                            objects.push(InboxObject {
+                                group: t.group(key),
+                                url: url.clone(),
+                                etag: a.etag,
+                                size: a.size,
+                                modified: a.event_time,
+                                discovered_at: now.clone(),
+                            });
+                        }
+                        done.push(m.receipt.clone());
+                    }
+                    // Left in the queue (its redrive policy decides), and said.
+                    Err(e) => eprintln!("{name}: a message that is not an S3 event: {e}"),
+                }
+            }
+            let state = self.engine.state().clone();
+            let (p, n) = (pipeline.clone(), t.name.clone());
+            let added = tokio::task::spawn_blocking(move || {
+                state.add_objects(&p, &n, &objects, None, false)
+            })
+            .await;
+            match added {
+                Ok(Ok(new)) => {
+                    if new > 0 {
+                        println!("{name}: {new} new object(s) announced");
+                        wake.notify_one();
+                    }
+                    // Only once recorded: a server killed before this receives them again.
+                    if let Err(e) = q.delete(&done).await {
+                        eprintln!("{name}: {e}");
+                    }
+                }
+                Ok(Err(e)) => eprintln!("{name}: cannot record objects: {e}"),
+                Err(e) => eprintln!("{name}: {e}"),
+            }
+        }
+    }
+
+    fn trigger_record(
+        &self,
+        pipeline: &str,
+        trigger: &str,
+    ) -> Option<drivetrain_engine::state::TriggerRecord> {
+        self.engine
+            .state()
+            .triggers()
+            .ok()?
+            .into_iter()
+            .find(|r| r.pipeline == pipeline && r.trigger == trigger)
+    }
+
+    /// Weighs what waits and creates the runs that are due, with their objects
+    /// (blocking: state-store calls); the caller starts them.
+    #[allow(clippy::type_complexity)]
+    fn evaluate(
+        self: &Arc<Self>,
+        l: &Arc<Loaded>,
+        t: &Trigger,
+    ) -> anyhow::Result<Vec<(RunId, Vec<InboxObject>)>> {
+        let pipeline = &l.pipeline.name;
+        let state = self.engine.state().clone();
+        let mut out = Vec::new();
+        loop {
+            if self.stopping.load(Ordering::SeqCst) {
+                return Ok(out);
+            }
+            let paused = self
+                .trigger_record(pipeline, &t.name)
+                .is_some_and(|r| r.paused);
+            let waiting = state.waiting(pipeline, &t.name)?;
+            let decisions = batch::decide(t, &waiting, chrono::Utc::now(), paused);
+            if decisions.is_empty() {
+                if out.is_empty() {
+                    state.note_evaluation(pipeline, &t.name, "no object waiting")?;
+                }
+                return Ok(out);
+            }
+            let mut fired = false;
+            let mut said = Vec::new();
+            for d in decisions {
+                match d {
+                    Decision::Wait { why, .. } => said.push(why),
+                    Decision::Fire {
+                        group,
+                        min,
+                        max,
+                        why,
+                    } => {
+                        let id = RunId::generate(chrono::Utc::now());
+                        let record =
+                            |objs: &[InboxObject]| self.trigger_run(&id, l, t, &group, objs);
+                        let objs =
+                            state.claim_batch(pipeline, &t.name, &group, min, max, &record)?;
+                        if objs.is_empty() {
+                            said.push(format!("{why}, but another server took them"));
+                            continue;
+                        }
+                        fired = true;
+                        said.push(format!("fired run {id}: {why}"));
+                        println!(
+                            "trigger {pipeline}/{}: run {id} for {} object(s) ({why})",
+                            t.name,
+                            objs.len()
+                        );
+                        out.push((id, objs));
+                    }
+                }
+            }
+            state.note_evaluation(pipeline, &t.name, &said.join("; "))?;
+            // A fired batch may have left a full one behind.
+            if !fired {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// The run a batch becomes: Running, this process its engine, its params rendered.
+    fn trigger_run(
+        &self,
+        id: &RunId,
+        l: &Loaded,
+        t: &Trigger,
+        group: &str,
+        objs: &[InboxObject],
+    ) -> RunRecord {
+        let values = trigger_values(
+            &manifest_location(self.engine.artifacts(), id),
+            t,
+            group,
+            objs,
+        );
+        let overrides: Vec<(String, String)> = t
+            .params
+            .iter()
+            .map(|(k, v)| (k.clone(), v.render(|r| values.get(r).cloned())))
+            .collect();
+        // A param the trigger sets that does not take its value: the run ends at once, as
+        // Error, with the reason (its objects stay its, for `forget` and a retry).
+        let (params, bad) = match l.pipeline.resolve_params(&overrides) {
+            Ok(p) => (p, None),
+            Err(e) => (BTreeMap::new(), Some(e.join("; "))),
+        };
+        let mut r = self
+            .run_record(
+                id,
+                &l.pipeline.name,
+                &l.file.display().to_string(),
+                &l.digest,
+                &params,
+                "trigger",
+                None,
+            )
+            .expect("params serialize");
+        if let Some(why) = bad {
+            r.phase = drivetrain_engine::state::Phase::Error;
+            r.reason = Some(format!("trigger `{}`: {why}", t.name));
+            r.finished_at = Some(drivetrain_engine::state::now());
+            r.engine_pid = None;
+        }
+        r
+    }
+
+    /// Writes the batch's manifest and starts its run.
+    async fn start_triggered(
+        self: &Arc<Self>,
+        id: &RunId,
+        l: &Arc<Loaded>,
+        t: &Trigger,
+        objs: &[InboxObject],
+    ) -> anyhow::Result<()> {
+        let record = self.engine.state().run(id)?;
+        write_manifest(self.engine.artifacts(), id, &l.pipeline.name, &t.name, objs).await?;
+        if record.phase.is_terminal() {
+            eprintln!("run {id}: {}", record.reason.as_deref().unwrap_or("ended"));
+            return Ok(());
+        }
+        let params: BTreeMap<String, Value> = serde_json::from_value(record.params.clone())?;
+        self.start(
+            id.clone(),
+            l.pipeline.clone(),
+            params,
+            "trigger",
+            None,
+            &l.file.display().to_string(),
+            &l.digest,
+            Some(record),
+        )
+    }
+
+    /// Writes again the manifest of a triggered run about to be resumed (the server that
+    /// created the run may have died before it wrote it).
+    pub(crate) async fn restore_manifest(&self, run: &RunId) -> anyhow::Result<()> {
+        let Some(rt) = self.engine.state().run_trigger(run)? else {
+            return Ok(());
+        };
+        let record = self.engine.state().run(run)?;
+        write_manifest(
+            self.engine.artifacts(),
+            run,
+            &record.pipeline,
+            &rt.trigger,
+            &rt.objects,
+        )
+        .await
+    }
+}
+
+/// The manifest's key in the artifact store.
+fn manifest_key(run: &RunId) -> String {
+    format!("triggers/{run}/objects.json")
+}
+
+/// Where a run's manifest is, as a stage reads it: a path with a `file://` store, else
+/// its URL.
+fn manifest_location(store: &drivetrain_engine::artifacts::ArtifactStore, run: &RunId) -> String {
+    let key = manifest_key(run);
+    match store.local_root() {
+        Some(root) => root.join(&key).display().to_string(),
+        None => store.artifact_url(&key),
+    }
+}
+
+/// The values a trigger's params are rendered with.
+fn trigger_values(
+    manifest: &str,
+    t: &Trigger,
+    group: &str,
+    objs: &[InboxObject],
+) -> BTreeMap<&'static str, String> {
+    BTreeMap::from([
+        ("trigger.manifest", manifest.to_owned()),
+        ("trigger.name", t.name.clone()),
+        ("trigger.count", objs.len().to_string()),
+        ("trigger.group", group.to_owned()),
+        (
+            "trigger.urls",
+            objs.iter()
+                .map(|o| o.url.as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+    ])
+}
+
+/// Writes the JSON list of a batch's objects (the same bytes however often).
+async fn write_manifest(
+    store: &drivetrain_engine::artifacts::ArtifactStore,
+    run: &RunId,
+    pipeline: &str,
+    trigger: &str,
+    objs: &[InboxObject],
+) -> anyhow::Result<()> {
+    let body = serde_json::to_vec_pretty(&json!({
+        "pipeline": pipeline,
+        "trigger": trigger,
+        "run": run.0,
+        "objects": objs.iter().map(|o| json!({"url": o.url, "etag": o.etag, "size": o.size})).collect::<Vec<_>>(),
+    }))?;
+    let path = object_store::path::Path::from(manifest_key(run));
+    use object_store::ObjectStoreExt as _;
+    store.object_store().put(&path, body.into()).await?;
+    Ok(())
+}

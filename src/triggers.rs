@@ -1,0 +1,277 @@
+//! `drivetrain trigger list|show|pause|resume|backfill` and `drivetrain notifications`:
+//! what `serve`'s triggers and outbox keep in the state store, read and changed from any
+//! process that shares it.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use drivetrain_engine::events::discover::Source;
+use drivetrain_engine::state::{StateStore, TriggerRecord};
+use drivetrain_engine::Catalog;
+use serde_json::json;
+
+use crate::cli::TriggerCommand;
+use crate::runs::open_state;
+
+/// The trigger `name` names: `PIPELINE/TRIGGER`, or a trigger name only one pipeline has.
+fn find(state: &dyn StateStore, name: &str) -> anyhow::Result<Result<TriggerRecord, String>> {
+    let all = state.triggers()?;
+    let found: Vec<TriggerRecord> = all
+        .iter()
+        .filter(|t| match name.split_once('/') {
+            Some((p, n)) => t.pipeline == p && t.trigger == n,
+            None => t.trigger == name,
+        })
+        .cloned()
+        .collect();
+    Ok(match found.len() {
+        1 => Ok(found.into_iter().next().expect("one")),
+        0 => Err(format!(
+            "no trigger `{name}`; known: {}",
+            match all.is_empty() {
+                true => "none (`drivetrain serve --pipelines DIR` registers them)".to_owned(),
+                false => all
+                    .iter()
+                    .map(|t| format!("{}/{}", t.pipeline, t.trigger))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }
+        )),
+        _ => Err(format!(
+            "`{name}` is a trigger of several pipelines: write PIPELINE/{name}"
+        )),
+    })
+}
+
+/// How long the oldest waiting object has waited, in seconds.
+fn lag_s(t: &TriggerRecord) -> Option<f64> {
+    let oldest = chrono::DateTime::parse_from_rfc3339(t.oldest_waiting.as_deref()?).ok()?;
+    Some(
+        (chrono::Utc::now() - oldest.with_timezone(&chrono::Utc)).num_milliseconds() as f64
+            / 1000.0,
+    )
+}
+
+fn view(t: &TriggerRecord) -> serde_json::Value {
+    let mut v = serde_json::to_value(t).unwrap_or_default();
+    v["lag_seconds"] = json!(lag_s(t));
+    v
+}
+
+/// `drivetrain trigger …`.
+pub fn command(
+    catalog: &Catalog,
+    home: &Path,
+    command: TriggerCommand,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    let state = open_state(home)?;
+    let usage = |e: String| {
+        eprintln!("error: {e}");
+        Ok(ExitCode::from(2))
+    };
+    match command {
+        TriggerCommand::List => {
+            let all = state.triggers()?;
+            if json_out {
+                let rows: Vec<_> = all.iter().map(view).collect();
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else if all.is_empty() {
+                println!("no triggers yet: `drivetrain serve --pipelines DIR` registers them");
+            } else {
+                println!(
+                    "{:<36} {:<7} {:>8} {:>9} {:>9}  LAST DECISION",
+                    "TRIGGER", "STATE", "WAITING", "LAG", "CONSUMED"
+                );
+                for t in &all {
+                    println!(
+                        "{:<36} {:<7} {:>8} {:>9} {:>9}  {}",
+                        format!("{}/{}", t.pipeline, t.trigger),
+                        if t.paused { "paused" } else { "active" },
+                        t.waiting,
+                        lag_s(t)
+                            .map(|s| format!("{s:.0}s"))
+                            .unwrap_or_else(|| "-".into()),
+                        t.consumed,
+                        t.last_reason.as_deref().unwrap_or("-")
+                    );
+                }
+            }
+        }
+        TriggerCommand::Show { trigger } => {
+            let t = match find(&*state, &trigger)? {
+                Ok(t) => t,
+                Err(e) => return usage(e),
+            };
+            if json_out {
+                println!("{}", serde_json::to_string_pretty(&view(&t))?);
+            } else {
+                println!("trigger {}/{} ({})", t.pipeline, t.trigger, t.file);
+                println!(
+                    "  state:     {}",
+                    if t.paused { "paused" } else { "active" }
+                );
+                println!(
+                    "  cursor:    {}",
+                    t.cursor.as_deref().unwrap_or("(none yet)")
+                );
+                println!(
+                    "  rescanned: {}",
+                    t.rescanned_at.as_deref().unwrap_or("never")
+                );
+                println!(
+                    "  waiting:   {}{}",
+                    t.waiting,
+                    lag_s(&t)
+                        .map(|s| format!(" (the oldest for {s:.0} s)"))
+                        .unwrap_or_default()
+                );
+                println!("  consumed:  {}   skipped: {}", t.consumed, t.skipped);
+                println!(
+                    "  last:      {} at {}",
+                    t.last_reason.as_deref().unwrap_or("-"),
+                    t.evaluated_at.as_deref().unwrap_or("-")
+                );
+            }
+        }
+        TriggerCommand::Pause { trigger } => {
+            let t = match find(&*state, &trigger)? {
+                Ok(t) => t,
+                Err(e) => return usage(e),
+            };
+            state.set_trigger_paused(&t.pipeline, &t.trigger, true, false)?;
+            println!(
+                "paused {}/{}: objects keep queueing ({} waiting); no run starts until `drivetrain trigger resume`",
+                t.pipeline, t.trigger, t.waiting
+            );
+        }
+        TriggerCommand::Resume {
+            trigger,
+            replay,
+            skip,
+        } => {
+            let t = match find(&*state, &trigger)? {
+                Ok(t) => t,
+                Err(e) => return usage(e),
+            };
+            if t.waiting > 0 && !replay && !skip {
+                return usage(format!(
+                    "{} object(s) queued while {}/{} was paused: resume with `--replay` to start runs for them, or `--skip` to drop them (they stay recorded as skipped)",
+                    t.waiting, t.pipeline, t.trigger
+                ));
+            }
+            let skipped = state.set_trigger_paused(&t.pipeline, &t.trigger, false, skip)?;
+            match skip {
+                true => println!(
+                    "resumed {}/{}: {skipped} queued object(s) skipped",
+                    t.pipeline, t.trigger
+                ),
+                false => println!(
+                    "resumed {}/{}: {} queued object(s) go to runs",
+                    t.pipeline, t.trigger, t.waiting
+                ),
+            }
+        }
+        TriggerCommand::Backfill { trigger, since } => {
+            let t = match find(&*state, &trigger)? {
+                Ok(t) => t,
+                Err(e) => return usage(e),
+            };
+            let since = match parse_since(&since) {
+                Ok(s) => s,
+                Err(e) => return usage(e),
+            };
+            let source = std::fs::read_to_string(&t.file)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", t.file))?;
+            let Some(pipeline) = drivetrain_engine::validate(&source, catalog).pipeline else {
+                return usage(format!(
+                    "{} does not validate (see `drivetrain validate`)",
+                    t.file
+                ));
+            };
+            let Some(spec) = pipeline.triggers.get(&t.trigger) else {
+                return usage(format!(
+                    "{} has no trigger `{}` any more",
+                    t.file, t.trigger
+                ));
+            };
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let listing = rt.block_on(async {
+                Source::open(&spec.source)
+                    .map_err(anyhow::Error::msg)?
+                    .list(spec, None)
+                    .await
+                    .map_err(anyhow::Error::msg)
+            })?;
+            let objects: Vec<_> = listing
+                .objects
+                .into_iter()
+                .filter(|o| o.modified.as_deref().is_some_and(|m| m >= since.as_str()))
+                .collect();
+            let new = state.add_objects(&t.pipeline, &t.trigger, &objects, None, false)?;
+            if json_out {
+                println!(
+                    "{}",
+                    json!({"listed": listing.listed, "since": since, "matched": objects.len(), "new": new})
+                );
+            } else {
+                println!(
+                    "backfill {}/{}: {} listed, {} modified since {since}, {new} new (the rest were seen before)",
+                    t.pipeline, t.trigger, listing.listed, objects.len()
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--since`: a date (midnight UTC) or an RFC 3339 time, as RFC 3339 UTC with millis.
+fn parse_since(s: &str) -> Result<String, String> {
+    let t = match chrono::DateTime::parse_from_rfc3339(s) {
+        Ok(t) => t.with_timezone(&chrono::Utc),
+        Err(_) => chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d")
+            .map_err(|_| format!("--since `{s}`: give a date (2026-11-01) or an RFC 3339 time"))?
+            .and_hms_opt(0, 0, 0)
+            .expect("midnight exists")
+            .and_utc(),
+    };
+    Ok(t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+}
+
+/// `drivetrain notifications`.
+pub fn notifications(
+    home: &Path,
+    state_filter: Option<&str>,
+    limit: usize,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    if let Some(s) = state_filter.filter(|s| !["pending", "delivered", "dead"].contains(s)) {
+        eprintln!("error: --state `{s}`: give pending, delivered or dead");
+        return Ok(ExitCode::from(2));
+    }
+    let state = open_state(home)?;
+    let items = state.notifications(state_filter, limit)?;
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&items)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let counts = state.notification_counts()?;
+    println!(
+        "{} pending, {} delivered, {} dead",
+        counts.get("pending").unwrap_or(&0),
+        counts.get("delivered").unwrap_or(&0),
+        counts.get("dead").unwrap_or(&0)
+    );
+    for i in &items {
+        println!(
+            "{:<9} {:<52} attempts {:<2} {}",
+            i.state,
+            i.id,
+            i.attempts,
+            i.last_error.as_deref().unwrap_or("")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
