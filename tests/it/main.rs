@@ -27,4 +27,5 @@ mod sandbox;
 mod schemathesis;
 mod serve;
 mod training;
+mod triggers;
 mod ui;

@@ -100,7 +100,10 @@ impl Queue {
         if let Some(t) = &creds.token {
             r = r.header("x-amz-security-token", t);
         }
-        let resp = r.send().await.map_err(|e| format!("{action}: {e}"))?;
+        let resp = r
+            .send()
+            .await
+            .map_err(|e| format!("{action}: {}", chain(&e)))?;
         let status = resp.status();
         let text = resp.text().await.map_err(|e| format!("{action}: {e}"))?;
         if !status.is_success() {
@@ -163,6 +166,17 @@ impl Queue {
         }
         Ok(())
     }
+}
+
+/// An error and its causes, on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    out
 }
 
 /// The objects a message announces as created: S3 event records (also inside an SNS

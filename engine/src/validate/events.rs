@@ -122,7 +122,11 @@ impl Cx<'_> {
             ok = false;
         }
         let max_wait = match &b.max_wait {
-            Some(t) => Some(self.duration(&bp.key("max_wait"), t)?),
+            Some(t) => {
+                let d = self.duration(&bp.key("max_wait"), t);
+                ok &= d.is_some();
+                d
+            }
             None => None,
         };
         let group_by = match &b.group_by {
@@ -265,13 +269,17 @@ impl Cx<'_> {
                     auth: e.auth_env.clone().map(Secret::Env),
                 });
             }
-            if kinds.len() != 1 {
+            let given = [s.webhook.is_some(), s.slack.is_some(), s.email.is_some()];
+            if given.iter().filter(|g| **g).count() != 1 {
                 self.err(
                     "invalid-sink",
                     &np,
                     "each `notify` entry has one of `webhook`, `slack` or `email`",
                 );
                 ok = false;
+                continue;
+            }
+            if kinds.len() != 1 {
                 continue;
             }
             let mut on = s.on.clone();

@@ -1,0 +1,663 @@
+//! Triggers and notifications of `drivetrain serve`, as real processes on the wall clock:
+//! objects landing under a local prefix and in moto's S3 (discovered by listing, and
+//! from moto's real S3 -> SQS event notifications) start runs in batches, each object
+//! consumed by exactly one run; pausing queues them; every run's end reaches a
+//! CloudEvents receiver that validates each request with the `cloudevents` SDK, a
+//! Slack-style webhook and an SMTP server (`aiosmtpd`); and `serve` killed with SIGKILL at
+//! random moments while objects land loses no object, starts no batch twice and tells of
+//! every run's end once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common;
+use common::{assert_ok, env_pairs, text, Home};
+use drivetrain_engine::testing::{free_port, venv_bin, S3Server};
+
+fn events_script(name: &str) -> String {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/events/").to_owned() + name
+}
+
+/// Polls `f` every 200 ms until it is `Some`, for at most `secs`.
+fn wait<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {secs} s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Runs (newest first) as `list -o json` gives them.
+fn runs(home: &Home, env: &[(&str, &str)]) -> Vec<serde_json::Value> {
+    let o = home.drivetrain_env(&["list", "-n", "1000", "-o", "json"], env);
+    serde_json::from_slice(&o.stdout).unwrap_or_default()
+}
+
+/// The objects (URLs) a run consumed, by `status -o json`.
+fn consumed(home: &Home, run: &str, env: &[(&str, &str)]) -> Vec<String> {
+    let o = home.drivetrain_env(&["status", run, "-o", "json"], env);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["trigger"]["objects"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|o| o["url"].as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn trigger_show(home: &Home, name: &str, env: &[(&str, &str)]) -> serde_json::Value {
+    let o = home.drivetrain_env(&["trigger", "show", name, "-o", "json"], env);
+    assert_ok(&o);
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn land(dir: &Path, key: &str, text: &str) {
+    let p = dir.join(key);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    // Written aside and renamed: a listing never sees half a file.
+    let tmp = dir.join(format!(".{}.part", key.replace('/', "_")));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, &p).unwrap();
+}
+
+fn kill9(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A child killed when dropped, a failed test's too.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        kill9(&mut self.0);
+    }
+}
+
+#[test]
+fn objects_under_a_local_prefix_start_runs_in_batches_each_object_once() {
+    let home = Home::new("trigger-local");
+    let incoming = home.dir.join("incoming");
+    std::fs::create_dir_all(home.dir.join("scheduled")).unwrap();
+    std::fs::create_dir_all(&incoming).unwrap();
+    home.write(
+        "scheduled/fleet.yaml",
+        &format!(
+            r#"
+version: 1
+name: fleet-ingest
+params:
+  manifest: {{type: string, default: ""}}
+  count: {{type: integer, default: 0}}
+triggers:
+  new-logs:
+    objects: {{source: "file://{}/", match: "**/*.mcap", poll: 300ms}}
+    batch: {{min_items: 3, max_wait: 2s}}
+    params: {{manifest: "{{{{ trigger.manifest }}}}", count: "{{{{ trigger.count }}}}"}}
+stages:
+  read:
+    run: {{command: [sh, -c, 'echo "count $2"; cat "$1"', read, "{{{{ params.manifest }}}}", "{{{{ params.count }}}}"]}}
+"#,
+            incoming.display()
+        ),
+    );
+    let mut serve = Killed(home.serve(&[]));
+    for k in [
+        "veh1/a.mcap",
+        "veh1/b.mcap",
+        "veh2/c.mcap",
+        "veh2/notes.txt",
+    ] {
+        land(&incoming, k, k);
+    }
+    let first = wait(20, "a run for three objects", || {
+        runs(&home, &[])
+            .into_iter()
+            .find(|r| r["phase"] == "Succeeded")
+    });
+    let first = first["id"].as_str().unwrap().to_owned();
+    let status = home.status(&first);
+    assert_eq!(status["run"]["trigger"], "trigger");
+    assert_eq!(status["trigger"]["name"], "new-logs");
+    let mut got = consumed(&home, &first, &[]);
+    got.sort();
+    let url = |k: &str| format!("file://{}/{k}", incoming.display());
+    assert_eq!(
+        got,
+        [url("veh1/a.mcap"), url("veh1/b.mcap"), url("veh2/c.mcap")],
+        "the glob, once each"
+    );
+    // The stage read its batch's manifest and count through its params.
+    let log = text(&home.drivetrain(&["logs", &first, "--stage", "read"]).stdout);
+    assert!(
+        log.contains("count 3") && log.contains(&url("veh2/c.mcap")),
+        "{log}"
+    );
+
+    // One more object: too few for a batch, so it goes after max_wait.
+    land(&incoming, "veh3/d.mcap", "d");
+    let second = wait(20, "a run after max_wait", || {
+        runs(&home, &[])
+            .into_iter()
+            .find(|r| r["id"] != first.as_str() && r["phase"] == "Succeeded")
+    });
+    let second = second["id"].as_str().unwrap().to_owned();
+    assert_eq!(consumed(&home, &second, &[]), [url("veh3/d.mcap")]);
+    let show = trigger_show(&home, "new-logs", &[]);
+    assert!(show["last_reason"].as_str().is_some(), "{show}");
+    assert_eq!(show["consumed"], 4);
+
+    // `forget` finds the runs an object started.
+    let forget = home.drivetrain(&[
+        "forget",
+        &incoming.join("veh3/d.mcap").display().to_string(),
+    ]);
+    assert!(
+        text(&forget.stdout).contains(&second),
+        "{}",
+        text(&forget.stdout)
+    );
+
+    // Paused: objects queue and no run starts; resuming asks what to do with them.
+    assert_ok(&home.drivetrain(&["trigger", "pause", "fleet-ingest/new-logs"]));
+    for k in ["veh4/e.mcap", "veh4/f.mcap", "veh4/g.mcap"] {
+        land(&incoming, k, k);
+    }
+    wait(20, "three objects queued", || {
+        (trigger_show(&home, "new-logs", &[])["waiting"] == 3).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3)); // past max_wait: still nothing
+    assert_eq!(runs(&home, &[]).len(), 2);
+    let o = home.drivetrain(&["trigger", "resume", "new-logs"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o.stderr).contains("--replay") && text(&o.stderr).contains("--skip"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = home.drivetrain(&["trigger", "resume", "new-logs", "--skip"]);
+    assert_ok(&o);
+    assert!(
+        text(&o.stdout).contains("3 queued object(s) skipped"),
+        "{}",
+        text(&o.stdout)
+    );
+    // A backfill lists them again: seen before, so none is new.
+    let o = home.drivetrain(&[
+        "trigger",
+        "backfill",
+        "new-logs",
+        "--since",
+        "2000-01-01",
+        "-o",
+        "json",
+    ]);
+    assert_ok(&o);
+    let b: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (b["matched"].as_u64(), b["new"].as_u64()),
+        (Some(7), Some(0)),
+        "{b}"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(runs(&home, &[]).len(), 2, "skipped objects start nothing");
+    kill9(&mut serve.0);
+}
+
+#[test]
+fn a_trigger_with_bad_fields_is_refused_with_locations() {
+    let home = Home::new("trigger-invalid");
+    home.write(
+        "bad.yaml",
+        r#"version: 1
+name: bad
+params: {source: {type: string, default: ""}}
+triggers:
+  new-logs:
+    objects: {source: "ftp://fleet/in/", match: "[*.mcap"}
+    batch: {min_items: 50, max_items: 10, max_wait: soon}
+    params: {sorce: "{{ trigger.manifest }}", source: "{{ trigger.nope }}"}
+notify:
+  - slack: {}
+stages:
+  a:
+    run: {command: ["true", "{{ params.source }}"]}
+"#,
+    );
+    let o = home.drivetrain(&["validate", "bad.yaml"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr) + &text(&o.stdout);
+    for want in [
+        "objects cannot be discovered under `ftp://`",
+        "triggers.new-logs.objects.match",
+        "`max_items` (10) is below `min_items` (50)",
+        "triggers.new-logs.batch.max_wait",
+        "sets `sorce`, which is not a param",
+        "unknown reference `trigger.nope`",
+        "a Slack webhook's URL is a secret",
+        "bad.yaml:6:",
+    ] {
+        assert!(err.contains(want), "no `{want}` in:\n{err}");
+    }
+}
+
+/// Our SigV4 signature of an SQS call is botocore's, byte for byte.
+#[test]
+fn the_sqs_signature_is_botocores() {
+    let python = venv_bin("python");
+    let (url, body, target) = (
+        "http://127.0.0.1:4566/",
+        r#"{"QueueUrl":"q"}"#,
+        "AmazonSQS.ReceiveMessage",
+    );
+    let o = Command::new(&python)
+        .args([
+            &events_script("s3_notify.py"),
+            "http://unused",
+            "sign",
+            url,
+            body,
+            target,
+        ])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let out = text(&o.stdout);
+    let mut lines = out.lines();
+    let (date, theirs) = (lines.next().unwrap(), lines.next().unwrap());
+    use drivetrain_engine::events::sigv4;
+    let creds = sigv4::Credentials {
+        access_key: "testing".into(),
+        secret_key: "testing".into(),
+        token: None,
+    };
+    let req = sigv4::Request {
+        method: "POST",
+        host: "127.0.0.1:4566",
+        path: "/",
+        query: &[],
+        headers: &[
+            ("content-type", "application/x-amz-json-1.0"),
+            ("x-amz-target", target),
+        ],
+        body: body.as_bytes(),
+    };
+    assert_eq!(
+        sigv4::authorization(&req, &creds, "us-east-1", "sqs", date),
+        theirs
+    );
+}
+
+#[test]
+fn s3_objects_announced_through_sqs_and_found_by_listing_each_start_one_run() {
+    let s3 = S3Server::start();
+    let python = venv_bin("python");
+    let helper = |args: &[&str]| {
+        let o = Command::new(&python)
+            .arg(events_script("s3_notify.py"))
+            .arg(s3.endpoint())
+            .args(args)
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        text(&o.stdout).trim().to_owned()
+    };
+    let queue = helper(&["setup", "fleet", "fleet-events"]);
+    let home = Home::new("trigger-s3");
+    std::fs::create_dir_all(home.dir.join("scheduled")).unwrap();
+    // `announced` hears only the queue (its listing runs once at start and then hourly);
+    // `listed` only lists.
+    home.write(
+        "scheduled/fleet.yaml",
+        &format!(
+            r#"
+version: 1
+name: s3-ingest
+triggers:
+  announced:
+    objects: {{source: "s3://fleet/incoming/", match: "**/*.mcap", queue: "{queue}", poll: 1h, rescan: 1h}}
+    batch: {{max_items: 1}}
+  listed:
+    objects: {{source: "s3://fleet/incoming/", match: "**/*.mcap", poll: 500ms}}
+    batch: {{max_items: 1}}
+stages:
+  a:
+    run: {{command: ["true"]}}
+"#
+        ),
+    );
+    let env = s3.env();
+    let env = env_pairs(&env);
+    let mut serve = Killed(home.serve(&env));
+    wait(30, "both triggers registered", || {
+        let o = home.drivetrain_env(&["trigger", "list", "-o", "json"], &env);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        (v.as_array().map(Vec::len) == Some(2)).then_some(())
+    });
+    helper(&["put", "fleet", "incoming/veh 7/a b.mcap", "a"]);
+    helper(&["multipart", "fleet", "incoming/veh8/big.mcap"]);
+    helper(&["put", "fleet", "elsewhere/x.mcap", "x"]);
+    helper(&["put", "fleet", "incoming/veh8/notes.txt", "n"]);
+    // S3 may announce an object twice: the same record again is no new object.
+    helper(&["resend", &queue, "fleet", "incoming/veh 7/a b.mcap"]);
+    let want: BTreeSet<String> = [
+        "s3://fleet/incoming/veh 7/a b.mcap",
+        "s3://fleet/incoming/veh8/big.mcap",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    let by_trigger = |name: &str| -> Vec<String> {
+        let mut all = Vec::new();
+        for r in runs(&home, &env) {
+            let id = r["id"].as_str().unwrap();
+            let o = home.drivetrain_env(&["status", id, "-o", "json"], &env);
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            if v["trigger"]["name"] == name {
+                for o in v["trigger"]["objects"].as_array().unwrap() {
+                    all.push(o["url"].as_str().unwrap().to_owned());
+                }
+            }
+        }
+        all.sort();
+        all
+    };
+    for name in ["announced", "listed"] {
+        let got = wait(30, &format!("runs of `{name}`"), || {
+            let got = by_trigger(name);
+            (got.len() >= 2).then_some(got)
+        });
+        assert_eq!(
+            got.iter().cloned().collect::<BTreeSet<_>>(),
+            want,
+            "{name}: {got:?}"
+        );
+    }
+    // Nothing more comes of the duplicate record, the test event or a rescan.
+    std::thread::sleep(Duration::from_secs(3));
+    for name in ["announced", "listed"] {
+        assert_eq!(by_trigger(name).len(), 2, "{name}: each object once");
+    }
+    let listed = trigger_show(&home, "listed", &env);
+    assert_eq!(listed["cursor"], "veh8/notes.txt", "{listed}");
+    kill9(&mut serve.0);
+    let err = std::fs::read_to_string(home.dir.join("serve.err")).unwrap_or_default();
+    assert!(!err.contains("not an S3 event"), "{err}");
+}
+
+/// A CloudEvents receiver (`tests/events/receiver.py`) on a free port.
+struct Receiver {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Receiver {
+    fn start(dir: &Path, secret: &str, fail_first: u32) -> Receiver {
+        let port = free_port();
+        let log = dir.join(format!("received-{port}.jsonl"));
+        let child = Command::new(venv_bin("python"))
+            .args([
+                &events_script("receiver.py"),
+                &port.to_string(),
+                secret,
+                &log.display().to_string(),
+                &fail_first.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait(30, "the receiver listening", || {
+            std::net::TcpStream::connect(("127.0.0.1", port))
+                .ok()
+                .map(|_| ())
+        });
+        Receiver { child, port, log }
+    }
+
+    fn received(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        kill9(&mut self.child);
+    }
+}
+
+#[test]
+fn run_ends_reach_a_cloudevents_receiver_a_chat_webhook_and_mail_once_each() {
+    let home = Home::new("notify");
+    std::fs::create_dir_all(home.dir.join("scheduled")).unwrap();
+    let secret = "s3cr3t-for-hmac";
+    // Every event is refused once first: it arrives on the retry.
+    let hook = Receiver::start(&home.dir, secret, 1);
+    let smtp_port = free_port();
+    let maildir = home.dir.join("mail");
+    let mut smtp = Killed(
+        Command::new(venv_bin("python"))
+            .args([
+                "-m",
+                "aiosmtpd",
+                "-n",
+                "-l",
+                &format!("127.0.0.1:{smtp_port}"),
+                "-c",
+                "aiosmtpd.handlers.Mailbox",
+            ])
+            .arg(&maildir)
+            .spawn()
+            .unwrap(),
+    );
+    wait(30, "aiosmtpd listening", || {
+        std::net::TcpStream::connect(("127.0.0.1", smtp_port))
+            .ok()
+            .map(|_| ())
+    });
+    let secret_file = home.write("hook.secret", &format!("{secret}\n"));
+    home.write(
+        "scheduled/notified.yaml",
+        &format!(
+            r#"
+version: 1
+name: notified
+params: {{fail: {{type: boolean, default: false}}}}
+notify:
+  - on: [started, succeeded, failed]
+    webhook: {{url: "http://127.0.0.1:{port}/events", secret_file: "{secret_file}"}}
+  - on: [failed]
+    slack: {{url_env: CHAT_HOOK}}
+  - on: [failed]
+    email: {{smtp: "smtp://127.0.0.1:{smtp_port}", from: "drivetrain@example.com", to: [oncall@example.com]}}
+stages:
+  work:
+    run: {{command: [sh, -c, 'test "$0" = false', "{{{{ params.fail }}}}"]}}
+"#,
+            port = hook.port,
+            secret_file = secret_file.display()
+        ),
+    );
+    let chat = format!("http://127.0.0.1:{}/slack", hook.port);
+    let env = [("CHAT_HOOK", chat.as_str())];
+    let mut serve = Killed(home.serve(&env));
+    let file = home
+        .dir
+        .join("scheduled/notified.yaml")
+        .display()
+        .to_string();
+    let ok = common::run_id(&home.drivetrain(&["run", &file]));
+    let failed = home.drivetrain(&["run", &file, "--param", "fail=true"]);
+    assert_eq!(failed.status.code(), Some(1));
+    let failed = common::run_id(&failed);
+    wait(60, "five events, a chat message and a mail", || {
+        let r = hook.received();
+        let mails = std::fs::read_dir(maildir.join("new"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        (r.len() >= 5 && mails >= 1).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3)); // nothing more comes
+    let got = hook.received();
+    assert!(got.iter().all(|e| e.get("invalid").is_none()), "{got:?}");
+    let ids: Vec<&str> = got.iter().filter_map(|e| e["id"].as_str()).collect();
+    let mut want = vec![
+        format!("{ok}.started"),
+        format!("{ok}.succeeded"),
+        format!("{failed}.started"),
+        format!("{failed}.failed"),
+    ];
+    want.sort();
+    let mut ids_sorted: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+    ids_sorted.sort();
+    assert_eq!(
+        ids_sorted, want,
+        "each event once (after its refused first try): {got:?}"
+    );
+    assert!(got
+        .iter()
+        .any(|e| e["type"] == "dev.drivetrain.run.failed" && e["subject"] == failed.as_str()));
+    let chats: Vec<&serde_json::Value> = got.iter().filter(|e| e.get("slack").is_some()).collect();
+    assert_eq!(chats.len(), 1, "{got:?}");
+    assert!(chats[0]["slack"]
+        .as_str()
+        .unwrap()
+        .contains(&format!("run {failed} of notified failed")));
+    let mail_file = std::fs::read_dir(maildir.join("new"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mail = std::fs::read_to_string(mail_file).unwrap();
+    assert!(
+        mail.contains("To: oncall@example.com") && mail.contains(&failed),
+        "{mail}"
+    );
+    let o = home.drivetrain(&["notifications", "-o", "json"]);
+    let outbox: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(outbox.len(), 6);
+    assert!(
+        outbox.iter().all(|n| n["state"] == "delivered"),
+        "{outbox:?}"
+    );
+    // The secrets are in no log.
+    for f in ["serve.log", "serve.err"] {
+        let t = std::fs::read_to_string(home.dir.join(f)).unwrap_or_default();
+        assert!(!t.contains(secret) && !t.contains(&chat), "{f}: {t}");
+    }
+    kill9(&mut serve.0);
+    kill9(&mut smtp.0);
+}
+
+#[test]
+fn serve_killed_at_random_moments_loses_no_object_and_starts_no_batch_twice() {
+    const OBJECTS: usize = 240;
+    const KILLS: usize = 24;
+    let home = Home::new("trigger-crash");
+    let incoming = home.dir.join("incoming");
+    std::fs::create_dir_all(home.dir.join("scheduled")).unwrap();
+    std::fs::create_dir_all(&incoming).unwrap();
+    let hook = Receiver::start(&home.dir, "k", 0);
+    home.write("hook.secret", "k\n");
+    home.write(
+        "scheduled/crash.yaml",
+        &format!(
+            r#"
+version: 1
+name: crash
+triggers:
+  logs:
+    objects: {{source: "file://{}/", poll: 200ms}}
+    batch: {{min_items: 4, max_items: 9, max_wait: 1s}}
+notify:
+  - webhook: {{url: "http://127.0.0.1:{}/", secret_file: "{}"}}
+stages:
+  a:
+    run: {{command: ["true"]}}
+"#,
+            incoming.display(),
+            hook.port,
+            home.dir.join("hook.secret").display()
+        ),
+    );
+    // Objects land from another thread while serve is killed and started again.
+    let writer = {
+        let incoming = incoming.clone();
+        std::thread::spawn(move || {
+            for i in 0..OBJECTS {
+                land(&incoming, &format!("d{i:04}.mcap"), &i.to_string());
+                std::thread::sleep(Duration::from_millis(60));
+            }
+        })
+    };
+    // A fixed seed: the same moments on every run of the test.
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for _ in 0..KILLS {
+        let mut serve = Killed(home.serve(&[]));
+        std::thread::sleep(Duration::from_millis(150 + next() % 700));
+        kill9(&mut serve.0);
+    }
+    writer.join().unwrap();
+    let mut serve = Killed(home.serve(&[]));
+    // Settles: every object consumed, every run ended, every end told.
+    let all = wait(120, "every object consumed and every run ended", || {
+        let rs = runs(&home, &[]);
+        let done = !rs.is_empty()
+            && rs
+                .iter()
+                .all(|r| r["phase"] != "Running" && r["phase"] != "Pending");
+        let t = trigger_show(&home, "logs", &[]);
+        (done && t["consumed"] == OBJECTS as u64 && t["waiting"] == 0).then_some(rs)
+    });
+    let mut owner: BTreeMap<String, String> = BTreeMap::new();
+    for r in &all {
+        let id = r["id"].as_str().unwrap();
+        let objs = consumed(&home, id, &[]);
+        assert!(
+            !objs.is_empty() && objs.len() <= 9,
+            "run {id}: {} objects",
+            objs.len()
+        );
+        for o in objs {
+            if let Some(other) = owner.insert(o.clone(), id.to_owned()) {
+                panic!("{o} consumed by {other} and {id}");
+            }
+        }
+        assert_eq!(r["phase"], "Succeeded", "{r}");
+    }
+    assert_eq!(owner.len(), OBJECTS, "every object consumed by one run");
+    // Every run's end told once, after de-duplication by the CloudEvents id.
+    let ends: BTreeSet<String> = all
+        .iter()
+        .map(|r| format!("{}.succeeded", r["id"].as_str().unwrap()))
+        .collect();
+    let told = wait(60, "every end told", || {
+        let got: BTreeSet<String> = hook
+            .received()
+            .iter()
+            .filter_map(|e| e["id"].as_str().map(str::to_owned))
+            .filter(|id| id.ends_with(".succeeded"))
+            .collect();
+        (got.len() >= ends.len()).then_some(got)
+    });
+    assert_eq!(told, ends);
+    kill9(&mut serve.0);
+}
