@@ -195,11 +195,17 @@ pub fn command(
                     t.file, t.trigger
                 ));
             };
+            let drivetrain_engine::events::Watch::Objects(o) = &spec.watch else {
+                return usage(format!(
+                    "`{}` watches runs, not objects: there is no listing to backfill",
+                    t.trigger
+                ));
+            };
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
             let listing = rt.block_on(async {
-                Source::open(&spec.source)
+                Source::open(&o.source)
                     .map_err(anyhow::Error::msg)?
                     .list(spec, None)
                     .await

@@ -133,14 +133,20 @@ pub struct ScheduleSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TriggerSpec {
-    /// New objects under a store prefix.
-    pub objects: ObjectsSpec,
+    /// New objects under a store prefix (this or `after`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objects: Option<ObjectsSpec>,
+    /// Runs of another pipeline ending (this or `objects`): each such run starts one run
+    /// of this pipeline (`batch` can gather several).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<AfterSpec>,
     /// How many objects one run takes, and how long the first may wait for more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<BatchSpec>,
     /// The params a run gets, by param name: templates over `trigger.manifest` (the URL
     /// of a JSON file listing the batch's objects), `trigger.name`, `trigger.count`,
-    /// `trigger.group` and `trigger.urls` (the objects' URLs, one per line).
+    /// `trigger.group`, `trigger.urls` (the objects' URLs, one per line) and, for `after`,
+    /// `trigger.run` (the first upstream run's id).
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub params: IndexMap<String, String>,
     /// A paused trigger keeps discovering objects and starts no run until resumed.
@@ -169,6 +175,18 @@ pub struct ObjectsSpec {
     /// the cursor or that a notification missed. Default `10m`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rescan: Option<String>,
+}
+
+/// Another pipeline's runs that start this one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AfterSpec {
+    /// The upstream pipeline's name.
+    pub pipeline: String,
+    /// The phases of its runs that count: `succeeded`, `failed`, `error`, `cancelled`.
+    /// Default `[succeeded]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phase: Vec<NotifyEvent>,
 }
 
 /// How objects become runs: a run starts when `min_items` objects wait, or when the

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use drivetrain_engine::events::batch::{self, Decision};
 use drivetrain_engine::events::discover::Source;
 use drivetrain_engine::events::sqs::{self, Queue};
-use drivetrain_engine::events::Trigger;
+use drivetrain_engine::events::{After, Objects, Trigger, Watch};
 use drivetrain_engine::state::{InboxObject, RunId, RunRecord};
 use serde_json::{json, Value};
 
@@ -37,25 +37,41 @@ impl Server {
                     t.paused,
                 )?;
                 let wake = Arc::new(tokio::sync::Notify::new());
+                let o = match &t.watch {
+                    Watch::Objects(o) => o.clone(),
+                    Watch::After(a) => {
+                        println!(
+                            "trigger {}/{}: after runs of {} end {:?}",
+                            l.pipeline.name, t.name, a.pipeline, a.phases
+                        );
+                        tokio::spawn(self.clone().after_loop(l.clone(), t.clone(), a.clone()));
+                        continue;
+                    }
+                };
                 println!(
                     "trigger {}/{}: objects under {}{}",
                     l.pipeline.name,
                     t.name,
-                    t.source,
-                    t.queue
+                    o.source,
+                    o.queue
                         .as_ref()
                         .map(|q| format!(" (notifications from {q})"))
                         .unwrap_or_default()
                 );
-                tokio::spawn(
-                    self.clone()
-                        .trigger_loop(l.clone(), t.clone(), wake.clone()),
-                );
-                if let Some(q) = &t.queue {
-                    tokio::spawn(
-                        self.clone()
-                            .queue_loop(l.clone(), t.clone(), q.clone(), wake),
-                    );
+                tokio::spawn(self.clone().trigger_loop(
+                    l.clone(),
+                    t.clone(),
+                    o.clone(),
+                    wake.clone(),
+                ));
+                if let Some(q) = &o.queue {
+                    tokio::spawn(self.clone().queue_loop(
+                        l.clone(),
+                        t.clone(),
+                        o.source.clone(),
+                        q.clone(),
+                        wake,
+                    ));
                 }
             }
         }
@@ -68,11 +84,12 @@ impl Server {
         self: Arc<Self>,
         l: Arc<Loaded>,
         t: Trigger,
+        o: Objects,
         wake: Arc<tokio::sync::Notify>,
     ) {
         let pipeline = l.pipeline.name.clone();
         let name = format!("trigger {pipeline}/{}", t.name);
-        let source = match Source::open(&t.source) {
+        let source = match Source::open(&o.source) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("{name}: {e}");
@@ -85,9 +102,9 @@ impl Server {
             .and_then(|r| r.cursor);
         let (mut listed_at, mut rescanned_at): (Option<Instant>, Option<Instant>) = (None, None);
         while !self.stopping.load(Ordering::SeqCst) {
-            let rescan_due = rescanned_at.is_none_or(|at| at.elapsed() >= t.rescan);
+            let rescan_due = rescanned_at.is_none_or(|at| at.elapsed() >= o.rescan);
             let rescan = rescan_due || source.lists_whole();
-            if rescan_due || listed_at.is_none_or(|at| at.elapsed() >= t.poll) {
+            if rescan_due || listed_at.is_none_or(|at| at.elapsed() >= o.poll) {
                 let after = if rescan { None } else { cursor.clone() };
                 match source.list(&t, after.as_deref()).await {
                     Ok(found) => {
@@ -128,23 +145,95 @@ impl Server {
                     }
                 }
             }
-            let me = self.clone();
-            let (l2, t2) = (l.clone(), t.clone());
-            match tokio::task::spawn_blocking(move || me.evaluate(&l2, &t2)).await {
-                Ok(Err(e)) => eprintln!("{name}: {e:#}"),
-                Err(e) => eprintln!("{name}: {e}"),
-                Ok(Ok(fired)) => {
-                    for (id, objs) in fired {
-                        if let Err(e) = self.start_triggered(&id, &l, &t, &objs).await {
-                            eprintln!("run {id}: cannot start: {e:#}");
-                        }
-                    }
-                }
-            }
+            self.evaluate_and_start(&l, &t).await;
             tokio::select! {
                 _ = tokio::time::sleep(EVALUATE_EVERY) => {}
                 _ = wake.notified() => {}
             }
+        }
+    }
+
+    /// Weighs what waits (off the async workers) and starts the runs that are due.
+    async fn evaluate_and_start(self: &Arc<Self>, l: &Arc<Loaded>, t: &Trigger) {
+        let name = format!("trigger {}/{}", l.pipeline.name, t.name);
+        let me = self.clone();
+        let (l2, t2) = (l.clone(), t.clone());
+        match tokio::task::spawn_blocking(move || me.evaluate(&l2, &t2)).await {
+            Ok(Err(e)) => eprintln!("{name}: {e:#}"),
+            Err(e) => eprintln!("{name}: {e}"),
+            Ok(Ok(fired)) => {
+                for (id, objs) in fired {
+                    if let Err(e) = self.start_triggered(&id, l, t, &objs).await {
+                        eprintln!("run {id}: cannot start: {e:#}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every second: the upstream pipeline's runs that ended in one of the phases since
+    /// the cursor (the newest end seen; at first, when the trigger was first served) go
+    /// into the inbox, one object each, and what waits is weighed.
+    async fn after_loop(self: Arc<Self>, l: Arc<Loaded>, t: Trigger, a: After) {
+        let pipeline = l.pipeline.name.clone();
+        let name = format!("trigger {pipeline}/{}", t.name);
+        while !self.stopping.load(Ordering::SeqCst) {
+            let state = self.engine.state().clone();
+            let (p, n, a2) = (pipeline.clone(), t.name.clone(), a.clone());
+            let found = tokio::task::spawn_blocking(move || -> anyhow::Result<usize> {
+                let cursor = state
+                    .triggers()?
+                    .into_iter()
+                    .find(|r| r.pipeline == p && r.trigger == n)
+                    .and_then(|r| r.cursor);
+                let Some(cursor) = cursor else {
+                    // First served now: runs that ended before do not count.
+                    state.add_objects(
+                        &p,
+                        &n,
+                        &[],
+                        Some(&drivetrain_engine::state::now()),
+                        false,
+                    )?;
+                    return Ok(0);
+                };
+                let filter = drivetrain_engine::state::RunFilter {
+                    pipeline: Some(a2.pipeline.clone()),
+                    ..Default::default()
+                };
+                let now = drivetrain_engine::state::now();
+                let ended: Vec<InboxObject> = state
+                    .find_runs(&filter, 1000)?
+                    .into_iter()
+                    .filter(|r| a2.phases.contains(&r.phase))
+                    .filter(|r| {
+                        r.finished_at
+                            .as_deref()
+                            .is_some_and(|f| f > cursor.as_str())
+                    })
+                    .map(|r| InboxObject {
+                        url: a2.url(&r.id.0),
+                        etag: r.phase.as_str().to_owned(),
+                        size: None,
+                        modified: r.finished_at.clone(),
+                        group: String::new(),
+                        discovered_at: now.clone(),
+                    })
+                    .collect();
+                let newest = ended.iter().filter_map(|o| o.modified.clone()).max();
+                state
+                    .add_objects(&p, &n, &ended, newest.as_deref(), false)
+                    .map_err(Into::into)
+            })
+            .await;
+            match found {
+                Ok(Ok(new)) if new > 0 => println!("{name}: {new} upstream run(s) ended"),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => eprintln!("{name}: {e:#}"),
+                Err(e) => eprintln!("{name}: {e}"),
+            }
+            self.evaluate_and_start(&l, &t).await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
     }
 
@@ -153,6 +242,7 @@ impl Server {
         self: Arc<Self>,
         l: Arc<Loaded>,
         t: Trigger,
+        source: String,
         queue: String,
         wake: Arc<tokio::sync::Notify>,
     ) {
@@ -165,9 +255,9 @@ impl Server {
                 return;
             }
         };
-        let base = match t.source.ends_with('/') {
-            true => t.source.clone(),
-            false => format!("{}/", t.source),
+        let base = match source.ends_with('/') {
+            true => source.clone(),
+            false => format!("{source}/"),
         };
         while !self.stopping.load(Ordering::SeqCst) {
             let messages = match q.receive(1).await {
@@ -427,6 +517,13 @@ fn trigger_values(
     BTreeMap::from([
         ("trigger.manifest", manifest.to_owned()),
         ("trigger.name", t.name.clone()),
+        (
+            "trigger.run",
+            objs.first()
+                .and_then(|o| drivetrain_engine::events::upstream_run(&o.url))
+                .unwrap_or_default()
+                .to_owned(),
+        ),
         ("trigger.count", objs.len().to_string()),
         ("trigger.group", group.to_owned()),
         (

@@ -661,3 +661,82 @@ stages:
     assert_eq!(told, ends);
     kill9(&mut serve.0);
 }
+
+#[test]
+fn a_run_of_another_pipeline_ending_starts_this_one_once_per_upstream_run() {
+    let home = Home::new("trigger-after");
+    std::fs::create_dir_all(home.dir.join("scheduled")).unwrap();
+    let up = home.write(
+        "scheduled/up.yaml",
+        r#"
+version: 1
+name: up
+params: {fail: {type: boolean, default: false}}
+stages:
+  a:
+    run: {command: [sh, -c, 'test "$0" = false', "{{ params.fail }}"]}
+"#,
+    );
+    home.write(
+        "scheduled/down.yaml",
+        r#"
+version: 1
+name: down
+params: {upstream: {type: string, default: ""}}
+triggers:
+  after-up:
+    after: {pipeline: up, phase: [succeeded]}
+    params: {upstream: "{{ trigger.run }}"}
+stages:
+  b:
+    run: {command: [sh, -c, 'echo "after $0"', "{{ params.upstream }}"]}
+"#,
+    );
+    // A run that ended before the trigger was served does not count.
+    let before = common::run_id(&home.drivetrain(&["run", &up.display().to_string()]));
+    let mut serve = Killed(home.serve(&[]));
+    wait(30, "the trigger's cursor set", || {
+        let o = home.drivetrain(&["trigger", "show", "after-up", "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        v["cursor"].as_str().map(|_| ())
+    });
+    let up_file = up.display().to_string();
+    let ok1 = common::run_id(&home.drivetrain(&["run", &up_file]));
+    let failed = home.drivetrain(&["run", &up_file, "--param", "fail=true"]);
+    assert_eq!(failed.status.code(), Some(1));
+    let ok2 = common::run_id(&home.drivetrain(&["run", &up_file]));
+    let downs = |home: &Home| -> Vec<(String, String)> {
+        runs(home, &[])
+            .into_iter()
+            .filter(|r| r["pipeline"] == "down" && r["phase"] == "Succeeded")
+            .map(|r| {
+                let id = r["id"].as_str().unwrap().to_owned();
+                let upstream = home.status(&id)["run"]["params"]["upstream"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned();
+                (id, upstream)
+            })
+            .collect()
+    };
+    let got = wait(30, "a run of `down` for each succeeded run of `up`", || {
+        let d = downs(&home);
+        (d.len() >= 2).then_some(d)
+    });
+    let mut upstream: Vec<String> = got.iter().map(|(_, u)| u.clone()).collect();
+    upstream.sort();
+    let mut want = vec![ok1.clone(), ok2.clone()];
+    want.sort();
+    assert_eq!(
+        upstream, want,
+        "not for {before} (before) nor the failed run"
+    );
+    for (id, up_run) in &got {
+        assert_eq!(consumed(&home, id, &[]), [format!("run://up/{up_run}")]);
+    }
+    // A restarted server starts none of them again.
+    kill9(&mut serve.0);
+    let _serve = Killed(home.serve(&[]));
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(downs(&home).len(), 2);
+}

@@ -96,12 +96,10 @@ mod tests {
     fn trigger(min: usize, max: usize, max_wait: Option<u64>) -> Trigger {
         Trigger {
             name: "t".into(),
-            source: "file:///x/".into(),
-            pattern: None,
-            matcher: None,
-            queue: None,
-            poll: Duration::from_secs(1),
-            rescan: Duration::from_secs(60),
+            watch: super::super::Watch::After(super::super::After {
+                pipeline: "up".into(),
+                phases: vec![],
+            }),
             min_items: min,
             max_items: max,
             max_wait: max_wait.map(Duration::from_secs),

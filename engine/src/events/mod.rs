@@ -24,14 +24,8 @@ pub use crate::spec::NotifyEvent;
 #[derive(Debug, Clone)]
 pub struct Trigger {
     pub name: String,
-    /// The store prefix, as written (`s3://fleet/incoming/`).
-    pub source: String,
-    /// The glob over keys below the prefix, as written.
-    pub pattern: Option<String>,
-    pub matcher: Option<globset::GlobMatcher>,
-    pub queue: Option<String>,
-    pub poll: Duration,
-    pub rescan: Duration,
+    /// What it watches.
+    pub watch: Watch,
     pub min_items: usize,
     pub max_items: usize,
     pub max_wait: Option<Duration>,
@@ -41,10 +35,55 @@ pub struct Trigger {
     pub paused: bool,
 }
 
+/// What a trigger watches.
+#[derive(Debug, Clone)]
+pub enum Watch {
+    Objects(Objects),
+    After(After),
+}
+
+/// Objects under a store prefix.
+#[derive(Debug, Clone)]
+pub struct Objects {
+    /// The store prefix, as written (`s3://fleet/incoming/`).
+    pub source: String,
+    /// The glob over keys below the prefix, as written.
+    pub pattern: Option<String>,
+    pub matcher: Option<globset::GlobMatcher>,
+    pub queue: Option<String>,
+    pub poll: Duration,
+    pub rescan: Duration,
+}
+
+/// Runs of another pipeline ending in one of `phases`. Each is an inbox object of its
+/// own: URL `run://PIPELINE/RUN`, ETag its phase.
+#[derive(Debug, Clone)]
+pub struct After {
+    pub pipeline: String,
+    pub phases: Vec<crate::state::Phase>,
+}
+
+impl After {
+    /// The inbox URL of an upstream run.
+    pub fn url(&self, run: &str) -> String {
+        format!("run://{}/{run}", self.pipeline)
+    }
+}
+
+/// The run an `after` trigger's inbox URL names.
+pub fn upstream_run(url: &str) -> Option<&str> {
+    url.strip_prefix("run://")?
+        .rsplit_once('/')
+        .map(|(_, run)| run)
+}
+
 impl Trigger {
     /// Whether a key below the prefix is one this trigger takes.
     pub fn matches(&self, key: &str) -> bool {
-        self.matcher.as_ref().is_none_or(|m| m.is_match(key))
+        match &self.watch {
+            Watch::Objects(o) => o.matcher.as_ref().is_none_or(|m| m.is_match(key)),
+            Watch::After(_) => true,
+        }
     }
 
     /// The group of an object (`""` without `group_by`).
@@ -68,6 +107,7 @@ impl Trigger {
 /// The names a trigger's `params` can use.
 pub const TRIGGER_VALUES: &[&str] = &[
     "trigger.manifest",
+    "trigger.run",
     "trigger.name",
     "trigger.count",
     "trigger.group",
@@ -197,6 +237,18 @@ impl NotifyEvent {
             NotifyEvent::Error => "error",
             NotifyEvent::Cancelled => "cancelled",
         }
+    }
+
+    /// The phase of a run this event is the end of (none for `started`).
+    pub fn phase(self) -> Option<crate::state::Phase> {
+        use crate::state::Phase;
+        Some(match self {
+            NotifyEvent::Started => return None,
+            NotifyEvent::Succeeded => Phase::Succeeded,
+            NotifyEvent::Failed => Phase::Failed,
+            NotifyEvent::Error => Phase::Error,
+            NotifyEvent::Cancelled => Phase::Cancelled,
+        })
     }
 
     /// The event of a run in `phase` (none for phases that are not an end, but

@@ -4,9 +4,12 @@ use std::collections::BTreeMap;
 
 use super::{dns1123_label, p, Annotate, Cx, Raw};
 use crate::diag::did_you_mean;
-use crate::events::{Secret, Sink, SinkKind, Text, Trigger, OBJECT_VALUES, TRIGGER_VALUES};
+use crate::events::{
+    After, Objects, Secret, Sink, SinkKind, Text, Trigger, Watch, OBJECT_VALUES, TRIGGER_VALUES,
+};
 use crate::plan::Param;
-use crate::spec::{NotifyEvent, NotifySpec, TriggerSpec};
+use crate::spec::{NotifyEvent, NotifySpec, ObjectsSpec, TriggerSpec};
+use crate::state::Phase;
 use crate::yaml::YamlPath;
 
 const SOURCE_SCHEMES: &[&str] = &["s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "file"];
@@ -47,63 +50,45 @@ impl Cx<'_> {
         spec: &TriggerSpec,
         params: &[Param],
     ) -> Option<Trigger> {
-        let op = tp.key("objects");
-        let o = &spec.objects;
         let mut ok = true;
-        match url::Url::parse(&o.source) {
-            Ok(u) if SOURCE_SCHEMES.contains(&u.scheme()) => {
-                if u.scheme() == "file" && !u.path().starts_with('/') {
-                    self.err(
-                        "invalid-source",
-                        &op.key("source"),
-                        "a `file://` source is an absolute path",
-                    );
-                    ok = false;
-                }
-            }
-            Ok(u) => {
-                let scheme = u.scheme().to_owned();
+        let watch = match (&spec.objects, &spec.after) {
+            (Some(o), None) => self
+                .check_objects(&tp.key("objects"), o)
+                .map(Watch::Objects),
+            (None, Some(a)) => Some(Watch::After(After {
+                pipeline: a.pipeline.clone(),
+                phases: match a.phase.is_empty() {
+                    true => vec![Phase::Succeeded],
+                    false => a.phase.iter().filter_map(|e| e.phase()).collect(),
+                },
+            })),
+            _ => {
                 self.err(
-                    "invalid-source",
-                    &op.key("source"),
-                    format!("objects cannot be discovered under `{scheme}://`; use s3://, gs://, az:// or file://"),
-                )
-                .maybe_hint(did_you_mean(&scheme, SOURCE_SCHEMES.iter().copied()));
-                ok = false;
+                    "invalid-trigger",
+                    tp,
+                    format!("trigger `{name}` watches `objects` or `after` (one of them)"),
+                );
+                None
             }
-            Err(e) => {
-                self.err(
-                    "invalid-source",
-                    &op.key("source"),
-                    format!("`{}` is not a URL: {e}", o.source),
-                )
-                .hint("e.g. `s3://fleet/incoming/` or `file:///data/incoming/`");
-                ok = false;
-            }
-        }
-        let matcher = match &o.pattern {
-            None => None,
-            Some(g) => match globset::GlobBuilder::new(g).literal_separator(true).build() {
-                Ok(g) => Some(g.compile_matcher()),
-                Err(e) => {
-                    self.err("invalid-glob", &op.key("match"), format!("`{g}`: {e}"));
-                    ok = false;
-                    None
-                }
-            },
         };
-        if let Some(q) = &o.queue {
-            if !q.starts_with("http://") && !q.starts_with("https://") {
+        if let Some(a) = &spec.after {
+            if a.phase.contains(&crate::spec::NotifyEvent::Started) {
                 self.err(
-                    "invalid-queue",
-                    &op.key("queue"),
-                    format!("`{q}` is not an SQS queue URL (`https://sqs.REGION.amazonaws.com/ACCOUNT/NAME`)"),
+                    "invalid-trigger",
+                    &tp.key("after").key("phase"),
+                    "`after` counts runs that ended: succeeded, failed, error or cancelled",
+                );
+                ok = false;
+            }
+            if let Err(why) = dns1123_label(&a.pipeline) {
+                self.err(
+                    "invalid-name",
+                    &tp.key("after").key("pipeline"),
+                    format!("pipeline name `{}` {why}", a.pipeline),
                 );
                 ok = false;
             }
         }
-        let poll = self.duration_or(&op.key("poll"), o.poll.as_deref(), 10);
-        let rescan = self.duration_or(&op.key("rescan"), o.rescan.as_deref(), 600);
         let bp = tp.key("batch");
         let b = spec.batch.clone().unwrap_or(crate::spec::BatchSpec {
             min_items: None,
@@ -112,7 +97,11 @@ impl Cx<'_> {
             group_by: None,
         });
         let min_items = b.min_items.unwrap_or(1).max(1) as usize;
-        let max_items = b.max_items.unwrap_or(1000) as usize;
+        let default_max = match &spec.after {
+            Some(_) => 1,
+            None => 1000,
+        };
+        let max_items = b.max_items.unwrap_or(default_max) as usize;
         if max_items == 0 || max_items < min_items {
             self.err(
                 "invalid-batch",
@@ -168,18 +157,80 @@ impl Cx<'_> {
         }
         Some(Trigger {
             name: name.to_owned(),
-            source: o.source.clone(),
-            pattern: o.pattern.clone(),
-            matcher,
-            queue: o.queue.clone(),
-            poll: poll?,
-            rescan: rescan?,
+            watch: watch?,
             min_items,
             max_items,
             max_wait,
             group_by,
             params: tparams,
             paused: spec.paused,
+        })
+        .filter(|_| ok)
+    }
+
+    fn check_objects(&mut self, op: &YamlPath, o: &ObjectsSpec) -> Option<Objects> {
+        let mut ok = true;
+        match url::Url::parse(&o.source) {
+            Ok(u) if SOURCE_SCHEMES.contains(&u.scheme()) => {
+                if u.scheme() == "file" && !u.path().starts_with('/') {
+                    self.err(
+                        "invalid-source",
+                        &op.key("source"),
+                        "a `file://` source is an absolute path",
+                    );
+                    ok = false;
+                }
+            }
+            Ok(u) => {
+                let scheme = u.scheme().to_owned();
+                self.err(
+                    "invalid-source",
+                    &op.key("source"),
+                    format!("objects cannot be discovered under `{scheme}://`; use s3://, gs://, az:// or file://"),
+                )
+                .maybe_hint(did_you_mean(&scheme, SOURCE_SCHEMES.iter().copied()));
+                ok = false;
+            }
+            Err(e) => {
+                self.err(
+                    "invalid-source",
+                    &op.key("source"),
+                    format!("`{}` is not a URL: {e}", o.source),
+                )
+                .hint("e.g. `s3://fleet/incoming/` or `file:///data/incoming/`");
+                ok = false;
+            }
+        }
+        let matcher = match &o.pattern {
+            None => None,
+            Some(g) => match globset::GlobBuilder::new(g).literal_separator(true).build() {
+                Ok(g) => Some(g.compile_matcher()),
+                Err(e) => {
+                    self.err("invalid-glob", &op.key("match"), format!("`{g}`: {e}"));
+                    ok = false;
+                    None
+                }
+            },
+        };
+        if let Some(q) = &o.queue {
+            if !q.starts_with("http://") && !q.starts_with("https://") {
+                self.err(
+                    "invalid-queue",
+                    &op.key("queue"),
+                    format!("`{q}` is not an SQS queue URL (`https://sqs.REGION.amazonaws.com/ACCOUNT/NAME`)"),
+                );
+                ok = false;
+            }
+        }
+        let poll = self.duration_or(&op.key("poll"), o.poll.as_deref(), 10);
+        let rescan = self.duration_or(&op.key("rescan"), o.rescan.as_deref(), 600);
+        Some(Objects {
+            source: o.source.clone(),
+            pattern: o.pattern.clone(),
+            matcher,
+            queue: o.queue.clone(),
+            poll: poll?,
+            rescan: rescan?,
         })
         .filter(|_| ok)
     }

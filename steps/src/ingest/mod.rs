@@ -101,7 +101,10 @@ pub fn ingest(
     index: Option<&Path>,
     lanes: Option<&Path>,
 ) -> anyhow::Result<Value> {
-    let files = source.list()?;
+    let files = match cfg.objects.as_deref().filter(|m| !m.is_empty()) {
+        Some(manifest) => batch(source, manifest)?,
+        None => source.list()?,
+    };
     let format = cfg.format.clone().unwrap_or(LogFormat::Auto);
     let skip = matches!(cfg.on_error, Some(OnError::Skip));
     let mut index_writer = match index {
@@ -625,6 +628,41 @@ fn ingest_jsonl(file: &Path, rel: &str, drive: &str, frames: &Path) -> anyhow::R
     })
 }
 
+/// The logs of a trigger's batch, as paths under `source`: every object the manifest
+/// lists must be there (a batch is never read in part).
+fn batch(source: &LogSource, manifest: &str) -> anyhow::Result<Vec<String>> {
+    let text = match manifest.rsplit_once('/') {
+        Some((dir, name)) if manifest.contains("://") && !manifest.starts_with("file://") => {
+            let scratch = std::env::temp_dir();
+            let fetched = LogSource::open(dir, &scratch, None)?.fetch(name)?;
+            std::fs::read_to_string(&fetched.path)?
+        }
+        _ => std::fs::read_to_string(manifest.strip_prefix("file://").unwrap_or(manifest))
+            .map_err(|e| anyhow::anyhow!("the batch's manifest {manifest}: {e}"))?,
+    };
+    let v: Value = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("the batch's manifest {manifest}: {e}"))?;
+    let by_location: BTreeMap<String, String> = source
+        .list()?
+        .into_iter()
+        .map(|rel| (source.location(&rel), rel))
+        .collect();
+    let mut out = Vec::new();
+    for o in v["objects"].as_array().into_iter().flatten() {
+        let url = o["url"].as_str().unwrap_or_default();
+        let here = url.strip_prefix("file://").unwrap_or(url);
+        match by_location.get(here) {
+            Some(rel) => out.push(rel.clone()),
+            None => anyhow::bail!(
+                "{url} of the batch ({manifest}) is not under {}: it was moved or deleted after it landed, or the trigger's `source` is not this stage's",
+                source.describe()
+            ),
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
 // The `ingest` step: its `with:` block, registration and what it does with its context.
 
 /// `ingest`: logs to frame tables.
@@ -634,6 +672,11 @@ pub struct IngestConfig {
     /// A store URL or directory of drive logs; default: the `logs` input.
     #[serde(default)]
     pub source: Option<String>,
+    /// A trigger's batch (`{{ params.manifest }}` set from `{{ trigger.manifest }}`):
+    /// the JSON file listing the objects a triggered run is for. Only they are read, and
+    /// one that is not under `source` fails the stage. Empty or unset: every log.
+    #[serde(default)]
+    pub objects: Option<String>,
     /// The log format. Default `auto` (by extension: `.mcap`, `.jsonl`,
     /// `label_data_*.json`).
     #[serde(default)]
@@ -708,4 +751,38 @@ async fn run_step(
         v["drives"].as_object().map(|d| d.len()).unwrap_or(0)
     );
     Ok(v)
+}
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_reads_exactly_its_objects_and_refuses_a_missing_one() {
+        let dir = std::env::temp_dir().join(format!("dt-batch-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("veh1")).unwrap();
+        for f in ["veh1/a.mcap", "veh1/b.mcap", "c.mcap"] {
+            std::fs::write(dir.join(f), "x").unwrap();
+        }
+        let root = std::fs::canonicalize(&dir).unwrap();
+        let manifest = dir.join("objects.json");
+        let write = |keys: &[&str]| {
+            let objects: Vec<Value> = keys
+                .iter()
+                .map(|k| json!({"url": format!("file://{}/{k}", root.display()), "etag": "e"}))
+                .collect();
+            std::fs::write(&manifest, json!({"objects": objects}).to_string()).unwrap();
+        };
+        let source = LogSource::Local(root.clone());
+        write(&["c.mcap", "veh1/b.mcap"]);
+        let m = manifest.display().to_string();
+        assert_eq!(batch(&source, &m).unwrap(), ["c.mcap", "veh1/b.mcap"]);
+        write(&["veh1/gone.mcap"]);
+        let e = batch(&source, &m).unwrap_err().to_string();
+        assert!(
+            e.contains("veh1/gone.mcap of the batch") && e.contains("is not under"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -34,6 +34,7 @@ fn lane(t_s: f64, confidence: f64) -> Value {
 fn cfg(on_error: Option<OnError>) -> IngestConfig {
     IngestConfig {
         source: None,
+        objects: None,
         format: None,
         on_error,
         max_unfinished: None,

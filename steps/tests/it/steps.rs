@@ -195,6 +195,7 @@ fn lz4_unchunked_unindexed_and_broken_files() {
     std::fs::create_dir_all(&index).unwrap();
     let mut cfg = IngestConfig {
         source: None,
+        objects: None,
         format: None,
         on_error: None,
         max_unfinished: None,
@@ -258,6 +259,7 @@ fn jsonl_and_tusimple_ingest() {
     std::fs::create_dir_all(&lanes).unwrap();
     let cfg = IngestConfig {
         source: None,
+        objects: None,
         format: None,
         on_error: None,
         max_unfinished: None,
@@ -447,6 +449,7 @@ fn a_sorted_frame_table_is_mined_without_a_sort_and_the_same() {
     std::fs::create_dir_all(&frames).unwrap();
     let cfg = IngestConfig {
         source: None,
+        objects: None,
         format: None,
         on_error: None,
         max_unfinished: None,
