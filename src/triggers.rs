@@ -14,7 +14,10 @@ use crate::cli::TriggerCommand;
 use crate::runs::open_state;
 
 /// The trigger `name` names: `PIPELINE/TRIGGER`, or a trigger name only one pipeline has.
-fn find(state: &dyn StateStore, name: &str) -> anyhow::Result<Result<TriggerRecord, String>> {
+pub(crate) fn find(
+    state: &dyn StateStore,
+    name: &str,
+) -> anyhow::Result<Result<TriggerRecord, String>> {
     let all = state.triggers()?;
     let found: Vec<TriggerRecord> = all
         .iter()
@@ -43,18 +46,9 @@ fn find(state: &dyn StateStore, name: &str) -> anyhow::Result<Result<TriggerReco
     })
 }
 
-/// How long the oldest waiting object has waited, in seconds.
-fn lag_s(t: &TriggerRecord) -> Option<f64> {
-    let oldest = chrono::DateTime::parse_from_rfc3339(t.oldest_waiting.as_deref()?).ok()?;
-    Some(
-        (chrono::Utc::now() - oldest.with_timezone(&chrono::Utc)).num_milliseconds() as f64
-            / 1000.0,
-    )
-}
-
 fn view(t: &TriggerRecord) -> serde_json::Value {
     let mut v = serde_json::to_value(t).unwrap_or_default();
-    v["lag_seconds"] = json!(lag_s(t));
+    v["lag_seconds"] = json!(t.lag_seconds());
     v
 }
 
@@ -89,7 +83,7 @@ pub fn command(
                         format!("{}/{}", t.pipeline, t.trigger),
                         if t.paused { "paused" } else { "active" },
                         t.waiting,
-                        lag_s(t)
+                        t.lag_seconds()
                             .map(|s| format!("{s:.0}s"))
                             .unwrap_or_else(|| "-".into()),
                         t.consumed,
@@ -122,7 +116,7 @@ pub fn command(
                 println!(
                     "  waiting:   {}{}",
                     t.waiting,
-                    lag_s(&t)
+                    t.lag_seconds()
                         .map(|s| format!(" (the oldest for {s:.0} s)"))
                         .unwrap_or_default()
                 );

@@ -184,6 +184,14 @@ async fn the_web_view_in_a_browser() {
         "served/nightly.yaml",
         "version: 1\nname: nightly\nschedule: {cron: \"0 3 * * *\", timezone: Europe/Berlin}\nstages:\n  s:\n    run: {command: [\"true\"]}\n",
     );
+    std::fs::create_dir_all(home.dir.join("landing")).unwrap();
+    home.write(
+        "served/landing.yaml",
+        &format!(
+            "version: 1\nname: landing\ntriggers:\n  logs:\n    objects: {{source: \"file://{}/\", poll: 200ms}}\n    paused: true\nstages:\n  s:\n    run: {{command: [\"true\"]}}\n",
+            home.dir.join("landing").display()
+        ),
+    );
     let s = start(&home, &["--token", TOKEN]);
     let (_driver, c) = browser(&home).await;
     let base = format!("http://{}", s.addr);
@@ -196,6 +204,7 @@ async fn the_web_view_in_a_browser() {
     lineage_reaches_the_ingest(&p, &run).await;
     the_registry_shows_versions_and_rolls_back(&p, &run).await;
     schedules_trigger_and_suspend(&p).await;
+    a_paused_trigger_queues_and_resumes_skipping(&p).await;
     the_list_filters_to_failures(&p, &failed).await;
     p.c.close().await.unwrap();
 }
@@ -528,6 +537,48 @@ async fn schedules_trigger_and_suspend(p: &Page) {
         &p.c,
         "suspended",
         "return document.querySelector('tbody tr')?.cells[1].textContent === 'suspended'",
+    )
+    .await;
+}
+
+/// A paused trigger's row counts what lands; resuming with a skip drops it and starts
+/// nothing.
+async fn a_paused_trigger_queues_and_resumes_skipping(p: &Page) {
+    let base = &p.base;
+    std::fs::write(p.home.dir.join("landing/drive.mcap"), "x").unwrap();
+    let row = "document.querySelector('tr[data-trigger=\"landing/logs\"]')";
+    let mut waiting = Value::Null;
+    for _ in 0..50 {
+        p.c.goto(&format!("{base}/#/runs")).await.unwrap();
+        p.c.goto(&format!("{base}/#/triggers")).await.unwrap();
+        waiting = until(
+            &p.c,
+            "the trigger's row",
+            &format!(
+                "const r = {row}; return r && [r.cells[1].textContent, r.cells[3].textContent]"
+            ),
+        )
+        .await;
+        if waiting[1] == "1" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        waiting,
+        serde_json::json!(["paused", "1"]),
+        "the object queued"
+    );
+    screenshot(&p.c, &p.home, "triggers").await;
+    click(
+        &p.c,
+        Locator::XPath("//button[text()='Resume, skip queued']"),
+    )
+    .await;
+    until(
+        &p.c,
+        "resumed, one skipped",
+        &format!("const s = document.getElementById('status').textContent; const r = {row}; return s.includes('1 skipped') && r && r.cells[1].textContent === 'active'"),
     )
     .await;
 }

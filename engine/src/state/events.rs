@@ -61,6 +61,17 @@ pub struct TriggerRecord {
     pub skipped: u64,
 }
 
+impl TriggerRecord {
+    /// How long the oldest waiting object has waited, in seconds (none waiting: `None`).
+    pub fn lag_seconds(&self) -> Option<f64> {
+        let oldest = chrono::DateTime::parse_from_rfc3339(self.oldest_waiting.as_deref()?).ok()?;
+        Some(
+            (chrono::Utc::now() - oldest.with_timezone(&chrono::Utc)).num_milliseconds() as f64
+                / 1000.0,
+        )
+    }
+}
+
 /// The objects a run consumed, and the trigger that started it.
 #[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct RunTrigger {

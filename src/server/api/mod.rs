@@ -33,6 +33,7 @@ use drivetrain_engine::state::RunId;
 
 use crate::server::Server;
 
+mod events;
 pub mod openapi;
 pub mod views;
 use openapi::{
@@ -116,6 +117,10 @@ fn handler(method: &str, path: &str) -> axum::routing::MethodRouter<Shared> {
         ("post", "/api/v1/schedules/{name}/suspend") => post(suspend),
         ("post", "/api/v1/schedules/{name}/resume") => post(resume),
         ("post", "/api/v1/schedules/{name}/trigger") => post(trigger),
+        ("get", "/api/v1/triggers") => get(events::triggers),
+        ("post", "/api/v1/triggers/{pipeline}/{trigger}/pause") => post(events::pause),
+        ("post", "/api/v1/triggers/{pipeline}/{trigger}/resume") => post(events::resume),
+        ("get", "/api/v1/notifications") => get(events::notifications),
         _ => unreachable!("no handler for {method} {path}"),
     }
 }

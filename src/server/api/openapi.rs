@@ -75,6 +75,40 @@ pub struct ScheduleList {
     pub schedules: Vec<ScheduleStatus>,
 }
 
+/// A trigger and the lag of its oldest waiting object.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct TriggerStatus {
+    #[serde(flatten)]
+    pub trigger: drivetrain_engine::state::TriggerRecord,
+    /// Seconds the oldest waiting object has waited (none waiting: `null`).
+    pub lag_seconds: Option<f64>,
+}
+
+/// `GET /api/v1/triggers`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct TriggerList {
+    pub triggers: Vec<TriggerStatus>,
+}
+
+/// A trigger paused or resumed.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct TriggerPause {
+    pub pipeline: String,
+    pub trigger: String,
+    pub paused: bool,
+    /// Objects queued while paused that a `queued=skip` resume skipped.
+    pub skipped: u64,
+}
+
+/// `GET /api/v1/notifications`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct NotificationList {
+    /// How many notifications are `pending`, `delivered` and `dead`.
+    pub counts: std::collections::BTreeMap<String, u64>,
+    /// Newest first.
+    pub notifications: Vec<drivetrain_engine::state::OutboxItem>,
+}
+
 /// A schedule registered by `POST /api/v1/schedules`.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct Registered {
@@ -466,6 +500,48 @@ pub const ROUTES: &[Route] = &[
         query: &[],
         request: None,
         responses: &[(202, "queued", body!(Queued)), (404, "no such schedule", ERROR)],
+    },
+    Route {
+        method: "get",
+        path: "/api/v1/triggers",
+        summary: "The triggers: cursor, inbox depth, lag of the oldest waiting object, last decision",
+        query: &[],
+        request: None,
+        responses: &[(200, "the triggers", body!(TriggerList))],
+    },
+    Route {
+        method: "post",
+        path: "/api/v1/triggers/{pipeline}/{trigger}/pause",
+        summary: "Pause a trigger: objects keep queueing, no run starts",
+        query: &[],
+        request: None,
+        responses: &[(200, "paused", body!(TriggerPause)), (404, "no such trigger", ERROR)],
+    },
+    Route {
+        method: "post",
+        path: "/api/v1/triggers/{pipeline}/{trigger}/resume",
+        summary: "Resume a trigger; what queued while paused is replayed or skipped",
+        query: &[("queued", "string", "`replay` or `skip` (required when objects are queued)")],
+        request: None,
+        responses: &[
+            (200, "resumed", body!(TriggerPause)),
+            (400, "objects queued and no `queued`, or another value", ERROR),
+            (404, "no such trigger", ERROR),
+        ],
+    },
+    Route {
+        method: "get",
+        path: "/api/v1/notifications",
+        summary: "The notifications outbox, newest first (`state=dead`: the dead letters)",
+        query: &[
+            ("state", "string", "`pending`, `delivered` or `dead`"),
+            ("limit", "integer", "at most this many (default 50, at most 1000)"),
+        ],
+        request: None,
+        responses: &[
+            (200, "the notifications and the count in each state", body!(NotificationList)),
+            (400, "another state, or a limit that is not a number", ERROR),
+        ],
     },
 ];
 

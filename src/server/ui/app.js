@@ -655,6 +655,54 @@ async function schedulesPage() {
     : h("p", {}, "No schedules: `drivetrain serve --pipelines DIR` keeps those of its pipelines with a `schedule:`."));
 }
 
+// ---- triggers and notifications ---------------------------------------------------
+
+async function triggersPage() {
+  fresh();
+  const [{ triggers }, outbox] = await Promise.all([api("/api/v1/triggers"), api("/api/v1/notifications?state=dead&limit=100")]);
+  const act = (label, path) => {
+    const b = h("button", { type: "button" }, label);
+    b.addEventListener("click", async () => {
+      try {
+        const r = await post(path);
+        say(`${label}: done${r.skipped ? `, ${r.skipped} skipped` : ""}`);
+        triggersPage().catch(quiet);
+      } catch (err) {
+        say(`${label}: ${err.message}`, "error");
+      }
+    });
+    return b;
+  };
+  const lag = (s) => (s == null ? "-" : s < 90 ? `${Math.round(s)} s` : `${Math.round(s / 60)} min`);
+  const rows = triggers.map((t) => {
+    const base = `/api/v1/triggers/${esc(t.pipeline)}/${esc(t.trigger)}`;
+    const actions = t.paused
+      ? [act("Resume, replay queued", `${base}/resume?queued=replay`), " ", act("Resume, skip queued", `${base}/resume?queued=skip`)]
+      : [act("Pause", `${base}/pause`)];
+    return h("tr", { "data-trigger": `${t.pipeline}/${t.trigger}` },
+      h("td", {}, `${t.pipeline}/${t.trigger}`),
+      h("td", {}, t.paused ? "paused" : "active"),
+      h("td", {}, h("code", {}, t.cursor ?? "-")),
+      h("td", { class: "num" }, String(t.waiting)),
+      h("td", { class: "num" }, lag(t.lag_seconds)),
+      h("td", { class: "num" }, `${t.consumed} / ${t.skipped}`),
+      h("td", {}, t.last_reason ?? "-", t.evaluated_at ? [h("br"), h("small", {}, when(t.evaluated_at))] : ""),
+      h("td", {}, ...actions));
+  });
+  const dead = outbox.notifications.map((n) => h("tr", { "data-notification": n.id },
+    h("td", {}, when(n.created_at)), h("td", {}, runLink(n.run_id)), h("td", {}, n.event),
+    h("td", { class: "num" }, String(n.attempts)), h("td", {}, n.last_error ?? "")));
+  const c = outbox.counts;
+  show(h("h1", {}, "Triggers"), triggers.length
+    ? h("table", {}, h("thead", {}, h("tr", {}, ["Trigger", "State", "Cursor", "Waiting", "Lag", "Consumed / skipped", "Last decision", ""].map((x) => h("th", { scope: "col" }, x)))), h("tbody", {}, rows))
+    : h("p", {}, "No triggers: `drivetrain serve --pipelines DIR` keeps those of its pipelines with `triggers:`."),
+    h("h2", {}, "Notifications"),
+    h("p", {}, `${c.pending ?? 0} pending, ${c.delivered ?? 0} delivered, ${c.dead ?? 0} dead.`),
+    dead.length
+      ? h("table", { "aria-label": "dead letters" }, h("thead", {}, h("tr", {}, ["When", "Run", "Event", "Attempts", "Last error"].map((x) => h("th", { scope: "col" }, x)))), h("tbody", {}, dead))
+      : h("p", {}, "No dead letters."));
+}
+
 // ---- routing ----------------------------------------------------------------------
 
 async function route() {
@@ -673,6 +721,7 @@ async function route() {
     else if (parts[0] === "lineage") await lineagePage(query);
     else if (parts[0] === "registry") await registryPage();
     else if (parts[0] === "schedules") await schedulesPage();
+    else if (parts[0] === "triggers") await triggersPage();
     else await runsPage(query);
   } catch (e) {
     show(h("h1", {}, "Cannot show this"), h("p", { class: "error" }, e.message));
