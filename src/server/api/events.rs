@@ -32,11 +32,11 @@ fn known(
     s: &Shared,
     pipeline: &str,
     trigger: &str,
-) -> Result<drivetrain_engine::state::TriggerRecord, Response> {
+) -> Result<drivetrain_engine::state::TriggerRecord, Box<Response>> {
     match crate::triggers::find(s.engine.state().as_ref(), &format!("{pipeline}/{trigger}")) {
         Ok(Ok(t)) => Ok(t),
-        Ok(Err(why)) => Err(error(StatusCode::NOT_FOUND, why)),
-        Err(e) => Err(internal(e)),
+        Ok(Err(why)) => Err(Box::new(error(StatusCode::NOT_FOUND, why))),
+        Err(e) => Err(Box::new(internal(e))),
     }
 }
 
@@ -47,7 +47,7 @@ pub async fn pause(
 ) -> Response {
     let t = match known(&s, &pipeline, &trigger) {
         Ok(t) => t,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match s
         .engine
@@ -79,7 +79,7 @@ pub async fn resume(
 ) -> Response {
     let t = match known(&s, &pipeline, &trigger) {
         Ok(t) => t,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let skip = match q.queued.as_deref() {
         Some("skip") => true,
