@@ -140,13 +140,18 @@ pub struct TriggerSpec {
     /// of this pipeline (`batch` can gather several).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<AfterSpec>,
+    /// Signed HTTP calls (`POST /api/v1/pipelines/NAME/triggers/TRIGGER` of `serve`),
+    /// each with an `Idempotency-Key`: one object per key (this, `objects` or `after`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<HookSpec>,
     /// How many objects one run takes, and how long the first may wait for more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<BatchSpec>,
     /// The params a run gets, by param name: templates over `trigger.manifest` (the URL
     /// of a JSON file listing the batch's objects), `trigger.name`, `trigger.count`,
-    /// `trigger.group`, `trigger.urls` (the objects' URLs, one per line) and, for `after`,
-    /// `trigger.run` (the first upstream run's id).
+    /// `trigger.group`, `trigger.urls` (the objects' URLs, one per line), for `after`
+    /// `trigger.run` (the first upstream run's id), and for `webhook` `trigger.body` (the
+    /// first call's body).
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub params: IndexMap<String, String>,
     /// A paused trigger keeps discovering objects and starts no run until resumed.
@@ -175,6 +180,19 @@ pub struct ObjectsSpec {
     /// the cursor or that a notification missed. Default `10m`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rescan: Option<String>,
+}
+
+/// A trigger's webhook: callers sign the body with HMAC-SHA256 of this secret
+/// (`X-Drivetrain-Signature: sha256=<hex>`); the API's bearer token is not asked for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HookSpec {
+    /// The environment variable of `serve` that holds the secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_env: Option<String>,
+    /// A file that holds the secret (its first line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_file: Option<String>,
 }
 
 /// Another pipeline's runs that start this one.

@@ -193,6 +193,8 @@ pub struct Server {
     pub stream_reads: tokio::sync::Semaphore,
     /// Fired ticks recorded since then without a run are started by the next loop.
     unstarted_since: Mutex<String>,
+    /// The loops of webhook triggers, by (pipeline, trigger), woken by a call.
+    hooks: Mutex<BTreeMap<(String, String), Arc<tokio::sync::Notify>>>,
 }
 
 /// Every valid pipeline under `dir`; those with a `schedule:` are registered.
@@ -955,6 +957,7 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         runs_feed: Default::default(),
         stream_reads: tokio::sync::Semaphore::new(STREAM_READS),
         // At start, a week back: a tick queued or claimed while no server ran.
+        hooks: Mutex::new(BTreeMap::new()),
         unstarted_since: Mutex::new(
             (chrono::Utc::now() - chrono::Duration::days(7))
                 .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),

@@ -39,6 +39,14 @@ impl Server {
                 let wake = Arc::new(tokio::sync::Notify::new());
                 let o = match &t.watch {
                     Watch::Objects(o) => o.clone(),
+                    Watch::Webhook(_) => {
+                        println!(
+                            "trigger {}/{}: signed calls to POST /api/v1/pipelines/{}/triggers/{}",
+                            l.pipeline.name, t.name, l.pipeline.name, t.name
+                        );
+                        tokio::spawn(self.clone().hook_loop(l.clone(), t.clone(), wake));
+                        continue;
+                    }
                     Watch::After(a) => {
                         println!(
                             "trigger {}/{}: after runs of {} end {:?}",
@@ -171,6 +179,59 @@ impl Server {
         }
     }
 
+    /// Weighs a webhook trigger's calls every [`EVALUATE_EVERY`], or at once when one
+    /// is recorded ([`Server::hook_wake`]).
+    async fn hook_loop(
+        self: Arc<Self>,
+        l: Arc<Loaded>,
+        t: Trigger,
+        wake: Arc<tokio::sync::Notify>,
+    ) {
+        self.hooks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((l.pipeline.name.clone(), t.name.clone()), wake.clone());
+        while !self.stopping.load(Ordering::SeqCst) {
+            self.evaluate_and_start(&l, &t).await;
+            tokio::select! {
+                _ = tokio::time::sleep(EVALUATE_EVERY) => {}
+                _ = wake.notified() => {}
+            }
+        }
+    }
+
+    /// The webhook trigger `pipeline/trigger` of this server: its secret, or why none.
+    pub(crate) fn hook(
+        &self,
+        pipeline: &str,
+        trigger: &str,
+    ) -> Result<drivetrain_engine::events::Hook, String> {
+        let l = self
+            .loaded()
+            .get(pipeline)
+            .cloned()
+            .ok_or_else(|| format!("no pipeline `{pipeline}` is served here"))?;
+        match l.pipeline.triggers.get(trigger).map(|t| &t.watch) {
+            Some(Watch::Webhook(h)) => Ok(h.clone()),
+            Some(_) => Err(format!(
+                "trigger `{trigger}` of `{pipeline}` is not a webhook"
+            )),
+            None => Err(format!("pipeline `{pipeline}` has no trigger `{trigger}`")),
+        }
+    }
+
+    /// Wakes a webhook trigger's loop: a call was recorded.
+    pub(crate) fn hook_wake(&self, pipeline: &str, trigger: &str) {
+        if let Some(w) = self
+            .hooks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(pipeline.to_owned(), trigger.to_owned()))
+        {
+            w.notify_one();
+        }
+    }
+
     /// Every second: the upstream pipeline's runs that ended in one of the phases since
     /// the cursor (the newest end seen; at first, when the trigger was first served) go
     /// into the inbox, one object each, and what waits is weighed.
@@ -218,6 +279,7 @@ impl Server {
                         modified: r.finished_at.clone(),
                         group: String::new(),
                         discovered_at: now.clone(),
+                        payload: None,
                     })
                     .collect();
                 let newest = ended.iter().filter_map(|o| o.modified.clone()).max();
@@ -292,6 +354,7 @@ impl Server {
                                 size: a.size,
                                 modified: a.event_time,
                                 discovered_at: now.clone(),
+                                payload: None,
                             });
                         }
                         done.push(m.receipt.clone());
@@ -518,6 +581,12 @@ fn trigger_values(
         ("trigger.manifest", manifest.to_owned()),
         ("trigger.name", t.name.clone()),
         (
+            "trigger.body",
+            objs.first()
+                .and_then(|o| o.payload.clone())
+                .unwrap_or_default(),
+        ),
+        (
             "trigger.run",
             objs.first()
                 .and_then(|o| drivetrain_engine::events::upstream_run(&o.url))
@@ -548,7 +617,7 @@ async fn write_manifest(
         "pipeline": pipeline,
         "trigger": trigger,
         "run": run.0,
-        "objects": objs.iter().map(|o| json!({"url": o.url, "etag": o.etag, "size": o.size})).collect::<Vec<_>>(),
+        "objects": objs.iter().map(|o| json!({"url": o.url, "etag": o.etag, "size": o.size, "payload": o.payload})).collect::<Vec<_>>(),
     }))?;
     let path = object_store::path::Path::from(manifest_key(run));
     use object_store::ObjectStoreExt as _;

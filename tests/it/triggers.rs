@@ -740,3 +740,115 @@ stages:
     std::thread::sleep(Duration::from_secs(4));
     assert_eq!(downs(&home).len(), 2);
 }
+
+/// One POST with `headers`, raw over TCP: (status, body); the answer is checked against
+/// `docs/openapi.json`.
+fn post_raw(addr: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    let mut req = format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str(&format!(
+        "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    ));
+    c.write_all(req.as_bytes()).unwrap();
+    let mut resp = String::new();
+    c.read_to_string(&mut resp).unwrap();
+    let status: u16 = resp.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or("")
+        .to_owned();
+    common::http::documented(
+        "post",
+        "/api/v1/pipelines/{pipeline}/triggers/{trigger}",
+        status,
+        Some(&body),
+    );
+    (status, body)
+}
+
+#[test]
+fn signed_webhook_calls_start_one_run_per_idempotency_key() {
+    let home = Home::new("trigger-webhook");
+    std::fs::create_dir_all(home.dir.join("scheduled")).unwrap();
+    home.write(
+        "scheduled/hook.yaml",
+        r#"
+version: 1
+name: hook-demo
+params: {event: {type: string, default: ""}}
+triggers:
+  recording:
+    webhook: {secret_env: HOOK_SECRET}
+    params: {event: "{{ trigger.body }}"}
+stages:
+  read:
+    run: {command: [sh, -c, 'echo "got $0"', "{{ params.event }}"]}
+"#,
+    );
+    let secret = "hook-s3cret";
+    let _serve = Killed(home.serve(&[("HOOK_SECRET", secret)]));
+    let addr = wait(30, "serve listening", || {
+        let log = std::fs::read_to_string(home.dir.join("serve.log")).unwrap_or_default();
+        log.lines()
+            .find_map(|l| l.strip_prefix("listening on http://").map(str::to_owned))
+    });
+    // The shape of Foxglove's `recording.imported` webhook.
+    let body = r#"{"type":"recording.imported","data":{"recording":{"id":"rec_0dX7","path":"veh7/2026-11-26.mcap"}}}"#;
+    let sig = drivetrain_engine::events::notify::signature(secret, body.as_bytes());
+    let path = "/api/v1/pipelines/hook-demo/triggers/recording";
+    let signed = [
+        ("X-Drivetrain-Signature", sig.as_str()),
+        ("Idempotency-Key", "evt-1"),
+    ];
+    let (status, answer) = post_raw(&addr, path, &signed, body);
+    assert_eq!(status, 202, "{answer}");
+    assert!(answer.contains(r#""new":true"#), "{answer}");
+    // A retry of the same call: recorded before, nothing more starts.
+    let (status, answer) = post_raw(&addr, path, &signed, body);
+    assert_eq!(
+        (status, answer.contains(r#""new":false"#)),
+        (202, true),
+        "{answer}"
+    );
+    let wrong = drivetrain_engine::events::notify::signature("guess", body.as_bytes());
+    let (status, _) = post_raw(
+        &addr,
+        path,
+        &[
+            ("X-Drivetrain-Signature", &wrong),
+            ("Idempotency-Key", "evt-2"),
+        ],
+        body,
+    );
+    assert_eq!(status, 401);
+    let (status, _) = post_raw(&addr, path, &[("X-Drivetrain-Signature", &sig)], body);
+    assert_eq!(status, 400);
+    let (status, _) = post_raw(
+        &addr,
+        "/api/v1/pipelines/hook-demo/triggers/nope",
+        &signed,
+        body,
+    );
+    assert_eq!(status, 404);
+    let run = wait(30, "the call's run", || {
+        runs(&home, &[])
+            .into_iter()
+            .find(|r| r["phase"] == "Succeeded")
+    });
+    let run = run["id"].as_str().unwrap().to_owned();
+    assert_eq!(home.status(&run)["run"]["params"]["event"], body);
+    assert_eq!(
+        consumed(&home, &run, &[]),
+        ["webhook://hook-demo/recording/evt-1"]
+    );
+    let log = text(&home.drivetrain(&["logs", &run, "--stage", "read"]).stdout);
+    assert!(log.contains("rec_0dX7"), "{log}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(runs(&home, &[]).len(), 1, "one run per key");
+}

@@ -122,6 +122,7 @@ impl Source {
                 ),
                 group: t.group(key),
                 discovered_at: now.clone(),
+                payload: None,
             });
         }
         Ok(out)

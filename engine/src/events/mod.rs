@@ -40,6 +40,21 @@ pub struct Trigger {
 pub enum Watch {
     Objects(Objects),
     After(After),
+    Webhook(Hook),
+}
+
+/// Signed calls to `serve`'s API. Each idempotency key is an inbox object of its own:
+/// URL `webhook://PIPELINE/TRIGGER/KEY`, the call's body as its payload.
+#[derive(Debug, Clone)]
+pub struct Hook {
+    pub secret: Secret,
+}
+
+impl Hook {
+    /// The inbox URL of a call.
+    pub fn url(pipeline: &str, trigger: &str, key: &str) -> String {
+        format!("webhook://{pipeline}/{trigger}/{key}")
+    }
 }
 
 /// Objects under a store prefix.
@@ -82,7 +97,7 @@ impl Trigger {
     pub fn matches(&self, key: &str) -> bool {
         match &self.watch {
             Watch::Objects(o) => o.matcher.as_ref().is_none_or(|m| m.is_match(key)),
-            Watch::After(_) => true,
+            Watch::After(_) | Watch::Webhook(_) => true,
         }
     }
 
@@ -108,6 +123,7 @@ impl Trigger {
 pub const TRIGGER_VALUES: &[&str] = &[
     "trigger.manifest",
     "trigger.run",
+    "trigger.body",
     "trigger.name",
     "trigger.count",
     "trigger.group",

@@ -84,6 +84,21 @@ pub fn signature(secret: &str, body: &[u8]) -> String {
     format!("sha256={}", hex::encode(m.finalize().into_bytes()))
 }
 
+/// Whether `header` (`sha256=HEX`) is the signature of `body` under `secret`, compared
+/// in constant time.
+pub fn verify(secret: &str, body: &[u8], header: &str) -> bool {
+    let Some(sig) = header
+        .strip_prefix("sha256=")
+        .and_then(|h| hex::decode(h).ok())
+    else {
+        return false;
+    };
+    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes())
+        .expect("HMAC takes any key length");
+    m.update(body);
+    m.verify_slice(&sig).is_ok()
+}
+
 /// One line about the event, for chat and e-mail.
 fn summary(e: &Value) -> String {
     let d = &e["data"];
@@ -211,6 +226,15 @@ mod tests {
             signature("Jefe", b"what do ya want for nothing?"),
             "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
+    }
+
+    #[test]
+    fn a_signature_verifies_only_for_its_body_and_secret() {
+        let sig = signature("k", b"body");
+        assert!(verify("k", b"body", &sig));
+        assert!(!verify("k", b"bodY", &sig));
+        assert!(!verify("K", b"body", &sig));
+        assert!(!verify("k", b"body", "sha256=zz"));
     }
 
     #[test]

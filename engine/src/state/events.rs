@@ -26,6 +26,9 @@ pub struct InboxObject {
     pub group: String,
     /// When the trigger first saw it.
     pub discovered_at: String,
+    /// What came with it: a webhook call's body.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
 }
 
 /// Objects waiting in one group of a trigger.

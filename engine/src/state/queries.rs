@@ -51,8 +51,8 @@ statements! {
          ON CONFLICT (pipeline, trigger_name) DO UPDATE SET file = $4";
     ADD_OBJECT =
         "INSERT INTO trigger_inbox (pipeline, trigger_name, url, etag, size, modified, grp, \
-         discovered_at, state) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'waiting') ON \
-         CONFLICT (pipeline, trigger_name, url, etag) DO NOTHING";
+         discovered_at, state, payload) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'waiting', \
+         $9) ON CONFLICT (pipeline, trigger_name, url, etag) DO NOTHING";
     MOVE_CURSOR =
         "UPDATE triggers SET cursor_key = $3 WHERE pipeline = $1 AND trigger_name = $2 AND \
          (cursor_key IS NULL OR cursor_key < $3)";
@@ -62,15 +62,15 @@ statements! {
         "SELECT grp, COUNT(*), MIN(discovered_at) FROM trigger_inbox WHERE pipeline = $1 AND \
          trigger_name = $2 AND state = 'waiting' GROUP BY grp ORDER BY MIN(discovered_at)";
     CLAIMABLE =
-        "SELECT url, etag, size, modified, grp, discovered_at FROM trigger_inbox WHERE \
-         pipeline = $1 AND trigger_name = $2 AND grp = $3 AND state = 'waiting' AND NOT \
+        "SELECT url, etag, size, modified, grp, discovered_at, payload FROM trigger_inbox \
+         WHERE pipeline = $1 AND trigger_name = $2 AND grp = $3 AND state = 'waiting' AND NOT \
          EXISTS (SELECT 1 FROM triggers t WHERE t.pipeline = $1 AND t.trigger_name = $2 AND \
          t.paused) ORDER BY discovered_at, url LIMIT $4";
     CONSUME_OBJECT =
         "UPDATE trigger_inbox SET state = 'consumed', run_id = $5 WHERE pipeline = $1 AND \
          trigger_name = $2 AND url = $3 AND etag = $4 AND state = 'waiting'";
     RUN_TRIGGER =
-        "SELECT trigger_name, url, etag, size, modified, grp, discovered_at FROM \
+        "SELECT trigger_name, url, etag, size, modified, grp, discovered_at, payload FROM \
          trigger_inbox WHERE run_id = $1 ORDER BY discovered_at, url";
     OBJECT_RUNS =
         "SELECT run_id, trigger_name FROM trigger_inbox WHERE url = $1 AND run_id IS NOT \

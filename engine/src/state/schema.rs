@@ -149,6 +149,7 @@ CREATE TABLE trigger_inbox (
     discovered_at TEXT NOT NULL,
     state TEXT NOT NULL,
     run_id TEXT,
+    payload TEXT,
     PRIMARY KEY (pipeline, trigger_name, url, etag)
 );
 CREATE INDEX inbox_waiting ON trigger_inbox(pipeline, trigger_name, state, grp, discovered_at);

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use super::{dns1123_label, p, Annotate, Cx, Raw};
 use crate::diag::did_you_mean;
 use crate::events::{
-    After, Objects, Secret, Sink, SinkKind, Text, Trigger, Watch, OBJECT_VALUES, TRIGGER_VALUES,
+    After, Hook, Objects, Secret, Sink, SinkKind, Text, Trigger, Watch, OBJECT_VALUES,
+    TRIGGER_VALUES,
 };
 use crate::plan::Param;
 use crate::spec::{NotifyEvent, NotifySpec, ObjectsSpec, TriggerSpec};
@@ -51,11 +52,27 @@ impl Cx<'_> {
         params: &[Param],
     ) -> Option<Trigger> {
         let mut ok = true;
-        let watch = match (&spec.objects, &spec.after) {
-            (Some(o), None) => self
+        let watch = match (&spec.objects, &spec.after, &spec.webhook) {
+            (Some(o), None, None) => self
                 .check_objects(&tp.key("objects"), o)
                 .map(Watch::Objects),
-            (None, Some(a)) => Some(Watch::After(After {
+            (None, None, Some(w)) => match (&w.secret_env, &w.secret_file) {
+                (Some(e), None) => Some(Watch::Webhook(Hook {
+                    secret: Secret::Env(e.clone()),
+                })),
+                (None, Some(f)) => Some(Watch::Webhook(Hook {
+                    secret: Secret::File(f.clone()),
+                })),
+                _ => {
+                    self.err(
+                        "invalid-secret",
+                        &tp.key("webhook"),
+                        "a webhook trigger's calls are signed: name its secret with `secret_env` or `secret_file` (one of them)",
+                    );
+                    None
+                }
+            },
+            (None, Some(a), None) => Some(Watch::After(After {
                 pipeline: a.pipeline.clone(),
                 phases: match a.phase.is_empty() {
                     true => vec![Phase::Succeeded],
@@ -66,7 +83,9 @@ impl Cx<'_> {
                 self.err(
                     "invalid-trigger",
                     tp,
-                    format!("trigger `{name}` watches `objects` or `after` (one of them)"),
+                    format!(
+                        "trigger `{name}` watches `objects`, `after` or `webhook` (one of them)"
+                    ),
                 );
                 None
             }

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 
-use super::openapi::{NotificationList, TriggerList, TriggerPause, TriggerStatus};
+use super::openapi::{HookAccepted, NotificationList, TriggerList, TriggerPause, TriggerStatus};
 use super::{error, internal, Params, Shared};
 
 /// `GET /api/v1/triggers`.
@@ -152,4 +152,82 @@ pub async fn notifications(
         notifications,
     })
     .into_response()
+}
+
+/// `POST /api/v1/pipelines/{name}/triggers/{trigger}`: a signed call to a webhook
+/// trigger (`X-Drivetrain-Signature: sha256=HMAC(secret, body)`, `Idempotency-Key`).
+/// Recorded in the inbox before it is answered; a key seen before is answered as such and
+/// starts nothing.
+pub async fn hook(
+    State(s): State<Shared>,
+    Path((pipeline, trigger)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let hook = match s.hook(&pipeline, &trigger) {
+        Ok(h) => h,
+        Err(why) => return error(StatusCode::NOT_FOUND, why),
+    };
+    let secret = match hook.secret.read() {
+        Ok(v) => v,
+        Err(why) => return internal(format!("the trigger's secret: {why}")),
+    };
+    let signed = headers
+        .get("x-drivetrain-signature")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|sig| drivetrain_engine::events::notify::verify(&secret, &body, sig));
+    if !signed {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "no valid `X-Drivetrain-Signature: sha256=HMAC-SHA256(secret, body)`",
+        );
+    }
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .filter(|k| {
+            !k.is_empty()
+                && k.len() <= 200
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._:-".contains(c))
+        });
+    let Some(key) = key.map(str::to_owned) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "an `Idempotency-Key` header (1 to 200 of A-Z a-z 0-9 . _ : -) names the call: a retry with the same key starts nothing more",
+        );
+    };
+    let Ok(payload) = std::str::from_utf8(&body).map(str::to_owned) else {
+        return error(StatusCode::BAD_REQUEST, "the body is not UTF-8");
+    };
+    let url = drivetrain_engine::events::Hook::url(&pipeline, &trigger, &key);
+    let object = drivetrain_engine::state::InboxObject {
+        url: url.clone(),
+        etag: String::new(),
+        size: i64::try_from(body.len()).ok(),
+        modified: None,
+        group: String::new(),
+        discovered_at: drivetrain_engine::state::now(),
+        payload: Some(payload),
+    };
+    let state = s.engine.state().clone();
+    let (p, t) = (pipeline.clone(), trigger.clone());
+    let added =
+        tokio::task::spawn_blocking(move || state.add_objects(&p, &t, &[object], None, false))
+            .await;
+    match added {
+        Ok(Ok(new)) => {
+            s.hook_wake(&pipeline, &trigger);
+            (
+                StatusCode::ACCEPTED,
+                Json(HookAccepted {
+                    object: url,
+                    new: new > 0,
+                }),
+            )
+                .into_response()
+        }
+        Ok(Err(e)) => internal(e),
+        Err(e) => internal(e),
+    }
 }

@@ -121,6 +121,7 @@ fn handler(method: &str, path: &str) -> axum::routing::MethodRouter<Shared> {
         ("post", "/api/v1/triggers/{pipeline}/{trigger}/pause") => post(events::pause),
         ("post", "/api/v1/triggers/{pipeline}/{trigger}/resume") => post(events::resume),
         ("get", "/api/v1/notifications") => get(events::notifications),
+        ("post", "/api/v1/pipelines/{pipeline}/triggers/{trigger}") => post(events::hook),
         _ => unreachable!("no handler for {method} {path}"),
     }
 }

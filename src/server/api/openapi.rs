@@ -100,6 +100,15 @@ pub struct TriggerPause {
     pub skipped: u64,
 }
 
+/// A webhook trigger's call, recorded.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct HookAccepted {
+    /// Its inbox object: `webhook://PIPELINE/TRIGGER/KEY`.
+    pub object: String,
+    /// False for a key seen before: nothing more starts.
+    pub new: bool,
+}
+
 /// `GET /api/v1/notifications`.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct NotificationList {
@@ -255,6 +264,11 @@ fn register_request() -> Value {
         "properties": {"yaml": {"type": "string"}, "replace": {"type": "boolean"}},
         "additionalProperties": false
     })
+}
+
+/// A webhook trigger's body: any JSON (Foxglove's `recording.imported`, say), kept as sent.
+fn hook_request() -> Value {
+    json!({"type": "object"})
 }
 
 macro_rules! body {
@@ -530,6 +544,19 @@ pub const ROUTES: &[Route] = &[
         ],
     },
     Route {
+        method: "post",
+        path: "/api/v1/pipelines/{pipeline}/triggers/{trigger}",
+        summary: "A signed call to a webhook trigger (`X-Drivetrain-Signature`, `Idempotency-Key`; no bearer token)",
+        query: &[],
+        request: Some(hook_request),
+        responses: &[
+            (202, "recorded (`new: false`: a key seen before)", body!(HookAccepted)),
+            (400, "no or a malformed `Idempotency-Key`, or a body that is not UTF-8", ERROR),
+            (401, "no valid signature", ERROR),
+            (404, "no such webhook trigger", ERROR),
+        ],
+    },
+    Route {
         method: "get",
         path: "/api/v1/notifications",
         summary: "The notifications outbox, newest first (`state=dead`: the dead letters)",
@@ -547,7 +574,11 @@ pub const ROUTES: &[Route] = &[
 
 /// Whether the authentication layer (token, `Host`) is in front of `path`.
 pub fn guarded(path: &str) -> bool {
-    !matches!(path, "/healthz" | "/readyz")
+    // A webhook trigger's callers sign their calls instead.
+    !matches!(
+        path,
+        "/healthz" | "/readyz" | "/api/v1/pipelines/{pipeline}/triggers/{trigger}"
+    )
 }
 
 /// Every status `route` answers, with its description and body: its own, the

@@ -11,6 +11,7 @@ fn object(url: &str, etag: &str, group: &str, at: &str) -> InboxObject {
         modified: None,
         group: group.into(),
         discovered_at: at.into(),
+        payload: None,
     }
 }
 
@@ -19,11 +20,12 @@ fn object(url: &str, etag: &str, group: &str, at: &str) -> InboxObject {
 pub(super) fn inbox(s: &dyn StateStore) {
     s.ensure_trigger("tp", "new", "old.yaml", false).unwrap();
     s.ensure_trigger("tp", "new", "tp.yaml", true).unwrap(); // known: keeps its state
-    let objs = [
+    let mut objs = [
         object("file:///in/a", "e1", "", "2026-01-01T00:00:01.000Z"),
         object("file:///in/b", "e1", "", "2026-01-01T00:00:02.000Z"),
         object("file:///in/c", "e1", "", "2026-01-01T00:00:03.000Z"),
     ];
+    objs[0].payload = Some(r#"{"recording": 7}"#.into());
     assert_eq!(
         s.add_objects("tp", "new", &objs, Some("c"), true).unwrap(),
         3
@@ -71,6 +73,10 @@ pub(super) fn inbox(s: &dyn StateStore) {
     assert_eq!(s.run(&r1.id).unwrap().phase, Phase::Running);
     let rt = s.run_trigger(&r1.id).unwrap().unwrap();
     assert_eq!((rt.trigger.as_str(), rt.objects.len()), ("new", 2));
+    assert_eq!(
+        rt.objects[0].payload.as_deref(),
+        Some(r#"{"recording": 7}"#)
+    );
     assert_eq!(
         s.object_runs("file:///in/a").unwrap(),
         [(r1.id.clone(), "new".to_owned())]

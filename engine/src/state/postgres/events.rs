@@ -21,6 +21,7 @@ fn object_from_row(r: &Row, at: usize) -> InboxObject {
         modified: r.get(at + 3),
         group: r.get(at + 4),
         discovered_at: r.get(at + 5),
+        payload: r.get(at + 6),
     }
 }
 
@@ -88,6 +89,7 @@ impl TriggerStore for PostgresState {
                         &o.modified,
                         &o.group,
                         &o.discovered_at,
+                        &o.payload,
                     ],
                     "record a discovered object",
                 )? as usize;

@@ -18,6 +18,7 @@ fn object_from_row(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<InboxOb
         modified: r.get(at + 3)?,
         group: r.get(at + 4)?,
         discovered_at: r.get(at + 5)?,
+        payload: r.get(at + 6)?,
     })
 }
 
@@ -85,7 +86,8 @@ impl TriggerStore for SqliteState {
                             o.size,
                             o.modified,
                             o.group,
-                            o.discovered_at
+                            o.discovered_at,
+                            o.payload
                         ],
                     )
                     .map_err(sql("record a discovered object"))?;
