@@ -52,6 +52,8 @@ pub struct Pipeline {
     pub triggers: BTreeMap<String, crate::events::Trigger>,
     /// Where its runs are told of.
     pub notify: Vec<crate::events::Sink>,
+    /// A run still going this long after it started is told of (`notify` event `deadline`).
+    pub deadline: Option<Duration>,
     pub store: Option<String>,
     /// `local` unless `defaults.executor` says otherwise.
     pub executor: String,
@@ -220,6 +222,8 @@ pub struct Stage {
     pub hook: Option<crate::spec::Hook>,
     pub retries: RetryPolicy,
     pub timeout: Option<Duration>,
+    /// The stage still running this long after it started is told of (not stopped).
+    pub deadline: Option<Duration>,
     pub cache: CachePolicy,
     pub resources: Resources,
     pub distributed: Option<Distributed>,

@@ -38,6 +38,10 @@ pub struct PipelineSpec {
     /// webhooks, e-mail (sent by `drivetrain serve`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notify: Vec<NotifySpec>,
+    /// A duration (`2h`): a run still going this long after it started is told of as a
+    /// missed deadline (`notify` event `deadline`), once; it keeps running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
     /// Settings every stage inherits unless it sets its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub defaults: Option<DefaultsSpec>,
@@ -58,6 +62,7 @@ pub const PIPELINE_FIELDS: &[&str] = &[
     "schedule",
     "triggers",
     "notify",
+    "deadline",
     "defaults",
     "store",
     "stages",
@@ -233,8 +238,8 @@ pub struct BatchSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NotifySpec {
-    /// The events: `started`, `succeeded`, `failed`, `error`, `cancelled`. Default: the
-    /// four that end a run.
+    /// The events: `started`, `succeeded`, `failed`, `error`, `cancelled`, `deadline`.
+    /// Default: the four that end a run, and `deadline`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub on: Vec<NotifyEvent>,
     /// An HTTP endpoint that receives CloudEvents 1.0 (structured JSON).
@@ -259,6 +264,8 @@ pub enum NotifyEvent {
     Failed,
     Error,
     Cancelled,
+    /// The run, or a stage of it, passed its `deadline` and is still going.
+    Deadline,
 }
 
 /// A CloudEvents webhook. The body is signed with HMAC-SHA256 of the secret, sent as
@@ -394,6 +401,11 @@ pub struct StageSpec {
     /// A duration: `90s`, `15m`, `2h`, `1h30m`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
+    /// A duration: the stage still running this long after it started is told of as a
+    /// missed deadline (`notify` event `deadline`), once; unlike `timeout` it is not
+    /// stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<CacheSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

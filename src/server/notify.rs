@@ -42,7 +42,12 @@ impl Server {
         while !self.stopping.load(Ordering::SeqCst) {
             let me = self.clone();
             let src = source.clone();
-            match tokio::task::spawn_blocking(move || me.weigh_runs(&src)).await {
+            match tokio::task::spawn_blocking(move || {
+                me.weigh_runs(&src)?;
+                me.missed_deadlines(&src)
+            })
+            .await
+            {
                 Ok(Err(e)) => eprintln!("notifications: {e:#}"),
                 Err(e) => eprintln!("notifications: {e}"),
                 Ok(Ok(())) => {}
@@ -60,6 +65,60 @@ impl Server {
         for run in state.unnotified_runs(500)? {
             let items = self.notifications_of(&run, source);
             state.enqueue_notifications(&run.id, run.phase.as_str(), &items)?;
+        }
+        Ok(())
+    }
+
+    /// Puts in the outbox the missed deadlines of running runs (and their running
+    /// stages) of the served pipelines that have one; each once, by its id.
+    fn missed_deadlines(&self, source: &str) -> anyhow::Result<()> {
+        let state = self.engine.state();
+        let now = chrono::Utc::now();
+        let passed = |since: Option<&str>, d: Duration| {
+            since
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                .and_then(|t| chrono::Duration::from_std(d).ok().map(|d| t + d))
+                .is_some_and(|due| due <= now)
+        };
+        let loaded: Vec<_> = self.loaded().values().cloned().collect();
+        for l in loaded {
+            let p = &l.pipeline;
+            let staged = p.stages.iter().any(|s| s.deadline.is_some());
+            if p.notify.is_empty() || (p.deadline.is_none() && !staged) {
+                continue;
+            }
+            let filter = drivetrain_engine::state::RunFilter {
+                pipeline: Some(p.name.clone()),
+                phase: Some(drivetrain_engine::state::Phase::Running),
+                ..Default::default()
+            };
+            for run in state.find_runs(&filter, 500)? {
+                let mut items = Vec::new();
+                if let Some(d) = p.deadline.filter(|d| passed(Some(&run.created_at), *d)) {
+                    items.extend(notify::deadline_items(&run, None, d, &p.notify, source));
+                }
+                if staged {
+                    for st in state.stages(&run.id)? {
+                        let Some(d) = p.stage_by_name(&st.stage).and_then(|s| s.deadline) else {
+                            continue;
+                        };
+                        if st.phase == drivetrain_engine::state::Phase::Running
+                            && passed(st.started_at.as_deref(), d)
+                        {
+                            items.extend(notify::deadline_items(
+                                &run,
+                                Some(&st.stage),
+                                d,
+                                &p.notify,
+                                source,
+                            ));
+                        }
+                    }
+                }
+                if !items.is_empty() {
+                    state.add_notifications(&items)?;
+                }
+            }
         }
         Ok(())
     }

@@ -852,3 +852,56 @@ stages:
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(runs(&home, &[]).len(), 1, "one run per key");
 }
+
+#[test]
+fn a_run_and_a_stage_past_their_deadline_are_told_of_once_and_keep_running() {
+    let home = Home::new("notify-deadline");
+    std::fs::create_dir_all(home.dir.join("scheduled")).unwrap();
+    let hook = Receiver::start(&home.dir, "k", 0);
+    let secret = home.write("hook.secret", "k\n");
+    home.write(
+        "scheduled/slow.yaml",
+        &format!(
+            r#"
+version: 1
+name: slow
+deadline: 1s
+notify:
+  - on: [deadline, succeeded]
+    webhook: {{url: "http://127.0.0.1:{}/", secret_file: "{}"}}
+stages:
+  a:
+    deadline: 1s
+    run: {{command: [sleep, "3"]}}
+"#,
+            hook.port,
+            secret.display()
+        ),
+    );
+    let _serve = Killed(home.serve(&[]));
+    std::thread::sleep(Duration::from_secs(1));
+    let file = home.dir.join("scheduled/slow.yaml").display().to_string();
+    let run = common::run_id(&home.drivetrain(&["run", &file]));
+    wait(30, "two deadlines and the end", || {
+        (hook.received().len() >= 3).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2)); // asked for every half second: told once
+    let mut ids: Vec<String> = hook
+        .received()
+        .iter()
+        .filter_map(|e| e["id"].as_str().map(str::to_owned))
+        .collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        [
+            format!("{run}.deadline"),
+            format!("{run}.deadline:a"),
+            format!("{run}.succeeded")
+        ]
+    );
+    assert!(hook
+        .received()
+        .iter()
+        .any(|e| e["type"] == "dev.drivetrain.run.deadline"));
+}

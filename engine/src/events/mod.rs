@@ -252,6 +252,7 @@ impl NotifyEvent {
             NotifyEvent::Failed => "failed",
             NotifyEvent::Error => "error",
             NotifyEvent::Cancelled => "cancelled",
+            NotifyEvent::Deadline => "deadline",
         }
     }
 
@@ -259,7 +260,7 @@ impl NotifyEvent {
     pub fn phase(self) -> Option<crate::state::Phase> {
         use crate::state::Phase;
         Some(match self {
-            NotifyEvent::Started => return None,
+            NotifyEvent::Started | NotifyEvent::Deadline => return None,
             NotifyEvent::Succeeded => Phase::Succeeded,
             NotifyEvent::Failed => Phase::Failed,
             NotifyEvent::Error => Phase::Error,

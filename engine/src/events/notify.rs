@@ -53,27 +53,63 @@ pub fn outbox_items(
     sinks: &[Sink],
     source: &str,
 ) -> Vec<OutboxItem> {
+    events
+        .iter()
+        .flat_map(|&event| {
+            let body = cloud_event(run, event, source);
+            for_sinks(run, event, event.as_str(), &body, sinks)
+        })
+        .collect()
+}
+
+/// The outbox entries of a missed deadline: of the run (`stage` none) or of one stage,
+/// `after` its start; one per run (and stage) and sink however often it is asked for.
+pub fn deadline_items(
+    run: &RunRecord,
+    stage: Option<&str>,
+    after: Duration,
+    sinks: &[Sink],
+    source: &str,
+) -> Vec<OutboxItem> {
+    let mut body = cloud_event(run, NotifyEvent::Deadline, source);
+    let what = match stage {
+        Some(st) => format!("deadline:{st}"),
+        None => "deadline".to_owned(),
+    };
+    body["id"] = json!(format!("{}.{what}", run.id));
+    body["time"] = json!(crate::state::now());
+    body["data"]["deadline_seconds"] = json!(after.as_secs());
+    body["data"]["stage"] = json!(stage);
+    for_sinks(run, NotifyEvent::Deadline, &what, &body, sinks)
+}
+
+/// `body` for each sink that wants `event`, with the id `RUN/WHAT/SINK`.
+fn for_sinks(
+    run: &RunRecord,
+    event: NotifyEvent,
+    what: &str,
+    body: &Value,
+    sinks: &[Sink],
+) -> Vec<OutboxItem> {
     let now = crate::state::now();
-    let mut out = Vec::new();
-    for &event in events {
-        for sink in sinks.iter().filter(|s| s.on.contains(&event)) {
-            out.push(OutboxItem {
-                id: format!("{}/{}/{}", run.id, event.as_str(), sink.name),
-                pipeline: run.pipeline.clone(),
-                run_id: run.id.0.clone(),
-                event: event.as_str().to_owned(),
-                sink: serde_json::to_value(sink).unwrap_or(Value::Null),
-                body: cloud_event(run, event, source),
-                state: "pending".into(),
-                attempts: 0,
-                next_at: now.clone(),
-                last_error: None,
-                created_at: now.clone(),
-                delivered_at: None,
-            });
-        }
-    }
-    out
+    sinks
+        .iter()
+        .filter(|s| s.on.contains(&event))
+        .map(|sink| OutboxItem {
+            id: format!("{}/{what}/{}", run.id, sink.name),
+            pipeline: run.pipeline.clone(),
+            run_id: run.id.0.clone(),
+            event: event.as_str().to_owned(),
+            sink: serde_json::to_value(sink).unwrap_or(Value::Null),
+            body: body.clone(),
+            state: "pending".into(),
+            attempts: 0,
+            next_at: now.clone(),
+            last_error: None,
+            created_at: now.clone(),
+            delivered_at: None,
+        })
+        .collect()
 }
 
 /// `sha256=HEX` of the body under the secret: the `X-Drivetrain-Signature` header.
@@ -115,6 +151,12 @@ fn summary(e: &Value) -> String {
     );
     if let Some(r) = d["reason"].as_str() {
         s.push_str(&format!(": {r}"));
+    }
+    if let Some(secs) = d["deadline_seconds"].as_u64() {
+        match d["stage"].as_str() {
+            Some(st) => s.push_str(&format!(": stage {st} still running after {secs} s")),
+            None => s.push_str(&format!(": still running after {secs} s")),
+        }
     }
     s
 }

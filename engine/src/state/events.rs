@@ -180,6 +180,9 @@ pub trait OutboxStore: Send + Sync {
         phase: &str,
         items: &[OutboxItem],
     ) -> Result<(), StateError>;
+    /// Notifications of no phase (a missed deadline); those already there, by id, are
+    /// kept.
+    fn add_notifications(&self, items: &[OutboxItem]) -> Result<(), StateError>;
     /// Pending notifications due by `now`, oldest first.
     fn due_notifications(&self, now: &str, limit: usize) -> Result<Vec<OutboxItem>, StateError>;
     /// A delivery's outcome: delivered (`error` none), to retry at `retry_at`, or dead

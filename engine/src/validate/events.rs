@@ -355,6 +355,7 @@ impl Cx<'_> {
             let mut on = s.on.clone();
             if on.is_empty() {
                 on = NotifyEvent::ENDS.to_vec();
+                on.push(NotifyEvent::Deadline);
             }
             out.push(Sink {
                 name: format!("notify[{i}]"),

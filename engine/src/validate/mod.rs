@@ -104,6 +104,7 @@ struct Raw {
     schedule: Option<ScheduleSpec>,
     triggers: IndexMap<String, Option<TriggerSpec>>,
     notify: Vec<NotifySpec>,
+    deadline: Option<String>,
     defaults: DefaultsSpec,
     store: Option<String>,
     stages: IndexMap<String, Option<StageSpec>>,
@@ -210,6 +211,7 @@ impl<'a> Cx<'a> {
             schedule: None,
             triggers: IndexMap::new(),
             notify: Vec::new(),
+            deadline: None,
             defaults: DefaultsSpec::default(),
             store: None,
             stages: IndexMap::new(),
@@ -231,6 +233,7 @@ impl<'a> Cx<'a> {
                 "description" => raw.description = from_node(&e.value, &path, d),
                 "schedule" => raw.schedule = from_node(&e.value, &path, d),
                 "notify" => raw.notify = from_node(&e.value, &path, d).unwrap_or_default(),
+                "deadline" => raw.deadline = from_node(&e.value, &path, d),
                 "triggers" => {
                     match e.value.as_map() {
                         Some(triggers) => {
@@ -356,6 +359,10 @@ impl<'a> Cx<'a> {
         let schedule = raw.schedule.as_ref().and_then(|s| self.check_schedule(s));
         let triggers = self.check_triggers(&raw, &params);
         let notify = self.check_notify(&raw.notify);
+        let deadline = match &raw.deadline {
+            Some(t) => self.duration(&p("deadline"), t),
+            None => None,
+        };
         self.check_store(&raw);
         let executor = self.check_defaults(&raw.defaults);
         if raw.stages.is_empty() && raw.stages_is_map {
@@ -452,6 +459,7 @@ impl<'a> Cx<'a> {
                 .filter_map(|(k, v)| Some((k, v?)))
                 .collect(),
             notify: raw.notify,
+            deadline: raw.deadline,
             defaults: Some(raw.defaults),
             store: raw.store,
             stages: stages_spec,
@@ -463,6 +471,7 @@ impl<'a> Cx<'a> {
             schedule,
             triggers: triggers?,
             notify: notify?,
+            deadline,
             store: spec.store.clone(),
             executor,
             stages,

@@ -42,6 +42,10 @@ impl<'a> Cx<'a> {
                 .as_deref()
                 .and_then(|t| parse_duration(t).ok()),
         };
+        let deadline = match &spec.deadline {
+            Some(t) => self.duration(&path.key("deadline"), t),
+            None => None,
+        };
         let cache = self.stage_cache(sc);
         let resources = self.stage_resources(sc);
         let distributed = self.stage_distributed(sc);
@@ -65,6 +69,7 @@ impl<'a> Cx<'a> {
             hook: spec.hook,
             retries,
             timeout,
+            deadline,
             cache,
             resources,
             distributed,

@@ -245,4 +245,11 @@ pub(super) fn outbox(s: &dyn StateStore) {
     let counts = s.notification_counts().unwrap();
     assert_eq!((counts["dead"], counts["delivered"]), (1, 1));
     assert_eq!(s.notifications(None, 10).unwrap().len(), 2);
+    // Of no phase (a missed deadline), asked for again and again: one row.
+    let mut late = item("deadline");
+    late.id = "outbox-r1/deadline/notify[0]".into();
+    for _ in 0..3 {
+        s.add_notifications(std::slice::from_ref(&late)).unwrap();
+    }
+    assert_eq!(s.notifications(Some("pending"), 10).unwrap().len(), 1);
 }

@@ -46,6 +46,27 @@ fn count(r: &Row, i: usize) -> u64 {
     u64::try_from(r.get::<_, i64>(i)).unwrap_or(0)
 }
 
+/// Puts notifications in the outbox (those there already, by id, stay as they are).
+fn enqueue(tx: &mut postgres::Transaction<'_>, items: &[OutboxItem]) -> Result<(), StateError> {
+    for i in items {
+        exec(
+            tx,
+            queries::pg::ENQUEUE_NOTIFICATION,
+            &[
+                &i.id,
+                &i.pipeline,
+                &i.run_id,
+                &i.event,
+                &i.sink.to_string(),
+                &i.body.to_string(),
+                &i.next_at,
+            ],
+            "enqueue a notification",
+        )?;
+    }
+    Ok(())
+}
+
 impl TriggerStore for PostgresState {
     fn ensure_trigger(
         &self,
@@ -302,28 +323,21 @@ impl OutboxStore for PostgresState {
     ) -> Result<(), StateError> {
         self.with(|c| {
             let mut tx = c.transaction().map_err(super::db("begin"))?;
-            for i in items {
-                exec(
-                    &mut tx,
-                    queries::pg::ENQUEUE_NOTIFICATION,
-                    &[
-                        &i.id,
-                        &i.pipeline,
-                        &i.run_id,
-                        &i.event,
-                        &i.sink.to_string(),
-                        &i.body.to_string(),
-                        &i.next_at,
-                    ],
-                    "enqueue a notification",
-                )?;
-            }
+            enqueue(&mut tx, items)?;
             exec(
                 &mut tx,
                 queries::pg::MARK_NOTIFIED,
                 &[&run.0, &phase],
                 "note a run notified",
             )?;
+            tx.commit().map_err(super::db("commit"))
+        })
+    }
+
+    fn add_notifications(&self, items: &[OutboxItem]) -> Result<(), StateError> {
+        self.with(|c| {
+            let mut tx = c.transaction().map_err(super::db("begin"))?;
+            enqueue(&mut tx, items)?;
             tx.commit().map_err(super::db("commit"))
         })
     }

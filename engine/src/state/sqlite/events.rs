@@ -45,6 +45,26 @@ fn immediate(c: &Connection) -> Result<rusqlite::Transaction<'_>, StateError> {
     rusqlite::Transaction::new_unchecked(c, TransactionBehavior::Immediate).map_err(sql("begin"))
 }
 
+/// Puts notifications in the outbox (those there already, by id, stay as they are).
+fn enqueue(tx: &Connection, items: &[OutboxItem]) -> Result<(), StateError> {
+    for i in items {
+        tx.execute_cached(
+            queries::sqlite::ENQUEUE_NOTIFICATION,
+            params![
+                i.id,
+                i.pipeline,
+                i.run_id,
+                i.event,
+                i.sink.to_string(),
+                i.body.to_string(),
+                i.next_at
+            ],
+        )
+        .map_err(sql("enqueue a notification"))?;
+    }
+    Ok(())
+}
+
 impl TriggerStore for SqliteState {
     fn ensure_trigger(
         &self,
@@ -301,23 +321,17 @@ impl OutboxStore for SqliteState {
     ) -> Result<(), StateError> {
         self.with(|c| {
             let tx = immediate(c)?;
-            for i in items {
-                tx.execute_cached(
-                    queries::sqlite::ENQUEUE_NOTIFICATION,
-                    params![
-                        i.id,
-                        i.pipeline,
-                        i.run_id,
-                        i.event,
-                        i.sink.to_string(),
-                        i.body.to_string(),
-                        i.next_at
-                    ],
-                )
-                .map_err(sql("enqueue a notification"))?;
-            }
+            enqueue(&tx, items)?;
             tx.execute_cached(queries::sqlite::MARK_NOTIFIED, params![run.0, phase])
                 .map_err(sql("note a run notified"))?;
+            tx.commit().map_err(sql("commit"))
+        })
+    }
+
+    fn add_notifications(&self, items: &[OutboxItem]) -> Result<(), StateError> {
+        self.with(|c| {
+            let tx = immediate(c)?;
+            enqueue(&tx, items)?;
             tx.commit().map_err(sql("commit"))
         })
     }
