@@ -741,35 +741,10 @@ stages:
     assert_eq!(downs(&home).len(), 2);
 }
 
-/// One POST with `headers`, raw over TCP: (status, body); the answer is checked against
-/// `docs/openapi.json`.
+/// One signed call to a webhook trigger: (status, body), checked against the API's
+/// document.
 fn post_raw(addr: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut c = std::net::TcpStream::connect(addr).unwrap();
-    let mut req = format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str(&format!(
-        "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    ));
-    c.write_all(req.as_bytes()).unwrap();
-    let mut resp = String::new();
-    c.read_to_string(&mut resp).unwrap();
-    let status: u16 = resp.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b)
-        .unwrap_or("")
-        .to_owned();
-    common::http::documented(
-        "post",
-        "/api/v1/pipelines/{pipeline}/triggers/{trigger}",
-        status,
-        Some(&body),
-    );
-    (status, body)
+    common::http::request_raw(addr, addr, "POST", path, headers, Some(body))
 }
 
 #[test]

@@ -94,10 +94,25 @@ pub fn request_to(
     token: Option<&str>,
     body: Option<&str>,
 ) -> (u16, String) {
-    let mut c = TcpStream::connect(&s.addr).unwrap();
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("Authorization", a.as_str())).collect();
+    request_raw(&s.addr, host, method, path, &headers, body)
+}
+
+/// One request to `addr` with `headers`, its answer checked against `docs/openapi.json`:
+/// (status, body).
+pub fn request_raw(
+    addr: &str,
+    host: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> (u16, String) {
+    let mut c = TcpStream::connect(addr).unwrap();
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
-    if let Some(t) = token {
-        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
     }
     let body = body.unwrap_or("");
     req.push_str(&format!(
