@@ -341,6 +341,10 @@ pub(crate) enum Command {
         /// The most stage attempts at once, per run.
         #[arg(long)]
         parallelism: Option<usize>,
+        /// Notification sinks for every run this server sees, besides each pipeline's
+        /// own: a YAML file with `notify:`, shaped as a pipeline's.
+        #[arg(long, value_name = "FILE")]
+        notify: Option<PathBuf>,
     },
     /// The web view of this home's runs, stages, logs, lineage and registry: `serve` for
     /// one person (it also serves the view at `/`), without firing schedules or taking

@@ -20,6 +20,7 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitC
             token_file,
             insecure_no_auth,
             parallelism,
+            notify,
         } => outcome(serve::serve(
             catalog,
             home,
@@ -31,6 +32,7 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitC
                 token_file,
                 insecure_no_auth,
                 parallelism,
+                notify,
             },
         )),
         Command::Ui {
@@ -50,6 +52,7 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitC
                 token_file,
                 insecure_no_auth,
                 parallelism: None,
+                notify: None,
             },
         )),
         Command::Schedule { command, output } => {

@@ -195,6 +195,8 @@ pub struct Server {
     unstarted_since: Mutex<String>,
     /// The loops of webhook triggers, by (pipeline, trigger), woken by a call.
     hooks: Mutex<BTreeMap<(String, String), Arc<tokio::sync::Notify>>>,
+    /// `--notify FILE`'s sinks: told of every run, besides its pipeline's own.
+    default_sinks: Vec<drivetrain_engine::events::Sink>,
 }
 
 /// Every valid pipeline under `dir`; those with a `schedule:` are registered.
@@ -845,6 +847,8 @@ pub struct ServeArgs {
     pub token_file: Option<PathBuf>,
     pub insecure_no_auth: bool,
     pub parallelism: Option<usize>,
+    /// `--notify FILE`: sinks for every run, besides each pipeline's.
+    pub notify: Option<PathBuf>,
 }
 
 /// The token from `--token`, `--token-file` or `DRIVETRAIN_TOKEN`, in that order; a
@@ -908,6 +912,22 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
              to start, rerun and cancel runs over it"
         );
     }
+    let default_sinks = match &args.notify {
+        Some(file) => {
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| anyhow::anyhow!("--notify {}: {e}", file.display()))?;
+            match drivetrain_engine::validate::notify_file(&text) {
+                Ok(sinks) => sinks,
+                Err(diagnostics) => {
+                    for d in diagnostics {
+                        eprintln!("{}: {d}", file.display());
+                    }
+                    return Ok(ExitCode::from(2));
+                }
+            }
+        }
+        None => Vec::new(),
+    };
     let state: Arc<dyn StateStore> = open_state(home)?;
     let pipelines = match &args.pipelines {
         Some(dir) => load(&catalog, dir, state.as_ref(), args.schedules)?,
@@ -958,6 +978,7 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         stream_reads: tokio::sync::Semaphore::new(STREAM_READS),
         // At start, a week back: a tick queued or claimed while no server ran.
         hooks: Mutex::new(BTreeMap::new()),
+        default_sinks,
         unstarted_since: Mutex::new(
             (chrono::Utc::now() - chrono::Duration::days(7))
                 .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),

@@ -84,7 +84,11 @@ impl Server {
         for l in loaded {
             let p = &l.pipeline;
             let staged = p.stages.iter().any(|s| s.deadline.is_some());
-            if p.notify.is_empty() || (p.deadline.is_none() && !staged) {
+            if p.deadline.is_none() && !staged {
+                continue;
+            }
+            let sinks = self.sinks_of(&p.name);
+            if sinks.is_empty() {
                 continue;
             }
             let filter = drivetrain_engine::state::RunFilter {
@@ -95,7 +99,7 @@ impl Server {
             for run in state.find_runs(&filter, 500)? {
                 let mut items = Vec::new();
                 if let Some(d) = p.deadline.filter(|d| passed(Some(&run.created_at), *d)) {
-                    items.extend(notify::deadline_items(&run, None, d, &p.notify, source));
+                    items.extend(notify::deadline_items(&run, None, d, &sinks, source));
                 }
                 if staged {
                     for st in state.stages(&run.id)? {
@@ -109,7 +113,7 @@ impl Server {
                                 &run,
                                 Some(&st.stage),
                                 d,
-                                &p.notify,
+                                &sinks,
                                 source,
                             ));
                         }
@@ -126,17 +130,27 @@ impl Server {
     /// A run's notifications for the sinks of its pipeline: its start, and its end once
     /// it has ended (a start already enqueued is kept: the outbox's ids are unique).
     fn notifications_of(&self, run: &RunRecord, source: &str) -> Vec<OutboxItem> {
-        let Some(l) = self.loaded().get(&run.pipeline).cloned() else {
-            return Vec::new();
-        };
-        if l.pipeline.notify.is_empty() {
+        let sinks = self.sinks_of(&run.pipeline);
+        if sinks.is_empty() {
             return Vec::new();
         }
         let mut events = vec![NotifyEvent::Started];
         if run.phase.is_terminal() {
             events.extend(NotifyEvent::of_phase(run.phase));
         }
-        notify::outbox_items(run, &events, &l.pipeline.notify, source)
+        notify::outbox_items(run, &events, &sinks, source)
+    }
+
+    /// The sinks a pipeline's runs are told to: its own (when this server serves it) and
+    /// the server's `--notify` ones.
+    fn sinks_of(&self, pipeline: &str) -> Vec<drivetrain_engine::events::Sink> {
+        let mut sinks = self
+            .loaded()
+            .get(pipeline)
+            .map(|l| l.pipeline.notify.clone())
+            .unwrap_or_default();
+        sinks.extend(self.default_sinks.iter().cloned());
+        sinks
     }
 
     /// Delivers the notifications that are due, [`DELIVERIES`] at once.

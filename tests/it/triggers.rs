@@ -880,3 +880,68 @@ stages:
         .iter()
         .any(|e| e["type"] == "dev.drivetrain.run.deadline"));
 }
+
+#[test]
+fn server_wide_sinks_hear_of_every_run_and_a_bad_file_is_located() {
+    let home = Home::new("notify-defaults");
+    std::fs::create_dir_all(home.dir.join("scheduled")).unwrap();
+    let hook = Receiver::start(&home.dir, "k", 0);
+    let secret = home.write("hook.secret", "k\n");
+    let plain = home.write(
+        "scheduled/plain.yaml",
+        "version: 1\nname: plain\nstages:\n  a:\n    run: {command: [\"true\"]}\n",
+    );
+    home.write(
+        "bad-notify.yaml",
+        "notify:\n  - on: [succeeded]\n    webhook: {url: \"ftp://nowhere\"}\n",
+    );
+    let serve_with = |file: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_drivetrain"));
+        c.args([
+            "serve",
+            "--pipelines",
+            "scheduled",
+            "--bind",
+            "127.0.0.1:0",
+            "--notify",
+            file,
+        ])
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+        c
+    };
+    let bad = serve_with("bad-notify.yaml").output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    let err = text(&bad.stderr);
+    assert!(
+        err.contains("bad-notify.yaml")
+            && err.contains("is not an http:// or https:// URL")
+            && err.contains("3:"),
+        "{err}"
+    );
+    home.write(
+        "notify.yaml",
+        &format!(
+            "notify:\n  - on: [succeeded]\n    webhook: {{url: \"http://127.0.0.1:{}/\", secret_file: \"{}\"}}\n",
+            hook.port,
+            secret.display()
+        ),
+    );
+    let _serve = Killed(
+        serve_with("notify.yaml")
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let run = common::run_id(&home.drivetrain(&["run", &plain.display().to_string()]));
+    let got = wait(30, "the run's end told", || {
+        let r = hook.received();
+        (!r.is_empty()).then_some(r)
+    });
+    assert_eq!(got[0]["id"], format!("{run}.succeeded"));
+    let o = home.drivetrain(&["notifications", "-o", "json"]);
+    let outbox: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(outbox[0]["id"], format!("{run}/succeeded/defaults[0]"));
+}

@@ -15,6 +15,48 @@ use crate::yaml::YamlPath;
 
 const SOURCE_SCHEMES: &[&str] = &["s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "file"];
 
+/// A file of server-wide notification sinks (`drivetrain serve --notify FILE`): a
+/// `notify:` list shaped as a pipeline's, its problems located as a pipeline's are. Its
+/// sinks are named `defaults[N]`, apart from a pipeline's `notify[N]`.
+pub fn notify_file(src: &str) -> Result<Vec<Sink>, Vec<crate::diag::Diagnostic>> {
+    let root = crate::yaml::parse(src)?;
+    let catalog = crate::step::Catalog::new(Vec::new(), Vec::new());
+    let mut cx = Cx {
+        src,
+        tree: None,
+        catalog: &catalog,
+        diags: Vec::new(),
+        with_nodes: Vec::new(),
+        in_string: std::collections::HashMap::new(),
+    };
+    let specs = match root
+        .as_map()
+        .and_then(|m| m.iter().find(|e| e.key == "notify"))
+    {
+        Some(e) => crate::de::from_node::<Vec<NotifySpec>>(&e.value, &p("notify"), &mut cx.diags),
+        None => {
+            cx.err(
+                "missing-field",
+                &YamlPath::root(),
+                "a notifications file is a mapping with `notify:`, a list shaped as a pipeline's",
+            );
+            None
+        }
+    };
+    let sinks = specs.and_then(|specs| cx.check_notify(&specs));
+    let diagnostics = cx.located();
+    match sinks {
+        Some(sinks) if !diagnostics.iter().any(crate::diag::Diagnostic::is_error) => Ok(sinks
+            .into_iter()
+            .map(|mut s| {
+                s.name = s.name.replacen("notify", "defaults", 1);
+                s
+            })
+            .collect()),
+        _ => Err(diagnostics),
+    }
+}
+
 impl Cx<'_> {
     /// Every trigger, or `None` if one is invalid (reported).
     pub(super) fn check_triggers(

@@ -27,6 +27,7 @@ use crate::units::{parse_duration, parse_quantity, Quantity};
 use crate::yaml::{self, Node, YamlPath};
 
 mod events;
+pub use events::notify_file;
 mod links;
 mod stage;
 
@@ -71,18 +72,7 @@ pub fn validate(src: &str, catalog: &Catalog) -> Validated {
     // located on demand from a fresh parse (`Cx::root`), so a valid file is parsed once.
     let raw = cx.read(root);
     let pipeline = raw.and_then(|raw| cx.check_and_build(raw));
-    let unlocated: Vec<usize> = (0..cx.diags.len())
-        .filter(|&i| cx.diags[i].span.is_none() && cx.diags[i].path.is_some())
-        .collect();
-    for i in unlocated {
-        let path = YamlPath::parse(cx.diags[i].path.as_deref().unwrap_or_default());
-        let loc = cx.root().locate(&path);
-        let span = loc.key_span.filter(|_| loc.exact).unwrap_or(loc.node.span);
-        cx.diags[i].span = Some(span);
-    }
-    let mut diagnostics = cx.diags;
-    diagnostics.sort_by_key(|d| d.span.map(|s| (s.start, s.end)).unwrap_or_default());
-    diagnostics.dedup();
+    let diagnostics = cx.located();
     let pipeline = if diagnostics.iter().any(Diagnostic::is_error) {
         None
     } else {
@@ -130,6 +120,24 @@ fn p(s: &str) -> YamlPath {
 }
 
 impl<'a> Cx<'a> {
+    /// Its diagnostics, each located (those reported by path only are located now), in
+    /// the order of the file.
+    fn located(mut self) -> Vec<Diagnostic> {
+        let unlocated: Vec<usize> = (0..self.diags.len())
+            .filter(|&i| self.diags[i].span.is_none() && self.diags[i].path.is_some())
+            .collect();
+        for i in unlocated {
+            let path = YamlPath::parse(self.diags[i].path.as_deref().unwrap_or_default());
+            let loc = self.root().locate(&path);
+            let span = loc.key_span.filter(|_| loc.exact).unwrap_or(loc.node.span);
+            self.diags[i].span = Some(span);
+        }
+        let mut diagnostics = self.diags;
+        diagnostics.sort_by_key(|d| d.span.map(|s| (s.start, s.end)).unwrap_or_default());
+        diagnostics.dedup();
+        diagnostics
+    }
+
     /// The located tree, parsed again if it was dropped. Only the paths that report a
     /// problem call this, so a valid file is parsed once.
     fn root(&mut self) -> &Node<'a> {

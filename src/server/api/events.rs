@@ -138,7 +138,13 @@ pub async fn notifications(
             format!("state=`{st}`: give pending, delivered or dead"),
         );
     }
-    let limit = q.limit.unwrap_or(50).min(1000);
+    let limit = q.limit.unwrap_or(50);
+    if limit > 1000 {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("limit={limit}: at most 1000"),
+        );
+    }
     let state = s.engine.state();
     let (notifications, counts) = match (
         state.notifications(q.state.as_deref(), limit),

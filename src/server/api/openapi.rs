@@ -535,7 +535,11 @@ pub const ROUTES: &[Route] = &[
         method: "post",
         path: "/api/v1/triggers/{pipeline}/{trigger}/resume",
         summary: "Resume a trigger; what queued while paused is replayed or skipped",
-        query: &[("queued", "string", "`replay` or `skip` (required when objects are queued)")],
+        query: &[(
+            "queued",
+            r#"{"type": "string", "enum": ["replay", "skip"]}"#,
+            "what becomes of the objects queued while paused; needed when some are",
+        )],
         request: None,
         responses: &[
             (200, "resumed", body!(TriggerPause)),
@@ -561,13 +565,21 @@ pub const ROUTES: &[Route] = &[
         path: "/api/v1/notifications",
         summary: "The notifications outbox, newest first (`state=dead`: the dead letters)",
         query: &[
-            ("state", "string", "`pending`, `delivered` or `dead`"),
-            ("limit", "integer", "at most this many (default 50, at most 1000)"),
+            (
+                "state",
+                r#"{"type": "string", "enum": ["pending", "delivered", "dead"]}"#,
+                "only those in this state",
+            ),
+            (
+                "limit",
+                r#"{"type": "integer", "minimum": 0, "maximum": 1000}"#,
+                "at most this many (default 50)",
+            ),
         ],
         request: None,
         responses: &[
             (200, "the notifications and the count in each state", body!(NotificationList)),
-            (400, "another state, or a limit that is not a number", ERROR),
+            (400, "another state, or a limit that is not a number from 0 to 1000", ERROR),
         ],
     },
 ];
