@@ -62,7 +62,9 @@ impl Server {
     /// Puts the notifications of runs not yet weighed in the outbox.
     fn weigh_runs(&self, source: &str) -> anyhow::Result<()> {
         let state = self.engine.state();
-        for run in state.unnotified_runs(500)? {
+        let mut runs = state.unnotified_runs(500)?;
+        runs.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+        for run in runs {
             let items = self.notifications_of(&run, source);
             state.enqueue_notifications(&run.id, run.phase.as_str(), &items)?;
         }

@@ -170,7 +170,10 @@ pub trait TriggerStore: Send + Sync {
 
 /// The notifications outbox.
 pub trait OutboxStore: Send + Sync {
-    /// Runs whose start or end has not been weighed for notifications yet, oldest first.
+    /// Runs whose start or end has not been weighed for notifications yet (in no order):
+    /// those never weighed, and those weighed while running that have ended since (a
+    /// resumed run counts as weighed running again). Through the index on `notified`, so
+    /// the cost is that of the runs in flight, not of the history.
     fn unnotified_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StateError>;
     /// In one transaction: the notifications of `run` (those already there, by id, are
     /// kept) and the note that it was weighed in `phase`.

@@ -124,7 +124,8 @@ statements! {
          id = $1";
     REOPEN_RUN =
         "UPDATE runs SET phase = 'Running', finished_at = NULL, reason = NULL, engine_pid = \
-         $2 WHERE id = $1";
+         $2, notified = CASE WHEN notified IS NULL THEN NULL ELSE 'Running' END WHERE id = \
+         $1";
     RUN_COUNTS =
         "SELECT phase, COUNT(*) FROM runs GROUP BY phase";
     HEARTBEAT =

@@ -242,6 +242,25 @@ pub(super) fn outbox(s: &dyn StateStore) {
     let dead = s.notifications(Some("dead"), 10).unwrap();
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].last_error.as_deref(), Some("refused again"));
+    // Resumed and ended again, in another phase: to be weighed again.
+    s.reopen_run(&run.id, 9).unwrap();
+    assert!(!s
+        .unnotified_runs(1000)
+        .unwrap()
+        .iter()
+        .any(|r| r.id == run.id));
+    s.finish_run(&run.id, Phase::Succeeded, None).unwrap();
+    assert!(s
+        .unnotified_runs(1000)
+        .unwrap()
+        .iter()
+        .any(|r| r.id == run.id));
+    s.enqueue_notifications(&run.id, "Succeeded", &[]).unwrap();
+    assert!(!s
+        .unnotified_runs(1000)
+        .unwrap()
+        .iter()
+        .any(|r| r.id == run.id));
     let counts = s.notification_counts().unwrap();
     assert_eq!((counts["dead"], counts["delivered"]), (1, 1));
     assert_eq!(s.notifications(None, 10).unwrap().len(), 2);

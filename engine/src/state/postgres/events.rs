@@ -305,8 +305,8 @@ impl OutboxStore for PostgresState {
             rows(
                 c,
                 &format!(
-                    "SELECT {RUN_COLUMNS} FROM runs WHERE notified IS NULL OR (notified <> phase \
-                     AND phase NOT IN ('Running', 'Pending')) ORDER BY created_at LIMIT $1"
+                    "SELECT {RUN_COLUMNS} FROM runs WHERE notified IS NULL OR (notified IN \
+                     ('Running', 'Pending') AND phase NOT IN ('Running', 'Pending')) LIMIT $1"
                 ),
                 &[&(limit as i64)],
                 "read runs to notify of",

@@ -303,8 +303,8 @@ impl OutboxStore for SqliteState {
             query(
                 c,
                 &format!(
-                    "SELECT {RUN_COLUMNS} FROM runs WHERE notified IS NULL OR (notified <> phase \
-                     AND phase NOT IN ('Running', 'Pending')) ORDER BY created_at LIMIT ?1"
+                    "SELECT {RUN_COLUMNS} FROM runs WHERE notified IS NULL OR (notified IN \
+                     ('Running', 'Pending') AND phase NOT IN ('Running', 'Pending')) LIMIT ?1"
                 ),
                 params![limit as i64],
                 "read runs to notify of",
