@@ -945,3 +945,93 @@ fn server_wide_sinks_hear_of_every_run_and_a_bad_file_is_located() {
     let outbox: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(outbox[0]["id"], format!("{run}/succeeded/defaults[0]"));
 }
+
+/// `azurite-blob` (Microsoft's Azure Storage emulator, installed from npm by `.ci/run`).
+fn azurite_bin() -> PathBuf {
+    std::env::var_os("DRIVETRAIN_TEST_AZURITE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").expect("HOME is set");
+            PathBuf::from(home).join(".cache/drivetrain/azurite/node_modules/.bin/azurite-blob")
+        })
+}
+
+#[test]
+fn azure_blobs_found_by_listing_start_one_run_each() {
+    let home = Home::new("trigger-azure");
+    std::fs::create_dir_all(home.dir.join("scheduled")).unwrap();
+    let port = free_port();
+    let _azurite = Killed(
+        Command::new(azurite_bin())
+            .args([
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                &port.to_string(),
+                "--silent",
+                "--skipApiVersionCheck",
+                "--location",
+            ])
+            .arg(home.dir.join("azurite"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("azurite-blob runs (.ci/run installs it)"),
+    );
+    wait(30, "azurite listening", || {
+        std::net::TcpStream::connect(("127.0.0.1", port))
+            .ok()
+            .map(|_| ())
+    });
+    let endpoint = format!("http://127.0.0.1:{port}/devstoreaccount1");
+    let put = |args: &[&str]| {
+        let o = Command::new(venv_bin("python"))
+            .arg(events_script("azure_put.py"))
+            .arg(&endpoint)
+            .args(args)
+            .output()
+            .unwrap();
+        assert_ok(&o);
+    };
+    put(&["create", "fleet"]);
+    put(&["put", "fleet", "incoming/veh1/a.mcap", "a"]);
+    home.write(
+        "scheduled/az.yaml",
+        r#"
+version: 1
+name: az-ingest
+triggers:
+  blobs:
+    objects: {source: "az://fleet/incoming/", match: "**/*.mcap", poll: 300ms}
+    batch: {max_items: 1}
+stages:
+  a:
+    run: {command: ["true"]}
+"#,
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    let env = [
+        ("AZURE_STORAGE_USE_EMULATOR", "true"),
+        ("AZURITE_BLOB_STORAGE_URL", url.as_str()),
+        ("AZURE_STORAGE_ACCOUNT_NAME", "devstoreaccount1"),
+    ];
+    let _serve = Killed(home.serve(&env));
+    put(&["put", "fleet", "incoming/veh2/b.mcap", "b"]);
+    put(&["put", "fleet", "incoming/veh2/notes.txt", "n"]);
+    let got = wait(30, "a run per blob", || {
+        let mut got: Vec<String> = runs(&home, &[])
+            .iter()
+            .filter(|r| r["phase"] == "Succeeded")
+            .flat_map(|r| consumed(&home, r["id"].as_str().unwrap(), &[]))
+            .collect();
+        got.sort();
+        (got.len() >= 2).then_some(got)
+    });
+    assert_eq!(
+        got,
+        [
+            "az://fleet/incoming/veh1/a.mcap",
+            "az://fleet/incoming/veh2/b.mcap"
+        ]
+    );
+}
