@@ -667,7 +667,29 @@ fn required_layers() -> Result<Layers, ExecutorError> {
     Err(ExecutorError(isolate::refused(missing)))
 }
 
+/// A port for distributed ranks' rendezvous (`MASTER_PORT`), free now and below the
+/// kernel's ephemeral range where one is known: the port is released before the ranks
+/// bind it, and in between any outgoing connection or `bind(0)` on the machine takes
+/// ports from the ephemeral range, never from below it.
 fn free_port() -> std::io::Result<u16> {
+    use std::hash::{BuildHasher, Hasher};
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(0);
+    const FROM: u16 = 10_000;
+    if low > FROM {
+        for _ in 0..64 {
+            // std seeds each RandomState from the OS's random source.
+            let r = std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish();
+            let port = FROM + (r % u64::from(low - FROM)) as u16;
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
