@@ -106,8 +106,12 @@ impl Server {
             }
         };
         let mut cursor = self
-            .trigger_record(&pipeline, &t.name)
-            .and_then(|r| r.cursor);
+            .engine
+            .state()
+            .trigger_state(&pipeline, &t.name)
+            .ok()
+            .flatten()
+            .and_then(|(_, cursor)| cursor);
         let (mut listed_at, mut rescanned_at): (Option<Instant>, Option<Instant>) = (None, None);
         while !self.stopping.load(Ordering::SeqCst) {
             let rescan_due = rescanned_at.is_none_or(|at| at.elapsed() >= o.rescan);
@@ -242,11 +246,7 @@ impl Server {
             let state = self.engine.state().clone();
             let (p, n, a2) = (pipeline.clone(), t.name.clone(), a.clone());
             let found = tokio::task::spawn_blocking(move || -> anyhow::Result<usize> {
-                let cursor = state
-                    .triggers()?
-                    .into_iter()
-                    .find(|r| r.pipeline == p && r.trigger == n)
-                    .and_then(|r| r.cursor);
+                let cursor = state.trigger_state(&p, &n)?.and_then(|(_, cursor)| cursor);
                 let Some(cursor) = cursor else {
                     // First served now: runs that ended before do not count.
                     state.add_objects(
@@ -386,19 +386,6 @@ impl Server {
         }
     }
 
-    fn trigger_record(
-        &self,
-        pipeline: &str,
-        trigger: &str,
-    ) -> Option<drivetrain_engine::state::TriggerRecord> {
-        self.engine
-            .state()
-            .triggers()
-            .ok()?
-            .into_iter()
-            .find(|r| r.pipeline == pipeline && r.trigger == trigger)
-    }
-
     /// Weighs what waits and creates the runs that are due, with their objects
     /// (blocking: state-store calls); the caller starts them.
     #[allow(clippy::type_complexity)]
@@ -414,9 +401,9 @@ impl Server {
             if self.stopping.load(Ordering::SeqCst) {
                 return Ok(out);
             }
-            let paused = self
-                .trigger_record(pipeline, &t.name)
-                .is_some_and(|r| r.paused);
+            let paused = state
+                .trigger_state(pipeline, &t.name)?
+                .is_some_and(|(paused, _)| paused);
             let waiting = state.waiting(pipeline, &t.name)?;
             let decisions = batch::decide(t, &waiting, chrono::Utc::now(), paused);
             if decisions.is_empty() {

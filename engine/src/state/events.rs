@@ -148,6 +148,14 @@ pub trait TriggerStore: Send + Sync {
     fn run_trigger(&self, run: &RunId) -> Result<Option<RunTrigger>, StateError>;
     /// Runs that consumed an object with this URL, with the trigger.
     fn object_runs(&self, url: &str) -> Result<Vec<(RunId, String)>, StateError>;
+    /// Whether a trigger is paused, and its cursor (none: not registered), read by key
+    /// without the inbox counts ([`TriggerStore::triggers`]): what its loop asks often.
+    #[allow(clippy::type_complexity)]
+    fn trigger_state(
+        &self,
+        pipeline: &str,
+        trigger: &str,
+    ) -> Result<Option<(bool, Option<String>)>, StateError>;
     /// Every trigger known, with its inbox counts.
     fn triggers(&self) -> Result<Vec<TriggerRecord>, StateError>;
     /// Pauses or resumes; resuming with `skip` marks what waits as skipped (returned:

@@ -85,6 +85,8 @@ statements! {
          t.trigger_name AND i.state = 'consumed'), (SELECT COUNT(*) FROM trigger_inbox i \
          WHERE i.pipeline = t.pipeline AND i.trigger_name = t.trigger_name AND i.state = \
          'skipped'), t.file FROM triggers t ORDER BY t.pipeline, t.trigger_name";
+    TRIGGER_STATE =
+        "SELECT paused, cursor_key FROM triggers WHERE pipeline = $1 AND trigger_name = $2";
     SET_TRIGGER_PAUSED =
         "UPDATE triggers SET paused = $3, paused_at = $4 WHERE pipeline = $1 AND \
          trigger_name = $2";

@@ -47,6 +47,11 @@ pub(super) fn inbox(s: &dyn StateStore) {
     );
     assert_eq!(t.file, "tp.yaml");
     assert_eq!(
+        s.trigger_state("tp", "new").unwrap(),
+        Some((false, Some("c".to_owned())))
+    );
+    assert_eq!(s.trigger_state("tp", "nope").unwrap(), None);
+    assert_eq!(
         t.oldest_waiting.as_deref(),
         Some("2026-01-01T00:00:01.000Z")
     );

@@ -224,6 +224,22 @@ impl TriggerStore for PostgresState {
         })
     }
 
+    fn trigger_state(
+        &self,
+        pipeline: &str,
+        trigger: &str,
+    ) -> Result<Option<(bool, Option<String>)>, StateError> {
+        self.with(|c| {
+            super::row(
+                c,
+                queries::pg::TRIGGER_STATE,
+                &[&pipeline, &trigger],
+                "read a trigger",
+                |r| (r.get::<_, bool>(0), r.get::<_, Option<String>>(1)),
+            )
+        })
+    }
+
     fn triggers(&self) -> Result<Vec<TriggerRecord>, StateError> {
         self.with(|c| {
             rows(c, queries::pg::TRIGGERS, &[], "read triggers", |r| {

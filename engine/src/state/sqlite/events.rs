@@ -220,6 +220,23 @@ impl TriggerStore for SqliteState {
         })
     }
 
+    fn trigger_state(
+        &self,
+        pipeline: &str,
+        trigger: &str,
+    ) -> Result<Option<(bool, Option<String>)>, StateError> {
+        self.with(|c| {
+            let found: Vec<(bool, Option<String>)> = query(
+                c,
+                queries::sqlite::TRIGGER_STATE,
+                params![pipeline, trigger],
+                "read a trigger",
+                |r| Ok((r.get::<_, i64>(0)? != 0, r.get(1)?)),
+            )?;
+            Ok(found.into_iter().next())
+        })
+    }
+
     fn triggers(&self) -> Result<Vec<TriggerRecord>, StateError> {
         self.with(|c| {
             query(
