@@ -97,12 +97,13 @@ impl Server {
     ) {
         let pipeline = l.pipeline.name.clone();
         let name = format!("trigger {pipeline}/{}", t.name);
-        let source = match Source::open(&o.source) {
-            Ok(s) => s,
+        // A prefix that cannot be opened is said, and what its queue announces is still
+        // weighed.
+        let (source, mut failed) = match Source::open(&o.source) {
+            Ok(s) => (Some(s), None),
             Err(e) => {
                 eprintln!("{name}: {e}");
-                let _ = self.engine.state().note_evaluation(&pipeline, &t.name, &e);
-                return;
+                (None, Some(e))
             }
         };
         let mut cursor = self
@@ -115,11 +116,13 @@ impl Server {
         let (mut listed_at, mut rescanned_at): (Option<Instant>, Option<Instant>) = (None, None);
         while !self.stopping.load(Ordering::SeqCst) {
             let rescan_due = rescanned_at.is_none_or(|at| at.elapsed() >= o.rescan);
-            let rescan = rescan_due || source.lists_whole();
-            if rescan_due || listed_at.is_none_or(|at| at.elapsed() >= o.poll) {
+            let due = rescan_due || listed_at.is_none_or(|at| at.elapsed() >= o.poll);
+            if let Some(source) = source.as_ref().filter(|_| due) {
+                let rescan = rescan_due || source.lists_whole();
                 let after = if rescan { None } else { cursor.clone() };
                 match source.list(&t, after.as_deref()).await {
                     Ok(found) => {
+                        failed = None;
                         let next = found
                             .last_key
                             .clone()
@@ -152,12 +155,16 @@ impl Server {
                     }
                     Err(e) => {
                         eprintln!("{name}: {e}");
-                        let _ = self.engine.state().note_evaluation(&pipeline, &t.name, &e);
+                        failed = Some(e);
                         listed_at = Some(Instant::now());
                     }
                 }
             }
             self.evaluate_and_start(&l, &t).await;
+            // What the listing met stays in `trigger show` until a listing succeeds.
+            if let Some(e) = &failed {
+                let _ = self.engine.state().note_evaluation(&pipeline, &t.name, e);
+            }
             tokio::select! {
                 _ = tokio::time::sleep(EVALUATE_EVERY) => {}
                 _ = wake.notified() => {}

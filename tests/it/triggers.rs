@@ -101,11 +101,14 @@ triggers:
     objects: {{source: "file://{}/", match: "**/*.mcap", poll: 300ms}}
     batch: {{min_items: 3, max_wait: 2s}}
     params: {{manifest: "{{{{ trigger.manifest }}}}", count: "{{{{ trigger.count }}}}"}}
+  gone:
+    objects: {{source: "file://{}/not-there/"}}
 stages:
   read:
     run: {{command: [sh, -c, 'echo "count $2"; cat "$1"', read, "{{{{ params.manifest }}}}", "{{{{ params.count }}}}"]}}
 "#,
-            incoming.display()
+            incoming.display(),
+            home.dir.display()
         ),
     );
     let mut serve = Killed(home.serve(&[]));
@@ -152,6 +155,14 @@ stages:
     assert_eq!(consumed(&home, &second, &[]), [url("veh3/d.mcap")]);
     let show = trigger_show(&home, "new-logs", &[]);
     assert!(show["last_reason"].as_str().is_some(), "{show}");
+    // A prefix that cannot be read says so where people look.
+    let gone = trigger_show(&home, "gone", &[]);
+    assert!(
+        gone["last_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("not-there")),
+        "{gone}"
+    );
     assert_eq!(show["consumed"], 4);
 
     // `forget` finds the runs an object started.
