@@ -1046,3 +1046,62 @@ stages:
         ]
     );
 }
+
+#[test]
+fn group_by_keeps_each_vehicles_objects_in_runs_of_their_own() {
+    let home = Home::new("trigger-groups");
+    let incoming = home.dir.join("incoming");
+    std::fs::create_dir_all(home.dir.join("scheduled")).unwrap();
+    std::fs::create_dir_all(&incoming).unwrap();
+    home.write(
+        "scheduled/groups.yaml",
+        &format!(
+            r#"
+version: 1
+name: per-vehicle
+params: {{vehicle: {{type: string, default: ""}}}}
+triggers:
+  logs:
+    objects: {{source: "file://{}/", poll: 200ms}}
+    batch: {{min_items: 2, max_wait: 1h, group_by: "{{{{ object.dir }}}}"}}
+    params: {{vehicle: "{{{{ trigger.group }}}}"}}
+stages:
+  a:
+    run: {{command: ["true"]}}
+"#,
+            incoming.display()
+        ),
+    );
+    let _serve = Killed(home.serve(&[]));
+    for k in ["veh1/a.mcap", "veh2/b.mcap", "veh1/c.mcap"] {
+        land(&incoming, k, k);
+    }
+    let run = wait(20, "veh1's run", || {
+        runs(&home, &[])
+            .into_iter()
+            .find(|r| r["phase"] == "Succeeded")
+    });
+    let run = run["id"].as_str().unwrap().to_owned();
+    assert_eq!(home.status(&run)["run"]["params"]["vehicle"], "veh1");
+    let url = |k: &str| format!("file://{}/{k}", incoming.display());
+    assert_eq!(
+        consumed(&home, &run, &[]),
+        [url("veh1/a.mcap"), url("veh1/c.mcap")]
+    );
+    // veh2's one object waits for a second of its own group, not veh1's.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(runs(&home, &[]).len(), 1);
+    let t = trigger_show(&home, "logs", &[]);
+    assert_eq!(t["waiting"], 1, "{t}");
+    assert!(
+        t["last_reason"]
+            .as_str()
+            .unwrap()
+            .contains("in group `veh2`"),
+        "{t}"
+    );
+    land(&incoming, "veh2/d.mcap", "d");
+    wait(20, "veh2's run", || {
+        (runs(&home, &[]).len() == 2).then_some(())
+    });
+}
