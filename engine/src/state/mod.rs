@@ -75,7 +75,7 @@ impl RunId {
 pub struct RunFilter {
     pub pipeline: Option<String>,
     pub phase: Option<Phase>,
-    /// `cli`, `api`, `schedule`, `rerun`, `retry`.
+    /// `cli`, `api`, `schedule`, `trigger`, `rerun`, `retry`.
     pub trigger: Option<String>,
     /// Created at or after this RFC 3339 time (UTC with milliseconds sorts as text).
     pub since: Option<String>,
@@ -207,7 +207,7 @@ pub struct RunRecord {
     /// sha256 of the pipeline file's bytes.
     pub spec_digest: String,
     pub params: serde_json::Value,
-    /// `cli`, `schedule`, `api`, `rerun`, …
+    /// `cli`, `schedule`, `trigger` (a trigger's batch or call), `api`, `rerun`, …
     pub trigger: String,
     pub parent: Option<RunId>,
     pub phase: Phase,

@@ -311,7 +311,7 @@ pub const ROUTES: &[Route] = &[
             ("limit", r#"{"type": "integer", "minimum": 0, "maximum": 1000000}"#, "how many (default 50)"),
             ("pipeline", "string", "only runs of this pipeline"),
             ("phase", r#"{"type": "string", "enum": ["", "Pending", "Running", "Succeeded", "Failed", "Error", "Skipped", "Omitted", "Cancelled", "pending", "running", "succeeded", "failed", "error", "skipped", "omitted", "cancelled"]}"#, "only runs in this phase, in any case (`Running`, `failed`, …)"),
-            ("trigger", "string", "only runs started so (`cli`, `api`, `schedule`, `rerun`, `retry`)"),
+            ("trigger", "string", "only runs started so (`cli`, `api`, `schedule`, `trigger`, `rerun`, `retry`)"),
             ("since", "string", "only runs created at or after this RFC 3339 time"),
         ],
         request: None,
