@@ -253,3 +253,81 @@ stages:
         .unwrap();
     assert_eq!(slow["attempts"], 2, "{status}");
 }
+
+/// Two `serve` replicas on one PostgreSQL database, watching the same prefix with the
+/// same trigger: both list every object, and each object still goes to exactly one run
+/// (the inbox's claims skip each other's locked rows).
+#[test]
+fn two_serve_replicas_consume_each_landed_object_once() {
+    const OBJECTS: usize = 60;
+    let pg = Postgres::start();
+    let shared = Home::new("pg-trigger");
+    let incoming = shared.dir.join("incoming");
+    std::fs::create_dir_all(&incoming).unwrap();
+    let env = shared_env(&pg, &shared.dir.join("store"), &[]);
+    let env = env_pairs(&env);
+    let replicas: Vec<Home> = (0..2)
+        .map(|i| Home::new(&format!("pg-trigger-{i}")))
+        .collect();
+    for r in &replicas {
+        std::fs::create_dir_all(r.dir.join("scheduled")).unwrap();
+        r.write(
+            "scheduled/landed.yaml",
+            &format!(
+                r#"
+version: 1
+name: landed
+triggers:
+  logs:
+    objects: {{source: "file://{}/", poll: 200ms}}
+    batch: {{min_items: 3, max_items: 5, max_wait: 1s}}
+stages:
+  a:
+    run: {{command: ["true"]}}
+"#,
+                incoming.display()
+            ),
+        );
+    }
+    let mut servers: Vec<Child> = replicas.iter().map(|r| r.serve(&env)).collect();
+    for i in 0..OBJECTS {
+        std::fs::write(incoming.join(format!("d{i:03}.mcap")), i.to_string()).unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    let list = || -> Vec<serde_json::Value> {
+        let o = replicas[0].drivetrain_env(&["list", "-n", "1000", "-o", "json"], &env);
+        serde_json::from_slice(&o.stdout).unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let runs = loop {
+        let o = replicas[1].drivetrain_env(&["trigger", "show", "logs", "-o", "json"], &env);
+        let t: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        let runs = list();
+        let ended = runs.iter().all(|r| r["phase"] != "Running");
+        if t["consumed"] == OBJECTS as u64 && ended {
+            break runs;
+        }
+        assert!(Instant::now() < deadline, "not all consumed in 60 s: {t}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    for s in &mut servers {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
+    let mut seen = BTreeSet::new();
+    for r in &runs {
+        assert_eq!(r["phase"], "Succeeded", "{r}");
+        let id = r["id"].as_str().unwrap();
+        let o = replicas[0].drivetrain_env(&["status", id, "-o", "json"], &env);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let objects = v["trigger"]["objects"].as_array().unwrap();
+        assert!((1..=5).contains(&objects.len()), "{v}");
+        for o in objects {
+            assert!(
+                seen.insert(o["url"].as_str().unwrap().to_owned()),
+                "{o} twice"
+            );
+        }
+    }
+    assert_eq!(seen.len(), OBJECTS);
+}
