@@ -279,7 +279,7 @@ version: 1
 name: landed
 triggers:
   logs:
-    objects: {{source: "file://{}/", poll: 200ms}}
+    objects: {{source: "file://{}/", match: "*.mcap", poll: 200ms}}
     batch: {{min_items: 3, max_items: 5, max_wait: 1s}}
 stages:
   a:
@@ -291,7 +291,10 @@ stages:
     }
     let mut servers: Vec<Child> = replicas.iter().map(|r| r.serve(&env)).collect();
     for i in 0..OBJECTS {
-        std::fs::write(incoming.join(format!("d{i:03}.mcap")), i.to_string()).unwrap();
+        // Written aside and renamed in: a listing never sees a file half written.
+        let tmp = incoming.join(format!(".d{i:03}.part"));
+        std::fs::write(&tmp, i.to_string()).unwrap();
+        std::fs::rename(&tmp, incoming.join(format!("d{i:03}.mcap"))).unwrap();
         std::thread::sleep(Duration::from_millis(30));
     }
     let list = || -> Vec<serde_json::Value> {

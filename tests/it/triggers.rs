@@ -58,10 +58,12 @@ fn trigger_show(home: &Home, name: &str, env: &[(&str, &str)]) -> serde_json::Va
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
+/// Lands an object as a writer should in a local prefix: written aside (a dot-file the
+/// triggers' globs do not match) and renamed into place, so a listing never sees it half
+/// written (a file growing in place has a new ETag at each size: each would be an object).
 fn land(dir: &Path, key: &str, text: &str) {
     let p = dir.join(key);
     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-    // Written aside and renamed: a listing never sees half a file.
     let tmp = dir.join(format!(".{}.part", key.replace('/', "_")));
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(&tmp, &p).unwrap();
@@ -590,7 +592,7 @@ version: 1
 name: crash
 triggers:
   logs:
-    objects: {{source: "file://{}/", poll: 200ms}}
+    objects: {{source: "file://{}/", match: "*.mcap", poll: 200ms}}
     batch: {{min_items: 4, max_items: 9, max_wait: 1s}}
 notify:
   - webhook: {{url: "http://127.0.0.1:{}/", secret_file: "{}"}}
@@ -1062,7 +1064,7 @@ name: per-vehicle
 params: {{vehicle: {{type: string, default: ""}}}}
 triggers:
   logs:
-    objects: {{source: "file://{}/", poll: 200ms}}
+    objects: {{source: "file://{}/", match: "**/*.mcap", poll: 200ms}}
     batch: {{min_items: 2, max_wait: 1h, group_by: "{{{{ object.dir }}}}"}}
     params: {{vehicle: "{{{{ trigger.group }}}}"}}
 stages:
