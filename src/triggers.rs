@@ -46,10 +46,12 @@ pub(crate) fn find(
     })
 }
 
-fn view(t: &TriggerRecord) -> serde_json::Value {
-    let mut v = serde_json::to_value(t).unwrap_or_default();
-    v["lag_seconds"] = json!(t.lag_seconds());
-    v
+/// A trigger as `-o json` prints it: as `GET /api/v1/triggers` answers it.
+fn view(t: &TriggerRecord) -> crate::server::api::openapi::TriggerStatus {
+    crate::server::api::openapi::TriggerStatus {
+        trigger: t.clone(),
+        lag_seconds: t.lag_seconds(),
+    }
 }
 
 /// `drivetrain trigger …`.

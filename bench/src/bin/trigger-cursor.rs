@@ -21,7 +21,6 @@ fn main() {
         name: "bench".into(),
         watch: Watch::Objects(Objects {
             source: url.clone(),
-            pattern: Some("**/*.mcap".into()),
             matcher: Some(
                 globset::GlobBuilder::new("**/*.mcap")
                     .literal_separator(true)

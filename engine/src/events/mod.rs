@@ -62,8 +62,7 @@ impl Hook {
 pub struct Objects {
     /// The store prefix, as written (`s3://fleet/incoming/`).
     pub source: String,
-    /// The glob over keys below the prefix, as written.
-    pub pattern: Option<String>,
+    /// The glob over keys below the prefix (`match:`).
     pub matcher: Option<globset::GlobMatcher>,
     pub queue: Option<String>,
     pub poll: Duration,

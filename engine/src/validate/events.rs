@@ -287,7 +287,6 @@ impl Cx<'_> {
         let rescan = self.duration_or(&op.key("rescan"), o.rescan.as_deref(), 600);
         Some(Objects {
             source: o.source.clone(),
-            pattern: o.pattern.clone(),
             matcher,
             queue: o.queue.clone(),
             poll: poll?,

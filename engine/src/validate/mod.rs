@@ -199,6 +199,36 @@ impl<'a> Cx<'a> {
         self.diags.last_mut().expect("just pushed")
     }
 
+    /// The entries of a mapping field (`params:`, `triggers:`), each read as a `T`
+    /// (`None` where it does not deserialize, which is reported); a null field has none,
+    /// another kind is an error saying it maps `what`.
+    fn read_map<T: serde::de::DeserializeOwned>(
+        &mut self,
+        node: &Node<'_>,
+        path: &YamlPath,
+        what: &str,
+    ) -> Vec<(String, Option<T>)> {
+        match node.as_map() {
+            Some(entries) => entries
+                .iter()
+                .map(|e| {
+                    let spec = from_node::<T>(&e.value, &path.key(&*e.key), &mut self.diags);
+                    (e.key.to_string(), spec)
+                })
+                .collect(),
+            None if node.scalar() == Some(yaml::Resolved::Null) => Vec::new(),
+            None => {
+                let (kind, field) = (node.kind(), path.to_string());
+                self.err(
+                    "invalid-type",
+                    path,
+                    format!("`{field}` is a mapping of {what}; found {kind}"),
+                );
+                Vec::new()
+            }
+        }
+    }
+
     fn read(&mut self, root: Node<'a>) -> Option<Raw> {
         let kind = root.kind();
         let yaml::Value::Map(entries) = root.value else {
@@ -243,48 +273,20 @@ impl<'a> Cx<'a> {
                 "notify" => raw.notify = from_node(&e.value, &path, d).unwrap_or_default(),
                 "deadline" => raw.deadline = from_node(&e.value, &path, d),
                 "triggers" => {
-                    match e.value.as_map() {
-                        Some(triggers) => {
-                            for te in triggers {
-                                let tp = path.key(&*te.key);
-                                let spec = from_node::<TriggerSpec>(&te.value, &tp, d);
-                                raw.triggers.insert(te.key.to_string(), spec);
-                            }
-                        }
-                        None if e.value.scalar() == Some(yaml::Resolved::Null) => {}
-                        None => {
-                            let kind = e.value.kind();
-                            self.err(
-                            "invalid-type",
-                            &path,
-                            format!("`triggers` is a mapping of trigger name to trigger; found {kind}"),
-                        );
-                        }
-                    }
+                    raw.triggers = self
+                        .read_map::<TriggerSpec>(&e.value, &path, "trigger name to trigger")
+                        .into_iter()
+                        .collect()
                 }
                 "defaults" => raw.defaults = from_node(&e.value, &path, d).unwrap_or_default(),
                 "store" => raw.store = from_node(&e.value, &path, d),
-                "params" => match e.value.as_map() {
-                    Some(params) => {
-                        for pe in params {
-                            let pp = path.key(&*pe.key);
-                            if let Some(spec) = from_node::<ParamSpec>(&pe.value, &pp, d) {
-                                raw.params.insert(pe.key.to_string(), spec);
-                            }
-                        }
-                    }
-                    None if e.value.scalar() == Some(yaml::Resolved::Null) => {}
-                    None => {
-                        let kind = e.value.kind();
-                        self.err(
-                            "invalid-type",
-                            &path,
-                            format!(
-                            "`params` is a mapping of name to `{{type, default}}`; found {kind}"
-                        ),
-                        );
-                    }
-                },
+                "params" => {
+                    raw.params = self
+                        .read_map::<ParamSpec>(&e.value, &path, "name to `{type, default}`")
+                        .into_iter()
+                        .filter_map(|(k, v)| Some((k, v?)))
+                        .collect()
+                }
                 "stages" => match e.value.value {
                     yaml::Value::Map(stages) => {
                         raw.stages_is_map = true;
