@@ -266,6 +266,8 @@ pub enum NotifyEvent {
     Cancelled,
     /// The run, or a stage of it, passed its `deadline` and is still going.
     Deadline,
+    /// The run waits for people: an approval stage asks for a decision.
+    Waiting,
 }
 
 /// A CloudEvents webhook. The body is signed with HMAC-SHA256 of the secret, sent as

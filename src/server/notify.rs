@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use drivetrain_engine::events::{notify, NotifyEvent};
-use drivetrain_engine::state::{OutboxItem, RunRecord};
+use drivetrain_engine::state::{OutboxItem, Phase, RunRecord};
 
 use super::Server;
 
@@ -137,7 +137,7 @@ impl Server {
             return Vec::new();
         }
         let mut events = vec![NotifyEvent::Started];
-        if run.phase.is_terminal() {
+        if run.phase.is_terminal() || run.phase == Phase::Waiting {
             events.extend(NotifyEvent::of_phase(run.phase));
         }
         notify::outbox_items(run, &events, &sinks, source)

@@ -252,6 +252,7 @@ impl NotifyEvent {
             NotifyEvent::Error => "error",
             NotifyEvent::Cancelled => "cancelled",
             NotifyEvent::Deadline => "deadline",
+            NotifyEvent::Waiting => "waiting",
         }
     }
 
@@ -260,6 +261,7 @@ impl NotifyEvent {
         use crate::state::Phase;
         Some(match self {
             NotifyEvent::Started | NotifyEvent::Deadline => return None,
+            NotifyEvent::Waiting => Phase::Waiting,
             NotifyEvent::Succeeded => Phase::Succeeded,
             NotifyEvent::Failed => Phase::Failed,
             NotifyEvent::Error => Phase::Error,
@@ -268,7 +270,7 @@ impl NotifyEvent {
     }
 
     /// The event of a run in `phase` (none for phases that are not an end, but
-    /// `Running`, which is its start).
+    /// `Running`, which is its start, and `Waiting`, a wait for people).
     pub fn of_phase(phase: crate::state::Phase) -> Option<NotifyEvent> {
         use crate::state::Phase;
         Some(match phase {
@@ -277,6 +279,7 @@ impl NotifyEvent {
             Phase::Failed => NotifyEvent::Failed,
             Phase::Error => NotifyEvent::Error,
             Phase::Cancelled => NotifyEvent::Cancelled,
+            Phase::Waiting => NotifyEvent::Waiting,
             Phase::Skipped | Phase::Omitted => return None,
         })
     }

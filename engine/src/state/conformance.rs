@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+mod access;
 mod events;
 pub use events::exclusive_batches;
 
@@ -46,6 +47,8 @@ pub fn check(store: &dyn StateStore) {
     ticks_in_batches(store);
     events::inbox(store);
     events::outbox(store);
+    access::tokens_and_audit(store);
+    access::approvals(store);
 }
 
 /// Replicas racing for the same ticks, each through its own connection (`open`),

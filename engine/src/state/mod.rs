@@ -14,12 +14,17 @@ use std::fmt;
 
 use serde::Serialize;
 
+mod access;
 mod events;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod queries;
 mod schema;
 mod sqlite;
+pub use access::{
+    tally, AccessStore, ApprovalRecord, ApprovalRequest, ApprovalStore, AuditEntry, Refusal,
+    TokenRecord, Vote,
+};
 pub use events::{
     InboxObject, OutboxItem, OutboxStore, RunTrigger, TriggerRecord, TriggerStore, Waiting,
 };
@@ -119,11 +124,13 @@ pub enum Phase {
     /// Not run: something it depends on failed.
     Omitted,
     Cancelled,
+    /// Waiting for people: an approval stage asked, and no process runs for it.
+    Waiting,
 }
 
 impl Phase {
     /// Every phase.
-    pub const ALL: [Phase; 8] = [
+    pub const ALL: [Phase; 9] = [
         Phase::Pending,
         Phase::Running,
         Phase::Succeeded,
@@ -132,6 +139,7 @@ impl Phase {
         Phase::Skipped,
         Phase::Omitted,
         Phase::Cancelled,
+        Phase::Waiting,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -144,6 +152,7 @@ impl Phase {
             Phase::Skipped => "Skipped",
             Phase::Omitted => "Omitted",
             Phase::Cancelled => "Cancelled",
+            Phase::Waiting => "Waiting",
         }
     }
 
@@ -157,12 +166,15 @@ impl Phase {
             "Skipped" => Phase::Skipped,
             "Omitted" => Phase::Omitted,
             "Cancelled" => Phase::Cancelled,
+            "Waiting" => Phase::Waiting,
             _ => return None,
         })
     }
 
+    /// Whether it has ended: a waiting run has not (people will resume it), though no
+    /// engine runs it.
     pub fn is_terminal(self) -> bool {
-        !matches!(self, Phase::Pending | Phase::Running)
+        !matches!(self, Phase::Pending | Phase::Running | Phase::Waiting)
     }
 }
 
@@ -450,8 +462,8 @@ pub struct Success<'a> {
 /// `use drivetrain_engine::state::prelude::*`.
 pub mod prelude {
     pub use super::{
-        ArtifactIndex, AttemptStore, CacheStore, OutboxStore, RunStore, ScheduleStore, StageStore,
-        StateStore, TriggerStore,
+        AccessStore, ApprovalStore, ArtifactIndex, AttemptStore, CacheStore, OutboxStore, RunStore,
+        ScheduleStore, StageStore, StateStore, TriggerStore,
     };
 }
 
@@ -467,6 +479,8 @@ pub trait StateStore:
     + ScheduleStore
     + TriggerStore
     + OutboxStore
+    + AccessStore
+    + ApprovalStore
     + Send
     + Sync
 {

@@ -8,6 +8,7 @@
 //! The `postgres` client blocks on a runtime of its own; a call made on a tokio worker
 //! runs on a scoped thread so the engine's runtime is never blocked inside itself.
 
+mod access;
 mod events;
 
 use super::prelude::*;

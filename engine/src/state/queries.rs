@@ -215,6 +215,53 @@ statements! {
     WRITE_ATTEMPT_END =
         "UPDATE attempts SET phase = $4, finished_at = $5, exit_code = $6, reason = $7 \
          WHERE run_id = $1 AND stage = $2 AND attempt = $3";
+    ADD_TOKEN =
+        "INSERT INTO tokens (id, name, project, role, approves, hash, created_at, \
+         created_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
+    TOKEN_BY_HASH =
+        "SELECT id, name, project, role, approves, created_at, created_by, revoked_at FROM \
+         tokens WHERE hash = $1 AND revoked_at IS NULL";
+    TOKENS =
+        "SELECT id, name, project, role, approves, created_at, created_by, revoked_at FROM \
+         tokens ORDER BY created_at, id";
+    TOKEN_BY_ID_OR_NAME =
+        "SELECT id, name, project, role, approves, created_at, created_by, revoked_at FROM \
+         tokens WHERE (id = $1 OR name = $1) AND revoked_at IS NULL ORDER BY created_at";
+    REVOKE_TOKEN =
+        "UPDATE tokens SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL";
+    APPEND_AUDIT =
+        "INSERT INTO audit (at, subject, project, action, resource, decision, reason, \
+         before_value, after_value) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+    REQUEST_APPROVAL =
+        "INSERT INTO approvals (run_id, stage, pipeline, project, role, min_approvals, \
+         requested_at, timeout_at, on_timeout, evidence) VALUES ($1, $2, $3, $4, $5, $6, \
+         $7, $8, $9, $10) ON CONFLICT (run_id, stage) DO NOTHING";
+    APPROVAL =
+        "SELECT run_id, stage, pipeline, project, role, min_approvals, requested_at, \
+         timeout_at, on_timeout, evidence, outcome, decided_at, reason FROM approvals WHERE \
+         run_id = $1 AND stage = $2";
+    APPROVALS =
+        "SELECT run_id, stage, pipeline, project, role, min_approvals, requested_at, \
+         timeout_at, on_timeout, evidence, outcome, decided_at, reason FROM approvals WHERE \
+         (CAST($1 AS BIGINT) = 0 OR outcome IS NULL) ORDER BY requested_at DESC, run_id, stage LIMIT $2";
+    VOTES =
+        "SELECT subject, decision, comment, at FROM approval_votes WHERE run_id = $1 AND \
+         stage = $2 ORDER BY at, subject";
+    ADD_VOTE =
+        "INSERT INTO approval_votes (run_id, stage, subject, decision, comment, at) VALUES \
+         ($1, $2, $3, $4, $5, $6) ON CONFLICT (run_id, stage, subject) DO NOTHING";
+    DECIDE_APPROVAL =
+        "UPDATE approvals SET outcome = $3, decided_at = $4, reason = $5 WHERE run_id = $1 \
+         AND stage = $2 AND outcome IS NULL";
+    EXPIRED_APPROVALS =
+        "SELECT run_id, stage FROM approvals WHERE outcome IS NULL AND timeout_at IS NOT \
+         NULL AND timeout_at < $1";
+    DECIDED_WAITING_RUNS =
+        "SELECT id FROM runs WHERE phase = 'Waiting' AND NOT EXISTS (SELECT 1 FROM \
+         approvals a WHERE a.run_id = runs.id AND a.outcome IS NULL) ORDER BY created_at";
+    CLAIM_WAITING =
+        "UPDATE runs SET phase = 'Running', engine_pid = NULL, heartbeat_at = $2 WHERE id \
+         = $1 AND phase = 'Waiting'";
 }
 
 #[cfg(test)]

@@ -186,6 +186,60 @@ ALTER TABLE runs ADD COLUMN notified TEXT;
 UPDATE runs SET notified = phase;
 CREATE INDEX runs_by_notified ON runs(notified);
 "#,
+    // 2: people: API tokens (hashed), the append-only audit log, and approvals (a stage
+    // waiting for people) with their votes.
+    r#"
+CREATE TABLE tokens (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    project TEXT NOT NULL,
+    role TEXT NOT NULL,
+    approves TEXT NOT NULL,
+    hash TEXT NOT NULL UNIQUE,
+    created_at TEXT NOT NULL,
+    created_by TEXT NOT NULL,
+    revoked_at TEXT
+);
+CREATE TABLE audit (
+    seq BIGSERIAL,
+    at TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    project TEXT NOT NULL,
+    action TEXT NOT NULL,
+    resource TEXT NOT NULL,
+    decision TEXT NOT NULL,
+    reason TEXT,
+    before_value TEXT,
+    after_value TEXT
+);
+CREATE INDEX audit_by_time ON audit(at);
+CREATE TABLE approvals (
+    run_id TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    pipeline TEXT NOT NULL,
+    project TEXT NOT NULL,
+    role TEXT NOT NULL,
+    min_approvals BIGINT NOT NULL,
+    requested_at TEXT NOT NULL,
+    timeout_at TEXT,
+    on_timeout TEXT NOT NULL,
+    evidence TEXT NOT NULL,
+    outcome TEXT,
+    decided_at TEXT,
+    reason TEXT,
+    PRIMARY KEY (run_id, stage)
+);
+CREATE INDEX approvals_waiting ON approvals(outcome, timeout_at);
+CREATE TABLE approval_votes (
+    run_id TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    decision TEXT NOT NULL,
+    comment TEXT,
+    at TEXT NOT NULL,
+    PRIMARY KEY (run_id, stage, subject)
+);
+"#,
 ];
 
 /// A backend's SQL, where it differs from PostgreSQL's.

@@ -18,6 +18,7 @@ fn sql(what: impl Into<String>) -> impl FnOnce(rusqlite::Error) -> StateError {
     move |source| StateError::Sqlite { what, source }
 }
 
+mod access;
 mod events;
 mod migrations;
 mod rows;

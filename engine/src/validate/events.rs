@@ -397,6 +397,7 @@ impl Cx<'_> {
             if on.is_empty() {
                 on = NotifyEvent::ENDS.to_vec();
                 on.push(NotifyEvent::Deadline);
+                on.push(NotifyEvent::Waiting);
             }
             out.push(Sink {
                 name: format!("notify[{i}]"),

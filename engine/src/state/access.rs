@@ -1,0 +1,191 @@
+//! What people leave in the state store: API tokens (stored hashed), the append-only
+//! audit log of every mutating action, and approvals (a stage waiting for people, their
+//! votes, and the outcome).
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{RunId, StateError};
+
+/// An API token as stored: never the token itself, only its SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct TokenRecord {
+    /// The public handle (`tok_…`): what `token list` shows and `token revoke` takes.
+    pub id: String,
+    /// Who holds it: the subject audit entries and votes name (`token:NAME`).
+    pub name: String,
+    /// The project it acts in (`*`: every project).
+    pub project: String,
+    /// `viewer`, `launcher`, `editor` or `admin`.
+    pub role: String,
+    /// The approval roles it holds (`safety`): who may decide approvals asking for them.
+    pub approves: Vec<String>,
+    pub created_at: String,
+    /// Who created it.
+    pub created_by: String,
+    pub revoked_at: Option<String>,
+}
+
+/// One entry of the audit log.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct AuditEntry {
+    /// Its place in the log (0 in an entry not appended yet).
+    pub seq: i64,
+    pub at: String,
+    /// Who: `token:NAME`, `oidc:ISSUER#SUB`, `user:NAME@HOST` (a local command).
+    pub subject: String,
+    pub project: String,
+    /// What was asked: `run.submit`, `run.cancel`, `approval.approve`, `alias.move`, …
+    pub action: String,
+    /// What it was asked of: `run/RUN`, `model/NAME/alias/ALIAS`, `token/ID`, …
+    pub resource: String,
+    /// `allowed` or `denied`.
+    pub decision: String,
+    /// Why: the rule that allowed or denied it, or what went wrong.
+    pub reason: Option<String>,
+    pub before: Option<Value>,
+    pub after: Option<Value>,
+}
+
+/// A stage asking people to decide.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct ApprovalRequest {
+    pub run: RunId,
+    pub stage: String,
+    pub pipeline: String,
+    pub project: String,
+    /// The approval role a decider must hold.
+    pub role: String,
+    /// How many distinct people must approve.
+    pub min: u32,
+    pub requested_at: String,
+    /// When it times out (RFC 3339), if it does.
+    pub timeout_at: Option<String>,
+    /// What a timeout means: `reject` or `approve`.
+    pub on_timeout: String,
+    /// What is shown with the request: upstream stages' outputs and values, lineage.
+    pub evidence: Value,
+}
+
+/// One person's decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct Vote {
+    pub subject: String,
+    /// `approve` or `reject`.
+    pub decision: String,
+    pub comment: Option<String>,
+    pub at: String,
+}
+
+/// An approval as recorded: the request, the votes so far and the outcome once decided.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct ApprovalRecord {
+    #[serde(flatten)]
+    pub request: ApprovalRequest,
+    /// `approved`, `rejected`, or `None` while it waits.
+    pub outcome: Option<String>,
+    pub decided_at: Option<String>,
+    /// Why it ended: the deciders, or the timeout.
+    pub reason: Option<String>,
+    pub votes: Vec<Vote>,
+}
+
+/// Why a vote was not counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// No stage of that run asks for an approval (yet).
+    Unknown,
+    /// It was decided already (the outcome).
+    Decided(String),
+    /// This subject voted already.
+    Voted,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Unknown => f.write_str("no approval is asked for there"),
+            Refusal::Decided(o) => write!(f, "it was decided already: {o}"),
+            Refusal::Voted => f.write_str("you have decided already"),
+        }
+    }
+}
+
+/// The outcome of `votes` on an approval needing `min` approvals: one rejection rejects,
+/// `min` approvals approve; otherwise it still waits. With the reason.
+pub fn tally(min: u32, votes: &[Vote]) -> Option<(&'static str, String)> {
+    if let Some(v) = votes.iter().find(|v| v.decision == "reject") {
+        return Some(("rejected", format!("rejected by {}", v.subject)));
+    }
+    let yes: Vec<&str> = votes
+        .iter()
+        .filter(|v| v.decision == "approve")
+        .map(|v| v.subject.as_str())
+        .collect();
+    (yes.len() as u32 >= min.max(1))
+        .then(|| ("approved", format!("approved by {}", yes.join(", "))))
+}
+
+/// What a timeout decides for `a` (`approved` or `rejected`, as its `on_timeout` says),
+/// with the reason.
+pub(super) fn timed_out(a: &ApprovalRecord) -> (&'static str, String) {
+    let outcome = match a.request.on_timeout.as_str() {
+        "approve" => "approved",
+        _ => "rejected",
+    };
+    let yes = a.votes.iter().filter(|v| v.decision == "approve").count();
+    let at = a.request.timeout_at.as_deref().unwrap_or("?");
+    (
+        outcome,
+        format!("timed out at {at} ({yes} of {} approvals)", a.request.min),
+    )
+}
+
+/// A comma-separated column as its items.
+pub(super) fn split(s: &str) -> Vec<String> {
+    s.split(',')
+        .filter(|x| !x.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// API tokens and the audit log.
+pub trait AccessStore: Send + Sync {
+    /// Stores a new token by the SHA-256 of its secret (hex).
+    fn add_token(&self, token: &TokenRecord, hash: &str) -> Result<(), StateError>;
+    /// The unrevoked token whose secret hashes to `hash`.
+    fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>, StateError>;
+    /// Every token, revoked ones too, oldest first.
+    fn tokens(&self) -> Result<Vec<TokenRecord>, StateError>;
+    /// Revokes the token with this id or name; the token as it was, if there was one.
+    fn revoke_token(&self, id_or_name: &str) -> Result<Option<TokenRecord>, StateError>;
+    /// Appends to the audit log (its `seq` is ignored); returns the new entry's place.
+    fn append_audit(&self, entry: &AuditEntry) -> Result<i64, StateError>;
+    /// The log from `since` (RFC 3339, inclusive) in order, at most `limit` entries after
+    /// place `after`.
+    fn audit(&self, since: &str, after: i64, limit: usize) -> Result<Vec<AuditEntry>, StateError>;
+}
+
+/// Approvals: requested by a stage, decided by people or a timeout.
+pub trait ApprovalStore: Send + Sync {
+    /// Records the request unless there is one for that stage already; the record.
+    fn request_approval(&self, r: &ApprovalRequest) -> Result<ApprovalRecord, StateError>;
+    fn approval(&self, run: &RunId, stage: &str) -> Result<Option<ApprovalRecord>, StateError>;
+    /// Approvals newest first, only those still waiting with `waiting`.
+    fn approvals(&self, waiting: bool, limit: usize) -> Result<Vec<ApprovalRecord>, StateError>;
+    /// Counts one person's vote and decides by [`tally`], in one transaction.
+    fn vote(
+        &self,
+        run: &RunId,
+        stage: &str,
+        vote: &Vote,
+    ) -> Result<Result<ApprovalRecord, Refusal>, StateError>;
+    /// Decides every waiting approval whose timeout is before `now` as its `on_timeout`
+    /// says; those it decided.
+    fn expire_approvals(&self, now: &str) -> Result<Vec<ApprovalRecord>, StateError>;
+    /// Runs waiting for people whose every approval is decided: ready to go on.
+    fn decided_waiting_runs(&self) -> Result<Vec<RunId>, StateError>;
+    /// Takes a waiting run to resume it (phase `Running`, no engine yet, a fresh
+    /// heartbeat): false when it is not waiting (another process took it).
+    fn claim_waiting(&self, run: &RunId) -> Result<bool, StateError>;
+}
