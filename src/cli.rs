@@ -13,8 +13,8 @@ use clap::{Parser, Subcommand, ValueEnum};
     long_about = None,
     after_help = "Exit status, for every command: 0 success; 1 a failure (a run that failed, a file \
                   that does not validate, a store that failed); 2 a usage error (a wrong flag or \
-                  argument, or a run, stage, schedule or file that does not exist); 130 a run \
-                  that was cancelled."
+                  argument, or a run, stage, schedule or file that does not exist); 3 a run \
+                  that waits for people (an approval stage); 130 a run that was cancelled."
 )]
 pub(crate) struct Cli {
     /// The engine's home (state, artifacts, attempt directories); default: `.drivetrain/`
@@ -345,6 +345,14 @@ pub(crate) enum Command {
         /// own: a YAML file with `notify:`, shaped as a pipeline's.
         #[arg(long, value_name = "FILE")]
         notify: Option<PathBuf>,
+        /// OpenID Connect: accept ID tokens of this issuer, groups mapped to roles (a
+        /// YAML file: issuer, audience, roles).
+        #[arg(long, value_name = "FILE")]
+        oidc: Option<PathBuf>,
+        /// A registry alias that only people with an approval role may move by hand
+        /// (`production=safety`); repeatable.
+        #[arg(long, value_name = "ALIAS=ROLE")]
+        protect: Vec<String>,
     },
     /// The web view of this home's runs, stages, logs, lineage and registry: `serve` for
     /// one person (it also serves the view at `/`), without firing schedules or taking
@@ -390,6 +398,59 @@ pub(crate) enum Command {
         command: TriggerCommand,
         #[arg(long, short = 'o', value_enum, default_value_t = Format::Text, global = true)]
         output: Format,
+    },
+    /// Approve a stage waiting for people (`approval:`). Once enough people with its role
+    /// have, the run goes on: here, in the foreground, unless `--server` or a `serve` on
+    /// this home takes it.
+    #[command(
+        after_help = "Examples:\n  drivetrain approve 20261126-101500-ab12cd34 release-gate --comment 'slices hold'\n  DRIVETRAIN_TOKEN=... drivetrain approve RUN release-gate --server http://127.0.0.1:8080"
+    )]
+    Approve {
+        #[command(flatten)]
+        decision: DecisionArgs,
+    },
+    /// Reject a stage waiting for people: the stage fails, the run ends.
+    Reject {
+        #[command(flatten)]
+        decision: DecisionArgs,
+    },
+    /// Approvals: what each waits for, its evidence, votes and outcome.
+    Approvals {
+        /// Only those still waiting.
+        #[arg(long)]
+        waiting: bool,
+        #[arg(short = 'n', long = "limit", default_value_t = 50)]
+        limit: usize,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// API tokens of `drivetrain serve`: a role in a project each, stored hashed.
+    #[command(
+        after_help = "Examples:\n  drivetrain token create --project default --role launcher --name ci\n  drivetrain token create --project default --role viewer --approves safety --name alice\n  drivetrain token list\n  drivetrain token revoke ci"
+    )]
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text, global = true)]
+        output: Format,
+    },
+    /// The audit log: every mutating action, allowed or denied, with who and what changed.
+    #[command(
+        after_help = "Examples:\n  drivetrain audit --since 2026-11-01\n  drivetrain audit -o json -n 1000"
+    )]
+    Audit {
+        /// A date (`2026-11-01`) or an RFC 3339 time.
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(short = 'n', long = "limit", default_value_t = 100)]
+        limit: usize,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Explain an authorization decision.
+    Auth {
+        #[command(subcommand)]
+        command: AuthCommand,
     },
     /// The notifications outbox: what was sent, what waits, what is dead.
     #[command(
@@ -481,6 +542,61 @@ pub(crate) enum TriggerCommand {
         /// A date (`2026-11-01`) or an RFC 3339 time.
         #[arg(long)]
         since: String,
+    },
+}
+
+/// What `approve` and `reject` share.
+#[derive(Debug, clap::Args)]
+pub(crate) struct DecisionArgs {
+    pub(crate) run: String,
+    pub(crate) stage: String,
+    /// Why, kept with the decision.
+    #[arg(long)]
+    pub(crate) comment: Option<String>,
+    /// Decide through a `drivetrain serve` (token: DRIVETRAIN_TOKEN).
+    #[arg(long)]
+    pub(crate) server: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum TokenCommand {
+    /// Make a token and print it, once: only its hash is kept.
+    Create {
+        /// The project it acts in (`*`: every project).
+        #[arg(long, default_value = "default")]
+        project: String,
+        /// `viewer`, `launcher`, `editor` or `admin`.
+        #[arg(long)]
+        role: String,
+        /// An approval role it holds (`safety`); repeatable.
+        #[arg(long, value_name = "ROLE")]
+        approves: Vec<String>,
+        /// Who holds it (what the audit log and votes call it); default: `token-ID`.
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Every token (never a secret).
+    List,
+    /// Revoke a token by id or name.
+    Revoke { token: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum AuthCommand {
+    /// Whether SUBJECT may do VERB to RESOURCE, and why. SUBJECT: a token's name or id
+    /// (`alice`, `tok_…`); VERB: read, launch, cancel, author, configure, move-alias,
+    /// approve, manage-tokens, read-audit; RESOURCE: `project/P`, `run/RUN`,
+    /// `approval/RUN/STAGE`, `alias/MODEL/ALIAS`.
+    #[command(
+        after_help = "Examples:\n  drivetrain auth can alice approve approval/20261126-101500-ab12cd34/release-gate\n  drivetrain auth can ci cancel run/20261126-101500-ab12cd34"
+    )]
+    Can {
+        subject: String,
+        verb: String,
+        resource: String,
+        /// Aliases that ask for an approval role, as `serve --protect` gives them.
+        #[arg(long, value_name = "ALIAS=ROLE")]
+        protect: Vec<String>,
     },
 }
 

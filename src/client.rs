@@ -59,7 +59,7 @@ impl Remote {
         Ok(body)
     }
 
-    fn get(&self, path: &str) -> anyhow::Result<Value> {
+    pub(crate) fn get(&self, path: &str) -> anyhow::Result<Value> {
         let url = format!("{}{path}", self.base);
         self.answer(
             &format!("GET {path}"),
@@ -67,7 +67,7 @@ impl Remote {
         )
     }
 
-    fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+    pub(crate) fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
         let url = format!("{}{path}", self.base);
         let req = self
             .auth(self.agent.post(&url))

@@ -413,10 +413,11 @@ pub fn follow_run(home: &Path, run: Option<&str>) -> anyhow::Result<ExitCode> {
             }
             lock.flush()?;
         }
-        if phase.is_terminal() {
+        if phase.is_terminal() || phase == Phase::Waiting {
             return Ok(match phase {
                 Phase::Succeeded => ExitCode::SUCCESS,
                 Phase::Cancelled => ExitCode::from(crate::runs::EXIT_CANCELLED),
+                Phase::Waiting => ExitCode::from(crate::runs::EXIT_WAITING),
                 _ => ExitCode::from(1),
             });
         }

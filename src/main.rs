@@ -13,6 +13,7 @@ mod doctor;
 mod history;
 mod inspect;
 mod manifests;
+mod people;
 mod plan_output;
 mod report;
 mod rerun;

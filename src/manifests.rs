@@ -59,6 +59,13 @@ pub fn manifests(
     let mut out = String::new();
     for id in p.order.iter().filter(|id| selected.contains(id)) {
         let stage = p.stage(*id);
+        if let Action::Approval { role, min, .. } = &stage.action {
+            out.push_str(&format!(
+                "---\n# stage {}: an approval ({min} of {role}): no workload, the engine waits for people\n",
+                stage.name
+            ));
+            continue;
+        }
         let spec = attempt(p, stage, params, settings, run_id);
         let mut objects: Vec<Value> = render::render(settings, &spec)
             .objects
@@ -164,6 +171,7 @@ fn attempt(
             argv.iter().map(render).collect(),
             workdir.as_ref().map(|w| PathBuf::from(render(w))),
         ),
+        Action::Approval { .. } => (Vec::new(), None),
         Action::Step { name, config, .. } => {
             env.push((
                 "DRIVETRAIN_STEP_CONFIG".into(),

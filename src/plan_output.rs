@@ -131,6 +131,22 @@ fn action_fields(f: &mut Fields, s: &Stage, params: &BTreeMap<String, Value>) {
                 push(f, "workdir", render_for_plan(w, params));
             }
         }
+        Action::Approval {
+            role,
+            min,
+            timeout,
+            on_timeout,
+        } => {
+            let until = match timeout {
+                Some(t) => format!(
+                    ", {} then {}",
+                    humantime::format_duration(*t),
+                    on_timeout.as_str()
+                ),
+                None => String::new(),
+            };
+            push(f, "approval", format!("{min} of role `{role}`{until}"));
+        }
     }
 }
 
@@ -320,6 +336,9 @@ pub(crate) fn plan_json(
                 Action::Command { argv, workdir, .. } => json!({
                     "argv": argv.iter().map(|t| render_for_plan(t, params)).collect::<Vec<_>>(),
                     "workdir": workdir.as_ref().map(|w| render_for_plan(w, params)),
+                }),
+                Action::Approval { role, min, timeout, on_timeout } => json!({
+                    "approval": {"role": role, "min": min, "timeout_seconds": timeout.map(|t| t.as_secs()), "on_timeout": on_timeout.as_str()}
                 }),
             };
             json!({

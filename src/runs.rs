@@ -22,6 +22,8 @@ use sha2::{Digest, Sha256};
 
 /// Exit code of a cancelled run (128 + SIGINT, as shells report Ctrl-C).
 pub const EXIT_CANCELLED: u8 = 130;
+/// A run that stopped to wait for people (an approval stage): not a failure, not done.
+pub const EXIT_WAITING: u8 = 3;
 
 /// The engine's home directory.
 pub fn home(explicit: Option<&Path>) -> PathBuf {
@@ -353,6 +355,7 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
     Ok(match summary.phase {
         Phase::Succeeded => ExitCode::SUCCESS,
         Phase::Cancelled => ExitCode::from(EXIT_CANCELLED),
+        Phase::Waiting => ExitCode::from(EXIT_WAITING),
         _ => ExitCode::from(1),
     })
 }
@@ -803,6 +806,7 @@ fn event_line(ev: &RunEvent) -> String {
                 Phase::Succeeded => "✓",
                 Phase::Skipped | Phase::Omitted => "○",
                 Phase::Cancelled => "■",
+                Phase::Waiting => "⏸",
                 _ => "✗",
             };
             let took = if elapsed.is_zero() {

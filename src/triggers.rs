@@ -230,7 +230,7 @@ pub fn command(
 }
 
 /// `--since`: a date (midnight UTC) or an RFC 3339 time, as RFC 3339 UTC with millis.
-fn parse_since(s: &str) -> Result<String, String> {
+pub(crate) fn parse_since(s: &str) -> Result<String, String> {
     let t = match chrono::DateTime::parse_from_rfc3339(s) {
         Ok(t) => t.with_timezone(&chrono::Utc),
         Err(_) => chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d")

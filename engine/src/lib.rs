@@ -6,6 +6,7 @@
 //! executor: both are traits ([`step::Step`]) registered by the binary in a
 //! [`step::Catalog`].
 
+pub mod access;
 pub mod artifacts;
 pub mod cache;
 pub mod cloud;

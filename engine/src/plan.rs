@@ -121,6 +121,15 @@ pub enum Action {
         argv: Vec<Template>,
         workdir: Option<Template>,
     },
+    /// A wait for people: nothing runs.
+    Approval {
+        /// The approval role a decider holds.
+        role: String,
+        /// Distinct approvals needed.
+        min: u32,
+        timeout: Option<Duration>,
+        on_timeout: crate::spec::OnTimeout,
+    },
 }
 
 /// An input resolved to its producer.
@@ -420,6 +429,7 @@ impl Pipeline {
                     let prog = argv.first().map(|t| t.render(|_| None)).unwrap_or_default();
                     format!("run: {}", prog)
                 }
+                Action::Approval { role, min, .. } => format!("approval: {min} of {role}"),
             };
             let mut label = format!("<b>{}</b><br/>{}", s.name, what);
             if let Some(d) = &s.distributed {
@@ -466,6 +476,7 @@ impl Pipeline {
             let what = match &s.action {
                 Action::Step { name, .. } => format!("uses: {name}"),
                 Action::Command { .. } => "run".to_owned(),
+                Action::Approval { role, min, .. } => format!("approval: {min} of {role}"),
             };
             let shape = if s.map.is_some() { ", shape=box3d" } else { "" };
             out.push_str(&format!(

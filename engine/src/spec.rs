@@ -393,6 +393,11 @@ pub struct StageSpec {
     /// Fan-out: run this stage once per item.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub map: Option<MapSpec>,
+    /// Makes the stage wait for people instead of running anything: the run waits (no
+    /// process, no slot) until enough people with the role approve, one rejects, or the
+    /// timeout decides. The evidence shown is what its upstream stages (`needs`) left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalSpec>,
     /// Makes the stage a hook: it runs after every other stage has ended, `finally`
     /// always, `on_failure` only when the run failed (notifications, cleanup). No
     /// ordinary stage may depend on a hook.
@@ -433,6 +438,51 @@ pub struct StageSpec {
     /// only, in a network namespace of the stage's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
+}
+
+/// An approval stage: who decides, how many, and what a timeout means.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalSpec {
+    pub approvers: ApproversSpec,
+    /// A duration (`24h`): when it passes undecided, `on_timeout` decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    #[serde(default)]
+    pub on_timeout: OnTimeout,
+}
+
+/// Who decides an approval.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApproversSpec {
+    /// The approval role a decider holds in the run's project (`safety`).
+    pub role: String,
+    /// How many distinct people must approve (one rejection rejects).
+    #[serde(default = "one")]
+    pub min: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// What an approval's timeout decides.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OnTimeout {
+    #[default]
+    Reject,
+    Approve,
+}
+
+impl OnTimeout {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnTimeout::Reject => "reject",
+            OnTimeout::Approve => "approve",
+        }
+    }
 }
 
 /// A stage's network.

@@ -15,6 +15,7 @@ use crate::cli::Command;
 mod files;
 mod history;
 mod inspect;
+mod people;
 mod pipeline;
 mod run;
 mod server;
@@ -81,6 +82,12 @@ pub(crate) fn dispatch(command: Command, home: PathBuf) -> ExitCode {
         | Command::Logs { .. }
         | Command::Cancel { .. }
         | Command::List { .. }) => inspect::dispatch(&home, c),
+        c @ (Command::Approve { .. }
+        | Command::Reject { .. }
+        | Command::Approvals { .. }
+        | Command::Token { .. }
+        | Command::Audit { .. }
+        | Command::Auth { .. }) => people::dispatch(&catalog, &home, c),
         c @ (Command::Serve { .. }
         | Command::Ui { .. }
         | Command::Schedule { .. }

@@ -21,6 +21,8 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitC
             insecure_no_auth,
             parallelism,
             notify,
+            oidc,
+            protect,
         } => outcome(serve::serve(
             catalog,
             home,
@@ -33,6 +35,8 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitC
                 insecure_no_auth,
                 parallelism,
                 notify,
+                oidc,
+                protect,
             },
         )),
         Command::Ui {
@@ -53,6 +57,8 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitC
                 insecure_no_auth,
                 parallelism: None,
                 notify: None,
+                oidc: None,
+                protect: Vec::new(),
             },
         )),
         Command::Schedule { command, output } => {

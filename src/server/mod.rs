@@ -11,9 +11,12 @@
 
 use crate::schedules::now_text;
 
+pub(crate) mod access;
 pub(crate) mod api;
+mod approvals;
 pub(crate) mod listener;
 mod notify;
+pub(crate) mod oidc;
 mod triggers;
 mod ui;
 
@@ -173,9 +176,18 @@ pub struct Server {
     dir: PathBuf,
     pipelines: std::sync::RwLock<BTreeMap<String, Arc<Loaded>>>,
     cancels: Mutex<BTreeMap<RunId, tokio::sync::watch::Sender<bool>>>,
+    /// `--token`: an admin of every project.
     pub token: Option<String>,
     /// `--insecure-no-auth`: without a token, mutating routes are open too.
     pub insecure_no_auth: bool,
+    /// Every request needs a bearer token: the server has `--token`, `--oidc`, or tokens
+    /// in its state store when it started.
+    pub auth_required: bool,
+    pub oidc: Option<crate::server::oidc::Oidc>,
+    /// `--protect`: alias → the approval role that may move it by hand.
+    pub protected: BTreeMap<String, String>,
+    /// Wakes the loop that resumes runs whose approvals were decided.
+    pub decided: tokio::sync::Notify,
     /// The address the API listens on (its port resolved).
     pub bound: SocketAddr,
     /// Posted pipelines validated at once (see [`VALIDATIONS`]).
@@ -849,6 +861,10 @@ pub struct ServeArgs {
     pub parallelism: Option<usize>,
     /// `--notify FILE`: sinks for every run, besides each pipeline's.
     pub notify: Option<PathBuf>,
+    /// `--oidc FILE`: accept the ID tokens of an OpenID Connect issuer.
+    pub oidc: Option<PathBuf>,
+    /// `--protect ALIAS=ROLE`: aliases only an approval role moves by hand.
+    pub protect: Vec<String>,
 }
 
 /// The token from `--token`, `--token-file` or `DRIVETRAIN_TOKEN`, in that order; a
@@ -897,16 +913,38 @@ fn bind_address(bind: &str) -> anyhow::Result<SocketAddr> {
 pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let addr = bind_address(&args.bind)?;
     let token = token(&args)?;
-    if !addr.ip().is_loopback() && token.is_none() {
-        eprintln!("error: refusing to serve on {addr} without a token: set --token or DRIVETRAIN_TOKEN, or bind a loopback address");
+    let state: Arc<dyn StateStore> = open_state(home)?;
+    let oidc = args
+        .oidc
+        .as_deref()
+        .map(crate::server::oidc::Oidc::load)
+        .transpose()?;
+    let mut protected = BTreeMap::new();
+    for p in &args.protect {
+        match p.split_once('=') {
+            Some((alias, role)) if !alias.is_empty() && !role.is_empty() => {
+                protected.insert(alias.to_owned(), role.to_owned());
+            }
+            _ => {
+                eprintln!("error: --protect {p}: give ALIAS=ROLE (`production=safety`)");
+                return Ok(ExitCode::from(2));
+            }
+        }
+    }
+    let has_tokens = state.tokens()?.iter().any(|t| t.revoked_at.is_none());
+    let auth_required = token.is_some() || oidc.is_some() || has_tokens;
+    if !addr.ip().is_loopback() && !auth_required {
+        eprintln!("error: refusing to serve on {addr} without a token: set --token or DRIVETRAIN_TOKEN, create one with `drivetrain token create`, or bind a loopback address");
         return Ok(ExitCode::from(2));
     }
-    if token.is_none() && args.insecure_no_auth {
+    if auth_required {
+        // Tokens decide; --insecure-no-auth opens nothing.
+    } else if args.insecure_no_auth {
         eprintln!(
             "warning: --insecure-no-auth: anyone who can reach {addr} can start runs, which \
              run commands as this user"
         );
-    } else if token.is_none() {
+    } else {
         eprintln!(
             "note: no token: the API answers reads only; give --token (or DRIVETRAIN_TOKEN) \
              to start, rerun and cancel runs over it"
@@ -928,7 +966,6 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         }
         None => Vec::new(),
     };
-    let state: Arc<dyn StateStore> = open_state(home)?;
     let pipelines = match &args.pipelines {
         Some(dir) => load(&catalog, dir, state.as_ref(), args.schedules)?,
         None => BTreeMap::new(),
@@ -958,7 +995,11 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         pipelines: std::sync::RwLock::new(pipelines),
         cancels: Mutex::new(BTreeMap::new()),
         token,
-        insecure_no_auth: args.insecure_no_auth,
+        insecure_no_auth: args.insecure_no_auth && !auth_required,
+        auth_required,
+        oidc,
+        protected,
+        decided: tokio::sync::Notify::new(),
         bound,
         validations: Arc::new(tokio::sync::Semaphore::new(VALIDATIONS)),
         metrics: Metrics {
@@ -1011,6 +1052,7 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
             server.resume(&orphans).await?;
             server.start_triggers()?;
             tokio::spawn(server.clone().notify_loop());
+            tokio::spawn(server.clone().approval_loop());
         }
         let listener = tokio::net::TcpListener::from_std(listener)?;
         println!("listening on http://{}", listener.local_addr()?);

@@ -176,6 +176,9 @@ pub(super) fn key_parts(
                 parts.plain("image".into(), render(i));
             }
         }
+        Action::Approval { role, min, .. } => {
+            parts.field("approval", json!({"role": role, "min": min}));
+        }
     }
     let env: Vec<(String, String)> = stage
         .env

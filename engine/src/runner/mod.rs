@@ -25,6 +25,7 @@ use crate::state::{ArtifactRecord, CacheEntry, Origin, Provenance, Success};
 use crate::state::{Phase, RunId, RunRecord, StateError, StateStore};
 use crate::template::Ref;
 
+mod approval;
 mod attempt;
 mod dag;
 mod gpus;
@@ -275,6 +276,7 @@ pub(crate) async fn run(
     let mut dag = Dag::new(&pipeline);
     let mut tasks: JoinSet<(StageId, Result<StageResult, RunError>)> = JoinSet::new();
     let mut stopping = false;
+    let mut waiting: Vec<String> = Vec::new();
     take_earlier(&ctx, &pipeline, &prior, &mut dag)?;
 
     loop {
@@ -314,6 +316,12 @@ pub(crate) async fn run(
             Err(e) => std::panic::resume_unwind(e.into_panic()),
         };
         let result = result?;
+        // Waiting for people: its dependants do not start; the run waits once the rest is
+        // done.
+        if result.phase == Phase::Waiting {
+            waiting.push(pipeline.stage(id).name.clone());
+            continue;
+        }
         if matches!(result.phase, Phase::Failed | Phase::Error) && ctx.opts.request.fail_fast {
             stopping = true;
             let _ = stop_tx.send(true);
@@ -325,6 +333,39 @@ pub(crate) async fn run(
     }
 
     let cancelled = *cancel.borrow();
+    if !waiting.is_empty() && !cancelled {
+        // No process, no slot: `approve` (or a timeout) resumes it.
+        forward.abort();
+        let reason = format!("waiting for approval: {}", waiting.join(", "));
+        state.finish_run(&id, Phase::Waiting, Some(&reason))?;
+        let mut stages = dag.phases(&pipeline);
+        for (name, phase) in stages.iter_mut() {
+            if waiting.contains(name) {
+                *phase = Phase::Waiting;
+            } else if *phase == Phase::Omitted && dag_unended(&pipeline, &dag, name) {
+                *phase = Phase::Pending;
+            }
+        }
+        return Ok(RunSummary {
+            id,
+            phase: Phase::Waiting,
+            stages,
+        });
+    }
+    for name in &waiting {
+        // Cancelled while waiting for people.
+        let sid = pipeline
+            .stage_by_name(name)
+            .expect("a stage of the pipeline")
+            .id;
+        end_without_running(
+            &ctx,
+            sid,
+            Phase::Cancelled,
+            "cancelled while waiting for approval".into(),
+            &mut dag,
+        )?;
+    }
     let main_phase = dag.run_phase(&pipeline, cancelled, |s| s.hook.is_none());
     let _ = ctx.main_phase.set(main_phase);
 
@@ -341,6 +382,13 @@ pub(crate) async fn run(
     let reason = (!failed.is_empty()).then(|| format!("failed: {}", failed.join(", ")));
     state.finish_run(&id, phase, reason.as_deref())?;
     Ok(RunSummary { id, phase, stages })
+}
+
+/// Whether stage `name` has not ended in `dag` (it waits for an approval upstream).
+fn dag_unended(pipeline: &Pipeline, dag: &Dag, name: &str) -> bool {
+    pipeline
+        .stage_by_name(name)
+        .is_some_and(|s| dag.result(s.id).is_none())
 }
 
 /// The record of a run that starts now, this process its engine.
@@ -584,6 +632,9 @@ async fn execute(
     upstream: BTreeMap<StageId, StageResult>,
 ) -> Result<StageResult, RunError> {
     let stage = ctx.pipeline.stage(id);
+    if let Action::Approval { .. } = &stage.action {
+        return approval::settle(ctx, stage, &upstream);
+    }
     let started = Instant::now();
     let unsupported = unsupported(ctx, stage);
     let (mut parts, external) = key_parts(ctx, stage, &upstream);
@@ -677,7 +728,7 @@ fn unsupported(ctx: &Ctx, stage: &Stage) -> Option<String> {
         Action::Command { .. } if stage.gpus() > ctx.opts.gpus.len() => {
             Some(too_few_gpus(stage, &ctx.opts.gpus))
         }
-        Action::Command { .. } => None,
+        Action::Command { .. } | Action::Approval { .. } => None,
     }
 }
 

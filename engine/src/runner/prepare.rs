@@ -170,6 +170,8 @@ fn command<'s>(
 ) -> (Vec<Template>, Option<Template>, Option<&'s Value>) {
     match &stage.action {
         Action::Command { argv, workdir, .. } => (argv.clone(), workdir.clone(), None),
+        // Never prepared: an approval runs nothing (see `super::approval`).
+        Action::Approval { .. } => (Vec::new(), None, None),
         Action::Step { name, config, .. } => {
             let command = match &layout.remote {
                 Some(root) => vec![

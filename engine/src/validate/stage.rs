@@ -114,6 +114,9 @@ impl<'a> Cx<'a> {
     fn stage_action(&mut self, sc: &mut StageCx<'_>, outputs: &[Output]) -> Option<Action> {
         let spec = sc.spec;
         let path = sc.path.clone();
+        if let Some(a) = &spec.approval {
+            return self.approval_action(sc, a);
+        }
         match (&spec.uses, &spec.run) {
             (Some(_), Some(_)) => {
                 self.err_key(
@@ -125,7 +128,7 @@ impl<'a> Cx<'a> {
             }
             (None, None) => {
                 self.err_key("no-action", &path, format!(
-                    "stage `{}` does nothing: give it `uses` (a built-in step) or `run` (a command)",
+                    "stage `{}` does nothing: give it `uses` (a built-in step), `run` (a command) or `approval` (a wait for people)",
                     sc.name
                 ));
                 None
@@ -190,6 +193,73 @@ impl<'a> Cx<'a> {
             image,
             argv,
             workdir,
+        })
+    }
+
+    /// An approval stage: no `uses` or `run`, nothing it runs or writes, a role to decide.
+    fn approval_action(
+        &mut self,
+        sc: &mut StageCx<'_>,
+        a: &crate::spec::ApprovalSpec,
+    ) -> Option<Action> {
+        let spec = sc.spec;
+        let path = sc.path.clone();
+        let ap = path.key("approval");
+        let mut ok = true;
+        for (key, present) in [
+            ("uses", spec.uses.is_some()),
+            ("run", spec.run.is_some()),
+            ("map", spec.map.is_some()),
+            ("hook", spec.hook.is_some()),
+            ("distributed", spec.distributed.is_some()),
+        ] {
+            if present {
+                self.err_key(
+                    "approval-with-action",
+                    &path.key(key),
+                    format!("an approval stage runs nothing: it cannot have `{key}`"),
+                );
+                ok = false;
+            }
+        }
+        if !spec.outputs.is_empty() {
+            self.err_key(
+                "approval-with-action",
+                &path.key("outputs"),
+                "an approval stage writes nothing: it cannot have `outputs` (its decision is in `stages.NAME.values`)",
+            );
+            ok = false;
+        }
+        let role = &a.approvers.role;
+        if !is_ident(role) {
+            self.err(
+                "invalid-role",
+                &ap.key("approvers").key("role"),
+                format!("approval role `{role}` must start with a letter or `_` and hold only letters, digits, `_` and `-`"),
+            );
+            ok = false;
+        }
+        if a.approvers.min == 0 {
+            self.err(
+                "invalid-min",
+                &ap.key("approvers").key("min"),
+                "`min` is at least 1: someone decides",
+            );
+            ok = false;
+        }
+        let timeout = match &a.timeout {
+            Some(t) => {
+                let d = self.duration(&ap.key("timeout"), t);
+                ok &= d.is_some();
+                d
+            }
+            None => None,
+        };
+        ok.then(|| Action::Approval {
+            role: role.clone(),
+            min: a.approvers.min,
+            timeout,
+            on_timeout: a.on_timeout,
         })
     }
 

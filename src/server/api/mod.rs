@@ -19,7 +19,9 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, Request, State};
+use std::collections::BTreeMap;
+
+use axum::extract::{MatchedPath, Path, Query, Request, State};
 use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -28,13 +30,15 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::Value;
 
+use drivetrain_engine::access::{decide, Decision, Rule, Verb};
 use drivetrain_engine::artifacts::AttemptKey;
 use drivetrain_engine::state::RunId;
 
-use crate::server::Server;
+use crate::server::{access, Server};
 
 mod events;
 pub mod openapi;
+mod people;
 pub mod views;
 use openapi::{
     ApiError, Cancelling, Queued, Registered, RunDetail, RunList, ScheduleList, ScheduleStatus,
@@ -122,6 +126,11 @@ fn handler(method: &str, path: &str) -> axum::routing::MethodRouter<Shared> {
         ("post", "/api/v1/triggers/{pipeline}/{trigger}/resume") => post(events::resume),
         ("get", "/api/v1/notifications") => get(events::notifications),
         ("post", "/api/v1/pipelines/{pipeline}/triggers/{trigger}") => post(events::hook),
+        ("get", "/api/v1/approvals") => get(people::approvals),
+        ("post", "/api/v1/runs/{id}/stages/{stage}/approve") => post(people::approve),
+        ("post", "/api/v1/runs/{id}/stages/{stage}/reject") => post(people::reject),
+        ("get", "/api/v1/audit") => get(people::audit),
+        ("get", "/api/v1/whoami") => get(people::whoami),
         _ => unreachable!("no handler for {method} {path}"),
     }
 }
@@ -131,7 +140,7 @@ pub fn router(server: Shared) -> Router {
     let (mut open, mut api) = (Router::new(), Router::new());
     for r in openapi::ROUTES {
         let h = handler(r.method, r.path);
-        if openapi::guarded(r.path) {
+        if openapi::guarded(r) {
             api = api.route(r.path, h);
         } else {
             open = open.route(r.path, h);
@@ -209,36 +218,127 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
             }
         }
     }
-    if s.token.is_none() && mutating && !s.insecure_no_auth {
-        return error(
-            StatusCode::UNAUTHORIZED,
-            "this server has no token, so it only answers reads: start it with --token \
-             (or DRIVETRAIN_TOKEN), or with --insecure-no-auth to let anyone on this machine \
-             start runs",
-        );
+    let subject = match access::subject(&s, req.headers(), mutating).await {
+        Ok(subject) => subject,
+        Err((code, message)) => return error(code, message),
+    };
+    let matched = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_owned())
+        .unwrap_or_default();
+    let method = req.method().as_str().to_ascii_lowercase();
+    let Some(route) = openapi::ROUTES
+        .iter()
+        .find(|r| r.method == method && r.path == matched)
+    else {
+        return next.run(req).await;
+    };
+    let Rule::Need(verb) = route.rule else {
+        return next.run(req).await;
+    };
+    let params = path_params(route.path, req.uri().path());
+    let (project, approval) = match resource(&s, verb, &params).await {
+        Ok(found) => found,
+        Err(response) => return response,
+    };
+    let decision = decide(&subject, verb, &project, approval.as_deref());
+    let asked = mutating.then(|| access::Asked {
+        subject: &subject.name,
+        project: &project,
+        action: access::action(route.method, route.path),
+        resource: req.uri().path().to_owned(),
+    });
+    if !decision.allowed {
+        if let Some(asked) = asked {
+            asked.record(&s, &decision, None).await;
+        }
+        return error(StatusCode::FORBIDDEN, decision.reason);
     }
-    if let Some(token) = &s.token {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        // Compared in full whatever the input, so timing says nothing about the token.
-        let ok = given.is_some_and(|g| {
-            g.len() == token.len()
-                && g.bytes()
-                    .zip(token.bytes())
-                    .fold(0u8, |a, (x, y)| a | (x ^ y))
-                    == 0
-        });
-        if !ok {
-            return error(
-                StatusCode::UNAUTHORIZED,
-                "a valid `Authorization: Bearer TOKEN` is required",
-            );
+    let asked = asked.map(|a| (a.action, a.resource));
+    let mut req = req;
+    req.extensions_mut().insert(subject.clone());
+    let response = next.run(req).await;
+    if let Some((action, resource)) = asked {
+        let note = response.extensions().get::<access::AuditNote>();
+        let decision = match note.and_then(|n| n.denied.clone()) {
+            Some(reason) => Decision {
+                allowed: false,
+                reason,
+            },
+            None => Decision {
+                allowed: true,
+                reason: format!(
+                    "{}; answered {}",
+                    decision.reason,
+                    response.status().as_u16()
+                ),
+            },
+        };
+        let asked = access::Asked {
+            subject: &subject.name,
+            project: &project,
+            action,
+            resource,
+        };
+        asked.record(&s, &decision, note).await;
+    }
+    response
+}
+
+/// The values of `pattern`'s `{name}` parameters in `path`.
+fn path_params(pattern: &str, path: &str) -> BTreeMap<String, String> {
+    pattern
+        .split('/')
+        .zip(path.split('/'))
+        .filter_map(|(p, v)| {
+            let name = p.strip_prefix('{')?.strip_suffix('}')?;
+            let v = percent_decode(v);
+            Some((name.to_owned(), v))
+        })
+        .collect()
+}
+
+/// A path segment percent-decoded (as axum's `Path` decodes it).
+fn percent_decode(s: &str) -> String {
+    url::form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+/// The project of the resource a request names, and the approval role it asks for (an
+/// approval's; a protected alias's). Every resource is in project `default` until runs
+/// carry a project of their own.
+async fn resource(
+    s: &Shared,
+    verb: Verb,
+    params: &BTreeMap<String, String>,
+) -> Result<(String, Option<String>), Response> {
+    let project = crate::server::access::DEFAULT_PROJECT.to_owned();
+    if verb == Verb::Approve {
+        let (Some(run), Some(stage)) = (params.get("id"), params.get("stage")) else {
+            return Ok((project, None));
+        };
+        let (state, run, stage) = (s.engine.state().clone(), RunId(run.clone()), stage.clone());
+        let found = tokio::task::spawn_blocking(move || state.approval(&run, &stage))
+            .await
+            .map_err(internal)?
+            .map_err(internal)?;
+        return match found {
+            Some(a) => Ok((a.request.project, Some(a.request.role))),
+            None => Err(error(
+                StatusCode::NOT_FOUND,
+                "no approval is asked for there",
+            )),
+        };
+    }
+    if verb == Verb::MoveAlias {
+        if let Some(alias) = params.get("alias") {
+            return Ok((project, s.protected.get(alias).cloned()));
         }
     }
-    next.run(req).await
+    Ok((project, None))
 }
 
 async fn ready(State(s): State<Shared>) -> Response {

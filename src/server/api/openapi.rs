@@ -11,15 +11,39 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use drivetrain_engine::access::{Grant, Rule, Verb};
 use drivetrain_engine::history::Lineage;
 use drivetrain_engine::state::{
-    AttemptRecord, RunId, RunRecord, ScheduleEntry, StageRecord, TickRecord,
+    ApprovalRecord, AttemptRecord, AuditEntry, RunId, RunRecord, ScheduleEntry, StageRecord,
+    TickRecord,
 };
 
 /// Every error: what went wrong, for a person.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct ApiError {
     pub error: String,
+}
+
+/// `GET /api/v1/approvals`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ApprovalList {
+    pub approvals: Vec<ApprovalRecord>,
+}
+
+/// `GET /api/v1/audit`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct AuditList {
+    pub entries: Vec<AuditEntry>,
+}
+
+/// `GET /api/v1/whoami`: the caller, and the verbs they may use in each project they
+/// hold a role in.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WhoAmI {
+    pub subject: String,
+    pub grants: Vec<Grant>,
+    /// Project → the verbs allowed there (approving aside: it depends on the approval).
+    pub may: std::collections::BTreeMap<String, Vec<Verb>>,
 }
 
 /// `GET /api/v1/runs`.
@@ -207,6 +231,9 @@ const OBJECT: Body = Body::Json(object_body);
 pub struct Route {
     pub method: &'static str,
     pub path: &'static str,
+    /// What it asks of its caller: the API's layer decides it, and a route cannot be
+    /// added without one.
+    pub rule: Rule,
     pub summary: &'static str,
     pub query: &'static [(&'static str, &'static str, &'static str)],
     pub request: Option<fn() -> Value>,
@@ -216,7 +243,7 @@ pub struct Route {
 /// Answered by every route behind the authentication layer.
 const GUARDED: &[(u16, &str, Body)] = &[
     (401, "a missing or wrong bearer token; without a token, a mutating route on a server started without --insecure-no-auth", ERROR),
-    (403, "on a loopback address: a `Host` that does not name the server", ERROR),
+    (403, "the caller's role may not do this here (the reason says which role it needs), or, on a loopback address, a `Host` that does not name the server", ERROR),
     (500, "the state store or the artifact store failed", ERROR),
 ];
 
@@ -266,6 +293,14 @@ fn register_request() -> Value {
     })
 }
 
+fn decision_request() -> Value {
+    json!({
+        "type": "object",
+        "properties": {"comment": {"type": "string", "description": "why, kept with the vote"}},
+        "additionalProperties": false
+    })
+}
+
 /// A webhook trigger's body: any JSON (Foxglove's `recording.imported`, say), kept as sent.
 fn hook_request() -> Value {
     json!({"type": "object"})
@@ -282,6 +317,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "get",
         path: "/healthz",
+        rule: Rule::Open,
         summary: "Liveness: the process answers",
         query: &[],
         request: None,
@@ -290,6 +326,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "get",
         path: "/readyz",
+        rule: Rule::Open,
         summary: "Readiness: the state store answers",
         query: &[],
         request: None,
@@ -298,6 +335,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "get",
         path: "/metrics",
+        rule: Rule::Need(Verb::Read),
         summary: "Prometheus metrics (text exposition format)",
         query: &[],
         request: None,
@@ -306,6 +344,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "get",
         path: "/api/v1/runs",
+        rule: Rule::Need(Verb::Read),
         summary: "Recent runs, newest first",
         query: &[
             ("limit", r#"{"type": "integer", "minimum": 0, "maximum": 1000000}"#, "how many (default 50)"),
@@ -320,6 +359,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "post",
         path: "/api/v1/runs",
+        rule: Rule::Need(Verb::Launch),
         summary: "Start a run of a served pipeline (`pipeline`) or of posted YAML (`yaml`), with params",
         query: &[],
         request: Some(submit_request),
@@ -332,6 +372,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "get",
         path: "/api/v1/runs/{id}",
+        rule: Rule::Need(Verb::Read),
         summary: "A run and its stages",
         query: &[],
         request: None,
@@ -340,6 +381,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "post",
         path: "/api/v1/runs/{id}/cancel",
+        rule: Rule::Need(Verb::Cancel),
         summary: "Cancel a run in flight",
         query: &[],
         request: None,
@@ -352,6 +394,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "post",
         path: "/api/v1/runs/{id}/rerun",
+        rule: Rule::Need(Verb::Launch),
         summary: "Execute some stages of an ended run again, reusing the rest",
         query: &[],
         request: Some(rerun_request),
@@ -366,6 +409,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "post",
         path: "/api/v1/runs/{id}/retry",
+        rule: Rule::Need(Verb::Launch),
         summary: "Execute the stages of an ended run that did not succeed",
         query: &[],
         request: None,
@@ -380,6 +424,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "get",
         path: "/api/v1/runs/{id}/logs",
+        rule: Rule::Need(Verb::Read),
         summary: "The latest attempt's log of a stage (`follow`: as it grows)",
         query: &[
             ("stage", "string", "the stage (required)"),
@@ -398,6 +443,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "get",
         path: "/api/v1/runs/{id}/graph",
+        rule: Rule::Need(Verb::Read),
         summary: "The run's stages and what each needs (from the pipeline file it ran)",
         query: &[],
         request: None,
@@ -406,6 +452,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "get",
         path: "/api/v1/runs/{id}/attempts",
+        rule: Rule::Need(Verb::Read),
         summary: "Every attempt of every stage of the run",
         query: &[],
         request: None,
@@ -414,6 +461,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "get",
         path: "/api/v1/runs/{id}/events",
+        rule: Rule::Need(Verb::Read),
         summary: "Live: `snapshot` {run, stages}, then `run` and `stage` as they change, `end` when the run ends",
         query: &[],
         request: None,
@@ -422,6 +470,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "get",
         path: "/api/v1/runs/{id}/stages/{stage}/explain",
+        rule: Rule::Need(Verb::Read),
         summary: "Why a stage ran, was cached or reused: the verdict and what changed in its cache key",
         query: &[],
         request: None,
@@ -430,6 +479,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "get",
         path: "/api/v1/events",
+        rule: Rule::Need(Verb::Read),
         summary: "Live: a `runs` event whenever runs start or change phase",
         query: &[],
         request: None,
@@ -438,6 +488,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "get",
         path: "/api/v1/lineage",
+        rule: Rule::Need(Verb::Read),
         summary: "The lineage graph of an artifact (`sha256:…`), a run's stage (`RUN/STAGE`) or a model version (`MODEL@VERSION|ALIAS`)",
         query: &[
             ("target", "string", "what to start from (required)"),
@@ -449,6 +500,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "get",
         path: "/api/v1/registry",
+        rule: Rule::Need(Verb::Read),
         summary: "The registered models: versions with metrics and source, aliases and their history",
         query: &[],
         request: None,
@@ -457,6 +509,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "post",
         path: "/api/v1/registry/{model}/aliases/{alias}/rollback",
+        rule: Rule::Need(Verb::MoveAlias),
         summary: "Move an alias back to the version it named before its last move",
         query: &[],
         request: None,
@@ -469,6 +522,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "get",
         path: "/api/v1/schedules",
+        rule: Rule::Need(Verb::Read),
         summary: "The schedules, their next tick and their latest ticks",
         query: &[],
         request: None,
@@ -477,6 +531,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "post",
         path: "/api/v1/schedules",
+        rule: Rule::Need(Verb::Author),
         summary: "Register a pipeline with a `schedule:` (written into the served directory)",
         query: &[],
         request: Some(register_request),
@@ -490,6 +545,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "post",
         path: "/api/v1/schedules/{name}/suspend",
+        rule: Rule::Need(Verb::Configure),
         summary: "Suspend a schedule",
         query: &[],
         request: None,
@@ -498,6 +554,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "post",
         path: "/api/v1/schedules/{name}/resume",
+        rule: Rule::Need(Verb::Configure),
         summary: "Resume a schedule (`catchup`: missed ticks follow the schedule's `catchup`)",
         query: &[("catchup", "boolean", "fire missed ticks")],
         request: None,
@@ -510,6 +567,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "post",
         path: "/api/v1/schedules/{name}/trigger",
+        rule: Rule::Need(Verb::Launch),
         summary: "Queue a tick now",
         query: &[],
         request: None,
@@ -518,6 +576,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "get",
         path: "/api/v1/triggers",
+        rule: Rule::Need(Verb::Read),
         summary: "The triggers: cursor, inbox depth, lag of the oldest waiting object, last decision",
         query: &[],
         request: None,
@@ -526,6 +585,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "post",
         path: "/api/v1/triggers/{pipeline}/{trigger}/pause",
+        rule: Rule::Need(Verb::Configure),
         summary: "Pause a trigger: objects keep queueing, no run starts",
         query: &[],
         request: None,
@@ -534,6 +594,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "post",
         path: "/api/v1/triggers/{pipeline}/{trigger}/resume",
+        rule: Rule::Need(Verb::Configure),
         summary: "Resume a trigger; what queued while paused is replayed or skipped",
         query: &[(
             "queued",
@@ -550,6 +611,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "post",
         path: "/api/v1/pipelines/{pipeline}/triggers/{trigger}",
+        rule: Rule::Signed,
         summary: "A signed call to a webhook trigger (`X-Drivetrain-Signature`, `Idempotency-Key`; no bearer token)",
         query: &[],
         request: Some(hook_request),
@@ -563,6 +625,7 @@ pub const ROUTES: &[Route] = &[
     Route {
         method: "get",
         path: "/api/v1/notifications",
+        rule: Rule::Need(Verb::Read),
         summary: "The notifications outbox, newest first (`state=dead`: the dead letters)",
         query: &[
             (
@@ -582,15 +645,72 @@ pub const ROUTES: &[Route] = &[
             (400, "another state, or a limit that is not a number from 0 to 1000", ERROR),
         ],
     },
+    Route {
+        method: "get",
+        path: "/api/v1/approvals",
+        rule: Rule::Need(Verb::Read),
+        summary: "Approvals, newest first: what each asks of whom, its evidence, votes and outcome",
+        query: &[
+            ("waiting", "boolean", "only those still waiting for a decision"),
+            ("limit", r#"{"type": "integer", "minimum": 1, "maximum": 1000}"#, "how many (default 100)"),
+        ],
+        request: None,
+        responses: &[(200, "the approvals", body!(ApprovalList))],
+    },
+    Route {
+        method: "post",
+        path: "/api/v1/runs/{id}/stages/{stage}/approve",
+        rule: Rule::Need(Verb::Approve),
+        summary: "Approve a waiting approval stage (needs the approval role it names); the run goes on once enough people have",
+        query: &[],
+        request: Some(decision_request),
+        responses: &[
+            (200, "counted: the approval as it now stands", body!(ApprovalRecord)),
+            (404, "no approval is asked for there", ERROR),
+            (409, "it was decided already, or this caller decided already", ERROR),
+        ],
+    },
+    Route {
+        method: "post",
+        path: "/api/v1/runs/{id}/stages/{stage}/reject",
+        rule: Rule::Need(Verb::Approve),
+        summary: "Reject a waiting approval stage: one rejection decides; the stage fails and the run ends",
+        query: &[],
+        request: Some(decision_request),
+        responses: &[
+            (200, "counted: the approval as it now stands", body!(ApprovalRecord)),
+            (404, "no approval is asked for there", ERROR),
+            (409, "it was decided already, or this caller decided already", ERROR),
+        ],
+    },
+    Route {
+        method: "get",
+        path: "/api/v1/audit",
+        rule: Rule::Need(Verb::ReadAudit),
+        summary: "The audit log in order: every mutating request, allowed or denied, with who, what and what it changed",
+        query: &[
+            ("since", "string", "only entries at or after this RFC 3339 time"),
+            ("after", "integer", "only entries after this `seq` (to page on)"),
+            ("limit", r#"{"type": "integer", "minimum": 1, "maximum": 1000}"#, "how many (default 100)"),
+        ],
+        request: None,
+        responses: &[(200, "the entries", body!(AuditList))],
+    },
+    Route {
+        method: "get",
+        path: "/api/v1/whoami",
+        rule: Rule::Need(Verb::Read),
+        summary: "Who the caller is and what they may do in each project (the web view hides what they may not)",
+        query: &[],
+        request: None,
+        responses: &[(200, "the caller", body!(WhoAmI))],
+    },
 ];
 
-/// Whether the authentication layer (token, `Host`) is in front of `path`.
-pub fn guarded(path: &str) -> bool {
-    // A webhook trigger's callers sign their calls instead.
-    !matches!(
-        path,
-        "/healthz" | "/readyz" | "/api/v1/pipelines/{pipeline}/triggers/{trigger}"
-    )
+/// Whether the authentication layer (token, `Host`, the route's rule) is in front of
+/// `route`: a webhook trigger's callers sign their calls instead.
+pub fn guarded(route: &Route) -> bool {
+    matches!(route.rule, Rule::Need(_))
 }
 
 /// Every status `route` answers, with its description and body: its own, the
@@ -604,7 +724,7 @@ pub fn responses(route: &Route) -> Vec<(u16, &'static str, Body)> {
             }
         }
     };
-    if guarded(route.path) {
+    if guarded(route) {
         add(GUARDED);
     }
     if route.request.is_some() {
@@ -676,9 +796,14 @@ pub fn document() -> Value {
             op["requestBody"] =
                 json!({"required": true, "content": {"application/json": {"schema": request()}}});
         }
-        if !guarded(r.path) {
+        if !guarded(r) {
             op["security"] = json!([]);
         }
+        op["x-drivetrain-rule"] = json!(match r.rule {
+            Rule::Open => "open".to_owned(),
+            Rule::Signed => "signed".to_owned(),
+            Rule::Need(v) => v.as_str().to_owned(),
+        });
         paths
             .entry(r.path)
             .or_insert_with(|| json!({}))

@@ -88,6 +88,7 @@ pub(super) async fn graph(State(s): State<Shared>, Path(id): Path<String>) -> Re
             kind: match &st.action {
                 Action::Step { name, version, .. } => format!("{name}@{version}"),
                 Action::Command { .. } => "command".into(),
+                Action::Approval { role, min, .. } => format!("approval: {min} of {role}"),
             },
             map: st.map.is_some(),
             hook: st.hook.is_some(),

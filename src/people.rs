@@ -1,0 +1,399 @@
+//! `drivetrain approve|reject|approvals|token|audit|auth can`: people's side of the
+//! engine, on this home's state store (or a server's API with `--server`).
+//!
+//! A command run here acts as the local user (`user:NAME@HOST`, see
+//! [`drivetrain_engine::step::who`]): whoever can write this home's state store can do
+//! anything to it, so the local user holds every role and every approval role, and one
+//! person is one vote. Token changes and decisions made here go to the audit log as theirs.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use drivetrain_engine::access::{self, Grant, Role, Subject, Verb};
+use drivetrain_engine::state::{AuditEntry, Phase, Refusal, RunId, StateStore, TokenRecord, Vote};
+use serde_json::json;
+
+use crate::cli::{DecisionArgs, TokenCommand};
+use crate::runs::open_state;
+use crate::server::access::{token_hash, token_subject};
+
+/// The local user: every role and approval role in every project.
+fn local_user() -> Subject {
+    Subject {
+        name: format!("user:{}", drivetrain_engine::step::who()),
+        grants: vec![Grant {
+            project: "*".into(),
+            role: Role::Admin,
+            approves: vec!["*".into()],
+        }],
+    }
+}
+
+/// Appends what the local user did to the audit log.
+fn audit_local(
+    state: &dyn StateStore,
+    project: &str,
+    action: &str,
+    resource: String,
+    after: serde_json::Value,
+) -> anyhow::Result<()> {
+    state.append_audit(&AuditEntry {
+        seq: 0,
+        at: drivetrain_engine::state::now(),
+        subject: local_user().name,
+        project: project.into(),
+        action: action.into(),
+        resource,
+        decision: "allowed".into(),
+        reason: Some("a command on this machine's state store".into()),
+        before: None,
+        after: Some(after),
+    })?;
+    Ok(())
+}
+
+/// `approve` / `reject`: counts the decision; once decided, resumes the run here unless
+/// another engine (a `serve`) took it first.
+pub fn decide(
+    catalog: &drivetrain_engine::Catalog,
+    home: &Path,
+    d: &DecisionArgs,
+    decision: &str,
+) -> anyhow::Result<ExitCode> {
+    if let Some(server) = &d.server {
+        let remote = crate::client::Remote::new(server);
+        let body = match &d.comment {
+            Some(c) => json!({"comment": c}),
+            None => json!({}),
+        };
+        let a = remote.post(
+            &format!("/api/v1/runs/{}/stages/{}/{decision}", d.run, d.stage),
+            &body,
+        )?;
+        println!(
+            "{}/{}: {}",
+            d.run,
+            d.stage,
+            a["outcome"].as_str().unwrap_or("counted; still waiting")
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let state = open_state(home)?;
+    let run = RunId(d.run.clone());
+    let vote = Vote {
+        subject: local_user().name,
+        decision: decision.into(),
+        comment: d.comment.clone(),
+        at: drivetrain_engine::state::now(),
+    };
+    let record = match state.vote(&run, &d.stage, &vote)? {
+        Ok(a) => a,
+        Err(Refusal::Unknown) => {
+            eprintln!(
+                "error: run {} has no stage `{}` waiting for approval",
+                d.run, d.stage
+            );
+            return Ok(ExitCode::from(2));
+        }
+        Err(why) => {
+            eprintln!("error: {}/{}: {why}", d.run, d.stage);
+            return Ok(ExitCode::from(1));
+        }
+    };
+    audit_local(
+        state.as_ref(),
+        &record.request.project,
+        &format!("approvals.{decision}"),
+        format!("/api/v1/runs/{}/stages/{}/{decision}", d.run, d.stage),
+        json!({"vote": decision, "outcome": record.outcome}),
+    )?;
+    let Some(outcome) = &record.outcome else {
+        let yes = record.votes.len();
+        println!(
+            "{}/{}: counted ({yes} of {} approvals); still waiting",
+            d.run, d.stage, record.request.min
+        );
+        return Ok(ExitCode::SUCCESS);
+    };
+    println!(
+        "{}/{}: {outcome} ({})",
+        d.run,
+        d.stage,
+        record.reason.as_deref().unwrap_or("")
+    );
+    let waiting_elsewhere = state
+        .approvals(true, 1000)?
+        .iter()
+        .any(|a| a.request.run == run);
+    if waiting_elsewhere || state.run(&run)?.phase != Phase::Waiting {
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !state.claim_waiting(&run)? {
+        println!("run {run}: another engine resumed it");
+        return Ok(ExitCode::SUCCESS);
+    }
+    drop(state);
+    crate::runs::resume(catalog, home, &d.run, false)
+}
+
+/// `approvals`.
+pub fn approvals(
+    home: &Path,
+    waiting: bool,
+    limit: usize,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    let state = open_state(home)?;
+    let all = state.approvals(waiting, limit)?;
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if all.is_empty() {
+        println!("no approvals{}", if waiting { " waiting" } else { "" });
+    }
+    for a in &all {
+        let r = &a.request;
+        let yes = a.votes.iter().filter(|v| v.decision == "approve").count();
+        println!(
+            "{}/{}  {}  {yes} of {} by role `{}`{}",
+            r.run,
+            r.stage,
+            a.outcome.as_deref().unwrap_or("waiting"),
+            r.min,
+            r.role,
+            r.timeout_at
+                .as_ref()
+                .filter(|_| a.outcome.is_none())
+                .map(|t| format!(", times out {t} ({})", r.on_timeout))
+                .unwrap_or_default()
+        );
+        for v in &a.votes {
+            println!(
+                "    {} {} at {}{}",
+                v.subject,
+                v.decision,
+                v.at,
+                v.comment
+                    .as_ref()
+                    .map(|c| format!(": {c}"))
+                    .unwrap_or_default()
+            );
+        }
+        if let Some(stages) = r.evidence["stages"].as_object() {
+            for (stage, e) in stages {
+                println!(
+                    "    evidence {stage}: values {} (lineage: drivetrain lineage {})",
+                    e["values"],
+                    e["lineage"].as_str().unwrap_or("")
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A new token's secret: 32 random bytes from the kernel, hex.
+fn secret() -> anyhow::Result<String> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(format!("dt_{}", hex::encode(bytes)))
+}
+
+/// `token create|list|revoke`.
+pub fn token(home: &Path, command: TokenCommand, json_out: bool) -> anyhow::Result<ExitCode> {
+    let state = open_state(home)?;
+    match command {
+        TokenCommand::Create {
+            project,
+            role,
+            approves,
+            name,
+        } => {
+            if Role::parse(&role).is_none() {
+                eprintln!("error: --role `{role}`: give viewer, launcher, editor or admin");
+                return Ok(ExitCode::from(2));
+            }
+            let secret = secret()?;
+            let id = format!("tok_{}", &token_hash(&secret)[..12]);
+            let t = TokenRecord {
+                name: name.unwrap_or_else(|| format!("token-{}", &id[4..])),
+                id,
+                project,
+                role,
+                approves,
+                created_at: drivetrain_engine::state::now(),
+                created_by: local_user().name,
+                revoked_at: None,
+            };
+            if state
+                .tokens()?
+                .iter()
+                .any(|o| o.name == t.name && o.revoked_at.is_none())
+            {
+                eprintln!(
+                    "error: a token named `{}` exists: revoke it first, or give another --name",
+                    t.name
+                );
+                return Ok(ExitCode::from(2));
+            }
+            state.add_token(&t, &token_hash(&secret))?;
+            audit_local(
+                state.as_ref(),
+                &t.project,
+                "tokens.create",
+                format!("token/{}", t.id),
+                json!({"name": t.name, "role": t.role, "approves": t.approves}),
+            )?;
+            if json_out {
+                println!("{}", json!({"token": secret, "record": t}));
+            } else {
+                println!("{secret}");
+                eprintln!(
+                    "token {} ({}) created: {} in project `{}`{}; it is shown this once",
+                    t.id,
+                    t.name,
+                    t.role,
+                    t.project,
+                    match t.approves.is_empty() {
+                        true => String::new(),
+                        false => format!(", approves {}", t.approves.join(", ")),
+                    }
+                );
+            }
+        }
+        TokenCommand::List => {
+            let all = state.tokens()?;
+            if json_out {
+                println!("{}", serde_json::to_string_pretty(&all)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            for t in &all {
+                println!(
+                    "{:<16} {:<16} {:<12} {:<9} {:<16} {}",
+                    t.id,
+                    t.name,
+                    t.project,
+                    t.role,
+                    t.approves.join(","),
+                    match &t.revoked_at {
+                        Some(at) => format!("revoked {at}"),
+                        None => format!("created {} by {}", t.created_at, t.created_by),
+                    }
+                );
+            }
+        }
+        TokenCommand::Revoke { token } => match state.revoke_token(&token)? {
+            Some(t) => {
+                audit_local(
+                    state.as_ref(),
+                    &t.project,
+                    "tokens.revoke",
+                    format!("token/{}", t.id),
+                    json!({"name": t.name, "revoked": true}),
+                )?;
+                println!("token {} ({}) revoked", t.id, t.name);
+            }
+            None => {
+                eprintln!("error: no unrevoked token `{token}`");
+                return Ok(ExitCode::from(2));
+            }
+        },
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `audit`.
+pub fn audit(
+    home: &Path,
+    since: Option<&str>,
+    limit: usize,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    let since = match since.map(crate::triggers::parse_since).transpose() {
+        Ok(s) => s.unwrap_or_default(),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let state = open_state(home)?;
+    let entries = state.audit(&since, 0, limit)?;
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&entries)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for e in &entries {
+        println!(
+            "{:>5} {} {:<7} {:<28} {:<26} {} [{}] {}",
+            e.seq,
+            e.at,
+            e.decision,
+            e.subject,
+            e.action,
+            e.resource,
+            e.project,
+            e.reason.as_deref().unwrap_or("")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `auth can SUBJECT VERB RESOURCE`.
+pub fn can(
+    home: &Path,
+    subject: &str,
+    verb: &str,
+    resource: &str,
+    protect: &[String],
+) -> anyhow::Result<ExitCode> {
+    let Some(verb) = Verb::parse(verb) else {
+        let all: Vec<&str> = Verb::ALL.iter().map(|v| v.as_str()).collect();
+        eprintln!(
+            "error: unknown verb `{verb}`: give one of {}",
+            all.join(", ")
+        );
+        return Ok(ExitCode::from(2));
+    };
+    let state = open_state(home)?;
+    let found = state
+        .tokens()?
+        .into_iter()
+        .find(|t| t.revoked_at.is_none() && (t.name == subject || t.id == subject));
+    let Some(token) = found else {
+        eprintln!("error: no unrevoked token named `{subject}` (`drivetrain token list`)");
+        return Ok(ExitCode::from(2));
+    };
+    let who = token_subject(&token);
+    let project = crate::server::access::DEFAULT_PROJECT;
+    let parts: Vec<&str> = resource.split('/').collect();
+    let approval = match parts.as_slice() {
+        ["approval", run, stage] => match state.approval(&RunId((*run).into()), stage)? {
+            Some(a) => Some(a.request.role),
+            None => {
+                eprintln!("error: run {run} asks no approval at stage `{stage}`");
+                return Ok(ExitCode::from(2));
+            }
+        },
+        ["alias", _model, alias] => protect
+            .iter()
+            .filter_map(|p| p.split_once('='))
+            .find(|(a, _)| a == alias)
+            .map(|(_, role)| role.to_owned()),
+        ["project", _] | ["run", _] => None,
+        _ => {
+            eprintln!(
+                "error: resource `{resource}`: give project/P, run/RUN, approval/RUN/STAGE or alias/MODEL/ALIAS"
+            );
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let d = access::decide(&who, verb, project, approval.as_deref());
+    println!(
+        "{}: {}",
+        if d.allowed { "allowed" } else { "denied" },
+        d.reason
+    );
+    Ok(ExitCode::from(if d.allowed { 0 } else { 1 }))
+}

@@ -1,0 +1,152 @@
+//! The API of people: approvals and their decisions, the audit log, and who the caller is.
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::Deserialize;
+
+use drivetrain_engine::access::{decide, Subject, Verb};
+use drivetrain_engine::state::{Refusal, RunId, Vote};
+
+use super::openapi::{ApprovalList, AuditList, WhoAmI};
+use super::{error, internal, Params, Shared};
+use crate::server::access::AuditNote;
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    #[serde(default)]
+    waiting: bool,
+    limit: Option<usize>,
+}
+
+/// `GET /api/v1/approvals`.
+pub async fn approvals(State(s): State<Shared>, Params(q): Params<ListQuery>) -> Response {
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let state = s.engine.state().clone();
+    match tokio::task::spawn_blocking(move || state.approvals(q.waiting, limit)).await {
+        Ok(Ok(approvals)) => Json(ApprovalList { approvals }).into_response(),
+        Ok(Err(e)) => internal(e),
+        Err(e) => internal(e),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct DecisionBody {
+    comment: Option<String>,
+}
+
+/// `POST /api/v1/runs/{id}/stages/{stage}/approve`.
+pub async fn approve(
+    State(s): State<Shared>,
+    Extension(who): Extension<Subject>,
+    Path((run, stage)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    vote(s, who, run, stage, "approve", body).await
+}
+
+/// `POST /api/v1/runs/{id}/stages/{stage}/reject`.
+pub async fn reject(
+    State(s): State<Shared>,
+    Extension(who): Extension<Subject>,
+    Path((run, stage)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    vote(s, who, run, stage, "reject", body).await
+}
+
+/// Counts `who`'s decision; once decided, the server's loop resumes the run.
+async fn vote(
+    s: Shared,
+    who: Subject,
+    run: String,
+    stage: String,
+    decision: &str,
+    body: Bytes,
+) -> Response {
+    let body: DecisionBody = match body.is_empty() {
+        true => DecisionBody::default(),
+        false => match serde_json::from_slice(&body) {
+            Ok(b) => b,
+            Err(e) => return error(StatusCode::BAD_REQUEST, format!("the body: {e}")),
+        },
+    };
+    let vote = Vote {
+        subject: who.name.clone(),
+        decision: decision.into(),
+        comment: body.comment,
+        at: drivetrain_engine::state::now(),
+    };
+    let state = s.engine.state().clone();
+    let (id, at) = (RunId(run), stage.clone());
+    let counted = tokio::task::spawn_blocking(move || state.vote(&id, &at, &vote)).await;
+    let record = match counted {
+        Ok(Ok(Ok(a))) => a,
+        Ok(Ok(Err(Refusal::Unknown))) => {
+            return error(StatusCode::NOT_FOUND, Refusal::Unknown.to_string())
+        }
+        Ok(Ok(Err(refusal))) => return error(StatusCode::CONFLICT, refusal.to_string()),
+        Ok(Err(e)) => return internal(e),
+        Err(e) => return internal(e),
+    };
+    if record.outcome.is_some() {
+        s.decided.notify_one();
+    }
+    let note = AuditNote {
+        project: Some(record.request.project.clone()),
+        before: None,
+        after: Some(serde_json::json!({
+            "vote": decision,
+            "outcome": record.outcome,
+            "approvals": record.votes.iter().filter(|v| v.decision == "approve").count(),
+        })),
+        denied: None,
+    };
+    let mut response = Json(record).into_response();
+    response.extensions_mut().insert(note);
+    response
+}
+
+#[derive(Deserialize)]
+pub struct AuditQuery {
+    since: Option<String>,
+    after: Option<i64>,
+    limit: Option<usize>,
+}
+
+/// `GET /api/v1/audit`.
+pub async fn audit(State(s): State<Shared>, Params(q): Params<AuditQuery>) -> Response {
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let since = q.since.unwrap_or_default();
+    let after = q.after.unwrap_or(0);
+    let state = s.engine.state().clone();
+    match tokio::task::spawn_blocking(move || state.audit(&since, after, limit)).await {
+        Ok(Ok(entries)) => Json(AuditList { entries }).into_response(),
+        Ok(Err(e)) => internal(e),
+        Err(e) => internal(e),
+    }
+}
+
+/// `GET /api/v1/whoami`.
+pub async fn whoami(Extension(who): Extension<Subject>) -> Response {
+    let may = who
+        .grants
+        .iter()
+        .map(|g| {
+            let verbs = Verb::ALL
+                .into_iter()
+                .filter(|v| *v != Verb::Approve && decide(&who, *v, &g.project, None).allowed)
+                .collect();
+            (g.project.clone(), verbs)
+        })
+        .collect();
+    Json(WhoAmI {
+        subject: who.name.clone(),
+        grants: who.grants.clone(),
+        may,
+    })
+    .into_response()
+}
