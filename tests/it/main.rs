@@ -20,6 +20,7 @@ mod kubernetes;
 mod mlflow;
 mod no_panic;
 mod partial_results;
+mod people;
 mod postgres;
 mod run;
 mod s3;

@@ -26,11 +26,11 @@ use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::Value;
 
-use drivetrain_engine::access::{decide, Decision, Rule, Verb};
+use drivetrain_engine::access::{decide, Decision, Rule, Subject, Verb};
 use drivetrain_engine::artifacts::AttemptKey;
 use drivetrain_engine::state::RunId;
 
@@ -506,9 +506,25 @@ fn param_texts(params: &serde_json::Map<String, Value>) -> impl Iterator<Item = 
     })
 }
 
-async fn submit(State(s): State<Shared>, JsonBody(body): JsonBody<Submit>) -> Response {
+async fn submit(
+    State(s): State<Shared>,
+    Extension(who): Extension<Subject>,
+    JsonBody(body): JsonBody<Submit>,
+) -> Response {
     if let Some(response) = nul_in("params", param_texts(&body.params)) {
         return response;
+    }
+    // Posted YAML runs any command: it needs `author`, not only `launch`.
+    if body.yaml.is_some() {
+        let d = decide(&who, Verb::Author, access::DEFAULT_PROJECT, None);
+        if !d.allowed {
+            let mut response = error(StatusCode::FORBIDDEN, d.reason.clone());
+            response.extensions_mut().insert(access::AuditNote {
+                denied: Some(d.reason),
+                ..Default::default()
+            });
+            return response;
+        }
     }
     let overrides: Vec<(String, String)> = body
         .params
@@ -529,7 +545,15 @@ async fn submit(State(s): State<Shared>, JsonBody(body): JsonBody<Submit>) -> Re
         }
     };
     match started {
-        Ok(run) => (StatusCode::CREATED, Json(Started { run })).into_response(),
+        Ok(run) => {
+            let note = access::AuditNote {
+                after: Some(serde_json::json!({ "run": run })),
+                ..Default::default()
+            };
+            let mut response = (StatusCode::CREATED, Json(Started { run })).into_response();
+            response.extensions_mut().insert(note);
+            response
+        }
         Err((code, e)) => error(status_of(code), e),
     }
 }

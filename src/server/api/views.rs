@@ -432,7 +432,15 @@ pub(super) async fn rollback(
         Err(e) => return internal(e),
     }
     match reg.rollback(&model, &alias).await {
-        Ok(moved) => Json(moved).into_response(),
+        Ok(moved) => {
+            let note = crate::server::access::AuditNote {
+                after: serde_json::to_value(&moved).ok(),
+                ..Default::default()
+            };
+            let mut response = Json(moved).into_response();
+            response.extensions_mut().insert(note);
+            response
+        }
         Err(e) => error(StatusCode::CONFLICT, e.to_string()),
     }
 }

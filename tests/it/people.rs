@@ -1,0 +1,316 @@
+//! People in the loop through the real `drivetrain serve` on loopback: tokens with roles
+//! against every route, approvals that wait across kills and restarts, the audit log, and
+//! OpenID Connect ID tokens from an issuer the test runs (keys and tokens made by PyJWT).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::common::http::{self, request, Server};
+use crate::common::{assert_ok, text, Home};
+
+/// `drivetrain token create …`: the secret it printed.
+fn token(home: &Home, name: &str, role: &str, approves: &[&str]) -> String {
+    let mut args = vec!["token", "create", "--role", role, "--name", name];
+    for a in approves {
+        args.extend(["--approves", a]);
+    }
+    let o = home.drivetrain(&args);
+    assert_ok(&o);
+    let secret = text(&o.stdout).trim().to_owned();
+    assert!(secret.starts_with("dt_") && secret.len() > 40, "{secret}");
+    secret
+}
+
+fn served(home: &Home, name: &str, yaml: &str) {
+    std::fs::create_dir_all(home.dir.join("served")).unwrap();
+    home.write(&format!("served/{name}.yaml"), yaml);
+}
+
+/// A gate that waits for `min` people of role `safety`, after a stage that leaves a
+/// value, before one that writes a file.
+fn gate(min: u32, timeout: &str) -> String {
+    format!(
+        r#"version: 1
+name: gate{min}
+stages:
+  validate:
+    run: {{command: [sh, -c, 'echo "{{\"accuracy\": 0.93}}" > "$DRIVETRAIN_VALUES"']}}
+  release-gate:
+    needs: [validate]
+    approval:
+      approvers: {{role: safety, min: {min}}}
+      {timeout}
+  promote:
+    needs: [release-gate]
+    run: {{command: [sh, -c, 'echo promoted > promoted-{min}']}}
+"#
+    )
+}
+
+/// The status of one request, read from its head alone (event streams never end).
+fn status(s: &Server, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> u16 {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
+    let body = body.unwrap_or("");
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        s.addr,
+        body.len()
+    );
+    c.write_all(req.as_bytes()).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && c.read(&mut byte).unwrap() == 1 {
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    head.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn call(s: &Server, method: &str, path: &str, token: &str, body: Option<&str>) -> (u16, String) {
+    request(s, method, path, Some(token), body)
+}
+
+fn submit(s: &Server, token: &str, pipeline: &str) -> String {
+    let (code, body) = call(
+        s,
+        "POST",
+        "/api/v1/runs",
+        token,
+        Some(&format!(r#"{{"pipeline": "{pipeline}"}}"#)),
+    );
+    assert_eq!(code, 201, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["run"].as_str().unwrap().to_owned()
+}
+
+fn phase(s: &Server, token: &str, run: &str) -> serde_json::Value {
+    let (code, body) = call(s, "GET", &format!("/api/v1/runs/{run}"), token, None);
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+fn wait_phase(s: &Server, token: &str, run: &str, want: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = phase(s, token, run);
+        if v["run"]["phase"] == want {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "run {run} never {want}: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The least role of the ladder each route needs, written here by hand (not read from
+/// the server's table), or `approver` for routes only an approval role opens. Every
+/// route of `docs/openapi.json` must be here: a new route without a rule fails.
+fn expected() -> BTreeMap<(&'static str, &'static str), &'static str> {
+    [
+        ("get", "/metrics", "viewer"),
+        ("get", "/api/v1/runs", "viewer"),
+        ("post", "/api/v1/runs", "launcher"),
+        ("get", "/api/v1/runs/{id}", "viewer"),
+        ("post", "/api/v1/runs/{id}/cancel", "launcher"),
+        ("post", "/api/v1/runs/{id}/rerun", "launcher"),
+        ("post", "/api/v1/runs/{id}/retry", "launcher"),
+        ("get", "/api/v1/runs/{id}/logs", "viewer"),
+        ("get", "/api/v1/runs/{id}/graph", "viewer"),
+        ("get", "/api/v1/runs/{id}/attempts", "viewer"),
+        ("get", "/api/v1/runs/{id}/events", "viewer"),
+        ("get", "/api/v1/runs/{id}/stages/{stage}/explain", "viewer"),
+        ("get", "/api/v1/events", "viewer"),
+        ("get", "/api/v1/lineage", "viewer"),
+        ("get", "/api/v1/registry", "viewer"),
+        (
+            "post",
+            "/api/v1/registry/{model}/aliases/{alias}/rollback",
+            "approver",
+        ),
+        ("get", "/api/v1/schedules", "viewer"),
+        ("post", "/api/v1/schedules", "editor"),
+        ("post", "/api/v1/schedules/{name}/suspend", "editor"),
+        ("post", "/api/v1/schedules/{name}/resume", "editor"),
+        ("post", "/api/v1/schedules/{name}/trigger", "launcher"),
+        ("get", "/api/v1/triggers", "viewer"),
+        (
+            "post",
+            "/api/v1/triggers/{pipeline}/{trigger}/pause",
+            "editor",
+        ),
+        (
+            "post",
+            "/api/v1/triggers/{pipeline}/{trigger}/resume",
+            "editor",
+        ),
+        ("get", "/api/v1/notifications", "viewer"),
+        ("get", "/api/v1/approvals", "viewer"),
+        (
+            "post",
+            "/api/v1/runs/{id}/stages/{stage}/approve",
+            "approver",
+        ),
+        (
+            "post",
+            "/api/v1/runs/{id}/stages/{stage}/reject",
+            "approver",
+        ),
+        ("get", "/api/v1/audit", "admin"),
+        ("get", "/api/v1/whoami", "viewer"),
+    ]
+    .into_iter()
+    .map(|(m, p, r)| ((m, p), r))
+    .collect()
+}
+
+const LADDER: [&str; 4] = ["viewer", "launcher", "editor", "admin"];
+
+/// Every role against every route of `docs/openapi.json`: 403 exactly where the table
+/// above says the role may not; 401 without a token; every mutating request, allowed or
+/// denied, in the audit log. A launcher may start a served pipeline but not post YAML.
+#[test]
+fn each_role_against_every_route() {
+    let home = Home::new("roles");
+    served(
+        &home,
+        "hello",
+        "version: 1\nname: hello\nstages:\n  a:\n    run: {command: [\"true\"]}\n",
+    );
+    served(&home, "gate5", &gate(5, ""));
+    let mut tokens: BTreeMap<&str, String> = LADDER
+        .iter()
+        .map(|r| (*r, token(&home, r, r, &[])))
+        .collect();
+    tokens.insert("approver", token(&home, "approver", "viewer", &["safety"]));
+    let s = http::start(&home, &["--protect", "production=safety"]);
+    let admin = tokens["admin"].clone();
+    // A run waiting for five people: the approval routes act on a real request.
+    let run = submit(&s, &admin, "gate5");
+    wait_phase(&s, &admin, &run, "Waiting");
+
+    let doc = http::openapi();
+    let table = expected();
+    let mut checked = 0;
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for (method, op) in ops.as_object().unwrap() {
+            let rule = op["x-drivetrain-rule"].as_str().unwrap();
+            if rule == "open" || rule == "signed" {
+                continue;
+            }
+            let least = *table
+                .get(&(method.as_str(), path.as_str()))
+                .unwrap_or_else(|| {
+                    panic!("{method} {path} (rule {rule}) is not in this test's table")
+                });
+            let concrete = path
+                .replace("{id}", &run)
+                .replace("{stage}", "release-gate")
+                .replace("{name}", "hello")
+                .replace("{pipeline}", "hello")
+                .replace("{trigger}", "t")
+                .replace("{model}", "lane-model")
+                .replace("{alias}", "production");
+            let body = (method == "post").then_some("{}");
+            let m = method.to_uppercase();
+            let code = status(&s, &m, &concrete, None, body);
+            assert_eq!(code, 401, "{m} {concrete} without a token");
+            for (role, secret) in &tokens {
+                let allowed = match (least, *role) {
+                    ("approver", r) => r == "approver",
+                    (least, "approver") => least == "viewer",
+                    (least, r) => {
+                        LADDER.iter().position(|x| *x == r)
+                            >= LADDER.iter().position(|x| *x == least)
+                    }
+                };
+                let code = status(&s, &m, &concrete, Some(secret), body);
+                assert_eq!(
+                    code == 403,
+                    !allowed,
+                    "{role} {m} {concrete} (needs {least}): {code}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(
+        checked,
+        table.len() * tokens.len(),
+        "every route of the table is in the document"
+    );
+    // Posted YAML runs any command: a launcher may not, an editor may.
+    let yaml = serde_json::json!({"yaml": "version: 1\nname: y\nstages:\n  a:\n    run: {command: [\"true\"]}\n"}).to_string();
+    let (code, body) = call(&s, "POST", "/api/v1/runs", &tokens["launcher"], Some(&yaml));
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("author"), "{body}");
+    let (code, body) = call(&s, "POST", "/api/v1/runs", &tokens["editor"], Some(&yaml));
+    assert_eq!(code, 201, "{body}");
+    // A revoked token opens nothing.
+    assert_ok(&home.drivetrain(&["token", "revoke", "viewer"]));
+    let (code, _) = call(&s, "GET", "/api/v1/runs", &tokens["viewer"], None);
+    assert_eq!(code, 401);
+
+    // The audit log has every mutating request, by whom, allowed or denied.
+    let (code, body) = call(&s, "GET", "/api/v1/audit?limit=1000", &admin, None);
+    assert_eq!(code, 200, "{body}");
+    let log: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let entries = log["entries"].as_array().unwrap();
+    let denied = |who: &str, action: &str| {
+        entries.iter().any(|e| {
+            e["subject"] == format!("token:{who}")
+                && e["action"] == action
+                && e["decision"] == "denied"
+        })
+    };
+    assert!(denied("viewer", "runs.cancel"), "{log}");
+    assert!(
+        denied("admin", "runs.stages.approve"),
+        "an admin is no safety approver: {log}"
+    );
+    assert!(denied("launcher", "runs.create"), "posted YAML: {log}");
+    assert!(entries.iter().any(|e| e["subject"] == "token:approver"
+        && e["action"] == "runs.stages.approve"
+        && e["decision"] == "allowed"));
+    // Token changes made on the command line are there too, as the local user's.
+    let o = home.drivetrain(&["audit", "-o", "json", "-n", "1000"]);
+    assert_ok(&o);
+    let cli: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let actions: Vec<&str> = cli
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert!(actions.contains(&"tokens.create") && actions.contains(&"tokens.revoke"));
+    // Nothing of the API edits or deletes it: no route but GET names it.
+    let audit_ops = doc["paths"]["/api/v1/audit"].as_object().unwrap();
+    assert_eq!(audit_ops.keys().collect::<Vec<_>>(), ["get"]);
+    // The stored tokens are hashes: no secret is in the state store's file.
+    let db = std::fs::read(home.dir.join(".drivetrain/state.db")).unwrap();
+    for secret in tokens.values() {
+        assert!(
+            !db.windows(secret.len()).any(|w| w == secret.as_bytes()),
+            "a token's secret is in the state store"
+        );
+    }
+    // `auth can` explains.
+    let o = home.drivetrain(&["auth", "can", "launcher", "cancel", &format!("run/{run}")]);
+    assert_ok(&o);
+    assert!(text(&o.stdout).starts_with("allowed: cancel needs launcher"));
+    let o = home.drivetrain(&[
+        "auth",
+        "can",
+        "admin",
+        "approve",
+        &format!("approval/{run}/release-gate"),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stdout).contains("needs the approval role `safety`"),
+        "{}",
+        text(&o.stdout)
+    );
+}
