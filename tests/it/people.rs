@@ -42,7 +42,7 @@ stages:
       {timeout}
   promote:
     needs: [release-gate]
-    run: {{command: [sh, -c, 'echo promoted > promoted-{min}']}}
+    run: {{command: [echo, promoted]}}
 "#
     )
 }
@@ -313,4 +313,143 @@ fn each_role_against_every_route() {
         "{}",
         text(&o.stdout)
     );
+}
+
+/// An approval through `serve`: it waits holding no process across a SIGKILL of the
+/// server (and the engine in it) and a restart; one without the role is refused; two
+/// people with the role approve and the run goes on; another run's timeout rejects it.
+/// The wait is told of through the notifications outbox.
+#[test]
+fn approvals_wait_across_restarts_and_time_out() {
+    let home = Home::new("approvals");
+    served(&home, "gate2", &gate(2, ""));
+    served(&home, "gate1", &gate(1, "timeout: 4s"));
+    home.write(
+        "notify.yaml",
+        "notify:\n  - webhook: {url: \"http://127.0.0.1:9/hook\"}\n    on: [waiting]\n",
+    );
+    let alice = token(&home, "alice", "viewer", &["safety"]);
+    let bob = token(&home, "bob", "viewer", &["safety"]);
+    let carol = token(&home, "carol", "editor", &[]);
+    let admin = token(&home, "admin", "admin", &[]);
+    let mut s = http::start(&home, &["--notify", "notify.yaml"]);
+    let run = submit(&s, &admin, "gate2");
+    let timed = submit(&s, &admin, "gate1");
+    let v = wait_phase(&s, &admin, &run, "Waiting");
+    wait_phase(&s, &admin, &timed, "Waiting");
+    let gate_stage = v["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|st| st["stage"] == "release-gate")
+        .unwrap();
+    assert_eq!(gate_stage["phase"], "Waiting", "{v}");
+
+    // What people are asked, with the evidence.
+    let (code, body) = call(&s, "GET", "/api/v1/approvals?waiting=true", &carol, None);
+    assert_eq!(code, 200, "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let asked = list["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["run"] == run.as_str())
+        .unwrap_or_else(|| panic!("{list}"));
+    assert_eq!(asked["role"], "safety");
+    assert_eq!(asked["min"], 2);
+    assert_eq!(
+        asked["evidence"]["stages"]["validate"]["values"]["accuracy"],
+        0.93
+    );
+    assert_eq!(
+        asked["evidence"]["stages"]["validate"]["lineage"],
+        format!("{run}/validate")
+    );
+
+    // The wait is told of (the sink is down: the notification waits in the outbox).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, body) = call(&s, "GET", "/api/v1/notifications?limit=100", &admin, None);
+        if body.contains(&format!("{run}/waiting/")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no `waiting` notification: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let approve = |s: &Server, who: &str| {
+        call(
+            s,
+            "POST",
+            &format!("/api/v1/runs/{run}/stages/release-gate/approve"),
+            who,
+            Some(r#"{"comment": "slices hold"}"#),
+        )
+    };
+    let (code, body) = approve(&s, &carol);
+    assert_eq!(code, 403, "an editor without `safety`: {body}");
+    let (code, body) = approve(&s, &alice);
+    assert_eq!(code, 200, "{body}");
+    let a: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(a["outcome"].is_null(), "one of two: {a}");
+
+    // The server (and every engine in it) killed, started again: the run still waits.
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let s = http::start(&home, &["--notify", "notify.yaml"]);
+    std::thread::sleep(Duration::from_secs(2));
+    let v = phase(&s, &admin, &run);
+    assert_eq!(v["run"]["phase"], "Waiting");
+    assert!(
+        v["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|st| st["stage"] != "promote" || st["phase"] == "Pending"),
+        "nothing after the gate ran: {v}"
+    );
+    let (code, body) = approve(&s, &alice);
+    assert_eq!(code, 409, "one person, one vote: {body}");
+    let (code, body) = approve(&s, &bob);
+    assert_eq!(code, 200, "{body}");
+    let a: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(a["outcome"], "approved", "{a}");
+    let v = wait_phase(&s, &admin, &run, "Succeeded");
+    let gate_stage = v["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|st| st["stage"] == "release-gate")
+        .unwrap();
+    assert_eq!(
+        gate_stage["values"]["by"],
+        serde_json::json!(["token:alice", "token:bob"]),
+        "{v}"
+    );
+
+    // The other run timed out into a rejection: its gate failed, nothing after it ran.
+    let v = wait_phase(&s, &admin, &timed, "Failed");
+    let stages = v["stages"].as_array().unwrap();
+    let find = |name: &str| stages.iter().find(|st| st["stage"] == name).unwrap();
+    assert_eq!(find("release-gate")["phase"], "Failed", "{v}");
+    assert!(
+        find("release-gate")["reason"]
+            .as_str()
+            .unwrap()
+            .contains("timed out"),
+        "{v}"
+    );
+    assert_eq!(find("promote")["phase"], "Omitted", "{v}");
+    let (code, body) = call(
+        &s,
+        "POST",
+        &format!("/api/v1/runs/{timed}/stages/release-gate/approve"),
+        &alice,
+        None,
+    );
+    assert_eq!(code, 409, "decided already: {body}");
 }
