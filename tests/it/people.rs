@@ -453,3 +453,147 @@ fn approvals_wait_across_restarts_and_time_out() {
     );
     assert_eq!(code, 409, "decided already: {body}");
 }
+
+/// The OpenID Connect issuer of `tests/people/issuer.py`, on a free port.
+struct Issuer {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Drop for Issuer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Issuer {
+    fn start() -> Issuer {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(drivetrain_engine::testing::venv_bin("python"))
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/people/issuer.py"
+            ))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let base = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("the issuer said {line}"))
+            .to_owned();
+        Issuer { child, base }
+    }
+
+    fn get(&self, path_and_query: &str) -> String {
+        let addr = self.base.trim_start_matches("http://");
+        let (code, body) = http::raw(addr, "GET", path_and_query, None);
+        assert_eq!(code, 200, "{body}");
+        body
+    }
+
+    fn mint(&self, query: &str) -> String {
+        self.get(&format!("/mint?{query}"))
+    }
+}
+
+/// ID tokens of an issuer the test runs (PyJWT signs, RS256): a valid one maps its
+/// groups to roles; an expired one, another issuer's, another audience's and a forged
+/// signature are refused; after the issuer rotates its key, a token of the new key is
+/// verified (the keys fetched again), and one of the old key is refused.
+#[test]
+fn openid_connect_tokens_are_verified() {
+    let home = Home::new("oidc");
+    served(
+        &home,
+        "hello",
+        "version: 1\nname: hello\nstages:\n  a:\n    run: {command: [\"true\"]}\n",
+    );
+    let issuer = Issuer::start();
+    home.write(
+        "oidc.yaml",
+        &format!(
+            "issuer: {}\naudience: drivetrain\nroles:\n  - {{group: perception-eng, role: launcher}}\n  - {{group: safety-board, role: viewer, approves: [safety]}}\n",
+            issuer.base
+        ),
+    );
+    let s = http::start(&home, &["--oidc", "oidc.yaml"]);
+    let whoami = |token: &str| call(&s, "GET", "/api/v1/whoami", token, None);
+
+    let good = issuer.mint("sub=alice&groups=perception-eng,safety-board");
+    let (code, body) = whoami(&good);
+    assert_eq!(code, 200, "{body}");
+    let me: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(me["subject"], format!("oidc:{}#alice", issuer.base));
+    assert_eq!(me["grants"].as_array().unwrap().len(), 2, "{me}");
+    assert!(me["may"]["default"]
+        .as_array()
+        .unwrap()
+        .contains(&serde_json::json!("launch")));
+    // The roles hold: the launcher's group starts a served pipeline; a viewer's group
+    // alone may not.
+    let (code, body) = call(
+        &s,
+        "POST",
+        "/api/v1/runs",
+        &good,
+        Some(r#"{"pipeline": "hello"}"#),
+    );
+    assert_eq!(code, 201, "{body}");
+    let viewer = issuer.mint("sub=dave&groups=safety-board");
+    let (code, _) = call(
+        &s,
+        "POST",
+        "/api/v1/runs",
+        &viewer,
+        Some(r#"{"pipeline": "hello"}"#),
+    );
+    assert_eq!(code, 403);
+    let nobody = issuer.mint("sub=eve&groups=marketing");
+    let (code, body) = whoami(&nobody);
+    assert_eq!(code, 403, "no group of hers has a role: {body}");
+
+    for (what, query) in [
+        ("expired", "exp=-120&groups=perception-eng"),
+        (
+            "another issuer",
+            "iss=https://evil.example&groups=perception-eng",
+        ),
+        ("another audience", "aud=someone-else&groups=perception-eng"),
+        ("a forged signature", "forge=1&groups=perception-eng"),
+        ("an unknown key", "kid=k2&groups=perception-eng"),
+    ] {
+        let token = issuer.mint(query);
+        let (code, body) = whoami(&token);
+        assert_eq!(code, 401, "{what}: {body}");
+    }
+    // A token whose signature was cut or changed is refused too.
+    let mut parts: Vec<&str> = good.split('.').collect();
+    let tampered_sig = format!("{}x", &parts[2][..parts[2].len() - 1]);
+    parts[2] = &tampered_sig;
+    assert_eq!(whoami(&parts.join(".")).0, 401);
+
+    // The issuer rotates its key: the new key's tokens are verified (the server fetches
+    // the keys again for the unknown key id, at most once per 10 s: wait that out after
+    // the unknown-key probe above), the old key's are refused.
+    let addr = issuer.base.trim_start_matches("http://").to_owned();
+    assert_eq!(http::raw(&addr, "POST", "/rotate", None).0, 200);
+    std::thread::sleep(Duration::from_secs(11));
+    let rotated = issuer.mint("kid=k2&sub=alice&groups=perception-eng");
+    let (code, body) = whoami(&rotated);
+    assert_eq!(code, 200, "after rotation: {body}");
+    let old = issuer.mint("kid=k1&sub=alice&groups=perception-eng");
+    let (code, body) = whoami(&old);
+    assert_eq!(code, 401, "the old key is gone: {body}");
+    // And the unknown key ids of a flood are not a flood at the issuer.
+    for _ in 0..20 {
+        assert_eq!(whoami(&issuer.mint("kid=k9&groups=x")).0, 401);
+    }
+    let stats: serde_json::Value = serde_json::from_str(&issuer.get("/stats")).unwrap();
+    assert!(stats["jwks_fetches"].as_u64().unwrap() <= 4, "{stats}");
+}

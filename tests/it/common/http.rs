@@ -210,3 +210,20 @@ pub fn wait_phase(s: &Server, run: &str, phase: &str) -> serde_json::Value {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// One request to a server that is not drivetrain's (no document to check it against):
+/// (status, body).
+pub fn raw(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let mut c = TcpStream::connect(addr).unwrap();
+    let body = body.unwrap_or("");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    c.write_all(req.as_bytes()).unwrap();
+    let mut resp = String::new();
+    c.read_to_string(&mut resp).unwrap();
+    let status: u16 = resp.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, body.to_owned())
+}
