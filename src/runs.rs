@@ -580,6 +580,11 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
         println!("run {id} already ended: {}", record.phase);
         return Ok(ExitCode::SUCCESS);
     }
+    if cancel_waiting(&*state, &id)? {
+        println!("run {id} Cancelled (it was waiting for approval)");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let record = state.run(&id)?;
     if let Some(pid) = record.engine_pid.filter(|p| alive(*p)) {
         // A run inside `drivetrain serve` shares the server's process: a signal would
         // stop the server, so the server is asked instead.
@@ -612,6 +617,23 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
     )?;
     println!("run {id} Cancelled");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Cancels a run that waits for people (no engine runs it): taken from `Waiting` first,
+/// so an approval resuming it at the same moment and this cancel do not both win. False
+/// when it was not waiting.
+pub fn cancel_waiting(state: &dyn StateStore, id: &RunId) -> anyhow::Result<bool> {
+    if !state.claim_waiting(id)? {
+        return Ok(false);
+    }
+    let reason = "cancelled while waiting for approval";
+    for s in state.stages(id)? {
+        if s.phase == Phase::Waiting {
+            state.set_stage(id, &s.stage, Phase::Cancelled, None, Some(reason))?;
+        }
+    }
+    state.finish_run(id, Phase::Cancelled, Some(reason))?;
+    Ok(true)
 }
 
 /// Space kept free beside the home's state for an engine to record the end of its run

@@ -452,6 +452,32 @@ fn approvals_wait_across_restarts_and_time_out() {
         None,
     );
     assert_eq!(code, 409, "decided already: {body}");
+
+    // A waiting run is cancelled without an engine; its approval takes no more votes.
+    let third = submit(&s, &admin, "gate2");
+    wait_phase(&s, &admin, &third, "Waiting");
+    let (code, body) = call(
+        &s,
+        "POST",
+        &format!("/api/v1/runs/{third}/cancel"),
+        &admin,
+        None,
+    );
+    assert_eq!(code, 202, "{body}");
+    let v = wait_phase(&s, &admin, &third, "Cancelled");
+    let stages = v["stages"].as_array().unwrap();
+    assert!(stages
+        .iter()
+        .any(|st| st["stage"] == "release-gate" && st["phase"] == "Cancelled"));
+    let (code, body) = call(
+        &s,
+        "POST",
+        &format!("/api/v1/runs/{third}/stages/release-gate/approve"),
+        &bob,
+        None,
+    );
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("ended"), "{body}");
 }
 
 /// The OpenID Connect issuer of `tests/people/issuer.py`, on a free port.

@@ -99,6 +99,8 @@ pub enum Refusal {
     Decided(String),
     /// This subject voted already.
     Voted,
+    /// The run ended without it (cancelled): its phase.
+    Ended(String),
 }
 
 impl std::fmt::Display for Refusal {
@@ -107,6 +109,7 @@ impl std::fmt::Display for Refusal {
             Refusal::Unknown => f.write_str("no approval is asked for there"),
             Refusal::Decided(o) => write!(f, "it was decided already: {o}"),
             Refusal::Voted => f.write_str("you have decided already"),
+            Refusal::Ended(p) => write!(f, "the run ended without it: {p}"),
         }
     }
 }
@@ -139,6 +142,11 @@ pub(super) fn timed_out(a: &ApprovalRecord) -> (&'static str, String) {
         outcome,
         format!("timed out at {at} ({yes} of {} approvals)", a.request.min),
     )
+}
+
+/// Whether a run in phase `phase` (as stored) has ended: votes no longer count.
+pub(super) fn ended(phase: &str) -> bool {
+    super::Phase::parse(phase).is_some_and(|p| p.is_terminal())
 }
 
 /// A comma-separated column as its items.

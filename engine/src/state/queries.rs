@@ -259,6 +259,8 @@ statements! {
     DECIDED_WAITING_RUNS =
         "SELECT id FROM runs WHERE phase = 'Waiting' AND NOT EXISTS (SELECT 1 FROM \
          approvals a WHERE a.run_id = runs.id AND a.outcome IS NULL) ORDER BY created_at";
+    RUN_PHASE =
+        "SELECT phase FROM runs WHERE id = $1";
     CLAIM_WAITING =
         "UPDATE runs SET phase = 'Running', engine_pid = NULL, heartbeat_at = $2 WHERE id \
          = $1 AND phase = 'Waiting'";

@@ -570,6 +570,11 @@ async fn cancel(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     if s.cancel(&run) {
         return accepted.into_response();
     }
+    match crate::runs::cancel_waiting(s.engine.state().as_ref(), &run) {
+        Ok(true) => return accepted.into_response(),
+        Ok(false) => {}
+        Err(e) => return internal(e),
+    }
     // A rerun or retry this server started runs in an engine of its own.
     match s.engine.state().run(&run) {
         Ok(r)

@@ -128,6 +128,18 @@ pub(super) fn approvals(s: &dyn StateStore) {
     assert!(!s.claim_waiting(&id).unwrap(), "taken once");
     assert_eq!(s.run(&id).unwrap().phase, Phase::Running);
 
+    // A run that ended (cancelled while waiting) takes no votes.
+    let mut run = run_record("ap4");
+    run.phase = Phase::Waiting;
+    s.create_run(&run).unwrap();
+    s.request_approval(&request(&run.id, "gate", 1, None))
+        .unwrap();
+    s.finish_run(&run.id, Phase::Cancelled, None).unwrap();
+    assert_eq!(
+        s.vote(&run.id, "gate", &vote("a", "approve")).unwrap(),
+        Err(Refusal::Ended("Cancelled".into()))
+    );
+
     // One rejection rejects.
     let mut run = run_record("ap2");
     run.phase = Phase::Waiting;

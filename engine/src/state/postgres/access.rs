@@ -5,7 +5,7 @@
 use postgres::{GenericClient, Row};
 
 use super::super::access::{
-    split, tally, timed_out, AccessStore, ApprovalRecord, ApprovalRequest, ApprovalStore,
+    ended, split, tally, timed_out, AccessStore, ApprovalRecord, ApprovalRequest, ApprovalStore,
     AuditEntry, Refusal, TokenRecord, Vote,
 };
 use super::{exec, json_col, now, queries, row, rows, PostgresState, RunId, StateError};
@@ -261,6 +261,16 @@ impl ApprovalStore for PostgresState {
             };
             if let Some(o) = a.outcome {
                 return Ok(Err(Refusal::Decided(o)));
+            }
+            let phase = row(
+                &mut tx,
+                queries::pg::RUN_PHASE,
+                &[&run.0],
+                "read a run's phase",
+                |r| r.get::<_, String>(0),
+            )?;
+            if let Some(p) = phase.filter(|p| ended(p)) {
+                return Ok(Err(Refusal::Ended(p)));
             }
             let added = exec(
                 &mut tx,

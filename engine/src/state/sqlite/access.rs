@@ -3,7 +3,7 @@
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::super::access::{
-    split, tally, timed_out, AccessStore, ApprovalRecord, ApprovalRequest, ApprovalStore,
+    ended, split, tally, timed_out, AccessStore, ApprovalRecord, ApprovalRequest, ApprovalStore,
     AuditEntry, Refusal, TokenRecord, Vote,
 };
 use super::rows::json_col;
@@ -253,6 +253,13 @@ impl ApprovalStore for SqliteState {
             };
             if let Some(o) = a.outcome {
                 return Ok(Err(Refusal::Decided(o)));
+            }
+            let phase: Option<String> = tx
+                .prepare_cached(queries::sqlite::RUN_PHASE)
+                .and_then(|mut s| s.query_row(params![run.0], |r| r.get(0)).optional())
+                .map_err(sql("read a run's phase"))?;
+            if let Some(p) = phase.filter(|p| ended(p)) {
+                return Ok(Err(Refusal::Ended(p)));
             }
             let added = tx
                 .execute_cached(
