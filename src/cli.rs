@@ -349,10 +349,6 @@ pub(crate) enum Command {
         /// YAML file: issuer, audience, roles).
         #[arg(long, value_name = "FILE")]
         oidc: Option<PathBuf>,
-        /// A registry alias that only people with an approval role may move by hand
-        /// (`production=safety`); repeatable.
-        #[arg(long, value_name = "ALIAS=ROLE")]
-        protect: Vec<String>,
     },
     /// The web view of this home's runs, stages, logs, lineage and registry: `serve` for
     /// one person (it also serves the view at `/`), without firing schedules or taking
@@ -594,9 +590,6 @@ pub(crate) enum AuthCommand {
         subject: String,
         verb: String,
         resource: String,
-        /// Aliases that ask for an approval role, as `serve --protect` gives them.
-        #[arg(long, value_name = "ALIAS=ROLE")]
-        protect: Vec<String>,
     },
 }
 
@@ -645,9 +638,25 @@ pub(crate) enum RegistryCommand {
         model: String,
         alias: String,
         version: u64,
+        /// Why, recorded with the move.
+        #[arg(long)]
+        reason: Option<String>,
     },
     /// Move an alias back to the version it pointed at before.
     Rollback { model: String, alias: String },
+    /// Let only people with an approval role move ALIAS (of every model) by hand, and runs
+    /// only through an approval by that role upstream of the stage that moves it.
+    #[command(
+        after_help = "Examples:\n  drivetrain registry protect production --role safety\n  drivetrain registry protect production --off"
+    )]
+    Protect {
+        alias: String,
+        #[arg(long, required_unless_present = "off")]
+        role: Option<String>,
+        /// Protect it no more.
+        #[arg(long, conflicts_with = "role")]
+        off: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -450,9 +450,15 @@ pub fn registry(
                 model,
                 alias,
                 version,
+                reason,
             } => {
                 let e = reg
-                    .move_alias(&model, &alias, version, json!({"manual": true}))
+                    .move_alias(
+                        &model,
+                        &alias,
+                        version,
+                        json!({"manual": true, "reason": reason}),
+                    )
                     .await?;
                 println!("{model}@{alias} → version {version} (was {})", e["from"]);
             }
@@ -462,6 +468,9 @@ pub fn registry(
                     "{model}@{alias} rolled back to version {} (was {})",
                     e["version"], e["from"]
                 );
+            }
+            C::Protect { alias, role, off } => {
+                return crate::people::protect(home, &alias, role.filter(|_| !off).as_deref());
             }
         }
         Ok(ExitCode::SUCCESS)

@@ -341,13 +341,7 @@ pub fn audit(
 }
 
 /// `auth can SUBJECT VERB RESOURCE`.
-pub fn can(
-    home: &Path,
-    subject: &str,
-    verb: &str,
-    resource: &str,
-    protect: &[String],
-) -> anyhow::Result<ExitCode> {
+pub fn can(home: &Path, subject: &str, verb: &str, resource: &str) -> anyhow::Result<ExitCode> {
     let Some(verb) = Verb::parse(verb) else {
         let all: Vec<&str> = Verb::ALL.iter().map(|v| v.as_str()).collect();
         eprintln!(
@@ -376,11 +370,7 @@ pub fn can(
                 return Ok(ExitCode::from(2));
             }
         },
-        ["alias", _model, alias] => protect
-            .iter()
-            .filter_map(|p| p.split_once('='))
-            .find(|(a, _)| a == alias)
-            .map(|(_, role)| role.to_owned()),
+        ["alias", _model, alias] => state.protected_aliases()?.get(*alias).cloned(),
         ["project", _] | ["run", _] => None,
         _ => {
             eprintln!(
@@ -396,4 +386,23 @@ pub fn can(
         d.reason
     );
     Ok(ExitCode::from(if d.allowed { 0 } else { 1 }))
+}
+
+/// `registry protect ALIAS --role R` / `--off`.
+pub fn protect(home: &Path, alias: &str, role: Option<&str>) -> anyhow::Result<ExitCode> {
+    let state = open_state(home)?;
+    let who = local_user().name;
+    state.protect_alias(alias, role, &who)?;
+    audit_local(
+        state.as_ref(),
+        crate::server::access::DEFAULT_PROJECT,
+        "registry.protect",
+        format!("alias/{alias}"),
+        json!({"alias": alias, "role": role}),
+    )?;
+    match role {
+        Some(r) => println!("alias `{alias}` now moves only through an approval by role `{r}`"),
+        None => println!("alias `{alias}` is protected no more"),
+    }
+    Ok(ExitCode::SUCCESS)
 }

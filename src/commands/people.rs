@@ -45,9 +45,8 @@ pub(super) fn dispatch(catalog: &Catalog, home: &Path, command: Command) -> Exit
                     subject,
                     verb,
                     resource,
-                    protect,
                 },
-        } => outcome(people::can(home, &subject, &verb, &resource, &protect)),
+        } => outcome(people::can(home, &subject, &verb, &resource)),
         _ => unreachable!("not a command of people"),
     }
 }

@@ -22,7 +22,6 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitC
             parallelism,
             notify,
             oidc,
-            protect,
         } => outcome(serve::serve(
             catalog,
             home,
@@ -36,7 +35,6 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitC
                 parallelism,
                 notify,
                 oidc,
-                protect,
             },
         )),
         Command::Ui {
@@ -58,7 +56,6 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitC
                 parallelism: None,
                 notify: None,
                 oidc: None,
-                protect: Vec::new(),
             },
         )),
         Command::Schedule { command, output } => {

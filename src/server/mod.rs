@@ -184,8 +184,6 @@ pub struct Server {
     /// in its state store when it started.
     pub auth_required: bool,
     pub oidc: Option<crate::server::oidc::Oidc>,
-    /// `--protect`: alias → the approval role that may move it by hand.
-    pub protected: BTreeMap<String, String>,
     /// Wakes the loop that resumes runs whose approvals were decided.
     pub decided: tokio::sync::Notify,
     /// The address the API listens on (its port resolved).
@@ -863,8 +861,6 @@ pub struct ServeArgs {
     pub notify: Option<PathBuf>,
     /// `--oidc FILE`: accept the ID tokens of an OpenID Connect issuer.
     pub oidc: Option<PathBuf>,
-    /// `--protect ALIAS=ROLE`: aliases only an approval role moves by hand.
-    pub protect: Vec<String>,
 }
 
 /// The token from `--token`, `--token-file` or `DRIVETRAIN_TOKEN`, in that order; a
@@ -919,18 +915,6 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         .as_deref()
         .map(crate::server::oidc::Oidc::load)
         .transpose()?;
-    let mut protected = BTreeMap::new();
-    for p in &args.protect {
-        match p.split_once('=') {
-            Some((alias, role)) if !alias.is_empty() && !role.is_empty() => {
-                protected.insert(alias.to_owned(), role.to_owned());
-            }
-            _ => {
-                eprintln!("error: --protect {p}: give ALIAS=ROLE (`production=safety`)");
-                return Ok(ExitCode::from(2));
-            }
-        }
-    }
     let has_tokens = state.tokens()?.iter().any(|t| t.revoked_at.is_none());
     let auth_required = token.is_some() || oidc.is_some() || has_tokens;
     if !addr.ip().is_loopback() && !auth_required {
@@ -998,7 +982,6 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         insecure_no_auth: args.insecure_no_auth && !auth_required,
         auth_required,
         oidc,
-        protected,
         decided: tokio::sync::Notify::new(),
         bound,
         validations: Arc::new(tokio::sync::Semaphore::new(VALIDATIONS)),

@@ -46,9 +46,18 @@ async fn run_step(
         "metrics": report.pointer("/metrics/candidate").cloned().unwrap_or(serde_json::Value::Null),
     });
     let (version, registered) = reg.register_once(&c.model, model_dir, meta).await?;
-    let entry = reg
-        .move_alias(&c.model, &c.alias, version, serde_json::json!({"run": cx.run_id, "gate": {"passed": report.get("passed"), "reasons": report.get("reasons")}}))
-        .await?;
+    // The approvals that passed upstream in this run (`DRIVETRAIN_APPROVALS`, set by the
+    // engine for steps that write the registry): who decided, with the gate, is why.
+    let approvals: serde_json::Value = std::env::var("DRIVETRAIN_APPROVALS")
+        .ok()
+        .and_then(|a| serde_json::from_str(&a).ok())
+        .unwrap_or_else(|| serde_json::json!([]));
+    let note = serde_json::json!({
+        "run": cx.run_id,
+        "gate": {"passed": report.get("passed"), "reasons": report.get("reasons")},
+        "approvals": approvals,
+    });
+    let entry = reg.move_alias(&c.model, &c.alias, version, note).await?;
     let out = serde_json::json!({"model": c.model, "version": version, "registered": registered, "alias": c.alias, "from": entry["from"], "generation": entry["generation"]});
     std::fs::write(
         cx.output("registration")?.join("registration.json"),

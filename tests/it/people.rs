@@ -185,7 +185,8 @@ fn each_role_against_every_route() {
         .map(|r| (*r, token(&home, r, r, &[])))
         .collect();
     tokens.insert("approver", token(&home, "approver", "viewer", &["safety"]));
-    let s = http::start(&home, &["--protect", "production=safety"]);
+    assert_ok(&home.drivetrain(&["registry", "protect", "production", "--role", "safety"]));
+    let s = http::start(&home, &[]);
     let admin = tokens["admin"].clone();
     // A run waiting for five people: the approval routes act on a real request.
     let run = submit(&s, &admin, "gate5");
@@ -622,4 +623,79 @@ fn openid_connect_tokens_are_verified() {
     }
     let stats: serde_json::Value = serde_json::from_str(&issuer.get("/stats")).unwrap();
     assert!(stats["jwks_fetches"].as_u64().unwrap() <= 4, "{stats}");
+}
+
+const MAKE_AND_PROMOTE: &str = r#"version: 1
+name: NAME
+stages:
+  make:
+    run: {command: [sh, -c, 'echo "{\"v\": 1}" > "$DRIVETRAIN_OUTPUT_MODEL/model.json"']}
+    outputs: [model]
+GATE
+  promote:
+    uses: promote
+    NEEDS
+    inputs: {model: make.model}
+    with: {model: lane, alias: production}
+    outputs: [registration]
+"#;
+
+/// A protected alias (`registry protect`) moves only through a run whose approval by its
+/// role passed upstream of the stage that moves it; the move records who approved.
+#[test]
+fn a_protected_alias_moves_only_through_an_approval() {
+    let home = Home::new("protect");
+    assert_ok(&home.drivetrain(&["registry", "protect", "production", "--role", "safety"]));
+    let bare = MAKE_AND_PROMOTE
+        .replace("NAME", "bare")
+        .replace("GATE\n", "")
+        .replace("    NEEDS\n", "");
+    home.write("bare.yaml", &bare);
+    let o = home.drivetrain(&["run", "bare.yaml"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
+    let st = home.status(&crate::common::run_id(&o));
+    let promote = crate::common::stage(&st, "promote");
+    assert_eq!(promote["phase"], "Error", "{st}");
+    assert!(
+        promote["reason"]
+            .as_str()
+            .unwrap()
+            .contains("alias `production` is protected"),
+        "{st}"
+    );
+
+    let gated = MAKE_AND_PROMOTE
+        .replace("NAME", "gated")
+        .replace(
+            "GATE\n",
+            "  gate:\n    needs: [make]\n    approval: {approvers: {role: safety}}\n",
+        )
+        .replace("    NEEDS\n", "    needs: [gate]\n");
+    home.write("gated.yaml", &gated);
+    let o = home.drivetrain(&["run", "gated.yaml"]);
+    assert_eq!(o.status.code(), Some(3), "waits: {}", text(&o.stdout));
+    let run = crate::common::run_id(&o);
+    let o = home.drivetrain(&[
+        "approve",
+        &run,
+        "gate",
+        "--comment",
+        "regression suite green",
+    ]);
+    assert_ok(&o);
+    let st = home.status(&run);
+    assert_eq!(st["run"]["phase"], "Succeeded", "{st}");
+    let o = home.drivetrain(&["registry", "history", "lane", "-o", "json"]);
+    assert_ok(&o);
+    let history: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let moves = history.as_array().unwrap();
+    let last = moves.last().unwrap_or_else(|| panic!("{history}"));
+    assert_eq!(last["alias"], "production", "{history}");
+    let approvals = &last["note"]["approvals"];
+    assert_eq!(approvals[0]["stage"], "gate", "{history}");
+    assert_eq!(approvals[0]["role"], "safety", "{history}");
+    assert!(
+        approvals[0]["by"][0].as_str().unwrap().starts_with("user:"),
+        "{history}"
+    );
 }

@@ -134,3 +134,65 @@ pub(super) fn settle(
         values,
     })
 }
+
+/// The approvals that passed among the stages `stage` depends on (transitively): each
+/// `{stage, role, by, reason}`.
+pub(super) fn passed_upstream(ctx: &Ctx, stage: &Stage) -> Result<Vec<Value>, RunError> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut todo = ctx.pipeline.upstream(stage.id);
+    let mut passed = Vec::new();
+    while let Some(id) = todo.pop() {
+        if !seen.insert(id) {
+            continue;
+        }
+        todo.extend(ctx.pipeline.upstream(id));
+        let up = ctx.pipeline.stage(id);
+        if !matches!(up.action, Action::Approval { .. }) {
+            continue;
+        }
+        if let Some(a) = ctx.state.approval(&ctx.run.id, &up.name)? {
+            if a.outcome.as_deref() == Some("approved") {
+                let by: Vec<&str> = a
+                    .votes
+                    .iter()
+                    .filter(|v| v.decision == "approve")
+                    .map(|v| v.subject.as_str())
+                    .collect();
+                passed.push(json!({
+                    "stage": up.name,
+                    "role": a.request.role,
+                    "by": by,
+                    "reason": a.reason,
+                }));
+            }
+        }
+    }
+    Ok(passed)
+}
+
+/// Why a stage that writes the registry may not start: the alias it moves (its `alias`)
+/// is protected (`drivetrain registry protect`) and no approval by the alias's role passed
+/// upstream of it in this run.
+pub(super) fn guard(
+    ctx: &Ctx,
+    stage: &Stage,
+    alias: Option<String>,
+) -> Result<Option<String>, RunError> {
+    let Some(alias) = alias else {
+        return Ok(None);
+    };
+    let protected = ctx.state.protected_aliases()?;
+    let Some(role) = protected.get(&alias) else {
+        return Ok(None);
+    };
+    let passed = passed_upstream(ctx, stage)?;
+    if passed.iter().any(|p| p["role"] == role.as_str()) {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "alias `{alias}` is protected: it moves only through a run whose approval by role \
+         `{role}` passed upstream of the stage that moves it (give `{}` an upstream \
+         `approval:` with `approvers: {{role: {role}}}`), or by a person with that role",
+        stage.name
+    )))
+}

@@ -636,7 +636,10 @@ async fn execute(
         return approval::settle(ctx, stage, &upstream);
     }
     let started = Instant::now();
-    let unsupported = unsupported(ctx, stage);
+    let unsupported = match unsupported(ctx, stage) {
+        Some(why) => Some(why),
+        None => approval::guard(ctx, stage, moved_alias(ctx, stage, &upstream))?,
+    };
     let (mut parts, external) = key_parts(ctx, stage, &upstream);
     let resolved = resolve_external(ctx, &external, &mut parts).await;
     let key = parts.key();
@@ -710,6 +713,26 @@ async fn execute(
         outputs: end.outputs,
         values: end.values,
     })
+}
+
+/// The registry alias a stage moves: the rendered `alias` of a step that writes the
+/// registry (`promote`).
+fn moved_alias(
+    ctx: &Ctx,
+    stage: &Stage,
+    upstream: &BTreeMap<StageId, StageResult>,
+) -> Option<String> {
+    let Action::Step {
+        registry: true,
+        config,
+        ..
+    } = &stage.action
+    else {
+        return None;
+    };
+    let lookup = |r: &Ref| lookup_value(&ctx.pipeline, ctx, upstream, r);
+    let rendered = crate::template::render_value(config, &lookup);
+    rendered.get("alias")?.as_str().map(str::to_owned)
 }
 
 /// Why this engine cannot run a stage at all, if it cannot.

@@ -384,6 +384,14 @@ impl Env<'_> {
         for (name, p) in &self.paths.outputs {
             env.push((format!("DRIVETRAIN_OUTPUT_{}", env_suffix(name)), p.clone()));
         }
+        if let Action::Step { registry: true, .. } = &self.stage.action {
+            // Why the registry is written: the approvals that passed upstream.
+            let passed = super::approval::passed_upstream(ctx, self.stage).unwrap_or_default();
+            env.push((
+                "DRIVETRAIN_APPROVALS".into(),
+                serde_json::to_string(&passed).unwrap_or_default(),
+            ));
+        }
         if let Some(c) = step_config {
             env.push(("DRIVETRAIN_STEP_CONFIG".into(), c.to_string()));
             // A built-in step on this machine reaches the store (and the registry) as the

@@ -172,6 +172,11 @@ pub trait AccessStore: Send + Sync {
     /// The log from `since` (RFC 3339, inclusive) in order, at most `limit` entries after
     /// place `after`.
     fn audit(&self, since: &str, after: i64, limit: usize) -> Result<Vec<AuditEntry>, StateError>;
+    /// Makes registry alias `alias` movable only by people holding approval role `role`
+    /// and by runs whose approval by that role passed (`None`: by anyone again).
+    fn protect_alias(&self, alias: &str, role: Option<&str>, by: &str) -> Result<(), StateError>;
+    /// Protected alias → its approval role.
+    fn protected_aliases(&self) -> Result<std::collections::BTreeMap<String, String>, StateError>;
 }
 
 /// Approvals: requested by a stage, decided by people or a timeout.

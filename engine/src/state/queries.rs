@@ -259,6 +259,13 @@ statements! {
     DECIDED_WAITING_RUNS =
         "SELECT id FROM runs WHERE phase = 'Waiting' AND NOT EXISTS (SELECT 1 FROM \
          approvals a WHERE a.run_id = runs.id AND a.outcome IS NULL) ORDER BY created_at";
+    PROTECT_ALIAS =
+        "INSERT INTO protected_aliases (alias, role, set_at, set_by) VALUES ($1, $2, $3, \
+         $4) ON CONFLICT (alias) DO UPDATE SET role = $2, set_at = $3, set_by = $4";
+    UNPROTECT_ALIAS =
+        "DELETE FROM protected_aliases WHERE alias = $1";
+    PROTECTED_ALIASES =
+        "SELECT alias, role FROM protected_aliases ORDER BY alias";
     RUN_PHASE =
         "SELECT phase FROM runs WHERE id = $1";
     CLAIM_WAITING =

@@ -186,8 +186,9 @@ ALTER TABLE runs ADD COLUMN notified TEXT;
 UPDATE runs SET notified = phase;
 CREATE INDEX runs_by_notified ON runs(notified);
 "#,
-    // 2: people: API tokens (hashed), the append-only audit log, and approvals (a stage
-    // waiting for people) with their votes.
+    // 2: people: API tokens (hashed), the append-only audit log, approvals (a stage
+    // waiting for people) with their votes, and the registry aliases only an approval
+    // role moves.
     r#"
 CREATE TABLE tokens (
     id TEXT PRIMARY KEY,
@@ -230,6 +231,12 @@ CREATE TABLE approvals (
     PRIMARY KEY (run_id, stage)
 );
 CREATE INDEX approvals_waiting ON approvals(outcome, timeout_at);
+CREATE TABLE protected_aliases (
+    alias TEXT PRIMARY KEY,
+    role TEXT NOT NULL,
+    set_at TEXT NOT NULL,
+    set_by TEXT NOT NULL
+);
 CREATE TABLE approval_votes (
     run_id TEXT NOT NULL,
     stage TEXT NOT NULL,

@@ -334,8 +334,13 @@ async fn resource(
         };
     }
     if verb == Verb::MoveAlias {
-        if let Some(alias) = params.get("alias") {
-            return Ok((project, s.protected.get(alias).cloned()));
+        if let Some(alias) = params.get("alias").cloned() {
+            let state = s.engine.state().clone();
+            let protected = tokio::task::spawn_blocking(move || state.protected_aliases())
+                .await
+                .map_err(internal)?
+                .map_err(internal)?;
+            return Ok((project, protected.get(&alias).cloned()));
         }
     }
     Ok((project, None))

@@ -64,6 +64,18 @@ pub(super) fn tokens_and_audit(s: &dyn StateStore) {
         b
     );
     assert_eq!(s.audit("2026-01-01T00:00:00.000Z", 0, 1).unwrap().len(), 1);
+
+    s.protect_alias("production", Some("ops"), "user:a")
+        .unwrap();
+    s.protect_alias("production", Some("safety"), "user:a")
+        .unwrap();
+    s.protect_alias("staging", Some("ops"), "user:a").unwrap();
+    s.protect_alias("staging", None, "user:a").unwrap();
+    let p = s.protected_aliases().unwrap();
+    assert_eq!(
+        p.into_iter().collect::<Vec<_>>(),
+        [("production".to_owned(), "safety".to_owned())]
+    );
 }
 
 fn request(run: &RunId, stage: &str, min: u32, timeout_at: Option<&str>) -> ApprovalRequest {

@@ -174,6 +174,39 @@ impl AccessStore for PostgresState {
         })
     }
 
+    fn protect_alias(&self, alias: &str, role: Option<&str>, by: &str) -> Result<(), StateError> {
+        self.with(|c| {
+            match role {
+                Some(role) => exec(
+                    c,
+                    queries::pg::PROTECT_ALIAS,
+                    &[&alias, &role, &now(), &by],
+                    "protect an alias",
+                ),
+                None => exec(
+                    c,
+                    queries::pg::UNPROTECT_ALIAS,
+                    &[&alias],
+                    "unprotect an alias",
+                ),
+            }
+            .map(|_| ())
+        })
+    }
+
+    fn protected_aliases(&self) -> Result<std::collections::BTreeMap<String, String>, StateError> {
+        self.with(|c| {
+            let rows = rows(
+                c,
+                queries::pg::PROTECTED_ALIASES,
+                &[],
+                "read protected aliases",
+                |r| (r.get::<_, String>(0), r.get::<_, String>(1)),
+            )?;
+            Ok(rows.into_iter().collect())
+        })
+    }
+
     fn audit(&self, since: &str, after: i64, limit: usize) -> Result<Vec<AuditEntry>, StateError> {
         self.with(|c| {
             rows(

@@ -166,6 +166,33 @@ impl AccessStore for SqliteState {
         })
     }
 
+    fn protect_alias(&self, alias: &str, role: Option<&str>, by: &str) -> Result<(), StateError> {
+        self.with(|c| {
+            match role {
+                Some(role) => c.execute_cached(
+                    queries::sqlite::PROTECT_ALIAS,
+                    params![alias, role, now(), by],
+                ),
+                None => c.execute_cached(queries::sqlite::UNPROTECT_ALIAS, params![alias]),
+            }
+            .map(|_| ())
+            .map_err(sql("protect an alias"))
+        })
+    }
+
+    fn protected_aliases(&self) -> Result<std::collections::BTreeMap<String, String>, StateError> {
+        self.with(|c| {
+            let rows: Vec<(String, String)> = query(
+                c,
+                queries::sqlite::PROTECTED_ALIASES,
+                [],
+                "read protected aliases",
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            Ok(rows.into_iter().collect())
+        })
+    }
+
     fn audit(&self, since: &str, after: i64, limit: usize) -> Result<Vec<AuditEntry>, StateError> {
         self.with(|c| {
             query(
