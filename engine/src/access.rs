@@ -11,6 +11,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+/// The project of a pipeline that names none: a laptop user never meets any other.
+pub const DEFAULT_PROJECT: &str = "default";
+
 /// The ladder of roles in a project: each can do what the ones below it can.
 #[derive(
     Debug,

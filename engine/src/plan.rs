@@ -46,6 +46,8 @@ impl fmt::Display for StageId {
 pub struct Pipeline {
     pub name: String,
     pub description: Option<String>,
+    /// The project its runs belong to (`default` unless `project:` says).
+    pub project: String,
     pub params: Vec<Param>,
     pub schedule: Option<Schedule>,
     /// What starts runs besides the CLI, the API and cron, by name.

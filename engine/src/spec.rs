@@ -24,6 +24,10 @@ pub struct PipelineSpec {
     /// Free text shown by `drivetrain plan` and the API.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// The project its runs belong to (a DNS-1123 label; default `default`): who may see
+    /// and start them (tokens are per project), its cache, quotas and Kueue queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
     /// Typed parameters, set with `--param name=value`, read as `{{ params.name }}`.
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub params: IndexMap<String, ParamSpec>,
@@ -58,6 +62,7 @@ pub const PIPELINE_FIELDS: &[&str] = &[
     "version",
     "name",
     "description",
+    "project",
     "params",
     "schedule",
     "triggers",

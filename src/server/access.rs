@@ -20,8 +20,7 @@ use sha2::Digest;
 
 use crate::server::Server;
 
-/// The project of every resource until runs carry one of their own.
-pub const DEFAULT_PROJECT: &str = "default";
+pub use drivetrain_engine::access::DEFAULT_PROJECT;
 
 /// The hex SHA-256 of a token's secret: what the state store keeps.
 pub fn token_hash(secret: &str) -> String {

@@ -259,7 +259,7 @@ impl Server {
     fn run_record(
         &self,
         run: &RunId,
-        pipeline: &str,
+        pipeline: &Pipeline,
         file: &str,
         digest: &str,
         params: &BTreeMap<String, Value>,
@@ -268,7 +268,8 @@ impl Server {
     ) -> anyhow::Result<drivetrain_engine::state::RunRecord> {
         Ok(drivetrain_engine::state::RunRecord {
             id: run.clone(),
-            pipeline: pipeline.to_owned(),
+            pipeline: pipeline.name.clone(),
+            project: pipeline.project.clone(),
             file: file.to_owned(),
             spec_digest: digest.to_owned(),
             params: serde_json::to_value(params)?,
@@ -607,15 +608,8 @@ impl Server {
         let recorded = match recorded {
             Some(r) => r,
             None => {
-                let r = self.run_record(
-                    &run,
-                    &pipeline.name,
-                    file,
-                    digest,
-                    &params,
-                    trigger,
-                    scheduled,
-                )?;
+                let r =
+                    self.run_record(&run, &pipeline, file, digest, &params, trigger, scheduled)?;
                 self.engine.state().create_run(&r)?;
                 r
             }
@@ -743,7 +737,7 @@ impl Server {
                 let record = self
                     .run_record(
                         run,
-                        pipeline,
+                        &l.pipeline,
                         &l.file.display().to_string(),
                         &l.digest,
                         &p,

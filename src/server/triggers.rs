@@ -487,7 +487,7 @@ impl Server {
         let mut r = self
             .run_record(
                 id,
-                &l.pipeline.name,
+                &l.pipeline,
                 &l.file.display().to_string(),
                 &l.digest,
                 &params,

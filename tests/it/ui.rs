@@ -665,6 +665,7 @@ async fn at_scale() {
                     selection: None,
                     scheduled_time: None,
                     executor: Some("local".into()),
+                    project: "default".into(),
                 })
                 .unwrap();
             let phase = phases[i as usize % 4];

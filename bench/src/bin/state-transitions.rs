@@ -46,6 +46,7 @@ fn main() -> ExitCode {
             selection: None,
             scheduled_time: None,
             executor: Some("local".into()),
+            project: "default".into(),
         })
         .expect("create run");
     let t = Instant::now();

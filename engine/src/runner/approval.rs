@@ -13,9 +13,6 @@ use super::{Ctx, RunError, RunEvent};
 use crate::plan::{Action, Stage, StageId};
 use crate::state::{ApprovalRequest, Phase};
 
-/// The project of every run until runs carry one of their own.
-const PROJECT: &str = "default";
-
 /// What the upstream stages left, as shown with the request: each one's values, its
 /// outputs (digest and location) and where its lineage starts (`RUN/STAGE`).
 fn evidence(ctx: &Ctx, upstream: &BTreeMap<StageId, StageResult>) -> Value {
@@ -58,7 +55,7 @@ pub(super) fn settle(
         run: ctx.run.id.clone(),
         stage: stage.name.clone(),
         pipeline: ctx.pipeline.name.clone(),
-        project: PROJECT.into(),
+        project: ctx.run.project.clone(),
         role: role.clone(),
         min: *min,
         requested_at: at(now),

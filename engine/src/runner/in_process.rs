@@ -321,6 +321,7 @@ async fn a_resumed_run_does_not_execute_what_succeeded_before() {
             selection: None,
             scheduled_time: None,
             executor: Some("fake".into()),
+            project: "default".into(),
         };
         state.create_run(&record).unwrap();
         req.resume = Some(Resume {

@@ -396,6 +396,7 @@ fn fresh_record(opts: &RunOptions, params: &BTreeMap<String, Value>, executor: &
     RunRecord {
         id: opts.request.id.clone(),
         pipeline: opts.request.pipeline.name.clone(),
+        project: opts.request.pipeline.project.clone(),
         file: opts.request.file.clone(),
         spec_digest: opts.request.spec_digest.clone(),
         params: serde_json::to_value(params).unwrap_or_default(),

@@ -31,6 +31,7 @@ pub fn run_record(id: &str) -> RunRecord {
         selection: None,
         scheduled_time: None,
         executor: Some("local".into()),
+        project: "default".into(),
     }
 }
 

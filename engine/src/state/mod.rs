@@ -237,6 +237,8 @@ pub struct RunRecord {
     pub scheduled_time: Option<String>,
     /// The executor the run was started on (`local`, `kubernetes`).
     pub executor: Option<String>,
+    /// The project it belongs to (its pipeline's `project:`, `default` without one).
+    pub project: String,
 }
 
 /// A stage of a run as recorded.

@@ -275,7 +275,8 @@ fn count(v: i64) -> u32 {
 }
 
 const RUN_COLUMNS: &str = "id, pipeline, file, spec_digest, params, trigger, parent, phase, \
-     created_at, finished_at, reason, engine_pid, overrides, selection, scheduled_time, executor";
+     created_at, finished_at, reason, engine_pid, overrides, selection, scheduled_time, executor, \
+     project";
 
 fn run_from_row(r: &Row) -> RunRecord {
     RunRecord {
@@ -297,6 +298,7 @@ fn run_from_row(r: &Row) -> RunRecord {
             .and_then(|s| serde_json::from_str(&s).ok()),
         scheduled_time: r.get(14),
         executor: r.get(15),
+        project: r.get(16),
     }
 }
 
@@ -368,6 +370,7 @@ fn insert_run(c: &mut impl GenericClient, run: &RunRecord) -> Result<(), StateEr
             &selection,
             &run.scheduled_time,
             &run.executor,
+            &run.project,
         ],
         format!("create run {}", run.id),
     )

@@ -203,8 +203,8 @@ statements! {
          WHERE pipeline = $1 ORDER BY scheduled_time DESC LIMIT $2";
     INSERT_RUN =
         "INSERT INTO runs (id, pipeline, file, spec_digest, params, trigger, parent, phase, \
-         created_at, engine_pid, overrides, selection, scheduled_time, executor) VALUES \
-         ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
+         created_at, engine_pid, overrides, selection, scheduled_time, executor, project) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
     WRITE_STAGE =
         "INSERT INTO stages (run_id, stage, phase, started_at, finished_at, exit_code, \
          reason) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (run_id, stage) DO UPDATE \

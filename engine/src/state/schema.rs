@@ -187,8 +187,8 @@ UPDATE runs SET notified = phase;
 CREATE INDEX runs_by_notified ON runs(notified);
 "#,
     // 2: people: API tokens (hashed), the append-only audit log, approvals (a stage
-    // waiting for people) with their votes, and the registry aliases only an approval
-    // role moves.
+    // waiting for people) with their votes, the registry aliases only an approval role
+    // moves, and the project of each run (runs made before are in `default`).
     r#"
 CREATE TABLE tokens (
     id TEXT PRIMARY KEY,
@@ -231,6 +231,8 @@ CREATE TABLE approvals (
     PRIMARY KEY (run_id, stage)
 );
 CREATE INDEX approvals_waiting ON approvals(outcome, timeout_at);
+ALTER TABLE runs ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
+CREATE INDEX runs_by_project_time ON runs(project, created_at, id);
 CREATE TABLE protected_aliases (
     alias TEXT PRIMARY KEY,
     role TEXT NOT NULL,

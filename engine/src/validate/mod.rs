@@ -90,6 +90,7 @@ struct Raw {
     version: Option<u32>,
     name: Option<String>,
     description: Option<String>,
+    project: Option<String>,
     params: IndexMap<String, ParamSpec>,
     schedule: Option<ScheduleSpec>,
     triggers: IndexMap<String, Option<TriggerSpec>>,
@@ -245,6 +246,7 @@ impl<'a> Cx<'a> {
             version: None,
             name: None,
             description: None,
+            project: None,
             params: IndexMap::new(),
             schedule: None,
             triggers: IndexMap::new(),
@@ -269,6 +271,7 @@ impl<'a> Cx<'a> {
                 "version" => raw.version = from_node(&e.value, &path, d),
                 "name" => raw.name = from_node(&e.value, &path, d),
                 "description" => raw.description = from_node(&e.value, &path, d),
+                "project" => raw.project = from_node(&e.value, &path, d),
                 "schedule" => raw.schedule = from_node(&e.value, &path, d),
                 "notify" => raw.notify = from_node(&e.value, &path, d).unwrap_or_default(),
                 "deadline" => raw.deadline = from_node(&e.value, &path, d),
@@ -363,6 +366,16 @@ impl<'a> Cx<'a> {
                     format!("pipeline name `{name}` {why}"),
                 )
                 .maybe_hint(dns_hint(name));
+            }
+        }
+        if let Some(project) = &raw.project {
+            if let Err(why) = dns1123_label(project) {
+                self.err(
+                    "invalid-project",
+                    &p("project"),
+                    format!("project name `{project}` {why}"),
+                )
+                .maybe_hint(dns_hint(project));
             }
         }
         let params = self.check_params(&raw);
@@ -461,6 +474,7 @@ impl<'a> Cx<'a> {
             version: raw.version?,
             name: raw.name?,
             description: raw.description,
+            project: raw.project,
             params: raw.params,
             schedule: raw.schedule,
             triggers: raw
@@ -477,6 +491,10 @@ impl<'a> Cx<'a> {
         Some(Pipeline {
             name: spec.name.clone(),
             description: spec.description.clone(),
+            project: spec
+                .project
+                .clone()
+                .unwrap_or_else(|| crate::access::DEFAULT_PROJECT.to_owned()),
             params,
             schedule,
             triggers: triggers?,

@@ -655,7 +655,10 @@ pub const ROUTES: &[Route] = &[
             ("limit", r#"{"type": "integer", "minimum": 1, "maximum": 1000}"#, "how many (default 100)"),
         ],
         request: None,
-        responses: &[(200, "the approvals", body!(ApprovalList))],
+        responses: &[
+            (200, "the approvals", body!(ApprovalList)),
+            (400, "a `waiting` that is not true or false, a `limit` that is not 1 to 1000", ERROR),
+        ],
     },
     Route {
         method: "post",
@@ -694,7 +697,10 @@ pub const ROUTES: &[Route] = &[
             ("limit", r#"{"type": "integer", "minimum": 1, "maximum": 1000}"#, "how many (default 100)"),
         ],
         request: None,
-        responses: &[(200, "the entries", body!(AuditList))],
+        responses: &[
+            (200, "the entries", body!(AuditList)),
+            (400, "an `after` or `limit` that is not a count, or a `limit` over 1000", ERROR),
+        ],
     },
     Route {
         method: "get",

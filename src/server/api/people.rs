@@ -21,9 +21,23 @@ pub struct ListQuery {
     limit: Option<usize>,
 }
 
+/// A `limit` of 1 to 1000 (`default` without one), or the 400 that refuses it.
+fn limit(given: Option<usize>, default: usize) -> Result<usize, Response> {
+    match given.unwrap_or(default) {
+        n @ 1..=1000 => Ok(n),
+        n => Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("limit={n}: give 1 to 1000"),
+        )),
+    }
+}
+
 /// `GET /api/v1/approvals`.
 pub async fn approvals(State(s): State<Shared>, Params(q): Params<ListQuery>) -> Response {
-    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let limit = match limit(q.limit, 100) {
+        Ok(n) => n,
+        Err(response) => return response,
+    };
     let state = s.engine.state().clone();
     match tokio::task::spawn_blocking(move || state.approvals(q.waiting, limit)).await {
         Ok(Ok(approvals)) => Json(ApprovalList { approvals }).into_response(),
@@ -119,7 +133,10 @@ pub struct AuditQuery {
 
 /// `GET /api/v1/audit`.
 pub async fn audit(State(s): State<Shared>, Params(q): Params<AuditQuery>) -> Response {
-    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let limit = match limit(q.limit, 100) {
+        Ok(n) => n,
+        Err(response) => return response,
+    };
     let since = q.since.unwrap_or_default();
     let after = q.after.unwrap_or(0);
     let state = s.engine.state().clone();

@@ -107,8 +107,10 @@ fn vote(who: &str, decision: &str) -> Vote {
 pub(super) fn approvals(s: &dyn StateStore) {
     let mut run = run_record("ap1");
     run.phase = Phase::Waiting;
+    run.project = "perception".into();
     s.create_run(&run).unwrap();
     let id = run.id.clone();
+    assert_eq!(s.run(&id).unwrap().project, "perception");
     let first = s.request_approval(&request(&id, "gate", 2, None)).unwrap();
     assert_eq!(first.outcome, None);
     // Asked again (a resumed run reaching the stage again): the first request stands.

@@ -36,6 +36,7 @@ pub(super) fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord>
             .and_then(|s| serde_json::from_str(&s).ok()),
         scheduled_time: r.get(14)?,
         executor: r.get(15)?,
+        project: r.get(16)?,
     })
 }
 
@@ -61,7 +62,8 @@ pub(super) fn schedule_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Sched
 
 pub(super) const RUN_COLUMNS: &str =
     "id, pipeline, file, spec_digest, params, trigger, parent, phase, \
-     created_at, finished_at, reason, engine_pid, overrides, selection, scheduled_time, executor";
+     created_at, finished_at, reason, engine_pid, overrides, selection, scheduled_time, executor, \
+     project";
 
 pub(super) fn cache_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CacheEntry> {
     Ok(CacheEntry {
@@ -124,6 +126,7 @@ pub(super) fn insert_run(c: &Connection, run: &RunRecord) -> Result<(), StateErr
                 .map(|s| serde_json::to_string(s).unwrap_or_default()),
             run.scheduled_time,
             run.executor,
+            run.project,
         ],
     )
     .map(|_| ())
