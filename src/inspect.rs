@@ -228,6 +228,8 @@ pub struct ListFilter {
     pub trigger: Option<String>,
     /// Created at or after this RFC 3339 time.
     pub since: Option<String>,
+    /// Of one of these projects (`None`: any).
+    pub projects: Option<Vec<String>>,
 }
 
 /// A phase as a person types it, in any case: `failed`, `Failed`, `FAILED`.
@@ -264,6 +266,7 @@ pub fn runs_matching(
         phase,
         trigger: given(&filter.trigger),
         since: given(&filter.since),
+        projects: filter.projects.clone(),
     };
     Ok(Ok(state.find_runs(&by, filter.limit)?))
 }

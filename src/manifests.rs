@@ -204,7 +204,7 @@ fn attempt(
         access: Vec::new(),
         mask: Default::default(),
         placement: Placement::of(
-            &p.name,
+            p,
             stage,
             stage.image.as_ref().map(render),
             stage.map.as_ref().map(|_| 0),

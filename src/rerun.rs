@@ -182,6 +182,14 @@ fn plan_rerun(
     before: &[StageRecord],
 ) -> Result<RerunPlan, Stop> {
     let mut pipeline = args.pipeline.clone();
+    // What it takes from the parent are the parent's project's artifacts.
+    if pipeline.project != parent.project {
+        return Err(Stop::Usage(format!(
+            "run {} is of project `{}`, the pipeline now of `{}`: a rerun does not take \
+             artifacts across projects (start a new run instead)",
+            parent.id, parent.project, pipeline.project
+        )));
+    }
     let selected = select(args, &pipeline, parent, before)?;
     let reuse = reused(&pipeline, parent, before, &selected);
     let missing = missing_upstream(&pipeline, parent, before, &selected, &reuse);

@@ -186,6 +186,24 @@ impl Subject {
             .filter(move |g| g.project == "*" || g.project == project)
     }
 
+    /// The projects where the ladder allows `verb` (`None`: every project, through a
+    /// grant for `*`).
+    pub fn projects_for(&self, verb: Verb) -> Option<std::collections::BTreeSet<String>> {
+        let mut out = std::collections::BTreeSet::new();
+        for g in self.grants.iter().filter(|g| g.role >= verb.least()) {
+            if g.project == "*" {
+                return None;
+            }
+            out.insert(g.project.clone());
+        }
+        Some(out)
+    }
+
+    /// Whether `verb` is allowed in `project` by these grants (`project` in `projects`).
+    pub fn may(projects: &Option<std::collections::BTreeSet<String>>, project: &str) -> bool {
+        projects.as_ref().is_none_or(|p| p.contains(project))
+    }
+
     /// Whether an approval role `name` is held in `project` (`*`: every one).
     pub fn approves(&self, project: &str, name: &str) -> bool {
         self.grants_in(project)
@@ -236,6 +254,23 @@ pub fn decide(subject: &Subject, verb: Verb, project: &str, approval: Option<&st
     Decision {
         allowed: role >= verb.least(),
         reason,
+    }
+}
+
+/// Whether `subject` may do `verb` somewhere: for a request whose project its handler
+/// decides item by item (a list filtered to what the caller may read, a posted pipeline).
+pub fn decide_anywhere(subject: &Subject, verb: Verb) -> Decision {
+    let allowed = subject.projects_for(verb).is_none_or(|p| !p.is_empty());
+    Decision {
+        allowed,
+        reason: match allowed {
+            true => format!("{verb} is allowed in some project of {}", subject.name),
+            false => format!(
+                "{verb} needs {} in some project; {} holds it in none",
+                verb.least(),
+                subject.name
+            ),
+        },
     }
 }
 

@@ -119,13 +119,14 @@ pub struct AttemptSpec {
 impl Placement {
     /// A stage's placement, with its image already rendered.
     pub fn of(
-        pipeline: &str,
+        pipeline: &crate::plan::Pipeline,
         stage: &crate::plan::Stage,
         image: Option<String>,
         item: Option<usize>,
     ) -> Placement {
         Placement {
-            pipeline: pipeline.to_owned(),
+            pipeline: pipeline.name.clone(),
+            project: pipeline.project.clone(),
             item,
             image,
             resources: stage.resources.clone(),
@@ -144,6 +145,9 @@ impl Placement {
 #[derive(Debug, Clone, Default)]
 pub struct Placement {
     pub pipeline: String,
+    /// The run's project (`""` counts as `default`): its Kueue queue where workloads go
+    /// to one queue per project.
+    pub project: String,
     /// The map item this attempt runs, if any.
     pub item: Option<usize>,
     /// The container image (`run.image`, else `defaults.image`).

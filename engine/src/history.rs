@@ -41,6 +41,15 @@ pub enum Node {
     },
 }
 
+impl Node {
+    /// The run it belongs to.
+    pub fn run(&self) -> &str {
+        match self {
+            Node::Artifact { run, .. } | Node::Stage { run, .. } => run,
+        }
+    }
+}
+
 /// A lineage graph rooted at what was asked about.
 #[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct Lineage {

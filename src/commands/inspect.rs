@@ -60,6 +60,7 @@ pub(super) fn dispatch(home: &Path, command: Command) -> ExitCode {
                 phase,
                 trigger,
                 since,
+                projects: None,
             },
             output == Format::Json,
         )),

@@ -76,19 +76,27 @@ fn documents(yaml: &str) -> Vec<serde_json::Value> {
 }
 
 const KUEUE: &str = "namespace: av\ngang: {scheduler: kueue, queue: gpu-team}\n";
+/// Every workload to its project's Kueue `LocalQueue` (the shapes in project `perception`).
+const PROJECT_QUEUES: &str = "namespace: av\nproject_queues: true\n";
 const VOLCANO: &str = "namespace: av\nservice_account: drivetrain-stage\nimage_pull_secrets: [regcred]\nlabels: {team: perception}\nttl_seconds_after_finished: 600\ngang: {scheduler: volcano, queue: training}\n";
 
 #[test]
 fn every_stage_shape_renders_as_its_snapshot_and_passes_the_schemas() {
     let home = Home::new("k8s-shapes");
     let shapes = repo().join("tests/k8s/shapes.yaml");
+    let text = std::fs::read_to_string(&shapes).unwrap();
+    let in_project = home.write(
+        "shapes-perception.yaml",
+        &text.replacen("\nname: ", "\nproject: perception\nname: ", 1),
+    );
     let mut files = Vec::new();
-    for (name, settings) in [
-        ("default", None),
-        ("kueue", Some(KUEUE)),
-        ("volcano", Some(VOLCANO)),
+    for (name, settings, file) in [
+        ("default", None, &shapes),
+        ("kueue", Some(KUEUE), &shapes),
+        ("volcano", Some(VOLCANO), &shapes),
+        ("project-queues", Some(PROJECT_QUEUES), &in_project),
     ] {
-        let yaml = manifests(&home, &shapes, settings, &[]);
+        let yaml = manifests(&home, file, settings, &[]);
         insta::assert_snapshot!(format!("shapes-{name}"), yaml);
         files.push(home.write(&format!("{name}.yaml"), &yaml));
     }

@@ -127,6 +127,10 @@ pub(super) fn key_parts(
         definition: json!({}),
         ..Default::default()
     };
+    // A cache is a project's own: another project's identical stage has another key.
+    if ctx.run.project != crate::access::DEFAULT_PROJECT {
+        parts.plain("project".into(), ctx.run.project.clone());
+    }
     let mut external = Vec::new();
     for (i, t) in stage.cache.key.iter().enumerate() {
         let entry = render(t);
@@ -254,6 +258,10 @@ pub(super) enum Miss {
     NoOutput(String),
     #[error("output `{output}` of the entry from run {run} is gone from the store")]
     Gone { output: String, run: String },
+    #[error(
+        "the entry is of run {run} of project `{project}`: caches are not shared across projects"
+    )]
+    OtherProject { run: String, project: String },
 }
 
 /// The cache entry for `key` if it exists, is young enough, covers every declared output
@@ -266,6 +274,17 @@ pub(super) async fn cache_hit(
     let Some(entry) = ctx.state.cache_entry(key)? else {
         return Ok(Err(Miss::NoEntry));
     };
+    // The key names the project already; an entry of another project's run (a store
+    // shared by hand, a key written before projects) is not taken either.
+    // (An entry whose run is forgotten has only its key to go by.)
+    if let Ok(owner) = ctx.state.run(&crate::state::RunId(entry.run_id.clone())) {
+        if owner.project != ctx.run.project {
+            return Ok(Err(Miss::OtherProject {
+                run: entry.run_id,
+                project: owner.project,
+            }));
+        }
+    }
     if let Some(max_age) = stage.cache.max_age {
         let created = chrono::DateTime::parse_from_rfc3339(&entry.created_at).ok();
         let age = created.map(|c| chrono::Utc::now().signed_duration_since(c));

@@ -289,7 +289,7 @@ pub(super) async fn prepare(
         Track::Stage => None,
     };
     let mut placement = crate::executor::Placement::of(
-        &ctx.pipeline.name,
+        &ctx.pipeline,
         stage,
         stage.image.as_ref().map(render),
         item_index,

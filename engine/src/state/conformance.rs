@@ -658,6 +658,7 @@ fn filtered_listing(s: &dyn RunStore) {
                         phase,
                         trigger: trigger.map(Into::into),
                         since: since.clone(),
+                        projects: None,
                     };
                     for limit in [3, 1000] {
                         let expected: Vec<&RunId> = all

@@ -84,6 +84,8 @@ pub struct RunFilter {
     pub trigger: Option<String>,
     /// Created at or after this RFC 3339 time (UTC with milliseconds sorts as text).
     pub since: Option<String>,
+    /// Of one of these projects (`None`: any).
+    pub projects: Option<Vec<String>>,
 }
 
 impl RunFilter {
@@ -103,6 +105,17 @@ impl RunFilter {
                 args.push(v);
                 clauses.push(format!("{test}{}", placeholder(args.len())));
             }
+        }
+        if let Some(projects) = &self.projects {
+            let mut marks = Vec::new();
+            for p in projects {
+                args.push(p.clone());
+                marks.push(placeholder(args.len()));
+            }
+            clauses.push(match marks.is_empty() {
+                true => "1 = 0".to_owned(),
+                false => format!("project IN ({})", marks.join(", ")),
+            });
         }
         let clause = match clauses.is_empty() {
             true => String::new(),

@@ -69,6 +69,10 @@ pub struct Settings {
     /// Gang scheduling of distributed stages: `{scheduler: kueue, queue: NAME}` or
     /// `{scheduler: volcano, queue: NAME}`.
     pub gang: Option<Gang>,
+    /// Every workload to the Kueue `LocalQueue` named after its run's project (created
+    /// suspended; Kueue admits it within the quota of that queue's `ClusterQueue`), over
+    /// `gang`'s queue.
+    pub project_queues: bool,
     /// The image holding the drivetrain binaries, whose init container copies the wrapper
     /// into every pod.
     pub wrapper_image: String,
@@ -98,6 +102,7 @@ impl Default for Settings {
             ttl_seconds_after_finished: Some(86_400),
             unschedulable_timeout: Duration::from_secs(600),
             gang: None,
+            project_queues: false,
             wrapper_image: "drivetrain:0.1.0".into(),
             wrapper_path: "/usr/local/bin/drivetrain-exec".into(),
             binary_path: "/usr/local/bin/drivetrain".into(),

@@ -33,6 +33,8 @@ pub const LABEL_ATTEMPT: &str = "drivetrain.dev/attempt";
 pub const LABEL_ITEM: &str = "drivetrain.dev/item";
 /// Selects the pods of one workload (the headless Service's selector).
 pub const LABEL_WORKLOAD: &str = "drivetrain.dev/workload";
+/// The run's project, on every object.
+pub const LABEL_PROJECT: &str = "drivetrain.dev/project";
 /// The main container's name (`pytorch` for a PyTorchJob, which requires it).
 pub const MAIN: &str = "main";
 
@@ -189,6 +191,7 @@ fn labels(settings: &Settings, spec: &AttemptSpec, workload: &str) -> BTreeMap<S
     l.insert("app.kubernetes.io/managed-by".into(), "drivetrain".into());
     l.insert(LABEL_PIPELINE.into(), label_value(&spec.placement.pipeline));
     l.insert(LABEL_RUN.into(), label_value(&spec.run_id));
+    l.insert(LABEL_PROJECT.into(), label_value(project(spec)));
     let stage = spec.stage.split('/').next().unwrap_or(&spec.stage);
     l.insert(LABEL_STAGE.into(), label_value(stage));
     l.insert(LABEL_ATTEMPT.into(), spec.attempt.to_string());
@@ -197,6 +200,14 @@ fn labels(settings: &Settings, spec: &AttemptSpec, workload: &str) -> BTreeMap<S
     }
     l.insert(LABEL_WORKLOAD.into(), workload.to_owned());
     l
+}
+
+/// The run's project (`default` where the spec names none).
+fn project(spec: &AttemptSpec) -> &str {
+    match spec.placement.project.as_str() {
+        "" => drivetrain_engine::access::DEFAULT_PROJECT,
+        p => p,
+    }
 }
 
 fn meta(name: &str, settings: &Settings, labels: &BTreeMap<String, String>) -> ObjectMeta {
@@ -562,6 +573,7 @@ pub fn render(settings: &Settings, spec: &AttemptSpec) -> Rendered {
         objects.push(Object::Custom(Box::new(pg), podgroup_resource()));
     }
     let kueue = match &settings.gang {
+        _ if settings.project_queues => Some(label_value(project(spec))),
         Some(Gang::Kueue { queue }) => Some(queue.clone()),
         _ => None,
     };

@@ -30,7 +30,7 @@ use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::Value;
 
-use drivetrain_engine::access::{decide, Decision, Rule, Subject, Verb};
+use drivetrain_engine::access::{decide, decide_anywhere, Decision, Rule, Subject, Verb};
 use drivetrain_engine::artifacts::AttemptKey;
 use drivetrain_engine::state::RunId;
 
@@ -242,7 +242,11 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
         Ok(found) => found,
         Err(response) => return response,
     };
-    let decision = decide(&subject, verb, &project, approval.as_deref());
+    let decision = match &project {
+        Some(project) => decide(&subject, verb, project, approval.as_deref()),
+        None => decide_anywhere(&subject, verb),
+    };
+    let project = project.unwrap_or_else(|| "*".to_owned());
     let asked = mutating.then(|| access::Asked {
         subject: &subject.name,
         project: &project,
@@ -307,43 +311,55 @@ fn percent_decode(s: &str) -> String {
         .unwrap_or_default()
 }
 
-/// The project of the resource a request names, and the approval role it asks for (an
-/// approval's; a protected alias's). Every resource is in project `default` until runs
-/// carry a project of their own.
+/// The project of the resource a request names (`None`: the handler decides item by
+/// item, as a list or a posted pipeline), and the approval role it asks for (an
+/// approval's; a protected alias's).
 async fn resource(
     s: &Shared,
     verb: Verb,
     params: &BTreeMap<String, String>,
-) -> Result<(String, Option<String>), Response> {
-    let project = crate::server::access::DEFAULT_PROJECT.to_owned();
+) -> Result<(Option<String>, Option<String>), Response> {
+    let state = s.engine.state().clone();
     if verb == Verb::Approve {
         let (Some(run), Some(stage)) = (params.get("id"), params.get("stage")) else {
-            return Ok((project, None));
+            return Ok((None, None));
         };
-        let (state, run, stage) = (s.engine.state().clone(), RunId(run.clone()), stage.clone());
+        let (run, stage) = (RunId(run.clone()), stage.clone());
         let found = tokio::task::spawn_blocking(move || state.approval(&run, &stage))
             .await
             .map_err(internal)?
             .map_err(internal)?;
         return match found {
-            Some(a) => Ok((a.request.project, Some(a.request.role))),
+            Some(a) => Ok((Some(a.request.project), Some(a.request.role))),
             None => Err(error(
                 StatusCode::NOT_FOUND,
                 "no approval is asked for there",
             )),
         };
     }
+    if let Some(run) = params.get("id").cloned() {
+        // A run that does not exist is the handler's 404.
+        let found = tokio::task::spawn_blocking(move || state.run(&RunId(run)))
+            .await
+            .map_err(internal)?;
+        return Ok((found.ok().map(|r| r.project), None));
+    }
+    if let Some(name) = params.get("name").or_else(|| params.get("pipeline")) {
+        let project = s.loaded().get(name).map(|l| l.pipeline.project.clone());
+        return Ok((project, None));
+    }
     if verb == Verb::MoveAlias {
         if let Some(alias) = params.get("alias").cloned() {
-            let state = s.engine.state().clone();
             let protected = tokio::task::spawn_blocking(move || state.protected_aliases())
                 .await
                 .map_err(internal)?
                 .map_err(internal)?;
+            // The registry is shared by the projects of a home (see the note of issue 30).
+            let project = Some(access::DEFAULT_PROJECT.to_owned());
             return Ok((project, protected.get(&alias).cloned()));
         }
     }
-    Ok((project, None))
+    Ok((None, None))
 }
 
 async fn ready(State(s): State<Shared>) -> Response {
@@ -365,7 +381,11 @@ struct ListQuery {
 /// The most runs one list answers (`limit`).
 pub const MAX_LIST: usize = 1_000_000;
 
-async fn list_runs(State(s): State<Shared>, Params(q): Params<ListQuery>) -> Response {
+async fn list_runs(
+    State(s): State<Shared>,
+    Extension(who): Extension<Subject>,
+    Params(q): Params<ListQuery>,
+) -> Response {
     if q.limit.is_some_and(|l| l > MAX_LIST) {
         return error(
             StatusCode::BAD_REQUEST,
@@ -395,6 +415,10 @@ async fn list_runs(State(s): State<Shared>, Params(q): Params<ListQuery>) -> Res
         phase: q.phase,
         trigger: q.trigger,
         since: q.since,
+        // Only the projects the caller may read.
+        projects: who
+            .projects_for(Verb::Read)
+            .map(|p| p.into_iter().collect()),
     };
     match crate::inspect::runs_matching(s.engine.state().as_ref(), &filter) {
         Ok(Ok(runs)) => Json(RunList { runs }).into_response(),
@@ -511,6 +535,19 @@ fn param_texts(params: &serde_json::Map<String, Value>) -> impl Iterator<Item = 
     })
 }
 
+/// `Ok` when `d` allows; else the 403 that says why, its reason kept for the audit log.
+fn allowed(d: Decision) -> Result<(), Box<Response>> {
+    if d.allowed {
+        return Ok(());
+    }
+    let mut response = error(StatusCode::FORBIDDEN, d.reason.clone());
+    response.extensions_mut().insert(access::AuditNote {
+        denied: Some(d.reason),
+        ..Default::default()
+    });
+    Err(Box::new(response))
+}
+
 async fn submit(
     State(s): State<Shared>,
     Extension(who): Extension<Subject>,
@@ -519,16 +556,11 @@ async fn submit(
     if let Some(response) = nul_in("params", param_texts(&body.params)) {
         return response;
     }
-    // Posted YAML runs any command: it needs `author`, not only `launch`.
+    // Posted YAML runs any command: it needs `author`, not only `launch` (somewhere before
+    // it is validated, in its project after).
     if body.yaml.is_some() {
-        let d = decide(&who, Verb::Author, access::DEFAULT_PROJECT, None);
-        if !d.allowed {
-            let mut response = error(StatusCode::FORBIDDEN, d.reason.clone());
-            response.extensions_mut().insert(access::AuditNote {
-                denied: Some(d.reason),
-                ..Default::default()
-            });
-            return response;
+        if let Err(r) = allowed(decide_anywhere(&who, Verb::Author)) {
+            return *r;
         }
     }
     let overrides: Vec<(String, String)> = body
@@ -537,9 +569,22 @@ async fn submit(
         .map(|(k, v)| (k.clone(), drivetrain_engine::template::value_text(v)))
         .collect();
     let started = match (body.pipeline, body.yaml) {
-        (Some(name), None) => s.submit_named(&name, &overrides),
+        (Some(name), None) => {
+            if let Some(l) = s.loaded().get(&name) {
+                let d = decide(&who, Verb::Launch, &l.pipeline.project, None);
+                if let Err(r) = allowed(d) {
+                    return *r;
+                }
+            }
+            s.submit_named(&name, &overrides)
+        }
         (None, Some(yaml)) => match validate_posted(&s, yaml).await {
-            Ok((pipeline, yaml)) => s.submit_yaml(pipeline, &yaml, &overrides),
+            Ok((pipeline, yaml)) => {
+                if let Err(r) = allowed(decide(&who, Verb::Author, &pipeline.project, None)) {
+                    return *r;
+                }
+                s.submit_yaml(pipeline, &yaml, &overrides)
+            }
             Err(response) => return response,
         },
         _ => {
@@ -711,11 +756,18 @@ struct Register {
     replace: bool,
 }
 
-async fn register(State(s): State<Shared>, JsonBody(body): JsonBody<Register>) -> Response {
+async fn register(
+    State(s): State<Shared>,
+    Extension(who): Extension<Subject>,
+    JsonBody(body): JsonBody<Register>,
+) -> Response {
     let (pipeline, yaml) = match validate_posted(&s, body.yaml).await {
         Ok(v) => v,
         Err(response) => return response,
     };
+    if let Err(r) = allowed(decide(&who, Verb::Author, &pipeline.project, None)) {
+        return *r;
+    }
     match s.register(pipeline, &yaml, body.replace) {
         Ok((schedule, next)) => {
             (StatusCode::CREATED, Json(Registered { schedule, next })).into_response()

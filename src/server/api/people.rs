@@ -8,6 +8,7 @@ use axum::{Extension, Json};
 use serde::Deserialize;
 
 use drivetrain_engine::access::{decide, Subject, Verb};
+
 use drivetrain_engine::state::{Refusal, RunId, Vote};
 
 use super::openapi::{ApprovalList, AuditList, WhoAmI};
@@ -22,25 +23,33 @@ pub struct ListQuery {
 }
 
 /// A `limit` of 1 to 1000 (`default` without one), or the 400 that refuses it.
-fn limit(given: Option<usize>, default: usize) -> Result<usize, Response> {
+fn limit(given: Option<usize>, default: usize) -> Result<usize, Box<Response>> {
     match given.unwrap_or(default) {
         n @ 1..=1000 => Ok(n),
-        n => Err(error(
+        n => Err(Box::new(error(
             StatusCode::BAD_REQUEST,
             format!("limit={n}: give 1 to 1000"),
-        )),
+        ))),
     }
 }
 
 /// `GET /api/v1/approvals`.
-pub async fn approvals(State(s): State<Shared>, Params(q): Params<ListQuery>) -> Response {
+pub async fn approvals(
+    State(s): State<Shared>,
+    Extension(who): Extension<Subject>,
+    Params(q): Params<ListQuery>,
+) -> Response {
     let limit = match limit(q.limit, 100) {
         Ok(n) => n,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let state = s.engine.state().clone();
     match tokio::task::spawn_blocking(move || state.approvals(q.waiting, limit)).await {
-        Ok(Ok(approvals)) => Json(ApprovalList { approvals }).into_response(),
+        Ok(Ok(mut approvals)) => {
+            let readable = who.projects_for(Verb::Read);
+            approvals.retain(|a| Subject::may(&readable, &a.request.project));
+            Json(ApprovalList { approvals }).into_response()
+        }
         Ok(Err(e)) => internal(e),
         Err(e) => internal(e),
     }
@@ -132,16 +141,25 @@ pub struct AuditQuery {
 }
 
 /// `GET /api/v1/audit`.
-pub async fn audit(State(s): State<Shared>, Params(q): Params<AuditQuery>) -> Response {
+pub async fn audit(
+    State(s): State<Shared>,
+    Extension(who): Extension<Subject>,
+    Params(q): Params<AuditQuery>,
+) -> Response {
     let limit = match limit(q.limit, 100) {
         Ok(n) => n,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let since = q.since.unwrap_or_default();
     let after = q.after.unwrap_or(0);
     let state = s.engine.state().clone();
     match tokio::task::spawn_blocking(move || state.audit(&since, after, limit)).await {
-        Ok(Ok(entries)) => Json(AuditList { entries }).into_response(),
+        Ok(Ok(mut entries)) => {
+            // An admin of a project reads its entries; of `*`, every entry.
+            let readable = who.projects_for(Verb::ReadAudit);
+            entries.retain(|e| Subject::may(&readable, &e.project));
+            Json(AuditList { entries }).into_response()
+        }
         Ok(Err(e)) => internal(e),
         Err(e) => internal(e),
     }

@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
+use drivetrain_engine::access::{Subject, Verb};
 use drivetrain_engine::fault::{Blame, Fault};
 use drivetrain_engine::plan::Action;
 use drivetrain_engine::state::RunId;
@@ -348,7 +349,11 @@ pub(super) struct LineageQuery {
 
 /// `GET /api/v1/lineage?target=…`: the graph from an artifact, a run's stage or a model
 /// version up to the drive logs (or, `downstream`, down to what was made of it).
-pub(super) async fn lineage(State(s): State<Shared>, Params(q): Params<LineageQuery>) -> Response {
+pub(super) async fn lineage(
+    State(s): State<Shared>,
+    Extension(who): Extension<Subject>,
+    Params(q): Params<LineageQuery>,
+) -> Response {
     use drivetrain_engine::history::{self, Direction, LineageError};
     let server = s.clone();
     let made = tokio::task::spawn_blocking(move || {
@@ -362,12 +367,36 @@ pub(super) async fn lineage(State(s): State<Shared>, Params(q): Params<LineageQu
             false => Direction::Upstream,
         };
         let roots = history::resolve_target(server.engine.state().as_ref(), &target)?;
-        history::lineage(
+        let mut g = history::lineage(
             server.engine.state().as_ref(),
             server.engine.artifacts(),
             roots,
             direction,
-        )
+        )?;
+        // What the caller may not read is not there; a target of such a project, not found.
+        let readable = who.projects_for(Verb::Read);
+        if readable.is_some() {
+            let state = server.engine.state();
+            let mut projects: BTreeMap<String, bool> = BTreeMap::new();
+            let mut visible = |run: &str| {
+                *projects.entry(run.to_owned()).or_insert_with(|| {
+                    state
+                        .run(&RunId(run.to_owned()))
+                        .is_ok_and(|r| Subject::may(&readable, &r.project))
+                })
+            };
+            g.nodes.retain(|_, n| visible(n.run()));
+            g.edges
+                .retain(|(a, b)| g.nodes.contains_key(a) && g.nodes.contains_key(b));
+            g.roots.retain(|r| g.nodes.contains_key(r));
+            if g.roots.is_empty() {
+                return Err(LineageError::NotFound(format!(
+                    "no lineage of {} here",
+                    q.target
+                )));
+            }
+        }
+        Ok(g)
     })
     .await;
     match made {

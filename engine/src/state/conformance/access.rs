@@ -111,6 +111,17 @@ pub(super) fn approvals(s: &dyn StateStore) {
     s.create_run(&run).unwrap();
     let id = run.id.clone();
     assert_eq!(s.run(&id).unwrap().project, "perception");
+    let of = |projects: &[&str]| {
+        let filter = crate::state::RunFilter {
+            projects: Some(projects.iter().map(|p| p.to_string()).collect()),
+            ..Default::default()
+        };
+        let found = s.find_runs(&filter, 100).unwrap();
+        found.into_iter().map(|r| r.id.0).collect::<Vec<_>>()
+    };
+    assert_eq!(of(&["perception", "planning"]), std::slice::from_ref(&id.0));
+    assert!(of(&[]).is_empty());
+    assert!(!of(&["default"]).contains(&id.0));
     let first = s.request_approval(&request(&id, "gate", 2, None)).unwrap();
     assert_eq!(first.outcome, None);
     // Asked again (a resumed run reaching the stage again): the first request stands.
