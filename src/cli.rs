@@ -443,6 +443,16 @@ pub(crate) enum Command {
         #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },
+    /// Projects: their quotas (runs in flight and GPUs claimed, kept by `serve`).
+    #[command(
+        after_help = "Examples:\n  drivetrain project quota perception --max-runs 4 --max-gpus 16\n  drivetrain project list"
+    )]
+    Project {
+        #[command(subcommand)]
+        command: ProjectCommand,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text, global = true)]
+        output: Format,
+    },
     /// Explain an authorization decision.
     Auth {
         #[command(subcommand)]
@@ -575,6 +585,22 @@ pub(crate) enum TokenCommand {
     List,
     /// Revoke a token by id or name.
     Revoke { token: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ProjectCommand {
+    /// Every project with runs or a quota: its quota and its runs by phase.
+    List,
+    /// Set a project's quota; a bound left out is none.
+    Quota {
+        project: String,
+        /// Runs in flight at once (the rest wait, Pending, first come first served).
+        #[arg(long)]
+        max_runs: Option<u32>,
+        /// GPUs its runs in flight claim at once.
+        #[arg(long)]
+        max_gpus: Option<u32>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -406,3 +406,72 @@ pub fn protect(home: &Path, alias: &str, role: Option<&str>) -> anyhow::Result<E
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// `project list|quota`.
+pub fn project(
+    home: &Path,
+    command: crate::cli::ProjectCommand,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    use crate::cli::ProjectCommand as C;
+    use drivetrain_engine::state::Quota;
+    let state = open_state(home)?;
+    match command {
+        C::Quota {
+            project,
+            max_runs,
+            max_gpus,
+        } => {
+            if let Err(why) = drivetrain_engine::validate::dns1123_label(&project) {
+                eprintln!("error: project name `{project}` {why}");
+                return Ok(ExitCode::from(2));
+            }
+            let q = Quota { max_runs, max_gpus };
+            state.set_quota(&project, q, &local_user().name)?;
+            audit_local(
+                state.as_ref(),
+                &project,
+                "projects.quota",
+                format!("project/{project}"),
+                serde_json::to_value(q)?,
+            )?;
+            let bound = |b: Option<u32>| b.map_or("any".to_owned(), |n| n.to_string());
+            println!(
+                "project `{project}`: {} runs, {} GPUs at once",
+                bound(max_runs),
+                bound(max_gpus)
+            );
+        }
+        C::List => {
+            let quotas = state.quotas()?;
+            let mut projects: std::collections::BTreeMap<String, serde_json::Value> = quotas
+                .iter()
+                .map(|(p, q)| (p.clone(), json!({"quota": q, "runs": {}})))
+                .collect();
+            for r in state.list_runs(100_000)? {
+                let e = projects
+                    .entry(r.project.clone())
+                    .or_insert_with(|| json!({"quota": Quota::default(), "runs": {}}));
+                let n = &mut e["runs"][r.phase.as_str()];
+                *n = json!(n.as_u64().unwrap_or(0) + 1);
+            }
+            if json_out {
+                println!("{}", serde_json::to_string_pretty(&projects)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            for (p, e) in &projects {
+                println!(
+                    "{p:<20} quota runs {:<5} gpus {:<5} runs {}",
+                    e["quota"]["max_runs"]
+                        .as_u64()
+                        .map_or("any".into(), |n| n.to_string()),
+                    e["quota"]["max_gpus"]
+                        .as_u64()
+                        .map_or("any".into(), |n| n.to_string()),
+                    e["runs"]
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -87,6 +87,7 @@ pub(crate) fn dispatch(command: Command, home: PathBuf) -> ExitCode {
         | Command::Approvals { .. }
         | Command::Token { .. }
         | Command::Audit { .. }
+        | Command::Project { .. }
         | Command::Auth { .. }) => people::dispatch(&catalog, &home, c),
         c @ (Command::Serve { .. }
         | Command::Ui { .. }

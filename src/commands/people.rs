@@ -29,6 +29,9 @@ pub(super) fn dispatch(catalog: &Catalog, home: &Path, command: Command) -> Exit
         Command::Token { command, output } => {
             outcome(people::token(home, command, output == Format::Json))
         }
+        Command::Project { command, output } => {
+            outcome(people::project(home, command, output == Format::Json))
+        }
         Command::Audit {
             since,
             limit,

@@ -17,6 +17,7 @@ mod approvals;
 pub(crate) mod listener;
 mod notify;
 pub(crate) mod oidc;
+mod quota;
 mod triggers;
 mod ui;
 
@@ -34,7 +35,7 @@ use drivetrain_engine::executor::ResourceUsage;
 use drivetrain_engine::plan::Pipeline;
 use drivetrain_engine::runner::{self, RunEvent};
 use drivetrain_engine::schedule::{self, Decision, Ticker};
-use drivetrain_engine::state::{Origin, Phase, RunId, StateStore};
+use drivetrain_engine::state::{Origin, Phase, Quota, RunId, StateStore};
 use drivetrain_engine::Catalog;
 use serde_json::{json, Value};
 
@@ -186,6 +187,8 @@ pub struct Server {
     pub oidc: Option<crate::server::oidc::Oidc>,
     /// Wakes the loop that resumes runs whose approvals were decided.
     pub decided: tokio::sync::Notify,
+    /// Each project's runs in flight and GPUs claimed, within its quota.
+    quotas: quota::Quotas,
     /// The address the API listens on (its port resolved).
     pub bound: SocketAddr,
     /// Posted pipelines validated at once (see [`VALIDATIONS`]).
@@ -604,16 +607,29 @@ impl Server {
         if self.stopping.load(Ordering::SeqCst) {
             anyhow::bail!("the server is shutting down");
         }
+        // A project with a quota: the run waits for its place, `Pending`.
+        let quota = self
+            .engine
+            .state()
+            .quotas()?
+            .get(&pipeline.project)
+            .copied()
+            .unwrap_or_default();
+        let bounded = quota != Quota::default();
         // Submitted runs exist before their id is answered: a client may ask at once.
         let recorded = match recorded {
             Some(r) => r,
             None => {
-                let r =
+                let mut r =
                     self.run_record(&run, &pipeline, file, digest, &params, trigger, scheduled)?;
+                if bounded {
+                    r.phase = Phase::Pending;
+                }
                 self.engine.state().create_run(&r)?;
                 r
             }
         };
+        let gpus = quota::demand(&pipeline);
         let mut request =
             RunRequest::new(run.clone(), pipeline, file.to_owned(), digest.to_owned());
         request.params = params;
@@ -667,13 +683,46 @@ impl Server {
             }
         });
         let engine = self.engine.clone();
-        let fut = async move { engine.run(request, events, rx).await };
+        let me = self.clone();
+        let project = request.pipeline.project.clone();
+        let mut stop = rx.clone();
+        let fut = async move {
+            // Its place first (at once without a quota); cancelled while it waits, it ends.
+            let held = tokio::select! {
+                h = me.quotas.enter(&project, quota, gpus), if bounded => Some(h),
+                _ = stop.wait_for(|c| *c), if bounded => None,
+                else => None,
+            };
+            let _held = match held {
+                Some(Ok(h)) => Some(h),
+                Some(Err(why)) => return Err((Phase::Error, format!("cannot start: {why}"))),
+                None if bounded => {
+                    let why = "cancelled while waiting for its project's quota";
+                    return Err((Phase::Cancelled, why.to_owned()));
+                }
+                None => None,
+            };
+            engine
+                .run(request, events, rx)
+                .await
+                .map_err(|e| (Phase::Error, format!("{:#}", anyhow::Error::from(e))))
+        };
         let me = self.clone();
         tokio::spawn(async move {
             match fut.await {
                 Ok(s) => println!("run {run} {}", s.phase),
-                Err(e) => {
-                    let why = format!("{:#}", anyhow::Error::from(e));
+                Err((Phase::Cancelled, why)) => {
+                    println!("run {run} Cancelled: {why}");
+                    let (server, id) = (me.clone(), run.clone());
+                    let _ = tokio::task::spawn_blocking(move || {
+                        server
+                            .engine
+                            .state()
+                            .finish_run(&id, Phase::Cancelled, Some(&why))
+                    })
+                    .await;
+                }
+                Err((_, why)) => {
                     eprintln!("run {run}: {why}");
                     // Ended as Error with the reason, not left Running to be taken over
                     // (and fail the same way) again and again.
@@ -977,6 +1026,7 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         auth_required,
         oidc,
         decided: tokio::sync::Notify::new(),
+        quotas: Default::default(),
         bound,
         validations: Arc::new(tokio::sync::Semaphore::new(VALIDATIONS)),
         metrics: Metrics {

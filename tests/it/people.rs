@@ -699,3 +699,192 @@ fn a_protected_alias_moves_only_through_an_approval() {
         "{history}"
     );
 }
+
+/// A pipeline of project `project` whose `make` writes the same bytes in every project
+/// (sleeping first: then keyed by its run, so that no run of it is a cache hit).
+fn project_pipeline(name: &str, project: &str, sleep: &str) -> String {
+    let slow = match sleep {
+        "0" => "",
+        _ => " {{ run.id }}",
+    };
+    format!(
+        r#"version: 1
+name: {name}
+project: {project}
+stages:
+  make:
+    run: {{command: [sh, -c, 'sleep {sleep}; echo same > "$DRIVETRAIN_OUTPUT_OUT/x"']}}
+    env: {{SLOW: "{sleep}{slow}"}}
+    outputs: [out]
+  use:
+    inputs: {{out: make.out}}
+    run: {{command: [cat, "{{{{ inputs.out }}}}/x"]}}
+"#
+    )
+}
+
+fn stage_of<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    v["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stage"] == name)
+        .unwrap_or_else(|| panic!("no stage {name}: {v}"))
+}
+
+/// Two projects on one server share no cache entry, and neither's token reads the
+/// other's runs, logs, artifacts or lineage, nor starts the other's pipelines; a project's
+/// quota of two runs holds under six concurrent submissions (the rest wait, Pending).
+#[test]
+fn two_projects_share_nothing_and_a_quota_holds() {
+    let home = Home::new("projects");
+    served(&home, "a", &project_pipeline("a", "alpha", "0"));
+    served(&home, "b", &project_pipeline("b", "beta", "0"));
+    served(&home, "slow", &project_pipeline("slow", "alpha", "3"));
+    let of_project = |project: &str, role: &str, name: &str| {
+        let o = home.drivetrain(&[
+            "token",
+            "create",
+            "--project",
+            project,
+            "--role",
+            role,
+            "--name",
+            name,
+        ]);
+        assert_ok(&o);
+        text(&o.stdout).trim().to_owned()
+    };
+    let alpha = of_project("alpha", "launcher", "alpha");
+    let beta = of_project("beta", "launcher", "beta");
+    let beta_admin = of_project("beta", "admin", "beta-admin");
+    assert_ok(&home.drivetrain(&["project", "quota", "alpha", "--max-runs", "2"]));
+    let s = http::start(&home, &[]);
+
+    let a1 = submit(&s, &alpha, "a");
+    let v = wait_phase(&s, &alpha, &a1, "Succeeded");
+    assert_eq!(v["run"]["project"], "alpha");
+    assert_eq!(stage_of(&v, "make")["origin"], "ran");
+    let b1 = submit(&s, &beta, "b");
+    let v = wait_phase(&s, &beta, &b1, "Succeeded");
+    assert_eq!(
+        stage_of(&v, "make")["origin"],
+        "ran",
+        "no cache hit across projects: {v}"
+    );
+    let a2 = submit(&s, &alpha, "a");
+    let v = wait_phase(&s, &alpha, &a2, "Succeeded");
+    assert_eq!(
+        stage_of(&v, "make")["origin"],
+        "cached",
+        "a hit within the project: {v}"
+    );
+
+    // Beta's tokens see nothing of alpha's.
+    for (m, path) in [
+        ("GET", format!("/api/v1/runs/{a1}")),
+        ("GET", format!("/api/v1/runs/{a1}/logs?stage=use")),
+        ("GET", format!("/api/v1/runs/{a1}/graph")),
+        ("POST", format!("/api/v1/runs/{a1}/rerun")),
+        ("POST", format!("/api/v1/runs/{a1}/cancel")),
+    ] {
+        let body = (m == "POST").then_some(r#"{"stages": ["use"]}"#);
+        let (code, answer) = call(&s, m, &path, &beta_admin, body);
+        assert_eq!(code, 403, "{m} {path}: {answer}");
+    }
+    let (code, _) = call(
+        &s,
+        "POST",
+        "/api/v1/runs",
+        &beta,
+        Some(r#"{"pipeline": "a"}"#),
+    );
+    assert_eq!(code, 403, "beta starts no pipeline of alpha");
+    let (_, body) = call(&s, "GET", "/api/v1/runs?limit=100", &beta_admin, None);
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let ids: Vec<&str> = list["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [b1.as_str()], "{list}");
+    let (code, _) = call(
+        &s,
+        "GET",
+        &format!("/api/v1/lineage?target={a1}/use"),
+        &beta_admin,
+        None,
+    );
+    assert_eq!(code, 404, "alpha's lineage is not beta's to walk");
+    let (_, body) = call(&s, "GET", &format!("/api/v1/runs/{a1}"), &alpha, None);
+    let detail: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let digest = stage_of(&detail, "make")["outputs"]["out"]["digest"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{detail}"))
+        .to_owned();
+    let (code, _) = call(
+        &s,
+        "GET",
+        &format!("/api/v1/lineage?target={digest}"),
+        &beta_admin,
+        None,
+    );
+    assert_eq!(code, 404, "alpha's artifact by digest");
+    let (code, body) = call(
+        &s,
+        "GET",
+        &format!("/api/v1/lineage?target={digest}"),
+        &alpha,
+        None,
+    );
+    assert_eq!(code, 200, "{body}");
+    // Beta's lineage never reaches alpha: its `use` read its own `make`.
+    let (_, body) = call(
+        &s,
+        "GET",
+        &format!("/api/v1/lineage?target={b1}/use"),
+        &beta_admin,
+        None,
+    );
+    assert!(!body.contains(&a1) && !body.contains(&a2), "{body}");
+    // The audit log of beta's admin holds beta's entries only.
+    let (_, body) = call(&s, "GET", "/api/v1/audit?limit=1000", &beta_admin, None);
+    let log: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        log["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["project"] == "beta"),
+        "{log}"
+    );
+
+    // Six runs of alpha at once: never more than two in flight, the rest Pending.
+    let runs: Vec<String> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..6)
+            .map(|_| sc.spawn(|| submit(&s, &alpha, "slow")))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let pending = runs
+        .iter()
+        .filter(|r| phase(&s, &alpha, r)["run"]["phase"] == "Pending")
+        .count();
+    assert!(pending >= 4, "{pending} of 6 wait for the quota");
+    let mut edges: Vec<(String, i32)> = Vec::new();
+    for r in &runs {
+        let v = wait_phase(&s, &alpha, r, "Succeeded");
+        let make = stage_of(&v, "make");
+        edges.push((make["started_at"].as_str().unwrap().to_owned(), 1));
+        edges.push((make["finished_at"].as_str().unwrap().to_owned(), -1));
+    }
+    // Same-format UTC times sort as text; an end before a start at the same instant.
+    edges.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+    let (mut now, mut most) = (0, 0);
+    for (_, d) in &edges {
+        now += d;
+        most = most.max(now);
+    }
+    assert_eq!(most, 2, "the quota is 2 runs at once: {edges:?}");
+}

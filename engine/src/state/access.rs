@@ -129,6 +129,15 @@ pub fn tally(min: u32, votes: &[Vote]) -> Option<(&'static str, String)> {
         .then(|| ("approved", format!("approved by {}", yes.join(", "))))
 }
 
+/// What a project may hold at once (`None`: no bound).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct Quota {
+    /// Runs in flight (the rest wait, `Pending`, in the order they came).
+    pub max_runs: Option<u32>,
+    /// GPUs claimed by its runs in flight (a run claims the most any of its stages uses).
+    pub max_gpus: Option<u32>,
+}
+
 /// What a timeout decides for `a` (`approved` or `rejected`, as its `on_timeout` says),
 /// with the reason.
 pub(super) fn timed_out(a: &ApprovalRecord) -> (&'static str, String) {
@@ -177,6 +186,10 @@ pub trait AccessStore: Send + Sync {
     fn protect_alias(&self, alias: &str, role: Option<&str>, by: &str) -> Result<(), StateError>;
     /// Protected alias → its approval role.
     fn protected_aliases(&self) -> Result<std::collections::BTreeMap<String, String>, StateError>;
+    /// Sets a project's quota (both bounds `None`: none).
+    fn set_quota(&self, project: &str, quota: Quota, by: &str) -> Result<(), StateError>;
+    /// Project → its quota.
+    fn quotas(&self) -> Result<std::collections::BTreeMap<String, Quota>, StateError>;
 }
 
 /// Approvals: requested by a stage, decided by people or a timeout.

@@ -22,7 +22,7 @@ mod queries;
 mod schema;
 mod sqlite;
 pub use access::{
-    tally, AccessStore, ApprovalRecord, ApprovalRequest, ApprovalStore, AuditEntry, Refusal,
+    tally, AccessStore, ApprovalRecord, ApprovalRequest, ApprovalStore, AuditEntry, Quota, Refusal,
     TokenRecord, Vote,
 };
 pub use events::{

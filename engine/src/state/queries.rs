@@ -136,8 +136,8 @@ statements! {
         "SELECT id FROM runs WHERE phase = 'Running' AND heartbeat_at < $1 ORDER BY \
          created_at";
     TAKE_OVER =
-        "UPDATE runs SET heartbeat_at = $3, engine_pid = NULL WHERE id = $1 AND phase = \
-         'Running' AND (heartbeat_at IS NULL OR heartbeat_at < $2)";
+        "UPDATE runs SET heartbeat_at = $3, engine_pid = NULL WHERE id = $1 AND phase IN \
+         ('Running', 'Pending') AND (heartbeat_at IS NULL OR heartbeat_at < $2)";
     RUNNING_RUNS =
         "SELECT id FROM runs WHERE pipeline = $1 AND phase IN ('Running', 'Pending') ORDER \
          BY created_at";
@@ -266,6 +266,12 @@ statements! {
         "DELETE FROM protected_aliases WHERE alias = $1";
     PROTECTED_ALIASES =
         "SELECT alias, role FROM protected_aliases ORDER BY alias";
+    SET_QUOTA =
+        "INSERT INTO project_quotas (project, max_runs, max_gpus, set_at, set_by) VALUES \
+         ($1, $2, $3, $4, $5) ON CONFLICT (project) DO UPDATE SET max_runs = $2, max_gpus = \
+         $3, set_at = $4, set_by = $5";
+    QUOTAS =
+        "SELECT project, max_runs, max_gpus FROM project_quotas ORDER BY project";
     RUN_PHASE =
         "SELECT phase FROM runs WHERE id = $1";
     CLAIM_WAITING =

@@ -188,7 +188,8 @@ CREATE INDEX runs_by_notified ON runs(notified);
 "#,
     // 2: people: API tokens (hashed), the append-only audit log, approvals (a stage
     // waiting for people) with their votes, the registry aliases only an approval role
-    // moves, and the project of each run (runs made before are in `default`).
+    // moves, the project of each run (runs made before are in `default`) and each
+    // project's quota.
     r#"
 CREATE TABLE tokens (
     id TEXT PRIMARY KEY,
@@ -233,6 +234,13 @@ CREATE TABLE approvals (
 CREATE INDEX approvals_waiting ON approvals(outcome, timeout_at);
 ALTER TABLE runs ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
 CREATE INDEX runs_by_project_time ON runs(project, created_at, id);
+CREATE TABLE project_quotas (
+    project TEXT PRIMARY KEY,
+    max_runs BIGINT,
+    max_gpus BIGINT,
+    set_at TEXT NOT NULL,
+    set_by TEXT NOT NULL
+);
 CREATE TABLE protected_aliases (
     alias TEXT PRIMARY KEY,
     role TEXT NOT NULL,

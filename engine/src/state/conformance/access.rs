@@ -76,6 +76,15 @@ pub(super) fn tokens_and_audit(s: &dyn StateStore) {
         p.into_iter().collect::<Vec<_>>(),
         [("production".to_owned(), "safety".to_owned())]
     );
+
+    let q = crate::state::Quota {
+        max_runs: Some(2),
+        max_gpus: None,
+    };
+    s.set_quota("perception", crate::state::Quota::default(), "user:a")
+        .unwrap();
+    s.set_quota("perception", q, "user:a").unwrap();
+    assert_eq!(s.quotas().unwrap().get("perception"), Some(&q));
 }
 
 fn request(run: &RunId, stage: &str, min: u32, timeout_at: Option<&str>) -> ApprovalRequest {

@@ -6,7 +6,7 @@ use postgres::{GenericClient, Row};
 
 use super::super::access::{
     ended, split, tally, timed_out, AccessStore, ApprovalRecord, ApprovalRequest, ApprovalStore,
-    AuditEntry, Refusal, TokenRecord, Vote,
+    AuditEntry, Quota, Refusal, TokenRecord, Vote,
 };
 use super::{exec, json_col, now, queries, row, rows, PostgresState, RunId, StateError};
 
@@ -203,6 +203,35 @@ impl AccessStore for PostgresState {
                 "read protected aliases",
                 |r| (r.get::<_, String>(0), r.get::<_, String>(1)),
             )?;
+            Ok(rows.into_iter().collect())
+        })
+    }
+
+    fn set_quota(&self, project: &str, q: Quota, by: &str) -> Result<(), StateError> {
+        let (runs, gpus) = (q.max_runs.map(i64::from), q.max_gpus.map(i64::from));
+        self.with(|c| {
+            exec(
+                c,
+                queries::pg::SET_QUOTA,
+                &[&project, &runs, &gpus, &now(), &by],
+                "set a quota",
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn quotas(&self) -> Result<std::collections::BTreeMap<String, Quota>, StateError> {
+        let bound = |v: Option<i64>| v.map(|n| n.clamp(0, u32::MAX as i64) as u32);
+        self.with(|c| {
+            let rows = rows(c, queries::pg::QUOTAS, &[], "read quotas", |r| {
+                (
+                    r.get::<_, String>(0),
+                    Quota {
+                        max_runs: bound(r.get(1)),
+                        max_gpus: bound(r.get(2)),
+                    },
+                )
+            })?;
             Ok(rows.into_iter().collect())
         })
     }

@@ -4,7 +4,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::super::access::{
     ended, split, tally, timed_out, AccessStore, ApprovalRecord, ApprovalRequest, ApprovalStore,
-    AuditEntry, Refusal, TokenRecord, Vote,
+    AuditEntry, Quota, Refusal, TokenRecord, Vote,
 };
 use super::rows::json_col;
 use super::{now, queries, query, sql, ExecuteCached, RunId, SqliteState, StateError};
@@ -189,6 +189,33 @@ impl AccessStore for SqliteState {
                 "read protected aliases",
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )?;
+            Ok(rows.into_iter().collect())
+        })
+    }
+
+    fn set_quota(&self, project: &str, q: Quota, by: &str) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                queries::sqlite::SET_QUOTA,
+                params![project, q.max_runs, q.max_gpus, now(), by],
+            )
+            .map(|_| ())
+            .map_err(sql("set a quota"))
+        })
+    }
+
+    fn quotas(&self) -> Result<std::collections::BTreeMap<String, Quota>, StateError> {
+        self.with(|c| {
+            let rows: Vec<(String, Quota)> =
+                query(c, queries::sqlite::QUOTAS, [], "read quotas", |r| {
+                    Ok((
+                        r.get(0)?,
+                        Quota {
+                            max_runs: r.get(1)?,
+                            max_gpus: r.get(2)?,
+                        },
+                    ))
+                })?;
             Ok(rows.into_iter().collect())
         })
     }
