@@ -192,6 +192,15 @@ async fn the_web_view_in_a_browser() {
             home.dir.join("landing").display()
         ),
     );
+    home.write(
+        "served/gate.yaml",
+        "version: 1\nname: gate\nstages:\n  validate:\n    run: {command: [sh, -c, 'echo \"{\\\"accuracy\\\": 0.93}\" > \"$DRIVETRAIN_VALUES\"']}\n  release:\n    needs: [validate]\n    approval: {approvers: {role: safety}}\n  promote:\n    needs: [release]\n    run: {command: [\"true\"]}\n",
+    );
+    let approver = home.drivetrain(&[
+        "token", "create", "--role", "viewer", "--approves", "safety", "--name", "alice",
+    ]);
+    common::assert_ok(&approver);
+    let approver = common::text(&approver.stdout).trim().to_owned();
     let s = start(&home, &["--token", TOKEN]);
     let (_driver, c) = browser(&home).await;
     let base = format!("http://{}", s.addr);
@@ -206,7 +215,55 @@ async fn the_web_view_in_a_browser() {
     schedules_trigger_and_suspend(&p).await;
     a_paused_trigger_queues_and_resumes_skipping(&p).await;
     the_list_filters_to_failures(&p, &failed).await;
+    an_approver_decides_with_the_evidence_in_view(&p, &approver).await;
     p.c.close().await.unwrap();
+}
+
+/// A run waits for an approval: the admin sees it with its evidence but no Approve button
+/// (no `safety` role) and the Audit link; the approver sees no Audit link, approves with
+/// a comment, and the run goes on to succeed.
+async fn an_approver_decides_with_the_evidence_in_view(p: &Page, approver: &str) {
+    let base = &p.base;
+    let (code, v) = call(&p.s, "POST", "/api/v1/runs", Some(r#"{"pipeline": "gate"}"#));
+    assert_eq!(code, 201, "{v}");
+    let run = v["run"].as_str().unwrap().to_owned();
+    wait_phase(&p.s, &run, "Waiting");
+    p.c.goto(&format!("{base}/#/approvals")).await.unwrap();
+    let row = format!("document.querySelector('[data-approval=\"{run}/release\"]')");
+    until(&p.c, "the approval's row", &format!("return {row}")).await;
+    let accuracy = eval(
+        &p.c,
+        &format!("return {row}.querySelector('[data-value=accuracy]').textContent"),
+    )
+    .await;
+    assert_eq!(accuracy, "accuracy 0.93 ");
+    let buttons = eval(&p.c, &format!("return {row}.querySelectorAll('button').length")).await;
+    assert_eq!(buttons, 0, "the admin holds no `safety`: nothing to press");
+    let audit = eval(&p.c, "return !document.querySelector('nav a[data-section=audit]').hidden").await;
+    assert_eq!(audit, true, "the admin reads the audit log");
+    screenshot(&p.c, &p.home, "approvals").await;
+
+    let field = p.c.find(Locator::Id("token")).await.unwrap();
+    field.clear().await.unwrap();
+    field.send_keys(approver).await.unwrap();
+    click(&p.c, Locator::Css("#token-form button")).await;
+    until(&p.c, "the Approve button", &format!("return {row} && {row}.querySelector('button')")).await;
+    let audit = eval(&p.c, "return document.querySelector('nav a[data-section=audit]').hidden").await;
+    assert_eq!(audit, true, "the approver does not read the audit log");
+    let comment = p
+        .c
+        .find(Locator::Css(&format!("[data-approval=\"{run}/release\"] input")))
+        .await
+        .unwrap();
+    comment.send_keys("slices hold").await.unwrap();
+    click(
+        &p.c,
+        Locator::XPath(&format!("//tr[@data-approval='{run}/release']//button[text()='Approve']")),
+    )
+    .await;
+    until(&p.c, "the decision", "const s = document.getElementById('status').textContent; return s.startsWith('approve: approved') && s").await;
+    let v = wait_phase(&p.s, &run, "Succeeded");
+    assert!(v.to_string().contains("token:alice"), "{v}");
 }
 
 /// Without the token the page says it needs one; with it, the list shows.

@@ -3,12 +3,13 @@
 // API under /api/v1 (docs/openapi.json). Text from the server is only ever set as text
 // (textContent, attributes), never parsed as HTML.
 
-// The phases of `drivetrain_engine::state::Phase`; all but the first two are ends.
-const PHASES = ["Pending", "Running", "Succeeded", "Failed", "Error", "Skipped", "Omitted", "Cancelled"];
+// The phases of `drivetrain_engine::state::Phase`; all but the first two and the last
+// (a run waiting for people) are ends.
+const PHASES = ["Pending", "Running", "Succeeded", "Failed", "Error", "Skipped", "Omitted", "Cancelled", "Waiting"];
 const TRIGGERS = ["cli", "api", "schedule", "rerun", "retry"];
 /** How many rows of the run list are drawn at a time. */
 const ROWS = 500;
-const TERMINAL = new Set(PHASES.slice(2));
+const TERMINAL = new Set(PHASES.slice(2, -1));
 
 // ---- small helpers ----------------------------------------------------------------
 
@@ -58,6 +59,35 @@ async function api(path, options = {}) {
     throw new Error(why);
   }
   return body;
+}
+
+// ---- who the caller is, and what the view offers them ---------------------------
+
+/** `GET /api/v1/whoami`, once per token: the subject, its grants and what it may do. */
+let me = null;
+async function whoami() {
+  if (me) return me;
+  try {
+    me = await api("/api/v1/whoami");
+  } catch {
+    me = { subject: "", grants: [], may: {} };
+  }
+  for (const a of document.querySelectorAll("nav a[data-needs]")) {
+    a.hidden = !can(a.dataset.needs);
+  }
+  return me;
+}
+
+/** Whether the caller may `verb` in `project` (a grant for `*` counts everywhere). */
+function can(verb, project = "default") {
+  const may = (me && me.may) || {};
+  return [project, "*"].some((p) => (may[p] || []).includes(verb));
+}
+
+/** Whether the caller holds approval role `role` in `project`. */
+function approves(role, project = "default") {
+  return ((me && me.grants) || []).some((g) => (g.project === project || g.project === "*")
+    && (g.approves || []).some((a) => a === role || a === "*"));
 }
 
 function post(path, body) {
@@ -331,6 +361,7 @@ async function runPage(id, selected) {
   ]);
   const stages = new Map(detail.stages.map((s) => [s.stage, s]));
   let run = detail.run;
+  await whoami();
 
   const head = h("section", { class: "run-head", "aria-label": "run" });
   const actions = h("div", { class: "actions" });
@@ -391,10 +422,12 @@ async function runPage(id, selected) {
       });
       return b;
     };
+    // What the caller's role may not do is not offered.
     actions.replaceChildren(
-      button("Cancel", "cancel", `/api/v1/runs/${esc(run.id)}/cancel`, !ended),
-      button("Retry", "retry", `/api/v1/runs/${esc(run.id)}/retry`, ended && run.phase !== "Succeeded"),
-      form);
+      can("cancel", run.project) ? button("Cancel", "cancel", `/api/v1/runs/${esc(run.id)}/cancel`, !ended) : "",
+      can("launch", run.project) ? button("Retry", "retry", `/api/v1/runs/${esc(run.id)}/retry`, ended && run.phase !== "Succeeded") : "",
+      can("launch", run.project) ? form : "",
+      run.phase === "Waiting" ? h("a", { href: "#/approvals", class: "waiting" }, "Waiting for approval: decide") : "");
   };
 
   const nodes = graph.nodes.map((n) => ({ id: n.name, needs: n.needs, kind: n.kind, map: n.map, hook: n.hook }));
@@ -591,7 +624,9 @@ function metrics(m) {
 
 async function registryPage() {
   fresh();
-  const { models } = await api("/api/v1/registry");
+  const [{ models }] = await Promise.all([api("/api/v1/registry"), whoami()]);
+  // An editor moves aliases; a holder of an approval role moves the ones it protects.
+  const mayMove = can("move-alias") || ((me && me.grants) || []).some((g) => (g.approves || []).length);
   const sections = models.map((m) => {
     const aliases = Object.entries(m.aliases).map(([alias, version]) => {
       const b = h("button", { type: "button", "data-rollback": `${m.model}@${alias}` }, "Roll back");
@@ -604,7 +639,7 @@ async function registryPage() {
           say(`rollback: ${err.message}`, "error");
         }
       });
-      return h("li", {}, h("strong", {}, alias), ` → version ${version} `, b);
+      return h("li", {}, h("strong", {}, alias), ` → version ${version} `, mayMove ? b : "");
     });
     return h("section", { class: "model" },
       h("h2", {}, m.model),
@@ -629,8 +664,9 @@ async function registryPage() {
 
 async function schedulesPage() {
   fresh();
-  const { schedules } = await api("/api/v1/schedules");
+  const [{ schedules }] = await Promise.all([api("/api/v1/schedules"), whoami()]);
   const act = (label, path) => {
+    if (!can(label === "Trigger" ? "launch" : "configure")) return "";
     const b = h("button", { type: "button" }, label);
     b.addEventListener("click", async () => {
       try {
@@ -659,8 +695,9 @@ async function schedulesPage() {
 
 async function triggersPage() {
   fresh();
-  const [{ triggers }, outbox] = await Promise.all([api("/api/v1/triggers"), api("/api/v1/notifications?state=dead&limit=100")]);
+  const [{ triggers }, outbox] = await Promise.all([api("/api/v1/triggers"), api("/api/v1/notifications?state=dead&limit=100"), whoami()]);
   const act = (label, path) => {
+    if (!can("configure")) return "";
     const b = h("button", { type: "button" }, label);
     b.addEventListener("click", async () => {
       try {
@@ -703,6 +740,68 @@ async function triggersPage() {
       : h("p", {}, "No dead letters."));
 }
 
+// ---- people: approvals and the audit log --------------------------------------------
+
+/** An approval's evidence as text: each upstream stage's values and outputs, with a link
+ * into its lineage. */
+function evidence(ev) {
+  const stages = Object.entries((ev && ev.stages) || {});
+  if (!stages.length) return h("p", {}, "No upstream stage left evidence.");
+  return h("dl", { class: "evidence" }, stages.map(([stage, e]) => [
+    h("dt", {}, stage, " ", h("a", { href: `#/lineage?target=${encodeURIComponent(e.lineage)}` }, "lineage")),
+    h("dd", {},
+      Object.entries(e.values || {}).map(([k, v]) => h("span", { class: "value", "data-value": k }, `${k} ${typeof v === "string" ? v : JSON.stringify(v)}`, " ")),
+      Object.entries(e.outputs || {}).map(([name, o]) => h("span", { class: "output" }, `${name} `, h("code", {}, String(o.digest || "").slice(0, 19)), " "))),
+  ]));
+}
+
+async function approvalsPage() {
+  fresh();
+  const [{ approvals }] = await Promise.all([api("/api/v1/approvals?limit=200"), whoami()]);
+  const decide = (a, verdict, comment) => async () => {
+    try {
+      const r = await post(`/api/v1/runs/${esc(a.run)}/stages/${esc(a.stage)}/${verdict}`, comment.value ? { comment: comment.value } : {});
+      say(`${verdict}: ${r.outcome ? r.outcome : `counted, ${r.votes.filter((v) => v.decision === "approve").length} of ${r.min}`}`);
+      approvalsPage().catch(quiet);
+    } catch (err) {
+      say(`${verdict}: ${err.message}`, "error");
+    }
+  };
+  const rows = approvals.map((a) => {
+    const yes = a.votes.filter((v) => v.decision === "approve").length;
+    const comment = h("input", { type: "text", "aria-label": `comment on ${a.run}/${a.stage}`, placeholder: "why" });
+    const mine = !a.outcome && approves(a.role, a.project);
+    return h("tr", { "data-approval": `${a.run}/${a.stage}` },
+      h("td", {}, runLink(a.run), " ", a.stage, h("br"), h("small", {}, a.pipeline, " · ", a.project)),
+      h("td", {}, a.outcome ? a.outcome : "waiting", h("br"), h("small", {}, a.reason || (a.timeout_at ? `times out ${when(a.timeout_at)} (${a.on_timeout})` : ""))),
+      h("td", {}, `${yes} of ${a.min} by role ${a.role}`, h("ul", { class: "votes" }, a.votes.map((v) => h("li", {}, `${v.subject} ${v.decision}`, v.comment ? `: ${v.comment}` : "")))),
+      h("td", {}, evidence(a.evidence)),
+      h("td", {}, mine ? [comment, " ",
+        h("button", { type: "button", onclick: decide(a, "approve", comment) }, "Approve"), " ",
+        h("button", { type: "button", onclick: decide(a, "reject", comment) }, "Reject")] : ""));
+  });
+  show(h("h1", {}, "Approvals"), approvals.length
+    ? h("table", {}, h("thead", {}, h("tr", {}, ["Run and stage", "State", "Decided by", "Evidence", ""].map((c) => h("th", { scope: "col" }, c)))), h("tbody", {}, rows))
+    : h("p", {}, "No approvals: a stage with `approval:` asks here when its run reaches it."));
+}
+
+async function auditPage() {
+  fresh();
+  await whoami();
+  if (!can("read-audit")) {
+    show(h("h1", {}, "Audit log"), h("p", {}, "Reading the audit log needs the admin role."));
+    return;
+  }
+  const { entries } = await api("/api/v1/audit?limit=1000");
+  const change = (e) => [e.before ? `before ${JSON.stringify(e.before)}` : "", e.after ? ` after ${JSON.stringify(e.after)}` : ""].join("");
+  const rows = entries.slice().reverse().map((e) => h("tr", { "data-seq": String(e.seq), class: `decision-${e.decision}` },
+    h("td", { class: "num" }, String(e.seq)), h("td", {}, when(e.at)), h("td", {}, e.subject),
+    h("td", {}, e.action), h("td", {}, h("code", {}, e.resource)), h("td", {}, e.project),
+    h("td", {}, e.decision), h("td", {}, e.reason || "", h("br"), h("small", {}, change(e)))));
+  show(h("h1", {}, "Audit log"), h("p", {}, "Every mutating request, allowed or denied, newest first; nothing edits or deletes it."),
+    h("table", {}, h("thead", {}, h("tr", {}, ["#", "When", "Who", "What", "Resource", "Project", "Decision", "Why and what changed"].map((c) => h("th", { scope: "col" }, c)))), h("tbody", {}, rows)));
+}
+
 // ---- routing ----------------------------------------------------------------------
 
 async function route() {
@@ -722,6 +821,8 @@ async function route() {
     else if (parts[0] === "registry") await registryPage();
     else if (parts[0] === "schedules") await schedulesPage();
     else if (parts[0] === "triggers") await triggersPage();
+    else if (parts[0] === "approvals") await approvalsPage();
+    else if (parts[0] === "audit") await auditPage();
     else await runsPage(query);
   } catch (e) {
     show(h("h1", {}, "Cannot show this"), h("p", { class: "error" }, e.message));
@@ -735,8 +836,9 @@ document.getElementById("token-form").addEventListener("submit", (e) => {
   e.preventDefault();
   token = document.getElementById("token").value.trim();
   sessionStorage.setItem("drivetrain-token", token);
+  me = null;
   say("");
   route();
 });
 window.addEventListener("hashchange", route);
-route();
+whoami().then(route);
