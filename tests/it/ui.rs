@@ -197,7 +197,14 @@ async fn the_web_view_in_a_browser() {
         "version: 1\nname: gate\nstages:\n  validate:\n    run: {command: [sh, -c, 'echo \"{\\\"accuracy\\\": 0.93}\" > \"$DRIVETRAIN_VALUES\"']}\n  release:\n    needs: [validate]\n    approval: {approvers: {role: safety}}\n  promote:\n    needs: [release]\n    run: {command: [\"true\"]}\n",
     );
     let approver = home.drivetrain(&[
-        "token", "create", "--role", "viewer", "--approves", "safety", "--name", "alice",
+        "token",
+        "create",
+        "--role",
+        "viewer",
+        "--approves",
+        "safety",
+        "--name",
+        "alice",
     ]);
     common::assert_ok(&approver);
     let approver = common::text(&approver.stdout).trim().to_owned();
@@ -224,7 +231,12 @@ async fn the_web_view_in_a_browser() {
 /// a comment, and the run goes on to succeed.
 async fn an_approver_decides_with_the_evidence_in_view(p: &Page, approver: &str) {
     let base = &p.base;
-    let (code, v) = call(&p.s, "POST", "/api/v1/runs", Some(r#"{"pipeline": "gate"}"#));
+    let (code, v) = call(
+        &p.s,
+        "POST",
+        "/api/v1/runs",
+        Some(r#"{"pipeline": "gate"}"#),
+    );
     assert_eq!(code, 201, "{v}");
     let run = v["run"].as_str().unwrap().to_owned();
     wait_phase(&p.s, &run, "Waiting");
@@ -237,9 +249,17 @@ async fn an_approver_decides_with_the_evidence_in_view(p: &Page, approver: &str)
     )
     .await;
     assert_eq!(accuracy, "accuracy 0.93 ");
-    let buttons = eval(&p.c, &format!("return {row}.querySelectorAll('button').length")).await;
+    let buttons = eval(
+        &p.c,
+        &format!("return {row}.querySelectorAll('button').length"),
+    )
+    .await;
     assert_eq!(buttons, 0, "the admin holds no `safety`: nothing to press");
-    let audit = eval(&p.c, "return !document.querySelector('nav a[data-section=audit]').hidden").await;
+    let audit = eval(
+        &p.c,
+        "return !document.querySelector('nav a[data-section=audit]').hidden",
+    )
+    .await;
     assert_eq!(audit, true, "the admin reads the audit log");
     screenshot(&p.c, &p.home, "approvals").await;
 
@@ -247,18 +267,30 @@ async fn an_approver_decides_with_the_evidence_in_view(p: &Page, approver: &str)
     field.clear().await.unwrap();
     field.send_keys(approver).await.unwrap();
     click(&p.c, Locator::Css("#token-form button")).await;
-    until(&p.c, "the Approve button", &format!("return {row} && {row}.querySelector('button')")).await;
-    let audit = eval(&p.c, "return document.querySelector('nav a[data-section=audit]').hidden").await;
+    until(
+        &p.c,
+        "the Approve button",
+        &format!("return {row} && {row}.querySelector('button')"),
+    )
+    .await;
+    let audit = eval(
+        &p.c,
+        "return document.querySelector('nav a[data-section=audit]').hidden",
+    )
+    .await;
     assert_eq!(audit, true, "the approver does not read the audit log");
-    let comment = p
-        .c
-        .find(Locator::Css(&format!("[data-approval=\"{run}/release\"] input")))
+    let comment =
+        p.c.find(Locator::Css(&format!(
+            "[data-approval=\"{run}/release\"] input"
+        )))
         .await
         .unwrap();
     comment.send_keys("slices hold").await.unwrap();
     click(
         &p.c,
-        Locator::XPath(&format!("//tr[@data-approval='{run}/release']//button[text()='Approve']")),
+        Locator::XPath(&format!(
+            "//tr[@data-approval='{run}/release']//button[text()='Approve']"
+        )),
     )
     .await;
     until(&p.c, "the decision", "const s = document.getElementById('status').textContent; return s.startsWith('approve: approved') && s").await;

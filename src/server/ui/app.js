@@ -747,7 +747,7 @@ async function triggersPage() {
 function evidence(ev) {
   const stages = Object.entries((ev && ev.stages) || {});
   if (!stages.length) return h("p", {}, "No upstream stage left evidence.");
-  return h("dl", { class: "evidence" }, stages.map(([stage, e]) => [
+  return h("dl", { class: "evidence" }, stages.flatMap(([stage, e]) => [
     h("dt", {}, stage, " ", h("a", { href: `#/lineage?target=${encodeURIComponent(e.lineage)}` }, "lineage")),
     h("dd", {},
       Object.entries(e.values || {}).map(([k, v]) => h("span", { class: "value", "data-value": k }, `${k} ${typeof v === "string" ? v : JSON.stringify(v)}`, " ")),
