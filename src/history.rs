@@ -460,10 +460,12 @@ pub fn registry(
                         json!({"manual": true, "reason": reason}),
                     )
                     .await?;
+                audit_move(home, "registry.aliases.move", &model, &alias, &e)?;
                 println!("{model}@{alias} → version {version} (was {})", e["from"]);
             }
             C::Rollback { model, alias } => {
                 let e = reg.rollback(&model, &alias).await?;
+                audit_move(home, "registry.aliases.rollback", &model, &alias, &e)?;
                 println!(
                     "{model}@{alias} rolled back to version {} (was {})",
                     e["version"], e["from"]
@@ -475,6 +477,23 @@ pub fn registry(
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The audit entry of an alias moved here: the registry's record of the move as its after.
+fn audit_move(
+    home: &Path,
+    action: &str,
+    model: &str,
+    alias: &str,
+    moved: &Value,
+) -> anyhow::Result<()> {
+    crate::people::audit_local(
+        crate::runs::open_state(home)?.as_ref(),
+        crate::server::access::DEFAULT_PROJECT,
+        action,
+        format!("/api/v1/registry/{model}/aliases/{alias}"),
+        moved.clone(),
+    )
 }
 
 /// A lineage target naming a registered model (`MODEL@VERSION`, `MODEL@ALIAS`): the

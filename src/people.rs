@@ -30,7 +30,7 @@ fn local_user() -> Subject {
 }
 
 /// Appends what the local user did to the audit log.
-fn audit_local(
+pub(crate) fn audit_local(
     state: &dyn StateStore,
     project: &str,
     action: &str,

@@ -109,6 +109,16 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
             names(reuse.keys().collect())
         );
     }
+    // A person's rerun; one `serve` starts for a request (with its id) is audited there.
+    if args.run_id.is_none() {
+        crate::people::audit_local(
+            state.as_ref(),
+            &pipeline.project,
+            &format!("runs.{trigger}"),
+            format!("/api/v1/runs/{}/{trigger}", parent.id),
+            serde_json::json!({"run": id, "stages": selection}),
+        )?;
+    }
     let engine = engine(state, ArtifactStore::open(&url)?, executor, &args.home)?.build();
     let mut request = RunRequest::new(
         id,

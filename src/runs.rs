@@ -112,10 +112,20 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
     let state: Arc<dyn StateStore> = open_state(&args.home)?;
     let url = store_url(args.pipeline.store.as_deref(), &args.home)?;
     let artifacts = ArtifactStore::open(&url)?;
+    let by_person = args.run_id.is_none();
     let id = args
         .run_id
         .map(RunId)
         .unwrap_or_else(|| RunId::generate(chrono::Utc::now()));
+    if by_person {
+        crate::people::audit_local(
+            state.as_ref(),
+            &args.pipeline.project,
+            "runs.create",
+            "/api/v1/runs".into(),
+            serde_json::json!({"run": id, "pipeline": args.pipeline.name}),
+        )?;
+    }
     let engine = engine(state, artifacts, executor, &args.home)?.build();
     let mut request = RunRequest::new(
         id.clone(),
@@ -580,6 +590,13 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
         println!("run {id} already ended: {}", record.phase);
         return Ok(ExitCode::SUCCESS);
     }
+    crate::people::audit_local(
+        state.as_ref(),
+        &record.project,
+        "runs.cancel",
+        format!("/api/v1/runs/{id}/cancel"),
+        serde_json::json!({"phase": record.phase}),
+    )?;
     if cancel_waiting(&*state, &id)? {
         println!("run {id} Cancelled (it was waiting for approval)");
         return Ok(ExitCode::SUCCESS);

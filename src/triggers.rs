@@ -135,6 +135,13 @@ pub fn command(
                 Ok(t) => t,
                 Err(e) => return usage(e),
             };
+            audit(
+                &*state,
+                "triggers.pause",
+                &t.pipeline,
+                &t.trigger,
+                json!({"paused": true}),
+            )?;
             state.set_trigger_paused(&t.pipeline, &t.trigger, true, false)?;
             println!(
                 "paused {}/{}: objects keep queueing ({} waiting); no run starts until `drivetrain trigger resume`",
@@ -157,6 +164,8 @@ pub fn command(
                 ));
             }
             let skipped = state.set_trigger_paused(&t.pipeline, &t.trigger, false, skip)?;
+            let after = json!({"paused": false, "skipped": skipped});
+            audit(&*state, "triggers.resume", &t.pipeline, &t.trigger, after)?;
             match skip {
                 true => println!(
                     "resumed {}/{}: {skipped} queued object(s) skipped",
@@ -227,6 +236,24 @@ pub fn command(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The audit entry of a trigger change made here.
+fn audit(
+    state: &dyn drivetrain_engine::state::StateStore,
+    action: &str,
+    pipeline: &str,
+    trigger: &str,
+    after: serde_json::Value,
+) -> anyhow::Result<()> {
+    let verb = action.rsplit('.').next().unwrap_or(action);
+    crate::people::audit_local(
+        state,
+        crate::server::access::DEFAULT_PROJECT,
+        action,
+        format!("/api/v1/triggers/{pipeline}/{trigger}/{verb}"),
+        after,
+    )
 }
 
 /// `--since`: a date (midnight UTC) or an RFC 3339 time, as RFC 3339 UTC with millis.

@@ -535,14 +535,16 @@ fn param_texts(params: &serde_json::Map<String, Value>) -> impl Iterator<Item = 
     })
 }
 
-/// `Ok` when `d` allows; else the 403 that says why, its reason kept for the audit log.
-fn allowed(d: Decision) -> Result<(), Box<Response>> {
+/// `Ok` when `d` allows; else the 403 that says why, its reason (and the project it was
+/// decided in, when one was) kept for the audit log.
+fn allowed(d: Decision, project: Option<&str>) -> Result<(), Box<Response>> {
     if d.allowed {
         return Ok(());
     }
     let mut response = error(StatusCode::FORBIDDEN, d.reason.clone());
     response.extensions_mut().insert(access::AuditNote {
         denied: Some(d.reason),
+        project: project.map(str::to_owned),
         ..Default::default()
     });
     Err(Box::new(response))
@@ -556,33 +558,33 @@ async fn submit(
     if let Some(response) = nul_in("params", param_texts(&body.params)) {
         return response;
     }
-    // Posted YAML runs any command: it needs `author`, not only `launch` (somewhere before
-    // it is validated, in its project after).
-    if body.yaml.is_some() {
-        if let Err(r) = allowed(decide_anywhere(&who, Verb::Author)) {
-            return *r;
-        }
-    }
+    // Posted YAML runs any command: it needs `author` in its project, not only `launch`
+    // (decided once it is validated and its project known).
     let overrides: Vec<(String, String)> = body
         .params
         .iter()
         .map(|(k, v)| (k.clone(), drivetrain_engine::template::value_text(v)))
         .collect();
+    let submitted_in: Option<String>;
     let started = match (body.pipeline, body.yaml) {
         (Some(name), None) => {
-            if let Some(l) = s.loaded().get(&name) {
-                let d = decide(&who, Verb::Launch, &l.pipeline.project, None);
-                if let Err(r) = allowed(d) {
+            let project = s.loaded().get(&name).map(|l| l.pipeline.project.clone());
+            if let Some(p) = &project {
+                let d = decide(&who, Verb::Launch, p, None);
+                if let Err(r) = allowed(d, Some(p)) {
                     return *r;
                 }
             }
+            submitted_in = project;
             s.submit_named(&name, &overrides)
         }
         (None, Some(yaml)) => match validate_posted(&s, yaml).await {
             Ok((pipeline, yaml)) => {
-                if let Err(r) = allowed(decide(&who, Verb::Author, &pipeline.project, None)) {
+                let p = pipeline.project.clone();
+                if let Err(r) = allowed(decide(&who, Verb::Author, &p, None), Some(&p)) {
                     return *r;
                 }
+                submitted_in = Some(p);
                 s.submit_yaml(pipeline, &yaml, &overrides)
             }
             Err(response) => return response,
@@ -598,6 +600,7 @@ async fn submit(
         Ok(run) => {
             let note = access::AuditNote {
                 after: Some(serde_json::json!({ "run": run })),
+                project: submitted_in,
                 ..Default::default()
             };
             let mut response = (StatusCode::CREATED, Json(Started { run })).into_response();
@@ -765,7 +768,8 @@ async fn register(
         Ok(v) => v,
         Err(response) => return response,
     };
-    if let Err(r) = allowed(decide(&who, Verb::Author, &pipeline.project, None)) {
+    let p = pipeline.project.clone();
+    if let Err(r) = allowed(decide(&who, Verb::Author, &p, None), Some(&p)) {
         return *r;
     }
     match s.register(pipeline, &yaml, body.replace) {

@@ -693,7 +693,7 @@ pub const ROUTES: &[Route] = &[
         summary: "The audit log in order: every mutating request, allowed or denied, with who, what and what it changed",
         query: &[
             ("since", "string", "only entries at or after this RFC 3339 time"),
-            ("after", "integer", "only entries after this `seq` (to page on)"),
+            ("after", r#"{"type": "integer", "minimum": 0, "maximum": 9223372036854775807}"#, "only entries after this `seq` (to page on)"),
             ("limit", r#"{"type": "integer", "minimum": 1, "maximum": 1000}"#, "how many (default 100)"),
         ],
         request: None,

@@ -136,7 +136,7 @@ async fn vote(
 #[derive(Deserialize)]
 pub struct AuditQuery {
     since: Option<String>,
-    after: Option<i64>,
+    after: Option<u64>,
     limit: Option<usize>,
 }
 
@@ -151,7 +151,9 @@ pub async fn audit(
         Err(response) => return *response,
     };
     let since = q.since.unwrap_or_default();
-    let after = q.after.unwrap_or(0);
+    let Ok(after) = i64::try_from(q.after.unwrap_or(0)) else {
+        return error(StatusCode::BAD_REQUEST, "after: at most 2^63 - 1");
+    };
     let state = s.engine.state().clone();
     match tokio::task::spawn_blocking(move || state.audit(&since, after, limit)).await {
         Ok(Ok(mut entries)) => {
