@@ -245,7 +245,6 @@ pub fn lineage(
     output: GraphOutput,
 ) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
-    let store = ArtifactStore::open(&store_url(None, home)?)?;
     let direction = if downstream {
         Direction::Downstream
     } else {
@@ -260,6 +259,12 @@ pub fn lineage(
         Ok(r) => r,
         Err(e) => return lineage_error(e),
     };
+    // Artifacts' locations are in the store of the target's project.
+    let project = roots
+        .first()
+        .and_then(|root| history::root_project(&*state, root))
+        .unwrap_or_default();
+    let store = ArtifactStore::open(&crate::runs::run_store_url(None, &project, home)?)?;
     match history::lineage(&*state, &store, roots, direction) {
         Ok(g) => print_graph(&g, direction, output)?,
         Err(e) => return lineage_error(e),

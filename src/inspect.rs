@@ -446,7 +446,11 @@ pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Resu
             .ok()
             .and_then(|n| n.get("store").and_then(|s| s.as_str().map(str::to_owned)))
     });
-    let artifacts = ArtifactStore::open(&store_url(pipeline_store.as_deref(), home)?)?;
+    let artifacts = ArtifactStore::open(&crate::runs::run_store_url(
+        pipeline_store.as_deref(),
+        &record.project,
+        home,
+    )?)?;
     let mut latest: BTreeMap<&str, u32> = BTreeMap::new();
     for a in &attempts {
         let e = latest.entry(&a.stage).or_default();

@@ -90,7 +90,7 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
         Ok(e) => e,
         Err(why) => return Ok(Stop::Usage(why).exit()),
     };
-    let url = store_url(pipeline.store.as_deref(), &args.home)?;
+    let url = crate::runs::run_store_url(pipeline.store.as_deref(), &pipeline.project, &args.home)?;
     let id = args
         .run_id
         .clone()

@@ -71,6 +71,17 @@ pub fn store_url(pipeline_store: Option<&str>, home: &Path) -> anyhow::Result<St
     Ok(format!("file://{}", abs.display()))
 }
 
+/// The store of a run of `project` ([`drivetrain_engine::artifacts::project_url`] of
+/// [`store_url`]).
+pub fn run_store_url(
+    pipeline_store: Option<&str>,
+    project: &str,
+    home: &Path,
+) -> anyhow::Result<String> {
+    let base = store_url(pipeline_store, home)?;
+    Ok(drivetrain_engine::artifacts::project_url(&base, project))
+}
+
 /// The log an attempt writes while it runs, under the engine's work directory (the run
 /// loop publishes it to the store when the attempt ends).
 pub fn live_log(work: &Path, run: &str, stage: &str, attempt: u32) -> std::path::PathBuf {
@@ -110,7 +121,11 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
         }
     };
     let state: Arc<dyn StateStore> = open_state(&args.home)?;
-    let url = store_url(args.pipeline.store.as_deref(), &args.home)?;
+    let url = run_store_url(
+        args.pipeline.store.as_deref(),
+        &args.pipeline.project,
+        &args.home,
+    )?;
     let artifacts = ArtifactStore::open(&url)?;
     let by_person = args.run_id.is_none();
     let id = args
@@ -536,7 +551,7 @@ pub fn resume(
     }
     let params: BTreeMap<String, Value> =
         serde_json::from_value(record.params.clone()).unwrap_or_default();
-    let url = store_url(pipeline.store.as_deref(), home)?;
+    let url = run_store_url(pipeline.store.as_deref(), &pipeline.project, home)?;
     if !json_out {
         println!("run {id}");
         println!(

@@ -138,6 +138,11 @@ impl Engine {
         events: mpsc::UnboundedSender<RunEvent>,
         cancel: watch::Receiver<bool>,
     ) -> Result<RunSummary, RunError> {
+        let mut request = request;
+        let artifacts = request
+            .store
+            .take()
+            .unwrap_or_else(|| self.artifacts.clone());
         let opts = runner::RunOptions {
             parallelism: request.parallelism.unwrap_or(self.parallelism).max(1),
             work_dir: self.work_dir.clone(),
@@ -148,7 +153,7 @@ impl Engine {
         };
         let job = runner::Job {
             state: self.state.clone(),
-            artifacts: self.artifacts.clone(),
+            artifacts,
             executor: self.executor.clone(),
             opts,
         };

@@ -50,6 +50,15 @@ impl Node {
     }
 }
 
+/// The project of a lineage root (`RUN/STAGE`, or an artifact's digest): its run's.
+pub fn root_project(state: &dyn StateStore, root: &str) -> Option<String> {
+    let run = match root.starts_with("sha256:") {
+        true => state.artifact(root).ok()??.run_id,
+        false => root.split('/').next()?.to_owned(),
+    };
+    state.run(&RunId(run)).ok().map(|r| r.project)
+}
+
 /// A lineage graph rooted at what was asked about.
 #[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct Lineage {

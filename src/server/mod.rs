@@ -189,6 +189,8 @@ pub struct Server {
     pub decided: tokio::sync::Notify,
     /// Each project's runs in flight and GPUs claimed, within its quota.
     quotas: quota::Quotas,
+    /// The artifact stores of projects but the default one, opened once each.
+    stores: Mutex<BTreeMap<String, ArtifactStore>>,
     /// The address the API listens on (its port resolved).
     pub bound: SocketAddr,
     /// Posted pipelines validated at once (see [`VALIDATIONS`]).
@@ -257,6 +259,22 @@ fn load(
 }
 
 impl Server {
+    /// The artifact store of `project`'s runs: the engine's for the default project,
+    /// `projects/PROJECT` under it for the others.
+    pub fn store_for(&self, project: &str) -> anyhow::Result<ArtifactStore> {
+        if project.is_empty() || project == drivetrain_engine::access::DEFAULT_PROJECT {
+            return Ok(self.engine.artifacts().clone());
+        }
+        let mut stores = self.stores.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = stores.get(project) {
+            return Ok(s.clone());
+        }
+        let url = drivetrain_engine::artifacts::project_url(self.engine.artifacts().url(), project);
+        let store = ArtifactStore::open(&url)?;
+        stores.insert(project.to_owned(), store.clone());
+        Ok(store)
+    }
+
     /// The record of a run this process starts now (Running, this process its engine).
     #[allow(clippy::too_many_arguments)]
     fn run_record(
@@ -636,6 +654,9 @@ impl Server {
         request.trigger = trigger.into();
         request.scheduled_time =
             scheduled.map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+        if request.pipeline.project != drivetrain_engine::access::DEFAULT_PROJECT {
+            request.store = Some(self.store_for(&request.pipeline.project)?);
+        }
         // The run continues from its record.
         request.resume = Some(runner::Resume {
             record: recorded,
@@ -1027,6 +1048,7 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         oidc,
         decided: tokio::sync::Notify::new(),
         quotas: Default::default(),
+        stores: Mutex::new(BTreeMap::new()),
         bound,
         validations: Arc::new(tokio::sync::Semaphore::new(VALIDATIONS)),
         metrics: Metrics {

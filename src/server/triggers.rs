@@ -467,12 +467,12 @@ impl Server {
         group: &str,
         objs: &[InboxObject],
     ) -> RunRecord {
-        let values = trigger_values(
-            &manifest_location(self.engine.artifacts(), id),
-            t,
-            group,
-            objs,
-        );
+        // The project's store (opened at the run's start anyway; the engine's if it cannot
+        // be, where the run then fails to start and says why).
+        let store = self
+            .store_for(&l.pipeline.project)
+            .unwrap_or_else(|_| self.engine.artifacts().clone());
+        let values = trigger_values(&manifest_location(&store, id), t, group, objs);
         let overrides: Vec<(String, String)> = t
             .params
             .iter()
@@ -513,7 +513,8 @@ impl Server {
         objs: &[InboxObject],
     ) -> anyhow::Result<()> {
         let record = self.engine.state().run(id)?;
-        write_manifest(self.engine.artifacts(), id, &l.pipeline.name, &t.name, objs).await?;
+        let store = self.store_for(&l.pipeline.project)?;
+        write_manifest(&store, id, &l.pipeline.name, &t.name, objs).await?;
         if record.phase.is_terminal() {
             eprintln!("run {id}: {}", record.reason.as_deref().unwrap_or("ended"));
             return Ok(());
@@ -539,7 +540,7 @@ impl Server {
         };
         let record = self.engine.state().run(run)?;
         write_manifest(
-            self.engine.artifacts(),
+            &self.store_for(&record.project)?,
             run,
             &record.pipeline,
             &rt.trigger,

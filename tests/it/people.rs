@@ -779,6 +779,25 @@ fn two_projects_share_nothing_and_a_quota_holds() {
         "cached",
         "a hit within the project: {v}"
     );
+    // Each project's artifacts under its own prefix of the store, none at the top.
+    let store = home.dir.join(".drivetrain/artifacts");
+    for (project, run) in [("alpha", &a1), ("beta", &b1)] {
+        let own = store.join(format!("projects/{project}/runs/{run}/make/1/out/x"));
+        assert!(own.is_file(), "{} is missing", own.display());
+        assert!(!store.join(format!("runs/{run}")).exists());
+    }
+    let (code, body) = call(
+        &s,
+        "GET",
+        &format!("/api/v1/runs/{b1}/logs?stage=use"),
+        &beta,
+        None,
+    );
+    assert_eq!(
+        (code, body.trim()),
+        (200, "same"),
+        "its log, from its project's store"
+    );
 
     // Beta's tokens see nothing of alpha's.
     for (m, path) in [

@@ -250,6 +250,16 @@ impl AttemptKey {
     }
 }
 
+/// Where a project's runs keep their artifacts in the store at `url`: under
+/// `projects/PROJECT/` (so no key of one project's is under another's prefix, and a store
+/// policy can be written per prefix); `url` itself for the default project.
+pub fn project_url(url: &str, project: &str) -> String {
+    match project {
+        crate::access::DEFAULT_PROJECT | "" => url.to_owned(),
+        p => format!("{}/projects/{p}", url.trim_end_matches('/')),
+    }
+}
+
 /// The artifact store of a deployment.
 #[derive(Debug, Clone)]
 pub struct ArtifactStore {

@@ -44,6 +44,8 @@ pub struct RunRequest {
     pub scheduled_time: Option<String>,
     /// A run recorded before, continued: what already succeeded is not executed again.
     pub resume: Option<Resume>,
+    /// Its artifact store where not the engine's (a project's runs keep theirs apart).
+    pub store: Option<crate::artifacts::ArtifactStore>,
 }
 
 impl RunRequest {
@@ -67,6 +69,7 @@ impl RunRequest {
             cache: CacheMode::default(),
             scheduled_time: None,
             resume: None,
+            store: None,
         }
     }
 }

@@ -964,7 +964,15 @@ async fn logs(
         None => None,
     };
     let from = ranged.unwrap_or(q.offset);
-    let (size, body) = match s.engine.artifacts().log_from(&key, from).await {
+    let project = match s.engine.state().run(&run) {
+        Ok(r) => r.project,
+        Err(e) => return internal(e),
+    };
+    let store = match s.store_for(&project) {
+        Ok(store) => store,
+        Err(e) => return internal(e),
+    };
+    let (size, body) = match store.log_from(&key, from).await {
         Ok(Some((size, pieces))) => (size, axum::body::Body::from_stream(pieces)),
         Ok(None) => {
             let size = std::fs::metadata(&live).map(|m| m.len()).unwrap_or(0);

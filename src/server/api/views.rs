@@ -366,13 +366,17 @@ pub(super) async fn lineage(
             true => Direction::Downstream,
             false => Direction::Upstream,
         };
-        let roots = history::resolve_target(server.engine.state().as_ref(), &target)?;
-        let mut g = history::lineage(
-            server.engine.state().as_ref(),
-            server.engine.artifacts(),
-            roots,
-            direction,
-        )?;
+        let state = server.engine.state().as_ref();
+        let roots = history::resolve_target(state, &target)?;
+        // Artifacts' locations are in the store of the target's project.
+        let project = roots
+            .first()
+            .and_then(|root| history::root_project(state, root))
+            .unwrap_or_default();
+        let store = server
+            .store_for(&project)
+            .unwrap_or_else(|_| server.engine.artifacts().clone());
+        let mut g = history::lineage(state, &store, roots, direction)?;
         // What the caller may not read is not there; a target of such a project, not found.
         let readable = who.projects_for(Verb::Read);
         if readable.is_some() {
