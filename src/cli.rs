@@ -310,6 +310,9 @@ pub(crate) enum Command {
         /// `DRIVETRAIN_REGISTRY`, else the registry in the artifact store.
         #[arg(long, global = true)]
         registry: Option<String>,
+        /// Whose registry: a project's is in its artifact store (default `default`).
+        #[arg(long, global = true, default_value = "default")]
+        project: String,
         #[command(subcommand)]
         command: RegistryCommand,
     },

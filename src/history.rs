@@ -381,10 +381,16 @@ pub fn gc(home: &Path, keep_days: u32, apply: bool, json_out: bool) -> anyhow::R
 pub fn registry(
     home: &Path,
     registry: Option<&str>,
+    project: &str,
     command: crate::cli::RegistryCommand,
 ) -> anyhow::Result<ExitCode> {
     use crate::cli::RegistryCommand as C;
-    let reg = drivetrain_steps::registry::Registry::open_for(registry, &store_url(None, home)?)?;
+    if let Err(why) = drivetrain_engine::validate::dns1123_label(project) {
+        eprintln!("error: --project `{project}` {why}");
+        return Ok(ExitCode::from(2));
+    }
+    let store = crate::runs::run_store_url(None, project, home)?;
+    let reg = drivetrain_steps::registry::Registry::open_for(registry, &store)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -465,12 +471,19 @@ pub fn registry(
                         json!({"manual": true, "reason": reason}),
                     )
                     .await?;
-                audit_move(home, "registry.aliases.move", &model, &alias, &e)?;
+                audit_move(home, project, "registry.aliases.move", &model, &alias, &e)?;
                 println!("{model}@{alias} → version {version} (was {})", e["from"]);
             }
             C::Rollback { model, alias } => {
                 let e = reg.rollback(&model, &alias).await?;
-                audit_move(home, "registry.aliases.rollback", &model, &alias, &e)?;
+                audit_move(
+                    home,
+                    project,
+                    "registry.aliases.rollback",
+                    &model,
+                    &alias,
+                    &e,
+                )?;
                 println!(
                     "{model}@{alias} rolled back to version {} (was {})",
                     e["version"], e["from"]
@@ -487,6 +500,7 @@ pub fn registry(
 /// The audit entry of an alias moved here: the registry's record of the move as its after.
 fn audit_move(
     home: &Path,
+    project: &str,
     action: &str,
     model: &str,
     alias: &str,
@@ -494,9 +508,9 @@ fn audit_move(
 ) -> anyhow::Result<()> {
     crate::people::audit_local(
         crate::runs::open_state(home)?.as_ref(),
-        crate::server::access::DEFAULT_PROJECT,
+        project,
         action,
-        format!("/api/v1/registry/{model}/aliases/{alias}"),
+        format!("/api/v1/registry/{model}/aliases/{alias}?project={project}"),
         moved.clone(),
     )
 }

@@ -25,9 +25,16 @@ pub(super) fn dispatch(home: &Path, command: Command) -> ExitCode {
             apply,
             output,
         } => outcome(history::gc(home, keep_days, apply, output == Format::Json)),
-        Command::Registry { registry, command } => {
-            outcome(history::registry(home, registry.as_deref(), command))
-        }
+        Command::Registry {
+            registry,
+            project,
+            command,
+        } => outcome(history::registry(
+            home,
+            registry.as_deref(),
+            &project,
+            command,
+        )),
         _ => unreachable!("not a command of this group"),
     }
 }

@@ -664,8 +664,9 @@ fn a_protected_alias_moves_only_through_an_approval() {
         "{st}"
     );
 
+    // In a project: its promotion lands in the project's own registry.
     let gated = MAKE_AND_PROMOTE
-        .replace("NAME", "gated")
+        .replace("NAME", "gated\nproject: perception")
         .replace(
             "GATE\n",
             "  gate:\n    needs: [make]\n    approval: {approvers: {role: safety}}\n",
@@ -685,7 +686,22 @@ fn a_protected_alias_moves_only_through_an_approval() {
     assert_ok(&o);
     let st = home.status(&run);
     assert_eq!(st["run"]["phase"], "Succeeded", "{st}");
-    let o = home.drivetrain(&["registry", "history", "lane", "-o", "json"]);
+    let o = home.drivetrain(&["registry", "list", "-o", "json"]);
+    assert_ok(&o);
+    assert_eq!(
+        text(&o.stdout).trim(),
+        "[]",
+        "nothing in the default project's registry"
+    );
+    let o = home.drivetrain(&[
+        "registry",
+        "--project",
+        "perception",
+        "history",
+        "lane",
+        "-o",
+        "json",
+    ]);
     assert_ok(&o);
     let history: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let moves = history.as_array().unwrap();

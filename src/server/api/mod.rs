@@ -237,7 +237,13 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
     let Rule::Need(verb) = route.rule else {
         return next.run(req).await;
     };
-    let params = path_params(route.path, req.uri().path());
+    let mut params = path_params(route.path, req.uri().path());
+    // The registry's routes name their project in the query.
+    if let Some((_, p)) = url::form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+        .find(|(k, _)| k == "project")
+    {
+        params.insert("?project".into(), p.into_owned());
+    }
     let (project, approval) = match resource(&s, verb, &params).await {
         Ok(found) => found,
         Err(response) => return response,
@@ -354,9 +360,11 @@ async fn resource(
                 .await
                 .map_err(internal)?
                 .map_err(internal)?;
-            // The registry is shared by the projects of a home (see the note of issue 30).
-            let project = Some(access::DEFAULT_PROJECT.to_owned());
-            return Ok((project, protected.get(&alias).cloned()));
+            let project = params
+                .get("?project")
+                .cloned()
+                .unwrap_or_else(|| access::DEFAULT_PROJECT.to_owned());
+            return Ok((Some(project), protected.get(&alias).cloned()));
         }
     }
     Ok((None, None))

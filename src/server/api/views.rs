@@ -412,15 +412,41 @@ pub(super) async fn lineage(
     }
 }
 
-fn registry(s: &Shared) -> anyhow::Result<drivetrain_steps::registry::Registry> {
-    drivetrain_steps::registry::Registry::open_for(None, &crate::runs::store_url(None, &s.home)?)
+/// The registry of `project`: in its artifact store, where its promotions write.
+fn registry(s: &Shared, project: &str) -> anyhow::Result<drivetrain_steps::registry::Registry> {
+    let url = crate::runs::run_store_url(None, project, &s.home)?;
+    drivetrain_steps::registry::Registry::open_for(None, &url)
+}
+
+#[derive(Deserialize)]
+pub(super) struct ProjectQuery {
+    #[serde(default = "default_project")]
+    project: String,
+}
+
+fn default_project() -> String {
+    drivetrain_engine::access::DEFAULT_PROJECT.to_owned()
 }
 
 /// `GET /api/v1/registry`: every model with its versions (metrics, source run), its
 /// aliases and their history.
-pub(super) async fn models(State(s): State<Shared>) -> Response {
+pub(super) async fn models(
+    State(s): State<Shared>,
+    Extension(who): Extension<Subject>,
+    Params(q): Params<ProjectQuery>,
+) -> Response {
+    if let Err(e) = drivetrain_engine::validate::dns1123_label(&q.project) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("project `{}` {e}", q.project),
+        );
+    }
+    let d = drivetrain_engine::access::decide(&who, Verb::Read, &q.project, None);
+    if !d.allowed {
+        return error(StatusCode::FORBIDDEN, d.reason);
+    }
     let read = async {
-        let reg = registry(&s)?;
+        let reg = registry(&s, &q.project)?;
         let mut out = Vec::new();
         for model in reg.models().await? {
             let aliases: serde_json::Map<String, Value> = reg
@@ -449,8 +475,15 @@ pub(super) async fn models(State(s): State<Shared>) -> Response {
 pub(super) async fn rollback(
     State(s): State<Shared>,
     Path((model, alias)): Path<(String, String)>,
+    Params(q): Params<ProjectQuery>,
 ) -> Response {
-    let reg = match registry(&s) {
+    if let Err(e) = drivetrain_engine::validate::dns1123_label(&q.project) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("project `{}` {e}", q.project),
+        );
+    }
+    let reg = match registry(&s, &q.project) {
         Ok(r) => r,
         Err(e) => return internal(e),
     };
