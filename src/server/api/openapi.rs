@@ -312,6 +312,10 @@ macro_rules! body {
     };
 }
 
+/// A project's name as a query parameter: a DNS-1123 label.
+const PROJECT_NAME: &str =
+    r#"{"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"}"#;
+
 /// Every route, as the router is built from it and the document lists it.
 pub const ROUTES: &[Route] = &[
     Route {
@@ -502,7 +506,7 @@ pub const ROUTES: &[Route] = &[
         path: "/api/v1/registry",
         rule: Rule::Need(Verb::Read),
         summary: "The registered models of a project: versions with metrics and source, aliases and their history",
-        query: &[("project", "string", "whose registry (default `default`)")],
+        query: &[("project", PROJECT_NAME, "whose registry (default `default`)")],
         request: None,
         responses: &[
             (200, "the models", body!(Models)),
@@ -514,7 +518,7 @@ pub const ROUTES: &[Route] = &[
         path: "/api/v1/registry/{model}/aliases/{alias}/rollback",
         rule: Rule::Need(Verb::MoveAlias),
         summary: "Move an alias back to the version it named before its last move",
-        query: &[("project", "string", "whose registry (default `default`)")],
+        query: &[("project", PROJECT_NAME, "whose registry (default `default`)")],
         request: None,
         responses: &[
             (200, "the move, as the alias history records it (`alias`, `from`, `version`, `who`, `at`)", OBJECT),
