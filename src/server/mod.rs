@@ -259,6 +259,20 @@ fn load(
 }
 
 impl Server {
+    /// The project of a pipeline this server knows (`default` for one it does not serve).
+    pub fn project_of(&self, pipeline: &str) -> String {
+        self.loaded()
+            .get(pipeline)
+            .map(|l| l.pipeline.project.clone())
+            .unwrap_or_else(|| drivetrain_engine::access::DEFAULT_PROJECT.to_owned())
+    }
+
+    /// Whether `who` may read what belongs to `pipeline`.
+    pub fn readable(&self, who: &drivetrain_engine::access::Subject, pipeline: &str) -> bool {
+        let readable = who.projects_for(drivetrain_engine::access::Verb::Read);
+        drivetrain_engine::access::Subject::may(&readable, &self.project_of(pipeline))
+    }
+
     /// The artifact store of `project`'s runs: the engine's for the default project,
     /// `projects/PROJECT` under it for the others.
     pub fn store_for(&self, project: &str) -> anyhow::Result<ArtifactStore> {

@@ -754,7 +754,12 @@ fn stage_of<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
 #[test]
 fn two_projects_share_nothing_and_a_quota_holds() {
     let home = Home::new("projects");
-    served(&home, "a", &project_pipeline("a", "alpha", "0"));
+    let a = project_pipeline("a", "alpha", "0");
+    served(
+        &home,
+        "a",
+        &a.replacen("stages:", "schedule: {cron: \"0 3 * * *\"}\nstages:", 1),
+    );
     served(&home, "b", &project_pipeline("b", "beta", "0"));
     served(&home, "slow", &project_pipeline("slow", "alpha", "3"));
     let of_project = |project: &str, role: &str, name: &str| {
@@ -835,6 +840,18 @@ fn two_projects_share_nothing_and_a_quota_holds() {
         Some(r#"{"pipeline": "a"}"#),
     );
     assert_eq!(code, 403, "beta starts no pipeline of alpha");
+    let schedules = |token: &str| {
+        let (_, body) = call(&s, "GET", "/api/v1/schedules", token, None);
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["schedules"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    assert_eq!(
+        (schedules(&alpha), schedules(&beta_admin)),
+        (1, 0),
+        "alpha's schedule is alpha's"
+    );
     let (_, body) = call(&s, "GET", "/api/v1/runs?limit=100", &beta_admin, None);
     let list: serde_json::Value = serde_json::from_str(&body).unwrap();
     let ids: Vec<&str> = list["runs"]

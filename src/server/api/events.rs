@@ -4,18 +4,20 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
+use drivetrain_engine::access::Subject;
 use serde::Deserialize;
 
 use super::openapi::{HookAccepted, NotificationList, TriggerList, TriggerPause, TriggerStatus};
 use super::{error, internal, Params, Shared};
 
 /// `GET /api/v1/triggers`.
-pub async fn triggers(State(s): State<Shared>) -> Response {
+pub async fn triggers(State(s): State<Shared>, Extension(who): Extension<Subject>) -> Response {
     match s.engine.state().triggers() {
         Ok(all) => Json(TriggerList {
             triggers: all
                 .into_iter()
+                .filter(|t| s.readable(&who, &t.pipeline))
                 .map(|t| TriggerStatus {
                     lag_seconds: t.lag_seconds(),
                     trigger: t,
@@ -126,6 +128,7 @@ pub struct NotificationsQuery {
 /// `GET /api/v1/notifications?state=dead&limit=50`.
 pub async fn notifications(
     State(s): State<Shared>,
+    Extension(who): Extension<Subject>,
     Params(q): Params<NotificationsQuery>,
 ) -> Response {
     if let Some(st) = q
@@ -146,13 +149,15 @@ pub async fn notifications(
         );
     }
     let state = s.engine.state();
-    let (notifications, counts) = match (
+    let (mut notifications, counts) = match (
         state.notifications(q.state.as_deref(), limit),
         state.notification_counts(),
     ) {
         (Ok(n), Ok(c)) => (n, c),
         (Err(e), _) | (_, Err(e)) => return internal(e),
     };
+    // Only the notifications of what the caller may read (the counts are the server's).
+    notifications.retain(|n| s.readable(&who, &n.pipeline));
     Json(NotificationList {
         counts,
         notifications,

@@ -1016,13 +1016,13 @@ async fn logs(
     response
 }
 
-async fn schedules(State(s): State<Shared>) -> Response {
+async fn schedules(State(s): State<Shared>, Extension(who): Extension<Subject>) -> Response {
     let list = match s.engine.state().schedules() {
         Ok(l) => l,
         Err(e) => return internal(e),
     };
     let mut out = Vec::new();
-    for e in list {
+    for e in list.into_iter().filter(|e| s.readable(&who, &e.pipeline)) {
         let ticks = s.engine.state().ticks(&e.pipeline, 10).unwrap_or_default();
         let next_tick =
             crate::schedules::next_tick(std::path::Path::new(&e.file), chrono::Utc::now());
