@@ -154,7 +154,7 @@ pub fn approvals(
     }
     for a in &all {
         let r = &a.request;
-        let yes = a.votes.iter().filter(|v| v.decision == "approve").count();
+        let yes = a.approvers().len();
         println!(
             "{}/{}  {}  {yes} of {} by role `{}`{}",
             r.run,

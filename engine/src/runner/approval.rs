@@ -93,12 +93,7 @@ pub(super) fn settle(
         }
         Some(outcome) => {
             let approved = outcome == "approved";
-            let by: Vec<&str> = record
-                .votes
-                .iter()
-                .filter(|v| v.decision == "approve")
-                .map(|v| v.subject.as_str())
-                .collect();
+            let by = record.approvers();
             let reason = record.reason.clone().unwrap_or_else(|| outcome.to_owned());
             let values = json!({
                 "approved": approved,
@@ -149,16 +144,10 @@ pub(super) fn passed_upstream(ctx: &Ctx, stage: &Stage) -> Result<Vec<Value>, Ru
         }
         if let Some(a) = ctx.state.approval(&ctx.run.id, &up.name)? {
             if a.outcome.as_deref() == Some("approved") {
-                let by: Vec<&str> = a
-                    .votes
-                    .iter()
-                    .filter(|v| v.decision == "approve")
-                    .map(|v| v.subject.as_str())
-                    .collect();
                 passed.push(json!({
                     "stage": up.name,
                     "role": a.request.role,
-                    "by": by,
+                    "by": a.approvers(),
                     "reason": a.reason,
                 }));
             }

@@ -90,6 +90,17 @@ pub struct ApprovalRecord {
     pub votes: Vec<Vote>,
 }
 
+impl ApprovalRecord {
+    /// Who approved it so far, in the order they did.
+    pub fn approvers(&self) -> Vec<&str> {
+        self.votes
+            .iter()
+            .filter(|v| v.decision == "approve")
+            .map(|v| v.subject.as_str())
+            .collect()
+    }
+}
+
 /// Why a vote was not counted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
@@ -145,7 +156,7 @@ pub(super) fn timed_out(a: &ApprovalRecord) -> (&'static str, String) {
         "approve" => "approved",
         _ => "rejected",
     };
-    let yes = a.votes.iter().filter(|v| v.decision == "approve").count();
+    let yes = a.approvers().len();
     let at = a.request.timeout_at.as_deref().unwrap_or("?");
     (
         outcome,

@@ -4,10 +4,14 @@
 //! [`openapi`].
 //!
 //! Who may call what ([`auth`]):
-//! - With a token, every route but the health checks needs `Authorization: Bearer TOKEN`.
-//! - Without one (loopback only), reading is open but every mutating route (a `POST`:
-//!   a run, a rerun, a schedule, a cancel) is refused, unless the server was started with
-//!   `--insecure-no-auth`: posting YAML runs any command as the server's user.
+//! - Who calls is [`access::subject`]: `--token`, a stored token, an OpenID Connect ID
+//!   token. A server with any of them needs one on every route but the health checks and
+//!   signed webhooks. Without (loopback only), reading is open but every mutating route is
+//!   refused, unless the server was started with `--insecure-no-auth`.
+//! - What they may do is the route's [`Rule`] in [`openapi::ROUTES`], decided for the
+//!   project of the resource it names ([`resource`]); a handler decides finer where the
+//!   project is in the body (a posted pipeline) or filters a list to what the caller may
+//!   read. Every mutating request, allowed or denied, is appended to the audit log.
 //! - On a loopback address the `Host` header must name it (`127.0.0.1:PORT`,
 //!   `localhost:PORT`, `[::1]:PORT`): a page whose DNS name was rebound to 127.0.0.1 sends
 //!   its own name and is refused.

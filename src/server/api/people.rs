@@ -124,7 +124,7 @@ async fn vote(
         after: Some(serde_json::json!({
             "vote": decision,
             "outcome": record.outcome,
-            "approvals": record.votes.iter().filter(|v| v.decision == "approve").count(),
+            "approvals": record.approvers().len(),
         })),
         denied: None,
     };
