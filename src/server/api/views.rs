@@ -412,10 +412,19 @@ pub(super) async fn lineage(
     }
 }
 
-/// The registry of `project`: in its artifact store, where its promotions write.
-fn registry(s: &Shared, project: &str) -> anyhow::Result<drivetrain_steps::registry::Registry> {
-    let url = crate::runs::run_store_url(None, project, &s.home)?;
-    drivetrain_steps::registry::Registry::open_for(None, &url)
+/// The registry of `project`: in its artifact store, where its promotions write; a name
+/// that is no project's is the 400 to answer.
+fn registry(
+    s: &Shared,
+    project: &str,
+) -> Result<drivetrain_steps::registry::Registry, Box<Response>> {
+    if let Err(e) = drivetrain_engine::validate::dns1123_label(project) {
+        let why = format!("project `{project}` {e}");
+        return Err(Box::new(error(StatusCode::BAD_REQUEST, why)));
+    }
+    crate::runs::run_store_url(None, project, &s.home)
+        .and_then(|url| drivetrain_steps::registry::Registry::open_for(None, &url))
+        .map_err(|e| Box::new(internal(e)))
 }
 
 #[derive(Deserialize)]
@@ -435,18 +444,15 @@ pub(super) async fn models(
     Extension(who): Extension<Subject>,
     Params(q): Params<ProjectQuery>,
 ) -> Response {
-    if let Err(e) = drivetrain_engine::validate::dns1123_label(&q.project) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("project `{}` {e}", q.project),
-        );
-    }
+    let reg = match registry(&s, &q.project) {
+        Ok(r) => r,
+        Err(response) => return *response,
+    };
     let d = drivetrain_engine::access::decide(&who, Verb::Read, &q.project, None);
     if !d.allowed {
         return error(StatusCode::FORBIDDEN, d.reason);
     }
     let read = async {
-        let reg = registry(&s, &q.project)?;
         let mut out = Vec::new();
         for model in reg.models().await? {
             let aliases: serde_json::Map<String, Value> = reg
@@ -477,15 +483,9 @@ pub(super) async fn rollback(
     Path((model, alias)): Path<(String, String)>,
     Params(q): Params<ProjectQuery>,
 ) -> Response {
-    if let Err(e) = drivetrain_engine::validate::dns1123_label(&q.project) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("project `{}` {e}", q.project),
-        );
-    }
     let reg = match registry(&s, &q.project) {
         Ok(r) => r,
-        Err(e) => return internal(e),
+        Err(response) => return *response,
     };
     match reg.aliases(&model).await {
         Ok(a) if a.iter().any(|(name, _)| *name == alias) => {}
