@@ -264,7 +264,8 @@ pub fn lineage(
         .first()
         .and_then(|root| history::root_project(&*state, root))
         .unwrap_or_default();
-    let store = ArtifactStore::open(&crate::runs::run_store_url(None, &project, home)?)?;
+    let url = crate::runs::run_store_url(None, &project, home)?;
+    let store = ArtifactStore::open_project(&url, &project)?;
     match history::lineage(&*state, &store, roots, direction) {
         Ok(g) => print_graph(&g, direction, output)?,
         Err(e) => return lineage_error(e),
@@ -390,7 +391,8 @@ pub fn registry(
         return Ok(ExitCode::from(2));
     }
     let store = crate::runs::run_store_url(None, project, home)?;
-    let reg = drivetrain_steps::registry::Registry::open_for(registry, &store)?;
+    let vars = drivetrain_engine::cloud::project_env(project);
+    let reg = drivetrain_steps::registry::Registry::open_with(registry, &store, vars)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -446,11 +446,10 @@ pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Resu
             .ok()
             .and_then(|n| n.get("store").and_then(|s| s.as_str().map(str::to_owned)))
     });
-    let artifacts = ArtifactStore::open(&crate::runs::run_store_url(
-        pipeline_store.as_deref(),
+    let artifacts = ArtifactStore::open_project(
+        &crate::runs::run_store_url(pipeline_store.as_deref(), &record.project, home)?,
         &record.project,
-        home,
-    )?)?;
+    )?;
     let mut latest: BTreeMap<&str, u32> = BTreeMap::new();
     for a in &attempts {
         let e = latest.entry(&a.stage).or_default();

@@ -119,7 +119,8 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
             serde_json::json!({"run": id, "stages": selection}),
         )?;
     }
-    let engine = engine(state, ArtifactStore::open(&url)?, executor, &args.home)?.build();
+    let artifacts = ArtifactStore::open_project(&url, &pipeline.project)?;
+    let engine = engine(state, artifacts, executor, &args.home)?.build();
     let mut request = RunRequest::new(
         id,
         Arc::new(pipeline),

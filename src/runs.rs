@@ -126,7 +126,7 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
         &args.pipeline.project,
         &args.home,
     )?;
-    let artifacts = ArtifactStore::open(&url)?;
+    let artifacts = ArtifactStore::open_project(&url, &args.pipeline.project)?;
     let by_person = args.run_id.is_none();
     let id = args
         .run_id
@@ -561,7 +561,8 @@ pub fn resume(
             reattach.len()
         );
     }
-    let engine = engine(state, ArtifactStore::open(&url)?, executor, home)?.build();
+    let artifacts = ArtifactStore::open_project(&url, &pipeline.project)?;
+    let engine = engine(state, artifacts, executor, home)?.build();
     let mut request = RunRequest::new(
         id,
         Arc::new(pipeline),

@@ -63,6 +63,29 @@ pub fn process_env() -> BTreeMap<String, String> {
     std::env::vars().collect()
 }
 
+/// The prefix of a project's own settings in the environment:
+/// `DRIVETRAIN_PROJECT_<NAME>_` (upper case, `-` as `_`).
+pub fn project_prefix(project: &str) -> String {
+    format!(
+        "DRIVETRAIN_PROJECT_{}_",
+        project.to_ascii_uppercase().replace('-', "_")
+    )
+}
+
+/// The configuration a project's store is opened with: the process environment, and
+/// every `DRIVETRAIN_PROJECT_<NAME>_<VAR>` as `<VAR>` over it (its own `AWS_ACCESS_KEY_ID`,
+/// `AWS_ENDPOINT_URL`, …, where S3 reads them; GCS and Azure read the process's own).
+pub fn project_env(project: &str) -> BTreeMap<String, String> {
+    let prefix = project_prefix(project);
+    let mut vars = process_env();
+    let own: Vec<(String, String)> = vars
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix(&prefix)?.to_owned(), v.clone())))
+        .collect();
+    vars.extend(own);
+    vars
+}
+
 /// Opens the cloud store a URL names with the configuration in `vars` (normally
 /// [`process_env`]; GCS and Azure read the process environment themselves): the store and
 /// the key prefix within it.

@@ -284,7 +284,7 @@ impl Server {
             return Ok(s.clone());
         }
         let url = drivetrain_engine::artifacts::project_url(self.engine.artifacts().url(), project);
-        let store = ArtifactStore::open(&url)?;
+        let store = ArtifactStore::open_project(&url, project)?;
         stores.insert(project.to_owned(), store.clone());
         Ok(store)
     }

@@ -346,3 +346,72 @@ stages:
         "{keys:?}"
     );
 }
+
+/// A project's store of its own (`DRIVETRAIN_PROJECT_<NAME>_STORE`) reached through its
+/// own settings (`DRIVETRAIN_PROJECT_<NAME>_AWS_*`): another S3 server than the default
+/// store's. The run's outputs, published by the engine, and its promotion, written by the
+/// built-in step in a process of its own, land there; nothing of it in the default store.
+#[test]
+fn a_project_store_of_its_own_is_reached_with_its_own_settings() {
+    let (shared, own) = (S3Server::start(), S3Server::start());
+    shared.create_bucket("fleet");
+    own.create_bucket("perception");
+    let mut env = shared.env();
+    env.insert("DRIVETRAIN_STORE".into(), "s3://fleet/dt".into());
+    env.insert(
+        "DRIVETRAIN_PROJECT_PERCEPTION_STORE".into(),
+        "s3://perception/dt".into(),
+    );
+    for (k, v) in own.env() {
+        env.insert(format!("DRIVETRAIN_PROJECT_PERCEPTION_{k}"), v);
+    }
+    let home = Home::new("s3-project");
+    home.write(
+        "p.yaml",
+        r#"version: 1
+name: p
+project: perception
+stages:
+  make:
+    run: {command: [sh, -c, 'echo "{\"v\": 1}" > "$DRIVETRAIN_OUTPUT_MODEL/model.json"']}
+    outputs: [model]
+  promote:
+    uses: promote
+    inputs: {model: make.model}
+    with: {model: lane, alias: candidate}
+    outputs: [registration]
+"#,
+    );
+    let o = home.drivetrain_env(&["run", "p.yaml"], &env_pairs(&env));
+    assert_ok(&o);
+    let run = run_id(&o);
+    assert!(
+        text(&o.stdout).contains("store s3://perception/dt"),
+        "{}",
+        text(&o.stdout)
+    );
+    let own_env = own.env();
+    let keys = list("s3://perception/dt", &own_env, "");
+    assert!(
+        keys.iter()
+            .any(|k| k.starts_with(&format!("runs/{run}/make/"))),
+        "{keys:?}"
+    );
+    assert!(
+        keys.iter().any(|k| k.contains("lane")),
+        "the registry: {keys:?}"
+    );
+    let shared_keys = list("s3://fleet/dt", &shared.env(), "");
+    assert!(
+        shared_keys
+            .iter()
+            .all(|k| !k.contains(&run) && !k.contains("lane")),
+        "{shared_keys:?}"
+    );
+    let o = home.drivetrain_env(
+        &["registry", "--project", "perception", "list", "-o", "json"],
+        &env_pairs(&env),
+    );
+    assert_ok(&o);
+    assert!(text(&o.stdout).contains("\"lane\""), "{}", text(&o.stdout));
+}

@@ -256,7 +256,11 @@ impl AttemptKey {
 pub fn project_url(url: &str, project: &str) -> String {
     match project {
         crate::access::DEFAULT_PROJECT | "" => url.to_owned(),
-        p => format!("{}/projects/{p}", url.trim_end_matches('/')),
+        p => match std::env::var(format!("{}STORE", crate::cloud::project_prefix(p))) {
+            // A store of its own (`DRIVETRAIN_PROJECT_<NAME>_STORE`).
+            Ok(own) if !own.is_empty() => own,
+            _ => format!("{}/projects/{p}", url.trim_end_matches('/')),
+        },
     }
 }
 
@@ -275,6 +279,12 @@ impl ArtifactStore {
     /// stores configured from the process environment (see [`crate::cloud`]).
     pub fn open(url: &str) -> Result<Self, ArtifactError> {
         Self::open_with(url, &crate::cloud::process_env())
+    }
+
+    /// Opens `project`'s store at `url` with the project's own settings
+    /// ([`crate::cloud::project_env`]).
+    pub fn open_project(url: &str, project: &str) -> Result<Self, ArtifactError> {
+        Self::open_with(url, &crate::cloud::project_env(project))
     }
 
     /// Opens a store configured from `vars` instead of the process environment.

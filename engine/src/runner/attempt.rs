@@ -406,13 +406,15 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The engine's store and registry configuration (`AWS_*`, `GOOGLE_*`, `AZURE_*`,
+/// The engine's store and registry configuration for a run of `project` (its own
+/// `DRIVETRAIN_PROJECT_<NAME>_*` over the engine's: `AWS_*`, `GOOGLE_*`, `AZURE_*`,
 /// `DRIVETRAIN_STORE_RETRY_TIMEOUT`, `DRIVETRAIN_REGISTRY`, `MLFLOW_*`), handed to built-in
 /// steps, which open the store themselves. User commands get only what their stage
 /// declares. Also `DRIVETRAIN_USER`: who runs the engine ([`crate::step::who`]), which
 /// the registry records with an alias move.
-pub(super) fn store_config_env() -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = std::env::vars()
+pub(super) fn store_config_env(project: &str) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = crate::cloud::project_env(project)
+        .into_iter()
         .filter(|(k, _)| {
             ["AWS_", "GOOGLE_", "AZURE_", "MLFLOW_"]
                 .iter()

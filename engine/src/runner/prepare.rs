@@ -397,7 +397,7 @@ impl Env<'_> {
             // A built-in step on this machine reaches the store (and the registry) as the
             // engine does; in a pod, credentials come from the pod's own secrets.
             if layout.remote.is_none() {
-                env.extend(store_config_env());
+                env.extend(store_config_env(&ctx.run.project));
             }
         }
         for (k, t) in &self.stage.env {

@@ -422,8 +422,9 @@ fn registry(
         let why = format!("project `{project}` {e}");
         return Err(Box::new(error(StatusCode::BAD_REQUEST, why)));
     }
+    let vars = drivetrain_engine::cloud::project_env(project);
     crate::runs::run_store_url(None, project, &s.home)
-        .and_then(|url| drivetrain_steps::registry::Registry::open_for(None, &url))
+        .and_then(|url| drivetrain_steps::registry::Registry::open_with(None, &url, vars))
         .map_err(|e| Box::new(internal(e)))
 }
 
