@@ -324,21 +324,45 @@ pub fn forget(home: &Path, input: &str, output: GraphOutput) -> anyhow::Result<E
 /// `drivetrain gc [--keep-days N] [--apply]`.
 pub fn gc(home: &Path, keep_days: u32, apply: bool, json_out: bool) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
-    let store = ArtifactStore::open(&store_url(None, home)?)?;
     let cutoff = (chrono::Utc::now() - chrono::Duration::days(i64::from(keep_days)))
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let report = rt.block_on(history::gc(&*state, &store, &cutoff, apply))?;
-    if apply {
-        // Attempt directories of runs whose objects went.
-        let work = home.join("work");
-        for key in report.unreferenced.keys() {
-            if let Some(run) = key.split('/').nth(1) {
-                let _ = std::fs::remove_dir_all(work.join(run));
+    // Every project's store: the default one and each project's of the runs recorded.
+    let mut projects: std::collections::BTreeSet<String> = state
+        .list_runs(usize::MAX >> 1)?
+        .into_iter()
+        .map(|r| r.project)
+        .collect();
+    projects.insert(drivetrain_engine::access::DEFAULT_PROJECT.to_owned());
+    let mut report = history::GcReport::default();
+    for project in &projects {
+        let url = crate::runs::run_store_url(None, project, home)?;
+        let store = ArtifactStore::open_project(&url, project)?;
+        let of = rt.block_on(history::gc(&*state, &store, &cutoff, apply))?;
+        if apply {
+            // Attempt directories of runs whose objects went.
+            let work = home.join("work");
+            for key in of.unreferenced.keys() {
+                if let Some(run) = key.split('/').nth(1) {
+                    let _ = std::fs::remove_dir_all(work.join(run));
+                }
             }
         }
+        // The counts over runs are the same from every store; the objects are its own.
+        report.kept_runs = of.kept_runs;
+        report.referenced = of.referenced;
+        report.expired_cache_entries = of.expired_cache_entries;
+        report.deleted = of.deleted;
+        report.unknown_run_objects += of.unknown_run_objects;
+        let shown = |key: String| match project == drivetrain_engine::access::DEFAULT_PROJECT {
+            true => key,
+            false => format!("projects/{project}/{key}"),
+        };
+        report
+            .unreferenced
+            .extend(of.unreferenced.into_iter().map(|(k, v)| (shown(k), v)));
     }
     if json_out {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -940,3 +940,29 @@ fn two_projects_share_nothing_and_a_quota_holds() {
     }
     assert_eq!(most, 2, "the quota is 2 runs at once: {edges:?}");
 }
+
+/// `gc` sweeps every project's prefix of the store, not only the default one's.
+#[test]
+fn gc_sweeps_the_prefix_of_each_project() {
+    let home = Home::new("project-gc");
+    home.write("a.yaml", &project_pipeline("a", "alpha", "0"));
+    let o = home.drivetrain(&["run", "a.yaml"]);
+    assert_ok(&o);
+    let run = crate::common::run_id(&o);
+    let own = home
+        .dir
+        .join(format!(".drivetrain/artifacts/projects/alpha/runs/{run}"));
+    assert!(own.is_dir());
+    let o = home.drivetrain(&["gc", "--keep-days", "0"]);
+    assert_ok(&o);
+    let out = text(&o.stdout);
+    assert!(
+        out.contains(&format!(
+            "would delete  projects/alpha/runs/{run}/make/1/out/x"
+        )),
+        "{out}"
+    );
+    assert!(own.is_dir(), "a dry run deletes nothing");
+    assert_ok(&home.drivetrain(&["gc", "--keep-days", "0", "--apply"]));
+    assert!(!own.join("make/1/out/x").exists());
+}
