@@ -966,3 +966,20 @@ fn gc_sweeps_the_prefix_of_each_project() {
     assert_ok(&home.drivetrain(&["gc", "--keep-days", "0", "--apply"]));
     assert!(!own.join("make/1/out/x").exists());
 }
+
+/// An approval stage that would run or read something is refused, located.
+#[test]
+fn an_approval_stage_that_runs_something_is_refused() {
+    let home = Home::new("approval-invalid");
+    home.write(
+        "bad.yaml",
+        "version: 1\nname: bad\nstages:\n  a:\n    run: {command: [\"true\"]}\n  gate:\n    needs: [a]\n    timeout: 1h\n    approval: {approvers: {role: safety, min: 0}}\n",
+    );
+    let o = home.drivetrain(&["validate", "bad.yaml"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(err.contains("bad.yaml:8:5"), "{err}");
+    assert!(err.contains("`approval.timeout`"), "{err}");
+    assert!(err.contains("`min` is at least 1"), "{err}");
+    assert!(err.contains("stages.gate.approval.approvers.min"), "{err}");
+}

@@ -212,15 +212,34 @@ impl<'a> Cx<'a> {
             ("map", spec.map.is_some()),
             ("hook", spec.hook.is_some()),
             ("distributed", spec.distributed.is_some()),
+            ("retries", spec.retries.is_some()),
+            ("timeout", spec.timeout.is_some()),
+            ("resources", spec.resources.is_some()),
+            ("cache", spec.cache.is_some()),
+            ("env", !spec.env.is_empty()),
+            ("secrets", !spec.secrets.is_empty()),
+            ("volumes", !spec.volumes.is_empty()),
         ] {
             if present {
+                let hint = match key {
+                    "timeout" => " (how long people have is `approval.timeout`)",
+                    _ => "",
+                };
                 self.err_key(
                     "approval-with-action",
                     &path.key(key),
-                    format!("an approval stage runs nothing: it cannot have `{key}`"),
+                    format!("an approval stage runs nothing: it cannot have `{key}`{hint}"),
                 );
                 ok = false;
             }
+        }
+        if !spec.inputs.is_empty() {
+            self.err_key(
+                "approval-with-action",
+                &path.key("inputs"),
+                "an approval stage reads nothing: name the stages whose results people decide on in `needs` (their outputs and values are the evidence)",
+            );
+            ok = false;
         }
         if !spec.outputs.is_empty() {
             self.err_key(
