@@ -983,3 +983,40 @@ fn an_approval_stage_that_runs_something_is_refused() {
     assert!(err.contains("`min` is at least 1"), "{err}");
     assert!(err.contains("stages.gate.approval.approvers.min"), "{err}");
 }
+
+/// On a local store a stage does not see another project's artifacts, even by path: a
+/// stage of beta, and one of the default project, cannot read a file alpha's run made,
+/// which a stage of alpha reads.
+#[test]
+fn a_stage_does_not_see_another_projects_artifacts() {
+    let home = Home::new("project-sandbox");
+    home.write("a.yaml", &project_pipeline("a", "alpha", "0"));
+    let o = home.drivetrain(&["run", "a.yaml"]);
+    assert_ok(&o);
+    let run = crate::common::run_id(&o);
+    let made = home.dir.join(format!(
+        ".drivetrain/artifacts/projects/alpha/runs/{run}/make/1/out/x"
+    ));
+    assert!(made.is_file());
+    let peek = |project: &str| {
+        let project_line = match project {
+            "" => String::new(),
+            p => format!("project: {p}\n"),
+        };
+        home.write(
+            "peek.yaml",
+            &format!(
+                "version: 1\nname: peek\n{project_line}stages:\n  look:\n    run: {{command: [cat, \"{}\"]}}\n",
+                made.display()
+            ),
+        );
+        home.drivetrain(&["run", "peek.yaml"]).status.code()
+    };
+    assert_eq!(peek("alpha"), Some(0), "alpha reads its own");
+    assert_eq!(peek("beta"), Some(1), "beta does not see alpha's");
+    assert_eq!(
+        peek(""),
+        Some(1),
+        "the default project does not see alpha's"
+    );
+}

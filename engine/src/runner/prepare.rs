@@ -440,6 +440,46 @@ impl Env<'_> {
 /// What the attempt may read and write ([`AttemptSpec::access`]): the engine's home and
 /// the store read-only, the state database and other attempts hidden, its own
 /// directory, checkpoints and `mode: url` outputs writable, its inputs read-only again.
+/// What of a local store belongs to other projects than the run's: for a project's run
+/// (its store `BASE/projects/NAME`), everything of `BASE` but its own; for the default
+/// project's, `BASE/projects`.
+fn other_projects(ctx: &Ctx) -> Vec<PathBuf> {
+    let Some(root) = ctx.artifacts.local_root() else {
+        return Vec::new();
+    };
+    let project = ctx.run.project.as_str();
+    if project == crate::access::DEFAULT_PROJECT {
+        let projects = root.join("projects");
+        return match projects.is_dir() {
+            true => vec![projects],
+            false => Vec::new(),
+        };
+    }
+    // A store of its own elsewhere (`DRIVETRAIN_PROJECT_<NAME>_STORE`): nothing to hide.
+    let Some(base) = root
+        .parent()
+        .filter(|p| p.file_name().is_some_and(|n| n == "projects") && root.ends_with(project))
+        .and_then(Path::parent)
+    else {
+        return Vec::new();
+    };
+    let entries = |dir: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default()
+    };
+    let mut hidden: Vec<PathBuf> = entries(base)
+        .into_iter()
+        .filter(|p| p.file_name().is_none_or(|n| n != "projects"))
+        .collect();
+    hidden.extend(
+        entries(&base.join("projects"))
+            .into_iter()
+            .filter(|p| p.as_path() != root),
+    );
+    hidden
+}
+
 fn access(
     ctx: &Ctx,
     stage: &Stage,
@@ -477,6 +517,8 @@ fn access(
             access.push(hide(home.join(db)));
         }
     }
+    // Nor, on a local store, another project's artifacts.
+    access.extend(other_projects(ctx).into_iter().map(hide));
     access.push(writable(layout.dir.clone()));
     access.push(writable(checkpoints.to_path_buf()));
     if let (Action::Step { registry: true, .. }, Some(root)) =
