@@ -34,8 +34,11 @@ fn schemathesis_finds_no_mismatch_with_the_document() {
             "all",
             "--max-examples",
             "20",
+            // One worker: with two, the order in which the coverage phase draws its
+            // cases varies, and once in a few runs its generator found an empty
+            // strategy for `POST /api/v1/runs` (a runtime error of schemathesis's own).
             "--workers",
-            "2",
+            "1",
             "--seed",
             "1",
         ])
