@@ -8,17 +8,16 @@ use std::time::Duration;
 use super::Server;
 
 impl Server {
-    /// Every second, or at once when a decision is counted here: decides the approvals
-    /// whose timeout passed, and resumes the waiting runs whose approvals are all decided.
+    /// Every second: decides the approvals whose timeout passed, and resumes the waiting
+    /// runs whose approvals are all decided (on the command line, by a timeout, by a
+    /// server that stopped before it resumed them; a decision made through this server's
+    /// API resumes its run at once).
     pub(crate) async fn approval_loop(self: Arc<Self>) {
         while !self.stopping.load(Ordering::SeqCst) {
             if let Err(e) = self.settle_approvals().await {
                 eprintln!("approvals: {e:#}");
             }
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                _ = self.decided.notified() => {}
-            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
     }
 

@@ -185,8 +185,6 @@ pub struct Server {
     /// in its state store when it started.
     pub auth_required: bool,
     pub oidc: Option<crate::server::oidc::Oidc>,
-    /// Wakes the loop that resumes runs whose approvals were decided.
-    pub decided: tokio::sync::Notify,
     /// Each project's runs in flight and GPUs claimed, within its quota.
     quotas: quota::Quotas,
     /// The artifact stores of projects but the default one, opened once each.
@@ -1060,7 +1058,6 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         insecure_no_auth: args.insecure_no_auth && !auth_required,
         auth_required,
         oidc,
-        decided: tokio::sync::Notify::new(),
         quotas: Default::default(),
         stores: Mutex::new(BTreeMap::new()),
         bound,

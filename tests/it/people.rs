@@ -1020,3 +1020,32 @@ fn a_stage_does_not_see_another_projects_artifacts() {
         "the default project does not see alpha's"
     );
 }
+
+/// `drivetrain ui` keeps no loops, but a decision made through it resumes its run there.
+#[test]
+fn a_run_approved_through_the_ui_goes_on() {
+    let home = Home::new("approve-ui");
+    served(&home, "gate1", &gate(1, ""));
+    let approver = token(&home, "alice", "viewer", &["safety"]);
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_drivetrain"));
+    cmd.args(["ui", "--pipelines", "served", "--bind", "127.0.0.1:0"])
+        .args(["--token", http::TOKEN])
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .env_remove("DRIVETRAIN_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let s = http::start_command(cmd);
+    let run = submit(&s, http::TOKEN, "gate1");
+    wait_phase(&s, http::TOKEN, &run, "Waiting");
+    let (code, body) = call(
+        &s,
+        "POST",
+        &format!("/api/v1/runs/{run}/stages/release-gate/approve"),
+        &approver,
+        None,
+    );
+    assert_eq!(code, 200, "{body}");
+    let v = wait_phase(&s, http::TOKEN, &run, "Succeeded");
+    assert_eq!(stage_of(&v, "promote")["phase"], "Succeeded", "{v}");
+}

@@ -115,8 +115,26 @@ async fn vote(
         Ok(Err(e)) => return internal(e),
         Err(e) => return internal(e),
     };
+    // Decided: the run goes on now, from here (`serve` and `ui` alike); one process takes
+    // it. A run with another approval still waiting waits on.
     if record.outcome.is_some() {
-        s.decided.notify_one();
+        let (state, id) = (s.engine.state().clone(), record.request.run.clone());
+        let ready = tokio::task::spawn_blocking(move || -> anyhow::Result<Option<RunId>> {
+            let decided = state.decided_waiting_runs()?.contains(&id);
+            Ok((decided && state.claim_waiting(&id)?).then_some(id))
+        })
+        .await;
+        match ready {
+            Ok(Ok(Some(run))) => {
+                println!("run {run}: its approvals are decided; resuming it");
+                if let Err(e) = s.resume(std::slice::from_ref(&run)).await {
+                    eprintln!("run {run}: cannot resume it: {e:#}");
+                }
+            }
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => eprintln!("approvals: {e:#}"),
+            Err(e) => eprintln!("approvals: {e}"),
+        }
     }
     let note = AuditNote {
         project: Some(record.request.project.clone()),
