@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use drivetrain_engine::access::{self, Grant, Role, Subject, Verb};
-use drivetrain_engine::state::{AuditEntry, Phase, Refusal, RunId, StateStore, TokenRecord, Vote};
+use drivetrain_engine::state::{AuditEntry, Refusal, RunId, StateStore, TokenRecord, Vote};
 use serde_json::json;
 
 use crate::cli::{DecisionArgs, TokenCommand};
@@ -121,15 +121,8 @@ pub fn decide(
         d.stage,
         record.reason.as_deref().unwrap_or("")
     );
-    let waiting_elsewhere = state
-        .approvals(true, 1000)?
-        .iter()
-        .any(|a| a.request.run == run);
-    if waiting_elsewhere || state.run(&run)?.phase != Phase::Waiting {
-        return Ok(ExitCode::SUCCESS);
-    }
-    if !state.claim_waiting(&run)? {
-        println!("run {run}: another engine resumed it");
+    if !state.take_decided(&run)? {
+        println!("run {run} goes on where it is: its engine, another approval, or a server");
         return Ok(ExitCode::SUCCESS);
     }
     drop(state);

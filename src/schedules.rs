@@ -138,13 +138,25 @@ pub fn command(
             }
         }
         C::Suspend { pipeline } => {
-            audit(&*state, "schedules.suspend", &pipeline)?;
+            crate::people::audit_local(
+                &*state,
+                crate::server::access::DEFAULT_PROJECT,
+                "schedules.suspend",
+                format!("/api/v1/schedules/{pipeline}/suspend"),
+                serde_json::json!({"pipeline": pipeline}),
+            )?;
             state.set_suspended(&pipeline, true, None)?;
             println!("{pipeline}: suspended");
         }
         C::Resume { pipeline, catchup } => {
             let anchor = (!catchup).then(now_text);
-            audit(&*state, "schedules.resume", &pipeline)?;
+            crate::people::audit_local(
+                &*state,
+                crate::server::access::DEFAULT_PROJECT,
+                "schedules.resume",
+                format!("/api/v1/schedules/{pipeline}/resume"),
+                serde_json::json!({"pipeline": pipeline}),
+            )?;
             state.set_suspended(&pipeline, false, anchor.as_deref())?;
             println!(
                 "{pipeline}: resumed{}",
@@ -160,29 +172,18 @@ pub fn command(
                 eprintln!("error: no schedule `{pipeline}`");
                 return Ok(ExitCode::from(2));
             }
-            audit(&*state, "schedules.trigger", &pipeline)?;
+            crate::people::audit_local(
+                &*state,
+                crate::server::access::DEFAULT_PROJECT,
+                "schedules.trigger",
+                format!("/api/v1/schedules/{pipeline}/trigger"),
+                serde_json::json!({"pipeline": pipeline}),
+            )?;
             let run = queue_manual_tick(&*state, &pipeline)?;
             println!("{pipeline}: run {run} queued; the server starts it within a second");
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The audit entry of a schedule change made here (the schedule's pipeline's project is
-/// not known without its file: `default`).
-fn audit(
-    state: &dyn drivetrain_engine::state::StateStore,
-    action: &str,
-    pipeline: &str,
-) -> anyhow::Result<()> {
-    let verb = action.rsplit('.').next().unwrap_or(action);
-    crate::people::audit_local(
-        state,
-        crate::server::access::DEFAULT_PROJECT,
-        action,
-        format!("/api/v1/schedules/{pipeline}/{verb}"),
-        serde_json::json!({"pipeline": pipeline}),
-    )
 }
 
 /// Now, as schedules record it (seconds, UTC).

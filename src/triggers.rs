@@ -135,11 +135,11 @@ pub fn command(
                 Ok(t) => t,
                 Err(e) => return usage(e),
             };
-            audit(
+            crate::people::audit_local(
                 &*state,
+                crate::server::access::DEFAULT_PROJECT,
                 "triggers.pause",
-                &t.pipeline,
-                &t.trigger,
+                format!("/api/v1/triggers/{}/{}/pause", t.pipeline, t.trigger),
                 json!({"paused": true}),
             )?;
             state.set_trigger_paused(&t.pipeline, &t.trigger, true, false)?;
@@ -165,7 +165,13 @@ pub fn command(
             }
             let skipped = state.set_trigger_paused(&t.pipeline, &t.trigger, false, skip)?;
             let after = json!({"paused": false, "skipped": skipped});
-            audit(&*state, "triggers.resume", &t.pipeline, &t.trigger, after)?;
+            crate::people::audit_local(
+                &*state,
+                crate::server::access::DEFAULT_PROJECT,
+                "triggers.resume",
+                format!("/api/v1/triggers/{}/{}/resume", t.pipeline, t.trigger),
+                after,
+            )?;
             match skip {
                 true => println!(
                     "resumed {}/{}: {skipped} queued object(s) skipped",
@@ -236,24 +242,6 @@ pub fn command(
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The audit entry of a trigger change made here.
-fn audit(
-    state: &dyn drivetrain_engine::state::StateStore,
-    action: &str,
-    pipeline: &str,
-    trigger: &str,
-    after: serde_json::Value,
-) -> anyhow::Result<()> {
-    let verb = action.rsplit('.').next().unwrap_or(action);
-    crate::people::audit_local(
-        state,
-        crate::server::access::DEFAULT_PROJECT,
-        action,
-        format!("/api/v1/triggers/{pipeline}/{trigger}/{verb}"),
-        after,
-    )
 }
 
 /// `--since`: a date (midnight UTC) or an RFC 3339 time, as RFC 3339 UTC with millis.

@@ -137,6 +137,20 @@ pub struct AuditNote {
     pub denied: Option<String>,
 }
 
+/// `response` with what it changed, for the audit log: the state before and after.
+pub fn noted(
+    mut response: axum::response::Response,
+    before: Value,
+    after: Value,
+) -> axum::response::Response {
+    response.extensions_mut().insert(AuditNote {
+        before: Some(before),
+        after: Some(after),
+        ..Default::default()
+    });
+    response
+}
+
 /// The audit entry of a request.
 pub struct Asked<'a> {
     pub subject: &'a str,

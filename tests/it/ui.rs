@@ -628,6 +628,18 @@ async fn schedules_trigger_and_suspend(p: &Page) {
         "return document.querySelector('tbody tr')?.cells[1].textContent === 'suspended'",
     )
     .await;
+    // The audit log has the button's change, before and after.
+    let (code, log) = call(&p.s, "GET", "/api/v1/audit?limit=1000", None);
+    assert_eq!(code, 200, "{log}");
+    let entry = log["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["action"] == "schedules.suspend")
+        .unwrap_or_else(|| panic!("{log}"));
+    assert_eq!(entry["before"], json!({"suspended": false}), "{entry}");
+    assert_eq!(entry["after"], json!({"suspended": true}), "{entry}");
+    assert_eq!(entry["subject"], "token:server", "{entry}");
 }
 
 /// A paused trigger's row counts what lands; resuming with a skip drops it and starts

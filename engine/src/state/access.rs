@@ -225,4 +225,9 @@ pub trait ApprovalStore: Send + Sync {
     /// Takes a waiting run to resume it (phase `Running`, no engine yet, a fresh
     /// heartbeat): false when it is not waiting (another process took it).
     fn claim_waiting(&self, run: &RunId) -> Result<bool, StateError>;
+    /// Takes `run` to resume it if it waits and every approval it asked for is decided:
+    /// false when it still waits for one, is not waiting, or another process took it.
+    fn take_decided(&self, run: &RunId) -> Result<bool, StateError> {
+        Ok(self.decided_waiting_runs()?.contains(run) && self.claim_waiting(run)?)
+    }
 }

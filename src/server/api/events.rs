@@ -56,13 +56,17 @@ pub async fn pause(
         .state()
         .set_trigger_paused(&t.pipeline, &t.trigger, true, false)
     {
-        Ok(_) => Json(TriggerPause {
-            pipeline,
-            trigger,
-            paused: true,
-            skipped: 0,
-        })
-        .into_response(),
+        Ok(_) => crate::server::access::noted(
+            Json(TriggerPause {
+                pipeline,
+                trigger,
+                paused: true,
+                skipped: 0,
+            })
+            .into_response(),
+            serde_json::json!({"paused": t.paused}),
+            serde_json::json!({"paused": true}),
+        ),
         Err(e) => internal(e),
     }
 }
@@ -108,13 +112,17 @@ pub async fn resume(
         .state()
         .set_trigger_paused(&t.pipeline, &t.trigger, false, skip)
     {
-        Ok(skipped) => Json(TriggerPause {
-            pipeline,
-            trigger,
-            paused: false,
-            skipped,
-        })
-        .into_response(),
+        Ok(skipped) => crate::server::access::noted(
+            Json(TriggerPause {
+                pipeline,
+                trigger,
+                paused: false,
+                skipped,
+            })
+            .into_response(),
+            serde_json::json!({"paused": t.paused, "waiting": t.waiting}),
+            serde_json::json!({"paused": false, "skipped": skipped}),
+        ),
         Err(e) => internal(e),
     }
 }

@@ -1050,17 +1050,28 @@ fn known(s: &Server, name: &str) -> Option<Response> {
     }
 }
 
+/// Whether schedule `name` is suspended, as the audit log's before.
+fn suspended(s: &Server, name: &str) -> Value {
+    let now = s.engine.state().schedule(name).ok().flatten();
+    serde_json::json!({"suspended": now.map(|e| e.suspended)})
+}
+
 async fn suspend(State(s): State<Shared>, Path(name): Path<String>) -> Response {
     if let Some(r) = known(&s, &name) {
         return r;
     }
+    let before = suspended(&s, &name);
     match s.engine.state().set_suspended(&name, true, None) {
-        Ok(()) => Json(Suspension {
-            schedule: name,
-            suspended: true,
-            backlog: None,
-        })
-        .into_response(),
+        Ok(()) => access::noted(
+            Json(Suspension {
+                schedule: name,
+                suspended: true,
+                backlog: None,
+            })
+            .into_response(),
+            before,
+            serde_json::json!({"suspended": true}),
+        ),
         Err(e) => internal(e),
     }
 }
@@ -1080,17 +1091,22 @@ async fn resume(
         return r;
     }
     let anchor = (!q.catchup).then(crate::schedules::now_text);
+    let before = suspended(&s, &name);
     match s
         .engine
         .state()
         .set_suspended(&name, false, anchor.as_deref())
     {
-        Ok(()) => Json(Suspension {
-            schedule: name,
-            suspended: false,
-            backlog: Some(q.catchup),
-        })
-        .into_response(),
+        Ok(()) => access::noted(
+            Json(Suspension {
+                schedule: name,
+                suspended: false,
+                backlog: Some(q.catchup),
+            })
+            .into_response(),
+            before,
+            serde_json::json!({"suspended": false, "catchup": q.catchup}),
+        ),
         Err(e) => internal(e),
     }
 }

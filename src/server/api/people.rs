@@ -120,8 +120,7 @@ async fn vote(
     if record.outcome.is_some() {
         let (state, id) = (s.engine.state().clone(), record.request.run.clone());
         let ready = tokio::task::spawn_blocking(move || -> anyhow::Result<Option<RunId>> {
-            let decided = state.decided_waiting_runs()?.contains(&id);
-            Ok((decided && state.claim_waiting(&id)?).then_some(id))
+            Ok(state.take_decided(&id)?.then_some(id))
         })
         .await;
         match ready {

@@ -500,13 +500,8 @@ pub(super) async fn rollback(
     }
     match reg.rollback(&model, &alias).await {
         Ok(moved) => {
-            let note = crate::server::access::AuditNote {
-                after: serde_json::to_value(&moved).ok(),
-                ..Default::default()
-            };
-            let mut response = Json(moved).into_response();
-            response.extensions_mut().insert(note);
-            response
+            let (before, after) = (json!({"version": moved["from"]}), moved.clone());
+            crate::server::access::noted(Json(moved).into_response(), before, after)
         }
         Err(e) => error(StatusCode::CONFLICT, e.to_string()),
     }
