@@ -587,6 +587,7 @@ pub fn resume(
         record,
         succeeded,
         attempts,
+        reattached: reattach.into_keys().collect(),
     });
     drive(Drive {
         engine,

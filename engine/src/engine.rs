@@ -146,7 +146,11 @@ impl Engine {
         let opts = runner::RunOptions {
             parallelism: request.parallelism.unwrap_or(self.parallelism).max(1),
             work_dir: self.work_dir.clone(),
-            gpus: (self.gpus)(&request.pipeline, request.gpus),
+            // A cluster that hands out GPUs itself needs none of this machine's.
+            gpus: match self.executor.schedules_gpus() {
+                true => Vec::new(),
+                false => (self.gpus)(&request.pipeline, request.gpus),
+            },
             step_command: self.step_command.clone(),
             resolver: self.resolver.clone(),
             request,

@@ -236,6 +236,11 @@ pub enum AttemptOutcome {
     Cancelled,
     /// Killed by the kernel for exceeding its memory limit (`retries.on: [oom]`).
     OutOfMemory { reason: String },
+    /// Stopped by the cluster's own time limit (`retries.on: [timeout]`).
+    TimedOut { reason: String },
+    /// Ended by the infrastructure, not the stage: a node that failed, a preemption, a
+    /// job the cluster no longer knows (`retries.on: [lost]`).
+    Lost { reason: String },
 }
 
 /// The executor could not run the attempt at all: the infrastructure's fault.
@@ -319,6 +324,11 @@ pub trait Executor: Send + Sync {
     /// out: inputs are fetched from the store, outputs and `values.json` uploaded to it.
     fn container_root(&self) -> Option<PathBuf> {
         None
+    }
+    /// Whether the cluster hands out GPUs (Slurm's GRES): the run loop then neither
+    /// counts this machine's GPUs nor sets `CUDA_VISIBLE_DEVICES` itself.
+    fn schedules_gpus(&self) -> bool {
+        false
     }
 }
 

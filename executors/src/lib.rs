@@ -10,10 +10,11 @@ use drivetrain_engine::executor::Executor;
 pub mod gpus;
 pub mod kubernetes;
 pub mod local;
+pub mod slurm;
 pub mod wrapper;
 
 /// The executor kinds a pipeline may name, default first.
-pub const EXECUTORS: &[&str] = &["local", "kubernetes"];
+pub const EXECUTORS: &[&str] = &["local", "kubernetes", "slurm"];
 
 /// The executor registered under `name`, or why there is none.
 pub fn executor(name: &str) -> Result<Arc<dyn Executor>, String> {
@@ -21,6 +22,9 @@ pub fn executor(name: &str) -> Result<Arc<dyn Executor>, String> {
         "local" => Ok(Arc::new(local::LocalExecutor::from_env()?)),
         "kubernetes" => Ok(Arc::new(kubernetes::KubernetesExecutor::new(
             kubernetes::Settings::from_env()?,
+        ))),
+        "slurm" => Ok(Arc::new(slurm::SlurmExecutor::new(
+            slurm::Settings::from_env()?,
         ))),
         other => Err(format!("unknown executor `{other}`")),
     }

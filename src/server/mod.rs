@@ -674,6 +674,7 @@ impl Server {
             record: recorded,
             succeeded: BTreeMap::new(),
             attempts: BTreeMap::new(),
+            reattached: Default::default(),
         });
         let (tx, rx) = tokio::sync::watch::channel(false);
         self.cancels

@@ -196,6 +196,7 @@ async fn start_and_wait(
     let mut spec = spec;
     let gpus = match stage.gpus() {
         0 => Vec::new(),
+        _ if ctx.executor.schedules_gpus() => Vec::new(),
         n => ctx.gpus.acquire(n).await,
     };
     if !gpus.is_empty() {
@@ -285,6 +286,20 @@ async fn wait_attempt(
                 exit_code,
                 reason: mask.text(&format!("{reason}{}", log_tail(log))),
                 class: ErrorClass::Failed,
+            })
+        }
+        AttemptOutcome::TimedOut { reason } => {
+            return Ok(AttemptEnd::Failed {
+                exit_code: None,
+                reason: mask.text(&format!("{reason}{}", log_tail(log))),
+                class: ErrorClass::Timeout,
+            })
+        }
+        AttemptOutcome::Lost { reason } => {
+            return Ok(AttemptEnd::Failed {
+                exit_code: None,
+                reason: mask.text(&format!("{reason}{}", log_tail(log))),
+                class: ErrorClass::Lost,
             })
         }
     }

@@ -331,6 +331,7 @@ async fn a_resumed_run_does_not_execute_what_succeeded_before() {
                 (BTreeMap::new(), serde_json::Value::Null),
             )]),
             attempts: BTreeMap::from([("a".to_string(), 1)]),
+            reattached: Default::default(),
         });
     })
     .await;

@@ -152,6 +152,9 @@ pub struct Resume {
     pub succeeded: BTreeMap<String, (BTreeMap<String, ArtifactRef>, Value)>,
     /// The highest attempt number recorded per stage; new attempts count on from it.
     pub attempts: BTreeMap<String, u32>,
+    /// Stages whose next attempt is one still running on the executor, which watches it
+    /// again: its directory, inputs and outputs are the job's, not prepared afresh.
+    pub reattached: std::collections::BTreeSet<String>,
 }
 
 /// Everything attempts share.
@@ -176,10 +179,19 @@ struct Ctx {
     main_phase: std::sync::OnceLock<Phase>,
     /// Attempt numbers already used, on a resume.
     prior_attempts: BTreeMap<String, u32>,
+    /// Stages whose first attempt here re-attaches ([`Resume::reattached`]).
+    reattached: std::collections::BTreeSet<String>,
     files: crate::cache::FileDigests,
 }
 
 impl Ctx {
+    /// Whether `key` is an attempt a restarted engine watches again rather than starts.
+    fn reattaches(&self, key: &AttemptKey) -> bool {
+        key.item.is_none()
+            && self.reattached.contains(&key.stage)
+            && self.prior_attempts.get(&key.stage).copied().unwrap_or(0) + 1 == key.attempt
+    }
+
     fn stop_for(&self, stage: &Stage) -> watch::Receiver<bool> {
         match stage.hook {
             Some(_) => self.hook_cancel.clone(),
@@ -215,14 +227,14 @@ pub(crate) async fn run(
     let params = std::mem::take(&mut opts.request.params);
     let resume = opts.request.resume.take();
     let fresh = fresh_record(&opts, &params, executor.name());
-    let (record, prior, prior_attempts) = match resume {
+    let (record, prior, prior_attempts, reattached) = match resume {
         Some(r) => {
             state.reopen_run(&id, std::process::id())?;
-            (r.record, r.succeeded, r.attempts)
+            (r.record, r.succeeded, r.attempts, r.reattached)
         }
         None => {
             state.create_run(&fresh)?;
-            (fresh, BTreeMap::new(), BTreeMap::new())
+            (fresh, BTreeMap::new(), BTreeMap::new(), Default::default())
         }
     };
     // The run's heartbeat, for replicas that take over the runs of a dead engine.
@@ -270,6 +282,7 @@ pub(crate) async fn run(
         gpus: GpuPool::new(gpu_count),
         main_phase: std::sync::OnceLock::new(),
         prior_attempts,
+        reattached,
         files: Default::default(),
     });
 
@@ -742,18 +755,22 @@ fn unsupported(ctx: &Ctx, stage: &Stage) -> Option<String> {
         Action::Step { name, .. } if ctx.opts.step_command.is_empty() => Some(format!(
             "built-in step `{name}` cannot run: this engine has no step runner"
         )),
-        Action::Step { .. } if stage.gpus() > ctx.opts.gpus.len() => {
-            Some(too_few_gpus(stage, &ctx.opts.gpus))
-        }
+        Action::Step { .. } if lacks_gpus(ctx, stage) => Some(too_few_gpus(stage, &ctx.opts.gpus)),
         Action::Step { .. } => None,
         Action::Command { .. } if stage.secrets.iter().any(|s| s.mount_path.is_some()) => {
             Some("secrets mounted as files are not supported by the local executor".to_owned())
         }
-        Action::Command { .. } if stage.gpus() > ctx.opts.gpus.len() => {
+        Action::Command { .. } if lacks_gpus(ctx, stage) => {
             Some(too_few_gpus(stage, &ctx.opts.gpus))
         }
         Action::Command { .. } | Action::Approval { .. } => None,
     }
+}
+
+/// Whether the stage asks for more GPUs than this machine has, where they are this
+/// machine's to give.
+fn lacks_gpus(ctx: &Ctx, stage: &Stage) -> bool {
+    stage.gpus() > ctx.opts.gpus.len() && !ctx.executor.schedules_gpus()
 }
 
 /// A stage this engine cannot run ends in `Error` with one attempt that says why.

@@ -94,6 +94,7 @@ impl Paths {
         key: &AttemptKey,
         layout: &Layout,
         upstream: &BTreeMap<StageId, StageResult>,
+        reattaching: bool,
     ) -> Result<Paths, String> {
         let mut paths = Paths::default();
         for input in &stage.inputs {
@@ -113,7 +114,7 @@ impl Paths {
                             artifact: art.clone(),
                             dest: dest.clone(),
                         });
-                    } else {
+                    } else if !reattaching {
                         // A changed artifact is its producer's fault (or the store's), not
                         // this stage's: name who made it.
                         ctx.artifacts.materialize(art, &dest).await.map_err(|e| {
@@ -149,7 +150,7 @@ impl Paths {
                     name: o.name.clone(),
                     dir: p.clone(),
                 });
-            } else {
+            } else if !reattaching {
                 mkdirs(&p)?;
             }
             paths
@@ -225,10 +226,15 @@ pub(super) async fn prepare(
 ) -> Result<Result<(AttemptSpec, Layout), AttemptEnd>, Unprepared> {
     let layout = Layout::new(ctx, key);
     let (argv, workdir, step_config) = command(ctx, stage, &layout);
-    fresh_dir(&layout.dir)?;
+    // An attempt a restarted engine watches again keeps its directory: the job still
+    // running reads its inputs and writes its outputs and log there.
+    let reattaching = ctx.reattaches(key);
+    if !reattaching {
+        fresh_dir(&layout.dir)?;
+    }
     // `inputs/` and `outputs/` are made by what goes into them (materialized inputs,
     // output directories): a stage without inputs or outputs costs no directory for them.
-    let paths = Paths::of(ctx, stage, key, &layout, upstream).await?;
+    let paths = Paths::of(ctx, stage, key, &layout, upstream, reattaching).await?;
     let item = match track {
         Track::Item { item, .. } => Some(item),
         Track::Stage => None,

@@ -1,0 +1,347 @@
+//! The slurm executor: one batch job per stage attempt, through Slurm's own command-line
+//! tools, on a file system the engine and the compute nodes share.
+//!
+//! - [`submit`] turns an [`AttemptSpec`] into `sbatch` options, a fixed batch script and
+//!   the job's environment: argv are the script's arguments and values the environment
+//!   (`--export=ALL` of a cleared one), never a shell string or a command line.
+//! - The attempt's directory, inputs and outputs are where the run loop prepared them, as
+//!   for the local executor: the job writes its log there (`--output`, appended), reads
+//!   its inputs there and leaves its outputs there; the engine publishes them to the store
+//!   once the job has succeeded. The home (`DRIVETRAIN_HOME`) must be on the shared file
+//!   system, as any Slurm user's working directory is.
+//! - The job's name is deterministic from (run, stage, attempt, item) and its comment
+//!   says the same: a restarted engine finds a job still known to Slurm by its handle
+//!   and watches it again instead of submitting another ([`Executor::reattach`]).
+//! - One poll per cluster ([`poll`]): `squeue` for every waiting job at once, `sacct` for
+//!   those the controller has forgotten. A pending job's reason (`Resources`, a GPU it
+//!   waits for) goes into the attempt's log as it changes, so `status` shows it.
+//! - `cancel` is `scancel`. The engine owns retries (`--no-requeue`): `NODE_FAIL` and
+//!   `PREEMPTED` end the attempt as lost (`retries.on: [lost]`), `TIMEOUT` as a timeout,
+//!   `OUT_OF_MEMORY` (or Slurm's own memory enforcement killing it) as `oom`.
+//!
+//! Settings come from the YAML file named by `DRIVETRAIN_SLURM` ([`Settings`]).
+
+use std::collections::HashMap;
+use std::io::{Read as _, Seek as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use drivetrain_engine::executor::{
+    AttemptOutcome, AttemptSpec, Executor, ExecutorError, RunningAttempt,
+};
+use serde::Deserialize;
+use tokio::sync::watch;
+
+pub mod cli;
+pub mod poll;
+pub mod submit;
+
+use cli::Cli;
+use poll::{JobStatus, Poller};
+
+/// Where jobs go and how the cluster is reached.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// The partition of every job; default: the cluster's default partition.
+    pub partition: Option<String>,
+    /// The partition of jobs that ask for GPUs; default: `partition`.
+    pub gpu_partition: Option<String>,
+    pub account: Option<String>,
+    pub qos: Option<String>,
+    /// `SLURM_CONF` for every command; default: the engine's own `SLURM_CONF`.
+    pub conf: Option<PathBuf>,
+    /// Where `sbatch`, `squeue`, `sacct`, `scancel` and `sinfo` are; default: `PATH`.
+    pub bin_dir: Option<PathBuf>,
+    /// More `sbatch` options for every job (`--constraint=a100`, `--exclusive`).
+    pub sbatch_args: Vec<String>,
+    /// How often the cluster is polled: `500ms` (default).
+    pub poll_interval: Option<String>,
+    /// The rendezvous port of distributed ranks (`MASTER_PORT`); default: one derived
+    /// from the job id, so two jobs on a node do not meet.
+    pub master_port: Option<u16>,
+}
+
+impl Settings {
+    /// The settings in the file `DRIVETRAIN_SLURM` names, else the defaults.
+    pub fn from_env() -> Result<Settings, String> {
+        let mut s = match std::env::var_os("DRIVETRAIN_SLURM") {
+            Some(path) => Settings::from_file(Path::new(&path))?,
+            None => Settings::default(),
+        };
+        if s.conf.is_none() {
+            s.conf = std::env::var_os("SLURM_CONF").map(PathBuf::from);
+        }
+        Ok(s)
+    }
+
+    pub fn from_file(path: &Path) -> Result<Settings, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let s: Settings = serde_yaml_ng::from_str(&text).map_err(|e| match e.location() {
+            Some(at) => format!("{}:{}:{}: {e}", path.display(), at.line(), at.column()),
+            None => format!("{}: {e}", path.display()),
+        })?;
+        s.interval()
+            .map_err(|e| format!("{}: poll_interval: {e}", path.display()))?;
+        Ok(s)
+    }
+
+    fn interval(&self) -> Result<Duration, String> {
+        match &self.poll_interval {
+            Some(t) => drivetrain_engine::units::parse_duration(t).map_err(|e| e.to_string()),
+            None => Ok(Duration::from_millis(500)),
+        }
+    }
+
+    fn cli(&self) -> Cli {
+        Cli {
+            bin_dir: self.bin_dir.clone(),
+            conf: self.conf.clone(),
+        }
+    }
+}
+
+/// Runs attempts as Slurm batch jobs.
+pub struct SlurmExecutor {
+    settings: Arc<Settings>,
+    cli: Arc<Cli>,
+    poller: Poller,
+    /// Jobs a restarted engine found still known to Slurm, by job name: the attempt that
+    /// starts under that name again watches the job instead of submitting one.
+    adopted: Mutex<HashMap<String, String>>,
+}
+
+impl std::fmt::Debug for SlurmExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlurmExecutor")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SlurmExecutor {
+    pub fn new(settings: Settings) -> SlurmExecutor {
+        let cli = Arc::new(settings.cli());
+        let every = settings.interval().unwrap_or(Duration::from_millis(500));
+        SlurmExecutor {
+            poller: Poller::new(cli.clone(), every),
+            cli,
+            settings: Arc::new(settings),
+            adopted: Mutex::default(),
+        }
+    }
+
+    /// `sinfo`'s view of the cluster, for `doctor`: its partitions and node states, or
+    /// why it cannot be reached.
+    pub async fn check(&self) -> Result<String, String> {
+        let out = self
+            .cli
+            .run("sinfo", &["-h", "-o", "%P %a %D %T %G"])
+            .await?;
+        let lines: Vec<&str> = out.lines().filter(|l| !l.trim().is_empty()).collect();
+        if lines.is_empty() {
+            return Err("`sinfo` lists no partition".into());
+        }
+        Ok(lines.join("; "))
+    }
+
+    /// Job `id`'s name and state, if the controller knows it.
+    async fn job(&self, id: &str) -> Option<(String, JobStatus)> {
+        let out = self
+            .cli
+            .run(
+                "squeue",
+                &[
+                    "-h",
+                    "-t",
+                    "all",
+                    "-j",
+                    id,
+                    "-O",
+                    "Name:0|,JobArrayID:0|,State:0|,exit_code:0|,Reason:0",
+                ],
+            )
+            .await
+            .ok()?;
+        let line = out.lines().next()?;
+        let (name, rest) = line.split_once('|')?;
+        let status = poll::parse_squeue(rest).remove(id)?;
+        Some((name.trim().to_owned(), status))
+    }
+
+    async fn submit(&self, spec: &AttemptSpec) -> Result<String, ExecutorError> {
+        let sub = submit::submission(&self.settings, spec);
+        let script = spec.log.with_file_name("slurm.sh");
+        std::fs::write(&script, submit::SCRIPT)
+            .map_err(|e| ExecutorError(format!("cannot write {}: {e}", script.display())))?;
+        let mut args: Vec<&str> = sub.options.iter().map(String::as_str).collect();
+        let script_arg = script.display().to_string();
+        args.push(&script_arg);
+        args.extend(spec.argv.iter().map(String::as_str));
+        let mut command = self.cli.command("sbatch", &args);
+        command.env_clear().envs(sub.env.iter().cloned());
+        let out = cli::output(command, "sbatch")
+            .await
+            .map_err(|e| ExecutorError(format!("cannot submit stage `{}`: {e}", spec.stage)))?;
+        // `--parsable`: `ID` or `ID;CLUSTER`.
+        let id = out.trim().split(';').next().unwrap_or("").to_owned();
+        if id.is_empty() || !id.chars().all(|c| c.is_ascii_digit()) {
+            return Err(ExecutorError(format!(
+                "sbatch printed no job id for stage `{}`: {out:?}",
+                spec.stage
+            )));
+        }
+        Ok(id)
+    }
+}
+
+fn job_of(handle: &str) -> Option<&str> {
+    handle
+        .strip_prefix("slurm:")
+        .filter(|id| !id.is_empty() && id.chars().all(|c| c.is_ascii_digit() || c == '_'))
+}
+
+#[async_trait]
+impl Executor for SlurmExecutor {
+    fn name(&self) -> &'static str {
+        "slurm"
+    }
+
+    async fn start(&self, spec: AttemptSpec) -> Result<Box<dyn RunningAttempt>, ExecutorError> {
+        if spec.argv.is_empty() {
+            return Err(ExecutorError("empty argv".into()));
+        }
+        if spec.placement.network == drivetrain_engine::spec::Network::None {
+            return Err(ExecutorError(format!(
+                "stage `{}` has `network: none`, which the slurm executor cannot give it",
+                spec.stage
+            )));
+        }
+        let name = submit::job_name(&spec);
+        let adopted = self
+            .adopted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&name);
+        let id = match adopted {
+            Some(id) => {
+                note(&spec.log, &format!("re-attached to Slurm job {id}"));
+                id
+            }
+            None => self.submit(&spec).await?,
+        };
+        let status = self.poller.watch(&id);
+        Ok(Box::new(SlurmAttempt {
+            cli: self.cli.clone(),
+            argv0: spec.argv[0].clone(),
+            log: spec.log,
+            id,
+            status,
+            pending: None,
+        }))
+    }
+
+    async fn reap(&self, handle: &str) -> bool {
+        let Some(id) = job_of(handle) else {
+            return false;
+        };
+        let running = self.job(id).await.is_some_and(|(_, s)| !s.ended());
+        let _ = self.cli.run("scancel", &[id]).await;
+        running
+    }
+
+    async fn reattach(&self, handle: &str) -> bool {
+        let Some(id) = job_of(handle) else {
+            return false;
+        };
+        match self.job(id).await {
+            Some((name, _)) => {
+                self.adopted
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(name, id.to_owned());
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn schedules_gpus(&self) -> bool {
+        true
+    }
+}
+
+/// Appends a line of the executor's own to the attempt's log.
+fn note(log: &Path, line: &str) {
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+    {
+        let _ = writeln!(f, "drivetrain: {line}");
+    }
+}
+
+/// The last few KiB of the log: where Slurm says why it killed a job.
+fn log_tail(log: &Path) -> String {
+    let Ok(mut f) = std::fs::File::open(log) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(std::io::SeekFrom::Start(len.saturating_sub(4096)));
+    let mut bytes = Vec::new();
+    let _ = f.read_to_end(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// A submitted job.
+struct SlurmAttempt {
+    cli: Arc<Cli>,
+    argv0: String,
+    log: PathBuf,
+    id: String,
+    status: watch::Receiver<Option<JobStatus>>,
+    /// The pending reason last noted in the log.
+    pending: Option<String>,
+}
+
+#[async_trait]
+impl RunningAttempt for SlurmAttempt {
+    fn handle(&self) -> String {
+        format!("slurm:{}", self.id)
+    }
+
+    async fn wait(&mut self) -> AttemptOutcome {
+        loop {
+            let seen = self.status.borrow_and_update().clone();
+            if let Some(s) = seen {
+                if s.ended() {
+                    return s.outcome(&self.id, &self.argv0, &log_tail(&self.log));
+                }
+                // `None`: just submitted, not yet considered; a reason is worth a line.
+                let waits = s.state == "PENDING" && !matches!(s.reason.as_str(), "" | "None");
+                if waits && self.pending.as_deref() != Some(s.reason.as_str()) {
+                    note(
+                        &self.log,
+                        &format!("Slurm job {} is pending: {}", self.id, s.reason),
+                    );
+                    self.pending = Some(s.reason.clone());
+                }
+            }
+            if self.status.changed().await.is_err() {
+                return AttemptOutcome::Lost {
+                    reason: format!("lost: the poll of Slurm job {} stopped", self.id),
+                };
+            }
+        }
+    }
+
+    async fn cancel(&mut self) {
+        if let Err(e) = self.cli.run("scancel", &[&self.id]).await {
+            tracing::warn!("cannot cancel Slurm job {}: {e}", self.id);
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! What `sbatch` is given for one attempt: its options, the batch script (fixed text; the
+//! stage's argv are the script's arguments, never parsed by a shell) and the environment
+//! the job inherits (`--export=ALL` of a cleared environment: values, secrets too, never on
+//! a command line). Pure, so `plan` and the tests can read it.
+
+use drivetrain_engine::executor::{AttemptSpec, Rank};
+use drivetrain_engine::spec::Framework;
+
+use super::Settings;
+
+/// The batch script every attempt runs: a world of one runs argv as it is; a distributed
+/// attempt runs one `srun` task per rank (`--kill-on-bad-exit`: a rank that fails ends the
+/// allocation), each given torchrun's contract (and with `framework: mpi` Open MPI's and
+/// Horovod's names) from Slurm's own variables, the first host of the allocation as
+/// `MASTER_ADDR`.
+pub const SCRIPT: &str = r#"#!/bin/sh
+# drivetrain: one stage attempt. The stage's argv are this script's arguments.
+if ! command -v "$1" >/dev/null 2>&1; then
+  echo "drivetrain: \`$1\`: command not found" >&2
+  exit 127
+fi
+if [ "${DRIVETRAIN_SLURM_RANKS:-1}" = 1 ]; then
+  exec "$@"
+fi
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | head -n 1)
+export MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
+export MASTER_PORT="${DRIVETRAIN_MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}"
+exec srun --kill-on-bad-exit=1 --label sh -c '
+export RANK="$SLURM_PROCID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_RANK="$SLURM_LOCALID"
+export GROUP_RANK="$SLURM_NODEID" NODE_RANK="$SLURM_NODEID" GROUP_WORLD_SIZE="$SLURM_JOB_NUM_NODES"
+export ROLE_RANK="$SLURM_PROCID" ROLE_WORLD_SIZE="$SLURM_NTASKS"
+# This node'"'"'s task count, from SLURM_TASKS_PER_NODE ("2(x3),1").
+LOCAL_WORLD_SIZE=$(echo "$SLURM_TASKS_PER_NODE" | awk -F, -v n="$SLURM_NODEID" "{
+  i = 0
+  for (f = 1; f <= NF; f++) {
+    c = \$f; r = 1
+    if (match(c, /\\(x[0-9]+\\)/)) { r = substr(c, RSTART + 2, RLENGTH - 3); c = substr(c, 1, RSTART - 1) }
+    for (k = 0; k < r; k++) { if (i == n) { print c; exit } i++ }
+  }
+}")
+export LOCAL_WORLD_SIZE="${LOCAL_WORLD_SIZE:-1}"
+if [ "$DRIVETRAIN_FRAMEWORK" = mpi ]; then
+  export OMPI_COMM_WORLD_RANK="$RANK" OMPI_COMM_WORLD_SIZE="$WORLD_SIZE"
+  export OMPI_COMM_WORLD_LOCAL_RANK="$LOCAL_RANK" OMPI_COMM_WORLD_LOCAL_SIZE="$LOCAL_WORLD_SIZE"
+  export OMPI_COMM_WORLD_NODE_RANK="$NODE_RANK" PMI_RANK="$RANK" PMI_SIZE="$WORLD_SIZE"
+  export HOROVOD_RANK="$RANK" HOROVOD_SIZE="$WORLD_SIZE" HOROVOD_LOCAL_RANK="$LOCAL_RANK"
+  export HOROVOD_LOCAL_SIZE="$LOCAL_WORLD_SIZE" HOROVOD_CROSS_RANK="$NODE_RANK"
+  export HOROVOD_CROSS_SIZE="$GROUP_WORLD_SIZE"
+fi
+exec "$@"' drivetrain-rank "$@"
+"#;
+
+/// The engine's variables a job gets besides the attempt's own (as the local executor).
+const PASS_THROUGH: &[&str] = &["PATH", "HOME", "LANG", "TZ", "TMPDIR"];
+
+/// One `sbatch` call: its options (the script and argv follow them) and environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submission {
+    pub name: String,
+    pub options: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+/// The job name of an attempt: the run, the stage (with its map item) and the attempt,
+/// so a restarted engine, `squeue` and people can tell whose job it is.
+pub fn job_name(spec: &AttemptSpec) -> String {
+    format!(
+        "dt.{}.{}.{}",
+        spec.run_id,
+        spec.stage.replace("/items/", ".item"),
+        spec.attempt
+    )
+}
+
+fn ceil_div(a: u64, b: u64) -> u64 {
+    a.div_ceil(b.max(1))
+}
+
+/// What `sbatch` gets for `spec` under `settings` (`script` is where the batch script
+/// is; argv follows it).
+pub fn submission(settings: &Settings, spec: &AttemptSpec) -> Submission {
+    let name = job_name(spec);
+    let res = &spec.placement.resources;
+    let ranks = spec.distributed.as_ref().map(|d| d.workers).unwrap_or(1);
+    let gpus = res.gpu.unwrap_or(0);
+    let mut o = vec![
+        "--parsable".to_owned(),
+        format!("--job-name={name}"),
+        format!(
+            "--comment=drivetrain run={} stage={} attempt={}",
+            spec.run_id, spec.stage, spec.attempt
+        ),
+        format!("--output={}", spec.log.display()),
+        "--open-mode=append".to_owned(),
+        format!("--chdir={}", spec.workdir.display()),
+        // The job's environment is this call's (cleared, then the attempt's): nothing of
+        // the engine's own leaks in, nothing is on a command line.
+        "--export=ALL".to_owned(),
+        // The engine owns retries: a job Slurm would requeue (a node failure, a
+        // preemption) ends, and the run loop decides.
+        "--no-requeue".to_owned(),
+    ];
+    let partition = match (gpus, &settings.gpu_partition) {
+        (1.., Some(p)) => Some(p),
+        _ => settings.partition.as_ref(),
+    };
+    if let Some(p) = partition {
+        o.push(format!("--partition={p}"));
+    }
+    if let Some(a) = &settings.account {
+        o.push(format!("--account={a}"));
+    }
+    if let Some(q) = &settings.qos {
+        o.push(format!("--qos={q}"));
+    }
+    o.push(format!("--ntasks={ranks}"));
+    let cpus = res.cpu.as_ref().map(|c| c.value.ceil().max(1.0) as u64);
+    if let Some(c) = cpus {
+        o.push(format!("--cpus-per-task={c}"));
+    }
+    if let Some(m) = &res.memory {
+        let mb = ceil_div(m.value.max(0.0) as u64, 1 << 20).max(1);
+        if ranks > 1 {
+            // Slurm has no memory per task: per CPU of each task instead.
+            o.push(format!(
+                "--mem-per-cpu={}M",
+                ceil_div(mb, cpus.unwrap_or(1))
+            ));
+        } else {
+            o.push(format!("--mem={mb}M"));
+        }
+    }
+    if gpus > 0 {
+        if ranks > 1 {
+            o.push(format!("--gpus-per-task={gpus}"));
+        } else {
+            o.push(format!("--gres=gpu:{gpus}"));
+        }
+    }
+    if let Some(t) = &res.ephemeral_storage {
+        o.push(format!(
+            "--tmp={}M",
+            ceil_div(t.value.max(0.0) as u64, 1 << 20)
+        ));
+    }
+    if let Some(t) = spec.placement.timeout {
+        // Whole minutes, rounded up: the run loop stops the attempt at its exact
+        // timeout; Slurm's limit is the backstop should the engine be gone.
+        o.push(format!("--time={}", ceil_div(t.as_secs().max(1), 60)));
+    }
+    o.extend(settings.sbatch_args.iter().cloned());
+
+    let mut env: Vec<(String, String)> = PASS_THROUGH
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+        .collect();
+    env.extend(spec.env.iter().cloned());
+    let framework = spec
+        .distributed
+        .as_ref()
+        .map(|d| d.framework)
+        .unwrap_or_default();
+    if ranks > 1 {
+        env.push(("DRIVETRAIN_SLURM_RANKS".into(), ranks.to_string()));
+        if framework == Framework::Mpi {
+            env.push(("DRIVETRAIN_FRAMEWORK".into(), "mpi".into()));
+        }
+        if let Some(p) = settings.master_port {
+            env.push(("DRIVETRAIN_MASTER_PORT".into(), p.to_string()));
+        }
+    } else {
+        // A world of one: its whole contract is known before it starts.
+        let port = settings.master_port.unwrap_or(29500);
+        env.extend(
+            Rank::ALONE
+                .env("127.0.0.1", port, framework)
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v)),
+        );
+    }
+    if let Some(conf) = &settings.conf {
+        env.push(("SLURM_CONF".into(), conf.display().to_string()));
+    }
+    Submission {
+        name,
+        options: o,
+        env,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use drivetrain_engine::executor::Placement;
+    use drivetrain_engine::plan::{Distributed, Resources};
+    use drivetrain_engine::units::Quantity;
+
+    use super::*;
+
+    fn spec() -> AttemptSpec {
+        AttemptSpec {
+            run_id: "r1".into(),
+            stage: "train/items/3".into(),
+            attempt: 2,
+            argv: vec!["python".into(), "train.py".into()],
+            env: vec![("TOKEN".into(), "s3cr3t".into())],
+            workdir: PathBuf::from("/w"),
+            log: PathBuf::from("/w/log.txt"),
+            distributed: None,
+            access: Vec::new(),
+            mask: Default::default(),
+            placement: Placement::default(),
+        }
+    }
+
+    fn q(text: &str, value: f64) -> Option<Quantity> {
+        Some(Quantity {
+            text: text.into(),
+            value,
+        })
+    }
+
+    #[test]
+    fn resources_and_timeout_map_to_options_and_values_stay_off_the_command_line() {
+        let mut s = spec();
+        s.placement.resources = Resources {
+            cpu: q("1500m", 1.5),
+            memory: q("1Gi", 1073741824.0),
+            gpu: Some(2),
+            shm: None,
+            ephemeral_storage: None,
+        };
+        s.placement.timeout = Some(Duration::from_secs(61));
+        let settings = Settings {
+            partition: Some("cpu".into()),
+            gpu_partition: Some("a100".into()),
+            account: Some("perception".into()),
+            ..Settings::default()
+        };
+        let sub = submission(&settings, &s);
+        assert_eq!(sub.name, "dt.r1.train.item3.2");
+        for want in [
+            "--job-name=dt.r1.train.item3.2",
+            "--partition=a100",
+            "--account=perception",
+            "--ntasks=1",
+            "--cpus-per-task=2",
+            "--mem=1024M",
+            "--gres=gpu:2",
+            "--time=2",
+            "--output=/w/log.txt",
+            "--no-requeue",
+        ] {
+            assert!(sub.options.iter().any(|o| o == want), "{want} in {sub:?}");
+        }
+        assert!(!sub.options.iter().any(|o| o.contains("s3cr3t")));
+        assert!(sub.env.contains(&("TOKEN".into(), "s3cr3t".into())));
+        assert!(sub.env.contains(&("WORLD_SIZE".into(), "1".into())));
+    }
+
+    #[test]
+    fn a_distributed_stage_is_one_allocation_of_its_ranks() {
+        let mut s = spec();
+        s.distributed = Some(Distributed {
+            framework: Framework::Mpi,
+            workers: 4,
+            slots_per_worker: 1,
+        });
+        s.placement.resources.gpu = Some(1);
+        s.placement.resources.cpu = q("2", 2.0);
+        s.placement.resources.memory = q("4Gi", 4294967296.0);
+        let sub = submission(&Settings::default(), &s);
+        for want in [
+            "--ntasks=4",
+            "--gpus-per-task=1",
+            "--mem-per-cpu=2048M",
+            "--cpus-per-task=2",
+        ] {
+            assert!(sub.options.iter().any(|o| o == want), "{want} in {sub:?}");
+        }
+        assert!(sub
+            .env
+            .contains(&("DRIVETRAIN_SLURM_RANKS".into(), "4".into())));
+        assert!(sub
+            .env
+            .contains(&("DRIVETRAIN_FRAMEWORK".into(), "mpi".into())));
+        assert!(
+            !sub.env.iter().any(|(k, _)| k == "RANK"),
+            "ranks set their own"
+        );
+    }
+}

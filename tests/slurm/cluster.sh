@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# A real single-node Slurm cluster (Debian's slurm-wlm) under one directory, on loopback:
+# munge with its own key and socket, slurmctld and slurmd as root. For the tests and the
+# bench; nothing here touches /etc.
+#
+#   cluster.sh start DIR   writes DIR/slurm.conf, starts the daemons, waits until the node
+#                          is idle, prints `SLURM_CONF=DIR/slurm.conf`
+#   cluster.sh stop DIR    stops them by the PIDs in DIR/*.pid
+#
+# The node has 2 fake GPUs (gres `gpu`, devices DIR/dev/nvidia0..1, symlinks to /dev/null:
+# Slurm sets CUDA_VISIBLE_DEVICES for them), memory limits enforced by polling
+# (jobacct_gather/linux with OverMemoryKill: no cgroups needed), and a default memory per
+# CPU so that jobs without `--mem` share the node.
+set -euo pipefail
+
+cmd=${1:?usage: cluster.sh start|stop DIR}
+dir=$(realpath -m "${2:?usage: cluster.sh start|stop DIR}")
+
+stop() {
+  for name in slurmd slurmctld munged; do
+    if [ -f "$dir/$name.pid" ]; then
+      kill "$(cat "$dir/$name.pid")" 2>/dev/null || true
+    fi
+  done
+  # The daemons leave on SIGTERM within a second or two; whatever is left is killed.
+  for _ in $(seq 50); do
+    alive=0
+    for name in slurmd slurmctld munged; do
+      if [ -f "$dir/$name.pid" ] && kill -0 "$(cat "$dir/$name.pid")" 2>/dev/null; then alive=1; fi
+    done
+    [ $alive = 0 ] && return 0
+    sleep 0.1
+  done
+  for name in slurmd slurmctld munged; do
+    [ -f "$dir/$name.pid" ] && kill -9 "$(cat "$dir/$name.pid")" 2>/dev/null || true
+  done
+}
+
+if [ "$cmd" = stop ]; then
+  stop
+  exit 0
+fi
+[ "$cmd" = start ] || { echo "usage: cluster.sh start|stop DIR" >&2; exit 2; }
+
+for tool in munged slurmctld slurmd sbatch; do
+  command -v "$tool" >/dev/null || { echo "cluster.sh: $tool not found (apt-get install slurmctld slurmd slurm-client munge)" >&2; exit 3; }
+done
+
+mkdir -p "$dir/munge" "$dir/state" "$dir/spool" "$dir/dev"
+chmod 755 "$dir" "$dir/munge"   # munged refuses a socket directory others can write to
+if [ ! -f "$dir/munge/munge.key" ]; then
+  dd if=/dev/urandom of="$dir/munge/munge.key" bs=1024 count=1 status=none
+fi
+chmod 600 "$dir/munge/munge.key"
+for i in 0 1; do ln -sf /dev/null "$dir/dev/nvidia$i"; done
+
+host=$(hostname -s)
+cpus=$(nproc)
+mem_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 2 ))
+# Ports of their own, so that two clusters (or a leftover one) do not meet.
+port=${SLURM_TEST_PORT:-$(( 20000 + ($$ % 20000) ))}
+
+cat > "$dir/slurm.conf" <<CONF
+ClusterName=dt
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$port
+SlurmdPort=$((port + 1))
+AuthType=auth/munge
+AuthInfo=socket=$dir/munge/munge.sock
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.pid
+SlurmctldLogFile=$dir/slurmctld.log
+SlurmdLogFile=$dir/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/backfill
+SchedulerParameters=batch_sched_delay=0
+DependencyParameters=kill_invalid_depend
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU=256
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=1
+JobAcctGatherParams=OverMemoryKill
+AccountingStorageType=accounting_storage/none
+GresTypes=gpu
+KillWait=2
+MinJobAge=600
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb Gres=gpu:2 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+CONF
+cat > "$dir/gres.conf" <<CONF
+NodeName=$host Name=gpu File=$dir/dev/nvidia[0-1]
+CONF
+
+export SLURM_CONF="$dir/slurm.conf"
+setsid munged --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.sock" \
+  --pid-file="$dir/munged.pid" --log-file="$dir/munged.log" --seed-file="$dir/munge/seed" \
+  --force </dev/null >/dev/null 2>&1
+setsid slurmctld -f "$SLURM_CONF" </dev/null >"$dir/slurmctld.out" 2>&1
+setsid slurmd -f "$SLURM_CONF" </dev/null >"$dir/slurmd.out" 2>&1
+
+for _ in $(seq 200); do
+  if ! kill -0 "$(cat "$dir/slurmctld.pid" 2>/dev/null)" 2>/dev/null && [ -f "$dir/slurmctld.log" ] \
+      && grep -q fatal "$dir/slurmctld.log"; then
+    break
+  fi
+  if timeout 2 sinfo -h -o %t 2>/dev/null | grep -qx idle; then
+    echo "SLURM_CONF=$SLURM_CONF"
+    exit 0
+  fi
+  sleep 0.1
+done
+echo "cluster.sh: the node did not become idle" >&2
+tail -n 20 "$dir/slurmctld.log" "$dir/slurmd.log" >&2 || true
+stop
+exit 1
