@@ -485,14 +485,19 @@ pub(crate) enum Command {
         api: bool,
     },
     /// What this machine offers local runs: cores, GPUs and how they were found (NVML,
-    /// nvidia-smi, CUDA_VISIBLE_DEVICES), stage isolation.
+    /// nvidia-smi, CUDA_VISIBLE_DEVICES), stage isolation; with `--slurm`, whether the
+    /// Slurm cluster answers and its jobs see this home.
     #[command(
-        after_help = "Examples:\n  drivetrain doctor\n  drivetrain doctor -o json\n  CUDA_VISIBLE_DEVICES=2,3 drivetrain doctor"
+        after_help = "Examples:\n  drivetrain doctor\n  drivetrain doctor -o json\n  CUDA_VISIBLE_DEVICES=2,3 drivetrain doctor\n  SLURM_CONF=/etc/slurm/slurm.conf drivetrain doctor --slurm"
     )]
     Doctor {
         /// Take this many GPUs as given, as `run --gpus` does.
         #[arg(long)]
         gpus: Option<usize>,
+        /// Check the slurm executor too: `sinfo` answers, and a probe job writes into this
+        /// home's work directory (the file system the jobs must share with the engine).
+        #[arg(long)]
+        slurm: bool,
         #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },

@@ -1,12 +1,27 @@
 //! `drivetrain doctor`: what this machine offers local runs — cores, GPUs (and how they
 //! were found), and each layer of a local stage's containment: active here or not.
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use serde_json::json;
 
-/// Prints the machine's report, as text or JSON.
-pub fn doctor(gpus: Option<usize>, json_out: bool) -> anyhow::Result<ExitCode> {
+/// Prints the machine's report, as text or JSON; with `slurm` (the home), the Slurm
+/// cluster's too: exit 1 when it cannot run this home's stages.
+pub fn doctor(
+    gpus: Option<usize>,
+    slurm: Option<&Path>,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    let slurm = slurm.map(slurm_report);
+    let failed = slurm
+        .as_ref()
+        .is_some_and(|r| r.get("ok") == Some(&json!(false)));
+    let code = if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    };
     let cores = crate::runs::default_parallelism();
     let found = drivetrain_executors::gpus::detect(gpus);
     let isolation = drivetrain_executors::local::namespaces_work();
@@ -28,9 +43,10 @@ pub fn doctor(gpus: Option<usize>, json_out: bool) -> anyhow::Result<ExitCode> {
                     .iter()
                     .map(|(name, active, what)| json!({"layer": name, "active": active, "what": what}))
                     .collect::<Vec<_>>(),
+                "slurm": slurm,
             }))?
         );
-        return Ok(ExitCode::SUCCESS);
+        return Ok(code);
     }
     println!("cores: {cores} (the default --parallelism)");
     match found.gpus.len() {
@@ -59,5 +75,40 @@ pub fn doctor(gpus: Option<usize>, json_out: bool) -> anyhow::Result<ExitCode> {
             if *active { "yes" } else { "no" }
         );
     }
-    Ok(ExitCode::SUCCESS)
+    if let Some(r) = &slurm {
+        let field = |k: &str| r.get(k).and_then(|v| v.as_str()).unwrap_or("").to_owned();
+        println!("slurm: {}", field("cluster"));
+        println!("  shared file system: {}", field("shared"));
+    }
+    Ok(code)
+}
+
+/// The slurm executor's view from here: `sinfo`, and a probe job that must write into the
+/// home's work directory, as every stage's job does.
+fn slurm_report(home: &Path) -> serde_json::Value {
+    let settings = match drivetrain_executors::slurm::Settings::from_env() {
+        Ok(s) => s,
+        Err(e) => return json!({"ok": false, "cluster": e, "shared": "not checked"}),
+    };
+    let executor = drivetrain_executors::slurm::SlurmExecutor::new(settings);
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return json!({"ok": false, "cluster": "no runtime", "shared": "not checked"});
+    };
+    let work = home.join("work");
+    let _ = std::fs::create_dir_all(&work);
+    rt.block_on(async {
+        let cluster = executor.check().await;
+        let shared = match &cluster {
+            Ok(_) => executor.probe(&work).await,
+            Err(_) => Err("not checked".to_owned()),
+        };
+        json!({
+            "ok": cluster.is_ok() && shared.is_ok(),
+            "cluster": match &cluster { Ok(s) => format!("answers: {s}"), Err(e) => format!("unreachable: {e}") },
+            "shared": match &shared { Ok(s) => s.clone(), Err(e) => format!("NO: {e}") },
+        })
+    })
 }

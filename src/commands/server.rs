@@ -77,7 +77,15 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitC
             limit,
             output == Format::Json,
         )),
-        Command::Doctor { gpus, output } => outcome(doctor::doctor(gpus, output == Format::Json)),
+        Command::Doctor {
+            gpus,
+            slurm,
+            output,
+        } => outcome(doctor::doctor(
+            gpus,
+            slurm.then_some(home),
+            output == Format::Json,
+        )),
         _ => unreachable!("not a command of this group"),
     }
 }

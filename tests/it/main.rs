@@ -27,6 +27,7 @@ mod s3;
 mod sandbox;
 mod schemathesis;
 mod serve;
+mod slurm;
 mod training;
 mod triggers;
 mod ui;

@@ -7,7 +7,7 @@
 #                          is idle, prints `SLURM_CONF=DIR/slurm.conf`
 #   cluster.sh stop DIR    stops them by the PIDs in DIR/*.pid
 #
-# The node has 2 fake GPUs (gres `gpu`, devices DIR/dev/nvidia0..1, symlinks to /dev/null:
+# The node has at least 8 CPUs, 2 fake GPUs (gres `gpu`, devices DIR/dev/nvidia0..1, symlinks to /dev/null:
 # Slurm sets CUDA_VISIBLE_DEVICES for them), memory limits enforced by polling
 # (jobacct_gather/linux with OverMemoryKill: no cgroups needed), and a default memory per
 # CPU so that jobs without `--mem` share the node.
@@ -55,10 +55,16 @@ chmod 600 "$dir/munge/munge.key"
 for i in 0 1; do ln -sf /dev/null "$dir/dev/nvidia$i"; done
 
 host=$(hostname -s)
-cpus=$(nproc)
-mem_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 2 ))
+# Eight CPUs at least whatever the machine has (config_overrides): the driving loop's
+# 3-rank training is one allocation of 3 tasks, as on a real node.
+cpus=$(( $(nproc) > 8 ? $(nproc) : 8 ))
+mem_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 ))
+# A job without `--mem` gets its share of the node per CPU, 1 GiB at least (PyTorch's
+# ranks hold ~800 MB each; memory is enforced by polling what the processes hold).
+def_mem=$(( mem_mb / cpus > 1024 ? mem_mb / cpus : 1024 ))
 # Ports of their own, so that two clusters (or a leftover one) do not meet.
-port=${SLURM_TEST_PORT:-$(( 20000 + ($$ % 20000) ))}
+# (Two per cluster from this script's PID: clusters started at once never share one.)
+port=${SLURM_TEST_PORT:-$(( 20000 + ($$ % 10000) * 2 ))}
 
 cat > "$dir/slurm.conf" <<CONF
 ClusterName=dt
@@ -80,12 +86,13 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
 ReturnToService=2
+SlurmdParameters=config_overrides
 SchedulerType=sched/backfill
 SchedulerParameters=batch_sched_delay=0
 DependencyParameters=kill_invalid_depend
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
-DefMemPerCPU=256
+DefMemPerCPU=$def_mem
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=1

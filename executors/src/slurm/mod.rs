@@ -148,6 +148,57 @@ impl SlurmExecutor {
         Ok(lines.join("; "))
     }
 
+    /// Whether a job sees `dir` as this machine does: a probe job (`sbatch --wait`) writes
+    /// a file of this process's making there, which must then be here.
+    pub async fn probe(&self, dir: &Path) -> Result<String, String> {
+        let token = format!(
+            "probe-{}-{}",
+            std::process::id(),
+            chrono::Utc::now().timestamp_nanos_opt().unwrap_or(0)
+        );
+        let file = dir.join(".drivetrain-slurm-probe");
+        let _ = std::fs::remove_file(&file);
+        let mut args = vec![
+            "--wait".to_owned(),
+            "--parsable".to_owned(),
+            "--job-name=dt.doctor".to_owned(),
+            format!("--chdir={}", dir.display()),
+            "--output=/dev/null".to_owned(),
+            "--time=1".to_owned(),
+        ];
+        args.extend(
+            self.settings
+                .partition
+                .iter()
+                .map(|p| format!("--partition={p}")),
+        );
+        args.extend(
+            self.settings
+                .account
+                .iter()
+                .map(|a| format!("--account={a}")),
+        );
+        args.extend(self.settings.qos.iter().map(|q| format!("--qos={q}")));
+        args.push(format!("--wrap=echo {token} > .drivetrain-slurm-probe"));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let started = std::time::Instant::now();
+        self.cli.run("sbatch", &args).await?;
+        let seen = std::fs::read_to_string(&file).unwrap_or_default();
+        let _ = std::fs::remove_file(&file);
+        if seen.trim() == token {
+            Ok(format!(
+                "a job wrote into {} ({:.1} s)",
+                dir.display(),
+                started.elapsed().as_secs_f64()
+            ))
+        } else {
+            Err(format!(
+                "a job ran but its file is not in {}: put the home on a file system the compute nodes share",
+                dir.display()
+            ))
+        }
+    }
+
     /// Job `id`'s name and state, if the controller knows it.
     async fn job(&self, id: &str) -> Option<(String, JobStatus)> {
         let out = self
@@ -318,6 +369,16 @@ impl RunningAttempt for SlurmAttempt {
         loop {
             let seen = self.status.borrow_and_update().clone();
             if let Some(s) = seen {
+                if let Some(why) = s.never_runs() {
+                    let _ = self.cli.run("scancel", &[&self.id]).await;
+                    return AttemptOutcome::Failed {
+                        exit_code: None,
+                        reason: format!(
+                            "Slurm will never start job {} ({}): {why}",
+                            self.id, s.reason
+                        ),
+                    };
+                }
                 if s.ended() {
                     return s.outcome(&self.id, &self.argv0, &log_tail(&self.log));
                 }

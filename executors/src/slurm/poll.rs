@@ -54,6 +54,24 @@ impl JobStatus {
         )
     }
 
+    /// Why Slurm will never start this pending job, if that is what its reason says:
+    /// a request beyond what the partition, account or QoS allows.
+    pub fn never_runs(&self) -> Option<&'static str> {
+        if self.state != "PENDING" {
+            return None;
+        }
+        Some(match self.reason.as_str() {
+            "PartitionConfig" => "it asks for more than the partition's nodes have",
+            "PartitionNodeLimit" => "it asks for more nodes than the partition allows",
+            "PartitionTimeLimit" => "its time limit is beyond the partition's",
+            "BadConstraints" => "no node satisfies its constraints",
+            "InvalidAccount" => "its account is not valid",
+            "InvalidQOS" => "its QoS is not valid",
+            "DependencyNeverSatisfied" => "its dependency can never be satisfied",
+            _ => return None,
+        })
+    }
+
     /// How the attempt ended, in the run loop's terms; `argv0` names a command that was
     /// not found, `log_tail` is the end of the job's output (Slurm's own poll-based memory
     /// enforcement says so there).

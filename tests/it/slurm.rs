@@ -1,0 +1,390 @@
+//! The slurm executor against a real Slurm: Debian's slurm-wlm (munge, slurmctld, slurmd)
+//! as a single-node cluster on loopback under each test's own directory
+//! (`tests/slurm/cluster.sh`, stopped by PID), driven through the binary with
+//! `--executor slurm` exactly as a user would. What each job was is read back from Slurm
+//! itself (`squeue`), not from the engine.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common;
+use common::{assert_ok, run_id, stage, text, Home};
+
+/// A running single-node cluster; stopped when dropped.
+struct Cluster {
+    dir: PathBuf,
+    conf: String,
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slurm/cluster.sh")
+}
+
+impl Cluster {
+    fn start(home: &Home) -> Cluster {
+        let dir = home.dir.join("slurm");
+        let out = Command::new("bash")
+            .arg(script())
+            .arg("start")
+            .arg(&dir)
+            .output()
+            .expect("bash runs");
+        assert!(
+            out.status.success(),
+            "the Slurm cluster did not start: {}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        let conf = dir.join("slurm.conf").display().to_string();
+        Cluster { dir, conf }
+    }
+
+    fn env(&self) -> [(&str, &str); 1] {
+        [("SLURM_CONF", self.conf.as_str())]
+    }
+
+    /// `squeue` (every state the controller still keeps) for jobs named `name…`:
+    /// (job id, name, state, reason, `tres-per-node`).
+    fn jobs(&self, prefix: &str) -> Vec<(String, String, String, String, String)> {
+        let out = Command::new("squeue")
+            .args([
+                "-h",
+                "-t",
+                "all",
+                "-O",
+                "JobID:0|,Name:0|,State:0|,tres-per-node:0|,Reason:0",
+            ])
+            .env("SLURM_CONF", &self.conf)
+            .output()
+            .expect("squeue runs");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.splitn(5, '|').map(str::trim).collect();
+                (f.len() == 5 && f[1].starts_with(prefix)).then(|| {
+                    (
+                        f[0].to_owned(),
+                        f[1].to_owned(),
+                        f[2].to_owned(),
+                        f[4].to_owned(),
+                        f[3].to_owned(),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// One `squeue` field of the job named `name`.
+    fn field(&self, name: &str, field: &str) -> String {
+        let out = Command::new("squeue")
+            .args(["-h", "-t", "all", "-n", name, "-O", &format!("{field}:0")])
+            .env("SLURM_CONF", &self.conf)
+            .output()
+            .expect("squeue runs");
+        text(&out.stdout).trim().to_owned()
+    }
+
+    /// Waits until a job named `name` is in `state`.
+    fn wait_for(&self, name: &str, state: &str) {
+        let until = Instant::now() + Duration::from_secs(60);
+        while !self.jobs(name).iter().any(|j| j.1 == name && j.2 == state) {
+            assert!(
+                Instant::now() < until,
+                "job {name} never {state}: {:?}",
+                self.jobs("dt.")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(script())
+            .arg("stop")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+fn pipeline(name: &str) -> String {
+    format!("{}/pipelines/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The README's driving loop, unchanged, with `--executor slurm`: every stage one batch
+/// job (the 3-rank training one allocation of 3 tasks), the model promoted.
+#[test]
+fn the_driving_loop_runs_on_slurm() {
+    let home = Home::new("slurm-loop");
+    let cluster = Cluster::start(&home);
+    let o = home.drivetrain_env(
+        &[
+            "run",
+            &pipeline("driving-loop.yaml"),
+            "--param",
+            "drives=5",
+            "--executor",
+            "slurm",
+        ],
+        &cluster.env(),
+    );
+    assert_ok(&o);
+    assert!(
+        text(&o.stdout).contains("promote: promoted risk-model version 1 to `production`"),
+        "{}",
+        text(&o.stdout)
+    );
+    let run = run_id(&o);
+    let jobs = cluster.jobs(&format!("dt.{run}."));
+    for s in [
+        "fleet-sim",
+        "ingest",
+        "mine",
+        "label-export",
+        "label-import",
+        "train",
+        "validate",
+        "promote",
+    ] {
+        let name = format!("dt.{run}.{s}.1");
+        let job: Vec<_> = jobs.iter().filter(|j| j.1 == name).collect();
+        assert_eq!(job.len(), 1, "one job for {s}: {jobs:?}");
+        assert_eq!(job[0].2, "COMPLETED", "{s}: {jobs:?}");
+    }
+    // The three ranks ran as three tasks of one allocation (`srun --label` prefixes).
+    assert_eq!(cluster.field(&format!("dt.{run}.train.1"), "NumTasks"), "3");
+    let log = text(&home.drivetrain(&["logs", &run, "--stage", "train"]).stdout);
+    assert!(log.starts_with("0: "), "{log}");
+    let st = home.status(&run);
+    assert_eq!(stage(&st, "validate")["values"]["passed"], true, "{st}");
+}
+
+/// `pipelines/lane-detection-ddp.yaml` on Slurm: two PyTorch ranks through `srun` in one
+/// allocation end with identical weights; a first attempt that fails after epoch 1 ends
+/// the allocation, and the retry resumes from the checkpoint with the same weights.
+#[test]
+fn ddp_training_on_slurm_trains_identical_weights_and_resumes() {
+    let python = drivetrain_engine::testing::torch_venv_bin("python3");
+    let path = format!(
+        "{}:{}",
+        python.parent().unwrap().display(),
+        std::env::var("PATH").unwrap()
+    );
+    let home = Home::new("slurm-ddp");
+    let cluster = Cluster::start(&home);
+    let repo = format!("repo={}", env!("CARGO_MANIFEST_DIR"));
+    let ddp = pipeline("lane-detection-ddp.yaml");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", ddp.as_str(), "-p", &repo, "--executor", "slurm"];
+        args.extend(extra);
+        let o = home.drivetrain_env(&args, &[("PATH", &path), cluster.env()[0]]);
+        assert_ok(&o);
+        run_id(&o)
+    };
+    let straight = run(&[]);
+    let v = stage(&home.status(&straight), "train-lanes")["values"].clone();
+    assert_eq!(v["world_size"], 2, "{v}");
+    let weights = v["weights_sha256"].as_str().unwrap().to_owned();
+    let log = text(
+        &home
+            .drivetrain(&["logs", &straight, "--stage", "train-lanes"])
+            .stdout,
+    );
+    for rank in 0..2 {
+        assert!(
+            log.contains(&format!("{rank}: rank {rank}: weights sha256 {weights}")),
+            "{log}"
+        );
+    }
+    let resumed = run(&["-p", "fail_after_epoch=1"]);
+    let st = home.status(&resumed);
+    assert_eq!(stage(&st, "train-lanes")["attempts"], 2, "{st}");
+    let v = stage(&st, "train-lanes")["values"].clone();
+    assert_eq!(v["resumed_after_epoch"], 0, "{v}");
+    assert_eq!(v["weights_sha256"], weights.as_str(), "{v}");
+    // Each attempt was one job of two tasks.
+    let jobs = cluster.jobs(&format!("dt.{resumed}.train-lanes."));
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+    assert!(jobs.iter().any(|j| j.2 == "FAILED") && jobs.iter().any(|j| j.2 == "COMPLETED"));
+}
+
+/// What Slurm does to a job becomes the attempt's truthful outcome: a map's items are
+/// jobs of their own, a timeout cancels the job, Slurm's memory enforcement is `oom`, a GPU
+/// stage gets the device Slurm gave it, a failing rank ends its whole allocation.
+#[test]
+fn slurm_outcomes_are_the_attempts() {
+    let home = Home::new("slurm-outcomes");
+    let cluster = Cluster::start(&home);
+    let file = home.write(
+        "outcomes.yaml",
+        r#"version: 1
+name: slurm-outcomes
+stages:
+  each:
+    map: {items: [a, b, c, d], max_parallel: 2}
+    run:
+      command: [sh, -c, 'echo "$0 $SLURM_JOB_ID" > "$1/item.txt"', "{{ item }}", "{{ outputs.out }}"]
+    outputs: [out]
+  slow:
+    timeout: 2s
+    run: {command: [sleep, "60"]}
+  hog:
+    resources: {memory: 64Mi}
+    run:
+      command: [python3, -c, "import time; b = bytearray(400 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(30)"]
+  gpu:
+    resources: {gpu: 1}
+    run:
+      command: [sh, -c, 'echo "{\"cvd\": \"$CUDA_VISIBLE_DEVICES\"}" > "$DRIVETRAIN_VALUES"']
+  gang:
+    distributed: {workers: 2}
+    run:
+      command: [sh, -c, 'if [ "$RANK" = 1 ]; then exit 3; fi; sleep 60']
+"#,
+    );
+    let started = Instant::now();
+    let o = home.drivetrain_env(
+        &[
+            "run",
+            file.to_str().unwrap(),
+            "--executor",
+            "slurm",
+            "--parallelism",
+            "6",
+        ],
+        &cluster.env(),
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
+    // Nothing waited for a 60 s sleep or a 30 s hog.
+    assert!(
+        started.elapsed() < Duration::from_secs(45),
+        "{:?}",
+        started.elapsed()
+    );
+    let run = run_id(&o);
+    let st = home.status(&run);
+    let reason = |s: &str| stage(&st, s)["reason"].as_str().unwrap_or("").to_owned();
+
+    // The map: four items, four jobs, each item's output its own job's.
+    assert_eq!(stage(&st, "each")["phase"], "Succeeded", "{st}");
+    let items: Vec<_> = cluster
+        .jobs(&format!("dt.{run}.each.item"))
+        .into_iter()
+        .filter(|j| j.2 == "COMPLETED")
+        .collect();
+    assert_eq!(items.len(), 4, "{items:?}");
+
+    assert_eq!(stage(&st, "slow")["phase"], "Failed", "{st}");
+    assert!(
+        reason("slow").contains("timed out after 2"),
+        "{}",
+        reason("slow")
+    );
+    cluster.wait_for(&format!("dt.{run}.slow.1"), "CANCELLED");
+
+    assert_eq!(stage(&st, "hog")["phase"], "Failed", "{st}");
+    assert!(reason("hog").contains("out of memory"), "{}", reason("hog"));
+    assert!(
+        reason("hog").contains("exceeded memory limit"),
+        "{}",
+        reason("hog")
+    );
+
+    assert_eq!(stage(&st, "gpu")["phase"], "Succeeded", "{st}");
+    assert_eq!(stage(&st, "gpu")["values"]["cvd"], "0", "{st}");
+    let gpu = cluster.jobs(&format!("dt.{run}.gpu.1"));
+    assert!(gpu[0].4.contains("gpu:1"), "{gpu:?}");
+
+    assert_eq!(stage(&st, "gang")["phase"], "Failed", "{st}");
+    let gang = cluster.jobs(&format!("dt.{run}.gang.1"));
+    assert_eq!(gang[0].2, "FAILED", "{gang:?}");
+    let log = text(&home.drivetrain(&["logs", &run, "--stage", "gang"]).stdout);
+    assert!(
+        log.contains("srun: error") || log.contains("task 1"),
+        "{log}"
+    );
+}
+
+/// `cancel` is `scancel`; a kill -9 of the engine leaves the job running, and `resume`
+/// watches that job again (no second submission), never submitting a succeeded stage.
+#[test]
+fn cancel_and_an_engine_killed_mid_run_on_slurm() {
+    let home = Home::new("slurm-crash");
+    let cluster = Cluster::start(&home);
+    let file = home.write(
+        "crash.yaml",
+        r#"version: 1
+name: slurm-crash
+stages:
+  first:
+    run: {command: [sh, -c, 'echo one > "$0/x"', "{{ outputs.out }}"]}
+    outputs: [out]
+  second:
+    inputs: {a: first.out}
+    run: {command: [sh, -c, 'sleep 6; cp "$0/x" "$1/y"; echo "{\"job\": \"$SLURM_JOB_ID\", \"read\": \"$(cat "$0/x")\"}" > "$DRIVETRAIN_VALUES"', "{{ inputs.a }}", "{{ outputs.out }}"]}
+    outputs: [out]
+"#,
+    );
+    // The engine in the background; its first line names the run.
+    let spawn = || {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+            .args(["run", file.to_str().unwrap(), "--executor", "slurm"])
+            .current_dir(&home.dir)
+            .env_remove("DRIVETRAIN_HOME")
+            .env("SLURM_CONF", &cluster.conf)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let run = line.trim().strip_prefix("run ").expect(&line).to_owned();
+        (child, run)
+    };
+
+    // Cancel: the job Slurm runs is cancelled there.
+    let (mut engine, run) = spawn();
+    cluster.wait_for(&format!("dt.{run}.second.1"), "RUNNING");
+    assert_ok(&home.drivetrain_env(&["cancel", &run], &cluster.env()));
+    let status = engine.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    cluster.wait_for(&format!("dt.{run}.second.1"), "CANCELLED");
+    assert_eq!(home.status(&run)["run"]["phase"], "Cancelled");
+
+    // kill -9 while `second` runs; resume re-attaches to the very job.
+    let (mut engine, run) = spawn();
+    let second = format!("dt.{run}.second.1");
+    cluster.wait_for(&second, "RUNNING");
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+    let o = home.drivetrain_env(&["resume", &run], &cluster.env());
+    assert_ok(&o);
+    assert!(
+        text(&o.stdout).contains("0 attempt(s) lost, 1 re-attached"),
+        "{}",
+        text(&o.stdout)
+    );
+    let st = home.status(&run);
+    assert_eq!(st["run"]["phase"], "Succeeded", "{st}");
+    // `first` came from the cancelled run's cache; `second` ran once, in one job.
+    assert_eq!(stage(&st, "first")["origin"], "cached", "{st}");
+    assert_eq!(stage(&st, "second")["attempts"], 1, "{st}");
+    // One job in Slurm for this run, the second's values written by that very job.
+    let jobs = cluster.jobs(&format!("dt.{run}."));
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    let job = jobs.iter().find(|j| j.1 == second).unwrap();
+    assert_eq!(job.2, "COMPLETED");
+    assert_eq!(
+        stage(&st, "second")["values"]["job"],
+        job.0.as_str(),
+        "{st}"
+    );
+    assert_eq!(stage(&st, "second")["values"]["read"], "one", "{st}");
+}
