@@ -42,6 +42,10 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
                 }
             }
         }
+        let notes: serde_json::Map<String, serde_json::Value> = stages
+            .iter()
+            .filter_map(|s| Some((s.stage.clone(), json!(executor_note(home, &id, s)?))))
+            .collect();
         println!(
             "{}",
             serde_json::to_string_pretty(&json!({
@@ -51,6 +55,7 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
                 "stages": stages,
                 "items": items,
                 "item_usage": item_usage,
+                "notes": notes,
             }))?
         );
         return Ok(ExitCode::SUCCESS);
@@ -114,6 +119,8 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
             s.reason
                 .as_deref()
                 .and_then(|r| r.lines().next())
+                .map(str::to_owned)
+                .or_else(|| executor_note(home, &id, s))
                 .unwrap_or_default()
         );
         if let Some(used) = s.usage.as_ref().map(usage_line).filter(|l| !l.is_empty()) {
@@ -138,6 +145,24 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What the executor last said of a running stage's attempt in its log (a line
+/// `drivetrain: …`, such as a Slurm job's pending reason), if anything.
+fn executor_note(
+    home: &Path,
+    id: &RunId,
+    s: &drivetrain_engine::state::StageRecord,
+) -> Option<String> {
+    if s.phase != Phase::Running || s.attempts == 0 {
+        return None;
+    }
+    let log =
+        std::fs::read_to_string(live_log(&home.join("work"), &id.0, &s.stage, s.attempts)).ok()?;
+    log.lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("drivetrain: "))
+        .map(str::to_owned)
 }
 
 /// What an attempt used, for people: `peak 812.0 MiB memory, 3.2 CPU s, GPUs 41% …`.

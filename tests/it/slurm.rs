@@ -388,3 +388,72 @@ stages:
     );
     assert_eq!(stage(&st, "second")["values"]["read"], "one", "{st}");
 }
+
+/// A stage Slurm keeps pending says why in `status` while it waits (here for a GPU the
+/// other stage holds), and runs once the GPU is free.
+#[test]
+fn a_stage_waiting_for_a_gpu_says_so_in_status() {
+    let home = Home::new("slurm-pending");
+    let cluster = Cluster::start(&home);
+    let file = home.write(
+        "gpus.yaml",
+        r#"version: 1
+name: slurm-gpus
+stages:
+  hold:
+    resources: {gpu: 2}
+    run: {command: [sleep, "5"]}
+  wants:
+    resources: {gpu: 1}
+    run: {command: [sh, -c, 'echo "got $CUDA_VISIBLE_DEVICES"']}
+"#,
+    );
+    let mut engine = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+        .args(["run", file.to_str().unwrap(), "--executor", "slurm"])
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .env("SLURM_CONF", &cluster.conf)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(engine.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let run = line.trim().strip_prefix("run ").expect(&line).to_owned();
+    // Whichever of the two Slurm started first, the other waits for GPUs ("Resources",
+    // or "Priority" behind an earlier pending job).
+    let until = Instant::now() + Duration::from_secs(30);
+    let (waiting, note) = 'found: loop {
+        let st = home.status(&run);
+        for s in ["hold", "wants"] {
+            if let Some(n) = st["notes"][s]
+                .as_str()
+                .filter(|n| n.contains("is pending: "))
+            {
+                break 'found (s, n.to_owned());
+            }
+        }
+        assert!(Instant::now() < until, "never pending: {st}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        note.contains("pending: Resources") || note.contains("pending: Priority"),
+        "{note}"
+    );
+    let text_status = text(&home.drivetrain(&["status", &run]).stdout);
+    assert!(
+        text_status
+            .lines()
+            .any(|l| l.starts_with(waiting) && l.contains("is pending: ")),
+        "{text_status}"
+    );
+    assert!(engine.wait().unwrap().success());
+    let log = text(&home.drivetrain(&["logs", &run, "--stage", waiting]).stdout);
+    assert!(log.contains("is pending: "), "{log}");
+    let log = text(&home.drivetrain(&["logs", &run, "--stage", "wants"]).stdout);
+    assert!(log.contains("got 0"), "{log}");
+}

@@ -391,6 +391,10 @@ impl RunningAttempt for SlurmAttempt {
                     );
                     self.pending = Some(s.reason.clone());
                 }
+                // What `status` shows next once it waited: that it no longer does.
+                if s.state == "RUNNING" && self.pending.take().is_some() {
+                    note(&self.log, &format!("Slurm job {} is running", self.id));
+                }
             }
             if self.status.changed().await.is_err() {
                 return AttemptOutcome::Lost {
