@@ -297,6 +297,10 @@ pub(crate) enum Command {
         /// Copy this binary into DIR and exit (the pod's init container).
         #[arg(long, value_name = "DIR", conflicts_with = "command")]
         install: Option<PathBuf>,
+        /// Run one task of a Slurm job array: the map item the slurm executor wrote into
+        /// FILE (read and removed).
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["command", "install"])]
+        task: Option<PathBuf>,
         /// The command and its arguments.
         #[arg(last = true)]
         command: Vec<String>,

@@ -128,6 +128,7 @@ impl Placement {
             pipeline: pipeline.name.clone(),
             project: pipeline.project.clone(),
             item,
+            parallel: stage.map.as_ref().and_then(|m| m.max_parallel),
             image,
             resources: stage.resources.clone(),
             volumes: stage.volumes.clone(),
@@ -150,6 +151,9 @@ pub struct Placement {
     pub project: String,
     /// The map item this attempt runs, if any.
     pub item: Option<usize>,
+    /// How many of the map's items may run at once (`map.max_parallel`), for an executor
+    /// that throttles them itself.
+    pub parallel: Option<u32>,
     /// The container image (`run.image`, else `defaults.image`).
     pub image: Option<String>,
     pub resources: Resources,
@@ -328,6 +332,12 @@ pub trait Executor: Send + Sync {
     /// Whether the cluster hands out GPUs (Slurm's GRES): the run loop then neither
     /// counts this machine's GPUs nor sets `CUDA_VISIBLE_DEVICES` itself.
     fn schedules_gpus(&self) -> bool {
+        false
+    }
+    /// Whether the executor takes a map's items all at once and throttles them itself
+    /// ([`Placement::parallel`]; Slurm: one job array, `%N`): the run loop then starts
+    /// every item's attempt together and holds none of the run's slots for them.
+    fn runs_items_together(&self) -> bool {
         false
     }
 }

@@ -23,7 +23,7 @@ use drivetrain_engine::artifacts::{ArtifactStore, AttemptKey};
 use drivetrain_engine::executor::ExecPlan;
 pub use drivetrain_engine::executor::{REMOTE_BINARY, REMOTE_WRAPPER};
 
-const USAGE: &str = "usage: drivetrain-exec -- COMMAND [ARG]...\n       drivetrain-exec --install DIR\n\nRuns COMMAND between fetching a pod's inputs and uploading its outputs (the transfer\nplan in DRIVETRAIN_EXEC_PLAN), or copies this binary into DIR.";
+const USAGE: &str = "usage: drivetrain-exec -- COMMAND [ARG]...\n       drivetrain-exec --install DIR\n       drivetrain-exec --task FILE\n\nRuns COMMAND between fetching a pod's inputs and uploading its outputs (the transfer\nplan in DRIVETRAIN_EXEC_PLAN), copies this binary into DIR, or runs the task of a Slurm\njob array that FILE describes.";
 
 /// `drivetrain-exec`'s arguments and exit code (1 on an error of its own, 2 on a usage
 /// error, else the command's).
@@ -38,6 +38,7 @@ pub fn main(args: &[String]) -> ExitCode {
             return ExitCode::SUCCESS;
         }
         [flag, dir] if flag == "--install" => install(Path::new(dir), REMOTE_WRAPPER),
+        [flag, file] if flag == "--task" => task(Path::new(file)),
         [dashes, argv @ ..] if dashes == "--" => exec(argv),
         _ => {
             eprintln!("{USAGE}");
@@ -67,6 +68,41 @@ pub fn install(dir: &Path, remote: &str) -> anyhow::Result<ExitCode> {
     }
     eprintln!("drivetrain exec: installed {}", dest.display());
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs one task of a Slurm job array (`--task FILE`): the item's attempt the slurm
+/// executor wrote into `file` ([`crate::slurm::submit::Task`]), which is read and removed
+/// (its environment holds the item's secrets). The task's own environment (Slurm's
+/// variables, the GPUs it was given) stays under the item's; its output goes to the item's
+/// log; it becomes the item's command (`exec`), so its exit status is the task's.
+pub fn task(file: &Path) -> anyhow::Result<ExitCode> {
+    use std::io::Write as _;
+    use std::os::unix::process::CommandExt as _;
+    let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let _ = std::fs::remove_file(file);
+    let t: crate::slurm::submit::Task =
+        serde_json::from_slice(&bytes).context("not a task of the slurm executor")?;
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&t.log)
+        .with_context(|| format!("cannot open {}", t.log.display()))?;
+    let (program, args) = t.argv.split_first().context("no command to run")?;
+    let err = std::process::Command::new(program)
+        .args(args)
+        .env_remove("DRIVETRAIN_TASKS")
+        .env_remove("DRIVETRAIN_EXE")
+        .envs(t.env.iter().cloned())
+        .current_dir(&t.workdir)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log.try_clone()?)
+        .exec();
+    if err.kind() == std::io::ErrorKind::NotFound {
+        let _ = writeln!(log, "drivetrain: `{program}`: command not found");
+        return Ok(ExitCode::from(127));
+    }
+    Err(err).with_context(|| format!("cannot start `{program}`"))
 }
 
 /// Runs `argv` between fetching the inputs and uploading the outputs.

@@ -115,9 +115,14 @@ pub(super) fn dispatch(catalog: &Catalog, home: PathBuf, command: Command) -> Ex
             outcome(runs::resume(catalog, &home, &run, output == Format::Json))
         }
         Command::Step { name } => step(catalog, &name),
-        Command::Exec { install, command } => outcome(match install {
-            Some(dir) => wrapper::install(&dir, wrapper::REMOTE_BINARY),
-            None => wrapper::exec(&command),
+        Command::Exec {
+            install,
+            task,
+            command,
+        } => outcome(match (install, task) {
+            (Some(dir), _) => wrapper::install(&dir, wrapper::REMOTE_BINARY),
+            (None, Some(file)) => wrapper::task(&file),
+            (None, None) => wrapper::exec(&command),
         }),
         _ => unreachable!("not a command of this group"),
     }

@@ -76,6 +76,39 @@ impl Cluster {
             .collect()
     }
 
+    /// The tasks of the job array named `name`: (`JOB_TASK`, state).
+    fn tasks(&self, name: &str) -> Vec<(String, String)> {
+        let out = Command::new("squeue")
+            .args([
+                "-h",
+                "-r",
+                "-t",
+                "all",
+                "-n",
+                name,
+                "-O",
+                "JobArrayID:0|,State:0",
+            ])
+            .env("SLURM_CONF", &self.conf)
+            .output()
+            .expect("squeue runs");
+        text(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('|'))
+            .map(|(a, b)| (a.trim().to_owned(), b.trim().to_owned()))
+            .collect()
+    }
+
+    /// `scontrol show job ID`.
+    fn show(&self, id: &str) -> String {
+        let out = Command::new("scontrol")
+            .args(["show", "job", id])
+            .env("SLURM_CONF", &self.conf)
+            .output()
+            .expect("scontrol runs");
+        text(&out.stdout)
+    }
+
     /// One `squeue` field of the job named `name`.
     fn field(&self, name: &str, field: &str) -> String {
         let out = Command::new("squeue")
@@ -226,7 +259,7 @@ stages:
   each:
     map: {items: [a, b, c, d], max_parallel: 2}
     run:
-      command: [sh, -c, 'echo "$0 $SLURM_JOB_ID" > "$1/item.txt"', "{{ item }}", "{{ outputs.out }}"]
+      command: [sh, -c, 'echo "item $0 task ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" | tee "$1/item.txt"', "{{ item }}", "{{ outputs.out }}"]
     outputs: [out]
   slow:
     timeout: 2s
@@ -268,14 +301,34 @@ stages:
     let st = home.status(&run);
     let reason = |s: &str| stage(&st, s)["reason"].as_str().unwrap_or("").to_owned();
 
-    // The map: four items, four jobs, each item's output its own job's.
+    // The map: one job array of four tasks, two at a time (`max_parallel`), each item's
+    // output written by its own task.
     assert_eq!(stage(&st, "each")["phase"], "Succeeded", "{st}");
-    let items: Vec<_> = cluster
-        .jobs(&format!("dt.{run}.each.item"))
-        .into_iter()
-        .filter(|j| j.2 == "COMPLETED")
-        .collect();
-    assert_eq!(items.len(), 4, "{items:?}");
+    let array = format!("dt.{run}.each.items.1");
+    let tasks = cluster.tasks(&array);
+    assert_eq!(tasks.len(), 4, "{tasks:?}");
+    let job = tasks[0].0.split('_').next().unwrap().to_owned();
+    for i in 0..4 {
+        let task = format!("{job}_{i}");
+        assert!(
+            tasks.iter().any(|t| t.0 == task && t.1 == "COMPLETED"),
+            "{task}: {tasks:?}"
+        );
+    }
+    assert!(
+        cluster.show(&job).contains("ArrayTaskThrottle=2"),
+        "{}",
+        cluster.show(&job)
+    );
+    let st_items = &st["items"]["each"];
+    assert_eq!(st_items["Succeeded"], 4, "{st}");
+    let log = text(&home.drivetrain(&["logs", &run, "--stage", "each"]).stdout);
+    for (i, item) in ["a", "b", "c", "d"].iter().enumerate() {
+        assert!(
+            log.contains(&format!("item {item} task {job}_{i}\n")),
+            "{log}"
+        );
+    }
 
     assert_eq!(stage(&st, "slow")["phase"], "Failed", "{st}");
     assert!(

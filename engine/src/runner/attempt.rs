@@ -45,7 +45,11 @@ pub(super) async fn attempt_loop(
         // A slot from recording the attempt as started until its process has ended and
         // its log and outputs are stored; the cache lookup before, and recording the end
         // and any backoff after, hold none.
-        let slot = ctx.slots.acquire().await.expect("never closed");
+        // (The items of an executor that throttles them itself hold none.)
+        let slot = match track {
+            Track::Item { .. } if ctx.executor.runs_items_together() => None,
+            _ => Some(ctx.slots.acquire().await.expect("never closed")),
+        };
         match track {
             Track::Stage => {
                 ctx.state.start_attempt(run, &stage.name, attempt)?;

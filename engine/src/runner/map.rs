@@ -150,12 +150,16 @@ async fn run_items(
 ) -> Result<Tally, RunError> {
     use futures::StreamExt;
     let map = stage.map.as_ref().expect("a map stage");
-    let limit = map
-        .max_parallel
-        .map(|m| m as usize)
-        .unwrap_or(usize::MAX)
-        .clamp(1, ctx.opts.parallelism.max(1));
     let todo: Vec<usize> = (0..items.len()).filter(|i| !kept.contains_key(i)).collect();
+    // An executor that throttles items itself (a Slurm job array) gets them all at once.
+    let limit = match ctx.executor.runs_items_together() {
+        true => todo.len().max(1),
+        false => map
+            .max_parallel
+            .map(|m| m as usize)
+            .unwrap_or(usize::MAX)
+            .clamp(1, ctx.opts.parallelism.max(1)),
+    };
     let results = futures::stream::iter(todo)
         .map(|index| {
             run_item(

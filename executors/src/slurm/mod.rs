@@ -32,7 +32,7 @@ use drivetrain_engine::executor::{
     AttemptOutcome, AttemptSpec, Executor, ExecutorError, RunningAttempt,
 };
 use serde::Deserialize;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 pub mod cli;
 pub mod poll;
@@ -62,6 +62,9 @@ pub struct Settings {
     /// The rendezvous port of distributed ranks (`MASTER_PORT`); default: one derived
     /// from the job id, so two jobs on a node do not meet.
     pub master_port: Option<u16>,
+    /// The most tasks of one job array (the cluster's `MaxArraySize` less one; default
+    /// 1000): a larger map is several arrays.
+    pub max_array_size: Option<usize>,
 }
 
 impl Settings {
@@ -104,11 +107,19 @@ impl Settings {
     }
 }
 
+/// Items of a map waiting to be submitted together, by (run, stage, attempt).
+type Batches = HashMap<String, Vec<(AttemptSpec, oneshot::Sender<Result<String, String>>)>>;
+
+/// How long a map's items are gathered after the last one arrived before their job array
+/// is submitted.
+const GATHER: Duration = Duration::from_millis(100);
+
 /// Runs attempts as Slurm batch jobs.
 pub struct SlurmExecutor {
     settings: Arc<Settings>,
     cli: Arc<Cli>,
     poller: Poller,
+    batches: Arc<Mutex<Batches>>,
     /// Jobs a restarted engine found still known to Slurm, by job name: the attempt that
     /// starts under that name again watches the job instead of submitting one.
     adopted: Mutex<HashMap<String, String>>,
@@ -131,7 +142,65 @@ impl SlurmExecutor {
             cli,
             settings: Arc::new(settings),
             adopted: Mutex::default(),
+            batches: Arc::default(),
         }
+    }
+
+    /// Hands a map item's attempt to the job array of its (run, stage, attempt): the first
+    /// item starts gathering, and once no more arrive for [`GATHER`] they are submitted as
+    /// one array. Returns the item's `JOB_TASK` id.
+    async fn enqueue(&self, spec: &AttemptSpec) -> Result<String, ExecutorError> {
+        let key = submit::array_name(spec);
+        let (tx, rx) = oneshot::channel();
+        let first = {
+            let mut batches = self.batches.lock().unwrap_or_else(|e| e.into_inner());
+            let batch = batches.entry(key.clone()).or_default();
+            batch.push((spec.clone(), tx));
+            batch.len() == 1
+        };
+        if first {
+            let (batches, settings, cli) = (
+                self.batches.clone(),
+                self.settings.clone(),
+                self.cli.clone(),
+            );
+            tokio::spawn(async move {
+                let mut seen = 0;
+                let batch = loop {
+                    tokio::time::sleep(GATHER).await;
+                    let mut b = batches.lock().unwrap_or_else(|e| e.into_inner());
+                    let n = b.get(&key).map_or(0, Vec::len);
+                    if n == seen {
+                        break b.remove(&key).unwrap_or_default();
+                    }
+                    seen = n;
+                };
+                let max = settings.max_array_size.unwrap_or(1000).max(1);
+                // Task N of an array is its Nth item in the map's order.
+                let mut batch = batch;
+                batch.sort_by_key(|(s, _)| s.placement.item);
+                while !batch.is_empty() {
+                    let rest = batch.split_off(batch.len().min(max));
+                    let (specs, txs): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+                    match submit_array(&settings, &cli, &specs).await {
+                        Ok(ids) => {
+                            for (tx, id) in txs.into_iter().zip(ids) {
+                                let _ = tx.send(Ok(id));
+                            }
+                        }
+                        Err(e) => {
+                            for tx in txs {
+                                let _ = tx.send(Err(e.clone()));
+                            }
+                        }
+                    }
+                    batch = rest;
+                }
+            });
+        }
+        rx.await
+            .map_err(|_| ExecutorError("the job array was never submitted".into()))?
+            .map_err(ExecutorError)
     }
 
     /// `sinfo`'s view of the cluster, for `doctor`: its partitions and node states, or
@@ -207,6 +276,7 @@ impl SlurmExecutor {
                 "squeue",
                 &[
                     "-h",
+                    "-r",
                     "-t",
                     "all",
                     "-j",
@@ -277,21 +347,34 @@ impl Executor for SlurmExecutor {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&name);
+        let in_array = spec.placement.item.is_some() && spec.distributed.is_none();
         let id = match adopted {
             Some(id) => {
                 note(&spec.log, &format!("re-attached to Slurm job {id}"));
                 id
             }
+            None if in_array => self.enqueue(&spec).await?,
             None => self.submit(&spec).await?,
         };
         let status = self.poller.watch(&id);
+        // An array task's `%a.out`: where Slurm says why it killed it.
+        let slurm_out = id.split_once('_').and_then(|(_, task)| {
+            Some(
+                spec.log
+                    .parent()?
+                    .parent()?
+                    .join(format!("slurm.{}/{task}.out", id.split('_').next()?)),
+            )
+        });
         Ok(Box::new(SlurmAttempt {
             cli: self.cli.clone(),
             argv0: spec.argv[0].clone(),
             log: spec.log,
+            slurm_out,
             id,
             status,
             pending: None,
+            cancelled: false,
         }))
     }
 
@@ -323,6 +406,75 @@ impl Executor for SlurmExecutor {
     fn schedules_gpus(&self) -> bool {
         true
     }
+
+    fn runs_items_together(&self) -> bool {
+        true
+    }
+}
+
+/// Submits one job array for `specs` (items of one map stage, one attempt number): each
+/// task's file (argv, environment, directory, log; mode 0600) in a directory of the array
+/// beside the items' own, the script, then `sbatch --array`. Returns each item's id.
+async fn submit_array(
+    settings: &Settings,
+    cli: &Cli,
+    specs: &[AttemptSpec],
+) -> Result<Vec<String>, String> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let first = specs.first().ok_or("no items")?;
+    let items = first
+        .log
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("an item's log has no directory")?;
+    // Named by the array's job id once known; a name of its own until then.
+    let staging = items.join(format!(
+        ".slurm-{}-{}",
+        std::process::id(),
+        chrono::Utc::now().timestamp_nanos_opt().unwrap_or(0)
+    ));
+    std::fs::create_dir_all(&staging)
+        .map_err(|e| format!("cannot create {}: {e}", staging.display()))?;
+    for (i, spec) in specs.iter().enumerate() {
+        let mut env = spec.env.clone();
+        env.extend(submit::alone(settings, Default::default()));
+        let task = submit::Task {
+            argv: spec.argv.clone(),
+            env,
+            workdir: spec.workdir.clone(),
+            log: spec.log.clone(),
+        };
+        let path = staging.join(format!("{i}.json"));
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        f.write_all(&serde_json::to_vec(&task).unwrap_or_default())
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    let script = staging.join("array.sh");
+    std::fs::write(&script, submit::ARRAY_SCRIPT)
+        .map_err(|e| format!("cannot write {}: {e}", script.display()))?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let sub = submit::array_submission(settings, first, &staging, specs.len(), &exe);
+    let mut args: Vec<&str> = sub.options.iter().map(String::as_str).collect();
+    let script_arg = script.display().to_string();
+    args.push(&script_arg);
+    let mut command = cli.command("sbatch", &args);
+    command.env_clear().envs(sub.env.iter().cloned());
+    let out = cli::output(command, "sbatch")
+        .await
+        .map_err(|e| format!("cannot submit the items of stage `{}`: {e}", first.stage))?;
+    let id = out.trim().split(';').next().unwrap_or("").to_owned();
+    if id.is_empty() || !id.chars().all(|c| c.is_ascii_digit()) {
+        return Err(format!("sbatch printed no job id: {out:?}"));
+    }
+    // Where the attempts look for Slurm's words about a task: `slurm.ID/TASK.out`.
+    let _ = std::os::unix::fs::symlink(&staging, items.join(format!("slurm.{id}")));
+    Ok((0..specs.len()).map(|i| format!("{id}_{i}")).collect())
 }
 
 /// Appends a line of the executor's own to the attempt's log.
@@ -348,11 +500,15 @@ fn log_tail(log: &Path) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// A submitted job.
+/// A submitted job (or one task of a job array).
 struct SlurmAttempt {
     cli: Arc<Cli>,
     argv0: String,
     log: PathBuf,
+    /// An array task's own output file, where Slurm writes about it.
+    slurm_out: Option<PathBuf>,
+    /// `cancel` was called: a task Slurm dropped before it started is cancelled too.
+    cancelled: bool,
     id: String,
     status: watch::Receiver<Option<JobStatus>>,
     /// The pending reason last noted in the log.
@@ -380,7 +536,14 @@ impl RunningAttempt for SlurmAttempt {
                     };
                 }
                 if s.ended() {
-                    return s.outcome(&self.id, &self.argv0, &log_tail(&self.log));
+                    if self.cancelled {
+                        return AttemptOutcome::Cancelled;
+                    }
+                    let mut tail = log_tail(&self.log);
+                    if let Some(out) = &self.slurm_out {
+                        tail.push_str(&log_tail(out));
+                    }
+                    return s.outcome(&self.id, &self.argv0, &tail);
                 }
                 // `None`: just submitted, not yet considered; a reason is worth a line.
                 let waits = s.state == "PENDING" && !matches!(s.reason.as_str(), "" | "None");
@@ -405,6 +568,7 @@ impl RunningAttempt for SlurmAttempt {
     }
 
     async fn cancel(&mut self) {
+        self.cancelled = true;
         if let Err(e) = self.cli.run("scancel", &[&self.id]).await {
             tracing::warn!("cannot cancel Slurm job {}: {e}", self.id);
         }

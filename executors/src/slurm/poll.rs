@@ -263,7 +263,7 @@ async fn poll_once(cli: &Cli, ids: &[String]) -> Option<HashMap<String, JobStatu
     let out = cli
         .run(
             "squeue",
-            &["-h", "-t", "all", "-j", &list, "-O", SQUEUE_FORMAT],
+            &["-h", "-r", "-t", "all", "-j", &list, "-O", SQUEUE_FORMAT],
         )
         .await;
     let mut found = match out {

@@ -80,9 +80,6 @@ fn ceil_div(a: u64, b: u64) -> u64 {
 /// is; argv follows it).
 pub fn submission(settings: &Settings, spec: &AttemptSpec) -> Submission {
     let name = job_name(spec);
-    let res = &spec.placement.resources;
-    let ranks = spec.distributed.as_ref().map(|d| d.workers).unwrap_or(1);
-    let gpus = res.gpu.unwrap_or(0);
     let mut o = vec![
         "--parsable".to_owned(),
         format!("--job-name={name}"),
@@ -93,6 +90,126 @@ pub fn submission(settings: &Settings, spec: &AttemptSpec) -> Submission {
         format!("--output={}", spec.log.display()),
         "--open-mode=append".to_owned(),
         format!("--chdir={}", spec.workdir.display()),
+    ];
+    o.extend(placement_options(settings, spec));
+    let ranks = spec.distributed.as_ref().map(|d| d.workers).unwrap_or(1);
+    let mut env = engine_env(settings);
+    env.extend(spec.env.iter().cloned());
+    let framework = spec
+        .distributed
+        .as_ref()
+        .map(|d| d.framework)
+        .unwrap_or_default();
+    if ranks > 1 {
+        env.push(("DRIVETRAIN_SLURM_RANKS".into(), ranks.to_string()));
+        if framework == Framework::Mpi {
+            env.push(("DRIVETRAIN_FRAMEWORK".into(), "mpi".into()));
+        }
+        if let Some(p) = settings.master_port {
+            env.push(("DRIVETRAIN_MASTER_PORT".into(), p.to_string()));
+        }
+    } else {
+        env.extend(alone(settings, framework));
+    }
+    Submission {
+        name,
+        options: o,
+        env,
+    }
+}
+
+/// A world of one: its whole contract is known before it starts.
+pub fn alone(settings: &Settings, framework: Framework) -> Vec<(String, String)> {
+    let port = settings.master_port.unwrap_or(29500);
+    Rank::ALONE
+        .env("127.0.0.1", port, framework)
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+}
+
+/// The engine's variables every job gets, and the cluster's `SLURM_CONF`.
+pub fn engine_env(settings: &Settings) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = PASS_THROUGH
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+        .collect();
+    if let Some(conf) = &settings.conf {
+        env.push(("SLURM_CONF".into(), conf.display().to_string()));
+    }
+    env
+}
+
+/// The batch script of a map's job array: each task runs the item its task file names
+/// (`drivetrain exec --task`, which reads and removes it).
+pub const ARRAY_SCRIPT: &str = r#"#!/bin/sh
+# drivetrain: a map's items, one array task each.
+exec "$DRIVETRAIN_EXE" exec --task "$DRIVETRAIN_TASKS/$SLURM_ARRAY_TASK_ID.json"
+"#;
+
+/// What each task of a map's job array runs: one item's attempt, as the executor wrote it
+/// into the task's file (mode 0600; its environment holds the item's secrets).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Task {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub workdir: std::path::PathBuf,
+    pub log: std::path::PathBuf,
+}
+
+/// The job name of a map's job array: the run, the stage and the items' attempt.
+pub fn array_name(spec: &AttemptSpec) -> String {
+    let stage = spec.stage.split("/items/").next().unwrap_or(&spec.stage);
+    format!("dt.{}.{stage}.items.{}", spec.run_id, spec.attempt)
+}
+
+/// What `sbatch` gets for a job array of `n` tasks, the items like `first`, throttled by
+/// the map's `max_parallel`; the tasks' files are in `dir`, `exe` runs them.
+pub fn array_submission(
+    settings: &Settings,
+    first: &AttemptSpec,
+    dir: &std::path::Path,
+    n: usize,
+    exe: &std::path::Path,
+) -> Submission {
+    let name = array_name(first);
+    let throttle = first
+        .placement
+        .parallel
+        .map(|p| format!("%{p}"))
+        .unwrap_or_default();
+    let mut o = vec![
+        "--parsable".to_owned(),
+        format!("--job-name={name}"),
+        format!(
+            "--comment=drivetrain run={} stage={} attempt={} items",
+            first.run_id,
+            first.stage.split("/items/").next().unwrap_or(&first.stage),
+            first.attempt
+        ),
+        format!("--array=0-{}{throttle}", n.saturating_sub(1)),
+        // Slurm's own words about a task (its memory kill) go here; the item's command
+        // writes to its own log.
+        format!("--output={}/%a.out", dir.display()),
+        format!("--chdir={}", dir.display()),
+    ];
+    o.extend(placement_options(settings, first));
+    let mut env = engine_env(settings);
+    env.push(("DRIVETRAIN_TASKS".into(), dir.display().to_string()));
+    env.push(("DRIVETRAIN_EXE".into(), exe.display().to_string()));
+    Submission {
+        name,
+        options: o,
+        env,
+    }
+}
+
+/// Where and with what a job runs: partition, account, QoS, resources, time.
+fn placement_options(settings: &Settings, spec: &AttemptSpec) -> Vec<String> {
+    let res = &spec.placement.resources;
+    let ranks = spec.distributed.as_ref().map(|d| d.workers).unwrap_or(1);
+    let gpus = res.gpu.unwrap_or(0);
+    let mut o = vec![
         // The job's environment is this call's (cleared, then the attempt's): nothing of
         // the engine's own leaks in, nothing is on a command line.
         "--export=ALL".to_owned(),
@@ -149,43 +266,7 @@ pub fn submission(settings: &Settings, spec: &AttemptSpec) -> Submission {
         o.push(format!("--time={}", ceil_div(t.as_secs().max(1), 60)));
     }
     o.extend(settings.sbatch_args.iter().cloned());
-
-    let mut env: Vec<(String, String)> = PASS_THROUGH
-        .iter()
-        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
-        .collect();
-    env.extend(spec.env.iter().cloned());
-    let framework = spec
-        .distributed
-        .as_ref()
-        .map(|d| d.framework)
-        .unwrap_or_default();
-    if ranks > 1 {
-        env.push(("DRIVETRAIN_SLURM_RANKS".into(), ranks.to_string()));
-        if framework == Framework::Mpi {
-            env.push(("DRIVETRAIN_FRAMEWORK".into(), "mpi".into()));
-        }
-        if let Some(p) = settings.master_port {
-            env.push(("DRIVETRAIN_MASTER_PORT".into(), p.to_string()));
-        }
-    } else {
-        // A world of one: its whole contract is known before it starts.
-        let port = settings.master_port.unwrap_or(29500);
-        env.extend(
-            Rank::ALONE
-                .env("127.0.0.1", port, framework)
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v)),
-        );
-    }
-    if let Some(conf) = &settings.conf {
-        env.push(("SLURM_CONF".into(), conf.display().to_string()));
-    }
-    Submission {
-        name,
-        options: o,
-        env,
-    }
+    o
 }
 
 #[cfg(test)]
@@ -258,6 +339,33 @@ mod tests {
         assert!(!sub.options.iter().any(|o| o.contains("s3cr3t")));
         assert!(sub.env.contains(&("TOKEN".into(), "s3cr3t".into())));
         assert!(sub.env.contains(&("WORLD_SIZE".into(), "1".into())));
+    }
+
+    #[test]
+    fn a_map_is_one_job_array_throttled_by_max_parallel() {
+        let mut s = spec();
+        s.placement.parallel = Some(3);
+        s.placement.item = Some(3);
+        let sub = array_submission(
+            &Settings::default(),
+            &s,
+            std::path::Path::new("/w/items/.slurm-1"),
+            10,
+            std::path::Path::new("/bin/drivetrain"),
+        );
+        assert_eq!(sub.name, "dt.r1.train.items.2");
+        for want in [
+            "--array=0-9%3",
+            "--output=/w/items/.slurm-1/%a.out",
+            "--no-requeue",
+        ] {
+            assert!(sub.options.iter().any(|o| o == want), "{want} in {sub:?}");
+        }
+        // The items' own environment (their secrets) is in their task files only.
+        assert!(!sub.env.iter().any(|(k, _)| k == "TOKEN"), "{sub:?}");
+        assert!(sub
+            .env
+            .contains(&("DRIVETRAIN_TASKS".into(), "/w/items/.slurm-1".into())));
     }
 
     #[test]
