@@ -138,6 +138,7 @@ impl Placement {
             network: stage.network,
             snapshot: stage.snapshot.clone(),
             timeout: stage.timeout,
+            slurm: stage.slurm.clone().unwrap_or_default(),
         }
     }
 }
@@ -167,6 +168,8 @@ pub struct Placement {
     pub snapshot: Option<SnapshotSpec>,
     /// The stage's timeout (the run loop enforces it too).
     pub timeout: Option<std::time::Duration>,
+    /// The stage's partition, account, QoS and constraint on a Slurm cluster.
+    pub slurm: crate::spec::SlurmSpec,
 }
 
 /// Where a pod's copy of the whole drivetrain binary is, under the executor's

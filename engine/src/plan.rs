@@ -244,6 +244,8 @@ pub struct Stage {
     pub node_selector: BTreeMap<String, String>,
     pub tolerations: Vec<Toleration>,
     pub network: crate::spec::Network,
+    /// Where the stage's job goes on a Slurm cluster.
+    pub slurm: Option<crate::spec::SlurmSpec>,
     /// The container image on Kubernetes (`run.image` or `defaults.image`).
     pub image: Option<Template>,
 }

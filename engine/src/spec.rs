@@ -443,6 +443,26 @@ pub struct StageSpec {
     /// only, in a network namespace of the stage's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
+    /// Where the stage's job goes on a Slurm cluster (over the executor's settings);
+    /// other executors ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmSpec>,
+}
+
+/// A stage's place on a Slurm cluster: `sbatch`'s `--partition`, `--account`, `--qos`
+/// and `--constraint`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SlurmSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<String>,
+    /// Node features the job needs (`a100&ib`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<String>,
 }
 
 /// An approval stage: who decides, how many, and what a timeout means.

@@ -311,7 +311,10 @@ fn steps_lists_the_catalog() {
             "promote"
         ]
     );
-    assert_eq!(v["executors"], serde_json::json!(["local", "kubernetes", "slurm"]));
+    assert_eq!(
+        v["executors"],
+        serde_json::json!(["local", "kubernetes", "slurm"])
+    );
 }
 
 /// The JSON Schema editors use accepts every reference pipeline and rejects what

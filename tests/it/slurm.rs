@@ -272,6 +272,9 @@ stages:
     resources: {gpu: 1}
     run:
       command: [sh, -c, 'echo "{\"cvd\": \"$CUDA_VISIBLE_DEVICES\"}" > "$DRIVETRAIN_VALUES"']
+  placed:
+    slurm: {partition: long}
+    run: {command: ["true"]}
   gang:
     distributed: {workers: 2}
     run:
@@ -350,6 +353,14 @@ stages:
     assert_eq!(stage(&st, "gpu")["values"]["cvd"], "0", "{st}");
     let gpu = cluster.jobs(&format!("dt.{run}.gpu.1"));
     assert!(gpu[0].4.contains("gpu:1"), "{gpu:?}");
+
+    assert_eq!(stage(&st, "placed")["phase"], "Succeeded", "{st}");
+    let placed = format!("dt.{run}.placed.1");
+    assert_eq!(cluster.field(&placed, "Partition"), "long");
+    assert_eq!(
+        cluster.field(&format!("dt.{run}.gpu.1"), "Partition"),
+        "debug"
+    );
 
     assert_eq!(stage(&st, "gang")["phase"], "Failed", "{st}");
     let gang = cluster.jobs(&format!("dt.{run}.gang.1"));

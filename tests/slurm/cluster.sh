@@ -103,6 +103,7 @@ KillWait=2
 MinJobAge=600
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PartitionName=long Nodes=ALL MaxTime=INFINITE State=UP
 CONF
 cat > "$dir/gres.conf" <<CONF
 NodeName=$host Name=gpu File=$dir/dev/nvidia[0-1]

@@ -75,6 +75,7 @@ impl<'a> Cx<'a> {
             distributed,
             volumes: spec.volumes.clone(),
             snapshot: spec.snapshot.clone(),
+            slurm: spec.slurm.clone(),
             secrets: spec.secrets.clone(),
             node_selector: spec.node_selector.clone(),
             tolerations: spec.tolerations.clone(),

@@ -217,18 +217,25 @@ fn placement_options(settings: &Settings, spec: &AttemptSpec) -> Vec<String> {
         // preemption) ends, and the run loop decides.
         "--no-requeue".to_owned(),
     ];
+    // The stage's own place first, then the settings'.
+    let own = &spec.placement.slurm;
     let partition = match (gpus, &settings.gpu_partition) {
         (1.., Some(p)) => Some(p),
         _ => settings.partition.as_ref(),
     };
-    if let Some(p) = partition {
-        o.push(format!("--partition={p}"));
-    }
-    if let Some(a) = &settings.account {
-        o.push(format!("--account={a}"));
-    }
-    if let Some(q) = &settings.qos {
-        o.push(format!("--qos={q}"));
+    let place = [
+        ("partition", own.partition.as_ref().or(partition)),
+        (
+            "account",
+            own.account.as_ref().or(settings.account.as_ref()),
+        ),
+        ("qos", own.qos.as_ref().or(settings.qos.as_ref())),
+        ("constraint", own.constraint.as_ref()),
+    ];
+    for (option, value) in place {
+        if let Some(v) = value {
+            o.push(format!("--{option}={v}"));
+        }
     }
     o.push(format!("--ntasks={ranks}"));
     let cpus = res.cpu.as_ref().map(|c| c.value.ceil().max(1.0) as u64);
@@ -322,6 +329,16 @@ mod tests {
         };
         let sub = submission(&settings, &s);
         assert_eq!(sub.name, "dt.r1.train.item3.2");
+        s.placement.slurm.partition = Some("h100".into());
+        s.placement.slurm.constraint = Some("ib".into());
+        let own = submission(&settings, &s);
+        for want in [
+            "--partition=h100",
+            "--account=perception",
+            "--constraint=ib",
+        ] {
+            assert!(own.options.iter().any(|o| o == want), "{want} in {own:?}");
+        }
         for want in [
             "--job-name=dt.r1.train.item3.2",
             "--partition=a100",
