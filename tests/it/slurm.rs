@@ -23,11 +23,18 @@ fn script() -> PathBuf {
 
 impl Cluster {
     fn start(home: &Home) -> Cluster {
+        Cluster::start_with(home, &[])
+    }
+
+    /// With `["accounting"]`: slurmdbd on a MariaDB of its own, and a controller that
+    /// forgets ended jobs after 2 s.
+    fn start_with(home: &Home, extra: &[&str]) -> Cluster {
         let dir = home.dir.join("slurm");
         let out = Command::new("bash")
             .arg(script())
             .arg("start")
             .arg(&dir)
+            .args(extra)
             .output()
             .expect("bash runs");
         assert!(
@@ -520,4 +527,77 @@ stages:
     assert!(log.contains("is pending: "), "{log}");
     let log = text(&home.drivetrain(&["logs", &run, "--stage", "wants"]).stdout);
     assert!(log.contains("got 0"), "{log}");
+}
+
+/// An engine down longer than the controller remembers its job: `resume` learns from
+/// accounting (`sacct`, through slurmdbd and MariaDB) that the job it left running
+/// succeeded, takes its outputs, and submits nothing again.
+#[test]
+fn resume_reads_a_job_the_controller_forgot_from_accounting() {
+    let home = Home::new("slurm-sacct");
+    let cluster = Cluster::start_with(&home, &["accounting"]);
+    let file = home.write(
+        "forgot.yaml",
+        r#"version: 1
+name: slurm-forgot
+stages:
+  work:
+    run: {command: [sh, -c, 'sleep 3; echo done > "$0/r"; echo "{\"job\": \"$SLURM_JOB_ID\"}" > "$DRIVETRAIN_VALUES"', "{{ outputs.out }}"]}
+    outputs: [out]
+"#,
+    );
+    let mut engine = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+        .args(["run", file.to_str().unwrap(), "--executor", "slurm"])
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .env("SLURM_CONF", &cluster.conf)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(engine.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let run = line.trim().strip_prefix("run ").expect(&line).to_owned();
+    let name = format!("dt.{run}.work.1");
+    cluster.wait_for(&name, "RUNNING");
+    let job = cluster.field(&name, "JobID");
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+    // The job ends; the controller forgets it; accounting keeps it.
+    let sacct = || {
+        let out = Command::new("sacct")
+            .args(["-n", "-P", "-X", "--name", &name, "-o", "JobID,State"])
+            .env("SLURM_CONF", &cluster.conf)
+            .output()
+            .expect("sacct runs");
+        text(&out.stdout)
+    };
+    let until = Instant::now() + Duration::from_secs(90);
+    while !cluster.jobs(&name).is_empty() || !sacct().contains("COMPLETED") {
+        assert!(
+            Instant::now() < until,
+            "{:?} / {}",
+            cluster.jobs(&name),
+            sacct()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let o = home.drivetrain_env(&["resume", &run], &cluster.env());
+    assert_ok(&o);
+    assert!(
+        text(&o.stdout).contains("0 attempt(s) lost, 1 re-attached"),
+        "{}",
+        text(&o.stdout)
+    );
+    let st = home.status(&run);
+    assert_eq!(st["run"]["phase"], "Succeeded", "{st}");
+    assert_eq!(stage(&st, "work")["attempts"], 1, "{st}");
+    assert_eq!(stage(&st, "work")["values"]["job"], job.as_str(), "{st}");
+    // Accounting holds exactly the one job of this run.
+    let all = sacct();
+    assert_eq!(all.trim(), format!("{job}|COMPLETED"), "{all}");
 }

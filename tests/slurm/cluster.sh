@@ -3,8 +3,12 @@
 # munge with its own key and socket, slurmctld and slurmd as root. For the tests and the
 # bench; nothing here touches /etc.
 #
-#   cluster.sh start DIR   writes DIR/slurm.conf, starts the daemons, waits until the node
-#                          is idle, prints `SLURM_CONF=DIR/slurm.conf`
+#   cluster.sh start DIR [accounting]
+#                          writes DIR/slurm.conf, starts the daemons, waits until the node
+#                          is idle, prints `SLURM_CONF=DIR/slurm.conf`; with `accounting`,
+#                          slurmdbd on a MariaDB of its own (socket only, data in DIR/mysql)
+#                          keeps every job for `sacct`, and the controller forgets ended
+#                          jobs after 2 s (MinJobAge) instead of 10 minutes
 #   cluster.sh stop DIR    stops them by the PIDs in DIR/*.pid
 #
 # The node has at least 8 CPUs, 2 fake GPUs (gres `gpu`, devices DIR/dev/nvidia0..1, symlinks to /dev/null:
@@ -16,8 +20,9 @@ set -euo pipefail
 cmd=${1:?usage: cluster.sh start|stop DIR}
 dir=$(realpath -m "${2:?usage: cluster.sh start|stop DIR}")
 
+daemons="slurmd slurmctld slurmdbd mariadbd munged"
 stop() {
-  for name in slurmd slurmctld munged; do
+  for name in $daemons; do
     if [ -f "$dir/$name.pid" ]; then
       kill "$(cat "$dir/$name.pid")" 2>/dev/null || true
     fi
@@ -25,13 +30,13 @@ stop() {
   # The daemons leave on SIGTERM within a second or two; whatever is left is killed.
   for _ in $(seq 50); do
     alive=0
-    for name in slurmd slurmctld munged; do
+    for name in $daemons; do
       if [ -f "$dir/$name.pid" ] && kill -0 "$(cat "$dir/$name.pid")" 2>/dev/null; then alive=1; fi
     done
     [ $alive = 0 ] && return 0
     sleep 0.1
   done
-  for name in slurmd slurmctld munged; do
+  for name in $daemons; do
     [ -f "$dir/$name.pid" ] && kill -9 "$(cat "$dir/$name.pid")" 2>/dev/null || true
   done
 }
@@ -41,6 +46,7 @@ if [ "$cmd" = stop ]; then
   exit 0
 fi
 [ "$cmd" = start ] || { echo "usage: cluster.sh start|stop DIR" >&2; exit 2; }
+accounting=${3:-}
 
 for tool in munged slurmctld slurmd sbatch; do
   command -v "$tool" >/dev/null || { echo "cluster.sh: $tool not found (apt-get install slurmctld slurmd slurm-client munge)" >&2; exit 3; }
@@ -109,10 +115,56 @@ cat > "$dir/gres.conf" <<CONF
 NodeName=$host Name=gpu File=$dir/dev/nvidia[0-1]
 CONF
 
-export SLURM_CONF="$dir/slurm.conf"
 setsid munged --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.sock" \
   --pid-file="$dir/munged.pid" --log-file="$dir/munged.log" --seed-file="$dir/munge/seed" \
   --force </dev/null >/dev/null 2>&1
+
+if [ "$accounting" = accounting ]; then
+  for tool in mariadbd mariadb-install-db slurmdbd; do
+    command -v "$tool" >/dev/null || { echo "cluster.sh: $tool not found (apt-get install mariadb-server slurmdbd)" >&2; exit 3; }
+  done
+  # The controller reaches slurmdbd's munge only through AccountingStoragePass; it
+  # forgets an ended job after 2 s, so what it forgot is asked of accounting.
+  sed -i -e 's|^AccountingStorageType=.*|AccountingStorageType=accounting_storage/slurmdbd|' \
+    -e 's|^MinJobAge=.*|MinJobAge=2|' -e 's|^SchedulerParameters=.*|&,purge_job_interval=1|' \
+    "$dir/slurm.conf"
+  cat >> "$dir/slurm.conf" <<CONF
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort=$((port + 2))
+AccountingStoragePass=$dir/munge/munge.sock
+CONF
+  cat > "$dir/slurmdbd.conf" <<CONF
+AuthType=auth/munge
+AuthInfo=socket=$dir/munge/munge.sock
+DbdAddr=127.0.0.1
+DbdHost=localhost
+DbdPort=$((port + 2))
+SlurmUser=root
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=root
+StorageLoc=slurm_acct_db
+PidFile=$dir/slurmdbd.pid
+LogFile=$dir/slurmdbd.log
+CONF
+  chmod 600 "$dir/slurmdbd.conf"
+  if [ ! -d "$dir/mysql/mysql" ]; then
+    mariadb-install-db --no-defaults --datadir="$dir/mysql" --user=root \
+      --auth-root-authentication-method=socket --skip-test-db >"$dir/mariadb-install.log" 2>&1
+  fi
+  setsid mariadbd --no-defaults --datadir="$dir/mysql" --socket="$dir/mysql.sock" \
+    --skip-networking --user=root --pid-file="$dir/mariadbd.pid" --log-error="$dir/mariadb.err" \
+    </dev/null >/dev/null 2>&1 &
+  for _ in $(seq 100); do [ -S "$dir/mysql.sock" ] && break; sleep 0.1; done
+  # slurmdbd finds MariaDB's socket through MYSQL_UNIX_PORT, its config beside SLURM_CONF.
+  MYSQL_UNIX_PORT="$dir/mysql.sock" SLURM_CONF="$dir/slurm.conf" setsid slurmdbd </dev/null >"$dir/slurmdbd.out" 2>&1
+  for _ in $(seq 100); do
+    (echo > "/dev/tcp/127.0.0.1/$((port + 2))") 2>/dev/null && break
+    sleep 0.1
+  done
+fi
+
+export SLURM_CONF="$dir/slurm.conf"
 setsid slurmctld -f "$SLURM_CONF" </dev/null >"$dir/slurmctld.out" 2>&1
 setsid slurmd -f "$SLURM_CONF" </dev/null >"$dir/slurmd.out" 2>&1
 

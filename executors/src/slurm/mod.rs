@@ -268,7 +268,7 @@ impl SlurmExecutor {
         }
     }
 
-    /// Job `id`'s name and state, if the controller knows it.
+    /// Job `id`'s name and state, if the controller knows it (or accounting does).
     async fn job(&self, id: &str) -> Option<(String, JobStatus)> {
         let out = self
             .cli
@@ -286,10 +286,20 @@ impl SlurmExecutor {
                 ],
             )
             .await
+            .unwrap_or_default();
+        if let Some((name, rest)) = out.lines().next().and_then(|l| l.split_once('|')) {
+            let status = poll::parse_squeue(rest).remove(id)?;
+            return Some((name.trim().to_owned(), status));
+        }
+        // Ended and forgotten by the controller: accounting, where the cluster keeps it.
+        let format = format!("JobName,{}", poll::SACCT_FORMAT);
+        let out = self
+            .cli
+            .run("sacct", &["-n", "-P", "-X", "-j", id, "-o", &format])
+            .await
             .ok()?;
-        let line = out.lines().next()?;
-        let (name, rest) = line.split_once('|')?;
-        let status = poll::parse_squeue(rest).remove(id)?;
+        let (name, rest) = out.lines().next()?.split_once('|')?;
+        let status = poll::parse_sacct(rest).remove(id)?;
         Some((name.trim().to_owned(), status))
     }
 

@@ -134,6 +134,9 @@ fn exit_pair(text: &str) -> (i32, i32) {
 /// The `squeue` format the poll reads: id, state, exit status, reason (last: free text).
 pub const SQUEUE_FORMAT: &str = "JobArrayID:0|,State:0|,exit_code:0|,Reason:0";
 
+/// The `sacct` format the poll reads (`JobID`: `123_4` for an array's task, as `squeue`).
+pub const SACCT_FORMAT: &str = "JobID,State,ExitCode,Reason";
+
 /// Parses `squeue -h -O SQUEUE_FORMAT` output into job id → status.
 pub fn parse_squeue(text: &str) -> HashMap<String, JobStatus> {
     text.lines()
@@ -157,7 +160,7 @@ pub fn parse_squeue(text: &str) -> HashMap<String, JobStatus> {
         .collect()
 }
 
-/// Parses `sacct -n -P -X -o JobIDRaw,State,ExitCode,Reason` into job id → status (a
+/// Parses `sacct -n -P -X -o JobID,State,ExitCode,Reason` into job id → status (a
 /// state like `CANCELLED by 0` keeps its first word).
 pub fn parse_sacct(text: &str) -> HashMap<String, JobStatus> {
     text.lines()
@@ -286,15 +289,7 @@ async fn poll_once(cli: &Cli, ids: &[String]) -> Option<HashMap<String, JobStatu
         if let Ok(text) = cli
             .run(
                 "sacct",
-                &[
-                    "-n",
-                    "-P",
-                    "-X",
-                    "-j",
-                    &list,
-                    "-o",
-                    "JobIDRaw,State,ExitCode,Reason",
-                ],
+                &["-n", "-P", "-X", "-j", &list, "-o", SACCT_FORMAT],
             )
             .await
         {
