@@ -13,6 +13,17 @@ pub mod local;
 pub mod slurm;
 pub mod wrapper;
 
+/// An executor's settings from the YAML file at `path`; an error names the file, line and
+/// column.
+pub fn settings_file<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    serde_yaml_ng::from_str(&text).map_err(|e| match e.location() {
+        Some(at) => format!("{}:{}:{}: {e}", path.display(), at.line(), at.column()),
+        None => format!("{}: {e}", path.display()),
+    })
+}
+
 /// The executor kinds a pipeline may name, default first.
 pub const EXECUTORS: &[&str] = &["local", "kubernetes", "slurm"];
 

@@ -4,47 +4,55 @@
 //! `--executor slurm` exactly as a user would. What each job was is read back from Slurm
 //! itself (`squeue`), not from the engine.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use drivetrain_engine::testing::SlurmCluster;
 
 use crate::common;
 use common::{assert_ok, run_id, stage, text, Home};
 
-/// A running single-node cluster; stopped when dropped.
+/// A running single-node cluster ([`SlurmCluster`]), and what the tests ask Slurm.
 struct Cluster {
-    dir: PathBuf,
+    _cluster: SlurmCluster,
     conf: String,
-}
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slurm/cluster.sh")
 }
 
 impl Cluster {
     fn start(home: &Home) -> Cluster {
-        Cluster::start_with(home, &[])
+        Cluster::start_with(home, false)
     }
 
-    /// With `["accounting"]`: slurmdbd on a MariaDB of its own, and a controller that
-    /// forgets ended jobs after 2 s.
-    fn start_with(home: &Home, extra: &[&str]) -> Cluster {
-        let dir = home.dir.join("slurm");
-        let out = Command::new("bash")
-            .arg(script())
-            .arg("start")
-            .arg(&dir)
-            .args(extra)
-            .output()
-            .expect("bash runs");
-        assert!(
-            out.status.success(),
-            "the Slurm cluster did not start: {}{}",
-            text(&out.stdout),
-            text(&out.stderr)
-        );
-        let conf = dir.join("slurm.conf").display().to_string();
-        Cluster { dir, conf }
+    /// With `accounting`: slurmdbd on a MariaDB of its own, and a controller that forgets
+    /// ended jobs after 2 s.
+    fn start_with(home: &Home, accounting: bool) -> Cluster {
+        let cluster = SlurmCluster::start(&home.dir.join("slurm"), accounting);
+        Cluster {
+            conf: cluster.conf.display().to_string(),
+            _cluster: cluster,
+        }
+    }
+
+    /// `drivetrain run FILE --executor slurm` in the background: the engine, and the run
+    /// its first line names.
+    fn spawn_run(&self, home: &Home, file: &std::path::Path) -> (std::process::Child, String) {
+        let mut engine = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+            .args(["run", file.to_str().unwrap(), "--executor", "slurm"])
+            .current_dir(&home.dir)
+            .env_remove("DRIVETRAIN_HOME")
+            .env("SLURM_CONF", &self.conf)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(engine.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let run = line.trim().strip_prefix("run ").expect(&line).to_owned();
+        (engine, run)
     }
 
     fn env(&self) -> [(&str, &str); 1] {
@@ -137,16 +145,6 @@ impl Cluster {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(script())
-            .arg("stop")
-            .arg(&self.dir)
-            .status();
     }
 }
 
@@ -399,29 +397,8 @@ stages:
     outputs: [out]
 "#,
     );
-    // The engine in the background; its first line names the run.
-    let spawn = || {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
-            .args(["run", file.to_str().unwrap(), "--executor", "slurm"])
-            .current_dir(&home.dir)
-            .env_remove("DRIVETRAIN_HOME")
-            .env("SLURM_CONF", &cluster.conf)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        let run = line.trim().strip_prefix("run ").expect(&line).to_owned();
-        (child, run)
-    };
-
     // Cancel: the job Slurm runs is cancelled there.
-    let (mut engine, run) = spawn();
+    let (mut engine, run) = cluster.spawn_run(&home, &file);
     cluster.wait_for(&format!("dt.{run}.second.1"), "RUNNING");
     assert_ok(&home.drivetrain_env(&["cancel", &run], &cluster.env()));
     let status = engine.wait().unwrap();
@@ -430,7 +407,7 @@ stages:
     assert_eq!(home.status(&run)["run"]["phase"], "Cancelled");
 
     // kill -9 while `second` runs; resume re-attaches to the very job.
-    let (mut engine, run) = spawn();
+    let (mut engine, run) = cluster.spawn_run(&home, &file);
     let second = format!("dt.{run}.second.1");
     cluster.wait_for(&second, "RUNNING");
     engine.kill().unwrap();
@@ -479,22 +456,7 @@ stages:
     run: {command: [sh, -c, 'echo "got $CUDA_VISIBLE_DEVICES"']}
 "#,
     );
-    let mut engine = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
-        .args(["run", file.to_str().unwrap(), "--executor", "slurm"])
-        .current_dir(&home.dir)
-        .env_remove("DRIVETRAIN_HOME")
-        .env("SLURM_CONF", &cluster.conf)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(engine.stdout.as_mut().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let run = line.trim().strip_prefix("run ").expect(&line).to_owned();
+    let (mut engine, run) = cluster.spawn_run(&home, &file);
     // Whichever of the two Slurm started first, the other waits for GPUs ("Resources",
     // or "Priority" behind an earlier pending job).
     let until = Instant::now() + Duration::from_secs(30);
@@ -535,7 +497,7 @@ stages:
 #[test]
 fn resume_reads_a_job_the_controller_forgot_from_accounting() {
     let home = Home::new("slurm-sacct");
-    let cluster = Cluster::start_with(&home, &["accounting"]);
+    let cluster = Cluster::start_with(&home, true);
     let file = home.write(
         "forgot.yaml",
         r#"version: 1
@@ -546,22 +508,7 @@ stages:
     outputs: [out]
 "#,
     );
-    let mut engine = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
-        .args(["run", file.to_str().unwrap(), "--executor", "slurm"])
-        .current_dir(&home.dir)
-        .env_remove("DRIVETRAIN_HOME")
-        .env("SLURM_CONF", &cluster.conf)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(engine.stdout.as_mut().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let run = line.trim().strip_prefix("run ").expect(&line).to_owned();
+    let (mut engine, run) = cluster.spawn_run(&home, &file);
     let name = format!("dt.{run}.work.1");
     cluster.wait_for(&name, "RUNNING");
     let job = cluster.field(&name, "JobID");

@@ -226,9 +226,10 @@ pub(super) async fn prepare(
 ) -> Result<Result<(AttemptSpec, Layout), AttemptEnd>, Unprepared> {
     let layout = Layout::new(ctx, key);
     let (argv, workdir, step_config) = command(ctx, stage, &layout);
-    // An attempt a restarted engine watches again keeps its directory: the job still
-    // running reads its inputs and writes its outputs and log there.
-    let reattaching = ctx.reattaches(key);
+    // An attempt a restarted engine watches again keeps its directory where the job
+    // reads its inputs and writes its outputs and log there (a shared file system; a pod's
+    // are its own, and its log is streamed afresh).
+    let reattaching = ctx.reattaches(key) && layout.remote.is_none();
     if !reattaching {
         fresh_dir(&layout.dir)?;
     }

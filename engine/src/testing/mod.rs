@@ -1,5 +1,5 @@
-//! Real servers for the tests, started on loopback: an S3 server (`moto_server`), MLflow
-//! and PostgreSQL. The Python servers come from the venv `.ci/run` installs
+//! Real servers for the tests, started on loopback: an S3 server (`moto_server`), MLflow,
+//! PostgreSQL and a Slurm cluster ([`SlurmCluster`]). The Python servers come from the venv `.ci/run` installs
 //! (`$DRIVETRAIN_TEST_VENV`, default `~/.cache/drivetrain/venv`); PostgreSQL from the
 //! Debian packages (`initdb`, `pg_ctl`). A missing server fails the test with what to
 //! install: these tests never skip. And an executor that runs no process
@@ -13,7 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod fake;
+mod slurm;
 pub use fake::FakeExecutor;
+pub use slurm::SlurmCluster;
 
 /// A free loopback port (bound, then released for the server to take).
 pub fn free_port() -> u16 {

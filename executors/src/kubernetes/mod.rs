@@ -151,12 +151,7 @@ impl Settings {
     }
 
     pub fn from_file(path: &std::path::Path) -> Result<Settings, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        serde_yaml_ng::from_str(&text).map_err(|e| match e.location() {
-            Some(at) => format!("{}:{}:{}: {e}", path.display(), at.line(), at.column()),
-            None => format!("{}: {e}", path.display()),
-        })
+        crate::settings_file(path)
     }
 }
 
