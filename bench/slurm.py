@@ -12,10 +12,12 @@ under a temporary directory), measured in the same run, round after round:
     that same command: per stage, the run's wall time divided by its stages (the engine's
     start, its SQLite records, the attempt's directory, sbatch, the batched squeue poll,
     the log and outputs published).
-The figure is the median over rounds of each, and their ratio.
+And a map (`--items` items of `true`, `max_parallel` unset) on the same cluster: one
+job array through drivetrain against a bare `sbatch --wait --array=0-N` of the same
+command. The figure is the median over rounds of each, and their ratio.
 
   cargo build --release --bin drivetrain
-  python3 bench/slurm.py [--stages 10] [--rounds 3] [--poll 500ms]
+  python3 bench/slurm.py [--stages 10] [--items 100] [--rounds 3] [--poll 500ms]
 """
 
 import argparse
@@ -42,9 +44,16 @@ def chain(n):
     return "\n".join(lines) + "\n"
 
 
+def fan(n):
+    items = ", ".join(str(i) for i in range(n))
+    return ("version: 1\nname: slurm-map\nstages:\n  each:\n"
+            f"    map: {{items: [{items}]}}\n    run: {{command: [\"true\"]}}\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--stages", type=int, default=10)
+    ap.add_argument("--items", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--poll", default="500ms")
     args = ap.parse_args()
@@ -60,7 +69,10 @@ def main():
     pipeline = os.path.join(d, "chain.yaml")
     with open(pipeline, "w") as f:
         f.write(chain(args.stages))
-    bare, floor, ours = [], [], []
+    mapped = os.path.join(d, "map.yaml")
+    with open(mapped, "w") as f:
+        f.write(fan(args.items))
+    bare, floor, ours, bare_map, our_map = [], [], [], [], []
     try:
         for r in range(args.rounds):
             t = time.perf_counter()
@@ -83,6 +95,16 @@ def main():
             subprocess.run([BIN, "run", pipeline, "--executor", "slurm"], env=env, cwd=home,
                            check=True, stdout=subprocess.DEVNULL)
             ours.append((time.perf_counter() - t) / args.stages)
+            t = time.perf_counter()
+            subprocess.run(["sbatch", "--wait", "--quiet", "-o", "/dev/null", f"--array=0-{args.items - 1}",
+                            "--wrap", "true"], env=env, check=True, cwd=d)
+            bare_map.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            subprocess.run([BIN, "run", mapped, "--executor", "slurm"], env=env, cwd=home,
+                           check=True, stdout=subprocess.DEVNULL)
+            our_map.append(time.perf_counter() - t)
+            print(f"round {r + 1}: map of {args.items}: sbatch --wait --array {bare_map[-1]:.2f} s, "
+                  f"drivetrain {our_map[-1]:.2f} s")
             print(f"round {r + 1}: sbatch --wait {bare[-1]:.3f} s/job, floor {floor[-1]:.3f} s/job, "
                   f"drivetrain {ours[-1]:.3f} s/stage")
     finally:
@@ -94,6 +116,10 @@ def main():
     print("|---|---:|---:|---:|---:|---:|")
     print(f"| `true`, {args.stages} in a chain, median of {args.rounds} | {b:.3f} s | {f:.3f} s | {o:.3f} s "
           f"| **{o / b:.2f}** | {1000 * (o - f):.0f} ms |")
+    bm, om = statistics.median(bare_map), statistics.median(our_map)
+    print(f"\n| a map of {args.items} | sbatch --wait --array | drivetrain (one job array) | drivetrain / sbatch |")
+    print("|---|---:|---:|---:|")
+    print(f"| `true`, median of {args.rounds} | {bm:.2f} s | {om:.2f} s | **{om / bm:.2f}** |")
 
 
 if __name__ == "__main__":
