@@ -1,7 +1,7 @@
 //! What `sbatch` is given for one attempt: its options, the batch script (fixed text; the
 //! stage's argv are the script's arguments, never parsed by a shell) and the environment
 //! the job inherits (`--export=ALL` of a cleared environment: values, secrets too, never on
-//! a command line). Pure, so `plan` and the tests can read it.
+//! a command line). Pure, so the tests read it as it is.
 
 use drivetrain_engine::executor::{AttemptSpec, Rank};
 use drivetrain_engine::spec::Framework;
