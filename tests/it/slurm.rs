@@ -249,9 +249,10 @@ fn ddp_training_on_slurm_trains_identical_weights_and_resumes() {
     assert!(jobs.iter().any(|j| j.2 == "FAILED") && jobs.iter().any(|j| j.2 == "COMPLETED"));
 }
 
-/// What Slurm does to a job becomes the attempt's truthful outcome: a map's items are
-/// jobs of their own, a timeout cancels the job, Slurm's memory enforcement is `oom`, a GPU
-/// stage gets the device Slurm gave it, a failing rank ends its whole allocation.
+/// What Slurm does to a job becomes the attempt's truthful outcome: a map's items are one
+/// job array throttled by `max_parallel`, a timeout cancels the job, Slurm's memory
+/// enforcement is `oom`, a GPU stage gets the device Slurm gave it, a stage's `slurm:`
+/// partition is its job's, a failing rank ends its whole allocation.
 #[test]
 fn slurm_outcomes_are_the_attempts() {
     let home = Home::new("slurm-outcomes");
