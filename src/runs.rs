@@ -434,13 +434,19 @@ fn reap_lost(
         if a.phase != Phase::Running {
             continue;
         }
-        if let Some(h) = &a.handle {
+        // An engine that died between starting the attempt and recording its handle:
+        // the executor may find it by its name.
+        let handle = match &a.handle {
+            Some(h) => Some(h.clone()),
+            None => rt.block_on(executor.find(&id.0, &a.stage, a.attempt)),
+        };
+        if let Some(h) = &handle {
             if may_reattach && rt.block_on(executor.reattach(h)) {
                 reattach.insert(a.stage.clone(), a.attempt);
                 continue;
             }
         }
-        let stopped = match &a.handle {
+        let stopped = match &handle {
             Some(h) => rt.block_on(executor.reap(h)),
             None => false,
         };

@@ -325,6 +325,12 @@ pub trait Executor: Send + Sync {
     async fn reattach(&self, _handle: &str) -> bool {
         false
     }
+    /// The handle of attempt `attempt` of `stage` in `run` where the executor can find it
+    /// by name alone: for an attempt an engine started but died before recording its
+    /// handle. The default finds none.
+    async fn find(&self, _run: &str, _stage: &str, _attempt: u32) -> Option<String> {
+        None
+    }
     /// Where stages see their files when they run away from the engine's file system (in
     /// a pod): `Some(root)` makes the run loop hand the attempt paths under `root` and a
     /// transfer plan (`DRIVETRAIN_EXEC_PLAN`) that the wrapper, `drivetrain exec`, carries

@@ -436,6 +436,51 @@ stages:
         "{st}"
     );
     assert_eq!(stage(&st, "second")["values"]["read"], "one", "{st}");
+
+    // An engine that died after `sbatch` but before recording the job's handle: the
+    // state it leaves (the handle erased with Python's sqlite3, as that crash would leave
+    // it). `resume` finds the job by its name and watches it again. (New data upstream,
+    // so that nothing of it is in the cache.)
+    let text_two = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("echo one", "echo two");
+    let file = home.write("crash-two.yaml", &text_two);
+    let (mut engine, run) = cluster.spawn_run(&home, &file);
+    let second = format!("dt.{run}.second.1");
+    cluster.wait_for(&second, "RUNNING");
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+    let erased = Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); \
+             n = c.execute(\"UPDATE attempts SET handle = NULL WHERE run_id = ? AND stage = 'second'\", (sys.argv[2],)).rowcount; \
+             c.commit(); print(n)",
+            home.dir.join(".drivetrain/state.db").to_str().unwrap(),
+            &run,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(text(&erased.stdout).trim(), "1", "{}", text(&erased.stderr));
+    let o = home.drivetrain_env(&["resume", &run], &cluster.env());
+    assert_ok(&o);
+    assert!(
+        text(&o.stdout).contains("0 attempt(s) lost, 1 re-attached"),
+        "{}",
+        text(&o.stdout)
+    );
+    let st = home.status(&run);
+    assert_eq!(stage(&st, "second")["attempts"], 1, "{st}");
+    // One job per stage: `second`'s was not submitted again.
+    let jobs = cluster.jobs(&format!("dt.{run}."));
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+    let job = jobs.iter().find(|j| j.1 == second).unwrap();
+    assert_eq!(
+        stage(&st, "second")["values"]["job"],
+        job.0.as_str(),
+        "{st}"
+    );
+    assert_eq!(stage(&st, "second")["values"]["read"], "two", "{st}");
 }
 
 /// A stage Slurm keeps pending says why in `status` while it waits (here for a GPU the

@@ -408,6 +408,17 @@ impl Executor for SlurmExecutor {
         }
     }
 
+    async fn find(&self, run: &str, stage: &str, attempt: u32) -> Option<String> {
+        let name = submit::attempt_name(run, stage, attempt);
+        let out = self
+            .cli
+            .run("squeue", &["-h", "-t", "all", "-n", &name, "-O", "JobID:0"])
+            .await
+            .ok()?;
+        let id = out.lines().next()?.trim().to_owned();
+        (!id.is_empty()).then(|| format!("slurm:{id}"))
+    }
+
     fn schedules_gpus(&self) -> bool {
         true
     }

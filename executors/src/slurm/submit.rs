@@ -64,12 +64,13 @@ pub struct Submission {
 /// The job name of an attempt: the run, the stage (with its map item) and the attempt,
 /// so a restarted engine, `squeue` and people can tell whose job it is.
 pub fn job_name(spec: &AttemptSpec) -> String {
-    format!(
-        "dt.{}.{}.{}",
-        spec.run_id,
-        spec.stage.replace("/items/", ".item"),
-        spec.attempt
-    )
+    attempt_name(&spec.run_id, &spec.stage, spec.attempt)
+}
+
+/// The job name of attempt `attempt` of `stage` (a stage key: `stage/items/N` for an
+/// item) in `run`.
+pub fn attempt_name(run: &str, stage: &str, attempt: u32) -> String {
+    format!("dt.{run}.{}.{attempt}", stage.replace("/items/", ".item"))
 }
 
 fn ceil_div(a: u64, b: u64) -> u64 {
