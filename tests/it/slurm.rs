@@ -481,6 +481,36 @@ stages:
         "{st}"
     );
     assert_eq!(stage(&st, "second")["values"]["read"], "two", "{st}");
+
+    // Killed again; while it is down another run does the same work and caches it. The
+    // resumed run still watches its own job rather than taking the cache (which would
+    // leave that job running unwatched).
+    let file = home.write(
+        "crash-three.yaml",
+        &text_two.replace("echo two", "echo three"),
+    );
+    let (mut engine, run) = cluster.spawn_run(&home, &file);
+    let second = format!("dt.{run}.second.1");
+    cluster.wait_for(&second, "RUNNING");
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+    let other = home.drivetrain_env(
+        &["run", file.to_str().unwrap(), "--executor", "slurm"],
+        &cluster.env(),
+    );
+    assert_ok(&other);
+    let o = home.drivetrain_env(&["resume", &run], &cluster.env());
+    assert_ok(&o);
+    assert!(
+        text(&o.stdout).contains("0 attempt(s) lost, 1 re-attached"),
+        "{}",
+        text(&o.stdout)
+    );
+    let st = home.status(&run);
+    assert_eq!(stage(&st, "second")["origin"], "ran", "{st}");
+    let job = cluster.field(&second, "JobID");
+    assert_eq!(stage(&st, "second")["values"]["job"], job.as_str(), "{st}");
+    assert_eq!(cluster.field(&second, "State"), "COMPLETED");
 }
 
 /// A stage Slurm keeps pending says why in `status` while it waits (here for a GPU the

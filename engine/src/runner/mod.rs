@@ -659,6 +659,9 @@ async fn execute(
     let key = parts.key();
     let inputs = input_artifacts(stage, &upstream);
     let cacheable = cacheable(ctx, stage).and(resolved);
+    // A stage whose attempt a restarted engine watches again is that attempt's: its job
+    // runs (or ran) on the executor, whatever another run left in the cache meanwhile.
+    let read = ctx.opts.request.cache.read && !ctx.reattached.contains(&stage.name);
     let mut provenance = Provenance {
         origin: Origin::Ran,
         cache_key: Some(key.clone()),
@@ -666,14 +669,17 @@ async fn execute(
             "components": parts.components,
             "definition": parts.definition,
             "cache": match &cacheable {
-                Ok(()) if ctx.opts.request.cache.read => "hit".to_owned(),
+                Ok(()) if read => "hit".to_owned(),
+                Ok(()) if ctx.opts.request.cache.read => {
+                    "not looked up (its attempt was re-attached)".to_owned()
+                }
                 Ok(()) => "not looked up (--overwrite-cache)".to_owned(),
                 Err(why) => format!("not cacheable: {why}"),
             },
         }),
         inputs: serde_json::to_value(&inputs).unwrap_or_default(),
     };
-    if cacheable.is_ok() && ctx.opts.request.cache.read {
+    if cacheable.is_ok() && read {
         let found = cache_hit(ctx, stage, &key).await?;
         if let Err(why) = &found {
             provenance.provenance["cache"] = Value::String(format!("miss: {why}"));
