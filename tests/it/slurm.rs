@@ -537,7 +537,9 @@ stages:
     // or "Priority" behind an earlier pending job).
     let until = Instant::now() + Duration::from_secs(30);
     let (waiting, note) = 'found: loop {
-        let st = home.status(&run);
+        // (The engine names the run before its record is written.)
+        let o = home.drivetrain(&["status", &run, "--output", "json"]);
+        let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
         for s in ["hold", "wants"] {
             if let Some(n) = st["notes"][s]
                 .as_str()
