@@ -157,8 +157,11 @@ fn executor_note(
     if s.phase != Phase::Running || s.attempts == 0 {
         return None;
     }
-    let log =
-        std::fs::read_to_string(live_log(&home.join("work"), &id.0, &s.stage, s.attempts)).ok()?;
+    // The end of the log only: a running stage's log may be large.
+    let log = drivetrain_executors::file_tail(
+        &live_log(&home.join("work"), &id.0, &s.stage, s.attempts),
+        64 * 1024,
+    );
     log.lines()
         .rev()
         .find_map(|l| l.strip_prefix("drivetrain: "))

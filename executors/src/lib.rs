@@ -24,6 +24,20 @@ pub fn settings_file<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> 
     })
 }
 
+/// The last `max` bytes of the file at `path` (empty if it cannot be read): where a log
+/// ends, without reading all of it.
+pub fn file_tail(path: &std::path::Path, max: u64) -> String {
+    use std::io::{Read as _, Seek as _};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(std::io::SeekFrom::Start(len.saturating_sub(max)));
+    let mut bytes = Vec::new();
+    let _ = f.read_to_end(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 /// The executor kinds a pipeline may name, default first.
 pub const EXECUTORS: &[&str] = &["local", "kubernetes", "slurm"];
 

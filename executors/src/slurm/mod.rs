@@ -22,7 +22,7 @@
 //! Settings come from the YAML file named by `DRIVETRAIN_SLURM` ([`Settings`]).
 
 use std::collections::HashMap;
-use std::io::{Read as _, Seek as _, Write as _};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -103,7 +103,10 @@ impl Settings {
 }
 
 /// Items of a map waiting to be submitted together, by (run, stage, attempt).
-type Batches = HashMap<String, Vec<(AttemptSpec, oneshot::Sender<Result<String, String>>)>>;
+/// Each item gets its task's `JOB_TASK` id and the task's own output file (`%a.out`,
+/// where Slurm says why it killed the task).
+type Submitted = Result<(String, PathBuf), String>;
+type Batches = HashMap<String, Vec<(AttemptSpec, oneshot::Sender<Submitted>)>>;
 
 /// How long a map's items are gathered after the last one arrived before their job array
 /// is submitted.
@@ -144,7 +147,7 @@ impl SlurmExecutor {
     /// Hands a map item's attempt to the job array of its (run, stage, attempt): the first
     /// item starts gathering, and once no more arrive for [`GATHER`] they are submitted as
     /// one array. Returns the item's `JOB_TASK` id.
-    async fn enqueue(&self, spec: &AttemptSpec) -> Result<String, ExecutorError> {
+    async fn enqueue(&self, spec: &AttemptSpec) -> Result<(String, PathBuf), ExecutorError> {
         let key = submit::array_name(spec);
         let (tx, rx) = oneshot::channel();
         let first = {
@@ -353,24 +356,18 @@ impl Executor for SlurmExecutor {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&name);
         let in_array = spec.placement.item.is_some() && spec.distributed.is_none();
-        let id = match adopted {
+        let (id, slurm_out) = match adopted {
             Some(id) => {
                 note(&spec.log, &format!("re-attached to Slurm job {id}"));
-                id
+                (id, None)
             }
-            None if in_array => self.enqueue(&spec).await?,
-            None => self.submit(&spec).await?,
+            None if in_array => {
+                let (id, out) = self.enqueue(&spec).await?;
+                (id, Some(out))
+            }
+            None => (self.submit(&spec).await?, None),
         };
         let status = self.poller.watch(&id);
-        // An array task's `%a.out`: where Slurm says why it killed it.
-        let slurm_out = id.split_once('_').and_then(|(_, task)| {
-            Some(
-                spec.log
-                    .parent()?
-                    .parent()?
-                    .join(format!("slurm.{}/{task}.out", id.split('_').next()?)),
-            )
-        });
         Ok(Box::new(SlurmAttempt {
             cli: self.cli.clone(),
             argv0: spec.argv[0].clone(),
@@ -435,7 +432,7 @@ async fn submit_array(
     settings: &Settings,
     cli: &Cli,
     specs: &[AttemptSpec],
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<(String, PathBuf)>, String> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let first = specs.first().ok_or("no items")?;
     let items = first
@@ -488,9 +485,9 @@ async fn submit_array(
     if id.is_empty() || !id.chars().all(|c| c.is_ascii_digit()) {
         return Err(format!("sbatch printed no job id: {out:?}"));
     }
-    // Where the attempts look for Slurm's words about a task: `slurm.ID/TASK.out`.
-    let _ = std::os::unix::fs::symlink(&staging, items.join(format!("slurm.{id}")));
-    Ok((0..specs.len()).map(|i| format!("{id}_{i}")).collect())
+    Ok((0..specs.len())
+        .map(|i| (format!("{id}_{i}"), staging.join(format!("{i}.out"))))
+        .collect())
 }
 
 /// Appends a line of the executor's own to the attempt's log.
@@ -502,18 +499,6 @@ fn note(log: &Path, line: &str) {
     {
         let _ = writeln!(f, "drivetrain: {line}");
     }
-}
-
-/// The last few KiB of the log: where Slurm says why it killed a job.
-fn log_tail(log: &Path) -> String {
-    let Ok(mut f) = std::fs::File::open(log) else {
-        return String::new();
-    };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let _ = f.seek(std::io::SeekFrom::Start(len.saturating_sub(4096)));
-    let mut bytes = Vec::new();
-    let _ = f.read_to_end(&mut bytes);
-    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// A submitted job (or one task of a job array).
@@ -555,9 +540,9 @@ impl RunningAttempt for SlurmAttempt {
                     if self.cancelled {
                         return AttemptOutcome::Cancelled;
                     }
-                    let mut tail = log_tail(&self.log);
+                    let mut tail = crate::file_tail(&self.log, 4096);
                     if let Some(out) = &self.slurm_out {
-                        tail.push_str(&log_tail(out));
+                        tail.push_str(&crate::file_tail(out, 4096));
                     }
                     return s.outcome(&self.id, &self.argv0, &tail);
                 }
