@@ -41,6 +41,7 @@ use drivetrain_engine::state::RunId;
 use crate::server::{access, Server};
 
 mod events;
+pub mod layout;
 pub mod openapi;
 mod people;
 pub mod views;

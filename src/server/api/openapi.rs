@@ -189,6 +189,46 @@ pub struct RunGraph {
     /// Why the graph has no edges (the pipeline file changed or is gone).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Where to draw the nodes and edges (a layered layout, left to right).
+    pub layout: std::sync::Arc<super::layout::Layout>,
+}
+
+impl RunGraph {
+    /// The graph of `nodes`, laid out (once per `key`, the pipeline's digest).
+    pub fn new(nodes: Vec<GraphNode>, note: Option<String>, key: &str) -> RunGraph {
+        let layout = super::layout::cached(key, || {
+            let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+            let at: std::collections::HashMap<&str, usize> = names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.as_str(), i))
+                .collect();
+            let edges: Vec<(usize, usize)> = nodes
+                .iter()
+                .enumerate()
+                .flat_map(|(i, n)| {
+                    n.needs
+                        .iter()
+                        .filter_map(|u| at.get(u.as_str()))
+                        .map(move |&u| (u, i))
+                })
+                .collect();
+            super::layout::layered(&names, &edges)
+        });
+        RunGraph {
+            nodes,
+            note,
+            layout,
+        }
+    }
+}
+
+/// `GET /api/v1/lineage`: the graph, and where to draw it.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct LineageView {
+    #[serde(flatten)]
+    pub lineage: Lineage,
+    pub layout: super::layout::Layout,
 }
 
 /// `GET /api/v1/runs/{id}/attempts`, in the order they started.
@@ -499,7 +539,7 @@ pub const ROUTES: &[Route] = &[
             ("downstream", "boolean", "walk to what was made of it instead of to its sources"),
         ],
         request: None,
-        responses: &[(200, "the graph", body!(Lineage)), (400, "no `target`", ERROR), (404, "nothing of that name", ERROR)],
+        responses: &[(200, "the graph", body!(LineageView)), (400, "no `target`", ERROR), (404, "nothing of that name", ERROR)],
     },
     Route {
         method: "get",

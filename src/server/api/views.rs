@@ -40,6 +40,7 @@ pub(super) async fn graph(State(s): State<Shared>, Path(id): Path<String>) -> Re
         Err(_) => return error(StatusCode::NOT_FOUND, format!("no run `{run}`")),
     };
     let server = s.clone();
+    let digest = record.spec_digest.clone();
     let made = tokio::task::spawn_blocking(move || {
         let source = std::fs::read_to_string(&record.file)
             .map_err(|e| format!("the run's pipeline {} cannot be read: {e}", record.file))?;
@@ -57,8 +58,10 @@ pub(super) async fn graph(State(s): State<Shared>, Path(id): Path<String>) -> Re
         Ok(Err(why)) => {
             // The stages the state store knows, without edges: still a picture of the run.
             return match s.engine.state().stages(&run) {
-                Ok(stages) => Json(RunGraph {
-                    nodes: stages
+                Ok(stages) => {
+                    let names: Vec<&str> = stages.iter().map(|st| st.stage.as_str()).collect();
+                    let key = crate::runs::digest(&names.join("\n"));
+                    let nodes = stages
                         .into_iter()
                         .map(|st| GraphNode {
                             name: st.stage,
@@ -67,10 +70,9 @@ pub(super) async fn graph(State(s): State<Shared>, Path(id): Path<String>) -> Re
                             map: false,
                             hook: false,
                         })
-                        .collect(),
-                    note: Some(why),
-                })
-                .into_response(),
+                        .collect();
+                    Json(RunGraph::new(nodes, Some(why), &key)).into_response()
+                }
                 Err(e) => internal(e),
             };
         }
@@ -95,7 +97,11 @@ pub(super) async fn graph(State(s): State<Shared>, Path(id): Path<String>) -> Re
             hook: st.hook.is_some(),
         })
         .collect();
-    Json(RunGraph { nodes, note: None }).into_response()
+    // Laid out on the blocking pool: a 1,000-stage pipeline takes a while the first time.
+    match tokio::task::spawn_blocking(move || RunGraph::new(nodes, None, &digest)).await {
+        Ok(g) => Json(g).into_response(),
+        Err(e) => internal(e),
+    }
 }
 
 /// `GET /api/v1/runs/{id}/attempts`.
@@ -400,7 +406,20 @@ pub(super) async fn lineage(
                 )));
             }
         }
-        Ok(g)
+        // Laid out like a run's graph (not kept: lineage grows with every run).
+        let names: Vec<String> = g.nodes.keys().cloned().collect();
+        let at: BTreeMap<&str, usize> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.as_str(), i))
+            .collect();
+        let edges: Vec<(usize, usize)> = g
+            .edges
+            .iter()
+            .filter_map(|(a, b)| Some((*at.get(a.as_str())?, *at.get(b.as_str())?)))
+            .collect();
+        let layout = super::layout::layered(&names, &edges);
+        Ok(super::openapi::LineageView { lineage: g, layout })
     })
     .await;
     match made {

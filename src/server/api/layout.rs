@@ -1,0 +1,246 @@
+//! Where the web view draws a graph's nodes and edges: a layered (Sugiyama) layout, left
+//! to right, by the `rust-sugiyama` crate (network-simplex ranking, median crossing
+//! reduction, Brandes–Köpf coordinates), computed here so a browser only draws.
+//!
+//! The crate places nodes only; an edge that skips layers would be drawn straight
+//! through the nodes between. So the layout runs twice: once to learn each node's layer,
+//! then again with a chain of small dummy nodes along every long edge, whose places are
+//! the edge's bends.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use rust_sugiyama::configure::Config;
+use serde::Serialize;
+
+/// A node's size along a layer (its height on the page) and across (its width).
+pub const NODE_W: f64 = 190.0;
+pub const NODE_H: f64 = 38.0;
+/// The gap between nodes of a layer, and half the gap between layers.
+const SPACING: f64 = 14.0;
+/// A bend's height: edges through one layer pass this far apart.
+const BEND: f64 = 6.0;
+/// Around the drawing.
+const MARGIN: f64 = 10.0;
+
+/// Where to draw a graph: each node's top-left corner, each edge's path (its source's
+/// right side, its bends, its target's left side), and the size of the whole.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct Layout {
+    pub width: f64,
+    pub height: f64,
+    pub node_width: f64,
+    pub node_height: f64,
+    /// Node id → `[x, y]` of its top-left corner.
+    pub nodes: BTreeMap<String, [f64; 2]>,
+    pub edges: Vec<EdgePath>,
+}
+
+/// One edge: `from` → `to`, through `points` (`[x, y]`, first and last on the nodes).
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct EdgePath {
+    pub from: String,
+    pub to: String,
+    pub points: Vec<[f64; 2]>,
+}
+
+/// The layered layout of `nodes` and `edges` (pairs of indices into `nodes`; an edge
+/// naming no node is left out). Components are stacked top to bottom.
+pub fn layered(nodes: &[String], edges: &[(usize, usize)]) -> Layout {
+    let edges: Vec<(usize, usize)> = edges
+        .iter()
+        .copied()
+        .filter(|&(a, b)| a < nodes.len() && b < nodes.len() && a != b)
+        .collect();
+    let config = Config {
+        vertex_spacing: SPACING,
+        ..Config::default()
+    };
+    // Sizes are (along the layer, across it): the crate stacks layers top to bottom,
+    // this page draws them left to right, so x and y swap on the way out.
+    let size = (NODE_H, NODE_W);
+    let first = place(nodes.len(), &[], &edges, size, &config);
+    let step = NODE_W + SPACING;
+    let layer = |i: usize| (first[i].1 / step).round() as i64;
+
+    // Second pass: a dummy in each layer a long edge crosses.
+    let mut chains: Vec<Vec<usize>> = Vec::with_capacity(edges.len());
+    let mut dummies = 0usize;
+    let mut linked: Vec<(usize, usize)> = Vec::new();
+    for &(a, b) in &edges {
+        let span = (layer(b) - layer(a)).max(1) as usize;
+        let mut chain = vec![a];
+        for _ in 1..span {
+            chain.push(nodes.len() + dummies);
+            dummies += 1;
+        }
+        chain.push(b);
+        linked.extend(chain.windows(2).map(|w| (w[0], w[1])));
+        chains.push(chain);
+    }
+    let placed = match dummies {
+        0 => first,
+        _ => place(
+            nodes.len(),
+            &vec![(BEND, NODE_W); dummies],
+            &linked,
+            size,
+            &config,
+        ),
+    };
+
+    // Top-left at the margin; the crate gives centres.
+    let (min_x, min_y) = placed.iter().fold((f64::MAX, f64::MAX), |(x, y), p| {
+        (x.min(p.1 - NODE_W / 2.0), y.min(p.0 - NODE_H / 2.0))
+    });
+    let at = |i: usize| {
+        let (along, across) = placed[i];
+        [
+            across - NODE_W / 2.0 - min_x + MARGIN,
+            along - min_y + MARGIN,
+        ]
+    };
+    let mut out = Layout {
+        width: 0.0,
+        height: 0.0,
+        node_width: NODE_W,
+        node_height: NODE_H,
+        nodes: BTreeMap::new(),
+        edges: Vec::with_capacity(edges.len()),
+    };
+    for (i, name) in nodes.iter().enumerate() {
+        let [x, centre] = at(i);
+        out.nodes.insert(name.clone(), [x, centre - NODE_H / 2.0]);
+        out.width = out.width.max(x + NODE_W + MARGIN);
+        out.height = out.height.max(centre + NODE_H / 2.0 + MARGIN);
+    }
+    for chain in chains {
+        let (a, b) = (chain[0], chain[chain.len() - 1]);
+        let mut points = Vec::with_capacity(chain.len());
+        let [x, y] = at(a);
+        points.push([x + NODE_W, y]);
+        for &d in &chain[1..chain.len() - 1] {
+            let [x, y] = at(d);
+            // A dummy is as wide as a layer: the edge enters and leaves it level.
+            points.push([x, y]);
+            points.push([x + NODE_W, y]);
+        }
+        points.push(at(b));
+        out.edges.push(EdgePath {
+            from: nodes[a].clone(),
+            to: nodes[b].clone(),
+            points,
+        });
+    }
+    out
+}
+
+/// How many layouts [`cached`] keeps (a run page of a 1,000-stage pipeline takes ~0.3 s
+/// to lay out in a debug build; every run of it shares one).
+const KEPT: usize = 64;
+
+/// The layout of `key` (a pipeline's digest) made once by `make`, then kept.
+pub fn cached(key: &str, make: impl FnOnce() -> Layout) -> Arc<Layout> {
+    static KEEP: OnceLock<Mutex<HashMap<String, Arc<Layout>>>> = OnceLock::new();
+    let keep = KEEP.get_or_init(Default::default);
+    if let Some(l) = keep.lock().unwrap().get(key) {
+        return l.clone();
+    }
+    let made = Arc::new(make());
+    let mut keep = keep.lock().unwrap();
+    if keep.len() >= KEPT {
+        keep.clear();
+    }
+    keep.insert(key.to_owned(), made.clone());
+    made
+}
+
+/// The crate's centres `(along, across)` of `n` nodes of `size` and then `extra` nodes of
+/// their own sizes, components stacked along the layers.
+fn place(
+    n: usize,
+    extra: &[(f64, f64)],
+    edges: &[(usize, usize)],
+    size: (f64, f64),
+    config: &Config,
+) -> Vec<(f64, f64)> {
+    let vertices: Vec<(u32, (f64, f64))> = (0..n)
+        .map(|i| (i as u32, size))
+        .chain(extra.iter().enumerate().map(|(i, s)| ((n + i) as u32, *s)))
+        .collect();
+    let pairs: Vec<(u32, u32)> = edges.iter().map(|&(a, b)| (a as u32, b as u32)).collect();
+    let mut out = vec![(0.0, 0.0); vertices.len()];
+    let mut offset = 0.0;
+    for (component, _, _) in rust_sugiyama::from_vertices_and_edges(&vertices, &pairs, config) {
+        let lo = component
+            .iter()
+            .map(|(_, (x, _))| *x)
+            .fold(f64::MAX, f64::min);
+        let hi = component
+            .iter()
+            .map(|(_, (x, _))| *x)
+            .fold(f64::MIN, f64::max);
+        for (id, (x, y)) in component {
+            out[id] = (x - lo + offset, y);
+        }
+        offset += hi - lo + size.0 + config.vertex_spacing;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("s{i}")).collect()
+    }
+
+    /// The driving loop's shape: a skip edge (0 → 3) bends around the middle layer
+    /// instead of crossing a node; every node is right of what it needs.
+    #[test]
+    fn long_edges_bend_and_layers_go_left_to_right() {
+        let edges = [(0, 1), (0, 2), (1, 3), (2, 3), (0, 3), (3, 4)];
+        let l = layered(&names(5), &edges);
+        assert_eq!(l.edges.len(), 6);
+        for &(a, b) in &edges {
+            let (pa, pb) = (l.nodes[&format!("s{a}")], l.nodes[&format!("s{b}")]);
+            assert!(pa[0] + NODE_W < pb[0], "s{a} left of s{b}: {l:?}");
+        }
+        let skip = l
+            .edges
+            .iter()
+            .find(|e| e.from == "s0" && e.to == "s3")
+            .unwrap();
+        assert_eq!(skip.points.len(), 4, "one bend of two points: {skip:?}");
+        // The bend is in the middle layer, but off both of its nodes.
+        let [bx, by] = skip.points[1];
+        for mid in ["s1", "s2"] {
+            let [x, y] = l.nodes[mid];
+            assert_eq!(bx, x, "the bend is in the middle layer");
+            assert!(by < y || by > y + NODE_H, "the bend misses {mid}: {l:?}");
+        }
+        let short = l.edges.iter().find(|e| e.from == "s3").unwrap();
+        assert_eq!(short.points.len(), 2);
+        assert_eq!(short.points[0][0], l.nodes["s3"][0] + NODE_W);
+    }
+
+    /// Nodes never overlap, components included, and everything is inside the size.
+    #[test]
+    fn nothing_overlaps() {
+        let edges = [(0, 1), (1, 2), (0, 2), (3, 4), (5, 6), (5, 7), (5, 8)];
+        let l = layered(&names(10), &edges);
+        let boxes: Vec<[f64; 2]> = l.nodes.values().copied().collect();
+        for (i, a) in boxes.iter().enumerate() {
+            assert!(a[0] >= 0.0 && a[1] >= 0.0);
+            assert!(a[0] + NODE_W <= l.width && a[1] + NODE_H <= l.height);
+            for b in &boxes[i + 1..] {
+                let apart = a[0] + NODE_W <= b[0]
+                    || b[0] + NODE_W <= a[0]
+                    || a[1] + NODE_H <= b[1]
+                    || b[1] + NODE_H <= a[1];
+                assert!(apart, "{a:?} and {b:?} overlap");
+            }
+        }
+    }
+}
