@@ -207,10 +207,25 @@ pub fn train(
         }
         model.epochs = epoch + 1;
         let loss = epoch_loss / n as f64;
+        // Of every training row (each rank holds them all and the same weights).
+        let right = x
+            .iter()
+            .zip(&y)
+            .filter(|(row, label)| {
+                let z = model.bias
+                    + row
+                        .iter()
+                        .zip(&model.weights)
+                        .map(|(a, b)| a * b)
+                        .sum::<f64>();
+                (sigmoid(z) >= 0.5) == (**label > 0.5)
+            })
+            .count();
+        let accuracy = right as f64 / n.max(1) as f64;
         if rank == 0 {
-            println!("epoch {} loss {loss:.4}", epoch + 1);
+            println!("epoch {} loss {loss:.4} accuracy {accuracy:.4}", epoch + 1);
         }
-        history.push(json!({"epoch": epoch + 1, "loss": loss}));
+        history.push(json!({"epoch": epoch + 1, "loss": loss, "accuracy": accuracy}));
         if let (0, Some(dir)) = (rank, checkpoints) {
             std::fs::create_dir_all(dir)?;
             let tmp = dir.join(format!(".epoch-{}.json.tmp", epoch + 1));
@@ -230,8 +245,27 @@ pub fn train(
     }
     Ok((
         model,
-        json!({"epochs": history, "resumed_from_epoch": start, "world_size": world, "rows": n}),
+        json!({
+            "epochs": history,
+            "resumed_from_epoch": start,
+            "world_size": world,
+            "rows": n,
+            "series": series(&history),
+        }),
     ))
+}
+
+/// The epochs' loss and accuracy as `values.json`'s `series` (docs/spec.md: one named
+/// series of `[x, y]` points each, drawn by the web view).
+fn series(history: &[serde_json::Value]) -> serde_json::Value {
+    let of = |key: &str| {
+        let points: Vec<serde_json::Value> = history
+            .iter()
+            .map(|e| json!([e["epoch"], e[key]]))
+            .collect();
+        json!({"x": "epoch", "points": points})
+    };
+    json!({"loss": of("loss"), "accuracy": of("accuracy")})
 }
 
 // The `train` step: its `with:` block, registration and what it does with its context.

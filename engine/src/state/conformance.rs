@@ -579,6 +579,8 @@ fn map_items(s: &dyn StateStore) {
         (0..1000).map(|i| serde_json::json!({"drive": i})).collect();
     s.add_map_items(&id, "m", &items).unwrap();
     s.start_item(&id, "m", 3, 1).unwrap();
+    let running = &s.map_items(&id, "m").unwrap()[3];
+    assert!(running.started_at.is_some() && running.finished_at.is_none());
     s.set_item_handle(&id, "m", 3, "pgid:9").unwrap();
     s.finish_item(
         &id,
@@ -608,6 +610,13 @@ fn map_items(s: &dyn StateStore) {
     assert_eq!((listed[3].usage, listed[4].usage), (Some(used), None));
     assert_eq!((listed[3].phase, listed[3].attempts), (Phase::Succeeded, 1));
     assert_eq!(listed[3].handle.as_deref(), Some("pgid:9"));
+    // When its attempt ran, in order; an item never started has no start.
+    let (from, to) = (&listed[3].started_at, &listed[3].finished_at);
+    assert!(
+        from.is_some() && to.is_some() && from <= to,
+        "{from:?} {to:?}"
+    );
+    assert_eq!(listed[5].started_at, None);
     assert_eq!(listed[3].item["drive"], 3);
     assert_eq!(listed[3].outputs["o"], 1);
     let counts = s.item_counts(&id, "m").unwrap();

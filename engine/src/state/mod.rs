@@ -441,6 +441,9 @@ pub struct ItemRecord {
     /// What its last attempt used, where the executor measured it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<crate::executor::ResourceUsage>,
+    /// When its last attempt started and ended.
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
 }
 
 /// One attempt of a stage as recorded.

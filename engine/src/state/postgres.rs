@@ -985,7 +985,7 @@ impl AttemptStore for PostgresState {
             exec(
                 c,
                 queries::pg::START_ITEM,
-                &[&run.0, &stage, &(idx as i64), &i64::from(attempt)],
+                &[&run.0, &stage, &(idx as i64), &i64::from(attempt), &now()],
                 format!("record item {idx} of {stage}"),
             )
             .map(|_| ())
@@ -1013,6 +1013,7 @@ impl AttemptStore for PostgresState {
                     &phase.as_str(),
                     &reason,
                     &outputs,
+                    &now(),
                 ],
                 format!("finish item {idx} of {stage}"),
             )
@@ -1056,6 +1057,8 @@ impl AttemptStore for PostgresState {
                     usage: r
                         .get::<_, Option<String>>(7)
                         .and_then(|u| serde_json::from_str(&u).ok()),
+                    started_at: r.get(8),
+                    finished_at: r.get(9),
                 },
             )
         })

@@ -257,6 +257,11 @@ CREATE TABLE approval_votes (
     PRIMARY KEY (run_id, stage, subject)
 );
 "#,
+    // 3: when each map item's last attempt started and ended (the web view's timeline).
+    r#"
+ALTER TABLE map_items ADD COLUMN started_at TEXT;
+ALTER TABLE map_items ADD COLUMN finished_at TEXT;
+"#,
 ];
 
 /// A backend's SQL, where it differs from PostgreSQL's.

@@ -535,7 +535,7 @@ impl AttemptStore for SqliteState {
         self.with(|c| {
             c.execute_cached(
                 queries::sqlite::START_ITEM,
-                params![run.0, stage, idx as i64, attempt],
+                params![run.0, stage, idx as i64, attempt, now()],
             )
             .map(|_| ())
             .map_err(sql(format!("record item {idx} of {stage}")))
@@ -560,7 +560,8 @@ impl AttemptStore for SqliteState {
                     idx as i64,
                     phase.as_str(),
                     reason,
-                    outputs.to_string()
+                    outputs.to_string(),
+                    now()
                 ],
             )
             .map(|_| ())
@@ -604,6 +605,8 @@ impl AttemptStore for SqliteState {
                         usage: r
                             .get::<_, Option<String>>(7)?
                             .and_then(|u| serde_json::from_str(&u).ok()),
+                        started_at: r.get(8)?,
+                        finished_at: r.get(9)?,
                     })
                 },
             )

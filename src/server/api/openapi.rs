@@ -235,6 +235,21 @@ pub struct LineageView {
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct AttemptList {
     pub attempts: Vec<AttemptRecord>,
+    /// Each map item's last attempt, stage by stage in item order.
+    pub items: Vec<ItemSpan>,
+}
+
+/// When a map item's last attempt ran, and how it ended.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ItemSpan {
+    pub stage: String,
+    pub index: usize,
+    /// Its attempts so far (the last is the one shown).
+    pub attempts: u32,
+    pub phase: drivetrain_engine::state::Phase,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+    pub reason: Option<String>,
 }
 
 /// `GET /api/v1/registry`: each model with `versions` (metrics, source run, files),

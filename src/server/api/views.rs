@@ -23,7 +23,7 @@ use drivetrain_engine::fault::{Blame, Fault};
 use drivetrain_engine::plan::Action;
 use drivetrain_engine::state::RunId;
 
-use super::openapi::{AttemptList, GraphNode, RunGraph};
+use super::openapi::{AttemptList, GraphNode, ItemSpan, RunGraph};
 use super::{error, internal, Params, Shared};
 use crate::server::listener::Client;
 
@@ -110,8 +110,32 @@ pub(super) async fn attempts(State(s): State<Shared>, Path(id): Path<String>) ->
     if s.engine.state().run(&run).is_err() {
         return error(StatusCode::NOT_FOUND, format!("no run `{run}`"));
     }
-    match s.engine.state().attempts(&run) {
-        Ok(attempts) => Json(AttemptList { attempts }).into_response(),
+    let read = tokio::task::spawn_blocking(move || {
+        let state = s.engine.state();
+        let attempts = state.attempts(&run)?;
+        let mut items = Vec::new();
+        for stage in state.stages(&run)? {
+            items.extend(
+                state
+                    .map_items(&run, &stage.stage)?
+                    .into_iter()
+                    .map(|i| ItemSpan {
+                        stage: stage.stage.clone(),
+                        index: i.index,
+                        attempts: i.attempts,
+                        phase: i.phase,
+                        started_at: i.started_at,
+                        finished_at: i.finished_at,
+                        reason: i.reason,
+                    }),
+            );
+        }
+        Ok::<_, drivetrain_engine::state::StateError>(AttemptList { attempts, items })
+    })
+    .await;
+    match read {
+        Ok(Ok(list)) => Json(list).into_response(),
+        Ok(Err(e)) => internal(e),
         Err(e) => internal(e),
     }
 }

@@ -384,6 +384,14 @@ fn ranks_train_the_same_model_as_one_process_and_resume_from_checkpoints() {
     assert_eq!(history["resumed_from_epoch"], 2);
     assert_eq!(history["epochs"].as_array().unwrap().len(), 2);
     assert_eq!(resumed.weights, single.weights);
+    // The web view's series: the epochs this attempt ran, loss and accuracy per epoch.
+    let loss = history["series"]["loss"]["points"].as_array().unwrap();
+    let accuracy = history["series"]["accuracy"]["points"].as_array().unwrap();
+    assert_eq!((loss.len(), accuracy.len()), (2, 2));
+    assert_eq!(loss[0][0], 3, "epochs count from 1: {history}");
+    assert_eq!(loss[1][1], history["epochs"][1]["loss"]);
+    let acc = accuracy[1][1].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&acc), "{history}");
 }
 
 /// Copies a frame table without the footer key that says it is sorted, with each batch's
