@@ -117,6 +117,7 @@ fn handler(method: &str, path: &str) -> axum::routing::MethodRouter<Shared> {
         ("get", "/api/v1/runs/{id}/attempts") => get(views::attempts),
         ("get", "/api/v1/runs/{id}/events") => get(views::run_events),
         ("get", "/api/v1/runs/{id}/stages/{stage}/explain") => get(views::explain),
+        ("get", "/api/v1/runs/{id}/stages/{stage}/history") => get(views::stage_history),
         ("get", "/api/v1/events") => get(views::list_events),
         ("get", "/api/v1/lineage") => get(views::lineage),
         ("get", "/api/v1/registry") => get(views::models),

@@ -223,6 +223,22 @@ impl RunGraph {
     }
 }
 
+/// `GET /api/v1/runs/{id}/stages/{stage}/history`, oldest first.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct StageHistory {
+    pub runs: Vec<StageHistoryEntry>,
+}
+
+/// The stage in one run.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct StageHistoryEntry {
+    pub run: String,
+    pub created_at: String,
+    pub phase: drivetrain_engine::state::Phase,
+    /// Its `values.json`.
+    pub values: Value,
+}
+
 /// `GET /api/v1/lineage`: the graph, and where to draw it.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct LineageView {
@@ -534,6 +550,15 @@ pub const ROUTES: &[Route] = &[
         query: &[],
         request: None,
         responses: &[(200, "the explanation: `verdict`, `origin`, `origin_run`, `cache_key`, `components`, `changes`, `compared_with_run`, `definition_changes`", OBJECT), (404, "no such run or stage", ERROR)],
+    },
+    Route {
+        method: "get",
+        path: "/api/v1/runs/{id}/stages/{stage}/history",
+        rule: Rule::Need(Verb::Read),
+        summary: "The stage's values in the newest runs of the run's pipeline and project, the run among them, oldest first",
+        query: &[("limit", "integer", "how many runs, 1 to 200 (default 20)")],
+        request: None,
+        responses: &[(200, "the stage run by run", body!(StageHistory)), (400, "a limit out of range", ERROR), (404, "no such run", ERROR)],
     },
     Route {
         method: "get",

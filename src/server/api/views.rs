@@ -23,7 +23,7 @@ use drivetrain_engine::fault::{Blame, Fault};
 use drivetrain_engine::plan::Action;
 use drivetrain_engine::state::RunId;
 
-use super::openapi::{AttemptList, GraphNode, ItemSpan, RunGraph};
+use super::openapi::{AttemptList, GraphNode, ItemSpan, RunGraph, StageHistory, StageHistoryEntry};
 use super::{error, internal, Params, Shared};
 use crate::server::listener::Client;
 
@@ -353,6 +353,72 @@ pub(super) async fn list_events(
     Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+#[derive(Deserialize)]
+pub(super) struct HistoryQuery {
+    #[serde(default = "default_history")]
+    limit: usize,
+}
+
+fn default_history() -> usize {
+    20
+}
+
+/// The most runs `…/history` reads.
+const MAX_HISTORY: usize = 200;
+
+/// `GET /api/v1/runs/{id}/stages/{stage}/history`: the stage's values in the newest runs
+/// of the same pipeline and project, this one among them, oldest first (a chart of what
+/// the stage found run after run).
+pub(super) async fn stage_history(
+    State(s): State<Shared>,
+    Path((id, stage)): Path<(String, String)>,
+    Params(q): Params<HistoryQuery>,
+) -> Response {
+    if q.limit == 0 || q.limit > MAX_HISTORY {
+        let why = format!("limit: 1 to {MAX_HISTORY} runs");
+        return error(StatusCode::BAD_REQUEST, why);
+    }
+    let read = tokio::task::spawn_blocking(move || {
+        let state = s.engine.state();
+        let Ok(run) = state.run(&RunId(id.clone())) else {
+            return Ok(None);
+        };
+        let filter = drivetrain_engine::state::RunFilter {
+            pipeline: Some(run.pipeline.clone()),
+            projects: Some(vec![run.project.clone()]),
+            ..Default::default()
+        };
+        let mut runs = state.find_runs(&filter, q.limit)?;
+        if !runs.iter().any(|r| r.id == run.id) {
+            runs.pop();
+            runs.push(run);
+        }
+        let mut points = Vec::new();
+        for r in runs.into_iter().rev() {
+            let found = state
+                .stages(&r.id)?
+                .into_iter()
+                .find(|st| st.stage == stage);
+            if let Some(st) = found {
+                points.push(StageHistoryEntry {
+                    run: r.id.0,
+                    created_at: r.created_at,
+                    phase: st.phase,
+                    values: st.values,
+                });
+            }
+        }
+        Ok::<_, drivetrain_engine::state::StateError>(Some(StageHistory { runs: points }))
+    })
+    .await;
+    match read {
+        Ok(Ok(Some(h))) => Json(h).into_response(),
+        Ok(Ok(None)) => error(StatusCode::NOT_FOUND, "no such run".to_owned()),
+        Ok(Err(e)) => internal(e),
+        Err(e) => internal(e),
+    }
 }
 
 /// `GET /api/v1/runs/{id}/stages/{stage}/explain`.
