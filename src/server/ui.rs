@@ -1,5 +1,5 @@
 //! The web view `drivetrain serve` and `drivetrain ui` answer at `/`: one page of plain
-//! HTML, CSS and JavaScript in `src/ui/`, compiled into the binary (no build step, no
+//! HTML, CSS and JavaScript modules in `src/server/ui/`, compiled into the binary (no build step, no
 //! dependency). Everything it shows it reads from the API under `/api/v1`, with the same
 //! token rules as any client: the page sends the token a person typed in (kept for the
 //! browser tab only), so a server with a token shows nothing to a page without it.
@@ -10,8 +10,15 @@ use axum::routing::get;
 use axum::Router;
 
 const INDEX: &str = include_str!("ui/index.html");
-const SCRIPT: &str = include_str!("ui/app.js");
 const STYLE: &str = include_str!("ui/app.css");
+/// The page's JavaScript modules, by file name: `app.js` imports the others.
+const MODULES: [(&str, &str); 5] = [
+    ("app.js", include_str!("ui/app.js")),
+    ("dom.js", include_str!("ui/dom.js")),
+    ("graph.js", include_str!("ui/graph.js")),
+    ("timeline.js", include_str!("ui/timeline.js")),
+    ("charts.js", include_str!("ui/charts.js")),
+];
 
 /// The page may load its own script and style and talk to its own server, nothing else;
 /// no other site may frame it.
@@ -32,19 +39,22 @@ fn asset(kind: &'static str, body: &'static str) -> Response {
         .into_response()
 }
 
-/// `/`, `/ui/app.js`, `/ui/app.css`.
+/// `/`, `/ui/app.css` and `/ui/NAME.js` for each module.
 pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
-    Router::new()
+    let mut router = Router::new()
         .route(
             "/",
             get(|| async { asset("text/html; charset=utf-8", INDEX) }),
         )
         .route(
-            "/ui/app.js",
-            get(|| async { asset("text/javascript; charset=utf-8", SCRIPT) }),
-        )
-        .route(
             "/ui/app.css",
             get(|| async { asset("text/css; charset=utf-8", STYLE) }),
-        )
+        );
+    for (name, body) in MODULES {
+        router = router.route(
+            &format!("/ui/{name}"),
+            get(move || async move { asset("text/javascript; charset=utf-8", body) }),
+        );
+    }
+    router
 }

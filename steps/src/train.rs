@@ -303,7 +303,7 @@ async fn run_step(
 ) -> anyhow::Result<serde_json::Value> {
     let dataset = cx.input("dataset")?;
     let data = crate::table::split(dataset, "train").await?;
-    let (model, history) = tokio::task::block_in_place(|| {
+    let (model, mut history) = tokio::task::block_in_place(|| {
         train(
             &c,
             &data,
@@ -333,5 +333,7 @@ async fn run_step(
         cx.world,
         metrics["f1"].as_f64().unwrap_or(0.0)
     );
-    Ok(serde_json::json!({"train": metrics, "history": history}))
+    // The per-epoch series at the top, where the web view looks (docs/spec.md).
+    let series = history.as_object_mut().and_then(|h| h.remove("series"));
+    Ok(serde_json::json!({"train": metrics, "history": history, "series": series}))
 }

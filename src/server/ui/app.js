@@ -1,7 +1,13 @@
 // The web view of drivetrain: runs, a run's DAG, stages, logs, lineage, the registry and
-// schedules. Plain JavaScript, no dependencies, no build step; everything comes from the
+// schedules. Plain JavaScript modules (this one, dom.js, graph.js, timeline.js, charts.js),
+// no dependencies, no build step; the server lays graphs out. Everything comes from the
 // API under /api/v1 (docs/openapi.json). Text from the server is only ever set as text
 // (textContent, attributes), never parsed as HTML.
+
+import { h, num, MARK } from "./dom.js";
+import { graphView } from "./graph.js";
+import { timeline } from "./timeline.js";
+import { lineChart, barChart, overTime, recordedSeries } from "./charts.js";
 
 // The phases of `drivetrain_engine::state::Phase`; all but the first two and the last
 // (a run waiting for people) are ends.
@@ -13,22 +19,6 @@ const TERMINAL = new Set(PHASES.slice(2, -1));
 
 // ---- small helpers ----------------------------------------------------------------
 
-/** An element: h("a", {href: "#/"}, "text", child). Strings become text nodes. */
-function h(tag, attrs = {}, ...children) {
-  const el = tag.startsWith("svg:")
-    ? document.createElementNS("http://www.w3.org/2000/svg", tag.slice(4))
-    : document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs || {})) {
-    if (v === undefined || v === null || v === false) continue;
-    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
-    else el.setAttribute(k, v === true ? "" : String(v));
-  }
-  for (const c of children.flat()) {
-    if (c === undefined || c === null || c === false) continue;
-    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
-  }
-  return el;
-}
 
 const main = () => document.getElementById("main");
 function show(...nodes) {
@@ -144,7 +134,8 @@ async function streamText(path, signal, pre) {
 
 const esc = encodeURIComponent;
 const runLink = (id) => h("a", { href: `#/runs/${esc(id)}` }, id);
-const badge = (phase) => h("span", { class: `badge phase-${phase}` }, phase);
+const badge = (phase) => h("span", { class: `badge phase-${phase}` }, h("span", { "aria-hidden": "true" }, MARK[phase] || ""), ` ${phase}`);
+const lineageLink = (target, text = "lineage") => h("a", { href: `#/lineage?target=${esc(target)}`, class: "lineage-link" }, text);
 
 function when(t) {
   if (!t) return "";
@@ -263,94 +254,6 @@ async function runsPage(query) {
   await first;
 }
 
-// ---- the layered drawing of a DAG (runs and lineage) ------------------------------
-
-const NODE_W = 190, NODE_H = 38, GAP_X = 60, GAP_Y = 12;
-
-/**
- * Places nodes [{id, needs}] in columns by longest path from the sources, ordered in a
- * column by where their upstream nodes are (two sweeps). Linear in nodes and edges.
- */
-function layout(nodes) {
-  const byId = new Map(nodes.map((n, i) => [n.id, { ...n, index: i, level: 0, row: i }]));
-  const order = [];
-  const seen = new Set();
-  const visit = (id) => {
-    if (seen.has(id)) return;
-    seen.add(id);
-    for (const u of byId.get(id).needs) if (byId.has(u)) visit(u);
-    order.push(id);
-  };
-  for (const n of nodes) visit(n.id);
-  for (const id of order) {
-    const n = byId.get(id);
-    for (const u of n.needs) if (byId.has(u)) n.level = Math.max(n.level, byId.get(u).level + 1);
-  }
-  const columns = [];
-  for (const n of byId.values()) (columns[n.level] ||= []).push(n);
-  for (let sweep = 0; sweep < 2; sweep++) {
-    for (const col of columns) {
-      if (!col) continue;
-      for (const n of col) {
-        const ups = n.needs.filter((u) => byId.has(u)).map((u) => byId.get(u).row);
-        n.key = ups.length ? ups.reduce((a, b) => a + b, 0) / ups.length : n.index;
-      }
-      col.sort((a, b) => a.key - b.key || a.index - b.index);
-      col.forEach((n, i) => (n.row = i));
-    }
-  }
-  const height = Math.max(1, ...columns.map((c) => (c ? c.length : 0)));
-  for (const col of columns) {
-    if (!col) continue;
-    const offset = (height - col.length) / 2;
-    for (const n of col) {
-      n.x = n.level * (NODE_W + GAP_X) + 10;
-      n.y = (n.row + offset) * (NODE_H + GAP_Y) + 10;
-    }
-  }
-  return { nodes: byId, width: columns.length * (NODE_W + GAP_X), height: height * (NODE_H + GAP_Y) + 20 };
-}
-
-/** An SVG of the laid-out graph; label(n) gives a node's two lines, classOf(n) its class. */
-function drawGraph(g, label, classOf, onPick) {
-  const svg = h("svg:svg", {
-    class: "dag", width: g.width, height: g.height, viewBox: `0 0 ${g.width} ${g.height}`,
-    role: "group", "aria-label": "graph of stages",
-  });
-  const edges = h("svg:g", { class: "edges" });
-  for (const n of g.nodes.values()) {
-    for (const u of n.needs) {
-      const p = g.nodes.get(u);
-      if (!p) continue;
-      const x1 = p.x + NODE_W, y1 = p.y + NODE_H / 2, x2 = n.x, y2 = n.y + NODE_H / 2;
-      const mid = (x1 + x2) / 2;
-      edges.append(h("svg:path", { d: `M${x1},${y1} C${mid},${y1} ${mid},${y2} ${x2},${y2}` }));
-    }
-  }
-  svg.append(edges);
-  for (const n of g.nodes.values()) {
-    const [first, second] = label(n);
-    const node = h("svg:g", {
-      class: `node ${classOf(n)}`, transform: `translate(${n.x},${n.y})`, tabindex: 0,
-      role: "button", "data-node": n.id, "aria-label": `${first}: ${second}`,
-    },
-      h("svg:title", {}, `${first}\n${second}`),
-      h("svg:rect", { width: NODE_W, height: NODE_H, rx: 6 }),
-      h("svg:text", { x: 8, y: 15, class: "name" }, first.length > 26 ? `${first.slice(0, 25)}…` : first),
-      h("svg:text", { x: 8, y: 31, class: "sub" }, second));
-    const pick = () => onPick(n);
-    node.addEventListener("click", pick);
-    node.addEventListener("keydown", (e) => {
-      if (e.key === "Enter" || e.key === " ") {
-        e.preventDefault();
-        pick();
-      }
-    });
-    svg.append(node);
-  }
-  return svg;
-}
-
 // ---- one run ----------------------------------------------------------------------
 
 async function runPage(id, selected) {
@@ -372,7 +275,7 @@ async function runPage(id, selected) {
     head.replaceChildren(
       h("h1", {}, `Run ${run.id}`, " ", badge(run.phase)),
       h("dl", { class: "facts" },
-        h("dt", {}, "Pipeline"), h("dd", {}, run.pipeline),
+        h("dt", {}, "Pipeline"), h("dd", {}, run.pipeline, " ", lineageLink(`${run.id}/${names[names.length - 1]}`, "lineage of its last stage")),
         h("dt", {}, "Trigger"), h("dd", {}, run.trigger, run.parent ? [" of ", runLink(run.parent)] : ""),
         h("dt", {}, "Created"), h("dd", {}, when(run.created_at)),
         h("dt", {}, "Took"), h("dd", { "data-field": "took" }, took(run.created_at, run.finished_at)),
@@ -431,33 +334,67 @@ async function runPage(id, selected) {
   };
 
   const nodes = graph.nodes.map((n) => ({ id: n.name, needs: n.needs, kind: n.kind, map: n.map, hook: n.hook }));
-  const g = layout(nodes);
+  const needs = new Map(nodes.map((n) => [n.id, n.needs]));
   const phaseOf = (name) => (stages.get(name) || { phase: "Pending" }).phase;
+  // A map stage's items by phase, from the attempts API (read again as the run goes on).
+  let timed = { attempts: [], items: [] };
+  const itemCounts = (name) => {
+    const counts = {};
+    for (const it of timed.items) if (it.stage === name) counts[it.phase] = (counts[it.phase] || 0) + 1;
+    return counts;
+  };
   const sub = (n) => {
     const s = stages.get(n.id);
-    const bits = [s ? s.phase : "Pending"];
+    const phase = s ? s.phase : "Pending";
+    const bits = [`${MARK[phase]} ${phase}`];
     if (s && s.attempts > 1) bits.push(`${s.attempts} attempts`);
     if (s && s.origin && s.origin !== "ran") bits.push(s.origin);
-    if (n.map) bits.push("map");
+    if (n.map) {
+      const c = itemCounts(n.id);
+      const total = Object.values(c).reduce((a, b) => a + b, 0);
+      bits.push(total ? `${total} items: ${Object.entries(c).map(([p, k]) => `${k} ${MARK[p]}`).join(" ")}` : "map");
+    }
     return bits.join(" · ");
   };
-  const svg = drawGraph(g, (n) => [n.id, sub(n)], (n) => `phase-${phaseOf(n.id)}`, (n) => {
-    location.hash = `#/runs/${esc(id)}/${esc(n.id)}`;
+  const view = graphView(nodes, graph.layout, {
+    name: `stages of ${run.pipeline}`,
+    label: (n) => [n.id, sub(n)],
+    classOf: (n) => `phase-${phaseOf(n.id)}${n.map ? " map" : ""}`,
+    onPick: (n) => { location.hash = `#/runs/${esc(id)}/${esc(n.id)}`; },
   });
-  const paint = (name) => {
-    const node = svg.querySelector(`[data-node="${CSS.escape(name)}"]`);
-    if (!node) return;
-    node.setAttribute("class", `node phase-${phaseOf(name)}${name === selected ? " selected" : ""}`);
-    node.querySelector(".sub").textContent = sub(g.nodes.get(name));
-    node.setAttribute("aria-label", `${name}: ${sub(g.nodes.get(name))}`);
+  const paint = (name) => view.paint(name);
+  for (const n of nodes) {
+    const el = view.element.querySelector(`[data-node="${CSS.escape(n.id)}"]`);
+    if (n.map && el) el.dataset.map = "true";
+  }
+
+  // The timeline, drawn again as attempts start and end (at most once a second).
+  const lane = h("section", { class: "run-timeline", "aria-label": "timeline" }, h("h2", {}, "Timeline"), h("p", {}, "…"));
+  let redraw = null;
+  const drawTimeline = async () => {
+    timed = await api(`/api/v1/runs/${esc(id)}/attempts`);
+    for (const n of nodes) if (n.map) paint(n.id);
+    const width = Math.max(700, (lane.clientWidth || main().clientWidth || 1200) - 8);
+    lane.replaceChildren(h("h2", {}, "Timeline"), timeline({ run, order: names, needs, stages, ...timed, width }));
+    document.body.dataset.timelineDrawn = String(Date.now());
   };
+  const later = () => {
+    if (redraw) return;
+    redraw = setTimeout(() => {
+      redraw = null;
+      if (!signal.aborted) drawTimeline().catch(quiet);
+    }, 1000);
+  };
+  // While the run goes on, running bars grow.
+  const ticking = setInterval(() => {
+    if (signal.aborted) clearInterval(ticking);
+    else if (!TERMINAL.has(run.phase)) later();
+  }, 2000);
 
   const select = (name) => {
-    const before = selected;
     selected = name;
-    if (before) paint(before);
+    view.select(name);
     if (!name) return;
-    paint(name);
     stageSignal.abort();
     stageSignal = new AbortController();
     const s = stages.get(name);
@@ -472,9 +409,10 @@ async function runPage(id, selected) {
   renderHead();
   show(head, actions,
     graph.note ? h("p", { class: "note" }, graph.note) : "",
-    h("div", { class: "run-body" }, h("div", { class: "dag-scroll" }, svg), panel));
+    view.element, h("div", { class: "run-body" }, panel), lane);
   for (const n of names) paint(n);
   if (selected) select(selected);
+  await drawTimeline().catch(quiet);
 
   events(`/api/v1/runs/${esc(id)}/events`, signal, (name, data) => {
     if (name === "snapshot") {
@@ -482,13 +420,16 @@ async function runPage(id, selected) {
       for (const s of data.stages) stages.set(s.stage, s);
       renderHead();
       for (const n of names) paint(n);
+      later();
     } else if (name === "run") {
       run = data;
       renderHead();
+      later();
     } else if (name === "stage") {
       const before = stages.get(data.stage);
       stages.set(data.stage, data);
       paint(data.stage);
+      later();
       if (data.stage === selected && (!before || before.phase !== data.phase || before.attempts !== data.attempts)) {
         select(selected);
       }
@@ -515,6 +456,49 @@ function origin(s) {
   return s.origin || "ran";
 }
 
+/** Numbers of an object, one level down too: {"recall": {"all": 1}} → [["recall.all", 1]]. */
+function flat(o) {
+  const out = [];
+  for (const [k, v] of Object.entries(o || {})) {
+    if (typeof v === "number") out.push([k, v]);
+    else if (v && typeof v === "object" && !Array.isArray(v)) for (const [k2, v2] of Object.entries(v)) if (typeof v2 === "number") out.push([`${k}.${k2}`, v2]);
+  }
+  return out;
+}
+
+/** What a stage's values show as charts: its `series`, a candidate against production
+ * (validation), and its values over the pipeline's recent runs (filled in when read). */
+function stageCharts(run, s, signal) {
+  const box = h("section", { class: "charts", "aria-label": `charts of ${s.stage}` });
+  const v = s.values || {};
+  const { charts, dropped } = recordedSeries(v.series);
+  if (charts.length) box.append(h("h3", {}, "Recorded series"), h("div", { class: "chart-row" }, charts));
+  if (dropped) box.append(h("p", { class: "note" }, `${dropped} point(s) of its series were not two numbers and are not drawn.`));
+  const m = v.metrics;
+  if (m && m.candidate && typeof m.candidate === "object") {
+    const cand = new Map(flat(m.candidate)), prod = new Map(flat(m.production));
+    const categories = [...new Set([...cand.keys(), ...prod.keys()])].filter((c) => c !== "frames");
+    box.append(h("h3", {}, "Candidate against production, by slice"), barChart({
+      title: m.production ? "candidate vs production" : "candidate (no production model yet)",
+      categories,
+      series: [{ name: "candidate", values: categories.map((c) => cand.get(c)) }]
+        .concat(m.production ? [{ name: "production", values: categories.map((c) => prod.get(c)) }] : []),
+    }));
+  }
+  const history = h("div", { class: "chart-row" });
+  box.append(history);
+  api(`/api/v1/runs/${esc(run.id)}/stages/${esc(s.stage)}/history?limit=20`, { signal }).then(({ runs }) => {
+    const done = runs.filter((r) => r.phase === "Succeeded");
+    if (done.length < 2) return;
+    const made = overTime(done.map((r, i) => ({ x: i + 1, values: r.values })), {
+      x: "run (when it started)", xLabels: (i) => new Date(done[i - 1].created_at).toLocaleTimeString([], { hourCycle: "h23", hour: "2-digit", minute: "2-digit", second: "2-digit" }),
+      skip: ["series", "metrics", "history"],
+    });
+    if (made.length) history.replaceWith(h("h3", {}, `Over the last ${done.length} successful runs of ${run.pipeline}`), h("div", { class: "chart-row history" }, made));
+  }).catch(quiet);
+  return box;
+}
+
 async function stagePanel(run, s, panel, signal) {
   const logs = h("pre", { class: "log", id: "log", tabindex: 0, "aria-label": `log of ${s.stage}` }, "…");
   const explained = h("div", { class: "explain" });
@@ -536,6 +520,7 @@ async function stagePanel(run, s, panel, signal) {
   });
   const outputs = Object.entries(s.outputs || {});
   const inputs = Object.entries(s.inputs || {});
+  const charts = stageCharts(run, s, signal);
   const attempts = h("tbody");
   panel.replaceChildren(
     h("h2", {}, s.stage, " ", badge(s.phase)),
@@ -551,11 +536,12 @@ async function stagePanel(run, s, panel, signal) {
     outputs.length ? h("table", { class: "outputs" }, h("caption", {}, "Outputs"),
       h("thead", {}, h("tr", {}, ["Output", "Digest", ""].map((c) => h("th", { scope: "col" }, c)))),
       h("tbody", {}, outputs.map(([name, o]) => h("tr", {},
-        h("td", {}, name), h("td", { class: "digest" }, o.digest || ""),
-        h("td", {}, o.digest ? h("a", { href: `#/lineage?target=${esc(o.digest)}` }, "lineage") : ""))))) : "",
+        h("td", {}, name), h("td", { class: "digest" }, o.digest ? lineageLink(o.digest, o.digest) : ""),
+        h("td", {}, o.digest ? lineageLink(`${o.digest}`, "made of it") : ""))))) : "",
     inputs.length ? h("table", { class: "inputs" }, h("caption", {}, "Inputs"),
-      h("tbody", {}, inputs.map(([name, i]) => h("tr", {}, h("td", {}, name), h("td", { class: "digest" }, i.digest || ""))))) : "",
-    s.values && Object.keys(s.values).length ? h("details", { open: true }, h("summary", {}, "Values"), json(s.values)) : "",
+      h("tbody", {}, inputs.map(([name, i]) => h("tr", {}, h("td", {}, name), h("td", { class: "digest" }, i.digest ? lineageLink(i.digest, i.digest) : ""))))) : "",
+    charts,
+    s.values && Object.keys(s.values).length ? h("details", {}, h("summary", {}, "Values"), json(s.values)) : "",
     h("p", {}, explain, " ", h("a", { href: `#/lineage?target=${esc(`${run.id}/${s.stage}`)}` }, "Lineage")),
     explained,
     h("h3", {}, "Log"),
@@ -591,35 +577,66 @@ async function lineagePage(query) {
   show(h("h1", {}, "Lineage"), form);
   if (!q.get("target")) {
     main().append(h("p", {}, "From a model version, an artifact or a run's stage: up to the drive logs, or down to what was made of it."));
+    // One click from what people start from: the models' newest versions.
+    const { models } = await api("/api/v1/registry").catch(() => ({ models: [] }));
+    const versions = models.flatMap((m) => m.versions.slice(-5).reverse().map((v) => `${m.model}@${v.version}`));
+    if (versions.length) main().append(h("h2", {}, "Model versions"), h("ul", { class: "shortcuts" }, versions.map((t) => h("li", {}, lineageLink(t, t)))));
     return;
   }
   const g = await api(`/api/v1/lineage?target=${esc(q.get("target"))}&downstream=${q.get("downstream") === "true"}`);
   const needs = new Map(Object.keys(g.nodes).map((id) => [id, []]));
   for (const [from, to] of g.edges) if (needs.has(to)) needs.get(to).push(from);
   const nodes = Object.keys(g.nodes).map((id) => ({ id, needs: needs.get(id) }));
-  const laid = layout(nodes);
   const label = (n) => {
     const v = g.nodes[n.id];
     if (v.kind === "artifact") return [`${v.output} ${v.digest.slice(7, 19)}`, v.url.split("/").slice(-2).join("/")];
     return [`${v.stage}`, `${v.run} · ${v.origin}`];
   };
-  const svg = drawGraph(laid, label, (n) => `kind-${g.nodes[n.id].kind}${g.roots.includes(n.id) ? " root" : ""}`, (n) => {
-    const v = g.nodes[n.id];
-    if (v.kind === "stage") location.hash = `#/runs/${esc(v.run)}/${esc(v.stage)}`;
-    else location.hash = `#/lineage?target=${esc(v.digest)}&downstream=${q.get("downstream") !== "true"}`;
+  const view = graphView(nodes, g.layout, {
+    name: "lineage",
+    label,
+    classOf: (n) => `kind-${g.nodes[n.id].kind}${g.roots.includes(n.id) ? " root" : ""}`,
+    onPick: (n) => {
+      const v = g.nodes[n.id];
+      if (v.kind === "stage") location.hash = `#/runs/${esc(v.run)}/${esc(v.stage)}`;
+      else location.hash = `#/lineage?target=${esc(v.digest)}&downstream=${q.get("downstream") !== "true"}`;
+    },
   });
-  main().append(h("p", { class: "count" }, `${nodes.length} node(s), ${g.edges.length} edge(s)`), h("div", { class: "dag-scroll" }, svg));
+  for (const [id, v] of Object.entries(g.nodes)) {
+    const el = view.element.querySelector(`[data-node="${CSS.escape(id)}"]`);
+    if (el) el.dataset.kind = v.kind;
+  }
+  main().append(h("p", { class: "count" }, `${nodes.length} node(s), ${g.edges.length} edge(s). A stage opens its run; an artifact turns the walk around.`), view.element);
 }
 
 // ---- registry ---------------------------------------------------------------------
 
+/** A version's metrics as a definition list, numbers rounded as people read them. */
 function metrics(m) {
-  const out = [];
-  for (const [k, v] of Object.entries(m || {})) {
-    if (typeof v === "number") out.push(`${k} ${v}`);
-    else if (v && typeof v === "object") for (const [k2, v2] of Object.entries(v)) if (typeof v2 === "number") out.push(`${k}.${k2} ${v2}`);
+  const pairs = flat(m);
+  return pairs.length ? h("dl", { class: "metrics" }, pairs.flatMap(([k, v]) => [h("dt", {}, k), h("dd", { "data-metric": k, title: String(v) }, num(v))])) : "";
+}
+
+/** An alias move's note as text with links: the run that moved it, its gate and reasons,
+ * the approvals, a roll-back; anything else as `key: value`. */
+function note(n) {
+  if (!n || typeof n !== "object") return n ? String(n) : "";
+  const parts = [];
+  if (n.run) parts.push(h("p", {}, "by run ", runLink(n.run), " ", lineageLink(`${n.run}/promote`, "lineage")));
+  if (n.gate) {
+    const reasons = n.gate.reasons || [];
+    parts.push(h("p", { class: n.gate.passed ? "gate passed" : "gate failed" }, `${n.gate.passed ? "✓ gate passed" : "✗ gate failed"}${reasons.length ? ":" : ""}`),
+      reasons.length ? h("ul", { class: "reasons" }, reasons.map((r) => h("li", {}, r))) : "");
   }
-  return out.join(", ");
+  for (const a of n.approvals || []) {
+    parts.push(h("p", {}, `✓ approved at ${a.stage} (role ${a.role}) by ${(a.by || []).join(", ") || "?"}${a.reason ? `: ${a.reason}` : ""}`));
+  }
+  if (n.rollback_of != null) parts.push(h("p", {}, `roll-back of version ${n.rollback_of}`));
+  for (const [k, v] of Object.entries(n)) {
+    if (["run", "gate", "approvals", "rollback_of"].includes(k)) continue;
+    parts.push(h("p", {}, `${k}: ${typeof v === "string" ? v : JSON.stringify(v)}`));
+  }
+  return h("div", { class: "note-text" }, parts);
 }
 
 async function registryPage() {
@@ -641,21 +658,25 @@ async function registryPage() {
       });
       return h("li", {}, h("strong", {}, alias), ` → version ${version} `, mayMove ? b : "");
     });
-    return h("section", { class: "model" },
+    const trend = m.versions.length > 1
+      ? [h("h3", {}, "Metrics version by version"), h("div", { class: "chart-row" }, overTime(m.versions.map((v) => ({ x: v.version, values: v.metrics })), { x: "version", skip: [] }))]
+      : "";
+    return h("section", { class: "model", "data-model": m.model },
       h("h2", {}, m.model),
       h("ul", { class: "aliases", "aria-label": "aliases" }, aliases),
+      trend,
       h("table", {}, h("caption", {}, "Versions"),
         h("thead", {}, h("tr", {}, ["Version", "Registered", "Made by", "Metrics", ""].map((c) => h("th", { scope: "col" }, c)))),
         h("tbody", {}, [...m.versions].reverse().map((v) => h("tr", {},
           h("td", {}, v.version), h("td", {}, when(v.registered_at)),
           h("td", {}, v.source && v.source.run ? [runLink(v.source.run), ` ${v.source.stage || ""}`] : ""),
           h("td", {}, metrics(v.metrics)),
-          h("td", {}, h("a", { href: `#/lineage?target=${esc(`${m.model}@${v.version}`)}` }, "lineage")))))),
+          h("td", {}, h("a", { href: `#/lineage?target=${esc(`${m.model}@${v.version}`)}`, "data-lineage": `${m.model}@${v.version}` }, "lineage")))))),
       h("table", {}, h("caption", {}, "Alias history"),
         h("thead", {}, h("tr", {}, ["When", "Alias", "From", "To", "Who", "Note"].map((c) => h("th", { scope: "col" }, c)))),
         h("tbody", {}, [...m.history].reverse().map((e) => h("tr", {},
           h("td", {}, when(e.at)), h("td", {}, e.alias), h("td", {}, e.from ?? "-"), h("td", {}, e.version),
-          h("td", {}, e.who || ""), h("td", {}, e.note ? JSON.stringify(e.note) : ""))))));
+          h("td", {}, e.who || ""), h("td", {}, note(e.note)))))));
   });
   show(h("h1", {}, "Registry"), ...(models.length ? sections : [h("p", {}, "No models registered yet.")]));
 }
