@@ -31,3 +31,4 @@ mod slurm;
 mod training;
 mod triggers;
 mod ui;
+mod ui_loop;

@@ -20,7 +20,7 @@ use crate::common;
 use common::http::{json as call, start, wait_phase, TOKEN};
 use common::Home;
 
-struct Driver(Child);
+pub(crate) struct Driver(Child);
 
 impl Drop for Driver {
     /// chromedriver and the browser it started lead and share one process group: all go,
@@ -45,7 +45,7 @@ fn found(names: &[&str]) -> Option<PathBuf> {
 }
 
 /// chromedriver on a free loopback port, and a session of headless Chromium.
-async fn browser(home: &Home) -> (Driver, Client) {
+pub(crate) async fn browser(home: &Home) -> (Driver, Client) {
     let driver = found(&["/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver"]);
     let chromium = found(&["/usr/bin/chromium", "/usr/lib/chromium/chromium"]);
     let (Some(driver), Some(chromium)) = (driver, chromium) else {
@@ -97,17 +97,17 @@ async fn browser(home: &Home) -> (Driver, Client) {
 }
 
 /// Clicks the element `at` finds, as a person would.
-async fn click(c: &Client, at: Locator<'_>) {
+pub(crate) async fn click(c: &Client, at: Locator<'_>) {
     c.find(at).await.unwrap().click().await.unwrap();
 }
 
 /// Evaluates `script` (a function body) in the page.
-async fn eval(c: &Client, script: &str) -> Value {
+pub(crate) async fn eval(c: &Client, script: &str) -> Value {
     c.execute(script, vec![]).await.unwrap()
 }
 
 /// Waits until `script` returns something truthy; returns it.
-async fn until(c: &Client, what: &str, script: &str) -> Value {
+pub(crate) async fn until(c: &Client, what: &str, script: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let v = eval(c, script).await;
@@ -132,7 +132,7 @@ async fn until(c: &Client, what: &str, script: &str) -> Value {
 const PHASES: &str = "return Object.fromEntries([...document.querySelectorAll('.dag .node')]
     .map(n => [n.dataset.node, (n.getAttribute('class').match(/phase-(\\w+)/) || [])[1]]))";
 
-async fn screenshot(c: &Client, home: &Home, name: &str) {
+pub(crate) async fn screenshot(c: &Client, home: &Home, name: &str) {
     let png = c.screenshot().await.unwrap();
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
     let dir = match std::env::var_os("DRIVETRAIN_SCREENSHOTS") {
@@ -572,19 +572,21 @@ async fn the_registry_shows_versions_and_rolls_back(p: &Page, run: &str) {
     );
     let versions = eval(
         &p.c,
-        "return document.querySelector('.model table tbody').textContent",
+        "return document.querySelector('.model table.versions tbody').textContent",
     )
     .await;
-    assert!(
-        versions.as_str().unwrap().contains("accuracy 0.87"),
-        "{versions}"
-    );
+    let accuracy = eval(
+        &p.c,
+        "return document.querySelector('.model table.versions [data-metric=accuracy]').textContent",
+    )
+    .await;
+    assert_eq!(accuracy, "0.87", "the newest version first");
     assert!(versions.as_str().unwrap().contains(run), "{versions}");
     click(&p.c, Locator::Css("[data-rollback=\"lanes@production\"]")).await;
     until(&p.c, "the rollback", "return document.querySelector('.aliases li')?.textContent.startsWith('production → version 1')").await;
     let moves = eval(
         &p.c,
-        "return document.querySelectorAll('.model table:last-of-type tbody tr').length",
+        "return document.querySelectorAll('.model table.alias-history tbody tr').length",
     )
     .await;
     assert_eq!(moves, 3, "two moves and the rollback");

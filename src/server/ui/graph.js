@@ -49,13 +49,15 @@ export function graphView(nodes, lay, { label, classOf, onPick, name = "graph" }
   nodes.forEach((n, i) => {
     const [x, y] = at(n.id, i);
     const [first, second] = label(n);
+    const shown = first.length > 26 ? `${first.slice(0, 25)}…` : first;
+    // Its accessible name is the text it shows (the full name is its title).
     const g = h("svg:g", {
       class: `node ${classOf(n)}`, transform: `translate(${x},${y})`, tabindex: -1,
-      role: "button", "data-node": n.id, "aria-label": `${first}: ${second}`,
+      role: "button", "data-node": n.id, "aria-label": `${shown} ${second}`,
     },
       h("svg:title", {}, `${first}\n${second}`),
       h("svg:rect", { width: W, height: H, rx: 6 }),
-      h("svg:text", { x: 8, y: 15, class: "name" }, first.length > 26 ? `${first.slice(0, 25)}…` : first),
+      h("svg:text", { x: 8, y: 15, class: "name" }, `${shown} `),
       h("svg:text", { x: 8, y: 31, class: "sub" }, second));
     g.addEventListener("click", () => onPick(n));
     g.addEventListener("keydown", (e) => key(e, n));
@@ -180,7 +182,7 @@ export function graphView(nodes, lay, { label, classOf, onPick, name = "graph" }
     el.setAttribute("class", `node ${classOf(n)}${id === chosen ? " selected" : ""}${near ? " near" : ""}`);
     el.querySelector(".sub").textContent = second;
     el.querySelector("title").textContent = `${first}\n${second}`;
-    el.setAttribute("aria-label", `${first}: ${second}`);
+    el.setAttribute("aria-label", `${el.querySelector(".name").textContent}${second}`);
   };
 
   const button = (text, title, act) => h("button", { type: "button", title, "aria-label": title, onclick: act }, text);
