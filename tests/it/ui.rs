@@ -734,6 +734,43 @@ async fn at_scale() {
     let o = home.drivetrain(&["run", "served/wide.yaml", "--parallelism", "8"]);
     common::assert_ok(&o);
     let wide_run = common::run_id(&o);
+    // 1,000 stages in 100 layers of 10: each needs two of the layer before, every fifth
+    // also one three layers up (edges the layout must bend around stages).
+    let mut deep = String::from("version: 1\nname: deep\nstages:\n");
+    for layer in 0..100 {
+        for i in 0..10 {
+            let mut needs = Vec::new();
+            if layer > 0 {
+                needs.push(format!("l{:02}s{i}", layer - 1));
+                needs.push(format!("l{:02}s{}", layer - 1, (i * 3 + 1) % 10));
+            }
+            if layer > 2 && i % 5 == 0 {
+                needs.push(format!("l{:02}s{}", layer - 3, (i + 7) % 10));
+            }
+            needs.dedup();
+            deep.push_str(&format!(
+                "  l{layer:02}s{i}:\n    needs: [{}]\n    run: {{command: [\"true\"]}}\n",
+                needs.join(", ")
+            ));
+        }
+    }
+    home.write("served/deep.yaml", &deep);
+    let o = home.drivetrain(&["run", "served/deep.yaml", "--parallelism", "8"]);
+    common::assert_ok(&o);
+    let deep_run = common::run_id(&o);
+    // A map of 10,000 items.
+    home.write(
+        "served/map.yaml",
+        "version: 1\nname: map\nstages:\n  list:\n    run: {command: [python3, -c, 'import json, sys; json.dump(list(range(10000)), open(sys.argv[1] + \"/items.json\", \"w\"))', \"{{ outputs.items }}\"]}\n    outputs: [items]\n  each:\n    map: {from: list.items, max_parallel: 8}\n    run: {command: [\"true\"]}\n",
+    );
+    let made = Instant::now();
+    let o = home.drivetrain(&["run", "served/map.yaml", "--parallelism", "8"]);
+    common::assert_ok(&o);
+    let map_run = common::run_id(&o);
+    println!(
+        "the 10,000-item map ran in {:.1} s",
+        made.elapsed().as_secs_f64()
+    );
     let made = Instant::now();
     {
         let state = SqliteState::open(&home.dir.join(".drivetrain/state.db")).unwrap();
@@ -780,6 +817,16 @@ async fn at_scale() {
         "10,000 runs recorded in {:.1} s",
         made.elapsed().as_secs_f64()
     );
+    let edges: usize = deep
+        .lines()
+        .filter_map(|l| l.strip_prefix("    needs: ["))
+        .map(|l| {
+            l.trim_end_matches(']')
+                .split(", ")
+                .filter(|n| !n.is_empty())
+                .count()
+        })
+        .sum();
     let s = start(&home, &["--token", TOKEN]);
     let (_driver, c) = browser(&home).await;
     let base = format!("http://{}", s.addr);
@@ -825,6 +872,21 @@ async fn at_scale() {
             format!("#/runs/{wide_run}/s500"),
             "return document.querySelector('.stage-panel h2')?.textContent.startsWith('s500')"
                 .to_owned(),
+        ),
+        (
+            "DAG of 1,000 stages in 100 layers, first view (laid out), with its timeline",
+            format!("#/runs/{deep_run}"),
+            format!("return document.querySelectorAll('.dag .node').length === 1000 && document.querySelectorAll('.dag [data-from]').length === {edges} && document.querySelectorAll('svg.timeline rect.bar').length === 1000"),
+        ),
+        (
+            "the same again (layout kept)",
+            format!("#/runs/{deep_run}"),
+            format!("return document.querySelectorAll('.dag .node').length === 1000 && document.querySelectorAll('.dag [data-from]').length === {edges} && document.querySelectorAll('svg.timeline rect.bar').length === 1000"),
+        ),
+        (
+            "map of 10,000 items: node counts and a timeline bar an item",
+            format!("#/runs/{map_run}"),
+            "return document.querySelector('.dag .node[data-node=\"each\"]')?.getAttribute('aria-label').includes('10000 items') && document.querySelectorAll('svg.timeline rect.item').length === 10000".to_owned(),
         ),
     ] {
         let t = Instant::now();
