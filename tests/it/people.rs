@@ -122,6 +122,7 @@ fn expected() -> BTreeMap<(&'static str, &'static str), &'static str> {
         ("get", "/api/v1/runs/{id}/attempts", "viewer"),
         ("get", "/api/v1/runs/{id}/events", "viewer"),
         ("get", "/api/v1/runs/{id}/stages/{stage}/explain", "viewer"),
+        ("get", "/api/v1/runs/{id}/stages/{stage}/history", "viewer"),
         ("get", "/api/v1/events", "viewer"),
         ("get", "/api/v1/lineage", "viewer"),
         ("get", "/api/v1/registry", "viewer"),

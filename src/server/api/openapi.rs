@@ -556,9 +556,9 @@ pub const ROUTES: &[Route] = &[
         path: "/api/v1/runs/{id}/stages/{stage}/history",
         rule: Rule::Need(Verb::Read),
         summary: "The stage's values in the newest runs of the run's pipeline and project, the run among them, oldest first",
-        query: &[("limit", "integer", "how many runs, 1 to 200 (default 20)")],
+        query: &[("limit", r#"{"type": "integer", "minimum": 1, "maximum": 200}"#, "how many runs (default 20)")],
         request: None,
-        responses: &[(200, "the stage run by run", body!(StageHistory)), (400, "a limit out of range", ERROR), (404, "no such run", ERROR)],
+        responses: &[(200, "the stage run by run", body!(StageHistory)), (400, "a limit that is not 1 to 200", ERROR), (404, "no such run", ERROR)],
     },
     Route {
         method: "get",

@@ -376,7 +376,8 @@ pub(super) async fn stage_history(
     Path((id, stage)): Path<(String, String)>,
     Params(q): Params<HistoryQuery>,
 ) -> Response {
-    if q.limit == 0 || q.limit > MAX_HISTORY {
+    let limit = q.limit;
+    if limit == 0 || limit > MAX_HISTORY {
         let why = format!("limit: 1 to {MAX_HISTORY} runs");
         return error(StatusCode::BAD_REQUEST, why);
     }
@@ -390,7 +391,7 @@ pub(super) async fn stage_history(
             projects: Some(vec![run.project.clone()]),
             ..Default::default()
         };
-        let mut runs = state.find_runs(&filter, q.limit)?;
+        let mut runs = state.find_runs(&filter, limit)?;
         if !runs.iter().any(|r| r.id == run.id) {
             runs.pop();
             runs.push(run);
