@@ -133,7 +133,12 @@ const PHASES: &str = "return Object.fromEntries([...document.querySelectorAll('.
     .map(n => [n.dataset.node, (n.getAttribute('class').match(/phase-(\\w+)/) || [])[1]]))";
 
 pub(crate) async fn screenshot(c: &Client, home: &Home, name: &str) {
-    let png = c.screenshot().await.unwrap();
+    keep(home, name, &c.screenshot().await.unwrap());
+}
+
+/// Keeps a screenshot `name`: in `docs/screenshots/` with `DRIVETRAIN_SCREENSHOTS` set,
+/// else in the home.
+pub(crate) fn keep(home: &Home, name: &str, png: &[u8]) {
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
     let dir = match std::env::var_os("DRIVETRAIN_SCREENSHOTS") {
         Some(_) => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/screenshots")),
@@ -141,6 +146,20 @@ pub(crate) async fn screenshot(c: &Client, home: &Home, name: &str) {
     };
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
+}
+
+/// `serve` of the home's `served/` with the test's token, and a browser whose tab holds
+/// that token (as if typed in): the server, the driver, the browser and the base address.
+pub(crate) async fn signed_in(home: &Home) -> (common::http::Server, Driver, Client, String) {
+    let s = start(home, &["--token", TOKEN]);
+    let (driver, c) = browser(home).await;
+    let base = format!("http://{}", s.addr);
+    c.goto(&format!("{base}/")).await.unwrap();
+    let keep = format!("sessionStorage.setItem('drivetrain-token', '{TOKEN}'); return true");
+    eval(&c, &keep).await;
+    // The page reads the token when it loads.
+    c.goto("about:blank").await.unwrap();
+    (s, driver, c, base)
 }
 
 const PIPELINE: &str = r#"
@@ -827,15 +846,7 @@ async fn at_scale() {
                 .count()
         })
         .sum();
-    let s = start(&home, &["--token", TOKEN]);
-    let (_driver, c) = browser(&home).await;
-    let base = format!("http://{}", s.addr);
-    c.goto(&format!("{base}/")).await.unwrap();
-    eval(
-        &c,
-        &format!("sessionStorage.setItem('drivetrain-token', '{TOKEN}'); return true"),
-    )
-    .await;
+    let (_s, _driver, c, base) = signed_in(&home).await;
 
     let mut figures = Vec::new();
     let rows = "return document.querySelectorAll('table.runs tbody tr').length";

@@ -15,8 +15,8 @@ use fantoccini::{Client, Locator};
 use serde_json::Value;
 
 use crate::common;
-use crate::ui::{browser, click, eval, screenshot, until};
-use common::http::{json as call, start, TOKEN};
+use crate::ui::{click, eval, keep, screenshot, signed_in, until};
+use common::http::json as call;
 use common::{assert_ok, run_id, text, Home};
 
 const AXE: &str = include_str!("vendor/axe.min.js");
@@ -81,18 +81,9 @@ async fn the_driving_loop_in_pictures() {
     }
     std::fs::create_dir_all(home.dir.join("served")).unwrap();
     std::fs::copy(file, home.dir.join("served/driving-loop.yaml")).unwrap();
-    let s = start(&home, &["--token", TOKEN]);
-    let (_driver, c) = browser(&home).await;
-    let base = format!("http://{}", s.addr);
-    c.goto(&format!("{base}/")).await.unwrap();
-    eval(
-        &c,
-        &format!("sessionStorage.setItem('drivetrain-token', '{TOKEN}'); return true"),
-    )
-    .await;
+    let (s, _driver, c, base) = signed_in(&home).await;
 
     // The DAG: every edge of the pipeline, and no other.
-    c.goto("about:blank").await.unwrap();
     c.goto(&format!("{base}/#/runs/{run}")).await.unwrap();
     let want = graph_edges(&home, file);
     assert_eq!(want.len(), 11, "{want:?}");
@@ -163,7 +154,7 @@ async fn the_driving_loop_in_pictures() {
     screenshot(&c, &home, "run-dag").await;
     accessible(&c, "the run page").await;
     let timeline = c.find(Locator::Css(".run-timeline")).await.unwrap();
-    shot(&home, "timeline", timeline.screenshot().await.unwrap());
+    keep(&home, "timeline", &timeline.screenshot().await.unwrap());
 
     // The loss chart: the points the training stage recorded.
     let (_, detail) = call(&s, "GET", &format!("/api/v1/runs/{run}"), None);
@@ -197,7 +188,7 @@ async fn the_driving_loop_in_pictures() {
     .await;
     assert_eq!(markers, 20, "a mark a point");
     let charts = c.find(Locator::Css(".charts")).await.unwrap();
-    shot(&home, "train-charts", charts.screenshot().await.unwrap());
+    keep(&home, "train-charts", &charts.screenshot().await.unwrap());
 
     // Validation: candidate against production, slice by slice, as recorded.
     click(&c, Locator::Css(".dag .node[data-node=\"validate\"]")).await;
@@ -227,7 +218,7 @@ async fn the_driving_loop_in_pictures() {
     assert!(slices >= 3, "recall per corner-case slice: {drawn}");
     accessible(&c, "the validate panel").await;
     let charts = c.find(Locator::Css(".charts")).await.unwrap();
-    shot(&home, "validation", charts.screenshot().await.unwrap());
+    keep(&home, "validation", &charts.screenshot().await.unwrap());
 
     // The registry: metrics version by version; the alias moves as text with links.
     c.goto(&format!("{base}/#/registry")).await.unwrap();
@@ -303,17 +294,4 @@ async fn the_driving_loop_in_pictures() {
     )
     .await;
     c.close().await.unwrap();
-}
-
-/// An element's screenshot, kept as `screenshot` keeps the page's.
-fn shot(home: &Home, name: &str, png: Vec<u8>) {
-    assert!(png.starts_with(b"\x89PNG"), "a PNG");
-    let dir = match std::env::var_os("DRIVETRAIN_SCREENSHOTS") {
-        Some(_) => {
-            std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/screenshots"))
-        }
-        None => home.dir.join("screenshots"),
-    };
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
 }

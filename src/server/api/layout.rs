@@ -140,8 +140,26 @@ pub fn layered(nodes: &[String], edges: &[(usize, usize)]) -> Layout {
     out
 }
 
-/// How many layouts [`cached`] keeps (a run page of a 1,000-stage pipeline takes ~0.3 s
-/// to lay out in a debug build; every run of it shares one).
+/// [`layered`] of the nodes named `names` and edges `(from, to)` between names (an edge
+/// naming no node is left out).
+pub fn by_name<'a>(
+    names: &[String],
+    edges: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Layout {
+    let at: HashMap<&str, usize> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), i))
+        .collect();
+    let edges: Vec<(usize, usize)> = edges
+        .into_iter()
+        .filter_map(|(a, b)| Some((*at.get(a)?, *at.get(b)?)))
+        .collect();
+    layered(names, &edges)
+}
+
+/// How many layouts [`cached`] keeps (every run of a pipeline shares one; the 1,000-stage
+/// DAG of the tests below takes ~0.1 s).
 const KEPT: usize = 64;
 
 /// The layout of `key` (a pipeline's digest) made once by `make`, then kept.

@@ -198,22 +198,10 @@ impl RunGraph {
     pub fn new(nodes: Vec<GraphNode>, note: Option<String>, key: &str) -> RunGraph {
         let layout = super::layout::cached(key, || {
             let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
-            let at: std::collections::HashMap<&str, usize> = names
+            let edges = nodes
                 .iter()
-                .enumerate()
-                .map(|(i, n)| (n.as_str(), i))
-                .collect();
-            let edges: Vec<(usize, usize)> = nodes
-                .iter()
-                .enumerate()
-                .flat_map(|(i, n)| {
-                    n.needs
-                        .iter()
-                        .filter_map(|u| at.get(u.as_str()))
-                        .map(move |&u| (u, i))
-                })
-                .collect();
-            super::layout::layered(&names, &edges)
+                .flat_map(|n| n.needs.iter().map(move |u| (u.as_str(), n.name.as_str())));
+            super::layout::by_name(&names, edges)
         });
         RunGraph {
             nodes,

@@ -499,17 +499,8 @@ pub(super) async fn lineage(
         }
         // Laid out like a run's graph (not kept: lineage grows with every run).
         let names: Vec<String> = g.nodes.keys().cloned().collect();
-        let at: BTreeMap<&str, usize> = names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.as_str(), i))
-            .collect();
-        let edges: Vec<(usize, usize)> = g
-            .edges
-            .iter()
-            .filter_map(|(a, b)| Some((*at.get(a.as_str())?, *at.get(b.as_str())?)))
-            .collect();
-        let layout = super::layout::layered(&names, &edges);
+        let edges = g.edges.iter().map(|(a, b)| (a.as_str(), b.as_str()));
+        let layout = super::layout::by_name(&names, edges);
         Ok(super::openapi::LineageView { lineage: g, layout })
     })
     .await;

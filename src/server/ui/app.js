@@ -7,7 +7,7 @@
 import { h, num, MARK } from "./dom.js";
 import { graphView } from "./graph.js";
 import { timeline } from "./timeline.js";
-import { lineChart, barChart, overTime, recordedSeries } from "./charts.js";
+import { barChart, overTime, recordedSeries } from "./charts.js";
 
 // The phases of `drivetrain_engine::state::Phase`; all but the first two and the last
 // (a run waiting for people) are ends.
@@ -363,10 +363,6 @@ async function runPage(id, selected) {
     onPick: (n) => { location.hash = `#/runs/${esc(id)}/${esc(n.id)}`; },
   });
   const paint = (name) => view.paint(name);
-  for (const n of nodes) {
-    const el = view.element.querySelector(`[data-node="${CSS.escape(n.id)}"]`);
-    if (n.map && el) el.dataset.map = "true";
-  }
 
   // The timeline, drawn again as attempts start and end (at most once a second).
   const lane = h("section", { class: "run-timeline", "aria-label": "timeline" }, h("h2", {}, "Timeline"), h("p", {}, "…"));
