@@ -67,7 +67,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     die_quietly_on_closed_pipes(&cli.command);
-    // As the environment would: child engines (`serve`'s resumes, `--detach`) and built-in
+    // As the environment would: a detached engine (`--detach`) and built-in
     // steps see the same stores. Still one thread here.
     if let Some(url) = &cli.store {
         std::env::set_var("DRIVETRAIN_STORE", url);

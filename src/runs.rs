@@ -13,12 +13,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use drivetrain_engine::artifacts::ArtifactStore;
-use drivetrain_engine::engine::{Engine, EngineBuilder, RunRequest};
+use drivetrain_engine::engine::recover::alive;
+use drivetrain_engine::engine::{Engine, EngineBuilder, Home, RunRequest};
 use drivetrain_engine::plan::Pipeline;
 use drivetrain_engine::runner::{self, RunEvent};
 use drivetrain_engine::state::{Origin, Phase, RunId, SqliteState, StateStore};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 /// Exit code of a cancelled run (128 + SIGINT, as shells report Ctrl-C).
 pub const EXIT_CANCELLED: u8 = 130;
@@ -153,6 +153,7 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
     request.fail_fast = args.fail_fast;
     request.gpus = args.gpus;
     request.cache = args.cache;
+    request.deadline = args.deadline;
     if !args.json {
         println!("run {id}");
         println!(
@@ -164,7 +165,6 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
     drive(Drive {
         engine,
         request,
-        deadline: args.deadline,
         json: args.json,
     })
 }
@@ -244,7 +244,7 @@ pub fn step_command() -> anyhow::Result<Vec<String>> {
 }
 
 pub fn digest(source: &str) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(source.as_bytes())))
+    drivetrain_engine::engine::home::digest(source)
 }
 
 /// The engine (to build) for runs on `home`, recording them in `state`, with their artifacts in
@@ -264,14 +264,15 @@ pub(crate) fn engine(
     .parallelism(default_parallelism())
     .step_command(step_command()?)
     .resolver(resolver())
-    .gpus(machine_gpus))
+    .gpus(machine_gpus)
+    .executors(drivetrain_executors::executor)
+    .home(Home::at(home)?))
 }
 
 /// A run to carry out: what `run`, `resume`, `rerun` and `retry` hand to [`drive`].
 pub(crate) struct Drive {
     pub(crate) engine: Engine,
     pub(crate) request: RunRequest,
-    pub(crate) deadline: Option<Duration>,
     pub(crate) json: bool,
 }
 
@@ -280,7 +281,6 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
     let Drive {
         engine,
         request,
-        deadline,
         json,
     } = d;
     let state = engine.state().clone();
@@ -293,18 +293,14 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
         .map(|id| pipeline.stage(*id).name.clone())
         .collect();
     let work_dir = engine.work_dir().to_path_buf();
-    keep_reserve(&work_dir);
+    engine.home().keep_reserve();
     let id = request.id.clone();
-    let run_id = id.clone();
-    let deadline_hit = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let hit = deadline_hit.clone();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = runtime()?;
     let summary = rt.block_on(async move {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
-        let run = tokio::spawn(async move { engine.run(request, tx, cancel_rx).await });
+        let runner = engine.clone();
+        let run = tokio::spawn(async move { runner.run(request, tx, cancel_rx).await });
         let printer = tokio::spawn(async move {
             let mut progress = Progress::new();
             while let Some(ev) = rx.recv().await {
@@ -320,10 +316,6 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
             let why = tokio::select! {
                 _ = tokio::signal::ctrl_c() => "Ctrl-C",
                 _ = term.recv() => "SIGTERM",
-                _ = tokio::time::sleep(deadline.unwrap_or(Duration::MAX)) => {
-                    hit.store(true, std::sync::atomic::Ordering::SeqCst);
-                    "its deadline passed"
-                }
             };
             eprintln!("cancelling run {id} ({why})…");
             let _ = cancel_tx.send(true);
@@ -334,32 +326,18 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
             _ = signals => unreachable!("the signal future never completes"),
         };
         let _ = printer.await;
+        // A run task that panicked ends its run as `Error` too (the engine ends the run
+        // of an error of its own).
+        if let Err(e) = &summary {
+            engine.end_after_failure(&id, &e.to_string()).await;
+        }
         summary
     });
-    // The engine stopped on an error of its own (a state store that cannot be written,
-    // a full disk): the run still ends, as `Error` with that reason, not `Running`.
-    let mut summary = match summary {
-        Ok(Ok(summary)) => summary,
-        Ok(Err(e)) => {
-            let e = anyhow::Error::from(e);
-            end_after_failure(&*state, &run_id, &work_dir, &format!("{e:#}"));
-            return Err(e);
-        }
-        Err(e) => {
-            let e = anyhow::Error::from(e);
-            end_after_failure(&*state, &run_id, &work_dir, &format!("{e:#}"));
-            return Err(e);
-        }
-    };
-    if deadline_hit.load(std::sync::atomic::Ordering::SeqCst) {
-        let reason = format!(
-            "run deadline of {} exceeded",
-            humantime::format_duration(deadline.unwrap_or_default())
-        );
-        state.finish_run(&summary.id, Phase::Failed, Some(&reason))?;
-        summary.phase = Phase::Failed;
-        if !json {
-            println!("{reason}");
+    let summary = summary??;
+    if summary.phase == Phase::Failed && !json {
+        let reason = state.run(&summary.id).ok().and_then(|r| r.reason);
+        if let Some(r) = reason.filter(|r| r.starts_with("run deadline")) {
+            println!("{r}");
         }
     }
     if json {
@@ -408,87 +386,8 @@ fn conclusion(
     Some(format!("{}: {line}", last.stage))
 }
 
-/// Whether process `pid` exists.
-pub fn alive(pid: i64) -> bool {
-    i32::try_from(pid)
-        .ok()
-        .filter(|p| *p > 0)
-        .is_some_and(|p| nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None).is_ok())
-}
-
-/// Stops the attempts a dead engine left running and records them as lost, except those
-/// the executor can watch again: their stage and attempt number are returned, to be
-/// started once more (which re-attaches).
-fn reap_lost(
-    state: &dyn StateStore,
-    executor: &dyn drivetrain_engine::executor::Executor,
-    id: &RunId,
-    may_reattach: bool,
-) -> anyhow::Result<(usize, BTreeMap<String, u32>)> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let mut lost = 0;
-    let mut reattach = BTreeMap::new();
-    for a in state.attempts(id)? {
-        if a.phase != Phase::Running {
-            continue;
-        }
-        // An engine that died between starting the attempt and recording its handle:
-        // the executor may find it by its name.
-        let handle = match &a.handle {
-            Some(h) => Some(h.clone()),
-            None => rt.block_on(executor.find(&id.0, &a.stage, a.attempt)),
-        };
-        if let Some(h) = &handle {
-            if may_reattach && rt.block_on(executor.reattach(h)) {
-                reattach.insert(a.stage.clone(), a.attempt);
-                continue;
-            }
-        }
-        let stopped = match &handle {
-            Some(h) => rt.block_on(executor.reap(h)),
-            None => false,
-        };
-        let reason = if stopped {
-            "lost: the engine stopped while it ran; its processes were stopped"
-        } else {
-            "lost: the engine stopped while it ran"
-        };
-        state.finish_attempt(id, &a.stage, a.attempt, Phase::Error, None, Some(reason))?;
-        state.set_stage(id, &a.stage, Phase::Error, None, Some(reason))?;
-        lost += 1;
-    }
-    // Items of map stages that were running.
-    for s in state.stages(id)? {
-        if s.phase.is_terminal() {
-            continue;
-        }
-        for item in state.map_items(id, &s.stage)? {
-            if item.phase != Phase::Running {
-                continue;
-            }
-            if let Some(h) = &item.handle {
-                rt.block_on(executor.reap(h));
-            }
-            let reason = "lost: the engine stopped while it ran";
-            state.finish_item(
-                id,
-                &s.stage,
-                item.index,
-                Phase::Error,
-                Some(reason),
-                &serde_json::json!({}),
-            )?;
-            lost += 1;
-        }
-    }
-    Ok((lost, reattach))
-}
-
 /// `drivetrain resume RUN`: finishes a run whose engine stopped (killed, crashed, a
-/// reboot). Succeeded stages are not executed again and keep their artifacts; attempts
-/// that were running are stopped, recorded as lost, and run again.
+/// reboot), in this process ([`Engine::resume_request`]).
 pub fn resume(
     catalog: &drivetrain_engine::Catalog,
     home: &Path,
@@ -498,109 +397,61 @@ pub fn resume(
     let state = open_state(home)?;
     let id = RunId(run.to_owned());
     let record = state.run(&id)?;
-    if record.phase == Phase::Succeeded {
-        println!("run {id} already succeeded; nothing to resume");
-        return Ok(ExitCode::SUCCESS);
-    }
-    if let Some(pid) = record
-        .engine_pid
-        .filter(|p| alive(*p) && *p != i64::from(std::process::id()))
-    {
-        if !record.phase.is_terminal() {
-            eprintln!("error: run {id} is still running (engine process {pid}); cancel it first");
-            return Ok(ExitCode::from(2));
-        }
-    }
-    let source = std::fs::read_to_string(&record.file)
-        .map_err(|e| anyhow::anyhow!("cannot read the run's pipeline {}: {e}", record.file))?;
-    if digest(&source) != record.spec_digest {
-        eprintln!(
-            "error: {} changed since run {id} started; resume runs the same pipeline (a rerun on the new one lands with reruns)",
-            record.file
-        );
-        return Ok(ExitCode::from(2));
-    }
-    let validated = drivetrain_engine::validate(&source, catalog);
-    let Some(pipeline) = validated.pipeline else {
-        eprintln!("error: {} no longer validates", record.file);
-        return Ok(ExitCode::from(1));
+    let executor = drivetrain_executors::executor(record.executor.as_deref().unwrap_or("local"))
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let artifacts = ArtifactStore::open(&store_url(None, home)?)?;
+    let engine = engine(state, artifacts, executor, home)?.build();
+    let rt = runtime()?;
+    let (request, reaped) = match rt.block_on(engine.resume_request(catalog, &id)) {
+        Ok(r) => r,
+        Err(refusal) => return Ok(refused(refusal)),
     };
-    // The executor the run started on (`--executor` may have overridden the pipeline's).
-    let executor = match drivetrain_executors::executor(
-        record.executor.as_deref().unwrap_or(&pipeline.executor),
-    ) {
-        Ok(e) => e,
-        Err(why) => {
-            eprintln!("error: {why}");
-            return Ok(ExitCode::from(2));
-        }
-    };
-    let (lost, reattach) = reap_lost(state.as_ref(), executor.as_ref(), &id, true)?;
-    let mut succeeded = BTreeMap::new();
-    for s in state.stages(&id)? {
-        if s.phase != Phase::Succeeded {
-            continue;
-        }
-        let outputs: BTreeMap<String, drivetrain_engine::artifacts::ArtifactRef> =
-            serde_json::from_value(s.outputs.clone()).unwrap_or_default();
-        succeeded.insert(s.stage.clone(), (outputs, s.values.clone()));
-    }
-    let mut attempts: BTreeMap<String, u32> = BTreeMap::new();
-    for a in state.attempts(&id)? {
-        let e = attempts.entry(a.stage.clone()).or_default();
-        *e = (*e).max(a.attempt);
-    }
-    // An attempt still running on the executor starts again under its own number: the
-    // executor finds it (by its deterministic name) and watches it instead.
-    for (stage, attempt) in &reattach {
-        attempts.insert(stage.clone(), attempt - 1);
-    }
-    let params: BTreeMap<String, Value> =
-        serde_json::from_value(record.params.clone()).unwrap_or_default();
-    let url = run_store_url(pipeline.store.as_deref(), &pipeline.project, home)?;
     if !json_out {
+        let p = &request.pipeline;
+        let succeeded = request.resume.as_ref().map_or(0, |r| r.succeeded.len());
         println!("run {id}");
         println!(
-            "resuming: {} of {} stages succeeded before, {lost} attempt(s) lost, {} re-attached",
-            succeeded.len(),
-            pipeline.stages.len(),
-            reattach.len()
+            "resuming: {succeeded} of {} stages succeeded before, {} attempt(s) lost, {} re-attached",
+            p.stages.len(),
+            reaped.lost,
+            reaped.reattach.len()
         );
     }
-    let artifacts = ArtifactStore::open_project(&url, &pipeline.project)?;
-    let engine = engine(state, artifacts, executor, home)?.build();
-    let mut request = RunRequest::new(
-        id,
-        Arc::new(pipeline),
-        record.file.clone(),
-        record.spec_digest.clone(),
+    let mut request = request;
+    request.store = Some(
+        engine
+            .home()
+            .run_store(request.pipeline.store.as_deref(), &request.pipeline.project)?,
     );
-    request.params = params;
-    request.trigger = record.trigger.clone();
-    request.parent = record.parent.clone();
-    request.selection = record
-        .selection
-        .as_ref()
-        .map(|s| s.iter().cloned().collect());
-    request.overrides = record.overrides.clone();
-    // A rerun executes what it selected, whatever the cache holds.
-    request.cache = runner::CacheMode {
-        read: record.trigger != "rerun",
-        write: true,
-    };
-    request.scheduled_time = record.scheduled_time.clone();
-    request.resume = Some(runner::Resume {
-        record,
-        succeeded,
-        attempts,
-        reattached: reattach.into_keys().collect(),
-    });
     drive(Drive {
         engine,
         request,
-        deadline: None,
         json: json_out,
     })
+}
+
+/// What a face says of a refusal, and the exit status it ends with: nothing to do is a
+/// success; the rest by whose fault it is.
+pub(crate) fn refused(refusal: drivetrain_engine::engine::Refusal) -> ExitCode {
+    use drivetrain_engine::engine::Refusal;
+    use drivetrain_engine::fault::Blame;
+    match refusal {
+        Refusal::Nothing(m) => {
+            println!("{m}");
+            ExitCode::SUCCESS
+        }
+        other => {
+            eprintln!("error: {other}");
+            ExitCode::from(other.fault().exit_code())
+        }
+    }
+}
+
+/// The runtime a command drives its run on.
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
 }
 
 /// `drivetrain cancel RUN`: asks the engine running it to stop (as Ctrl-C would); when
@@ -650,7 +501,7 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     end_orphan(
-        &*state,
+        home,
         &record,
         Phase::Cancelled,
         "cancelled after its engine stopped",
@@ -676,73 +527,23 @@ pub fn cancel_waiting(state: &dyn StateStore, id: &RunId) -> anyhow::Result<bool
     Ok(true)
 }
 
-/// Space kept free beside the home's state for an engine to record the end of its run
-/// when the disk fills: a file this size, given up when the engine fails.
-const RESERVE: u64 = 4 << 20;
-
-fn reserve_path(work_dir: &Path) -> PathBuf {
-    work_dir.with_file_name("reserve")
-}
-
-/// Makes the reserve if it is missing (allocated, not sparse); where there is no room for
-/// it, there is none.
-pub(crate) fn keep_reserve(work_dir: &Path) {
-    let path = reserve_path(work_dir);
-    if path.exists() {
-        return;
-    }
-    let made = std::fs::File::create(&path).and_then(|f| {
-        nix::fcntl::posix_fallocate(&f, 0, RESERVE as i64).map_err(std::io::Error::from)
-    });
-    if made.is_err() {
-        let _ = std::fs::remove_file(&path);
-    }
-}
-
-/// After the engine failed with `why`: gives up the reserve, then ends the run as
-/// `Error` with that reason (its attempts stopped and recorded as lost), retrying the
-/// writes with backoff for a few seconds.
-pub(crate) fn end_after_failure(state: &dyn StateStore, id: &RunId, work_dir: &Path, why: &str) {
-    let _ = std::fs::remove_file(reserve_path(work_dir));
-    let reason = format!("the engine stopped: {why}");
-    let mut wait = Duration::from_millis(100);
-    for left in (0..6).rev() {
-        let ended =
-            state
-                .run(id)
-                .map_err(anyhow::Error::from)
-                .and_then(|r| match r.phase.is_terminal() {
-                    true => Ok(()),
-                    false => end_orphan(state, &r, Phase::Error, &reason),
-                });
-        match ended {
-            Ok(()) => {
-                eprintln!("run {id} ended as Error: {reason}");
-                return;
-            }
-            Err(e) if left == 0 => {
-                eprintln!("error: cannot record the end of run {id}: {e:#}");
-            }
-            Err(_) => {
-                std::thread::sleep(wait);
-                wait *= 2;
-            }
-        }
-    }
-}
-
-/// Ends `record`, a run whose engine stopped: the attempts it left running are stopped and
-/// recorded as lost, then the run ends as `phase` with `reason`.
+/// Ends `record`, a run whose engine stopped ([`Engine::end_orphan`]).
 pub fn end_orphan(
-    state: &dyn StateStore,
+    home: &Path,
     record: &drivetrain_engine::state::RunRecord,
     phase: Phase,
     reason: &str,
 ) -> anyhow::Result<()> {
     let executor = drivetrain_executors::executor(record.executor.as_deref().unwrap_or("local"))
         .map_err(|e| anyhow::anyhow!(e))?;
-    reap_lost(state, executor.as_ref(), &record.id, false)?;
-    state.finish_run(&record.id, phase, Some(reason))?;
+    let engine = engine(
+        open_state(home)?,
+        ArtifactStore::open(&store_url(None, home)?)?,
+        executor,
+        home,
+    )?
+    .build();
+    runtime()?.block_on(engine.end_orphan(record, phase, reason))?;
     Ok(())
 }
 
@@ -898,6 +699,5 @@ use std::time::Duration;
 
 /// Heartbeats older than this (three intervals ago) are a dead engine's.
 pub(crate) fn stale_before() -> anyhow::Result<String> {
-    let silence = chrono::Duration::from_std(drivetrain_engine::runner::heartbeat_interval() * 3)?;
-    Ok((chrono::Utc::now() - silence).to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+    Ok(drivetrain_engine::engine::recover::stale_before())
 }

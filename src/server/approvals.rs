@@ -1,5 +1,5 @@
 //! The server's side of approvals: timeouts decided when they pass, and runs whose
-//! approvals are decided resumed (each by one replica, in a child engine).
+//! approvals are decided resumed (each by one replica, in this process).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ impl Server {
         }
     }
 
-    async fn settle_approvals(&self) -> anyhow::Result<()> {
+    async fn settle_approvals(self: &Arc<Self>) -> anyhow::Result<()> {
         let state = self.engine.state().clone();
         let (expired, ready) = tokio::task::spawn_blocking(move || {
             let expired = state.expire_approvals(&drivetrain_engine::state::now())?;

@@ -7,7 +7,8 @@
 //! record, in one transaction, before the run starts, so a server killed at any point and
 //! started again neither fires a tick twice nor loses one (within the catch-up policy); a
 //! tick queued by `schedule trigger` (claimed without a run) is started by the next loop.
-//! Runs execute in this process, on the local executor.
+//! Runs execute in this process: on the local executor, or for a rerun or a resumed run on the
+//! executor its pipeline (or its first run) named.
 
 use crate::schedules::now_text;
 
@@ -30,14 +31,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use drivetrain_engine::artifacts::ArtifactStore;
-use drivetrain_engine::engine::{Engine, RunRequest};
+use drivetrain_engine::engine::{Engine, Refusal, RerunSource, RerunSpec, RunRequest};
 use drivetrain_engine::executor::ResourceUsage;
 use drivetrain_engine::plan::Pipeline;
 use drivetrain_engine::runner::{self, RunEvent};
 use drivetrain_engine::schedule::{self, Decision, Ticker};
 use drivetrain_engine::state::{Origin, Phase, Quota, RunId, StateStore};
 use drivetrain_engine::Catalog;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::runs::{open_state, stale_before, store_url};
 
@@ -171,7 +172,7 @@ pub struct Loaded {
 pub struct Server {
     /// Runs execute in this process, on the local executor, with the home's stores.
     pub engine: Engine,
-    /// The engine's home (reruns and retries run as child engines on it).
+    /// The engine's home (`submitted/` keeps posted pipelines for their reruns).
     pub home: PathBuf,
     /// The served directory, where schedules registered over the API are written.
     dir: PathBuf,
@@ -287,37 +288,23 @@ impl Server {
         Ok(store)
     }
 
-    /// The record of a run this process starts now (Running, this process its engine).
-    #[allow(clippy::too_many_arguments)]
-    fn run_record(
+    /// The request of a run of `l` with `params`, started by `trigger`.
+    fn request_of(
         &self,
         run: &RunId,
-        pipeline: &Pipeline,
-        file: &str,
-        digest: &str,
-        params: &BTreeMap<String, Value>,
+        l: &Loaded,
+        params: BTreeMap<String, Value>,
         trigger: &str,
-        at: Option<chrono::DateTime<chrono::Utc>>,
-    ) -> anyhow::Result<drivetrain_engine::state::RunRecord> {
-        Ok(drivetrain_engine::state::RunRecord {
-            id: run.clone(),
-            pipeline: pipeline.name.clone(),
-            project: pipeline.project.clone(),
-            file: file.to_owned(),
-            spec_digest: digest.to_owned(),
-            params: serde_json::to_value(params)?,
-            trigger: trigger.into(),
-            parent: None,
-            phase: Phase::Running,
-            created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            finished_at: None,
-            reason: None,
-            engine_pid: Some(i64::from(std::process::id())),
-            overrides: json!({}),
-            selection: None,
-            scheduled_time: at.map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
-            executor: Some(self.engine.executor().name().to_owned()),
-        })
+    ) -> RunRequest {
+        let mut request = RunRequest::new(
+            run.clone(),
+            l.pipeline.clone(),
+            l.file.display().to_string(),
+            l.digest.clone(),
+        );
+        request.params = params;
+        request.trigger = trigger.into();
+        request
     }
 
     /// A pipeline given as YAML, or its problems (each with line and column) on one line.
@@ -384,110 +371,47 @@ impl Server {
         Ok((name, next))
     }
 
-    /// Starts `drivetrain rerun|retry PARENT …` as a child engine on this server's home,
-    /// with the new run's id chosen here.
-    ///
-    /// Answers once the child engine has recorded the run, so a client (the web view)
-    /// can read it at once; an engine that exits first (a stage name it does not know,
-    /// say) is answered with its own words: 400 for a usage error (exit 2), else 500.
-    pub async fn spawn_from(
-        &self,
-        verb: &str,
-        parent: &RunId,
-        extra: &[String],
-    ) -> Result<RunId, (u16, String)> {
+    /// Starts a rerun or retry of an ended run in this process; answers once it is
+    /// recorded, so a client (the web view) can read it at once.
+    pub async fn rerun(self: &Arc<Self>, spec: &RerunSpec) -> Result<RunId, Refusal> {
         if self.stopping.load(Ordering::SeqCst) {
-            return Err((503, "the server is shutting down".into()));
+            return Err(Refusal::Failed("the server is shutting down".into()));
         }
+        let parent = self
+            .engine
+            .state()
+            .run(&spec.parent)
+            .map_err(|_| Refusal::NotFound(format!("no run `{}`", spec.parent)))?;
+        let source = std::fs::read_to_string(&parent.file).map_err(|e| {
+            Refusal::Failed(format!(
+                "cannot read the run's pipeline {}: {e}",
+                parent.file
+            ))
+        })?;
+        let pipeline = self.validated(&source).map_err(Refusal::Failed)?;
+        let source = RerunSource {
+            pipeline,
+            file: parent.file.clone(),
+            spec_digest: crate::runs::digest(&source),
+        };
         let id = RunId::generate(chrono::Utc::now());
-        let mut args = vec![
-            verb.to_owned(),
-            parent.0.clone(),
-            "--run-id".into(),
-            id.0.clone(),
-        ];
-        args.extend(extra.iter().cloned());
-        let mut exited = self
-            .spawn_engine(&id, &args)
-            .map_err(|e| (500, e.to_string()))?;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            if self.engine.state().run(&id).is_ok() {
-                return Ok(id);
-            }
-            if let Ok(code) = exited.try_recv() {
-                // It may have recorded the run just before it ended.
-                if self.engine.state().run(&id).is_ok() {
-                    return Ok(id);
-                }
-                let log =
-                    std::fs::read_to_string(self.home.join("engine").join(format!("{id}.log")))
-                        .unwrap_or_default();
-                // Exit 0 without a run: there was nothing to do (a retry of a run whose
-                // stages all succeeded), which the engine said as the CLI says it.
-                if code == Some(0) {
-                    let said = log.lines().last().unwrap_or("nothing to do");
-                    return Err((409, drivetrain_engine::diag::clip(said.to_owned())));
-                }
-                let said = log
-                    .lines()
-                    .filter(|l| l.starts_with("error"))
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                let status = if code == Some(2) { 400 } else { 500 };
-                return Err((
-                    status,
-                    format!("the {verb} ended before it started: {said}"),
-                ));
-            }
-            if tokio::time::Instant::now() > deadline {
-                return Err((
-                    500,
-                    format!("the {verb} engine did not record run {id} in 30 s"),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// A child `drivetrain` engine on this server's home, its output in
-    /// `engine/<run>.log`, reaped when it exits.
-    /// The receiver gets the engine's exit code when it ends.
-    fn spawn_engine(
-        &self,
-        run: &RunId,
-        args: &[String],
-    ) -> anyhow::Result<tokio::sync::oneshot::Receiver<Option<i32>>> {
-        let dir = self.home.join("engine");
-        std::fs::create_dir_all(&dir)?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join(format!("{run}.log")))?;
-        let mut child = tokio::process::Command::new(std::env::current_exe()?)
-            .args(args)
-            .env("DRIVETRAIN_HOME", &self.home)
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .process_group(0)
-            .spawn()?;
-        let (tell, exited) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let code = child.wait().await.ok().and_then(|s| s.code());
-            let _ = tell.send(code);
-        });
-        Ok(exited)
+        let (request, _) = self.engine.rerun_request(spec, source, id.clone()).await?;
+        self.submit(request)
+            .map_err(|(_, why)| Refusal::Failed(why))?;
+        Ok(id)
     }
 
     /// Resumes the runs whose engine is gone (a server or engine killed while they ran):
-    /// each in a child engine (`drivetrain resume`), which keeps what succeeded and
-    /// re-attaches to or reruns what was in flight.
+    /// each taken over here ([`Server::resume`] keeps what succeeded and re-attaches to or
+    /// reruns what was in flight).
     fn resume_orphans(&self) -> anyhow::Result<Vec<RunId>> {
         let mut resumed = Vec::new();
         let before = stale_before()?;
         for r in self.engine.state().list_runs(10_000)? {
-            if r.phase.is_terminal() || r.engine_pid.is_some_and(crate::runs::alive) {
+            if r.phase.is_terminal()
+                || r.engine_pid
+                    .is_some_and(drivetrain_engine::engine::recover::alive)
+            {
                 continue;
             }
             // A pid is only this machine's: a run whose engine still beats (on another
@@ -502,14 +426,40 @@ impl Server {
         Ok(resumed)
     }
 
-    /// Resumes runs taken over, each in a child engine, a triggered run's manifest
-    /// written first.
-    async fn resume(&self, runs: &[RunId]) -> anyhow::Result<()> {
+    /// Resumes runs taken over (or whose approvals are decided) in this process, a
+    /// triggered run's manifest written first.
+    async fn resume(self: &Arc<Self>, runs: &[RunId]) -> anyhow::Result<()> {
         for run in runs {
             if let Err(e) = self.restore_manifest(run).await {
                 eprintln!("run {run}: cannot write its trigger's manifest again: {e:#}");
             }
-            self.spawn_engine(run, &["resume".into(), run.0.clone()])?;
+            let (mut request, reaped) = match self.engine.resume_request(&self.catalog, run).await {
+                Ok(r) => r,
+                Err(why) => {
+                    eprintln!("run {run}: cannot resume it: {why}");
+                    // One that cannot be resumed here ever (its pipeline changed or no
+                    // longer validates) ends, rather than being taken over again and again.
+                    let lasting = matches!(why, Refusal::Usage(_) | Refusal::Failed(_));
+                    match self.engine.state().run(run) {
+                        Ok(r) if lasting && !r.phase.is_terminal() => {
+                            let reason = format!("cannot be resumed: {why}");
+                            self.engine.end_orphan(&r, Phase::Error, &reason).await?;
+                        }
+                        _ => {}
+                    }
+                    continue;
+                }
+            };
+            println!(
+                "run {run}: resumed here; {} attempt(s) lost, {} re-attached",
+                reaped.lost,
+                reaped.reattach.len()
+            );
+            let project = request.pipeline.project.clone();
+            if project != drivetrain_engine::access::DEFAULT_PROJECT {
+                request.store = Some(self.store_for(&project)?);
+            }
+            self.start(request)?;
         }
         Ok(())
     }
@@ -572,18 +522,7 @@ impl Server {
             .resolve_params(overrides)
             .map_err(|e| (400, e.join("; ")))?;
         let id = RunId::generate(chrono::Utc::now());
-        self.start(
-            id.clone(),
-            l.pipeline.clone(),
-            params,
-            "api",
-            None,
-            &l.file.display().to_string(),
-            &l.digest,
-            None,
-        )
-        .map_err(start_error)?;
-        Ok(id)
+        self.submit(self.request_of(&id, &l, params, "api"))
     }
 
     /// Starts a run of a pipeline given as YAML, validated by [`Server::validated`].
@@ -608,74 +547,61 @@ impl Server {
                     format!("cannot keep the pipeline in {}: {e}", file.display()),
                 )
             })?;
-        self.start(
-            id.clone(),
+        let mut request = RunRequest::new(
+            id,
             Arc::new(pipeline),
-            params,
-            "api",
-            None,
-            &file.display().to_string(),
-            &crate::runs::digest(yaml),
-            None,
-        )
-        .map_err(start_error)?;
-        Ok(id)
+            file.display().to_string(),
+            crate::runs::digest(yaml),
+        );
+        request.params = params;
+        request.trigger = "api".into();
+        self.submit(request)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn start(
-        self: &Arc<Self>,
-        run: RunId,
-        pipeline: Arc<Pipeline>,
-        params: BTreeMap<String, Value>,
-        trigger: &str,
-        scheduled: Option<chrono::DateTime<chrono::Utc>>,
-        file: &str,
-        digest: &str,
-        recorded: Option<drivetrain_engine::state::RunRecord>,
-    ) -> anyhow::Result<()> {
-        if self.stopping.load(Ordering::SeqCst) {
-            anyhow::bail!("the server is shutting down");
-        }
-        // A project with a quota: the run waits for its place, `Pending`.
+    /// The quota of `project`, if it has one.
+    fn quota_of(&self, project: &str) -> anyhow::Result<Option<Quota>> {
         let quota = self
             .engine
             .state()
             .quotas()?
-            .get(&pipeline.project)
+            .get(project)
             .copied()
             .unwrap_or_default();
-        let bounded = quota != Quota::default();
-        // Submitted runs exist before their id is answered: a client may ask at once.
-        let recorded = match recorded {
-            Some(r) => r,
-            None => {
-                let mut r =
-                    self.run_record(&run, &pipeline, file, digest, &params, trigger, scheduled)?;
-                if bounded {
-                    r.phase = Phase::Pending;
-                }
-                self.engine.state().create_run(&r)?;
-                r
-            }
-        };
-        let gpus = quota::demand(&pipeline);
-        let mut request =
-            RunRequest::new(run.clone(), pipeline, file.to_owned(), digest.to_owned());
-        request.params = params;
-        request.trigger = trigger.into();
-        request.scheduled_time =
-            scheduled.map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
-        if request.pipeline.project != drivetrain_engine::access::DEFAULT_PROJECT {
+        Ok((quota != Quota::default()).then_some(quota))
+    }
+
+    /// Records a new run now (`Pending` while its project has a quota), so a client may
+    /// ask for it as soon as its id is answered, and starts it in this process.
+    fn submit(self: &Arc<Self>, mut request: RunRequest) -> Result<RunId, (u16, String)> {
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err((503, "the server is shutting down".into()));
+        }
+        let id = request.id.clone();
+        let bounded = self
+            .quota_of(&request.pipeline.project)
+            .map_err(start_error)?
+            .is_some();
+        self.engine
+            .admit(&mut request, bounded)
+            .map_err(|e| start_error(e.into()))?;
+        self.start(request).map_err(start_error)?;
+        Ok(id)
+    }
+
+    /// Runs `request`, recorded already, in this process: first waiting for its place
+    /// in its project's quota, then on the engine; cancelled through [`Server::cancel`].
+    fn start(self: &Arc<Self>, mut request: RunRequest) -> anyhow::Result<()> {
+        if self.stopping.load(Ordering::SeqCst) {
+            anyhow::bail!("the server is shutting down");
+        }
+        let run = request.id.clone();
+        let quota = self.quota_of(&request.pipeline.project)?;
+        let gpus = quota::demand(&request.pipeline);
+        if request.pipeline.project != drivetrain_engine::access::DEFAULT_PROJECT
+            && request.store.is_none()
+        {
             request.store = Some(self.store_for(&request.pipeline.project)?);
         }
-        // The run continues from its record.
-        request.resume = Some(runner::Resume {
-            record: recorded,
-            succeeded: BTreeMap::new(),
-            attempts: BTreeMap::new(),
-            reattached: Default::default(),
-        });
         let (tx, rx) = tokio::sync::watch::channel(false);
         self.cancels
             .lock()
@@ -722,6 +648,8 @@ impl Server {
         let mut stop = rx.clone();
         let fut = async move {
             // Its place first (at once without a quota); cancelled while it waits, it ends.
+            let bounded = quota.is_some();
+            let quota = quota.unwrap_or_default();
             let held = tokio::select! {
                 h = me.quotas.enter(&project, quota, gpus), if bounded => Some(h),
                 _ = stop.wait_for(|c| *c), if bounded => None,
@@ -759,17 +687,9 @@ impl Server {
                 Err((_, why)) => {
                     eprintln!("run {run}: {why}");
                     // Ended as Error with the reason, not left Running to be taken over
-                    // (and fail the same way) again and again.
-                    let (server, id) = (me.clone(), run.clone());
-                    let _ = tokio::task::spawn_blocking(move || {
-                        crate::runs::end_after_failure(
-                            server.engine.state().as_ref(),
-                            &id,
-                            server.engine.work_dir(),
-                            &why,
-                        )
-                    })
-                    .await;
+                    // (and fail the same way) again and again (the engine ends the runs
+                    // it fails itself; this is for the quota's).
+                    me.engine.end_after_failure(&run, &why).await;
                 }
             }
             me.cancels
@@ -803,7 +723,7 @@ impl Server {
             .collect();
         let by_name: BTreeMap<&str, &Arc<Loaded>> =
             pipelines.iter().map(|(k, l)| (k.as_str(), l)).collect();
-        let mut params: BTreeMap<RunId, BTreeMap<String, Value>> = BTreeMap::new();
+        let mut requests: BTreeMap<RunId, RunRequest> = BTreeMap::new();
         let since = self
             .unstarted_since
             .lock()
@@ -817,18 +737,11 @@ impl Server {
             &mut |pipeline, at, run| {
                 let l = by_name[pipeline];
                 let p = l.pipeline.resolve_params(&[]).map_err(|e| e.join("; "))?;
-                let record = self
-                    .run_record(
-                        run,
-                        &l.pipeline,
-                        &l.file.display().to_string(),
-                        &l.digest,
-                        &p,
-                        "schedule",
-                        Some(at),
-                    )
-                    .map_err(|e| e.to_string())?;
-                params.insert(run.clone(), p);
+                let mut request = self.request_of(run, l, p, "schedule");
+                request.scheduled_time =
+                    Some(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+                let record = request.record(self.engine.executor().name());
+                requests.insert(run.clone(), request);
                 Ok(Some(record))
             },
         )?;
@@ -852,7 +765,8 @@ impl Server {
                     );
                 }
                 Decision::Fire { at, run, replace } => {
-                    let (Some(record), Some(p)) = (d.record, params.remove(&run)) else {
+                    let (Some(record), Some(mut request)) = (d.record, requests.remove(&run))
+                    else {
                         continue;
                     };
                     self.metrics.ticks_fired.fetch_add(1, Ordering::Relaxed);
@@ -871,25 +785,17 @@ impl Server {
                             / 1000.0;
                         self.metrics.schedule_lag_seconds.observe(lag);
                     }
-                    fire.push((run, l.clone(), p, at, record));
+                    request.resume = Some(runner::Resume::recorded(record));
+                    fire.push((run, l.clone(), at, request));
                 }
             }
         }
-        for (run, l, params, at, record) in fire {
+        for (run, l, at, request) in fire {
             println!(
                 "tick {}: run {run}",
                 schedule::tick_id(&l.pipeline.name, at)
             );
-            if let Err(e) = self.start(
-                run.clone(),
-                l.pipeline.clone(),
-                params,
-                "schedule",
-                Some(at),
-                &l.file.display().to_string(),
-                &l.digest,
-                Some(record),
-            ) {
+            if let Err(e) = self.start(request) {
                 eprintln!("run {run}: cannot start: {e:#}");
             }
         }
@@ -1095,7 +1001,7 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
             println!("schedule {name}: `{}` {} (next {next})", s.cron, s.timezone);
         }
     }
-    crate::runs::keep_reserve(server.engine.work_dir());
+    server.engine.home().keep_reserve();
     let schedules = args.schedules;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

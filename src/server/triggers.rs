@@ -485,16 +485,8 @@ impl Server {
             Err(e) => (BTreeMap::new(), Some(e.join("; "))),
         };
         let mut r = self
-            .run_record(
-                id,
-                &l.pipeline,
-                &l.file.display().to_string(),
-                &l.digest,
-                &params,
-                "trigger",
-                None,
-            )
-            .expect("params serialize");
+            .request_of(id, l, params, "trigger")
+            .record(self.engine.executor().name());
         if let Some(why) = bad {
             r.phase = drivetrain_engine::state::Phase::Error;
             r.reason = Some(format!("trigger `{}`: {why}", t.name));
@@ -520,16 +512,9 @@ impl Server {
             return Ok(());
         }
         let params: BTreeMap<String, Value> = serde_json::from_value(record.params.clone())?;
-        self.start(
-            id.clone(),
-            l.pipeline.clone(),
-            params,
-            "trigger",
-            None,
-            &l.file.display().to_string(),
-            &l.digest,
-            Some(record),
-        )
+        let mut request = self.request_of(id, l, params, "trigger");
+        request.resume = Some(drivetrain_engine::runner::Resume::recorded(record));
+        self.start(request)
     }
 
     /// Writes again the manifest of a triggered run about to be resumed (the server that

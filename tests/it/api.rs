@@ -285,7 +285,7 @@ fn the_token_from_a_file_is_in_no_command_line() {
     );
 }
 
-/// Reruns and retries run in engines of their own that the server starts; logs stream
+/// Reruns and retries run in the server's engine; logs stream
 /// while a stage runs; pipelines with a schedule can be registered over the API.
 #[test]
 fn reruns_retries_followed_logs_and_registered_schedules_over_http() {
@@ -299,7 +299,7 @@ fn reruns_retries_followed_logs_and_registered_schedules_over_http() {
     a_rerun_is_cancelled_through_the_server(&s, &first);
 }
 
-/// A rerun of one stage with a new param, in its own engine. The first run's id.
+/// A rerun of one stage with a new param, in the server's engine. The first run's id.
 fn a_rerun_of_one_stage_with_a_new_param(s: &Server) -> String {
     let (code, v) = json(
         s,

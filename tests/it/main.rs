@@ -14,6 +14,7 @@ mod flood;
 mod gpus;
 mod history;
 mod hostile;
+mod in_process;
 mod integrity;
 mod isolation;
 mod kubernetes;

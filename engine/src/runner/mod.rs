@@ -157,6 +157,19 @@ pub struct Resume {
     pub reattached: std::collections::BTreeSet<String>,
 }
 
+impl Resume {
+    /// A run recorded a moment ago by whoever asked for it, before it started: nothing
+    /// done yet.
+    pub fn recorded(record: RunRecord) -> Resume {
+        Resume {
+            record,
+            succeeded: BTreeMap::new(),
+            attempts: BTreeMap::new(),
+            reattached: Default::default(),
+        }
+    }
+}
+
 /// Everything attempts share.
 struct Ctx {
     pipeline: Arc<Pipeline>,
@@ -224,9 +237,9 @@ pub(crate) async fn run(
     } = job;
     let id = opts.request.id.clone();
     let pipeline = opts.request.pipeline.clone();
+    let fresh = opts.request.record(executor.name());
     let params = std::mem::take(&mut opts.request.params);
     let resume = opts.request.resume.take();
-    let fresh = fresh_record(&opts, &params, executor.name());
     let (record, prior, prior_attempts, reattached) = match resume {
         Some(r) => {
             state.reopen_run(&id, std::process::id())?;
@@ -402,33 +415,6 @@ fn dag_unended(pipeline: &Pipeline, dag: &Dag, name: &str) -> bool {
     pipeline
         .stage_by_name(name)
         .is_some_and(|s| dag.result(s.id).is_none())
-}
-
-/// The record of a run that starts now, this process its engine.
-fn fresh_record(opts: &RunOptions, params: &BTreeMap<String, Value>, executor: &str) -> RunRecord {
-    RunRecord {
-        id: opts.request.id.clone(),
-        pipeline: opts.request.pipeline.name.clone(),
-        project: opts.request.pipeline.project.clone(),
-        file: opts.request.file.clone(),
-        spec_digest: opts.request.spec_digest.clone(),
-        params: serde_json::to_value(params).unwrap_or_default(),
-        trigger: opts.request.trigger.clone(),
-        parent: opts.request.parent.clone(),
-        phase: Phase::Running,
-        created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        finished_at: None,
-        reason: None,
-        engine_pid: Some(i64::from(std::process::id())),
-        overrides: opts.request.overrides.clone(),
-        selection: opts
-            .request
-            .selection
-            .as_ref()
-            .map(|s| s.iter().cloned().collect()),
-        scheduled_time: opts.request.scheduled_time.clone(),
-        executor: Some(executor.to_owned()),
-    }
 }
 
 /// A resumed run starts from what already succeeded: those stages end at once. In

@@ -6,15 +6,18 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use std::time::Duration;
+
+use crate::executor::Executor;
 use crate::plan::Pipeline;
-use crate::state::RunId;
+use crate::state::{Phase, RunId, RunRecord};
 
 use super::{CacheMode, Resume, Reused};
 
 /// One run to carry out: the pipeline and its parameters, where it came from, and how it
 /// differs from a plain `drivetrain run` (a rerun's selection and reused stages, a
 /// retry's cache, a cron tick's time, a resumed run's record).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RunRequest {
     pub id: RunId,
     pub pipeline: Arc<Pipeline>,
@@ -46,6 +49,25 @@ pub struct RunRequest {
     pub resume: Option<Resume>,
     /// Its artifact store where not the engine's (a project's runs keep theirs apart).
     pub store: Option<crate::artifacts::ArtifactStore>,
+    /// Its executor where not the engine's (a rerun of a pipeline on another executor, a
+    /// resumed run on the one it started on).
+    pub executor: Option<Arc<dyn Executor>>,
+    /// Past this much time from its start, everything is stopped and the run fails.
+    pub deadline: Option<Duration>,
+}
+
+impl std::fmt::Debug for RunRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunRequest")
+            .field("id", &self.id)
+            .field("pipeline", &self.pipeline.name)
+            .field("trigger", &self.trigger)
+            .field("parent", &self.parent)
+            .field("selection", &self.selection)
+            .field("executor", &self.executor.as_ref().map(|e| e.name()))
+            .field("deadline", &self.deadline)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RunRequest {
@@ -70,6 +92,31 @@ impl RunRequest {
             scheduled_time: None,
             resume: None,
             store: None,
+            executor: None,
+            deadline: None,
+        }
+    }
+
+    /// The record of this run starting now on `executor`, this process its engine.
+    pub fn record(&self, executor: &str) -> RunRecord {
+        RunRecord {
+            id: self.id.clone(),
+            pipeline: self.pipeline.name.clone(),
+            project: self.pipeline.project.clone(),
+            file: self.file.clone(),
+            spec_digest: self.spec_digest.clone(),
+            params: serde_json::to_value(&self.params).unwrap_or_default(),
+            trigger: self.trigger.clone(),
+            parent: self.parent.clone(),
+            phase: Phase::Running,
+            created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            finished_at: None,
+            reason: None,
+            engine_pid: Some(i64::from(std::process::id())),
+            overrides: self.overrides.clone(),
+            selection: self.selection.as_ref().map(|s| s.iter().cloned().collect()),
+            scheduled_time: self.scheduled_time.clone(),
+            executor: Some(executor.to_owned()),
         }
     }
 }

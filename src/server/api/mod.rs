@@ -36,6 +36,7 @@ use serde_json::Value;
 
 use drivetrain_engine::access::{decide, decide_anywhere, Decision, Rule, Subject, Verb};
 use drivetrain_engine::artifacts::AttemptKey;
+use drivetrain_engine::engine::{Refusal, RerunSpec};
 use drivetrain_engine::state::RunId;
 
 use crate::server::{access, Server};
@@ -710,58 +711,47 @@ async fn rerun(
             "name the `stages` to execute again",
         );
     }
-    let mut extra = Vec::new();
-    for st in &body.stages {
-        extra.extend(["--stage".to_owned(), st.clone()]);
-    }
-    if body.downstream {
-        extra.push("--downstream".into());
-    }
-    for (k, v) in &body.params {
-        extra.extend([
-            "--param".to_owned(),
-            format!("{k}={}", drivetrain_engine::template::value_text(v)),
-        ]);
-    }
-    from_run(&s, "rerun", id, &extra).await
+    let mut spec = RerunSpec::rerun(RunId(id), body.stages);
+    spec.downstream = body.downstream;
+    spec.params = body
+        .params
+        .iter()
+        .map(|(k, v)| (k.clone(), drivetrain_engine::template::value_text(v)))
+        .collect();
+    from_run(&s, spec).await
 }
 
 async fn retry(State(s): State<Shared>, Path(id): Path<String>) -> Response {
-    from_run(&s, "retry", id, &[]).await
+    from_run(&s, RerunSpec::retry(RunId(id))).await
 }
 
-async fn from_run(s: &Server, verb: &str, id: String, extra: &[String]) -> Response {
-    let parent = RunId(id);
-    // An orphan (its engine stopped beating) may be retried or rerun: the engine started
-    // for that ends it first.
-    let orphaned = || {
-        crate::runs::stale_before()
-            .ok()
-            .and_then(|t| s.engine.state().stale_runs(&t).ok())
-            .is_some_and(|stale| stale.contains(&parent))
-    };
-    match s.engine.state().run(&parent) {
-        Ok(r) if !r.phase.is_terminal() && !orphaned() => {
-            return error(
-                StatusCode::CONFLICT,
-                format!("run `{parent}` is still running; wait for it or cancel it first"),
-            )
-        }
-        Ok(_) => {}
-        Err(_) => return error(StatusCode::NOT_FOUND, format!("no run `{parent}`")),
-    }
-    match s.spawn_from(verb, &parent, extra).await {
+/// A rerun or retry, run in this process; the engine's refusal says the status.
+async fn from_run(s: &Shared, spec: RerunSpec) -> Response {
+    let trigger = if spec.retry { "retry" } else { "rerun" };
+    match s.rerun(&spec).await {
         Ok(run) => (
             StatusCode::CREATED,
             Json(Spawned {
                 run,
-                parent,
-                trigger: verb.to_owned(),
+                parent: spec.parent,
+                trigger: trigger.to_owned(),
             }),
         )
             .into_response(),
-        Err((code, e)) => error(status_of(code), e),
+        Err(refusal) => refused(refusal),
     }
+}
+
+/// The status of each refusal of the engine.
+fn refused(refusal: Refusal) -> Response {
+    let status = match &refusal {
+        Refusal::Usage(_) => StatusCode::BAD_REQUEST,
+        Refusal::NotFound(_) => StatusCode::NOT_FOUND,
+        Refusal::Busy(_) | Refusal::Nothing(_) => StatusCode::CONFLICT,
+        Refusal::Failed(m) if m.contains("shutting down") => StatusCode::SERVICE_UNAVAILABLE,
+        Refusal::Failed(_) | Refusal::State(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    error(status, refusal.to_string())
 }
 
 /// `POST /api/v1/schedules`: `{"yaml": TEXT, "replace": bool}`.
