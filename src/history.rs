@@ -1,161 +1,21 @@
 //! `explain`, `lineage`, `forget` and `gc`: questions about what runs left behind.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::ExitCode;
 
 use drivetrain_engine::artifacts::ArtifactStore;
-use drivetrain_engine::cache::diff;
 use drivetrain_engine::fault::{Blame, Fault};
 use drivetrain_engine::history::{self, Direction, LineageError};
-use drivetrain_engine::state::{Origin, RunId, StateStore};
 use serde_json::{json, Value};
 
 use crate::cli::GraphOutput;
 use crate::runs::{open_state, store_url};
 
-fn components(v: &Value) -> BTreeMap<String, String> {
-    serde_json::from_value(v.clone()).unwrap_or_default()
-}
-
-/// Why a stage was a cache hit or a miss, as `explain --output json` prints it and the
-/// API answers: the verdict, the key's components, and the components that changed since
-/// the closest other cache entry of the stage. `Err` names the stages a run has when it
-/// has no stage `stage`.
-pub fn explanation(
-    state: &dyn StateStore,
-    run: &str,
-    stage: &str,
-) -> anyhow::Result<Result<Value, String>> {
-    let id = RunId(run.to_owned());
-    let record = state.run(&id)?;
-    let Some(s) = state.stage(&id, stage)? else {
-        let names: Vec<String> = state.stages(&id)?.into_iter().map(|s| s.stage).collect();
-        return Ok(Err(format!(
-            "run {run} has no stage `{stage}`; it has {}",
-            names.join(", ")
-        )));
-    };
-    let mine = components(&s.how.provenance["components"]);
-    let lookup = s.how.provenance["cache"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    let key = s.how.cache_key.clone().unwrap_or_default();
-    let (verdict, changes, compared) = match &s.how.origin {
-        Origin::Cached { run: from } => (
-            format!("hit: outputs taken from run {from} (key {key})"),
-            Vec::new(),
-            None,
-        ),
-        Origin::Reused { run: from } => (
-            format!(
-                "reused: a {} of run {} took this stage's outputs from run {from} without executing it",
-                record.trigger,
-                record.parent.as_ref().map(|p| p.0.as_str()).unwrap_or("?"),
-            ),
-            Vec::new(),
-            None,
-        ),
-        Origin::Ran => {
-            // The closest of the recent entries: fewest changed components, then newest.
-            let previous = state
-                .recent_cache_entries(&record.pipeline, stage, &key, 50)?
-                .into_iter()
-                .map(|p| (diff(&components(&p.components), &mine).len(), p))
-                .min_by_key(|(changed, _)| *changed)
-                .map(|(_, p)| p);
-            let verdict = match lookup.as_str() {
-                "" => "ran (no cache record)".to_owned(),
-                l if l.starts_with("not") => format!("ran: {l}"),
-                l => format!("ran: cache {l}"),
-            };
-            match previous {
-                Some(p) => {
-                    let changes = diff(&components(&p.components), &mine);
-                    (verdict, changes, Some(p.run_id))
-                }
-                None => (verdict, Vec::new(), None),
-            }
-        }
-    };
-    // What changed in the rendered definition itself, beside the digests.
-    let mut definition_changes = Vec::new();
-    if let Some(other) = compared
-        .as_ref()
-        .and_then(|r| state.stage(&RunId(r.clone()), stage).ok().flatten())
-    {
-        definition_diff(
-            &other.how.provenance["definition"],
-            &s.how.provenance["definition"],
-            "",
-            &mut definition_changes,
-        );
-    }
-    Ok(Ok(json!({
-        "run": run,
-        "stage": stage,
-        "definition_changes": definition_changes,
-        "origin": s.how.origin.name(),
-        "origin_run": s.how.origin.run(),
-        "verdict": verdict,
-        "cache_key": s.how.cache_key,
-        "compared_with_run": compared,
-        "changes": changes,
-        "components": mine,
-        // What a stage that succeeded still said about its result (logs read only in
-        // part, values it could not take): a cache hit passes these on too.
-        "warnings": s.values.get("warnings").cloned().unwrap_or(json!([])),
-    })))
-}
-
-/// A value of a definition as `explain` shows it, clipped as diagnostics are.
-fn shown(v: Option<&Value>) -> String {
-    use drivetrain_engine::diag::clip;
-    match v {
-        None => "(absent)".to_owned(),
-        Some(Value::String(t)) => clip(format!("{t:?}")),
-        Some(v) => clip(v.to_string()),
-    }
-}
-
-/// Appends `PATH: OLD → NEW` for each leaf that differs between two rendered definitions
-/// (objects by key, arrays by position).
-fn definition_diff(old: &Value, new: &Value, path: &str, out: &mut Vec<String>) {
-    let at = |k: &str| match path {
-        "" => k.to_owned(),
-        p => format!("{p}.{k}"),
-    };
-    match (old, new) {
-        (Value::Object(a), Value::Object(b)) => {
-            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
-            for k in keys {
-                match (a.get(k), b.get(k)) {
-                    (Some(x), Some(y)) => definition_diff(x, y, &at(k), out),
-                    (x, y) => out.push(format!("{}: {} → {}", at(k), shown(x), shown(y))),
-                }
-            }
-        }
-        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
-            for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                definition_diff(x, y, &format!("{path}[{i}]"), out);
-            }
-        }
-        (x, y) if x != y => out.push(format!(
-            "{}: {} → {}",
-            if path.is_empty() { "definition" } else { path },
-            shown(Some(x)),
-            shown(Some(y))
-        )),
-        _ => {}
-    }
-}
-
 /// `drivetrain explain RUN STAGE`: why a stage was a cache hit or a miss, naming the
 /// component of its key that changed since the closest other entry of that stage.
 pub fn explain(home: &Path, run: &str, stage: &str, json_out: bool) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
-    let e = match explanation(&*state, run, stage)? {
+    let e = match drivetrain_server::query::explanation(&*state, run, stage)? {
         Ok(e) => e,
         Err(why) => {
             eprintln!("error: {why}");
@@ -251,7 +111,7 @@ pub fn lineage(
         Direction::Upstream
     };
     // A registered model: the artifact it was registered from.
-    let target = match model_target(home, target)? {
+    let target = match drivetrain_server::query::model_target(home, target)? {
         Some(digest) => digest,
         None => target.to_owned(),
     };
@@ -532,29 +392,13 @@ fn audit_move(
     alias: &str,
     moved: &Value,
 ) -> anyhow::Result<()> {
-    crate::people::audit_local(
+    crate::audit::audit_local(
         crate::runs::open_state(home)?.as_ref(),
         project,
         action,
         format!("/api/v1/registry/{model}/aliases/{alias}?project={project}"),
         moved.clone(),
     )
-}
-
-/// A lineage target naming a registered model (`MODEL@VERSION`, `MODEL@ALIAS`): the
-/// digest of the model artifact it was registered from.
-pub fn model_target(home: &Path, target: &str) -> anyhow::Result<Option<String>> {
-    if !target.contains('@') {
-        return Ok(None);
-    }
-    let reg = drivetrain_steps::registry::Registry::open_for(None, &store_url(None, home)?)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let v = rt.block_on(reg.resolve(target))?;
-    Ok(v.pointer("/source/model_digest")
-        .and_then(Value::as_str)
-        .map(str::to_owned))
 }
 
 /// A registered version for people: what it is, where it came from, its metrics, its

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use drivetrain_engine::artifacts::{ArtifactStore, AttemptKey};
-use drivetrain_engine::state::{Phase, RunId, RunStore, StateStore};
+use drivetrain_engine::state::{Phase, RunId, RunStore};
 use serde_json::json;
 
 use crate::runs::*;
@@ -246,63 +246,14 @@ pub fn watch(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<E
     }
 }
 
-/// Which runs `list` shows.
-#[derive(Debug, Default)]
-pub struct ListFilter {
-    pub limit: usize,
-    pub pipeline: Option<String>,
-    pub phase: Option<String>,
-    /// `cli`, `api`, `schedule`, `rerun`, `retry`.
-    pub trigger: Option<String>,
-    /// Created at or after this RFC 3339 time.
-    pub since: Option<String>,
-    /// Of one of these projects (`None`: any).
-    pub projects: Option<Vec<String>>,
-}
-
-/// A phase as a person types it, in any case: `failed`, `Failed`, `FAILED`.
-fn parse_phase(p: &str) -> Option<Phase> {
-    let mut chars = p.chars();
-    let word: String = chars
-        .next()
-        .into_iter()
-        .flat_map(char::to_uppercase)
-        .collect();
-    Phase::parse(&(word + &chars.as_str().to_ascii_lowercase()))
-}
-
-/// The newest runs that pass `filter`, filtered by the state store. `Err` names a phase
-/// that is none.
-pub fn runs_matching(
-    state: &dyn StateStore,
-    filter: &ListFilter,
-) -> anyhow::Result<Result<Vec<drivetrain_engine::state::RunRecord>, String>> {
-    let given = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
-    let phase = match given(&filter.phase) {
-        None => None,
-        Some(p) => match parse_phase(&p) {
-            Some(phase) => Some(phase),
-            None => {
-                return Ok(Err(format!(
-                    "{p}: not a phase of a run (pending, running, succeeded, failed, …)"
-                )))
-            }
-        },
-    };
-    let by = drivetrain_engine::state::RunFilter {
-        pipeline: given(&filter.pipeline),
-        phase,
-        trigger: given(&filter.trigger),
-        since: given(&filter.since),
-        projects: filter.projects.clone(),
-    };
-    Ok(Ok(state.find_runs(&by, filter.limit)?))
-}
-
 /// `drivetrain list`.
-pub fn list(home: &Path, filter: &ListFilter, json_out: bool) -> anyhow::Result<ExitCode> {
+pub fn list(
+    home: &Path,
+    filter: &drivetrain_server::query::ListFilter,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
-    let runs = match runs_matching(&*state, filter)? {
+    let runs = match drivetrain_server::query::runs_matching(&*state, filter)? {
         Ok(runs) => runs,
         Err(why) => {
             eprintln!("error: --phase {why}");

@@ -5,6 +5,7 @@
 //! failed), 2 usage (bad arguments, unreadable files), 130 cancelled.
 
 mod alloc;
+mod audit;
 mod catalog;
 mod cli;
 mod client;
@@ -19,7 +20,6 @@ mod report;
 mod rerun;
 mod runs;
 mod schedules;
-mod server;
 mod triggers;
 
 /// mimalloc, but where the process only prints its version or help (`alloc.rs`).

@@ -9,48 +9,15 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use drivetrain_engine::access::{self, Grant, Role, Subject, Verb};
-use drivetrain_engine::state::{AuditEntry, Refusal, RunId, StateStore, TokenRecord, Vote};
+use drivetrain_engine::access::{self, Role, Verb};
+use drivetrain_engine::state::{Refusal, RunId, TokenRecord, Vote};
 use serde_json::json;
 
 use crate::cli::{DecisionArgs, TokenCommand};
 use crate::runs::open_state;
-use crate::server::access::{token_hash, token_subject};
+use drivetrain_server::access::{token_hash, token_subject};
 
-/// The local user: every role and approval role in every project.
-fn local_user() -> Subject {
-    Subject {
-        name: format!("user:{}", drivetrain_engine::step::who()),
-        grants: vec![Grant {
-            project: "*".into(),
-            role: Role::Admin,
-            approves: vec!["*".into()],
-        }],
-    }
-}
-
-/// Appends what the local user did to the audit log.
-pub(crate) fn audit_local(
-    state: &dyn StateStore,
-    project: &str,
-    action: &str,
-    resource: String,
-    after: serde_json::Value,
-) -> anyhow::Result<()> {
-    state.append_audit(&AuditEntry {
-        seq: 0,
-        at: drivetrain_engine::state::now(),
-        subject: local_user().name,
-        project: project.into(),
-        action: action.into(),
-        resource,
-        decision: "allowed".into(),
-        reason: Some("a command on this machine's state store".into()),
-        before: None,
-        after: Some(after),
-    })?;
-    Ok(())
-}
+use crate::audit::{audit_local, local_user};
 
 /// `approve` / `reject`: counts the decision; once decided, resumes the run here unless
 /// another engine (a `serve`) took it first.
@@ -353,7 +320,7 @@ pub fn can(home: &Path, subject: &str, verb: &str, resource: &str) -> anyhow::Re
         return Ok(ExitCode::from(2));
     };
     let who = token_subject(&token);
-    let project = crate::server::access::DEFAULT_PROJECT;
+    let project = drivetrain_server::access::DEFAULT_PROJECT;
     let parts: Vec<&str> = resource.split('/').collect();
     let approval = match parts.as_slice() {
         ["approval", run, stage] => match state.approval(&RunId((*run).into()), stage)? {
@@ -388,7 +355,7 @@ pub fn protect(home: &Path, alias: &str, role: Option<&str>) -> anyhow::Result<E
     state.protect_alias(alias, role, &who)?;
     audit_local(
         state.as_ref(),
-        crate::server::access::DEFAULT_PROJECT,
+        drivetrain_server::access::DEFAULT_PROJECT,
         "registry.protect",
         format!("alias/{alias}"),
         json!({"alias": alias, "role": role}),

@@ -96,7 +96,7 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
     }
     // A person's rerun; one `serve` starts for a request (with its id) is audited there.
     if args.run_id.is_none() {
-        crate::people::audit_local(
+        crate::audit::audit_local(
             state.as_ref(),
             &request.pipeline.project,
             &format!("runs.{trigger}"),

@@ -82,13 +82,7 @@ pub fn run_store_url(
     Ok(drivetrain_engine::artifacts::project_url(&base, project))
 }
 
-/// The log an attempt writes while it runs, under the engine's work directory (the run
-/// loop publishes it to the store when the attempt ends).
-pub fn live_log(work: &Path, run: &str, stage: &str, attempt: u32) -> std::path::PathBuf {
-    drivetrain_engine::artifacts::AttemptKey::from_stage_key(run, stage, attempt)
-        .work_dir(work)
-        .join("log.txt")
-}
+pub use drivetrain_engine::engine::home::live_log;
 
 /// Options of `drivetrain run`.
 pub struct RunArgs<'a> {
@@ -133,7 +127,7 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
         .map(RunId)
         .unwrap_or_else(|| RunId::generate(chrono::Utc::now()));
     if by_person {
-        crate::people::audit_local(
+        crate::audit::audit_local(
             state.as_ref(),
             &args.pipeline.project,
             "runs.create",
@@ -464,7 +458,7 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
         println!("run {id} already ended: {}", record.phase);
         return Ok(ExitCode::SUCCESS);
     }
-    crate::people::audit_local(
+    crate::audit::audit_local(
         state.as_ref(),
         &record.project,
         "runs.cancel",
@@ -510,22 +504,7 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Cancels a run that waits for people (no engine runs it): taken from `Waiting` first,
-/// so an approval resuming it at the same moment and this cancel do not both win. False
-/// when it was not waiting.
-pub fn cancel_waiting(state: &dyn StateStore, id: &RunId) -> anyhow::Result<bool> {
-    if !state.claim_waiting(id)? {
-        return Ok(false);
-    }
-    let reason = "cancelled while waiting for approval";
-    for s in state.stages(id)? {
-        if s.phase == Phase::Waiting {
-            state.set_stage(id, &s.stage, Phase::Cancelled, None, Some(reason))?;
-        }
-    }
-    state.finish_run(id, Phase::Cancelled, Some(reason))?;
-    Ok(true)
-}
+pub use drivetrain_engine::engine::recover::cancel_waiting;
 
 /// Ends `record`, a run whose engine stopped ([`Engine::end_orphan`]).
 pub fn end_orphan(

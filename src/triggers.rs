@@ -6,49 +6,16 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use drivetrain_engine::events::discover::Source;
-use drivetrain_engine::state::{StateStore, TriggerRecord};
+use drivetrain_engine::state::TriggerRecord;
 use drivetrain_engine::Catalog;
 use serde_json::json;
 
 use crate::cli::TriggerCommand;
 use crate::runs::open_state;
 
-/// The trigger `name` names: `PIPELINE/TRIGGER`, or a trigger name only one pipeline has.
-pub(crate) fn find(
-    state: &dyn StateStore,
-    name: &str,
-) -> anyhow::Result<Result<TriggerRecord, String>> {
-    let all = state.triggers()?;
-    let found: Vec<TriggerRecord> = all
-        .iter()
-        .filter(|t| match name.split_once('/') {
-            Some((p, n)) => t.pipeline == p && t.trigger == n,
-            None => t.trigger == name,
-        })
-        .cloned()
-        .collect();
-    Ok(match found.len() {
-        1 => Ok(found.into_iter().next().expect("one")),
-        0 => Err(format!(
-            "no trigger `{name}`; known: {}",
-            match all.is_empty() {
-                true => "none (`drivetrain serve --pipelines DIR` registers them)".to_owned(),
-                false => all
-                    .iter()
-                    .map(|t| format!("{}/{}", t.pipeline, t.trigger))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            }
-        )),
-        _ => Err(format!(
-            "`{name}` is a trigger of several pipelines: write PIPELINE/{name}"
-        )),
-    })
-}
-
 /// A trigger as `-o json` prints it: as `GET /api/v1/triggers` answers it.
-fn view(t: &TriggerRecord) -> crate::server::api::openapi::TriggerStatus {
-    crate::server::api::openapi::TriggerStatus {
+fn view(t: &TriggerRecord) -> drivetrain_server::api::openapi::TriggerStatus {
+    drivetrain_server::api::openapi::TriggerStatus {
         trigger: t.clone(),
         lag_seconds: t.lag_seconds(),
     }
@@ -95,7 +62,7 @@ pub fn command(
             }
         }
         TriggerCommand::Show { trigger } => {
-            let t = match find(&*state, &trigger)? {
+            let t = match drivetrain_server::query::find_trigger(&*state, &trigger)? {
                 Ok(t) => t,
                 Err(e) => return usage(e),
             };
@@ -131,13 +98,13 @@ pub fn command(
             }
         }
         TriggerCommand::Pause { trigger } => {
-            let t = match find(&*state, &trigger)? {
+            let t = match drivetrain_server::query::find_trigger(&*state, &trigger)? {
                 Ok(t) => t,
                 Err(e) => return usage(e),
             };
-            crate::people::audit_local(
+            crate::audit::audit_local(
                 &*state,
-                crate::server::access::DEFAULT_PROJECT,
+                drivetrain_server::access::DEFAULT_PROJECT,
                 "triggers.pause",
                 format!("/api/v1/triggers/{}/{}/pause", t.pipeline, t.trigger),
                 json!({"paused": true}),
@@ -153,7 +120,7 @@ pub fn command(
             replay,
             skip,
         } => {
-            let t = match find(&*state, &trigger)? {
+            let t = match drivetrain_server::query::find_trigger(&*state, &trigger)? {
                 Ok(t) => t,
                 Err(e) => return usage(e),
             };
@@ -165,9 +132,9 @@ pub fn command(
             }
             let skipped = state.set_trigger_paused(&t.pipeline, &t.trigger, false, skip)?;
             let after = json!({"paused": false, "skipped": skipped});
-            crate::people::audit_local(
+            crate::audit::audit_local(
                 &*state,
-                crate::server::access::DEFAULT_PROJECT,
+                drivetrain_server::access::DEFAULT_PROJECT,
                 "triggers.resume",
                 format!("/api/v1/triggers/{}/{}/resume", t.pipeline, t.trigger),
                 after,
@@ -184,7 +151,7 @@ pub fn command(
             }
         }
         TriggerCommand::Backfill { trigger, since } => {
-            let t = match find(&*state, &trigger)? {
+            let t = match drivetrain_server::query::find_trigger(&*state, &trigger)? {
                 Ok(t) => t,
                 Err(e) => return usage(e),
             };

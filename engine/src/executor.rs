@@ -309,7 +309,7 @@ pub struct ResourceUsage {
 /// Runs stage attempts.
 #[async_trait]
 pub trait Executor: Send + Sync {
-    /// The name pipelines use (`local`, `kubernetes`).
+    /// The name pipelines use (`local`, `kubernetes`, `slurm`).
     fn name(&self) -> &'static str;
     /// Starts an attempt. A command that cannot be started because it does not exist is
     /// not an error here: it is a started attempt that `wait`s to `Failed`.
@@ -347,6 +347,12 @@ pub trait Executor: Send + Sync {
     /// ([`Placement::parallel`]; Slurm: one job array, `%N`): the run loop then starts
     /// every item's attempt together and holds none of the run's slots for them.
     fn runs_items_together(&self) -> bool {
+        false
+    }
+    /// Whether the executor can mount a stage's secrets as files (`secrets[].mount_path`;
+    /// Kubernetes: a Secret volume). The run loop refuses such a stage on one that cannot,
+    /// naming it.
+    fn mounts_secret_files(&self) -> bool {
         false
     }
 }

@@ -2,9 +2,17 @@
 //!
 //! Data flows one way: YAML text → [`yaml`] (a located tree) → [`spec`] (serde types,
 //! through [`de`]) → [`validate`] (every problem, located) → [`plan::Pipeline`] (a petgraph
-//! DAG with templates and conditions parsed). The engine names no concrete step or
-//! executor: both are traits ([`step::Step`]) registered by the binary in a
-//! [`step::Catalog`].
+//! DAG with templates and conditions parsed) → [`engine::Engine`], which owns every run's
+//! life: a [`engine::RunRequest`] from any face (a new run, a rerun or retry, a resume, a
+//! cron tick, a trigger, an approval decided) is carried out by the run loop
+//! ([`runner`]) on an executor, its transitions recorded in [`state`] and its outputs
+//! in [`artifacts`]; the run's deadline, the end of a run whose engine failed or died,
+//! and resuming it are the engine's too ([`engine::recover`]). The engine names no
+//! concrete step or executor: both are traits ([`step::Step`],
+//! [`executor::Executor`]) registered by the binary (local, Kubernetes and Slurm
+//! executors; the built-in steps) in a [`step::Catalog`]; the server
+//! (`drivetrain-server`) and the command line submit requests to the same engine in
+//! their own process.
 
 pub mod access;
 pub mod artifacts;
@@ -19,6 +27,7 @@ pub mod expr;
 pub mod fault;
 pub mod history;
 pub mod mask;
+pub mod phase;
 pub mod plan;
 pub mod runner;
 pub mod schedule;

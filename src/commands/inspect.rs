@@ -54,7 +54,7 @@ pub(super) fn dispatch(home: &Path, command: Command) -> ExitCode {
             output,
         } => outcome(inspect::list(
             home,
-            &inspect::ListFilter {
+            &drivetrain_server::query::ListFilter {
                 limit,
                 pipeline,
                 phase,

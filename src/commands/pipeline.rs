@@ -11,8 +11,8 @@ use super::files::{read_text, Unread};
 use super::{load, outcome, usage_errors, EXIT_INVALID, EXIT_USAGE};
 use crate::cli::{Command, Format, GraphFormat};
 use crate::plan_output::{plan_json, plan_text};
-use crate::server::api;
 use crate::{manifests, report};
+use drivetrain_server::api;
 
 /// Runs one of this group's commands.
 pub(super) fn dispatch(catalog: &Catalog, command: Command) -> ExitCode {

@@ -8,7 +8,8 @@ use drivetrain_engine::Catalog;
 
 use super::outcome;
 use crate::cli::{Command, Format};
-use crate::{doctor, schedules, server as serve, triggers};
+use crate::{doctor, schedules, triggers};
+use drivetrain_server as serve;
 
 /// Runs one of this group's commands.
 pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitCode {
@@ -26,6 +27,8 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitC
             catalog,
             home,
             serve::ServeArgs {
+                engine: engine_on(home),
+                on_park: crate::alloc::release_idle,
                 pipelines: Some(pipelines),
                 schedules: true,
                 bind,
@@ -47,6 +50,8 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitC
             catalog,
             home,
             serve::ServeArgs {
+                engine: engine_on(home),
+                on_park: crate::alloc::release_idle,
                 pipelines,
                 schedules: false,
                 bind,
@@ -88,4 +93,13 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitC
         )),
         _ => unreachable!("not a command of this group"),
     }
+}
+
+/// How `serve` and `ui` build their engine: this binary's, on the local executor.
+fn engine_on(home: &std::path::Path) -> serve::MakeEngine {
+    let home = home.to_path_buf();
+    Box::new(move |state, artifacts| {
+        let local = drivetrain_executors::executor("local").map_err(anyhow::Error::msg)?;
+        crate::runs::engine(state, artifacts, local, &home)
+    })
 }

@@ -619,7 +619,7 @@ async fn schedules_trigger_and_suspend(p: &Page) {
     let next = until(
         &p.c,
         "the schedule's row",
-        "const r = document.querySelector('tbody tr'); return r && r.cells[2].textContent",
+        "const r = document.querySelector('tbody tr'); return r?.cells[2]?.textContent",
     )
     .await;
     assert!(

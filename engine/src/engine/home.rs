@@ -143,3 +143,11 @@ pub fn keep_reserve(work_dir: &Path) {
 pub(super) fn give_up_reserve(work_dir: &Path) {
     let _ = std::fs::remove_file(reserve_path(work_dir));
 }
+
+/// The log an attempt writes while it runs, under the engine's work directory (the run
+/// loop publishes it to the store when the attempt ends).
+pub fn live_log(work: &Path, run: &str, stage: &str, attempt: u32) -> std::path::PathBuf {
+    crate::artifacts::AttemptKey::from_stage_key(run, stage, attempt)
+        .work_dir(work)
+        .join("log.txt")
+}

@@ -319,3 +319,6 @@ async fn stop_on(
     }
     let _ = stop.send(true);
 }
+
+#[cfg(test)]
+mod tests;

@@ -250,3 +250,20 @@ fn resumed(
         reattached: reattach.keys().cloned().collect(),
     })
 }
+
+/// Cancels a run that waits for people (no engine runs it): taken from `Waiting` first,
+/// so an approval resuming it at the same moment and this cancel do not both win. False
+/// when it was not waiting.
+pub fn cancel_waiting(state: &dyn StateStore, id: &RunId) -> Result<bool, StateError> {
+    if !state.claim_waiting(id)? {
+        return Ok(false);
+    }
+    let reason = "cancelled while waiting for approval";
+    for s in state.stages(id)? {
+        if s.phase == Phase::Waiting {
+            state.set_stage(id, &s.stage, Phase::Cancelled, None, Some(reason))?;
+        }
+    }
+    state.finish_run(id, Phase::Cancelled, Some(reason))?;
+    Ok(true)
+}

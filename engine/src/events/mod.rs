@@ -74,7 +74,7 @@ pub struct Objects {
 #[derive(Debug, Clone)]
 pub struct After {
     pub pipeline: String,
-    pub phases: Vec<crate::state::Phase>,
+    pub phases: Vec<crate::phase::Phase>,
 }
 
 impl After {
@@ -257,8 +257,8 @@ impl NotifyEvent {
     }
 
     /// The phase of a run this event is the end of (none for `started`).
-    pub fn phase(self) -> Option<crate::state::Phase> {
-        use crate::state::Phase;
+    pub fn phase(self) -> Option<crate::phase::Phase> {
+        use crate::phase::Phase;
         Some(match self {
             NotifyEvent::Started | NotifyEvent::Deadline => return None,
             NotifyEvent::Waiting => Phase::Waiting,
@@ -271,8 +271,8 @@ impl NotifyEvent {
 
     /// The event of a run in `phase` (none for phases that are not an end, but
     /// `Running`, which is its start, and `Waiting`, a wait for people).
-    pub fn of_phase(phase: crate::state::Phase) -> Option<NotifyEvent> {
-        use crate::state::Phase;
+    pub fn of_phase(phase: crate::phase::Phase) -> Option<NotifyEvent> {
+        use crate::phase::Phase;
         Some(match phase {
             Phase::Running | Phase::Pending => NotifyEvent::Started,
             Phase::Succeeded => NotifyEvent::Succeeded,

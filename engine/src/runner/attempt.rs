@@ -14,6 +14,7 @@ use crate::plan::{Stage, StageId};
 use crate::spec::{ErrorClass, IoMode};
 use crate::state::Phase;
 
+use super::end::AttemptEnd;
 use super::prepare::{prepare, Layout};
 use super::{
     backoff, chain, first_line, humanize, retryable, Ctx, LoopEnd, RunError, RunEvent, StageResult,
@@ -120,19 +121,6 @@ pub(super) async fn attempt_loop(
             values: Value::Null,
         });
     }
-}
-
-pub(super) enum AttemptEnd {
-    Succeeded {
-        outputs: BTreeMap<String, ArtifactRef>,
-        values: Value,
-    },
-    Failed {
-        exit_code: Option<i32>,
-        reason: String,
-        class: ErrorClass,
-    },
-    Cancelled,
 }
 
 /// One attempt: prepare it ([`prepare`]), start it and wait (with the timeout), publish,
@@ -423,29 +411,6 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
-}
-
-/// The engine's store and registry configuration for a run of `project` (its own
-/// `DRIVETRAIN_PROJECT_<NAME>_*` over the engine's: `AWS_*`, `GOOGLE_*`, `AZURE_*`,
-/// `DRIVETRAIN_STORE_RETRY_TIMEOUT`, `DRIVETRAIN_REGISTRY`, `MLFLOW_*`), handed to built-in
-/// steps, which open the store themselves. User commands get only what their stage
-/// declares. Also `DRIVETRAIN_USER`: who runs the engine ([`crate::step::who`]), which
-/// the registry records with an alias move.
-pub(super) fn store_config_env(project: &str) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = crate::cloud::project_env(project)
-        .into_iter()
-        .filter(|(k, _)| {
-            ["AWS_", "GOOGLE_", "AZURE_", "MLFLOW_"]
-                .iter()
-                .any(|p| k.starts_with(p))
-                || matches!(
-                    k.as_str(),
-                    "DRIVETRAIN_STORE_RETRY_TIMEOUT" | "DRIVETRAIN_REGISTRY"
-                )
-        })
-        .collect();
-    env.push(("DRIVETRAIN_USER".into(), crate::step::who()));
-    env
 }
 
 /// Records what an attempt used (a map item's on the item) and tells the

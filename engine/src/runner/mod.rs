@@ -28,6 +28,7 @@ use crate::template::Ref;
 mod approval;
 mod attempt;
 mod dag;
+mod end;
 mod gpus;
 #[cfg(test)]
 mod in_process;
@@ -749,8 +750,14 @@ fn unsupported(ctx: &Ctx, stage: &Stage) -> Option<String> {
         )),
         Action::Step { .. } if lacks_gpus(ctx, stage) => Some(too_few_gpus(stage, &ctx.opts.gpus)),
         Action::Step { .. } => None,
-        Action::Command { .. } if stage.secrets.iter().any(|s| s.mount_path.is_some()) => {
-            Some("secrets mounted as files are not supported by the local executor".to_owned())
+        Action::Command { .. }
+            if stage.secrets.iter().any(|s| s.mount_path.is_some())
+                && !ctx.executor.mounts_secret_files() =>
+        {
+            Some(format!(
+                "secrets mounted as files (`mount_path`) are not supported by the `{}` executor; expose each key with `env:` instead, or run the stage on `kubernetes`",
+                ctx.executor.name()
+            ))
         }
         Action::Command { .. } if lacks_gpus(ctx, stage) => {
             Some(too_few_gpus(stage, &ctx.opts.gpus))

@@ -15,7 +15,7 @@ use crate::spec::{ErrorClass, IoMode};
 use crate::step::env_suffix;
 use crate::template::{value_text, Ref, Template};
 
-use super::attempt::{store_config_env, AttemptEnd};
+use super::end::AttemptEnd;
 use super::keys::input_artifacts;
 use super::{chain, lookup_value, Ctx, StageResult, Track};
 
@@ -547,4 +547,27 @@ fn access(
         access.push(ro(&layout.inputs));
     }
     Ok(access)
+}
+
+/// The engine's store and registry configuration for a run of `project` (its own
+/// `DRIVETRAIN_PROJECT_<NAME>_*` over the engine's: `AWS_*`, `GOOGLE_*`, `AZURE_*`,
+/// `DRIVETRAIN_STORE_RETRY_TIMEOUT`, `DRIVETRAIN_REGISTRY`, `MLFLOW_*`), handed to built-in
+/// steps, which open the store themselves. User commands get only what their stage
+/// declares. Also `DRIVETRAIN_USER`: who runs the engine ([`crate::step::who`]), which
+/// the registry records with an alias move.
+pub(super) fn store_config_env(project: &str) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = crate::cloud::project_env(project)
+        .into_iter()
+        .filter(|(k, _)| {
+            ["AWS_", "GOOGLE_", "AZURE_", "MLFLOW_"]
+                .iter()
+                .any(|p| k.starts_with(p))
+                || matches!(
+                    k.as_str(),
+                    "DRIVETRAIN_STORE_RETRY_TIMEOUT" | "DRIVETRAIN_REGISTRY"
+                )
+        })
+        .collect();
+    env.push(("DRIVETRAIN_USER".into(), crate::step::who()));
+    env
 }

@@ -125,77 +125,7 @@ impl RunFilter {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema)]
-pub enum Phase {
-    Pending,
-    Running,
-    Succeeded,
-    Failed,
-    Error,
-    /// Not run: its `when` was false, or a required input's producer was skipped.
-    Skipped,
-    /// Not run: something it depends on failed.
-    Omitted,
-    Cancelled,
-    /// Waiting for people: an approval stage asked, and no process runs for it.
-    Waiting,
-}
-
-impl Phase {
-    /// Every phase.
-    pub const ALL: [Phase; 9] = [
-        Phase::Pending,
-        Phase::Running,
-        Phase::Succeeded,
-        Phase::Failed,
-        Phase::Error,
-        Phase::Skipped,
-        Phase::Omitted,
-        Phase::Cancelled,
-        Phase::Waiting,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Pending => "Pending",
-            Phase::Running => "Running",
-            Phase::Succeeded => "Succeeded",
-            Phase::Failed => "Failed",
-            Phase::Error => "Error",
-            Phase::Skipped => "Skipped",
-            Phase::Omitted => "Omitted",
-            Phase::Cancelled => "Cancelled",
-            Phase::Waiting => "Waiting",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Phase> {
-        Some(match s {
-            "Pending" => Phase::Pending,
-            "Running" => Phase::Running,
-            "Succeeded" => Phase::Succeeded,
-            "Failed" => Phase::Failed,
-            "Error" => Phase::Error,
-            "Skipped" => Phase::Skipped,
-            "Omitted" => Phase::Omitted,
-            "Cancelled" => Phase::Cancelled,
-            "Waiting" => Phase::Waiting,
-            _ => return None,
-        })
-    }
-
-    /// Whether it has ended: a waiting run has not (people will resume it), though no
-    /// engine runs it.
-    pub fn is_terminal(self) -> bool {
-        !matches!(self, Phase::Pending | Phase::Running | Phase::Waiting)
-    }
-}
-
-impl fmt::Display for Phase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::phase::Phase;
 
 /// A state store failure: the infrastructure's fault.
 #[derive(Debug, thiserror::Error)]
@@ -248,7 +178,7 @@ pub struct RunRecord {
     pub selection: Option<Vec<String>>,
     /// The cron tick a `schedule`-triggered run is for (RFC 3339).
     pub scheduled_time: Option<String>,
-    /// The executor the run was started on (`local`, `kubernetes`).
+    /// The executor the run was started on (`local`, `kubernetes`, `slurm`).
     pub executor: Option<String>,
     /// The project it belongs to (its pipeline's `project:`, `default` without one).
     pub project: String,

@@ -303,6 +303,11 @@ impl Executor for KubernetesExecutor {
         "kubernetes"
     }
 
+    /// A Secret volume at the mount path (`render.rs`).
+    fn mounts_secret_files(&self) -> bool {
+        true
+    }
+
     async fn start(&self, spec: AttemptSpec) -> Result<Box<dyn RunningAttempt>, ExecutorError> {
         if spec.placement.network == drivetrain_engine::spec::Network::None {
             // A pod's network is the cluster's; cutting it takes a NetworkPolicy (and a

@@ -73,6 +73,7 @@ mod gpu_usage;
 mod isolate;
 mod kernel;
 mod launch;
+mod probe;
 mod sandbox;
 mod seccomp;
 mod userns;
@@ -81,9 +82,9 @@ use attempt_cgroup::{AttemptCgroup, CgroupPool};
 pub use cgroups::{Cgroups, PIDS_MAX};
 use gpu_usage::GpuWatch;
 use isolate::MountPlan;
-pub use isolate::{
-    available, layers, namespaces_work, network_namespaces_work, user_namespaces_work, Layers,
-    KEPT_CAPS,
+pub use isolate::{Layers, KEPT_CAPS};
+pub use probe::{
+    available, layers, namespaces_work, network_namespaces_work, user_namespaces_work,
 };
 pub use sandbox::serve_if_asked;
 use sandbox::Sandbox;

@@ -1,31 +1,10 @@
-//! `drivetrain serve`: runs the pipelines of a directory on their cron schedules, serves
-//! the HTTP API ([`crate::server::api`]), and `drivetrain schedule …` to list, suspend, resume and
-//! trigger schedules from the command line.
-//!
-//! Every loop decides the due ticks of every schedule against the state store
-//! ([`drivetrain_engine::schedule::due_all`]): a tick is claimed together with its run's
-//! record, in one transaction, before the run starts, so a server killed at any point and
-//! started again neither fires a tick twice nor loses one (within the catch-up policy); a
-//! tick queued by `schedule trigger` (claimed without a run) is started by the next loop.
-//! Runs execute in this process: on the local executor, or for a rerun or a resumed run on the
-//! executor its pipeline (or its first run) named.
-
-use crate::schedules::now_text;
-
-pub(crate) mod access;
-pub(crate) mod api;
-mod approvals;
-pub(crate) mod listener;
-mod notify;
-pub(crate) mod oidc;
-mod quota;
-mod triggers;
-mod ui;
+//! Everything the scheduler loop and the API share: the [`Server`] (the engine runs
+//! execute on, the pipelines served, the runs in flight, tokens, quotas, metrics) and
+//! how it starts, reruns and resumes runs in this process.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -40,7 +19,10 @@ use drivetrain_engine::state::{Origin, Phase, Quota, RunId, StateStore};
 use drivetrain_engine::Catalog;
 use serde_json::Value;
 
-use crate::runs::{open_state, stale_before, store_url};
+use drivetrain_engine::engine::home::digest;
+use drivetrain_engine::engine::recover::stale_before;
+
+use crate::query::now_text;
 
 /// A histogram in Prometheus' cumulative form.
 #[derive(Debug)]
@@ -50,7 +32,7 @@ pub struct Histogram {
 }
 
 impl Histogram {
-    fn new(buckets: &'static [f64]) -> Histogram {
+    pub(crate) fn new(buckets: &'static [f64]) -> Histogram {
         Histogram {
             buckets,
             counts: Mutex::new((vec![0; buckets.len()], 0.0, 0)),
@@ -81,7 +63,7 @@ impl Histogram {
     }
 }
 
-const SECONDS: &[f64] = &[
+pub(crate) const SECONDS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0,
 ];
 
@@ -101,7 +83,7 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    fn used(&self, pipeline: &str, stage: &str, usage: ResourceUsage) {
+    pub(crate) fn used(&self, pipeline: &str, stage: &str, usage: ResourceUsage) {
         let mut all = self.usage.lock().unwrap_or_else(|e| e.into_inner());
         let entry = all
             .entry((pipeline.to_owned(), stage.to_owned()))
@@ -162,10 +144,27 @@ impl Metrics {
 
 /// A pipeline of the served directory.
 pub struct Loaded {
-    pipeline: Arc<Pipeline>,
-    ticker: Option<Ticker>,
-    file: PathBuf,
-    digest: String,
+    pub(crate) pipeline: Arc<Pipeline>,
+    pub(crate) ticker: Option<Ticker>,
+    pub(crate) file: PathBuf,
+    pub(crate) digest: String,
+}
+
+impl std::fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loaded")
+            .field("file", &self.file)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("engine", &self.engine)
+            .field("bound", &self.bound)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Everything the scheduler loop and the API share.
@@ -175,9 +174,9 @@ pub struct Server {
     /// The engine's home (`submitted/` keeps posted pipelines for their reruns).
     pub home: PathBuf,
     /// The served directory, where schedules registered over the API are written.
-    dir: PathBuf,
-    pipelines: std::sync::RwLock<BTreeMap<String, Arc<Loaded>>>,
-    cancels: Mutex<BTreeMap<RunId, tokio::sync::watch::Sender<bool>>>,
+    pub(crate) dir: PathBuf,
+    pub(crate) pipelines: std::sync::RwLock<BTreeMap<String, Arc<Loaded>>>,
+    pub(crate) cancels: Mutex<BTreeMap<RunId, tokio::sync::watch::Sender<bool>>>,
     /// `--token`: an admin of every project.
     pub token: Option<String>,
     /// `--insecure-no-auth`: without a token, mutating routes are open too.
@@ -185,36 +184,36 @@ pub struct Server {
     /// Every request needs a bearer token: the server has `--token`, `--oidc`, or tokens
     /// in its state store when it started.
     pub auth_required: bool,
-    pub oidc: Option<crate::server::oidc::Oidc>,
+    pub oidc: Option<crate::oidc::Oidc>,
     /// Each project's runs in flight and GPUs claimed, within its quota.
-    quotas: quota::Quotas,
+    pub(crate) quotas: crate::quota::Quotas,
     /// The artifact stores of projects but the default one, opened once each.
-    stores: Mutex<BTreeMap<String, ArtifactStore>>,
+    pub(crate) stores: Mutex<BTreeMap<String, ArtifactStore>>,
     /// The address the API listens on (its port resolved).
     pub bound: SocketAddr,
     /// Posted pipelines validated at once (see [`VALIDATIONS`]).
     pub validations: Arc<tokio::sync::Semaphore>,
     pub metrics: Metrics,
-    catalog: Catalog,
+    pub(crate) catalog: Catalog,
     /// Set on SIGTERM: no new work, and the live streams of pages end.
     pub(crate) stopping: std::sync::atomic::AtomicBool,
     /// The event streams and followed logs open, within the listener's limits.
-    pub streams: Arc<crate::server::listener::Streams>,
+    pub streams: Arc<crate::listener::Streams>,
     /// The run list's changes, polled once for every stream of it.
-    pub runs_feed: crate::server::api::views::RunsFeed,
+    pub runs_feed: crate::feed::RunsFeed,
     /// The state reads of streams at once (each on the blocking pool): a thousand streams
     /// share a few threads instead of taking a thread each.
     pub stream_reads: tokio::sync::Semaphore,
     /// Fired ticks recorded since then without a run are started by the next loop.
-    unstarted_since: Mutex<String>,
+    pub(crate) unstarted_since: Mutex<String>,
     /// The loops of webhook triggers, by (pipeline, trigger), woken by a call.
-    hooks: Mutex<BTreeMap<(String, String), Arc<tokio::sync::Notify>>>,
+    pub(crate) hooks: Mutex<BTreeMap<(String, String), Arc<tokio::sync::Notify>>>,
     /// `--notify FILE`'s sinks: told of every run, besides its pipeline's own.
-    default_sinks: Vec<drivetrain_engine::events::Sink>,
+    pub(crate) default_sinks: Vec<drivetrain_engine::events::Sink>,
 }
 
 /// Every valid pipeline under `dir`; those with a `schedule:` are registered.
-fn load(
+pub(crate) fn load(
     catalog: &Catalog,
     dir: &Path,
     state: &dyn StateStore,
@@ -247,7 +246,7 @@ fn load(
         out.insert(
             pipeline.name.clone(),
             Arc::new(Loaded {
-                digest: crate::runs::digest(&source),
+                digest: digest(&source),
                 pipeline: Arc::new(pipeline),
                 ticker,
                 file: abs,
@@ -289,7 +288,7 @@ impl Server {
     }
 
     /// The request of a run of `l` with `params`, started by `trigger`.
-    fn request_of(
+    pub(crate) fn request_of(
         &self,
         run: &RunId,
         l: &Loaded,
@@ -320,7 +319,7 @@ impl Server {
         })
     }
 
-    fn loaded(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Loaded>>> {
+    pub(crate) fn loaded(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Loaded>>> {
         self.pipelines.read().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -362,7 +361,7 @@ impl Server {
         pipelines.insert(
             name.clone(),
             Arc::new(Loaded {
-                digest: crate::runs::digest(yaml),
+                digest: digest(yaml),
                 pipeline: Arc::new(pipeline),
                 ticker: Some(ticker),
                 file,
@@ -392,7 +391,7 @@ impl Server {
         let source = RerunSource {
             pipeline,
             file: parent.file.clone(),
-            spec_digest: crate::runs::digest(&source),
+            spec_digest: digest(&source),
         };
         let id = RunId::generate(chrono::Utc::now());
         let (request, _) = self.engine.rerun_request(spec, source, id.clone()).await?;
@@ -404,9 +403,9 @@ impl Server {
     /// Resumes the runs whose engine is gone (a server or engine killed while they ran):
     /// each taken over here ([`Server::resume`] keeps what succeeded and re-attaches to or
     /// reruns what was in flight).
-    fn resume_orphans(&self) -> anyhow::Result<Vec<RunId>> {
+    pub(crate) fn resume_orphans(&self) -> anyhow::Result<Vec<RunId>> {
         let mut resumed = Vec::new();
-        let before = stale_before()?;
+        let before = stale_before();
         for r in self.engine.state().list_runs(10_000)? {
             if r.phase.is_terminal()
                 || r.engine_pid
@@ -428,7 +427,7 @@ impl Server {
 
     /// Resumes runs taken over (or whose approvals are decided) in this process, a
     /// triggered run's manifest written first.
-    async fn resume(self: &Arc<Self>, runs: &[RunId]) -> anyhow::Result<()> {
+    pub(crate) async fn resume(self: &Arc<Self>, runs: &[RunId]) -> anyhow::Result<()> {
         for run in runs {
             if let Err(e) = self.restore_manifest(run).await {
                 eprintln!("run {run}: cannot write its trigger's manifest again: {e:#}");
@@ -466,8 +465,8 @@ impl Server {
 
     /// Takes over the runs whose engine stopped beating, on this machine or another one
     /// sharing the state store, and resumes them here (as `resume_orphans`).
-    fn take_over_stale(&self) -> anyhow::Result<Vec<RunId>> {
-        let before = stale_before()?;
+    pub(crate) fn take_over_stale(&self) -> anyhow::Result<Vec<RunId>> {
+        let before = stale_before();
         let mut taken = Vec::new();
         for run in self.engine.state().stale_runs(&before)? {
             // One of ours whose beats were late (a stalled runtime) is still ours.
@@ -551,7 +550,7 @@ impl Server {
             id,
             Arc::new(pipeline),
             file.display().to_string(),
-            crate::runs::digest(yaml),
+            digest(yaml),
         );
         request.params = params;
         request.trigger = "api".into();
@@ -559,7 +558,7 @@ impl Server {
     }
 
     /// The quota of `project`, if it has one.
-    fn quota_of(&self, project: &str) -> anyhow::Result<Option<Quota>> {
+    pub(crate) fn quota_of(&self, project: &str) -> anyhow::Result<Option<Quota>> {
         let quota = self
             .engine
             .state()
@@ -572,7 +571,10 @@ impl Server {
 
     /// Records a new run now (`Pending` while its project has a quota), so a client may
     /// ask for it as soon as its id is answered, and starts it in this process.
-    fn submit(self: &Arc<Self>, mut request: RunRequest) -> Result<RunId, (u16, String)> {
+    pub(crate) fn submit(
+        self: &Arc<Self>,
+        mut request: RunRequest,
+    ) -> Result<RunId, (u16, String)> {
         if self.stopping.load(Ordering::SeqCst) {
             return Err((503, "the server is shutting down".into()));
         }
@@ -590,13 +592,13 @@ impl Server {
 
     /// Runs `request`, recorded already, in this process: first waiting for its place
     /// in its project's quota, then on the engine; cancelled through [`Server::cancel`].
-    fn start(self: &Arc<Self>, mut request: RunRequest) -> anyhow::Result<()> {
+    pub(crate) fn start(self: &Arc<Self>, mut request: RunRequest) -> anyhow::Result<()> {
         if self.stopping.load(Ordering::SeqCst) {
             anyhow::bail!("the server is shutting down");
         }
         let run = request.id.clone();
         let quota = self.quota_of(&request.pipeline.project)?;
-        let gpus = quota::demand(&request.pipeline);
+        let gpus = crate::quota::demand(&request.pipeline);
         if request.pipeline.project != drivetrain_engine::access::DEFAULT_PROJECT
             && request.store.is_none()
         {
@@ -705,7 +707,10 @@ impl Server {
     /// write transaction ([`schedule::due_all`]), and every fired run is recorded in it
     /// before any of them starts: a thousand schedules due at the same second are
     /// recorded within milliseconds of it.
-    fn tick(self: &Arc<Self>, now: chrono::DateTime<chrono::Utc>) -> anyhow::Result<Duration> {
+    pub(crate) fn tick(
+        self: &Arc<Self>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> anyhow::Result<Duration> {
         let pipelines: Vec<(String, Arc<Loaded>)> = self
             .loaded()
             .iter()
@@ -828,250 +833,3 @@ fn start_error(e: anyhow::Error) -> (u16, String) {
 pub const VALIDATIONS: usize = 2;
 /// State reads of event streams and followed logs at once.
 pub const STREAM_READS: usize = 4;
-
-/// `drivetrain serve`'s options.
-pub struct ServeArgs {
-    /// `None` (`drivetrain ui`): no pipelines to submit by name.
-    pub pipelines: Option<PathBuf>,
-    /// Keep the schedules: fire their ticks (`serve`), or not (`ui`).
-    pub schedules: bool,
-    pub bind: String,
-    pub token: Option<String>,
-    pub token_file: Option<PathBuf>,
-    pub insecure_no_auth: bool,
-    pub parallelism: Option<usize>,
-    /// `--notify FILE`: sinks for every run, besides each pipeline's.
-    pub notify: Option<PathBuf>,
-    /// `--oidc FILE`: accept the ID tokens of an OpenID Connect issuer.
-    pub oidc: Option<PathBuf>,
-}
-
-/// The token from `--token`, `--token-file` or `DRIVETRAIN_TOKEN`, in that order; a
-/// warning for the first, which every process on the machine can read.
-fn token(args: &ServeArgs) -> anyhow::Result<Option<String>> {
-    if args.token.is_some() {
-        eprintln!(
-            "warning: --token is in this process's command line, which every user of this \
-             machine can read (/proc/PID/cmdline): use --token-file or DRIVETRAIN_TOKEN"
-        );
-    }
-    let from_file = match &args.token_file {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| anyhow::anyhow!("--token-file {}: {e}", path.display()))?;
-            let first = text.lines().next().unwrap_or("").trim().to_owned();
-            if first.is_empty() {
-                anyhow::bail!("--token-file {}: its first line is empty", path.display());
-            }
-            Some(first)
-        }
-        None => None,
-    };
-    Ok(args
-        .token
-        .clone()
-        .or(from_file)
-        .or_else(|| std::env::var("DRIVETRAIN_TOKEN").ok())
-        .filter(|t| !t.is_empty()))
-}
-
-/// `--bind`: an address, or a host name and port (`localhost:8080`), resolved to its
-/// first address.
-fn bind_address(bind: &str) -> anyhow::Result<SocketAddr> {
-    if let Ok(a) = bind.parse() {
-        return Ok(a);
-    }
-    use std::net::ToSocketAddrs as _;
-    bind.to_socket_addrs()
-        .map_err(|e| anyhow::anyhow!("--bind {bind}: {e} (give ADDRESS:PORT or HOST:PORT)"))?
-        .next()
-        .ok_or_else(|| anyhow::anyhow!("--bind {bind}: the name has no address"))
-}
-
-/// `drivetrain serve --pipelines DIR --bind ADDR`.
-pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let addr = bind_address(&args.bind)?;
-    let token = token(&args)?;
-    let state: Arc<dyn StateStore> = open_state(home)?;
-    let oidc = args
-        .oidc
-        .as_deref()
-        .map(crate::server::oidc::Oidc::load)
-        .transpose()?;
-    let has_tokens = state.tokens()?.iter().any(|t| t.revoked_at.is_none());
-    let auth_required = token.is_some() || oidc.is_some() || has_tokens;
-    if !addr.ip().is_loopback() && !auth_required {
-        eprintln!("error: refusing to serve on {addr} without a token: set --token or DRIVETRAIN_TOKEN, create one with `drivetrain token create`, or bind a loopback address");
-        return Ok(ExitCode::from(2));
-    }
-    if auth_required {
-        // Tokens decide; --insecure-no-auth opens nothing.
-    } else if args.insecure_no_auth {
-        eprintln!(
-            "warning: --insecure-no-auth: anyone who can reach {addr} can start runs, which \
-             run commands as this user"
-        );
-    } else {
-        eprintln!(
-            "note: no token: the API answers reads only; give --token (or DRIVETRAIN_TOKEN) \
-             to start, rerun and cancel runs over it"
-        );
-    }
-    let default_sinks = match &args.notify {
-        Some(file) => {
-            let text = std::fs::read_to_string(file)
-                .map_err(|e| anyhow::anyhow!("--notify {}: {e}", file.display()))?;
-            match drivetrain_engine::validate::notify_file(&text) {
-                Ok(sinks) => sinks,
-                Err(diagnostics) => {
-                    for d in diagnostics {
-                        eprintln!("{}: {d}", file.display());
-                    }
-                    return Ok(ExitCode::from(2));
-                }
-            }
-        }
-        None => Vec::new(),
-    };
-    let pipelines = match &args.pipelines {
-        Some(dir) => load(&catalog, dir, state.as_ref(), args.schedules)?,
-        None => BTreeMap::new(),
-    };
-    if let Some(dir) = args.pipelines.as_ref().filter(|_| pipelines.is_empty()) {
-        eprintln!("error: no valid pipeline under {}", dir.display());
-        return Ok(ExitCode::from(2));
-    }
-    let limits =
-        crate::server::listener::Limits::for_files(crate::server::listener::raise_file_limit());
-    let listener = std::net::TcpListener::bind(addr)
-        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
-    listener.set_nonblocking(true)?;
-    let bound = listener.local_addr()?;
-    let engine = crate::runs::engine(
-        state.clone(),
-        ArtifactStore::open(&store_url(None, home)?)?,
-        drivetrain_executors::executor("local").map_err(|e| anyhow::anyhow!(e))?,
-        home,
-    )?
-    .parallelism(args.parallelism.unwrap_or(2))
-    .build();
-    let server = Arc::new(Server {
-        engine,
-        home: std::fs::canonicalize(home)?,
-        dir: std::fs::canonicalize(args.pipelines.as_deref().unwrap_or(home))?,
-        pipelines: std::sync::RwLock::new(pipelines),
-        cancels: Mutex::new(BTreeMap::new()),
-        token,
-        insecure_no_auth: args.insecure_no_auth && !auth_required,
-        auth_required,
-        oidc,
-        quotas: Default::default(),
-        stores: Mutex::new(BTreeMap::new()),
-        bound,
-        validations: Arc::new(tokio::sync::Semaphore::new(VALIDATIONS)),
-        metrics: Metrics {
-            ticks_fired: AtomicU64::new(0),
-            ticks_skipped: AtomicU64::new(0),
-            cache_hits: AtomicU64::new(0),
-            cache_misses: AtomicU64::new(0),
-            stage_seconds: Histogram::new(SECONDS),
-            transition_seconds: Histogram::new(SECONDS),
-            schedule_lag_seconds: Histogram::new(SECONDS),
-            usage: Mutex::new(BTreeMap::new()),
-        },
-        catalog,
-        stopping: std::sync::atomic::AtomicBool::new(false),
-        streams: crate::server::listener::Streams::new(limits),
-        runs_feed: Default::default(),
-        stream_reads: tokio::sync::Semaphore::new(STREAM_READS),
-        // At start, a week back: a tick queued or claimed while no server ran.
-        hooks: Mutex::new(BTreeMap::new()),
-        default_sinks,
-        unstarted_since: Mutex::new(
-            (chrono::Utc::now() - chrono::Duration::days(7))
-                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        ),
-    });
-    for (name, l) in server.loaded().iter() {
-        if let (Some(t), Some(s)) = (&l.ticker, &l.pipeline.schedule) {
-            let next = t
-                .next_after(chrono::Utc::now())
-                .map(|t| t.to_rfc3339())
-                .unwrap_or_else(|| "never".into());
-            println!("schedule {name}: `{}` {} (next {next})", s.cron, s.timezone);
-        }
-    }
-    server.engine.home().keep_reserve();
-    let schedules = args.schedules;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        // The main thread's size: what validates in `drivetrain validate` validates here.
-        .thread_stack_size(8 << 20)
-        .on_thread_park(crate::alloc::release_idle)
-        .build()?;
-    rt.block_on(async move {
-        // Only `serve` takes over orphaned runs; `ui` is a viewer and executes nothing.
-        if schedules {
-            let orphans = server.resume_orphans()?;
-            for run in &orphans {
-                println!("resuming run {run}: its engine is gone");
-            }
-            server.resume(&orphans).await?;
-            server.start_triggers()?;
-            tokio::spawn(server.clone().notify_loop());
-            tokio::spawn(server.clone().approval_loop());
-        }
-        let listener = tokio::net::TcpListener::from_std(listener)?;
-        println!("listening on http://{}", listener.local_addr()?);
-        println!("the web view: http://{}/", listener.local_addr()?);
-        let app = crate::server::api::router(server.clone());
-        let (stop_http, stopped) = tokio::sync::oneshot::channel::<()>();
-        let http = tokio::spawn(async move {
-            crate::server::listener::serve(listener, app, limits, async {
-                let _ = stopped.await;
-            })
-            .await
-        });
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        let mut last_check = std::time::Instant::now();
-        loop {
-            let wait = match schedules {
-                true => server.tick(chrono::Utc::now())?,
-                false => Duration::from_secs(1),
-            };
-            if schedules && last_check.elapsed() >= drivetrain_engine::runner::heartbeat_interval()
-            {
-                last_check = std::time::Instant::now();
-                match server.take_over_stale() {
-                    Ok(runs) => {
-                        for run in &runs {
-                            println!("taking over run {run}: its engine stopped beating");
-                        }
-                        if let Err(e) = server.resume(&runs).await {
-                            eprintln!("cannot resume runs taken over: {e:#}");
-                        }
-                    }
-                    Err(e) => eprintln!("cannot look for runs to take over: {e:#}"),
-                }
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = tokio::signal::ctrl_c() => break,
-                _ = term.recv() => break,
-            }
-        }
-        // Graceful: no new ticks or submissions; the runs in flight finish and are recorded.
-        server.stopping.store(true, Ordering::SeqCst);
-        println!(
-            "stopping: waiting for {} run(s) in flight",
-            server.in_flight()
-        );
-        while server.in_flight() > 0 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let _ = stop_http.send(());
-        let _ = http.await;
-        anyhow::Ok(())
-    })?;
-    Ok(ExitCode::SUCCESS)
-}

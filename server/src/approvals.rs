@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Server;
+use crate::server::Server;
 
 impl Server {
     /// Every second: decides the approvals whose timeout passed, and resumes the waiting

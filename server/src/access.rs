@@ -3,10 +3,10 @@
 //! A bearer token is one of: `serve --token` (an admin of every project, as before tokens
 //! were kept), a token of the state store (`drivetrain token create`, found by the SHA-256
 //! of its secret), or an OpenID Connect ID token (a JWT, verified against its issuer's
-//! keys; see [`crate::server::oidc`]). Without a bearer token, a server that knows no
+//! keys; see [`crate::oidc`]). Without a bearer token, a server that knows no
 //! token answers reads only (`--insecure-no-auth`: everything).
 //!
-//! The rule of each route is in [`crate::server::api::openapi::ROUTES`]; the API's layer
+//! The rule of each route is in [`crate::api::openapi::ROUTES`]; the API's layer
 //! decides it for the route's resource. Every mutating request, allowed or denied, is
 //! appended to the audit log with who, what, the decision, and what it changed.
 
@@ -106,7 +106,7 @@ pub async fn subject(
         }
     }
     if let Some(oidc) = &s.oidc {
-        if crate::server::oidc::looks_like_jwt(given) {
+        if crate::oidc::looks_like_jwt(given) {
             return oidc
                 .subject(given)
                 .await
@@ -152,6 +152,7 @@ pub fn noted(
 }
 
 /// The audit entry of a request.
+#[derive(Debug)]
 pub struct Asked<'a> {
     pub subject: &'a str,
     pub project: &'a str,

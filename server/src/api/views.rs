@@ -19,13 +19,14 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use drivetrain_engine::access::{Subject, Verb};
+use drivetrain_engine::engine::Home;
 use drivetrain_engine::fault::{Blame, Fault};
 use drivetrain_engine::plan::Action;
 use drivetrain_engine::state::RunId;
 
 use super::openapi::{AttemptList, GraphNode, ItemSpan, RunGraph, StageHistory, StageHistoryEntry};
 use super::{error, internal, Params, Shared};
-use crate::server::listener::Client;
+use crate::listener::Client;
 
 /// How often a live stream reads the state store. The browser never polls: it holds one
 /// stream per page and the server sends what changed.
@@ -44,7 +45,7 @@ pub(super) async fn graph(State(s): State<Shared>, Path(id): Path<String>) -> Re
     let made = tokio::task::spawn_blocking(move || {
         let source = std::fs::read_to_string(&record.file)
             .map_err(|e| format!("the run's pipeline {} cannot be read: {e}", record.file))?;
-        if crate::runs::digest(&source) != record.spec_digest {
+        if drivetrain_engine::engine::home::digest(&source) != record.spec_digest {
             return Err(format!(
                 "{} changed since the run started; its stages are shown without edges",
                 record.file
@@ -60,7 +61,7 @@ pub(super) async fn graph(State(s): State<Shared>, Path(id): Path<String>) -> Re
             return match s.engine.state().stages(&run) {
                 Ok(stages) => {
                     let names: Vec<&str> = stages.iter().map(|st| st.stage.as_str()).collect();
-                    let key = crate::runs::digest(&names.join("\n"));
+                    let key = drivetrain_engine::engine::home::digest(&names.join("\n"));
                     let nodes = stages
                         .into_iter()
                         .map(|st| GraphNode {
@@ -238,19 +239,7 @@ pub(super) async fn run_events(
         .into_response()
 }
 
-/// The run list's state as `GET /api/v1/events` reports it (run counts per phase and
-/// the phases of the newest 200), read by one task every [`EVENT_INTERVAL`] for all the
-/// streams open, and not read at all while none is.
-#[derive(Default)]
-pub struct RunsFeed {
-    sender: std::sync::OnceLock<Arc<watch::Sender<Option<Reading>>>>,
-    /// A new stream found no current reading: read now, for it and any other.
-    wanted: tokio::sync::Notify,
-}
-
-/// One reading of the feed: when it was taken and what it said (`Null`: the server is
-/// stopping, and the streams end).
-type Reading = (tokio::time::Instant, Arc<Value>);
+use crate::feed::{Reading, RunsFeed};
 
 impl RunsFeed {
     fn subscribe(&self, s: &Shared) -> watch::Receiver<Option<Reading>> {
@@ -430,7 +419,7 @@ pub(super) async fn explain(
     if s.engine.state().run(&RunId(id.clone())).is_err() {
         return error(StatusCode::NOT_FOUND, format!("no run `{id}`"));
     }
-    match crate::history::explanation(s.engine.state().as_ref(), &id, &stage) {
+    match crate::query::explanation(s.engine.state().as_ref(), &id, &stage) {
         Ok(Ok(e)) => Json(e).into_response(),
         Ok(Err(why)) => error(StatusCode::NOT_FOUND, why),
         Err(e) => internal(e),
@@ -454,7 +443,7 @@ pub(super) async fn lineage(
     use drivetrain_engine::history::{self, Direction, LineageError};
     let server = s.clone();
     let made = tokio::task::spawn_blocking(move || {
-        let target = match crate::history::model_target(&server.home, &q.target) {
+        let target = match crate::query::model_target(&server.home, &q.target) {
             Ok(Some(digest)) => digest,
             Ok(None) => q.target.clone(),
             Err(e) => return Err(LineageError::NotFound(e.to_string())),
@@ -524,7 +513,10 @@ fn registry(
         return Err(Box::new(error(StatusCode::BAD_REQUEST, why)));
     }
     let vars = drivetrain_engine::cloud::project_env(project);
-    crate::runs::run_store_url(None, project, &s.home)
+    Home::at(&s.home)
+        .and_then(|h| h.store_url(None))
+        .map_err(anyhow::Error::from)
+        .map(|url| drivetrain_engine::artifacts::project_url(&url, project))
         .and_then(|url| drivetrain_steps::registry::Registry::open_with(None, &url, vars))
         .map_err(|e| Box::new(internal(e)))
 }
@@ -602,7 +594,7 @@ pub(super) async fn rollback(
     match reg.rollback(&model, &alias).await {
         Ok(moved) => {
             let (before, after) = (json!({"version": moved["from"]}), moved.clone());
-            crate::server::access::noted(Json(moved).into_response(), before, after)
+            crate::access::noted(Json(moved).into_response(), before, after)
         }
         Err(e) => error(StatusCode::CONFLICT, e.to_string()),
     }

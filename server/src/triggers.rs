@@ -19,7 +19,7 @@ use drivetrain_engine::events::{After, Objects, Trigger, Watch};
 use drivetrain_engine::state::{InboxObject, RunId, RunRecord};
 use serde_json::{json, Value};
 
-use super::{Loaded, Server};
+use crate::server::{Loaded, Server};
 
 /// How often waiting objects are weighed (and `max_wait` noticed).
 const EVALUATE_EVERY: Duration = Duration::from_millis(500);

@@ -264,7 +264,7 @@ pub struct Models {
 }
 
 /// The body of a response, as the document describes it.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub enum Body {
     Json(fn(&mut SchemaGenerator) -> Schema),
     Text,
@@ -287,6 +287,7 @@ const OBJECT: Body = Body::Json(object_body);
 
 /// One route: method, path (axum's syntax, which is OpenAPI's), summary, the query
 /// parameters, the JSON request body's schema, and every status it answers.
+#[derive(Debug)]
 pub struct Route {
     pub method: &'static str,
     pub path: &'static str,
@@ -813,7 +814,7 @@ pub fn responses(route: &Route) -> Vec<(u16, &'static str, Body)> {
         add(JSON_BODY);
     }
     // The listener's answer when every connection is busy or, on a stream, when the
-    // client or the server has its most open (src/server/listener.rs).
+    // client or the server has its most open (server/src/listener.rs).
     add(&[(
         503,
         "the server is busy: every connection, or its streams; `Retry-After` says when to retry",
@@ -917,7 +918,7 @@ mod tests {
     /// `cargo run -- schema --api > docs/openapi.json`.
     #[test]
     fn the_openapi_file_is_generated_from_the_types() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.json");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json");
         let file: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         assert!(
             file == document(),

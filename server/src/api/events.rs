@@ -35,7 +35,7 @@ fn known(
     pipeline: &str,
     trigger: &str,
 ) -> Result<drivetrain_engine::state::TriggerRecord, Box<Response>> {
-    match crate::triggers::find(s.engine.state().as_ref(), &format!("{pipeline}/{trigger}")) {
+    match crate::query::find_trigger(s.engine.state().as_ref(), &format!("{pipeline}/{trigger}")) {
         Ok(Ok(t)) => Ok(t),
         Ok(Err(why)) => Err(Box::new(error(StatusCode::NOT_FOUND, why))),
         Err(e) => Err(Box::new(internal(e))),
@@ -56,7 +56,7 @@ pub async fn pause(
         .state()
         .set_trigger_paused(&t.pipeline, &t.trigger, true, false)
     {
-        Ok(_) => crate::server::access::noted(
+        Ok(_) => crate::access::noted(
             Json(TriggerPause {
                 pipeline,
                 trigger,
@@ -112,7 +112,7 @@ pub async fn resume(
         .state()
         .set_trigger_paused(&t.pipeline, &t.trigger, false, skip)
     {
-        Ok(skipped) => crate::server::access::noted(
+        Ok(skipped) => crate::access::noted(
             Json(TriggerPause {
                 pipeline,
                 trigger,

@@ -13,7 +13,7 @@ use drivetrain_engine::state::{Refusal, RunId, Vote};
 
 use super::openapi::{ApprovalList, AuditList, WhoAmI};
 use super::{error, internal, Params, Shared};
-use crate::server::access::AuditNote;
+use crate::access::AuditNote;
 
 #[derive(Deserialize)]
 pub struct ListQuery {

@@ -93,6 +93,14 @@ pub struct Streams {
 }
 
 /// One stream's place; given back when the stream's response is dropped.
+impl std::fmt::Debug for StreamPermit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamPermit")
+            .field("client", &self.client)
+            .finish_non_exhaustive()
+    }
+}
+
 pub struct StreamPermit {
     streams: Arc<Streams>,
     client: IpAddr,

@@ -39,7 +39,8 @@ use drivetrain_engine::artifacts::AttemptKey;
 use drivetrain_engine::engine::{Refusal, RerunSpec};
 use drivetrain_engine::state::RunId;
 
-use crate::server::{access, Server};
+use crate::access;
+use crate::server::Server;
 
 mod events;
 pub mod layout;
@@ -155,7 +156,7 @@ pub fn router(server: Shared) -> Router {
     }
     let api = api.layer(axum::middleware::from_fn_with_state(server.clone(), auth));
     open.merge(api)
-        .merge(crate::server::ui::router())
+        .merge(crate::ui::router())
         .with_state(server)
 }
 
@@ -424,7 +425,7 @@ async fn list_runs(
             );
         }
     }
-    let filter = crate::inspect::ListFilter {
+    let filter = crate::query::ListFilter {
         limit: q.limit.unwrap_or(50),
         pipeline: q.pipeline,
         phase: q.phase,
@@ -435,7 +436,7 @@ async fn list_runs(
             .projects_for(Verb::Read)
             .map(|p| p.into_iter().collect()),
     };
-    match crate::inspect::runs_matching(s.engine.state().as_ref(), &filter) {
+    match crate::query::runs_matching(s.engine.state().as_ref(), &filter) {
         Ok(Ok(runs)) => Json(RunList { runs }).into_response(),
         Ok(Err(why)) => error(StatusCode::BAD_REQUEST, format!("phase {why}")),
         Err(e) => internal(e),
@@ -638,7 +639,7 @@ async fn cancel(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     if s.cancel(&run) {
         return accepted.into_response();
     }
-    match crate::runs::cancel_waiting(s.engine.state().as_ref(), &run) {
+    match drivetrain_engine::engine::recover::cancel_waiting(s.engine.state().as_ref(), &run) {
         Ok(true) => return accepted.into_response(),
         Ok(false) => {}
         Err(e) => return internal(e),
@@ -787,12 +788,12 @@ async fn register(
 /// A place for one more stream to the request's client, or the `503` that refuses it.
 fn admit_stream(
     s: &Shared,
-    client: Option<axum::Extension<crate::server::listener::Client>>,
-) -> Result<crate::server::listener::StreamPermit, Box<Response>> {
+    client: Option<axum::Extension<crate::listener::Client>>,
+) -> Result<crate::listener::StreamPermit, Box<Response>> {
     let ip = client.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |c| c.0 .0.ip());
     s.streams
         .admit(ip)
-        .map_err(|why| Box::new(crate::server::listener::busy(&why)))
+        .map_err(|why| Box::new(crate::listener::busy(&why)))
 }
 
 /// The most of a live log one read sends.
@@ -806,7 +807,7 @@ fn follow(
     stage: String,
     attempt: u32,
     path: std::path::PathBuf,
-    permit: crate::server::listener::StreamPermit,
+    permit: crate::listener::StreamPermit,
 ) -> Response {
     use std::io::{Read as _, Seek as _};
     let ended = move |s: &Server| {
@@ -928,7 +929,7 @@ async fn logs(
     State(s): State<Shared>,
     Path(id): Path<String>,
     Params(q): Params<LogsQuery>,
-    client: Option<axum::Extension<crate::server::listener::Client>>,
+    client: Option<axum::Extension<crate::listener::Client>>,
     headers: axum::http::HeaderMap,
 ) -> Response {
     let run = RunId(id);
@@ -948,7 +949,8 @@ async fn logs(
         );
     };
     let key = AttemptKey::from_stage_key(run.0.clone(), &q.stage, latest);
-    let live = crate::runs::live_log(s.engine.work_dir(), &run.0, &q.stage, latest);
+    let live =
+        drivetrain_engine::engine::home::live_log(s.engine.work_dir(), &run.0, &q.stage, latest);
     if q.follow {
         return match admit_stream(&s, client) {
             Ok(permit) => follow(s.clone(), run, q.stage, latest, live, permit),
@@ -1020,8 +1022,11 @@ async fn schedules(State(s): State<Shared>, Extension(who): Extension<Subject>) 
     let mut out = Vec::new();
     for e in list.into_iter().filter(|e| s.readable(&who, &e.pipeline)) {
         let ticks = s.engine.state().ticks(&e.pipeline, 10).unwrap_or_default();
-        let next_tick =
-            crate::schedules::next_tick(std::path::Path::new(&e.file), chrono::Utc::now());
+        let next_tick = crate::query::next_tick(
+            std::path::Path::new(&e.file),
+            chrono::Utc::now(),
+            &s.catalog,
+        );
         out.push(ScheduleStatus {
             schedule: e,
             next_tick,
@@ -1082,7 +1087,7 @@ async fn resume(
     if let Some(r) = known(&s, &name) {
         return r;
     }
-    let anchor = (!q.catchup).then(crate::schedules::now_text);
+    let anchor = (!q.catchup).then(crate::query::now_text);
     let before = suspended(&s, &name);
     match s
         .engine
@@ -1107,7 +1112,7 @@ async fn trigger(State(s): State<Shared>, Path(name): Path<String>) -> Response 
     if let Some(r) = known(&s, &name) {
         return r;
     }
-    match crate::schedules::queue_manual_tick(s.engine.state().as_ref(), &name) {
+    match crate::query::queue_manual_tick(s.engine.state().as_ref(), &name) {
         Ok(run) => (
             StatusCode::ACCEPTED,
             Json(Queued {

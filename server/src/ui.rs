@@ -1,5 +1,5 @@
 //! The web view `drivetrain serve` and `drivetrain ui` answer at `/`: one page of plain
-//! HTML, CSS and JavaScript modules in `src/server/ui/`, compiled into the binary (no
+//! HTML, CSS and JavaScript modules in `server/src/ui/`, compiled into the binary (no
 //! build step, no dependency; graphs come laid out from the API, `api/layout.rs`).
 //! Everything it shows it reads from the API under `/api/v1`, with the same
 //! token rules as any client: the page sends the token a person typed in (kept for the

@@ -14,7 +14,7 @@ use std::time::Duration;
 use drivetrain_engine::events::{notify, NotifyEvent};
 use drivetrain_engine::state::{OutboxItem, Phase, RunRecord};
 
-use super::Server;
+use crate::server::Server;
 
 /// Deliveries at once.
 const DELIVERIES: usize = 8;

@@ -1,0 +1,301 @@
+//! `drivetrain serve`: runs the pipelines of a directory on their cron schedules, serves
+//! the HTTP API ([`crate::api`]), and `drivetrain schedule …` to list, suspend, resume and
+//! trigger schedules from the command line.
+//!
+//! Every loop decides the due ticks of every schedule against the state store
+//! ([`drivetrain_engine::schedule::due_all`]): a tick is claimed together with its run's
+//! record, in one transaction, before the run starts, so a server killed at any point and
+//! started again neither fires a tick twice nor loses one (within the catch-up policy); a
+//! tick queued by `schedule trigger` (claimed without a run) is started by the next loop.
+//! Runs execute in this process: on the local executor, or for a rerun or a resumed run on the
+//! executor its pipeline (or its first run) named.
+
+pub mod access;
+pub mod api;
+mod approvals;
+mod feed;
+pub mod listener;
+mod notify;
+pub mod oidc;
+pub mod query;
+mod quota;
+pub mod server;
+mod triggers;
+mod ui;
+
+pub use server::{Histogram, Loaded, Metrics, Server, STREAM_READS, VALIDATIONS};
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drivetrain_engine::artifacts::ArtifactStore;
+use drivetrain_engine::engine::{EngineBuilder, Home};
+use drivetrain_engine::state::StateStore;
+use drivetrain_engine::Catalog;
+
+use crate::server::{load, SECONDS};
+
+/// Builds an engine from the home's state and default store.
+pub type MakeEngine =
+    Box<dyn FnOnce(Arc<dyn StateStore>, ArtifactStore) -> anyhow::Result<EngineBuilder>>;
+
+/// `drivetrain serve`'s options.
+pub struct ServeArgs {
+    /// Builds the engine runs execute on from the home's state and default store, on
+    /// the local executor: the caller's executors, steps and GPUs.
+    pub engine: MakeEngine,
+    /// What a runtime thread does when it parks (the binary's allocator gives memory back).
+    pub on_park: fn(),
+    /// `None` (`drivetrain ui`): no pipelines to submit by name.
+    pub pipelines: Option<PathBuf>,
+    /// Keep the schedules: fire their ticks (`serve`), or not (`ui`).
+    pub schedules: bool,
+    pub bind: String,
+    pub token: Option<String>,
+    pub token_file: Option<PathBuf>,
+    pub insecure_no_auth: bool,
+    pub parallelism: Option<usize>,
+    /// `--notify FILE`: sinks for every run, besides each pipeline's.
+    pub notify: Option<PathBuf>,
+    /// `--oidc FILE`: accept the ID tokens of an OpenID Connect issuer.
+    pub oidc: Option<PathBuf>,
+}
+
+/// The token from `--token`, `--token-file` or `DRIVETRAIN_TOKEN`, in that order; a
+/// warning for the first, which every process on the machine can read.
+fn token(args: &ServeArgs) -> anyhow::Result<Option<String>> {
+    if args.token.is_some() {
+        eprintln!(
+            "warning: --token is in this process's command line, which every user of this \
+             machine can read (/proc/PID/cmdline): use --token-file or DRIVETRAIN_TOKEN"
+        );
+    }
+    let from_file = match &args.token_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("--token-file {}: {e}", path.display()))?;
+            let first = text.lines().next().unwrap_or("").trim().to_owned();
+            if first.is_empty() {
+                anyhow::bail!("--token-file {}: its first line is empty", path.display());
+            }
+            Some(first)
+        }
+        None => None,
+    };
+    Ok(args
+        .token
+        .clone()
+        .or(from_file)
+        .or_else(|| std::env::var("DRIVETRAIN_TOKEN").ok())
+        .filter(|t| !t.is_empty()))
+}
+
+/// `--bind`: an address, or a host name and port (`localhost:8080`), resolved to its
+/// first address.
+fn bind_address(bind: &str) -> anyhow::Result<SocketAddr> {
+    if let Ok(a) = bind.parse() {
+        return Ok(a);
+    }
+    use std::net::ToSocketAddrs as _;
+    bind.to_socket_addrs()
+        .map_err(|e| anyhow::anyhow!("--bind {bind}: {e} (give ADDRESS:PORT or HOST:PORT)"))?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("--bind {bind}: the name has no address"))
+}
+
+/// `drivetrain serve --pipelines DIR --bind ADDR`.
+pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let addr = bind_address(&args.bind)?;
+    let token = token(&args)?;
+    let state: Arc<dyn StateStore> = Home::at(home)?.open_state()?;
+    let oidc = args
+        .oidc
+        .as_deref()
+        .map(crate::oidc::Oidc::load)
+        .transpose()?;
+    let has_tokens = state.tokens()?.iter().any(|t| t.revoked_at.is_none());
+    let auth_required = token.is_some() || oidc.is_some() || has_tokens;
+    if !addr.ip().is_loopback() && !auth_required {
+        eprintln!("error: refusing to serve on {addr} without a token: set --token or DRIVETRAIN_TOKEN, create one with `drivetrain token create`, or bind a loopback address");
+        return Ok(ExitCode::from(2));
+    }
+    if auth_required {
+        // Tokens decide; --insecure-no-auth opens nothing.
+    } else if args.insecure_no_auth {
+        eprintln!(
+            "warning: --insecure-no-auth: anyone who can reach {addr} can start runs, which \
+             run commands as this user"
+        );
+    } else {
+        eprintln!(
+            "note: no token: the API answers reads only; give --token (or DRIVETRAIN_TOKEN) \
+             to start, rerun and cancel runs over it"
+        );
+    }
+    let default_sinks = match &args.notify {
+        Some(file) => {
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| anyhow::anyhow!("--notify {}: {e}", file.display()))?;
+            match drivetrain_engine::validate::notify_file(&text) {
+                Ok(sinks) => sinks,
+                Err(diagnostics) => {
+                    for d in diagnostics {
+                        eprintln!("{}: {d}", file.display());
+                    }
+                    return Ok(ExitCode::from(2));
+                }
+            }
+        }
+        None => Vec::new(),
+    };
+    let pipelines = match &args.pipelines {
+        Some(dir) => load(&catalog, dir, state.as_ref(), args.schedules)?,
+        None => BTreeMap::new(),
+    };
+    if let Some(dir) = args.pipelines.as_ref().filter(|_| pipelines.is_empty()) {
+        eprintln!("error: no valid pipeline under {}", dir.display());
+        return Ok(ExitCode::from(2));
+    }
+    let limits = crate::listener::Limits::for_files(crate::listener::raise_file_limit());
+    let listener = std::net::TcpListener::bind(addr)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    listener.set_nonblocking(true)?;
+    let bound = listener.local_addr()?;
+    let artifacts = ArtifactStore::open(&Home::at(home)?.store_url(None)?)?;
+    let engine = (args.engine)(state.clone(), artifacts)?
+        .parallelism(args.parallelism.unwrap_or(2))
+        .build();
+    let server = Arc::new(Server {
+        engine,
+        home: std::fs::canonicalize(home)?,
+        dir: std::fs::canonicalize(args.pipelines.as_deref().unwrap_or(home))?,
+        pipelines: std::sync::RwLock::new(pipelines),
+        cancels: Mutex::new(BTreeMap::new()),
+        token,
+        insecure_no_auth: args.insecure_no_auth && !auth_required,
+        auth_required,
+        oidc,
+        quotas: Default::default(),
+        stores: Mutex::new(BTreeMap::new()),
+        bound,
+        validations: Arc::new(tokio::sync::Semaphore::new(VALIDATIONS)),
+        metrics: Metrics {
+            ticks_fired: AtomicU64::new(0),
+            ticks_skipped: AtomicU64::new(0),
+            cache_hits: AtomicU64::new(0),
+            cache_misses: AtomicU64::new(0),
+            stage_seconds: Histogram::new(SECONDS),
+            transition_seconds: Histogram::new(SECONDS),
+            schedule_lag_seconds: Histogram::new(SECONDS),
+            usage: Mutex::new(BTreeMap::new()),
+        },
+        catalog,
+        stopping: std::sync::atomic::AtomicBool::new(false),
+        streams: crate::listener::Streams::new(limits),
+        runs_feed: Default::default(),
+        stream_reads: tokio::sync::Semaphore::new(STREAM_READS),
+        // At start, a week back: a tick queued or claimed while no server ran.
+        hooks: Mutex::new(BTreeMap::new()),
+        default_sinks,
+        unstarted_since: Mutex::new(
+            (chrono::Utc::now() - chrono::Duration::days(7))
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        ),
+    });
+    for (name, l) in server.loaded().iter() {
+        if let (Some(t), Some(s)) = (&l.ticker, &l.pipeline.schedule) {
+            let next = t
+                .next_after(chrono::Utc::now())
+                .map(|t| t.to_rfc3339())
+                .unwrap_or_else(|| "never".into());
+            println!("schedule {name}: `{}` {} (next {next})", s.cron, s.timezone);
+        }
+    }
+    server.engine.home().keep_reserve();
+    let schedules = args.schedules;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        // The main thread's size: what validates in `drivetrain validate` validates here.
+        .thread_stack_size(8 << 20)
+        .on_thread_park(args.on_park)
+        .build()?;
+    rt.block_on(async move {
+        // Only `serve` takes over orphaned runs; `ui` is a viewer and executes nothing.
+        if schedules {
+            let orphans = server.resume_orphans()?;
+            for run in &orphans {
+                println!("resuming run {run}: its engine is gone");
+            }
+            server.resume(&orphans).await?;
+            server.start_triggers()?;
+            tokio::spawn(server.clone().notify_loop());
+            tokio::spawn(server.clone().approval_loop());
+        }
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        println!("listening on http://{}", listener.local_addr()?);
+        println!("the web view: http://{}/", listener.local_addr()?);
+        let app = crate::api::router(server.clone());
+        let (stop_http, stopped) = tokio::sync::oneshot::channel::<()>();
+        let http = tokio::spawn(async move {
+            crate::listener::serve(listener, app, limits, async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut last_check = std::time::Instant::now();
+        loop {
+            let wait = match schedules {
+                true => server.tick(chrono::Utc::now())?,
+                false => Duration::from_secs(1),
+            };
+            if schedules && last_check.elapsed() >= drivetrain_engine::runner::heartbeat_interval()
+            {
+                last_check = std::time::Instant::now();
+                match server.take_over_stale() {
+                    Ok(runs) => {
+                        for run in &runs {
+                            println!("taking over run {run}: its engine stopped beating");
+                        }
+                        if let Err(e) = server.resume(&runs).await {
+                            eprintln!("cannot resume runs taken over: {e:#}");
+                        }
+                    }
+                    Err(e) => eprintln!("cannot look for runs to take over: {e:#}"),
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = tokio::signal::ctrl_c() => break,
+                _ = term.recv() => break,
+            }
+        }
+        // Graceful: no new ticks or submissions; the runs in flight finish and are recorded.
+        server.stopping.store(true, Ordering::SeqCst);
+        println!(
+            "stopping: waiting for {} run(s) in flight",
+            server.in_flight()
+        );
+        while server.in_flight() > 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let _ = stop_http.send(());
+        let _ = http.await;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+impl std::fmt::Debug for ServeArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeArgs")
+            .field("bind", &self.bind)
+            .field("pipelines", &self.pipelines)
+            .finish_non_exhaustive()
+    }
+}
