@@ -79,20 +79,7 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
         println!("{} of run {parent}", record.trigger);
     }
     if let Some(t) = state.run_trigger(&id)? {
-        println!(
-            "started by trigger {} for {} object(s):",
-            t.trigger,
-            t.objects.len()
-        );
-        for o in t.objects.iter().take(10) {
-            println!("  {} ({})", o.url, o.etag);
-        }
-        if t.objects.len() > 10 {
-            println!(
-                "  … and {} more (`-o json` lists them all)",
-                t.objects.len() - 10
-            );
-        }
+        print_trigger(&t);
     }
     println!(
         "{:<24} {:<10} {:<38} {:>8} {:>9} {:>5}  reason",
@@ -145,6 +132,24 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The trigger that started a run and (the first ten of) its objects.
+fn print_trigger(t: &drivetrain_engine::state::RunTrigger) {
+    println!(
+        "started by trigger {} for {} object(s):",
+        t.trigger,
+        t.objects.len()
+    );
+    for o in t.objects.iter().take(10) {
+        println!("  {} ({})", o.url, o.etag);
+    }
+    if t.objects.len() > 10 {
+        println!(
+            "  … and {} more (`-o json` lists them all)",
+            t.objects.len() - 10
+        );
+    }
 }
 
 /// What the executor last said of a running stage's attempt in its log (a line

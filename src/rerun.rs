@@ -13,21 +13,13 @@ use crate::runs::*;
 
 /// What `rerun` and `retry` are asked.
 pub struct RerunArgs<'a> {
-    pub parent: RunId,
-    pub retry: bool,
-    /// `--stage` (and with `--downstream`, what depends on them).
-    pub stages: Vec<String>,
-    pub downstream: bool,
-    pub from: Vec<String>,
-    pub only: Vec<String>,
-    pub params: Vec<(String, String)>,
-    pub images: Vec<(String, String)>,
+    /// The parent, and what to execute of it.
+    pub spec: RerunSpec,
     pub file: &'a Path,
     pub source: &'a str,
     pub pipeline: Pipeline,
     pub parallelism: Option<usize>,
     pub fail_fast: bool,
-    pub no_cache: bool,
     pub home: PathBuf,
     pub json: bool,
     /// The new run's id, if the caller chose it.
@@ -59,17 +51,7 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
         .run_id
         .clone()
         .unwrap_or_else(|| RunId::generate(chrono::Utc::now()));
-    let spec = RerunSpec {
-        parent: args.parent.clone(),
-        retry: args.retry,
-        stages: args.stages,
-        downstream: args.downstream,
-        from: args.from,
-        only: args.only,
-        params: args.params,
-        images: args.images,
-        no_cache: args.no_cache,
-    };
+    let spec = args.spec;
     let source = RerunSource {
         pipeline: args.pipeline,
         file: args.file.display().to_string(),
@@ -89,7 +71,7 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
         println!("run {id}");
         println!(
             "{trigger} of run {}: executes {}; reuses {}",
-            args.parent,
+            spec.parent,
             plan.executes.join(", "),
             names(&plan.reuses)
         );
@@ -100,7 +82,7 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
             state.as_ref(),
             &request.pipeline.project,
             &format!("runs.{trigger}"),
-            format!("/api/v1/runs/{}/{trigger}", args.parent),
+            format!("/api/v1/runs/{}/{trigger}", spec.parent),
             serde_json::json!({"run": id, "stages": plan.executes}),
         )?;
     }

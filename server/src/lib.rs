@@ -23,14 +23,14 @@ pub mod server;
 mod triggers;
 mod ui;
 
-pub use server::{Histogram, Loaded, Metrics, Server, STREAM_READS, VALIDATIONS};
+pub use server::{Auth, Histogram, Loaded, Metrics, Server, STREAM_READS, VALIDATIONS};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use drivetrain_engine::artifacts::ArtifactStore;
@@ -38,7 +38,7 @@ use drivetrain_engine::engine::{EngineBuilder, Home};
 use drivetrain_engine::state::StateStore;
 use drivetrain_engine::Catalog;
 
-use crate::server::{load, SECONDS};
+use crate::server::load;
 
 /// Builds an engine from the home's state and default store.
 pub type MakeEngine =
@@ -124,34 +124,9 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         eprintln!("error: refusing to serve on {addr} without a token: set --token or DRIVETRAIN_TOKEN, create one with `drivetrain token create`, or bind a loopback address");
         return Ok(ExitCode::from(2));
     }
-    if auth_required {
-        // Tokens decide; --insecure-no-auth opens nothing.
-    } else if args.insecure_no_auth {
-        eprintln!(
-            "warning: --insecure-no-auth: anyone who can reach {addr} can start runs, which \
-             run commands as this user"
-        );
-    } else {
-        eprintln!(
-            "note: no token: the API answers reads only; give --token (or DRIVETRAIN_TOKEN) \
-             to start, rerun and cancel runs over it"
-        );
-    }
-    let default_sinks = match &args.notify {
-        Some(file) => {
-            let text = std::fs::read_to_string(file)
-                .map_err(|e| anyhow::anyhow!("--notify {}: {e}", file.display()))?;
-            match drivetrain_engine::validate::notify_file(&text) {
-                Ok(sinks) => sinks,
-                Err(diagnostics) => {
-                    for d in diagnostics {
-                        eprintln!("{}: {d}", file.display());
-                    }
-                    return Ok(ExitCode::from(2));
-                }
-            }
-        }
-        None => Vec::new(),
+    warn_of_access(addr, auth_required, args.insecure_no_auth);
+    let Some(default_sinks) = default_sinks(args.notify.as_deref())? else {
+        return Ok(ExitCode::from(2));
     };
     let pipelines = match &args.pipelines {
         Some(dir) => load(&catalog, dir, state.as_ref(), args.schedules)?,
@@ -170,43 +145,152 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
     let engine = (args.engine)(state.clone(), artifacts)?
         .parallelism(args.parallelism.unwrap_or(2))
         .build();
-    let server = Arc::new(Server {
-        engine,
-        home: std::fs::canonicalize(home)?,
-        dir: std::fs::canonicalize(args.pipelines.as_deref().unwrap_or(home))?,
-        pipelines: std::sync::RwLock::new(pipelines),
-        cancels: Mutex::new(BTreeMap::new()),
+    let home = std::fs::canonicalize(home)?;
+    let dir = std::fs::canonicalize(args.pipelines.as_deref().unwrap_or(&home))?;
+    let auth = Auth {
         token,
         insecure_no_auth: args.insecure_no_auth && !auth_required,
         auth_required,
         oidc,
-        quotas: Default::default(),
-        stores: Mutex::new(BTreeMap::new()),
-        bound,
-        validations: Arc::new(tokio::sync::Semaphore::new(VALIDATIONS)),
-        metrics: Metrics {
-            ticks_fired: AtomicU64::new(0),
-            ticks_skipped: AtomicU64::new(0),
-            cache_hits: AtomicU64::new(0),
-            cache_misses: AtomicU64::new(0),
-            stage_seconds: Histogram::new(SECONDS),
-            transition_seconds: Histogram::new(SECONDS),
-            schedule_lag_seconds: Histogram::new(SECONDS),
-            usage: Mutex::new(BTreeMap::new()),
-        },
+    };
+    let server = Arc::new(Server::new(
+        engine,
         catalog,
-        stopping: std::sync::atomic::AtomicBool::new(false),
-        streams: crate::listener::Streams::new(limits),
-        runs_feed: Default::default(),
-        stream_reads: tokio::sync::Semaphore::new(STREAM_READS),
-        // At start, a week back: a tick queued or claimed while no server ran.
-        hooks: Mutex::new(BTreeMap::new()),
+        (home, dir),
+        pipelines,
+        auth,
+        (bound, limits),
         default_sinks,
-        unstarted_since: Mutex::new(
-            (chrono::Utc::now() - chrono::Duration::days(7))
-                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        ),
+    ));
+    print_schedules(&server);
+    server.engine.home().keep_reserve();
+    let schedules = args.schedules;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        // The main thread's size: what validates in `drivetrain validate` validates here.
+        .thread_stack_size(8 << 20)
+        .on_thread_park(args.on_park)
+        .build()?;
+    rt.block_on(serve_on(server, listener, limits, schedules))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The served API and the scheduler loop, until SIGTERM or Ctrl-C; then the runs in flight
+/// finish (no new ticks or submissions) before it returns.
+async fn serve_on(
+    server: Arc<Server>,
+    listener: std::net::TcpListener,
+    limits: crate::listener::Limits,
+    schedules: bool,
+) -> anyhow::Result<()> {
+    // Only `serve` takes over orphaned runs; `ui` is a viewer and executes nothing.
+    if schedules {
+        let orphans = server.resume_orphans()?;
+        for run in &orphans {
+            println!("resuming run {run}: its engine is gone");
+        }
+        server.resume(&orphans).await?;
+        server.start_triggers()?;
+        tokio::spawn(server.clone().notify_loop());
+        tokio::spawn(server.clone().approval_loop());
+    }
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    println!("listening on http://{}", listener.local_addr()?);
+    println!("the web view: http://{}/", listener.local_addr()?);
+    let app = crate::api::router(server.clone());
+    let (stop_http, stopped) = tokio::sync::oneshot::channel::<()>();
+    let http = tokio::spawn(async move {
+        crate::listener::serve(listener, app, limits, async {
+            let _ = stopped.await;
+        })
+        .await
     });
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut last_check = std::time::Instant::now();
+    loop {
+        let wait = match schedules {
+            true => server.tick(chrono::Utc::now())?,
+            false => Duration::from_secs(1),
+        };
+        if schedules && last_check.elapsed() >= drivetrain_engine::runner::heartbeat_interval() {
+            last_check = std::time::Instant::now();
+            take_over(&server).await;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+        }
+    }
+    // Graceful: no new ticks or submissions; the runs in flight finish and are recorded.
+    server.stopping.store(true, Ordering::SeqCst);
+    println!(
+        "stopping: waiting for {} run(s) in flight",
+        server.in_flight()
+    );
+    while server.in_flight() > 0 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = stop_http.send(());
+    let _ = http.await;
+    Ok(())
+}
+
+/// Takes over the runs whose engine stopped beating and resumes them here.
+async fn take_over(server: &Arc<Server>) {
+    match server.take_over_stale() {
+        Ok(runs) => {
+            for run in &runs {
+                println!("taking over run {run}: its engine stopped beating");
+            }
+            if let Err(e) = server.resume(&runs).await {
+                eprintln!("cannot resume runs taken over: {e:#}");
+            }
+        }
+        Err(e) => eprintln!("cannot look for runs to take over: {e:#}"),
+    }
+}
+
+/// Says who may call the API, where it is open to more than its tokens.
+fn warn_of_access(addr: SocketAddr, auth_required: bool, insecure_no_auth: bool) {
+    if auth_required {
+        // Tokens decide; --insecure-no-auth opens nothing.
+    } else if insecure_no_auth {
+        eprintln!(
+            "warning: --insecure-no-auth: anyone who can reach {addr} can start runs, which \
+             run commands as this user"
+        );
+    } else {
+        eprintln!(
+            "note: no token: the API answers reads only; give --token (or DRIVETRAIN_TOKEN) \
+             to start, rerun and cancel runs over it"
+        );
+    }
+}
+
+/// `--notify FILE`'s sinks (none without it); `None` when the file does not validate
+/// (its problems printed).
+fn default_sinks(
+    file: Option<&Path>,
+) -> anyhow::Result<Option<Vec<drivetrain_engine::events::Sink>>> {
+    let Some(file) = file else {
+        return Ok(Some(Vec::new()));
+    };
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| anyhow::anyhow!("--notify {}: {e}", file.display()))?;
+    match drivetrain_engine::validate::notify_file(&text) {
+        Ok(sinks) => Ok(Some(sinks)),
+        Err(diagnostics) => {
+            for d in diagnostics {
+                eprintln!("{}: {d}", file.display());
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// Each served schedule and its next tick.
+fn print_schedules(server: &Server) {
     for (name, l) in server.loaded().iter() {
         if let (Some(t), Some(s)) = (&l.ticker, &l.pipeline.schedule) {
             let next = t
@@ -216,79 +300,6 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
             println!("schedule {name}: `{}` {} (next {next})", s.cron, s.timezone);
         }
     }
-    server.engine.home().keep_reserve();
-    let schedules = args.schedules;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        // The main thread's size: what validates in `drivetrain validate` validates here.
-        .thread_stack_size(8 << 20)
-        .on_thread_park(args.on_park)
-        .build()?;
-    rt.block_on(async move {
-        // Only `serve` takes over orphaned runs; `ui` is a viewer and executes nothing.
-        if schedules {
-            let orphans = server.resume_orphans()?;
-            for run in &orphans {
-                println!("resuming run {run}: its engine is gone");
-            }
-            server.resume(&orphans).await?;
-            server.start_triggers()?;
-            tokio::spawn(server.clone().notify_loop());
-            tokio::spawn(server.clone().approval_loop());
-        }
-        let listener = tokio::net::TcpListener::from_std(listener)?;
-        println!("listening on http://{}", listener.local_addr()?);
-        println!("the web view: http://{}/", listener.local_addr()?);
-        let app = crate::api::router(server.clone());
-        let (stop_http, stopped) = tokio::sync::oneshot::channel::<()>();
-        let http = tokio::spawn(async move {
-            crate::listener::serve(listener, app, limits, async {
-                let _ = stopped.await;
-            })
-            .await
-        });
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        let mut last_check = std::time::Instant::now();
-        loop {
-            let wait = match schedules {
-                true => server.tick(chrono::Utc::now())?,
-                false => Duration::from_secs(1),
-            };
-            if schedules && last_check.elapsed() >= drivetrain_engine::runner::heartbeat_interval()
-            {
-                last_check = std::time::Instant::now();
-                match server.take_over_stale() {
-                    Ok(runs) => {
-                        for run in &runs {
-                            println!("taking over run {run}: its engine stopped beating");
-                        }
-                        if let Err(e) = server.resume(&runs).await {
-                            eprintln!("cannot resume runs taken over: {e:#}");
-                        }
-                    }
-                    Err(e) => eprintln!("cannot look for runs to take over: {e:#}"),
-                }
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = tokio::signal::ctrl_c() => break,
-                _ = term.recv() => break,
-            }
-        }
-        // Graceful: no new ticks or submissions; the runs in flight finish and are recorded.
-        server.stopping.store(true, Ordering::SeqCst);
-        println!(
-            "stopping: waiting for {} run(s) in flight",
-            server.in_flight()
-        );
-        while server.in_flight() > 0 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let _ = stop_http.send(());
-        let _ = http.await;
-        anyhow::Ok(())
-    })?;
-    Ok(ExitCode::SUCCESS)
 }
 
 impl std::fmt::Debug for ServeArgs {

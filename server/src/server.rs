@@ -83,6 +83,20 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Every counter at zero.
+    pub(crate) fn new() -> Metrics {
+        Metrics {
+            ticks_fired: AtomicU64::new(0),
+            ticks_skipped: AtomicU64::new(0),
+            cache_hits: AtomicU64::new(0),
+            cache_misses: AtomicU64::new(0),
+            stage_seconds: Histogram::new(SECONDS),
+            transition_seconds: Histogram::new(SECONDS),
+            schedule_lag_seconds: Histogram::new(SECONDS),
+            usage: Mutex::new(BTreeMap::new()),
+        }
+    }
+
     pub(crate) fn used(&self, pipeline: &str, stage: &str, usage: ResourceUsage) {
         let mut all = self.usage.lock().unwrap_or_else(|e| e.into_inner());
         let entry = all
@@ -256,7 +270,60 @@ pub(crate) fn load(
     Ok(out)
 }
 
+/// Who may call a server: `--token` (an admin of every project), `--insecure-no-auth`
+/// (without a token, mutating routes are open too), whether every request needs a bearer
+/// token, and an OpenID Connect issuer's ID tokens.
+#[derive(Debug, Default)]
+pub struct Auth {
+    pub token: Option<String>,
+    pub insecure_no_auth: bool,
+    pub auth_required: bool,
+    pub oidc: Option<crate::oidc::Oidc>,
+}
+
 impl Server {
+    /// A server of the runs of `engine`, serving `pipelines` (loaded from `dir`, of the
+    /// engine's `home`), called as `auth` says at `bound`, within the listener's
+    /// `limits`; `default_sinks` are told of every run.
+    pub fn new(
+        engine: Engine,
+        catalog: Catalog,
+        (home, dir): (PathBuf, PathBuf),
+        pipelines: BTreeMap<String, Arc<Loaded>>,
+        auth: Auth,
+        (bound, limits): (SocketAddr, crate::listener::Limits),
+        default_sinks: Vec<drivetrain_engine::events::Sink>,
+    ) -> Server {
+        Server {
+            engine,
+            home,
+            dir,
+            pipelines: std::sync::RwLock::new(pipelines),
+            cancels: Mutex::new(BTreeMap::new()),
+            token: auth.token,
+            insecure_no_auth: auth.insecure_no_auth,
+            auth_required: auth.auth_required,
+            oidc: auth.oidc,
+            quotas: Default::default(),
+            stores: Mutex::new(BTreeMap::new()),
+            bound,
+            validations: Arc::new(tokio::sync::Semaphore::new(VALIDATIONS)),
+            metrics: Metrics::new(),
+            catalog,
+            stopping: std::sync::atomic::AtomicBool::new(false),
+            streams: crate::listener::Streams::new(limits),
+            runs_feed: Default::default(),
+            stream_reads: tokio::sync::Semaphore::new(STREAM_READS),
+            hooks: Mutex::new(BTreeMap::new()),
+            default_sinks,
+            // At start, a week back: a tick queued or claimed while no server ran.
+            unstarted_since: Mutex::new(
+                (chrono::Utc::now() - chrono::Duration::days(7))
+                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            ),
+        }
+    }
+
     /// The project of a pipeline this server knows (`default` for one it does not serve).
     pub fn project_of(&self, pipeline: &str) -> String {
         self.loaded()

@@ -147,16 +147,8 @@ fn write_drive(
     for i in 0..frames {
         let t = i as f64 * dt;
         let log_time = start + (t * 1e9) as u64;
-        for (kind, length) in EVENTS {
-            let mut p = per_minute(kind) / 60.0 * dt;
-            if *kind == "low_lane_confidence" && (weather != "clear" || time_of_day == "night") {
-                p *= 3.0;
-            }
-            if !active.contains_key(kind) && rng.chance(p) {
-                active.insert(kind, (length * rate) as u32);
-                *summary.events.entry((*kind).to_owned()).or_default() += 1;
-            }
-        }
+        let poor_view = weather != "clear" || time_of_day == "night";
+        start_events(&mut rng, &mut active, per_minute, rate, poor_view, summary);
         let on = |k: &str| active.contains_key(k);
         // Vehicle dynamics: speed relaxes to cruise, braking events override.
         let mut accel = 0.3 * (cruise - speed) + 0.3 * rng.normal();
@@ -186,21 +178,7 @@ fn write_drive(
             confidence = rng.range(0.1, 0.3);
         }
         lead = (lead + rng.normal() * 0.5).clamp(10.0, 80.0);
-        let (class, distance, rel) = if on("pedestrian_close_call") {
-            ("pedestrian", rng.range(3.0, 7.0), -speed.min(5.0))
-        } else if on("cut_in") {
-            ("car", rng.range(4.0, 9.0), rng.range(-4.0, -1.0))
-        } else {
-            (
-                if highway && rng.chance(0.2) {
-                    "truck"
-                } else {
-                    "car"
-                },
-                lead,
-                rng.range(-1.0, 1.0),
-            )
-        };
+        let (class, distance, rel) = nearest_object(&mut rng, &on, highway, speed, lead);
         let messages: [Option<Value>; 5] = [
             Some(json!({
                 "speed_mps": round(speed), "accel_x": round(accel),
@@ -222,19 +200,7 @@ fn write_drive(
                 "low_lane_confidence": on("low_lane_confidence"),
             })),
         ];
-        for (c, m) in channels.iter().zip(messages) {
-            let Some(m) = m else { continue };
-            seq += 1;
-            w.write_to_known_channel(
-                &mcap::records::MessageHeader {
-                    channel_id: *c,
-                    sequence: seq,
-                    log_time,
-                    publish_time: log_time,
-                },
-                m.to_string().as_bytes(),
-            )?;
-        }
+        write_frame(&mut w, &channels, messages, &mut seq, log_time)?;
         active.retain(|_, left| {
             *left = left.saturating_sub(1);
             *left > 0
@@ -242,6 +208,76 @@ fn write_drive(
         summary.frames += 1;
     }
     w.finish()?;
+    Ok(())
+}
+
+/// The object ahead: a pedestrian or a car cutting in during those events, else the lead
+/// car (sometimes a truck on a highway): its class, distance and relative speed.
+fn nearest_object(
+    rng: &mut Rng,
+    on: &dyn Fn(&str) -> bool,
+    highway: bool,
+    speed: f64,
+    lead: f64,
+) -> (&'static str, f64, f64) {
+    if on("pedestrian_close_call") {
+        ("pedestrian", rng.range(3.0, 7.0), -speed.min(5.0))
+    } else if on("cut_in") {
+        ("car", rng.range(4.0, 9.0), rng.range(-4.0, -1.0))
+    } else {
+        let class = if highway && rng.chance(0.2) {
+            "truck"
+        } else {
+            "car"
+        };
+        (class, lead, rng.range(-1.0, 1.0))
+    }
+}
+
+/// Starts each event that is not on with its chance in one frame at `rate` (low lane
+/// confidence three times as often where the view is poor), counted into `summary`.
+fn start_events(
+    rng: &mut Rng,
+    active: &mut BTreeMap<&'static str, u32>,
+    per_minute: &dyn Fn(&str) -> f64,
+    rate: f64,
+    poor_view: bool,
+    summary: &mut SimSummary,
+) {
+    let dt = 1.0 / rate;
+    for (kind, length) in EVENTS {
+        let mut p = per_minute(kind) / 60.0 * dt;
+        if *kind == "low_lane_confidence" && poor_view {
+            p *= 3.0;
+        }
+        if !active.contains_key(kind) && rng.chance(p) {
+            active.insert(kind, (length * rate) as u32);
+            *summary.events.entry((*kind).to_owned()).or_default() += 1;
+        }
+    }
+}
+
+/// Writes one frame's messages (those it has) on their channels, numbered on from `seq`.
+fn write_frame<W: std::io::Write + std::io::Seek>(
+    w: &mut mcap::Writer<W>,
+    channels: &[u16],
+    messages: [Option<Value>; 5],
+    seq: &mut u32,
+    log_time: u64,
+) -> anyhow::Result<()> {
+    for (c, m) in channels.iter().zip(messages) {
+        let Some(m) = m else { continue };
+        *seq += 1;
+        w.write_to_known_channel(
+            &mcap::records::MessageHeader {
+                channel_id: *c,
+                sequence: *seq,
+                log_time,
+                publish_time: log_time,
+            },
+            m.to_string().as_bytes(),
+        )?;
+    }
     Ok(())
 }
 

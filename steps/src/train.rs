@@ -181,13 +181,7 @@ pub fn train(
             let hi = (lo + batch).min(n);
             let mut g = vec![0.0; d + 3]; // weights, bias, loss, rows
             for i in (lo..hi).filter(|i| i % world as usize == rank as usize) {
-                let z = model.bias
-                    + x[i]
-                        .iter()
-                        .zip(&model.weights)
-                        .map(|(a, b)| a * b)
-                        .sum::<f64>();
-                let p = sigmoid(z);
+                let p = sigmoid(score(&model, &x[i]));
                 let err = p - y[i];
                 for j in 0..d {
                     g[j] += err * x[i][j];
@@ -208,29 +202,13 @@ pub fn train(
         model.epochs = epoch + 1;
         let loss = epoch_loss / n as f64;
         // Of every training row (each rank holds them all and the same weights).
-        let right = x
-            .iter()
-            .zip(&y)
-            .filter(|(row, label)| {
-                let z = model.bias
-                    + row
-                        .iter()
-                        .zip(&model.weights)
-                        .map(|(a, b)| a * b)
-                        .sum::<f64>();
-                (sigmoid(z) >= 0.5) == (**label > 0.5)
-            })
-            .count();
-        let accuracy = right as f64 / n.max(1) as f64;
+        let accuracy = accuracy(&model, &x, &y);
         if rank == 0 {
             println!("epoch {} loss {loss:.4} accuracy {accuracy:.4}", epoch + 1);
         }
         history.push(json!({"epoch": epoch + 1, "loss": loss, "accuracy": accuracy}));
         if let (0, Some(dir)) = (rank, checkpoints) {
-            std::fs::create_dir_all(dir)?;
-            let tmp = dir.join(format!(".epoch-{}.json.tmp", epoch + 1));
-            std::fs::write(&tmp, serde_json::to_vec(&model)?)?;
-            std::fs::rename(&tmp, dir.join(format!("epoch-{}.json", epoch + 1)))?;
+            save_checkpoint(dir, epoch + 1, &model)?;
         }
         if std::env::var("TRAIN_FAIL_AFTER_EPOCH")
             .ok()
@@ -253,6 +231,35 @@ pub fn train(
             "series": series(&history),
         }),
     ))
+}
+
+/// The model's score (before the sigmoid) of one standardized row.
+fn score(model: &Model, row: &[f64]) -> f64 {
+    model.bias
+        + row
+            .iter()
+            .zip(&model.weights)
+            .map(|(a, b)| a * b)
+            .sum::<f64>()
+}
+
+/// The share of rows `x` the model labels as `y` does.
+fn accuracy(model: &Model, x: &[Vec<f64>], y: &[f64]) -> f64 {
+    let right = x
+        .iter()
+        .zip(y)
+        .filter(|(row, label)| (sigmoid(score(model, row)) >= 0.5) == (**label > 0.5))
+        .count();
+    right as f64 / x.len().max(1) as f64
+}
+
+/// Writes the model after `epoch` into `dir` (atomically: a temporary file renamed).
+fn save_checkpoint(dir: &Path, epoch: u32, model: &Model) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".epoch-{epoch}.json.tmp"));
+    std::fs::write(&tmp, serde_json::to_vec(model)?)?;
+    std::fs::rename(&tmp, dir.join(format!("epoch-{epoch}.json")))?;
+    Ok(())
 }
 
 /// The epochs' loss and accuracy as `values.json`'s `series` (docs/spec.md: one named

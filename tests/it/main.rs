@@ -28,6 +28,7 @@ mod s3;
 mod sandbox;
 mod schemathesis;
 mod serve;
+mod shape;
 mod slurm;
 mod training;
 mod triggers;

@@ -206,19 +206,7 @@ pub(super) fn key_parts(
     });
     parts.field("io", io);
     if let Some(m) = &stage.map {
-        let source = match &m.source {
-            MapSource::Items(items) => json!({"items": items}),
-            MapSource::Param(p) => json!({"items": ctx.params.get(p)}),
-            MapSource::From { stage, output } => {
-                json!({"from": format!("{}.{output}", ctx.pipeline.stage(*stage).name)})
-            }
-        };
-        parts.field("map", source);
-        if let MapSource::From { stage: s, output } = &m.source {
-            if let Some(art) = upstream.get(s).and_then(|r| r.outputs.get(output)) {
-                parts.plain("map-items".into(), art.digest.clone());
-            }
-        }
+        map_parts(ctx, m, upstream, &mut parts);
     }
     if let Some(d) = &stage.distributed {
         parts.field(
@@ -232,6 +220,30 @@ pub(super) fn key_parts(
     external.sort();
     external.dedup();
     (parts, external)
+}
+
+/// What a map's key holds: where its items come from and, from an upstream output, that
+/// output's digest.
+fn map_parts(
+    ctx: &Ctx,
+    m: &crate::plan::MapPlan,
+    upstream: &BTreeMap<StageId, StageResult>,
+    parts: &mut crate::cache::KeyParts,
+) {
+    use serde_json::json;
+    let source = match &m.source {
+        MapSource::Items(items) => json!({"items": items}),
+        MapSource::Param(p) => json!({"items": ctx.params.get(p)}),
+        MapSource::From { stage, output } => {
+            json!({"from": format!("{}.{output}", ctx.pipeline.stage(*stage).name)})
+        }
+    };
+    parts.field("map", source);
+    if let MapSource::From { stage: s, output } = &m.source {
+        if let Some(art) = upstream.get(s).and_then(|r| r.outputs.get(output)) {
+            parts.plain("map-items".into(), art.digest.clone());
+        }
+    }
 }
 
 /// A usable cache entry.

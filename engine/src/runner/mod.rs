@@ -240,29 +240,22 @@ pub(crate) async fn run(
     let pipeline = opts.request.pipeline.clone();
     let fresh = opts.request.record(executor.name());
     let params = std::mem::take(&mut opts.request.params);
-    let resume = opts.request.resume.take();
-    let (record, prior, prior_attempts, reattached) = match resume {
+    let Resume {
+        record,
+        succeeded: prior,
+        attempts: prior_attempts,
+        reattached,
+    } = match opts.request.resume.take() {
         Some(r) => {
             state.reopen_run(&id, std::process::id())?;
-            (r.record, r.succeeded, r.attempts, r.reattached)
+            r
         }
         None => {
             state.create_run(&fresh)?;
-            (fresh, BTreeMap::new(), BTreeMap::new(), Default::default())
+            Resume::recorded(fresh)
         }
     };
-    // The run's heartbeat, for replicas that take over the runs of a dead engine.
-    let _beat = {
-        let (state, id) = (state.clone(), id.clone());
-        AbortOnDrop(tokio::spawn(async move {
-            let every = heartbeat_interval();
-            loop {
-                // A missed beat is retried on the next one; only a long silence counts.
-                let _ = state.heartbeat(&id);
-                tokio::time::sleep(every).await;
-            }
-        }))
-    };
+    let _beat = heartbeat(state.clone(), id.clone());
     let slots = Arc::new(Semaphore::new(opts.parallelism.max(1)));
     // Stages in hand (looking up the cache, waiting for a slot, recording how they
     // ended): twice the parallelism, so that one stage's bookkeeping overlaps another's
@@ -301,10 +294,73 @@ pub(crate) async fn run(
     });
 
     let mut dag = Dag::new(&pipeline);
+    take_earlier(&ctx, &pipeline, &prior, &mut dag)?;
+    let waiting = drive_stages(&ctx, &mut dag, &cancel, &stop_tx, in_hand).await?;
+    let cancelled = *cancel.borrow();
+    if !waiting.is_empty() && !cancelled {
+        // No process, no slot: `approve` (or a timeout) resumes it.
+        forward.abort();
+        return wait_for_people(&ctx, &dag, waiting);
+    }
+    for name in &waiting {
+        // Cancelled while waiting for people.
+        let sid = pipeline
+            .stage_by_name(name)
+            .expect("a stage of the pipeline")
+            .id;
+        end_without_running(
+            &ctx,
+            sid,
+            Phase::Cancelled,
+            "cancelled while waiting for approval".into(),
+            &mut dag,
+        )?;
+    }
+    let main_phase = dag.run_phase(&pipeline, cancelled, |s| s.hook.is_none());
+    let _ = ctx.main_phase.set(main_phase);
+
+    run_hooks(&ctx, &mut dag, &cancel, hook_stop_tx, main_phase).await?;
+    forward.abort();
+
+    let stages = dag.phases(&pipeline);
+    let phase = dag.run_phase(&pipeline, cancelled, |_| true);
+    let failed: Vec<&str> = stages
+        .iter()
+        .filter(|(_, p)| matches!(p, Phase::Failed | Phase::Error))
+        .map(|(s, _)| s.as_str())
+        .collect();
+    let reason = (!failed.is_empty()).then(|| format!("failed: {}", failed.join(", ")));
+    state.finish_run(&id, phase, reason.as_deref())?;
+    Ok(RunSummary { id, phase, stages })
+}
+
+/// The run's heartbeat, for replicas that take over the runs of a dead engine: beats
+/// until dropped.
+fn heartbeat(state: Arc<dyn StateStore>, id: RunId) -> AbortOnDrop {
+    AbortOnDrop(tokio::spawn(async move {
+        let every = heartbeat_interval();
+        loop {
+            // A missed beat is retried on the next one; only a long silence counts.
+            let _ = state.heartbeat(&id);
+            tokio::time::sleep(every).await;
+        }
+    }))
+}
+
+/// Starts every stage as it becomes ready (or ends it at once: skipped, omitted, a
+/// stopping run's) until none is left; fail-fast and a cancel stop the rest. Returns
+/// the stages waiting for people.
+async fn drive_stages(
+    ctx: &Arc<Ctx>,
+    dag: &mut Dag,
+    cancel: &watch::Receiver<bool>,
+    stop: &watch::Sender<bool>,
+    in_hand: Arc<Semaphore>,
+) -> Result<Vec<String>, RunError> {
+    let pipeline = ctx.pipeline.clone();
     let mut tasks: JoinSet<(StageId, Result<StageResult, RunError>)> = JoinSet::new();
     let mut stopping = false;
     let mut waiting: Vec<String> = Vec::new();
-    take_earlier(&ctx, &pipeline, &prior, &mut dag)?;
 
     loop {
         // Decide every ready stage; decisions that end a stage at once may make more ready.
@@ -312,11 +368,11 @@ pub(crate) async fn run(
             let decision = if stopping {
                 Some((Phase::Omitted, "the run is stopping".to_owned()))
             } else {
-                decide(&pipeline, &ctx, id, &dag)
+                decide(&pipeline, ctx, id, dag)
             };
             match decision {
                 Some((phase, reason)) => {
-                    end_without_running(&ctx, id, phase, reason, &mut dag)?;
+                    end_without_running(ctx, id, phase, reason, dag)?;
                 }
                 None => {
                     let inputs = dag.upstream(&pipeline, id);
@@ -351,7 +407,7 @@ pub(crate) async fn run(
         }
         if matches!(result.phase, Phase::Failed | Phase::Error) && ctx.opts.request.fail_fast {
             stopping = true;
-            let _ = stop_tx.send(true);
+            let _ = stop.send(true);
         }
         if *cancel.borrow() {
             stopping = true;
@@ -359,56 +415,27 @@ pub(crate) async fn run(
         dag.end(&pipeline, id, result);
     }
 
-    let cancelled = *cancel.borrow();
-    if !waiting.is_empty() && !cancelled {
-        // No process, no slot: `approve` (or a timeout) resumes it.
-        forward.abort();
-        let reason = format!("waiting for approval: {}", waiting.join(", "));
-        state.finish_run(&id, Phase::Waiting, Some(&reason))?;
-        let mut stages = dag.phases(&pipeline);
-        for (name, phase) in stages.iter_mut() {
-            if waiting.contains(name) {
-                *phase = Phase::Waiting;
-            } else if *phase == Phase::Omitted && dag_unended(&pipeline, &dag, name) {
-                *phase = Phase::Pending;
-            }
+    Ok(waiting)
+}
+
+/// Ends a run whose stages wait for people: recorded `Waiting`, holding nothing.
+fn wait_for_people(ctx: &Ctx, dag: &Dag, waiting: Vec<String>) -> Result<RunSummary, RunError> {
+    let (pipeline, id) = (&ctx.pipeline, ctx.run.id.clone());
+    let reason = format!("waiting for approval: {}", waiting.join(", "));
+    ctx.state.finish_run(&id, Phase::Waiting, Some(&reason))?;
+    let mut stages = dag.phases(pipeline);
+    for (name, phase) in stages.iter_mut() {
+        if waiting.contains(name) {
+            *phase = Phase::Waiting;
+        } else if *phase == Phase::Omitted && dag_unended(pipeline, dag, name) {
+            *phase = Phase::Pending;
         }
-        return Ok(RunSummary {
-            id,
-            phase: Phase::Waiting,
-            stages,
-        });
     }
-    for name in &waiting {
-        // Cancelled while waiting for people.
-        let sid = pipeline
-            .stage_by_name(name)
-            .expect("a stage of the pipeline")
-            .id;
-        end_without_running(
-            &ctx,
-            sid,
-            Phase::Cancelled,
-            "cancelled while waiting for approval".into(),
-            &mut dag,
-        )?;
-    }
-    let main_phase = dag.run_phase(&pipeline, cancelled, |s| s.hook.is_none());
-    let _ = ctx.main_phase.set(main_phase);
-
-    run_hooks(&ctx, &mut dag, &cancel, hook_stop_tx, main_phase).await?;
-    forward.abort();
-
-    let stages = dag.phases(&pipeline);
-    let phase = dag.run_phase(&pipeline, cancelled, |_| true);
-    let failed: Vec<&str> = stages
-        .iter()
-        .filter(|(_, p)| matches!(p, Phase::Failed | Phase::Error))
-        .map(|(s, _)| s.as_str())
-        .collect();
-    let reason = (!failed.is_empty()).then(|| format!("failed: {}", failed.join(", ")));
-    state.finish_run(&id, phase, reason.as_deref())?;
-    Ok(RunSummary { id, phase, stages })
+    Ok(RunSummary {
+        id,
+        phase: Phase::Waiting,
+        stages,
+    })
 }
 
 /// Whether stage `name` has not ended in `dag` (it waits for an approval upstream).

@@ -94,44 +94,7 @@ impl Cx<'_> {
         params: &[Param],
     ) -> Option<Trigger> {
         let mut ok = true;
-        let watch = match (&spec.objects, &spec.after, &spec.webhook) {
-            (Some(o), None, None) => self
-                .check_objects(&tp.key("objects"), o)
-                .map(Watch::Objects),
-            (None, None, Some(w)) => match (&w.secret_env, &w.secret_file) {
-                (Some(e), None) => Some(Watch::Webhook(Hook {
-                    secret: Secret::Env(e.clone()),
-                })),
-                (None, Some(f)) => Some(Watch::Webhook(Hook {
-                    secret: Secret::File(f.clone()),
-                })),
-                _ => {
-                    self.err(
-                        "invalid-secret",
-                        &tp.key("webhook"),
-                        "a webhook trigger's calls are signed: name its secret with `secret_env` or `secret_file` (one of them)",
-                    );
-                    None
-                }
-            },
-            (None, Some(a), None) => Some(Watch::After(After {
-                pipeline: a.pipeline.clone(),
-                phases: match a.phase.is_empty() {
-                    true => vec![Phase::Succeeded],
-                    false => a.phase.iter().filter_map(|e| e.phase()).collect(),
-                },
-            })),
-            _ => {
-                self.err(
-                    "invalid-trigger",
-                    tp,
-                    format!(
-                        "trigger `{name}` watches `objects`, `after` or `webhook` (one of them)"
-                    ),
-                );
-                None
-            }
-        };
+        let watch = self.trigger_watch(name, tp, spec);
         if let Some(a) = &spec.after {
             if a.phase.contains(&crate::spec::NotifyEvent::Started) {
                 self.err(
@@ -227,6 +190,49 @@ impl Cx<'_> {
             paused: spec.paused,
         })
         .filter(|_| ok)
+    }
+
+    /// What trigger `name` watches: objects, another pipeline's runs, or webhook calls
+    /// (exactly one).
+    fn trigger_watch(&mut self, name: &str, tp: &YamlPath, spec: &TriggerSpec) -> Option<Watch> {
+        match (&spec.objects, &spec.after, &spec.webhook) {
+            (Some(o), None, None) => self
+                .check_objects(&tp.key("objects"), o)
+                .map(Watch::Objects),
+            (None, None, Some(w)) => match (&w.secret_env, &w.secret_file) {
+                (Some(e), None) => Some(Watch::Webhook(Hook {
+                    secret: Secret::Env(e.clone()),
+                })),
+                (None, Some(f)) => Some(Watch::Webhook(Hook {
+                    secret: Secret::File(f.clone()),
+                })),
+                _ => {
+                    self.err(
+                    "invalid-secret",
+                    &tp.key("webhook"),
+                    "a webhook trigger's calls are signed: name its secret with `secret_env` or `secret_file` (one of them)",
+                );
+                    None
+                }
+            },
+            (None, Some(a), None) => Some(Watch::After(After {
+                pipeline: a.pipeline.clone(),
+                phases: match a.phase.is_empty() {
+                    true => vec![Phase::Succeeded],
+                    false => a.phase.iter().filter_map(|e| e.phase()).collect(),
+                },
+            })),
+            _ => {
+                self.err(
+                    "invalid-trigger",
+                    tp,
+                    format!(
+                        "trigger `{name}` watches `objects`, `after` or `webhook` (one of them)"
+                    ),
+                );
+                None
+            }
+        }
     }
 
     fn check_objects(&mut self, op: &YamlPath, o: &ObjectsSpec) -> Option<Objects> {

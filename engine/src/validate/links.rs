@@ -89,6 +89,36 @@ impl<'a> Cx<'a> {
                 self.stage_template(sc, &sp, &text);
             }
         }
+        self.check_step_io(sc, step, step_name, outputs);
+        let config = with_node
+            .map(Node::to_json)
+            .unwrap_or(Value::Object(Default::default()));
+        let connected: Vec<&str> = sc.spec.inputs.keys().map(String::as_str).collect();
+        // The config's templates were checked above; a read built from one parses.
+        let reads = step
+            .reads(&config, &connected)
+            .iter()
+            .filter_map(|r| Template::parse(r).ok())
+            .collect();
+        Some(Action::Step {
+            registry: step.writes_registry(),
+            reads,
+            name: step.name().to_owned(),
+            version: step.version().to_owned(),
+            config,
+        })
+    }
+
+    /// The outputs a `uses:` stage names are its step's; the inputs the step needs are
+    /// connected, and every input connected is one it reads.
+    fn check_step_io(
+        &mut self,
+        sc: &StageCx<'_>,
+        step: &dyn crate::step::Step,
+        step_name: &str,
+        outputs: &[Output],
+    ) {
+        let path = sc.path.clone();
         for (i, o) in outputs.iter().enumerate() {
             if !step.outputs().contains(&o.name.as_str()) {
                 let hint = did_you_mean(&o.name, step.outputs().iter().copied());
@@ -131,23 +161,6 @@ impl<'a> Cx<'a> {
                 .maybe_hint(hint);
             }
         }
-        let config = with_node
-            .map(Node::to_json)
-            .unwrap_or(Value::Object(Default::default()));
-        let connected: Vec<&str> = sc.spec.inputs.keys().map(String::as_str).collect();
-        // The config's templates were checked above; a read built from one parses.
-        let reads = step
-            .reads(&config, &connected)
-            .iter()
-            .filter_map(|r| Template::parse(r).ok())
-            .collect();
-        Some(Action::Step {
-            registry: step.writes_registry(),
-            reads,
-            name: step.name().to_owned(),
-            version: step.version().to_owned(),
-            config,
-        })
     }
 
     pub(super) fn check_map(

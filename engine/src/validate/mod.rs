@@ -328,6 +328,13 @@ impl<'a> Cx<'a> {
                 }
             }
         }
+        self.after_read(&seen, before);
+        Some(raw)
+    }
+
+    /// The fields a pipeline needs that `seen` lacks, and a hint on a secret given as a
+    /// value among the problems found since `before`.
+    fn after_read(&mut self, seen: &HashSet<&str>, before: usize) {
         for required in ["version", "name", "stages"] {
             if !seen.contains(required) {
                 self.diags.push(
@@ -353,11 +360,10 @@ impl<'a> Cx<'a> {
                 );
             }
         }
-        Some(raw)
     }
 
-    fn check_and_build(&mut self, raw: Raw) -> Option<Pipeline> {
-        self.check_version(&raw);
+    /// The pipeline's name and project are DNS labels (they name Kubernetes objects).
+    fn check_names(&mut self, raw: &Raw) {
         if let Some(name) = &raw.name {
             if let Err(why) = dns1123_label(name) {
                 self.err(
@@ -378,6 +384,11 @@ impl<'a> Cx<'a> {
                 .maybe_hint(dns_hint(project));
             }
         }
+    }
+
+    fn check_and_build(&mut self, raw: Raw) -> Option<Pipeline> {
+        self.check_version(&raw);
+        self.check_names(&raw);
         let params = self.check_params(&raw);
         let schedule = raw.schedule.as_ref().and_then(|s| self.check_schedule(s));
         let triggers = self.check_triggers(&raw, &params);
@@ -436,20 +447,7 @@ impl<'a> Cx<'a> {
                 used_params: &mut used_params,
             };
             let stage = self.check_stage(&mut sc, &executor);
-            for (from, kind, origin) in sc.edges {
-                if from == id {
-                    continue;
-                }
-                if let Some(origin) = origin {
-                    value_origin.entry((from, id)).or_insert(origin);
-                }
-                let (a, b) = (NodeIndex::new(from.index()), NodeIndex::new(id.index()));
-                let plain = kind == EdgeKind::Value || kind == EdgeKind::Needs;
-                if plain && graph.find_edge(a, b).is_some() {
-                    continue;
-                }
-                graph.add_edge(a, b, kind);
-            }
+            add_edges(&mut graph, &mut value_origin, id, sc.edges);
             if let Some(stage) = stage {
                 stages.push(stage);
             }
@@ -1194,5 +1192,29 @@ impl Annotate for &mut Diagnostic {
             self.hint = hint;
         }
         self
+    }
+}
+
+/// Adds the edges a stage's check found into `id` (a plain one once), keeping where a
+/// `values` reference was written for cycle reports.
+fn add_edges(
+    graph: &mut DiGraph<StageId, EdgeKind>,
+    value_origin: &mut HashMap<(StageId, StageId), YamlPath>,
+    id: StageId,
+    edges: Vec<(StageId, EdgeKind, Option<YamlPath>)>,
+) {
+    for (from, kind, origin) in edges {
+        if from == id {
+            continue;
+        }
+        if let Some(origin) = origin {
+            value_origin.entry((from, id)).or_insert(origin);
+        }
+        let (a, b) = (NodeIndex::new(from.index()), NodeIndex::new(id.index()));
+        let plain = kind == EdgeKind::Value || kind == EdgeKind::Needs;
+        if plain && graph.find_edge(a, b).is_some() {
+            continue;
+        }
+        graph.add_edge(a, b, kind);
     }
 }

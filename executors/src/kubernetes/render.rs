@@ -283,26 +283,7 @@ fn pod_parts(
             });
         } else if let Some(snapshot) = &v.from_snapshot {
             let claim = restored_claim_name(workload, &v.name);
-            claims.push(PersistentVolumeClaim {
-                metadata: meta(&claim, settings, labels),
-                spec: Some(PersistentVolumeClaimSpec {
-                    access_modes: Some(vec!["ReadWriteOnce".into()]),
-                    data_source: Some(TypedLocalObjectReference {
-                        api_group: Some("snapshot.storage.k8s.io".into()),
-                        kind: "VolumeSnapshot".into(),
-                        name: snapshot.clone(),
-                    }),
-                    resources: Some(VolumeResourceRequirements {
-                        requests: Some(BTreeMap::from([(
-                            "storage".into(),
-                            q(v.size.as_ref().map(|s| s.0.clone()).unwrap_or_default()),
-                        )])),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            });
+            claims.push(restored_claim(&claim, snapshot, v, settings, labels));
             volume.persistent_volume_claim = Some(PersistentVolumeClaimVolumeSource {
                 claim_name: claim,
                 read_only: Some(v.read_only),
@@ -353,6 +334,37 @@ fn pod_parts(
         mounts,
         init,
         claims,
+    }
+}
+
+/// The claim `claim` that volume `v` is restored into from `snapshot` (a CSI
+/// `VolumeSnapshot`), of the volume's size.
+fn restored_claim(
+    claim: &str,
+    snapshot: &str,
+    v: &drivetrain_engine::spec::VolumeSpec,
+    settings: &Settings,
+    labels: &BTreeMap<String, String>,
+) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: meta(claim, settings, labels),
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            data_source: Some(TypedLocalObjectReference {
+                api_group: Some("snapshot.storage.k8s.io".into()),
+                kind: "VolumeSnapshot".into(),
+                name: snapshot.to_owned(),
+            }),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".into(),
+                    q(v.size.as_ref().map(|s| s.0.clone()).unwrap_or_default()),
+                )])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
     }
 }
 

@@ -409,35 +409,7 @@ async fn handle(
     let labels = query.get("labelSelector").map(String::as_str);
     let fields = query.get("fieldSelector").map(String::as_str);
     match (method, name, sub) {
-        (Method::POST, None, None) => {
-            let Ok(mut object) = serde_json::from_slice::<Value>(&body) else {
-                return status(400, "BadRequest", "the body is not JSON".into());
-            };
-            let Some(name) = object["metadata"]["name"].as_str().map(str::to_owned) else {
-                return status(422, "Invalid", "metadata.name is required".into());
-            };
-            if shared.get(&resource, &ns, &name).is_some() {
-                return status(
-                    409,
-                    "AlreadyExists",
-                    format!("{resource} \"{name}\" already exists"),
-                );
-            }
-            {
-                let mut inner = shared.inner.lock().unwrap();
-                inner.uid += 1;
-                object["metadata"]["uid"] =
-                    json!(format!("00000000-0000-0000-0000-{:012}", inner.uid));
-                *inner.created.entry(resource.clone()).or_default() += 1;
-            }
-            object["metadata"]["namespace"] = json!(ns);
-            object["metadata"]["creationTimestamp"] = json!(now());
-            let stored = shared.store(&resource, &ns, &name, object, "ADDED");
-            if resource == JOBS {
-                tokio::spawn(run_job(shared.clone(), ns, name));
-            }
-            ok(StatusCode::CREATED, &stored)
-        }
+        (Method::POST, None, None) => create(&shared, resource, ns, &body),
         (Method::GET, None, None)
             if query.get("watch").is_some_and(|w| w == "true" || w == "1") =>
         {
@@ -486,35 +458,8 @@ async fn handle(
             None => status(404, "NotFound", format!("{resource} \"{name}\" not found")),
         },
         (Method::GET, Some(name), Some(sub)) if sub == "log" && resource == PODS => {
-            let buf = shared.inner.lock().unwrap().logs.get(&name).cloned();
-            let Some(buf) = buf else {
-                return status(
-                    400,
-                    "BadRequest",
-                    format!("container in pod \"{name}\" is waiting to start"),
-                );
-            };
             let follow = query.get("follow").is_some_and(|f| f == "true");
-            let rx = buf.state.subscribe();
-            let stream = futures::stream::unfold(
-                (buf, rx, 0usize),
-                move |(buf, mut rx, offset)| async move {
-                    loop {
-                        let (len, done) = *rx.borrow_and_update();
-                        if len > offset {
-                            let chunk = buf.data.lock().unwrap()[offset..len].to_vec();
-                            return Some((Ok::<_, Infallible>(Bytes::from(chunk)), (buf, rx, len)));
-                        }
-                        if done || !follow || rx.changed().await.is_err() {
-                            return None;
-                        }
-                    }
-                },
-            );
-            Response::builder()
-                .header("content-type", "text/plain")
-                .body(Body::from_stream(stream))
-                .unwrap_or_default()
+            pod_log(&shared, &name, follow)
         }
         (m, _, _) => status(
             405,
@@ -522,6 +467,66 @@ async fn handle(
             format!("the stand-in does not serve {m} {}", uri.path()),
         ),
     }
+}
+
+/// `POST`: stores a new object (a Job also starts running).
+fn create(shared: &Arc<Shared>, resource: String, ns: String, body: &Bytes) -> Response {
+    let Ok(mut object) = serde_json::from_slice::<Value>(body) else {
+        return status(400, "BadRequest", "the body is not JSON".into());
+    };
+    let Some(name) = object["metadata"]["name"].as_str().map(str::to_owned) else {
+        return status(422, "Invalid", "metadata.name is required".into());
+    };
+    if shared.get(&resource, &ns, &name).is_some() {
+        return status(
+            409,
+            "AlreadyExists",
+            format!("{resource} \"{name}\" already exists"),
+        );
+    }
+    {
+        let mut inner = shared.inner.lock().unwrap();
+        inner.uid += 1;
+        object["metadata"]["uid"] = json!(format!("00000000-0000-0000-0000-{:012}", inner.uid));
+        *inner.created.entry(resource.clone()).or_default() += 1;
+    }
+    object["metadata"]["namespace"] = json!(ns);
+    object["metadata"]["creationTimestamp"] = json!(now());
+    let stored = shared.store(&resource, &ns, &name, object, "ADDED");
+    if resource == JOBS {
+        tokio::spawn(run_job(shared.clone(), ns, name));
+    }
+    ok(StatusCode::CREATED, &stored)
+}
+
+/// `GET …/pods/NAME/log[?follow=true]`: what the pod wrote, to its end when followed.
+fn pod_log(shared: &Arc<Shared>, name: &str, follow: bool) -> Response {
+    let buf = shared.inner.lock().unwrap().logs.get(name).cloned();
+    let Some(buf) = buf else {
+        return status(
+            400,
+            "BadRequest",
+            format!("container in pod \"{name}\" is waiting to start"),
+        );
+    };
+    let rx = buf.state.subscribe();
+    let stream =
+        futures::stream::unfold((buf, rx, 0usize), move |(buf, mut rx, offset)| async move {
+            loop {
+                let (len, done) = *rx.borrow_and_update();
+                if len > offset {
+                    let chunk = buf.data.lock().unwrap()[offset..len].to_vec();
+                    return Some((Ok::<_, Infallible>(Bytes::from(chunk)), (buf, rx, len)));
+                }
+                if done || !follow || rx.changed().await.is_err() {
+                    return None;
+                }
+            }
+        });
+    Response::builder()
+        .header("content-type", "text/plain")
+        .body(Body::from_stream(stream))
+        .unwrap_or_default()
 }
 
 fn watch_response(
@@ -624,37 +629,7 @@ async fn run_job(shared: Arc<Shared>, ns: String, name: String) {
     });
     let mut tasks = Vec::new();
     for index in 0..count {
-        let pod_name = if indexed {
-            format!("{name}-{index}-{:05x}", rand_suffix(index))
-        } else {
-            format!("{name}-{:05x}", rand_suffix(index))
-        };
-        let mut labels = job["spec"]["template"]["metadata"]["labels"].clone();
-        if !labels.is_object() {
-            labels = json!({});
-        }
-        labels["batch.kubernetes.io/job-name"] = json!(name);
-        labels["job-name"] = json!(name);
-        let mut annotations = job["spec"]["template"]["metadata"]["annotations"].clone();
-        if !annotations.is_object() {
-            annotations = json!({});
-        }
-        if indexed {
-            annotations["batch.kubernetes.io/job-completion-index"] = json!(index.to_string());
-        }
-        let mut pod_spec = job["spec"]["template"]["spec"].clone();
-        if indexed {
-            pod_spec["hostname"] = json!(format!("{name}-{index}"));
-        }
-        let pod = json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name, "namespace": ns, "labels": labels, "annotations": annotations,
-                "uid": format!("pod-{pod_name}"), "creationTimestamp": now(),
-                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name,
-                    "uid": job["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true}]},
-            "spec": pod_spec,
-            "status": {"phase": "Pending"},
-        });
+        let (pod_name, pod) = job_pod(&job, &ns, &name, index, indexed);
         {
             let mut inner = shared.inner.lock().unwrap();
             *inner.created.entry(PODS.into()).or_default() += 1;
@@ -672,78 +647,120 @@ async fn run_job(shared: Arc<Shared>, ns: String, name: String) {
     let results: Option<Vec<Option<bool>>> =
         outcome.map(|rs| rs.into_iter().map(|r| r.ok().flatten()).collect());
     match results {
-        None => {
-            // Past activeDeadlineSeconds: stop the pods, fail the Job.
-            let pods: Vec<String> = shared
-                .inner
-                .lock()
-                .unwrap()
-                .objects
-                .iter()
-                .filter(|((r, n, _), v)| {
-                    r == PODS && *n == ns && v["metadata"]["labels"]["job-name"] == json!(name)
-                })
-                .map(|((_, _, p), _)| p.clone())
-                .collect();
-            for p in pods {
-                shared.delete(PODS, &ns, &p);
-            }
-            shared.update(JOBS, &ns, &name, |j| {
-                j["status"]["active"] = json!(0);
-                j["status"]["failed"] = json!(count);
-                j["status"]["conditions"] = json!([
-                    condition(
-                        "FailureTarget",
-                        "DeadlineExceeded",
-                        "Job was active longer than specified deadline"
-                    ),
-                    condition(
-                        "Failed",
-                        "DeadlineExceeded",
-                        "Job was active longer than specified deadline"
-                    ),
-                ]);
-            });
-        }
+        None => fail_past_deadline(&shared, &ns, &name, count),
         Some(rs) if rs.iter().any(|r| r.is_none()) => {} // a pod was deleted: so was the Job
-        Some(rs) => {
-            let succeeded = rs.iter().filter(|r| **r == Some(true)).count();
-            let failed = rs.len() - succeeded;
-            shared.update(JOBS, &ns, &name, |j| {
-                j["status"]["active"] = json!(0);
-                j["status"]["succeeded"] = json!(succeeded);
-                j["status"]["failed"] = json!(failed);
-                j["status"]["completionTime"] = json!(now());
-                j["status"]["conditions"] = if failed == 0 {
-                    json!([
-                        condition(
-                            "SuccessCriteriaMet",
-                            "CompletionsReached",
-                            "Reached expected number of succeeded pods"
-                        ),
-                        condition(
-                            "Complete",
-                            "CompletionsReached",
-                            "Reached expected number of succeeded pods"
-                        )
-                    ])
-                } else {
-                    json!([
-                        condition(
-                            "FailureTarget",
-                            "BackoffLimitExceeded",
-                            "Job has reached the specified backoff limit"
-                        ),
-                        condition(
-                            "Failed",
-                            "BackoffLimitExceeded",
-                            "Job has reached the specified backoff limit"
-                        )
-                    ])
-                };
-            });
-        }
+        Some(rs) => complete(&shared, &ns, &name, &rs),
     }
+}
+
+/// Pod `index` of Job `name` (its own name and object), as the Job controller makes it.
+fn job_pod(job: &Value, ns: &str, name: &str, index: u64, indexed: bool) -> (String, Value) {
+    let pod_name = if indexed {
+        format!("{name}-{index}-{:05x}", rand_suffix(index))
+    } else {
+        format!("{name}-{:05x}", rand_suffix(index))
+    };
+    let mut labels = job["spec"]["template"]["metadata"]["labels"].clone();
+    if !labels.is_object() {
+        labels = json!({});
+    }
+    labels["batch.kubernetes.io/job-name"] = json!(name);
+    labels["job-name"] = json!(name);
+    let mut annotations = job["spec"]["template"]["metadata"]["annotations"].clone();
+    if !annotations.is_object() {
+        annotations = json!({});
+    }
+    if indexed {
+        annotations["batch.kubernetes.io/job-completion-index"] = json!(index.to_string());
+    }
+    let mut pod_spec = job["spec"]["template"]["spec"].clone();
+    if indexed {
+        pod_spec["hostname"] = json!(format!("{name}-{index}"));
+    }
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod_name, "namespace": ns, "labels": labels, "annotations": annotations,
+            "uid": format!("pod-{pod_name}"), "creationTimestamp": now(),
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name,
+                "uid": job["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true}]},
+        "spec": pod_spec,
+        "status": {"phase": "Pending"},
+    });
+    (pod_name, pod)
+}
+
+/// Past `activeDeadlineSeconds`: stops the Job's pods and fails it.
+fn fail_past_deadline(shared: &Arc<Shared>, ns: &str, name: &str, count: u64) {
+    // Past activeDeadlineSeconds: stop the pods, fail the Job.
+    let pods: Vec<String> = shared
+        .inner
+        .lock()
+        .unwrap()
+        .objects
+        .iter()
+        .filter(|((r, n, _), v)| {
+            r == PODS && n == ns && v["metadata"]["labels"]["job-name"] == json!(name)
+        })
+        .map(|((_, _, p), _)| p.clone())
+        .collect();
+    for p in pods {
+        shared.delete(PODS, ns, &p);
+    }
+    shared.update(JOBS, ns, name, |j| {
+        j["status"]["active"] = json!(0);
+        j["status"]["failed"] = json!(count);
+        j["status"]["conditions"] = json!([
+            condition(
+                "FailureTarget",
+                "DeadlineExceeded",
+                "Job was active longer than specified deadline"
+            ),
+            condition(
+                "Failed",
+                "DeadlineExceeded",
+                "Job was active longer than specified deadline"
+            ),
+        ]);
+    });
+}
+
+/// Every pod ended: the Job completes, or fails at its backoff limit.
+fn complete(shared: &Arc<Shared>, ns: &str, name: &str, rs: &[Option<bool>]) {
+    let succeeded = rs.iter().filter(|r| **r == Some(true)).count();
+    let failed = rs.len() - succeeded;
+    shared.update(JOBS, ns, name, |j| {
+        j["status"]["active"] = json!(0);
+        j["status"]["succeeded"] = json!(succeeded);
+        j["status"]["failed"] = json!(failed);
+        j["status"]["completionTime"] = json!(now());
+        j["status"]["conditions"] = if failed == 0 {
+            json!([
+                condition(
+                    "SuccessCriteriaMet",
+                    "CompletionsReached",
+                    "Reached expected number of succeeded pods"
+                ),
+                condition(
+                    "Complete",
+                    "CompletionsReached",
+                    "Reached expected number of succeeded pods"
+                )
+            ])
+        } else {
+            json!([
+                condition(
+                    "FailureTarget",
+                    "BackoffLimitExceeded",
+                    "Job has reached the specified backoff limit"
+                ),
+                condition(
+                    "Failed",
+                    "BackoffLimitExceeded",
+                    "Job has reached the specified backoff limit"
+                )
+            ])
+        };
+    });
 }
 
 fn rand_suffix(index: u64) -> u64 {

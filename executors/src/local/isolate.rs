@@ -181,75 +181,16 @@ impl MountPlan {
         reach: &[PathBuf],
         log: &Path,
     ) -> std::io::Result<Self> {
-        let c = |s: String| CString::new(s).expect("no NUL");
-        let user = match (layers.user, nix::unistd::geteuid().is_root()) {
-            (false, _) => Userns::Host,
-            (true, false) => {
-                let uid = nix::unistd::geteuid();
-                let gid = nix::unistd::getegid();
-                Userns::Own([
-                    (c("/proc/self/setgroups".into()), c("deny".into())),
-                    (c("/proc/self/uid_map".into()), c(format!("{uid} {uid} 1"))),
-                    (c("/proc/self/gid_map".into()), c(format!("{gid} {gid} 1"))),
-                ])
-            }
-            (true, true) => match userns::stage_userns() {
-                Some(fd) => Userns::Stage(fd),
-                None => {
-                    return Err(std::io::Error::other(refused(
-                        "the kernel refused it a user namespace",
-                    )))
-                }
-            },
-        };
-        let c_path = |p: &Path| {
-            CString::new(p.as_os_str().as_bytes())
-                .map_err(|_| std::io::Error::other(format!("path {} has a NUL byte", p.display())))
-        };
-        let mut mounts = Vec::with_capacity(access.len());
+        let user = user_namespace(layers)?;
         let read_only: Vec<PathBuf> = access
             .iter()
             .filter(|a| !a.writable)
             .map(|a| a.path.clone())
             .collect();
-        let mut given = Vec::new();
-        if let Userns::Stage(_) = user {
-            // The stage user owns what it may write, and can get to what it needs.
-            let keep: Vec<&Path> = read_only.iter().map(PathBuf::as_path).collect();
-            for a in access.iter().filter(|a| a.writable && !a.hidden) {
-                userns::give(&a.path, &keep, log, (userns::STAGE_ID, userns::STAGE_ID))?;
-                // Another attempt may be writing a shared path still: it stays given.
-                if !a.shared {
-                    given.push(a.path.clone());
-                }
-            }
-            let targets: Vec<PathBuf> = reach
-                .iter()
-                .cloned()
-                .chain(access.iter().filter(|a| !a.hidden).map(|a| a.path.clone()))
-                .collect();
-            let mut hidden: Vec<PathBuf> = Vec::new();
-            for (dir, entry) in userns::closed_on_the_way(&targets) {
-                let hide = c_path(&dir)?;
-                if !hidden.contains(&dir) {
-                    mounts.push(Mount {
-                        path: c_path(&dir)?,
-                        writable: false,
-                        kind: Kind::HideDir,
-                    });
-                    hidden.push(dir);
-                }
-                mounts.push(Mount {
-                    path: c_path(&entry)?,
-                    writable: false,
-                    kind: Kind::Reattach {
-                        hide,
-                        dirs: vec![c_path(&entry)?],
-                        fd: AtomicI32::new(-1),
-                    },
-                });
-            }
-        }
+        let (mut mounts, given) = match user {
+            Userns::Stage(_) => give_to_stage(access, reach, log, &read_only)?,
+            _ => (Vec::with_capacity(access.len()), Vec::new()),
+        };
         // Which hidden paths are directories, asked once each.
         let hidden_dir: Vec<bool> = access.iter().map(|a| a.hidden && a.path.is_dir()).collect();
         let hidden_dirs = || {
@@ -313,17 +254,7 @@ impl MountPlan {
                 None
             },
             own_hides: own_from
-                .map(|from| {
-                    let mut hides: Vec<CString> = Vec::new();
-                    for m in &mounts[from..] {
-                        if let Kind::Reattach { hide, .. } = &m.kind {
-                            if !hides.contains(hide) {
-                                hides.push(hide.clone());
-                            }
-                        }
-                    }
-                    hides
-                })
+                .map(|from| own_hides(&mounts[from..]))
                 .unwrap_or_default(),
             mounts,
             own_from,
@@ -556,6 +487,100 @@ impl MountPlan {
         }
         Ok(())
     }
+}
+
+/// The attempt's user namespace with `layers`: none, its own (a user's engine: its uid
+/// mapped to itself) or the stage namespace (a root engine's: host `nobody`).
+fn user_namespace(layers: Layers) -> std::io::Result<Userns> {
+    let c = |s: String| CString::new(s).expect("no NUL");
+    Ok(match (layers.user, nix::unistd::geteuid().is_root()) {
+        (false, _) => Userns::Host,
+        (true, false) => {
+            let uid = nix::unistd::geteuid();
+            let gid = nix::unistd::getegid();
+            Userns::Own([
+                (c("/proc/self/setgroups".into()), c("deny".into())),
+                (c("/proc/self/uid_map".into()), c(format!("{uid} {uid} 1"))),
+                (c("/proc/self/gid_map".into()), c(format!("{gid} {gid} 1"))),
+            ])
+        }
+        (true, true) => match userns::stage_userns() {
+            Some(fd) => Userns::Stage(fd),
+            None => {
+                return Err(std::io::Error::other(refused(
+                    "the kernel refused it a user namespace",
+                )))
+            }
+        },
+    })
+}
+
+/// A path as the kernel takes it.
+fn c_path(p: &Path) -> std::io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::other(format!("path {} has a NUL byte", p.display())))
+}
+
+/// For the stage user (a root engine's attempt): gives it what it may write and opens
+/// the way to what it needs (`reach` and `access`) through directories closed to it.
+/// The mounts that make that way, and the paths given (to take back after).
+fn give_to_stage(
+    access: &[PathAccess],
+    reach: &[PathBuf],
+    log: &Path,
+    read_only: &[PathBuf],
+) -> std::io::Result<(Vec<Mount>, Vec<PathBuf>)> {
+    let mut mounts = Vec::with_capacity(access.len());
+    let mut given = Vec::new();
+    // The stage user owns what it may write, and can get to what it needs.
+    let keep: Vec<&Path> = read_only.iter().map(PathBuf::as_path).collect();
+    for a in access.iter().filter(|a| a.writable && !a.hidden) {
+        userns::give(&a.path, &keep, log, (userns::STAGE_ID, userns::STAGE_ID))?;
+        // Another attempt may be writing a shared path still: it stays given.
+        if !a.shared {
+            given.push(a.path.clone());
+        }
+    }
+    let targets: Vec<PathBuf> = reach
+        .iter()
+        .cloned()
+        .chain(access.iter().filter(|a| !a.hidden).map(|a| a.path.clone()))
+        .collect();
+    let mut hidden: Vec<PathBuf> = Vec::new();
+    for (dir, entry) in userns::closed_on_the_way(&targets) {
+        let hide = c_path(&dir)?;
+        if !hidden.contains(&dir) {
+            mounts.push(Mount {
+                path: c_path(&dir)?,
+                writable: false,
+                kind: Kind::HideDir,
+            });
+            hidden.push(dir);
+        }
+        mounts.push(Mount {
+            path: c_path(&entry)?,
+            writable: false,
+            kind: Kind::Reattach {
+                hide,
+                dirs: vec![c_path(&entry)?],
+                fd: AtomicI32::new(-1),
+            },
+        });
+    }
+    Ok((mounts, given))
+}
+
+/// The hidden directories that the attempt's own mounts (`mounts`) are re-attached under.
+fn own_hides(mounts: &[Mount]) -> Vec<CString> {
+    let mut hides: Vec<CString> = Vec::new();
+    for m in mounts {
+        if let Kind::Reattach { hide, .. } = &m.kind {
+            if !hides.contains(hide) {
+                hides.push(hide.clone());
+            }
+        }
+    }
+    hides
 }
 
 /// Nothing mounted in the child's namespace propagates back to the engine's.

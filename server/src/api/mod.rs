@@ -180,8 +180,9 @@ fn host_is_bound(host: &str, bound: std::net::SocketAddr) -> bool {
     };
     port_ok && name_ok
 }
-
-async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
+/// A request another site's page sent: to a loopback API under a Host that is not its
+/// address (DNS rebinding), or a change from a page of another origin. Its refusal.
+fn foreign(s: &Server, req: &Request, mutating: bool) -> Option<Response> {
     if s.bound.ip().is_loopback() {
         let host = req
             .headers()
@@ -189,7 +190,7 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
             .and_then(|h| h.to_str().ok())
             .unwrap_or("");
         if !host_is_bound(host, s.bound) {
-            return error(
+            return Some(error(
                 StatusCode::FORBIDDEN,
                 format!(
                     "Host `{}` is not this server's address ({}); a page of another site \
@@ -197,10 +198,9 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
                     drivetrain_engine::diag::clip(host.to_owned()),
                     s.bound
                 ),
-            );
+            ));
         }
     }
-    let mutating = !matches!(*req.method(), Method::GET | Method::HEAD);
     // A browser names the page that sends a request: a page of another site may not
     // start, cancel or roll back anything here (a form needs no preflight).
     if mutating {
@@ -216,15 +216,23 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
                 .or_else(|| origin.strip_prefix("https://"))
                 .is_some_and(|o| o == host);
             if !same {
-                return error(
+                return Some(error(
                     StatusCode::FORBIDDEN,
                     format!(
                         "a page of `{}` cannot change this server",
                         drivetrain_engine::diag::clip(origin.to_owned())
                     ),
-                );
+                ));
             }
         }
+    }
+    None
+}
+
+async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    let mutating = !matches!(*req.method(), Method::GET | Method::HEAD);
+    if let Some(refused) = foreign(&s, &req, mutating) {
+        return refused;
     }
     let subject = match access::subject(&s, req.headers(), mutating).await {
         Ok(subject) => subject,
@@ -1181,6 +1189,9 @@ async fn metrics(State(s): State<Shared>) -> Response {
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
+
+#[cfg(test)]
+mod router_tests;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,194 @@
+//! The router in-process, on an [`Engine`] with the fake executor: every route of
+//! [`openapi::ROUTES`] answers a request naming nothing that exists with a status its
+//! document lists (never a 500), and the engine's refusals of reruns and retries map to
+//! their statuses (400, 404, 409) in one place ([`super::refused`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use super::openapi;
+use crate::server::{Auth, Server};
+use drivetrain_engine::artifacts::ArtifactStore;
+use drivetrain_engine::engine::EngineBuilder;
+use drivetrain_engine::state::{SqliteState, StateStore};
+use drivetrain_engine::testing::FakeExecutor;
+use drivetrain_engine::Catalog;
+
+const TOKEN: &str = "router-test-token";
+
+/// A server (token [`TOKEN`]) on a scratch home, its runs on the fake executor.
+struct Bench {
+    dir: std::path::PathBuf,
+    server: Arc<Server>,
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Bench {
+    fn new(name: &str) -> Bench {
+        let dir = std::env::temp_dir().join(format!("dt-router-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("served")).unwrap();
+        let state: Arc<dyn StateStore> =
+            Arc::new(SqliteState::open(&dir.join("state.db")).unwrap());
+        let url = format!("file://{}", dir.join("artifacts").display());
+        let fake = FakeExecutor::default();
+        let found = fake.clone();
+        let engine = EngineBuilder::new(
+            state,
+            ArtifactStore::open(&url).unwrap(),
+            Arc::new(fake),
+            dir.join("work"),
+        )
+        .executors(move |_| Ok(Arc::new(found.clone())))
+        .build();
+        let auth = Auth {
+            token: Some(TOKEN.into()),
+            auth_required: true,
+            ..Auth::default()
+        };
+        let limits = crate::listener::Limits::for_files(1024);
+        let server = Arc::new(Server::new(
+            engine,
+            Catalog::new(Vec::new(), vec!["local"]),
+            (dir.clone(), dir.join("served")),
+            Default::default(),
+            auth,
+            ("127.0.0.1:8080".parse().unwrap(), limits),
+            Vec::new(),
+        ));
+        Bench { dir, server }
+    }
+
+    /// One request through the whole router (the auth layer included): status and body.
+    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let request = Request::builder()
+            .method(method.to_uppercase().as_str())
+            .uri(path)
+            .header(header::HOST, "127.0.0.1:8080")
+            .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(match body {
+                Some(b) => Body::from(b.to_string()),
+                None => Body::empty(),
+            })
+            .unwrap();
+        let router = super::router(self.server.clone());
+        let response = router.oneshot(request).await.unwrap();
+        let status = response.status();
+        let streamed = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
+        // A stream is not read to its end: its status is the answer.
+        if streamed {
+            return (status, Value::Null);
+        }
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+        (status, value)
+    }
+
+    /// Submits `yaml` and waits for its run to end: its id.
+    async fn ended_run(&self, yaml: &str) -> String {
+        let (code, v) = self
+            .call("post", "/api/v1/runs", Some(json!({ "yaml": yaml })))
+            .await;
+        assert_eq!(code, StatusCode::CREATED, "{v}");
+        let run = v["run"].as_str().unwrap().to_owned();
+        for _ in 0..200 {
+            let (_, v) = self.call("get", &format!("/api/v1/runs/{run}"), None).await;
+            if !["Pending", "Running"].contains(&v["run"]["phase"].as_str().unwrap_or("")) {
+                return run;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("run {run} never ended");
+    }
+}
+
+/// A path with every `{param}` naming something that does not exist.
+fn nothing_at(path: &str) -> String {
+    let mut out = String::new();
+    for (i, part) in path.split('{').enumerate() {
+        match (i, part.split_once('}')) {
+            (0, _) | (_, None) => out.push_str(part),
+            (_, Some((name, rest))) => {
+                out.push_str(&format!("no-such-{name}"));
+                out.push_str(rest);
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_answers_a_request_for_nothing_as_documented() {
+    let b = Bench::new("routes");
+    let mut asked = 0;
+    for route in openapi::ROUTES {
+        let path = nothing_at(route.path);
+        let body = (route.method != "get").then(|| json!({}));
+        let (code, v) = b.call(route.method, &path, body).await;
+        let documented: Vec<u16> = openapi::responses(route).iter().map(|r| r.0).collect();
+        assert!(
+            documented.contains(&code.as_u16()),
+            "{} {path}: {code} is not among {documented:?}: {v}",
+            route.method
+        );
+        assert_ne!(code, StatusCode::INTERNAL_SERVER_ERROR, "{path}: {v}");
+        if code.is_client_error() {
+            assert!(v["error"].is_string(), "{path}: an error says why: {v}");
+        }
+        asked += 1;
+    }
+    assert_eq!(asked, openapi::ROUTES.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_s_refusals_of_reruns_and_retries_have_their_statuses() {
+    let b = Bench::new("refusals");
+    let yaml = "version: 1\nname: chain\nstages:\n  a:\n    run: {command: [ok]}\n  b:\n    needs: [a]\n    run: {command: [ok]}\n";
+    let run = b.ended_run(yaml).await;
+    let rerun = format!("/api/v1/runs/{run}/rerun");
+    // Rerun: what to execute is named; an unknown stage is the request's fault.
+    let (code, v) = b.call("post", &rerun, Some(json!({}))).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST, "{v}");
+    let (code, v) = b
+        .call("post", &rerun, Some(json!({"stages": ["bb"]})))
+        .await;
+    assert_eq!(code, StatusCode::BAD_REQUEST, "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("no stage named `bb`"),
+        "{v}"
+    );
+    // Retry of a run whose stages all succeeded: nothing to do, said as a conflict.
+    let (code, v) = b
+        .call("post", &format!("/api/v1/runs/{run}/retry"), None)
+        .await;
+    assert_eq!(code, StatusCode::CONFLICT, "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("nothing to retry"),
+        "{v}"
+    );
+    // No such run.
+    let (code, _) = b.call("post", "/api/v1/runs/no-such-run/retry", None).await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+    // A rerun that the engine accepts runs in this process, linked to its parent.
+    let (code, v) = b.call("post", &rerun, Some(json!({"stages": ["b"]}))).await;
+    assert_eq!(code, StatusCode::CREATED, "{v}");
+    assert_eq!(v["parent"], run.as_str());
+    assert_eq!(v["trigger"], "rerun");
+}
