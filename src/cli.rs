@@ -35,6 +35,23 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
+    #[command(flatten)]
+    Pipeline(PipelineGroup),
+    #[command(flatten)]
+    Run(RunGroup),
+    #[command(flatten)]
+    History(HistoryGroup),
+    #[command(flatten)]
+    Inspect(InspectGroup),
+    #[command(flatten)]
+    People(PeopleGroup),
+    #[command(flatten)]
+    Server(ServerGroup),
+}
+
+/// Commands that read pipeline files: validate, draw, plan, and the steps and schemas they use.
+#[derive(Debug, Subcommand)]
+pub(crate) enum PipelineGroup {
     /// Check pipeline files and report every problem with its location.
     #[command(
         after_help = "Examples:\n  drivetrain validate pipelines/*.yaml\n  drivetrain validate broken.yaml --output json"
@@ -86,6 +103,27 @@ pub(crate) enum Command {
         #[arg(long, default_value = "dry-run", requires = "manifests")]
         run_id: String,
     },
+    /// Print the JSON Schema of pipeline files (for editors), or with `--api` the OpenAPI
+    /// document of `drivetrain serve`'s HTTP API.
+    #[command(
+        after_help = "Examples:\n  drivetrain schema > pipeline.schema.json\n  drivetrain schema --api > docs/openapi.json"
+    )]
+    Schema {
+        /// The OpenAPI document of the HTTP API instead.
+        #[arg(long)]
+        api: bool,
+    },
+    /// List the built-in steps and executors.
+    #[command(after_help = "Examples:\n  drivetrain steps\n  drivetrain steps --output json")]
+    Steps {
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+}
+
+/// Commands that run stages: a run, a rerun or retry, a resume, and inside a stage `step` and `exec`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum RunGroup {
     /// Run a pipeline on this machine: prints the run id, then each stage as it ends.
     #[command(
         after_help = "Examples:\n  drivetrain run pipelines/shell-demo.yaml\n  drivetrain run pipeline.yaml --param day=2026-11-20 --parallelism 4 --fail-fast\n\nExit codes: 0 succeeded, 1 failed, 2 usage, 130 cancelled."
@@ -168,6 +206,39 @@ pub(crate) enum Command {
         #[command(flatten)]
         common: FromRun,
     },
+    /// Finish a run whose engine stopped: succeeded stages are kept, lost attempts rerun.
+    #[command(after_help = "Example:\n  drivetrain resume 20261122-031500-1a2b")]
+    Resume {
+        run: String,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Run one built-in step with the attempt's environment (what `drivetrain run` starts
+    /// for `uses:` stages, and a container's command on a cluster).
+    #[command(
+        after_help = "Reads DRIVETRAIN_STEP_CONFIG (the rendered `with:` block as JSON), DRIVETRAIN_INPUT_<NAME>, DRIVETRAIN_OUTPUT_<NAME>, DRIVETRAIN_VALUES and, when distributed, RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.\n\nExample:\n  DRIVETRAIN_STEP_CONFIG='{\"drives\": 2}' DRIVETRAIN_OUTPUT_LOGS=out DRIVETRAIN_VALUES=values.json drivetrain step fleet-sim"
+    )]
+    Step { name: String },
+    /// The wrapper around a stage's command in a pod: fetch inputs, run, upload outputs
+    /// (what the kubernetes executor starts; not for people).
+    #[command(hide = true)]
+    Exec {
+        /// Copy this binary into DIR and exit (the pod's init container).
+        #[arg(long, value_name = "DIR", conflicts_with = "command")]
+        install: Option<PathBuf>,
+        /// Run one task of a Slurm job array: the map item the slurm executor wrote into
+        /// FILE (read and removed).
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["command", "install"])]
+        task: Option<PathBuf>,
+        /// The command and its arguments.
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
+}
+
+/// Commands that read what runs made: why a stage hit the cache, lineage, forgetting, garbage collection, the registry.
+#[derive(Debug, Subcommand)]
+pub(crate) enum HistoryGroup {
     /// Why a stage of a run was a cache hit or a miss: the component of its key that
     /// changed.
     #[command(after_help = "Example:\n  drivetrain explain 20261122-031500-1a2b train")]
@@ -214,6 +285,26 @@ pub(crate) enum Command {
         #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },
+    /// The model registry in the artifact store: models, versions, aliases, history.
+    #[command(
+        after_help = "Examples:\n  drivetrain registry list\n  drivetrain registry show risk-model@production\n  drivetrain registry history risk-model\n  drivetrain registry alias risk-model production 3\n  drivetrain registry rollback risk-model production"
+    )]
+    Registry {
+        /// The registry: an artifact store URL or `mlflow+http://HOST:PORT`; default
+        /// `DRIVETRAIN_REGISTRY`, else the registry in the artifact store.
+        #[arg(long, global = true)]
+        registry: Option<String>,
+        /// Whose registry: a project's is in its artifact store (default `default`).
+        #[arg(long, global = true, default_value = "default")]
+        project: String,
+        #[command(subcommand)]
+        command: RegistryCommand,
+    },
+}
+
+/// Commands that look at runs: status, logs, the list, and cancel.
+#[derive(Debug, Subcommand)]
+pub(crate) enum InspectGroup {
     /// Show a run's stages: phase, attempts, duration, exit code, reason.
     #[command(
         after_help = "Examples:\n  drivetrain status            # the latest run\n  drivetrain status 20261122-031500-1a2b --output json"
@@ -246,13 +337,6 @@ pub(crate) enum Command {
         #[arg(long, value_name = "URL", requires_all = ["run", "stage"])]
         server: Option<String>,
     },
-    /// Finish a run whose engine stopped: succeeded stages are kept, lost attempts rerun.
-    #[command(after_help = "Example:\n  drivetrain resume 20261122-031500-1a2b")]
-    Resume {
-        run: String,
-        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
-        output: Format,
-    },
     /// Cancel a run: its running stages are stopped and it is recorded as cancelled.
     #[command(after_help = "Example:\n  drivetrain cancel 20261122-031500-1a2b")]
     Cancel {
@@ -284,42 +368,79 @@ pub(crate) enum Command {
         #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },
-    /// Run one built-in step with the attempt's environment (what `drivetrain run` starts
-    /// for `uses:` stages, and a container's command on a cluster).
+}
+
+/// People's commands: approvals, tokens, the audit log, projects and who may do what.
+#[derive(Debug, Subcommand)]
+pub(crate) enum PeopleGroup {
+    /// Approve a stage waiting for people (`approval:`). Once enough people with its role
+    /// have, the run goes on: here, in the foreground, unless `--server` or a `serve` on
+    /// this home takes it.
     #[command(
-        after_help = "Reads DRIVETRAIN_STEP_CONFIG (the rendered `with:` block as JSON), DRIVETRAIN_INPUT_<NAME>, DRIVETRAIN_OUTPUT_<NAME>, DRIVETRAIN_VALUES and, when distributed, RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.\n\nExample:\n  DRIVETRAIN_STEP_CONFIG='{\"drives\": 2}' DRIVETRAIN_OUTPUT_LOGS=out DRIVETRAIN_VALUES=values.json drivetrain step fleet-sim"
+        after_help = "Examples:\n  drivetrain approve 20261126-101500-ab12cd34 release-gate --comment 'slices hold'\n  DRIVETRAIN_TOKEN=... drivetrain approve RUN release-gate --server http://127.0.0.1:8080"
     )]
-    Step { name: String },
-    /// The wrapper around a stage's command in a pod: fetch inputs, run, upload outputs
-    /// (what the kubernetes executor starts; not for people).
-    #[command(hide = true)]
-    Exec {
-        /// Copy this binary into DIR and exit (the pod's init container).
-        #[arg(long, value_name = "DIR", conflicts_with = "command")]
-        install: Option<PathBuf>,
-        /// Run one task of a Slurm job array: the map item the slurm executor wrote into
-        /// FILE (read and removed).
-        #[arg(long, value_name = "FILE", conflicts_with_all = ["command", "install"])]
-        task: Option<PathBuf>,
-        /// The command and its arguments.
-        #[arg(last = true)]
-        command: Vec<String>,
+    Approve {
+        #[command(flatten)]
+        decision: DecisionArgs,
     },
-    /// The model registry in the artifact store: models, versions, aliases, history.
+    /// Reject a stage waiting for people: the stage fails, the run ends.
+    Reject {
+        #[command(flatten)]
+        decision: DecisionArgs,
+    },
+    /// Approvals: what each waits for, its evidence, votes and outcome.
+    Approvals {
+        /// Only those still waiting.
+        #[arg(long)]
+        waiting: bool,
+        #[arg(short = 'n', long = "limit", default_value_t = 50)]
+        limit: usize,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// API tokens of `drivetrain serve`: a role in a project each, stored hashed.
     #[command(
-        after_help = "Examples:\n  drivetrain registry list\n  drivetrain registry show risk-model@production\n  drivetrain registry history risk-model\n  drivetrain registry alias risk-model production 3\n  drivetrain registry rollback risk-model production"
+        after_help = "Examples:\n  drivetrain token create --project default --role launcher --name ci\n  drivetrain token create --project default --role viewer --approves safety --name alice\n  drivetrain token list\n  drivetrain token revoke ci"
     )]
-    Registry {
-        /// The registry: an artifact store URL or `mlflow+http://HOST:PORT`; default
-        /// `DRIVETRAIN_REGISTRY`, else the registry in the artifact store.
-        #[arg(long, global = true)]
-        registry: Option<String>,
-        /// Whose registry: a project's is in its artifact store (default `default`).
-        #[arg(long, global = true, default_value = "default")]
-        project: String,
+    Token {
         #[command(subcommand)]
-        command: RegistryCommand,
+        command: TokenCommand,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text, global = true)]
+        output: Format,
     },
+    /// The audit log: every mutating action, allowed or denied, with who and what changed.
+    #[command(
+        after_help = "Examples:\n  drivetrain audit --since 2026-11-01\n  drivetrain audit -o json -n 1000"
+    )]
+    Audit {
+        /// A date (`2026-11-01`) or an RFC 3339 time.
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(short = 'n', long = "limit", default_value_t = 100)]
+        limit: usize,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Projects: their quotas (runs in flight and GPUs claimed, kept by `serve`).
+    #[command(
+        after_help = "Examples:\n  drivetrain project quota perception --max-runs 4 --max-gpus 16\n  drivetrain project list"
+    )]
+    Project {
+        #[command(subcommand)]
+        command: ProjectCommand,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text, global = true)]
+        output: Format,
+    },
+    /// Explain an authorization decision.
+    Auth {
+        #[command(subcommand)]
+        command: AuthCommand,
+    },
+}
+
+/// The server and what it keeps: `serve`, `ui`, schedules, triggers, notifications, and `doctor`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum ServerGroup {
     /// Run the pipelines of a directory on their cron schedules (until Ctrl-C / SIGTERM,
     /// which lets the runs in flight finish).
     #[command(
@@ -402,69 +523,6 @@ pub(crate) enum Command {
         #[arg(long, short = 'o', value_enum, default_value_t = Format::Text, global = true)]
         output: Format,
     },
-    /// Approve a stage waiting for people (`approval:`). Once enough people with its role
-    /// have, the run goes on: here, in the foreground, unless `--server` or a `serve` on
-    /// this home takes it.
-    #[command(
-        after_help = "Examples:\n  drivetrain approve 20261126-101500-ab12cd34 release-gate --comment 'slices hold'\n  DRIVETRAIN_TOKEN=... drivetrain approve RUN release-gate --server http://127.0.0.1:8080"
-    )]
-    Approve {
-        #[command(flatten)]
-        decision: DecisionArgs,
-    },
-    /// Reject a stage waiting for people: the stage fails, the run ends.
-    Reject {
-        #[command(flatten)]
-        decision: DecisionArgs,
-    },
-    /// Approvals: what each waits for, its evidence, votes and outcome.
-    Approvals {
-        /// Only those still waiting.
-        #[arg(long)]
-        waiting: bool,
-        #[arg(short = 'n', long = "limit", default_value_t = 50)]
-        limit: usize,
-        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
-        output: Format,
-    },
-    /// API tokens of `drivetrain serve`: a role in a project each, stored hashed.
-    #[command(
-        after_help = "Examples:\n  drivetrain token create --project default --role launcher --name ci\n  drivetrain token create --project default --role viewer --approves safety --name alice\n  drivetrain token list\n  drivetrain token revoke ci"
-    )]
-    Token {
-        #[command(subcommand)]
-        command: TokenCommand,
-        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text, global = true)]
-        output: Format,
-    },
-    /// The audit log: every mutating action, allowed or denied, with who and what changed.
-    #[command(
-        after_help = "Examples:\n  drivetrain audit --since 2026-11-01\n  drivetrain audit -o json -n 1000"
-    )]
-    Audit {
-        /// A date (`2026-11-01`) or an RFC 3339 time.
-        #[arg(long)]
-        since: Option<String>,
-        #[arg(short = 'n', long = "limit", default_value_t = 100)]
-        limit: usize,
-        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
-        output: Format,
-    },
-    /// Projects: their quotas (runs in flight and GPUs claimed, kept by `serve`).
-    #[command(
-        after_help = "Examples:\n  drivetrain project quota perception --max-runs 4 --max-gpus 16\n  drivetrain project list"
-    )]
-    Project {
-        #[command(subcommand)]
-        command: ProjectCommand,
-        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text, global = true)]
-        output: Format,
-    },
-    /// Explain an authorization decision.
-    Auth {
-        #[command(subcommand)]
-        command: AuthCommand,
-    },
     /// The notifications outbox: what was sent, what waits, what is dead.
     #[command(
         after_help = "Examples:\n  drivetrain notifications --state dead\n  drivetrain notifications -o json -n 500"
@@ -477,16 +535,6 @@ pub(crate) enum Command {
         limit: usize,
         #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
-    },
-    /// Print the JSON Schema of pipeline files (for editors), or with `--api` the OpenAPI
-    /// document of `drivetrain serve`'s HTTP API.
-    #[command(
-        after_help = "Examples:\n  drivetrain schema > pipeline.schema.json\n  drivetrain schema --api > docs/openapi.json"
-    )]
-    Schema {
-        /// The OpenAPI document of the HTTP API instead.
-        #[arg(long)]
-        api: bool,
     },
     /// What this machine offers local runs: cores, GPUs and how they were found (NVML,
     /// nvidia-smi, CUDA_VISIBLE_DEVICES), stage isolation; with `--slurm`, whether the
@@ -502,12 +550,6 @@ pub(crate) enum Command {
         /// home's work directory (the file system the jobs must share with the engine).
         #[arg(long)]
         slurm: bool,
-        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
-        output: Format,
-    },
-    /// List the built-in steps and executors.
-    #[command(after_help = "Examples:\n  drivetrain steps\n  drivetrain steps --output json")]
-    Steps {
         #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },

@@ -18,7 +18,7 @@ pub fn doctor(
         .as_ref()
         .is_some_and(|r| r.get("ok") == Some(&json!(false)));
     let code = if failed {
-        ExitCode::from(1)
+        crate::exit::failed()
     } else {
         ExitCode::SUCCESS
     };

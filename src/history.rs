@@ -19,7 +19,7 @@ pub fn explain(home: &Path, run: &str, stage: &str, json_out: bool) -> anyhow::R
         Ok(e) => e,
         Err(why) => {
             eprintln!("error: {why}");
-            return Ok(ExitCode::from(2));
+            return Ok(crate::exit::usage());
         }
     };
     if json_out {
@@ -272,7 +272,7 @@ pub fn registry(
     use crate::cli::RegistryCommand as C;
     if let Err(why) = drivetrain_engine::validate::dns1123_label(project) {
         eprintln!("error: --project `{project}` {why}");
-        return Ok(ExitCode::from(2));
+        return Ok(crate::exit::usage());
     }
     let store = crate::runs::run_store_url(None, project, home)?;
     let vars = drivetrain_engine::cloud::project_env(project);

@@ -262,7 +262,7 @@ pub fn list(
         Ok(runs) => runs,
         Err(why) => {
             eprintln!("error: --phase {why}");
-            return Ok(ExitCode::from(2));
+            return Ok(crate::exit::usage());
         }
     };
     let orphans = orphaned(state.as_ref())?;
@@ -405,7 +405,7 @@ pub fn follow_run(home: &Path, run: Option<&str>) -> anyhow::Result<ExitCode> {
                 Phase::Succeeded => ExitCode::SUCCESS,
                 Phase::Cancelled => ExitCode::from(crate::runs::EXIT_CANCELLED),
                 Phase::Waiting => ExitCode::from(crate::runs::EXIT_WAITING),
-                _ => ExitCode::from(1),
+                _ => crate::exit::failed(),
             });
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -421,7 +421,7 @@ pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Resu
     if let Some(s) = stage {
         if !attempts.iter().any(|a| a.stage == s) && state.map_items(&id, s)?.is_empty() {
             eprintln!("error: run {id} has no attempts of stage `{s}`");
-            return Ok(ExitCode::from(2));
+            return Ok(crate::exit::usage());
         }
     }
     // The pipeline's own store may differ from the default; the run recorded its file.

@@ -11,6 +11,7 @@ mod cli;
 mod client;
 mod commands;
 mod doctor;
+mod exit;
 mod history;
 mod inspect;
 mod manifests;
@@ -30,7 +31,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use cli::{Cli, Command};
+use cli::{Cli, Command, RunGroup, ServerGroup};
 
 /// Commands that only print (and `logs --follow`) die quietly of a closed pipe, as other
 /// command-line tools do (`drivetrain list | head -1`). Rust ignores SIGPIPE, so a write
@@ -39,13 +40,13 @@ use cli::{Cli, Command};
 fn die_quietly_on_closed_pipes(command: &Command) {
     if matches!(
         command,
-        Command::Run { .. }
-            | Command::Rerun { .. }
-            | Command::Retry { .. }
-            | Command::Resume { .. }
-            | Command::Serve { .. }
-            | Command::Ui { .. }
-            | Command::Exec { .. }
+        Command::Run(
+            RunGroup::Run { .. }
+                | RunGroup::Rerun { .. }
+                | RunGroup::Retry { .. }
+                | RunGroup::Resume { .. }
+                | RunGroup::Exec { .. }
+        ) | Command::Server(ServerGroup::Serve { .. } | ServerGroup::Ui { .. })
     ) {
         return;
     }

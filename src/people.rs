@@ -60,11 +60,11 @@ pub fn decide(
                 "error: run {} has no stage `{}` waiting for approval",
                 d.run, d.stage
             );
-            return Ok(ExitCode::from(2));
+            return Ok(crate::exit::usage());
         }
         Err(why) => {
             eprintln!("error: {}/{}: {why}", d.run, d.stage);
-            return Ok(ExitCode::from(1));
+            return Ok(crate::exit::failed());
         }
     };
     audit_local(
@@ -173,7 +173,7 @@ pub fn token(home: &Path, command: TokenCommand, json_out: bool) -> anyhow::Resu
         } => {
             if Role::parse(&role).is_none() {
                 eprintln!("error: --role `{role}`: give viewer, launcher, editor or admin");
-                return Ok(ExitCode::from(2));
+                return Ok(crate::exit::usage());
             }
             let secret = secret()?;
             let id = format!("tok_{}", &token_hash(&secret)[..12]);
@@ -196,7 +196,7 @@ pub fn token(home: &Path, command: TokenCommand, json_out: bool) -> anyhow::Resu
                     "error: a token named `{}` exists: revoke it first, or give another --name",
                     t.name
                 );
-                return Ok(ExitCode::from(2));
+                return Ok(crate::exit::usage());
             }
             state.add_token(&t, &token_hash(&secret))?;
             audit_local(
@@ -257,7 +257,7 @@ pub fn token(home: &Path, command: TokenCommand, json_out: bool) -> anyhow::Resu
             }
             None => {
                 eprintln!("error: no unrevoked token `{token}`");
-                return Ok(ExitCode::from(2));
+                return Ok(crate::exit::usage());
             }
         },
     }
@@ -275,7 +275,7 @@ pub fn audit(
         Ok(s) => s.unwrap_or_default(),
         Err(e) => {
             eprintln!("error: {e}");
-            return Ok(ExitCode::from(2));
+            return Ok(crate::exit::usage());
         }
     };
     let state = open_state(home)?;
@@ -308,7 +308,7 @@ pub fn can(home: &Path, subject: &str, verb: &str, resource: &str) -> anyhow::Re
             "error: unknown verb `{verb}`: give one of {}",
             all.join(", ")
         );
-        return Ok(ExitCode::from(2));
+        return Ok(crate::exit::usage());
     };
     let state = open_state(home)?;
     let found = state
@@ -317,7 +317,7 @@ pub fn can(home: &Path, subject: &str, verb: &str, resource: &str) -> anyhow::Re
         .find(|t| t.revoked_at.is_none() && (t.name == subject || t.id == subject));
     let Some(token) = found else {
         eprintln!("error: no unrevoked token named `{subject}` (`drivetrain token list`)");
-        return Ok(ExitCode::from(2));
+        return Ok(crate::exit::usage());
     };
     let who = token_subject(&token);
     let project = drivetrain_server::access::DEFAULT_PROJECT;
@@ -327,7 +327,7 @@ pub fn can(home: &Path, subject: &str, verb: &str, resource: &str) -> anyhow::Re
             Some(a) => Some(a.request.role),
             None => {
                 eprintln!("error: run {run} asks no approval at stage `{stage}`");
-                return Ok(ExitCode::from(2));
+                return Ok(crate::exit::usage());
             }
         },
         ["alias", _model, alias] => state.protected_aliases()?.get(*alias).cloned(),
@@ -336,7 +336,7 @@ pub fn can(home: &Path, subject: &str, verb: &str, resource: &str) -> anyhow::Re
             eprintln!(
                 "error: resource `{resource}`: give project/P, run/RUN, approval/RUN/STAGE or alias/MODEL/ALIAS"
             );
-            return Ok(ExitCode::from(2));
+            return Ok(crate::exit::usage());
         }
     };
     let d = access::decide(&who, verb, project, approval.as_deref());
@@ -384,7 +384,7 @@ pub fn project(
         } => {
             if let Err(why) = drivetrain_engine::validate::dns1123_label(&project) {
                 eprintln!("error: project name `{project}` {why}");
-                return Ok(ExitCode::from(2));
+                return Ok(crate::exit::usage());
             }
             let q = Quota { max_runs, max_gpus };
             state.set_quota(&project, q, &local_user().name)?;

@@ -111,7 +111,7 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
         Ok(e) => e,
         Err(why) => {
             eprintln!("error: {why}");
-            return Ok(ExitCode::from(2));
+            return Ok(crate::exit::usage());
         }
     };
     let state: Arc<dyn StateStore> = open_state(&args.home)?;
@@ -353,7 +353,7 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
         Phase::Succeeded => ExitCode::SUCCESS,
         Phase::Cancelled => ExitCode::from(EXIT_CANCELLED),
         Phase::Waiting => ExitCode::from(EXIT_WAITING),
-        _ => ExitCode::from(1),
+        _ => crate::exit::failed(),
     })
 }
 
@@ -476,7 +476,7 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         if cmdline.split(|b| *b == 0).nth(1) == Some(b"serve".as_slice()) {
             eprintln!("error: run {id} runs inside `drivetrain serve` (process {pid}); cancel it there: drivetrain cancel {id} --server URL");
-            return Ok(ExitCode::from(2));
+            return Ok(crate::exit::usage());
         }
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid as i32),
@@ -492,7 +492,7 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
             std::thread::sleep(Duration::from_millis(100));
         }
         eprintln!("error: engine process {pid} did not stop run {id} within 60 s");
-        return Ok(ExitCode::from(1));
+        return Ok(crate::exit::failed());
     }
     end_orphan(
         home,

@@ -59,7 +59,7 @@ pub fn command(
         C::Next { pipeline, count } => {
             let Some(s) = find_schedule(&*state, &pipeline, &crate::catalog::catalog())? else {
                 eprintln!("error: no schedule `{pipeline}` (a registered pipeline's name or a pipeline file)");
-                return Ok(ExitCode::from(2));
+                return Ok(crate::exit::usage());
             };
             let ticks = upcoming(&s, now, count)?;
             if json_out {
@@ -108,7 +108,7 @@ pub fn command(
         C::Trigger { pipeline } => {
             if state.schedule(&pipeline)?.is_none() {
                 eprintln!("error: no schedule `{pipeline}`");
-                return Ok(ExitCode::from(2));
+                return Ok(crate::exit::usage());
             }
             crate::audit::audit_local(
                 &*state,

@@ -60,7 +60,7 @@ fn with(
 /// A usage error: said, exit 2.
 fn usage(e: String) -> anyhow::Result<ExitCode> {
     eprintln!("error: {e}");
-    Ok(ExitCode::from(2))
+    Ok(crate::exit::usage())
 }
 
 /// `trigger list`.
@@ -265,7 +265,7 @@ pub fn notifications(
 ) -> anyhow::Result<ExitCode> {
     if let Some(s) = state_filter.filter(|s| !["pending", "delivered", "dead"].contains(s)) {
         eprintln!("error: --state `{s}`: give pending, delivered or dead");
-        return Ok(ExitCode::from(2));
+        return Ok(crate::exit::usage());
     }
     let state = open_state(home)?;
     let items = state.notifications(state_filter, limit)?;

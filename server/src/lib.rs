@@ -122,11 +122,15 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
     let auth_required = token.is_some() || oidc.is_some() || has_tokens;
     if !addr.ip().is_loopback() && !auth_required {
         eprintln!("error: refusing to serve on {addr} without a token: set --token or DRIVETRAIN_TOKEN, create one with `drivetrain token create`, or bind a loopback address");
-        return Ok(ExitCode::from(2));
+        return Ok(ExitCode::from(
+            drivetrain_engine::fault::Fault::Request.exit_code(),
+        ));
     }
     warn_of_access(addr, auth_required, args.insecure_no_auth);
     let Some(default_sinks) = default_sinks(args.notify.as_deref())? else {
-        return Ok(ExitCode::from(2));
+        return Ok(ExitCode::from(
+            drivetrain_engine::fault::Fault::Request.exit_code(),
+        ));
     };
     let pipelines = match &args.pipelines {
         Some(dir) => load(&catalog, dir, state.as_ref(), args.schedules)?,
@@ -134,7 +138,9 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
     };
     if let Some(dir) = args.pipelines.as_ref().filter(|_| pipelines.is_empty()) {
         eprintln!("error: no valid pipeline under {}", dir.display());
-        return Ok(ExitCode::from(2));
+        return Ok(ExitCode::from(
+            drivetrain_engine::fault::Fault::Request.exit_code(),
+        ));
     }
     let limits = crate::listener::Limits::for_files(crate::listener::raise_file_limit());
     let listener = std::net::TcpListener::bind(addr)

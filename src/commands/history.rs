@@ -5,27 +5,27 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use super::outcome;
-use crate::cli::{Command, Format};
+use crate::cli::{Format, HistoryGroup};
 use crate::history;
 
 /// Runs one of this group's commands.
-pub(super) fn dispatch(home: &Path, command: Command) -> ExitCode {
+pub(super) fn dispatch(home: &Path, command: HistoryGroup) -> ExitCode {
     match command {
-        Command::Explain { run, stage, output } => {
+        HistoryGroup::Explain { run, stage, output } => {
             outcome(history::explain(home, &run, &stage, output == Format::Json))
         }
-        Command::Lineage {
+        HistoryGroup::Lineage {
             target,
             downstream,
             output,
         } => outcome(history::lineage(home, &target, downstream, output)),
-        Command::Forget { input, output } => outcome(history::forget(home, &input, output)),
-        Command::Gc {
+        HistoryGroup::Forget { input, output } => outcome(history::forget(home, &input, output)),
+        HistoryGroup::Gc {
             keep_days,
             apply,
             output,
         } => outcome(history::gc(home, keep_days, apply, output == Format::Json)),
-        Command::Registry {
+        HistoryGroup::Registry {
             registry,
             project,
             command,
@@ -35,6 +35,5 @@ pub(super) fn dispatch(home: &Path, command: Command) -> ExitCode {
             &project,
             command,
         )),
-        _ => unreachable!("not a command of this group"),
     }
 }

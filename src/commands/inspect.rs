@@ -5,47 +5,47 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use super::outcome;
-use crate::cli::{Command, Format};
+use crate::cli::{Format, InspectGroup};
 use crate::{client, inspect, runs};
 
 /// Runs one of this group's commands.
-pub(super) fn dispatch(home: &Path, command: Command) -> ExitCode {
+pub(super) fn dispatch(home: &Path, command: InspectGroup) -> ExitCode {
     match command {
-        Command::Status {
+        InspectGroup::Status {
             run,
             output,
             server: Some(url),
             ..
         } => outcome(client::status(&url, run.as_deref(), output == Format::Json)),
-        Command::Status {
+        InspectGroup::Status {
             run,
             output,
             watch: true,
             ..
         } => outcome(inspect::watch(home, run.as_deref(), output == Format::Json)),
-        Command::Status { run, output, .. } => outcome(inspect::status(
+        InspectGroup::Status { run, output, .. } => outcome(inspect::status(
             home,
             run.as_deref(),
             output == Format::Json,
         )),
-        Command::Logs {
+        InspectGroup::Logs {
             run: Some(run),
             stage: Some(stage),
             follow,
             server: Some(url),
         } => outcome(client::logs(&url, &run, &stage, follow)),
-        Command::Logs {
+        InspectGroup::Logs {
             run, stage, follow, ..
         } => match (follow, stage.as_deref()) {
             (true, Some(s)) => outcome(inspect::follow(home, run.as_deref(), s)),
             (true, None) => outcome(inspect::follow_run(home, run.as_deref())),
             _ => outcome(inspect::logs(home, run.as_deref(), stage.as_deref())),
         },
-        Command::Cancel { run, server } => outcome(match server {
+        InspectGroup::Cancel { run, server } => outcome(match server {
             Some(url) => client::cancel(&url, &run),
             None => runs::cancel(home, &run),
         }),
-        Command::List {
+        InspectGroup::List {
             limit,
             pipeline,
             phase,
@@ -64,6 +64,5 @@ pub(super) fn dispatch(home: &Path, command: Command) -> ExitCode {
             },
             output == Format::Json,
         )),
-        _ => unreachable!("not a command of this group"),
     }
 }

@@ -62,38 +62,11 @@ fn fault_of(e: &(dyn std::error::Error + 'static)) -> Option<Fault> {
 pub(crate) fn dispatch(command: Command, home: PathBuf) -> ExitCode {
     let catalog = crate::catalog::catalog();
     match command {
-        c @ (Command::Run { .. }
-        | Command::Rerun { .. }
-        | Command::Retry { .. }
-        | Command::Resume { .. }
-        | Command::Step { .. }
-        | Command::Exec { .. }) => run::dispatch(&catalog, home, c),
-        c @ (Command::Validate { .. }
-        | Command::Graph { .. }
-        | Command::Plan { .. }
-        | Command::Steps { .. }
-        | Command::Schema { .. }) => pipeline::dispatch(&catalog, c),
-        c @ (Command::Explain { .. }
-        | Command::Lineage { .. }
-        | Command::Forget { .. }
-        | Command::Gc { .. }
-        | Command::Registry { .. }) => history::dispatch(&home, c),
-        c @ (Command::Status { .. }
-        | Command::Logs { .. }
-        | Command::Cancel { .. }
-        | Command::List { .. }) => inspect::dispatch(&home, c),
-        c @ (Command::Approve { .. }
-        | Command::Reject { .. }
-        | Command::Approvals { .. }
-        | Command::Token { .. }
-        | Command::Audit { .. }
-        | Command::Project { .. }
-        | Command::Auth { .. }) => people::dispatch(&catalog, &home, c),
-        c @ (Command::Serve { .. }
-        | Command::Ui { .. }
-        | Command::Schedule { .. }
-        | Command::Trigger { .. }
-        | Command::Notifications { .. }
-        | Command::Doctor { .. }) => server::dispatch(catalog, &home, c),
+        Command::Run(c) => run::dispatch(&catalog, home, c),
+        Command::Pipeline(c) => pipeline::dispatch(&catalog, c),
+        Command::History(c) => history::dispatch(&home, c),
+        Command::Inspect(c) => inspect::dispatch(&home, c),
+        Command::People(c) => people::dispatch(&catalog, &home, c),
+        Command::Server(c) => server::dispatch(catalog, &home, c),
     }
 }

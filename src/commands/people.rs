@@ -6,17 +6,19 @@ use std::process::ExitCode;
 use drivetrain_engine::Catalog;
 
 use super::outcome;
-use crate::cli::{AuthCommand, Command, Format};
+use crate::cli::{AuthCommand, Format, PeopleGroup};
 use crate::people;
 
 /// Runs one of this group's commands.
-pub(super) fn dispatch(catalog: &Catalog, home: &Path, command: Command) -> ExitCode {
+pub(super) fn dispatch(catalog: &Catalog, home: &Path, command: PeopleGroup) -> ExitCode {
     match command {
-        Command::Approve { decision } => {
+        PeopleGroup::Approve { decision } => {
             outcome(people::decide(catalog, home, &decision, "approve"))
         }
-        Command::Reject { decision } => outcome(people::decide(catalog, home, &decision, "reject")),
-        Command::Approvals {
+        PeopleGroup::Reject { decision } => {
+            outcome(people::decide(catalog, home, &decision, "reject"))
+        }
+        PeopleGroup::Approvals {
             waiting,
             limit,
             output,
@@ -26,13 +28,13 @@ pub(super) fn dispatch(catalog: &Catalog, home: &Path, command: Command) -> Exit
             limit,
             output == Format::Json,
         )),
-        Command::Token { command, output } => {
+        PeopleGroup::Token { command, output } => {
             outcome(people::token(home, command, output == Format::Json))
         }
-        Command::Project { command, output } => {
+        PeopleGroup::Project { command, output } => {
             outcome(people::project(home, command, output == Format::Json))
         }
-        Command::Audit {
+        PeopleGroup::Audit {
             since,
             limit,
             output,
@@ -42,7 +44,7 @@ pub(super) fn dispatch(catalog: &Catalog, home: &Path, command: Command) -> Exit
             limit,
             output == Format::Json,
         )),
-        Command::Auth {
+        PeopleGroup::Auth {
             command:
                 AuthCommand::Can {
                     subject,
@@ -50,6 +52,5 @@ pub(super) fn dispatch(catalog: &Catalog, home: &Path, command: Command) -> Exit
                     resource,
                 },
         } => outcome(people::can(home, &subject, &verb, &resource)),
-        _ => unreachable!("not a command of people"),
     }
 }

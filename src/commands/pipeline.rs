@@ -9,16 +9,16 @@ use serde_json::{json, Value};
 
 use super::files::{read_text, Unread};
 use super::{load, outcome, usage_errors, EXIT_INVALID, EXIT_USAGE};
-use crate::cli::{Command, Format, GraphFormat};
+use crate::cli::{Format, GraphFormat, PipelineGroup};
 use crate::plan_output::{plan_json, plan_text};
 use crate::{manifests, report};
 use drivetrain_server::api;
 
 /// Runs one of this group's commands.
-pub(super) fn dispatch(catalog: &Catalog, command: Command) -> ExitCode {
+pub(super) fn dispatch(catalog: &Catalog, command: PipelineGroup) -> ExitCode {
     match command {
-        Command::Validate { files, output } => validate(catalog, &files, output),
-        Command::Graph { file, format } => match load(catalog, &file) {
+        PipelineGroup::Validate { files, output } => validate(catalog, &files, output),
+        PipelineGroup::Graph { file, format } => match load(catalog, &file) {
             Ok(p) => {
                 print!(
                     "{}",
@@ -31,7 +31,7 @@ pub(super) fn dispatch(catalog: &Catalog, command: Command) -> ExitCode {
             }
             Err(code) => code,
         },
-        Command::Plan {
+        PipelineGroup::Plan {
             file,
             params,
             only,
@@ -58,7 +58,7 @@ pub(super) fn dispatch(catalog: &Catalog, command: Command) -> ExitCode {
                 let executor = executor.as_deref().unwrap_or(&p.executor);
                 if executor != "kubernetes" {
                     eprintln!("error: --manifests renders Kubernetes objects: add `--executor kubernetes` (this pipeline's executor is `{executor}`)");
-                    return ExitCode::from(2);
+                    return crate::exit::usage();
                 }
                 return outcome(
                     drivetrain_executors::kubernetes::Settings::from_env()
@@ -83,7 +83,7 @@ pub(super) fn dispatch(catalog: &Catalog, command: Command) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Command::Schema { api } => {
+        PipelineGroup::Schema { api } => {
             let doc = match api {
                 true => api::openapi::document(),
                 false => drivetrain_engine::spec::json_schema(),
@@ -94,8 +94,7 @@ pub(super) fn dispatch(catalog: &Catalog, command: Command) -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        Command::Steps { output } => steps(catalog, output),
-        _ => unreachable!("not a command of this group"),
+        PipelineGroup::Steps { output } => steps(catalog, output),
     }
 }
 

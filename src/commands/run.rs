@@ -7,14 +7,14 @@ use std::process::ExitCode;
 use drivetrain_engine::Catalog;
 
 use super::{load, outcome, read, usage_errors, EXIT_INVALID, EXIT_USAGE};
-use crate::cli::{Command, Format, FromRun};
+use crate::cli::{Format, FromRun, RunGroup};
 use crate::{client, rerun, runs};
 use drivetrain_executors::wrapper;
 
 /// Runs one of this group's commands.
-pub(super) fn dispatch(catalog: &Catalog, home: PathBuf, command: Command) -> ExitCode {
+pub(super) fn dispatch(catalog: &Catalog, home: PathBuf, command: RunGroup) -> ExitCode {
     match command {
-        Command::Run {
+        RunGroup::Run {
             file,
             params,
             parallelism,
@@ -72,7 +72,7 @@ pub(super) fn dispatch(catalog: &Catalog, home: PathBuf, command: Command) -> Ex
                 },
             }))
         }
-        Command::Rerun {
+        RunGroup::Rerun {
             run,
             stage,
             downstream,
@@ -96,7 +96,7 @@ pub(super) fn dispatch(catalog: &Catalog, home: PathBuf, command: Command) -> Ex
                 common,
             },
         ),
-        Command::Retry { run, common } => rerun(
+        RunGroup::Retry { run, common } => rerun(
             catalog,
             home,
             RerunCli {
@@ -111,11 +111,11 @@ pub(super) fn dispatch(catalog: &Catalog, home: PathBuf, command: Command) -> Ex
                 common,
             },
         ),
-        Command::Resume { run, output } => {
+        RunGroup::Resume { run, output } => {
             outcome(runs::resume(catalog, &home, &run, output == Format::Json))
         }
-        Command::Step { name } => step(catalog, &name),
-        Command::Exec {
+        RunGroup::Step { name } => step(catalog, &name),
+        RunGroup::Exec {
             install,
             task,
             command,
@@ -124,7 +124,6 @@ pub(super) fn dispatch(catalog: &Catalog, home: PathBuf, command: Command) -> Ex
             (None, Some(file)) => wrapper::task(&file),
             (None, None) => wrapper::exec(&command),
         }),
-        _ => unreachable!("not a command of this group"),
     }
 }
 

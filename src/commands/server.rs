@@ -7,14 +7,14 @@ use std::process::ExitCode;
 use drivetrain_engine::Catalog;
 
 use super::outcome;
-use crate::cli::{Command, Format};
+use crate::cli::{Format, ServerGroup};
 use crate::{doctor, schedules, triggers};
 use drivetrain_server as serve;
 
 /// Runs one of this group's commands.
-pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitCode {
+pub(super) fn dispatch(catalog: Catalog, home: &Path, command: ServerGroup) -> ExitCode {
     match command {
-        Command::Serve {
+        ServerGroup::Serve {
             pipelines,
             bind,
             token,
@@ -40,7 +40,7 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitC
                 oidc,
             },
         )),
-        Command::Ui {
+        ServerGroup::Ui {
             pipelines,
             bind,
             token,
@@ -63,16 +63,16 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitC
                 oidc: None,
             },
         )),
-        Command::Schedule { command, output } => {
+        ServerGroup::Schedule { command, output } => {
             outcome(schedules::command(home, command, output == Format::Json))
         }
-        Command::Trigger { command, output } => outcome(triggers::command(
+        ServerGroup::Trigger { command, output } => outcome(triggers::command(
             &catalog,
             home,
             command,
             output == Format::Json,
         )),
-        Command::Notifications {
+        ServerGroup::Notifications {
             state,
             limit,
             output,
@@ -82,7 +82,7 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitC
             limit,
             output == Format::Json,
         )),
-        Command::Doctor {
+        ServerGroup::Doctor {
             gpus,
             slurm,
             output,
@@ -91,7 +91,6 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: Command) -> ExitC
             slurm.then_some(home),
             output == Format::Json,
         )),
-        _ => unreachable!("not a command of this group"),
     }
 }
 
