@@ -471,11 +471,17 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
     }
     let record = state.run(&id)?;
     if let Some(pid) = record.engine_pid.filter(|p| alive(*p)) {
-        // A run inside `drivetrain serve` shares the server's process: a signal would
-        // stop the server, so the server is asked instead.
+        // A run inside `drivetrain serve` (or `ui`, which resumes what its approvals
+        // decide) shares the server's process: a signal would stop the server, so the
+        // server is asked instead.
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if cmdline.split(|b| *b == 0).nth(1) == Some(b"serve".as_slice()) {
-            eprintln!("error: run {id} runs inside `drivetrain serve` (process {pid}); cancel it there: drivetrain cancel {id} --server URL");
+        let server = cmdline
+            .split(|b| *b == 0)
+            .skip(1)
+            .find(|a| [b"serve".as_slice(), b"ui"].contains(a));
+        if let Some(server) = server {
+            let server = String::from_utf8_lossy(server);
+            eprintln!("error: run {id} runs inside `drivetrain {server}` (process {pid}); cancel it there: drivetrain cancel {id} --server URL");
             return Ok(crate::exit::usage());
         }
         nix::sys::signal::kill(
