@@ -68,9 +68,11 @@ mem_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 ))
 # A job without `--mem` gets its share of the node per CPU, 1 GiB at least (PyTorch's
 # ranks hold ~800 MB each; memory is enforced by polling what the processes hold).
 def_mem=$(( mem_mb / cpus > 1024 ? mem_mb / cpus : 1024 ))
-# Ports of their own, so that two clusters (or a leftover one) do not meet.
-# (Two per cluster from this script's PID: clusters started at once never share one.)
-port=${SLURM_TEST_PORT:-$(( 20000 + ($$ % 10000) * 2 ))}
+# Ports of their own, so that two clusters (or a leftover one) do not meet: three per
+# cluster from this script's PID (clusters started at once never share one), all below
+# the kernel's ephemeral range (32768 and up here), where an outgoing connection of any
+# other test may hold a port (slurmctld then died with "Address already in use").
+port=${SLURM_TEST_PORT:-$(( 20000 + ($$ % 4000) * 3 ))}
 
 cat > "$dir/slurm.conf" <<CONF
 ClusterName=dt
