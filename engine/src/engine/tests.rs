@@ -7,10 +7,9 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
-use super::{Engine, EngineBuilder, Refusal, RerunSource, RerunSpec, RunRequest};
-use crate::artifacts::ArtifactStore;
+use super::{Engine, Refusal, RerunSource, RerunSpec, RunRequest};
 use crate::runner::RunSummary;
-use crate::state::{Phase, RunId, SqliteState, StateStore};
+use crate::state::{Phase, RunId};
 use crate::step::Catalog;
 use crate::testing::FakeExecutor;
 
@@ -32,19 +31,7 @@ impl Bench {
         let dir = std::env::temp_dir().join(format!("dt-engine-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let state: Arc<dyn StateStore> =
-            Arc::new(SqliteState::open(&dir.join("state.db")).unwrap());
-        let url = format!("file://{}", dir.join("artifacts").display());
-        let fake = FakeExecutor::default();
-        let found = fake.clone();
-        let engine = EngineBuilder::new(
-            state,
-            ArtifactStore::open(&url).unwrap(),
-            Arc::new(fake.clone()),
-            dir.join("work"),
-        )
-        .executors(move |_| Ok(Arc::new(found.clone())))
-        .build();
+        let (engine, fake) = crate::testing::fake_engine(&dir);
         Bench { dir, engine, fake }
     }
 

@@ -15,6 +15,25 @@ use std::time::{Duration, Instant};
 mod fake;
 mod slurm;
 pub use fake::FakeExecutor;
+
+/// An engine whose runs go to a fresh [`FakeExecutor`] (found for every executor name a
+/// pipeline or a run names), with SQLite state and a `file://` store under `dir`.
+pub fn fake_engine(dir: &Path) -> (crate::engine::Engine, FakeExecutor) {
+    let state: std::sync::Arc<dyn crate::state::StateStore> =
+        std::sync::Arc::new(crate::state::SqliteState::open(&dir.join("state.db")).unwrap());
+    let url = format!("file://{}", dir.join("artifacts").display());
+    let fake = FakeExecutor::default();
+    let found = fake.clone();
+    let engine = crate::engine::EngineBuilder::new(
+        state,
+        crate::artifacts::ArtifactStore::open(&url).unwrap(),
+        std::sync::Arc::new(fake.clone()),
+        dir.join("work"),
+    )
+    .executors(move |_| Ok(std::sync::Arc::new(found.clone())))
+    .build();
+    (engine, fake)
+}
 pub use slurm::SlurmCluster;
 
 /// A free loopback port (bound, then released for the server to take).

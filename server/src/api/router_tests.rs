@@ -13,10 +13,6 @@ use tower::ServiceExt;
 
 use super::openapi;
 use crate::server::{Auth, Server};
-use drivetrain_engine::artifacts::ArtifactStore;
-use drivetrain_engine::engine::EngineBuilder;
-use drivetrain_engine::state::{SqliteState, StateStore};
-use drivetrain_engine::testing::FakeExecutor;
 use drivetrain_engine::Catalog;
 
 const TOKEN: &str = "router-test-token";
@@ -38,19 +34,7 @@ impl Bench {
         let dir = std::env::temp_dir().join(format!("dt-router-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("served")).unwrap();
-        let state: Arc<dyn StateStore> =
-            Arc::new(SqliteState::open(&dir.join("state.db")).unwrap());
-        let url = format!("file://{}", dir.join("artifacts").display());
-        let fake = FakeExecutor::default();
-        let found = fake.clone();
-        let engine = EngineBuilder::new(
-            state,
-            ArtifactStore::open(&url).unwrap(),
-            Arc::new(fake),
-            dir.join("work"),
-        )
-        .executors(move |_| Ok(Arc::new(found.clone())))
-        .build();
+        let (engine, _) = drivetrain_engine::testing::fake_engine(&dir);
         let auth = Auth {
             token: Some(TOKEN.into()),
             auth_required: true,
