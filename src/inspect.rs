@@ -296,7 +296,7 @@ pub fn list(
 /// wherever it ran: killed, or its machine gone.
 fn orphaned(state: &dyn RunStore) -> anyhow::Result<std::collections::BTreeSet<RunId>> {
     Ok(state
-        .stale_runs(&crate::runs::stale_before()?)?
+        .stale_runs(&drivetrain_engine::engine::recover::stale_before())?
         .into_iter()
         .collect())
 }

@@ -2,12 +2,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
-use drivetrain_engine::artifacts::ArtifactStore;
 use drivetrain_engine::engine::{Refusal, RerunSource, RerunSpec};
 use drivetrain_engine::plan::Pipeline;
-use drivetrain_engine::state::{RunId, StateStore};
+use drivetrain_engine::state::RunId;
 
 use crate::runs::*;
 
@@ -35,18 +33,12 @@ pub fn run_file(home: &Path, run: &str) -> anyhow::Result<PathBuf> {
 /// `drivetrain rerun` / `drivetrain retry`: a new run, linked to its parent, planned by the
 /// engine ([`drivetrain_engine::engine::Engine::rerun_request`]) and run in this process.
 pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
-    let state: Arc<dyn StateStore> = open_state(&args.home)?;
     let executor = match drivetrain_executors::executor(&args.pipeline.executor) {
         Ok(e) => e,
         Err(why) => return Ok(refused(Refusal::Usage(why))),
     };
-    let url = run_store_url(
-        args.pipeline.store.as_deref(),
-        &args.pipeline.project,
-        &args.home,
-    )?;
-    let artifacts = ArtifactStore::open_project(&url, &args.pipeline.project)?;
-    let engine = engine(state.clone(), artifacts, executor, &args.home)?.build();
+    let engine = home_engine(&args.home, executor)?;
+    let state = engine.state().clone();
     let id = args
         .run_id
         .clone()

@@ -17,7 +17,7 @@ use drivetrain_engine::engine::recover::alive;
 use drivetrain_engine::engine::{Engine, EngineBuilder, Home, RunRequest};
 use drivetrain_engine::plan::Pipeline;
 use drivetrain_engine::runner::{self, RunEvent};
-use drivetrain_engine::state::{Origin, Phase, RunId, SqliteState, StateStore};
+use drivetrain_engine::state::{Origin, Phase, RunId, StateStore};
 use serde_json::{json, Value};
 
 /// Exit code of a cancelled run (128 + SIGINT, as shells report Ctrl-C).
@@ -43,32 +43,15 @@ pub fn home(explicit: Option<&Path>) -> PathBuf {
     cwd.join(".drivetrain")
 }
 
-/// The state store: `DRIVETRAIN_STATE` (`postgres://user@host:port/db`, shared by
-/// replicas) if set, else `state.db` (SQLite) in the home.
+/// The state store of `home` ([`Home::open_state`]: `DRIVETRAIN_STATE`'s PostgreSQL, or
+/// SQLite in the home).
 pub fn open_state(home: &Path) -> anyhow::Result<Arc<dyn StateStore>> {
-    std::fs::create_dir_all(home)?;
-    match std::env::var("DRIVETRAIN_STATE") {
-        Ok(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => Ok(
-            Arc::new(drivetrain_engine::state::PostgresState::open(&url)?),
-        ),
-        Ok(url) if !url.is_empty() => anyhow::bail!(
-            "DRIVETRAIN_STATE `{url}`: expected a postgres:// URL (unset it for SQLite in the home)"
-        ),
-        _ => Ok(Arc::new(SqliteState::open(&home.join("state.db"))?)),
-    }
+    Ok(Home::at(home)?.open_state()?)
 }
 
+/// The artifact store's URL ([`Home::store_url`]).
 pub fn store_url(pipeline_store: Option<&str>, home: &Path) -> anyhow::Result<String> {
-    if let Some(s) = std::env::var("DRIVETRAIN_STORE")
-        .ok()
-        .or(pipeline_store.map(str::to_owned))
-    {
-        return Ok(s);
-    }
-    let dir = home.join("artifacts");
-    std::fs::create_dir_all(&dir)?;
-    let abs = std::fs::canonicalize(&dir)?;
-    Ok(format!("file://{}", abs.display()))
+    Ok(Home::at(home)?.store_url(pipeline_store)?)
 }
 
 /// The store of a run of `project` ([`drivetrain_engine::artifacts::project_url`] of
@@ -263,6 +246,25 @@ pub(crate) fn engine(
     .home(Home::at(home)?))
 }
 
+/// This binary's engine on `home`, on `executor`, with the home's
+/// state and default store (a request's own store is the engine's to choose:
+/// [`Engine::run_store`]).
+pub(crate) fn home_engine(
+    home: &Path,
+    executor: Arc<dyn drivetrain_engine::executor::Executor>,
+) -> anyhow::Result<Engine> {
+    let artifacts = ArtifactStore::open(&store_url(None, home)?)?;
+    Ok(engine(open_state(home)?, artifacts, executor, home)?.build())
+}
+
+/// The executor a run was recorded on (`local` for a record without one).
+fn executor_of(
+    record: &drivetrain_engine::state::RunRecord,
+) -> anyhow::Result<Arc<dyn drivetrain_engine::executor::Executor>> {
+    drivetrain_executors::executor(record.executor.as_deref().unwrap_or("local"))
+        .map_err(anyhow::Error::msg)
+}
+
 /// A run to carry out: what `run`, `resume`, `rerun` and `retry` hand to [`drive`].
 pub(crate) struct Drive {
     pub(crate) engine: Engine,
@@ -289,6 +291,7 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
     let work_dir = engine.work_dir().to_path_buf();
     engine.home().keep_reserve();
     let id = request.id.clone();
+    let deadline = request.deadline;
     let rt = runtime()?;
     let summary = rt.block_on(async move {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -328,10 +331,12 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
         summary
     });
     let summary = summary??;
-    if summary.phase == Phase::Failed && !json {
+    // The engine ended the run at its deadline: say so, as its record does.
+    if let (Phase::Failed, Some(d), false) = (summary.phase, deadline, json) {
+        let passed = drivetrain_engine::engine::deadline_reason(d);
         let reason = state.run(&summary.id).ok().and_then(|r| r.reason);
-        if let Some(r) = reason.filter(|r| r.starts_with("run deadline")) {
-            println!("{r}");
+        if reason.as_deref() == Some(passed.as_str()) {
+            println!("{passed}");
         }
     }
     if json {
@@ -388,13 +393,9 @@ pub fn resume(
     run: &str,
     json_out: bool,
 ) -> anyhow::Result<ExitCode> {
-    let state = open_state(home)?;
     let id = RunId(run.to_owned());
-    let record = state.run(&id)?;
-    let executor = drivetrain_executors::executor(record.executor.as_deref().unwrap_or("local"))
-        .map_err(|e| anyhow::anyhow!(e))?;
-    let artifacts = ArtifactStore::open(&store_url(None, home)?)?;
-    let engine = engine(state, artifacts, executor, home)?.build();
+    let record = open_state(home)?.run(&id)?;
+    let engine = home_engine(home, executor_of(&record)?)?;
     let rt = runtime()?;
     let (request, reaped) = match rt.block_on(engine.resume_request(catalog, &id)) {
         Ok(r) => r,
@@ -411,12 +412,6 @@ pub fn resume(
             reaped.reattach.len()
         );
     }
-    let mut request = request;
-    request.store = Some(
-        engine
-            .home()
-            .run_store(request.pipeline.store.as_deref(), &request.pipeline.project)?,
-    );
     drive(Drive {
         engine,
         request,
@@ -519,15 +514,7 @@ pub fn end_orphan(
     phase: Phase,
     reason: &str,
 ) -> anyhow::Result<()> {
-    let executor = drivetrain_executors::executor(record.executor.as_deref().unwrap_or("local"))
-        .map_err(|e| anyhow::anyhow!(e))?;
-    let engine = engine(
-        open_state(home)?,
-        ArtifactStore::open(&store_url(None, home)?)?,
-        executor,
-        home,
-    )?
-    .build();
+    let engine = home_engine(home, executor_of(record)?)?;
     runtime()?.block_on(engine.end_orphan(record, phase, reason))?;
     Ok(())
 }
@@ -681,8 +668,3 @@ fn event_line(ev: &RunEvent) -> String {
 }
 
 use std::time::Duration;
-
-/// Heartbeats older than this (three intervals ago) are a dead engine's.
-pub(crate) fn stale_before() -> anyhow::Result<String> {
-    Ok(drivetrain_engine::engine::recover::stale_before())
-}

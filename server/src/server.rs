@@ -439,32 +439,34 @@ impl Server {
 
     /// Starts a rerun or retry of an ended run in this process; answers once it is
     /// recorded, so a client (the web view) can read it at once.
-    pub async fn rerun(self: &Arc<Self>, spec: &RerunSpec) -> Result<RunId, Refusal> {
+    /// A refusal answers with its status ([`refusal_status`]), as every submission's error.
+    pub async fn rerun(self: &Arc<Self>, spec: &RerunSpec) -> Result<RunId, (u16, String)> {
         if self.stopping.load(Ordering::SeqCst) {
-            return Err(Refusal::Failed("the server is shutting down".into()));
+            return Err((503, "the server is shutting down".into()));
         }
+        let refused = |r: Refusal| (refusal_status(&r), r.to_string());
         let parent = self
             .engine
             .state()
             .run(&spec.parent)
-            .map_err(|_| Refusal::NotFound(format!("no run `{}`", spec.parent)))?;
+            .map_err(|_| (404, format!("no run `{}`", spec.parent)))?;
         let source = std::fs::read_to_string(&parent.file).map_err(|e| {
-            Refusal::Failed(format!(
-                "cannot read the run's pipeline {}: {e}",
-                parent.file
-            ))
+            let why = format!("cannot read the run's pipeline {}: {e}", parent.file);
+            (500, why)
         })?;
-        let pipeline = self.validated(&source).map_err(Refusal::Failed)?;
+        let pipeline = self.validated(&source).map_err(|why| (500, why))?;
         let source = RerunSource {
             pipeline,
             file: parent.file.clone(),
             spec_digest: digest(&source),
         };
         let id = RunId::generate(chrono::Utc::now());
-        let (request, _) = self.engine.rerun_request(spec, source, id.clone()).await?;
+        let (request, _) = self
+            .engine
+            .rerun_request(spec, source, id.clone())
+            .await
+            .map_err(refused)?;
         self.submit(request)
-            .map_err(|(_, why)| Refusal::Failed(why))?;
-        Ok(id)
     }
 
     /// Resumes the runs whose engine is gone (a server or engine killed while they ran):
@@ -881,6 +883,18 @@ impl Server {
             .map(|t| (t - chrono::Utc::now()).to_std().unwrap_or_default())
             .unwrap_or(Duration::from_secs(1));
         Ok(next.min(Duration::from_secs(1)))
+    }
+}
+
+/// The status of each refusal of the engine: what was asked does not fit (400), names
+/// nothing (404), or conflicts with a run (409: it still runs, or there is nothing to do);
+/// the rest is the server's (500).
+pub(crate) fn refusal_status(refusal: &Refusal) -> u16 {
+    match refusal {
+        Refusal::Usage(_) => 400,
+        Refusal::NotFound(_) => 404,
+        Refusal::Busy(_) | Refusal::Nothing(_) => 409,
+        Refusal::Failed(_) | Refusal::State(_) => 500,
     }
 }
 

@@ -223,6 +223,14 @@ impl Engine {
             .unwrap_or_else(|| Home::around(&self.work_dir))
     }
 
+    /// The artifact store of a run of `pipeline`: its `store:` (or the home's), its
+    /// project's part of it.
+    pub fn run_store(&self, pipeline: &Pipeline) -> Result<ArtifactStore, Refusal> {
+        self.home()
+            .run_store(pipeline.store.as_deref(), &pipeline.project)
+            .map_err(|e| Refusal::Failed(e.to_string()))
+    }
+
     /// Records `request`'s run now, `Pending` or `Running`, so that whoever asked can
     /// read it at once; the run carries on from this record when it runs.
     pub fn admit(&self, request: &mut RunRequest, pending: bool) -> Result<RunRecord, StateError> {
@@ -286,16 +294,18 @@ impl Engine {
                 return Err(e);
             }
         };
-        if hit.load(Ordering::SeqCst) {
-            let reason = format!(
-                "run deadline of {} exceeded",
-                humantime::format_duration(deadline.unwrap_or_default())
-            );
+        if let Some(d) = deadline.filter(|_| hit.load(Ordering::SeqCst)) {
+            let reason = deadline_reason(d);
             self.state.finish_run(&id, Phase::Failed, Some(&reason))?;
             summary.phase = Phase::Failed;
         }
         Ok(summary)
     }
+}
+
+/// Why a run ended past its deadline `d`, as the engine records it.
+pub fn deadline_reason(d: Duration) -> String {
+    format!("run deadline of {} exceeded", humantime::format_duration(d))
 }
 
 /// Sets `stop` when `cancel` is set or `deadline` passes (then `hit` too).

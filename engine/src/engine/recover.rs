@@ -187,6 +187,7 @@ impl Engine {
         };
         request.scheduled_time = record.scheduled_time.clone();
         request.executor = Some(executor);
+        request.store = Some(self.run_store(&request.pipeline)?);
         request.resume = Some(resumed(state.as_ref(), record, &reaped.reattach)?);
         Ok((request, reaped))
     }

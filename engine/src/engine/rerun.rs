@@ -100,10 +100,7 @@ impl Engine {
         let before = state.stages(&parent.id)?;
         let planned = plan_rerun(spec, &source, &parent, &before)?;
         let executor = self.executor_named(Some(&planned.pipeline.executor))?;
-        let store = self
-            .home()
-            .run_store(planned.pipeline.store.as_deref(), &planned.pipeline.project)
-            .map_err(|e| Refusal::Failed(e.to_string()))?;
+        let store = self.run_store(&planned.pipeline)?;
         let plan = RerunPlan {
             executes: planned.selection.iter().cloned().collect(),
             reuses: planned.reuse.keys().cloned().collect(),

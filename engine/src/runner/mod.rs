@@ -238,23 +238,24 @@ pub(crate) async fn run(
     } = job;
     let id = opts.request.id.clone();
     let pipeline = opts.request.pipeline.clone();
-    let fresh = opts.request.record(executor.name());
+    let resume = match opts.request.resume.take() {
+        Some(r) => {
+            state.reopen_run(&id, std::process::id())?;
+            r
+        }
+        None => {
+            let fresh = opts.request.record(executor.name());
+            state.create_run(&fresh)?;
+            Resume::recorded(fresh)
+        }
+    };
     let params = std::mem::take(&mut opts.request.params);
     let Resume {
         record,
         succeeded: prior,
         attempts: prior_attempts,
         reattached,
-    } = match opts.request.resume.take() {
-        Some(r) => {
-            state.reopen_run(&id, std::process::id())?;
-            r
-        }
-        None => {
-            state.create_run(&fresh)?;
-            Resume::recorded(fresh)
-        }
-    };
+    } = resume;
     let _beat = heartbeat(state.clone(), id.clone());
     let slots = Arc::new(Semaphore::new(opts.parallelism.max(1)));
     // Stages in hand (looking up the cache, waiting for a slot, recording how they

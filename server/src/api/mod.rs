@@ -36,7 +36,7 @@ use serde_json::Value;
 
 use drivetrain_engine::access::{decide, decide_anywhere, Decision, Rule, Subject, Verb};
 use drivetrain_engine::artifacts::AttemptKey;
-use drivetrain_engine::engine::{Refusal, RerunSpec};
+use drivetrain_engine::engine::RerunSpec;
 use drivetrain_engine::state::RunId;
 
 use crate::access;
@@ -747,20 +747,8 @@ async fn from_run(s: &Shared, spec: RerunSpec) -> Response {
             }),
         )
             .into_response(),
-        Err(refusal) => refused(refusal),
+        Err((code, e)) => error(status_of(code), e),
     }
-}
-
-/// The status of each refusal of the engine.
-fn refused(refusal: Refusal) -> Response {
-    let status = match &refusal {
-        Refusal::Usage(_) => StatusCode::BAD_REQUEST,
-        Refusal::NotFound(_) => StatusCode::NOT_FOUND,
-        Refusal::Busy(_) | Refusal::Nothing(_) => StatusCode::CONFLICT,
-        Refusal::Failed(m) if m.contains("shutting down") => StatusCode::SERVICE_UNAVAILABLE,
-        Refusal::Failed(_) | Refusal::State(_) => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    error(status, refusal.to_string())
 }
 
 /// `POST /api/v1/schedules`: `{"yaml": TEXT, "replace": bool}`.

@@ -1,7 +1,7 @@
 //! The router in-process, on an [`Engine`] with the fake executor: every route of
 //! [`openapi::ROUTES`] answers a request naming nothing that exists with a status its
 //! document lists (never a 500), and the engine's refusals of reruns and retries map to
-//! their statuses (400, 404, 409) in one place ([`super::refused`]).
+//! their statuses (400, 404, 409) in one place ([`crate::server::refusal_status`]).
 
 use std::sync::Arc;
 use std::time::Duration;
