@@ -203,6 +203,7 @@ fn attempt(
         distributed: stage.distributed.clone(),
         access: Vec::new(),
         mask: Default::default(),
+        secret_files: Vec::new(),
         placement: Placement::of(
             p,
             stage,

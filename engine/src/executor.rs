@@ -114,6 +114,31 @@ pub struct AttemptSpec {
     /// Where and with what the attempt runs on a cluster; the local executor reads only
     /// what it can honour (none of it today but GPUs, which the run loop assigns).
     pub placement: Placement,
+    /// The stage's secrets mounted as files, with the values the engine read, for an
+    /// executor that mounts them itself (the local executor: a read-only tmpfs). Empty
+    /// where the executor mounts its own (Kubernetes: a Secret volume).
+    pub secret_files: Vec<SecretFiles>,
+}
+
+/// One secret mounted as files (`secrets[].mount_path`): a file per key. Its `Debug`
+/// never shows a value.
+#[derive(Clone, Default, PartialEq)]
+pub struct SecretFiles {
+    pub name: String,
+    pub mount_path: PathBuf,
+    /// Each key (a file name) and its value.
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for SecretFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let keys: Vec<&str> = self.files.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("SecretFiles")
+            .field("name", &self.name)
+            .field("mount_path", &self.mount_path)
+            .field("keys", &keys)
+            .finish()
+    }
 }
 
 impl Placement {
@@ -350,8 +375,9 @@ pub trait Executor: Send + Sync {
         false
     }
     /// Whether the executor can mount a stage's secrets as files (`secrets[].mount_path`;
-    /// Kubernetes: a Secret volume). The run loop refuses such a stage on one that cannot,
-    /// naming it.
+    /// Kubernetes: a Secret volume; local: [`AttemptSpec::secret_files`] on a tmpfs in
+    /// the attempt's mount namespace). The run loop refuses such a stage on one that
+    /// cannot, naming it.
     fn mounts_secret_files(&self) -> bool {
         false
     }
@@ -378,6 +404,7 @@ pub mod conformance {
             distributed: None,
             access: Vec::new(),
             mask: Default::default(),
+            secret_files: Vec::new(),
             placement: Placement::default(),
         }
     }

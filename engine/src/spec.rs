@@ -903,7 +903,7 @@ pub enum SnapshotWhen {
 #[serde(deny_unknown_fields)]
 pub struct SecretRef {
     /// The Kubernetes Secret's name (locally: the environment variable
-    /// `DRIVETRAIN_SECRET_<NAME>_<KEY>` of the engine, or a file under `.drivetrain/secrets/`).
+    /// `DRIVETRAIN_SECRET_<NAME>_<KEY>` of the engine, or the file `HOME/secrets/NAME/KEY`).
     pub name: String,
     /// The key within the secret. Required with `env`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

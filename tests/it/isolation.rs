@@ -373,6 +373,105 @@ stages:
     assert!(after.contains("ok"), "checkpoints stay writable: {after}");
 }
 
+/// A secret mounted as files (`mount_path`) on the local executor: a read-only file per
+/// key of `HOME/secrets/NAME/` on a tmpfs over the directory, masked in the log; the
+/// directory's own files hidden meanwhile; the home's secrets hidden from every stage;
+/// nothing of it left for the next attempt (the prepared sandbox detaches it).
+#[test]
+fn a_secret_mounted_as_files_is_the_attempts_alone_and_read_only() {
+    if !root_or_skip("secrets are mounted in the attempt's mount namespace") {
+        return;
+    }
+    let home = Home::new("secret-files");
+    let keys = home.dir.join(".drivetrain/secrets/tls");
+    std::fs::create_dir_all(&keys).unwrap();
+    std::fs::write(keys.join("token"), "tok-Zq81\n").unwrap();
+    std::fs::write(keys.join("ca.pem"), "CERT-9fK2").unwrap();
+    let mnt = home.dir.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    std::fs::write(mnt.join("decoy"), "on the host").unwrap();
+    let yaml = format!(
+        r#"
+version: 1
+name: secret-files
+stages:
+  read:
+    secrets: [{{name: tls, mount_path: "{mnt}"}}]
+    env: {{D: "{mnt}", S: "{keys}"}}
+    run:
+      command:
+        - sh
+        - -c
+        - |
+          cat "$D/token"; echo; cat "$D/ca.pem"; echo
+          ls -A "$D" | tr '\n' ' '; echo
+          echo "modes: $(stat -c %a "$D/token") $(stat -c %a "$D")"
+          (echo x > "$D/token") 2>/dev/null && echo "WROTE the secret" || echo "refused: write"
+          (touch "$D/new") 2>/dev/null && echo "ADDED a file" || echo "refused: add"
+          cat "$S/token" 2>/dev/null || echo "refused: home secrets"
+  after:
+    needs: [read]
+    env: {{D: "{mnt}"}}
+    run: {{command: [sh, -c, 'echo "after: $(ls -A "$D" | tr "\n" " ")"']}}
+"#,
+        mnt = mnt.display(),
+        keys = keys.display()
+    );
+    let file = home.write("p.yaml", &yaml);
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap()],
+        &[("DRIVETRAIN_ISOLATION", "required")],
+    );
+    assert_ok(&o);
+    let run = run_id(&o);
+    let log = text(&home.drivetrain(&["logs", &run, "--stage", "read"]).stdout);
+    assert!(
+        log.starts_with("***\n***\n"),
+        "values read, and masked: {log}"
+    );
+    assert!(
+        !log.contains("tok-Zq81") && !log.contains("CERT-9fK2"),
+        "{log}"
+    );
+    assert!(
+        log.contains("ca.pem token \n"),
+        "its keys alone, no decoy: {log}"
+    );
+    assert!(log.contains("modes: 400 500"), "{log}");
+    for refused in ["refused: write", "refused: add", "refused: home secrets"] {
+        assert!(log.contains(refused), "{refused}: {log}");
+    }
+    let after = text(&home.drivetrain(&["logs", &run, "--stage", "after"]).stdout);
+    assert_eq!(
+        after, "after: decoy \n",
+        "nothing of the secret outlives its attempt"
+    );
+    assert_eq!(
+        std::fs::read_to_string(mnt.join("decoy")).unwrap(),
+        "on the host"
+    );
+    assert_eq!(
+        std::fs::read_dir(&mnt).unwrap().count(),
+        1,
+        "nothing written on the host"
+    );
+    // Without a mount namespace the stage is refused, saying what works instead.
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap()],
+        &[("DRIVETRAIN_ISOLATION", "off")],
+    );
+    assert!(!o.status.success());
+    let st = home.status(&run_id(&o));
+    let reason = stage(&st, "read")["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        reason.contains("not supported by the `local` executor here") && reason.contains("`env:`"),
+        "{reason}"
+    );
+}
+
 /// One hostile stage per way out that issue 26 found with the engine running as root,
 /// each refused or contained, and the run truthful about it: the stage is root in its own
 /// namespaces and host `nobody` outside them, in a PID namespace of its own whose every

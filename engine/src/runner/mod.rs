@@ -36,6 +36,7 @@ mod keys;
 mod map;
 mod prepare;
 mod request;
+mod secrets;
 use attempt::{attempt_loop, AbortOnDrop};
 use dag::{Dag, StageResult};
 use gpus::GpuPool;
@@ -783,7 +784,7 @@ fn unsupported(ctx: &Ctx, stage: &Stage) -> Option<String> {
                 && !ctx.executor.mounts_secret_files() =>
         {
             Some(format!(
-                "secrets mounted as files (`mount_path`) are not supported by the `{}` executor; expose each key with `env:` instead, or run the stage on `kubernetes`",
+                "secrets mounted as files (`mount_path`) are not supported by the `{}` executor here; expose each key with `env:` instead, or run the stage where its executor can mount them (`kubernetes`, or `local` with its mount namespace)",
                 ctx.executor.name()
             ))
         }

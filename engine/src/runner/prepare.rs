@@ -11,7 +11,7 @@ use crate::artifacts::AttemptKey;
 use crate::executor::{AttemptSpec, ExecInput, ExecOutput, PathAccess};
 use crate::mask::Mask;
 use crate::plan::{Action, Stage, StageId};
-use crate::spec::{ErrorClass, IoMode};
+use crate::spec::IoMode;
 use crate::step::env_suffix;
 use crate::template::{value_text, Ref, Template};
 
@@ -308,12 +308,17 @@ pub(super) async fn prepare(
             v.from_snapshot = Some(render(&t));
         }
     }
+    // Secrets as files: mounted by the executor from what the engine read (on a cluster,
+    // from the executor's own Secret objects).
+    let secret_files = match layout.remote {
+        Some(_) => Vec::new(),
+        None => match super::secrets::files(home(ctx), stage) {
+            Ok(files) => files,
+            Err(end) => return Ok(Err(end)),
+        },
+    };
     // The values of the stage's secrets, which nothing the engine keeps may show.
-    let mask = Mask::new(
-        env.iter()
-            .filter(|(k, _)| stage.secrets.iter().any(|s| s.env.as_deref() == Some(k)))
-            .map(|(_, v)| v.clone()),
-    );
+    let mask = Mask::new(super::secrets::masked(stage, &env, &secret_files));
     let spec = AttemptSpec {
         run_id: key.run.clone(),
         stage: key.stage_key(),
@@ -326,6 +331,7 @@ pub(super) async fn prepare(
         access: access(ctx, stage, key, &layout, &checkpoints)?,
         placement,
         mask,
+        secret_files,
     };
     Ok(Ok((spec, layout)))
 }
@@ -415,33 +421,18 @@ impl Env<'_> {
     }
 
     /// The stage's secrets as environment values. On a cluster secrets come from Secret
-    /// objects the executor references; here from the engine's environment.
+    /// objects the executor references; here from the engine ([`super::secrets`]).
     fn secrets(&self, env: &mut Vec<(String, String)>) -> Result<(), AttemptEnd> {
         if self.layout.remote.is_some() {
             return Ok(());
         }
-        for s in &self.stage.secrets {
-            let (Some(var), Some(k)) = (&s.env, &s.key) else {
-                continue;
-            };
-            let source = format!(
-                "DRIVETRAIN_SECRET_{}_{}",
-                env_suffix(&s.name),
-                env_suffix(k)
-            );
-            match std::env::var(&source) {
-                Ok(v) => env.push((var.clone(), v)),
-                Err(_) => {
-                    return Err(AttemptEnd::Failed {
-                        exit_code: None,
-                        reason: format!("secret `{}` key `{k}` is not set: the local executor reads it from `{source}`", s.name),
-                        class: ErrorClass::Error,
-                    })
-                }
-            }
-        }
-        Ok(())
+        super::secrets::env_values(home(self.ctx), self.stage, env)
     }
+}
+
+/// The engine's home: where its work directory is.
+fn home(ctx: &Ctx) -> &Path {
+    ctx.opts.work_dir.parent().unwrap_or(&ctx.opts.work_dir)
 }
 
 /// What the attempt may read and write ([`AttemptSpec::access`]): the engine's home and
@@ -504,7 +495,7 @@ fn access(
         ..Default::default()
     };
     let mut access = Vec::new();
-    let home = ctx.opts.work_dir.parent().unwrap_or(&ctx.opts.work_dir);
+    let home = home(ctx);
     access.push(ro(home));
     if let Some(root) = ctx.artifacts.local_root() {
         if !root.starts_with(home) {
@@ -523,6 +514,10 @@ fn access(
         if home.join(db).is_file() {
             access.push(hide(home.join(db)));
         }
+    }
+    // Nor the secrets the engine reads from files: a stage gets only its own, as declared.
+    if super::secrets::dir(home).is_dir() {
+        access.push(hide(super::secrets::dir(home)));
     }
     // Nor, on a local store, another project's artifacts.
     access.extend(other_projects(ctx).into_iter().map(hide));

@@ -66,6 +66,7 @@ fn spec(dir: &Path, stage: &str, argv: &[&str]) -> AttemptSpec {
         distributed: None,
         access: Vec::new(),
         mask: Default::default(),
+        secret_files: Vec::new(),
         placement: Placement {
             pipeline: "test".into(),
             ..Placement::default()

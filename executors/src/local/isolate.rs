@@ -14,9 +14,10 @@ use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use drivetrain_engine::executor::PathAccess;
+use drivetrain_engine::executor::{PathAccess, SecretFiles};
 use nix::libc;
 
+use super::secret_mount::SecretMount;
 use super::{kernel, seccomp, userns};
 
 /// Capabilities an isolated attempt keeps: Docker's default set for containers
@@ -116,6 +117,8 @@ pub(super) struct MountPlan {
     own_from: Option<usize>,
     /// The hidden directories the attempt's own mounts are under.
     own_hides: Vec<CString>,
+    /// Its secrets as files, mounted after everything else: its own.
+    secrets: Vec<SecretMount>,
     /// The writable paths given to the stage user, what stays the engine's under them,
     /// and the log: taken back when the attempt has ended ([`MountPlan::take_back`]).
     given: Vec<PathBuf>,
@@ -258,10 +261,19 @@ impl MountPlan {
                 .unwrap_or_default(),
             mounts,
             own_from,
+            secrets: Vec::new(),
             given,
             read_only,
             log: log.to_path_buf(),
         })
+    }
+
+    /// Mounts `secrets` as files in the attempt ([`SecretMount`]), owned by its user; an
+    /// error naming the secret that cannot be.
+    pub(super) fn mount_secrets(&mut self, secrets: &[SecretFiles]) -> Result<(), String> {
+        let owner = matches!(self.user, Userns::Stage(_)).then_some(userns::STAGE_ID);
+        self.secrets = SecretMount::plan(secrets, owner)?;
+        Ok(())
     }
 
     /// Gives the engine back what the stage user was given, once no process of the
@@ -319,6 +331,9 @@ impl MountPlan {
             mount_proc(None)?;
         }
         self.dev.mount()?;
+        for s in &self.secrets {
+            s.mount()?;
+        }
         kernel::protect()?;
         if self.net {
             kernel::loopback_up()?;
@@ -360,6 +375,9 @@ impl MountPlan {
         for h in &self.own_hides {
             seal(h)?;
         }
+        for s in &self.secrets {
+            s.mount()?;
+        }
         Ok(())
     }
 
@@ -367,11 +385,14 @@ impl MountPlan {
     /// detaches after the attempt.
     pub(super) fn own_mount_points(&self) -> Vec<CString> {
         let from = self.own_from.unwrap_or(self.mounts.len());
-        self.mounts[from..]
+        let secrets = self.secrets.iter().rev().map(|s| s.path().to_owned());
+        let binds = self.mounts[from..]
             .iter()
             .rev()
             .filter(|m| matches!(m.kind, Kind::Bind))
-            .map(|m| m.path.clone())
+            .map(|m| m.path.clone());
+        secrets
+            .chain(binds)
             .chain(self.own_hides.iter().cloned())
             .collect()
     }
@@ -609,7 +630,7 @@ fn hide_dir(path: &CStr) -> std::io::Result<()> {
 }
 
 /// The hiding tmpfs at `path` read-only.
-fn seal(path: &CStr) -> std::io::Result<()> {
+pub(super) fn seal(path: &CStr) -> std::io::Result<()> {
     use nix::mount::{mount, MsFlags};
     let none: Option<&CStr> = None;
     Ok(mount(

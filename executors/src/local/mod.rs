@@ -76,6 +76,7 @@ mod launch;
 mod probe;
 mod sandbox;
 mod seccomp;
+mod secret_mount;
 mod userns;
 
 use attempt_cgroup::{AttemptCgroup, CgroupPool};
@@ -473,6 +474,8 @@ fn plan(
         .chain([spec.workdir.clone()])
         .collect();
     let mut plan = MountPlan::new(&spec.access, layers, &reach, &spec.log)?;
+    plan.mount_secrets(&spec.secret_files)
+        .map_err(std::io::Error::other)?;
     plan.net = no_network;
     plan.dev = kernel::Dev::new(
         &crate::gpus::device_nodes(&env("CUDA_VISIBLE_DEVICES").unwrap_or_default()),
@@ -527,11 +530,19 @@ impl LocalExecutor {
     ) -> Result<Option<Arc<MountPlan>>, ExecutorError> {
         let layers = match self.isolation {
             Isolation::Off => None,
-            _ if spec.access.is_empty() && !no_network => None,
+            _ if spec.access.is_empty() && !no_network && spec.secret_files.is_empty() => None,
             Isolation::Auto => Some(available()).filter(|l| l.mount),
             Isolation::Required => Some(required_layers()?),
         };
         let Some(layers) = layers else {
+            if let Some(s) = spec.secret_files.first() {
+                return Err(ExecutorError(format!(
+                    "stage `{}`: secret `{}` is mounted as files, which needs the attempt's own mount namespace, and this engine gives it none ({}); expose its keys with `env:` instead",
+                    spec.stage,
+                    s.name,
+                    if self.isolation == Isolation::Off { "DRIVETRAIN_ISOLATION=off" } else { "the kernel refused one" }
+                )));
+            }
             return Ok(None);
         };
         // Its own `/dev` and `/proc` would cover them: the stage would not find its paths.
@@ -700,6 +711,11 @@ fn free_port() -> std::io::Result<u16> {
 impl Executor for LocalExecutor {
     fn name(&self) -> &'static str {
         "local"
+    }
+
+    /// In the attempt's own mount namespace, where it has one.
+    fn mounts_secret_files(&self) -> bool {
+        self.isolation != Isolation::Off && available().mount
     }
 
     async fn reap(&self, handle: &str) -> bool {

@@ -300,6 +300,7 @@ mod tests {
             distributed: None,
             access: Vec::new(),
             mask: Default::default(),
+            secret_files: Vec::new(),
             placement: Placement::default(),
         }
     }
