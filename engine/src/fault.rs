@@ -3,8 +3,8 @@
 //!
 //! Each error type of the engine says it through [`Blame`]; a variant that wraps another
 //! error asks that one. A command that stops on an error exits with
-//! [`Fault::exit_code`]; the API's lineage route answers a request's fault with 404 and
-//! the rest with 500 (the other routes still choose their status one by one).
+//! [`Fault::exit_code`]; the API answers with the status the server's one `ApiError`
+//! maps it to (`server/src/api/error.rs`).
 
 /// Whose fault an error is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,6 +3,9 @@
 //! from and `docs/openapi.json` is generated from; the bodies are the types of
 //! [`openapi`].
 //!
+//! Every error is an [`ApiError`] (`error.rs`): its status comes from one place, and
+//! handlers return `Result<_, ApiError>`.
+//!
 //! Who may call what ([`auth`]):
 //! - Who calls is [`access::subject`]: `--token`, a stored token, an OpenID Connect ID
 //!   token. A server with any of them needs one on every route but the health checks and
@@ -42,39 +45,31 @@ use drivetrain_engine::state::RunId;
 use crate::access;
 use crate::server::Server;
 
+mod error;
 mod events;
 pub mod layout;
 pub mod openapi;
 mod people;
 pub mod views;
+pub use error::ApiError;
 use openapi::{
-    ApiError, Cancelling, Queued, Registered, RunDetail, RunList, ScheduleList, ScheduleStatus,
-    Spawned, Started, Suspension,
+    Cancelling, Queued, Registered, RunDetail, RunList, ScheduleList, ScheduleStatus, Spawned,
+    Started, Suspension,
 };
 
 type Shared = Arc<Server>;
-
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (
-        status,
-        Json(ApiError {
-            error: message.into(),
-        }),
-    )
-        .into_response()
-}
 
 /// A JSON request body; what axum refuses (not JSON, the wrong shape, too large) is
 /// answered as every other error is, `{"error": …}` with axum's status.
 struct JsonBody<T>(T);
 
 impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for JsonBody<T> {
-    type Rejection = Response;
+    type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         match Json::<T>::from_request(req, state).await {
             Ok(Json(v)) => Ok(JsonBody(v)),
-            Err(r) => Err(error(r.status(), r.body_text())),
+            Err(r) => Err(ApiError::new(r.status(), r.body_text())),
         }
     }
 }
@@ -85,21 +80,17 @@ struct Params<T>(T);
 impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequestParts<S>
     for Params<T>
 {
-    type Rejection = Response;
+    type Rejection = ApiError;
 
     async fn from_request_parts(
         parts: &mut axum::http::request::Parts,
         state: &S,
-    ) -> Result<Self, Response> {
+    ) -> Result<Self, ApiError> {
         match Query::<T>::from_request_parts(parts, state).await {
             Ok(Query(v)) => Ok(Params(v)),
-            Err(r) => Err(error(r.status(), r.body_text())),
+            Err(r) => Err(ApiError::new(r.status(), r.body_text())),
         }
     }
-}
-
-fn internal(e: impl std::fmt::Display) -> Response {
-    error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
 
 /// The handler of one route of [`openapi::ROUTES`].
@@ -182,7 +173,7 @@ fn host_is_bound(host: &str, bound: std::net::SocketAddr) -> bool {
 }
 /// A request another site's page sent: to a loopback API under a Host that is not its
 /// address (DNS rebinding), or a change from a page of another origin. Its refusal.
-fn foreign(s: &Server, req: &Request, mutating: bool) -> Option<Response> {
+fn foreign(s: &Server, req: &Request, mutating: bool) -> Result<(), ApiError> {
     if s.bound.ip().is_loopback() {
         let host = req
             .headers()
@@ -190,7 +181,7 @@ fn foreign(s: &Server, req: &Request, mutating: bool) -> Option<Response> {
             .and_then(|h| h.to_str().ok())
             .unwrap_or("");
         if !host_is_bound(host, s.bound) {
-            return Some(error(
+            return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 format!(
                     "Host `{}` is not this server's address ({}); a page of another site \
@@ -216,7 +207,7 @@ fn foreign(s: &Server, req: &Request, mutating: bool) -> Option<Response> {
                 .or_else(|| origin.strip_prefix("https://"))
                 .is_some_and(|o| o == host);
             if !same {
-                return Some(error(
+                return Err(ApiError::new(
                     StatusCode::FORBIDDEN,
                     format!(
                         "a page of `{}` cannot change this server",
@@ -226,17 +217,17 @@ fn foreign(s: &Server, req: &Request, mutating: bool) -> Option<Response> {
             }
         }
     }
-    None
+    Ok(())
 }
 
 async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
     let mutating = !matches!(*req.method(), Method::GET | Method::HEAD);
-    if let Some(refused) = foreign(&s, &req, mutating) {
-        return refused;
+    if let Err(refused) = foreign(&s, &req, mutating) {
+        return refused.into_response();
     }
     let subject = match access::subject(&s, req.headers(), mutating).await {
         Ok(subject) => subject,
-        Err((code, message)) => return error(code, message),
+        Err((code, message)) => return ApiError::new(code, message).into_response(),
     };
     let matched = req
         .extensions()
@@ -262,7 +253,7 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
     }
     let (project, approval) = match resource(&s, verb, &params).await {
         Ok(found) => found,
-        Err(response) => return response,
+        Err(e) => return e.into_response(),
     };
     let decision = match &project {
         Some(project) => decide(&subject, verb, project, approval.as_deref()),
@@ -279,7 +270,7 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
         if let Some(asked) = asked {
             asked.record(&s, &decision, None).await;
         }
-        return error(StatusCode::FORBIDDEN, decision.reason);
+        return ApiError::new(StatusCode::FORBIDDEN, decision.reason).into_response();
     }
     let asked = asked.map(|a| (a.action, a.resource));
     let mut req = req;
@@ -340,30 +331,22 @@ async fn resource(
     s: &Shared,
     verb: Verb,
     params: &BTreeMap<String, String>,
-) -> Result<(Option<String>, Option<String>), Response> {
+) -> Result<(Option<String>, Option<String>), ApiError> {
     let state = s.engine.state().clone();
     if verb == Verb::Approve {
         let (Some(run), Some(stage)) = (params.get("id"), params.get("stage")) else {
             return Ok((None, None));
         };
         let (run, stage) = (RunId(run.clone()), stage.clone());
-        let found = tokio::task::spawn_blocking(move || state.approval(&run, &stage))
-            .await
-            .map_err(internal)?
-            .map_err(internal)?;
+        let found = tokio::task::spawn_blocking(move || state.approval(&run, &stage)).await??;
         return match found {
             Some(a) => Ok((Some(a.request.project), Some(a.request.role))),
-            None => Err(error(
-                StatusCode::NOT_FOUND,
-                "no approval is asked for there",
-            )),
+            None => Err(ApiError::not_found("no approval is asked for there")),
         };
     }
     if let Some(run) = params.get("id").cloned() {
         // A run that does not exist is the handler's 404.
-        let found = tokio::task::spawn_blocking(move || state.run(&RunId(run)))
-            .await
-            .map_err(internal)?;
+        let found = tokio::task::spawn_blocking(move || state.run(&RunId(run))).await?;
         return Ok((found.ok().map(|r| r.project), None));
     }
     if let Some(name) = params.get("name").or_else(|| params.get("pipeline")) {
@@ -372,10 +355,8 @@ async fn resource(
     }
     if verb == Verb::MoveAlias {
         if let Some(alias) = params.get("alias").cloned() {
-            let protected = tokio::task::spawn_blocking(move || state.protected_aliases())
-                .await
-                .map_err(internal)?
-                .map_err(internal)?;
+            let protected =
+                tokio::task::spawn_blocking(move || state.protected_aliases()).await??;
             let project = params
                 .get("?project")
                 .cloned()
@@ -386,10 +367,10 @@ async fn resource(
     Ok((None, None))
 }
 
-async fn ready(State(s): State<Shared>) -> Response {
+async fn ready(State(s): State<Shared>) -> Result<&'static str, ApiError> {
     match s.engine.state().list_runs(1) {
-        Ok(_) => "ready\n".into_response(),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Ok(_) => Ok("ready\n"),
+        Err(e) => Err(ApiError::unavailable(e.to_string())),
     }
 }
 
@@ -409,12 +390,11 @@ async fn list_runs(
     State(s): State<Shared>,
     Extension(who): Extension<Subject>,
     Params(q): Params<ListQuery>,
-) -> Response {
+) -> Result<Json<RunList>, ApiError> {
     if q.limit.is_some_and(|l| l > MAX_LIST) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("limit: at most {MAX_LIST} runs a request"),
-        );
+        return Err(ApiError::bad_request(format!(
+            "limit: at most {MAX_LIST} runs a request"
+        )));
     }
     // A phase as the document lists it: its name, or in lower case.
     if let Some(p) = q.phase.as_deref().filter(|p| !p.is_empty()) {
@@ -424,13 +404,10 @@ async fn list_runs(
                 .find(|x| x.as_str().to_lowercase() == p)
         });
         if named.is_none() {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "phase {}: not a phase of a run (Pending, Running, Succeeded, Failed, …, or in lower case)",
-                    drivetrain_engine::diag::clip(p.to_owned())
-                ),
-            );
+            return Err(ApiError::bad_request(format!(
+                "phase {}: not a phase of a run (Pending, Running, Succeeded, Failed, …, or in lower case)",
+                drivetrain_engine::diag::clip(p.to_owned())
+            )));
         }
     }
     let filter = crate::query::ListFilter {
@@ -444,23 +421,30 @@ async fn list_runs(
             .projects_for(Verb::Read)
             .map(|p| p.into_iter().collect()),
     };
-    match crate::query::runs_matching(s.engine.state().as_ref(), &filter) {
-        Ok(Ok(runs)) => Json(RunList { runs }).into_response(),
-        Ok(Err(why)) => error(StatusCode::BAD_REQUEST, format!("phase {why}")),
-        Err(e) => internal(e),
+    match crate::query::runs_matching(s.engine.state().as_ref(), &filter)
+        .map_err(ApiError::internal)?
+    {
+        Ok(runs) => Ok(Json(RunList { runs })),
+        Err(why) => Err(ApiError::bad_request(format!("phase {why}"))),
     }
 }
 
-async fn get_run(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+/// The run `id`, or the 404 that names it.
+fn known_run(s: &Server, id: &RunId) -> Result<drivetrain_engine::state::RunRecord, ApiError> {
+    s.engine
+        .state()
+        .run(id)
+        .map_err(|_| ApiError::not_found(format!("no run `{id}`")))
+}
+
+async fn get_run(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Json<RunDetail>, ApiError> {
     let id = RunId(id);
-    let run = match s.engine.state().run(&id) {
-        Ok(r) => r,
-        Err(_) => return error(StatusCode::NOT_FOUND, format!("no run `{id}`")),
-    };
-    match s.engine.state().stages(&id) {
-        Ok(stages) => Json(RunDetail { run, stages }).into_response(),
-        Err(e) => internal(e),
-    }
+    let run = known_run(&s, &id)?;
+    let stages = s.engine.state().stages(&id)?;
+    Ok(Json(RunDetail { run, stages }))
 }
 
 /// `POST /api/v1/runs`: `{"pipeline": NAME}` (a pipeline of the served directory) or
@@ -482,23 +466,20 @@ pub const VALIDATION_TIMEOUT: std::time::Duration = std::time::Duration::from_se
 async fn validate_posted(
     s: &Shared,
     yaml: String,
-) -> Result<(drivetrain_engine::Pipeline, String), Response> {
+) -> Result<(drivetrain_engine::Pipeline, String), ApiError> {
     let busy = || {
-        error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "the pipeline was not validated within {} s; try again later",
-                VALIDATION_TIMEOUT.as_secs()
-            ),
-        )
+        ApiError::unavailable(format!(
+            "the pipeline was not validated within {} s; try again later",
+            VALIDATION_TIMEOUT.as_secs()
+        ))
     };
     let server = s.clone();
     let work = move || server.validated(&yaml).map(|p| (p, yaml));
     match bounded(&s.validations, VALIDATION_TIMEOUT, work).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(problems)) => Err(error(StatusCode::BAD_REQUEST, problems)),
+        Ok(Err(problems)) => Err(ApiError::bad_request(problems)),
         Err(Unanswered::Late) => Err(busy()),
-        Err(Unanswered::Failed(e)) => Err(internal(format!("validation failed: {e}"))),
+        Err(Unanswered::Failed(e)) => Err(ApiError::internal(format!("validation failed: {e}"))),
     }
 }
 
@@ -535,18 +516,14 @@ async fn bounded<T: Send + 'static>(
     }
 }
 
-fn status_of(code: u16) -> StatusCode {
-    StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
-}
-
 /// Refuses a NUL byte in `field`: it can be neither an argument nor an environment value.
-fn nul_in<'a>(field: &str, mut texts: impl Iterator<Item = &'a str>) -> Option<Response> {
-    texts.any(|t| t.contains('\0')).then(|| {
-        error(
-            StatusCode::BAD_REQUEST,
-            format!("`{field}` holds a NUL byte, which no argument or environment value can"),
-        )
-    })
+fn nul_in<'a>(field: &str, mut texts: impl Iterator<Item = &'a str>) -> Result<(), ApiError> {
+    match texts.any(|t| t.contains('\0')) {
+        true => Err(ApiError::bad_request(format!(
+            "`{field}` holds a NUL byte, which no argument or environment value can"
+        ))),
+        false => Ok(()),
+    }
 }
 
 /// Every name and string value of a `params` object.
@@ -559,29 +536,12 @@ fn param_texts(params: &serde_json::Map<String, Value>) -> impl Iterator<Item = 
     })
 }
 
-/// `Ok` when `d` allows; else the 403 that says why, its reason (and the project it was
-/// decided in, when one was) kept for the audit log.
-fn allowed(d: Decision, project: Option<&str>) -> Result<(), Box<Response>> {
-    if d.allowed {
-        return Ok(());
-    }
-    let mut response = error(StatusCode::FORBIDDEN, d.reason.clone());
-    response.extensions_mut().insert(access::AuditNote {
-        denied: Some(d.reason),
-        project: project.map(str::to_owned),
-        ..Default::default()
-    });
-    Err(Box::new(response))
-}
-
 async fn submit(
     State(s): State<Shared>,
     Extension(who): Extension<Subject>,
     JsonBody(body): JsonBody<Submit>,
-) -> Response {
-    if let Some(response) = nul_in("params", param_texts(&body.params)) {
-        return response;
-    }
+) -> Result<Response, ApiError> {
+    nul_in("params", param_texts(&body.params))?;
     // Posted YAML runs any command: it needs `author` in its project, not only `launch`
     // (decided once it is validated and its project known).
     let overrides: Vec<(String, String)> = body
@@ -589,53 +549,41 @@ async fn submit(
         .iter()
         .map(|(k, v)| (k.clone(), drivetrain_engine::template::value_text(v)))
         .collect();
-    let submitted_in: Option<String>;
-    let started = match (body.pipeline, body.yaml) {
+    let (started, submitted_in) = match (body.pipeline, body.yaml) {
         (Some(name), None) => {
             let project = s.loaded().get(&name).map(|l| l.pipeline.project.clone());
             if let Some(p) = &project {
-                let d = decide(&who, Verb::Launch, p, None);
-                if let Err(r) = allowed(d, Some(p)) {
-                    return *r;
-                }
+                ApiError::unless_allowed(decide(&who, Verb::Launch, p, None), Some(p))?;
             }
-            submitted_in = project;
-            s.submit_named(&name, &overrides)
+            (s.submit_named(&name, &overrides), project)
         }
-        (None, Some(yaml)) => match validate_posted(&s, yaml).await {
-            Ok((pipeline, yaml)) => {
-                let p = pipeline.project.clone();
-                if let Err(r) = allowed(decide(&who, Verb::Author, &p, None), Some(&p)) {
-                    return *r;
-                }
-                submitted_in = Some(p);
-                s.submit_yaml(pipeline, &yaml, &overrides)
-            }
-            Err(response) => return response,
-        },
+        (None, Some(yaml)) => {
+            let (pipeline, yaml) = validate_posted(&s, yaml).await?;
+            let p = pipeline.project.clone();
+            ApiError::unless_allowed(decide(&who, Verb::Author, &p, None), Some(&p))?;
+            (s.submit_yaml(pipeline, &yaml, &overrides), Some(p))
+        }
         _ => {
-            return error(
-                StatusCode::BAD_REQUEST,
+            return Err(ApiError::bad_request(
                 "give exactly one of `pipeline` (a name) and `yaml`",
-            )
+            ))
         }
     };
-    match started {
-        Ok(run) => {
-            let note = access::AuditNote {
-                after: Some(serde_json::json!({ "run": run })),
-                project: submitted_in,
-                ..Default::default()
-            };
-            let mut response = (StatusCode::CREATED, Json(Started { run })).into_response();
-            response.extensions_mut().insert(note);
-            response
-        }
-        Err((code, e)) => error(status_of(code), e),
-    }
+    let run = started?;
+    let note = access::AuditNote {
+        after: Some(serde_json::json!({ "run": run })),
+        project: submitted_in,
+        ..Default::default()
+    };
+    let mut response = (StatusCode::CREATED, Json(Started { run })).into_response();
+    response.extensions_mut().insert(note);
+    Ok(response)
 }
 
-async fn cancel(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+async fn cancel(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<Cancelling>), ApiError> {
     let run = RunId(id.clone());
     let accepted = (
         StatusCode::ACCEPTED,
@@ -644,13 +592,10 @@ async fn cancel(State(s): State<Shared>, Path(id): Path<String>) -> Response {
             cancelling: true,
         }),
     );
-    if s.cancel(&run) {
-        return accepted.into_response();
-    }
-    match drivetrain_engine::engine::recover::cancel_waiting(s.engine.state().as_ref(), &run) {
-        Ok(true) => return accepted.into_response(),
-        Ok(false) => {}
-        Err(e) => return internal(e),
+    if s.cancel(&run)
+        || drivetrain_engine::engine::recover::cancel_waiting(s.engine.state().as_ref(), &run)?
+    {
+        return Ok(accepted);
     }
     // A rerun or retry this server started runs in an engine of its own.
     match s.engine.state().run(&run) {
@@ -664,23 +609,19 @@ async fn cancel(State(s): State<Shared>, Path(id): Path<String>) -> Response {
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGTERM,
             ) {
-                Ok(()) => accepted.into_response(),
-                Err(e) => error(
-                    StatusCode::CONFLICT,
-                    format!(
-                        "run `{id}`'s engine is gone ({e}); `drivetrain cancel {id}` records it"
-                    ),
-                ),
+                Ok(()) => Ok(accepted),
+                Err(e) => Err(ApiError::conflict(format!(
+                    "run `{id}`'s engine is gone ({e}); `drivetrain cancel {id}` records it"
+                ))),
             }
         }
-        Ok(r) if r.phase.is_terminal() => error(
-            StatusCode::CONFLICT,
-            format!("run `{id}` already ended: {}", r.phase),
-        ),
-        _ => error(
-            StatusCode::NOT_FOUND,
-            format!("run `{id}` is not running in this server"),
-        ),
+        Ok(r) if r.phase.is_terminal() => Err(ApiError::conflict(format!(
+            "run `{id}` already ended: {}",
+            r.phase
+        ))),
+        _ => Err(ApiError::not_found(format!(
+            "run `{id}` is not running in this server"
+        ))),
     }
 }
 
@@ -700,25 +641,17 @@ async fn rerun(
     State(s): State<Shared>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
-) -> Response {
+) -> Result<(StatusCode, Json<Spawned>), ApiError> {
     // No body at all reads as `{}`, which then says what is missing.
     let body: RerunBody = match body.is_empty() {
         true => RerunBody::default(),
-        false => match serde_json::from_slice(&body) {
-            Ok(b) => b,
-            Err(e) => return error(StatusCode::BAD_REQUEST, format!("the body: {e}")),
-        },
+        false => serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("the body: {e}")))?,
     };
-    if let Some(response) = nul_in("stages", body.stages.iter().map(String::as_str))
-        .or_else(|| nul_in("params", param_texts(&body.params)))
-    {
-        return response;
-    }
+    nul_in("stages", body.stages.iter().map(String::as_str))?;
+    nul_in("params", param_texts(&body.params))?;
     if body.stages.is_empty() {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "name the `stages` to execute again",
-        );
+        return Err(ApiError::bad_request("name the `stages` to execute again"));
     }
     let mut spec = RerunSpec::rerun(RunId(id), body.stages);
     spec.downstream = body.downstream;
@@ -730,25 +663,25 @@ async fn rerun(
     from_run(&s, spec).await
 }
 
-async fn retry(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+async fn retry(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<Spawned>), ApiError> {
     from_run(&s, RerunSpec::retry(RunId(id))).await
 }
 
 /// A rerun or retry, run in this process; the engine's refusal says the status.
-async fn from_run(s: &Shared, spec: RerunSpec) -> Response {
+async fn from_run(s: &Shared, spec: RerunSpec) -> Result<(StatusCode, Json<Spawned>), ApiError> {
     let trigger = if spec.retry { "retry" } else { "rerun" };
-    match s.rerun(&spec).await {
-        Ok(run) => (
-            StatusCode::CREATED,
-            Json(Spawned {
-                run,
-                parent: spec.parent,
-                trigger: trigger.to_owned(),
-            }),
-        )
-            .into_response(),
-        Err((code, e)) => error(status_of(code), e),
-    }
+    let run = s.rerun(&spec).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(Spawned {
+            run,
+            parent: spec.parent,
+            trigger: trigger.to_owned(),
+        }),
+    ))
 }
 
 /// `POST /api/v1/schedules`: `{"yaml": TEXT, "replace": bool}`.
@@ -764,21 +697,12 @@ async fn register(
     State(s): State<Shared>,
     Extension(who): Extension<Subject>,
     JsonBody(body): JsonBody<Register>,
-) -> Response {
-    let (pipeline, yaml) = match validate_posted(&s, body.yaml).await {
-        Ok(v) => v,
-        Err(response) => return response,
-    };
+) -> Result<(StatusCode, Json<Registered>), ApiError> {
+    let (pipeline, yaml) = validate_posted(&s, body.yaml).await?;
     let p = pipeline.project.clone();
-    if let Err(r) = allowed(decide(&who, Verb::Author, &p, None), Some(&p)) {
-        return *r;
-    }
-    match s.register(pipeline, &yaml, body.replace) {
-        Ok((schedule, next)) => {
-            (StatusCode::CREATED, Json(Registered { schedule, next })).into_response()
-        }
-        Err((code, message)) => error(status_of(code), message),
-    }
+    ApiError::unless_allowed(decide(&who, Verb::Author, &p, None), Some(&p))?;
+    let (schedule, next) = s.register(pipeline, &yaml, body.replace)?;
+    Ok((StatusCode::CREATED, Json(Registered { schedule, next })))
 }
 
 /// A place for one more stream to the request's client, or the `503` that refuses it.
@@ -927,60 +851,59 @@ async fn logs(
     Params(q): Params<LogsQuery>,
     client: Option<axum::Extension<crate::listener::Client>>,
     headers: axum::http::HeaderMap,
-) -> Response {
+) -> Result<Response, ApiError> {
     let run = RunId(id);
-    let attempts = match s.engine.state().attempts(&run) {
-        Ok(a) => a,
-        Err(e) => return internal(e),
-    };
+    let attempts = s.engine.state().attempts(&run)?;
     let Some(latest) = attempts
         .iter()
         .filter(|a| a.stage == q.stage)
         .map(|a| a.attempt)
         .max()
     else {
-        return error(
-            StatusCode::NOT_FOUND,
-            format!("run `{run}` has no attempts of stage `{}`", q.stage),
-        );
+        return Err(ApiError::not_found(format!(
+            "run `{run}` has no attempts of stage `{}`",
+            q.stage
+        )));
     };
     let key = AttemptKey::from_stage_key(run.0.clone(), &q.stage, latest);
     let live =
         drivetrain_engine::engine::home::live_log(s.engine.work_dir(), &run.0, &q.stage, latest);
     if q.follow {
-        return match admit_stream(&s, client) {
+        return Ok(match admit_stream(&s, client) {
             Ok(permit) => follow(s.clone(), run, q.stage, latest, live, permit),
             Err(busy) => *busy,
-        };
+        });
     }
     // Sent as it is read, never whole in memory: from `offset`, or from a `Range`'s start
     // (answered 206 with the range it covers).
     let ranged = match range_start(&headers) {
         Some(Ok(start)) => Some(start),
         Some(Err(())) => {
-            return error(
+            return Err(ApiError::new(
                 StatusCode::RANGE_NOT_SATISFIABLE,
                 "only `Range: bytes=N-` is understood here",
-            )
+            ))
         }
         None => None,
     };
     let from = ranged.unwrap_or(q.offset);
-    let project = match s.engine.state().run(&run) {
-        Ok(r) => r.project,
-        Err(e) => return internal(e),
-    };
-    let store = match s.store_for(&project) {
-        Ok(store) => store,
-        Err(e) => return internal(e),
-    };
-    let (size, body) = match store.log_from(&key, from).await {
-        Ok(Some((size, pieces))) => (size, axum::body::Body::from_stream(pieces)),
-        Ok(None) => {
+    let project = s
+        .engine
+        .state()
+        .run(&run)
+        .map_err(ApiError::internal)?
+        .project;
+    let store = s.store_for(&project).map_err(ApiError::internal)?;
+    let logged = store
+        .log_from(&key, from)
+        .await
+        .map_err(ApiError::internal)?;
+    let (size, body) = match logged {
+        Some((size, pieces)) => (size, axum::body::Body::from_stream(pieces)),
+        None => {
             let size = std::fs::metadata(&live).map(|m| m.len()).unwrap_or(0);
             (size, file_body(live, from, size))
         }
-        Err(e) => return internal(e),
     };
     let mut response = (
         [
@@ -996,10 +919,10 @@ async fn logs(
         .into_response();
     if let Some(start) = ranged {
         if start >= size && size > 0 {
-            return error(
+            return Err(ApiError::new(
                 StatusCode::RANGE_NOT_SATISFIABLE,
                 format!("the log has {size} bytes; the range starts at {start}"),
-            );
+            ));
         }
         *response.status_mut() = StatusCode::PARTIAL_CONTENT;
         let range = format!("bytes {start}-{}/{size}", size.saturating_sub(1));
@@ -1007,14 +930,14 @@ async fn logs(
             response.headers_mut().insert(header::CONTENT_RANGE, v);
         }
     }
-    response
+    Ok(response)
 }
 
-async fn schedules(State(s): State<Shared>, Extension(who): Extension<Subject>) -> Response {
-    let list = match s.engine.state().schedules() {
-        Ok(l) => l,
-        Err(e) => return internal(e),
-    };
+async fn schedules(
+    State(s): State<Shared>,
+    Extension(who): Extension<Subject>,
+) -> Result<Json<ScheduleList>, ApiError> {
+    let list = s.engine.state().schedules()?;
     let mut out = Vec::new();
     for e in list.into_iter().filter(|e| s.readable(&who, &e.pipeline)) {
         let ticks = s.engine.state().ticks(&e.pipeline, 10).unwrap_or_default();
@@ -1029,17 +952,14 @@ async fn schedules(State(s): State<Shared>, Extension(who): Extension<Subject>) 
             recent_ticks: ticks,
         });
     }
-    Json(ScheduleList { schedules: out }).into_response()
+    Ok(Json(ScheduleList { schedules: out }))
 }
 
-fn known(s: &Server, name: &str) -> Option<Response> {
-    match s.engine.state().schedule(name) {
-        Ok(Some(_)) => None,
-        Ok(None) => Some(error(
-            StatusCode::NOT_FOUND,
-            format!("no schedule `{name}`"),
-        )),
-        Err(e) => Some(internal(e)),
+/// `Ok` where schedule `name` exists, else the 404 that names it.
+fn known(s: &Server, name: &str) -> Result<(), ApiError> {
+    match s.engine.state().schedule(name)? {
+        Some(_) => Ok(()),
+        None => Err(ApiError::not_found(format!("no schedule `{name}`"))),
     }
 }
 
@@ -1049,24 +969,20 @@ fn suspended(s: &Server, name: &str) -> Value {
     serde_json::json!({"suspended": now.map(|e| e.suspended)})
 }
 
-async fn suspend(State(s): State<Shared>, Path(name): Path<String>) -> Response {
-    if let Some(r) = known(&s, &name) {
-        return r;
-    }
+async fn suspend(State(s): State<Shared>, Path(name): Path<String>) -> Result<Response, ApiError> {
+    known(&s, &name)?;
     let before = suspended(&s, &name);
-    match s.engine.state().set_suspended(&name, true, None) {
-        Ok(()) => access::noted(
-            Json(Suspension {
-                schedule: name,
-                suspended: true,
-                backlog: None,
-            })
-            .into_response(),
-            before,
-            serde_json::json!({"suspended": true}),
-        ),
-        Err(e) => internal(e),
-    }
+    s.engine.state().set_suspended(&name, true, None)?;
+    Ok(access::noted(
+        Json(Suspension {
+            schedule: name,
+            suspended: true,
+            backlog: None,
+        })
+        .into_response(),
+        before,
+        serde_json::json!({"suspended": true}),
+    ))
 }
 
 #[derive(Deserialize)]
@@ -1079,46 +995,39 @@ async fn resume(
     State(s): State<Shared>,
     Path(name): Path<String>,
     Params(q): Params<ResumeQuery>,
-) -> Response {
-    if let Some(r) = known(&s, &name) {
-        return r;
-    }
+) -> Result<Response, ApiError> {
+    known(&s, &name)?;
     let anchor = (!q.catchup).then(crate::query::now_text);
     let before = suspended(&s, &name);
-    match s
-        .engine
+    s.engine
         .state()
-        .set_suspended(&name, false, anchor.as_deref())
-    {
-        Ok(()) => access::noted(
-            Json(Suspension {
-                schedule: name,
-                suspended: false,
-                backlog: Some(q.catchup),
-            })
-            .into_response(),
-            before,
-            serde_json::json!({"suspended": false, "catchup": q.catchup}),
-        ),
-        Err(e) => internal(e),
-    }
+        .set_suspended(&name, false, anchor.as_deref())?;
+    Ok(access::noted(
+        Json(Suspension {
+            schedule: name,
+            suspended: false,
+            backlog: Some(q.catchup),
+        })
+        .into_response(),
+        before,
+        serde_json::json!({"suspended": false, "catchup": q.catchup}),
+    ))
 }
 
-async fn trigger(State(s): State<Shared>, Path(name): Path<String>) -> Response {
-    if let Some(r) = known(&s, &name) {
-        return r;
-    }
-    match crate::query::queue_manual_tick(s.engine.state().as_ref(), &name) {
-        Ok(run) => (
-            StatusCode::ACCEPTED,
-            Json(Queued {
-                schedule: name,
-                run,
-            }),
-        )
-            .into_response(),
-        Err(e) => internal(e),
-    }
+async fn trigger(
+    State(s): State<Shared>,
+    Path(name): Path<String>,
+) -> Result<(StatusCode, Json<Queued>), ApiError> {
+    known(&s, &name)?;
+    let run = crate::query::queue_manual_tick(s.engine.state().as_ref(), &name)
+        .map_err(ApiError::internal)?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Queued {
+            schedule: name,
+            run,
+        }),
+    ))
 }
 
 async fn metrics(State(s): State<Shared>) -> Response {

@@ -20,7 +20,8 @@ use drivetrain_engine::state::{
 
 /// Every error: what went wrong, for a person.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct ApiError {
+#[schemars(rename = "ApiError")]
+pub struct ErrorBody {
     pub error: String,
 }
 
@@ -273,7 +274,7 @@ pub enum Body {
 }
 
 fn error_body(g: &mut SchemaGenerator) -> Schema {
-    g.subschema_for::<ApiError>()
+    g.subschema_for::<ErrorBody>()
 }
 
 const ERROR: Body = Body::Json(error_body);

@@ -2,7 +2,6 @@
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
@@ -12,7 +11,7 @@ use drivetrain_engine::access::{decide, Subject, Verb};
 use drivetrain_engine::state::{Refusal, RunId, Vote};
 
 use super::openapi::{ApprovalList, AuditList, WhoAmI};
-use super::{error, internal, Params, Shared};
+use super::{ApiError, Params, Shared};
 use crate::access::AuditNote;
 
 #[derive(Deserialize)]
@@ -23,13 +22,10 @@ pub struct ListQuery {
 }
 
 /// A `limit` of 1 to 1000 (`default` without one), or the 400 that refuses it.
-fn limit(given: Option<usize>, default: usize) -> Result<usize, Box<Response>> {
+fn limit(given: Option<usize>, default: usize) -> Result<usize, ApiError> {
     match given.unwrap_or(default) {
         n @ 1..=1000 => Ok(n),
-        n => Err(Box::new(error(
-            StatusCode::BAD_REQUEST,
-            format!("limit={n}: give 1 to 1000"),
-        ))),
+        n => Err(ApiError::bad_request(format!("limit={n}: give 1 to 1000"))),
     }
 }
 
@@ -38,21 +34,14 @@ pub async fn approvals(
     State(s): State<Shared>,
     Extension(who): Extension<Subject>,
     Params(q): Params<ListQuery>,
-) -> Response {
-    let limit = match limit(q.limit, 100) {
-        Ok(n) => n,
-        Err(response) => return *response,
-    };
+) -> Result<Json<ApprovalList>, ApiError> {
+    let limit = limit(q.limit, 100)?;
     let state = s.engine.state().clone();
-    match tokio::task::spawn_blocking(move || state.approvals(q.waiting, limit)).await {
-        Ok(Ok(mut approvals)) => {
-            let readable = who.projects_for(Verb::Read);
-            approvals.retain(|a| Subject::may(&readable, &a.request.project));
-            Json(ApprovalList { approvals }).into_response()
-        }
-        Ok(Err(e)) => internal(e),
-        Err(e) => internal(e),
-    }
+    let mut approvals =
+        tokio::task::spawn_blocking(move || state.approvals(q.waiting, limit)).await??;
+    let readable = who.projects_for(Verb::Read);
+    approvals.retain(|a| Subject::may(&readable, &a.request.project));
+    Ok(Json(ApprovalList { approvals }))
 }
 
 #[derive(Deserialize, Default)]
@@ -67,7 +56,7 @@ pub async fn approve(
     Extension(who): Extension<Subject>,
     Path((run, stage)): Path<(String, String)>,
     body: Bytes,
-) -> Response {
+) -> Result<Response, ApiError> {
     vote(s, who, run, stage, "approve", body).await
 }
 
@@ -77,7 +66,7 @@ pub async fn reject(
     Extension(who): Extension<Subject>,
     Path((run, stage)): Path<(String, String)>,
     body: Bytes,
-) -> Response {
+) -> Result<Response, ApiError> {
     vote(s, who, run, stage, "reject", body).await
 }
 
@@ -89,13 +78,11 @@ async fn vote(
     stage: String,
     decision: &str,
     body: Bytes,
-) -> Response {
+) -> Result<Response, ApiError> {
     let body: DecisionBody = match body.is_empty() {
         true => DecisionBody::default(),
-        false => match serde_json::from_slice(&body) {
-            Ok(b) => b,
-            Err(e) => return error(StatusCode::BAD_REQUEST, format!("the body: {e}")),
-        },
+        false => serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("the body: {e}")))?,
     };
     let vote = Vote {
         subject: who.name.clone(),
@@ -105,15 +92,11 @@ async fn vote(
     };
     let state = s.engine.state().clone();
     let (id, at) = (RunId(run), stage.clone());
-    let counted = tokio::task::spawn_blocking(move || state.vote(&id, &at, &vote)).await;
+    let counted = tokio::task::spawn_blocking(move || state.vote(&id, &at, &vote)).await??;
     let record = match counted {
-        Ok(Ok(Ok(a))) => a,
-        Ok(Ok(Err(Refusal::Unknown))) => {
-            return error(StatusCode::NOT_FOUND, Refusal::Unknown.to_string())
-        }
-        Ok(Ok(Err(refusal))) => return error(StatusCode::CONFLICT, refusal.to_string()),
-        Ok(Err(e)) => return internal(e),
-        Err(e) => return internal(e),
+        Ok(a) => a,
+        Err(Refusal::Unknown) => return Err(ApiError::not_found(Refusal::Unknown.to_string())),
+        Err(refusal) => return Err(ApiError::conflict(refusal.to_string())),
     };
     // Decided: the run goes on now, from here (`serve` and `ui` alike); one process takes
     // it. A run with another approval still waiting waits on.
@@ -147,7 +130,7 @@ async fn vote(
     };
     let mut response = Json(record).into_response();
     response.extensions_mut().insert(note);
-    response
+    Ok(response)
 }
 
 #[derive(Deserialize)]
@@ -162,30 +145,23 @@ pub async fn audit(
     State(s): State<Shared>,
     Extension(who): Extension<Subject>,
     Params(q): Params<AuditQuery>,
-) -> Response {
-    let limit = match limit(q.limit, 100) {
-        Ok(n) => n,
-        Err(response) => return *response,
-    };
+) -> Result<Json<AuditList>, ApiError> {
+    let limit = limit(q.limit, 100)?;
     let since = q.since.unwrap_or_default();
     let Ok(after) = i64::try_from(q.after.unwrap_or(0)) else {
-        return error(StatusCode::BAD_REQUEST, "after: at most 2^63 - 1");
+        return Err(ApiError::bad_request("after: at most 2^63 - 1"));
     };
     let state = s.engine.state().clone();
-    match tokio::task::spawn_blocking(move || state.audit(&since, after, limit)).await {
-        Ok(Ok(mut entries)) => {
-            // An admin of a project reads its entries; of `*`, every entry.
-            let readable = who.projects_for(Verb::ReadAudit);
-            entries.retain(|e| Subject::may(&readable, &e.project));
-            Json(AuditList { entries }).into_response()
-        }
-        Ok(Err(e)) => internal(e),
-        Err(e) => internal(e),
-    }
+    let mut entries =
+        tokio::task::spawn_blocking(move || state.audit(&since, after, limit)).await??;
+    // An admin of a project reads its entries; of `*`, every entry.
+    let readable = who.projects_for(Verb::ReadAudit);
+    entries.retain(|e| Subject::may(&readable, &e.project));
+    Ok(Json(AuditList { entries }))
 }
 
 /// `GET /api/v1/whoami`.
-pub async fn whoami(Extension(who): Extension<Subject>) -> Response {
+pub async fn whoami(Extension(who): Extension<Subject>) -> Json<WhoAmI> {
     let may = who
         .grants
         .iter()
@@ -202,5 +178,4 @@ pub async fn whoami(Extension(who): Extension<Subject>) -> Response {
         grants: who.grants.clone(),
         may,
     })
-    .into_response()
 }

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
@@ -20,12 +19,11 @@ use tokio::sync::watch;
 
 use drivetrain_engine::access::{Subject, Verb};
 use drivetrain_engine::engine::Home;
-use drivetrain_engine::fault::{Blame, Fault};
 use drivetrain_engine::plan::Action;
 use drivetrain_engine::state::RunId;
 
 use super::openapi::{AttemptList, GraphNode, ItemSpan, RunGraph, StageHistory, StageHistoryEntry};
-use super::{error, internal, Params, Shared};
+use super::{known_run, ApiError, Params, Shared};
 use crate::listener::Client;
 
 /// How often a live stream reads the state store. The browser never polls: it holds one
@@ -34,12 +32,12 @@ pub const EVENT_INTERVAL: Duration = Duration::from_millis(400);
 
 /// `GET /api/v1/runs/{id}/graph`: the run's stages and what each needs, from the
 /// pipeline file the run was started from.
-pub(super) async fn graph(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+pub(super) async fn graph(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Json<RunGraph>, ApiError> {
     let run = RunId(id);
-    let record = match s.engine.state().run(&run) {
-        Ok(r) => r,
-        Err(_) => return error(StatusCode::NOT_FOUND, format!("no run `{run}`")),
-    };
+    let record = known_run(&s, &run)?;
     let server = s.clone();
     let digest = record.spec_digest.clone();
     let made = tokio::task::spawn_blocking(move || {
@@ -53,31 +51,26 @@ pub(super) async fn graph(State(s): State<Shared>, Path(id): Path<String>) -> Re
         }
         server.validated(&source)
     })
-    .await;
+    .await?;
     let pipeline = match made {
-        Ok(Ok(p)) => p,
-        Ok(Err(why)) => {
+        Ok(p) => p,
+        Err(why) => {
             // The stages the state store knows, without edges: still a picture of the run.
-            return match s.engine.state().stages(&run) {
-                Ok(stages) => {
-                    let names: Vec<&str> = stages.iter().map(|st| st.stage.as_str()).collect();
-                    let key = drivetrain_engine::engine::home::digest(&names.join("\n"));
-                    let nodes = stages
-                        .into_iter()
-                        .map(|st| GraphNode {
-                            name: st.stage,
-                            needs: Vec::new(),
-                            kind: String::new(),
-                            map: false,
-                            hook: false,
-                        })
-                        .collect();
-                    Json(RunGraph::new(nodes, Some(why), &key)).into_response()
-                }
-                Err(e) => internal(e),
-            };
+            let stages = s.engine.state().stages(&run)?;
+            let names: Vec<&str> = stages.iter().map(|st| st.stage.as_str()).collect();
+            let key = drivetrain_engine::engine::home::digest(&names.join("\n"));
+            let nodes = stages
+                .into_iter()
+                .map(|st| GraphNode {
+                    name: st.stage,
+                    needs: Vec::new(),
+                    kind: String::new(),
+                    map: false,
+                    hook: false,
+                })
+                .collect();
+            return Ok(Json(RunGraph::new(nodes, Some(why), &key)));
         }
-        Err(e) => return internal(e),
     };
     let nodes = pipeline
         .stages
@@ -99,18 +92,17 @@ pub(super) async fn graph(State(s): State<Shared>, Path(id): Path<String>) -> Re
         })
         .collect();
     // Laid out on the blocking pool: a 1,000-stage pipeline takes a while the first time.
-    match tokio::task::spawn_blocking(move || RunGraph::new(nodes, None, &digest)).await {
-        Ok(g) => Json(g).into_response(),
-        Err(e) => internal(e),
-    }
+    let graph = tokio::task::spawn_blocking(move || RunGraph::new(nodes, None, &digest)).await?;
+    Ok(Json(graph))
 }
 
 /// `GET /api/v1/runs/{id}/attempts`.
-pub(super) async fn attempts(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+pub(super) async fn attempts(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Json<AttemptList>, ApiError> {
     let run = RunId(id);
-    if s.engine.state().run(&run).is_err() {
-        return error(StatusCode::NOT_FOUND, format!("no run `{run}`"));
-    }
+    known_run(&s, &run)?;
     let read = tokio::task::spawn_blocking(move || {
         let state = s.engine.state();
         let attempts = state.attempts(&run)?;
@@ -134,11 +126,8 @@ pub(super) async fn attempts(State(s): State<Shared>, Path(id): Path<String>) ->
         Ok::<_, drivetrain_engine::state::StateError>(AttemptList { attempts, items })
     })
     .await;
-    match read {
-        Ok(Ok(list)) => Json(list).into_response(),
-        Ok(Err(e)) => internal(e),
-        Err(e) => internal(e),
-    }
+    // The run exists: any failure here is the server's.
+    Ok(Json(read?.map_err(ApiError::internal)?))
 }
 
 fn sse_event(name: &str, data: &Value) -> Event {
@@ -158,14 +147,12 @@ pub(super) async fn run_events(
     State(s): State<Shared>,
     Path(id): Path<String>,
     client: Option<Extension<Client>>,
-) -> Response {
+) -> Result<Response, ApiError> {
     let run = RunId(id);
-    if s.engine.state().run(&run).is_err() {
-        return error(StatusCode::NOT_FOUND, format!("no run `{run}`"));
-    }
+    known_run(&s, &run)?;
     let permit = match super::admit_stream(&s, client) {
         Ok(p) => p,
-        Err(busy) => return *busy,
+        Err(busy) => return Ok(*busy),
     };
     let start = Sent {
         run: None,
@@ -234,9 +221,9 @@ pub(super) async fn run_events(
             }
         }
     });
-    Sse::new(futures::StreamExt::flatten(stream))
+    Ok(Sse::new(futures::StreamExt::flatten(stream))
         .keep_alive(KeepAlive::default())
-        .into_response()
+        .into_response())
 }
 
 use crate::feed::{Reading, RunsFeed};
@@ -364,11 +351,11 @@ pub(super) async fn stage_history(
     State(s): State<Shared>,
     Path((id, stage)): Path<(String, String)>,
     Params(q): Params<HistoryQuery>,
-) -> Response {
+) -> Result<Json<StageHistory>, ApiError> {
     let limit = q.limit;
     if limit == 0 || limit > MAX_HISTORY {
         let why = format!("limit: 1 to {MAX_HISTORY} runs");
-        return error(StatusCode::BAD_REQUEST, why);
+        return Err(ApiError::bad_request(why));
     }
     let read = tokio::task::spawn_blocking(move || {
         let state = s.engine.state();
@@ -403,11 +390,9 @@ pub(super) async fn stage_history(
         Ok::<_, drivetrain_engine::state::StateError>(Some(StageHistory { runs: points }))
     })
     .await;
-    match read {
-        Ok(Ok(Some(h))) => Json(h).into_response(),
-        Ok(Ok(None)) => error(StatusCode::NOT_FOUND, "no such run".to_owned()),
-        Ok(Err(e)) => internal(e),
-        Err(e) => internal(e),
+    match read?.map_err(ApiError::internal)? {
+        Some(h) => Ok(Json(h)),
+        None => Err(ApiError::not_found("no such run")),
     }
 }
 
@@ -415,15 +400,12 @@ pub(super) async fn stage_history(
 pub(super) async fn explain(
     State(s): State<Shared>,
     Path((id, stage)): Path<(String, String)>,
-) -> Response {
-    if s.engine.state().run(&RunId(id.clone())).is_err() {
-        return error(StatusCode::NOT_FOUND, format!("no run `{id}`"));
-    }
-    match crate::query::explanation(s.engine.state().as_ref(), &id, &stage) {
-        Ok(Ok(e)) => Json(e).into_response(),
-        Ok(Err(why)) => error(StatusCode::NOT_FOUND, why),
-        Err(e) => internal(e),
-    }
+) -> Result<Json<Value>, ApiError> {
+    known_run(&s, &RunId(id.clone()))?;
+    crate::query::explanation(s.engine.state().as_ref(), &id, &stage)
+        .map_err(ApiError::internal)?
+        .map(Json)
+        .map_err(ApiError::not_found)
 }
 
 #[derive(Deserialize)]
@@ -439,7 +421,7 @@ pub(super) async fn lineage(
     State(s): State<Shared>,
     Extension(who): Extension<Subject>,
     Params(q): Params<LineageQuery>,
-) -> Response {
+) -> Result<Json<super::openapi::LineageView>, ApiError> {
     use drivetrain_engine::history::{self, Direction, LineageError};
     let server = s.clone();
     let made = tokio::task::spawn_blocking(move || {
@@ -493,24 +475,15 @@ pub(super) async fn lineage(
         Ok(super::openapi::LineageView { lineage: g, layout })
     })
     .await;
-    match made {
-        Ok(Ok(g)) => Json(g).into_response(),
-        // A target that names nothing, or a run that is gone: not found.
-        Ok(Err(e)) if e.fault() == Fault::Request => error(StatusCode::NOT_FOUND, e.to_string()),
-        Ok(Err(e)) => internal(e),
-        Err(e) => internal(e),
-    }
+    // A target that names nothing, or a run that is gone: not found.
+    Ok(Json(made??))
 }
 
 /// The registry of `project`: in its artifact store, where its promotions write; a name
 /// that is no project's is the 400 to answer.
-fn registry(
-    s: &Shared,
-    project: &str,
-) -> Result<drivetrain_steps::registry::Registry, Box<Response>> {
+fn registry(s: &Shared, project: &str) -> Result<drivetrain_steps::registry::Registry, ApiError> {
     if let Err(e) = drivetrain_engine::validate::dns1123_label(project) {
-        let why = format!("project `{project}` {e}");
-        return Err(Box::new(error(StatusCode::BAD_REQUEST, why)));
+        return Err(ApiError::bad_request(format!("project `{project}` {e}")));
     }
     let vars = drivetrain_engine::cloud::project_env(project);
     Home::at(&s.home)
@@ -518,7 +491,7 @@ fn registry(
         .map_err(anyhow::Error::from)
         .map(|url| drivetrain_engine::artifacts::project_url(&url, project))
         .and_then(|url| drivetrain_steps::registry::Registry::open_with(None, &url, vars))
-        .map_err(|e| Box::new(internal(e)))
+        .map_err(ApiError::internal)
 }
 
 #[derive(Deserialize)]
@@ -537,15 +510,10 @@ pub(super) async fn models(
     State(s): State<Shared>,
     Extension(who): Extension<Subject>,
     Params(q): Params<ProjectQuery>,
-) -> Response {
-    let reg = match registry(&s, &q.project) {
-        Ok(r) => r,
-        Err(response) => return *response,
-    };
+) -> Result<Json<super::openapi::Models>, ApiError> {
+    let reg = registry(&s, &q.project)?;
     let d = drivetrain_engine::access::decide(&who, Verb::Read, &q.project, None);
-    if !d.allowed {
-        return error(StatusCode::FORBIDDEN, d.reason);
-    }
+    ApiError::unless_allowed(d, Some(&q.project))?;
     let read = async {
         let mut out = Vec::new();
         for model in reg.models().await? {
@@ -564,10 +532,8 @@ pub(super) async fn models(
         }
         anyhow::Ok(out)
     };
-    match read.await {
-        Ok(models) => Json(super::openapi::Models { models }).into_response(),
-        Err(e) => internal(e),
-    }
+    let models = read.await.map_err(ApiError::internal)?;
+    Ok(Json(super::openapi::Models { models }))
 }
 
 /// `POST /api/v1/registry/{model}/aliases/{alias}/rollback`: the alias back to the
@@ -576,26 +542,22 @@ pub(super) async fn rollback(
     State(s): State<Shared>,
     Path((model, alias)): Path<(String, String)>,
     Params(q): Params<ProjectQuery>,
-) -> Response {
-    let reg = match registry(&s, &q.project) {
-        Ok(r) => r,
-        Err(response) => return *response,
-    };
-    match reg.aliases(&model).await {
-        Ok(a) if a.iter().any(|(name, _)| *name == alias) => {}
-        Ok(_) => {
-            return error(
-                StatusCode::NOT_FOUND,
-                format!("model `{model}` has no alias `{alias}`"),
-            )
-        }
-        Err(e) => return internal(e),
+) -> Result<Response, ApiError> {
+    let reg = registry(&s, &q.project)?;
+    let aliases = reg.aliases(&model).await.map_err(ApiError::internal)?;
+    if !aliases.iter().any(|(name, _)| *name == alias) {
+        return Err(ApiError::not_found(format!(
+            "model `{model}` has no alias `{alias}`"
+        )));
     }
-    match reg.rollback(&model, &alias).await {
-        Ok(moved) => {
-            let (before, after) = (json!({"version": moved["from"]}), moved.clone());
-            crate::access::noted(Json(moved).into_response(), before, after)
-        }
-        Err(e) => error(StatusCode::CONFLICT, e.to_string()),
-    }
+    let moved = reg
+        .rollback(&model, &alias)
+        .await
+        .map_err(|e| ApiError::conflict(e.to_string()))?;
+    let (before, after) = (json!({"version": moved["from"]}), moved.clone());
+    Ok(crate::access::noted(
+        Json(moved).into_response(),
+        before,
+        after,
+    ))
 }
