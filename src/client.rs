@@ -1,6 +1,7 @@
 //! `--server URL`: `run`, `status`, `logs` and `cancel` against a `drivetrain serve` over
 //! its HTTP API instead of this machine's engine. The token is `DRIVETRAIN_TOKEN`.
 
+use crate::output::Format;
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::Path;
@@ -83,7 +84,7 @@ pub fn run(
     file: &Path,
     params: &[(String, String)],
     detach: bool,
-    json_out: bool,
+    out: Format,
 ) -> anyhow::Result<ExitCode> {
     let r = Remote::new(server);
     let yaml =
@@ -97,12 +98,12 @@ pub fn run(
         .as_str()
         .context("the server named no run")?
         .to_owned();
-    if !json_out {
+    if !out.json() {
         println!("run {id}");
         println!("submitted to {server}");
     }
     if detach {
-        if json_out {
+        if out.json() {
             println!("{}", json!({"run": id}));
         }
         return Ok(ExitCode::SUCCESS);
@@ -115,7 +116,7 @@ pub fn run(
                 s["stage"].as_str().unwrap_or(""),
                 s["phase"].as_str().unwrap_or(""),
             );
-            if seen.get(name).map(String::as_str) != Some(phase) && !json_out {
+            if seen.get(name).map(String::as_str) != Some(phase) && !out.json() {
                 match phase {
                     "Running" => println!("  ▶ {name}"),
                     "Pending" => {}
@@ -135,11 +136,9 @@ pub fn run(
         }
         let phase = v["run"]["phase"].as_str().unwrap_or("");
         if matches!(phase, "Succeeded" | "Failed" | "Cancelled" | "Error") {
-            if json_out {
-                println!("{}", serde_json::to_string_pretty(&v)?);
-            } else {
+            out.print(&v, |_| {
                 println!("run {id} {phase}");
-            }
+            })?;
             return Ok(ExitCode::from(match phase {
                 "Succeeded" => 0,
                 "Cancelled" => 130,
@@ -151,14 +150,14 @@ pub fn run(
 }
 
 /// A run with its stages, or the recent runs.
-pub fn status(server: &str, run: Option<&str>, json_out: bool) -> anyhow::Result<ExitCode> {
+pub fn status(server: &str, run: Option<&str>, out: Format) -> anyhow::Result<ExitCode> {
     let r = Remote::new(server);
     let v = match run {
         Some(id) => r.get(&format!("/api/v1/runs/{id}"))?,
         None => r.get("/api/v1/runs?limit=20")?,
     };
-    if json_out {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+    if out.json() {
+        crate::output::print_json(&v)?;
         return Ok(ExitCode::SUCCESS);
     }
     match run {

@@ -1,6 +1,7 @@
 //! `drivetrain doctor`: what this machine offers local runs — cores, GPUs (and how they
 //! were found), and each layer of a local stage's containment: active here or not.
 
+use crate::output::Format;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -8,11 +9,7 @@ use serde_json::json;
 
 /// Prints the machine's report, as text or JSON; with `slurm` (the home), the Slurm
 /// cluster's too: exit 1 when it cannot run this home's stages.
-pub fn doctor(
-    gpus: Option<usize>,
-    slurm: Option<&Path>,
-    json_out: bool,
-) -> anyhow::Result<ExitCode> {
+pub fn doctor(gpus: Option<usize>, slurm: Option<&Path>, out: Format) -> anyhow::Result<ExitCode> {
     let slurm = slurm.map(slurm_report);
     let failed = slurm
         .as_ref()
@@ -26,26 +23,23 @@ pub fn doctor(
     let found = drivetrain_executors::gpus::detect(gpus);
     let isolation = drivetrain_executors::local::namespaces_work();
     let layers = drivetrain_executors::local::layers();
-    if json_out {
+    if out.json() {
         let list: Vec<_> = found
             .gpus
             .iter()
             .map(|g| json!({"id": g.id, "name": g.name}))
             .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&json!({
-                "cores": cores,
-                "gpus": list,
-                "gpus_from": found.source,
-                "isolation": isolation,
-                "layers": layers
-                    .iter()
-                    .map(|(name, active, what)| json!({"layer": name, "active": active, "what": what}))
-                    .collect::<Vec<_>>(),
-                "slurm": slurm,
-            }))?
-        );
+        crate::output::print_json(&json!({
+            "cores": cores,
+            "gpus": list,
+            "gpus_from": found.source,
+            "isolation": isolation,
+            "layers": layers
+                .iter()
+                .map(|(name, active, what)| json!({"layer": name, "active": active, "what": what}))
+                .collect::<Vec<_>>(),
+            "slurm": slurm,
+        }))?;
         return Ok(code);
     }
     println!("cores: {cores} (the default --parallelism)");

@@ -1,5 +1,6 @@
 //! `explain`, `lineage`, `forget` and `gc`: questions about what runs left behind.
 
+use crate::output::Format;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -13,7 +14,7 @@ use crate::runs::{open_state, store_url};
 
 /// `drivetrain explain RUN STAGE`: why a stage was a cache hit or a miss, naming the
 /// component of its key that changed since the closest other entry of that stage.
-pub fn explain(home: &Path, run: &str, stage: &str, json_out: bool) -> anyhow::Result<ExitCode> {
+pub fn explain(home: &Path, run: &str, stage: &str, out: Format) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
     let e = match drivetrain_server::query::explanation(&*state, run, stage)? {
         Ok(e) => e,
@@ -22,8 +23,8 @@ pub fn explain(home: &Path, run: &str, stage: &str, json_out: bool) -> anyhow::R
             return Ok(crate::exit::usage());
         }
     };
-    if json_out {
-        println!("{}", serde_json::to_string_pretty(&e)?);
+    if out.json() {
+        crate::output::print_json(&e)?;
         return Ok(ExitCode::SUCCESS);
     }
     let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
@@ -78,7 +79,7 @@ fn print_graph(
 ) -> anyhow::Result<()> {
     match output {
         GraphOutput::Text => print!("{}", g.to_text(direction)),
-        GraphOutput::Json => println!("{}", serde_json::to_string_pretty(g)?),
+        GraphOutput::Json => crate::output::print_json(g)?,
         GraphOutput::Dot => print!("{}", g.to_dot()),
         GraphOutput::Mermaid => print!("{}", g.to_mermaid()),
     }
@@ -182,7 +183,7 @@ pub fn forget(home: &Path, input: &str, output: GraphOutput) -> anyhow::Result<E
 }
 
 /// `drivetrain gc [--keep-days N] [--apply]`.
-pub fn gc(home: &Path, keep_days: u32, apply: bool, json_out: bool) -> anyhow::Result<ExitCode> {
+pub fn gc(home: &Path, keep_days: u32, apply: bool, out: Format) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
     let cutoff = (chrono::Utc::now() - chrono::Duration::days(i64::from(keep_days)))
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
@@ -224,8 +225,8 @@ pub fn gc(home: &Path, keep_days: u32, apply: bool, json_out: bool) -> anyhow::R
             .unreferenced
             .extend(of.unreferenced.into_iter().map(|(k, v)| (shown(k), v)));
     }
-    if json_out {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    if out.json() {
+        crate::output::print_json(&report)?;
         return Ok(ExitCode::SUCCESS);
     }
     for (key, size) in &report.unreferenced {
@@ -295,7 +296,7 @@ pub fn registry(
                     all.push(json!({"model": m, "versions": versions.len(), "aliases": aliases}));
                 }
                 if output == crate::cli::Format::Json {
-                    println!("{}", serde_json::to_string_pretty(&all)?);
+                    crate::output::print_json(&all)?;
                 } else if all.is_empty() {
                     println!("no models registered yet");
                 } else {
@@ -318,14 +319,14 @@ pub fn registry(
             C::Show { spec, output } => {
                 let v = reg.resolve(&spec).await?;
                 match output {
-                    crate::cli::Format::Json => println!("{}", serde_json::to_string_pretty(&v)?),
+                    crate::cli::Format::Json => crate::output::print_json(&v)?,
                     crate::cli::Format::Text => print!("{}", version_text(&v)),
                 }
             }
             C::History { model, output } => {
                 let h = reg.history(&model).await?;
                 if output == crate::cli::Format::Json {
-                    println!("{}", serde_json::to_string_pretty(&h)?);
+                    crate::output::print_json(&h)?;
                 } else {
                     for e in &h {
                         println!(

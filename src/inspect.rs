@@ -1,5 +1,6 @@
 //! `status`, `list` and `logs`: reading what runs recorded.
 
+use crate::output::Format;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
@@ -25,12 +26,12 @@ fn resolve_run(state: &dyn RunStore, run: Option<&str>) -> anyhow::Result<RunId>
 }
 
 /// `drivetrain status [RUN]`.
-pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<ExitCode> {
+pub fn status(home: &Path, run: Option<&str>, out: Format) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
     let id = resolve_run(&*state, run)?;
     let record = state.run(&id)?;
     let stages = state.stages(&id)?;
-    if json_out {
+    if out.json() {
         let mut items = serde_json::Map::new();
         let mut item_usage = serde_json::Map::new();
         for st in &stages {
@@ -46,18 +47,15 @@ pub fn status(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<
             .iter()
             .filter_map(|s| Some((s.stage.clone(), json!(executor_note(home, &id, s)?))))
             .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&json!({
-                "run": record,
-                "trigger": state.run_trigger(&id)?,
-                "orphaned": orphaned(state.as_ref())?.contains(&id),
-                "stages": stages,
-                "items": items,
-                "item_usage": item_usage,
-                "notes": notes,
-            }))?
-        );
+        crate::output::print_json(&json!({
+            "run": record,
+            "trigger": state.run_trigger(&id)?,
+            "orphaned": orphaned(state.as_ref())?.contains(&id),
+            "stages": stages,
+            "items": items,
+            "item_usage": item_usage,
+            "notes": notes,
+        }))?;
         return Ok(ExitCode::SUCCESS);
     }
     println!(
@@ -233,17 +231,17 @@ fn elapsed(a: &str, b: &str) -> String {
 /// `drivetrain list`.
 /// `status --watch`: the status every second (the screen cleared first on a terminal)
 /// until the run ends; exit 0 when it succeeded, 1 otherwise.
-pub fn watch(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<ExitCode> {
+pub fn watch(home: &Path, run: Option<&str>, out: Format) -> anyhow::Result<ExitCode> {
     use std::io::IsTerminal;
     let state = open_state(home)?;
     let id = resolve_run(&*state, run)?;
-    let clear = std::io::stdout().is_terminal() && !json_out;
+    let clear = std::io::stdout().is_terminal() && !out.json();
     loop {
         let phase = state.run(&id)?.phase;
         if clear {
             print!("\x1b[2J\x1b[H");
         }
-        status(home, Some(&id.0), json_out)?;
+        status(home, Some(&id.0), out)?;
         if phase.is_terminal() {
             return Ok(ExitCode::from(u8::from(phase != Phase::Succeeded)));
         }
@@ -255,7 +253,7 @@ pub fn watch(home: &Path, run: Option<&str>, json_out: bool) -> anyhow::Result<E
 pub fn list(
     home: &Path,
     filter: &drivetrain_server::query::ListFilter,
-    json_out: bool,
+    out: Format,
 ) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
     let runs = match drivetrain_server::query::runs_matching(&*state, filter)? {
@@ -266,14 +264,14 @@ pub fn list(
         }
     };
     let orphans = orphaned(state.as_ref())?;
-    if json_out {
+    if out.json() {
         let mut out = Vec::new();
         for r in &runs {
             let mut v = serde_json::to_value(r)?;
             v["orphaned"] = json!(orphans.contains(&r.id));
             out.push(v);
         }
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        crate::output::print_json(&out)?;
         return Ok(ExitCode::SUCCESS);
     }
     for r in &runs {

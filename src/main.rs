@@ -15,6 +15,7 @@ mod exit;
 mod history;
 mod inspect;
 mod manifests;
+mod output;
 mod people;
 mod plan_output;
 mod report;

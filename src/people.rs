@@ -6,6 +6,7 @@
 //! anything to it, so the local user holds every role and every approval role, and one
 //! person is one vote. Token changes and decisions made here go to the audit log as theirs.
 
+use crate::output::Format;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -93,7 +94,7 @@ pub fn decide(
         return Ok(ExitCode::SUCCESS);
     }
     drop(state);
-    crate::runs::resume(catalog, home, &d.run, false)
+    crate::runs::resume(catalog, home, &d.run, Format::Text)
 }
 
 /// `approvals`.
@@ -101,12 +102,12 @@ pub fn approvals(
     home: &Path,
     waiting: bool,
     limit: usize,
-    json_out: bool,
+    out: Format,
 ) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
     let all = state.approvals(waiting, limit)?;
-    if json_out {
-        println!("{}", serde_json::to_string_pretty(&all)?);
+    if out.json() {
+        crate::output::print_json(&all)?;
         return Ok(ExitCode::SUCCESS);
     }
     if all.is_empty() {
@@ -162,7 +163,7 @@ fn secret() -> anyhow::Result<String> {
 }
 
 /// `token create|list|revoke`.
-pub fn token(home: &Path, command: TokenCommand, json_out: bool) -> anyhow::Result<ExitCode> {
+pub fn token(home: &Path, command: TokenCommand, out: Format) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
     match command {
         TokenCommand::Create {
@@ -206,7 +207,7 @@ pub fn token(home: &Path, command: TokenCommand, json_out: bool) -> anyhow::Resu
                 format!("token/{}", t.id),
                 json!({"name": t.name, "role": t.role, "approves": t.approves}),
             )?;
-            if json_out {
+            if out.json() {
                 println!("{}", json!({"token": secret, "record": t}));
             } else {
                 println!("{secret}");
@@ -225,8 +226,8 @@ pub fn token(home: &Path, command: TokenCommand, json_out: bool) -> anyhow::Resu
         }
         TokenCommand::List => {
             let all = state.tokens()?;
-            if json_out {
-                println!("{}", serde_json::to_string_pretty(&all)?);
+            if out.json() {
+                crate::output::print_json(&all)?;
                 return Ok(ExitCode::SUCCESS);
             }
             for t in &all {
@@ -269,7 +270,7 @@ pub fn audit(
     home: &Path,
     since: Option<&str>,
     limit: usize,
-    json_out: bool,
+    out: Format,
 ) -> anyhow::Result<ExitCode> {
     let since = match since.map(crate::triggers::parse_since).transpose() {
         Ok(s) => s.unwrap_or_default(),
@@ -280,8 +281,8 @@ pub fn audit(
     };
     let state = open_state(home)?;
     let entries = state.audit(&since, 0, limit)?;
-    if json_out {
-        println!("{}", serde_json::to_string_pretty(&entries)?);
+    if out.json() {
+        crate::output::print_json(&entries)?;
         return Ok(ExitCode::SUCCESS);
     }
     for e in &entries {
@@ -371,7 +372,7 @@ pub fn protect(home: &Path, alias: &str, role: Option<&str>) -> anyhow::Result<E
 pub fn project(
     home: &Path,
     command: crate::cli::ProjectCommand,
-    json_out: bool,
+    out: Format,
 ) -> anyhow::Result<ExitCode> {
     use crate::cli::ProjectCommand as C;
     use drivetrain_engine::state::Quota;
@@ -415,8 +416,8 @@ pub fn project(
                 let n = &mut e["runs"][r.phase.as_str()];
                 *n = json!(n.as_u64().unwrap_or(0) + 1);
             }
-            if json_out {
-                println!("{}", serde_json::to_string_pretty(&projects)?);
+            if out.json() {
+                crate::output::print_json(&projects)?;
                 return Ok(ExitCode::SUCCESS);
             }
             for (p, e) in &projects {

@@ -19,7 +19,7 @@ pub struct RerunArgs<'a> {
     pub parallelism: Option<usize>,
     pub fail_fast: bool,
     pub home: PathBuf,
-    pub json: bool,
+    pub out: crate::output::Format,
     /// The new run's id, if the caller chose it.
     pub run_id: Option<RunId>,
 }
@@ -55,7 +55,7 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
         Err(refusal) => return Ok(refused(refusal)),
     };
     let trigger = request.trigger.clone();
-    if !args.json {
+    if !args.out.json() {
         let names = |v: &[String]| match v.is_empty() {
             true => "nothing".to_owned(),
             false => v.join(", "),
@@ -83,6 +83,6 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
     drive(Drive {
         engine,
         request,
-        json: args.json,
+        out: args.out,
     })
 }

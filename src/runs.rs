@@ -6,6 +6,7 @@
 //! `state.db` (SQLite), `artifacts/` (the default `file://` store) and `work/` (attempt
 //! directories).
 
+use crate::output::Format;
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -83,7 +84,7 @@ pub struct RunArgs<'a> {
     pub fail_fast: bool,
     pub executor: Option<&'a str>,
     pub home: PathBuf,
-    pub json: bool,
+    pub out: Format,
     pub cache: runner::CacheMode,
 }
 
@@ -131,7 +132,7 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
     request.gpus = args.gpus;
     request.cache = args.cache;
     request.deadline = args.deadline;
-    if !args.json {
+    if !args.out.json() {
         println!("run {id}");
         println!(
             "pipeline {} ({} stages), store {url}",
@@ -142,7 +143,7 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
     drive(Drive {
         engine,
         request,
-        json: args.json,
+        out: args.out,
     })
 }
 
@@ -269,7 +270,7 @@ fn executor_of(
 pub(crate) struct Drive {
     pub(crate) engine: Engine,
     pub(crate) request: RunRequest,
-    pub(crate) json: bool,
+    pub(crate) out: Format,
 }
 
 /// Runs (or resumes) a run to its end, printing progress; Ctrl-C and SIGTERM cancel it.
@@ -277,7 +278,7 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
     let Drive {
         engine,
         request,
-        json,
+        out,
     } = d;
     let state = engine.state().clone();
     // The last stage in plan order, and where its attempts' logs are: the run ends by
@@ -301,7 +302,7 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
         let printer = tokio::spawn(async move {
             let mut progress = Progress::new();
             while let Some(ev) = rx.recv().await {
-                if !json {
+                if !out.json() {
                     progress.event(&ev);
                 }
             }
@@ -332,22 +333,19 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
     });
     let summary = summary??;
     // The engine ended the run at its deadline: say so, as its record does.
-    if let (Phase::Failed, Some(d), false) = (summary.phase, deadline, json) {
+    if let (Phase::Failed, Some(d), false) = (summary.phase, deadline, out.json()) {
         let passed = drivetrain_engine::engine::deadline_reason(d);
         let reason = state.run(&summary.id).ok().and_then(|r| r.reason);
         if reason.as_deref() == Some(passed.as_str()) {
             println!("{passed}");
         }
     }
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&json!({
-                "run": summary.id,
-                "phase": summary.phase,
-                "stages": summary.stages,
-            }))?
-        );
+    if out.json() {
+        crate::output::print_json(&json!({
+            "run": summary.id,
+            "phase": summary.phase,
+            "stages": summary.stages,
+        }))?;
     } else {
         if let Some(line) = conclusion(state.as_ref(), &summary.id, &order, &work_dir) {
             println!("{line}");
@@ -391,7 +389,7 @@ pub fn resume(
     catalog: &drivetrain_engine::Catalog,
     home: &Path,
     run: &str,
-    json_out: bool,
+    out: Format,
 ) -> anyhow::Result<ExitCode> {
     let id = RunId(run.to_owned());
     let record = open_state(home)?.run(&id)?;
@@ -401,7 +399,7 @@ pub fn resume(
         Ok(r) => r,
         Err(refusal) => return Ok(refused(refusal)),
     };
-    if !json_out {
+    if !out.json() {
         let p = &request.pipeline;
         let succeeded = request.resume.as_ref().map_or(0, |r| r.succeeded.len());
         println!("run {id}");
@@ -415,7 +413,7 @@ pub fn resume(
     drive(Drive {
         engine,
         request,
-        json: json_out,
+        out,
     })
 }
 

@@ -1,6 +1,7 @@
 //! `drivetrain schedule`: the schedules `serve` keeps, read and changed in the state
 //! store (list with the next tick, the upcoming ticks, suspend, resume, trigger).
 
+use crate::output::Format;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -14,7 +15,7 @@ use drivetrain_server::query::{find_schedule, next_tick, now_text, upcoming};
 pub fn command(
     home: &Path,
     command: crate::cli::ScheduleCommand,
-    json_out: bool,
+    out: Format,
 ) -> anyhow::Result<ExitCode> {
     use crate::cli::ScheduleCommand as C;
     let state = open_state(home)?;
@@ -31,8 +32,8 @@ pub fn command(
                     "recent_ticks": ticks,
                 }));
             }
-            if json_out {
-                println!("{}", serde_json::to_string_pretty(&rows)?);
+            if out.json() {
+                crate::output::print_json(&rows)?;
             } else if rows.is_empty() {
                 println!("no schedules yet: `drivetrain serve --pipelines DIR` registers them");
             } else {
@@ -62,9 +63,7 @@ pub fn command(
                 return Ok(crate::exit::usage());
             };
             let ticks = upcoming(&s, now, count)?;
-            if json_out {
-                println!("{}", serde_json::to_string_pretty(&ticks)?);
-            } else {
+            out.print(&ticks, |_| {
                 println!("`{}` in {}:", s.cron, s.timezone);
                 for t in &ticks {
                     println!(
@@ -73,7 +72,7 @@ pub fn command(
                         t["utc"].as_str().unwrap_or_default()
                     );
                 }
-            }
+            })?;
         }
         C::Suspend { pipeline } => {
             crate::audit::audit_local(

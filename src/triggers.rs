@@ -2,6 +2,7 @@
 //! what `serve`'s triggers and outbox keep in the state store, read and changed from any
 //! process that shares it.
 
+use crate::output::Format;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -26,14 +27,14 @@ pub fn command(
     catalog: &Catalog,
     home: &Path,
     command: TriggerCommand,
-    json_out: bool,
+    out: Format,
 ) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
     let state = &*state;
     let found = |name: &str| drivetrain_server::query::find_trigger(state, name);
     match command {
-        TriggerCommand::List => list(state, json_out),
-        TriggerCommand::Show { trigger } => with(found(&trigger)?, |t| show(t, json_out)),
+        TriggerCommand::List => list(state, out),
+        TriggerCommand::Show { trigger } => with(found(&trigger)?, |t| show(t, out)),
         TriggerCommand::Pause { trigger } => with(found(&trigger)?, |t| pause(state, t)),
         TriggerCommand::Resume {
             trigger,
@@ -41,7 +42,7 @@ pub fn command(
             skip,
         } => with(found(&trigger)?, |t| resume(state, t, replay, skip)),
         TriggerCommand::Backfill { trigger, since } => with(found(&trigger)?, |t| {
-            backfill(catalog, state, t, &since, json_out)
+            backfill(catalog, state, t, &since, out)
         }),
     }
 }
@@ -64,11 +65,11 @@ fn usage(e: String) -> anyhow::Result<ExitCode> {
 }
 
 /// `trigger list`.
-fn list(state: &dyn StateStore, json_out: bool) -> anyhow::Result<ExitCode> {
+fn list(state: &dyn StateStore, out: Format) -> anyhow::Result<ExitCode> {
     let all = state.triggers()?;
-    if json_out {
+    if out.json() {
         let rows: Vec<_> = all.iter().map(view).collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        crate::output::print_json(&rows)?;
     } else if all.is_empty() {
         println!("no triggers yet: `drivetrain serve --pipelines DIR` registers them");
     } else {
@@ -94,10 +95,8 @@ fn list(state: &dyn StateStore, json_out: bool) -> anyhow::Result<ExitCode> {
 }
 
 /// `trigger show`.
-fn show(t: &TriggerRecord, json_out: bool) -> anyhow::Result<ExitCode> {
-    if json_out {
-        println!("{}", serde_json::to_string_pretty(&view(t))?);
-    } else {
+fn show(t: &TriggerRecord, out: Format) -> anyhow::Result<ExitCode> {
+    out.print(&view(t), |_| {
         println!("trigger {}/{} ({})", t.pipeline, t.trigger, t.file);
         println!(
             "  state:     {}",
@@ -124,7 +123,7 @@ fn show(t: &TriggerRecord, json_out: bool) -> anyhow::Result<ExitCode> {
             t.last_reason.as_deref().unwrap_or("-"),
             t.evaluated_at.as_deref().unwrap_or("-")
         );
-    }
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -187,7 +186,7 @@ fn backfill(
     state: &dyn StateStore,
     t: &TriggerRecord,
     since: &str,
-    json_out: bool,
+    out: Format,
 ) -> anyhow::Result<ExitCode> {
     let since = match parse_since(since) {
         Ok(s) => s,
@@ -229,7 +228,7 @@ fn backfill(
         .filter(|o| o.modified.as_deref().is_some_and(|m| m >= since.as_str()))
         .collect();
     let new = state.add_objects(&t.pipeline, &t.trigger, &objects, None, false)?;
-    if json_out {
+    if out.json() {
         println!(
             "{}",
             json!({"listed": listing.listed, "since": since, "matched": objects.len(), "new": new})
@@ -261,7 +260,7 @@ pub fn notifications(
     home: &Path,
     state_filter: Option<&str>,
     limit: usize,
-    json_out: bool,
+    out: Format,
 ) -> anyhow::Result<ExitCode> {
     if let Some(s) = state_filter.filter(|s| !["pending", "delivered", "dead"].contains(s)) {
         eprintln!("error: --state `{s}`: give pending, delivered or dead");
@@ -269,8 +268,8 @@ pub fn notifications(
     }
     let state = open_state(home)?;
     let items = state.notifications(state_filter, limit)?;
-    if json_out {
-        println!("{}", serde_json::to_string_pretty(&items)?);
+    if out.json() {
+        crate::output::print_json(&items)?;
         return Ok(ExitCode::SUCCESS);
     }
     let counts = state.notification_counts()?;

@@ -5,14 +5,14 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use super::outcome;
-use crate::cli::{Format, HistoryGroup};
+use crate::cli::HistoryGroup;
 use crate::history;
 
 /// Runs one of this group's commands.
 pub(super) fn dispatch(home: &Path, command: HistoryGroup) -> ExitCode {
     match command {
         HistoryGroup::Explain { run, stage, output } => {
-            outcome(history::explain(home, &run, &stage, output == Format::Json))
+            outcome(history::explain(home, &run, &stage, output))
         }
         HistoryGroup::Lineage {
             target,
@@ -24,7 +24,7 @@ pub(super) fn dispatch(home: &Path, command: HistoryGroup) -> ExitCode {
             keep_days,
             apply,
             output,
-        } => outcome(history::gc(home, keep_days, apply, output == Format::Json)),
+        } => outcome(history::gc(home, keep_days, apply, output)),
         HistoryGroup::Registry {
             registry,
             project,

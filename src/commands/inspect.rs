@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use super::outcome;
-use crate::cli::{Format, InspectGroup};
+use crate::cli::InspectGroup;
 use crate::{client, inspect, runs};
 
 /// Runs one of this group's commands.
@@ -16,18 +16,16 @@ pub(super) fn dispatch(home: &Path, command: InspectGroup) -> ExitCode {
             output,
             server: Some(url),
             ..
-        } => outcome(client::status(&url, run.as_deref(), output == Format::Json)),
+        } => outcome(client::status(&url, run.as_deref(), output)),
         InspectGroup::Status {
             run,
             output,
             watch: true,
             ..
-        } => outcome(inspect::watch(home, run.as_deref(), output == Format::Json)),
-        InspectGroup::Status { run, output, .. } => outcome(inspect::status(
-            home,
-            run.as_deref(),
-            output == Format::Json,
-        )),
+        } => outcome(inspect::watch(home, run.as_deref(), output)),
+        InspectGroup::Status { run, output, .. } => {
+            outcome(inspect::status(home, run.as_deref(), output))
+        }
         InspectGroup::Logs {
             run: Some(run),
             stage: Some(stage),
@@ -62,7 +60,7 @@ pub(super) fn dispatch(home: &Path, command: InspectGroup) -> ExitCode {
                 since,
                 projects: None,
             },
-            output == Format::Json,
+            output,
         )),
     }
 }

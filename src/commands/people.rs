@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use drivetrain_engine::Catalog;
 
 use super::outcome;
-use crate::cli::{AuthCommand, Format, PeopleGroup};
+use crate::cli::{AuthCommand, PeopleGroup};
 use crate::people;
 
 /// Runs one of this group's commands.
@@ -22,28 +22,14 @@ pub(super) fn dispatch(catalog: &Catalog, home: &Path, command: PeopleGroup) -> 
             waiting,
             limit,
             output,
-        } => outcome(people::approvals(
-            home,
-            waiting,
-            limit,
-            output == Format::Json,
-        )),
-        PeopleGroup::Token { command, output } => {
-            outcome(people::token(home, command, output == Format::Json))
-        }
-        PeopleGroup::Project { command, output } => {
-            outcome(people::project(home, command, output == Format::Json))
-        }
+        } => outcome(people::approvals(home, waiting, limit, output)),
+        PeopleGroup::Token { command, output } => outcome(people::token(home, command, output)),
+        PeopleGroup::Project { command, output } => outcome(people::project(home, command, output)),
         PeopleGroup::Audit {
             since,
             limit,
             output,
-        } => outcome(people::audit(
-            home,
-            since.as_deref(),
-            limit,
-            output == Format::Json,
-        )),
+        } => outcome(people::audit(home, since.as_deref(), limit, output)),
         PeopleGroup::Auth {
             command:
                 AuthCommand::Can {

@@ -75,11 +75,8 @@ pub(super) fn dispatch(catalog: &Catalog, command: PipelineGroup) -> ExitCode {
             }
             match output {
                 Format::Text => print!("{}", plan_text(&p, &values, &selected)),
-                Format::Json => println!(
-                    "{}",
-                    serde_json::to_string_pretty(&plan_json(&p, &values, &selected))
-                        .expect("JSON values serialize")
-                ),
+                Format::Json => crate::output::print_json(&plan_json(&p, &values, &selected))
+                    .expect("JSON values serialize"),
             }
             ExitCode::SUCCESS
         }
@@ -88,10 +85,7 @@ pub(super) fn dispatch(catalog: &Catalog, command: PipelineGroup) -> ExitCode {
                 true => api::openapi::document(),
                 false => drivetrain_engine::spec::json_schema(),
             };
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&doc).expect("schema serializes")
-            );
+            crate::output::print_json(&doc).expect("schema serializes");
             ExitCode::SUCCESS
         }
         PipelineGroup::Steps { output } => steps(catalog, output),
@@ -146,11 +140,8 @@ fn validate(catalog: &Catalog, files: &[PathBuf], output: Format) -> ExitCode {
             })),
         }
     }
-    if output == Format::Json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&results).expect("JSON values serialize")
-        );
+    if output.json() {
+        crate::output::print_json(&results).expect("JSON values serialize");
     }
     if unreadable {
         ExitCode::from(EXIT_USAGE)
@@ -201,13 +192,8 @@ fn steps(catalog: &Catalog, output: Format) -> ExitCode {
                     })
                 })
                 .collect();
-            println!(
-                "{}",
-                serde_json::to_string_pretty(
-                    &json!({"steps": steps, "executors": catalog.executors()})
-                )
-                .expect("JSON values serialize")
-            );
+            crate::output::print_json(&json!({"steps": steps, "executors": catalog.executors()}))
+                .expect("JSON values serialize");
         }
     }
     ExitCode::SUCCESS

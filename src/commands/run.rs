@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use drivetrain_engine::Catalog;
 
 use super::{load, outcome, read, usage_errors, EXIT_INVALID, EXIT_USAGE};
-use crate::cli::{Format, FromRun, RunGroup};
+use crate::cli::{FromRun, RunGroup};
 use crate::{client, rerun, runs};
 use drivetrain_executors::wrapper;
 
@@ -30,13 +30,7 @@ pub(super) fn dispatch(catalog: &Catalog, home: PathBuf, command: RunGroup) -> E
             output,
         } => {
             if let Some(url) = server {
-                return outcome(client::run(
-                    &url,
-                    &file,
-                    &params,
-                    detach,
-                    output == Format::Json,
-                ));
+                return outcome(client::run(&url, &file, &params, detach, output));
             }
             let src = match read(&file) {
                 Ok(s) => s,
@@ -65,7 +59,7 @@ pub(super) fn dispatch(catalog: &Catalog, home: PathBuf, command: RunGroup) -> E
                 fail_fast,
                 executor: executor.as_deref(),
                 home,
-                json: output == Format::Json,
+                out: output,
                 cache: drivetrain_engine::runner::CacheMode {
                     read: !no_cache && !overwrite_cache,
                     write: !no_cache,
@@ -111,9 +105,7 @@ pub(super) fn dispatch(catalog: &Catalog, home: PathBuf, command: RunGroup) -> E
                 common,
             },
         ),
-        RunGroup::Resume { run, output } => {
-            outcome(runs::resume(catalog, &home, &run, output == Format::Json))
-        }
+        RunGroup::Resume { run, output } => outcome(runs::resume(catalog, &home, &run, output)),
         RunGroup::Step { name } => step(catalog, &name),
         RunGroup::Exec {
             install,
@@ -215,7 +207,7 @@ fn rerun(catalog: &Catalog, home: PathBuf, a: RerunCli) -> ExitCode {
         parallelism: a.common.parallelism,
         fail_fast: a.common.fail_fast,
         home,
-        json: a.common.output == Format::Json,
+        out: a.common.output,
         run_id: a.common.run_id.map(drivetrain_engine::state::RunId),
     })
     .unwrap_or_else(|e| {

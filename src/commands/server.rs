@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use drivetrain_engine::Catalog;
 
 use super::outcome;
-use crate::cli::{Format, ServerGroup};
+use crate::cli::ServerGroup;
 use crate::{doctor, schedules, triggers};
 use drivetrain_server as serve;
 
@@ -64,14 +64,11 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: ServerGroup) -> E
             },
         )),
         ServerGroup::Schedule { command, output } => {
-            outcome(schedules::command(home, command, output == Format::Json))
+            outcome(schedules::command(home, command, output))
         }
-        ServerGroup::Trigger { command, output } => outcome(triggers::command(
-            &catalog,
-            home,
-            command,
-            output == Format::Json,
-        )),
+        ServerGroup::Trigger { command, output } => {
+            outcome(triggers::command(&catalog, home, command, output))
+        }
         ServerGroup::Notifications {
             state,
             limit,
@@ -80,17 +77,13 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: ServerGroup) -> E
             home,
             state.as_deref(),
             limit,
-            output == Format::Json,
+            output,
         )),
         ServerGroup::Doctor {
             gpus,
             slurm,
             output,
-        } => outcome(doctor::doctor(
-            gpus,
-            slurm.then_some(home),
-            output == Format::Json,
-        )),
+        } => outcome(doctor::doctor(gpus, slurm.then_some(home), output)),
     }
 }
 
