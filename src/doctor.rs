@@ -85,10 +85,7 @@ fn slurm_report(home: &Path) -> serde_json::Value {
         Err(e) => return json!({"ok": false, "cluster": e, "shared": "not checked"}),
     };
     let executor = drivetrain_executors::slurm::SlurmExecutor::new(settings);
-    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    else {
+    let Ok(rt) = crate::runtime() else {
         return json!({"ok": false, "cluster": "no runtime", "shared": "not checked"});
     };
     let work = home.join("work");

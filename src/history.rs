@@ -112,10 +112,11 @@ pub fn lineage(
         Direction::Upstream
     };
     // A registered model: the artifact it was registered from.
-    let target = match drivetrain_server::query::model_target(home, target)? {
-        Some(digest) => digest,
-        None => target.to_owned(),
-    };
+    let target =
+        match drivetrain_server::query::model_target(home, target, crate::runtime()?.handle())? {
+            Some(digest) => digest,
+            None => target.to_owned(),
+        };
     let roots = match history::resolve_target(&*state, &target) {
         Ok(r) => r,
         Err(e) => return lineage_error(e),
@@ -187,9 +188,7 @@ pub fn gc(home: &Path, keep_days: u32, apply: bool, out: Format) -> anyhow::Resu
     let state = open_state(home)?;
     let cutoff = (chrono::Utc::now() - chrono::Duration::days(i64::from(keep_days)))
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = crate::runtime()?;
     // Every project's store: the default one and each project's of the runs recorded.
     let mut projects: std::collections::BTreeSet<String> = state
         .list_runs(usize::MAX >> 1)?
@@ -278,9 +277,7 @@ pub fn registry(
     let store = crate::runs::run_store_url(None, project, home)?;
     let vars = drivetrain_engine::cloud::project_env(project);
     let reg = drivetrain_steps::registry::Registry::open_with(registry, &store, vars)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = crate::runtime()?;
     rt.block_on(async {
         match command {
             C::List { output } => {

@@ -437,9 +437,7 @@ pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Resu
         let e = latest.entry(&a.stage).or_default();
         *e = (*e).max(a.attempt);
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = crate::runtime()?;
     let mut out = std::io::stdout().lock();
     // Every stage in the run's order; a map stage's logs are its items'.
     let stages: Vec<String> = match stage {

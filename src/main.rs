@@ -91,3 +91,20 @@ fn main() -> ExitCode {
     let home = runs::home(cli.home.as_deref());
     commands::dispatch(cli.command, home)
 }
+
+/// The process's one tokio runtime, built here on first use (a command that needs none,
+/// such as `validate`, starts no threads) and kept to the end: multi-threaded, with the
+/// main thread's stack size (what validates in `drivetrain validate` validates in
+/// `serve`), and idle workers giving memory back (`alloc::release_idle`).
+pub(crate) fn runtime() -> anyhow::Result<&'static tokio::runtime::Runtime> {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    if let Some(rt) = RUNTIME.get() {
+        return Ok(rt);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(8 << 20)
+        .on_thread_park(alloc::release_idle)
+        .build()?;
+    Ok(RUNTIME.get_or_init(|| rt))
+}

@@ -49,7 +49,7 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
         file: args.file.display().to_string(),
         spec_digest: digest(args.source),
     };
-    let planned = runtime()?.block_on(engine.rerun_request(&spec, source, id.clone()));
+    let planned = crate::runtime()?.block_on(engine.rerun_request(&spec, source, id.clone()));
     let (mut request, plan) = match planned {
         Ok(p) => p,
         Err(refusal) => return Ok(refused(refusal)),

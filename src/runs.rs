@@ -293,7 +293,7 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
     engine.home().keep_reserve();
     let id = request.id.clone();
     let deadline = request.deadline;
-    let rt = runtime()?;
+    let rt = crate::runtime()?;
     let summary = rt.block_on(async move {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
@@ -394,7 +394,7 @@ pub fn resume(
     let id = RunId(run.to_owned());
     let record = open_state(home)?.run(&id)?;
     let engine = home_engine(home, executor_of(&record)?)?;
-    let rt = runtime()?;
+    let rt = crate::runtime()?;
     let (request, reaped) = match rt.block_on(engine.resume_request(catalog, &id)) {
         Ok(r) => r,
         Err(refusal) => return Ok(refused(refusal)),
@@ -432,13 +432,6 @@ pub(crate) fn refused(refusal: drivetrain_engine::engine::Refusal) -> ExitCode {
             ExitCode::from(other.fault().exit_code())
         }
     }
-}
-
-/// The runtime a command drives its run on.
-pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?)
 }
 
 /// `drivetrain cancel RUN`: asks the engine running it to stop (as Ctrl-C would); when
@@ -513,7 +506,7 @@ pub fn end_orphan(
     reason: &str,
 ) -> anyhow::Result<()> {
     let engine = home_engine(home, executor_of(record)?)?;
-    runtime()?.block_on(engine.end_orphan(record, phase, reason))?;
+    crate::runtime()?.block_on(engine.end_orphan(record, phase, reason))?;
     Ok(())
 }
 

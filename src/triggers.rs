@@ -212,9 +212,7 @@ fn backfill(
             t.trigger
         ));
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = crate::runtime()?;
     let listing = rt.block_on(async {
         Source::open(&o.source)
             .map_err(anyhow::Error::msg)?

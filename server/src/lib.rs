@@ -49,8 +49,8 @@ pub struct ServeArgs {
     /// Builds the engine runs execute on from the home's state and default store, on
     /// the local executor: the caller's executors, steps and GPUs.
     pub engine: MakeEngine,
-    /// What a runtime thread does when it parks (the binary's allocator gives memory back).
-    pub on_park: fn(),
+    /// The runtime the server runs on: the binary's one.
+    pub runtime: tokio::runtime::Handle,
     /// `None` (`drivetrain ui`): no pipelines to submit by name.
     pub pipelines: Option<PathBuf>,
     /// Keep the schedules: fire their ticks (`serve`), or not (`ui`).
@@ -171,13 +171,8 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
     print_schedules(&server);
     server.engine.home().keep_reserve();
     let schedules = args.schedules;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        // The main thread's size: what validates in `drivetrain validate` validates here.
-        .thread_stack_size(8 << 20)
-        .on_thread_park(args.on_park)
-        .build()?;
-    rt.block_on(serve_on(server, listener, limits, schedules))?;
+    args.runtime
+        .block_on(serve_on(server, listener, limits, schedules))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -205,7 +205,11 @@ pub fn definition_diff(old: &Value, new: &Value, path: &str, out: &mut Vec<Strin
 
 /// A lineage target naming a registered model (`MODEL@VERSION`, `MODEL@ALIAS`): the
 /// digest of the model artifact it was registered from.
-pub fn model_target(home: &Path, target: &str) -> anyhow::Result<Option<String>> {
+pub fn model_target(
+    home: &Path,
+    target: &str,
+    rt: &tokio::runtime::Handle,
+) -> anyhow::Result<Option<String>> {
     if !target.contains('@') {
         return Ok(None);
     }
@@ -213,9 +217,6 @@ pub fn model_target(home: &Path, target: &str) -> anyhow::Result<Option<String>>
         None,
         &drivetrain_engine::engine::Home::at(home)?.store_url(None)?,
     )?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let v = rt.block_on(reg.resolve(target))?;
     Ok(v.pointer("/source/model_digest")
         .and_then(Value::as_str)

@@ -136,10 +136,7 @@ fn step(catalog: &Catalog, name: &str) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match crate::runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: {e}");

@@ -23,46 +23,50 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: ServerGroup) -> E
             parallelism,
             notify,
             oidc,
-        } => outcome(serve::serve(
-            catalog,
-            home,
-            serve::ServeArgs {
-                engine: engine_on(home),
-                on_park: crate::alloc::release_idle,
-                pipelines: Some(pipelines),
-                schedules: true,
-                bind,
-                token,
-                token_file,
-                insecure_no_auth,
-                parallelism,
-                notify,
-                oidc,
-            },
-        )),
+        } => outcome(runtime().and_then(|runtime| {
+            serve::serve(
+                catalog,
+                home,
+                serve::ServeArgs {
+                    engine: engine_on(home),
+                    runtime,
+                    pipelines: Some(pipelines),
+                    schedules: true,
+                    bind,
+                    token,
+                    token_file,
+                    insecure_no_auth,
+                    parallelism,
+                    notify,
+                    oidc,
+                },
+            )
+        })),
         ServerGroup::Ui {
             pipelines,
             bind,
             token,
             token_file,
             insecure_no_auth,
-        } => outcome(serve::serve(
-            catalog,
-            home,
-            serve::ServeArgs {
-                engine: engine_on(home),
-                on_park: crate::alloc::release_idle,
-                pipelines,
-                schedules: false,
-                bind,
-                token,
-                token_file,
-                insecure_no_auth,
-                parallelism: None,
-                notify: None,
-                oidc: None,
-            },
-        )),
+        } => outcome(runtime().and_then(|runtime| {
+            serve::serve(
+                catalog,
+                home,
+                serve::ServeArgs {
+                    engine: engine_on(home),
+                    runtime,
+                    pipelines,
+                    schedules: false,
+                    bind,
+                    token,
+                    token_file,
+                    insecure_no_auth,
+                    parallelism: None,
+                    notify: None,
+                    oidc: None,
+                },
+            )
+        })),
         ServerGroup::Schedule { command, output } => {
             outcome(schedules::command(home, command, output))
         }
@@ -94,4 +98,9 @@ fn engine_on(home: &std::path::Path) -> serve::MakeEngine {
         let local = drivetrain_executors::executor("local").map_err(anyhow::Error::msg)?;
         crate::runs::engine(state, artifacts, local, &home)
     })
+}
+
+/// The handle of the binary's one runtime, which the server runs on.
+fn runtime() -> anyhow::Result<tokio::runtime::Handle> {
+    Ok(crate::runtime()?.handle().clone())
 }

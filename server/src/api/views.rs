@@ -424,8 +424,9 @@ pub(super) async fn lineage(
 ) -> Result<Json<super::openapi::LineageView>, ApiError> {
     use drivetrain_engine::history::{self, Direction, LineageError};
     let server = s.clone();
+    let rt = tokio::runtime::Handle::current();
     let made = tokio::task::spawn_blocking(move || {
-        let target = match crate::query::model_target(&server.home, &q.target) {
+        let target = match crate::query::model_target(&server.home, &q.target, &rt) {
             Ok(Some(digest)) => digest,
             Ok(None) => q.target.clone(),
             Err(e) => return Err(LineageError::NotFound(e.to_string())),
