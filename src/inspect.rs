@@ -461,7 +461,7 @@ pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Resu
                 item.attempts,
                 item.phase
             )?;
-            copy_log(&rt, &artifacts, &key, None, &mut out)?;
+            copy_log(rt, &artifacts, &key, None, &mut out)?;
         }
         let Some(&attempt) = latest.get(s.as_str()) else {
             continue;
@@ -472,7 +472,7 @@ pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Resu
         }
         // Still running: the attempt's local log.
         let live = live_log(&home.join("work"), &id.0, s, attempt);
-        copy_log(&rt, &artifacts, &key, Some(&live), &mut out)?;
+        copy_log(rt, &artifacts, &key, Some(&live), &mut out)?;
     }
     Ok(ExitCode::SUCCESS)
 }
