@@ -630,7 +630,7 @@ fn hide_dir(path: &CStr) -> std::io::Result<()> {
 }
 
 /// The hiding tmpfs at `path` read-only.
-pub(super) fn seal(path: &CStr) -> std::io::Result<()> {
+fn seal(path: &CStr) -> std::io::Result<()> {
     use nix::mount::{mount, MsFlags};
     let none: Option<&CStr> = None;
     Ok(mount(

@@ -112,6 +112,13 @@ impl SecretMount {
                 nix::unistd::fchown(&fd, id, gid)?;
             }
         }
-        super::isolate::seal(&self.path)
+        // Read-only now, as the hiding tmpfs is sealed.
+        let none: Option<&CStr> = None;
+        let flags = MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | MsFlags::MS_NOEXEC;
+        Ok(mount(none, self.path.as_c_str(), none, flags, none)?)
     }
 }
