@@ -172,7 +172,7 @@ impl Server {
         let outcomes: Vec<(String, u32, Result<(), String>)> = outcomes
             .into_iter()
             .flatten()
-            .map(|(i, r)| (i.id.clone(), i.attempts, r))
+            .map(|(i, r)| (i.id.clone(), i.attempts, r.map_err(|e| e.to_string())))
             .collect();
         tokio::task::spawn_blocking(move || {
             for (id, attempts, r) in outcomes {

@@ -163,7 +163,10 @@ impl Server {
             self.evaluate_and_start(&l, &t).await;
             // What the listing met stays in `trigger show` until a listing succeeds.
             if let Some(e) = &failed {
-                let _ = self.engine.state().note_evaluation(&pipeline, &t.name, e);
+                let _ = self
+                    .engine
+                    .state()
+                    .note_evaluation(&pipeline, &t.name, &e.to_string());
             }
             tokio::select! {
                 _ = tokio::time::sleep(EVALUATE_EVERY) => {}

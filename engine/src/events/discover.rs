@@ -10,7 +10,7 @@ use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::ObjectStore;
 
-use super::Trigger;
+use super::{EventError, Trigger};
 use crate::state::InboxObject;
 
 /// A trigger's prefix, opened.
@@ -36,8 +36,9 @@ pub struct Listing {
 impl Source {
     /// Opens `url` (`s3://…`, `gs://…`, `az://…`, `file:///…`), cloud stores configured
     /// from the environment as the artifact store is ([`crate::cloud`]).
-    pub fn open(url: &str) -> Result<Source, String> {
-        let parsed = url::Url::parse(url).map_err(|e| format!("{url}: {e}"))?;
+    pub fn open(url: &str) -> Result<Source, EventError> {
+        let setting = |e: String| EventError::Setting(e);
+        let parsed = url::Url::parse(url).map_err(|e| setting(format!("{url}: {e}")))?;
         let base = match url.ends_with('/') {
             true => url.to_owned(),
             false => format!("{url}/"),
@@ -46,13 +47,13 @@ impl Source {
             "file" => {
                 let root = parsed
                     .to_file_path()
-                    .map_err(|_| format!("{url}: a file:// source is an absolute path"))?;
+                    .map_err(|_| setting(format!("{url}: a file:// source is an absolute path")))?;
                 let fs = object_store::local::LocalFileSystem::new_with_prefix(&root)
-                    .map_err(|e| format!("{url}: {e}"))?;
+                    .map_err(|e| setting(format!("{url}: {e}")))?;
                 (Arc::new(fs), Path::default())
             }
             _ => crate::cloud::open(&parsed, &crate::cloud::process_env())
-                .map_err(|e| format!("{url}: {e}"))?,
+                .map_err(|e| setting(format!("{url}: {e}")))?,
         };
         Ok(Source {
             store,
@@ -74,7 +75,7 @@ impl Source {
     }
 
     /// The objects below the prefix whose key sorts after `after` (all with none).
-    pub async fn list(&self, t: &Trigger, after: Option<&str>) -> Result<Listing, String> {
+    pub async fn list(&self, t: &Trigger, after: Option<&str>) -> Result<Listing, EventError> {
         let prefix = (!self.prefix.as_ref().is_empty()).then_some(&self.prefix);
         let stream = match after {
             Some(after) => {
@@ -89,7 +90,7 @@ impl Source {
         let mut metas: Vec<object_store::ObjectMeta> = stream
             .try_collect()
             .await
-            .map_err(|e| format!("cannot list {}: {e}", self.base))?;
+            .map_err(|e| EventError::Remote(format!("cannot list {}: {e}", self.base)))?;
         // S3 lists in key order; a local directory does not.
         metas.sort_by(|a, b| a.location.cmp(&b.location));
         let now = crate::state::now();

@@ -14,11 +14,13 @@ use std::time::Duration;
 
 pub mod batch;
 pub mod discover;
+mod error;
 pub mod notify;
 pub mod sigv4;
 pub mod sqs;
 
 pub use crate::spec::NotifyEvent;
+pub use error::EventError;
 
 /// A validated trigger.
 #[derive(Debug, Clone)]
@@ -225,13 +227,14 @@ pub enum Secret {
 
 impl Secret {
     /// Its value (a file's first line).
-    pub fn read(&self) -> Result<String, String> {
+    pub fn read(&self) -> Result<String, EventError> {
         match self {
-            Secret::Env(name) => std::env::var(name)
-                .map_err(|_| format!("the environment variable `{name}` is not set")),
+            Secret::Env(name) => std::env::var(name).map_err(|_| {
+                EventError::Setting(format!("the environment variable `{name}` is not set"))
+            }),
             Secret::File(path) => std::fs::read_to_string(path)
                 .map(|t| t.lines().next().unwrap_or("").trim().to_owned())
-                .map_err(|e| format!("cannot read {path}: {e}")),
+                .map_err(|e| EventError::Setting(format!("cannot read {path}: {e}"))),
         }
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use hmac::{KeyInit, Mac};
 use serde_json::{json, Value};
 
-use super::{NotifyEvent, Sink, SinkKind};
+use super::{EventError, NotifyEvent, Sink, SinkKind};
 use crate::state::{OutboxItem, RunRecord};
 
 /// Deliveries of one notification before it is dead.
@@ -162,9 +162,9 @@ fn summary(e: &Value) -> String {
 }
 
 /// Delivers one notification; the error says why not (with no secret in it).
-pub async fn deliver(item: &OutboxItem, http: &reqwest::Client) -> Result<(), String> {
+pub async fn deliver(item: &OutboxItem, http: &reqwest::Client) -> Result<(), EventError> {
     let sink: Sink = serde_json::from_value(item.sink.clone())
-        .map_err(|e| format!("the sink cannot be read: {e}"))?;
+        .map_err(|e| EventError::Setting(format!("the sink cannot be read: {e}")))?;
     match sink.to {
         SinkKind::Webhook { url, secret } => {
             let body = item.body.to_string();
@@ -178,12 +178,16 @@ pub async fn deliver(item: &OutboxItem, http: &reqwest::Client) -> Result<(), St
                     signature(&secret.read()?, body.as_bytes()),
                 );
             }
-            answer(r.body(body).send().await, &url).await
+            answer(r.body(body).send().await, &url)
+                .await
+                .map_err(EventError::Remote)
         }
         SinkKind::Slack { url } => {
             let url = url.read()?;
             let r = http.post(&url).json(&json!({"text": summary(&item.body)}));
-            answer(r.send().await, "the Slack webhook").await
+            answer(r.send().await, "the Slack webhook")
+                .await
+                .map_err(EventError::Remote)
         }
         SinkKind::Email {
             smtp,
@@ -202,7 +206,9 @@ pub async fn deliver(item: &OutboxItem, http: &reqwest::Client) -> Result<(), St
                 send_mail(&smtp, &from, &to, auth, &subject, &text, &id)
             })
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+            .and_then(|sent| sent)
+            .map_err(EventError::Remote)
         }
     }
 }

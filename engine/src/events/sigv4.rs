@@ -23,12 +23,17 @@ impl std::fmt::Debug for Credentials {
 
 impl Credentials {
     /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN`.
-    pub fn from_env() -> Result<Credentials, String> {
-        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    pub fn from_env() -> Result<Credentials, super::EventError> {
+        let get = |k: &str| {
+            std::env::var(k)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| super::EventError::Setting(format!("{k} is not set")))
+        };
         Ok(Credentials {
-            access_key: get("AWS_ACCESS_KEY_ID").ok_or("AWS_ACCESS_KEY_ID is not set")?,
-            secret_key: get("AWS_SECRET_ACCESS_KEY").ok_or("AWS_SECRET_ACCESS_KEY is not set")?,
-            token: get("AWS_SESSION_TOKEN"),
+            access_key: get("AWS_ACCESS_KEY_ID")?,
+            secret_key: get("AWS_SECRET_ACCESS_KEY")?,
+            token: get("AWS_SESSION_TOKEN").ok(),
         })
     }
 }

@@ -10,6 +10,7 @@
 use serde_json::{json, Value};
 
 use super::sigv4::{self, Credentials};
+use super::EventError;
 
 /// A queue of bucket notifications.
 #[derive(Debug)]
@@ -44,9 +45,10 @@ impl Announced {
 }
 
 impl Queue {
-    pub fn new(url: &str) -> Result<Queue, String> {
+    pub fn new(url: &str) -> Result<Queue, EventError> {
         crate::cloud::install_crypto();
-        let parsed = url::Url::parse(url).map_err(|e| format!("queue {url}: {e}"))?;
+        let parsed =
+            url::Url::parse(url).map_err(|e| EventError::Setting(format!("queue {url}: {e}")))?;
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         // `sqs.REGION.amazonaws.com`, unless the environment names one.
         let from_host = parsed
@@ -61,7 +63,7 @@ impl Queue {
         let http = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(30))
             .build()
-            .map_err(|e| format!("queue {url}: {e}"))?;
+            .map_err(|e| EventError::Setting(format!("queue {url}: {e}")))?;
         Ok(Queue {
             url: parsed,
             http,
@@ -69,8 +71,9 @@ impl Queue {
         })
     }
 
-    async fn call(&self, action: &str, body: Value) -> Result<Value, String> {
+    async fn call(&self, action: &str, body: Value) -> Result<Value, EventError> {
         let creds = Credentials::from_env()?;
+        let remote = EventError::Remote;
         let body = body.to_string();
         let host = match self.url.port() {
             Some(p) => format!("{}:{p}", self.url.host_str().unwrap_or_default()),
@@ -103,20 +106,23 @@ impl Queue {
         let resp = r
             .send()
             .await
-            .map_err(|e| format!("{action}: {}", chain(&e)))?;
+            .map_err(|e| remote(format!("{action}: {}", chain(&e))))?;
         let status = resp.status();
-        let text = resp.text().await.map_err(|e| format!("{action}: {e}"))?;
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| remote(format!("{action}: {e}")))?;
         if !status.is_success() {
-            return Err(format!(
+            return Err(remote(format!(
                 "{action}: {status}: {}",
                 crate::diag::clip(text.trim().to_owned())
-            ));
+            )));
         }
-        serde_json::from_str(&text).map_err(|e| format!("{action}: not JSON: {e}"))
+        serde_json::from_str(&text).map_err(|e| remote(format!("{action}: not JSON: {e}")))
     }
 
     /// Up to 10 messages, waiting at most `wait_s` seconds for the first (long polling).
-    pub async fn receive(&self, wait_s: u32) -> Result<Vec<Message>, String> {
+    pub async fn receive(&self, wait_s: u32) -> Result<Vec<Message>, EventError> {
         let out = self
             .call(
                 "ReceiveMessage",
@@ -143,7 +149,7 @@ impl Queue {
     }
 
     /// Deletes received messages (in batches of 10, SQS's most).
-    pub async fn delete(&self, receipts: &[String]) -> Result<(), String> {
+    pub async fn delete(&self, receipts: &[String]) -> Result<(), EventError> {
         for chunk in receipts.chunks(10) {
             let entries: Vec<Value> = chunk
                 .iter()
@@ -157,11 +163,11 @@ impl Queue {
                 )
                 .await?;
             if let Some(failed) = out["Failed"].as_array().filter(|f| !f.is_empty()) {
-                return Err(format!(
+                return Err(EventError::Remote(format!(
                     "DeleteMessageBatch: {} failed: {}",
                     failed.len(),
                     failed[0]
-                ));
+                )));
             }
         }
         Ok(())
@@ -182,10 +188,15 @@ fn chain(e: &dyn std::error::Error) -> String {
 /// The objects a message announces as created: S3 event records (also inside an SNS
 /// envelope's `Message`); `s3:TestEvent` and other events announce none. A body that is
 /// not an S3 event is an error (the message is left in the queue).
-pub fn announced(body: &str) -> Result<Vec<Announced>, String> {
+pub fn announced(body: &str) -> Result<Vec<Announced>, EventError> {
+    records(body).map_err(EventError::Message)
+}
+
+/// [`announced`], the error said.
+fn records(body: &str) -> Result<Vec<Announced>, String> {
     let v: Value = serde_json::from_str(body).map_err(|e| format!("not JSON: {e}"))?;
     if let Some(inner) = v.get("Message").and_then(Value::as_str) {
-        return announced(inner);
+        return records(inner);
     }
     if v.get("Event").and_then(Value::as_str) == Some("s3:TestEvent") {
         return Ok(Vec::new());
