@@ -36,12 +36,18 @@ mod tests {
     #[test]
     fn each_failure_says_whose_fault_it_is() {
         let bad_url = crate::events::discover::Source::open("no scheme here").err();
-        assert!(matches!(bad_url, Some(EventError::Setting(_))), "{bad_url:?}");
+        assert!(
+            matches!(bad_url, Some(EventError::Setting(_))),
+            "{bad_url:?}"
+        );
         let body = crate::events::sqs::announced("{\"Records\": 3}").unwrap_err();
         assert!(matches!(body, EventError::Message(_)), "{body:?}");
         assert_eq!(body.fault(), Fault::Request);
         let unset = crate::events::Secret::Env("DT_TEST_NO_SUCH_SECRET_VAR".into()).read();
         assert_eq!(unset.unwrap_err().fault(), Fault::Pipeline);
-        assert_eq!(EventError::Remote("503".into()).fault(), Fault::Infrastructure);
+        assert_eq!(
+            EventError::Remote("503".into()).fault(),
+            Fault::Infrastructure
+        );
     }
 }
