@@ -89,13 +89,16 @@ impl Server {
             if p.deadline.is_none() && !staged {
                 continue;
             }
-            let sinks = self.sinks_of(&p.name);
+            let sinks = self.sinks_of(&p.name, &p.project);
             if sinks.is_empty() {
                 continue;
             }
+            // The runs of this pipeline in its project: a run of another project under
+            // the same name is not told to this pipeline's sinks.
             let filter = drivetrain_engine::state::RunFilter {
                 pipeline: Some(p.name.clone()),
                 phase: Some(drivetrain_engine::state::Phase::Running),
+                projects: Some(vec![p.project.clone()]),
                 ..Default::default()
             };
             for run in state.find_runs(&filter, 500)? {
@@ -132,7 +135,7 @@ impl Server {
     /// A run's notifications for the sinks of its pipeline: its start, and its end once
     /// it has ended (a start already enqueued is kept: the outbox's ids are unique).
     fn notifications_of(&self, run: &RunRecord, source: &str) -> Vec<OutboxItem> {
-        let sinks = self.sinks_of(&run.pipeline);
+        let sinks = self.sinks_of(&run.pipeline, &run.project);
         if sinks.is_empty() {
             return Vec::new();
         }
@@ -143,12 +146,13 @@ impl Server {
         notify::outbox_items(run, &events, &sinks, source)
     }
 
-    /// The sinks a pipeline's runs are told to: its own (when this server serves it) and
-    /// the server's `--notify` ones.
-    fn sinks_of(&self, pipeline: &str) -> Vec<drivetrain_engine::events::Sink> {
+    /// The sinks a run of `pipeline` in `project` is told to: the pipeline's own (when
+    /// this server serves it in that project) and the server's `--notify` ones.
+    fn sinks_of(&self, pipeline: &str, project: &str) -> Vec<drivetrain_engine::events::Sink> {
         let mut sinks = self
             .loaded()
             .get(pipeline)
+            .filter(|l| l.pipeline.project == project)
             .map(|l| l.pipeline.notify.clone())
             .unwrap_or_default();
         sinks.extend(self.default_sinks.iter().cloned());

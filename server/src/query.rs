@@ -112,7 +112,7 @@ pub fn explanation(
         Origin::Ran => {
             // The closest of the recent entries: fewest changed components, then newest.
             let previous = state
-                .recent_cache_entries(&record.pipeline, stage, &key, 50)?
+                .recent_cache_entries(&record.pipeline, &record.project, stage, &key, 50)?
                 .into_iter()
                 .map(|p| (diff(&components(&p.components), &mine).len(), p))
                 .min_by_key(|(changed, _)| *changed)

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use drivetrain_engine::access::{decide, Subject, Verb};
 use drivetrain_engine::artifacts::ArtifactStore;
 use drivetrain_engine::engine::{Engine, Refusal, RerunSource, RerunSpec, RunRequest};
 use drivetrain_engine::executor::ResourceUsage;
@@ -393,11 +394,14 @@ impl Server {
     /// Registers a pipeline given as YAML (it must have a `schedule:`): written into the
     /// served directory, so it is served again after a restart, and scheduled from now.
     /// An existing pipeline of the same name is replaced only when `replace` is set.
+    /// A pipeline name belongs to one project: `who` replaces a served pipeline of
+    /// another project than the posted one's only as an admin of that project (403).
     pub fn register(
         &self,
         pipeline: Pipeline,
         yaml: &str,
         replace: bool,
+        who: &Subject,
     ) -> Result<(String, String), (u16, String)> {
         let Some(sched) = &pipeline.schedule else {
             return Err((
@@ -408,11 +412,26 @@ impl Server {
         let name = pipeline.name.clone();
         let ticker = Ticker::new(sched).map_err(|e| (400, e.to_string()))?;
         let mut pipelines = self.pipelines.write().unwrap_or_else(|e| e.into_inner());
-        if pipelines.contains_key(&name) && !replace {
-            return Err((
-                409,
-                format!("pipeline `{name}` is already served; send `replace: true` to replace it"),
-            ));
+        if let Some(served) = pipelines.get(&name) {
+            if !replace {
+                return Err((
+                    409,
+                    format!(
+                        "pipeline `{name}` is already served; send `replace: true` to replace it"
+                    ),
+                ));
+            }
+            let owner = &served.pipeline.project;
+            let admin = decide(who, Verb::ManageTokens, owner, None);
+            if *owner != pipeline.project && !admin.allowed {
+                return Err((
+                    403,
+                    format!(
+                        "pipeline `{name}` belongs to project `{owner}`: only an admin of `{owner}` gives it to `{}` ({})",
+                        pipeline.project, admin.reason
+                    ),
+                ));
+            }
         }
         let file = self.dir.join(format!("{name}.yaml"));
         std::fs::write(&file, yaml)

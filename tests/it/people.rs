@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::common::http::{self, request, Server};
-use crate::common::{assert_ok, text, Home};
+use crate::common::{assert_ok, run_id, text, Home};
 
 /// `drivetrain token create …`: the secret it printed.
 fn token(home: &Home, name: &str, role: &str, approves: &[&str]) -> String {
@@ -940,6 +940,227 @@ fn two_projects_share_nothing_and_a_quota_holds() {
         most = most.max(now);
     }
     assert_eq!(most, 2, "the quota is 2 runs at once: {edges:?}");
+}
+
+/// A pipeline name belongs to one project (issue 46): an editor of beta who posts
+/// alpha's pipeline name with `replace: true` is refused, the served file stays alpha's,
+/// alpha still launches it, and the refusal is in the audit log; an editor of alpha
+/// replaces it within alpha.
+#[test]
+fn a_project_cannot_take_over_anothers_pipeline() {
+    let home = Home::new("takeover");
+    let scheduled = |project: &str| {
+        project_pipeline("a", project, "0").replacen(
+            "stages:",
+            "schedule: {cron: \"0 3 * * *\"}\nstages:",
+            1,
+        )
+    };
+    served(&home, "a", &scheduled("alpha"));
+    let token = |project: &str, role: &str, name: &str| {
+        let o = home.drivetrain(&[
+            "token",
+            "create",
+            "--project",
+            project,
+            "--role",
+            role,
+            "--name",
+            name,
+        ]);
+        assert_ok(&o);
+        text(&o.stdout).trim().to_owned()
+    };
+    let alpha = token("alpha", "launcher", "alpha");
+    let alpha_editor = token("alpha", "editor", "alpha-editor");
+    let beta_editor = token("beta", "editor", "beta-editor");
+    let s = http::start(&home, &[]);
+    let post = |token: &str, project: &str| {
+        let body = serde_json::json!({"yaml": scheduled(project), "replace": true}).to_string();
+        call(&s, "POST", "/api/v1/schedules", token, Some(&body))
+    };
+    let (code, body) = post(&beta_editor, "beta");
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("belongs to project `alpha`"), "{body}");
+    let file = std::fs::read_to_string(home.dir.join("served/a.yaml")).unwrap();
+    assert!(
+        file.contains("project: alpha"),
+        "the served file stays alpha's: {file}"
+    );
+    let run = submit(&s, &alpha, "a");
+    assert_eq!(
+        wait_phase(&s, &alpha, &run, "Succeeded")["run"]["project"],
+        "alpha"
+    );
+    let (_, schedules) = call(&s, "GET", "/api/v1/schedules", &beta_editor, None);
+    assert!(
+        !schedules.contains("\"a\""),
+        "beta reads none of alpha's schedule: {schedules}"
+    );
+    let (code, body) = post(&alpha_editor, "alpha");
+    assert_eq!(code, 201, "replaced within its project: {body}");
+    let audit = home.drivetrain(&["audit", "-o", "json", "-n", "1000"]);
+    assert_ok(&audit);
+    let entries: serde_json::Value = serde_json::from_slice(&audit.stdout).unwrap();
+    let refused = entries
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["subject"] == "token:beta-editor" && e["action"] == "schedules.create")
+        .unwrap_or_else(|| panic!("{entries}"));
+    assert_eq!(refused["decision"], "denied", "{refused}");
+    assert_eq!(
+        refused["project"], "alpha",
+        "alpha's admin sees it: {refused}"
+    );
+}
+
+/// `explain` compares a stage with cache entries of its own project only (issue 46): a
+/// pipeline of the same name in another project, run with other values, is never the
+/// closest entry, and nothing of its definition is shown.
+#[test]
+fn explain_stays_inside_the_runs_project() {
+    let home = Home::new("explain-projects");
+    let pipeline = |project: &str, value: &str| {
+        format!(
+            "version: 1\nname: p\nproject: {project}\nstages:\n  make:\n    env: {{HINT: \"{value}\"}}\n    run: {{command: [sh, -c, 'echo \"$HINT\" > \"$DRIVETRAIN_OUTPUT_OUT/x\"']}}\n    outputs: [out]\n"
+        )
+    };
+    let run = |file: &str, yaml: &str| {
+        home.write(file, yaml);
+        let o = home.drivetrain(&["run", file]);
+        assert_ok(&o);
+        run_id(&o)
+    };
+    let beta = run("beta.yaml", &pipeline("beta", "beta-only-value"));
+    let alpha1 = run("alpha1.yaml", &pipeline("alpha", "first"));
+    let alpha2 = run("alpha2.yaml", &pipeline("alpha", "second"));
+    let o = home.drivetrain(&["explain", &alpha2, "make", "-o", "json"]);
+    assert_ok(&o);
+    let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(e["compared_with_run"], alpha1.as_str(), "{e}");
+    let printed = text(&o.stdout);
+    assert!(
+        !printed.contains("beta-only-value") && !printed.contains(&beta),
+        "{printed}"
+    );
+    // Alpha's first run is compared with its second, never with beta's.
+    let o = home.drivetrain(&["explain", &alpha1, "make", "-o", "json"]);
+    let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(e["compared_with_run"], alpha2.as_str(), "{e}");
+    // Beta's only run has no other entry of its own project.
+    let o = home.drivetrain(&["explain", &beta, "make", "-o", "json"]);
+    let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        e["compared_with_run"].is_null(),
+        "alpha's runs are not beta's: {e}"
+    );
+}
+
+/// Notifications follow the run's project (issue 46): a run of project beta named like
+/// alpha's served pipeline is told to the server's sinks only, never to alpha's own, and
+/// shows in beta's list of notifications, not in alpha's; a posted pipeline may not take
+/// a name alpha serves.
+#[test]
+fn notifications_follow_the_runs_project() {
+    let home = Home::new("notify-projects");
+    let alpha_sink =
+        "notify:\n  - webhook: {url: \"http://127.0.0.1:9/alpha\"}\n    on: [succeeded]\n";
+    served(
+        &home,
+        "a",
+        &(project_pipeline("a", "alpha", "0") + alpha_sink),
+    );
+    home.write("beta-a.yaml", &project_pipeline("a", "beta", "0"));
+    let o = home.drivetrain(&["run", "beta-a.yaml"]);
+    assert_ok(&o);
+    let beta_run = run_id(&o);
+    home.write(
+        "notify.yaml",
+        "notify:\n  - webhook: {url: \"http://127.0.0.1:9/all\"}\n    on: [succeeded]\n",
+    );
+    let token = |project: &str, role: &str, name: &str| {
+        let o = home.drivetrain(&[
+            "token",
+            "create",
+            "--project",
+            project,
+            "--role",
+            role,
+            "--name",
+            name,
+        ]);
+        assert_ok(&o);
+        text(&o.stdout).trim().to_owned()
+    };
+    let everyone = token("*", "admin", "everyone");
+    let alpha = token("alpha", "editor", "alpha");
+    let beta = token("beta", "viewer", "beta");
+    let s = http::start(&home, &["--notify", "notify.yaml"]);
+    let alpha_run = submit(&s, &alpha, "a");
+    wait_phase(&s, &alpha, &alpha_run, "Succeeded");
+    let ids = |token: &str| {
+        let (code, body) = call(&s, "GET", "/api/v1/notifications?limit=1000", token, None);
+        assert_eq!(code, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let ids: Vec<String> = v["notifications"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["id"].as_str().unwrap().to_owned())
+            .collect();
+        ids
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let all = loop {
+        let all = ids(&everyone);
+        let told = |run: &str| {
+            all.iter()
+                .any(|i| i.starts_with(&format!("{run}/succeeded/")))
+        };
+        if told(&beta_run) && told(&alpha_run) {
+            break all;
+        }
+        assert!(Instant::now() < deadline, "not yet in the outbox: {all:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let of = |run: &str| -> Vec<&String> {
+        all.iter()
+            .filter(|i| i.starts_with(&format!("{run}/")))
+            .collect()
+    };
+    assert!(
+        of(&beta_run).iter().all(|i| !i.ends_with("/notify[0]")),
+        "beta's run is not told to alpha's sink: {all:?}"
+    );
+    assert!(
+        of(&alpha_run).iter().any(|i| i.ends_with("/notify[0]")),
+        "{all:?}"
+    );
+    let alpha_sees = ids(&alpha);
+    assert!(
+        alpha_sees.iter().all(|i| !i.starts_with(&beta_run)),
+        "{alpha_sees:?}"
+    );
+    assert!(
+        alpha_sees.iter().any(|i| i.starts_with(&alpha_run)),
+        "{alpha_sees:?}"
+    );
+    let beta_sees = ids(&beta);
+    assert!(
+        beta_sees.iter().any(|i| i.starts_with(&beta_run)),
+        "{beta_sees:?}"
+    );
+    assert!(
+        beta_sees.iter().all(|i| !i.starts_with(&alpha_run)),
+        "{beta_sees:?}"
+    );
+    // Nor can a posted pipeline of beta take alpha's name now.
+    let beta_editor = token("beta", "editor", "beta-editor");
+    let body = serde_json::json!({"yaml": project_pipeline("a", "beta", "0")}).to_string();
+    let (code, answer) = call(&s, "POST", "/api/v1/runs", &beta_editor, Some(&body));
+    assert_eq!(code, 403, "{answer}");
+    assert!(answer.contains("belongs to project `alpha`"), "{answer}");
 }
 
 /// `gc` sweeps every project's prefix of the store, not only the default one's.

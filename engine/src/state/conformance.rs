@@ -396,13 +396,19 @@ fn provenance_and_cache(s: &dyn StateStore) {
         "2026-01-02T00:00:00.000Z"
     );
     assert_eq!(s.cache_entry("sha256:nope").unwrap(), None);
-    let others = s.recent_cache_entries("p", "b", "sha256:k2", 10).unwrap();
+    let others = s
+        .recent_cache_entries("p", "default", "b", "sha256:k2", 10)
+        .unwrap();
     assert_eq!(others.len(), 1);
     assert_eq!(others[0].key, "sha256:k1");
-    let all = s.recent_cache_entries("p", "b", "", 10).unwrap();
+    let all = s.recent_cache_entries("p", "default", "b", "", 10).unwrap();
     let keys: Vec<&str> = all.iter().map(|e| e.key.as_str()).collect();
     assert_eq!(keys, ["sha256:k2", "sha256:k1"], "newest first");
-    assert_eq!(s.recent_cache_entries("p", "b", "", 1).unwrap().len(), 1);
+    let one = s.recent_cache_entries("p", "default", "b", "", 1).unwrap();
+    assert_eq!(one.len(), 1);
+    // Another project's runs made none of them.
+    let elsewhere = s.recent_cache_entries("p", "beta", "b", "", 10).unwrap();
+    assert!(elsewhere.is_empty(), "{elsewhere:?}");
     assert_eq!(
         s.expire_cache_entries("2026-01-15T00:00:00.000Z").unwrap(),
         1

@@ -603,10 +603,12 @@ pub trait CacheStore: Send + Sync {
     fn put_cache_entry(&self, e: &CacheEntry) -> Result<(), StateError>;
     fn cache_entry(&self, key: &str) -> Result<Option<CacheEntry>, StateError>;
     /// The newest `limit` cache entries of a pipeline's stage other than `except_key`,
-    /// newest first (for `explain`, which compares with the closest).
+    /// made by runs of `project` (no other project's), newest first (for `explain`,
+    /// which compares with the closest).
     fn recent_cache_entries(
         &self,
         pipeline: &str,
+        project: &str,
         stage: &str,
         except_key: &str,
         limit: usize,

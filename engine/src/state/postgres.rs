@@ -1144,6 +1144,7 @@ impl CacheStore for PostgresState {
     fn recent_cache_entries(
         &self,
         pipeline: &str,
+        project: &str,
         stage: &str,
         except_key: &str,
         limit: usize,
@@ -1154,9 +1155,10 @@ impl CacheStore for PostgresState {
                 c,
                 &format!(
                     "SELECT {CACHE_COLUMNS} FROM cache_entries WHERE pipeline = $1 AND stage = $2 \
-                     AND key != $3 ORDER BY created_at DESC LIMIT $4"
+                     AND key != $3 AND run_id IN (SELECT id FROM runs WHERE project = $5) \
+                     ORDER BY created_at DESC LIMIT $4"
                 ),
-                &[&pipeline, &stage, &except_key, &limit],
+                &[&pipeline, &stage, &except_key, &limit, &project],
                 "read cache entries",
                 cache_from_row,
             )

@@ -716,6 +716,7 @@ impl CacheStore for SqliteState {
     fn recent_cache_entries(
         &self,
         pipeline: &str,
+        project: &str,
         stage: &str,
         except_key: &str,
         limit: usize,
@@ -725,9 +726,10 @@ impl CacheStore for SqliteState {
                 c,
                 &format!(
                     "SELECT {CACHE_COLUMNS} FROM cache_entries WHERE pipeline = ?1 AND stage = ?2 \
-                     AND key != ?3 ORDER BY created_at DESC LIMIT ?4"
+                     AND key != ?3 AND run_id IN (SELECT id FROM runs WHERE project = ?5) \
+                     ORDER BY created_at DESC LIMIT ?4"
                 ),
-                params![pipeline, stage, except_key, limit as i64],
+                params![pipeline, stage, except_key, limit as i64, project],
                 "read cache entries",
                 cache_from_row,
             )

@@ -67,18 +67,23 @@ impl ApiError {
     /// `Ok` when `d` allows; else the 403 that says why, its reason (and the project it
     /// was decided in, when one was) kept for the audit log.
     pub fn unless_allowed(d: Decision, project: Option<&str>) -> Result<(), ApiError> {
-        if d.allowed {
-            return Ok(());
+        match d.allowed {
+            true => Ok(()),
+            false => Err(ApiError::forbidden(d.reason, project)),
         }
-        Err(ApiError {
+    }
+
+    /// 403 for `reason`, kept for the audit log as a refusal (in `project`, where one).
+    pub fn forbidden(reason: String, project: Option<&str>) -> ApiError {
+        ApiError {
             status: StatusCode::FORBIDDEN,
             note: Some(Box::new(AuditNote {
-                denied: Some(d.reason.clone()),
+                denied: Some(reason.clone()),
                 project: project.map(str::to_owned),
                 ..Default::default()
             })),
-            message: d.reason,
-        })
+            message: reason,
+        }
     }
 
     /// An engine error, by whose fault it is ([`status_of`]).

@@ -5,7 +5,10 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use drivetrain_engine::access::Subject;
+use std::collections::BTreeMap;
+
+use drivetrain_engine::access::{Subject, Verb};
+use drivetrain_engine::state::RunId;
 use serde::Deserialize;
 
 use super::openapi::{HookAccepted, NotificationList, TriggerList, TriggerPause, TriggerStatus};
@@ -138,8 +141,18 @@ pub async fn notifications(
     let state = s.engine.state();
     let mut notifications = state.notifications(q.state.as_deref(), limit)?;
     let counts = state.notification_counts()?;
-    // Only the notifications of what the caller may read (the counts are the server's).
-    notifications.retain(|n| s.readable(&who, &n.pipeline));
+    // Only the notifications of runs the caller may read, by each run's own project (a
+    // pipeline's name says nothing of it); the counts are the server's, without names.
+    if let Some(readable) = who.projects_for(Verb::Read) {
+        let mut project_of: BTreeMap<String, Option<String>> = BTreeMap::new();
+        notifications.retain(|n| {
+            let project = project_of.entry(n.run_id.clone()).or_insert_with(|| {
+                let run = state.run(&RunId(n.run_id.clone()));
+                run.ok().map(|r| r.project)
+            });
+            project.as_deref().is_some_and(|p| readable.contains(p))
+        });
+    }
     Ok(Json(NotificationList {
         counts,
         notifications,

@@ -561,6 +561,7 @@ async fn submit(
             let (pipeline, yaml) = validate_posted(&s, yaml).await?;
             let p = pipeline.project.clone();
             ApiError::unless_allowed(decide(&who, Verb::Author, &p, None), Some(&p))?;
+            name_is_projects(&s, &pipeline.name, &p)?;
             (s.submit_yaml(pipeline, &yaml, &overrides), Some(p))
         }
         _ => {
@@ -578,6 +579,19 @@ async fn submit(
     let mut response = (StatusCode::CREATED, Json(Started { run })).into_response();
     response.extensions_mut().insert(note);
     Ok(response)
+}
+
+/// A pipeline name belongs to one project: a posted pipeline may not take the name of
+/// one this server serves in another project (its runs would pass for that one's).
+fn name_is_projects(s: &Server, name: &str, project: &str) -> Result<(), ApiError> {
+    let owner = s.loaded().get(name).map(|l| l.pipeline.project.clone());
+    match owner.filter(|o| o != project) {
+        Some(owner) => Err(ApiError::forbidden(
+            format!("pipeline `{name}` belongs to project `{owner}`; give project `{project}`'s pipeline a name of its own"),
+            Some(&owner),
+        )),
+        None => Ok(()),
+    }
 }
 
 async fn cancel(
@@ -701,7 +715,16 @@ async fn register(
     let (pipeline, yaml) = validate_posted(&s, body.yaml).await?;
     let p = pipeline.project.clone();
     ApiError::unless_allowed(decide(&who, Verb::Author, &p, None), Some(&p))?;
-    let (schedule, next) = s.register(pipeline, &yaml, body.replace)?;
+    let owner = s
+        .loaded()
+        .get(&pipeline.name)
+        .map(|l| l.pipeline.project.clone());
+    let (schedule, next) = match s.register(pipeline, &yaml, body.replace, &who) {
+        Ok(registered) => registered,
+        // The caller's refusal, audited in the project it reached for.
+        Err((403, reason)) => return Err(ApiError::forbidden(reason, owner.as_deref())),
+        Err(e) => return Err(e.into()),
+    };
     Ok((StatusCode::CREATED, Json(Registered { schedule, next })))
 }
 
