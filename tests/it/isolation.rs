@@ -472,6 +472,54 @@ stages:
     );
 }
 
+/// A stage gets its stdio and no other descriptor (issue 46): a file its engine's caller
+/// left open to the engine (here fd 9, a file only the caller may read) is closed at the
+/// stage's `exec`, isolated or not.
+#[test]
+fn a_stage_inherits_no_descriptor_but_its_stdio() {
+    let home = Home::new("descriptors");
+    let secret = home.dir.join("callers-only.txt");
+    std::fs::write(&secret, "CALLERS-SECRET-7Q").unwrap();
+    let file = home.write(
+        "p.yaml",
+        "version: 1\nname: fds\nstages:\n  look:\n    run: {command: [sh, -c, 'cat <&9 2>/dev/null || echo \"fd 9 closed\"; ls /proc/self/fd | sort -n | tr \"\\n\" \" \"']}\n",
+    );
+    let modes: &[&str] = match nix::unistd::geteuid().is_root() {
+        true => &["off", "required"],
+        false => &["off"],
+    };
+    for isolation in modes {
+        // The caller's shell opens fd 9 and execs the engine with it.
+        let o = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(r#"exec 9<"$SECRET"; exec "$ENGINE" run "$PIPELINE""#)
+            .current_dir(&home.dir)
+            .env("SECRET", &secret)
+            .env("ENGINE", env!("CARGO_BIN_EXE_drivetrain"))
+            .env("PIPELINE", &file)
+            .env("DRIVETRAIN_ISOLATION", isolation)
+            .env_remove("DRIVETRAIN_HOME")
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        let log = text(
+            &home
+                .drivetrain(&["logs", &run_id(&o), "--stage", "look"])
+                .stdout,
+        );
+        assert!(!log.contains("CALLERS-SECRET"), "{isolation}: {log}");
+        assert!(log.contains("fd 9 closed"), "{isolation}: {log}");
+        // `ls` itself holds one more (its directory): 0, 1, 2 and that one.
+        let fds: Vec<&str> = log
+            .lines()
+            .last()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        assert_eq!(fds.len(), 4, "{isolation}: only stdio and ls's own: {log}");
+    }
+}
+
 /// One hostile stage per way out that issue 26 found with the engine running as root,
 /// each refused or contained, and the run truthful about it: the stage is root in its own
 /// namespaces and host `nobody` outside them, in a PID namespace of its own whose every
