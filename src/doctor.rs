@@ -9,8 +9,14 @@ use serde_json::json;
 
 /// Prints the machine's report, as text or JSON; with `slurm` (the home), the Slurm
 /// cluster's too: exit 1 when it cannot run this home's stages.
-pub fn doctor(gpus: Option<usize>, slurm: Option<&Path>, out: Format) -> anyhow::Result<ExitCode> {
-    let slurm = slurm.map(slurm_report);
+pub fn doctor(
+    gpus: Option<usize>,
+    home: &Path,
+    slurm: bool,
+    out: Format,
+) -> anyhow::Result<ExitCode> {
+    let slurm = slurm.then(|| slurm_report(home));
+    let private = private_home(home);
     let failed = slurm
         .as_ref()
         .is_some_and(|r| r.get("ok") == Some(&json!(false)));
@@ -34,6 +40,7 @@ pub fn doctor(gpus: Option<usize>, slurm: Option<&Path>, out: Format) -> anyhow:
             "gpus": list,
             "gpus_from": found.source,
             "isolation": isolation,
+            "home": private,
             "layers": layers
                 .iter()
                 .map(|(name, active, what)| json!({"layer": name, "active": active, "what": what}))
@@ -69,12 +76,29 @@ pub fn doctor(gpus: Option<usize>, slurm: Option<&Path>, out: Format) -> anyhow:
             if *active { "yes" } else { "no" }
         );
     }
+    println!("home: {}", private["says"].as_str().unwrap_or_default());
     if let Some(r) = &slurm {
         let field = |k: &str| r.get(k).and_then(|v| v.as_str()).unwrap_or("").to_owned();
         println!("slurm: {}", field("cluster"));
         println!("  shared file system: {}", field("shared"));
     }
     Ok(code)
+}
+
+/// Whether the home is closed to other users (a stage of another home among them).
+fn private_home(home: &Path) -> serde_json::Value {
+    let dir = home.display();
+    if !home.is_dir() {
+        return json!({"path": home, "private": true, "says": format!("{dir} is not made yet: drivetrain makes it closed to others (0711, its state 0600)")});
+    }
+    match drivetrain_engine::engine::Home::around(&home.join("work")).open_to_others() {
+        None => {
+            json!({"path": home, "private": true, "says": format!("{dir} is closed to others (no one else lists it; its state is 0600): no stage of another home finds its runs")})
+        }
+        Some(mode) => {
+            json!({"path": home, "private": false, "mode": format!("{mode:o}"), "says": format!("{dir} is open to other users (mode {mode:o}): a stage of another home can list it and read its runs; `chmod 711 {dir}` closes it")})
+        }
+    }
 }
 
 /// The slurm executor's view from here: `sinfo`, and a probe job that must write into the

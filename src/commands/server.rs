@@ -87,7 +87,7 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: ServerGroup) -> E
             gpus,
             slurm,
             output,
-        } => outcome(doctor::doctor(gpus, slurm.then_some(home), output)),
+        } => outcome(doctor::doctor(gpus, home, slurm, output)),
     }
 }
 

@@ -520,6 +520,60 @@ fn a_stage_inherits_no_descriptor_but_its_stdio() {
     }
 }
 
+/// Homes are closed (issue 46): the engine makes its home and `work/` 0711 and its state
+/// 0600, so a stage of another home (host `nobody` under a root engine) lists no run and
+/// reads no state of it;
+/// `doctor` says whether a home is, and an existing open one is said with the fix.
+#[test]
+fn a_stage_reads_nothing_of_another_home() {
+    use std::os::unix::fs::PermissionsExt as _;
+    if !root_or_skip("the stage is another user than the home's owner") {
+        return;
+    }
+    let alpha = Home::new("private-alpha");
+    let file = alpha.write(
+        "p.yaml",
+        "version: 1\nname: a\nstages:\n  s: {run: {command: [true]}}\n",
+    );
+    assert_ok(&alpha.drivetrain(&["run", file.to_str().unwrap()]));
+    let home = alpha.dir.join(".drivetrain");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&home), 0o711);
+    assert_eq!(mode(&home.join("work")), 0o711);
+    assert_eq!(mode(&home.join("state.db")), 0o600);
+    let beta = Home::new("private-beta");
+    let probe = format!(
+        "version: 1\nname: b\nstages:\n  peek:\n    run: {{command: [sh, -c, 'ls {h} >/dev/null 2>&1 && echo LISTED; ls {h}/work >/dev/null 2>&1 && echo RUNS; cat {h}/state.db >/dev/null 2>&1 && echo READ; echo done']}}\n",
+        h = home.display()
+    );
+    let file = beta.write("p.yaml", &probe);
+    let o = beta.drivetrain_env(
+        &["run", file.to_str().unwrap()],
+        &[("DRIVETRAIN_ISOLATION", "required")],
+    );
+    assert_ok(&o);
+    let log = text(
+        &beta
+            .drivetrain(&["logs", &run_id(&o), "--stage", "peek"])
+            .stdout,
+    );
+    assert_eq!(log, "done\n", "another home is closed to the stage: {log}");
+    let doctor = alpha.drivetrain(&["doctor", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    assert_eq!(v["home"]["private"], true, "{v}");
+    // An existing home left open: said, with the fix, by the engine and by `doctor`.
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = alpha.drivetrain(&["list"]);
+    assert!(text(&o.stderr).contains("chmod 711"), "{}", text(&o.stderr));
+    let doctor = alpha.drivetrain(&["doctor", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    assert_eq!(
+        (&v["home"]["private"], &v["home"]["mode"]),
+        (&serde_json::json!(false), &serde_json::json!("755")),
+        "{v}"
+    );
+}
+
 /// One hostile stage per way out that issue 26 found with the engine running as root,
 /// each refused or contained, and the run truthful about it: the stage is root in its own
 /// namespaces and host `nobody` outside them, in a PID namespace of its own whose every

@@ -29,13 +29,44 @@ pub enum HomeError {
 }
 
 impl Home {
-    /// The home at `dir`, made if missing.
+    /// The home at `dir`, made if missing, closed to other users: it and its `work/` are
+    /// mode 0711 (no one else lists them; this home's own stages, host `nobody` under a
+    /// root engine, still pass through to their attempt's directory) and the state
+    /// database 0600, so a stage of another home on this machine finds no run, parameter,
+    /// token or log of it. An existing home that others may list or read is said once,
+    /// with the fix.
     pub fn at(dir: &Path) -> Result<Home, HomeError> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| HomeError::Io(format!("cannot make {}: {e}", dir.display())))?;
+        use std::os::unix::fs::DirBuilderExt as _;
+        let private = |d: &Path| {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o711)
+                .create(d)
+                .map_err(|e| HomeError::Io(format!("cannot make {}: {e}", d.display())))
+        };
+        private(dir)?;
+        private(&dir.join("work"))?;
         let dir = std::fs::canonicalize(dir)
             .map_err(|e| HomeError::Io(format!("{}: {e}", dir.display())))?;
-        Ok(Home { dir })
+        let home = Home { dir };
+        if let Some(mode) = home.open_to_others() {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(
+                    "{} is open to other users (mode {mode:o}): a stage of another home on this machine can list it and read its runs; `chmod 711 {}` closes it",
+                    home.dir.display(),
+                    home.dir.display()
+                )
+            });
+        }
+        Ok(home)
+    }
+
+    /// The home's mode where other users may list it or write in it (`None`: closed).
+    pub fn open_to_others(&self) -> Option<u32> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&self.dir).ok()?.permissions().mode() & 0o777;
+        (mode & 0o066 != 0).then_some(mode)
     }
 
     /// The home whose work directory is `work_dir` (as it is, not made).
@@ -64,7 +95,12 @@ impl Home {
             Ok(url) if !url.is_empty() => Err(HomeError::Store(format!(
                 "DRIVETRAIN_STATE `{url}`: expected a postgres:// URL (unset it for SQLite in the home)"
             ))),
-            _ => Ok(Arc::new(SqliteState::open(&self.dir.join("state.db"))?)),
+            _ => {
+                let path = self.dir.join("state.db");
+                let state = SqliteState::open(&path)?;
+                private_files(&path);
+                Ok(Arc::new(state))
+            }
         }
     }
 
@@ -109,6 +145,23 @@ fn postgres(url: &str) -> Result<Arc<dyn StateStore>, HomeError> {
     Err(HomeError::Store(format!(
         "DRIVETRAIN_STATE `{url}`: this build has no PostgreSQL state store"
     )))
+}
+
+/// The state database and its journal files readable by their owner alone (SQLite makes
+/// them with the umask's mode).
+fn private_files(db: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = db.as_os_str().to_owned();
+        name.push(suffix);
+        let path = PathBuf::from(name);
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        if meta.permissions().mode() & 0o077 != 0 {
+            let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+        }
+    }
 }
 
 /// The digest a run records of its pipeline file's text.

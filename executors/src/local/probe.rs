@@ -103,7 +103,7 @@ pub fn user_namespaces_work() -> bool {
 pub fn layers() -> Vec<(&'static str, bool, String)> {
     let l = available();
     let user = if nix::unistd::geteuid().is_root() {
-        "the stage is root in its own namespaces and host nobody (uid 65534) outside them: no host-root file, sysctl or socket, no other home, not the engine's binary"
+        "the stage is root in its own namespaces and host nobody (uid 65534) outside them: no host-root file, sysctl or socket, not the engine's binary, no other home closed to others (as drivetrain makes them; `home` below says this one's)"
     } else {
         "the stage's uids are its own namespace's, mapped to the engine's user"
     };
