@@ -78,9 +78,9 @@ pub struct Metrics {
     pub stage_seconds: Histogram,
     pub transition_seconds: Histogram,
     pub schedule_lag_seconds: Histogram,
-    /// What stages used: (pipeline, stage) → their latest attempt's usage and the CPU
-    /// seconds of all their attempts since this server started.
-    pub usage: Mutex<BTreeMap<(String, String), (ResourceUsage, f64)>>,
+    /// What stages used: (project, pipeline, stage) → their latest attempt's usage and
+    /// the CPU seconds of all their attempts since this server started.
+    pub usage: Mutex<BTreeMap<(String, String, String), (ResourceUsage, f64)>>,
 }
 
 impl Metrics {
@@ -98,17 +98,22 @@ impl Metrics {
         }
     }
 
-    pub(crate) fn used(&self, pipeline: &str, stage: &str, usage: ResourceUsage) {
+    pub(crate) fn used(&self, project: &str, pipeline: &str, stage: &str, usage: ResourceUsage) {
         let mut all = self.usage.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = all
-            .entry((pipeline.to_owned(), stage.to_owned()))
-            .or_insert((usage, 0.0));
+        let key = (project.to_owned(), pipeline.to_owned(), stage.to_owned());
+        let entry = all.entry(key).or_insert((usage, 0.0));
         entry.0 = usage;
         entry.1 += usage.cpu_seconds.unwrap_or(0.0);
     }
 
-    /// The usage gauges and counter, in the exposition format.
-    pub fn render_usage(&self, out: &mut String) {
+    /// The usage gauges and counter, in the exposition format: the series of the
+    /// projects in `readable` only (`None`: every project's), each labelled with its
+    /// project; no other project's pipeline or stage name is in them.
+    pub fn render_usage(
+        &self,
+        out: &mut String,
+        readable: &Option<std::collections::BTreeSet<String>>,
+    ) {
         let all = self.usage.lock().unwrap_or_else(|e| e.into_inner());
         let label = |v: &str| {
             v.replace('\\', "\\\\")
@@ -144,12 +149,16 @@ impl Metrics {
         ];
         for (name, kind, help, value) in series {
             out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-            for ((pipeline, stage), u) in all.iter() {
+            let mine = all.iter().filter(|((project, _, _), _)| {
+                readable.as_ref().is_none_or(|r| r.contains(project))
+            });
+            for ((project, pipeline, stage), u) in mine {
                 if let Some(v) = value(u) {
                     out.push_str(&format!(
-                        "{name}{{pipeline=\"{}\",stage=\"{}\"}} {v}\n",
+                        "{name}{{pipeline=\"{}\",stage=\"{}\",project=\"{}\"}} {v}\n",
                         label(pipeline),
-                        label(stage)
+                        label(stage),
+                        label(project)
                     ));
                 }
             }
@@ -700,12 +709,13 @@ impl Server {
         let (events, mut drain) = tokio::sync::mpsc::unbounded_channel();
         let me = self.clone();
         let pipeline_name = request.pipeline.name.clone();
+        let project = request.pipeline.project.clone();
         tokio::spawn(async move {
             let mut last = Instant::now();
             while let Some(ev) = drain.recv().await {
                 match ev {
                     RunEvent::Used { stage, usage } => {
-                        me.metrics.used(&pipeline_name, &stage, usage);
+                        me.metrics.used(&project, &pipeline_name, &stage, usage);
                     }
                     RunEvent::Started { attempt: 1, .. } => {
                         me.metrics

@@ -171,8 +171,8 @@ fn metrics_in_prometheus_text(s: &Server, home: &Home) {
     let doctor = home.drivetrain(&["doctor", "-o", "json"]);
     if doctor_layer(&doctor, "cgroup limits")["active"] == true {
         for name in [
-            "drivetrain_stage_cpu_seconds_total{pipeline=\"hello\",stage=\"greet\"}",
-            "drivetrain_stage_peak_memory_bytes{pipeline=\"hello\",stage=\"greet\"}",
+            "drivetrain_stage_cpu_seconds_total{pipeline=\"hello\",stage=\"greet\",project=\"default\"}",
+            "drivetrain_stage_peak_memory_bytes{pipeline=\"hello\",stage=\"greet\",project=\"default\"}",
         ] {
             assert!(m.contains(name), "{name} in:\n{m}");
         }

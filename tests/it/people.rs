@@ -8,6 +8,23 @@ use std::time::{Duration, Instant};
 use crate::common::http::{self, request, Server};
 use crate::common::{assert_ok, run_id, text, Home};
 
+/// `drivetrain token create --project P --role R --name N`: the secret it printed.
+fn project_token(home: &Home, project: &str, role: &str, name: &str) -> String {
+    let args = [
+        "token",
+        "create",
+        "--project",
+        project,
+        "--role",
+        role,
+        "--name",
+        name,
+    ];
+    let o = home.drivetrain(&args);
+    assert_ok(&o);
+    text(&o.stdout).trim().to_owned()
+}
+
 /// `drivetrain token create …`: the secret it printed.
 fn token(home: &Home, name: &str, role: &str, approves: &[&str]) -> String {
     let mut args = vec!["token", "create", "--role", role, "--name", name];
@@ -763,20 +780,8 @@ fn two_projects_share_nothing_and_a_quota_holds() {
     );
     served(&home, "b", &project_pipeline("b", "beta", "0"));
     served(&home, "slow", &project_pipeline("slow", "alpha", "3"));
-    let of_project = |project: &str, role: &str, name: &str| {
-        let o = home.drivetrain(&[
-            "token",
-            "create",
-            "--project",
-            project,
-            "--role",
-            role,
-            "--name",
-            name,
-        ]);
-        assert_ok(&o);
-        text(&o.stdout).trim().to_owned()
-    };
+    let of_project =
+        |project: &str, role: &str, name: &str| project_token(&home, project, role, name);
     let alpha = of_project("alpha", "launcher", "alpha");
     let beta = of_project("beta", "launcher", "beta");
     let beta_admin = of_project("beta", "admin", "beta-admin");
@@ -913,6 +918,21 @@ fn two_projects_share_nothing_and_a_quota_holds() {
         "{log}"
     );
 
+    // `/metrics`: a project's stage series go to its own readers only (issue 46).
+    let (_, m) = call(&s, "GET", "/metrics", &beta_admin, None);
+    assert!(
+        !m.contains("project=\"alpha\"") && !m.contains("pipeline=\"a\""),
+        "{m}"
+    );
+    let doctor = home.drivetrain(&["doctor", "-o", "json"]);
+    if crate::common::doctor_layer(&doctor, "cgroup limits")["active"] == true {
+        let (_, m) = call(&s, "GET", "/metrics", &alpha, None);
+        let alphas = "pipeline=\"a\",stage=\"make\",project=\"alpha\"";
+        assert!(m.contains(alphas) && !m.contains("project=\"beta\""), "{m}");
+        let (_, m) = call(&s, "GET", "/metrics", &beta, None);
+        assert!(m.contains("project=\"beta\""), "{m}");
+    }
+
     // Six runs of alpha at once: never more than two in flight, the rest Pending.
     let runs: Vec<String> = std::thread::scope(|sc| {
         let hs: Vec<_> = (0..6)
@@ -957,20 +977,7 @@ fn a_project_cannot_take_over_anothers_pipeline() {
         )
     };
     served(&home, "a", &scheduled("alpha"));
-    let token = |project: &str, role: &str, name: &str| {
-        let o = home.drivetrain(&[
-            "token",
-            "create",
-            "--project",
-            project,
-            "--role",
-            role,
-            "--name",
-            name,
-        ]);
-        assert_ok(&o);
-        text(&o.stdout).trim().to_owned()
-    };
+    let token = |project: &str, role: &str, name: &str| project_token(&home, project, role, name);
     let alpha = token("alpha", "launcher", "alpha");
     let alpha_editor = token("alpha", "editor", "alpha-editor");
     let beta_editor = token("beta", "editor", "beta-editor");
@@ -1079,20 +1086,7 @@ fn notifications_follow_the_runs_project() {
         "notify.yaml",
         "notify:\n  - webhook: {url: \"http://127.0.0.1:9/all\"}\n    on: [succeeded]\n",
     );
-    let token = |project: &str, role: &str, name: &str| {
-        let o = home.drivetrain(&[
-            "token",
-            "create",
-            "--project",
-            project,
-            "--role",
-            role,
-            "--name",
-            name,
-        ]);
-        assert_ok(&o);
-        text(&o.stdout).trim().to_owned()
-    };
+    let token = |project: &str, role: &str, name: &str| project_token(&home, project, role, name);
     let everyone = token("*", "admin", "everyone");
     let alpha = token("alpha", "editor", "alpha");
     let beta = token("beta", "viewer", "beta");

@@ -1053,7 +1053,9 @@ async fn trigger(
     ))
 }
 
-async fn metrics(State(s): State<Shared>) -> Response {
+/// Prometheus' text: counts of every project without names, and the per-stage series of
+/// the projects the caller may read.
+async fn metrics(State(s): State<Shared>, Extension(who): Extension<Subject>) -> Response {
     let mut out = String::new();
     let m = &s.metrics;
     out.push_str("# HELP drivetrain_runs Runs by status.\n# TYPE drivetrain_runs gauge\n");
@@ -1091,7 +1093,7 @@ async fn metrics(State(s): State<Shared>) -> Response {
             v.load(Ordering::Relaxed)
         ));
     }
-    m.render_usage(&mut out);
+    m.render_usage(&mut out, &who.projects_for(Verb::Read));
     m.stage_seconds.render(
         &mut out,
         "drivetrain_stage_duration_seconds",
