@@ -68,6 +68,9 @@ pub(crate) const SECONDS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0,
 ];
 
+/// A stage of a pipeline of a project: (project, pipeline, stage).
+pub type StageOf = (String, String, String);
+
 /// What `/metrics` reports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -78,9 +81,9 @@ pub struct Metrics {
     pub stage_seconds: Histogram,
     pub transition_seconds: Histogram,
     pub schedule_lag_seconds: Histogram,
-    /// What stages used: (project, pipeline, stage) → their latest attempt's usage and
-    /// the CPU seconds of all their attempts since this server started.
-    pub usage: Mutex<BTreeMap<(String, String, String), (ResourceUsage, f64)>>,
+    /// What stages used: their latest attempt's usage and the CPU seconds of all their
+    /// attempts since this server started.
+    pub usage: Mutex<BTreeMap<StageOf, (ResourceUsage, f64)>>,
 }
 
 impl Metrics {
