@@ -1157,6 +1157,126 @@ fn notifications_follow_the_runs_project() {
     assert!(answer.contains("belongs to project `alpha`"), "{answer}");
 }
 
+/// Every route of `docs/openapi.json`, for every role of project beta, with alpha's ids
+/// (issue 46): nothing of alpha is changed (no 2xx on a mutating route) and nothing of it
+/// is read (an answer that is not a refusal names no run, pipeline or project of alpha).
+#[test]
+fn every_route_with_another_projects_ids_gives_nothing_of_it() {
+    let home = Home::new("walk");
+    let a = project_pipeline("a", "alpha", "0");
+    served(
+        &home,
+        "a",
+        &a.replacen("stages:", "schedule: {cron: \"0 3 * * *\"}\nstages:", 1),
+    );
+    served(
+        &home,
+        "gate5",
+        &gate(5, "").replacen("name: gate5", "name: gate5\nproject: alpha", 1),
+    );
+    let alpha = project_token(&home, "alpha", "admin", "alpha-admin");
+    let mut beta: Vec<(String, String)> = LADDER
+        .iter()
+        .map(|r| {
+            (
+                r.to_string(),
+                project_token(&home, "beta", r, &format!("beta-{r}")),
+            )
+        })
+        .collect();
+    let o = home.drivetrain(&[
+        "token",
+        "create",
+        "--project",
+        "beta",
+        "--role",
+        "viewer",
+        "--approves",
+        "safety",
+        "--name",
+        "beta-approver",
+    ]);
+    assert_ok(&o);
+    beta.push(("approver".into(), text(&o.stdout).trim().to_owned()));
+    let s = http::start(&home, &[]);
+    let done = submit(&s, &alpha, "a");
+    wait_phase(&s, &alpha, &done, "Succeeded");
+    let waiting = submit(&s, &alpha, "gate5");
+    wait_phase(&s, &alpha, &waiting, "Waiting");
+    let secrets = [
+        done.as_str(),
+        waiting.as_str(),
+        "\"alpha\"",
+        "gate5",
+        "pipeline\":\"a\"",
+        "pipeline=\"a\"",
+    ];
+    let doc = http::openapi();
+    let mut walked = 0;
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for (method, op) in ops.as_object().unwrap() {
+            let rule = op["x-drivetrain-rule"].as_str().unwrap();
+            if rule == "open" || rule == "signed" {
+                continue;
+            }
+            let run = if path.contains("{stage}") {
+                &waiting
+            } else {
+                &done
+            };
+            let mut concrete = path
+                .replace("{id}", run)
+                .replace("{stage}", "release-gate")
+                .replace("{name}", "a")
+                .replace("{pipeline}", "a")
+                .replace("{trigger}", "t")
+                .replace("{model}", "lane-model")
+                .replace("{alias}", "production");
+            if path.contains("registry") {
+                concrete.push_str("?project=alpha");
+            }
+            if path.ends_with("/logs") {
+                concrete.push_str("?stage=use");
+            }
+            let m = method.to_uppercase();
+            let body = (m == "POST").then_some(r#"{"stages": ["use"]}"#);
+            for (role, token) in &beta {
+                walked += 1;
+                // A stream answers with its status; its events are counts and phases of
+                // what the caller may read, checked by the routes that list them.
+                if path.ends_with("/events") {
+                    let code = status(&s, &m, &concrete, Some(token), None);
+                    assert!(
+                        path == "/api/v1/events" || code >= 400,
+                        "{role} {m} {concrete}: {code}"
+                    );
+                    continue;
+                }
+                let (code, answer) = call(&s, &m, &concrete, token, body);
+                if m == "POST" {
+                    assert!(
+                        code >= 400,
+                        "{role} {m} {concrete} changed alpha's: {code} {answer}"
+                    );
+                }
+                if code < 400 {
+                    for secret in secrets {
+                        assert!(
+                            !answer.contains(secret),
+                            "{role} {m} {concrete} shows {secret}: {answer}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(walked > 100, "{walked} requests");
+    // Alpha's run still waits, its schedule still runs.
+    assert_eq!(phase(&s, &alpha, &waiting)["run"]["phase"], "Waiting");
+    let (_, body) = call(&s, "GET", "/api/v1/schedules", &alpha, None);
+    assert!(body.contains("\"suspended\":false"), "{body}");
+}
+
 /// `gc` sweeps every project's prefix of the store, not only the default one's.
 #[test]
 fn gc_sweeps_the_prefix_of_each_project() {
