@@ -204,6 +204,9 @@ pub struct Server {
     pub(crate) dir: PathBuf,
     pub(crate) pipelines: std::sync::RwLock<BTreeMap<String, Arc<Loaded>>>,
     pub(crate) cancels: Mutex<BTreeMap<RunId, tokio::sync::watch::Sender<bool>>>,
+    /// Runs cancelled while claimed to be resumed here (an approval just decided) before
+    /// their engine started: each starts cancelled ([`Server::cancel_claimed`]).
+    pub(crate) early_cancels: Mutex<std::collections::BTreeSet<RunId>>,
     /// `--token`: an admin of every project.
     pub token: Option<String>,
     /// `--insecure-no-auth`: without a token, mutating routes are open too.
@@ -313,6 +316,7 @@ impl Server {
             dir,
             pipelines: std::sync::RwLock::new(pipelines),
             cancels: Mutex::new(BTreeMap::new()),
+            early_cancels: Mutex::new(std::collections::BTreeSet::new()),
             token: auth.token,
             insecure_no_auth: auth.insecure_no_auth,
             auth_required: auth.auth_required,
@@ -582,6 +586,21 @@ impl Server {
         Ok(taken)
     }
 
+    /// Cancels a run claimed to be resumed (Running, its engine not started yet): now if
+    /// its engine has started meanwhile, else as soon as it starts here.
+    pub fn cancel_claimed(&self, run: &RunId) {
+        let cancels = self.cancels.lock().unwrap_or_else(|e| e.into_inner());
+        match cancels.get(run) {
+            Some(tx) => {
+                let _ = tx.send(true);
+            }
+            None => {
+                let mut early = self.early_cancels.lock().unwrap_or_else(|e| e.into_inner());
+                early.insert(run.clone());
+            }
+        }
+    }
+
     pub fn in_flight(&self) -> usize {
         self.cancels.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
@@ -705,10 +724,16 @@ impl Server {
             request.store = Some(self.store_for(&request.pipeline.project)?);
         }
         let (tx, rx) = tokio::sync::watch::channel(false);
-        self.cancels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(run.clone(), tx);
+        {
+            // Under the lock [`Server::cancel_claimed`] takes: a cancel is either here
+            // already, or finds the run's sender.
+            let mut cancels = self.cancels.lock().unwrap_or_else(|e| e.into_inner());
+            let mut early = self.early_cancels.lock().unwrap_or_else(|e| e.into_inner());
+            if early.remove(&run) {
+                let _ = tx.send(true);
+            }
+            cancels.insert(run.clone(), tx);
+        }
         let (events, mut drain) = tokio::sync::mpsc::unbounded_channel();
         let me = self.clone();
         let pipeline_name = request.pipeline.name.clone();

@@ -633,9 +633,13 @@ async fn cancel(
             "run `{id}` already ended: {}",
             r.phase
         ))),
-        _ => Err(ApiError::not_found(format!(
-            "run `{id}` is not running in this server"
-        ))),
+        // Claimed to be resumed here (an approval just decided), its engine not started
+        // yet: it starts cancelled.
+        Ok(_) => {
+            s.cancel_claimed(&run);
+            Ok(accepted)
+        }
+        Err(_) => Err(ApiError::not_found(format!("no run `{id}`"))),
     }
 }
 

@@ -452,7 +452,7 @@ pub const ROUTES: &[Route] = &[
         request: None,
         responses: &[
             (202, "cancelling", body!(Cancelling)),
-            (404, "not running in this server", ERROR),
+            (404, "no such run", ERROR),
             (409, "the run already ended, or its engine is gone", ERROR),
         ],
     },

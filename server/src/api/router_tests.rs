@@ -176,3 +176,57 @@ async fn the_engine_s_refusals_of_reruns_and_retries_have_their_statuses() {
     assert_eq!(v["parent"], run.as_str());
     assert_eq!(v["trigger"], "rerun");
 }
+
+/// A cancel in the window after an approval is decided, when the run is claimed to be
+/// resumed but its engine has not started (issue 46: answered 404 and lost, and the
+/// stages after the gate ran): accepted, and the run starts cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_between_the_deciding_vote_and_the_resume_wins() {
+    use drivetrain_engine::state::{Phase, RunId, Vote};
+    let b = Bench::new("cancel-claimed");
+    let yaml = "version: 1\nname: gated\nstages:\n  gate:\n    approval: {approvers: {role: safety, min: 1}}\n  after:\n    needs: [gate]\n    run: {command: [ok]}\n";
+    let (code, v) = b
+        .call("post", "/api/v1/runs", Some(json!({ "yaml": yaml })))
+        .await;
+    assert_eq!(code, StatusCode::CREATED, "{v}");
+    let run = RunId(v["run"].as_str().unwrap().to_owned());
+    let state = b.server.engine.state().clone();
+    for _ in 0..200 {
+        if state.run(&run).unwrap().phase == Phase::Waiting {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(state.run(&run).unwrap().phase, Phase::Waiting);
+    // The deciding vote, and the run claimed as the server's vote route claims it.
+    let vote = Vote {
+        subject: "token:alice".into(),
+        decision: "approve".into(),
+        comment: None,
+        at: drivetrain_engine::state::now(),
+    };
+    state.vote(&run, "gate", &vote).unwrap().unwrap();
+    assert!(state.take_decided(&run).unwrap());
+    let (code, v) = b
+        .call("post", &format!("/api/v1/runs/{run}/cancel"), None)
+        .await;
+    assert_eq!(code, StatusCode::ACCEPTED, "{v}");
+    b.server.resume(std::slice::from_ref(&run)).await.unwrap();
+    for _ in 0..200 {
+        if state.run(&run).unwrap().phase.is_terminal() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(state.run(&run).unwrap().phase, Phase::Cancelled);
+    let after = state.stage(&run, "after").unwrap();
+    assert!(
+        after.as_ref().is_none_or(|s| s.phase != Phase::Succeeded),
+        "the stage after the gate did not run: {after:?}"
+    );
+    // A run that does not exist is still 404.
+    let (code, _) = b
+        .call("post", "/api/v1/runs/no-such-run/cancel", None)
+        .await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+}
