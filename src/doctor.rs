@@ -91,7 +91,7 @@ fn private_home(home: &Path) -> serde_json::Value {
     if !home.is_dir() {
         return json!({"path": home, "private": true, "says": format!("{dir} is not made yet: drivetrain makes it closed to others (0711, its state 0600)")});
     }
-    match drivetrain_engine::engine::Home::around(&home.join("work")).open_to_others() {
+    match drivetrain_engine::engine::home::open_to_others(home) {
         None => {
             json!({"path": home, "private": true, "says": format!("{dir} is closed to others (no one else lists it; its state is 0600): no stage of another home finds its runs")})
         }

@@ -23,50 +23,38 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: ServerGroup) -> E
             parallelism,
             notify,
             oidc,
-        } => outcome(runtime().and_then(|runtime| {
-            serve::serve(
-                catalog,
-                home,
-                serve::ServeArgs {
-                    engine: engine_on(home),
-                    runtime,
-                    pipelines: Some(pipelines),
-                    schedules: true,
-                    bind,
-                    token,
-                    token_file,
-                    insecure_no_auth,
-                    parallelism,
-                    notify,
-                    oidc,
-                },
-            )
-        })),
+        } => serve_on(catalog, home, |runtime| serve::ServeArgs {
+            engine: engine_on(home),
+            runtime,
+            pipelines: Some(pipelines),
+            schedules: true,
+            bind,
+            token,
+            token_file,
+            insecure_no_auth,
+            parallelism,
+            notify,
+            oidc,
+        }),
         ServerGroup::Ui {
             pipelines,
             bind,
             token,
             token_file,
             insecure_no_auth,
-        } => outcome(runtime().and_then(|runtime| {
-            serve::serve(
-                catalog,
-                home,
-                serve::ServeArgs {
-                    engine: engine_on(home),
-                    runtime,
-                    pipelines,
-                    schedules: false,
-                    bind,
-                    token,
-                    token_file,
-                    insecure_no_auth,
-                    parallelism: None,
-                    notify: None,
-                    oidc: None,
-                },
-            )
-        })),
+        } => serve_on(catalog, home, |runtime| serve::ServeArgs {
+            engine: engine_on(home),
+            runtime,
+            pipelines,
+            schedules: false,
+            bind,
+            token,
+            token_file,
+            insecure_no_auth,
+            parallelism: None,
+            notify: None,
+            oidc: None,
+        }),
         ServerGroup::Schedule { command, output } => {
             outcome(schedules::command(home, command, output))
         }
@@ -100,7 +88,12 @@ fn engine_on(home: &std::path::Path) -> serve::MakeEngine {
     })
 }
 
-/// The handle of the binary's one runtime, which the server runs on.
-fn runtime() -> anyhow::Result<tokio::runtime::Handle> {
-    Ok(crate::runtime()?.handle().clone())
+/// `serve` or `ui` with `args`, on the binary's one runtime.
+fn serve_on(
+    catalog: Catalog,
+    home: &Path,
+    args: impl FnOnce(tokio::runtime::Handle) -> serve::ServeArgs,
+) -> ExitCode {
+    let runtime = crate::runtime().map(|rt| rt.handle().clone());
+    outcome(runtime.and_then(|rt| serve::serve(catalog, home, args(rt))))
 }

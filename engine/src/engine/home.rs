@@ -64,9 +64,7 @@ impl Home {
 
     /// The home's mode where other users may list it or write in it (`None`: closed).
     pub fn open_to_others(&self) -> Option<u32> {
-        use std::os::unix::fs::PermissionsExt as _;
-        let mode = std::fs::metadata(&self.dir).ok()?.permissions().mode() & 0o777;
-        (mode & 0o066 != 0).then_some(mode)
+        open_to_others(&self.dir)
     }
 
     /// The home whose work directory is `work_dir` (as it is, not made).
@@ -145,6 +143,14 @@ fn postgres(url: &str) -> Result<Arc<dyn StateStore>, HomeError> {
     Err(HomeError::Store(format!(
         "DRIVETRAIN_STATE `{url}`: this build has no PostgreSQL state store"
     )))
+}
+
+/// The mode of the home at `dir` where other users may list it or write in it (`None`:
+/// closed, or not there).
+pub fn open_to_others(dir: &Path) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(dir).ok()?.permissions().mode() & 0o777;
+    (mode & 0o066 != 0).then_some(mode)
 }
 
 /// The state database and its journal files readable by their owner alone (SQLite makes

@@ -37,7 +37,7 @@ impl Source {
     /// Opens `url` (`s3://…`, `gs://…`, `az://…`, `file:///…`), cloud stores configured
     /// from the environment as the artifact store is ([`crate::cloud`]).
     pub fn open(url: &str) -> Result<Source, EventError> {
-        let setting = |e: String| EventError::Setting(e);
+        let setting = EventError::Setting;
         let parsed = url::Url::parse(url).map_err(|e| setting(format!("{url}: {e}")))?;
         let base = match url.ends_with('/') {
             true => url.to_owned(),

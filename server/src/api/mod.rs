@@ -611,7 +611,8 @@ async fn cancel(
     {
         return Ok(accepted);
     }
-    // A rerun or retry this server started runs in an engine of its own.
+    // A run another engine process drives (a `drivetrain run` on this machine): asked to
+    // stop as Ctrl-C would.
     match s.engine.state().run(&run) {
         Ok(r)
             if !r.phase.is_terminal()
