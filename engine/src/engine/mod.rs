@@ -257,7 +257,9 @@ impl Engine {
         let id = request.id.clone();
         let deadline = request.deadline;
         let hit = Arc::new(AtomicBool::new(false));
-        let (stop_tx, stop) = watch::channel(false);
+        // Cancelled before it starts (a cancel that found the run claimed but not yet
+        // running): stopped from its first decision, not from whenever the watcher runs.
+        let (stop_tx, stop) = watch::channel(*cancel.borrow());
         let watcher = tokio::spawn(stop_on(cancel, deadline, hit.clone(), stop_tx));
         let artifacts = request
             .store

@@ -365,6 +365,7 @@ async fn drive_stages(
     let mut waiting: Vec<String> = Vec::new();
 
     loop {
+        stopping |= *cancel.borrow();
         // Decide every ready stage; decisions that end a stage at once may make more ready.
         while let Some(id) = dag.next_ready() {
             let decision = if stopping {
