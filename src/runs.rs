@@ -457,23 +457,21 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
     }
     let record = state.run(&id)?;
     if let Some(pid) = record.engine_pid.filter(|p| alive(*p)) {
-        // A run inside `drivetrain serve` (or `ui`, which resumes what its approvals
-        // decide) shares the server's process: a signal would stop the server, so the
-        // server is asked instead.
+        // Recorded, for whichever engine drives it (a `serve` or `ui` too, whose process
+        // a signal would stop whole); a `drivetrain run` is also signalled, as Ctrl-C
+        // would, which it answers at once.
+        state.ask_cancel(&id)?;
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let server = cmdline
             .split(|b| *b == 0)
             .skip(1)
-            .find(|a| [b"serve".as_slice(), b"ui"].contains(a));
-        if let Some(server) = server {
-            let server = String::from_utf8_lossy(server);
-            eprintln!("error: run {id} runs inside `drivetrain {server}` (process {pid}); cancel it there: drivetrain cancel {id} --server URL");
-            return Ok(crate::exit::usage());
+            .any(|a| [b"serve".as_slice(), b"ui"].contains(&a));
+        if !server {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            )?;
         }
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )?;
         // The engine records the end itself; wait for it.
         for _ in 0..600 {
             let r = state.run(&id)?;

@@ -216,6 +216,7 @@ async fn serve_on(
         if schedules && last_check.elapsed() >= drivetrain_engine::runner::heartbeat_interval() {
             last_check = std::time::Instant::now();
             take_over(&server).await;
+            forget_old_keys(&server).await;
         }
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
@@ -235,6 +236,17 @@ async fn serve_on(
     let _ = stop_http.send(());
     let _ = http.await;
     Ok(())
+}
+
+/// Forgets the `Idempotency-Key`s older than [`crate::api::keys::KEPT`].
+async fn forget_old_keys(server: &Arc<Server>) {
+    let state = server.engine.state().clone();
+    let before = chrono::Utc::now() - crate::api::keys::KEPT;
+    let before = before.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let forgotten = tokio::task::spawn_blocking(move || state.expire_keys(&before)).await;
+    if let Ok(Err(e)) = forgotten {
+        eprintln!("request keys: {e}");
+    }
 }
 
 /// Takes over the runs whose engine stopped beating and resumes them here.

@@ -204,9 +204,6 @@ pub struct Server {
     pub(crate) dir: PathBuf,
     pub(crate) pipelines: std::sync::RwLock<BTreeMap<String, Arc<Loaded>>>,
     pub(crate) cancels: Mutex<BTreeMap<RunId, tokio::sync::watch::Sender<bool>>>,
-    /// Runs cancelled while claimed to be resumed here (an approval just decided) before
-    /// their engine started: each starts cancelled ([`Server::cancel_claimed`]).
-    pub(crate) early_cancels: Mutex<std::collections::BTreeSet<RunId>>,
     /// `--token`: an admin of every project.
     pub token: Option<String>,
     /// `--insecure-no-auth`: without a token, mutating routes are open too.
@@ -316,7 +313,6 @@ impl Server {
             dir,
             pipelines: std::sync::RwLock::new(pipelines),
             cancels: Mutex::new(BTreeMap::new()),
-            early_cancels: Mutex::new(std::collections::BTreeSet::new()),
             token: auth.token,
             insecure_no_auth: auth.insecure_no_auth,
             auth_required: auth.auth_required,
@@ -475,7 +471,11 @@ impl Server {
     /// Starts a rerun or retry of an ended run in this process; answers once it is
     /// recorded, so a client (the web view) can read it at once.
     /// A refusal answers with its status ([`refusal_status`]), as every submission's error.
-    pub async fn rerun(self: &Arc<Self>, spec: &RerunSpec) -> Result<RunId, (u16, String)> {
+    pub async fn rerun(
+        self: &Arc<Self>,
+        spec: &RerunSpec,
+        id: RunId,
+    ) -> Result<RunId, (u16, String)> {
         if self.stopping.load(Ordering::SeqCst) {
             return Err((503, "the server is shutting down".into()));
         }
@@ -495,7 +495,6 @@ impl Server {
             file: parent.file.clone(),
             spec_digest: digest(&source),
         };
-        let id = RunId::generate(chrono::Utc::now());
         let (request, _) = self
             .engine
             .rerun_request(spec, source, id.clone())
@@ -586,21 +585,6 @@ impl Server {
         Ok(taken)
     }
 
-    /// Cancels a run claimed to be resumed (Running, its engine not started yet): now if
-    /// its engine has started meanwhile, else as soon as it starts here.
-    pub fn cancel_claimed(&self, run: &RunId) {
-        let cancels = self.cancels.lock().unwrap_or_else(|e| e.into_inner());
-        match cancels.get(run) {
-            Some(tx) => {
-                let _ = tx.send(true);
-            }
-            None => {
-                let mut early = self.early_cancels.lock().unwrap_or_else(|e| e.into_inner());
-                early.insert(run.clone());
-            }
-        }
-    }
-
     pub fn in_flight(&self) -> usize {
         self.cancels.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
@@ -626,6 +610,7 @@ impl Server {
         self: &Arc<Self>,
         name: &str,
         overrides: &[(String, String)],
+        id: RunId,
     ) -> Result<RunId, (u16, String)> {
         let Some(l) = self.loaded().get(name).cloned() else {
             let loaded = self.loaded();
@@ -639,7 +624,6 @@ impl Server {
             .pipeline
             .resolve_params(overrides)
             .map_err(|e| (400, e.join("; ")))?;
-        let id = RunId::generate(chrono::Utc::now());
         self.submit(self.request_of(&id, &l, params, "api"))
     }
 
@@ -649,11 +633,11 @@ impl Server {
         pipeline: Pipeline,
         yaml: &str,
         overrides: &[(String, String)],
+        id: RunId,
     ) -> Result<RunId, (u16, String)> {
         let params = pipeline
             .resolve_params(overrides)
             .map_err(|e| (400, e.join("; ")))?;
-        let id = RunId::generate(chrono::Utc::now());
         // Kept, so a rerun or retry of the run can read the pipeline it ran.
         let dir = self.home.join("submitted");
         let file = dir.join(format!("{id}.yaml"));
@@ -724,16 +708,10 @@ impl Server {
             request.store = Some(self.store_for(&request.pipeline.project)?);
         }
         let (tx, rx) = tokio::sync::watch::channel(false);
-        {
-            // Under the lock [`Server::cancel_claimed`] takes: a cancel is either here
-            // already, or finds the run's sender.
-            let mut cancels = self.cancels.lock().unwrap_or_else(|e| e.into_inner());
-            let mut early = self.early_cancels.lock().unwrap_or_else(|e| e.into_inner());
-            if early.remove(&run) {
-                let _ = tx.send(true);
-            }
-            cancels.insert(run.clone(), tx);
-        }
+        self.cancels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(run.clone(), tx);
         let (events, mut drain) = tokio::sync::mpsc::unbounded_channel();
         let me = self.clone();
         let pipeline_name = request.pipeline.name.clone();

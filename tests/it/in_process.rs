@@ -195,3 +195,37 @@ fn wait_until_ended(s: &Server, run: &str) -> serde_json::Value {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// A cancel asked of a server that does not drive the run: recorded in the state store,
+/// and the server that drives it stops it (issue 46: the cancel signalled the other
+/// server's whole process, which began shutting down while the run went on).
+#[test]
+fn a_cancel_through_another_server_of_the_home_stops_the_run() {
+    let home = Home::new("cancel-elsewhere");
+    std::fs::create_dir_all(home.dir.join("served")).unwrap();
+    home.write("served/gated.yaml", GATED);
+    let (a, b) = (serve(&home), serve(&home));
+    let gate = home.dir.join("never-opened");
+    let body = format!(
+        r#"{{"pipeline": "gated", "params": {{"gate": "{}"}}}}"#,
+        gate.display()
+    );
+    let (code, v) = json(&a, "POST", "/api/v1/runs", Some(&body));
+    assert_eq!(code, 201, "{v}");
+    let run = v["run"].as_str().unwrap().to_owned();
+    wait_running(&a, &run, "wait");
+    let (code, v) = json(&b, "POST", &format!("/api/v1/runs/{run}/cancel"), None);
+    assert_eq!(code, 202, "{v}");
+    let ended = wait_until_ended(&a, &run);
+    assert_eq!(ended["run"]["phase"], "Cancelled", "{ended}");
+    assert_eq!(stage(&ended, "wait")["phase"], "Cancelled", "{ended}");
+    // Both servers still answer: nothing but the run was stopped.
+    for s in [&a, &b] {
+        assert_eq!(json(s, "GET", "/api/v1/runs", None).0, 200);
+    }
+    // Once ended, a cancel is a conflict; a run that does not exist is 404.
+    let (code, _) = json(&b, "POST", &format!("/api/v1/runs/{run}/cancel"), None);
+    assert_eq!(code, 409);
+    let (code, _) = json(&b, "POST", "/api/v1/runs/no-such-run/cancel", None);
+    assert_eq!(code, 404);
+}

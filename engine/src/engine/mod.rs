@@ -34,7 +34,7 @@ use crate::fault::{Blame, Fault};
 use crate::plan::Pipeline;
 pub use crate::runner::RunRequest;
 use crate::runner::{self, RunError, RunEvent, RunSummary};
-use crate::state::{Phase, RunRecord, StateError, StateStore};
+use crate::state::{Phase, RunId, RunRecord, StateError, StateStore};
 
 /// Finds an executor by the name pipelines use (`local`, `kubernetes`, `slurm`).
 pub type FindExecutor = dyn Fn(&str) -> Result<Arc<dyn Executor>, String> + Send + Sync;
@@ -259,8 +259,12 @@ impl Engine {
         let hit = Arc::new(AtomicBool::new(false));
         // Cancelled before it starts (a cancel that found the run claimed but not yet
         // running): stopped from its first decision, not from whenever the watcher runs.
-        let (stop_tx, stop) = watch::channel(*cancel.borrow());
-        let watcher = tokio::spawn(stop_on(cancel, deadline, hit.clone(), stop_tx));
+        // A cancel recorded in the state store (asked of whichever engine drives the run)
+        // counts as one given here.
+        let asked_already = self.state.cancel_asked(&id).unwrap_or(false);
+        let (stop_tx, stop) = watch::channel(*cancel.borrow() || asked_already);
+        let asked = asked(self.state.clone(), id.clone());
+        let watcher = tokio::spawn(stop_on(cancel, asked, deadline, hit.clone(), stop_tx));
         let artifacts = request
             .store
             .take()
@@ -310,9 +314,25 @@ pub fn deadline_reason(d: Duration) -> String {
     format!("run deadline of {} exceeded", humantime::format_duration(d))
 }
 
-/// Sets `stop` when `cancel` is set or `deadline` passes (then `hit` too).
+/// Resolves once a cancel of `run` is recorded in the state store: asked through another
+/// server of the home, or of a run this engine took over.
+async fn asked(state: Arc<dyn StateStore>, run: RunId) {
+    let every = runner::heartbeat_interval().min(Duration::from_secs(2));
+    loop {
+        tokio::time::sleep(every).await;
+        let (s, r) = (state.clone(), run.clone());
+        let asked = tokio::task::spawn_blocking(move || s.cancel_asked(&r)).await;
+        if matches!(asked, Ok(Ok(true))) {
+            return;
+        }
+    }
+}
+
+/// Sets `stop` when `cancel` is set, `asked` resolves or `deadline` passes (then `hit`
+/// too).
 async fn stop_on(
     mut cancel: watch::Receiver<bool>,
+    asked: impl std::future::Future<Output = ()>,
     deadline: Option<Duration>,
     hit: Arc<AtomicBool>,
     stop: watch::Sender<bool>,
@@ -325,6 +345,7 @@ async fn stop_on(
     };
     tokio::select! {
         _ = cancelled => {}
+        _ = asked => {}
         _ = tokio::time::sleep(deadline.unwrap_or(Duration::MAX)) => {
             hit.store(true, Ordering::SeqCst);
         }

@@ -203,6 +203,47 @@ pub trait AccessStore: Send + Sync {
     fn quotas(&self) -> Result<std::collections::BTreeMap<String, Quota>, StateError>;
 }
 
+/// A request named by its caller's `Idempotency-Key`, claimed before it is carried out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyClaim {
+    /// Whose key it is (the caller's subject): keys of different callers never meet.
+    pub scope: String,
+    pub key: String,
+    /// The SHA-256 of what was asked (method, path, body): the same key with another
+    /// request is refused.
+    pub fingerprint: String,
+    /// The run the request starts, if it starts one: chosen before it is carried out, so
+    /// that a request whose server died half-way is known by its run.
+    pub run: RunId,
+    pub claimed_at: String,
+}
+
+/// A key's claim as stored, and its answer once the request was carried out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRecord {
+    pub fingerprint: String,
+    pub run: RunId,
+    pub claimed_at: String,
+    /// The status and body it was answered with; `None` while it is carried out.
+    pub answer: Option<(u16, String)>,
+}
+
+/// Requests named by an `Idempotency-Key`: a repeated key gets the first answer and
+/// carries out nothing.
+pub trait KeyStore: Send + Sync {
+    /// Claims the key for `claim`: `None` if this call claimed it, else the claim that
+    /// holds it (exactly one of any number of callers racing gets `None`).
+    fn claim_key(&self, claim: &KeyClaim) -> Result<Option<KeyRecord>, StateError>;
+    /// Stores the answer of a claimed key's request.
+    fn answer_key(&self, scope: &str, key: &str, status: u16, body: &str)
+        -> Result<(), StateError>;
+    /// Gives up the unanswered claim made at `claimed_at` (a request that failed in a
+    /// way worth retrying, or whose server died); false if it is not that claim.
+    fn release_key(&self, scope: &str, key: &str, claimed_at: &str) -> Result<bool, StateError>;
+    /// Forgets keys claimed before `before`; how many.
+    fn expire_keys(&self, before: &str) -> Result<usize, StateError>;
+}
+
 /// Approvals: requested by a stage, decided by people or a timeout.
 pub trait ApprovalStore: Send + Sync {
     /// Records the request unless there is one for that stage already; the record.

@@ -50,6 +50,7 @@ pub fn check(store: &dyn StateStore) {
     events::outbox(store);
     access::tokens_and_audit(store);
     access::approvals(store);
+    access::request_keys(store);
 }
 
 /// Replicas racing for the same ticks, each through its own connection (`open`),
@@ -100,7 +101,19 @@ fn heartbeats_and_take_over(s: &dyn RunStore) {
         "one that never beat can be taken"
     );
     assert!(!s.take_over(&silent, past).unwrap(), "once");
+    assert!(!s.cancel_asked(&silent).unwrap());
+    assert!(s.ask_cancel(&silent).unwrap());
+    assert!(
+        s.ask_cancel(&silent).unwrap(),
+        "asked twice: still to be cancelled"
+    );
+    assert!(s.cancel_asked(&silent).unwrap());
     s.finish_run(&silent, Phase::Failed, None).unwrap();
+    assert!(
+        !s.ask_cancel(&silent).unwrap(),
+        "an ended run is not cancelled"
+    );
+    assert!(!s.ask_cancel(&RunId("conf-no-such-run".into())).unwrap());
     s.heartbeat(&id).unwrap();
     assert!(s.stale_runs(past).unwrap().is_empty(), "beating: alive");
     assert_eq!(s.stale_runs(future).unwrap(), std::slice::from_ref(&id));

@@ -22,8 +22,8 @@ mod queries;
 mod schema;
 mod sqlite;
 pub use access::{
-    tally, AccessStore, ApprovalRecord, ApprovalRequest, ApprovalStore, AuditEntry, Quota, Refusal,
-    TokenRecord, Vote,
+    tally, AccessStore, ApprovalRecord, ApprovalRequest, ApprovalStore, AuditEntry, KeyClaim,
+    KeyRecord, KeyStore, Quota, Refusal, TokenRecord, Vote,
 };
 pub use events::{
     InboxObject, OutboxItem, OutboxStore, RunTrigger, TriggerRecord, TriggerStore, Waiting,
@@ -410,8 +410,8 @@ pub struct Success<'a> {
 /// `use drivetrain_engine::state::prelude::*`.
 pub mod prelude {
     pub use super::{
-        AccessStore, ApprovalStore, ArtifactIndex, AttemptStore, CacheStore, OutboxStore, RunStore,
-        ScheduleStore, StageStore, StateStore, TriggerStore,
+        AccessStore, ApprovalStore, ArtifactIndex, AttemptStore, CacheStore, KeyStore, OutboxStore,
+        RunStore, ScheduleStore, StageStore, StateStore, TriggerStore,
     };
 }
 
@@ -429,6 +429,7 @@ pub trait StateStore:
     + OutboxStore
     + AccessStore
     + ApprovalStore
+    + KeyStore
     + Send
     + Sync
 {
@@ -479,6 +480,11 @@ pub trait RunStore: Send + Sync {
     /// once (the heartbeat is renewed and the dead engine's pid forgotten in one
     /// conditional update).
     fn take_over(&self, run: &RunId, before: &str) -> Result<bool, StateError>;
+    /// Records that `run` is to be cancelled, for whichever engine drives it now or next
+    /// ([`RunStore::cancel_asked`]); false if there is no such run or it has ended.
+    fn ask_cancel(&self, run: &RunId) -> Result<bool, StateError>;
+    /// Whether a cancel of `run` has been asked.
+    fn cancel_asked(&self, run: &RunId) -> Result<bool, StateError>;
 }
 
 /// Stages of a run: phase, outputs and values, and how each came by them.

@@ -683,6 +683,31 @@ impl RunStore for PostgresState {
         })
     }
 
+    fn ask_cancel(&self, run: &RunId) -> Result<bool, StateError> {
+        self.with(|c| {
+            exec(
+                c,
+                queries::pg::ASK_CANCEL,
+                &[&run.0, &now()],
+                format!("record a cancel of run {run}"),
+            )
+            .map(|n| n > 0)
+        })
+    }
+
+    fn cancel_asked(&self, run: &RunId) -> Result<bool, StateError> {
+        self.with(|c| {
+            row(
+                c,
+                queries::pg::CANCEL_ASKED,
+                &[&run.0],
+                format!("read whether run {run} is to be cancelled"),
+                |r| r.get::<_, Option<String>>(0),
+            )
+            .map(|asked| asked.flatten().is_some())
+        })
+    }
+
     fn stale_runs(&self, before: &str) -> Result<Vec<RunId>, StateError> {
         self.with(|c| {
             rows(

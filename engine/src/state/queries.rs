@@ -132,6 +132,24 @@ statements! {
         "SELECT phase, COUNT(*) FROM runs GROUP BY phase";
     HEARTBEAT =
         "UPDATE runs SET heartbeat_at = $2 WHERE id = $1";
+    ASK_CANCEL =
+        "UPDATE runs SET cancel_asked_at = COALESCE(cancel_asked_at, $2) WHERE id = $1 AND \
+         phase IN ('Running', 'Pending', 'Waiting')";
+    CANCEL_ASKED =
+        "SELECT cancel_asked_at FROM runs WHERE id = $1";
+    CLAIM_KEY =
+        "INSERT INTO request_keys (scope, request_key, fingerprint, run_id, claimed_at) \
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (scope, request_key) DO NOTHING";
+    REQUEST_KEY =
+        "SELECT fingerprint, run_id, claimed_at, status, body FROM request_keys WHERE scope = \
+         $1 AND request_key = $2";
+    ANSWER_KEY =
+        "UPDATE request_keys SET status = $3, body = $4 WHERE scope = $1 AND request_key = $2";
+    RELEASE_KEY =
+        "DELETE FROM request_keys WHERE scope = $1 AND request_key = $2 AND claimed_at = $3 \
+         AND status IS NULL";
+    EXPIRE_KEYS =
+        "DELETE FROM request_keys WHERE claimed_at < $1";
     STALE_RUNS =
         "SELECT id FROM runs WHERE phase = 'Running' AND heartbeat_at < $1 ORDER BY \
          created_at";

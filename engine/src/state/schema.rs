@@ -262,6 +262,22 @@ CREATE TABLE approval_votes (
 ALTER TABLE map_items ADD COLUMN started_at TEXT;
 ALTER TABLE map_items ADD COLUMN finished_at TEXT;
 "#,
+    // 4: requests named by an `Idempotency-Key` (the run each starts, and its answer), and
+    // a cancel asked of a run, which whichever engine drives it honours.
+    r#"
+CREATE TABLE request_keys (
+    scope TEXT NOT NULL,
+    request_key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    claimed_at TEXT NOT NULL,
+    status BIGINT,
+    body TEXT,
+    PRIMARY KEY (scope, request_key)
+);
+CREATE INDEX request_keys_by_time ON request_keys(claimed_at);
+ALTER TABLE runs ADD COLUMN cancel_asked_at TEXT;
+"#,
 ];
 
 /// A backend's SQL, where it differs from PostgreSQL's.

@@ -271,6 +271,26 @@ impl RunStore for SqliteState {
         })
     }
 
+    fn ask_cancel(&self, run: &RunId) -> Result<bool, StateError> {
+        self.with(|c| {
+            c.execute_cached(queries::sqlite::ASK_CANCEL, params![run.0, now()])
+                .map(|n| n > 0)
+                .map_err(sql(format!("record a cancel of run {run}")))
+        })
+    }
+
+    fn cancel_asked(&self, run: &RunId) -> Result<bool, StateError> {
+        self.with(|c| {
+            c.prepare_cached(queries::sqlite::CANCEL_ASKED)
+                .and_then(|mut s| {
+                    s.query_row(params![run.0], |r| r.get::<_, Option<String>>(0))
+                        .optional()
+                })
+                .map(|asked| asked.flatten().is_some())
+                .map_err(sql(format!("read whether run {run} is to be cancelled")))
+        })
+    }
+
     fn stale_runs(&self, before: &str) -> Result<Vec<RunId>, StateError> {
         self.with(|c| {
             query(

@@ -187,12 +187,7 @@ pub async fn hook(
     let key = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
-        .filter(|k| {
-            !k.is_empty()
-                && k.len() <= 200
-                && k.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "._:-".contains(c))
-        });
+        .filter(|k| super::keys::valid(k));
     let Some(key) = key.map(str::to_owned) else {
         return Err(ApiError::bad_request(
             "an `Idempotency-Key` header (1 to 200 of A-Z a-z 0-9 . _ : -) names the call: a retry with the same key starts nothing more",

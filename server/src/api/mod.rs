@@ -47,6 +47,7 @@ use crate::server::Server;
 
 mod error;
 mod events;
+pub mod keys;
 pub mod layout;
 pub mod openapi;
 mod people;
@@ -138,7 +139,13 @@ fn handler(method: &str, path: &str) -> axum::routing::MethodRouter<Shared> {
 pub fn router(server: Shared) -> Router {
     let (mut open, mut api) = (Router::new(), Router::new());
     for r in openapi::ROUTES {
-        let h = handler(r.method, r.path);
+        let mut h = handler(r.method, r.path);
+        if openapi::keyed(r) {
+            h = h.layer(axum::middleware::from_fn_with_state(
+                server.clone(),
+                keys::once,
+            ));
+        }
         if openapi::guarded(r) {
             api = api.route(r.path, h);
         } else {
@@ -536,11 +543,18 @@ fn param_texts(params: &serde_json::Map<String, Value>) -> impl Iterator<Item = 
     })
 }
 
+/// The id of the run a request starts: the one its `Idempotency-Key` was claimed with.
+fn run_id_of(preset: Option<Extension<keys::Preset>>) -> RunId {
+    preset.map_or_else(|| RunId::generate(chrono::Utc::now()), |Extension(p)| p.0)
+}
+
 async fn submit(
     State(s): State<Shared>,
     Extension(who): Extension<Subject>,
+    preset: Option<Extension<keys::Preset>>,
     JsonBody(body): JsonBody<Submit>,
 ) -> Result<Response, ApiError> {
+    let id = run_id_of(preset);
     nul_in("params", param_texts(&body.params))?;
     // Posted YAML runs any command: it needs `author` in its project, not only `launch`
     // (decided once it is validated and its project known).
@@ -555,14 +569,14 @@ async fn submit(
             if let Some(p) = &project {
                 ApiError::unless_allowed(decide(&who, Verb::Launch, p, None), Some(p))?;
             }
-            (s.submit_named(&name, &overrides), project)
+            (s.submit_named(&name, &overrides, id), project)
         }
         (None, Some(yaml)) => {
             let (pipeline, yaml) = validate_posted(&s, yaml).await?;
             let p = pipeline.project.clone();
             ApiError::unless_allowed(decide(&who, Verb::Author, &p, None), Some(&p))?;
             name_is_projects(&s, &pipeline.name, &p)?;
-            (s.submit_yaml(pipeline, &yaml, &overrides), Some(p))
+            (s.submit_yaml(pipeline, &yaml, &overrides, id), Some(p))
         }
         _ => {
             return Err(ApiError::bad_request(
@@ -606,41 +620,28 @@ async fn cancel(
             cancelling: true,
         }),
     );
-    if s.cancel(&run)
-        || drivetrain_engine::engine::recover::cancel_waiting(s.engine.state().as_ref(), &run)?
-    {
+    let state = s.engine.state().clone();
+    if s.cancel(&run) || drivetrain_engine::engine::recover::cancel_waiting(state.as_ref(), &run)? {
         return Ok(accepted);
     }
-    // A run another engine process drives (a `drivetrain run` on this machine): asked to
-    // stop as Ctrl-C would.
-    match s.engine.state().run(&run) {
-        Ok(r)
-            if !r.phase.is_terminal()
-                && r.engine_pid
-                    .is_some_and(|p| p != i64::from(std::process::id())) =>
-        {
-            let pid = r.engine_pid.unwrap_or_default() as i32;
-            match nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            ) {
-                Ok(()) => Ok(accepted),
-                Err(e) => Err(ApiError::conflict(format!(
-                    "run `{id}`'s engine is gone ({e}); `drivetrain cancel {id}` records it"
-                ))),
-            }
-        }
-        Ok(r) if r.phase.is_terminal() => Err(ApiError::conflict(format!(
+    // Recorded for whichever engine drives the run now or next: another server of the
+    // home, a `drivetrain run`, or this server once it resumes a run just claimed (an
+    // approval's deciding vote); each reads it within seconds, or as the run starts.
+    let asked = {
+        let run = run.clone();
+        tokio::task::spawn_blocking(move || {
+            state.ask_cancel(&run).map(|live| (live, state.run(&run)))
+        })
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??
+    };
+    match asked {
+        (true, _) => Ok(accepted),
+        (false, Ok(r)) => Err(ApiError::conflict(format!(
             "run `{id}` already ended: {}",
             r.phase
         ))),
-        // Claimed to be resumed here (an approval just decided), its engine not started
-        // yet: it starts cancelled.
-        Ok(_) => {
-            s.cancel_claimed(&run);
-            Ok(accepted)
-        }
-        Err(_) => Err(ApiError::not_found(format!("no run `{id}`"))),
+        (false, Err(_)) => Err(ApiError::not_found(format!("no run `{id}`"))),
     }
 }
 
@@ -659,6 +660,7 @@ struct RerunBody {
 async fn rerun(
     State(s): State<Shared>,
     Path(id): Path<String>,
+    preset: Option<Extension<keys::Preset>>,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<Spawned>), ApiError> {
     // No body at all reads as `{}`, which then says what is missing.
@@ -679,20 +681,25 @@ async fn rerun(
         .iter()
         .map(|(k, v)| (k.clone(), drivetrain_engine::template::value_text(v)))
         .collect();
-    from_run(&s, spec).await
+    from_run(&s, spec, run_id_of(preset)).await
 }
 
 async fn retry(
     State(s): State<Shared>,
     Path(id): Path<String>,
+    preset: Option<Extension<keys::Preset>>,
 ) -> Result<(StatusCode, Json<Spawned>), ApiError> {
-    from_run(&s, RerunSpec::retry(RunId(id))).await
+    from_run(&s, RerunSpec::retry(RunId(id)), run_id_of(preset)).await
 }
 
 /// A rerun or retry, run in this process; the engine's refusal says the status.
-async fn from_run(s: &Shared, spec: RerunSpec) -> Result<(StatusCode, Json<Spawned>), ApiError> {
+async fn from_run(
+    s: &Shared,
+    spec: RerunSpec,
+    id: RunId,
+) -> Result<(StatusCode, Json<Spawned>), ApiError> {
     let trigger = if spec.retry { "retry" } else { "rerun" };
-    let run = s.rerun(&spec).await?;
+    let run = s.rerun(&spec, id).await?;
     Ok((
         StatusCode::CREATED,
         Json(Spawned {

@@ -797,6 +797,22 @@ pub fn guarded(route: &Route) -> bool {
     matches!(route.rule, Rule::Need(_))
 }
 
+/// Whether `route` takes an `Idempotency-Key` ([`super::keys`]): the routes that start
+/// runs.
+pub fn keyed(route: &Route) -> bool {
+    route.method == "post"
+        && (route.path == "/api/v1/runs"
+            || route.path.ends_with("/rerun")
+            || route.path.ends_with("/retry"))
+}
+
+/// Answered by routes that take an `Idempotency-Key`.
+const KEYED: &[(u16, &str, Body)] = &[
+    (400, "a malformed `Idempotency-Key`", ERROR),
+    (409, "a request with the same `Idempotency-Key` is still being carried out; `Retry-After` says when to ask again", ERROR),
+    (422, "the `Idempotency-Key` was sent before with another request", ERROR),
+];
+
 /// Every status `route` answers, with its description and body: its own, the
 /// authentication layer's, and the JSON extractor's.
 pub fn responses(route: &Route) -> Vec<(u16, &'static str, Body)> {
@@ -813,6 +829,9 @@ pub fn responses(route: &Route) -> Vec<(u16, &'static str, Body)> {
     }
     if route.request.is_some() {
         add(JSON_BODY);
+    }
+    if keyed(route) {
+        add(KEYED);
     }
     // The listener's answer when every connection is busy or, on a stream, when the
     // client or the server has its most open (server/src/listener.rs).
@@ -872,6 +891,15 @@ pub fn document() -> Value {
             parameters.push(
                 json!({"in": "path", "name": name, "required": true, "schema": {"type": "string"}}),
             );
+        }
+        if keyed(r) {
+            parameters.push(json!({
+                "in": "header",
+                "name": "Idempotency-Key",
+                "required": false,
+                "description": "names the request: the same key again returns the first answer (`Idempotent-Replayed: true`) and starts nothing more; kept 24 h, per caller",
+                "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,200}$"}
+            }));
         }
         if !parameters.is_empty() {
             op["parameters"] = Value::Array(parameters);

@@ -55,12 +55,28 @@ impl Bench {
 
     /// One request through the whole router (the auth layer included): status and body.
     async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let request = Request::builder()
+        let (status, value, _) = self.keyed(method, path, body, None).await;
+        (status, value)
+    }
+
+    /// [`Bench::call`] with an `Idempotency-Key`; also whether the answer is a replay.
+    async fn keyed(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        key: Option<&str>,
+    ) -> (StatusCode, Value, bool) {
+        let mut request = Request::builder()
             .method(method.to_uppercase().as_str())
             .uri(path)
             .header(header::HOST, "127.0.0.1:8080")
             .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
-            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CONTENT_TYPE, "application/json");
+        if let Some(k) = key {
+            request = request.header("idempotency-key", k);
+        }
+        let request = request
             .body(match body {
                 Some(b) => Body::from(b.to_string()),
                 None => Body::empty(),
@@ -69,20 +85,21 @@ impl Bench {
         let router = super::router(self.server.clone());
         let response = router.oneshot(request).await.unwrap();
         let status = response.status();
+        let replayed = response.headers().contains_key("idempotent-replayed");
         let streamed = response
             .headers()
             .get(header::CONTENT_TYPE)
             .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
         // A stream is not read to its end: its status is the answer.
         if streamed {
-            return (status, Value::Null);
+            return (status, Value::Null, replayed);
         }
         let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
             .await
             .unwrap();
         let value = serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
-        (status, value)
+        (status, value, replayed)
     }
 
     /// Submits `yaml` and waits for its run to end: its id.
@@ -229,4 +246,85 @@ async fn a_cancel_between_the_deciding_vote_and_the_resume_wins() {
         .call("post", "/api/v1/runs/no-such-run/cancel", None)
         .await;
     assert_eq!(code, StatusCode::NOT_FOUND);
+}
+
+/// A request sent again with its `Idempotency-Key` gets the first answer and starts
+/// nothing more, also when the copies race; the key with another request is refused;
+/// a request whose server died after starting its run is answered with that run (issue
+/// 46: a client that never heard its answer started the run twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_key_starts_one_run() {
+    use drivetrain_engine::state::{KeyClaim, RunId};
+    let b = Bench::new("keys");
+    let yaml = "version: 1\nname: keyed\nstages:\n  a:\n    run: {command: [ok]}\n";
+    let body = json!({ "yaml": yaml });
+    let runs = "/api/v1/runs";
+    let (code, first, replayed) = b.keyed("post", runs, Some(body.clone()), Some("k-1")).await;
+    assert_eq!((code, replayed), (StatusCode::CREATED, false), "{first}");
+    let (code, again, replayed) = b.keyed("post", runs, Some(body.clone()), Some("k-1")).await;
+    assert_eq!((code, replayed), (StatusCode::CREATED, true), "{again}");
+    assert_eq!(again, first);
+    let (code, v, _) = b
+        .keyed(
+            "post",
+            runs,
+            Some(json!({"yaml": yaml, "params": {}})),
+            Some("k-1"),
+        )
+        .await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let (code, v, _) = b
+        .keyed("post", runs, Some(body.clone()), Some("bad key"))
+        .await;
+    assert_eq!(code, StatusCode::BAD_REQUEST, "{v}");
+    // Eight copies at once: one run, every answer names it (or says to retry).
+    let copies = (0..8).map(|_| b.keyed("post", runs, Some(body.clone()), Some("k-race")));
+    let answers = futures::future::join_all(copies).await;
+    let named: std::collections::BTreeSet<String> = answers
+        .iter()
+        .filter(|(code, _, _)| *code == StatusCode::CREATED)
+        .map(|(_, v, _)| v["run"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(named.len(), 1, "{answers:?}");
+    assert!(answers
+        .iter()
+        .all(|(c, _, _)| [StatusCode::CREATED, StatusCode::CONFLICT].contains(c)));
+    let state = b.server.engine.state().clone();
+    let keyed_runs = state
+        .list_runs(100)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.pipeline == "keyed")
+        .count();
+    assert_eq!(keyed_runs, 2, "k-1's run and k-race's, nothing more");
+    // A retry with a key, twice: one new run.
+    let parent = first["run"].as_str().unwrap();
+    let retry = format!("/api/v1/runs/{parent}/rerun");
+    let stages = json!({"stages": ["a"]});
+    let (code, r1, _) = b
+        .keyed("post", &retry, Some(stages.clone()), Some("k-2"))
+        .await;
+    assert_eq!(code, StatusCode::CREATED, "{r1}");
+    let (_, r2, replayed) = b.keyed("post", &retry, Some(stages), Some("k-2")).await;
+    assert!(replayed && r1 == r2, "{r1} {r2}");
+    // A claim left unanswered by a server that died after starting its run: the run.
+    use sha2::Digest as _;
+    let mut digest = sha2::Sha256::new();
+    digest.update(format!("POST {runs}\n{body}"));
+    let claim = KeyClaim {
+        scope: "token:admin".into(),
+        key: "k-died".into(),
+        fingerprint: hex::encode(digest.finalize()),
+        run: RunId(parent.to_owned()),
+        claimed_at: drivetrain_engine::state::now(),
+    };
+    let scope = b.keyed("get", "/api/v1/whoami", None, None).await.1["subject"].clone();
+    let claim = KeyClaim {
+        scope: scope.as_str().unwrap().to_owned(),
+        ..claim
+    };
+    assert_eq!(state.claim_key(&claim).unwrap(), None);
+    let (code, v, replayed) = b.keyed("post", runs, Some(body), Some("k-died")).await;
+    assert_eq!((code, replayed), (StatusCode::CREATED, true), "{v}");
+    assert_eq!(v["run"], parent);
 }

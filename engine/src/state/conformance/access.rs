@@ -2,7 +2,7 @@
 
 use super::run_record;
 use crate::state::{
-    ApprovalRequest, AuditEntry, Phase, Refusal, RunId, StateStore, TokenRecord, Vote,
+    ApprovalRequest, AuditEntry, KeyClaim, Phase, Refusal, RunId, StateStore, TokenRecord, Vote,
 };
 
 fn token(id: &str, name: &str) -> TokenRecord {
@@ -209,4 +209,63 @@ pub(super) fn approvals(s: &dyn StateStore) {
         .expire_approvals("2026-01-01T02:00:00.000Z")
         .unwrap()
         .is_empty());
+}
+
+/// A key is claimed once per caller; its answer reads back; an unanswered claim is given
+/// up only by the claim that made it; old keys expire.
+pub(super) fn request_keys(s: &dyn StateStore) {
+    let claim = |scope: &str, fingerprint: &str, run: &str, at: &str| KeyClaim {
+        scope: scope.into(),
+        key: "k-1".into(),
+        fingerprint: fingerprint.into(),
+        run: RunId(run.into()),
+        claimed_at: at.into(),
+    };
+    let first = claim("token:alice", "f1", "run-1", "2026-01-01T00:00:00.000Z");
+    assert_eq!(s.claim_key(&first).unwrap(), None, "claimed");
+    let again = s
+        .claim_key(&claim(
+            "token:alice",
+            "f2",
+            "run-2",
+            "2026-01-01T00:00:01.000Z",
+        ))
+        .unwrap()
+        .expect("held by the first");
+    assert_eq!(
+        (again.fingerprint.as_str(), again.run.0.as_str()),
+        ("f1", "run-1")
+    );
+    assert_eq!(again.answer, None, "not answered yet");
+    let other = claim("token:bob", "f1", "run-3", "2026-01-01T00:00:00.000Z");
+    assert_eq!(
+        s.claim_key(&other).unwrap(),
+        None,
+        "another caller's key of the same name"
+    );
+    assert!(!s
+        .release_key("token:alice", "k-1", "2026-01-01T00:00:09.000Z")
+        .unwrap());
+    s.answer_key("token:alice", "k-1", 201, "{\"run\":\"run-1\"}")
+        .unwrap();
+    let answered = s.claim_key(&first).unwrap().unwrap();
+    assert_eq!(
+        answered.answer,
+        Some((201, "{\"run\":\"run-1\"}".to_owned()))
+    );
+    assert!(
+        !s.release_key("token:alice", "k-1", &first.claimed_at)
+            .unwrap(),
+        "an answered key stays"
+    );
+    assert!(s
+        .release_key("token:bob", "k-1", &other.claimed_at)
+        .unwrap());
+    assert_eq!(
+        s.claim_key(&other).unwrap(),
+        None,
+        "released: claimed again"
+    );
+    assert_eq!(s.expire_keys("2026-01-01T00:00:00.500Z").unwrap(), 2);
+    assert_eq!(s.claim_key(&first).unwrap(), None, "expired: claimed again");
 }

@@ -6,7 +6,7 @@ use postgres::{GenericClient, Row};
 
 use super::super::access::{
     ended, split, tally, timed_out, AccessStore, ApprovalRecord, ApprovalRequest, ApprovalStore,
-    AuditEntry, Quota, Refusal, TokenRecord, Vote,
+    AuditEntry, KeyClaim, KeyRecord, KeyStore, Quota, Refusal, TokenRecord, Vote,
 };
 use super::{exec, json_col, now, queries, row, rows, PostgresState, RunId, StateError};
 
@@ -415,6 +415,85 @@ impl ApprovalStore for PostgresState {
                 "take a waiting run",
             )
             .map(|n| n == 1)
+        })
+    }
+}
+
+impl KeyStore for PostgresState {
+    fn claim_key(&self, k: &KeyClaim) -> Result<Option<KeyRecord>, StateError> {
+        self.with(|c| {
+            // A claim released between the insert and the read is claimed again.
+            for _ in 0..3 {
+                let args: [&(dyn postgres::types::ToSql + Sync); 5] =
+                    [&k.scope, &k.key, &k.fingerprint, &k.run.0, &k.claimed_at];
+                if exec(c, queries::pg::CLAIM_KEY, &args, "claim a request key")? == 1 {
+                    return Ok(None);
+                }
+                let held = row(
+                    c,
+                    queries::pg::REQUEST_KEY,
+                    &[&k.scope, &k.key],
+                    "read a request key",
+                    |r| KeyRecord {
+                        fingerprint: r.get(0),
+                        run: RunId(r.get(1)),
+                        claimed_at: r.get(2),
+                        answer: r
+                            .get::<_, Option<i64>>(3)
+                            .map(|s| (s as u16, r.get::<_, Option<String>>(4).unwrap_or_default())),
+                    },
+                )?;
+                if held.is_some() {
+                    return Ok(held);
+                }
+            }
+            Err(StateError::Database {
+                what: format!("claim request key `{}`", k.key),
+                source: "claimed and released again and again".into(),
+            })
+        })
+    }
+
+    fn answer_key(
+        &self,
+        scope: &str,
+        key: &str,
+        status: u16,
+        body: &str,
+    ) -> Result<(), StateError> {
+        let status = i64::from(status);
+        self.with(|c| {
+            exec(
+                c,
+                queries::pg::ANSWER_KEY,
+                &[&scope, &key, &status, &body],
+                "store a request key's answer",
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn release_key(&self, scope: &str, key: &str, claimed_at: &str) -> Result<bool, StateError> {
+        self.with(|c| {
+            exec(
+                c,
+                queries::pg::RELEASE_KEY,
+                &[&scope, &key, &claimed_at],
+                "release a request key",
+            )
+            .map(|n| n > 0)
+        })
+    }
+
+    fn expire_keys(&self, before: &str) -> Result<usize, StateError> {
+        self.with(|c| {
+            exec(
+                c,
+                queries::pg::EXPIRE_KEYS,
+                &[&before],
+                "expire request keys",
+            )
+            .map(|n| n as usize)
         })
     }
 }

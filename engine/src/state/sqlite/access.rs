@@ -4,7 +4,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::super::access::{
     ended, split, tally, timed_out, AccessStore, ApprovalRecord, ApprovalRequest, ApprovalStore,
-    AuditEntry, Quota, Refusal, TokenRecord, Vote,
+    AuditEntry, KeyClaim, KeyRecord, KeyStore, Quota, Refusal, TokenRecord, Vote,
 };
 use super::rows::json_col;
 use super::{now, queries, query, sql, ExecuteCached, RunId, SqliteState, StateError};
@@ -391,6 +391,76 @@ impl ApprovalStore for SqliteState {
             c.execute_cached(queries::sqlite::CLAIM_WAITING, params![run.0, now()])
                 .map(|n| n == 1)
                 .map_err(sql("take a waiting run"))
+        })
+    }
+}
+
+impl KeyStore for SqliteState {
+    fn claim_key(&self, k: &KeyClaim) -> Result<Option<KeyRecord>, StateError> {
+        self.with(|c| {
+            let tx = immediate(c)?;
+            let claimed = tx
+                .execute_cached(
+                    queries::sqlite::CLAIM_KEY,
+                    params![k.scope, k.key, k.fingerprint, k.run.0, k.claimed_at],
+                )
+                .map_err(sql("claim a request key"))?;
+            let held = match claimed {
+                1 => None,
+                _ => tx
+                    .prepare_cached(queries::sqlite::REQUEST_KEY)
+                    .and_then(|mut s| {
+                        s.query_row(params![k.scope, k.key], |r| {
+                            let status: Option<i64> = r.get(3)?;
+                            let body: Option<String> = r.get(4)?;
+                            Ok(KeyRecord {
+                                fingerprint: r.get(0)?,
+                                run: RunId(r.get(1)?),
+                                claimed_at: r.get(2)?,
+                                answer: status.map(|s| (s as u16, body.unwrap_or_default())),
+                            })
+                        })
+                        .optional()
+                    })
+                    .map_err(sql("read a request key"))?,
+            };
+            tx.commit().map_err(sql("claim a request key"))?;
+            Ok(held)
+        })
+    }
+
+    fn answer_key(
+        &self,
+        scope: &str,
+        key: &str,
+        status: u16,
+        body: &str,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                queries::sqlite::ANSWER_KEY,
+                params![scope, key, status, body],
+            )
+            .map(|_| ())
+            .map_err(sql("store a request key's answer"))
+        })
+    }
+
+    fn release_key(&self, scope: &str, key: &str, claimed_at: &str) -> Result<bool, StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                queries::sqlite::RELEASE_KEY,
+                params![scope, key, claimed_at],
+            )
+            .map(|n| n > 0)
+            .map_err(sql("release a request key"))
+        })
+    }
+
+    fn expire_keys(&self, before: &str) -> Result<usize, StateError> {
+        self.with(|c| {
+            c.execute_cached(queries::sqlite::EXPIRE_KEYS, params![before])
+                .map_err(sql("expire request keys"))
         })
     }
 }
