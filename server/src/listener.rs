@@ -7,11 +7,13 @@
 //!   request is answered as a body that could not be read.
 //! - **A bounded number of connections** ([`Limits::connections`], from the file limit,
 //!   which [`raise_file_limit`] lifts to the hard limit first), and of those with no
-//!   request in progress ([`Limits::idle`]). When either is reached, a new connection
-//!   closes the oldest one that has no request in progress: a flood of idle connections
-//!   only ever displaces itself, and a client that sends its request at once is answered.
-//!   Only when every connection is busy is the new one answered `503` with `Retry-After`,
-//!   and closed.
+//!   request in progress ([`Limits::idle`]). A connection with a request in progress or
+//!   unanswered is never closed for another: only one that is *reusable* may be, the
+//!   oldest first: kept alive with nothing received since its last answer (and nothing
+//!   waiting in its socket), or holding a request head that stalled for [`STALLED`]
+//!   (a flood of unfinished requests only ever displaces itself). It is closed as
+//!   hyper's graceful shutdown closes it. When there is none, the new connection is
+//!   answered `503` with `Retry-After` before anything is read from it, and closed.
 //! - **A bounded number of streams** (event streams, followed logs: responses that stay
 //!   open), per client address and in total ([`Streams`]); past either, `503` with
 //!   `Retry-After`.
@@ -23,7 +25,7 @@ use std::convert::Infallible;
 use std::future::Future as _;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -41,6 +43,9 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// progress is never closed for a newer connection, so one that never finishes its body
 /// must end by itself.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// A request head that has not grown for this long, at a time the server has no room,
+/// counts as abandoned: its connection may be closed for a new one.
+pub const STALLED: Duration = Duration::from_secs(1);
 /// Descriptors kept for everything else the server opens (state, logs, stages' pipes).
 const RESERVED_FILES: u64 = 256;
 /// What a client told to come back later is told to wait, in seconds.
@@ -64,7 +69,9 @@ impl Limits {
         let streams = (connections / 2).min(1024);
         Limits {
             connections,
-            idle: (connections / 2).min(256),
+            // Idle keep-alive connections hold a few KiB each: as many as the descriptors
+            // allow, up to 4,096 (past it, the oldest reusable one makes room).
+            idle: connections.min(4096),
             streams,
             streams_per_client: streams.min(64),
         }
@@ -238,48 +245,147 @@ impl http_body::Body for Deadline {
     }
 }
 
+/// What a connection is doing: requests in progress (from their head to their
+/// response's end), and whether bytes of a next request have come.
+#[derive(Debug, Default)]
+struct Activity {
+    busy: AtomicUsize,
+    /// Bytes received since the last request was handed over (a head in progress).
+    begun: AtomicBool,
+    /// When bytes last came, in milliseconds since the listener started.
+    last_read: AtomicU64,
+}
+
+impl Activity {
+    /// Whether the connection may be closed for another at `now` (ms since start): no
+    /// request in progress, and none begun or only one stalled for [`STALLED`].
+    fn reusable(&self, now: u64) -> bool {
+        self.busy.load(Ordering::SeqCst) == 0
+            && (!self.begun.load(Ordering::SeqCst) || self.stalled(now))
+    }
+
+    /// Whether a request head has begun and not grown for [`STALLED`].
+    fn stalled(&self, now: u64) -> bool {
+        self.begun.load(Ordering::SeqCst)
+            && now.saturating_sub(self.last_read.load(Ordering::SeqCst))
+                >= STALLED.as_millis() as u64
+    }
+}
+
 /// A request in progress on a connection, from its head to its response's end.
-struct Busy(Arc<AtomicUsize>);
+struct Busy(Arc<Activity>);
 
 impl Busy {
-    fn new(count: &Arc<AtomicUsize>) -> Busy {
-        count.fetch_add(1, Ordering::SeqCst);
-        Busy(count.clone())
+    fn new(activity: &Arc<Activity>) -> Busy {
+        activity.busy.fetch_add(1, Ordering::SeqCst);
+        activity.begun.store(false, Ordering::SeqCst);
+        Busy(activity.clone())
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.0.busy.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// A connection's socket, noting in its [`Activity`] when bytes come.
+struct Watched {
+    tcp: tokio::net::TcpStream,
+    activity: Arc<Activity>,
+    epoch: tokio::time::Instant,
+}
+
+impl tokio::io::AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.tcp).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            let now = self.epoch.elapsed().as_millis() as u64;
+            self.activity.last_read.store(now, Ordering::SeqCst);
+            self.activity.begun.store(true, Ordering::SeqCst);
+        }
+        polled
+    }
+}
+
+impl tokio::io::AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+}
+
+/// Whether bytes wait unread in the socket `fd` (a request that came just now).
+fn unread(fd: std::os::fd::RawFd) -> bool {
+    use nix::sys::socket::{recv, MsgFlags};
+    let mut one = [0u8; 1];
+    matches!(recv(fd, &mut one, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT), Ok(n) if n > 0)
 }
 
 /// The connections open now, oldest first.
 struct Connections {
     next: u64,
     open: BTreeMap<u64, Open>,
+    epoch: tokio::time::Instant,
 }
 
 struct Open {
-    busy: Arc<AtomicUsize>,
+    activity: Arc<Activity>,
+    fd: Option<std::os::fd::RawFd>,
     close: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Connections {
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
     /// Connections with no request in progress.
     fn idle(&self) -> usize {
         self.open
             .values()
-            .filter(|c| c.busy.load(Ordering::SeqCst) == 0)
+            .filter(|c| c.activity.busy.load(Ordering::SeqCst) == 0)
             .count()
     }
 
-    /// Closes the oldest connection with no request in progress; false if there is none.
+    /// Takes in a new connection within `limits`, closing the oldest reusable one to make
+    /// room; its id, or `None` when there is no room.
+    fn admit(&mut self, limits: &Limits, open: Open) -> Option<u64> {
+        if self.idle() >= limits.idle {
+            self.close_oldest_idle();
+        }
+        if self.open.len() >= limits.connections && !self.close_oldest_idle() {
+            return None;
+        }
+        self.next += 1;
+        self.open.insert(self.next, open);
+        Some(self.next)
+    }
+
+    /// Closes the oldest reusable connection (see the module's doc); false if there is
+    /// none.
     fn close_oldest_idle(&mut self) -> bool {
+        let now = self.now();
         let idle = self
             .open
             .iter()
-            .find(|(_, c)| c.busy.load(Ordering::SeqCst) == 0)
+            .find(|(_, c)| c.activity.reusable(now) && !c.fd.is_some_and(unread))
             .map(|(id, _)| *id);
         let Some(id) = idle else {
             return false;
@@ -296,6 +402,40 @@ impl Connections {
 /// The canned answer to a connection there is no room for, written without reading it.
 const NO_ROOM: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 2\r\nContent-Type: application/json\r\nContent-Length: 71\r\nConnection: close\r\n\r\n{\"error\":\"every connection of this server is busy; retry in a moment\"}\n";
 
+/// The service of one connection from `peer`: `app`, each request counted in
+/// `activity` until its response's end, its body within [`BODY_TIMEOUT`].
+fn service(
+    app: Router,
+    activity: Arc<Activity>,
+    peer: SocketAddr,
+) -> impl hyper::service::Service<
+    Request<hyper::body::Incoming>,
+    Response = Response<Body>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone {
+    hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+        let in_progress = Busy::new(&activity);
+        req.extensions_mut().insert(Client(peer));
+        let app = app.clone();
+        async move {
+            let req = req.map(|inner| {
+                Body::new(Deadline {
+                    inner,
+                    expires: Box::pin(tokio::time::sleep(BODY_TIMEOUT)),
+                })
+            });
+            let response = app.oneshot(req).await?;
+            Ok::<_, Infallible>(response.map(|b| {
+                Body::new(Held {
+                    inner: b,
+                    _held: in_progress,
+                })
+            }))
+        }
+    })
+}
+
 /// Serves `app` on `listener` within `limits` until `shutdown` resolves; then stops
 /// accepting, lets every request in progress finish and closes idle connections.
 pub async fn serve(
@@ -304,9 +444,11 @@ pub async fn serve(
     limits: Limits,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
+    let epoch = tokio::time::Instant::now();
     let conns = Arc::new(Mutex::new(Connections {
         next: 0,
         open: BTreeMap::new(),
+        epoch,
     }));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -335,57 +477,42 @@ pub async fn serve(
             },
         };
         let (close, closed) = tokio::sync::oneshot::channel();
-        let busy = Arc::new(AtomicUsize::new(0));
-        let id = {
-            let mut c = conns.lock().unwrap_or_else(|e| e.into_inner());
-            if c.idle() >= limits.idle {
-                c.close_oldest_idle();
-            }
-            if c.open.len() >= limits.connections && !c.close_oldest_idle() {
-                // Nothing to read, nothing to wait for: one write if the socket takes it.
-                let _ = stream.try_write(NO_ROOM);
-                continue;
-            }
-            c.next += 1;
-            let id = c.next;
-            c.open.insert(
-                id,
-                Open {
-                    busy: busy.clone(),
-                    close: Some(close),
-                },
-            );
-            id
+        let activity = Arc::new(Activity::default());
+        let admitted = conns.lock().unwrap_or_else(|e| e.into_inner()).admit(
+            &limits,
+            Open {
+                activity: activity.clone(),
+                fd: Some(std::os::fd::AsRawFd::as_raw_fd(&stream)),
+                close: Some(close),
+            },
+        );
+        let Some(id) = admitted else {
+            // Nothing to read, nothing to wait for: one write if the socket takes it.
+            let _ = stream.try_write(NO_ROOM);
+            continue;
         };
-        let app = app.clone();
-        let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
-            let in_progress = Busy::new(&busy);
-            req.extensions_mut().insert(Client(peer));
-            let app = app.clone();
-            async move {
-                let req = req.map(|inner| {
-                    Body::new(Deadline {
-                        inner,
-                        expires: Box::pin(tokio::time::sleep(BODY_TIMEOUT)),
-                    })
-                });
-                let response = app.oneshot(req).await?;
-                Ok::<_, Infallible>(response.map(|b| {
-                    Body::new(Held {
-                        inner: b,
-                        _held: in_progress,
-                    })
-                }))
-            }
-        });
-        let conn = http.serve_connection(TokioIo::new(stream), service);
+        let service = service(app.clone(), activity.clone(), peer);
+        let watched = Watched {
+            tcp: stream,
+            activity: activity.clone(),
+            epoch,
+        };
+        let conn = http.serve_connection(TokioIo::new(watched), service);
         let (conns, mut stopped) = (conns.clone(), stopped.clone());
+        let watching = activity.clone();
         tokio::spawn(async move {
             tokio::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => {}
-                // Displaced by a newer connection: dropping it closes the socket.
-                _ = closed => {}
+                // Displaced by a newer connection, as hyper closes one gracefully: at once
+                // when it is between requests, else once the request in hand is answered.
+                // An abandoned head is closed at once (hyper would wait for it).
+                _ = closed => {
+                    if !watching.stalled(epoch.elapsed().as_millis() as u64) {
+                        conn.as_mut().graceful_shutdown();
+                        let _ = tokio::time::timeout(HEADER_TIMEOUT, conn).await;
+                    }
+                }
                 _ = async { stopped.wait_for(|s| *s).await.map(|_| ()) } => {
                     conn.as_mut().graceful_shutdown();
                     let _ = conn.await;
@@ -422,6 +549,7 @@ mod tests {
     fn limits_leave_room_under_the_file_limit() {
         let l = Limits::for_files(1024);
         assert_eq!(l.connections, 768);
+        assert_eq!(l.idle, 768, "300 keep-alive clients displace nobody");
         assert!(l.streams < l.connections && l.streams_per_client <= l.streams);
         assert_eq!(Limits::for_files(10).connections, 16);
     }
@@ -442,31 +570,57 @@ mod tests {
     }
 
     #[test]
-    fn the_oldest_idle_connection_is_the_one_closed() {
+    fn only_a_reusable_connection_is_closed_the_oldest_first() {
         let mut c = Connections {
             next: 0,
             open: BTreeMap::new(),
+            epoch: tokio::time::Instant::now() - Duration::from_secs(60),
         };
+        let now = c.now();
         let mut closed = Vec::new();
-        for busy in [1, 0, 0] {
+        // Busy; a head begun just now; kept alive; a head stalled for a minute; kept
+        // alive.
+        for (busy, begun, last_read) in [
+            (1, false, 0),
+            (0, true, now),
+            (0, false, 0),
+            (0, true, 0),
+            (0, false, 0),
+        ] {
             let (close, rx) = tokio::sync::oneshot::channel();
             c.next += 1;
+            let activity = Activity {
+                busy: AtomicUsize::new(busy),
+                begun: AtomicBool::new(begun),
+                last_read: AtomicU64::new(last_read),
+            };
             c.open.insert(
                 c.next,
                 Open {
-                    busy: Arc::new(AtomicUsize::new(busy)),
+                    activity: Arc::new(activity),
+                    fd: None,
                     close: Some(close),
                 },
             );
             closed.push(rx);
         }
-        assert_eq!(c.idle(), 2);
+        assert_eq!(c.idle(), 4);
         assert!(c.close_oldest_idle());
-        assert!(c.open.contains_key(&1) && !c.open.contains_key(&2));
-        assert!(closed[1].try_recv().is_ok());
+        assert!(
+            c.open.contains_key(&2) && !c.open.contains_key(&3),
+            "the oldest reusable"
+        );
+        assert!(closed[2].try_recv().is_ok());
+        assert!(
+            c.close_oldest_idle() && !c.open.contains_key(&4),
+            "the stalled head"
+        );
         assert!(c.close_oldest_idle());
-        assert!(!c.close_oldest_idle(), "the busy one stays");
-        assert_eq!(c.open.len(), 1);
+        assert!(
+            !c.close_oldest_idle(),
+            "the busy one and the fresh head stay"
+        );
+        assert_eq!(c.open.keys().copied().collect::<Vec<_>>(), [1, 2]);
     }
 
     #[test]
