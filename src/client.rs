@@ -75,7 +75,47 @@ impl Remote {
             .header("Content-Type", "application/json");
         self.answer(&format!("POST {path}"), req.send(body.to_string()))
     }
+
+    /// POSTs a request that starts something under an `Idempotency-Key` of its own, and
+    /// sends it again with the same key while the answer is lost (no connection, a
+    /// connection closed before the answer) or the server says to come back (`503`,
+    /// `409` for the key in progress): at most [`ATTEMPTS`] times, so it starts once.
+    pub(crate) fn post_once(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        let key = format!(
+            "cli-{}",
+            drivetrain_engine::state::RunId::generate(chrono::Utc::now())
+        );
+        let url = format!("{}{path}", self.base);
+        let what = format!("POST {path}");
+        for attempt in 1..=ATTEMPTS {
+            let sent = self
+                .auth(self.agent.post(&url))
+                .header("Content-Type", "application/json")
+                .header("Idempotency-Key", &key)
+                .send(body.to_string());
+            let wait = match &sent {
+                Err(_) => Some(Duration::from_secs(1)),
+                Ok(r) if [503, 409].contains(&r.status().as_u16()) => Some(
+                    r.headers()
+                        .get("retry-after")
+                        .and_then(|v| v.to_str().ok()?.parse().ok())
+                        .map_or(Duration::from_secs(1), Duration::from_secs),
+                ),
+                Ok(_) => None,
+            };
+            match wait {
+                Some(wait) if attempt < ATTEMPTS => {
+                    std::thread::sleep(wait.min(Duration::from_secs(10)))
+                }
+                _ => return self.answer(&what, sent),
+            }
+        }
+        unreachable!("the last attempt answers")
+    }
 }
+
+/// How many times [`Remote::post_once`] sends its request.
+const ATTEMPTS: u32 = 6;
 
 /// Submits the pipeline file and, unless detached, follows the run to its end. Exit codes
 /// as `run`: 0 succeeded, 1 failed, 130 cancelled.
@@ -93,7 +133,7 @@ pub fn run(
         .iter()
         .map(|(k, v)| (k.clone(), Value::String(v.clone())))
         .collect();
-    let v = r.post("/api/v1/runs", &json!({"yaml": yaml, "params": params}))?;
+    let v = r.post_once("/api/v1/runs", &json!({"yaml": yaml, "params": params}))?;
     let id = v["run"]
         .as_str()
         .context("the server named no run")?
