@@ -74,6 +74,21 @@ pub async fn once(
         run: RunId::generate(chrono::Utc::now()),
         claimed_at: drivetrain_engine::state::now(),
     };
+    // Carried out to its end, its answer kept, even when the client hangs up (which
+    // drops this future): a claim is never left half-done by a client.
+    tokio::spawn(carry(s, claim, parts, body, next))
+        .await
+        .map_err(|e| ApiError::internal(format!("the request: {e}")))?
+}
+
+/// Claims the key and carries the request out, or answers from the claim that holds it.
+async fn carry(
+    s: Shared,
+    claim: KeyClaim,
+    parts: axum::http::request::Parts,
+    body: axum::body::Bytes,
+    next: Next,
+) -> Result<Response, ApiError> {
     let state = s.engine.state().clone();
     // A stale claim given up is claimed again, once.
     for _ in 0..2 {
