@@ -95,12 +95,18 @@ impl Remote {
                 .send(body.to_string());
             let wait = match &sent {
                 Err(_) => Some(Duration::from_secs(1)),
-                Ok(r) if [503, 409].contains(&r.status().as_u16()) => Some(
-                    r.headers()
-                        .get("retry-after")
-                        .and_then(|v| v.to_str().ok()?.parse().ok())
-                        .map_or(Duration::from_secs(1), Duration::from_secs),
-                ),
+                // 409 with `Retry-After`: the key's first copy is still being carried out.
+                Ok(r)
+                    if r.status() == 503
+                        || (r.status() == 409 && r.headers().contains_key("retry-after")) =>
+                {
+                    Some(
+                        r.headers()
+                            .get("retry-after")
+                            .and_then(|v| v.to_str().ok()?.parse().ok())
+                            .map_or(Duration::from_secs(1), Duration::from_secs),
+                    )
+                }
                 Ok(_) => None,
             };
             match wait {

@@ -6,7 +6,8 @@
 //! of the run it will start ([`Preset`]), so every server of a home agrees: a repeated
 //! key gets the stored answer (`Idempotent-Replayed: true`); a key still being carried out
 //! is answered `409` with `Retry-After`, or with its run once that run exists (the server
-//! carrying it out died after starting it); the same key with another request is `422`.
+//! carrying it out died after starting it); the same key with another request is `409`
+//! without `Retry-After` (not worth sending again).
 //! Answers worth retrying (`5xx`, `409`, `429`) give the key up again. Keys are the
 //! caller's own (scoped by subject) and kept for [`KEPT`].
 
@@ -14,7 +15,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
 use axum::Extension;
@@ -49,11 +50,13 @@ pub fn valid(key: &str) -> bool {
 /// The route layer: carries a keyed request out once.
 pub async fn once(
     State(s): State<Shared>,
-    Extension(who): Extension<Subject>,
+    who: Option<Extension<Subject>>,
     req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    let Some(key) = req.headers().get("idempotency-key") else {
+    // Only a POST that names its caller and a key (another method is the router's 405).
+    let key = req.headers().get("idempotency-key");
+    let (Some(Extension(who)), Some(key), true) = (who, key, req.method() == Method::POST) else {
         return Ok(next.run(req).await);
     };
     let key = key.to_str().ok().filter(|k| valid(k)).ok_or_else(|| {
@@ -104,7 +107,7 @@ async fn carry(
         };
         if held.fingerprint != claim.fingerprint {
             return Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
+                StatusCode::CONFLICT,
                 format!(
                     "`Idempotency-Key: {}` was sent with another request; a new request needs a new key",
                     claim.key

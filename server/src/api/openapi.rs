@@ -809,8 +809,7 @@ pub fn keyed(route: &Route) -> bool {
 /// Answered by routes that take an `Idempotency-Key`.
 const KEYED: &[(u16, &str, Body)] = &[
     (400, "a malformed `Idempotency-Key`", ERROR),
-    (409, "a request with the same `Idempotency-Key` is still being carried out; `Retry-After` says when to ask again", ERROR),
-    (422, "the `Idempotency-Key` was sent before with another request", ERROR),
+    (409, "a request with the same `Idempotency-Key` is still being carried out (`Retry-After` says when to ask again), or the key was sent before with another request (no `Retry-After`)", ERROR),
 ];
 
 /// Every status `route` answers, with its description and body: its own, the

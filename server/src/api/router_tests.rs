@@ -272,7 +272,11 @@ async fn a_request_key_starts_one_run() {
             Some("k-1"),
         )
         .await;
-    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_eq!(code, StatusCode::CONFLICT, "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("another request"),
+        "{v}"
+    );
     let (code, v, _) = b
         .keyed("post", runs, Some(body.clone()), Some("bad key"))
         .await;
