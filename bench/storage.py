@@ -28,6 +28,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+from pg import start_postgres
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -160,49 +162,15 @@ def state_suite(args):
             [binary, "sqlite", os.path.join(work, "state.db"), str(args.stages)], dict(os.environ)
         )
         results["SQLite (WAL, synchronous=NORMAL)"] = json.loads(out)
-        pg_bin = next(
-            (os.path.dirname(p) for p in [shutil.which("pg_ctl")] if p),
-            None,
-        ) or sorted(
-            os.path.join("/usr/lib/postgresql", v, "bin") for v in os.listdir("/usr/lib/postgresql")
-        )[-1]
-        data = os.path.join(work, "pg")
-        as_user = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"] if os.geteuid() == 0 else []
-        if os.geteuid() == 0:
-            subprocess.run(["chown", "-R", "nobody:nogroup", work], check=True)
-        subprocess.run(
-            as_user + [os.path.join(pg_bin, "initdb"), "-A", "trust", "-U", "postgres", "-D", data],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        port = free_port()
-        subprocess.run(
-            as_user
-            + [
-                os.path.join(pg_bin, "pg_ctl"),
-                "-D",
-                data,
-                "-l",
-                os.path.join(work, "pg.log"),
-                "-o",
-                f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={work}",
-                "-w",
-                "start",
-            ],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+        url, stop_pg = start_postgres(work)
         try:
             out, _, _ = run_measured(
-                [binary, "postgres", f"postgres://postgres@127.0.0.1:{port}/postgres", str(args.stages)],
+                [binary, "postgres", url, str(args.stages)],
                 dict(os.environ),
             )
             results["PostgreSQL 15 (loopback, fsync on)"] = json.loads(out)
         finally:
-            subprocess.run(
-                as_user + [os.path.join(pg_bin, "pg_ctl"), "-D", data, "-m", "fast", "stop"],
-                stdout=subprocess.DEVNULL,
-            )
+            stop_pg()
         base = sqlite_baseline(os.path.join(work, "baseline.db"), args.stages)
         print(f"\n{args.stages} stages, each start_attempt + finish_attempt + set_stage:\n")
         print("| store | transitions/s | statements/s |")
