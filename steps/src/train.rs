@@ -210,6 +210,11 @@ pub fn train(
         if let (0, Some(dir)) = (rank, checkpoints) {
             save_checkpoint(dir, epoch + 1, &model)?;
         }
+        if checkpoints.is_some() {
+            // No rank goes on (or fails, and has its peers killed) before rank 0 has
+            // saved this epoch: a retry then resumes from it, never from the one before.
+            reduce.all_sum(&mut vec![0.0])?;
+        }
         if std::env::var("TRAIN_FAIL_AFTER_EPOCH")
             .ok()
             .and_then(|v| v.parse::<u32>().ok())
