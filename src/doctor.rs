@@ -89,14 +89,14 @@ pub fn doctor(
 fn private_home(home: &Path) -> serde_json::Value {
     let dir = home.display();
     if !home.is_dir() {
-        return json!({"path": home, "private": true, "says": format!("{dir} is not made yet: drivetrain makes it closed to others (0711, its state 0600)")});
+        return json!({"path": home, "private": true, "says": format!("{dir} is not made yet: drivetrain makes it closed to others (0700, its state 0600)")});
     }
     match drivetrain_engine::engine::home::open_to_others(home) {
         None => {
             json!({"path": home, "private": true, "says": format!("{dir} is closed to others (no one else lists it; its state is 0600): no stage of another home finds its runs")})
         }
         Some(mode) => {
-            json!({"path": home, "private": false, "mode": format!("{mode:o}"), "says": format!("{dir} is open to other users (mode {mode:o}): a stage of another home can list it and read its runs; `chmod 711 {dir}` closes it")})
+            json!({"path": home, "private": false, "mode": format!("{mode:o}"), "says": format!("{dir} is open to other users (mode {mode:o}): a stage of another home can enter it and read its runs, artifacts and logs; `chmod 700 {dir}` closes it")})
         }
     }
 }

@@ -520,10 +520,10 @@ fn a_stage_inherits_no_descriptor_but_its_stdio() {
     }
 }
 
-/// Homes are closed (issue 46): the engine makes its home and `work/` 0711 and its state
-/// 0600, so a stage of another home (host `nobody` under a root engine) lists no run and
-/// reads no state of it;
-/// `doctor` says whether a home is, and an existing open one is said with the fix.
+/// Homes are closed (issue 46): the engine makes its home 0700 and its state 0600, so a
+/// stage of another home (host `nobody` under a root engine) lists no run and reads no
+/// state, artifact or log of it, even by the exact path; `doctor` says whether a home is,
+/// and an existing open one is said with the fix.
 #[test]
 fn a_stage_reads_nothing_of_another_home() {
     use std::os::unix::fs::PermissionsExt as _;
@@ -533,18 +533,28 @@ fn a_stage_reads_nothing_of_another_home() {
     let alpha = Home::new("private-alpha");
     let file = alpha.write(
         "p.yaml",
-        "version: 1\nname: a\nstages:\n  s: {run: {command: [true]}}\n",
+        "version: 1\nname: a\nstages:\n  s:\n    run: {command: [sh, -c, 'echo log-of-alpha; echo artifact-of-alpha > $DRIVETRAIN_OUTPUT_O/f']}\n    outputs: [o]\n",
     );
     assert_ok(&alpha.drivetrain(&["run", file.to_str().unwrap()]));
     let home = alpha.dir.join(".drivetrain");
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode(&home), 0o711);
-    assert_eq!(mode(&home.join("work")), 0o711);
+    assert_eq!(mode(&home), 0o700);
     assert_eq!(mode(&home.join("state.db")), 0o600);
+    // Where alpha's artifact and log are, as someone who knows would name them.
+    let holding = |dir: &std::path::Path, text: &str| {
+        walk(dir)
+            .into_iter()
+            .find(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains(text)))
+            .unwrap_or_else(|| panic!("no file of {} holds {text}", dir.display()))
+    };
+    let artifact = holding(&home.join("artifacts"), "artifact-of-alpha");
+    let log = holding(&home.join("work"), "log-of-alpha");
     let beta = Home::new("private-beta");
     let probe = format!(
-        "version: 1\nname: b\nstages:\n  peek:\n    run: {{command: [sh, -c, 'ls {h} >/dev/null 2>&1 && echo LISTED; ls {h}/work >/dev/null 2>&1 && echo RUNS; cat {h}/state.db >/dev/null 2>&1 && echo READ; echo done']}}\n",
-        h = home.display()
+        "version: 1\nname: b\nstages:\n  peek:\n    run: {{command: [sh, -c, 'ls {h} >/dev/null 2>&1 && echo LISTED; ls {h}/work >/dev/null 2>&1 && echo RUNS; cat {h}/state.db >/dev/null 2>&1 && echo READ; cat {a} {l} 2>/dev/null; echo done']}}\n",
+        h = home.display(),
+        a = artifact.display(),
+        l = log.display()
     );
     let file = beta.write("p.yaml", &probe);
     let o = beta.drivetrain_env(
@@ -564,7 +574,7 @@ fn a_stage_reads_nothing_of_another_home() {
     // An existing home left open: said, with the fix, by the engine and by `doctor`.
     std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
     let o = alpha.drivetrain(&["list"]);
-    assert!(text(&o.stderr).contains("chmod 711"), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("chmod 700"), "{}", text(&o.stderr));
     let doctor = alpha.drivetrain(&["doctor", "-o", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
     assert_eq!(

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{assert_ok, env_pairs, run_id, stage, text, Home};
+use common::{assert_ok, env_pairs, run_id, stage, text, walk, Home};
 use drivetrain_engine::artifacts::ArtifactStore;
 use drivetrain_engine::testing::{free_port, S3Server};
 
@@ -171,25 +171,6 @@ fn the_nightly_retrain_ingests_its_fleet_bucket_on_s3() {
         .filter(|p| p.is_file())
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
-}
-
-/// Every file under `dir`, and every empty directory (as itself).
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            let inner = walk(&p);
-            if inner.is_empty() {
-                out.push(p);
-            } else {
-                out.extend(inner);
-            }
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 /// A TCP proxy in front of the S3 server that goes away (listener closed, every

@@ -29,23 +29,24 @@ pub enum HomeError {
 }
 
 impl Home {
-    /// The home at `dir`, made if missing, closed to other users: it and its `work/` are
-    /// mode 0711 (no one else lists them; this home's own stages, host `nobody` under a
-    /// root engine, still pass through to their attempt's directory) and the state
-    /// database 0600, so a stage of another home on this machine finds no run, parameter,
-    /// token or log of it. An existing home that others may list or read is said once,
-    /// with the fix.
+    /// The home at `dir`, made if missing, closed to other users: mode 0700 (no other
+    /// user, nor a stage of another home, host `nobody` under a root engine, can enter
+    /// it; this home's own stages see what they need of it through the mounts the engine
+    /// makes as root) with `work/` 0711 inside, and the state database 0600. An existing
+    /// home that others may enter is said once, with the fix.
     pub fn at(dir: &Path) -> Result<Home, HomeError> {
         use std::os::unix::fs::DirBuilderExt as _;
-        let private = |d: &Path| {
+        let private = |d: &Path, mode: u32| {
             std::fs::DirBuilder::new()
                 .recursive(true)
-                .mode(0o711)
+                .mode(mode)
                 .create(d)
                 .map_err(|e| HomeError::Io(format!("cannot make {}: {e}", d.display())))
         };
-        private(dir)?;
-        private(&dir.join("work"))?;
+        private(dir, 0o700)?;
+        // Searchable inside the closed home, so the way to an attempt's directory is the
+        // same for every attempt (a prepared sandbox serves them all).
+        private(&dir.join("work"), 0o711)?;
         let dir = std::fs::canonicalize(dir)
             .map_err(|e| HomeError::Io(format!("{}: {e}", dir.display())))?;
         let home = Home { dir };
@@ -53,7 +54,7 @@ impl Home {
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| {
                 tracing::warn!(
-                    "{} is open to other users (mode {mode:o}): a stage of another home on this machine can list it and read its runs; `chmod 711 {}` closes it",
+                    "{} is open to other users (mode {mode:o}): a stage of another home on this machine can list it and read its runs; `chmod 700 {}` closes it",
                     home.dir.display(),
                     home.dir.display()
                 )
@@ -62,7 +63,7 @@ impl Home {
         Ok(home)
     }
 
-    /// The home's mode where other users may list it or write in it (`None`: closed).
+    /// The home's mode where other users may enter it (`None`: closed).
     pub fn open_to_others(&self) -> Option<u32> {
         open_to_others(&self.dir)
     }
@@ -145,12 +146,12 @@ fn postgres(url: &str) -> Result<Arc<dyn StateStore>, HomeError> {
     )))
 }
 
-/// The mode of the home at `dir` where other users may list it or write in it (`None`:
-/// closed, or not there).
+/// The mode of the home at `dir` where other users may enter, list or write in it
+/// (`None`: closed, or not there).
 pub fn open_to_others(dir: &Path) -> Option<u32> {
     use std::os::unix::fs::PermissionsExt as _;
     let mode = std::fs::metadata(dir).ok()?.permissions().mode() & 0o777;
-    (mode & 0o066 != 0).then_some(mode)
+    (mode & 0o077 != 0).then_some(mode)
 }
 
 /// The state database and its journal files readable by their owner alone (SQLite makes

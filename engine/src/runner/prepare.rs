@@ -497,10 +497,10 @@ fn access(
     let mut access = Vec::new();
     let home = home(ctx);
     access.push(ro(home));
+    // Named even inside the home: a root engine's stage (host `nobody`) cannot search a
+    // home (0700), and its view gets back only the entries it is given on the way.
     if let Some(root) = ctx.artifacts.local_root() {
-        if !root.starts_with(home) {
-            access.push(ro(root));
-        }
+        access.push(ro(root));
     }
     // A stage sees its own attempt only: not the state database, not other attempts'
     // directories (their live logs are not masked until they end).

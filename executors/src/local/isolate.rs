@@ -194,20 +194,33 @@ impl MountPlan {
             Userns::Stage(_) => give_to_stage(access, reach, log, &read_only)?,
             _ => (Vec::with_capacity(access.len()), Vec::new()),
         };
-        // Which hidden paths are directories, asked once each.
-        let hidden_dir: Vec<bool> = access.iter().map(|a| a.hidden && a.path.is_dir()).collect();
+        // What a tmpfs over a closed directory already hides needs no mount of its own
+        // (nor could have one: it is not there).
+        let unseen: Vec<bool> = access
+            .iter()
+            .map(|a| a.hidden && hidden_by_the_way(&mounts, &a.path))
+            .collect();
+        // Which hidden paths are directories (and mounted), asked once each.
+        let hidden_dir: Vec<bool> = (access.iter().zip(&unseen))
+            .map(|(a, unseen)| a.hidden && !unseen && a.path.is_dir())
+            .collect();
         let hidden_dirs = || {
             (0..access.len())
                 .filter(|&j| hidden_dir[j])
                 .map(|j| &access[j].path)
         };
-        // Nothing on the way to what is hidden may be the attempt's own.
+        // Nothing on the way to what is hidden may be the attempt's own (a closed
+        // directory's entry that is itself hidden, as `work/` in a closed home, is the
+        // same for every attempt).
         let mut own_from = (!mounts.iter().any(|m| {
             let path = Path::new(std::ffi::OsStr::from_bytes(m.path.as_bytes()));
-            hidden_dirs().any(|h| path.starts_with(h))
+            hidden_dirs().any(|h| path.starts_with(h) && path != h)
         }))
         .then_some(mounts.len());
         for (i, a) in access.iter().enumerate() {
+            if unseen[i] {
+                continue;
+            }
             let earlier_dirs = || (0..i).filter(|&j| hidden_dir[j]).map(|j| &access[j].path);
             let under = earlier_dirs().find(|h| a.path.starts_with(h));
             let kind = match (a.hidden, under) {
@@ -589,6 +602,24 @@ fn give_to_stage(
         });
     }
     Ok((mounts, given))
+}
+
+/// Whether `path` is under a closed directory that [`give_to_stage`] hides and no entry
+/// of it put back leads to `path`.
+fn hidden_by_the_way(mounts: &[Mount], path: &Path) -> bool {
+    let as_path = |c: &CString| PathBuf::from(std::ffi::OsStr::from_bytes(c.as_bytes()));
+    mounts.iter().any(|m| {
+        let dir = as_path(&m.path);
+        matches!(m.kind, Kind::HideDir)
+            && path.starts_with(&dir)
+            && path != dir
+            && !mounts.iter().any(|e| match &e.kind {
+                Kind::Reattach { hide, .. } => {
+                    as_path(hide) == dir && path.starts_with(as_path(&e.path))
+                }
+                _ => false,
+            })
+    })
 }
 
 /// The hidden directories that the attempt's own mounts (`mounts`) are re-attached under.

@@ -193,3 +193,22 @@ pub fn doctor_layer(doctor: &Output, name: &str) -> serde_json::Value {
     let found = layers.iter().find(|l| l["layer"] == name);
     found.unwrap_or_else(|| panic!("{name}: {report}")).clone()
 }
+
+/// Every file under `dir`, and every empty directory (as itself).
+pub fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            let inner = walk(&p);
+            if inner.is_empty() {
+                out.push(p);
+            } else {
+                out.extend(inner);
+            }
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
