@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use drivetrain_engine::artifacts::ArtifactStore;
-use drivetrain_engine::engine::recover::alive;
+use drivetrain_engine::engine::recover::{alive, stale_before};
 use drivetrain_engine::engine::{Engine, EngineBuilder, Home, RunRequest};
 use drivetrain_engine::plan::Pipeline;
 use drivetrain_engine::runner::{self, RunEvent};
@@ -456,22 +456,16 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let record = state.run(&id)?;
-    if let Some(pid) = record.engine_pid.filter(|p| alive(*p)) {
-        // Recorded, for whichever engine drives it (a `serve` or `ui` too, whose process
-        // a signal would stop whole); a `drivetrain run` is also signalled, as Ctrl-C
-        // would, which it answers at once.
+    // A pid is only this machine's, and a run sharing a PostgreSQL home may be driven on
+    // another: the engine is gone when its pid is not alive here and its heartbeat has
+    // stopped. No signal is sent (a pid of another machine may be anything here); the
+    // cancel is recorded, and whichever engine drives the run reads it within 2 s.
+    let gone = |state: &dyn drivetrain_engine::state::StateStore| -> anyhow::Result<bool> {
+        let here = record.engine_pid.is_some_and(alive);
+        Ok(!here && state.stale_runs(&stale_before())?.contains(&id))
+    };
+    if record.engine_pid.is_some() && !gone(state.as_ref())? {
         state.ask_cancel(&id)?;
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let server = cmdline
-            .split(|b| *b == 0)
-            .skip(1)
-            .any(|a| [b"serve".as_slice(), b"ui"].contains(&a));
-        if !server {
-            nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            )?;
-        }
         // The engine records the end itself; wait for it.
         for _ in 0..600 {
             let r = state.run(&id)?;
@@ -479,10 +473,15 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
                 println!("run {id} {}", r.phase);
                 return Ok(ExitCode::SUCCESS);
             }
+            if gone(state.as_ref())? {
+                break;
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
-        eprintln!("error: engine process {pid} did not stop run {id} within 60 s");
-        return Ok(crate::exit::failed());
+        if !gone(state.as_ref())? {
+            eprintln!("error: the engine of run {id} did not stop it within 60 s");
+            return Ok(crate::exit::failed());
+        }
     }
     end_orphan(
         home,

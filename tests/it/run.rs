@@ -553,6 +553,79 @@ stages:
     assert_eq!(stage(&st, "after")["phase"], "Omitted");
 }
 
+/// A run driven on another machine of a shared home is cancelled through the state
+/// store, by its own engine: its engine's pid means nothing here. Stood for by an engine
+/// in a PID namespace of its own, with a pid no process here has (issue 46: `cancel` took
+/// the run for an orphan and ended it under its live engine, or sent SIGTERM to whatever
+/// had that pid on this machine).
+#[test]
+fn cancel_reaches_an_engine_whose_pid_is_another_machines() {
+    if !crate::isolation::root_or_skip("a PID namespace of its own for the engine") {
+        return;
+    }
+    use std::io::BufRead;
+    let pid_max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let far = (pid_max - 200..pid_max - 2)
+        .find(|p| {
+            !Path::new(&format!("/proc/{p}")).exists()
+                && !Path::new(&format!("/proc/{}", p + 1)).exists()
+        })
+        .unwrap();
+    let home = Home::new("cancel-elsewhere");
+    let d = home.dir.display().to_string();
+    let file = home.write(
+        "p.yaml",
+        &format!(
+            "version: 1\nname: far\nstages:\n  long:\n    run: {{command: [sh, -c, 'echo $$ > {d}/long.pid; exec sleep 300.109']}}\n"
+        ),
+    );
+    // The engine is the namespace's next pid after `far`.
+    let mut engine = Command::new("unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            "sh",
+            "-c",
+        ])
+        .arg(r#"echo "$1" > /proc/sys/kernel/ns_last_pid && "$0" run "$2""#)
+        .arg(env!("CARGO_BIN_EXE_drivetrain"))
+        .arg(far.to_string())
+        .arg(&file)
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .env("DRIVETRAIN_HEARTBEAT", "200ms")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(engine.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let id = first.trim().strip_prefix("run ").unwrap().to_owned();
+    wait_for_file(&home.dir.join("long.pid"));
+    let recorded = home.status(&id)["run"]["engine_pid"].clone();
+    assert_eq!(recorded, far + 1, "the engine's pid is its namespace's");
+    let o = home.drivetrain_env(&["cancel", &id], &[("DRIVETRAIN_HEARTBEAT", "200ms")]);
+    assert_ok(&o);
+    assert_eq!(
+        engine.wait().unwrap().code(),
+        Some(130),
+        "its engine stopped it"
+    );
+    let st = home.status(&id);
+    assert_eq!(st["run"]["phase"], "Cancelled", "{st}");
+    let reason = st["run"]["reason"].as_str().unwrap_or("").to_owned();
+    assert!(!reason.contains("engine stopped"), "not an orphan: {st}");
+    assert_eq!(stage(&st, "long")["phase"], "Cancelled", "{st}");
+}
+
 #[test]
 fn logs_of_a_run_made_only_of_a_map_stage() {
     let home = Home::new("map-logs");
