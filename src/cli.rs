@@ -525,12 +525,13 @@ pub(crate) enum ServerGroup {
     },
     /// The notifications outbox: what was sent, what waits, what is dead.
     #[command(
-        after_help = "Examples:\n  drivetrain notifications --state dead\n  drivetrain notifications -o json -n 500"
+        after_help = "Examples:\n  drivetrain notifications --status dead\n  drivetrain notifications -o json -n 500"
     )]
     Notifications {
-        /// Only those `pending`, `delivered` or `dead`.
-        #[arg(long)]
-        state: Option<String>,
+        /// Only those `pending`, `delivered` or `dead` (not `--state`: that is the state
+        /// store's URL, for every command).
+        #[arg(long, value_parser = ["pending", "delivered", "dead"])]
+        status: Option<String>,
         #[arg(short = 'n', long = "limit", default_value_t = 50)]
         limit: usize,
         #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]

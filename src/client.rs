@@ -145,12 +145,12 @@ pub fn run(
         .context("the server named no run")?
         .to_owned();
     if !out.json() {
-        println!("run {id}");
-        println!("submitted to {server}");
+        say!("run {id}");
+        say!("submitted to {server}");
     }
     if detach {
         if out.json() {
-            println!("{}", json!({"run": id}));
+            say!("{}", json!({"run": id}));
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -164,14 +164,14 @@ pub fn run(
             );
             if seen.get(name).map(String::as_str) != Some(phase) && !out.json() {
                 match phase {
-                    "Running" => println!("  ▶ {name}"),
+                    "Running" => say!("  ▶ {name}"),
                     "Pending" => {}
                     other => {
                         let reason = s["reason"]
                             .as_str()
                             .map(|r| format!(": {r}"))
                             .unwrap_or_default();
-                        println!(
+                        say!(
                             "  {} {name} {other}{reason}",
                             if other == "Succeeded" { "✓" } else { "○" }
                         );
@@ -183,7 +183,7 @@ pub fn run(
         let phase = v["run"]["phase"].as_str().unwrap_or("");
         if matches!(phase, "Succeeded" | "Failed" | "Cancelled" | "Error") {
             out.print(&v, |_| {
-                println!("run {id} {phase}");
+                say!("run {id} {phase}");
             })?;
             return Ok(ExitCode::from(match phase {
                 "Succeeded" => 0,
@@ -209,7 +209,7 @@ pub fn status(server: &str, run: Option<&str>, out: Format) -> anyhow::Result<Ex
     match run {
         Some(_) => {
             let run = &v["run"];
-            println!(
+            say!(
                 "run {} {} ({}, pipeline {})",
                 run["id"].as_str().unwrap_or(""),
                 run["phase"].as_str().unwrap_or(""),
@@ -217,7 +217,7 @@ pub fn status(server: &str, run: Option<&str>, out: Format) -> anyhow::Result<Ex
                 run["pipeline"].as_str().unwrap_or("")
             );
             for s in v["stages"].as_array().into_iter().flatten() {
-                println!(
+                say!(
                     "  {:<24} {:<10} attempts {}{}",
                     s["stage"].as_str().unwrap_or(""),
                     s["phase"].as_str().unwrap_or(""),
@@ -231,7 +231,7 @@ pub fn status(server: &str, run: Option<&str>, out: Format) -> anyhow::Result<Ex
         }
         None => {
             for run in v["runs"].as_array().into_iter().flatten() {
-                println!(
+                say!(
                     "{}  {:<10} {:<9} {}",
                     run["id"].as_str().unwrap_or(""),
                     run["phase"].as_str().unwrap_or(""),
@@ -272,6 +272,6 @@ pub fn logs(server: &str, run: &str, stage: &str, follow: bool) -> anyhow::Resul
 
 pub fn cancel(server: &str, run: &str) -> anyhow::Result<ExitCode> {
     Remote::new(server).post(&format!("/api/v1/runs/{run}/cancel"), &json!({}))?;
-    println!("run {run} cancelling");
+    say!("run {run} cancelling");
     Ok(ExitCode::SUCCESS)
 }

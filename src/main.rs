@@ -4,6 +4,23 @@
 //! Exit codes mean one thing each: 0 success, 1 the pipeline is invalid (or the run
 //! failed), 2 usage (bad arguments, unreadable files), 130 cancelled.
 
+/// `println!` for what a command that runs an engine prints: a closed pipe (`drivetrain
+/// run … | head`) loses the rest of the text, never the run (`println!` would panic).
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
+/// [`say!`] on standard error (`drivetrain run … 2>&1 | head`).
+macro_rules! tell {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 mod alloc;
 mod audit;
 mod catalog;

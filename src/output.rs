@@ -28,8 +28,9 @@ impl Format {
     }
 }
 
-/// `value` as one pretty-printed JSON document on stdout.
+/// `value` as one pretty-printed JSON document on stdout (a closed pipe ends the text,
+/// not the command: [`say!`]).
 pub(crate) fn print_json<T: Serialize + ?Sized>(value: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    say!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }

@@ -60,8 +60,8 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
             true => "nothing".to_owned(),
             false => v.join(", "),
         };
-        println!("run {id}");
-        println!(
+        say!("run {id}");
+        say!(
             "{trigger} of run {}: executes {}; reuses {}",
             spec.parent,
             plan.executes.join(", "),

@@ -94,7 +94,7 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
     let executor = match drivetrain_executors::executor(&executor_name) {
         Ok(e) => e,
         Err(why) => {
-            eprintln!("error: {why}");
+            tell!("error: {why}");
             return Ok(crate::exit::usage());
         }
     };
@@ -133,8 +133,8 @@ pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
     request.cache = args.cache;
     request.deadline = args.deadline;
     if !args.out.json() {
-        println!("run {id}");
-        println!(
+        say!("run {id}");
+        say!(
             "pipeline {} ({} stages), store {url}",
             request.pipeline.name,
             request.pipeline.stages.len()
@@ -189,9 +189,9 @@ pub fn detach(home: &Path) -> anyhow::Result<ExitCode> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    println!("run {id}");
-    println!("detached; engine output in {}", log_path.display());
-    println!("follow with: drivetrain status {id} / drivetrain logs {id} --stage STAGE --follow");
+    say!("run {id}");
+    say!("detached; engine output in {}", log_path.display());
+    say!("follow with: drivetrain status {id} / drivetrain logs {id} --stage STAGE --follow");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -315,7 +315,7 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
                 _ = tokio::signal::ctrl_c() => "Ctrl-C",
                 _ = term.recv() => "SIGTERM",
             };
-            eprintln!("cancelling run {id} ({why})…");
+            tell!("cancelling run {id} ({why})…");
             let _ = cancel_tx.send(true);
             std::future::pending::<()>().await
         };
@@ -337,7 +337,7 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
         let passed = drivetrain_engine::engine::deadline_reason(d);
         let reason = state.run(&summary.id).ok().and_then(|r| r.reason);
         if reason.as_deref() == Some(passed.as_str()) {
-            println!("{passed}");
+            say!("{passed}");
         }
     }
     if out.json() {
@@ -348,9 +348,9 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
         }))?;
     } else {
         if let Some(line) = conclusion(state.as_ref(), &summary.id, &order, &work_dir) {
-            println!("{line}");
+            say!("{line}");
         }
-        println!("run {} {}", summary.id, summary.phase);
+        say!("run {} {}", summary.id, summary.phase);
     }
     Ok(match summary.phase {
         Phase::Succeeded => ExitCode::SUCCESS,
@@ -402,8 +402,8 @@ pub fn resume(
     if !out.json() {
         let p = &request.pipeline;
         let succeeded = request.resume.as_ref().map_or(0, |r| r.succeeded.len());
-        println!("run {id}");
-        println!(
+        say!("run {id}");
+        say!(
             "resuming: {succeeded} of {} stages succeeded before, {} attempt(s) lost, {} re-attached",
             p.stages.len(),
             reaped.lost,
@@ -424,11 +424,11 @@ pub(crate) fn refused(refusal: drivetrain_engine::engine::Refusal) -> ExitCode {
     use drivetrain_engine::fault::Blame;
     match refusal {
         Refusal::Nothing(m) => {
-            println!("{m}");
+            say!("{m}");
             ExitCode::SUCCESS
         }
         other => {
-            eprintln!("error: {other}");
+            tell!("error: {other}");
             ExitCode::from(other.fault().exit_code())
         }
     }
@@ -441,7 +441,7 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
     let id = RunId(run.to_owned());
     let record = state.run(&id)?;
     if record.phase.is_terminal() {
-        println!("run {id} already ended: {}", record.phase);
+        say!("run {id} already ended: {}", record.phase);
         return Ok(ExitCode::SUCCESS);
     }
     crate::audit::audit_local(
@@ -452,7 +452,7 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
         serde_json::json!({"phase": record.phase}),
     )?;
     if cancel_waiting(&*state, &id)? {
-        println!("run {id} Cancelled (it was waiting for approval)");
+        say!("run {id} Cancelled (it was waiting for approval)");
         return Ok(ExitCode::SUCCESS);
     }
     let record = state.run(&id)?;
@@ -470,7 +470,7 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
         for _ in 0..600 {
             let r = state.run(&id)?;
             if r.phase.is_terminal() {
-                println!("run {id} {}", r.phase);
+                say!("run {id} {}", r.phase);
                 return Ok(ExitCode::SUCCESS);
             }
             if gone(state.as_ref())? {
@@ -479,7 +479,7 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
             std::thread::sleep(Duration::from_millis(100));
         }
         if !gone(state.as_ref())? {
-            eprintln!("error: the engine of run {id} did not stop it within 60 s");
+            tell!("error: the engine of run {id} did not stop it within 60 s");
             return Ok(crate::exit::failed());
         }
     }
@@ -489,7 +489,7 @@ pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
         Phase::Cancelled,
         "cancelled after its engine stopped",
     )?;
-    println!("run {id} Cancelled");
+    say!("run {id} Cancelled");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -596,7 +596,8 @@ impl Progress {
 fn print_event(ev: &RunEvent) {
     let line = event_line(ev);
     if !line.is_empty() {
-        print!("{line}");
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), "{line}");
     }
 }
 

@@ -123,7 +123,7 @@ pub(super) fn dispatch(catalog: &Catalog, home: PathBuf, command: RunGroup) -> E
 /// environment; its error is the stage's reason.
 fn step(catalog: &Catalog, name: &str) -> ExitCode {
     let Some(step) = catalog.step(name) else {
-        eprintln!(
+        tell!(
             "error: unknown step `{name}`; built-in steps: {}",
             catalog.step_names().join(", ")
         );
@@ -132,21 +132,21 @@ fn step(catalog: &Catalog, name: &str) -> ExitCode {
     let cx = match drivetrain_engine::step::StepContext::from_env(step) {
         Ok(cx) => cx,
         Err(e) => {
-            eprintln!("error: {e}");
+            tell!("error: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     };
     let rt = match crate::runtime() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: {e}");
+            tell!("error: {e}");
             return ExitCode::from(EXIT_INVALID);
         }
     };
     match rt.block_on(step.run(&cx)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: step `{name}`: {e}");
+            tell!("error: step `{name}`: {e}");
             ExitCode::from(EXIT_INVALID)
         }
     }
@@ -173,7 +173,7 @@ fn rerun(catalog: &Catalog, home: PathBuf, a: RerunCli) -> ExitCode {
         None => match rerun::run_file(&home, &a.run) {
             Ok(f) => f,
             Err(e) => {
-                eprintln!("error: {e:#}");
+                tell!("error: {e:#}");
                 return ExitCode::from(EXIT_USAGE);
             }
         },
@@ -208,7 +208,7 @@ fn rerun(catalog: &Catalog, home: PathBuf, a: RerunCli) -> ExitCode {
         run_id: a.common.run_id.map(drivetrain_engine::state::RunId),
     })
     .unwrap_or_else(|e| {
-        eprintln!("error: {e:#}");
+        tell!("error: {e:#}");
         ExitCode::from(EXIT_INVALID)
     })
 }

@@ -62,12 +62,12 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: ServerGroup) -> E
             outcome(triggers::command(&catalog, home, command, output))
         }
         ServerGroup::Notifications {
-            state,
+            status,
             limit,
             output,
         } => outcome(triggers::notifications(
             home,
-            state.as_deref(),
+            status.as_deref(),
             limit,
             output,
         )),

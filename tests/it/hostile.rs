@@ -256,6 +256,35 @@ fn printing_commands_die_quietly_of_a_closed_pipe() {
             "{args:?}: {status:?} {err}"
         );
     }
+    // A command that runs an engine keeps running when its reader goes away, and ends
+    // as its run does (issue 47: `drivetrain run … | head` panicked, exit 101).
+    for (out, err) in [(true, false), (true, true)] {
+        let piped = |on: bool| if on { Stdio::piped() } else { Stdio::null() };
+        let mut child = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+            .args(["run", file.to_str().unwrap(), "--no-cache"])
+            .current_dir(&home.dir)
+            .stdout(piped(out))
+            .stderr(piped(err))
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        drop(child.stderr.take());
+        let status = child.wait().unwrap();
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "stdout closed, stderr closed {err}: {status:?}"
+        );
+    }
+    let list: serde_json::Value =
+        serde_json::from_slice(&home.drivetrain(&["list", "-o", "json"]).stdout).unwrap();
+    let ended: Vec<&serde_json::Value> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["phase"])
+        .collect();
+    assert_eq!(ended, vec!["Succeeded"; 5], "{list}");
 }
 
 /// A running stage's log never holds a declared secret's value, not even while it runs

@@ -565,6 +565,13 @@ stages:
         outbox.iter().all(|n| n["state"] == "delivered"),
         "{outbox:?}"
     );
+    // The README's filter (issue 47: `--state` was the global state store URL).
+    for (status, count) in [("delivered", 6), ("dead", 0)] {
+        let o = home.drivetrain(&["notifications", "--status", status, "-o", "json"]);
+        assert_ok(&o);
+        let some: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(some.len(), count, "{status}: {some:?}");
+    }
     // The secrets are in no log.
     for f in ["serve.log", "serve.err"] {
         let t = std::fs::read_to_string(home.dir.join(f)).unwrap_or_default();
