@@ -18,6 +18,7 @@ pub mod access;
 pub mod artifacts;
 pub mod cache;
 pub mod cloud;
+pub mod cron_fields;
 pub mod de;
 pub mod diag;
 pub mod engine;

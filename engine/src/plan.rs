@@ -251,6 +251,32 @@ pub struct Stage {
 }
 
 impl Stage {
+    /// Where the stage reads the pipeline file's folder (a relative `run.workdir`,
+    /// `{{ pipeline.dir }}`), as YAML paths: a pipeline posted to a server has no folder.
+    pub fn folder_uses(&self) -> Vec<String> {
+        use crate::template::{Part, Ref};
+        let names_dir = |t: &Template| t.refs().any(|(r, _)| *r == Ref::PipelineDir);
+        let mut uses = Vec::new();
+        let at = |field: &str| format!("stages.{}.{field}", self.name);
+        if let Action::Command { argv, workdir, .. } = &self.action {
+            if let Some(w) = workdir {
+                let relative = matches!(w.parts.first(), Some(Part::Lit(l)) if !l.starts_with('/'));
+                if relative || names_dir(w) {
+                    uses.push(at("run.workdir"));
+                }
+            }
+            if argv.iter().any(names_dir) {
+                uses.push(at("run.command"));
+            }
+        }
+        for (name, t) in &self.env {
+            if names_dir(t) {
+                uses.push(at(&format!("env.{name}")));
+            }
+        }
+        uses
+    }
+
     /// The GPUs an attempt of the stage claims: `resources.gpu` for each rank.
     pub fn gpus(&self) -> usize {
         let per = self.resources.gpu.unwrap_or(0) as usize;

@@ -71,6 +71,8 @@ pub enum CronError {
     Nickname,
     /// A field that does not parse.
     Invalid(String),
+    /// Six fields, seconds first, not asked for with `seconds: true`; what they would fire.
+    Seconds { cadence: String },
 }
 
 impl std::error::Error for CronError {}
@@ -81,6 +83,7 @@ impl std::fmt::Display for CronError {
             CronError::Fields(n) => write!(f, "has {n} fields; a cron expression has 5 (minute hour day month weekday) or 6 (seconds first), or is a nickname (@hourly, @daily, @midnight, @weekly, @monthly, @yearly, @annually)"),
             CronError::Nickname => write!(f, "is not a cron nickname: @hourly, @daily, @midnight, @weekly, @monthly, @yearly or @annually"),
             CronError::Invalid(e) => write!(f, "is not a valid cron expression: {e}"),
+            CronError::Seconds { cadence } => write!(f, "has 6 fields, which read seconds first and fire {cadence}; a cron expression has 5 (minute hour day month weekday): drop the extra field, or say `seconds: true` to mean it"),
         }
     }
 }
@@ -105,6 +108,9 @@ pub fn parse_cron(expr: &str) -> Result<croner::Cron, CronError> {
     if !(5..=6).contains(&fields.len()) {
         return Err(CronError::Fields(fields.len()));
     }
+    if let Some(why) = crate::cron_fields::out_of_range(&fields) {
+        return Err(CronError::Invalid(why));
+    }
     let (dom, dow) = (fields[fields.len() - 3], fields[fields.len() - 1]);
     croner::parser::CronParser::builder()
         .seconds(croner::parser::Seconds::Optional)
@@ -112,6 +118,22 @@ pub fn parse_cron(expr: &str) -> Result<croner::Cron, CronError> {
         .build()
         .parse(expanded)
         .map_err(|e| CronError::Invalid(e.to_string()))
+}
+
+/// [`parse_cron`] for a schedule as written: six fields only with `seconds: true`, and
+/// `seconds: true` only with six.
+pub fn parse_schedule_cron(expr: &str, seconds: bool) -> Result<croner::Cron, CronError> {
+    let cron = parse_cron(expr)?;
+    let six = expr.split_whitespace().count() == 6;
+    match (six, seconds) {
+        (true, false) => Err(CronError::Seconds {
+            cadence: crate::cron_fields::cadence(&cron),
+        }),
+        (false, true) => Err(CronError::Invalid(
+            "`seconds: true` needs six fields, seconds first (`*/5 * * * * *`)".into(),
+        )),
+        _ => Ok(cron),
+    }
 }
 
 /// A schedule whose cron expression does not parse, with the expression.

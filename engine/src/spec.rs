@@ -118,8 +118,13 @@ impl ParamType {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleSpec {
-    /// Five fields (`0 3 * * *`), or six with seconds first (`30 0 3 * * *`).
+    /// Five fields (`0 3 * * *`), or six with seconds first (`30 0 3 * * *`) with
+    /// `seconds: true`.
     pub cron: String,
+    /// The expression has six fields, seconds first. Said on purpose: `0 3 * * * *` (a
+    /// nightly with a stray `*`) would fire hourly.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub seconds: bool,
     /// An IANA timezone (`Europe/Berlin`); default `UTC`. Daylight-saving changes follow it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timezone: Option<String>,

@@ -24,6 +24,9 @@ pub enum Ref {
     RunStatus,
     /// `pipeline.name`
     PipelineName,
+    /// `pipeline.dir`: the folder of the pipeline's file, where a relative `workdir` and
+    /// the relative paths of a command are read from (none for YAML posted to a server).
+    PipelineDir,
     /// `schedule.time`: the scheduled time (RFC 3339) of a cron run; the submit time
     /// of other runs.
     ScheduleTime,
@@ -92,6 +95,7 @@ impl Ref {
             ["run", "date"] => Ok(Ref::RunDate),
             ["run", "status"] => Ok(Ref::RunStatus),
             ["pipeline", "name"] => Ok(Ref::PipelineName),
+            ["pipeline", "dir"] => Ok(Ref::PipelineDir),
             ["schedule", "time"] => Ok(Ref::ScheduleTime),
             ["inputs", name] => Ok(Ref::Input((*name).to_owned())),
             ["outputs", name] => Ok(Ref::Output((*name).to_owned())),
@@ -102,6 +106,7 @@ impl Ref {
             ["item", ..] => Ok(Ref::Item(rest(1))),
             ["run", other] => Err(unknown("run", other, "`id`, `date` and `status`")),
             ["schedule", other] => Err(unknown("schedule", other, "`time`")),
+            ["pipeline", other] => Err(unknown("pipeline", other, "`name` and `dir`")),
             ["stages", stage, ..] => Err(RefError::NotAStageValue {
                 path: path.to_owned(),
                 stage: (*stage).to_owned(),
@@ -131,6 +136,7 @@ impl fmt::Display for Ref {
             Ref::RunDate => f.write_str("run.date"),
             Ref::RunStatus => f.write_str("run.status"),
             Ref::PipelineName => f.write_str("pipeline.name"),
+            Ref::PipelineDir => f.write_str("pipeline.dir"),
             Ref::ScheduleTime => f.write_str("schedule.time"),
             Ref::Input(n) => write!(f, "inputs.{n}"),
             Ref::Output(n) => write!(f, "outputs.{n}"),

@@ -399,6 +399,24 @@ impl Server {
         })
     }
 
+    /// [`Server::validated`] for YAML posted to the server, which has no folder of its
+    /// own: a relative `workdir` or `{{ pipeline.dir }}` is refused, where it is written.
+    pub fn validated_posted(&self, yaml: &str) -> Result<Pipeline, String> {
+        let pipeline = self.validated(yaml)?;
+        let uses: Vec<String> = pipeline
+            .stages
+            .iter()
+            .flat_map(|s| s.folder_uses())
+            .collect();
+        if !uses.is_empty() {
+            return Err(format!(
+                "the pipeline does not validate: {}: a relative `workdir` and `{{{{ pipeline.dir }}}}` name the pipeline file's folder, and a pipeline posted to a server has none; give absolute paths on the server's machine, or serve the pipeline from its folder (`drivetrain serve --pipelines DIR`)",
+                uses.join(", ")
+            ));
+        }
+        Ok(pipeline)
+    }
+
     pub(crate) fn loaded(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Loaded>>> {
         self.pipelines.read().unwrap_or_else(|e| e.into_inner())
     }

@@ -10,6 +10,7 @@ mod cache_keys;
 mod cli;
 mod corpus;
 mod driving_loop;
+mod first_hour;
 mod flood;
 mod gpus;
 mod history;

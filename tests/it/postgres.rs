@@ -87,7 +87,7 @@ fn two_serve_replicas_fire_each_tick_once() {
                 r#"
 version: 1
 name: every2s
-schedule: {{cron: "*/2 * * * * *", timezone: UTC, catchup: all, max_catchup: 20}}
+schedule: {{cron: "*/2 * * * * *", seconds: true, timezone: UTC, catchup: all, max_catchup: 20}}
 stages:
   tick:
     run: {{command: [sh, -c, 'echo "$0" >> {}', "{{{{ schedule.time }}}}"]}}
@@ -132,7 +132,25 @@ stages:
     let before = lines.len();
     lines.dedup();
     assert_eq!(before, lines.len(), "a tick ran twice: {ran}");
-    assert_eq!(lines.into_iter().collect::<BTreeSet<_>>(), fired);
+    // What each replica said and how the runs ended, should a fired tick not have run.
+    let said = || {
+        let runs = text(
+            &replicas[1]
+                .drivetrain_env(&["list", "--output", "json"], &env)
+                .stdout,
+        );
+        let logs: Vec<String> = replicas
+            .iter()
+            .map(|r| std::fs::read_to_string(r.dir.join("serve.err")).unwrap_or_default())
+            .collect();
+        format!("runs: {runs}\nserve.err: {logs:#?}")
+    };
+    assert_eq!(
+        lines.into_iter().collect::<BTreeSet<_>>(),
+        fired,
+        "{}",
+        said()
+    );
     // One run per fired tick in the shared database.
     let o = replicas[1].drivetrain_env(&["list", "--output", "json"], &env);
     let runs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();

@@ -44,7 +44,7 @@ fn ticks_fire_once_across_a_kill_and_restart() {
             r#"
 version: 1
 name: every2s
-schedule: {{cron: "*/2 * * * * *", timezone: Europe/Berlin, catchup: all, max_catchup: 20}}
+schedule: {{cron: "*/2 * * * * *", seconds: true, timezone: Europe/Berlin, catchup: all, max_catchup: 20}}
 stages:
   tick:
     run: {{command: [sh, -c, 'echo "$0" >> {}', "{{{{ schedule.time }}}}"]}}

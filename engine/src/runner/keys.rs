@@ -4,7 +4,6 @@
 //! The key's components are described in [`crate::cache`].
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use serde_json::Value;
 
@@ -118,8 +117,9 @@ pub(super) fn key_parts(
 ) -> (crate::cache::KeyParts, Vec<String>) {
     use serde_json::json;
     let lookup = |r: &Ref| match r {
-        // Paths differ per attempt; what they hold is keyed by digest below.
-        Ref::Input(_) | Ref::Output(_) | Ref::Item(_) => None,
+        // Paths differ per attempt (and the pipeline's folder per clone); what they
+        // hold is keyed by digest below.
+        Ref::Input(_) | Ref::Output(_) | Ref::Item(_) | Ref::PipelineDir => None,
         other => lookup_value(&ctx.pipeline, ctx, upstream, other),
     };
     let render = |t: &Template| t.render(|r| lookup(r).map(|v| value_text(&v)));
@@ -148,15 +148,11 @@ pub(super) fn key_parts(
             let argv: Vec<String> = argv.iter().map(render).collect();
             let workdir = workdir.as_ref().map(render);
             // Scripts a command names are part of what it does.
-            for a in &argv {
-                let p = Path::new(a);
-                let path = match (&workdir, p.is_absolute()) {
-                    (_, true) => p.to_path_buf(),
-                    (Some(w), false) if !a.starts_with('-') => Path::new(w).join(p),
-                    _ => continue,
-                };
+            let named =
+                super::folder::named_files(&argv, workdir.as_deref(), ctx.folder.as_deref());
+            for (name, path) in named {
                 if let Some(d) = ctx.files.get(&path) {
-                    parts.plain(format!("file:{}", path.display()), d);
+                    parts.plain(format!("file:{name}"), d);
                 }
             }
             parts.field("command", json!(argv));

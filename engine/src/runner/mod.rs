@@ -29,6 +29,7 @@ mod approval;
 mod attempt;
 mod dag;
 mod end;
+mod folder;
 mod gpus;
 #[cfg(test)]
 mod in_process;
@@ -197,6 +198,8 @@ struct Ctx {
     /// Stages whose first attempt here re-attaches ([`Resume::reattached`]).
     reattached: std::collections::BTreeSet<String>,
     files: crate::cache::FileDigests,
+    /// The pipeline file's folder ([`folder::pipeline_dir`]).
+    folder: Option<std::path::PathBuf>,
 }
 
 impl Ctx {
@@ -276,6 +279,10 @@ pub(crate) async fn run(
             }
         })
     };
+    let folder = folder::pipeline_dir(
+        &opts.request.file,
+        opts.work_dir.parent().unwrap_or(&opts.work_dir),
+    );
     let ctx = Arc::new(Ctx {
         pipeline: pipeline.clone(),
         params,
@@ -293,6 +300,7 @@ pub(crate) async fn run(
         prior_attempts,
         reattached,
         files: Default::default(),
+        folder,
     });
 
     let mut dag = Dag::new(&pipeline);
@@ -619,6 +627,7 @@ fn lookup_value(
                 .to_owned(),
         )),
         Ref::PipelineName => Some(Value::String(pipeline.name.clone())),
+        Ref::PipelineDir => Some(Value::String(ctx.folder.as_ref()?.display().to_string())),
         Ref::ScheduleTime => Some(Value::String(
             ctx.run
                 .scheduled_time

@@ -195,6 +195,30 @@ fn command<'s>(
     }
 }
 
+/// The attempt's argv and working directory. Scripts beside the pipeline: a relative
+/// `workdir` is the pipeline's folder's, and where the attempt's own directory is the
+/// working one, a relative path naming a file of that folder is that file. In a pod, no
+/// `workdir` means the image's own.
+fn command_line(
+    ctx: &Ctx,
+    layout: &Layout,
+    (argv, workdir): (&[Template], Option<&Template>),
+    step_config: Option<&Value>,
+    render: &dyn Fn(&Template) -> String,
+) -> Result<(Vec<String>, PathBuf), Unprepared> {
+    let mut argv: Vec<String> = argv.iter().map(render).collect();
+    if let (None, None, None, Some(folder)) = (workdir, step_config, &layout.remote, &ctx.folder) {
+        super::folder::resolve_args(&mut argv, folder);
+    }
+    let cwd = match (workdir, &layout.remote) {
+        (Some(w), None) => super::folder::workdir(&render(w), ctx.folder.as_deref())?,
+        (Some(w), Some(_)) => PathBuf::from(render(w)),
+        (None, Some(_)) => PathBuf::new(),
+        (None, None) => layout.dir.clone(),
+    };
+    Ok((argv, cwd))
+}
+
 /// Why an attempt could not be prepared, where it is the machine's or a store's fault (a
 /// directory that could not be made, an input that could not be fetched): the attempt
 /// ends in `Error` with this reason.
@@ -253,7 +277,13 @@ pub(super) async fn prepare(
         other => lookup_value(&ctx.pipeline, ctx, upstream, other),
     };
     let render = |t: &Template| -> String { t.render(|r| lookup(r).map(|v| value_text(&v))) };
-    let argv: Vec<String> = argv.iter().map(render).collect();
+    let (argv, cwd) = command_line(
+        ctx,
+        &layout,
+        (&argv, workdir.as_ref()),
+        step_config,
+        &render,
+    )?;
     let step_config = step_config.map(|c| crate::template::render_value(c, &lookup));
     let checkpoints = layout.checkpoints(ctx, key)?;
     let env = Env {
@@ -285,12 +315,6 @@ pub(super) async fn prepare(
             serde_json::to_string(&plan).unwrap_or_default(),
         ));
     }
-    // In a pod, no `workdir` means the image's own.
-    let cwd = match (&workdir, &layout.remote) {
-        (Some(w), _) => PathBuf::from(render(w)),
-        (None, Some(_)) => PathBuf::new(),
-        (None, None) => layout.dir.clone(),
-    };
     let item_index = match track {
         Track::Item { index, .. } => Some(index),
         Track::Stage => None,
@@ -373,12 +397,10 @@ impl Env<'_> {
             ("DRIVETRAIN_STORE".into(), ctx.artifacts.url().to_owned()),
         ];
         // Built-in steps resolve a relative path the user wrote (ingest's `source`)
-        // against the pipeline file's folder, as the user reads the file.
-        if let Some(dir) = std::fs::canonicalize(&ctx.opts.request.file)
-            .ok()
-            .and_then(|f| f.parent().map(Path::to_path_buf))
-        {
-            env.push(("DRIVETRAIN_PIPELINE_DIR".into(), path(&dir)));
+        // against the pipeline file's folder, as the user reads the file; the local
+        // executor opens the way to it in a root engine's stage's view.
+        if let Some(dir) = &ctx.folder {
+            env.push(("DRIVETRAIN_PIPELINE_DIR".into(), path(dir)));
         }
         if let Track::Item { index, item } = self.track {
             env.push(("DRIVETRAIN_ITEM".into(), value_text(item)));

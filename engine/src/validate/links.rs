@@ -330,7 +330,12 @@ impl<'a> Cx<'a> {
                     return false;
                 }
             }
-            Ref::RunId | Ref::RunDate | Ref::RunStatus | Ref::PipelineName | Ref::ScheduleTime => {}
+            Ref::RunId
+            | Ref::RunDate
+            | Ref::RunStatus
+            | Ref::PipelineName
+            | Ref::PipelineDir
+            | Ref::ScheduleTime => {}
             Ref::Input(name) | Ref::Output(name) if site == RefSite::Condition => {
                 let _ = name;
                 self.err_in_string("invalid-reference", path, range, format!(

@@ -647,11 +647,11 @@ impl<'a> Cx<'a> {
     fn check_schedule(&mut self, s: &ScheduleSpec) -> Option<Schedule> {
         let sp = p("schedule");
         let mut ok = true;
-        match crate::schedule::parse_cron(&s.cron) {
+        match crate::schedule::parse_schedule_cron(&s.cron, s.seconds) {
             Ok(_) => {}
             Err(e @ crate::schedule::CronError::Invalid(_)) => {
                 self.err("invalid-cron", &sp.key("cron"), format!("`{}` {e}", s.cron))
-                    .hint("fields: [second] minute hour day-of-month month day-of-week, e.g. `0 3 * * *`");
+                    .hint("fields: minute hour day-of-month month day-of-week, e.g. `0 3 * * *` (seconds first with `seconds: true`)");
                 ok = false;
             }
             Err(e) => {
@@ -778,6 +778,7 @@ impl<'a> Cx<'a> {
                         | Ref::RunDate
                         | Ref::RunStatus
                         | Ref::PipelineName
+                        | Ref::PipelineDir
                         | Ref::ScheduleTime => {}
                         other => {
                             self.err_in_string(

@@ -448,7 +448,8 @@ fn attempt_env<'a>(spec: &'a AttemptSpec, name: &str) -> Option<&'a str> {
 }
 
 /// How an isolated attempt is set up: `layers`, its paths, what its user must get to (its
-/// program, `PATH`, working directory), its network, its `/dev` (with the GPUs it was
+/// program, `PATH`, working directory, the pipeline's folder, the absolute paths its
+/// command names), its network, its `/dev` (with the GPUs it was
 /// given) and its cgroups.
 fn plan(
     spec: &AttemptSpec,
@@ -472,6 +473,16 @@ fn plan(
                 .map(Into::into),
         )
         .chain([spec.workdir.clone()])
+        // The pipeline's folder (its scripts, relative `source:`s) and what the command
+        // names by absolute path (a script beside the pipeline, an interpreter).
+        .chain(env("DRIVETRAIN_PIPELINE_DIR").map(Into::into))
+        .chain(
+            spec.argv
+                .iter()
+                .skip(1)
+                .filter(|a| a.starts_with('/') && !a.contains('\n'))
+                .map(Into::into),
+        )
         .collect();
     let mut plan = MountPlan::new(&spec.access, layers, &reach, &spec.log)?;
     plan.mount_secrets(&spec.secret_files)

@@ -481,7 +481,7 @@ async fn validate_posted(
         ))
     };
     let server = s.clone();
-    let work = move || server.validated(&yaml).map(|p| (p, yaml));
+    let work = move || server.validated_posted(&yaml).map(|p| (p, yaml));
     match bounded(&s.validations, VALIDATION_TIMEOUT, work).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(problems)) => Err(ApiError::bad_request(problems)),

@@ -332,3 +332,27 @@ async fn a_request_key_starts_one_run() {
     assert_eq!((code, replayed), (StatusCode::CREATED, true), "{v}");
     assert_eq!(v["run"], parent);
 }
+
+/// YAML posted to the server has no folder: a relative `workdir` or `{{ pipeline.dir }}`
+/// is refused with where it is written (issue 47), and an absolute one runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posted_yaml_has_no_folder_to_read_scripts_from() {
+    let b = Bench::new("folder");
+    let yaml = "version: 1\nname: beside\nstages:\n  train:\n    run: {workdir: ., command: [ok]}\n  named:\n    env: {SCRIPTS: \"{{ pipeline.dir }}/scripts\"}\n    run: {command: [ok]}\n";
+    let (code, v) = b
+        .call("post", "/api/v1/runs", Some(json!({ "yaml": yaml })))
+        .await;
+    assert_eq!(code, StatusCode::BAD_REQUEST, "{v}");
+    let error = v["error"].as_str().unwrap();
+    assert!(
+        error.contains("stages.train.run.workdir, stages.named.env.SCRIPTS")
+            && error.contains("has none"),
+        "{v}"
+    );
+    let absolute =
+        "version: 1\nname: beside\nstages:\n  train:\n    run: {workdir: /, command: [ok]}\n";
+    let (code, v) = b
+        .call("post", "/api/v1/runs", Some(json!({ "yaml": absolute })))
+        .await;
+    assert_eq!(code, StatusCode::CREATED, "{v}");
+}

@@ -1,0 +1,93 @@
+//! The first hour of a new user (issue 47): a pipeline beside the user's own scripts.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+
+use crate::common;
+use common::{assert_ok, run_id, stage, text, Home};
+
+const SCRIPT: &str = r#"import os, sys
+here = os.path.dirname(os.path.abspath(__file__))
+print("cwd", os.getcwd())
+print("data", open(os.path.join(here, "data.txt")).read().strip(), sys.argv[1])
+"#;
+
+const PIPELINE: &str = r#"version: 1
+name: beside
+stages:
+  here:
+    run: {workdir: ., command: [python3, train.py, here]}
+    outputs: [o]
+  beside:
+    run: {command: [python3, train.py, beside]}
+    outputs: [o]
+  named:
+    run: {command: [sh, -c, 'cat "$0/data.txt"', "{{ pipeline.dir }}"]}
+    outputs: [o]
+"#;
+
+/// A project folder: the pipeline, its script and the script's data.
+fn project(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("p.yaml"), PIPELINE).unwrap();
+    std::fs::write(dir.join("train.py"), SCRIPT).unwrap();
+    std::fs::write(dir.join("data.txt"), "rows-17\n").unwrap();
+}
+
+/// `workdir: .` is the pipeline's folder, a relative script without `workdir` is the one
+/// beside the pipeline, `{{ pipeline.dir }}` names the folder, from any working
+/// directory; under a folder closed to others, with every isolation layer, as root or not;
+/// a second clone at another path has the same cache keys, and a changed script does not.
+#[test]
+fn a_script_beside_the_pipeline_runs_from_anywhere() {
+    let home = Home::new("first-hour");
+    // A folder closed to others on the way (`/root/project`, a `mktemp -d`).
+    let closed = home.dir.join("closed");
+    std::fs::create_dir_all(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let first = closed.join("proj");
+    project(&first);
+    let isolation = [("DRIVETRAIN_ISOLATION", "required")];
+    let o = home.drivetrain_env(&["run", "closed/proj/p.yaml"], &isolation);
+    assert_ok(&o);
+    let id = run_id(&o);
+    let log =
+        |id: &str, stage: &str| text(&home.drivetrain(&["logs", id, "--stage", stage]).stdout);
+    let folder = std::fs::canonicalize(&first).unwrap();
+    assert_eq!(
+        log(&id, "here"),
+        format!("cwd {}\ndata rows-17 here\n", folder.display())
+    );
+    assert!(
+        log(&id, "beside").ends_with("data rows-17 beside\n"),
+        "{}",
+        log(&id, "beside")
+    );
+    assert_eq!(log(&id, "named"), "rows-17\n");
+
+    // A second clone at another path: every stage is the first clone's, from the cache.
+    let second = home.dir.join("clone-2");
+    project(&second);
+    let o = home.drivetrain_env(
+        &["run", second.join("p.yaml").to_str().unwrap()],
+        &isolation,
+    );
+    assert_ok(&o);
+    let st = home.status(&run_id(&o));
+    for s in ["here", "beside", "named"] {
+        assert_eq!(stage(&st, s)["origin"], "cached", "{s}: {st}");
+    }
+    // A changed script runs again where it is named; what does not name it is reused.
+    std::fs::write(second.join("train.py"), format!("{SCRIPT}print('v2')\n")).unwrap();
+    let o = home.drivetrain_env(
+        &["run", second.join("p.yaml").to_str().unwrap()],
+        &isolation,
+    );
+    assert_ok(&o);
+    let id = run_id(&o);
+    let st = home.status(&id);
+    assert_eq!(stage(&st, "here")["origin"], "ran", "{st}");
+    assert_eq!(stage(&st, "beside")["origin"], "ran", "{st}");
+    assert_eq!(stage(&st, "named")["origin"], "cached", "{st}");
+    assert!(log(&id, "beside").ends_with("v2\n"));
+}
