@@ -584,24 +584,8 @@ fn cancel_reaches_an_engine_whose_pid_is_another_machines() {
         ),
     );
     // The engine is the namespace's next pid after `far`.
-    let mut engine = Command::new("unshare")
-        .args([
-            "--pid",
-            "--fork",
-            "--kill-child",
-            "--mount-proc",
-            "sh",
-            "-c",
-        ])
-        .arg(r#"echo "$1" > /proc/sys/kernel/ns_last_pid && "$0" run "$2""#)
-        .arg(env!("CARGO_BIN_EXE_drivetrain"))
-        .arg(far.to_string())
-        .arg(&file)
-        .current_dir(&home.dir)
-        .env_remove("DRIVETRAIN_HOME")
-        .env("DRIVETRAIN_HEARTBEAT", "200ms")
+    let mut engine = in_a_pid_namespace(&home, &file, far)
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     let mut first = String::new();
@@ -624,6 +608,68 @@ fn cancel_reaches_an_engine_whose_pid_is_another_machines() {
     let reason = st["run"]["reason"].as_str().unwrap_or("").to_owned();
     assert!(!reason.contains("engine stopped"), "not an orphan: {st}");
     assert_eq!(stage(&st, "long")["phase"], "Cancelled", "{st}");
+}
+
+/// `drivetrain run FILE` in a PID namespace of its own (and its `/proc`), as pid
+/// `after + 1` there: an engine of another machine or container.
+fn in_a_pid_namespace(home: &Home, file: &Path, after: u32) -> Command {
+    let mut c = Command::new("unshare");
+    c.args([
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount-proc",
+        "sh",
+        "-c",
+    ])
+    .arg(r#"echo "$1" > /proc/sys/kernel/ns_last_pid && "$0" run "$2""#)
+    .arg(env!("CARGO_BIN_EXE_drivetrain"))
+    .arg(after.to_string())
+    .arg(file)
+    .current_dir(&home.dir)
+    .env_remove("DRIVETRAIN_HOME")
+    .env("DRIVETRAIN_HEARTBEAT", "200ms")
+    .stderr(std::process::Stdio::null());
+    c
+}
+
+/// An engine in another PID namespace on this machine leaves this one's cgroups alone
+/// (found in CI: it took them for a dead engine's and removed the pooled ones, and the
+/// next attempt here that joined one failed with "No such device").
+#[test]
+fn an_engine_of_another_pid_namespace_removes_no_cgroup_of_this_ones() {
+    if !crate::isolation::root_or_skip("a PID namespace of its own for the other engine") {
+        return;
+    }
+    let home = Home::new("cgroups-other-ns");
+    let d = home.dir.display().to_string();
+    let file = home.write(
+        "p.yaml",
+        &format!(
+            "version: 1\nname: here\nstages:\n  a1: {{run: {{command: [true]}}}}\n  a2: {{run: {{command: [true]}}}}\n  b:\n    needs: [a1, a2]\n    run: {{command: [sh, -c, 'echo started > {d}/b-started; until [ -e {d}/go ]; do sleep 0.05; done']}}\n  c1: {{needs: [b], run: {{command: [true]}}}}\n  c2: {{needs: [b], run: {{command: [true]}}}}\n"
+        ),
+    );
+    let other = home.write(
+        "other.yaml",
+        "version: 1\nname: other\nstages:\n  s: {run: {command: [true]}}\n",
+    );
+    let mut engine = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+        .args(["run", file.to_str().unwrap(), "--parallelism", "2"])
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // `a1` and `a2` have ended (their cgroups wait in the pool, empty) while `b` runs.
+    wait_for_file(&home.dir.join("b-started"));
+    let o = in_a_pid_namespace(&home, &other, 1000).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stdout));
+    std::fs::write(home.dir.join("go"), "").unwrap();
+    assert_eq!(
+        engine.wait().unwrap().code(),
+        Some(0),
+        "c1 and c2 took the pooled cgroups"
+    );
 }
 
 #[test]

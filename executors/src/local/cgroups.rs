@@ -241,24 +241,50 @@ fn writable(dir: &Path) -> bool {
     nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_ok()
 }
 
-/// This engine's directory under `parent` (`drivetrain/PID`), made once; the first time,
-/// the directories of engines no longer running are removed with what is left in them.
+/// This engine's directory under `parent` (`drivetrain/PID-NS`: its pid and its PID
+/// namespace's inode), made once; the first time, the directories of engines of the same
+/// PID namespace no longer running are removed with what is left in them. An engine of
+/// another PID namespace (a container's, a test's) is not judged by a pid that means
+/// something else here: its pooled, empty cgroups were removed under it (`ENODEV` when
+/// its next attempt joined one).
 pub(super) fn engine_dir(parent: &Path) -> PathBuf {
     static SWEPT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
     let base = parent.join("drivetrain");
-    let mine = base.join(std::process::id().to_string());
+    let ns = pid_namespace();
+    let mine = base.join(format!("{}-{ns}", std::process::id()));
     let mut swept = SWEPT.lock().unwrap_or_else(|e| e.into_inner());
     if !swept.contains(&base) {
         swept.push(base.clone());
         for entry in std::fs::read_dir(&base).into_iter().flatten().flatten() {
-            let pid = entry.file_name().to_string_lossy().parse::<i32>().ok();
-            let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
-            if pid.is_some() && !alive {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            // `PID` alone: an engine of an earlier drivetrain, judged as before.
+            let (pid, theirs) = name.split_once('-').unwrap_or((&name, &ns));
+            let Ok(pid) = pid.parse::<i32>() else {
+                continue;
+            };
+            let alive = Path::new(&format!("/proc/{pid}")).exists();
+            if theirs == ns && !alive {
                 remove_tree(&entry.path());
             }
         }
     }
     mine
+}
+
+/// The inode of this process's PID namespace (`/proc/self/ns/pid` is `pid:[INODE]`),
+/// read once.
+fn pid_namespace() -> String {
+    static NS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NS.get_or_init(|| {
+        std::fs::read_link("/proc/self/ns/pid")
+            .ok()
+            .and_then(|l| {
+                let l = l.to_string_lossy().into_owned();
+                Some(l.strip_prefix("pid:[")?.strip_suffix(']')?.to_owned())
+            })
+            .unwrap_or_default()
+    })
+    .clone()
 }
 
 /// Removes an empty cgroup and its children (cgroup directories hold no files to delete).
