@@ -422,8 +422,9 @@ pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Resu
             return Ok(crate::exit::usage());
         }
     }
-    // The pipeline's own store may differ from the default; the run recorded its file.
-    let pipeline_store = std::fs::read_to_string(&record.file).ok().and_then(|src| {
+    // The pipeline's own store may differ from the default; the run recorded its text.
+    let ran = drivetrain_engine::state::sources::pipeline_text(state.as_ref(), &record);
+    let pipeline_store = ran.ok().and_then(|src| {
         drivetrain_engine::yaml::parse(&src)
             .ok()
             .and_then(|n| n.get("store").and_then(|s| s.as_str().map(str::to_owned)))

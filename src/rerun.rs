@@ -24,10 +24,22 @@ pub struct RerunArgs<'a> {
     pub run_id: Option<RunId>,
 }
 
-/// The pipeline file a run was started from.
-pub fn run_file(home: &Path, run: &str) -> anyhow::Result<PathBuf> {
+/// The pipeline file a run was started from, and the text it ran: the file's while it
+/// holds the same, else the text kept when it started (said, with how to run the file
+/// as it is now).
+pub fn run_source(home: &Path, run: &str) -> anyhow::Result<(PathBuf, String)> {
     let state = open_state(home)?;
-    Ok(PathBuf::from(state.run(&RunId(run.to_owned()))?.file))
+    let record = state.run(&RunId(run.to_owned()))?;
+    let text = drivetrain_engine::state::sources::pipeline_text(state.as_ref(), &record)
+        .map_err(|why| anyhow::anyhow!(why))?;
+    if std::fs::read_to_string(&record.file).ok().as_deref() != Some(text.as_str()) {
+        tell!(
+            "{} changed since run {run} (or is gone): this runs the pipeline as run {run} ran it; `--file {}` runs the file as it is now",
+            record.file,
+            record.file
+        );
+    }
+    Ok((PathBuf::from(record.file), text))
 }
 
 /// `drivetrain rerun` / `drivetrain retry`: a new run, linked to its parent, planned by the

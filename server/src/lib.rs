@@ -13,6 +13,7 @@
 pub mod access;
 pub mod api;
 mod approvals;
+mod failing;
 mod feed;
 pub mod listener;
 mod notify;

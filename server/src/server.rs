@@ -503,10 +503,9 @@ impl Server {
             .state()
             .run(&spec.parent)
             .map_err(|_| (404, format!("no run `{}`", spec.parent)))?;
-        let source = std::fs::read_to_string(&parent.file).map_err(|e| {
-            let why = format!("cannot read the run's pipeline {}: {e}", parent.file);
-            (500, why)
-        })?;
+        let source =
+            drivetrain_engine::state::sources::pipeline_text(self.engine.state().as_ref(), &parent)
+                .map_err(|why| (500, why))?;
         let pipeline = self.validated(&source).map_err(|why| (500, why))?;
         let source = RerunSource {
             pipeline,

@@ -97,15 +97,9 @@ impl Server {
     ) {
         let pipeline = l.pipeline.name.clone();
         let name = format!("trigger {pipeline}/{}", t.name);
-        // A prefix that cannot be opened is said, and what its queue announces is still
-        // weighed.
-        let (source, mut failed) = match Source::open(&o.source) {
-            Ok(s) => (Some(s), None),
-            Err(e) => {
-                eprintln!("{name}: {e}");
-                (None, Some(e))
-            }
-        };
+        // A prefix that cannot be opened or listed is said once and tried again less and
+        // less often; what its queue announces is still weighed.
+        let (mut source, mut failed) = (None, None);
         let mut cursor = self
             .engine
             .state()
@@ -114,15 +108,31 @@ impl Server {
             .flatten()
             .and_then(|(_, cursor)| cursor);
         let (mut listed_at, mut rescanned_at): (Option<Instant>, Option<Instant>) = (None, None);
+        let mut failing = crate::failing::Failing::default();
+        let hint = failing_hint(&pipeline, &t.name);
         while !self.stopping.load(Ordering::SeqCst) {
+            if source.is_none() && failing.may_try() {
+                match Source::open(&o.source) {
+                    Ok(s) => source = Some(s),
+                    Err(e) => {
+                        if let Some(line) = failing.failed(&e.to_string(), &hint) {
+                            eprintln!("{name}: {line}");
+                        }
+                        failed = Some(e);
+                    }
+                }
+            }
             let rescan_due = rescanned_at.is_none_or(|at| at.elapsed() >= o.rescan);
             let due = rescan_due || listed_at.is_none_or(|at| at.elapsed() >= o.poll);
-            if let Some(source) = source.as_ref().filter(|_| due) {
+            if let Some(source) = source.as_ref().filter(|_| due && failing.may_try()) {
                 let rescan = rescan_due || source.lists_whole();
                 let after = if rescan { None } else { cursor.clone() };
                 match source.list(&t, after.as_deref()).await {
                     Ok(found) => {
                         failed = None;
+                        if let Some(m) = failing.succeeded() {
+                            println!("{name}: {m}");
+                        }
                         let next = found
                             .last_key
                             .clone()
@@ -154,7 +164,9 @@ impl Server {
                         }
                     }
                     Err(e) => {
-                        eprintln!("{name}: {e}");
+                        if let Some(line) = failing.failed(&e.to_string(), &hint) {
+                            eprintln!("{name}: {line}");
+                        }
                         failed = Some(e);
                         listed_at = Some(Instant::now());
                     }
@@ -331,12 +343,21 @@ impl Server {
             true => source.clone(),
             false => format!("{source}/"),
         };
+        let mut failing = crate::failing::Failing::default();
+        let hint = failing_hint(&pipeline, &t.name);
         while !self.stopping.load(Ordering::SeqCst) {
             let messages = match q.receive(1).await {
-                Ok(m) => m,
+                Ok(m) => {
+                    if let Some(back) = failing.succeeded() {
+                        println!("{name}: the queue is {back}");
+                    }
+                    m
+                }
                 Err(e) => {
-                    eprintln!("{name}: {e}");
-                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    if let Some(line) = failing.failed(&e.to_string(), &hint) {
+                        eprintln!("{name}: {line}");
+                    }
+                    tokio::time::sleep(failing.wait()).await;
                     continue;
                 }
             };
@@ -606,4 +627,11 @@ async fn write_manifest(
     use object_store::ObjectStoreExt as _;
     store.object_store().put(&path, body.into()).await?;
     Ok(())
+}
+
+/// What a person can do about a trigger whose source keeps failing.
+fn failing_hint(pipeline: &str, trigger: &str) -> String {
+    format!(
+        "check the credentials serve has for it (AWS_*, GOOGLE_*, AZURE_*); `drivetrain trigger pause {pipeline}/{trigger}` holds its runs, and taking the trigger out of the pipeline stops the tries"
+    )
 }

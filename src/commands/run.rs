@@ -165,26 +165,33 @@ struct RerunCli {
     common: FromRun,
 }
 
-/// `rerun` and `retry`: the earlier run's pipeline file (or `--file`), validated as `run`
-/// validates it.
+/// `rerun` and `retry`: the pipeline the earlier run ran (or `--file`'s), validated as
+/// `run` validates it.
 fn rerun(catalog: &Catalog, home: PathBuf, a: RerunCli) -> ExitCode {
-    let file = match a.common.file {
-        Some(f) => f,
-        None => match rerun::run_file(&home, &a.run) {
-            Ok(f) => f,
+    let (file, src, pipeline) = match a.common.file {
+        Some(file) => {
+            let src = match read(&file) {
+                Ok(s) => s,
+                Err(code) => return code,
+            };
+            match load(catalog, &file) {
+                Ok(p) => (file, src, p),
+                Err(code) => return code,
+            }
+        }
+        None => match rerun::run_source(&home, &a.run) {
+            Ok((file, src)) => match drivetrain_engine::validate(&src, catalog).pipeline {
+                Some(p) => (file, src, p),
+                None => {
+                    tell!("error: the pipeline run {} ran no longer validates with this drivetrain's steps; `--file` names one that does", a.run);
+                    return ExitCode::from(EXIT_INVALID);
+                }
+            },
             Err(e) => {
                 tell!("error: {e:#}");
                 return ExitCode::from(EXIT_USAGE);
             }
         },
-    };
-    let src = match read(&file) {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
-    let pipeline = match load(catalog, &file) {
-        Ok(p) => p,
-        Err(code) => return code,
     };
     rerun::rerun(rerun::RerunArgs {
         spec: drivetrain_engine::engine::RerunSpec {

@@ -91,3 +91,47 @@ fn a_script_beside_the_pipeline_runs_from_anywhere() {
     assert_eq!(stage(&st, "named")["origin"], "cached", "{st}");
     assert!(log(&id, "beside").ends_with("v2\n"));
 }
+
+/// A run keeps its own graph (issue 47): after its file is edited or deleted, a rerun of
+/// a stage runs the pipeline as the run ran it, and says so.
+#[test]
+fn a_run_keeps_the_pipeline_it_ran() {
+    let home = Home::new("keeps-graph");
+    let file = home.write(
+        "p.yaml",
+        "version: 1\nname: kept\nstages:\n  a:\n    run: {command: [echo, first-a]}\n    outputs: [o]\n  b:\n    needs: [a]\n    run: {command: [echo, first-b]}\n",
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_ok(&o);
+    let id = run_id(&o);
+    // Edited: a stage renamed, another command.
+    home.write(
+        "p.yaml",
+        "version: 1\nname: kept\nstages:\n  z:\n    run: {command: [echo, edited]}\n",
+    );
+    let o = home.drivetrain(&["rerun", &id, "--stage", "b"]);
+    assert_ok(&o);
+    assert!(
+        text(&o.stderr).contains("as run") && text(&o.stderr).contains("--file"),
+        "{}",
+        text(&o.stderr)
+    );
+    let rerun = run_id(&o);
+    let st = home.status(&rerun);
+    assert_eq!(stage(&st, "a")["origin"], "reused", "{st}");
+    assert_eq!(stage(&st, "b")["origin"], "ran", "{st}");
+    let log = text(&home.drivetrain(&["logs", &rerun, "--stage", "b"]).stdout);
+    assert_eq!(log, "first-b\n");
+    // Gone: the same.
+    std::fs::remove_file(&file).unwrap();
+    let o = home.drivetrain(&["retry", &id]);
+    assert!(
+        !text(&o.stderr).contains("cannot be read"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = home.drivetrain(&["rerun", &id, "--stage", "a", "--downstream"]);
+    assert_ok(&o);
+    let st = home.status(&run_id(&o));
+    assert_eq!(stage(&st, "b")["phase"], "Succeeded", "{st}");
+}

@@ -222,6 +222,18 @@ stages:
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(runs(&home, &[]).len(), 2, "skipped objects start nothing");
     kill9(&mut serve.0);
+    // The prefix that is not there was tried again and again, and said once, with what
+    // to do (issue 47: a failing source printed its error at every poll).
+    let said = std::fs::read_to_string(home.dir.join("serve.err")).unwrap();
+    let gone: Vec<&str> = said
+        .lines()
+        .filter(|l| l.contains("fleet-ingest/gone"))
+        .collect();
+    assert_eq!(gone.len(), 1, "{said}");
+    assert!(
+        gone[0].contains("trigger pause fleet-ingest/gone"),
+        "{said}"
+    );
 }
 
 #[test]

@@ -6,8 +6,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
-
 use crate::artifacts::ArtifactStore;
 use crate::state::{SqliteState, StateError, StateStore};
 
@@ -173,7 +171,7 @@ fn private_files(db: &Path) {
 
 /// The digest a run records of its pipeline file's text.
 pub fn digest(source: &str) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(source.as_bytes())))
+    crate::state::sources::digest(source)
 }
 
 /// Space kept free beside the home's state for an engine to record the end of its run

@@ -198,19 +198,8 @@ impl Engine {
         catalog: &Catalog,
         record: &RunRecord,
     ) -> Result<crate::plan::Pipeline, Refusal> {
-        let id = &record.id;
-        let source = std::fs::read_to_string(&record.file).map_err(|e| {
-            Refusal::Failed(format!(
-                "cannot read the run's pipeline {}: {e}",
-                record.file
-            ))
-        })?;
-        if home::digest(&source) != record.spec_digest {
-            return Err(Refusal::Usage(format!(
-                "{} changed since run {id} started; resume runs the same pipeline (a rerun on the new one lands with reruns)",
-                record.file
-            )));
-        }
+        let source = crate::state::sources::pipeline_text(self.state().as_ref(), record)
+            .map_err(Refusal::Failed)?;
         crate::validate(&source, catalog)
             .pipeline
             .ok_or_else(|| Refusal::Failed(format!("{} no longer validates", record.file)))

@@ -227,6 +227,29 @@ pub(crate) struct Job {
     pub(crate) opts: RunOptions,
 }
 
+/// The run `request` asks for, recorded: created, or reopened by a resume; and the text
+/// of its pipeline kept, for its graph should the file change or go (the web view,
+/// reruns, resume).
+fn recorded(
+    state: &dyn StateStore,
+    request: &mut RunRequest,
+    executor: &str,
+) -> Result<Resume, RunError> {
+    let resume = match request.resume.take() {
+        Some(r) => {
+            state.reopen_run(&request.id, std::process::id())?;
+            r
+        }
+        None => {
+            let fresh = request.record(executor);
+            state.create_run(&fresh)?;
+            Resume::recorded(fresh)
+        }
+    };
+    crate::state::sources::keep_file(state, &request.file, &request.spec_digest)?;
+    Ok(resume)
+}
+
 /// Runs every stage of the job's pipeline once and records it. Returns when the run has
 /// ended; the run's phase is `Succeeded` when every stage succeeded or was skipped.
 pub(crate) async fn run(
@@ -242,17 +265,7 @@ pub(crate) async fn run(
     } = job;
     let id = opts.request.id.clone();
     let pipeline = opts.request.pipeline.clone();
-    let resume = match opts.request.resume.take() {
-        Some(r) => {
-            state.reopen_run(&id, std::process::id())?;
-            r
-        }
-        None => {
-            let fresh = opts.request.record(executor.name());
-            state.create_run(&fresh)?;
-            Resume::recorded(fresh)
-        }
-    };
+    let resume = recorded(state.as_ref(), &mut opts.request, executor.name())?;
     let params = std::mem::take(&mut opts.request.params);
     let Resume {
         record,

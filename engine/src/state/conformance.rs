@@ -51,6 +51,16 @@ pub fn check(store: &dyn StateStore) {
     access::tokens_and_audit(store);
     access::approvals(store);
     access::request_keys(store);
+    pipeline_sources(store);
+}
+
+/// A run's pipeline text is kept once per digest and read back whole.
+fn pipeline_sources(store: &dyn StateStore) {
+    let text = "version: 1\nname: kept\n# ünïcode and 'quotes'\n";
+    assert_eq!(store.source("sha256:kept").unwrap(), None);
+    store.keep_source("sha256:kept", text).unwrap();
+    store.keep_source("sha256:kept", "another text").unwrap();
+    assert_eq!(store.source("sha256:kept").unwrap().as_deref(), Some(text));
 }
 
 /// Replicas racing for the same ticks, each through its own connection (`open`),

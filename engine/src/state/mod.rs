@@ -20,6 +20,7 @@ mod events;
 mod postgres;
 mod queries;
 mod schema;
+pub mod sources;
 mod sqlite;
 pub use access::{
     tally, AccessStore, ApprovalRecord, ApprovalRequest, ApprovalStore, AuditEntry, KeyClaim,
@@ -485,6 +486,10 @@ pub trait RunStore: Send + Sync {
     fn ask_cancel(&self, run: &RunId) -> Result<bool, StateError>;
     /// Whether a cancel of `run` has been asked.
     fn cancel_asked(&self, run: &RunId) -> Result<bool, StateError>;
+    /// Keeps the text of a pipeline a run runs, by its digest (once per digest).
+    fn keep_source(&self, digest: &str, source: &str) -> Result<(), StateError>;
+    /// The text of the pipeline with `digest`, if a run kept it.
+    fn source(&self, digest: &str) -> Result<Option<String>, StateError>;
 }
 
 /// Stages of a run: phase, outputs and values, and how each came by them.

@@ -708,6 +708,30 @@ impl RunStore for PostgresState {
         })
     }
 
+    fn keep_source(&self, digest: &str, source: &str) -> Result<(), StateError> {
+        self.with(|c| {
+            exec(
+                c,
+                queries::pg::KEEP_SOURCE,
+                &[&digest, &source],
+                format!("keep the pipeline {digest}"),
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn source(&self, digest: &str) -> Result<Option<String>, StateError> {
+        self.with(|c| {
+            row(
+                c,
+                queries::pg::SOURCE,
+                &[&digest],
+                format!("read the pipeline {digest}"),
+                |r| r.get::<_, String>(0),
+            )
+        })
+    }
+
     fn stale_runs(&self, before: &str) -> Result<Vec<RunId>, StateError> {
         self.with(|c| {
             rows(

@@ -137,6 +137,11 @@ statements! {
          phase IN ('Running', 'Pending', 'Waiting')";
     CANCEL_ASKED =
         "SELECT cancel_asked_at FROM runs WHERE id = $1";
+    KEEP_SOURCE =
+        "INSERT INTO pipeline_sources (digest, source) VALUES ($1, $2) ON CONFLICT (digest) \
+         DO NOTHING";
+    SOURCE =
+        "SELECT source FROM pipeline_sources WHERE digest = $1";
     CLAIM_KEY =
         "INSERT INTO request_keys (scope, request_key, fingerprint, run_id, claimed_at) \
          VALUES ($1, $2, $3, $4, $5) ON CONFLICT (scope, request_key) DO NOTHING";

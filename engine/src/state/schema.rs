@@ -278,6 +278,14 @@ CREATE TABLE request_keys (
 CREATE INDEX request_keys_by_time ON request_keys(claimed_at);
 ALTER TABLE runs ADD COLUMN cancel_asked_at TEXT;
 "#,
+    // 5: the text of each pipeline a run ran, by its digest (`runs.spec_digest`), so a
+    // run keeps its graph when its file is edited, moved or gone.
+    r#"
+CREATE TABLE pipeline_sources (
+    digest TEXT PRIMARY KEY,
+    source TEXT NOT NULL
+);
+"#,
 ];
 
 /// A backend's SQL, where it differs from PostgreSQL's.

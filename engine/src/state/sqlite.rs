@@ -291,6 +291,22 @@ impl RunStore for SqliteState {
         })
     }
 
+    fn keep_source(&self, digest: &str, source: &str) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute_cached(queries::sqlite::KEEP_SOURCE, params![digest, source])
+                .map(|_| ())
+                .map_err(sql(format!("keep the pipeline {digest}")))
+        })
+    }
+
+    fn source(&self, digest: &str) -> Result<Option<String>, StateError> {
+        self.with(|c| {
+            c.prepare_cached(queries::sqlite::SOURCE)
+                .and_then(|mut s| s.query_row(params![digest], |r| r.get(0)).optional())
+                .map_err(sql(format!("read the pipeline {digest}")))
+        })
+    }
+
     fn stale_runs(&self, before: &str) -> Result<Vec<RunId>, StateError> {
         self.with(|c| {
             query(

@@ -187,7 +187,8 @@ pub struct GraphNode {
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct RunGraph {
     pub nodes: Vec<GraphNode>,
-    /// Why the graph has no edges (the pipeline file changed or is gone).
+    /// Why the graph has no edges (the pipeline is neither in its file nor kept in the
+    /// state store: a run of an older drivetrain whose file changed or is gone).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
     /// Where to draw the nodes and edges (a layered layout, left to right).

@@ -356,3 +356,40 @@ async fn posted_yaml_has_no_folder_to_read_scripts_from() {
         .await;
     assert_eq!(code, StatusCode::CREATED, "{v}");
 }
+
+/// A run keeps its graph when the pipeline it ran is gone from disk (issue 47: every
+/// stage sat in one column without edges), and a rerun runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_keeps_its_graph_without_its_file() {
+    let b = Bench::new("kept-graph");
+    let yaml = "version: 1\nname: kept\nstages:\n  a:\n    run: {command: [ok]}\n  b:\n    needs: [a]\n    run: {command: [ok]}\n";
+    let run = b.ended_run(yaml).await;
+    let record = b
+        .server
+        .engine
+        .state()
+        .run(&drivetrain_engine::state::RunId(run.clone()))
+        .unwrap();
+    std::fs::remove_file(&record.file).unwrap();
+    let (code, g) = b
+        .call("get", &format!("/api/v1/runs/{run}/graph"), None)
+        .await;
+    assert_eq!(code, StatusCode::OK, "{g}");
+    assert_eq!(g["note"], Value::Null, "{g}");
+    let b_node = g["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "b")
+        .unwrap()
+        .clone();
+    assert_eq!(b_node["needs"], json!(["a"]), "{g}");
+    let (code, v) = b
+        .call(
+            "post",
+            &format!("/api/v1/runs/{run}/rerun"),
+            Some(json!({"stages": ["b"]})),
+        )
+        .await;
+    assert_eq!(code, StatusCode::CREATED, "{v}");
+}

@@ -31,7 +31,7 @@ use crate::listener::Client;
 pub const EVENT_INTERVAL: Duration = Duration::from_millis(400);
 
 /// `GET /api/v1/runs/{id}/graph`: the run's stages and what each needs, from the
-/// pipeline file the run was started from.
+/// pipeline the run was started from (its file, or the text kept when it started).
 pub(super) async fn graph(
     State(s): State<Shared>,
     Path(id): Path<String>,
@@ -41,14 +41,9 @@ pub(super) async fn graph(
     let server = s.clone();
     let digest = record.spec_digest.clone();
     let made = tokio::task::spawn_blocking(move || {
-        let source = std::fs::read_to_string(&record.file)
-            .map_err(|e| format!("the run's pipeline {} cannot be read: {e}", record.file))?;
-        if drivetrain_engine::engine::home::digest(&source) != record.spec_digest {
-            return Err(format!(
-                "{} changed since the run started; its stages are shown without edges",
-                record.file
-            ));
-        }
+        let state = server.engine.state().clone();
+        let source = drivetrain_engine::state::sources::pipeline_text(state.as_ref(), &record)
+            .map_err(|why| format!("{why}; its stages are shown without edges"))?;
         server.validated(&source)
     })
     .await?;
