@@ -10,13 +10,14 @@ use drivetrain_engine::history::{self, Direction, LineageError};
 use serde_json::{json, Value};
 
 use crate::cli::GraphOutput;
-use crate::runs::{open_state, store_url};
+use crate::runs::{open_state, resolve_run, store_url};
 
 /// `drivetrain explain RUN STAGE`: why a stage was a cache hit or a miss, naming the
 /// component of its key that changed since the closest other entry of that stage.
 pub fn explain(home: &Path, run: &str, stage: &str, out: Format) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
-    let e = match drivetrain_server::query::explanation(&*state, run, stage)? {
+    let run = resolve_run(home, state.as_ref(), Some(run))?;
+    let e = match drivetrain_server::query::explanation(&*state, &run.0, stage)? {
         Ok(e) => e,
         Err(why) => {
             eprintln!("error: {why}");

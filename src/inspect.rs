@@ -13,22 +13,10 @@ use serde_json::json;
 
 use crate::runs::*;
 
-fn resolve_run(state: &dyn RunStore, run: Option<&str>) -> anyhow::Result<RunId> {
-    match run {
-        Some(r) => Ok(RunId(r.to_owned())),
-        None => state
-            .list_runs(1)?
-            .into_iter()
-            .next()
-            .map(|r| r.id)
-            .ok_or_else(|| anyhow::anyhow!("no runs yet")),
-    }
-}
-
 /// `drivetrain status [RUN]`.
 pub fn status(home: &Path, run: Option<&str>, out: Format) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
-    let id = resolve_run(&*state, run)?;
+    let id = resolve_run(home, &*state, run)?;
     let record = state.run(&id)?;
     let stages = state.stages(&id)?;
     if out.json() {
@@ -234,7 +222,7 @@ fn elapsed(a: &str, b: &str) -> String {
 pub fn watch(home: &Path, run: Option<&str>, out: Format) -> anyhow::Result<ExitCode> {
     use std::io::IsTerminal;
     let state = open_state(home)?;
-    let id = resolve_run(&*state, run)?;
+    let id = resolve_run(home, &*state, run)?;
     let clear = std::io::stdout().is_terminal() && !out.json();
     loop {
         let phase = state.run(&id)?.phase;
@@ -311,7 +299,7 @@ fn orphan_hint(run: &RunId) -> String {
 pub fn follow(home: &Path, run: Option<&str>, stage: &str) -> anyhow::Result<ExitCode> {
     use std::io::{Read, Seek, SeekFrom, Write};
     let state = open_state(home)?;
-    let id = resolve_run(&*state, run)?;
+    let id = resolve_run(home, &*state, run)?;
     let mut attempt = 0u32;
     let mut offset = 0u64;
     let out = std::io::stdout();
@@ -361,7 +349,7 @@ pub fn follow(home: &Path, run: Option<&str>, stage: &str) -> anyhow::Result<Exi
 pub fn follow_run(home: &Path, run: Option<&str>) -> anyhow::Result<ExitCode> {
     use std::io::{Read, Seek, SeekFrom, Write};
     let state = open_state(home)?;
-    let id = resolve_run(&*state, run)?;
+    let id = resolve_run(home, &*state, run)?;
     state.run(&id)?;
     // (stage, attempt) → (bytes read, the line begun but not ended).
     let mut read: BTreeMap<(String, u32), (u64, Vec<u8>)> = BTreeMap::new();
@@ -413,7 +401,7 @@ pub fn follow_run(home: &Path, run: Option<&str>) -> anyhow::Result<ExitCode> {
 /// `drivetrain logs RUN [--stage S]`: each stage's latest attempt's log.
 pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
-    let id = resolve_run(&*state, run)?;
+    let id = resolve_run(home, &*state, run)?;
     let record = state.run(&id)?;
     let attempts = state.attempts(&id)?;
     if let Some(s) = stage {

@@ -27,9 +27,9 @@ pub struct RerunArgs<'a> {
 /// The pipeline file a run was started from, and the text it ran: the file's while it
 /// holds the same, else the text kept when it started (said, with how to run the file
 /// as it is now).
-pub fn run_source(home: &Path, run: &str) -> anyhow::Result<(PathBuf, String)> {
+pub fn run_source(home: &Path, run: &RunId) -> anyhow::Result<(PathBuf, String)> {
     let state = open_state(home)?;
-    let record = state.run(&RunId(run.to_owned()))?;
+    let record = state.run(run)?;
     let text = drivetrain_engine::state::sources::pipeline_text(state.as_ref(), &record)
         .map_err(|why| anyhow::anyhow!(why))?;
     if std::fs::read_to_string(&record.file).ok().as_deref() != Some(text.as_str()) {

@@ -50,6 +50,54 @@ pub fn open_state(home: &Path) -> anyhow::Result<Arc<dyn StateStore>> {
     Ok(Home::at(home)?.open_state()?)
 }
 
+/// The run `run` names in `home`: an id, a prefix only one run's id starts with (as git
+/// takes a commit's), `@latest` (or nothing) for the newest run. A name that fits no run
+/// or several says so, with the home it looked in.
+pub fn resolve_run(
+    home: &Path,
+    state: &dyn drivetrain_engine::state::RunStore,
+    run: Option<&str>,
+) -> anyhow::Result<RunId> {
+    let latest = || {
+        state
+            .list_runs(1)?
+            .into_iter()
+            .next()
+            .map(|r| r.id)
+            .ok_or_else(|| anyhow::anyhow!("no runs yet in the home {}", home.display()))
+    };
+    let text = match run {
+        None | Some("@latest") => return latest(),
+        Some(t) => t,
+    };
+    let id = RunId(text.to_owned());
+    if state.run(&id).is_ok() || text.is_empty() {
+        return Ok(id);
+    }
+    let fitting: Vec<RunId> = state
+        .list_runs(usize::MAX >> 1)?
+        .into_iter()
+        .map(|r| r.id)
+        .filter(|r| r.0.starts_with(text))
+        .collect();
+    match fitting.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => Err(anyhow::Error::new(
+            drivetrain_engine::state::StateError::UnknownRun(text.to_owned()),
+        )
+        .context(format!(
+            "looked in the home {} (`drivetrain list` shows its runs; `--home DIR` looks in another)",
+            home.display()
+        ))),
+        many => Err(anyhow::anyhow!(
+            "`{text}` starts the ids of {} runs ({}{}): give more of it",
+            many.len(),
+            many.iter().take(5).map(|r| r.0.as_str()).collect::<Vec<_>>().join(", "),
+            if many.len() > 5 { ", …" } else { "" }
+        )),
+    }
+}
+
 /// The artifact store's URL ([`Home::store_url`]).
 pub fn store_url(pipeline_store: Option<&str>, home: &Path) -> anyhow::Result<String> {
     Ok(Home::at(home)?.store_url(pipeline_store)?)
@@ -391,8 +439,9 @@ pub fn resume(
     run: &str,
     out: Format,
 ) -> anyhow::Result<ExitCode> {
-    let id = RunId(run.to_owned());
-    let record = open_state(home)?.run(&id)?;
+    let state = open_state(home)?;
+    let id = resolve_run(home, state.as_ref(), Some(run))?;
+    let record = state.run(&id)?;
     let engine = home_engine(home, executor_of(&record)?)?;
     let rt = crate::runtime()?;
     let (request, reaped) = match rt.block_on(engine.resume_request(catalog, &id)) {
@@ -438,7 +487,7 @@ pub(crate) fn refused(refusal: drivetrain_engine::engine::Refusal) -> ExitCode {
 /// that engine is gone, stops what it left running and records the run as cancelled.
 pub fn cancel(home: &Path, run: &str) -> anyhow::Result<ExitCode> {
     let state = open_state(home)?;
-    let id = RunId(run.to_owned());
+    let id = resolve_run(home, state.as_ref(), Some(run))?;
     let record = state.run(&id)?;
     if record.phase.is_terminal() {
         say!("run {id} already ended: {}", record.phase);

@@ -168,6 +168,15 @@ struct RerunCli {
 /// `rerun` and `retry`: the pipeline the earlier run ran (or `--file`'s), validated as
 /// `run` validates it.
 fn rerun(catalog: &Catalog, home: PathBuf, a: RerunCli) -> ExitCode {
+    let parent = match crate::runs::open_state(&home)
+        .and_then(|state| crate::runs::resolve_run(&home, state.as_ref(), Some(&a.run)))
+    {
+        Ok(id) => id,
+        Err(e) => {
+            tell!("error: {e:#}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let (file, src, pipeline) = match a.common.file {
         Some(file) => {
             let src = match read(&file) {
@@ -179,11 +188,11 @@ fn rerun(catalog: &Catalog, home: PathBuf, a: RerunCli) -> ExitCode {
                 Err(code) => return code,
             }
         }
-        None => match rerun::run_source(&home, &a.run) {
+        None => match rerun::run_source(&home, &parent) {
             Ok((file, src)) => match drivetrain_engine::validate(&src, catalog).pipeline {
                 Some(p) => (file, src, p),
                 None => {
-                    tell!("error: the pipeline run {} ran no longer validates with this drivetrain's steps; `--file` names one that does", a.run);
+                    tell!("error: the pipeline run {parent} ran no longer validates with this drivetrain's steps; `--file` names one that does");
                     return ExitCode::from(EXIT_INVALID);
                 }
             },
@@ -195,7 +204,7 @@ fn rerun(catalog: &Catalog, home: PathBuf, a: RerunCli) -> ExitCode {
     };
     rerun::rerun(rerun::RerunArgs {
         spec: drivetrain_engine::engine::RerunSpec {
-            parent: drivetrain_engine::state::RunId(a.run),
+            parent,
             retry: a.retry,
             stages: a.stages,
             downstream: a.downstream,

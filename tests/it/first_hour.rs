@@ -135,3 +135,65 @@ fn a_run_keeps_the_pipeline_it_ran() {
     let st = home.status(&run_id(&o));
     assert_eq!(stage(&st, "b")["phase"], "Succeeded", "{st}");
 }
+
+/// A run is named by its id, a prefix only its id starts with, or `@latest` (issue 47),
+/// and a name that fits none says where it looked.
+#[test]
+fn runs_are_named_by_prefixes_and_latest() {
+    let home = Home::new("run-names");
+    let file = home.write(
+        "p.yaml",
+        "version: 1\nname: named\nstages:\n  a:\n    run: {command: [echo, hi]}\n",
+    );
+    let first = run_id(&home.drivetrain(&["run", file.to_str().unwrap()]));
+    let second = run_id(&home.drivetrain(&["run", file.to_str().unwrap()]));
+    assert_eq!(home.status("@latest")["run"]["id"], second.as_str());
+    let short = &first[..first.len() - 2];
+    assert_eq!(home.status(short)["run"]["id"], first.as_str());
+    let o = home.drivetrain(&["logs", short, "--stage", "a"]);
+    assert_eq!(text(&o.stdout), "hi\n");
+    let o = home.drivetrain(&["rerun", short, "--stage", "a"]);
+    assert_ok(&o);
+    let o = home.drivetrain(&["status", "2"]);
+    assert!(!o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("give more of it"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = home.drivetrain(&["status", "nothing-like-it"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains(&home.dir.join(".drivetrain").display().to_string()),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+/// A `when` that reads a value its stage did not report fails the stage and says what
+/// the stage has (issue 47: `values.line` for `lines` was silently false, and skipped).
+#[test]
+fn a_when_reading_an_unreported_value_says_what_there_is() {
+    let home = Home::new("when-typo");
+    let file = home.write(
+        "p.yaml",
+        r#"version: 1
+name: typo
+stages:
+  count:
+    run: {command: [sh, -c, 'echo "{\"lines\": 3, \"bytes\": 12}" > "$DRIVETRAIN_VALUES"']}
+  publish:
+    when: "stages.count.values.line > 0"
+    run: {command: [echo, published]}
+"#,
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
+    let st = home.status(&run_id(&o));
+    let publish = stage(&st, "publish");
+    assert_eq!(publish["phase"], "Failed", "{st}");
+    assert_eq!(
+        publish["reason"],
+        "`when` reads `stages.count.values.line`, and stage `count` reported no `line` (its values: lines, bytes)"
+    );
+}

@@ -38,6 +38,7 @@ mod map;
 mod prepare;
 mod request;
 mod secrets;
+mod when;
 use attempt::{attempt_loop, AbortOnDrop};
 use dag::{Dag, StageResult};
 use gpus::GpuPool;
@@ -612,6 +613,9 @@ fn decide(pipeline: &Pipeline, ctx: &Ctx, id: StageId, dag: &Dag) -> Option<(Pha
     }
     if let Some((expr, text)) = &stage.when {
         let values = dag.upstream(pipeline, id);
+        if let Some(why) = when::unreported(pipeline, &values, expr) {
+            return Some((Phase::Failed, why));
+        }
         let lookup = |r: &Ref| lookup_value(pipeline, ctx, &values, r);
         if !expr.eval(&lookup) {
             return Some((Phase::Skipped, format!("`when: {text}` was false")));
