@@ -1,6 +1,7 @@
 //! A trigger's source that keeps failing (no credentials, a bucket that is not there, a
-//! queue that refuses): tried again after 2 s, doubling to 5 minutes, and said once per
-//! kind of failure, the first time with how to pause it; said again when it recovers.
+//! queue that refuses): tried again at its usual pace once (a passing fault), then after
+//! 2 s, doubling to 5 minutes, and said once per kind of failure, the first time with
+//! what to do; said again when it recovers.
 
 use std::time::{Duration, Instant};
 
@@ -34,13 +35,19 @@ impl Failing {
     /// said, the first with `hint`).
     pub(crate) fn failed(&mut self, error: &str, hint: &str) -> Option<String> {
         self.times += 1;
-        let delay = FIRST.saturating_mul(1 << (self.times - 1).min(8)).min(MOST);
+        let delay = match self.times {
+            1 => Duration::ZERO,
+            n => FIRST.saturating_mul(1 << (n - 2).min(8)).min(MOST),
+        };
         self.next_try = Some(Instant::now() + delay);
         if self.said.as_deref() == Some(error) {
             return None;
         }
         self.said = Some(error.to_owned());
-        let mut line = format!("{error} (tried again after {} s, then less often up to every {} min; said again only when it changes)", delay.as_secs(), MOST.as_secs() / 60);
+        let mut line = format!(
+            "{error} (tried again, then less and less often up to every {} min; said again only when it changes)",
+            MOST.as_secs() / 60
+        );
         if !self.hinted {
             self.hinted = true;
             line.push_str("; ");
@@ -74,8 +81,10 @@ mod tests {
             first.contains("no credentials") && first.ends_with("pause it"),
             "{first}"
         );
-        assert!(!f.may_try() && f.wait() <= FIRST);
+        assert!(f.may_try(), "a passing fault is tried again at its pace");
         assert_eq!(f.failed("no credentials", "pause it"), None, "said once");
+        assert!(!f.may_try() && f.wait() <= FIRST);
+        f.failed("no credentials", "pause it");
         assert!(f.wait() > FIRST, "backs off");
         let other = f.failed("bucket gone", "pause it").unwrap();
         assert!(!other.contains("pause it"), "the hint once: {other}");
@@ -85,7 +94,7 @@ mod tests {
         assert!(f.wait() <= MOST);
         assert_eq!(
             f.succeeded().unwrap(),
-            "reachable again after 23 failed tries"
+            "reachable again after 24 failed tries"
         );
         assert!(f.may_try());
         assert_eq!(f.succeeded(), None);

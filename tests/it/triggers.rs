@@ -650,14 +650,19 @@ stages:
     writer.join().unwrap();
     let mut serve = Killed(home.serve(&[]));
     // Settles: every object consumed, every run ended, every end told.
+    // The runs are listed once every object is consumed: listed before, a batch made
+    // between the listing and the count would be missing from them.
     let all = wait(120, "every object consumed and every run ended", || {
+        let t = trigger_show(&home, "logs", &[]);
+        if t["consumed"] != OBJECTS as u64 || t["waiting"] != 0 {
+            return None;
+        }
         let rs = runs(&home, &[]);
         let done = !rs.is_empty()
             && rs
                 .iter()
                 .all(|r| r["phase"] != "Running" && r["phase"] != "Pending");
-        let t = trigger_show(&home, "logs", &[]);
-        (done && t["consumed"] == OBJECTS as u64 && t["waiting"] == 0).then_some(rs)
+        done.then_some(rs)
     });
     let mut owner: BTreeMap<String, String> = BTreeMap::new();
     for r in &all {
