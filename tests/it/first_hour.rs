@@ -197,3 +197,19 @@ stages:
         "`when` reads `stages.count.values.line`, and stage `count` reported no `line` (its values: lines, bytes)"
     );
 }
+
+/// `{{ item }}` has its item's type (issue 47: a map over numbers could not feed a
+/// built-in step's number, "expected a non-negative integer, found string").
+#[test]
+fn a_map_item_keeps_its_type() {
+    let home = Home::new("typed-items");
+    let file = home.write(
+        "p.yaml",
+        "version: 1\nname: items\nstages:\n  sim:\n    uses: fleet-sim\n    map: {items: [1, 2]}\n    with: {drives: \"{{ item }}\", duration: 10s, seed: 3}\n    outputs: [logs]\n",
+    );
+    assert_ok(&home.drivetrain(&["validate", file.to_str().unwrap()]));
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_ok(&o);
+    let st = home.status(&run_id(&o));
+    assert_eq!(stage(&st, "sim")["phase"], "Succeeded", "{st}");
+}

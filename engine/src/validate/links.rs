@@ -38,8 +38,17 @@ impl<'a> Cx<'a> {
         let with_path = path.key("with");
         let with_node = sc.with_node;
         // A value that is exactly one `{{ params.x }}` takes the param's type, so
-        // `epochs: "{{ params.epochs }}"` type-checks as the integer it will be.
-        let typed = with_node.map(|n| typed_params(n, sc.params));
+        // `epochs: "{{ params.epochs }}"` type-checks as the integer it will be; one
+        // `{{ item }}` the type of the map's first item, where the items are written.
+        let item = sc.spec.map.as_ref().and_then(|m| {
+            let listed = m.items.as_ref().and_then(|i| i.first());
+            let param = m.param.as_ref().and_then(|name| {
+                let p = sc.params.iter().find(|p| &p.name == name)?;
+                p.default.as_ref()?.as_array()?.first()
+            });
+            listed.or(param)
+        });
+        let typed = with_node.map(|n| typed_params(n, sc.params, item));
         let mut diags = step.check_config(typed.as_ref(), &with_path);
         for d in &mut diags {
             if d.span.is_none() {

@@ -959,19 +959,26 @@ struct StageCx<'s> {
 }
 
 /// A copy of `node` where each string that is exactly one `{{ params.x }}` is replaced by
-/// the param's default (or a placeholder of its type), keeping spans.
-fn typed_params<'a>(node: &Node<'a>, params: &[Param]) -> Node<'a> {
+/// the param's default (or a placeholder of its type), and one `{{ item… }}` by what it
+/// reads of `item` (a `map` stage's first item, where its items are known), keeping spans.
+fn typed_params<'a>(node: &Node<'a>, params: &[Param], item: Option<&Value>) -> Node<'a> {
     let value = match &node.value {
         yaml::Value::Scalar { .. } => {
-            let param = node
-                .as_str()
-                .and_then(|s| Template::parse(s).ok())
-                .and_then(|t| match t.parts.as_slice() {
-                    [crate::template::Part::Ref(Ref::Param(name), _)] => {
-                        params.iter().find(|p| &p.name == name)
-                    }
-                    _ => None,
-                });
+            let template = node.as_str().and_then(|s| Template::parse(s).ok());
+            let one = template.as_ref().and_then(|t| match t.parts.as_slice() {
+                [crate::template::Part::Ref(r, _)] => Some(r),
+                _ => None,
+            });
+            if let (Some(Ref::Item(keys)), Some(item)) = (one, item) {
+                let read = keys.iter().try_fold(item, |v, k| v.get(k));
+                if let Some(v) = read {
+                    return json_to_node(v, node.span);
+                }
+            }
+            let param = match one {
+                Some(Ref::Param(name)) => params.iter().find(|p| &p.name == name),
+                _ => None,
+            };
             match param {
                 Some(p) => {
                     let v = p.default.clone().unwrap_or(match p.kind {
@@ -986,16 +993,19 @@ fn typed_params<'a>(node: &Node<'a>, params: &[Param]) -> Node<'a> {
                 None => node.value.clone(),
             }
         }
-        yaml::Value::Seq(items) => {
-            yaml::Value::Seq(items.iter().map(|n| typed_params(n, params)).collect())
-        }
+        yaml::Value::Seq(items) => yaml::Value::Seq(
+            items
+                .iter()
+                .map(|n| typed_params(n, params, item))
+                .collect(),
+        ),
         yaml::Value::Map(entries) => yaml::Value::Map(
             entries
                 .iter()
                 .map(|e| yaml::Entry {
                     key: e.key.clone(),
                     key_span: e.key_span,
-                    value: typed_params(&e.value, params),
+                    value: typed_params(&e.value, params, item),
                 })
                 .collect(),
         ),
