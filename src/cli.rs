@@ -113,9 +113,13 @@ pub(crate) enum PipelineGroup {
         #[arg(long)]
         api: bool,
     },
-    /// List the built-in steps and executors.
-    #[command(after_help = "Examples:\n  drivetrain steps\n  drivetrain steps --output json")]
+    /// List the built-in steps and executors; with a step's name, what its `with:` takes.
+    #[command(
+        after_help = "Examples:\n  drivetrain steps\n  drivetrain steps train\n  drivetrain steps --output json"
+    )]
     Steps {
+        /// One step: its inputs, outputs and every field of its `with:`.
+        name: Option<String>,
         #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },

@@ -88,7 +88,11 @@ pub(super) fn dispatch(catalog: &Catalog, command: PipelineGroup) -> ExitCode {
             crate::output::print_json(&doc).expect("schema serializes");
             ExitCode::SUCCESS
         }
-        PipelineGroup::Steps { output } => steps(catalog, output),
+        PipelineGroup::Steps {
+            name: Some(name),
+            output,
+        } => step(catalog, &name, output),
+        PipelineGroup::Steps { name: None, output } => steps(catalog, output),
     }
 }
 
@@ -153,6 +157,78 @@ fn validate(catalog: &Catalog, files: &[PathBuf], output: Format) -> ExitCode {
 }
 
 /// `drivetrain steps`: the built-in steps and the executors, for people or as JSON.
+/// `drivetrain steps NAME`: one step, with the fields of its `with:` from its schema.
+fn step(catalog: &Catalog, name: &str, output: Format) -> ExitCode {
+    let Some(s) = catalog.step(name) else {
+        let names = catalog.step_names();
+        let hint = drivetrain_engine::diag::did_you_mean(name, names.iter().copied())
+            .map(|h| format!("; {h}"))
+            .unwrap_or_default();
+        eprintln!(
+            "error: no built-in step `{name}`{hint} (built-in: {})",
+            names.join(", ")
+        );
+        return ExitCode::from(EXIT_USAGE);
+    };
+    let schema = s.config_schema();
+    if output.json() {
+        let v = json!({"name": s.name(), "version": s.version(), "summary": s.summary(), "config_schema": schema});
+        crate::output::print_json(&v).expect("JSON values serialize");
+        return ExitCode::SUCCESS;
+    }
+    println!("{}@{}: {}", s.name(), s.version(), s.summary());
+    let inputs: Vec<String> = s
+        .inputs()
+        .iter()
+        .map(|(n, req)| {
+            if *req {
+                n.to_string()
+            } else {
+                format!("{n} (optional)")
+            }
+        })
+        .collect();
+    println!(
+        "inputs: {}",
+        if inputs.is_empty() {
+            "-".into()
+        } else {
+            inputs.join(", ")
+        }
+    );
+    println!("outputs: {}", s.outputs().join(", "));
+    println!("with:");
+    let required: Vec<&str> = schema["required"]
+        .as_array()
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    for (field, f) in schema["properties"].as_object().into_iter().flatten() {
+        let kind = match &f["type"] {
+            Value::Array(t) => t
+                .iter()
+                .filter_map(Value::as_str)
+                .filter(|t| *t != "null")
+                .collect::<Vec<_>>()
+                .join(" | "),
+            Value::String(t) => t.clone(),
+            _ => "see the JSON schema (-o json)".into(),
+        };
+        let need = if required.contains(&field.as_str()) {
+            ", required"
+        } else {
+            ""
+        };
+        let about = f["description"]
+            .as_str()
+            .unwrap_or("")
+            .lines()
+            .next()
+            .unwrap_or("");
+        println!("  {field:<22} {kind}{need}  {about}");
+    }
+    ExitCode::SUCCESS
+}
+
 fn steps(catalog: &Catalog, output: Format) -> ExitCode {
     match output {
         Format::Text => {

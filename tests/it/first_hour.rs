@@ -213,3 +213,25 @@ fn a_map_item_keeps_its_type() {
     let st = home.status(&run_id(&o));
     assert_eq!(stage(&st, "sim")["phase"], "Succeeded", "{st}");
 }
+
+/// `drivetrain steps NAME` says what a built-in step's `with:` takes (issue 47).
+#[test]
+fn steps_name_shows_what_a_step_takes() {
+    let home = Home::new("steps-name");
+    let o = home.drivetrain(&["steps", "mine-corner-cases"]);
+    assert_ok(&o);
+    let shown = text(&o.stdout);
+    assert!(
+        shown.starts_with("mine-corner-cases@")
+            && shown.contains("  rules ")
+            && shown.contains("object, required"),
+        "{shown}"
+    );
+    let o = home.drivetrain(&["steps", "trian"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o.stderr).contains("did you mean `train`?"),
+        "{}",
+        text(&o.stderr)
+    );
+}
