@@ -12,9 +12,13 @@ pub fn digest(source: &str) -> String {
 }
 
 /// Keeps the text of pipeline `file` under `digest`, if the file still holds that text
-/// (one read; a file changed since it was validated is not kept, and its run is read
-/// from its file while that holds it).
+/// (a file changed since it was validated is not kept, and its run is read from its file
+/// while that holds it). A digest kept already costs one read of the state, no write and
+/// no file read: runs of one pipeline share it.
 pub fn keep_file(state: &dyn RunStore, file: &str, digest_of_run: &str) -> Result<(), StateError> {
+    if state.source(digest_of_run)?.is_some() {
+        return Ok(());
+    }
     match std::fs::read_to_string(file) {
         Ok(text) if digest(&text) == digest_of_run => state.keep_source(digest_of_run, &text),
         _ => Ok(()),
