@@ -275,6 +275,9 @@ stages:
   gang:
     distributed: {workers: 3}
     run: {command: [sh, -c, 'if [ "$RANK" = 1 ]; then exit 4; fi; sleep 300']}
+  talk:
+    distributed: {workers: 3}
+    run: {command: [sh, -c, 'for i in 1 2 3; do printf "r$RANK step $i "; sleep 0.1; printf "done\n"; done; printf "r$RANK end"']}
 "#,
     );
     let o = home.drivetrain(&["run", file.to_str().unwrap()]);
@@ -300,6 +303,20 @@ stages:
         gang["reason"],
         "rank 1 exited with code 4; the other ranks were stopped"
     );
+    // Ranks writing halves of lines at once: every line of the log whole and led by
+    // its rank (as `srun --label`), the unended last line too.
+    let logs = home.drivetrain(&["logs", &id, "--stage", "talk"]);
+    assert_ok(&logs);
+    let log = text(&logs.stdout);
+    let mut lines: Vec<&str> = log.lines().collect();
+    lines.sort();
+    let mut want = Vec::new();
+    for r in 0..3 {
+        want.extend((1..=3).map(|i| format!("[rank {r}] r{r} step {i} done")));
+        want.push(format!("[rank {r}] r{r} end"));
+    }
+    want.sort();
+    assert_eq!(lines, want, "{log}");
 }
 
 #[test]

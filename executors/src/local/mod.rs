@@ -45,7 +45,9 @@
 //! time.
 //!
 //! A stage with declared secrets writes to a pipe, which the engine copies into its log
-//! masked as it comes: no value is on disk while it runs either.
+//! masked as it comes: no value is on disk while it runs either. The ranks of a
+//! distributed stage write to pipes of their own, copied in whole lines led by
+//! `[rank N] ` (`output.rs`).
 //!
 //! Where no namespace can be had, attempts run without one ([`Isolation::Auto`]) and the
 //! run loop's check of every input against its manifest still catches a write.
@@ -60,7 +62,6 @@ use async_trait::async_trait;
 use drivetrain_engine::executor::{
     AttemptOutcome, AttemptSpec, Executor, ExecutorError, Rank, ResourceUsage, RunningAttempt,
 };
-use drivetrain_engine::mask::Stream;
 use drivetrain_engine::spec::Network;
 use futures::FutureExt as _;
 use nix::sys::signal::{killpg, Signal};
@@ -73,6 +74,7 @@ mod gpu_usage;
 mod isolate;
 mod kernel;
 mod launch;
+mod output;
 mod probe;
 mod sandbox;
 mod seccomp;
@@ -185,8 +187,9 @@ struct Started {
     /// The prepared sandbox it runs in, if any: cleaned when it ends (every process left
     /// in it killed) before its output is drained, taken back and published.
     sandbox: Option<Sandbox>,
-    /// Copies the stage's output from its pipe to the log, masked, when it has secrets.
-    drain: Option<tokio::task::JoinHandle<()>>,
+    /// Copy each rank's output from its pipe to the log, where it has one (masked, with
+    /// secrets; labelled by rank, with several ranks).
+    drains: Vec<tokio::task::JoinHandle<()>>,
     /// Its GPUs' utilization and memory, sampled from NVML while it runs.
     gpu: Option<GpuWatch>,
     /// What it used, read from its cgroups (and the GPU watch) when it ended.
@@ -219,34 +222,18 @@ impl Started {
         }
     }
 
-    /// Waits until the masked copy of the stage's output is all in the log: at the end of
+    /// Waits until the copies of the ranks' output are all in the log: at the end of
     /// the pipe (every process of the attempt gone), or after a few seconds, when one that
     /// is not in its PID namespace still holds it (what it writes later is lost, never
     /// stored unmasked).
     async fn drained(&mut self) {
-        if let Some(mut drain) = self.drain.take() {
-            if tokio::time::timeout(std::time::Duration::from_secs(5), &mut drain)
-                .await
-                .is_err()
-            {
+        let until = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        for mut drain in std::mem::take(&mut self.drains) {
+            if tokio::time::timeout_at(until, &mut drain).await.is_err() {
                 drain.abort();
             }
         }
     }
-}
-
-/// Copies what the stage writes to its pipe into `log`, masked as it comes.
-async fn copy_masked(pipe: std::os::fd::OwnedFd, mut log: std::fs::File, mut mask: Stream) {
-    use std::io::Write as _;
-    use tokio::io::AsyncReadExt as _;
-    let Ok(mut pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(pipe) else {
-        return;
-    };
-    let mut buf = vec![0u8; 64 * 1024];
-    while let Ok(n @ 1..) = pipe.read(&mut buf).await {
-        let _ = log.write_all(&mask.push(&buf[..n]));
-    }
-    let _ = log.write_all(&mask.finish());
 }
 
 #[async_trait]
@@ -581,24 +568,6 @@ impl LocalExecutor {
     }
 }
 
-/// Where the attempt's output goes: the log itself, or, with secrets to mask, a pipe the
-/// engine copies into the log masked (the task that copies it), so no value is ever on
-/// disk, not while the stage runs either.
-fn log_sink(
-    spec: &AttemptSpec,
-    log: &std::fs::File,
-) -> Result<(std::fs::File, Option<tokio::task::JoinHandle<()>>), ExecutorError> {
-    let opened = |e| ExecutorError(format!("cannot open the log: {e}"));
-    if spec.mask.is_empty() {
-        return Ok((log.try_clone().map_err(opened)?, None));
-    }
-    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map_err(|e| ExecutorError(format!("cannot make the log's pipe: {e}")))?;
-    let copy = log.try_clone().map_err(opened)?;
-    let task = tokio::spawn(copy_masked(read, copy, spec.mask.stream()));
-    Ok((std::fs::File::from(write), Some(task)))
-}
-
 /// Starts one rank, in the attempt's namespaces where it has a plan; the first rank
 /// (`pgid` 0) leads a new process group, the others join it.
 fn spawn_rank(
@@ -770,7 +739,6 @@ impl Executor for LocalExecutor {
         let cgroup = self.cgroup(&spec, &log)?;
         let cgroup_procs = cgroup.as_ref().map(|c| c.procs()).unwrap_or_default();
         let plan = self.isolation_plan(&spec, &program, workers, no_network, &cgroup_procs)?;
-        let (out, drain) = log_sink(&spec, &log)?;
         let gpu = attempt_env(&spec, "CUDA_VISIBLE_DEVICES")
             .and_then(|v| GpuWatch::start(v, cgroup.as_ref().and_then(|c| c.members())));
         let mut started = Started {
@@ -790,7 +758,7 @@ impl Executor for LocalExecutor {
                 _ => None,
             },
             plan: plan.clone(),
-            drain,
+            drains: Vec::new(),
             gpu,
             usage: None,
         };
@@ -817,6 +785,8 @@ impl Executor for LocalExecutor {
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v)),
             );
+            let (out, drain) = output::rank_sink(&spec, &log, rank, workers)?;
+            started.drains.extend(drain);
             let spawned = spawn_rank(
                 &spec,
                 &env,
