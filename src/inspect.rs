@@ -278,13 +278,9 @@ pub fn list(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Runs recorded as running whose engine stopped beating (three heartbeats missed),
-/// wherever it ran: killed, or its machine gone.
+/// Runs recorded as running whose engine stopped beating.
 fn orphaned(state: &dyn RunStore) -> anyhow::Result<std::collections::BTreeSet<RunId>> {
-    Ok(state
-        .stale_runs(&drivetrain_engine::engine::recover::stale_before())?
-        .into_iter()
-        .collect())
+    Ok(drivetrain_server::query::orphans(state)?)
 }
 
 fn orphan_hint(run: &RunId) -> String {

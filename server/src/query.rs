@@ -66,6 +66,15 @@ pub fn runs_matching(
     Ok(Ok(state.find_runs(&by, filter.limit)?))
 }
 
+/// Runs recorded as going on whose engine stopped beating (three heartbeats missed),
+/// wherever it ran: killed, or its machine gone.
+pub fn orphans(
+    state: &dyn drivetrain_engine::state::RunStore,
+) -> Result<std::collections::BTreeSet<RunId>, drivetrain_engine::state::StateError> {
+    let before = drivetrain_engine::engine::recover::stale_before();
+    Ok(state.stale_runs(&before)?.into_iter().collect())
+}
+
 pub fn components(v: &Value) -> BTreeMap<String, String> {
     serde_json::from_value(v.clone()).unwrap_or_default()
 }

@@ -34,4 +34,5 @@ mod slurm;
 mod training;
 mod triggers;
 mod ui;
+mod ui_first_hour;
 mod ui_loop;

@@ -268,6 +268,28 @@ async fn the_driving_loop_in_pictures() {
         labels.iter().any(|l| l.starts_with("fleet-sim ")),
         "{labels:?}"
     );
+    // The root is named by the version asked for, and drawn on top; no text is below
+    // 11 px at first paint.
+    let root = eval(
+        &c,
+        "const n = [...document.querySelectorAll('.dag .node.root')]; return n.map(e => [e.getAttribute('aria-label'), e.getBoundingClientRect().top, Math.min(...[...document.querySelectorAll('.dag .node')].map(o => o.getBoundingClientRect().top))])",
+    )
+    .await;
+    assert_eq!(root.as_array().unwrap().len(), 1, "{root}");
+    assert!(
+        root[0][0].as_str().unwrap().starts_with("risk-model@2 "),
+        "{root}"
+    );
+    assert_eq!(root[0][1], root[0][2], "the model version on top: {root}");
+    let smallest = eval(
+        &c,
+        "return Math.min(...[...document.querySelectorAll('.dag .node text')].map(t => parseFloat(getComputedStyle(t).fontSize) * t.getScreenCTM().a))",
+    )
+    .await;
+    assert!(
+        smallest.as_f64().unwrap() >= 11.0,
+        "smallest text {smallest} px"
+    );
     let into_ingest = eval(
         &c,
         "const logs = [...document.querySelectorAll('.dag .node')].find(e => e.getAttribute('aria-label').startsWith('logs ')).dataset.node;

@@ -86,7 +86,13 @@ pub async fn reap_lost(
                 executor.reap(h).await;
             }
             let empty = serde_json::json!({});
-            state.finish_item(id, &s.stage, item.index, Phase::Error, Some(LOST), &empty)?;
+            let end = crate::state::ItemEnd {
+                phase: Phase::Error,
+                reason: Some(LOST),
+                outputs: &empty,
+                values: &serde_json::Value::Null,
+            };
+            state.finish_item(id, &s.stage, item.index, end)?;
             reaped.lost += 1;
         }
     }

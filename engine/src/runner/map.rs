@@ -265,14 +265,14 @@ pub(super) async fn run_item(
 ) -> Result<(usize, LoopEnd), RunError> {
     let end = attempt_loop(ctx, stage, Track::Item { index, item }, upstream, first).await?;
     let outputs = serde_json::to_value(&end.outputs).unwrap_or_default();
-    ctx.state.finish_item(
-        &ctx.run.id,
-        &stage.name,
-        index,
-        end.phase,
-        end.reason.as_deref(),
-        &outputs,
-    )?;
+    let finished = crate::state::ItemEnd {
+        phase: end.phase,
+        reason: end.reason.as_deref(),
+        outputs: &outputs,
+        values: &end.values,
+    };
+    ctx.state
+        .finish_item(&ctx.run.id, &stage.name, index, finished)?;
     Ok((index, end))
 }
 

@@ -611,22 +611,24 @@ fn map_items(s: &dyn StateStore) {
     let running = &s.map_items(&id, "m").unwrap()[3];
     assert!(running.started_at.is_some() && running.finished_at.is_none());
     s.set_item_handle(&id, "m", 3, "pgid:9").unwrap();
-    s.finish_item(
-        &id,
-        "m",
-        3,
-        Phase::Succeeded,
-        None,
-        &serde_json::json!({"o": 1}),
-    )
-    .unwrap();
+    let end = |phase, reason, outputs, values| super::ItemEnd {
+        phase,
+        reason,
+        outputs,
+        values,
+    };
+    let (outputs, values) = (
+        serde_json::json!({"o": 1}),
+        serde_json::json!({"loss": 0.5}),
+    );
+    s.finish_item(&id, "m", 3, end(Phase::Succeeded, None, &outputs, &values))
+        .unwrap();
+    let (none, null) = (serde_json::json!({}), serde_json::Value::Null);
     s.finish_item(
         &id,
         "m",
         4,
-        Phase::Failed,
-        Some("exit 1"),
-        &serde_json::json!({}),
+        end(Phase::Failed, Some("exit 1"), &none, &null),
     )
     .unwrap();
     let used = crate::executor::ResourceUsage {
@@ -648,6 +650,9 @@ fn map_items(s: &dyn StateStore) {
     assert_eq!(listed[5].started_at, None);
     assert_eq!(listed[3].item["drive"], 3);
     assert_eq!(listed[3].outputs["o"], 1);
+    // The values it reported; none for one that failed or never ran.
+    assert_eq!(listed[3].values, values);
+    assert_eq!((&listed[4].values, &listed[5].values), (&null, &null));
     let counts = s.item_counts(&id, "m").unwrap();
     assert_eq!(
         (counts["Pending"], counts["Succeeded"], counts["Failed"]),

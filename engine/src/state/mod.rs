@@ -375,6 +375,19 @@ pub struct ItemRecord {
     /// When its last attempt started and ended.
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
+    /// The values its last succeeded attempt reported (`null` before).
+    pub values: serde_json::Value,
+}
+
+/// How an item of a map stage ended, as [`StageStore::finish_item`] records it.
+#[derive(Debug, Clone, Copy)]
+pub struct ItemEnd<'a> {
+    pub phase: Phase,
+    pub reason: Option<&'a str>,
+    /// Its outputs (name → artifact), `{}` for none.
+    pub outputs: &'a serde_json::Value,
+    /// The values it reported, `null` for none.
+    pub values: &'a serde_json::Value,
 }
 
 /// One attempt of a stage as recorded.
@@ -572,9 +585,7 @@ pub trait AttemptStore: Send + Sync {
         run: &RunId,
         stage: &str,
         idx: usize,
-        phase: Phase,
-        reason: Option<&str>,
-        outputs: &serde_json::Value,
+        end: ItemEnd<'_>,
     ) -> Result<(), StateError>;
     /// Records what an item's last attempt used.
     fn set_item_usage(

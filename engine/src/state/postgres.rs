@@ -18,9 +18,9 @@ use std::sync::Mutex;
 use super::queries;
 use super::schema::Dialect;
 use super::{
-    now, ArtifactRecord, ArtifactUse, AttemptRecord, CacheEntry, ItemRecord, Origin, Phase,
-    Provenance, RunFilter, RunId, RunRecord, ScheduleEntry, StageRecord, StateError, StateStore,
-    Success, TickRecord, LAST_TICK, UNSTARTED_SINCE,
+    now, ArtifactRecord, ArtifactUse, AttemptRecord, CacheEntry, ItemEnd, ItemRecord, Origin,
+    Phase, Provenance, RunFilter, RunId, RunRecord, ScheduleEntry, StageRecord, StateError,
+    StateStore, Success, TickRecord, LAST_TICK, UNSTARTED_SINCE,
 };
 use postgres::types::ToSql;
 use postgres::{Client, GenericClient, NoTls, Row};
@@ -1046,10 +1046,10 @@ impl AttemptStore for PostgresState {
         run: &RunId,
         stage: &str,
         idx: usize,
-        phase: Phase,
-        reason: Option<&str>,
-        outputs: &serde_json::Value,
+        end: ItemEnd<'_>,
     ) -> Result<(), StateError> {
+        let (phase, reason, outputs) = (end.phase, end.reason, end.outputs);
+        let values = (!end.values.is_null()).then(|| end.values.to_string());
         let outputs = outputs.to_string();
         self.with(|c| {
             exec(
@@ -1063,6 +1063,7 @@ impl AttemptStore for PostgresState {
                     &reason,
                     &outputs,
                     &now(),
+                    &values,
                 ],
                 format!("finish item {idx} of {stage}"),
             )
@@ -1108,6 +1109,10 @@ impl AttemptStore for PostgresState {
                         .and_then(|u| serde_json::from_str(&u).ok()),
                     started_at: r.get(8),
                     finished_at: r.get(9),
+                    values: r
+                        .get::<_, Option<String>>(10)
+                        .map(json_col)
+                        .unwrap_or_default(),
                 },
             )
         })

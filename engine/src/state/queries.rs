@@ -193,13 +193,13 @@ statements! {
         "UPDATE map_items SET phase = 'Running', attempts = $4, started_at = $5, finished_at \
          = NULL WHERE run_id = $1 AND stage = $2 AND idx = $3";
     FINISH_ITEM =
-        "UPDATE map_items SET phase = $4, reason = $5, outputs = $6, finished_at = $7 WHERE \
-         run_id = $1 AND stage = $2 AND idx = $3";
+        "UPDATE map_items SET phase = $4, reason = $5, outputs = $6, finished_at = $7, \
+         item_values = $8 WHERE run_id = $1 AND stage = $2 AND idx = $3";
     SET_ITEM_HANDLE =
         "UPDATE map_items SET handle = $4 WHERE run_id = $1 AND stage = $2 AND idx = $3";
     MAP_ITEMS =
         "SELECT idx, item, phase, attempts, reason, outputs, handle, usage, started_at, \
-         finished_at FROM map_items WHERE run_id = $1 AND stage = $2 ORDER BY idx";
+         finished_at, item_values FROM map_items WHERE run_id = $1 AND stage = $2 ORDER BY idx";
     ITEM_COUNTS =
         "SELECT phase, COUNT(*) FROM map_items WHERE run_id = $1 AND stage = $2 GROUP BY \
          phase";

@@ -286,6 +286,10 @@ CREATE TABLE pipeline_sources (
     source TEXT NOT NULL
 );
 "#,
+    // 6: the values each map item's last attempt reported (the web view's items table).
+    r#"
+ALTER TABLE map_items ADD COLUMN item_values TEXT;
+"#,
 ];
 
 /// A backend's SQL, where it differs from PostgreSQL's.

@@ -8,9 +8,9 @@ use std::sync::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{
-    now, ArtifactRecord, ArtifactUse, AttemptRecord, CacheEntry, ItemRecord, Origin, Phase,
-    Provenance, RunFilter, RunId, RunRecord, ScheduleEntry, StageRecord, StateError, StateStore,
-    Success, TickRecord,
+    now, ArtifactRecord, ArtifactUse, AttemptRecord, CacheEntry, ItemEnd, ItemRecord, Origin,
+    Phase, Provenance, RunFilter, RunId, RunRecord, ScheduleEntry, StageRecord, StateError,
+    StateStore, Success, TickRecord,
 };
 
 fn sql(what: impl Into<String>) -> impl FnOnce(rusqlite::Error) -> StateError {
@@ -583,10 +583,10 @@ impl AttemptStore for SqliteState {
         run: &RunId,
         stage: &str,
         idx: usize,
-        phase: Phase,
-        reason: Option<&str>,
-        outputs: &serde_json::Value,
+        end: ItemEnd<'_>,
     ) -> Result<(), StateError> {
+        let (phase, reason, outputs) = (end.phase, end.reason, end.outputs);
+        let values = (!end.values.is_null()).then(|| end.values.to_string());
         self.with(|c| {
             c.execute_cached(
                 queries::sqlite::FINISH_ITEM,
@@ -597,7 +597,8 @@ impl AttemptStore for SqliteState {
                     phase.as_str(),
                     reason,
                     outputs.to_string(),
-                    now()
+                    now(),
+                    values
                 ],
             )
             .map(|_| ())
@@ -643,6 +644,10 @@ impl AttemptStore for SqliteState {
                             .and_then(|u| serde_json::from_str(&u).ok()),
                         started_at: r.get(8)?,
                         finished_at: r.get(9)?,
+                        values: r
+                            .get::<_, Option<String>>(10)?
+                            .map(json_col)
+                            .unwrap_or_default(),
                     })
                 },
             )

@@ -24,14 +24,55 @@ const BEND: f64 = 6.0;
 /// Around the drawing.
 const MARGIN: f64 = 10.0;
 
+/// Which way a drawing's layers go: left to right (a run's stages, wide and short) or top
+/// to bottom (lineage, a long chain from a model down to its drive logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Flow {
+    #[default]
+    Right,
+    Down,
+}
+
+/// Between the layers of a top-to-bottom drawing, beyond [`SPACING`]: room for the edges.
+const DOWN_GAP: f64 = 26.0;
+
+impl Flow {
+    /// A node's room as the crate sees it: (along its layer, across layers).
+    fn slot(self) -> (f64, f64) {
+        match self {
+            Flow::Right => (NODE_H, NODE_W),
+            Flow::Down => (NODE_W, NODE_H + DOWN_GAP),
+        }
+    }
+
+    /// A node's drawn size across its layer.
+    fn across(self) -> f64 {
+        match self {
+            Flow::Right => NODE_W,
+            Flow::Down => NODE_H,
+        }
+    }
+
+    /// The page's `[x, y]` of a point `along` a layer and `across` layers.
+    fn point(self, along: f64, across: f64) -> [f64; 2] {
+        match self {
+            Flow::Right => [across, along],
+            Flow::Down => [along, across],
+        }
+    }
+}
+
 /// Where to draw a graph: each node's top-left corner, each edge's path (its source's
-/// right side, its bends, its target's left side), and the size of the whole.
+/// downstream side, its bends, its target's upstream side), and the size of the whole.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Layout {
     pub width: f64,
     pub height: f64,
     pub node_width: f64,
     pub node_height: f64,
+    /// Which way the layers go.
+    pub flow: Flow,
     /// Node id → `[x, y]` of its top-left corner.
     pub nodes: BTreeMap<String, [f64; 2]>,
     pub edges: Vec<EdgePath>,
@@ -46,8 +87,13 @@ pub struct EdgePath {
 }
 
 /// The layered layout of `nodes` and `edges` (pairs of indices into `nodes`; an edge
-/// naming no node is left out). Components are stacked top to bottom.
+/// naming no node is left out), left to right. Components are stacked top to bottom.
 pub fn layered(nodes: &[String], edges: &[(usize, usize)]) -> Layout {
+    layered_to(nodes, edges, Flow::Right)
+}
+
+/// [`layered`], its layers going `flow`.
+pub fn layered_to(nodes: &[String], edges: &[(usize, usize)], flow: Flow) -> Layout {
     let edges: Vec<(usize, usize)> = edges
         .iter()
         .copied()
@@ -62,10 +108,10 @@ pub fn layered(nodes: &[String], edges: &[(usize, usize)]) -> Layout {
         ..Config::default()
     };
     // Sizes are (along the layer, across it): the crate stacks layers top to bottom,
-    // this page draws them left to right, so x and y swap on the way out.
-    let size = (NODE_H, NODE_W);
+    // and `flow` turns that the page's way on the way out.
+    let size = flow.slot();
     let first = place(nodes.len(), &[], &edges, size, &config);
-    let step = NODE_W + SPACING;
+    let step = size.1 + SPACING;
     let layer = |i: usize| (first[i].1 / step).round() as i64;
 
     // Second pass: a dummy in each layer a long edge crosses.
@@ -87,50 +133,57 @@ pub fn layered(nodes: &[String], edges: &[(usize, usize)]) -> Layout {
         0 => first,
         _ => place(
             nodes.len(),
-            &vec![(BEND, NODE_W); dummies],
+            &vec![(BEND, size.1); dummies],
             &linked,
             size,
             &config,
         ),
     };
+    out_of(nodes, &placed, chains, flow)
+}
 
-    // Top-left at the margin; the crate gives centres.
-    let (min_x, min_y) = placed.iter().fold((f64::MAX, f64::MAX), |(x, y), p| {
-        (x.min(p.1 - NODE_W / 2.0), y.min(p.0 - NODE_H / 2.0))
+/// The page's drawing of `placed` (the crate's centres, `(along, across)`): each node's
+/// box and each chain's path, at the margin.
+fn out_of(nodes: &[String], placed: &[(f64, f64)], chains: Vec<Vec<usize>>, flow: Flow) -> Layout {
+    let (along, slot) = flow.slot();
+    let (min_along, min_across) = placed.iter().fold((f64::MAX, f64::MAX), |(a, c), p| {
+        (a.min(p.0 - along / 2.0), c.min(p.1 - slot / 2.0))
     });
+    // Node `i`: the middle of its side along its layer, and where its box starts across.
     let at = |i: usize| {
-        let (along, across) = placed[i];
-        [
-            across - NODE_W / 2.0 - min_x + MARGIN,
-            along - min_y + MARGIN,
-        ]
+        let (a, c) = placed[i];
+        let lead = c - slot / 2.0 - min_across + MARGIN + (slot - flow.across()) / 2.0;
+        (a - min_along + MARGIN, lead)
     };
     let mut out = Layout {
         width: 0.0,
         height: 0.0,
         node_width: NODE_W,
         node_height: NODE_H,
+        flow,
         nodes: BTreeMap::new(),
-        edges: Vec::with_capacity(edges.len()),
+        edges: Vec::with_capacity(chains.len()),
     };
     for (i, name) in nodes.iter().enumerate() {
-        let [x, centre] = at(i);
-        out.nodes.insert(name.clone(), [x, centre - NODE_H / 2.0]);
+        let (mid, lead) = at(i);
+        let [x, y] = flow.point(mid - along / 2.0, lead);
+        out.nodes.insert(name.clone(), [x, y]);
         out.width = out.width.max(x + NODE_W + MARGIN);
-        out.height = out.height.max(centre + NODE_H / 2.0 + MARGIN);
+        out.height = out.height.max(y + NODE_H + MARGIN);
     }
     for chain in chains {
         let (a, b) = (chain[0], chain[chain.len() - 1]);
         let mut points = Vec::with_capacity(chain.len());
-        let [x, y] = at(a);
-        points.push([x + NODE_W, y]);
+        let (mid, lead) = at(a);
+        points.push(flow.point(mid, lead + flow.across()));
         for &d in &chain[1..chain.len() - 1] {
-            let [x, y] = at(d);
-            // A dummy is as wide as a layer: the edge enters and leaves it level.
-            points.push([x, y]);
-            points.push([x + NODE_W, y]);
+            let (mid, lead) = at(d);
+            // A dummy is as deep as a layer: the edge enters and leaves it level.
+            points.push(flow.point(mid, lead));
+            points.push(flow.point(mid, lead + flow.across()));
         }
-        points.push(at(b));
+        let (mid, lead) = at(b);
+        points.push(flow.point(mid, lead));
         out.edges.push(EdgePath {
             from: nodes[a].clone(),
             to: nodes[b].clone(),
@@ -145,6 +198,7 @@ pub fn layered(nodes: &[String], edges: &[(usize, usize)]) -> Layout {
 pub fn by_name<'a>(
     names: &[String],
     edges: impl IntoIterator<Item = (&'a str, &'a str)>,
+    flow: Flow,
 ) -> Layout {
     let at: HashMap<&str, usize> = names
         .iter()
@@ -155,7 +209,7 @@ pub fn by_name<'a>(
         .into_iter()
         .filter_map(|(a, b)| Some((*at.get(a)?, *at.get(b)?)))
         .collect();
-    layered(names, &edges)
+    layered_to(names, &edges, flow)
 }
 
 /// How many layouts [`cached`] keeps (every run of a pipeline shares one; the 1,000-stage
@@ -299,6 +353,36 @@ mod tests {
                 assert!(apart, "{a:?} and {b:?} overlap");
             }
         }
+    }
+
+    /// Top to bottom (lineage): every node below what it needs, edges leaving a node's
+    /// bottom and entering the next one's top, a skip edge bent around the middle layer,
+    /// nothing overlapping.
+    #[test]
+    fn down_layers_go_top_to_bottom() {
+        let edges = [(0, 1), (0, 2), (1, 3), (2, 3), (0, 3), (3, 4)];
+        let l = layered_to(&names(5), &edges, Flow::Down);
+        assert_eq!(l.flow, Flow::Down);
+        for e in &l.edges {
+            let (a, b) = (l.nodes[&e.from], l.nodes[&e.to]);
+            assert!(a[1] + NODE_H < b[1], "{} above {}: {l:?}", e.from, e.to);
+            let (first, last) = (e.points[0], e.points[e.points.len() - 1]);
+            assert_eq!(first, [a[0] + NODE_W / 2.0, a[1] + NODE_H], "{e:?}");
+            assert_eq!(last, [b[0] + NODE_W / 2.0, b[1]], "{e:?}");
+        }
+        let skip = l.edges.iter().find(|e| e.from == "s0" && e.to == "s3");
+        let [bx, by] = skip.unwrap().points[1];
+        for mid in ["s1", "s2"] {
+            let [x, y] = l.nodes[mid];
+            assert_eq!(by, y, "the bend is in the middle layer");
+            assert!(bx < x || bx > x + NODE_W, "the bend misses {mid}: {l:?}");
+        }
+        no_overlap(&l);
+        // A chain of 12 is one column: as tall as its layers, one node wide.
+        let chain: Vec<(usize, usize)> = (0..11).map(|i| (i, i + 1)).collect();
+        let l = layered_to(&names(12), &chain, Flow::Down);
+        assert_eq!(l.width, NODE_W + 2.0 * MARGIN, "{l:?}");
+        assert!(l.height > 12.0 * NODE_H, "{l:?}");
     }
 
     /// Nodes never overlap, components included, and everything is inside the size.

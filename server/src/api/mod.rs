@@ -54,8 +54,8 @@ mod people;
 pub mod views;
 pub use error::ApiError;
 use openapi::{
-    Cancelling, Queued, Registered, RunDetail, RunList, ScheduleList, ScheduleStatus, Spawned,
-    Started, Suspension,
+    Cancelling, Queued, Registered, RunDetail, RunList, RunView, ScheduleList, ScheduleStatus,
+    Spawned, Started, Suspension,
 };
 
 type Shared = Arc<Server>;
@@ -112,6 +112,7 @@ fn handler(method: &str, path: &str) -> axum::routing::MethodRouter<Shared> {
         ("get", "/api/v1/runs/{id}/events") => get(views::run_events),
         ("get", "/api/v1/runs/{id}/stages/{stage}/explain") => get(views::explain),
         ("get", "/api/v1/runs/{id}/stages/{stage}/history") => get(views::stage_history),
+        ("get", "/api/v1/runs/{id}/stages/{stage}/items") => get(views::items),
         ("get", "/api/v1/events") => get(views::list_events),
         ("get", "/api/v1/lineage") => get(views::lineage),
         ("get", "/api/v1/registry") => get(views::models),
@@ -431,7 +432,11 @@ async fn list_runs(
     match crate::query::runs_matching(s.engine.state().as_ref(), &filter)
         .map_err(ApiError::internal)?
     {
-        Ok(runs) => Ok(Json(RunList { runs })),
+        Ok(runs) => {
+            let orphans = crate::query::orphans(s.engine.state().as_ref())?;
+            let runs = runs.into_iter().map(|r| RunView::of(r, &orphans)).collect();
+            Ok(Json(RunList { runs }))
+        }
         Err(why) => Err(ApiError::bad_request(format!("phase {why}"))),
     }
 }
@@ -451,6 +456,8 @@ async fn get_run(
     let id = RunId(id);
     let run = known_run(&s, &id)?;
     let stages = s.engine.state().stages(&id)?;
+    let orphans = crate::query::orphans(s.engine.state().as_ref())?;
+    let run = RunView::of(run, &orphans);
     Ok(Json(RunDetail { run, stages }))
 }
 
@@ -765,18 +772,7 @@ fn follow(
     permit: crate::listener::StreamPermit,
 ) -> Response {
     use std::io::{Read as _, Seek as _};
-    let ended = move |s: &Server| {
-        s.engine
-            .state()
-            .attempts(&run)
-            .map(|a| {
-                a.iter().any(|a| {
-                    a.stage == stage
-                        && (a.attempt > attempt || (a.attempt == attempt && a.phase.is_terminal()))
-                })
-            })
-            .unwrap_or(true)
-    };
+    let ended = move |s: &Server| attempt_ended(s.engine.state().as_ref(), &run, &stage, attempt);
     // The permit rides in the stream's state: given back when the stream is dropped.
     let start = (0u64, false, permit);
     let stream = futures::stream::unfold(start, move |(offset, done, permit)| {
@@ -879,6 +875,51 @@ fn file_body(path: std::path::PathBuf, from: u64, to: u64) -> axum::body::Body {
     axum::body::Body::from_stream(pieces)
 }
 
+/// The number of the latest attempt of `stage_key` (a stage, or `STAGE/items/I`, an item
+/// of a map stage), if it has one.
+fn latest_attempt(
+    state: &dyn drivetrain_engine::state::StateStore,
+    run: &RunId,
+    stage_key: &str,
+) -> Result<Option<u32>, drivetrain_engine::state::StateError> {
+    let key = AttemptKey::from_stage_key(run.0.clone(), stage_key, 0);
+    if let Some(index) = key.item {
+        let items = state.map_items(run, &key.stage)?;
+        let attempts = items.get(index).map(|i| i.attempts).filter(|n| *n > 0);
+        return Ok(attempts);
+    }
+    let attempts = state.attempts(run)?;
+    let stage = attempts.iter().filter(|a| a.stage == stage_key);
+    Ok(stage.map(|a| a.attempt).max())
+}
+
+/// Whether attempt `attempt` of `stage_key` (a stage or a map item) has ended: a later one
+/// started, or it is recorded as ended (or cannot be read).
+fn attempt_ended(
+    state: &dyn drivetrain_engine::state::StateStore,
+    run: &RunId,
+    stage_key: &str,
+    attempt: u32,
+) -> bool {
+    let key = AttemptKey::from_stage_key(run.0.clone(), stage_key, attempt);
+    let after = |n: u32, phase: drivetrain_engine::state::Phase| {
+        n > attempt || (n == attempt && phase.is_terminal())
+    };
+    if let Some(index) = key.item {
+        return match state.map_items(run, &key.stage) {
+            Ok(items) => items.get(index).is_none_or(|i| after(i.attempts, i.phase)),
+            Err(_) => true,
+        };
+    }
+    state
+        .attempts(run)
+        .map(|a| {
+            a.iter()
+                .any(|a| a.stage == stage_key && after(a.attempt, a.phase))
+        })
+        .unwrap_or(true)
+}
+
 /// The latest attempt's log of a stage: the published one, or the live file while it runs.
 async fn logs(
     State(s): State<Shared>,
@@ -888,13 +929,7 @@ async fn logs(
     headers: axum::http::HeaderMap,
 ) -> Result<Response, ApiError> {
     let run = RunId(id);
-    let attempts = s.engine.state().attempts(&run)?;
-    let Some(latest) = attempts
-        .iter()
-        .filter(|a| a.stage == q.stage)
-        .map(|a| a.attempt)
-        .max()
-    else {
+    let Some(latest) = latest_attempt(s.engine.state().as_ref(), &run, &q.stage)? else {
         return Err(ApiError::not_found(format!(
             "run `{run}` has no attempts of stage `{}`",
             q.stage

@@ -51,13 +51,32 @@ pub struct WhoAmI {
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct RunList {
     /// Newest first.
-    pub runs: Vec<RunRecord>,
+    pub runs: Vec<RunView>,
+}
+
+/// A run as recorded, and whether it is orphaned.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct RunView {
+    #[serde(flatten)]
+    pub record: RunRecord,
+    /// Recorded as going on, but the engine driving it stopped beating (killed, or its
+    /// machine gone): nothing runs it until `drivetrain resume` (or a `serve` taking it
+    /// over) goes on, or `drivetrain cancel` ends it.
+    pub orphaned: bool,
+}
+
+impl RunView {
+    /// `record`, orphaned when it is among `orphans`.
+    pub fn of(record: RunRecord, orphans: &std::collections::BTreeSet<RunId>) -> Self {
+        let orphaned = !record.phase.is_terminal() && orphans.contains(&record.id);
+        RunView { record, orphaned }
+    }
 }
 
 /// `GET /api/v1/runs/{id}`.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct RunDetail {
-    pub run: RunRecord,
+    pub run: RunView,
     pub stages: Vec<StageRecord>,
 }
 
@@ -203,7 +222,7 @@ impl RunGraph {
             let edges = nodes
                 .iter()
                 .flat_map(|n| n.needs.iter().map(move |u| (u.as_str(), n.name.as_str())));
-            super::layout::by_name(&names, edges)
+            super::layout::by_name(&names, edges, super::layout::Flow::Right)
         });
         RunGraph {
             nodes,
@@ -235,6 +254,8 @@ pub struct LineageView {
     #[serde(flatten)]
     pub lineage: Lineage,
     pub layout: super::layout::Layout,
+    /// The model version the target named (`MODEL@VERSION`), whose artifact is the root.
+    pub model_version: Option<String>,
 }
 
 /// `GET /api/v1/runs/{id}/attempts`, in the order they started.
@@ -256,6 +277,35 @@ pub struct ItemSpan {
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
     pub reason: Option<String>,
+}
+
+/// `GET /api/v1/runs/{id}/stages/{stage}/items`: a page of a map stage's items.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ItemPage {
+    /// How many items the stage has.
+    pub total: usize,
+    /// In item order, from `offset`.
+    pub items: Vec<ItemView>,
+}
+
+/// One item of a map stage: its value, how its last attempt went, what it reported.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ItemView {
+    pub index: usize,
+    /// The item as the stage got it (`{{ item }}`).
+    pub item: Value,
+    pub phase: drivetrain_engine::state::Phase,
+    /// Its attempts so far.
+    pub attempts: u32,
+    pub reason: Option<String>,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+    /// The values its last succeeded attempt reported (`null` before).
+    pub values: Value,
+    /// What its last attempt used, where measured.
+    pub usage: Option<drivetrain_engine::executor::ResourceUsage>,
+    /// Its log: `GET /api/v1/runs/{id}/logs?stage=` this.
+    pub log_stage: String,
 }
 
 /// `GET /api/v1/registry`: each model with `versions` (metrics, source run, files),
@@ -550,6 +600,18 @@ pub const ROUTES: &[Route] = &[
         query: &[("limit", r#"{"type": "integer", "minimum": 1, "maximum": 200}"#, "how many runs (default 20)")],
         request: None,
         responses: &[(200, "the stage run by run", body!(StageHistory)), (400, "a limit that is not 1 to 200", ERROR), (404, "no such run", ERROR)],
+    },
+    Route {
+        method: "get",
+        path: "/api/v1/runs/{id}/stages/{stage}/items",
+        rule: Rule::Need(Verb::Read),
+        summary: "A page of a map stage's items: each one's value, phase, attempts, times, values and where its log is",
+        query: &[
+            ("offset", r#"{"type": "integer", "minimum": 0}"#, "the first item's index (default 0)"),
+            ("limit", r#"{"type": "integer", "minimum": 1, "maximum": 1000}"#, "how many items (default 100)"),
+        ],
+        request: None,
+        responses: &[(200, "the items", body!(ItemPage)), (400, "a limit that is not 1 to 1000", ERROR), (404, "no such run, or no map stage of that name in it", ERROR)],
     },
     Route {
         method: "get",

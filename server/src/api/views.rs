@@ -22,7 +22,9 @@ use drivetrain_engine::engine::Home;
 use drivetrain_engine::plan::Action;
 use drivetrain_engine::state::RunId;
 
-use super::openapi::{AttemptList, GraphNode, ItemSpan, RunGraph, StageHistory, StageHistoryEntry};
+use super::openapi::{
+    AttemptList, GraphNode, ItemPage, ItemSpan, ItemView, RunGraph, StageHistory, StageHistoryEntry,
+};
 use super::{known_run, ApiError, Params, Shared};
 use crate::listener::Client;
 
@@ -168,18 +170,21 @@ pub(super) async fn run_events(
                 let (server, id) = (s.clone(), run.clone());
                 let turn = s.stream_reads.acquire().await;
                 let read = tokio::task::spawn_blocking(move || {
+                    let state = server.engine.state();
                     (
-                        server.engine.state().run(&id),
-                        server.engine.state().stages(&id),
+                        state.run(&id),
+                        state.stages(&id),
+                        crate::query::orphans(state.as_ref()),
                     )
                 })
                 .await;
                 drop(turn);
-                let (record, stages) = match read {
-                    Ok((Ok(r), Ok(st))) => (r, st),
+                let (record, stages, orphans) = match read {
+                    Ok((Ok(r), Ok(st), Ok(o))) => (r, st, o),
                     _ => return None,
                 };
                 let ended = record.phase.is_terminal();
+                let record = super::openapi::RunView::of(record, &orphans);
                 let record = serde_json::to_value(&record).unwrap_or_default();
                 let mut events = Vec::new();
                 if sent.run.is_none() {
@@ -327,6 +332,65 @@ pub(super) async fn list_events(
 }
 
 #[derive(Deserialize)]
+pub(super) struct ItemsQuery {
+    #[serde(default)]
+    offset: usize,
+    #[serde(default = "default_items")]
+    limit: usize,
+}
+
+fn default_items() -> usize {
+    100
+}
+
+/// The most items `…/items` answers at once.
+const MAX_ITEMS: usize = 1000;
+
+/// `GET /api/v1/runs/{id}/stages/{stage}/items`: a page of a map stage's items, each with
+/// its value, how its last attempt went and what it reported: the table a sweep needs.
+pub(super) async fn items(
+    State(s): State<Shared>,
+    Path((id, stage)): Path<(String, String)>,
+    Params(q): Params<ItemsQuery>,
+) -> Result<Json<ItemPage>, ApiError> {
+    if q.limit == 0 || q.limit > MAX_ITEMS {
+        let why = format!("limit: 1 to {MAX_ITEMS} items");
+        return Err(ApiError::bad_request(why));
+    }
+    let run = RunId(id);
+    known_run(&s, &run)?;
+    let read = tokio::task::spawn_blocking(move || {
+        let state = s.engine.state();
+        let all = state.map_items(&run, &stage)?;
+        let total = all.len();
+        let items = all
+            .into_iter()
+            .skip(q.offset)
+            .take(q.limit)
+            .map(|i| ItemView {
+                log_stage: format!("{stage}/items/{}", i.index),
+                index: i.index,
+                item: i.item,
+                phase: i.phase,
+                attempts: i.attempts,
+                reason: i.reason,
+                started_at: i.started_at,
+                finished_at: i.finished_at,
+                values: i.values,
+                usage: i.usage,
+            })
+            .collect();
+        let known = total > 0 || state.stages(&run)?.iter().any(|st| st.stage == stage);
+        Ok::<_, drivetrain_engine::state::StateError>(known.then_some(ItemPage { total, items }))
+    })
+    .await;
+    read?
+        .map_err(ApiError::internal)?
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("no map stage of that name in the run"))
+}
+
+#[derive(Deserialize)]
 pub(super) struct HistoryQuery {
     #[serde(default = "default_history")]
     limit: usize,
@@ -421,8 +485,12 @@ pub(super) async fn lineage(
     let server = s.clone();
     let rt = tokio::runtime::Handle::current();
     let made = tokio::task::spawn_blocking(move || {
+        let mut model_version = None;
         let target = match crate::query::model_target(&server.home, &q.target, &rt) {
-            Ok(Some(digest)) => digest,
+            Ok(Some(digest)) => {
+                model_version = Some(q.target.clone());
+                digest
+            }
             Ok(None) => q.target.clone(),
             Err(e) => return Err(LineageError::NotFound(e.to_string())),
         };
@@ -465,10 +533,25 @@ pub(super) async fn lineage(
             }
         }
         // Laid out like a run's graph (not kept: lineage grows with every run).
+        // Top to bottom from the target: walking upstream, each edge is laid out turned
+        // round (what a node was made of below it), then drawn as it goes.
         let names: Vec<String> = g.nodes.keys().cloned().collect();
-        let edges = g.edges.iter().map(|(a, b)| (a.as_str(), b.as_str()));
-        let layout = super::layout::by_name(&names, edges);
-        Ok(super::openapi::LineageView { lineage: g, layout })
+        let edges = g.edges.iter().map(|(a, b)| match q.downstream {
+            true => (a.as_str(), b.as_str()),
+            false => (b.as_str(), a.as_str()),
+        });
+        let mut layout = super::layout::by_name(&names, edges, super::layout::Flow::Down);
+        if !q.downstream {
+            for e in &mut layout.edges {
+                std::mem::swap(&mut e.from, &mut e.to);
+                e.points.reverse();
+            }
+        }
+        Ok(super::openapi::LineageView {
+            lineage: g,
+            layout,
+            model_version,
+        })
     })
     .await;
     // A target that names nothing, or a run that is gone: not found.

@@ -4,7 +4,7 @@
 // API under /api/v1 (docs/openapi.json). Text from the server is only ever set as text
 // (textContent, attributes), never parsed as HTML.
 
-import { h, num, MARK } from "./dom.js";
+import { h, num, MARK, seen } from "./dom.js";
 import { graphView } from "./graph.js";
 import { timeline } from "./timeline.js";
 import { barChart, overTime, recordedSeries } from "./charts.js";
@@ -134,7 +134,12 @@ async function streamText(path, signal, pre) {
 
 const esc = encodeURIComponent;
 const runLink = (id) => h("a", { href: `#/runs/${esc(id)}` }, id);
-const badge = (phase) => h("span", { class: `badge phase-${phase}` }, h("span", { "aria-hidden": "true" }, MARK[phase] || ""), ` ${phase}`);
+/** A phase as a badge; `how` ({orphaned, reason}) as `seen` reads it. */
+const badge = (phase, how) => {
+  const v = seen(phase, how);
+  return h("span", { class: `badge phase-${v.cls}`, title: v.cls === "Orphaned" ? ORPHANED : null }, h("span", { "aria-hidden": "true" }, v.mark), ` ${v.word}`);
+};
+const ORPHANED = "its engine stopped beating: nothing runs it until `drivetrain resume` goes on where it stopped (or `drivetrain cancel` ends it)";
 const lineageLink = (target, text = "lineage") => h("a", { href: `#/lineage?target=${esc(target)}`, class: "lineage-link" }, text);
 
 function when(t) {
@@ -214,11 +219,11 @@ async function runsPage(query) {
     const row = (r) => h("tr", { "data-run": r.id },
       h("td", {}, runLink(r.id)),
       h("td", {}, r.pipeline),
-      h("td", {}, badge(r.phase)),
+      h("td", {}, badge(r.phase, r)),
       h("td", {}, r.trigger),
       h("td", {}, r.parent ? runLink(r.parent) : ""),
       h("td", {}, when(r.created_at)),
-      h("td", {}, took(r.created_at, r.finished_at)),
+      h("td", {}, r.orphaned ? "—" : took(r.created_at, r.finished_at)),
       h("td", { class: "reason" }, r.reason || ""));
     // Drawn a page at a time: a browser lays out 500 rows at once quickly, 10,000 slowly.
     const draw = (n) => {
@@ -273,12 +278,13 @@ async function runPage(id, selected) {
 
   const renderHead = () => {
     head.replaceChildren(
-      h("h1", {}, `Run ${run.id}`, " ", badge(run.phase)),
+      h("h1", {}, `Run ${run.id}`, " ", badge(run.phase, run)),
+      run.orphaned ? h("p", { class: "note orphaned" }, `Orphaned: the engine of this run stopped beating, so nothing runs it now. \`drivetrain resume ${run.id}\` goes on where it stopped; \`drivetrain cancel ${run.id}\` ends it.`) : "",
       h("dl", { class: "facts" },
         h("dt", {}, "Pipeline"), h("dd", {}, run.pipeline, " ", lineageLink(`${run.id}/${names[names.length - 1]}`, "lineage of its last stage")),
         h("dt", {}, "Trigger"), h("dd", {}, run.trigger, run.parent ? [" of ", runLink(run.parent)] : ""),
         h("dt", {}, "Created"), h("dd", {}, when(run.created_at)),
-        h("dt", {}, "Took"), h("dd", { "data-field": "took" }, took(run.created_at, run.finished_at)),
+        h("dt", {}, "Took"), h("dd", { "data-field": "took" }, run.orphaned ? "— (its engine stopped)" : took(run.created_at, run.finished_at)),
         run.reason ? [h("dt", {}, "Reason"), h("dd", { class: "reason" }, run.reason)] : "",
         run.selection ? [h("dt", {}, "Executed"), h("dd", {}, run.selection.join(", "))] : "",
         Object.keys(run.params || {}).length ? [h("dt", {}, "Params"), h("dd", {}, Object.entries(run.params).map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`).join("  "))] : ""));
@@ -346,7 +352,8 @@ async function runPage(id, selected) {
   const sub = (n) => {
     const s = stages.get(n.id);
     const phase = s ? s.phase : "Pending";
-    const bits = [`${MARK[phase]} ${phase}`];
+    const v = seen(phase, { orphaned: run.orphaned && phase === "Running", reason: s && s.reason });
+    const bits = [`${v.mark} ${v.word}`];
     if (s && s.attempts > 1) bits.push(`${s.attempts} attempts`);
     if (s && s.origin && s.origin !== "ran") bits.push(s.origin);
     if (n.map) {
@@ -359,7 +366,7 @@ async function runPage(id, selected) {
   const view = graphView(nodes, graph.layout, {
     name: `stages of ${run.pipeline}`,
     label: (n) => [n.id, sub(n)],
-    classOf: (n) => `phase-${phaseOf(n.id)}${n.map ? " map" : ""}`,
+    classOf: (n) => `phase-${seen(phaseOf(n.id), { orphaned: run.orphaned && phaseOf(n.id) === "Running", reason: (stages.get(n.id) || {}).reason }).cls}${n.map ? " map" : ""}`,
     onPick: (n) => { location.hash = `#/runs/${esc(id)}/${esc(n.id)}`; },
   });
   const paint = (name) => view.paint(name);
@@ -384,7 +391,7 @@ async function runPage(id, selected) {
   // While the run goes on, running bars grow.
   const ticking = setInterval(() => {
     if (signal.aborted) clearInterval(ticking);
-    else if (!TERMINAL.has(run.phase)) later();
+    else if (!TERMINAL.has(run.phase) && !run.orphaned) later();
   }, 2000);
 
   const select = (name) => {
@@ -394,7 +401,7 @@ async function runPage(id, selected) {
     stageSignal.abort();
     stageSignal = new AbortController();
     const s = stages.get(name);
-    if (s) stagePanel(run, s, panel, stageSignal.signal);
+    if (s) stagePanel(run, s, panel, stageSignal.signal, { map: !!(nodes.find((n) => n.id === name) || {}).map });
     else panel.replaceChildren(h("h2", {}, name), h("p", {}, "Pending: not started yet."));
     renderActions();
   };
@@ -495,7 +502,54 @@ function stageCharts(run, s, signal) {
   return box;
 }
 
-async function stagePanel(run, s, panel, signal) {
+/** An item's value or values in one short line: `{"lr": 0.1}` → `lr=0.1`. */
+function brief(v) {
+  if (v === null || v === undefined) return "";
+  if (typeof v !== "object") return String(v);
+  const text = Array.isArray(v) ? JSON.stringify(v) : Object.entries(v).map(([k, x]) => `${k}=${typeof x === "number" ? num(x) : typeof x === "string" ? x : JSON.stringify(x)}`).join("  ");
+  return text.length > 160 ? `${text.slice(0, 159)}…` : text;
+}
+
+/** A map stage's items, a page at a time: value, phase, attempts, time, values, reason;
+ * choosing one shows its log in `logs`. */
+function itemsTable(run, s, logs, signal) {
+  const body = h("tbody");
+  const count = h("span", { class: "count" });
+  const more = h("p");
+  const page = 100;
+  let reading = new AbortController();
+  const load = async (offset) => {
+    const p = await api(`/api/v1/runs/${esc(run.id)}/stages/${esc(s.stage)}/items?offset=${offset}&limit=${page}`, { signal });
+    for (const it of p.items) {
+      const open = h("button", { type: "button", class: "link", "data-item": it.index, title: `the log of item ${it.index}` }, String(it.index));
+      open.addEventListener("click", () => {
+        for (const r of body.querySelectorAll("tr.chosen")) r.classList.remove("chosen");
+        open.closest("tr").classList.add("chosen");
+        logs.setAttribute("aria-label", `log of ${s.stage} item ${it.index}`);
+        logs.textContent = it.attempts ? "…" : "(not started)";
+        delete logs.dataset.ended;
+        reading.abort();
+        reading = new AbortController();
+        const both = AbortSignal.any([signal, reading.signal]);
+        if (it.attempts) streamText(`/api/v1/runs/${esc(run.id)}/logs?stage=${esc(it.log_stage)}${it.phase === "Running" ? "&follow=true" : ""}`, both, logs).catch(quiet);
+      });
+      body.append(h("tr", { "data-item": it.index },
+        h("td", {}, open), h("td", { class: "item" }, brief(it.item)), h("td", {}, badge(it.phase, { orphaned: run.orphaned && it.phase === "Running", reason: it.reason })),
+        h("td", { class: "num" }, it.attempts), h("td", {}, took(it.started_at, it.finished_at)),
+        h("td", { class: "values" }, brief(it.values)), h("td", { class: "reason" }, it.reason || "")));
+    }
+    const shown = body.rows.length;
+    count.textContent = ` (${p.total}${shown < p.total ? `, the first ${shown} shown` : ""})`;
+    more.replaceChildren(shown < p.total
+      ? h("button", { type: "button", id: "more-items", onclick: () => load(shown).catch(quiet) }, `Show ${Math.min(page, p.total - shown)} more`)
+      : "");
+  };
+  load(0).catch(quiet);
+  return [h("table", { class: "items" }, h("caption", {}, "Items", count),
+    h("thead", {}, h("tr", {}, ["#", "Item", "Phase", "Attempts", "Took", "Values", "Reason"].map((c) => h("th", { scope: "col" }, c)))), body), more];
+}
+
+async function stagePanel(run, s, panel, signal, { map = false } = {}) {
   const logs = h("pre", { class: "log", id: "log", tabindex: 0, "aria-label": `log of ${s.stage}` }, "…");
   const explained = h("div", { class: "explain" });
   const explain = h("button", { type: "button", id: "explain" }, "Explain");
@@ -519,16 +573,16 @@ async function stagePanel(run, s, panel, signal) {
   const charts = stageCharts(run, s, signal);
   const attempts = h("tbody");
   panel.replaceChildren(
-    h("h2", {}, s.stage, " ", badge(s.phase)),
+    h("h2", {}, s.stage, " ", badge(s.phase, { orphaned: run.orphaned && s.phase === "Running", reason: s.reason })),
     h("dl", { class: "facts" },
       h("dt", {}, "Outputs from"), h("dd", { "data-field": "origin" }, origin(s)),
-      h("dt", {}, "Attempts"), h("dd", {}, s.attempts),
+      map ? "" : [h("dt", {}, "Attempts"), h("dd", {}, s.attempts)],
       h("dt", {}, "Took"), h("dd", {}, took(s.started_at, s.finished_at)),
       s.exit_code !== null && s.exit_code !== undefined ? [h("dt", {}, "Exit code"), h("dd", {}, s.exit_code)] : "",
       s.reason ? [h("dt", {}, "Reason"), h("dd", { class: "reason" }, s.reason)] : "",
       s.usage ? [h("dt", {}, "Used"), h("dd", { "data-field": "usage" }, usage(s.usage))] : ""),
-    h("table", { class: "attempts" }, h("caption", {}, "Attempts"),
-      h("thead", {}, h("tr", {}, ["#", "Phase", "Started", "Took", "Exit", "Reason"].map((c) => h("th", { scope: "col" }, c)))), attempts),
+    h("div", { class: "tries" }, map ? itemsTable(run, s, logs, signal) : h("table", { class: "attempts" }, h("caption", {}, "Attempts"),
+      h("thead", {}, h("tr", {}, ["#", "Phase", "Started", "Took", "Exit", "Reason"].map((c) => h("th", { scope: "col" }, c)))), attempts)),
     outputs.length ? h("table", { class: "outputs" }, h("caption", {}, "Outputs"),
       h("thead", {}, h("tr", {}, ["Output", "Digest", ""].map((c) => h("th", { scope: "col" }, c)))),
       h("tbody", {}, outputs.map(([name, o]) => h("tr", {},
@@ -544,10 +598,12 @@ async function stagePanel(run, s, panel, signal) {
     logs);
   api(`/api/v1/runs/${esc(run.id)}/attempts`).then(({ attempts: all }) => {
     attempts.replaceChildren(...all.filter((a) => a.stage === s.stage).map((a) => h("tr", {},
-      h("td", {}, a.attempt), h("td", {}, badge(a.phase)), h("td", {}, when(a.started_at)),
+      h("td", {}, a.attempt), h("td", {}, badge(a.phase, { orphaned: run.orphaned && a.phase === "Running", reason: a.reason })), h("td", {}, when(a.started_at)),
       h("td", {}, took(a.started_at, a.finished_at)), h("td", {}, a.exit_code ?? ""), h("td", { class: "reason" }, a.reason || ""))));
   }).catch(quiet);
-  if (s.attempts > 0 || s.phase === "Running") {
+  if (map) {
+    logs.textContent = "Choose an item to see its log.";
+  } else if (s.attempts > 0 || s.phase === "Running") {
     const follow = s.phase === "Running" ? "&follow=true" : "";
     streamText(`/api/v1/runs/${esc(run.id)}/logs?stage=${esc(s.stage)}${follow}`, signal, logs).catch(quiet);
   } else {
@@ -585,6 +641,8 @@ async function lineagePage(query) {
   const nodes = Object.keys(g.nodes).map((id) => ({ id, needs: needs.get(id) }));
   const label = (n) => {
     const v = g.nodes[n.id];
+    // The model version asked for is its artifact: the root is named by it.
+    if (v.kind === "artifact" && g.model_version && g.roots.includes(n.id)) return [g.model_version, `${v.output} ${v.digest.slice(7, 19)}`];
     if (v.kind === "artifact") return [`${v.output} ${v.digest.slice(7, 19)}`, v.url.split("/").slice(-2).join("/")];
     return [`${v.stage}`, `${v.run} · ${v.origin}`];
   };
@@ -602,7 +660,7 @@ async function lineagePage(query) {
     const el = view.element.querySelector(`[data-node="${CSS.escape(id)}"]`);
     if (el) el.dataset.kind = v.kind;
   }
-  main().append(h("p", { class: "count" }, `${nodes.length} node(s), ${g.edges.length} edge(s). A stage opens its run; an artifact turns the walk around.`), view.element);
+  main().append(h("p", { class: "count" }, `${g.model_version ? `${g.model_version}: ` : ""}${nodes.length} node(s), ${g.edges.length} edge(s), ${q.get("downstream") === "true" ? "what was made of it below" : "what it was made of below"}. A stage opens its run; an artifact turns the walk around.`), view.element);
 }
 
 // ---- registry ---------------------------------------------------------------------

@@ -31,3 +31,18 @@ export const MARK = {
   Pending: "○", Running: "▶", Succeeded: "✓", Failed: "✗", Error: "!", Skipped: "–",
   Omitted: "–", Cancelled: "■", Waiting: "⏸",
 };
+
+/**
+ * How a phase is shown: an orphaned run (its engine stopped beating) and a lost attempt
+ * (its process or node vanished) say so, rather than ▶ Running with a growing bar or
+ * ✗ Failed. `{cls, mark, word}`: a class suffix, a mark and the words.
+ */
+export function seen(phase, { orphaned = false, reason = "" } = {}) {
+  if (orphaned && !["Succeeded", "Failed", "Error", "Skipped", "Omitted", "Cancelled"].includes(phase)) {
+    return { cls: "Orphaned", mark: "⚠", word: `${phase} (orphaned)` };
+  }
+  if ((phase === "Failed" || phase === "Error") && /^lost\b/.test(reason || "")) {
+    return { cls: "Lost", mark: "⚠", word: "Lost" };
+  }
+  return { cls: phase, mark: MARK[phase] || "", word: phase };
+}

@@ -1,20 +1,32 @@
-// A laid-out graph (the API's `layout`: a layered drawing made by the server) in a view
-// that pans (drag), zooms (wheel, + and -, the buttons) and is walked with the keyboard:
-// arrows go to the stage upstream, downstream or beside, Enter opens it. Every edge
+// A laid-out graph (the API's `layout`: a layered drawing made by the server, its layers
+// going right or down) in a view that pans (drag), zooms (wheel, + and -, the buttons)
+// and is walked with the keyboard: arrows go to the node upstream, downstream or beside,
+// Enter opens it. It is never drawn smaller than its text can be read. Every edge
 // carries `data-from` and `data-to`; every node `data-node`.
 
 import { h } from "./dom.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 
-/** An edge's path through its points: level at each end, a curve between layers. */
-function pathOf(points) {
+/** The smallest text the view shows, in px at scale 1 (`.dag .node text.sub`). */
+const SMALLEST_TEXT = 11;
+/** The smallest on-screen text size a first paint (or Fit) may give. */
+const READABLE = 11;
+
+/** An edge's path through its points: straight along the flow at each end, a curve
+ * between layers. */
+function pathOf(points, down) {
   let d = `M${points[0][0]},${points[0][1]}`;
   for (let i = 1; i < points.length; i++) {
     const [ax, ay] = points[i - 1];
     const [bx, by] = points[i];
-    const mid = (ax + bx) / 2;
-    d += ay === by ? ` L${bx},${by}` : ` C${mid},${ay} ${mid},${by} ${bx},${by}`;
+    if (down) {
+      const mid = (ay + by) / 2;
+      d += ax === bx ? ` L${bx},${by}` : ` C${ax},${mid} ${bx},${mid} ${bx},${by}`;
+    } else {
+      const mid = (ax + bx) / 2;
+      d += ay === by ? ` L${bx},${by}` : ` C${mid},${ay} ${mid},${by} ${bx},${by}`;
+    }
   }
   return d;
 }
@@ -26,9 +38,10 @@ function pathOf(points) {
  */
 export function graphView(nodes, lay, { label, classOf, onPick, name = "graph" }) {
   const W = lay.node_width, H = lay.node_height;
+  const down = lay.flow === "down";
   const byId = new Map(nodes.map((n) => [n.id, n]));
-  const down = new Map(nodes.map((n) => [n.id, []]));
-  for (const e of lay.edges) if (down.has(e.from)) down.get(e.from).push(e.to);
+  const after = new Map(nodes.map((n) => [n.id, []]));
+  for (const e of lay.edges) if (after.has(e.from)) after.get(e.from).push(e.to);
   // Nodes laid out where the server could not (it failed): one column.
   const at = (id, i) => lay.nodes[id] || [10, 10 + i * (H + 12)];
 
@@ -40,7 +53,7 @@ export function graphView(nodes, lay, { label, classOf, onPick, name = "graph" }
   const edges = h("svg:g", { class: "edges" });
   const edgeEls = new Map(nodes.map((n) => [n.id, []]));
   for (const e of lay.edges) {
-    const p = h("svg:path", { d: pathOf(e.points), "data-from": e.from, "data-to": e.to, "marker-end": "url(#arrow)" });
+    const p = h("svg:path", { d: pathOf(e.points, down), "data-from": e.from, "data-to": e.to, "marker-end": "url(#arrow)" });
     edges.append(p);
     for (const end of [e.from, e.to]) if (edgeEls.has(end)) edgeEls.get(end).push(p);
   }
@@ -80,8 +93,10 @@ export function graphView(nodes, lay, { label, classOf, onPick, name = "graph" }
   };
   const fit = () => {
     const b = box();
-    // Small enough to see it all, but never so small that names cannot be read.
-    k = Math.min(1, Math.max(0.5, Math.min((b.width || 800) / lay.width, (b.height || 480) / lay.height)));
+    // Small enough to see it all, but never so small that its smallest text is below
+    // READABLE px: a big graph shows its start, and is panned.
+    const least = READABLE / SMALLEST_TEXT;
+    k = Math.min(1, Math.max(least, Math.min((b.width || 800) / lay.width, (b.height || 480) / lay.height)));
     tx = Math.max(0, ((b.width || 800) - lay.width * k) / 2);
     ty = 0;
     apply();
@@ -130,17 +145,31 @@ export function graphView(nodes, lay, { label, classOf, onPick, name = "graph" }
     el.setAttribute("tabindex", 0);
     el.focus();
   };
-  /** The node of `ids` nearest to `id` on the page, by height. */
+  // Along a layer is y (flowing right) or x (flowing down); across layers the other.
+  const [ALONG, ACROSS] = down ? [0, 1] : [1, 0];
+  /** The node of `ids` nearest to `id` along its layer. */
   const nearest = (id, ids) => {
-    const y = (lay.nodes[id] || [0, 0])[1];
-    return ids.slice().sort((a, b) => Math.abs((lay.nodes[a] || [0, 0])[1] - y) - Math.abs((lay.nodes[b] || [0, 0])[1] - y))[0];
+    const a = (lay.nodes[id] || [0, 0])[ALONG];
+    return ids.slice().sort((p, q) => Math.abs((lay.nodes[p] || [0, 0])[ALONG] - a) - Math.abs((lay.nodes[q] || [0, 0])[ALONG] - a))[0];
   };
   const beside = (id, dir) => {
-    const [x, y] = lay.nodes[id] || [0, 0];
-    const same = nodes.map((n) => n.id).filter((o) => o !== id && (lay.nodes[o] || [])[0] === x)
-      .filter((o) => (lay.nodes[o][1] - y) * dir > 0)
-      .sort((a, b) => (lay.nodes[a][1] - lay.nodes[b][1]) * dir);
+    const at = lay.nodes[id] || [0, 0];
+    const same = nodes.map((n) => n.id).filter((o) => o !== id && (lay.nodes[o] || [])[ACROSS] === at[ACROSS])
+      .filter((o) => (lay.nodes[o][ALONG] - at[ALONG]) * dir > 0)
+      .sort((p, q) => (lay.nodes[p][ALONG] - lay.nodes[q][ALONG]) * dir);
     return same[0];
+  };
+  // The keys to go to a linked node further on or back across the layers (as the page
+  // shows them: right or down), and to the one beside in the layer.
+  const KEYS = down
+    ? { on: "ArrowDown", back: "ArrowUp", prev: "ArrowLeft", next: "ArrowRight" }
+    : { on: "ArrowRight", back: "ArrowLeft", prev: "ArrowUp", next: "ArrowDown" };
+  /** The nodes linked to `id` (either way) that lie further across the layers (`dir` 1)
+   * or back (-1). */
+  const linked = (id, dir) => {
+    const at = (lay.nodes[id] || [0, 0])[ACROSS];
+    const ends = (after.get(id) || []).concat((byId.get(id).needs || []).filter((u) => byId.has(u)));
+    return ends.filter((o) => ((lay.nodes[o] || [0, 0])[ACROSS] - at) * dir > 0);
   };
   function key(e, n) {
     let to;
@@ -149,10 +178,10 @@ export function graphView(nodes, lay, { label, classOf, onPick, name = "graph" }
       onPick(n);
       return;
     }
-    if (e.key === "ArrowRight") to = nearest(n.id, down.get(n.id) || []);
-    else if (e.key === "ArrowLeft") to = nearest(n.id, (byId.get(n.id).needs || []).filter((u) => byId.has(u)));
-    else if (e.key === "ArrowDown") to = beside(n.id, 1);
-    else if (e.key === "ArrowUp") to = beside(n.id, -1);
+    if (e.key === KEYS.on) to = nearest(n.id, linked(n.id, 1));
+    else if (e.key === KEYS.back) to = nearest(n.id, linked(n.id, -1));
+    else if (e.key === KEYS.next) to = beside(n.id, 1);
+    else if (e.key === KEYS.prev) to = beside(n.id, -1);
     else if (e.key === "+" || e.key === "=") zoom(1.25);
     else if (e.key === "-") zoom(0.8);
     else return;
@@ -189,10 +218,12 @@ export function graphView(nodes, lay, { label, classOf, onPick, name = "graph" }
   const element = h("div", { class: "graph" },
     h("div", { class: "graph-tools" },
       button("+", "zoom in", () => zoom(1.25)), button("−", "zoom out", () => zoom(0.8)), button("Fit", "fit the graph in view", fit),
-      h("span", { class: "hint" }, "drag to pan, wheel to zoom; Tab into the graph, arrows move between stages, Enter opens one")),
+      h("span", { class: "hint" }, "drag to pan, wheel to zoom; Tab into the graph, arrows move to the linked node that way (or the one beside), Enter opens one")),
     svg);
-  // As tall as the graph, within most of the window; fitted once it is on the page.
-  svg.style.height = `${Math.round(Math.max(220, Math.min(lay.height + 16, window.innerHeight * 0.7)))}px`;
+  // As tall as the graph, within most of the window (a graph flowing down, within a few
+  // windows: the page scrolls); fitted once it is on the page.
+  const tallest = window.innerHeight * (down ? 3 : 0.7);
+  svg.style.height = `${Math.round(Math.max(220, Math.min(lay.height + 16, tallest)))}px`;
   requestAnimationFrame(fit);
   return { element, paint, select, fit };
 }

@@ -5,7 +5,7 @@
 // `data-stage`, `data-attempt` (and `data-item`), `data-start` and `data-end`; the drawing
 // carries `data-t0` and `data-ms-per-px`, so a bar's place can be checked against times.
 
-import { h, MARK } from "./dom.js";
+import { h, seen } from "./dom.js";
 
 const LABEL = 190, ROW = 20, BAR = 14, AXIS = 24;
 
@@ -45,7 +45,9 @@ function lanes(items, now) {
  * attempts API), `width` in pixels.
  */
 export function timeline({ run, order, needs, stages, attempts, items, width }) {
-  const now = Date.now();
+  // An orphaned run's bars stop where it was last heard of, not at the clock.
+  const heard = [ms(run.created_at), ...attempts.flatMap((a) => [ms(a.started_at), ms(a.finished_at)]), ...items.flatMap((i) => [ms(i.started_at), ms(i.finished_at)])];
+  const now = run.orphaned ? Math.max(...heard.filter((t) => !isNaN(t))) : Date.now();
   const t0 = ms(run.created_at);
   const ended = [ms(run.finished_at)];
   for (const a of attempts) ended.push(ms(a.finished_at) || now);
@@ -93,17 +95,19 @@ export function timeline({ run, order, needs, stages, attempts, items, width }) 
             `${name}: retry backoff ${span(start - prev)} before attempt ${a.attempt}`);
         }
       }
-      bar(x(start), x(end), top, `bar phase-${a.phase}`, { "data-stage": name, "data-attempt": a.attempt, "data-start": a.started_at, "data-end": a.finished_at || "" },
-        `${name} attempt ${a.attempt}: ${MARK[a.phase] || ""} ${a.phase}, ${span(end - start)}${a.reason ? ` (${a.reason})` : ""}`);
+      const v = seen(a.phase, { orphaned: run.orphaned, reason: a.reason });
+      bar(x(start), x(end), top, `bar phase-${v.cls}`, { "data-stage": name, "data-attempt": a.attempt, "data-start": a.started_at, "data-end": a.finished_at || "" },
+        `${name} attempt ${a.attempt}: ${v.mark} ${v.word}, ${span(end - start)}${a.reason ? ` (${a.reason})` : ""}`);
     });
     let height = ROW;
     if (its.length) {
       const { placed, count } = lanes(its, now);
       for (const [it, lane] of placed) {
         const start = ms(it.started_at), end = ms(it.finished_at) || now;
-        bar(x(start), x(end), top + lane * ROW, `bar item phase-${it.phase}`,
+        const v = seen(it.phase, { orphaned: run.orphaned, reason: it.reason });
+        bar(x(start), x(end), top + lane * ROW, `bar item phase-${v.cls}`,
           { "data-stage": name, "data-item": it.index, "data-attempt": it.attempts, "data-start": it.started_at, "data-end": it.finished_at || "" },
-          `${name} item ${it.index} attempt ${it.attempts}: ${it.phase}, ${span(end - start)}`);
+          `${name} item ${it.index} attempt ${it.attempts}: ${v.word}, ${span(end - start)}`);
       }
       height = count * ROW;
     }
@@ -112,8 +116,8 @@ export function timeline({ run, order, needs, stages, attempts, items, width }) 
       bar(at - 3, at + 3, top, "cached", { "data-stage": name, "data-kind": s.origin, "data-start": s.finished_at, "data-end": s.finished_at },
         `${name}: outputs ${s.origin} from run ${s.origin_run}`);
     }
-    const phase = s ? s.phase : "Pending";
-    labels.append(h("svg:text", { x: 4, y: y + ROW / 2 + 4, class: "stage" }, `${MARK[phase] || ""} ${name.length > 24 ? `${name.slice(0, 23)}…` : name}`,
+    const shown = seen(s ? s.phase : "Pending", { orphaned: run.orphaned, reason: s && s.reason });
+    labels.append(h("svg:text", { x: 4, y: y + ROW / 2 + 4, class: "stage" }, `${shown.mark} ${name.length > 24 ? `${name.slice(0, 23)}…` : name}`,
       its.length ? ` (${its.length} items)` : ""));
     rows.push(name);
     y += height;
@@ -129,7 +133,7 @@ export function timeline({ run, order, needs, stages, attempts, items, width }) 
     "aria-label": `timeline of ${rows.length} stage(s) over ${span(t1 - t0)}`,
     "data-t0": new Date(t0).toISOString(), "data-ms-per-px": perPx, "data-label-width": LABEL,
   }, axis, labels, bars);
-  const legend = h("p", { class: "legend" }, ["Succeeded", "Failed", "Running", "Cancelled"].map((p) => h("span", { class: `key phase-${p}` }, `${MARK[p]} ${p}`)),
+  const legend = h("p", { class: "legend" }, ["Succeeded", "Failed", "Running", "Cancelled"].map((p) => h("span", { class: `key phase-${p}` }, `${seen(p).mark} ${p}`)),
     h("span", { class: "key queued" }, "queued"), h("span", { class: "key backoff" }, "retry backoff"), h("span", { class: "key cached" }, "cached"));
   return h("div", { class: "timeline-box", tabindex: 0, role: "region", "aria-label": "timeline" }, svg, legend);
 }
