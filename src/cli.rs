@@ -481,6 +481,11 @@ pub(crate) enum ServerGroup {
         /// YAML file: issuer, audience, roles).
         #[arg(long, value_name = "FILE")]
         oidc: Option<PathBuf>,
+        /// Where people reach this server's web view (behind a proxy or load balancer):
+        /// the base of the run links in Slack and e-mail notifications. By default the
+        /// address it listens on (or `DRIVETRAIN_PUBLIC_URL`).
+        #[arg(long, value_name = "URL")]
+        public_url: Option<String>,
     },
     /// The web view of this home's runs, stages, logs, lineage and registry: `serve` for
     /// one person (it also serves the view at `/`), without firing schedules or taking

@@ -65,6 +65,8 @@ pub struct ServeArgs {
     pub notify: Option<PathBuf>,
     /// `--oidc FILE`: accept the ID tokens of an OpenID Connect issuer.
     pub oidc: Option<PathBuf>,
+    /// `--public-url URL`: the base of the web view's links in notifications.
+    pub public_url: Option<String>,
 }
 
 /// The token from `--token`, `--token-file` or `DRIVETRAIN_TOKEN`, in that order; a
@@ -107,6 +109,26 @@ fn bind_address(bind: &str) -> anyhow::Result<SocketAddr> {
         .map_err(|e| anyhow::anyhow!("--bind {bind}: {e} (give ADDRESS:PORT or HOST:PORT)"))?
         .next()
         .ok_or_else(|| anyhow::anyhow!("--bind {bind}: the name has no address"))
+}
+
+/// Where people reach the web view: `--public-url` or `DRIVETRAIN_PUBLIC_URL` (without a
+/// trailing `/`), else the address listened on (this machine's name for an unspecified
+/// address).
+fn public_url(given: Option<&str>, bound: SocketAddr) -> String {
+    let from_env = std::env::var("DRIVETRAIN_PUBLIC_URL").ok();
+    if let Some(url) = given.or(from_env.as_deref()).filter(|u| !u.is_empty()) {
+        return url.trim_end_matches('/').to_owned();
+    }
+    let host = match bound.ip() {
+        ip if ip.is_unspecified() => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".into()),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        ip => ip.to_string(),
+    };
+    format!("http://{host}:{}", bound.port())
 }
 
 /// `drivetrain serve --pipelines DIR --bind ADDR`.
@@ -160,7 +182,7 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         auth_required,
         oidc,
     };
-    let server = Arc::new(Server::new(
+    let mut server = Server::new(
         engine,
         catalog,
         (home, dir),
@@ -168,7 +190,9 @@ pub fn serve(catalog: Catalog, home: &Path, args: ServeArgs) -> anyhow::Result<E
         auth,
         (bound, limits),
         default_sinks,
-    ));
+    );
+    server.public_url = public_url(args.public_url.as_deref(), bound);
+    let server = Arc::new(server);
     print_schedules(&server);
     server.engine.home().keep_reserve();
     let schedules = args.schedules;

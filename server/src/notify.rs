@@ -104,7 +104,9 @@ impl Server {
             for run in state.find_runs(&filter, 500)? {
                 let mut items = Vec::new();
                 if let Some(d) = p.deadline.filter(|d| passed(Some(&run.created_at), *d)) {
-                    items.extend(notify::deadline_items(&run, None, d, &sinks, source));
+                    let mut made = notify::deadline_items(&run, None, d, &sinks, source);
+                    self.details_of(&run, None).add_to(&mut made);
+                    items.extend(made);
                 }
                 if staged {
                     for st in state.stages(&run.id)? {
@@ -114,13 +116,10 @@ impl Server {
                         if st.phase == drivetrain_engine::state::Phase::Running
                             && passed(st.started_at.as_deref(), d)
                         {
-                            items.extend(notify::deadline_items(
-                                &run,
-                                Some(&st.stage),
-                                d,
-                                &sinks,
-                                source,
-                            ));
+                            let stage = Some(st.stage.as_str());
+                            let mut made = notify::deadline_items(&run, stage, d, &sinks, source);
+                            self.details_of(&run, stage).add_to(&mut made);
+                            items.extend(made);
                         }
                     }
                 }
@@ -143,7 +142,30 @@ impl Server {
         if run.phase.is_terminal() || run.phase == Phase::Waiting {
             events.extend(NotifyEvent::of_phase(run.phase));
         }
-        notify::outbox_items(run, &events, &sinks, source)
+        let mut items = notify::outbox_items(run, &events, &sinks, source);
+        self.details_of(run, None).add_to(&mut items);
+        items
+    }
+
+    /// The link to `run` (or its `stage`) in the web view, and, for a run that failed,
+    /// each stage that failed with its reason.
+    fn details_of(&self, run: &RunRecord, stage: Option<&str>) -> notify::Details {
+        let at = stage.map(|s| format!("/{s}")).unwrap_or_default();
+        let failed = match run.phase {
+            Phase::Failed | Phase::Error => self.engine.state().stages(&run.id).unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        notify::Details {
+            url: Some(format!("{}/#/runs/{}{at}", self.public_url, run.id)),
+            failed_stages: failed
+                .into_iter()
+                .filter(|st| matches!(st.phase, Phase::Failed | Phase::Error))
+                .map(|st| {
+                    let reason = st.reason.as_deref().unwrap_or("(no reason recorded)");
+                    (st.stage, notify::Details::reason(reason))
+                })
+                .collect(),
+        }
     }
 
     /// The sinks a run of `pipeline` in `project` is told to: the pipeline's own (when

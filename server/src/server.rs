@@ -237,6 +237,8 @@ pub struct Server {
     pub(crate) hooks: Mutex<BTreeMap<(String, String), Arc<tokio::sync::Notify>>>,
     /// `--notify FILE`'s sinks: told of every run, besides its pipeline's own.
     pub(crate) default_sinks: Vec<drivetrain_engine::events::Sink>,
+    /// Where people reach the web view: the base of the run links in notifications.
+    pub public_url: String,
 }
 
 /// Every valid pipeline under `dir`; those with a `schedule:` are registered.
@@ -329,6 +331,7 @@ impl Server {
             stream_reads: tokio::sync::Semaphore::new(STREAM_READS),
             hooks: Mutex::new(BTreeMap::new()),
             default_sinks,
+            public_url: format!("http://{bound}"),
             // At start, a week back: a tick queued or claimed while no server ran.
             unstarted_since: Mutex::new(
                 (chrono::Utc::now() - chrono::Duration::days(7))

@@ -23,6 +23,7 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: ServerGroup) -> E
             parallelism,
             notify,
             oidc,
+            public_url,
         } => serve_on(catalog, home, |runtime| serve::ServeArgs {
             engine: engine_on(home),
             runtime,
@@ -35,6 +36,7 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: ServerGroup) -> E
             parallelism,
             notify,
             oidc,
+            public_url,
         }),
         ServerGroup::Ui {
             pipelines,
@@ -54,6 +56,7 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: ServerGroup) -> E
             parallelism: None,
             notify: None,
             oidc: None,
+            public_url: None,
         }),
         ServerGroup::Schedule { command, output } => {
             outcome(schedules::command(home, command, output))

@@ -555,10 +555,22 @@ stages:
         .any(|e| e["type"] == "dev.drivetrain.run.failed" && e["subject"] == failed.as_str()));
     let chats: Vec<&serde_json::Value> = got.iter().filter(|e| e.get("slack").is_some()).collect();
     assert_eq!(chats.len(), 1, "{got:?}");
-    assert!(chats[0]["slack"]
-        .as_str()
-        .unwrap()
-        .contains(&format!("run {failed} of notified failed")));
+    // What a person on call needs: the run, the stage that failed and why, and the link
+    // to it in the web view (`serve` is reached at its address).
+    let said = chats[0]["slack"].as_str().unwrap();
+    assert!(
+        said.contains(&format!("run {failed} of notified failed")),
+        "{said}"
+    );
+    assert!(
+        said.contains("\n• stage `work`: exited with code 1"),
+        "{said}"
+    );
+    let link = last_line(said);
+    assert!(
+        link.starts_with("http://127.0.0.1:") && link.ends_with(&format!("/#/runs/{failed}")),
+        "{said}"
+    );
     let mail_file = std::fs::read_dir(maildir.join("new"))
         .unwrap()
         .next()
@@ -568,6 +580,10 @@ stages:
     let mail = std::fs::read_to_string(mail_file).unwrap();
     assert!(
         mail.contains("To: oncall@example.com") && mail.contains(&failed),
+        "{mail}"
+    );
+    assert!(
+        mail.contains("stage `work`: exited with code 1") && mail.contains(&link),
         "{mail}"
     );
     let o = home.drivetrain(&["notifications", "-o", "json"]);
@@ -1130,4 +1146,9 @@ stages:
     wait(20, "veh2's run", || {
         (runs(&home, &[]).len() == 2).then_some(())
     });
+}
+
+/// The last line of a chat message: its link.
+fn last_line(chat: &str) -> String {
+    chat.lines().last().unwrap_or_default().trim().to_owned()
 }

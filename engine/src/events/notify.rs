@@ -83,6 +83,49 @@ pub fn deadline_items(
     for_sinks(run, NotifyEvent::Deadline, &what, &body, sinks)
 }
 
+/// What a notification says beyond the run's record, for the people who read it: where
+/// to look (the run, or its stage, in the web view) and each stage that failed with its
+/// reason.
+#[derive(Debug, Default, Clone)]
+pub struct Details {
+    pub url: Option<String>,
+    /// (stage, reason): the reason's first lines.
+    pub failed_stages: Vec<(String, String)>,
+}
+
+/// The most of a failed stage's reason a notification carries.
+const REASON_CHARS: usize = 600;
+
+impl Details {
+    /// A stage's reason as a notification carries it: its first four lines, at most
+    /// [`REASON_CHARS`] characters.
+    pub fn reason(text: &str) -> String {
+        let lines: Vec<&str> = text.lines().take(4).collect();
+        let mut r = lines.join("\n");
+        if r.chars().count() > REASON_CHARS {
+            r = r.chars().take(REASON_CHARS - 1).collect::<String>() + "…";
+        }
+        r
+    }
+
+    /// Puts `self` into each item's event: `data.url`, `data.failed_stages`.
+    pub fn add_to(&self, items: &mut [OutboxItem]) {
+        let failed: Vec<Value> = self
+            .failed_stages
+            .iter()
+            .map(|(stage, reason)| json!({"stage": stage, "reason": reason}))
+            .collect();
+        for item in items {
+            if let Some(url) = &self.url {
+                item.body["data"]["url"] = json!(url);
+            }
+            if !failed.is_empty() {
+                item.body["data"]["failed_stages"] = json!(failed);
+            }
+        }
+    }
+}
+
 /// `body` for each sink that wants `event`, with the id `RUN/WHAT/SINK`.
 fn for_sinks(
     run: &RunRecord,
@@ -135,7 +178,25 @@ pub fn verify(secret: &str, body: &[u8], header: &str) -> bool {
     m.verify_slice(&sig).is_ok()
 }
 
-/// One line about the event, for chat and e-mail.
+/// The event for people, in chat and e-mail: a line saying what happened, each failed
+/// stage with its reason, and the link to look at.
+fn message(e: &Value) -> String {
+    let d = &e["data"];
+    let mut text = summary(e);
+    for f in d["failed_stages"].as_array().into_iter().flatten() {
+        let reason = f["reason"].as_str().unwrap_or("").replace('\n', "\n    ");
+        text.push_str(&format!(
+            "\n• stage `{}`: {reason}",
+            f["stage"].as_str().unwrap_or("?")
+        ));
+    }
+    if let Some(url) = d["url"].as_str() {
+        text.push_str(&format!("\n{url}"));
+    }
+    text
+}
+
+/// One line about the event: the subject of a mail, the first line of a chat message.
 fn summary(e: &Value) -> String {
     let d = &e["data"];
     let what = e["type"]
@@ -149,7 +210,9 @@ fn summary(e: &Value) -> String {
         d["run"].as_str().unwrap_or("?"),
         d["pipeline"].as_str().unwrap_or("?")
     );
-    if let Some(r) = d["reason"].as_str() {
+    // The run's reason names its failed stages; those listed below say more.
+    let listed = d["failed_stages"].as_array().is_some_and(|f| !f.is_empty());
+    if let Some(r) = d["reason"].as_str().filter(|_| !listed) {
         s.push_str(&format!(": {r}"));
     }
     if let Some(secs) = d["deadline_seconds"].as_u64() {
@@ -184,7 +247,7 @@ pub async fn deliver(item: &OutboxItem, http: &reqwest::Client) -> Result<(), Ev
         }
         SinkKind::Slack { url } => {
             let url = url.read()?;
-            let r = http.post(&url).json(&json!({"text": summary(&item.body)}));
+            let r = http.post(&url).json(&json!({"text": message(&item.body)}));
             answer(r.send().await, "the Slack webhook")
                 .await
                 .map_err(EventError::Remote)
@@ -198,7 +261,8 @@ pub async fn deliver(item: &OutboxItem, http: &reqwest::Client) -> Result<(), Ev
             let auth = auth.map(|a| a.read()).transpose()?;
             let subject = summary(&item.body);
             let text = format!(
-                "{subject}\n\n{}\n",
+                "{}\n\n{}\n",
+                message(&item.body),
                 serde_json::to_string_pretty(&item.body["data"]).unwrap_or_default()
             );
             let id = item.id.clone();
