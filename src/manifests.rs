@@ -66,6 +66,15 @@ pub fn manifests(
             ));
             continue;
         }
+        for v in &stage.volumes {
+            if let Some(why) = drivetrain_executors::kubernetes::refuses_volume(v) {
+                anyhow::bail!(
+                    "stage `{}`: volume `{}` cannot be mounted: {why}",
+                    stage.name,
+                    v.name
+                );
+            }
+        }
         let spec = attempt(p, stage, params, settings, run_id);
         let mut objects: Vec<Value> = render::render(settings, &spec)
             .objects

@@ -381,6 +381,13 @@ pub trait Executor: Send + Sync {
     fn mounts_secret_files(&self) -> bool {
         false
     }
+    /// Why this executor cannot mount `volume` (an entry of a stage's `volumes:`), if it
+    /// cannot: the run loop refuses such a stage, naming the volume and this reason
+    /// rather than running it without. By default an executor mounts none.
+    fn refuses_volume(&self, volume: &crate::spec::VolumeSpec) -> Option<String> {
+        let _ = volume;
+        Some(format!("the `{}` executor mounts no volumes", self.name()))
+    }
 }
 
 /// The conformance suite every [`Executor`]'s tests call: the guarantees the run loop

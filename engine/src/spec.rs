@@ -863,9 +863,14 @@ pub struct VolumeSpec {
     pub name: String,
     /// The absolute mount path.
     pub mount_path: String,
-    /// A PersistentVolumeClaim. Exactly one of `claim`, `empty_dir` and `from_snapshot`.
+    /// A PersistentVolumeClaim. Exactly one of `claim`, `empty_dir`, `from_snapshot` and
+    /// `host_path`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim: Option<String>,
+    /// A path of the machine the stage runs on (an absolute path), bound at `mount_path`
+    /// as Docker's `-v HOST:MOUNT` does: the local executor's volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<String>,
     /// A scratch volume of this size limit (a quantity).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub empty_dir: Option<QuantityText>,

@@ -62,4 +62,43 @@ mod tests {
         assert_eq!(super::EXECUTORS[0], "local");
         assert!(super::executor("local").is_ok());
     }
+
+    /// Which volumes each executor mounts, and what it says of the others.
+    #[test]
+    fn each_executor_refuses_the_volumes_it_cannot_mount() {
+        use drivetrain_engine::spec::VolumeSpec;
+        let volume = |f: fn(&mut VolumeSpec)| {
+            let mut v = VolumeSpec {
+                name: "v".into(),
+                mount_path: "/data".into(),
+                ..Default::default()
+            };
+            f(&mut v);
+            v
+        };
+        let claim = volume(|v| v.claim = Some("ds".into()));
+        let scratch = volume(|v| v.empty_dir = Some(serde_yaml_ng::from_str("1Gi").unwrap()));
+        let host = volume(|v| v.host_path = Some("/srv/data".into()));
+        let same = volume(|v| v.host_path = Some("/data".into()));
+        let says = |name: &str, v: &VolumeSpec| {
+            let e = super::executor(name).unwrap();
+            e.refuses_volume(v)
+        };
+        let local: Vec<bool> = [&claim, &scratch, &host]
+            .map(|v| says("local", v).is_none())
+            .into();
+        assert_eq!(local, [false, true, true]);
+        assert!(says("local", &claim)
+            .unwrap()
+            .contains("give `host_path: DIR`"));
+        let kube: Vec<bool> = [&claim, &scratch, &host]
+            .map(|v| says("kubernetes", v).is_none())
+            .into();
+        assert_eq!(kube, [true, true, false]);
+        assert!(says("kubernetes", &host).unwrap().contains("give `claim`"));
+        let slurm: Vec<bool> = [&claim, &scratch, &host, &same]
+            .map(|v| says("slurm", v).is_none())
+            .into();
+        assert_eq!(slurm, [false, false, false, true]);
+    }
 }

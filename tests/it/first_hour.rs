@@ -233,3 +233,97 @@ fn steps_name_shows_what_a_step_takes() {
         text(&o.stderr)
     );
 }
+
+/// `volumes:` on this machine, as Docker's `-v`: a host directory bound read-only where
+/// the stage looks for it (a root engine's stage, host `nobody`, reaching it through a
+/// folder closed to it), scratch space of its own; a host path closed to the stage user,
+/// one meeting the engine's home, and a Kubernetes claim are each refused before the
+/// stage starts, saying what to change.
+#[test]
+fn volumes_bind_host_paths_and_refuse_what_cannot_be() {
+    let home = Home::new("volumes");
+    let d = home.dir.clone();
+    // The data sits in a folder closed to every other user, as `/root/data` does.
+    let closed = d.join("closed");
+    std::fs::create_dir_all(closed.join("data")).unwrap();
+    std::fs::write(closed.join("data/frames.txt"), "1200 frames\n").unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    for m in ["mnt-data", "mnt-scratch"] {
+        std::fs::create_dir_all(d.join(m)).unwrap();
+    }
+    let file = home.write(
+        "volumes.yaml",
+        &format!(
+            r#"
+version: 1
+name: volumes
+stages:
+  read:
+    volumes:
+      - {{name: data, host_path: "{data}", mount_path: "{mnt}/mnt-data", read_only: true}}
+      - {{name: scratch, mount_path: "{mnt}/mnt-scratch", empty_dir: 1Gi}}
+    run:
+      command: [sh, -c, 'cat "$0/mnt-data/frames.txt"; if touch "$0/mnt-data/new" 2>/dev/null; then echo WROTE; fi; echo kept > "$0/mnt-scratch/x"; cat "$0/mnt-scratch/x"', "{mnt}"]
+"#,
+            data = closed.join("data").display(),
+            mnt = d.display()
+        ),
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_ok(&o);
+    let id = run_id(&o);
+    let log = text(&home.drivetrain(&["logs", &id, "--stage", "read"]).stdout);
+    assert_eq!(log, "1200 frames\nkept\n", "read-only: nothing written");
+    assert!(!closed.join("data/new").exists());
+    assert_eq!(std::fs::read_dir(d.join("mnt-scratch")).unwrap().count(), 0);
+
+    // Refused, each with its reason: a claim (Kubernetes'), a path meeting the home.
+    let refused = home.write(
+        "refused.yaml",
+        &format!(
+            r#"
+version: 1
+name: refused
+stages:
+  claim:
+    volumes: [{{name: ds, mount_path: "{mnt}/mnt-data", claim: tusimple}}]
+    run: {{command: ["true"]}}
+  home:
+    volumes: [{{name: h, host_path: "{home}", mount_path: "{mnt}/mnt-data", read_only: true}}]
+    run: {{command: ["true"]}}
+"#,
+            mnt = d.display(),
+            home = d.join(".drivetrain").display()
+        ),
+    );
+    let o = home.drivetrain(&["run", refused.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
+    let st = home.status(&run_id(&o));
+    let claim = stage(&st, "claim")["reason"].as_str().unwrap().to_owned();
+    assert!(
+        claim.contains("volume `ds` cannot be mounted: PersistentVolumeClaim `tusimple` is mounted by the kubernetes executor; on this machine give `host_path: DIR`"),
+        "{claim}"
+    );
+    let inside = stage(&st, "home")["reason"].as_str().unwrap().to_owned();
+    assert!(
+        inside.contains("volume `h`: host_path") && inside.contains("hidden from every stage"),
+        "{inside}"
+    );
+
+    // A root engine's stage is host `nobody`: a host path closed to it is refused with
+    // what to change, not "permission denied" later.
+    if !crate::isolation::root_or_skip("a root engine's stage user and a closed host path") {
+        return;
+    }
+    std::fs::set_permissions(closed.join("data"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
+    let st = home.status(&run_id(&o));
+    let why = stage(&st, "read")["reason"].as_str().unwrap().to_owned();
+    assert!(
+        why.contains("volume `data`: host_path")
+            && why.contains("is closed to the stage's user")
+            && why.contains("chmod o+rx"),
+        "{why}"
+    );
+}

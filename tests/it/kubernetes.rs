@@ -674,4 +674,23 @@ namespce: av
         err.contains("k8s.yaml:2:") && err.contains("unknown field `namespce`"),
         "{err}"
     );
+    // A path of the engine's machine is no volume of a pod: refused, with what to give.
+    let host = home.write(
+        "host.yaml",
+        "version: 1\nname: host\nstages:\n  s:\n    volumes: [{name: data, host_path: /srv/data, mount_path: /data}]\n    run: {command: [\"true\"]}\n",
+    );
+    let o = home.drivetrain(&[
+        "plan",
+        host.to_str().unwrap(),
+        "--manifests",
+        "--executor",
+        "kubernetes",
+    ]);
+    assert_ne!(o.status.code(), Some(0));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("stage `s`: volume `data` cannot be mounted: `host_path` is a path of the engine's machine")
+            && err.contains("give `claim`"),
+        "{err}"
+    );
 }

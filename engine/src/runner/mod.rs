@@ -800,6 +800,16 @@ fn moved_alias(
 
 /// Why this engine cannot run a stage at all, if it cannot.
 fn unsupported(ctx: &Ctx, stage: &Stage) -> Option<String> {
+    let executor = ctx.executor.as_ref();
+    if !matches!(stage.action, Action::Approval { .. }) {
+        let refused = stage.volumes.iter().find_map(|v| {
+            let why = executor.refuses_volume(v)?;
+            Some(format!("volume `{}` cannot be mounted: {why}", v.name))
+        });
+        if refused.is_some() {
+            return refused;
+        }
+    }
     match &stage.action {
         Action::Step { name, .. } if ctx.opts.step_command.is_empty() => Some(format!(
             "built-in step `{name}` cannot run: this engine has no step runner"

@@ -545,10 +545,18 @@ impl<'a> Cx<'a> {
                     format!("`mount_path` must be absolute, got `{}`", v.mount_path),
                 );
             }
+            if let Some(h) = v.host_path.as_deref().filter(|h| !h.starts_with('/')) {
+                self.err(
+                    "invalid-volume",
+                    &vp.key("host_path"),
+                    format!("`host_path` must be absolute, got `{h}`"),
+                );
+            }
             let sources = [
                 v.claim.is_some(),
                 v.empty_dir.is_some(),
                 v.from_snapshot.is_some(),
+                v.host_path.is_some(),
             ]
             .iter()
             .filter(|b| **b)
@@ -558,7 +566,7 @@ impl<'a> Cx<'a> {
                     "invalid-volume",
                     &vp,
                     format!(
-                        "volume `{}` needs exactly one of `claim`, `empty_dir` and `from_snapshot`",
+                        "volume `{}` needs exactly one of `claim`, `empty_dir`, `from_snapshot` and `host_path`",
                         v.name
                     ),
                 );

@@ -297,6 +297,18 @@ async fn delete_workload(
     }
 }
 
+/// Why a pod cannot mount `volume`, if it cannot: claims, scratch space and claims
+/// restored from snapshots are rendered (`render.rs`); a path of the engine's machine
+/// is not.
+pub fn refuses_volume(volume: &drivetrain_engine::spec::VolumeSpec) -> Option<String> {
+    volume.host_path.as_ref().map(|_| {
+        "`host_path` is a path of the engine's machine, not of the cluster's nodes (and most \
+         clusters forbid hostPath pods): put the data in a PersistentVolumeClaim and give \
+         `claim`"
+            .to_owned()
+    })
+}
+
 #[async_trait]
 impl Executor for KubernetesExecutor {
     fn name(&self) -> &'static str {
@@ -306,6 +318,10 @@ impl Executor for KubernetesExecutor {
     /// A Secret volume at the mount path (`render.rs`).
     fn mounts_secret_files(&self) -> bool {
         true
+    }
+
+    fn refuses_volume(&self, volume: &drivetrain_engine::spec::VolumeSpec) -> Option<String> {
+        refuses_volume(volume)
     }
 
     async fn start(&self, spec: AttemptSpec) -> Result<Box<dyn RunningAttempt>, ExecutorError> {

@@ -18,6 +18,7 @@ use drivetrain_engine::executor::{PathAccess, SecretFiles};
 use nix::libc;
 
 use super::secret_mount::SecretMount;
+use super::volume_mount::VolumeMount;
 use super::{kernel, seccomp, userns};
 
 /// Capabilities an isolated attempt keeps: Docker's default set for containers
@@ -117,6 +118,8 @@ pub(super) struct MountPlan {
     own_from: Option<usize>,
     /// The hidden directories the attempt's own mounts are under.
     own_hides: Vec<CString>,
+    /// Its volumes, mounted after its view of the home: its own.
+    volumes: Vec<VolumeMount>,
     /// Its secrets as files, mounted after everything else: its own.
     secrets: Vec<SecretMount>,
     /// The writable paths given to the stage user, what stays the engine's under them,
@@ -274,6 +277,7 @@ impl MountPlan {
                 .unwrap_or_default(),
             mounts,
             own_from,
+            volumes: Vec::new(),
             secrets: Vec::new(),
             given,
             read_only,
@@ -286,6 +290,28 @@ impl MountPlan {
     pub(super) fn mount_secrets(&mut self, secrets: &[SecretFiles]) -> Result<(), String> {
         let owner = matches!(self.user, Userns::Stage(_)).then_some(userns::STAGE_ID);
         self.secrets = SecretMount::plan(secrets, owner)?;
+        Ok(())
+    }
+
+    /// Mounts `volumes` in the attempt ([`VolumeMount`]), a scratch one made in
+    /// `attempt_dir` (and given to the stage user), none meeting what `access` keeps the
+    /// engine's; an error naming the volume that cannot be.
+    pub(super) fn mount_volumes(
+        &mut self,
+        volumes: &[drivetrain_engine::spec::VolumeSpec],
+        attempt_dir: &Path,
+        access: &[PathAccess],
+    ) -> Result<(), String> {
+        let stage_user = matches!(self.user, Userns::Stage(_)).then_some(userns::STAGE_ID);
+        for v in volumes {
+            let (mount, made) = VolumeMount::new(v, attempt_dir, stage_user, access)?;
+            if let (Some(dir), Some(id)) = (made, stage_user) {
+                userns::give(&dir, &[], &self.log, (id, id))
+                    .map_err(|e| format!("volume `{}`: {e}", v.name))?;
+                self.given.push(dir);
+            }
+            self.volumes.push(mount);
+        }
         Ok(())
     }
 
@@ -344,6 +370,9 @@ impl MountPlan {
             mount_proc(None)?;
         }
         self.dev.mount()?;
+        for v in &self.volumes {
+            v.mount()?;
+        }
         for s in &self.secrets {
             s.mount()?;
         }
@@ -388,6 +417,9 @@ impl MountPlan {
         for h in &self.own_hides {
             seal(h)?;
         }
+        for v in &self.volumes {
+            v.mount()?;
+        }
         for s in &self.secrets {
             s.mount()?;
         }
@@ -399,12 +431,14 @@ impl MountPlan {
     pub(super) fn own_mount_points(&self) -> Vec<CString> {
         let from = self.own_from.unwrap_or(self.mounts.len());
         let secrets = self.secrets.iter().rev().map(|s| s.path().to_owned());
+        let volumes = self.volumes.iter().rev().map(|v| v.path().to_owned());
         let binds = self.mounts[from..]
             .iter()
             .rev()
             .filter(|m| matches!(m.kind, Kind::Bind))
             .map(|m| m.path.clone());
         secrets
+            .chain(volumes)
             .chain(binds)
             .chain(self.own_hides.iter().cloned())
             .collect()

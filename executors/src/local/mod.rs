@@ -80,6 +80,7 @@ mod sandbox;
 mod seccomp;
 mod secret_mount;
 mod userns;
+mod volume_mount;
 
 use attempt_cgroup::{AttemptCgroup, CgroupPool};
 pub use cgroups::{Cgroups, PIDS_MAX};
@@ -474,6 +475,9 @@ fn plan(
     let mut plan = MountPlan::new(&spec.access, layers, &reach, &spec.log)?;
     plan.mount_secrets(&spec.secret_files)
         .map_err(std::io::Error::other)?;
+    let attempt_dir = spec.log.parent().unwrap_or(&spec.workdir);
+    plan.mount_volumes(&spec.placement.volumes, attempt_dir, &spec.access)
+        .map_err(std::io::Error::other)?;
     plan.net = no_network;
     plan.dev = kernel::Dev::new(
         &crate::gpus::device_nodes(&env("CUDA_VISIBLE_DEVICES").unwrap_or_default()),
@@ -528,11 +532,29 @@ impl LocalExecutor {
     ) -> Result<Option<Arc<MountPlan>>, ExecutorError> {
         let layers = match self.isolation {
             Isolation::Off => None,
-            _ if spec.access.is_empty() && !no_network && spec.secret_files.is_empty() => None,
+            _ if spec.access.is_empty()
+                && !no_network
+                && spec.secret_files.is_empty()
+                && spec.placement.volumes.is_empty() =>
+            {
+                None
+            }
             Isolation::Auto => Some(available()).filter(|l| l.mount),
             Isolation::Required => Some(required_layers()?),
         };
         let Some(layers) = layers else {
+            // A host path at its own path needs no mount (nor can be made read-only).
+            let mounted = |v: &&drivetrain_engine::spec::VolumeSpec| {
+                v.read_only || v.host_path.as_deref() != Some(v.mount_path.as_str())
+            };
+            if let Some(v) = spec.placement.volumes.iter().find(mounted) {
+                return Err(ExecutorError(format!(
+                    "stage `{}`: volume `{}` is mounted in the attempt's own mount namespace, and this engine gives it none ({}); give `host_path` and `mount_path` the same path, not read-only, to use the path as it is",
+                    spec.stage,
+                    v.name,
+                    if self.isolation == Isolation::Off { "DRIVETRAIN_ISOLATION=off" } else { "the kernel refused one" }
+                )));
+            }
             if let Some(s) = spec.secret_files.first() {
                 return Err(ExecutorError(format!(
                     "stage `{}`: secret `{}` is mounted as files, which needs the attempt's own mount namespace, and this engine gives it none ({}); expose its keys with `env:` instead",
@@ -696,6 +718,21 @@ impl Executor for LocalExecutor {
     /// In the attempt's own mount namespace, where it has one.
     fn mounts_secret_files(&self) -> bool {
         self.isolation != Isolation::Off && available().mount
+    }
+
+    /// A host path and scratch space, bound in the attempt's mount namespace
+    /// (`volume_mount.rs`); not a Kubernetes claim.
+    fn refuses_volume(&self, volume: &drivetrain_engine::spec::VolumeSpec) -> Option<String> {
+        let what = match (&volume.claim, &volume.from_snapshot) {
+            (Some(c), _) => format!("PersistentVolumeClaim `{c}`"),
+            (_, Some(s)) => format!("a claim restored from snapshot `{s}`"),
+            _ => return None,
+        };
+        Some(format!(
+            "{what} is mounted by the kubernetes executor; on this machine give `host_path: DIR` \
+             (as Docker's `-v DIR:{}`) or `empty_dir: SIZE`",
+            volume.mount_path
+        ))
     }
 
     async fn reap(&self, handle: &str) -> bool {

@@ -339,6 +339,24 @@ impl Executor for SlurmExecutor {
         "slurm"
     }
 
+    /// A job sees its node's file system as it is and mounts nothing: a host path at its
+    /// own path only.
+    fn refuses_volume(&self, volume: &drivetrain_engine::spec::VolumeSpec) -> Option<String> {
+        match &volume.host_path {
+            Some(h) if *h == volume.mount_path => None,
+            Some(_) => Some(
+                "a Slurm job sees its node's files where they are and mounts nothing: give \
+                 `mount_path` the same path as `host_path` (a path every node has)"
+                    .into(),
+            ),
+            None => Some(
+                "a Slurm job mounts nothing (claims, scratch space and snapshots are \
+                 Kubernetes volumes): give `host_path` of a shared file system, at its own path"
+                    .into(),
+            ),
+        }
+    }
+
     async fn start(&self, spec: AttemptSpec) -> Result<Box<dyn RunningAttempt>, ExecutorError> {
         if spec.argv.is_empty() {
             return Err(ExecutorError("empty argv".into()));
