@@ -6,7 +6,7 @@
 //! attempt that outlives its deadline. Executors write the attempt's combined stdout and
 //! stderr to `spec.log`, which the run loop publishes and `drivetrain logs` reads.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 
@@ -380,6 +380,14 @@ pub trait Executor: Send + Sync {
     /// cannot, naming it.
     fn mounts_secret_files(&self) -> bool {
         false
+    }
+    /// Why a stage this executor ran may not see `path`, which exists on the engine's
+    /// machine, if containment is why: the part of a "no such file" or "permission
+    /// denied" the stage's code cannot know, with what to declare. `access` is the
+    /// attempt's. By default none.
+    fn unseen(&self, path: &Path, access: &[PathAccess]) -> Option<String> {
+        let _ = (path, access);
+        None
     }
     /// Why this executor cannot mount `volume` (an entry of a stage's `volumes:`), if it
     /// cannot: the run loop refuses such a stage, naming the volume and this reason

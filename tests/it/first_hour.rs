@@ -327,3 +327,86 @@ stages:
         "{why}"
     );
 }
+
+/// A stage failing on a path containment keeps from it says so in its reason, with what
+/// to declare: the engine's state (hidden from every stage), and under a root engine a
+/// file in a folder closed to host `nobody`, which the volume the reason names then
+/// gives it.
+#[test]
+fn a_path_containment_hides_is_named_in_the_reason() {
+    let home = Home::new("unseen");
+    let d = home.dir.clone();
+    let state = d.join(".drivetrain/state.db");
+    let file = home.write(
+        "hidden.yaml",
+        &format!(
+            "version: 1\nname: hidden\nstages:\n  peek:\n    run: {{command: [sh, -c, 'cat {}']}}\n",
+            state.display()
+        ),
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
+    let why = stage(&home.status(&run_id(&o)), "peek")["reason"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        why.contains(&format!("{} is the engine's", state.display()))
+            && why.contains("hidden from every stage"),
+        "{why}"
+    );
+
+    if !crate::isolation::root_or_skip("a root engine's stage user and a closed folder") {
+        return;
+    }
+    let closed = d.join("closed");
+    std::fs::create_dir_all(&closed).unwrap();
+    let data = closed.join("frames.txt");
+    std::fs::write(&data, "1200 frames\n").unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let pipeline = |volumes: &str| {
+        format!(
+            "version: 1\nname: closed\nstages:\n  read:\n{volumes}    run: {{command: [sh, -c, 'cat {}']}}\n",
+            data.display()
+        )
+    };
+    let file = home.write("closed.yaml", &pipeline(""));
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
+    let why = stage(&home.status(&run_id(&o)), "read")["reason"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let volume = format!(
+        "{{name: data, host_path: {p}, mount_path: {p}, read_only: true}}",
+        p = data.display()
+    );
+    assert!(
+        why.contains(&format!(
+            "{} exists on this machine, but {} (mode 700) lets no other user in",
+            data.display(),
+            closed.display()
+        )) && why.contains(&volume),
+        "{why}"
+    );
+    // As the reason says: the file as a volume, and the stage reads it.
+    home.write(
+        "closed.yaml",
+        &pipeline(&format!("    volumes: [{volume}]\n")),
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_ok(&o);
+    let log = home.drivetrain(&["logs", &run_id(&o), "--stage", "read"]);
+    assert_eq!(text(&log.stdout), "1200 frames\n");
+    // A file the command names itself is put in the stage's view without a volume (a
+    // file put back into a hidden folder: it was "cannot isolate the attempt").
+    let named = home.write(
+        "named.yaml",
+        &format!(
+            "version: 1\nname: named\nstages:\n  read:\n    run: {{command: [cat, {}]}}\n",
+            data.display()
+        ),
+    );
+    let o = home.drivetrain(&["run", named.to_str().unwrap()]);
+    assert_ok(&o);
+}

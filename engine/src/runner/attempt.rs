@@ -216,6 +216,7 @@ async fn wait_attempt(
     layout: &Layout,
 ) -> Result<AttemptEnd, String> {
     let mask = spec.mask.clone();
+    let access = spec.access.clone();
     let log_path = spec.log.clone();
     let log = log_path.as_path();
     let mut running = ctx.executor.start(spec).await.map_err(|e| e.to_string())?;
@@ -274,11 +275,13 @@ async fn wait_attempt(
             })
         }
         AttemptOutcome::Failed { exit_code, reason } => {
+            let tail = log_tail(log);
+            let hidden = super::unseen::note(ctx.executor.as_ref(), &access, &tail);
             return Ok(AttemptEnd::Failed {
                 exit_code,
-                reason: mask.text(&format!("{reason}{}", log_tail(log))),
+                reason: mask.text(&format!("{reason}{hidden}{tail}")),
                 class: ErrorClass::Failed,
-            })
+            });
         }
         AttemptOutcome::TimedOut { reason } => {
             return Ok(AttemptEnd::Failed {

@@ -38,6 +38,7 @@ mod map;
 mod prepare;
 mod request;
 mod secrets;
+mod unseen;
 mod when;
 use attempt::{attempt_loop, AbortOnDrop};
 use dag::{Dag, StageResult};

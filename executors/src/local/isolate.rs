@@ -170,7 +170,10 @@ enum Kind {
     Reattach {
         /// The hidden directory it is under.
         hide: CString,
+        /// The mount point's way in the tmpfs, made first: directories, the last a file
+        /// where what is put back is one (`file`).
         dirs: Vec<CString>,
+        file: bool,
         /// The captured tree's descriptor, set by the child (the plan is shared memory
         /// with it, and its children start one at a time).
         fd: AtomicI32,
@@ -236,6 +239,7 @@ impl MountPlan {
                 },
                 (false, Some(h)) => Kind::Reattach {
                     hide: c_path(h)?,
+                    file: !a.path.is_dir(),
                     dirs: a
                         .path
                         .ancestors()
@@ -525,12 +529,20 @@ impl MountPlan {
                     };
                     mount(Some(source), p, none, MsFlags::MS_BIND, none)?;
                 }
-                Kind::Reattach { dirs, fd, .. } => {
-                    for d in dirs {
-                        match nix::unistd::mkdir(
-                            d.as_c_str(),
-                            nix::sys::stat::Mode::from_bits_truncate(0o755),
-                        ) {
+                Kind::Reattach { dirs, fd, file, .. } => {
+                    for (i, d) in dirs.iter().enumerate() {
+                        let mode = nix::sys::stat::Mode::from_bits_truncate(0o755);
+                        // A file is put back onto an empty file, a directory onto one.
+                        let made = match *file && i + 1 == dirs.len() {
+                            true => nix::fcntl::open(
+                                d.as_c_str(),
+                                nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_WRONLY,
+                                mode,
+                            )
+                            .map(drop),
+                            false => nix::unistd::mkdir(d.as_c_str(), mode),
+                        };
+                        match made {
                             Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
                             Err(e) => return Err(e.into()),
                         }
@@ -631,6 +643,7 @@ fn give_to_stage(
             kind: Kind::Reattach {
                 hide,
                 dirs: vec![c_path(&entry)?],
+                file: !entry.is_dir(),
                 fd: AtomicI32::new(-1),
             },
         });

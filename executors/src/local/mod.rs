@@ -60,7 +60,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use drivetrain_engine::executor::{
-    AttemptOutcome, AttemptSpec, Executor, ExecutorError, Rank, ResourceUsage, RunningAttempt,
+    AttemptOutcome, AttemptSpec, Executor, ExecutorError, PathAccess, Rank, ResourceUsage,
+    RunningAttempt,
 };
 use drivetrain_engine::spec::Network;
 use futures::FutureExt as _;
@@ -79,6 +80,7 @@ mod probe;
 mod sandbox;
 mod seccomp;
 mod secret_mount;
+mod unseen;
 mod userns;
 mod volume_mount;
 
@@ -471,6 +473,14 @@ fn plan(
                 .filter(|a| a.starts_with('/') && !a.contains('\n'))
                 .map(Into::into),
         )
+        // Where its volumes are mounted (what is bound there is bound with the engine's
+        // rights).
+        .chain(
+            spec.placement
+                .volumes
+                .iter()
+                .map(|v| v.mount_path.clone().into()),
+        )
         .collect();
     let mut plan = MountPlan::new(&spec.access, layers, &reach, &spec.log)?;
     plan.mount_secrets(&spec.secret_files)
@@ -718,6 +728,17 @@ impl Executor for LocalExecutor {
     /// In the attempt's own mount namespace, where it has one.
     fn mounts_secret_files(&self) -> bool {
         self.isolation != Isolation::Off && available().mount
+    }
+
+    /// The engine's hidden paths, and (a root engine's stage being host `nobody`) folders
+    /// closed to other users, where the attempt had its own namespaces.
+    fn unseen(&self, path: &std::path::Path, access: &[PathAccess]) -> Option<String> {
+        let layers = available();
+        if self.isolation == Isolation::Off || !layers.mount {
+            return None;
+        }
+        let nobody = layers.user && nix::unistd::geteuid().is_root();
+        unseen::why(path, access, nobody)
     }
 
     /// A host path and scratch space, bound in the attempt's mount namespace
