@@ -32,6 +32,7 @@ mod exit;
 mod history;
 mod inspect;
 mod manifests;
+mod next;
 mod output;
 mod people;
 mod plan_output;

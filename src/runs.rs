@@ -399,6 +399,9 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
             say!("{line}");
         }
         say!("run {} {}", summary.id, summary.phase);
+        for line in crate::next::after_run(state.as_ref(), &summary.id, summary.phase) {
+            say!("{line}");
+        }
     }
     Ok(match summary.phase {
         Phase::Succeeded => ExitCode::SUCCESS,

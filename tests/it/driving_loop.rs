@@ -17,13 +17,37 @@ fn the_driving_loop_closes() {
     let o = home.drivetrain(&["run", &loop_file(), "--param", "drives=5"]);
     assert_ok(&o);
     let first = run_id(&o);
-    // The run ends by quoting what the loop concluded.
+    // The run ends by quoting what the loop concluded, the metrics the version was
+    // promoted on (validate's, as it recorded them) and where to look next.
+    let said = text(&o.stdout);
     assert!(
-        text(&o.stdout).contains("promote: promoted risk-model version 1 to `production`"),
-        "{}",
-        text(&o.stdout)
+        said.contains("promote: promoted risk-model version 1 to `production`"),
+        "{said}"
     );
     let st = home.status(&first);
+    let candidate = &stage(&st, "validate")["values"]["metrics"]["candidate"];
+    let ends: Vec<&str> = said.lines().rev().take(2).collect();
+    let shown: Vec<&str> = ends[1]
+        .strip_prefix("risk-model@1 was promoted on ")
+        .and_then(|l| l.strip_suffix(" (validate)"))
+        .unwrap_or_else(|| panic!("{said}"))
+        .split(" · ")
+        .collect();
+    // Each number validate recorded (a slice's `all`), none it did not.
+    for pair in &shown {
+        let (name, value) = pair.split_once(' ').unwrap();
+        let recorded = candidate[name].get("all").unwrap_or(&candidate[name]);
+        let value: f64 = value.parse().unwrap();
+        assert!(
+            (recorded.as_f64().unwrap() - value).abs() < 1e-3,
+            "{pair}: {candidate}"
+        );
+    }
+    assert!(shown.iter().any(|p| p.starts_with("f1 ")), "{said}");
+    assert_eq!(
+        ends[0],
+        format!("next: drivetrain status {first} · drivetrain lineage risk-model@1 · drivetrain ui (the web view)")
+    );
     for s in [
         "fleet-sim",
         "ingest",

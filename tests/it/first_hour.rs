@@ -346,6 +346,13 @@ fn a_path_containment_hides_is_named_in_the_reason() {
     );
     let o = home.drivetrain(&["run", file.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
+    // A failed run ends with where to look.
+    let id = run_id(&o);
+    assert!(
+        text(&o.stdout).ends_with(&format!("next: drivetrain status {id} · drivetrain logs {id} --stage peek · drivetrain retry {id} · drivetrain ui (the web view)\n")),
+        "{}",
+        text(&o.stdout)
+    );
     let why = stage(&home.status(&run_id(&o)), "peek")["reason"]
         .as_str()
         .unwrap()
