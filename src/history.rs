@@ -99,6 +99,25 @@ fn lineage_error(e: LineageError) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `target` with its run named in full: `@latest/…` and a run-id prefix (`RUN/STAGE`,
+/// `RUN/STAGE/OUTPUT`) as `status` takes them; anything else as it is.
+fn run_named(
+    home: &Path,
+    state: &dyn drivetrain_engine::state::StateStore,
+    target: &str,
+) -> String {
+    let Some((head, rest)) = target.split_once('/') else {
+        return target.to_owned();
+    };
+    if head.is_empty() || target.contains("://") || head.starts_with("sha256:") {
+        return target.to_owned();
+    }
+    match resolve_run(home, state, Some(head)) {
+        Ok(id) => format!("{id}/{rest}"),
+        Err(_) => target.to_owned(),
+    }
+}
+
 /// `drivetrain lineage TARGET [--downstream]`.
 pub fn lineage(
     home: &Path,
@@ -112,6 +131,7 @@ pub fn lineage(
     } else {
         Direction::Upstream
     };
+    let target = &run_named(home, state.as_ref(), target);
     // A registered model: the artifact it was registered from.
     let target =
         match drivetrain_server::query::model_target(home, target, crate::runtime()?.handle())? {
@@ -146,6 +166,7 @@ pub fn forget(home: &Path, input: &str, output: GraphOutput) -> anyhow::Result<E
         Ok(p) if !input.contains("://") || input.starts_with("file://") => p.display().to_string(),
         _ => input.to_owned(),
     };
+    let input = run_named(home, state.as_ref(), &input);
     let input = input.as_str();
     let g = match history::forget(&*state, &store, input) {
         Ok(g) => g,
@@ -181,7 +202,53 @@ pub fn forget(home: &Path, input: &str, output: GraphOutput) -> anyhow::Result<E
     for a in &artifacts {
         println!("  {a}");
     }
+    let versions = derived_versions(home, &g)?;
+    println!("model versions ({}):", versions.len());
+    for v in &versions {
+        println!("  {v}");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The model versions registered from an artifact of `g` (this home's registry), each
+/// `MODEL@VERSION` with the aliases on it.
+fn derived_versions(home: &Path, g: &history::Lineage) -> anyhow::Result<Vec<String>> {
+    let digests: std::collections::BTreeSet<&str> = g
+        .nodes
+        .values()
+        .filter_map(|n| match n {
+            history::Node::Artifact { digest, .. } => Some(digest.as_str()),
+            _ => None,
+        })
+        .collect();
+    let project = drivetrain_engine::access::DEFAULT_PROJECT;
+    let store = crate::runs::run_store_url(None, project, home)?;
+    let vars = drivetrain_engine::cloud::project_env(project);
+    let reg = drivetrain_steps::registry::Registry::open_with(None, &store, vars)?;
+    crate::runtime()?.block_on(async {
+        let mut out = Vec::new();
+        for model in reg.models().await? {
+            let aliases = reg.aliases(&model).await?;
+            for v in reg.versions(&model).await? {
+                let from = v["source"]["model_digest"].as_str().unwrap_or_default();
+                if !digests.contains(from) {
+                    continue;
+                }
+                let n = &v["version"];
+                let on: Vec<&str> = aliases
+                    .iter()
+                    .filter(|(_, a)| &a["version"] == n)
+                    .map(|(name, _)| name.as_str())
+                    .collect();
+                let named = match on.is_empty() {
+                    true => String::new(),
+                    false => format!(" ({})", on.join(", ")),
+                };
+                out.push(format!("{model}@{n}{named}"));
+            }
+        }
+        Ok(out)
+    })
 }
 
 /// `drivetrain gc [--keep-days N] [--apply]`.

@@ -91,9 +91,47 @@ fn stage_id(run: &str, stage: &str) -> String {
     format!("{run}/{stage}")
 }
 
+/// The target an artifact's store URL names (`…/runs/RUN/STAGE/ATTEMPT/OUTPUT`, as
+/// `lineage` prints it, or a `file://` store's path): `RUN/STAGE/OUTPUT`.
+fn stored_target(url: &str) -> Option<String> {
+    let (_, tail) = url.rsplit_once("/runs/")?;
+    match tail.trim_end_matches('/').split('/').collect::<Vec<_>>()[..] {
+        [run, stage, attempt, output] if attempt.bytes().all(|b| b.is_ascii_digit()) => {
+            Some(format!("{run}/{stage}/{output}"))
+        }
+        _ => None,
+    }
+}
+
+/// `target` if it is a short digest as `lineage` prints one: `sha256:` and 8 to 63 hex
+/// digits.
+fn short_digest(target: &str) -> Option<&str> {
+    let hex = target.strip_prefix("sha256:")?;
+    let ok = (8..64).contains(&hex.len()) && hex.bytes().all(|b| b.is_ascii_hexdigit());
+    ok.then_some(target)
+}
+
+/// The one artifact whose digest starts with `short`, or why there is none.
+fn whole_digest(state: &dyn StateStore, short: &str) -> Result<String, LineageError> {
+    let found = state.artifacts_starting(&short.to_ascii_lowercase(), 3)?;
+    match found.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => Err(LineageError::NotFound(format!(
+            "no artifact's digest starts with {short} in the state store"
+        ))),
+        many => Err(LineageError::NotFound(format!(
+            "{short} is the start of more than one digest ({}, …): give more of it",
+            many[..2].join(", ")
+        ))),
+    }
+}
+
 /// The starting nodes of a target: `RUN`, `RUN/STAGE`, `RUN/STAGE/OUTPUT` or a digest
 /// (`sha256:…`, a unique prefix of at least 8 hex digits will do).
 pub fn resolve_target(state: &dyn StateStore, target: &str) -> Result<Vec<String>, LineageError> {
+    if let Some(short) = short_digest(target) {
+        return whole_digest(state, short).map(|d| vec![d]);
+    }
     if target.starts_with("sha256:") {
         return match state.artifact(target)? {
             Some(a) => Ok(vec![a.digest]),
@@ -273,8 +311,10 @@ pub fn forget(
     store: &ArtifactStore,
     input: &str,
 ) -> Result<Lineage, LineageError> {
-    let roots = match resolve_target(state, input) {
+    let roots = match resolve_target(state, &stored_target(input).unwrap_or(input.to_owned())) {
         Ok(r) => r,
+        // A digest names an artifact or nothing.
+        Err(e @ LineageError::NotFound(_)) if input.starts_with("sha256:") => return Err(e),
         Err(LineageError::NotFound(_)) => {
             // As a JSON string: the whole value, not a part of a longer one.
             let quoted = serde_json::to_string(input).unwrap_or_default();

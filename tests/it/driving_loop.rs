@@ -209,6 +209,47 @@ fn forget_and_lineage_reach_the_drives(home: &Home, first: &str) {
     );
     assert!(shown.contains("  metrics: accuracy "), "{shown}");
     assert!(shown.contains("  files: model.json"), "{shown}");
+    forget_takes_what_lineage_prints(home, first);
+}
+
+/// `forget` takes what `lineage` prints (the short digest, the store URL) and a run-id
+/// prefix, and lists the model versions registered from what it found.
+fn forget_takes_what_lineage_prints(home: &Home, first: &str) {
+    let lineage = text(
+        &home
+            .drivetrain(&[
+                "lineage",
+                &format!("{first}/fleet-sim/logs"),
+                "--downstream",
+            ])
+            .stdout,
+    );
+    let top = lineage.lines().next().unwrap();
+    let (short, url) = (
+        top.split(['(', ')']).nth(1).unwrap(),
+        top.split_whitespace().last().unwrap(),
+    );
+    assert!(short.starts_with("sha256:") && short.len() == 19, "{top}");
+    let prefix = format!("{}/fleet-sim/logs", &first[..first.len() - 3]);
+    let mut said = Vec::new();
+    for input in [short, url, prefix.as_str()] {
+        let o = home.drivetrain(&["forget", input]);
+        assert_ok(&o);
+        let out = text(&o.stdout);
+        let versions = out
+            .split("model versions (")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{out}"));
+        assert!(versions.contains("\n  risk-model@1"), "{input}: {out}");
+        said.push(out.lines().skip(1).collect::<Vec<_>>().join("\n"));
+    }
+    assert!(
+        said.windows(2).all(|w| w[0] == w[1]),
+        "the same, whichever is named: {said:?}"
+    );
+    let o = home.drivetrain(&["forget", "sha256:00000000"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("no artifact's digest starts with sha256:00000000"));
 }
 
 #[test]

@@ -144,7 +144,11 @@ stages:
     let mpi = text(&home.drivetrain(&["logs", &id, "--stage", "mpi"]).stdout);
     let mut lines: Vec<&str> = mpi.lines().collect();
     lines.sort();
-    assert_eq!(lines, ["0/2 0/2 0/2", "1/2 1/2 1/2"], "{mpi}");
+    assert_eq!(
+        lines,
+        ["[rank 0] 0/2 0/2 0/2", "[rank 1] 1/2 1/2 1/2"],
+        "{mpi}"
+    );
 }
 
 /// What a stage's GPU did is recorded from NVML: a stage that holds 4 GiB of GPU memory

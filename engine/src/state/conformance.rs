@@ -393,8 +393,26 @@ fn provenance_and_cache(s: &dyn StateStore) {
     };
     s.add_artifacts(std::slice::from_ref(&a)).unwrap();
     s.add_artifacts(std::slice::from_ref(&a)).unwrap();
-    assert_eq!(s.artifact("sha256:aa").unwrap(), Some(a));
+    assert_eq!(s.artifact("sha256:aa").unwrap(), Some(a.clone()));
     assert_eq!(s.artifact("sha256:none").unwrap(), None);
+    // Short digests made whole: one, two (ambiguous), none; never one that only sorts
+    // near.
+    for d in ["sha256:aab1", "sha256:aab2", "sha256:ab"] {
+        let more = ArtifactRecord {
+            digest: d.into(),
+            ..a.clone()
+        };
+        s.add_artifacts(&[more]).unwrap();
+    }
+    let starting = |p: &str| s.artifacts_starting(p, 5).unwrap();
+    assert_eq!(starting("sha256:aab"), ["sha256:aab1", "sha256:aab2"]);
+    assert_eq!(starting("sha256:aab2"), ["sha256:aab2"]);
+    assert_eq!(
+        starting("sha256:a"),
+        ["sha256:aa", "sha256:aab1", "sha256:aab2", "sha256:ab"]
+    );
+    assert_eq!(s.artifacts_starting("sha256:a", 2).unwrap().len(), 2);
+    assert!(starting("sha256:ac").is_empty() && starting("sha256:b").is_empty());
 
     let entry = |key: &str, at: &str| CacheEntry {
         key: key.into(),

@@ -615,6 +615,9 @@ pub trait ArtifactIndex: Send + Sync {
     fn add_artifacts(&self, artifacts: &[ArtifactRecord]) -> Result<(), StateError>;
     /// The stage that published the artifact with this digest.
     fn artifact(&self, digest: &str) -> Result<Option<ArtifactRecord>, StateError>;
+    /// The digests of artifacts that start with `prefix` (`sha256:` and hex digits), at
+    /// most `limit`, in order: a short digest as `lineage` prints it, made whole.
+    fn artifacts_starting(&self, prefix: &str, limit: usize) -> Result<Vec<String>, StateError>;
     /// Every stage that read the artifact with this digest.
     fn artifact_uses(&self, digest: &str) -> Result<Vec<ArtifactUse>, StateError>;
 }

@@ -1160,6 +1160,20 @@ impl ArtifactIndex for PostgresState {
         })
     }
 
+    fn artifacts_starting(&self, prefix: &str, limit: usize) -> Result<Vec<String>, StateError> {
+        // Hex digits sort before `g`: every digest that starts with the prefix is below.
+        let end = format!("{prefix}g");
+        self.with(|c| {
+            rows(
+                c,
+                queries::pg::ARTIFACTS_BETWEEN,
+                &[&prefix, &end, &(limit as i64)],
+                "find artifacts",
+                |r| r.get::<_, String>(0),
+            )
+        })
+    }
+
     fn artifact_uses(&self, digest: &str) -> Result<Vec<ArtifactUse>, StateError> {
         self.with(|c| {
             rows(

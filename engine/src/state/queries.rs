@@ -203,6 +203,8 @@ statements! {
     ITEM_COUNTS =
         "SELECT phase, COUNT(*) FROM map_items WHERE run_id = $1 AND stage = $2 GROUP BY \
          phase";
+    ARTIFACTS_BETWEEN =
+        "SELECT digest FROM artifacts WHERE digest >= $1 AND digest < $2 ORDER BY digest LIMIT $3";
     ARTIFACT =
         "SELECT digest, manifest, run_id, stage, output, created_at FROM artifacts WHERE \
          digest = $1";

@@ -717,6 +717,20 @@ impl ArtifactIndex for SqliteState {
         })
     }
 
+    fn artifacts_starting(&self, prefix: &str, limit: usize) -> Result<Vec<String>, StateError> {
+        // Hex digits sort before `g`: every digest that starts with the prefix is below.
+        let end = format!("{prefix}g");
+        self.with(|c| {
+            query(
+                c,
+                queries::sqlite::ARTIFACTS_BETWEEN,
+                params![prefix, end, limit as i64],
+                "find artifacts",
+                |r| r.get(0),
+            )
+        })
+    }
+
     fn artifact_uses(&self, digest: &str) -> Result<Vec<ArtifactUse>, StateError> {
         self.with(|c| {
             query(
