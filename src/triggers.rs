@@ -194,12 +194,15 @@ fn backfill(
     };
     let source = std::fs::read_to_string(&t.file)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", t.file))?;
-    let Some(pipeline) = drivetrain_engine::validate(&source, catalog).pipeline else {
+    let Some(mut pipeline) = drivetrain_engine::validate(&source, catalog).pipeline else {
         return usage(format!(
             "{} does not validate (see `drivetrain validate`)",
             t.file
         ));
     };
+    if let Some(folder) = std::path::Path::new(&t.file).parent() {
+        pipeline.sources_in_folder(folder);
+    }
     let Some(spec) = pipeline.triggers.get(&t.trigger) else {
         return usage(format!(
             "{} has no trigger `{}` any more",

@@ -289,6 +289,18 @@ impl Stage {
 }
 
 impl Pipeline {
+    /// Every objects trigger watching a folder's path watches it under `folder` (the
+    /// pipeline file's).
+    pub fn sources_in_folder(&mut self, folder: &std::path::Path) {
+        for t in self.triggers.values_mut() {
+            if let crate::events::Watch::Objects(o) = &mut t.watch {
+                o.in_folder(folder);
+            }
+        }
+    }
+}
+
+impl Pipeline {
     pub fn stage(&self, id: StageId) -> &Stage {
         &self.stages[id.index()]
     }

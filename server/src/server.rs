@@ -257,7 +257,7 @@ pub(crate) fn load(
     files.sort();
     for file in files {
         let source = std::fs::read_to_string(&file)?;
-        let Some(pipeline) = drivetrain_engine::validate(&source, catalog).pipeline else {
+        let Some(mut pipeline) = drivetrain_engine::validate(&source, catalog).pipeline else {
             eprintln!(
                 "skipping {}: it does not validate (see `drivetrain validate`)",
                 file.display()
@@ -265,6 +265,10 @@ pub(crate) fn load(
             continue;
         };
         let abs = std::fs::canonicalize(&file)?;
+        // A trigger watching a folder beside the pipeline watches it wherever served from.
+        if let Some(folder) = abs.parent() {
+            pipeline.sources_in_folder(folder);
+        }
         let ticker = match &pipeline.schedule {
             Some(s) if schedules => {
                 state.upsert_schedule(&pipeline.name, &abs.display().to_string(), &now_text())?;

@@ -78,7 +78,8 @@ fn the_driving_loop_runs_with_its_store_on_s3() {
 }
 
 /// `ingest` reads its `source:` from any store URL: `pipelines/nightly-retrain.yaml` as
-/// it is, its fleet bucket on the S3 server, its artifacts in the embedded store.
+/// it is, given its fleet bucket on the S3 server (`fleet_logs`), its artifacts in the
+/// embedded store.
 /// Regression: it validated, then failed with `cannot read s3://fleet-logs/<date>/`.
 #[test]
 fn the_nightly_retrain_ingests_its_fleet_bucket_on_s3() {
@@ -134,7 +135,17 @@ fn the_nightly_retrain_ingests_its_fleet_bucket_on_s3() {
         "https://chat.example/hook".into(),
     );
     // Two GPUs declared for `train`'s two ranks (the reference trainer runs on CPU).
-    let o = home.drivetrain_env(&["run", file, "--gpus", "2"], &env_pairs(&env));
+    let o = home.drivetrain_env(
+        &[
+            "run",
+            file,
+            "--gpus",
+            "2",
+            "-p",
+            "fleet_logs=s3://fleet-logs",
+        ],
+        &env_pairs(&env),
+    );
     assert_ok(&o);
     let run = run_id(&o);
     assert!(

@@ -1152,3 +1152,111 @@ stages:
 fn last_line(chat: &str) -> String {
     chat.lines().last().unwrap_or_default().trim().to_owned()
 }
+
+/// A trigger watching a folder beside its pipeline (`source: landing/`, as the examples
+/// do) watches it wherever the server was started from, and `..` is taken as written.
+#[test]
+fn a_folder_beside_the_pipeline_is_watched() {
+    let home = Home::new("trigger-beside");
+    std::fs::create_dir_all(home.dir.join("scheduled/landing")).unwrap();
+    std::fs::create_dir_all(home.dir.join("drops")).unwrap();
+    home.write(
+        "scheduled/beside.yaml",
+        r#"
+version: 1
+name: beside
+params: {manifest: {type: string, default: ""}}
+triggers:
+  landed:
+    objects: {source: landing/, match: "*.mcap", poll: 200ms}
+    batch: {min_items: 1}
+    params: {manifest: "{{ trigger.manifest }}"}
+  dropped:
+    objects: {source: ../drops, poll: 200ms}
+    batch: {min_items: 1}
+    params: {manifest: "{{ trigger.manifest }}"}
+stages:
+  read:
+    run: {command: [cat, "{{ params.manifest }}"]}
+"#,
+    );
+    let mut serve = Killed(home.serve(&[]));
+    land(&home.dir.join("scheduled/landing"), "a.mcap", "a");
+    land(&home.dir.join("drops"), "b.mcap", "b");
+    let done = wait(20, "a run for each folder", || {
+        let runs = runs(&home, &[]);
+        let ok: Vec<String> = runs
+            .iter()
+            .filter(|r| r["phase"] == "Succeeded")
+            .map(|r| r["id"].as_str().unwrap().to_owned())
+            .collect();
+        (ok.len() == 2).then_some(ok)
+    });
+    let mut got: Vec<String> = done
+        .iter()
+        .flat_map(|id| consumed(&home, id, &[]))
+        .collect();
+    got.sort();
+    let d = home.dir.display();
+    assert_eq!(
+        got,
+        [
+            format!("file://{d}/drops/b.mcap"),
+            format!("file://{d}/scheduled/landing/a.mcap")
+        ]
+    );
+    kill9(&mut serve.0);
+}
+
+/// A local file is the object its bytes are: touched, or copied again with the same
+/// bytes, it starts no second run; new bytes under the same name do.
+#[test]
+fn a_local_file_is_named_by_its_content() {
+    let home = Home::new("trigger-content");
+    let landing = home.dir.join("scheduled/landing");
+    std::fs::create_dir_all(&landing).unwrap();
+    home.write(
+        "scheduled/content.yaml",
+        r#"
+version: 1
+name: content
+params: {manifest: {type: string, default: ""}}
+triggers:
+  landed:
+    objects: {source: landing/, poll: 200ms}
+    batch: {min_items: 1}
+    params: {manifest: "{{ trigger.manifest }}"}
+stages:
+  read:
+    run: {command: [cat, "{{ params.manifest }}"]}
+"#,
+    );
+    let mut serve = Killed(home.serve(&[]));
+    let succeeded = || {
+        runs(&home, &[])
+            .iter()
+            .filter(|r| r["phase"] == "Succeeded")
+            .count()
+    };
+    land(&landing, "a.mcap", "drive a");
+    wait(20, "the first run", || (succeeded() == 1).then_some(()));
+    // Touched, then copied over with the same bytes (a new inode and time).
+    let a = landing.join("a.mcap");
+    let later = std::time::SystemTime::now() + Duration::from_secs(60);
+    std::fs::File::options()
+        .write(true)
+        .open(&a)
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    std::fs::remove_file(&a).unwrap();
+    std::fs::write(home.dir.join("copy"), "drive a").unwrap();
+    std::fs::copy(home.dir.join("copy"), &a).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(succeeded(), 1, "the same bytes are the same object");
+    std::fs::write(&a, "drive a, fixed").unwrap();
+    wait(20, "a run for the new bytes", || {
+        (succeeded() == 2).then_some(())
+    });
+    kill9(&mut serve.0);
+}

@@ -3,8 +3,14 @@
 //! prefix (a rescan, the safety net for keys that sort before the cursor and for
 //! notifications that never came). What is found goes into the inbox, where an object
 //! already known by URL and ETag is not new.
+//!
+//! A local folder's file has its content digest for an ETag (`sha256:…`), as an object
+//! store's ETag names content: a file copied again with the same bytes, or touched, is
+//! the same object, not a new log. Each file is read once for it, and again only when
+//! its size, time or inode changed (the first listing of a server reads every file).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use futures::TryStreamExt;
 use object_store::path::Path;
@@ -20,6 +26,11 @@ pub struct Source {
     prefix: Path,
     /// The source URL ending in `/`: an object's URL is this and its key.
     base: String,
+    /// A local folder's path, whose files are named by their content.
+    root: Option<std::path::PathBuf>,
+    /// Each file's digest, with the listing's own ETag it was made for (key →
+    /// (ETag, digest)).
+    digests: Mutex<HashMap<String, (String, String)>>,
 }
 
 /// What one listing found.
@@ -43,13 +54,15 @@ impl Source {
             true => url.to_owned(),
             false => format!("{url}/"),
         };
+        let mut root = None;
         let (store, prefix): (Arc<dyn ObjectStore>, Path) = match parsed.scheme() {
             "file" => {
-                let root = parsed
+                let dir = parsed
                     .to_file_path()
                     .map_err(|_| setting(format!("{url}: a file:// source is an absolute path")))?;
-                let fs = object_store::local::LocalFileSystem::new_with_prefix(&root)
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
                     .map_err(|e| setting(format!("{url}: {e}")))?;
+                root = Some(dir);
                 (Arc::new(fs), Path::default())
             }
             _ => crate::cloud::open(&parsed, &crate::cloud::process_env())
@@ -59,6 +72,8 @@ impl Source {
             store,
             prefix,
             base,
+            root,
+            digests: Mutex::new(HashMap::new()),
         })
     }
 
@@ -113,9 +128,13 @@ impl Source {
             if !t.matches(key) {
                 continue;
             }
+            let listed = etag(m.e_tag.as_deref());
             out.objects.push(InboxObject {
                 url: self.url_of(key),
-                etag: etag(m.e_tag.as_deref()),
+                etag: match &self.root {
+                    Some(root) => self.content_etag(root, key, listed).await?,
+                    None => listed,
+                },
                 size: i64::try_from(m.size).ok(),
                 modified: Some(
                     m.last_modified
@@ -128,6 +147,46 @@ impl Source {
         }
         Ok(out)
     }
+}
+
+impl Source {
+    /// The digest of the local file `key` under `root`, read again only when the
+    /// listing's own ETag (its inode, size and time) changed.
+    async fn content_etag(
+        &self,
+        root: &std::path::Path,
+        key: &str,
+        listed: String,
+    ) -> Result<String, EventError> {
+        let known = self.digests.lock().unwrap().get(key).cloned();
+        if let Some((_, digest)) = known.filter(|(seen, _)| *seen == listed) {
+            return Ok(digest);
+        }
+        let path = root.join(key);
+        let digest = tokio::task::spawn_blocking(move || file_digest(&path))
+            .await
+            .map_err(|e| EventError::Remote(e.to_string()))?
+            .map_err(|e| EventError::Remote(format!("cannot read {key}: {e}")))?;
+        let mut digests = self.digests.lock().unwrap();
+        digests.insert(key.to_owned(), (listed, digest.clone()));
+        Ok(digest)
+    }
+}
+
+/// `sha256:HEX` of the file at `path`, read in pieces.
+fn file_digest(path: &std::path::Path) -> std::io::Result<String> {
+    use sha2::Digest as _;
+    use std::io::Read as _;
+    let mut f = std::fs::File::open(path)?;
+    let mut hash = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match f.read(&mut buf)? {
+            0 => break,
+            n => hash.update(&buf[..n]),
+        }
+    }
+    Ok(format!("sha256:{}", hex::encode(hash.finalize())))
 }
 
 /// An ETag as the inbox keeps it: without the quotes S3's listings put around it (its

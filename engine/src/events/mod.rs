@@ -62,13 +62,43 @@ impl Hook {
 /// Objects under a store prefix.
 #[derive(Debug, Clone)]
 pub struct Objects {
-    /// The store prefix, as written (`s3://fleet/incoming/`).
+    /// The store prefix, as written (`s3://fleet/incoming/`); a folder's path (relative
+    /// to the pipeline's folder, or absolute) until [`Objects::in_folder`] makes it a
+    /// `file://` URL.
     pub source: String,
     /// The glob over keys below the prefix (`match:`).
     pub matcher: Option<globset::GlobMatcher>,
     pub queue: Option<String>,
     pub poll: Duration,
     pub rescan: Duration,
+}
+
+impl Objects {
+    /// Whether `source` is a folder's path rather than a URL.
+    pub fn is_path(source: &str) -> bool {
+        !source.contains("://")
+    }
+
+    /// `source` as a URL: a relative folder's path under `folder` (the pipeline's), an
+    /// absolute one as it is, both `file://`; a URL unchanged.
+    pub fn in_folder(&mut self, folder: &std::path::Path) {
+        if Objects::is_path(&self.source) {
+            // `..` taken away as written: the folder need not exist yet.
+            let mut dir = std::path::PathBuf::new();
+            for part in folder.join(&self.source).components() {
+                match part {
+                    std::path::Component::ParentDir => {
+                        dir.pop();
+                    }
+                    std::path::Component::CurDir => {}
+                    other => dir.push(other),
+                }
+            }
+            let text = dir.display().to_string();
+            let slash = if text.ends_with('/') { "" } else { "/" };
+            self.source = format!("file://{text}{slash}");
+        }
+    }
 }
 
 /// Runs of another pipeline ending in one of `phases`. Each is an inbox object of its

@@ -237,7 +237,12 @@ impl Cx<'_> {
 
     fn check_objects(&mut self, op: &YamlPath, o: &ObjectsSpec) -> Option<Objects> {
         let mut ok = true;
-        match url::Url::parse(&o.source) {
+        // A folder's path: relative to the pipeline's folder, or absolute.
+        let url = match Objects::is_path(&o.source) && !o.source.is_empty() {
+            true => url::Url::parse(&format!("file:///{}", o.source.trim_start_matches('/'))),
+            false => url::Url::parse(&o.source),
+        };
+        match url {
             Ok(u) if SOURCE_SCHEMES.contains(&u.scheme()) => {
                 if u.scheme() == "file" && !u.path().starts_with('/') {
                     self.err(
@@ -264,7 +269,7 @@ impl Cx<'_> {
                     &op.key("source"),
                     format!("`{}` is not a URL: {e}", o.source),
                 )
-                .hint("e.g. `s3://fleet/incoming/` or `file:///data/incoming/`");
+                .hint("e.g. `s3://fleet/incoming/`, `file:///data/incoming/` or a folder beside the pipeline, `landing/`");
                 ok = false;
             }
         }
