@@ -45,6 +45,11 @@ pub trait Step: Send + Sync + 'static {
     fn check_semantics(&self, _config: &Value) -> Vec<(String, String)> {
         Vec::new()
     }
+    /// The keys of the values it reports (`stages.S.values.KEY`), so a `when:` or a
+    /// template naming one it never reports is an error at validation; empty: not said.
+    fn values(&self) -> &'static [&'static str] {
+        &[]
+    }
     /// Whether the step writes the model registry (`registry/` of the artifact store),
     /// which is read-only for every other stage.
     fn writes_registry(&self) -> bool {

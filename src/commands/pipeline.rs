@@ -172,7 +172,7 @@ fn step(catalog: &Catalog, name: &str, output: Format) -> ExitCode {
     };
     let schema = s.config_schema();
     if output.json() {
-        let v = json!({"name": s.name(), "version": s.version(), "summary": s.summary(), "config_schema": schema});
+        let v = json!({"name": s.name(), "version": s.version(), "summary": s.summary(), "values": s.values(), "config_schema": schema});
         crate::output::print_json(&v).expect("JSON values serialize");
         return ExitCode::SUCCESS;
     }
@@ -197,6 +197,7 @@ fn step(catalog: &Catalog, name: &str, output: Format) -> ExitCode {
         }
     );
     println!("outputs: {}", s.outputs().join(", "));
+    println!("values: {}", s.values().join(", "));
     println!("with:");
     let required: Vec<&str> = schema["required"]
         .as_array()

@@ -32,6 +32,7 @@ pub(crate) struct Builtin<C> {
     check: Option<CheckFn<C>>,
     registry: bool,
     reads: Option<ReadsFn>,
+    values: &'static [&'static str],
     config: PhantomData<fn() -> C>,
 }
 
@@ -76,6 +77,10 @@ impl<C: DeserializeOwned + JsonSchema + Send + 'static> Step for Builtin<C> {
         self.registry
     }
 
+    fn values(&self) -> &'static [&'static str] {
+        self.values
+    }
+
     fn reads(&self, config: &Value, inputs: &[&str]) -> Vec<String> {
         self.reads.map(|f| f(config, inputs)).unwrap_or_default()
     }
@@ -106,6 +111,7 @@ pub(crate) fn builtin<C: DeserializeOwned + JsonSchema + Send + 'static>(
         check: None,
         registry: false,
         reads: None,
+        values: &[],
         config: PhantomData,
     }
 }
@@ -121,6 +127,11 @@ impl<C: DeserializeOwned + JsonSchema + Send + 'static> Builtin<C> {
     }
     pub(crate) fn reading(mut self, reads: ReadsFn) -> Self {
         self.reads = Some(reads);
+        self
+    }
+    /// The keys of the values it reports.
+    pub(crate) fn reporting(mut self, values: &'static [&'static str]) -> Self {
+        self.values = values;
         self
     }
     pub(crate) fn boxed(self) -> Box<dyn Step> {

@@ -957,6 +957,15 @@ pub(crate) fn steps() -> Vec<Box<dyn drivetrain_engine::step::Step>> {
             &["tasks"],
             |c, cx| Box::pin(run_export(c, cx)),
         )
+        .reporting(&[
+            "export_id",
+            "selected",
+            "corner_cases",
+            "background",
+            "candidates",
+            "skipped_as_duplicates",
+            "rules",
+        ])
         .boxed(),
         crate::builtin::builtin::<LabelImportConfig>(
             "label-import",
@@ -965,6 +974,18 @@ pub(crate) fn steps() -> Vec<Box<dyn drivetrain_engine::step::Step>> {
             &["dataset"],
             |c, cx| Box::pin(run_import(c, cx)),
         )
+        .reporting(&[
+            "frames",
+            "exported",
+            "unlabeled",
+            "cancelled_annotations",
+            "annotations_without_label",
+            "foreign_items",
+            "skipped_choices",
+            "export_id",
+            "label_source",
+            "splits",
+        ])
         .boxed(),
     ]
 }

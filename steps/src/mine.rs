@@ -690,6 +690,14 @@ pub(crate) fn step() -> Box<dyn drivetrain_engine::step::Step> {
         |c, cx| Box::pin(run_step(c, cx)),
     )
     .checked(|c| check_rules(&c.rules))
+    .reporting(&[
+        "frames",
+        "matched",
+        "rules",
+        "input_order",
+        "plan",
+        "streams",
+    ])
     .boxed()
 }
 

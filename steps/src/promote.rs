@@ -27,6 +27,14 @@ pub(crate) fn step() -> Box<dyn drivetrain_engine::step::Step> {
         |c, cx| Box::pin(run_step(c, cx)),
     )
     .writing_registry()
+    .reporting(&[
+        "model",
+        "version",
+        "registered",
+        "alias",
+        "from",
+        "generation",
+    ])
     .boxed()
 }
 

@@ -331,6 +331,7 @@ pub(crate) fn step() -> Box<dyn drivetrain_engine::step::Step> {
         &["logs"],
         |c, cx| Box::pin(run_step(c, cx)),
     )
+    .reporting(&["drives", "frames", "events"])
     .boxed()
 }
 

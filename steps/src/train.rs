@@ -306,6 +306,7 @@ pub(crate) fn step() -> Box<dyn drivetrain_engine::step::Step> {
         &["model", "metrics"],
         |c, cx| Box::pin(run_step(c, cx)),
     )
+    .reporting(&["train", "history", "series"])
     .boxed()
 }
 

@@ -40,6 +40,7 @@ pub(crate) fn step() -> Box<dyn drivetrain_engine::step::Step> {
         Err(e) => vec![("gate".to_owned(), format!("gate: {e}"))],
     })
     .reading(validate_reads)
+    .reporting(&["passed", "reasons", "metrics"])
     .boxed()
 }
 

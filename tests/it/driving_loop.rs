@@ -59,6 +59,25 @@ fn the_driving_loop_closes() {
         "promote",
     ] {
         assert_eq!(stage(&st, s)["phase"], "Succeeded", "{s}: {st}");
+        // What validation checks a `when` against is what the step reports, every key.
+        let step = match s {
+            "mine" => "mine-corner-cases",
+            s => s,
+        };
+        let said = home.drivetrain(&["steps", step, "-o", "json"]);
+        let said: serde_json::Value = serde_json::from_slice(&said.stdout).unwrap();
+        let declared: Vec<&str> = said["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        for key in stage(&st, s)["values"].as_object().unwrap().keys() {
+            assert!(
+                declared.contains(&key.as_str()),
+                "{step} reports {key}: {declared:?}"
+            );
+        }
     }
     assert_eq!(
         stage(&st, "ingest")["values"]["drives"]

@@ -393,7 +393,7 @@ impl<'a> Cx<'a> {
                     return false;
                 }
             }
-            Ref::StageValue { stage, .. } => {
+            Ref::StageValue { stage, key } => {
                 if stage == sc.name {
                     self.err_in_string(
                         "self-reference",
@@ -406,7 +406,10 @@ impl<'a> Cx<'a> {
                     return false;
                 }
                 match sc.index.get(stage.as_str()) {
-                    Some(&id) => sc.edges.push((id, EdgeKind::Value, Some(path.clone()))),
+                    Some(&id) => {
+                        sc.edges.push((id, EdgeKind::Value, Some(path.clone())));
+                        return self.reported_value(sc, path, range, (stage, &key[0]), r);
+                    }
                     None => {
                         let hint = did_you_mean(stage, sc.index.keys().copied());
                         self.err_in_string(
@@ -433,6 +436,44 @@ impl<'a> Cx<'a> {
             }
         }
         true
+    }
+
+    /// Whether the value `key` of `stage` (a `uses:` step that says what it reports) is
+    /// one it reports; an error naming those it does if not. A `run:` stage's values are
+    /// known only when it has run (a `when` reading one it did not report fails it).
+    fn reported_value(
+        &mut self,
+        sc: &StageCx<'_>,
+        path: &YamlPath,
+        range: std::ops::Range<usize>,
+        (stage, key): (&str, &str),
+        r: &Ref,
+    ) -> bool {
+        let uses = sc
+            .raw
+            .stages
+            .get(stage)
+            .and_then(|s| s.as_ref()?.uses.as_deref());
+        let Some(step) = uses.and_then(|u| self.catalog.step(u)) else {
+            return true;
+        };
+        let reported = step.values();
+        if reported.is_empty() || reported.contains(&key) {
+            return true;
+        }
+        let hint = did_you_mean(key, reported.iter().copied());
+        self.err_in_string(
+            "unknown-value",
+            path,
+            range,
+            format!(
+                "`{r}`: step `{}` of stage `{stage}` reports no value `{key}`",
+                step.name()
+            ),
+        )
+        .note(format!("its values: {}", reported.join(", ")))
+        .maybe_hint(hint);
+        false
     }
 
     pub(super) fn report_cycles(

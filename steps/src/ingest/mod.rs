@@ -384,6 +384,32 @@ impl Tally {
     }
 }
 
+/// The keys of [`Tally::into_values`]: what `ingest` reports.
+const VALUES: &[&str] = &[
+    "files",
+    "bytes",
+    "frames",
+    "drives",
+    "sources",
+    "channels",
+    "tusimple_rows",
+    "skipped",
+    "skipped_files",
+    "ignored",
+    "ignored_files",
+    "without_frames",
+    "files_without_frames",
+    "reordered",
+    "unfinished",
+    "unfinished_files",
+    "unfinished_detail",
+    "invalid_values",
+    "invalid_values_total",
+    "unreadable_messages",
+    "unreadable_messages_total",
+    "warnings",
+];
+
 /// What a stage that succeeded must still say: the engine shows these with its phase
 /// (`run`, `status`, the web view), so partial results are never a plain success.
 fn warnings(unfinished: &[Value], skipped: &[Value], invalid: u64, unreadable: u64) -> Vec<String> {
@@ -719,6 +745,7 @@ pub(crate) fn step() -> Box<dyn drivetrain_engine::step::Step> {
         &["frames", "index", "lanes"],
         |c, cx| Box::pin(run_step(c, cx)),
     )
+    .reporting(VALUES)
     .boxed()
 }
 
