@@ -6,7 +6,8 @@ use std::process::Command;
 
 use crate::common;
 use common::{
-    assert_ok, doctor_layer, pid_alive, run_id, stage, text, wait_dead, wait_for_file, Home,
+    assert_ok, doctor_layer, pid_alive, run_id, spawn_run, stage, text, wait_dead, wait_for_file,
+    Home,
 };
 
 /// The host pid of the one process whose command line is exactly `command`: a stage's
@@ -357,29 +358,6 @@ fn run_refuses_bad_params_before_starting() {
         !home.dir.join(".drivetrain/state.db").exists(),
         "nothing was recorded"
     );
-}
-
-fn spawn_run(home: &Home, file: &Path) -> (std::process::Child, String) {
-    use std::io::BufRead;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
-        .args(["run", file.to_str().unwrap()])
-        .current_dir(&home.dir)
-        .env_remove("DRIVETRAIN_HOME")
-        .env("DRIVETRAIN_HEARTBEAT", "200ms")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    std::io::BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let id = first
-        .trim()
-        .strip_prefix("run ")
-        .expect("run id first")
-        .to_owned();
-    (child, id)
 }
 
 /// The crash-safety promise: `kill -9` of the engine mid-run loses nothing, and

@@ -5,7 +5,6 @@
 //! a 13-node lineage is drawn top to bottom with no text below 11 px at first paint; and
 //! a map stage shows its items (value, phase, values, log).
 
-use std::io::BufRead as _;
 use std::process::{Command, Stdio};
 
 use fantoccini::{Client, Locator};
@@ -43,25 +42,6 @@ stages:
       command: [sh, -c, 'echo "training with lr $0"; if [ "$0" = 0.001 ]; then echo "diverged" >&2; exit 3; fi; echo "{\"loss\": $0}" > "$DRIVETRAIN_VALUES"', "{{ item }}"]
 "#;
 
-/// `drivetrain run FILE` in the background with a fast heartbeat: the engine and its run.
-fn spawn_run(home: &Home, file: &str) -> (std::process::Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
-        .args(["run", file])
-        .current_dir(&home.dir)
-        .env_remove("DRIVETRAIN_HOME")
-        .env(BEAT.0, BEAT.1)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    std::io::BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let id = first.trim().strip_prefix("run ").expect("run id first");
-    (child, id.to_owned())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_new_user_sees_first() {
     let home = Home::new("ui-first");
@@ -86,7 +66,7 @@ async fn what_a_new_user_sees_first() {
         "long.yaml",
         &format!("version: 1\nname: long\nstages:\n  wait:\n    run: {{command: [sh, -c, 'if [ -e {d}/again ]; then exit 0; fi; echo $$ > {d}/waiting; exec sleep 4.0417']}}\n"),
     );
-    let (mut engine, orphan) = spawn_run(&home, "long.yaml");
+    let (mut engine, orphan) = common::spawn_run(&home, &home.dir.join("long.yaml"));
     wait_for_file(&home.dir.join("waiting"));
     engine.kill().unwrap();
     engine.wait().unwrap();

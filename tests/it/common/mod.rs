@@ -212,3 +212,28 @@ pub fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// `drivetrain run FILE` in the background with a heartbeat every 200 ms (an engine
+/// three beats silent is orphaned after 0.6 s): the engine and its run.
+pub fn spawn_run(home: &Home, file: &std::path::Path) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+        .args(["run", file.to_str().unwrap()])
+        .current_dir(&home.dir)
+        .env_remove("DRIVETRAIN_HOME")
+        .env("DRIVETRAIN_HEARTBEAT", "200ms")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let id = first
+        .trim()
+        .strip_prefix("run ")
+        .expect("run id first")
+        .to_owned();
+    (child, id)
+}
