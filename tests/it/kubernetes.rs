@@ -403,6 +403,25 @@ async fn a_pipeline_runs_as_jobs_against_the_api_stand_in() {
         flaky.contains(&format!("second attempt read {files}")),
         "{flaky}"
     );
+    // The pipeline's folder is the engine's machine's: a stage naming it is refused
+    // before any Job is made, saying what to do instead.
+    let folder = home.write(
+        "folder.yaml",
+        "version: 1\nname: folder\ndefaults: {executor: kubernetes, image: registry.example.com/av/steps:1.4}\nstages:\n  prep:\n    run: {command: [sh, \"{{ pipeline.dir }}/prep.sh\"]}\n",
+    );
+    let mut cmd = engine(&home, &settings, &["run", folder.to_str().unwrap()]);
+    let run = tokio::task::spawn_blocking(move || cmd.output().expect("the binary runs"))
+        .await
+        .unwrap();
+    assert_eq!(run.status.code(), Some(1), "{}", text(&run.stdout));
+    let prep = stage(&home.status(&run_id(&run)), "prep")["reason"].clone();
+    assert!(
+        prep.as_str().unwrap().contains(
+            "`{{ pipeline.dir }}` is the pipeline's folder on the engine's machine, which the stage's pod does not have"
+        ),
+        "{prep}"
+    );
+    assert_eq!(standin.created("batch/v1/jobs"), 4, "no Job for it");
 }
 
 const REATTACH: &str = r#"

@@ -206,6 +206,17 @@ fn command_line(
     step_config: Option<&Value>,
     render: &dyn Fn(&Template) -> String,
 ) -> Result<(Vec<String>, PathBuf), Unprepared> {
+    // A pod has no folder of the engine's machine.
+    let names_folder = argv.iter().chain(workdir).any(|t| {
+        t.refs()
+            .any(|(r, _)| *r == crate::template::Ref::PipelineDir)
+    });
+    if layout.remote.is_some() && names_folder {
+        return Err(Unprepared(format!(
+            "`{}` is the pipeline's folder on the engine's machine, which the stage's pod does not have: put what the stage needs from it into its image, or give it as an input",
+            super::folder::SYMBOL
+        )));
+    }
     let mut argv: Vec<String> = argv.iter().map(render).collect();
     if let (None, None, None, Some(folder)) = (workdir, step_config, &layout.remote, &ctx.folder) {
         super::folder::resolve_args(&mut argv, folder);
