@@ -43,6 +43,7 @@ pub fn check(store: &dyn StateStore) {
     listing(store);
     filtered_listing(store);
     provenance_and_cache(store);
+    artifacts(store);
     success_at_once(store);
     schedules_and_ticks(store);
     ticks_in_batches(store);
@@ -323,6 +324,40 @@ fn schedules_and_ticks(s: &dyn StateStore) {
     assert!(s.running_runs("nightly").unwrap().is_empty());
 }
 
+/// Published artifacts by digest, and short digests made whole.
+fn artifacts(s: &dyn StateStore) {
+    let a = ArtifactRecord {
+        digest: "sha256:aa".into(),
+        manifest: "runs/x/a/1/manifests/o.json".into(),
+        run_id: "x".into(),
+        stage: "a".into(),
+        output: "o".into(),
+        created_at: now(),
+    };
+    s.add_artifacts(std::slice::from_ref(&a)).unwrap();
+    s.add_artifacts(std::slice::from_ref(&a)).unwrap();
+    assert_eq!(s.artifact("sha256:aa").unwrap(), Some(a.clone()));
+    assert_eq!(s.artifact("sha256:none").unwrap(), None);
+    // Short digests made whole: one, two (ambiguous), none; never one that only sorts
+    // near.
+    for d in ["sha256:aab1", "sha256:aab2", "sha256:ab"] {
+        let more = ArtifactRecord {
+            digest: d.into(),
+            ..a.clone()
+        };
+        s.add_artifacts(&[more]).unwrap();
+    }
+    let starting = |p: &str| s.artifacts_starting(p, 5).unwrap();
+    assert_eq!(starting("sha256:aab"), ["sha256:aab1", "sha256:aab2"]);
+    assert_eq!(starting("sha256:aab2"), ["sha256:aab2"]);
+    assert_eq!(
+        starting("sha256:a"),
+        ["sha256:aa", "sha256:aab1", "sha256:aab2", "sha256:ab"]
+    );
+    assert_eq!(s.artifacts_starting("sha256:a", 2).unwrap().len(), 2);
+    assert!(starting("sha256:ac").is_empty() && starting("sha256:b").is_empty());
+}
+
 fn provenance_and_cache(s: &dyn StateStore) {
     let mut rec = run_record("conf-prov");
     rec.parent = Some(RunId("conf-r1".into()));
@@ -382,37 +417,6 @@ fn provenance_and_cache(s: &dyn StateStore) {
         (uses[0].stage.as_str(), uses[0].input.as_str()),
         ("b", "data")
     );
-
-    let a = ArtifactRecord {
-        digest: "sha256:aa".into(),
-        manifest: "runs/x/a/1/manifests/o.json".into(),
-        run_id: "x".into(),
-        stage: "a".into(),
-        output: "o".into(),
-        created_at: now(),
-    };
-    s.add_artifacts(std::slice::from_ref(&a)).unwrap();
-    s.add_artifacts(std::slice::from_ref(&a)).unwrap();
-    assert_eq!(s.artifact("sha256:aa").unwrap(), Some(a.clone()));
-    assert_eq!(s.artifact("sha256:none").unwrap(), None);
-    // Short digests made whole: one, two (ambiguous), none; never one that only sorts
-    // near.
-    for d in ["sha256:aab1", "sha256:aab2", "sha256:ab"] {
-        let more = ArtifactRecord {
-            digest: d.into(),
-            ..a.clone()
-        };
-        s.add_artifacts(&[more]).unwrap();
-    }
-    let starting = |p: &str| s.artifacts_starting(p, 5).unwrap();
-    assert_eq!(starting("sha256:aab"), ["sha256:aab1", "sha256:aab2"]);
-    assert_eq!(starting("sha256:aab2"), ["sha256:aab2"]);
-    assert_eq!(
-        starting("sha256:a"),
-        ["sha256:aa", "sha256:aab1", "sha256:aab2", "sha256:ab"]
-    );
-    assert_eq!(s.artifacts_starting("sha256:a", 2).unwrap().len(), 2);
-    assert!(starting("sha256:ac").is_empty() && starting("sha256:b").is_empty());
 
     let entry = |key: &str, at: &str| CacheEntry {
         key: key.into(),
