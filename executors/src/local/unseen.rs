@@ -8,7 +8,7 @@ use std::path::Path;
 
 use drivetrain_engine::executor::PathAccess;
 
-use super::userns::STAGE_ID;
+use super::userns;
 
 /// Why a stage may not see `path`; `nobody`: its user is host `nobody` (a root engine's
 /// stage). `None` where the path is not there for the engine either, or nothing of
@@ -28,26 +28,18 @@ pub(super) fn why(path: &Path, access: &[PathAccess], nobody: bool) -> Option<St
     if !nobody {
         return None;
     }
-    let ancestors: Vec<&Path> = path.ancestors().skip(1).collect();
-    for dir in ancestors.into_iter().rev() {
-        let Ok(m) = std::fs::metadata(dir) else {
-            continue;
-        };
-        if m.uid() != STAGE_ID && m.mode() & 0o001 == 0 {
-            return Some(format!(
-                "{shown} exists on this machine, but {} (mode {:o}) lets no other user in, and a root engine's stages run as host `nobody`: give it to the stage as a volume (`volumes: [{{name: data, host_path: {shown}, mount_path: {shown}, read_only: true}}]`), or open {} to others (`chmod o+x`)",
-                dir.display(),
-                m.mode() & 0o7777,
-                dir.display()
-            ));
-        }
+    // The shallowest folder on the way the stage user cannot search.
+    let closed = userns::closed_on_the_way(&[path.to_path_buf()]);
+    if let Some((dir, _)) = closed.first() {
+        let mode = std::fs::metadata(dir).map(|m| m.mode()).unwrap_or_default();
+        return Some(format!(
+            "{shown} exists on this machine, but {} (mode {:o}) lets no other user in, and a root engine's stages run as host `nobody`: give it to the stage as a volume (`volumes: [{{name: data, host_path: {shown}, mount_path: {shown}, read_only: true}}]`), or open {} to others (`chmod o+x`)",
+            dir.display(),
+            mode & 0o7777,
+            dir.display()
+        ));
     }
-    let need = if meta.is_dir() { 0o5 } else { 0o4 };
-    let open = match meta.uid() == STAGE_ID {
-        true => meta.mode() >> 6 & need == need,
-        false => meta.mode() & need == need,
-    };
-    (!open).then(|| {
+    (!userns::open_to_stage(&meta, userns::to_use(&meta))).then(|| {
         format!(
             "{shown} exists on this machine, but its mode ({:o}) lets no other user {} it, and a root engine's stages run as host `nobody`: open it to others (`chmod o+{}`), or run the engine as its owner",
             meta.mode() & 0o7777,

@@ -171,13 +171,29 @@ fn look_up(dir: &Path) -> bool {
     let Ok(meta) = std::fs::metadata(dir) else {
         return true;
     };
-    let mode = meta.mode();
-    let bit = if meta.uid() == STAGE_ID {
-        0o100
+    open_to_stage(&meta, 0o1)
+}
+
+/// Whether the stage user (no supplementary group) has the permission bits `need`
+/// (written as other's: `0o1` search, `0o4` read, `0o5` list) on `meta`'s file, by its
+/// owner's, group's or other's bits as it is owner, group or neither.
+pub(super) fn open_to_stage(meta: &std::fs::Metadata, need: u32) -> bool {
+    let shift = if meta.uid() == STAGE_ID {
+        6
     } else if meta.gid() == STAGE_ID {
-        0o010
+        3
     } else {
-        0o001
+        0
     };
-    mode & bit != 0
+    (meta.mode() >> shift) & need == need
+}
+
+/// What the stage user needs of `meta`'s file to use it: to list a directory, to read a
+/// file ([`open_to_stage`]'s `need`).
+pub(super) fn to_use(meta: &std::fs::Metadata) -> u32 {
+    if meta.is_dir() {
+        0o5
+    } else {
+        0o4
+    }
 }

@@ -59,7 +59,9 @@ impl VolumeMount {
                 if let Some(why) = overlap(&host, volume.read_only, engine) {
                     return Err(named(why));
                 }
-                if let Some(uid) = stage_user.filter(|uid| !readable(&meta, *uid)) {
+                let need = super::userns::to_use(&meta);
+                if let Some(uid) = stage_user.filter(|_| !super::userns::open_to_stage(&meta, need))
+                {
                     return Err(named(closed(&host, &meta, uid)));
                 }
                 (host, None)
@@ -152,17 +154,6 @@ fn overlap(host: &Path, read_only: bool, engine: &[PathAccess]) -> Option<String
             a.path.display()
         )),
         _ => None,
-    }
-}
-
-/// Whether the user `uid` (with no group of the file's) may read `meta`'s file, and
-/// search it if it is a directory.
-fn readable(meta: &std::fs::Metadata, uid: u32) -> bool {
-    let mode = meta.mode();
-    let need = if meta.is_dir() { 0o5 } else { 0o4 };
-    match meta.uid() == uid {
-        true => mode >> 6 & need == need,
-        false => mode & need == need,
     }
 }
 
