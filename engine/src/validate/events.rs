@@ -237,12 +237,10 @@ impl Cx<'_> {
 
     fn check_objects(&mut self, op: &YamlPath, o: &ObjectsSpec) -> Option<Objects> {
         let mut ok = true;
-        // A folder's path: relative to the pipeline's folder, or absolute.
-        let url = match Objects::is_path(&o.source) && !o.source.is_empty() {
-            true => url::Url::parse(&format!("file:///{}", o.source.trim_start_matches('/'))),
-            false => url::Url::parse(&o.source),
-        };
-        match url {
+        // A folder's path (relative to the pipeline's folder, or absolute): no URL to check.
+        let folder = Objects::is_path(&o.source) && !o.source.is_empty();
+        match url::Url::parse(&o.source) {
+            _ if folder => {}
             Ok(u) if SOURCE_SCHEMES.contains(&u.scheme()) => {
                 if u.scheme() == "file" && !u.path().starts_with('/') {
                     self.err(

@@ -433,8 +433,7 @@ async fn list_runs(
         .map_err(ApiError::internal)?
     {
         Ok(runs) => {
-            let orphans = crate::query::orphans(s.engine.state().as_ref())?;
-            let runs = runs.into_iter().map(|r| RunView::of(r, &orphans)).collect();
+            let runs = RunView::all(s.engine.state().as_ref(), runs)?;
             Ok(Json(RunList { runs }))
         }
         Err(why) => Err(ApiError::bad_request(format!("phase {why}"))),
@@ -456,8 +455,7 @@ async fn get_run(
     let id = RunId(id);
     let run = known_run(&s, &id)?;
     let stages = s.engine.state().stages(&id)?;
-    let orphans = crate::query::orphans(s.engine.state().as_ref())?;
-    let run = RunView::of(run, &orphans);
+    let run = RunView::one(s.engine.state().as_ref(), run)?;
     Ok(Json(RunDetail { run, stages }))
 }
 

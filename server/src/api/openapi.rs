@@ -66,10 +66,29 @@ pub struct RunView {
 }
 
 impl RunView {
-    /// `record`, orphaned when it is among `orphans`.
-    pub fn of(record: RunRecord, orphans: &std::collections::BTreeSet<RunId>) -> Self {
-        let orphaned = !record.phase.is_terminal() && orphans.contains(&record.id);
-        RunView { record, orphaned }
+    /// `records` as views: which are orphaned is read only where one is still going.
+    pub fn all(
+        state: &dyn drivetrain_engine::state::RunStore,
+        records: Vec<RunRecord>,
+    ) -> Result<Vec<RunView>, drivetrain_engine::state::StateError> {
+        let going = records.iter().any(|r| !r.phase.is_terminal());
+        let orphans = match going {
+            true => crate::query::orphans(state)?,
+            false => Default::default(),
+        };
+        let view = |record: RunRecord| RunView {
+            orphaned: !record.phase.is_terminal() && orphans.contains(&record.id),
+            record,
+        };
+        Ok(records.into_iter().map(view).collect())
+    }
+
+    /// `record` as a view.
+    pub fn one(
+        state: &dyn drivetrain_engine::state::RunStore,
+        record: RunRecord,
+    ) -> Result<RunView, drivetrain_engine::state::StateError> {
+        Ok(RunView::all(state, vec![record])?.remove(0))
     }
 }
 

@@ -171,20 +171,17 @@ pub(super) async fn run_events(
                 let turn = s.stream_reads.acquire().await;
                 let read = tokio::task::spawn_blocking(move || {
                     let state = server.engine.state();
-                    (
-                        state.run(&id),
-                        state.stages(&id),
-                        crate::query::orphans(state.as_ref()),
-                    )
+                    let record = state.run(&id);
+                    let view = record.map(|r| super::openapi::RunView::one(state.as_ref(), r));
+                    (view, state.stages(&id))
                 })
                 .await;
                 drop(turn);
-                let (record, stages, orphans) = match read {
-                    Ok((Ok(r), Ok(st), Ok(o))) => (r, st, o),
+                let (record, stages) = match read {
+                    Ok((Ok(Ok(r)), Ok(st))) => (r, st),
                     _ => return None,
                 };
-                let ended = record.phase.is_terminal();
-                let record = super::openapi::RunView::of(record, &orphans);
+                let ended = record.record.phase.is_terminal();
                 let record = serde_json::to_value(&record).unwrap_or_default();
                 let mut events = Vec::new();
                 if sent.run.is_none() {

@@ -352,7 +352,7 @@ async function runPage(id, selected) {
   const sub = (n) => {
     const s = stages.get(n.id);
     const phase = s ? s.phase : "Pending";
-    const v = seen(phase, { orphaned: run.orphaned && phase === "Running", reason: s && s.reason });
+    const v = seen(phase, { orphaned: run.orphaned, reason: s && s.reason });
     const bits = [`${v.mark} ${v.word}`];
     if (s && s.attempts > 1) bits.push(`${s.attempts} attempts`);
     if (s && s.origin && s.origin !== "ran") bits.push(s.origin);
@@ -366,7 +366,7 @@ async function runPage(id, selected) {
   const view = graphView(nodes, graph.layout, {
     name: `stages of ${run.pipeline}`,
     label: (n) => [n.id, sub(n)],
-    classOf: (n) => `phase-${seen(phaseOf(n.id), { orphaned: run.orphaned && phaseOf(n.id) === "Running", reason: (stages.get(n.id) || {}).reason }).cls}${n.map ? " map" : ""}`,
+    classOf: (n) => `phase-${seen(phaseOf(n.id), { orphaned: run.orphaned, reason: (stages.get(n.id) || {}).reason }).cls}${n.map ? " map" : ""}`,
     onPick: (n) => { location.hash = `#/runs/${esc(id)}/${esc(n.id)}`; },
   });
   const paint = (name) => view.paint(name);
@@ -534,7 +534,7 @@ function itemsTable(run, s, logs, signal) {
         if (it.attempts) streamText(`/api/v1/runs/${esc(run.id)}/logs?stage=${esc(it.log_stage)}${it.phase === "Running" ? "&follow=true" : ""}`, both, logs).catch(quiet);
       });
       body.append(h("tr", { "data-item": it.index },
-        h("td", {}, open), h("td", { class: "item" }, brief(it.item)), h("td", {}, badge(it.phase, { orphaned: run.orphaned && it.phase === "Running", reason: it.reason })),
+        h("td", {}, open), h("td", { class: "item" }, brief(it.item)), h("td", {}, badge(it.phase, { orphaned: run.orphaned, reason: it.reason })),
         h("td", { class: "num" }, it.attempts), h("td", {}, took(it.started_at, it.finished_at)),
         h("td", { class: "values" }, brief(it.values)), h("td", { class: "reason" }, it.reason || "")));
     }
@@ -573,7 +573,7 @@ async function stagePanel(run, s, panel, signal, { map = false } = {}) {
   const charts = stageCharts(run, s, signal);
   const attempts = h("tbody");
   panel.replaceChildren(
-    h("h2", {}, s.stage, " ", badge(s.phase, { orphaned: run.orphaned && s.phase === "Running", reason: s.reason })),
+    h("h2", {}, s.stage, " ", badge(s.phase, { orphaned: run.orphaned, reason: s.reason })),
     h("dl", { class: "facts" },
       h("dt", {}, "Outputs from"), h("dd", { "data-field": "origin" }, origin(s)),
       map ? "" : [h("dt", {}, "Attempts"), h("dd", {}, s.attempts)],
@@ -598,7 +598,7 @@ async function stagePanel(run, s, panel, signal, { map = false } = {}) {
     logs);
   api(`/api/v1/runs/${esc(run.id)}/attempts`).then(({ attempts: all }) => {
     attempts.replaceChildren(...all.filter((a) => a.stage === s.stage).map((a) => h("tr", {},
-      h("td", {}, a.attempt), h("td", {}, badge(a.phase, { orphaned: run.orphaned && a.phase === "Running", reason: a.reason })), h("td", {}, when(a.started_at)),
+      h("td", {}, a.attempt), h("td", {}, badge(a.phase, { orphaned: run.orphaned, reason: a.reason })), h("td", {}, when(a.started_at)),
       h("td", {}, took(a.started_at, a.finished_at)), h("td", {}, a.exit_code ?? ""), h("td", { class: "reason" }, a.reason || ""))));
   }).catch(quiet);
   if (map) {

@@ -38,7 +38,8 @@ export const MARK = {
  * ✗ Failed. `{cls, mark, word}`: a class suffix, a mark and the words.
  */
 export function seen(phase, { orphaned = false, reason = "" } = {}) {
-  if (orphaned && !["Succeeded", "Failed", "Error", "Skipped", "Omitted", "Cancelled"].includes(phase)) {
+  // An orphaned run's running run, stages, attempts and items: none runs any more.
+  if (orphaned && phase === "Running") {
     return { cls: "Orphaned", mark: "⚠", word: `${phase} (orphaned)` };
   }
   if ((phase === "Failed" || phase === "Error") && /^lost\b/.test(reason || "")) {

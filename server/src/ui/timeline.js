@@ -39,6 +39,15 @@ function lanes(items, now) {
   return { placed: out, count: Math.max(1, ends.length) };
 }
 
+/** The latest time recorded of `run` (its start, its attempts' and items' starts and ends). */
+function lastHeard(run, attempts, items) {
+  let last = ms(run.created_at);
+  for (const x of [...attempts, ...items]) {
+    for (const t of [ms(x.started_at), ms(x.finished_at)]) if (t > last) last = t;
+  }
+  return last;
+}
+
 /**
  * The timeline of `run` with stages `order` (names, in the pipeline's order), `needs`
  * (name → upstream names), `stages` (name → stage record), `attempts` and `items` (the
@@ -46,8 +55,7 @@ function lanes(items, now) {
  */
 export function timeline({ run, order, needs, stages, attempts, items, width }) {
   // An orphaned run's bars stop where it was last heard of, not at the clock.
-  const heard = [ms(run.created_at), ...attempts.flatMap((a) => [ms(a.started_at), ms(a.finished_at)]), ...items.flatMap((i) => [ms(i.started_at), ms(i.finished_at)])];
-  const now = run.orphaned ? Math.max(...heard.filter((t) => !isNaN(t))) : Date.now();
+  const now = run.orphaned ? lastHeard(run, attempts, items) : Date.now();
   const t0 = ms(run.created_at);
   const ended = [ms(run.finished_at)];
   for (const a of attempts) ended.push(ms(a.finished_at) || now);
