@@ -12,6 +12,7 @@
 use drivetrain_engine::step::Step;
 
 mod builtin;
+pub mod decode;
 pub mod gate;
 pub mod ingest;
 pub mod label;

@@ -30,10 +30,14 @@ const OP_DATA_END: u8 = 0x0F;
 /// A channel as its records declared it.
 #[derive(Debug, Clone, Default)]
 pub struct ChannelInfo {
+    /// Its id in the file.
+    pub id: u16,
     pub topic: String,
     pub message_encoding: String,
     pub schema_name: String,
     pub schema_encoding: String,
+    /// The schema record's data (a `.msg` text, a `FileDescriptorSet`, a JSON Schema).
+    pub schema: std::sync::Arc<[u8]>,
 }
 
 /// One message and where it is.
@@ -70,7 +74,7 @@ pub struct ScanError {
 }
 
 struct State {
-    schemas: HashMap<u16, (String, String)>,
+    schemas: HashMap<u16, (String, String, std::sync::Arc<[u8]>)>,
     channels: HashMap<u16, ChannelInfo>,
 }
 
@@ -89,16 +93,24 @@ impl State {
             _ => return Ok(()),
         }
         match mcap::parse_record(op, body).map_err(|e| format!("corrupt record: {e}"))? {
-            Record::Schema { header, .. } => {
-                self.schemas
-                    .insert(header.id, (header.name, header.encoding));
+            Record::Schema { header, data } => {
+                self.schemas.insert(
+                    header.id,
+                    (
+                        header.name,
+                        header.encoding,
+                        std::sync::Arc::from(&data[..]),
+                    ),
+                );
             }
             Record::Channel(c) => {
-                let (schema_name, schema_encoding) =
+                let (schema_name, schema_encoding, schema) =
                     self.schemas.get(&c.schema_id).cloned().unwrap_or_default();
                 self.channels.insert(
                     c.id,
                     ChannelInfo {
+                        id: c.id,
+                        schema,
                         topic: c.topic,
                         message_encoding: c.message_encoding,
                         schema_name,

@@ -59,6 +59,20 @@ impl Raw {
         }
     }
 
+    /// A decoded field.
+    pub(super) fn of_dyn(v: &crate::decode::Dyn) -> Raw {
+        use crate::decode::Dyn;
+        match v {
+            Dyn::Null => Raw::Null,
+            Dyn::Bool(b) => Raw::Flag(*b),
+            Dyn::Int(n) => Raw::Num(*n as f64),
+            Dyn::Uint(n) => Raw::Num(*n as f64),
+            Dyn::Float(f) => Raw::Num(*f),
+            Dyn::Text(s) => Raw::Text(s.clone()),
+            Dyn::Bytes(_) | Dyn::List(_) | Dyn::Map(_) => Raw::Nested,
+        }
+    }
+
     fn take<T>(&self, pick: impl FnOnce(&Raw) -> Option<T>) -> Taken<T> {
         match self {
             Raw::Absent | Raw::Null => Taken::Missing,
@@ -175,43 +189,10 @@ impl Msg {
             return None;
         }
         serde_json::from_slice::<Msg>(data).ok().or_else(|| {
-            let fixed = quote_non_finite(data)?;
+            let fixed = crate::decode::quote_non_finite(data)?;
             serde_json::from_slice::<Msg>(&fixed).ok()
         })
     }
-}
-
-/// `data` with the bare words `NaN`, `Infinity` and `-Infinity` outside strings put in
-/// quotes, or `None` when it has none.
-fn quote_non_finite(data: &[u8]) -> Option<Vec<u8>> {
-    const WORDS: [&[u8]; 3] = [b"-Infinity", b"Infinity", b"NaN"];
-    let mut out = Vec::with_capacity(data.len() + 8);
-    let (mut in_string, mut escaped, mut changed) = (false, false, false);
-    let mut i = 0;
-    while i < data.len() {
-        let b = data[i];
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_string = false;
-            }
-        } else if b == b'"' {
-            in_string = true;
-        } else if let Some(w) = WORDS.iter().find(|w| data[i..].starts_with(w)) {
-            out.push(b'"');
-            out.extend_from_slice(w);
-            out.push(b'"');
-            i += w.len();
-            changed = true;
-            continue;
-        }
-        out.push(b);
-        i += 1;
-    }
-    changed.then_some(out)
 }
 
 /// What one drive's messages held that the table could not: fields of another type

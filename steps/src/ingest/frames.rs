@@ -199,6 +199,38 @@ impl Held {
         out
     }
 
+    /// Sets one column from a field, counting a value of another type.
+    pub(super) fn set(
+        &mut self,
+        slot: Slot,
+        raw: &fields::Raw,
+        invalid: &mut Invalid,
+        topic: &str,
+        field: &str,
+    ) {
+        match slot {
+            Slot::F64(i) => put(&mut self.f64s[i], raw.num(), invalid, topic, field),
+            Slot::Str(i) => put(&mut self.strs[i], raw.text(), invalid, topic, field),
+            Slot::Gt(i) => put(&mut self.gts[i], raw.flag(), invalid, topic, field),
+        }
+    }
+
+    /// Copies one column from `from`.
+    pub(super) fn copy(&mut self, from: &Held, slot: Slot) {
+        match slot {
+            Slot::F64(i) => self.f64s[i] = from.f64s[i],
+            Slot::Str(i) => self.strs[i] = from.strs[i].clone(),
+            Slot::Gt(i) => self.gts[i] = from.gts[i],
+        }
+    }
+
+    /// Says that age column `group` comes from a message of `log_time`: the stalest of
+    /// those it comes from is kept.
+    pub(super) fn aged(&mut self, group: usize, log_time: u64) {
+        let since = &mut self.since[group];
+        *since = Some(since.map_or(log_time, |s| s.min(log_time)));
+    }
+
     /// Takes every known column of a JSON-lines frame (every field its own).
     pub(super) fn take_row(&mut self, v: &Value, invalid: &mut Invalid) {
         let raw = |c: &str| fields::Raw::of(v.get(c));
@@ -210,6 +242,42 @@ impl Held {
         }
         for (slot, c) in self.gts.iter_mut().zip(GT_COLUMNS) {
             put(slot, raw(c).flag(), invalid, "line", c);
+        }
+    }
+}
+
+/// A column a declared mapping may fill: its place in [`Held`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Slot {
+    F64(usize),
+    Str(usize),
+    Gt(usize),
+}
+
+impl Slot {
+    /// The slot of frame column `column`, if a mapping may fill it.
+    pub(super) fn of(column: &str) -> Option<Slot> {
+        let at = |cols: &[&str]| cols.iter().position(|c| *c == column);
+        at(F64_COLUMNS)
+            .map(Slot::F64)
+            .or_else(|| at(STR_COLUMNS).map(Slot::Str))
+            .or_else(|| at(GT_COLUMNS).map(Slot::Gt))
+    }
+
+    /// The columns a mapping may fill.
+    pub(super) fn columns() -> Vec<&'static str> {
+        [F64_COLUMNS, STR_COLUMNS, GT_COLUMNS].concat()
+    }
+
+    /// The age column (an index into [`HELD_CHANNELS`]) this column's group has:
+    /// `lane_age_s` for the lane columns and so on; none for the vehicle's own.
+    pub(super) fn age_group(self) -> Option<usize> {
+        match self {
+            Slot::F64(8 | 9) => Some(0),
+            Slot::F64(10 | 11) | Slot::Str(0) => Some(1),
+            Slot::Str(_) => Some(2),
+            Slot::Gt(_) => Some(3),
+            Slot::F64(_) => None,
         }
     }
 }

@@ -57,16 +57,20 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use crate::logsource::LogSource;
-use crate::mcapio::{self, Message};
 
 mod fields;
 mod frames;
 mod index;
+mod mapped;
+mod mcap;
 mod tusimple;
 use fields::Invalid;
 pub use frames::{frame_schema, GT_COLUMNS, HELD_CHANNELS, SORTED_BY};
-use frames::{DriveWriter, FrameBuilder, Held, ROWS_PER_BATCH};
+use frames::{DriveWriter, Held};
 use index::{ChannelStats, IndexWriter};
+use mapped::Mapping;
+pub use mapped::{FramesConfig, HoldConfig};
+use mcap::{ingest_mcap, Undecodable};
 use tusimple::ingest_tusimple;
 
 /// What one log gave.
@@ -81,6 +85,8 @@ struct FileResult {
     cut: Option<u64>,
     /// Fields and messages the table could not take.
     invalid: Invalid,
+    /// Messages of frame topics whose schema or payload could not be decoded.
+    undecodable: Undecodable,
 }
 
 /// Reads every log of `source` and writes the tables; returns the values.
@@ -106,12 +112,18 @@ pub fn ingest(
         None => source.list()?,
     };
     let format = cfg.format.clone().unwrap_or(LogFormat::Auto);
+    let mapping = cfg.frames.as_ref().map(Mapping::checked).transpose()?;
     let skip = matches!(cfg.on_error, Some(OnError::Skip));
     let mut index_writer = match index {
         Some(dir) => Some(IndexWriter::create(&dir.join("messages.parquet"))?),
         None => None,
     };
-    let mut t = Tally::default();
+    let mut t = Tally {
+        clock: mapping
+            .as_ref()
+            .map_or("/vehicle".to_owned(), |m| m.clock.clone()),
+        ..Tally::default()
+    };
     let mut drive_files: BTreeMap<String, String> = BTreeMap::new();
     let mut tusimple = Vec::new();
     for rel in &files {
@@ -161,6 +173,7 @@ pub fn ingest(
                 rel,
                 &drive,
                 frames,
+                mapping.as_ref(),
                 file_index.as_mut().or(index_writer.as_mut()),
                 &mut file_channels,
             ),
@@ -200,7 +213,7 @@ pub fn ingest(
         let paths: Vec<PathBuf> = tusimple.iter().map(|f| f.path.clone()).collect();
         lanes_rows = ingest_tusimple(&paths, &dir.join("tusimple.parquet"))?;
     }
-    t.check(cfg, source)?;
+    t.check(cfg, source, mapping.as_ref())?;
     Ok(t.into_values(lanes_rows))
 }
 
@@ -234,6 +247,13 @@ struct Tally {
     unreadable: serde_json::Map<String, Value>,
     invalid_total: u64,
     unreadable_total: u64,
+    /// drive → topic → reason → messages.
+    undecodable: BTreeMap<String, BTreeMap<String, BTreeMap<String, u64>>>,
+    undecodable_total: u64,
+    /// Undecodable messages of the frame clock topic.
+    undecodable_clock: u64,
+    /// The clock topic: `/vehicle`, or the mapping's.
+    clock: String,
 }
 
 impl Tally {
@@ -291,6 +311,20 @@ impl Tally {
             self.invalid_total += r.invalid.values();
             self.unreadable_total += r.invalid.messages.values().sum::<u64>();
         }
+        for ((topic, reason), n) in r.undecodable {
+            self.undecodable_total += n;
+            if topic == self.clock {
+                self.undecodable_clock += n;
+            }
+            *self
+                .undecodable
+                .entry(drive.clone())
+                .or_default()
+                .entry(topic)
+                .or_default()
+                .entry(reason)
+                .or_default() += n;
+        }
         self.bytes += size;
         self.sources.push(location);
         self.drives.insert(drive, r.frames);
@@ -298,7 +332,12 @@ impl Tally {
 
     /// Fails a stage that found no log, could read none, or found more unfinished ones
     /// than `max_unfinished` allows.
-    fn check(&self, cfg: &IngestConfig, source: &LogSource) -> anyhow::Result<()> {
+    fn check(
+        &self,
+        cfg: &IngestConfig,
+        source: &LogSource,
+        mapping: Option<&Mapping>,
+    ) -> anyhow::Result<()> {
         let logs = self.logs;
         if logs == 0 {
             anyhow::bail!(
@@ -313,6 +352,29 @@ impl Tally {
                 source.describe(),
                 self.skipped[0]["error"].as_str().unwrap_or_default()
             );
+        }
+        let max = cfg.max_undecodable.unwrap_or(0);
+        if self.undecodable_clock > max {
+            anyhow::bail!(
+                "{} message(s) of the frame clock topic `{}` could not be decoded, more than max_undecodable {max}: {}",
+                self.undecodable_clock,
+                self.clock,
+                self.undecodable_detail(&self.clock)
+            );
+        }
+        if let Some(m) = mapping.filter(|_| self.skipped.len() < logs) {
+            let missing: Vec<&str> = m
+                .topics()
+                .into_iter()
+                .filter(|t| !self.channels.contains_key(*t))
+                .collect();
+            if !missing.is_empty() {
+                anyhow::bail!(
+                    "frames: topic(s) {} are in none of the {logs} log(s); the logs have: {}",
+                    missing.join(", "),
+                    self.channels.keys().cloned().collect::<Vec<_>>().join(", ")
+                );
+            }
         }
         if let Some(max) = cfg.max_unfinished {
             if self.unfinished.len() as u64 > max {
@@ -334,6 +396,19 @@ impl Tally {
         Ok(())
     }
 
+    /// The first few drives and reasons of a topic's undecodable messages.
+    fn undecodable_detail(&self, topic: &str) -> String {
+        let mut out = Vec::new();
+        for (drive, topics) in &self.undecodable {
+            for (reason, n) in topics.get(topic).into_iter().flatten() {
+                out.push(format!("{drive}: {n} × {reason}"));
+            }
+        }
+        let more = if out.len() > 3 { "; …" } else { "" };
+        out.truncate(3);
+        out.join("; ") + more
+    }
+
     /// The stage's values.
     fn into_values(self, lanes_rows: u64) -> Value {
         let frames_total: u64 = self.drives.values().sum();
@@ -343,6 +418,13 @@ impl Tally {
             self.invalid_total,
             self.unreadable_total,
         );
+        let mut warnings = warnings;
+        if self.undecodable_total > 0 {
+            warnings.push(format!(
+                "{} message(s) could not be decoded and were left out (`undecodable_messages` per drive, topic and reason)",
+                self.undecodable_total
+            ));
+        }
         let channels: serde_json::Map<String, Value> = self
             .channels
             .into_iter()
@@ -379,6 +461,8 @@ impl Tally {
             "invalid_values_total": self.invalid_total,
             "unreadable_messages": self.unreadable,
             "unreadable_messages_total": self.unreadable_total,
+            "undecodable_messages": self.undecodable,
+            "undecodable_messages_total": self.undecodable_total,
             "warnings": warnings,
         })
     }
@@ -407,6 +491,8 @@ const VALUES: &[&str] = &[
     "invalid_values_total",
     "unreadable_messages",
     "unreadable_messages_total",
+    "undecodable_messages",
+    "undecodable_messages_total",
     "warnings",
 ];
 
@@ -448,120 +534,6 @@ fn warnings(unfinished: &[Value], skipped: &[Value], invalid: u64, unreadable: u
         ));
     }
     out
-}
-
-/// One JSON message kept for putting a log in time order.
-struct Kept {
-    log_time: u64,
-    topic: String,
-    offset: u64,
-    chunk_offset: Option<u64>,
-    data: Vec<u8>,
-}
-
-fn ingest_mcap(
-    file: &Path,
-    rel: &str,
-    drive: &str,
-    frames: &Path,
-    mut index: Option<&mut IndexWriter>,
-    channels: &mut BTreeMap<String, ChannelStats>,
-) -> anyhow::Result<FileResult> {
-    let mut builder = FrameBuilder::new(DriveWriter::create(frames, drive, rel)?);
-    // Frames are built as the file is read while the messages that make them come in
-    // log-time order; past the first that does not, the file is read again and put in
-    // order. Other topics are indexed and counted, never parsed.
-    let makes_frames =
-        |m: &Message<'_>| m.channel.message_encoding == "json" && Held::reads(&m.channel.topic);
-    let mut last: Option<u64> = None;
-    let mut in_order = true;
-    let mut on_message = |m: Message<'_>| -> anyhow::Result<()> {
-        let json = m.channel.message_encoding == "json";
-        let stats = channels.entry(m.channel.topic.clone()).or_default();
-        if stats.messages == 0 {
-            stats.first_ns = m.log_time;
-            stats.encoding = m.channel.message_encoding.clone();
-            stats.schema = m.channel.schema_name.clone();
-        }
-        stats.messages += 1;
-        stats.bytes += m.data.len() as u64;
-        stats.first_ns = stats.first_ns.min(m.log_time);
-        stats.last_ns = stats.last_ns.max(m.log_time);
-        if let Some(ix) = index.as_deref_mut() {
-            ix.rows.push((
-                rel.to_owned(),
-                m.channel.topic.clone(),
-                m.channel.schema_name.clone(),
-                m.channel.schema_encoding.clone(),
-                m.channel.message_encoding.clone(),
-                m.log_time,
-                m.data.len() as u64,
-                m.offset,
-                m.chunk_offset,
-                json.then(|| String::from_utf8_lossy(m.data).into_owned()),
-            ));
-            if ix.rows.len() >= ROWS_PER_BATCH {
-                ix.flush()?;
-            }
-        }
-        if !makes_frames(&m) || !in_order {
-            return Ok(());
-        }
-        if last.is_some_and(|t| m.log_time < t) {
-            in_order = false;
-            return Ok(());
-        }
-        last = Some(m.log_time);
-        builder.message(
-            &m.channel.topic,
-            m.log_time,
-            m.offset,
-            m.chunk_offset,
-            m.data,
-        )
-    };
-    let end = mcapio::scan(file, &mut on_message)?;
-    let (unfinished, cut) = (!end.complete, end.cut);
-    if in_order {
-        let (frames, invalid) = builder.finish()?;
-        return Ok(FileResult {
-            frames,
-            reordered: false,
-            unfinished,
-            cut,
-            invalid,
-        });
-    }
-    // Out of order: the messages that make frames in memory, stably sorted by log time
-    // (file order among equal times), then built as above. A new writer replaces the
-    // partial file.
-    drop(builder);
-    let mut kept = Vec::new();
-    mcapio::scan(file, &mut |m: Message<'_>| {
-        if makes_frames(&m) {
-            kept.push(Kept {
-                log_time: m.log_time,
-                topic: m.channel.topic.clone(),
-                offset: m.offset,
-                chunk_offset: m.chunk_offset,
-                data: m.data.to_vec(),
-            });
-        }
-        Ok(())
-    })?;
-    kept.sort_by_key(|k| k.log_time);
-    let mut builder = FrameBuilder::new(DriveWriter::create(frames, drive, rel)?);
-    for k in &kept {
-        builder.message(&k.topic, k.log_time, k.offset, k.chunk_offset, &k.data)?;
-    }
-    let (frames, invalid) = builder.finish()?;
-    Ok(FileResult {
-        frames,
-        reordered: true,
-        unfinished,
-        cut,
-        invalid,
-    })
 }
 
 /// The two fields of a JSON-lines frame that say when it is (serde skips the rest).
@@ -651,6 +623,7 @@ fn ingest_jsonl(file: &Path, rel: &str, drive: &str, frames: &Path) -> anyhow::R
         unfinished: false,
         cut: None,
         invalid,
+        undecodable: Undecodable::new(),
     })
 }
 
@@ -716,6 +689,15 @@ pub struct IngestConfig {
     /// under `unfinished` either way. Default: no bound.
     #[serde(default)]
     pub max_unfinished: Option<u64>,
+    /// How frames are made from the logs' topics: the clock topic, and where each column
+    /// comes from. Default: the JSON layout above (`/vehicle` and its channels).
+    #[serde(default)]
+    pub frames: Option<FramesConfig>,
+    /// The most messages of the frame clock topic that may fail to decode (a schema that
+    /// cannot be read, a payload that does not fit it) before the stage fails. Default 0.
+    /// Those of other topics are counted and warned of, whatever their number.
+    #[serde(default)]
+    pub max_undecodable: Option<u64>,
 }
 
 /// What `ingest` does with a log it cannot read.
@@ -746,6 +728,10 @@ pub(crate) fn step() -> Box<dyn drivetrain_engine::step::Step> {
         |c, cx| Box::pin(run_step(c, cx)),
     )
     .reporting(VALUES)
+    .checked(|c: &IngestConfig| match &c.frames {
+        Some(f) => Mapping::new(f).err().unwrap_or_default(),
+        None => Vec::new(),
+    })
     .boxed()
 }
 

@@ -5,6 +5,7 @@
 mod common;
 
 mod damaged_logs;
+mod fleet_logs;
 mod label_studio;
 mod mlflow;
 mod real_inputs;

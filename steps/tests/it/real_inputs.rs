@@ -38,6 +38,7 @@ fn cfg(on_error: Option<OnError>) -> IngestConfig {
         format: None,
         on_error,
         max_unfinished: None,
+        ..IngestConfig::default()
     }
 }
 

@@ -199,6 +199,7 @@ fn lz4_unchunked_unindexed_and_broken_files() {
         format: None,
         on_error: None,
         max_unfinished: None,
+        ..IngestConfig::default()
     };
     let fail = drivetrain_steps::ingest::ingest(
         &cfg,
@@ -263,6 +264,7 @@ fn jsonl_and_tusimple_ingest() {
         format: None,
         on_error: None,
         max_unfinished: None,
+        ..IngestConfig::default()
     };
     let v = drivetrain_steps::ingest::ingest(
         &cfg,
@@ -461,6 +463,7 @@ fn a_sorted_frame_table_is_mined_without_a_sort_and_the_same() {
         format: None,
         on_error: None,
         max_unfinished: None,
+        ..IngestConfig::default()
     };
     drivetrain_steps::ingest::ingest(&cfg, &LogSource::Local(logs.clone()), &frames, None, None)
         .unwrap();
