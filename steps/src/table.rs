@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{
     Array, ArrayRef, BooleanArray, BooleanBuilder, Float64Array, Float64Builder, Int64Array,
-    Int64Builder, StringArray, StringBuilder, StringViewArray,
+    Int64Builder, StringArray, StringBuilder, StringViewArray, UInt64Array,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -63,6 +63,9 @@ fn cell(col: &ArrayRef, r: usize) -> Value {
     if let Some(a) = any.downcast_ref::<Int64Array>() {
         return Value::from(a.value(r));
     }
+    if let Some(a) = any.downcast_ref::<UInt64Array>() {
+        return Value::from(a.value(r));
+    }
     if let Some(a) = any.downcast_ref::<BooleanArray>() {
         return Value::Bool(a.value(r));
     }
@@ -72,7 +75,10 @@ fn cell(col: &ArrayRef, r: usize) -> Value {
     if let Some(a) = any.downcast_ref::<StringViewArray>() {
         return Value::String(a.value(r).to_owned());
     }
-    Value::Null
+    // Any other type as Arrow prints it, never a made-up null.
+    datafusion::arrow::util::display::array_value_to_string(col, r)
+        .map(Value::String)
+        .unwrap_or(Value::Null)
 }
 
 /// Writes rows (JSON objects) as a Parquet file with `columns` (name, type) in order.

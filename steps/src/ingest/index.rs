@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, Int64Builder, StringBuilder};
+use datafusion::arrow::array::{ArrayRef, StringBuilder, UInt64Builder};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -41,10 +41,10 @@ pub(super) fn index_schema() -> SchemaRef {
         Field::new("schema_name", DataType::Utf8, false),
         Field::new("schema_encoding", DataType::Utf8, false),
         Field::new("message_encoding", DataType::Utf8, false),
-        Field::new("log_time_ns", DataType::Int64, false),
-        Field::new("size", DataType::Int64, false),
-        Field::new("offset", DataType::Int64, false),
-        Field::new("chunk_offset", DataType::Int64, true),
+        Field::new("log_time_ns", DataType::UInt64, false),
+        Field::new("size", DataType::UInt64, false),
+        Field::new("offset", DataType::UInt64, false),
+        Field::new("chunk_offset", DataType::UInt64, true),
         Field::new("json", DataType::Utf8, true),
     ]))
 }
@@ -88,16 +88,16 @@ impl IndexWriter {
             return Ok(());
         }
         let mut s: Vec<StringBuilder> = (0..5).map(|_| StringBuilder::new()).collect();
-        let mut i: Vec<Int64Builder> = (0..4).map(|_| Int64Builder::new()).collect();
+        let mut i: Vec<UInt64Builder> = (0..4).map(|_| UInt64Builder::new()).collect();
         let mut j = StringBuilder::new();
         for (file, topic, sn, se, me, lt, size, off, coff, json) in self.rows.drain(..) {
             for (b, v) in s.iter_mut().zip([file, topic, sn, se, me]) {
                 b.append_value(v);
             }
-            i[0].append_value(lt as i64);
-            i[1].append_value(size as i64);
-            i[2].append_value(off as i64);
-            i[3].append_option(coff.map(|c| c as i64));
+            i[0].append_value(lt);
+            i[1].append_value(size);
+            i[2].append_value(off);
+            i[3].append_option(coff);
             j.append_option(json);
         }
         let mut cols: Vec<ArrayRef> = s

@@ -42,8 +42,9 @@
 //! Every message of every MCAP file read to the end (a skipped file leaves no rows),
 //! whatever its profile (ros1, ros2, protobuf, json):
 //! `file`, `topic`, `schema_name`, `schema_encoding`, `message_encoding`, `log_time_ns`,
-//! `size`, `offset`, `chunk_offset`, and `json` (the message text where the encoding is
-//! JSON). Per-channel counts and time ranges go to `values.json`.
+//! `size`, `offset`, `chunk_offset` (those four unsigned 64-bit, as MCAP writes them: a
+//! log time past 2^63 is indexed as it is), and `json` (the message text where the
+//! encoding is JSON). Per-channel counts and time ranges go to `values.json`.
 //!
 //! ## TuSimple lane labels (`lanes/tusimple.parquet`)
 //!

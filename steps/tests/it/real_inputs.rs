@@ -176,19 +176,31 @@ fn logs_without_vehicle_messages_are_indexed_with_zero_frames() {
         &logs.join("ros1.mcap"),
         "ros1",
         1 << 20,
-        &[ros1("/tf", 1), ros1("/diagnostics", 2), ros1("/tf", 3)],
+        &[
+            ros1("/tf", 1),
+            ros1("/diagnostics", 2),
+            ros1("/tf", 3),
+            ros1("/tf", (1 << 63) + 5),
+        ],
     );
     // Alone in the source: indexed, zero frames, counted; not "no drive logs".
     let (v, out) = ingest(&dir.join("alone"), &logs, None).unwrap();
     assert_eq!(v["frames"], 0, "{v}");
     assert_eq!(v["files_without_frames"], 1, "{v}");
-    assert_eq!(v["channels"]["/tf"]["messages"], 2, "{v}");
+    assert_eq!(v["channels"]["/tf"]["messages"], 3, "{v}");
     let index = query(
         &[("i", &out.index.join("messages.parquet"))],
-        "SELECT topic, message_encoding FROM i ORDER BY log_time_ns",
+        "SELECT topic, message_encoding, log_time_ns FROM i ORDER BY log_time_ns",
     );
-    assert_eq!(index.len(), 3);
+    assert_eq!(index.len(), 4);
     assert_eq!(index[1]["topic"], "/diagnostics");
+    // Log times past 2^63 (any topic but the frames' clock) are indexed as they are,
+    // unsigned, never wrapped to negative numbers.
+    assert_eq!(
+        index[3]["log_time_ns"],
+        json!((1u64 << 63) + 5),
+        "{index:?}"
+    );
     // And a valid file with no messages at all.
     python_mcap(&logs.join("empty.mcap"), "", 1 << 20, &[]);
     let (v, _) = ingest(&dir.join("empty"), &logs, None).unwrap();
