@@ -397,6 +397,10 @@ struct StudioLabels {
     foreign: u64,
     /// A few of them, saying why.
     foreign_examples: Vec<String>,
+    /// Tasks whose votes were tied under `policy: majority`, and how many of them the
+    /// tie rule left unlabeled.
+    ties: u64,
+    ties_unlabeled: u64,
 }
 
 /// The control of the label config `label-export` writes.
@@ -611,18 +615,28 @@ fn studio_labels(
         v.sort();
         let newest = v.last().map(|x| x.2).unwrap_or_default();
         let label = match cfg.policy.unwrap_or(LabelPolicy::Newest) {
-            LabelPolicy::Newest => newest,
+            LabelPolicy::Newest => Some(newest),
             LabelPolicy::Majority => {
                 let yes = v.iter().filter(|x| x.2).count();
                 let no = v.len() - yes;
                 if yes == no {
-                    newest
+                    out.ties += 1;
+                    match cfg.tie.unwrap_or(TieRule::Newest) {
+                        TieRule::Newest => Some(newest),
+                        TieRule::Oldest => v.first().map(|x| x.2),
+                        TieRule::Unlabeled => {
+                            out.ties_unlabeled += 1;
+                            None
+                        }
+                    }
                 } else {
-                    yes > no
+                    Some(yes > no)
                 }
             }
         };
-        out.by_task.insert(task, label);
+        if let Some(label) = label {
+            out.by_task.insert(task, label);
+        }
     }
     Ok(out)
 }
@@ -706,6 +720,9 @@ pub async fn import(
         "annotations_without_label": human.as_ref().map(|h| h.without_label),
         "foreign_items": human.as_ref().map(|h| h.foreign),
         "skipped_choices": human.as_ref().map(|h| h.skipped_choices),
+        "majority_ties": human.as_ref().map(|h| h.ties),
+        "ties_unlabeled": human.as_ref().map(|h| h.ties_unlabeled),
+        "tie_rule": cfg.tie.unwrap_or(TieRule::Newest),
         "export_id": export_id,
         "label_source": if human.is_some() { "human" } else { "auto:ground-truth" },
         "splits": counts,
@@ -902,9 +919,15 @@ pub struct LabelImportConfig {
     #[serde(default)]
     pub from_name: Option<String>,
     /// Which annotation of a task counts when it has several (cancelled ones never do):
-    /// `newest` (default) or `majority` (ties go to the newest).
+    /// `newest` (default) or `majority` (the label most annotations chose; a tie is
+    /// settled by `tie`).
     #[serde(default)]
     pub policy: Option<LabelPolicy>,
+    /// How `policy: majority` settles a task whose votes are tied: `newest` (default:
+    /// the newest annotation's label), `oldest`, or `unlabeled` (the task gets no label
+    /// and counts against `min_labeled`). Ties are counted in `majority_ties` either way.
+    #[serde(default)]
+    pub tie: Option<TieRule>,
     /// The fewest exported tasks that must come back labeled: a share of them below 1
     /// (`0.9`, the default) or a count from 1 up (`250`); fewer fails the stage.
     #[serde(default)]
@@ -935,6 +958,17 @@ pub enum ChoiceClass {
 pub enum LabelPolicy {
     Newest,
     Majority,
+}
+
+/// How `policy: majority` settles a tied task.
+#[derive(
+    Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum TieRule {
+    Newest,
+    Oldest,
+    Unlabeled,
 }
 
 /// Dataset split fractions.
@@ -982,6 +1016,9 @@ pub(crate) fn steps() -> Vec<Box<dyn drivetrain_engine::step::Step>> {
             "annotations_without_label",
             "foreign_items",
             "skipped_choices",
+            "majority_ties",
+            "ties_unlabeled",
+            "tie_rule",
             "export_id",
             "label_source",
             "splits",

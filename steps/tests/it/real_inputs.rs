@@ -503,6 +503,92 @@ fn a_majority_outvotes_the_newest_annotation() {
     assert_eq!((total(&newest), total(&majority)), (1, 0));
 }
 
+/// A 1–1 tie under `policy: majority` is settled by the declared `tie` rule and counted
+/// (it went silently to the newest annotation, the rule written only in a comment).
+#[test]
+fn a_tied_majority_follows_the_tie_rule_and_is_counted() {
+    let dir = tmp("labels-tie");
+    let single = |studio: i64, ours: i64| {
+        task(
+            studio,
+            ours,
+            vec![annotation(
+                studio,
+                "2026-11-21T09:00:00Z",
+                false,
+                json!([choices("risk", &["normal"])]),
+            )],
+        )
+    };
+    let export = json!([
+        task(
+            101,
+            1,
+            vec![
+                annotation(
+                    1,
+                    "2026-11-21T09:00:00Z",
+                    false,
+                    json!([choices("risk", &["normal"])])
+                ),
+                annotation(
+                    2,
+                    "2026-11-21T09:05:00Z",
+                    false,
+                    json!([choices("risk", &["risky"])])
+                ),
+            ]
+        ),
+        single(102, 2),
+        single(103, 3),
+        single(104, 4),
+    ]);
+    let positives = |v: &Value| -> u64 {
+        ["train", "val", "test"]
+            .iter()
+            .map(|s| v["splits"][s]["positives"].as_u64().unwrap())
+            .sum()
+    };
+    let run = |name: &str, extra: Value| import(&dir.join(name), &export, extra).unwrap();
+    let newest = run("newest", json!({"policy": "majority"}));
+    assert_eq!(
+        (
+            positives(&newest),
+            &newest["majority_ties"],
+            &newest["tie_rule"]
+        ),
+        (1, &json!(1), &json!("newest")),
+        "{newest}"
+    );
+    let oldest = run("oldest", json!({"policy": "majority", "tie": "oldest"}));
+    assert_eq!(
+        (positives(&oldest), &oldest["tie_rule"]),
+        (0, &json!("oldest")),
+        "{oldest}"
+    );
+    let none = run(
+        "unlabeled",
+        json!({"policy": "majority", "tie": "unlabeled", "min_labeled": 0.5}),
+    );
+    assert_eq!(
+        (
+            &none["unlabeled"],
+            &none["ties_unlabeled"],
+            none["frames"].as_u64()
+        ),
+        (&json!(1), &json!(1), Some(3)),
+        "{none}"
+    );
+    // Left unlabeled, the tie counts against `min_labeled` (0.9 by default: 3 of 4 fail).
+    let e = import(
+        &dir.join("short"),
+        &export,
+        json!({"policy": "majority", "tie": "unlabeled"}),
+    )
+    .unwrap_err();
+    assert!(format!("{e:#}").contains("labeled"), "{e:#}");
+}
+
 /// Regression (round 2): annotation times compared as text put `10:00:00Z` after
 /// `10:00:00.500000Z`; JSON_MIN items of tasks nobody annotated were counted as
 /// annotations without a choice; a config with `Risky`/`Normal` (or an added `unsure`)
