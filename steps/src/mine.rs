@@ -50,6 +50,7 @@ fn query(rules: &IndexMap<String, String>, joined: &[String]) -> String {
         })
         .collect();
     let any: Vec<String> = rules.keys().map(|n| format!("\"rule_{n}\"")).collect();
+    let any = balanced_or(&any);
     let names: Vec<String> = rules
         .keys()
         .map(|n| format!("CASE WHEN \"rule_{n}\" THEN '{n}' END"))
@@ -65,8 +66,21 @@ fn query(rules: &IndexMap<String, String>, joined: &[String]) -> String {
     format!(
         "SELECT *, concat_ws(',', {}) AS rules FROM (SELECT {from}) AS tagged WHERE {} ORDER BY drive, ts",
         names.join(", "),
-        any.join(" OR ")
+        any
     )
+}
+
+/// `terms` joined by `OR` as a balanced tree: its depth grows with the log of their
+/// number, where a chain's grows with the number (and the planner recurses on depth).
+fn balanced_or(terms: &[String]) -> String {
+    match terms {
+        [] => "false".to_owned(),
+        [one] => one.clone(),
+        _ => {
+            let (a, b) = terms.split_at(terms.len() / 2);
+            format!("({} OR {})", balanced_or(a), balanced_or(b))
+        }
+    }
 }
 
 /// The rules whose SQL holds a window function.
@@ -136,10 +150,89 @@ async fn window_keys(
     Ok(true)
 }
 
+/// The longest rule text.
+pub const MAX_RULE_BYTES: usize = 16 << 10;
+/// The most tokens (names, numbers, operators, parentheses) a rule may have: this bounds
+/// the depth of its parsed expression, which the planner walks recursively (a rule of
+/// 4,000 `OR` terms overflowed the stack of `validate`, the step and `serve`).
+pub const MAX_RULE_TOKENS: usize = 400;
+/// The most rules one stage may have.
+pub const MAX_RULES: usize = 1_000;
+/// The deepest parentheses may nest in a rule.
+pub const MAX_RULE_NESTING: usize = 32;
+
+/// Bounds a rule's size and nesting before anything recursive sees it (tokens are
+/// counted by a loop), then parses it as one expression to its end: a `UNION`, a second
+/// statement or anything after the expression is refused here, not at run time.
+fn bounded_expression(sql: &str) -> Result<(), String> {
+    use datafusion::sql::sqlparser::dialect::GenericDialect;
+    use datafusion::sql::sqlparser::parser::Parser;
+    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+    if sql.len() > MAX_RULE_BYTES {
+        return Err(format!(
+            "is {} bytes long, more than the {MAX_RULE_BYTES} a rule may have",
+            sql.len()
+        ));
+    }
+    let dialect = GenericDialect {};
+    let tokens = Tokenizer::new(&dialect, sql)
+        .tokenize()
+        .map_err(|e| e.to_string())?;
+    let (mut count, mut depth, mut deepest) = (0usize, 0usize, 0usize);
+    for t in &tokens {
+        match t {
+            Token::Whitespace(_) => continue,
+            Token::LParen | Token::LBracket => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            Token::RParen | Token::RBracket => depth = depth.saturating_sub(1),
+            Token::SemiColon => {
+                return Err("holds `;`: a rule is one boolean expression, not statements".into())
+            }
+            _ => {}
+        }
+        count += 1;
+    }
+    if count > MAX_RULE_TOKENS {
+        return Err(format!(
+            "has {count} terms, more than the {MAX_RULE_TOKENS} a rule may have: split it into several rules"
+        ));
+    }
+    if deepest > MAX_RULE_NESTING {
+        return Err(format!(
+            "nests parentheses {deepest} deep, more than {MAX_RULE_NESTING}"
+        ));
+    }
+    let mut parser = Parser::new(&dialect)
+        .with_recursion_limit(2 * MAX_RULE_NESTING + 8)
+        .try_with_sql(sql)
+        .map_err(|e| e.to_string())?;
+    parser.parse_expr().map_err(|e| e.to_string())?;
+    let next = parser.peek_token();
+    if next.token != Token::EOF {
+        return Err(format!(
+            "has `{}` after its expression (at {}): a rule is one boolean expression, no `UNION`, query or second statement",
+            next.token, next.span.start
+        ));
+    }
+    Ok(())
+}
+
 /// Checks every rule against the frame table's schema: it parses, names known columns,
 /// and is boolean. Returns (`rules.NAME`, message) for each that does not.
 pub fn check_rules(rules: &IndexMap<String, String>) -> Vec<(String, String)> {
     let mut out = Vec::new();
+    if rules.len() > MAX_RULES {
+        out.push((
+            "rules".to_owned(),
+            format!(
+                "{} rules, more than the {MAX_RULES} one stage may have",
+                rules.len()
+            ),
+        ));
+        return out;
+    }
     let schema = crate::ingest::frame_schema();
     let columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
     let ctx = SessionContext::new();
@@ -157,6 +250,10 @@ pub fn check_rules(rules: &IndexMap<String, String>) -> Vec<(String, String)> {
         }
         if sql.contains("{{") {
             continue; // rendered at run time
+        }
+        if let Err(e) = bounded_expression(sql) {
+            out.push((at, format!("rule `{name}` {e}")));
+            continue;
         }
         let planned =
             futures::executor::block_on(ctx.sql(&format!("SELECT ({sql}) AS r FROM frames")));
@@ -230,6 +327,48 @@ pub async fn mine_with(
     if let Some((at, m)) = check_rules(rules).into_iter().next() {
         anyhow::bail!("{at}: {m}");
     }
+    match mine_checked(rules, frames, out, cap, cores).await {
+        Ok(v) => Ok(v),
+        Err(e) => Err(blame(rules, frames, e).await),
+    }
+}
+
+/// A mining error as the rule that makes it: each rule evaluated alone over the frames,
+/// the first that fails named with its text (a division by zero plans and fails only
+/// on data). `e` as it is when no rule fails alone.
+async fn blame(
+    rules: &IndexMap<String, String>,
+    frames: &std::path::Path,
+    e: anyhow::Error,
+) -> anyhow::Error {
+    let Ok(ctx) = crate::table::session(&[("frames", frames)]).await else {
+        return e;
+    };
+    for (name, sql) in rules {
+        let alone = format!("SELECT count(*) FROM frames WHERE coalesce(({sql}), false)");
+        let failed = match ctx.sql(&alone).await {
+            Ok(df) => df.collect().await.err(),
+            Err(err) => Some(err),
+        };
+        if let Some(err) = failed {
+            let first = err.to_string();
+            let first = first.lines().next().unwrap_or_default().to_owned();
+            return anyhow::anyhow!(
+                "rules.{name}: rule `{name}` (`{sql}`) failed on the frames: {first}"
+            );
+        }
+    }
+    e
+}
+
+/// [`mine_with`] of rules already checked.
+async fn mine_checked(
+    rules: &IndexMap<String, String>,
+    frames: &std::path::Path,
+    out: &std::path::Path,
+    cap: usize,
+    cores: usize,
+) -> anyhow::Result<Value> {
     // A table sorted by drive and time (as ingest writes and declares it, or found so) is
     // read in that order: the windows (`PARTITION BY drive ORDER BY ts`) and the output
     // order need no sort. It is cut into ranges of drives, one ordered stream per core,
@@ -805,5 +944,136 @@ mod tests {
         assert!(errs[1].1.starts_with("rule `broken`"), "{}", errs[1].1);
         assert!(errs[2].1.contains("not a boolean"), "{}", errs[2].1);
         assert!(errs[3].1.contains("lowercase"), "{}", errs[3].1);
+    }
+
+    /// Run on a thread with the 8 MiB stack of the binary's main thread and runtime
+    /// workers: what `validate`, `serve` and the step check and plan rules on.
+    fn on_binary_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::Builder::new()
+            .stack_size(8 << 20)
+            .spawn(f)
+            .unwrap()
+            .join()
+            .unwrap()
+    }
+
+    #[test]
+    fn rules_too_long_or_deep_or_smuggling_a_query_are_refused_without_recursing() {
+        let one = |sql: String| {
+            on_binary_stack(move || {
+                let mut rules = IndexMap::new();
+                rules.insert("r".to_owned(), sql);
+                check_rules(&rules)
+            })
+        };
+        // 4,000 `OR` terms overflowed the stack; now a located refusal.
+        let long = vec!["accel_x < -4"; 4_000].join(" OR ");
+        let e = one(long);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].1.contains("is 63996 bytes long, more than the 16384"),
+            "{e:?}"
+        );
+        let e = one(vec!["accel_x < -4"; 100].join(" OR "));
+        assert!(e[0].1.contains("has 499 terms, more than the 400"), "{e:?}");
+        let e = one(format!("{}accel_x < -4{}", "(".repeat(40), ")".repeat(40)));
+        assert!(e[0].1.contains("nests parentheses 40 deep"), "{e:?}");
+        // The most a rule may have plans on that stack (in a debug build, whose frames are
+        // the largest).
+        let e = one(vec!["accel_x < -4"; 80].join(" OR "));
+        assert!(e.is_empty(), "{e:?}");
+        let e = one(format!("{}accel_x < -4{}", "(".repeat(32), ")".repeat(32)));
+        assert!(e.is_empty(), "{e:?}");
+        // A query smuggled after the expression passed `validate` and failed at run time.
+        for smuggled in [
+            "true) AS r FROM frames UNION SELECT (true",
+            "accel_x < -4; DROP TABLE frames",
+            "accel_x < -4 UNION SELECT true",
+        ] {
+            let e = one(smuggled.to_owned());
+            assert_eq!(e.len(), 1, "{smuggled}: {e:?}");
+            assert!(
+                e[0].1.contains("one boolean expression"),
+                "{smuggled}: {e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn rules_at_the_bounds_mine_on_the_binary_stack() {
+        let dir = std::env::temp_dir().join(format!("dt-mine-bounds-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let frames = dir.join("frames");
+        std::fs::create_dir_all(&frames).unwrap();
+        table(
+            &frames,
+            "part.parquet",
+            &[("d", 1.0), ("d", 2.0), ("e", 3.0)],
+        );
+        let out = dir.join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        // The longest rule (80 terms, 399 tokens) and as many rules as a stage may have.
+        let mut rules = IndexMap::new();
+        rules.insert("longest".to_owned(), vec!["ts > 2.5"; 80].join(" OR "));
+        for i in 1..MAX_RULES {
+            rules.insert(format!("r{i}"), format!("ts = {i}"));
+        }
+        let v = on_binary_stack(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let v = rt.block_on(mine_with(&rules, &frames, &out, WINDOW_KEYS_CAP, 1));
+            let _ = std::fs::remove_dir_all(&dir);
+            v.unwrap()
+        });
+        assert_eq!(v["matched"], json!(3), "{v}");
+        assert_eq!(v["rules"]["longest"], json!(1), "{v}");
+        assert_eq!(v["rules"]["r2"], json!(1), "{v}");
+    }
+
+    #[test]
+    fn a_rule_failing_on_the_data_is_named_with_its_text() {
+        let dir = std::env::temp_dir().join(format!("dt-mine-blame-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let frames = dir.join("frames");
+        std::fs::create_dir_all(&frames).unwrap();
+        table(&frames, "part.parquet", &[("d", 1.0), ("d", 2.0)]);
+        let mut rules = IndexMap::new();
+        rules.insert("fine".to_owned(), "ts > 1".to_owned());
+        rules.insert(
+            "by_zero".to_owned(),
+            "CAST(ts AS BIGINT) / 0 > 1".to_owned(),
+        );
+        assert!(check_rules_on(&frames, &rules).is_empty());
+        let out = dir.join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let e = rt
+            .block_on(mine_with(&rules, &frames, &out, WINDOW_KEYS_CAP, 1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "rules.by_zero: rule `by_zero` (`CAST(ts AS BIGINT) / 0 > 1`) failed on the frames"
+            ) && e.to_lowercase().contains("divide by zero"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Rules that name only the columns of a (drive, ts) test table plan against it.
+    fn check_rules_on(frames: &std::path::Path, rules: &IndexMap<String, String>) -> Vec<String> {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let ctx = crate::table::session(&[("frames", frames)]).await.unwrap();
+            let mut out = Vec::new();
+            for sql in rules.values() {
+                if let Err(e) = ctx.sql(&format!("SELECT ({sql}) FROM frames")).await {
+                    out.push(e.to_string());
+                }
+            }
+            out
+        })
     }
 }

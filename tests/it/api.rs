@@ -581,7 +581,8 @@ fn submit_body(yaml: &str) -> String {
 }
 
 /// Posted pipelines that overflowed the stack or the memory of `serve` (deep `when:`
-/// nesting, `!` repeated, an alias bomb, hundreds of errors on one line) are answered 400
+/// nesting, `!` repeated, an alias bomb, hundreds of errors on one line, a mining rule of
+/// thousands of terms) are answered 400
 /// with where the problem is, and the server goes on serving; a NUL byte in a rerun is a
 /// 400 naming its field.
 #[test]
@@ -600,6 +601,15 @@ fn hostile_requests_are_refused_and_the_server_goes_on() {
         (
             Hostile::ErrorsOnOneLine(800).yaml(),
             "795 more problems are not shown",
+        ),
+        // A 100 kB mining rule (8,000 `OR` terms): it overflowed the stack of `serve`.
+        (
+            Hostile::RuleTerms(8_000).yaml(),
+            "rule `r` is 127996 bytes long, more than the 16384 a rule may have",
+        ),
+        (
+            Hostile::RuleTerms(1_000).yaml(),
+            "rule `r` has 4999 terms, more than the 400",
         ),
     ] {
         let (status, body) = request(

@@ -35,6 +35,8 @@ fn hostile() -> impl Strategy<Value = Hostile> {
         (1_000..80_000usize).prop_map(Hostile::ErrorsInOneString),
         (1..12usize).prop_map(Hostile::HugeKey),
         (1..12usize).prop_map(Hostile::HugeScalar),
+        (100..20_000usize).prop_map(Hostile::RuleTerms),
+        (40..20_000usize).prop_map(Hostile::RuleParens),
     ]
 }
 
@@ -120,6 +122,8 @@ fn validate_survives_generated_hostile_pipelines() {
         Hostile::HugeKey(10),
         // Found on the way: each problem in one string cost the string's length.
         Hostile::ErrorsInOneString(80_000),
+        // A mining rule of 4,000 `OR` terms aborted `validate` on a stack overflow.
+        Hostile::RuleTerms(4_000),
     ] {
         check(&home, &h);
     }

@@ -28,6 +28,16 @@ pub enum Hostile {
     HugeKey(usize),
     /// A scalar value of `n` MB.
     HugeScalar(usize),
+    /// A mining rule of `n` `OR` terms (4,000 overflowed the stack).
+    RuleTerms(usize),
+    /// A mining rule of `n` nested parentheses.
+    RuleParens(usize),
+}
+
+fn rule_stage(rule: &str) -> String {
+    format!(
+        "version: 1\nname: hostile\nstages:\n  m:\n    uses: mine-corner-cases\n    with:\n      rules:\n        r: \"{rule}\"\n"
+    )
 }
 
 fn when_stage(when: &str) -> String {
@@ -97,6 +107,10 @@ impl Hostile {
                 "version: 1\nname: x\n{}: 1\nstages:\n  s:\n    run: {{command: [true]}}\n",
                 "k".repeat(mb << 20)
             ),
+            Hostile::RuleTerms(n) => rule_stage(&vec!["accel_x < -4"; n].join(" OR ")),
+            Hostile::RuleParens(n) => {
+                rule_stage(&format!("{}accel_x < -4{}", "(".repeat(n), ")".repeat(n)))
+            }
             Hostile::HugeScalar(mb) => format!(
                 "version: 1\nname: x\ndescription: {}\nstages:\n  s:\n    run: {{command: [true]}}\n",
                 "d".repeat(mb << 20)
