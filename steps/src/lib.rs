@@ -24,6 +24,7 @@ pub mod promote;
 pub mod registry;
 pub mod rng;
 pub mod sim;
+mod sim_encode;
 pub mod table;
 pub mod train;
 pub mod validate;

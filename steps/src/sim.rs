@@ -2,7 +2,8 @@
 //! Foxglove opens as they are.
 //!
 //! Each drive is one file, `drive-NNN.mcap`, with these channels (message encoding
-//! `json`, schema encoding `jsonschema`):
+//! `json`, schema encoding `jsonschema`; or, by `encoding:`, the same values as protobuf
+//! or ROS 2 CDR, see [`crate::sim_encode`]):
 //!
 //! | topic | rate | fields |
 //! |---|---|---|
@@ -24,6 +25,8 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::rng::Rng;
+use crate::sim_encode::Channel;
+pub use crate::sim_encode::SimEncoding;
 
 /// What the simulator wrote.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -96,9 +99,21 @@ pub fn simulate(cfg: &FleetSimConfig, dir: &Path) -> anyhow::Result<SimSummary> 
         ..Default::default()
     };
     for d in 0..drives {
-        write_drive(d, &root, dir, seconds, rate, &per_minute, &mut summary)?;
+        let shape = Shape {
+            seconds,
+            rate,
+            encoding: cfg.encoding.unwrap_or_default(),
+        };
+        write_drive(d, &root, dir, &shape, &per_minute, &mut summary)?;
     }
     Ok(summary)
+}
+
+/// How long each drive is, how often it has a frame, how its messages are written.
+struct Shape {
+    seconds: f64,
+    rate: f64,
+    encoding: SimEncoding,
 }
 
 /// Writes drive `d` (`drive-00d.mcap` in `dir`): `seconds` of frames at `rate`, events
@@ -107,11 +122,11 @@ fn write_drive(
     d: u32,
     root: &Rng,
     dir: &Path,
-    seconds: f64,
-    rate: f64,
+    shape: &Shape,
     per_minute: &dyn Fn(&str) -> f64,
     summary: &mut SimSummary,
 ) -> anyhow::Result<()> {
+    let (seconds, rate, encoding) = (shape.seconds, shape.rate, shape.encoding);
     let mut rng = root.fork(u64::from(d) + 1);
     let path = dir.join(format!("drive-{d:03}.mcap"));
     let file = std::fs::File::create(&path)?;
@@ -122,9 +137,10 @@ fn write_drive(
         .create(BufWriter::new(file))?;
     let mut channels = Vec::new();
     for (topic, schema) in TOPICS {
-        let title = topic.trim_start_matches('/');
-        let sid = w.add_schema(title, "jsonschema", schema.as_bytes())?;
-        channels.push(w.add_channel(sid, topic, "json", &BTreeMap::new())?);
+        let c = Channel::new(encoding, topic, schema)?;
+        let sid = w.add_schema(&c.schema_name, c.schema_encoding, &c.schema)?;
+        let id = w.add_channel(sid, topic, c.message_encoding, &BTreeMap::new())?;
+        channels.push((id, c));
     }
     let weather = *rng.pick(&["clear", "clear", "clear", "rain", "fog"]);
     let time_of_day = *rng.pick(&["day", "day", "dusk", "night"]);
@@ -260,22 +276,22 @@ fn start_events(
 /// Writes one frame's messages (those it has) on their channels, numbered on from `seq`.
 fn write_frame<W: std::io::Write + std::io::Seek>(
     w: &mut mcap::Writer<W>,
-    channels: &[u16],
+    channels: &[(u16, Channel)],
     messages: [Option<Value>; 5],
     seq: &mut u32,
     log_time: u64,
 ) -> anyhow::Result<()> {
-    for (c, m) in channels.iter().zip(messages) {
+    for ((id, c), m) in channels.iter().zip(messages) {
         let Some(m) = m else { continue };
         *seq += 1;
         w.write_to_known_channel(
             &mcap::records::MessageHeader {
-                channel_id: *c,
+                channel_id: *id,
                 sequence: *seq,
                 log_time,
                 publish_time: log_time,
             },
-            m.to_string().as_bytes(),
+            &c.encode(&m)?,
         )?;
     }
     Ok(())
@@ -306,6 +322,11 @@ pub struct FleetSimConfig {
     /// Rare events per minute of driving, by kind.
     #[serde(default)]
     pub events: Option<EventRates>,
+    /// How messages are written: `json` (default; JSON Schema channels Foxglove opens as
+    /// they are), `protobuf` (a `FileDescriptorSet` per channel) or `ros2` (`ros2msg`
+    /// definitions, CDR payloads). The values are the same in each.
+    #[serde(default)]
+    pub encoding: Option<SimEncoding>,
 }
 
 /// Injected event rates, per minute.

@@ -431,3 +431,42 @@ fn the_registry_and_the_runs_agree_after_seeds_7_9_7() {
         "{listed}"
     );
 }
+
+/// The loop on the fleet's logs written as protobuf and as ROS 2 (CDR) closes as on JSON,
+/// to the same frames, corner cases and model metrics.
+#[test]
+fn the_loop_closes_on_protobuf_and_ros2_logs_as_on_json() {
+    let mut outcomes = Vec::new();
+    for encoding in ["json", "protobuf", "ros2"] {
+        let home = Home::new(&format!("loop-{encoding}"));
+        let o = home.drivetrain(&[
+            "run",
+            &loop_file(),
+            "--param",
+            "drives=2",
+            "--param",
+            &format!("log_encoding={encoding}"),
+        ]);
+        assert_ok(&o);
+        let st = home.status(&run_id(&o));
+        let channels = &stage(&st, "ingest")["values"]["channels"];
+        assert_eq!(
+            channels["/vehicle"]["message_encoding"],
+            if encoding == "ros2" { "cdr" } else { encoding },
+            "{channels}"
+        );
+        outcomes.push((
+            encoding,
+            [
+                stage(&st, "ingest")["values"]["frames"].clone(),
+                stage(&st, "ingest")["values"]["undecodable_messages_total"].clone(),
+                stage(&st, "mine")["values"]["rules"].clone(),
+                stage(&st, "validate")["values"]["metrics"]["candidate"].clone(),
+            ],
+        ));
+    }
+    assert_eq!(outcomes[0].1[1], 0);
+    for (encoding, o) in &outcomes[1..] {
+        assert_eq!(o, &outcomes[0].1, "{encoding} against json");
+    }
+}

@@ -378,3 +378,62 @@ fn undecodable_messages_are_counted_and_fail_the_clock_topic_by_default() {
     assert_eq!(v["frames"], json!(37), "{v}");
     assert_eq!(v["undecodable_messages_total"], json!(24), "{v}");
 }
+
+/// `fleet-sim` writes protobuf and ROS 2 as well as JSON: the Python readers decode its
+/// files, and ingest makes the same frame table of each encoding (all but where each
+/// message lies in its file).
+#[test]
+fn fleet_sim_in_every_encoding_ingests_to_the_same_frames() {
+    use drivetrain_steps::sim::{simulate, FleetSimConfig, SimEncoding};
+    let dir = tmp("fleet-sim-encodings");
+    let mut tables = Vec::new();
+    for (name, encoding) in [
+        ("json", SimEncoding::Json),
+        ("protobuf", SimEncoding::Protobuf),
+        ("ros2", SimEncoding::Ros2),
+    ] {
+        let logs = dir.join(name).join("logs");
+        std::fs::create_dir_all(&logs).unwrap();
+        let cfg = FleetSimConfig {
+            drives: Some(2),
+            duration: Some("30s".into()),
+            rate_hz: Some(10.0),
+            seed: Some(7),
+            events: None,
+            encoding: Some(encoding),
+        };
+        simulate(&cfg, &logs).unwrap();
+        let (v, frames) = ingest(&dir.join(name), &logs, &IngestConfig::default()).unwrap();
+        assert_eq!(v["frames"], json!(600), "{name}: {v}");
+        assert_eq!(v["undecodable_messages_total"], json!(0), "{name}: {v}");
+        assert_eq!(v["invalid_values_total"], json!(0), "{name}: {v}");
+        let mut rows = rows(&frames, "drive-001");
+        for r in &mut rows {
+            r.remove("source_offset");
+            r.remove("source_chunk_offset");
+        }
+        // What the Python readers decode from our protobuf and ROS 2 files.
+        if name != "json" {
+            let python = decoded(
+                &logs.join("drive-001.mcap"),
+                &[
+                    ("speed_mps", "/vehicle.speed_mps"),
+                    ("weather", "/context.weather"),
+                ],
+            );
+            let speeds: Vec<&Value> = python
+                .iter()
+                .filter(|m| m.0 == "/vehicle")
+                .map(|m| &m.2["speed_mps"])
+                .collect();
+            let ours: Vec<&Value> = rows.iter().map(|r| &r["speed_mps"]).collect();
+            assert_eq!(speeds, ours, "{name}");
+            assert!(python.iter().any(|m| m.0 == "/context"), "{name}");
+        }
+        tables.push((name, rows));
+    }
+    assert!(tables[0].1.len() == 300 && tables[0].1[0].len() == 27);
+    for (name, rows) in &tables[1..] {
+        assert!(rows == &tables[0].1, "{name}: frames differ from json's");
+    }
+}
