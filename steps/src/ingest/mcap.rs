@@ -9,6 +9,7 @@ use super::fields::Invalid;
 use super::frames::{DriveWriter, FrameBuilder, Held, ROWS_PER_BATCH};
 use super::index::{ChannelStats, IndexWriter};
 use super::mapped::{MappedBuilder, Mapping};
+use super::spill::{spill_dir, Sorter};
 use super::FileResult;
 use crate::decode::{Decoder, Dyn};
 use crate::mcapio::{self, ChannelInfo, Message};
@@ -203,15 +204,6 @@ fn fits_default_layout(channel: &ChannelInfo, decoded: &Dyn) -> anyhow::Result<(
     )
 }
 
-/// One message of a frame topic kept for putting a log in time order.
-struct Kept {
-    log_time: u64,
-    channel: u16,
-    offset: u64,
-    chunk_offset: Option<u64>,
-    data: Vec<u8>,
-}
-
 /// Counts `m` in its channel's statistics and writes its index row.
 fn account(
     m: &Message<'_>,
@@ -253,18 +245,26 @@ fn account(
     Ok(())
 }
 
+/// How logs are read into frames: by a declared mapping or the default layout, and how
+/// many bytes of messages a log read out of order may hold in memory.
+pub(super) struct Reading {
+    pub mapping: Option<Mapping>,
+    pub reorder_bytes: usize,
+}
+
 pub(super) fn ingest_mcap(
     file: &Path,
     rel: &str,
     drive: &str,
     frames: &Path,
-    mapping: Option<&Mapping>,
+    how: &Reading,
     mut index: Option<&mut IndexWriter>,
     channels: &mut BTreeMap<String, ChannelStats>,
 ) -> anyhow::Result<FileResult> {
     // Frames are built as the file is read while the messages that make them come in
     // log-time order; past the first that does not, the file is read again and put in
     // order. Other topics are indexed and counted, never decoded.
+    let mapping = how.mapping.as_ref();
     let mut built = Frames::new(frames, drive, rel, mapping)?;
     let mut last: Option<u64> = None;
     let mut in_order = true;
@@ -282,44 +282,39 @@ pub(super) fn ingest_mcap(
     })?;
     let (unfinished, cut) = (!end.complete, end.cut);
     let reordered = !in_order;
+    let mut spilled = 0;
     if reordered {
-        // Out of order: the messages that make frames in memory, stably sorted by log
-        // time (file order among equal times), then built as above. A new writer
-        // replaces the partial file.
+        // Out of order: the messages that make frames put in order (in memory up to a
+        // bound, beyond it in sorted runs on disk merged back), then built as above. A
+        // new writer replaces the partial file.
         drop(built);
         built = Frames::new(frames, drive, rel, mapping)?;
-        let mut kept = Vec::new();
+        let mut sorter = Sorter::new(spill_dir(frames, drive), how.reorder_bytes);
         let mut infos: HashMap<u16, ChannelInfo> = HashMap::new();
         mcapio::scan(file, &mut |m: Message<'_>| {
             if built.reads(&m.channel.topic) {
                 infos
                     .entry(m.channel.id)
                     .or_insert_with(|| m.channel.clone());
-                kept.push(Kept {
-                    log_time: m.log_time,
-                    channel: m.channel.id,
-                    offset: m.offset,
-                    chunk_offset: m.chunk_offset,
-                    data: m.data.to_vec(),
-                });
+                sorter.push(m.log_time, m.channel.id, m.offset, m.chunk_offset, m.data)?;
             }
             Ok(())
         })?;
-        kept.sort_by_key(|k| k.log_time);
-        for k in &kept {
+        spilled = sorter.drain(|k| {
             built.message(
                 &infos[&k.channel],
                 k.log_time,
                 k.offset,
                 k.chunk_offset,
                 &k.data,
-            )?;
-        }
+            )
+        })?;
     }
     let (frames, invalid, undecodable) = built.finish()?;
     Ok(FileResult {
         frames,
         reordered,
+        spilled,
         unfinished,
         cut,
         invalid,

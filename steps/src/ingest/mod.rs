@@ -8,8 +8,10 @@
 //! other channels are sampled and held in log-time order (the latest message of each at
 //! or before the frame's log time, messages sharing it included, as a whole: its missing
 //! fields are null too), with that message's age in the channel's `*_age_s` column. A
-//! file read in order is streamed; one that is not is read again and its JSON messages of
-//! those channels put in order in memory (`reordered` in the values). Only those channels
+//! file read in order is streamed; one that is not is read again and its messages of
+//! those channels put in order (`reordered` in the values): in memory up to 64 MiB of
+//! them, beyond it in sorted runs on disk merged back, so memory stays bounded whatever
+//! the log's size. Only those channels
 //! are parsed, and each field on its own: a value of the wrong type is null and counted
 //! (`invalid_values`, per drive and field), a message that is not a JSON object is left
 //! out and counted (`unreadable_messages`, per drive and topic):
@@ -64,6 +66,7 @@ mod frames;
 mod index;
 mod mapped;
 mod mcap;
+mod spill;
 mod tusimple;
 use fields::Invalid;
 pub use frames::{frame_schema, GT_COLUMNS, HELD_CHANNELS, SORTED_BY};
@@ -71,7 +74,7 @@ use frames::{DriveWriter, Held};
 use index::{ChannelStats, IndexWriter};
 use mapped::Mapping;
 pub use mapped::{FramesConfig, HoldConfig};
-use mcap::{ingest_mcap, Undecodable};
+use mcap::{ingest_mcap, Reading, Undecodable};
 use tusimple::ingest_tusimple;
 
 /// What one log gave.
@@ -79,6 +82,8 @@ struct FileResult {
     frames: u64,
     /// Its messages were not in log-time order (and were put in order).
     reordered: bool,
+    /// Sorted runs written to disk to put it in order.
+    spilled: u64,
     /// It ended without a footer (a recorder that stopped, a copy cut short): what it
     /// held was read, what it would have held is unknown.
     unfinished: bool,
@@ -113,7 +118,11 @@ pub fn ingest(
         None => source.list()?,
     };
     let format = cfg.format.clone().unwrap_or(LogFormat::Auto);
-    let mapping = cfg.frames.as_ref().map(Mapping::checked).transpose()?;
+    let how = Reading {
+        mapping: cfg.frames.as_ref().map(Mapping::checked).transpose()?,
+        reorder_bytes: reorder_bytes(cfg)?,
+    };
+    let mapping = how.mapping.as_ref();
     let skip = matches!(cfg.on_error, Some(OnError::Skip));
     let mut index_writer = match index {
         Some(dir) => Some(IndexWriter::create(&dir.join("messages.parquet"))?),
@@ -174,7 +183,7 @@ pub fn ingest(
                 rel,
                 &drive,
                 frames,
-                mapping.as_ref(),
+                &how,
                 file_index.as_mut().or(index_writer.as_mut()),
                 &mut file_channels,
             ),
@@ -214,8 +223,22 @@ pub fn ingest(
         let paths: Vec<PathBuf> = tusimple.iter().map(|f| f.path.clone()).collect();
         lanes_rows = ingest_tusimple(&paths, &dir.join("tusimple.parquet"))?;
     }
-    t.check(cfg, source, mapping.as_ref())?;
+    t.check(cfg, source, mapping)?;
     Ok(t.into_values(lanes_rows))
+}
+
+/// `reorder_memory` in bytes (default [`spill::BUFFER_BYTES`]).
+fn reorder_bytes(cfg: &IngestConfig) -> anyhow::Result<usize> {
+    let Some(q) = &cfg.reorder_memory else {
+        return Ok(spill::BUFFER_BYTES);
+    };
+    let bytes = drivetrain_engine::units::parse_quantity(q)
+        .map_err(|e| anyhow::anyhow!("reorder_memory: {e}"))?
+        .value;
+    if bytes < 1024.0 {
+        anyhow::bail!("reorder_memory: `{q}` is less than 1Ki");
+    }
+    Ok(bytes.min(usize::MAX as f64) as usize)
 }
 
 /// How a file is read, by `format` and its name; `None` for a file that is not a log.
@@ -242,6 +265,7 @@ struct Tally {
     ignored: Vec<String>,
     without_frames: Vec<String>,
     reordered: Vec<String>,
+    reorder_runs: u64,
     unfinished: Vec<String>,
     unfinished_detail: Vec<Value>,
     invalid_values: serde_json::Map<String, Value>,
@@ -292,6 +316,7 @@ impl Tally {
         if r.reordered {
             self.reordered.push(rel.to_owned());
         }
+        self.reorder_runs += r.spilled;
         if r.unfinished {
             let how = match r.cut {
                 Some(at) => {
@@ -455,6 +480,7 @@ impl Tally {
             "without_frames": self.without_frames,
             "files_without_frames": self.without_frames.len(),
             "reordered": self.reordered,
+            "reorder_runs": self.reorder_runs,
             "unfinished": self.unfinished,
             "unfinished_files": self.unfinished.len(),
             "unfinished_detail": self.unfinished_detail,
@@ -485,6 +511,7 @@ const VALUES: &[&str] = &[
     "without_frames",
     "files_without_frames",
     "reordered",
+    "reorder_runs",
     "unfinished",
     "unfinished_files",
     "unfinished_detail",
@@ -621,6 +648,7 @@ fn ingest_jsonl(file: &Path, rel: &str, drive: &str, frames: &Path) -> anyhow::R
     Ok(FileResult {
         frames: writer.finish()?,
         reordered: false,
+        spilled: 0,
         unfinished: false,
         cut: None,
         invalid,
@@ -699,6 +727,10 @@ pub struct IngestConfig {
     /// Those of other topics are counted and warned of, whatever their number.
     #[serde(default)]
     pub max_undecodable: Option<u64>,
+    /// The memory a log read out of time order may take to be put in order (`64Mi`, the
+    /// default); past it, sorted runs go to disk beside the frames and are merged back.
+    #[serde(default)]
+    pub reorder_memory: Option<String>,
 }
 
 /// What `ingest` does with a log it cannot read.
@@ -729,9 +761,15 @@ pub(crate) fn step() -> Box<dyn drivetrain_engine::step::Step> {
         |c, cx| Box::pin(run_step(c, cx)),
     )
     .reporting(VALUES)
-    .checked(|c: &IngestConfig| match &c.frames {
-        Some(f) => Mapping::new(f).err().unwrap_or_default(),
-        None => Vec::new(),
+    .checked(|c: &IngestConfig| {
+        let mut faults = match &c.frames {
+            Some(f) => Mapping::new(f).err().unwrap_or_default(),
+            None => Vec::new(),
+        };
+        if let Err(e) = reorder_bytes(c) {
+            faults.push(("reorder_memory".into(), e.to_string()));
+        }
+        faults
     })
     .boxed()
 }

@@ -197,6 +197,20 @@ fn protobuf_logs_become_the_frames_python_decodes() {
         assert_eq!(v["reordered"], json!(["shuffled.mcap"]), "{v}");
         assert_eq!(v["frames"], json!(80), "{v}");
     }
+    // Put in order through sorted runs on disk (a 4 KiB bound): the same frames as in
+    // memory, and the runs gone after.
+    let (_, in_memory) = ingest(&dir.join("in-memory"), &logs, &cfg(&mapping, None)).unwrap();
+    let mut small = cfg(&mapping, None);
+    small.reorder_memory = Some("4Ki".into());
+    let (v, spilled) = ingest(&dir, &logs, &small).unwrap();
+    assert!(v["reorder_runs"].as_u64().unwrap() > 5, "{v}");
+    assert_eq!(rows(&spilled, "shuffled"), rows(&in_memory, "shuffled"));
+    let left: Vec<_> = std::fs::read_dir(&spilled)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(left.iter().all(|n| n.starts_with("drive=")), "{left:?}");
     // Held values older than `max_age` are null; their age stays a column.
     same_as_python(&dir, &logs, "proto", &mapping, Some(("150ms", 150_000_000)));
     let (_, frames) = ingest(&dir, &logs, &cfg(&mapping, Some("150ms"))).unwrap();
