@@ -376,8 +376,8 @@ async fn mine_checked(
     // the parts follow each other in drive order. Otherwise the frames are hashed by drive
     // over as many partitions as cores and sorted, the sort spilling to disk beyond the
     // memory limit.
-    // Every file's footer, read once: for the order and for where to cut.
-    let (order, files) = table_order(footers(parquet_files(frames)?)?).await?;
+    // Every file's footer, read once and summarised: for the order and for where to cut.
+    let (order, files) = table_order(summaries(parquet_files(frames)?)?).await?;
     let sorted = order != "unsorted";
     // A fair pool, shared by every stream: each spilling operator (the partitions' sorts
     // and their merges) gets its share. The greedy pool let one partition's sort take what
@@ -390,6 +390,7 @@ async fn mine_checked(
         true => drive_cuts(&files, cores)?,
         false => Vec::new(),
     };
+    drop(files);
     let ranges = ranges(&cuts);
     let contexts = futures::future::try_join_all(
         ranges
@@ -589,30 +590,17 @@ fn ranges(cuts: &[String]) -> Vec<(Option<String>, Option<String>)> {
 /// rows, from the row groups' statistics (the first drive of the row group each range
 /// starts at). Any cut is correct (each range reads every row of its drives, whatever the
 /// statistics say); the statistics only balance the ranges. None without statistics.
-fn drive_cuts(files: &[Footer], parts: usize) -> anyhow::Result<Vec<String>> {
-    use datafusion::parquet::file::statistics::Statistics;
+fn drive_cuts(files: &[Summary], parts: usize) -> anyhow::Result<Vec<String>> {
     if parts < 2 {
         return Ok(Vec::new());
     }
     let mut groups: Vec<(String, i64)> = Vec::new();
-    for (_, meta) in files {
-        let md = meta.metadata();
-        let schema = md.file_metadata().schema_descr();
-        let Some(d) = schema.columns().iter().position(|c| c.name() == "drive") else {
-            return Ok(Vec::new());
-        };
-        for rg in md.row_groups() {
-            let min = match rg.column(d).statistics() {
-                Some(Statistics::ByteArray(s)) => s
-                    .min_opt()
-                    .and_then(|b| b.as_utf8().ok())
-                    .map(str::to_owned),
-                _ => None,
-            };
+    for f in files {
+        for (min, rows) in &f.groups {
             let Some(min) = min else {
                 return Ok(Vec::new());
             };
-            groups.push((min, rg.num_rows()));
+            groups.push((min.clone(), *rows));
         }
     }
     groups.sort();
@@ -634,24 +622,15 @@ fn drive_cuts(files: &[Footer], parts: usize) -> anyhow::Result<Vec<String>> {
     Ok(cuts)
 }
 
-/// How the frame table of `files` (with their footers) is ordered: `declared` when every file says
-/// in its footer that it is sorted by drive and time as a whole
-/// ([`crate::ingest::SORTED_BY`], as `ingest` writes them), `checked` when reading every
-/// file's `drive` and `ts` columns found each file in that order, else `unsorted`. The
-/// footers come back for the caller.
-async fn table_order(files: Vec<Footer>) -> anyhow::Result<(&'static str, Vec<Footer>)> {
+/// How the frame table of `files` is ordered: `declared` when every file says in its
+/// footer that it is sorted by drive and time as a whole ([`crate::ingest::SORTED_BY`], as
+/// `ingest` writes them), `checked` when reading every file's `drive` and `ts` columns
+/// found each file in that order, else `unsorted`. The summaries come back for the caller.
+async fn table_order(files: Vec<Summary>) -> anyhow::Result<(&'static str, Vec<Summary>)> {
     if files.is_empty() {
         return Ok(("unsorted", files));
     }
-    let declared = files.iter().all(|(_, meta)| {
-        meta.metadata()
-            .file_metadata()
-            .key_value_metadata()
-            .into_iter()
-            .flatten()
-            .any(|kv| kv.key == crate::ingest::SORTED_BY && kv.value.as_deref() == Some("drive,ts"))
-    });
-    if declared {
+    if files.iter().all(|f| f.declared) {
         return Ok(("declared", files));
     }
     let (checked, files) =
@@ -659,16 +638,55 @@ async fn table_order(files: Vec<Footer>) -> anyhow::Result<(&'static str, Vec<Fo
     Ok((if checked { "checked" } else { "unsorted" }, files))
 }
 
-/// A file and its footer, read once.
-type Footer = (std::path::PathBuf, ArrowReaderMetadata);
+/// What mining needs of a file's footer, kept instead of the footer: memory that does not
+/// grow with its columns and statistics (all footers of 10,000 drive partitions held at
+/// once were most of mining's memory).
+#[derive(Debug)]
+struct Summary {
+    path: std::path::PathBuf,
+    /// Its footer says it is sorted by drive and time.
+    declared: bool,
+    /// Each row group's smallest drive (when its statistics say) and rows.
+    groups: Vec<(Option<String>, i64)>,
+}
 
-/// The footers of `files`.
-fn footers(files: Vec<std::path::PathBuf>) -> anyhow::Result<Vec<Footer>> {
+/// The summaries of `files`, one footer read and dropped at a time.
+fn summaries(files: Vec<std::path::PathBuf>) -> anyhow::Result<Vec<Summary>> {
+    use datafusion::parquet::file::statistics::Statistics;
     files
         .into_iter()
-        .map(|f| {
-            let meta = ArrowReaderMetadata::load(&std::fs::File::open(&f)?, Default::default())?;
-            Ok((f, meta))
+        .map(|path| {
+            let meta = ArrowReaderMetadata::load(&std::fs::File::open(&path)?, Default::default())?;
+            let md = meta.metadata();
+            let declared = md
+                .file_metadata()
+                .key_value_metadata()
+                .into_iter()
+                .flatten()
+                .any(|kv| {
+                    kv.key == crate::ingest::SORTED_BY && kv.value.as_deref() == Some("drive,ts")
+                });
+            let schema = md.file_metadata().schema_descr();
+            let d = schema.columns().iter().position(|c| c.name() == "drive");
+            let groups = md
+                .row_groups()
+                .iter()
+                .map(|rg| {
+                    let min = match d.and_then(|d| rg.column(d).statistics()) {
+                        Some(Statistics::ByteArray(s)) => s
+                            .min_opt()
+                            .and_then(|b| b.as_utf8().ok())
+                            .map(str::to_owned),
+                        _ => None,
+                    };
+                    (min, rg.num_rows())
+                })
+                .collect();
+            Ok(Summary {
+                path,
+                declared,
+                groups,
+            })
         })
         .collect()
 }
@@ -679,7 +697,11 @@ type Key = (String, f64);
 /// The first and last key of row group `rg` of `file`, or None when its rows are not in
 /// (`drive`, `ts`) order. Reads only those two columns; a missing column, another type,
 /// a null or a NaN time counts as not in order.
-fn row_group_ends((file, meta): &Footer, rg: usize) -> anyhow::Result<Option<(Key, Key)>> {
+fn row_group_ends(
+    file: &std::path::Path,
+    meta: &ArrowReaderMetadata,
+    rg: usize,
+) -> anyhow::Result<Option<(Key, Key)>> {
     use datafusion::arrow::array::{Float64Array, StringArray};
     use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use datafusion::parquet::arrow::ProjectionMask;
@@ -740,11 +762,11 @@ fn row_group_ends((file, meta): &Footer, rg: usize) -> anyhow::Result<Option<(Ke
 
 /// Whether each file is sorted by (`drive`, `ts`): every row group in order, on two
 /// threads, and each following the one before it.
-fn files_in_order(files: &[Footer]) -> anyhow::Result<bool> {
+fn files_in_order(files: &[Summary]) -> anyhow::Result<bool> {
     let units: Vec<(usize, usize)> = files
         .iter()
         .enumerate()
-        .flat_map(|(i, (_, meta))| (0..meta.metadata().num_row_groups()).map(move |rg| (i, rg)))
+        .flat_map(|(i, f)| (0..f.groups.len()).map(move |rg| (i, rg)))
         .collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     type Ends = Option<(Key, Key)>;
@@ -753,12 +775,21 @@ fn files_in_order(files: &[Footer]) -> anyhow::Result<bool> {
         let workers: Vec<_> = (0..2)
             .map(|_| {
                 scope.spawn(|| -> anyhow::Result<()> {
+                    // The footer of the file this worker reads, loaded once per file.
+                    let mut footer: Option<(usize, ArrowReaderMetadata)> = None;
                     loop {
                         let u = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some(&(file, rg)) = units.get(u) else {
                             return Ok(());
                         };
-                        let r = row_group_ends(&files[file], rg)?;
+                        let path = &files[file].path;
+                        if footer.as_ref().is_none_or(|(f, _)| *f != file) {
+                            let f = std::fs::File::open(path)?;
+                            footer =
+                                Some((file, ArrowReaderMetadata::load(&f, Default::default())?));
+                        }
+                        let meta = &footer.as_ref().expect("loaded above").1;
+                        let r = row_group_ends(path, meta, rg)?;
                         ends.lock().unwrap_or_else(|e| e.into_inner())[u] = Some(r);
                     }
                 })
@@ -907,7 +938,7 @@ mod tests {
         let within = table(&dir, "within.parquet", &[("a", 2.0), ("a", 1.0)]);
         let nan = table(&dir, "nan.parquet", &[("a", 1.0), ("a", f64::NAN)]);
         let in_order = |files: &[&std::path::PathBuf]| {
-            files_in_order(&footers(files.iter().map(|f| f.to_path_buf()).collect()).unwrap())
+            files_in_order(&summaries(files.iter().map(|f| f.to_path_buf()).collect()).unwrap())
                 .unwrap()
         };
         assert!(in_order(&[&sorted]));

@@ -187,7 +187,7 @@ mod tests {
                 *t,
                 (i % 3) as u16,
                 i as u64,
-                (i % 2 == 0).then_some(i as u64 * 2),
+                i.is_multiple_of(2).then_some(i as u64 * 2),
                 &i.to_le_bytes(),
             )
             .unwrap();
@@ -219,7 +219,7 @@ mod tests {
                 (*t, *chunk, *channel, data.as_slice()),
                 (
                     times[i],
-                    (i % 2 == 0).then_some(i as u64 * 2),
+                    i.is_multiple_of(2).then_some(i as u64 * 2),
                     (i % 3) as u16,
                     &i.to_le_bytes()[..]
                 )
