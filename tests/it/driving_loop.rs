@@ -470,3 +470,20 @@ fn the_loop_closes_on_protobuf_and_ros2_logs_as_on_json() {
         assert_eq!(o, &outcomes[0].1, "{encoding} against json");
     }
 }
+
+/// `pipelines/ros2-fleet.yaml`, the example of a declared mapping, runs as written: its
+/// ROS 2 logs become frames, every message decoded, and mining finds its corner cases.
+#[test]
+fn the_ros2_fleet_example_runs() {
+    let home = Home::new("ros2-fleet");
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/ros2-fleet.yaml");
+    let o = home.drivetrain(&["run", file]);
+    assert_ok(&o);
+    let st = home.status(&run_id(&o));
+    let ingest = &stage(&st, "ingest")["values"];
+    assert_eq!(ingest["frames"], 3 * 1200, "{ingest}");
+    assert_eq!(ingest["undecodable_messages_total"], 0, "{ingest}");
+    assert_eq!(ingest["channels"]["/vehicle"]["message_encoding"], "cdr");
+    let mined = &stage(&st, "mine")["values"];
+    assert!(mined["rules"]["hard_brake"].as_u64().unwrap() > 0, "{mined}");
+}
