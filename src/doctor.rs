@@ -29,6 +29,7 @@ pub fn doctor(
     let found = drivetrain_executors::gpus::detect(gpus);
     let isolation = drivetrain_executors::local::namespaces_work();
     let layers = drivetrain_executors::local::layers();
+    let claims = gpu_claims(home);
     if out.json() {
         let list: Vec<_> = found
             .gpus
@@ -46,6 +47,7 @@ pub fn doctor(
                 .map(|(name, active, what)| json!({"layer": name, "active": active, "what": what}))
                 .collect::<Vec<_>>(),
             "slurm": slurm,
+            "gpu_claims": claims,
         }))?;
         return Ok(code);
     }
@@ -59,6 +61,27 @@ pub fn doctor(
             println!("gpus: {n} from {}", found.source);
             for g in &found.gpus {
                 println!("  {} {}", g.id, g.name.as_deref().unwrap_or(""));
+            }
+        }
+    }
+    match claims.as_array().map(Vec::as_slice) {
+        None => println!(
+            "gpu ledger: not read: {}",
+            claims["error"].as_str().unwrap_or_default()
+        ),
+        Some([]) => println!("gpu ledger: no device claimed in this home"),
+        Some(held) => {
+            println!("gpu ledger: {} device(s) claimed in this home", held.len());
+            for c in held {
+                let f = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+                println!(
+                    "  {}:{} run {} ({}) since {}",
+                    f("host"),
+                    f("device"),
+                    f("run"),
+                    f("holder"),
+                    f("claimed_at")
+                );
             }
         }
     }
@@ -83,6 +106,18 @@ pub fn doctor(
         println!("  shared file system: {}", field("shared"));
     }
     Ok(code)
+}
+
+/// The home's GPU ledger: which attempt of which run holds each device (none when the
+/// home has no state yet).
+fn gpu_claims(home: &Path) -> serde_json::Value {
+    if !home.join("state.db").exists() && std::env::var_os("DRIVETRAIN_STATE").is_none() {
+        return json!([]);
+    }
+    match crate::runs::open_state(home).and_then(|s| Ok(s.gpu_claims()?)) {
+        Ok(claims) => json!(claims),
+        Err(e) => json!({"error": format!("{e:#}")}),
+    }
 }
 
 /// Whether the home is closed to other users (a stage of another home among them).

@@ -485,5 +485,8 @@ fn the_ros2_fleet_example_runs() {
     assert_eq!(ingest["undecodable_messages_total"], 0, "{ingest}");
     assert_eq!(ingest["channels"]["/vehicle"]["message_encoding"], "cdr");
     let mined = &stage(&st, "mine")["values"];
-    assert!(mined["rules"]["hard_brake"].as_u64().unwrap() > 0, "{mined}");
+    assert!(
+        mined["rules"]["hard_brake"].as_u64().unwrap() > 0,
+        "{mined}"
+    );
 }

@@ -215,3 +215,136 @@ stages:
     let text = text(&home.drivetrain(&["status", &id]).stdout);
     assert!(text.contains("GPU memory"), "{text}");
 }
+
+/// Engines of one home claim GPUs through its ledger: two `drivetrain run`s each asking
+/// for both GPUs twice never hold one device at once; a stage waiting says who holds what
+/// it waits for; an engine killed with `kill -9` holds nothing once its heartbeat is
+/// stale, and the waiting engine's stage then runs.
+#[test]
+fn engines_of_one_home_never_share_a_gpu() {
+    let home = Home::new("gpu-ledger");
+    let path = two_gpus(&home);
+    let stage = |name: &str| {
+        format!("  {name}:\n    resources: {{gpu: 2}}\n    run: {{command: [sh, -c, 'echo start $(date +%s%N) $CUDA_VISIBLE_DEVICES; sleep 0.4; echo end $(date +%s%N)']}}\n")
+    };
+    let file = home.write(
+        "both.yaml",
+        &format!(
+            "version: 1\nname: both\nstages:\n{}{}",
+            stage("g1"),
+            stage("g2")
+        ),
+    );
+    let spawn = |file: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+            .args(["run", file.to_str().unwrap(), "--parallelism", "2"])
+            .current_dir(&home.dir)
+            .env_remove("DRIVETRAIN_HOME")
+            .env("PATH", &path)
+            .env("DRIVETRAIN_HEARTBEAT", "200ms")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let engines: Vec<_> = (0..2).map(|_| spawn(&file)).collect();
+    let mut spans = Vec::new();
+    for e in engines {
+        let o = e.wait_with_output().unwrap();
+        assert_ok(&o);
+        let id = run_id(&o);
+        for s in ["g1", "g2"] {
+            let log = text(&home.drivetrain(&["logs", &id, "--stage", s]).stdout);
+            let word = |w: &str| -> u128 {
+                let line = log
+                    .lines()
+                    .find(|l| l.starts_with(w))
+                    .unwrap_or_else(|| panic!("{log}"));
+                line.split_whitespace().nth(1).unwrap().parse().unwrap()
+            };
+            assert!(log.contains(&format!("{GPU_A},{GPU_B}")), "{log}");
+            spans.push((word("start"), word("end"), format!("{id}/{s}")));
+        }
+    }
+    spans.sort();
+    for w in spans.windows(2) {
+        assert!(
+            w[0].1 <= w[1].0,
+            "{} and {} held the GPUs at once: {spans:?}",
+            w[0].2,
+            w[1].2
+        );
+    }
+
+    // A holder killed with -9; the waiter says why it waits, then runs.
+    let hold = home.write(
+        "hold.yaml",
+        "version: 1\nname: hold\nstages:\n  hold:\n    resources: {gpu: 2}\n    run: {command: [sleep, '30']}\n",
+    );
+    let wait = home.write(
+        "wait.yaml",
+        "version: 1\nname: wait\nstages:\n  next:\n    resources: {gpu: 1}\n    run: {command: ['true']}\n",
+    );
+    let mut holder = spawn(&hold);
+    let holder_id = first_line_run_id(&mut holder);
+    until(&home, &holder_id, "hold", |s| s["phase"] == "Running");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut waiter = spawn(&wait);
+    let waiter_id = first_line_run_id(&mut waiter);
+    let reason = until(&home, &waiter_id, "next", |s| {
+        s["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("waiting for 1 GPU(s)"))
+    });
+    assert!(
+        reason.contains(&format!("by run {holder_id} (hold#1)")),
+        "{reason}"
+    );
+    let killed = std::time::Instant::now();
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let o = waiter.wait_with_output().unwrap();
+    assert_ok(&o);
+    assert!(
+        killed.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        killed.elapsed()
+    );
+}
+
+/// The run id a spawned `drivetrain run` prints first.
+fn first_line_run_id(child: &mut std::process::Child) -> String {
+    use std::io::BufRead;
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    first
+        .trim()
+        .strip_prefix("run ")
+        .expect("run id first")
+        .to_owned()
+}
+
+/// Polls `stage` of `run` until `ok` holds of it (20 s at most); its reason then.
+fn until(
+    home: &Home,
+    run: &str,
+    stage_name: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        // The run id is printed before the run is recorded: not found yet is no answer.
+        let o = home.drivetrain(&["status", run, "--output", "json"]);
+        let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        let s = &st["stages"]
+            .as_array()
+            .and_then(|all| all.iter().find(|s| s["stage"] == stage_name).cloned());
+        if let Some(s) = s.as_ref().filter(|s| ok(s)) {
+            return s["reason"].as_str().unwrap_or_default().to_owned();
+        }
+        assert!(std::time::Instant::now() < deadline, "{st}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

@@ -186,24 +186,58 @@ async fn start_and_wait(
     layout: &Layout,
 ) -> Result<AttemptEnd, String> {
     let mut spec = spec;
+    let holder = match key.item {
+        Some(i) => format!("{}/items/{i}#{}", key.stage, key.attempt),
+        None => format!("{}#{}", key.stage, key.attempt),
+    };
     let gpus = match stage.gpus() {
         0 => Vec::new(),
         _ if ctx.executor.schedules_gpus() => Vec::new(),
-        n => ctx.gpus.acquire(n).await,
+        n => claim_gpus(ctx, stage, key, n, &holder).await?,
     };
     if !gpus.is_empty() {
-        // The pool hands out positions; the stage gets the devices' own names.
-        let list = gpus
-            .iter()
-            .map(|&g| ctx.opts.gpus[g].clone())
-            .collect::<Vec<_>>()
-            .join(",");
+        let list = gpus.join(",");
         spec.env.push(("CUDA_VISIBLE_DEVICES".into(), list.clone()));
         spec.env.push(("NVIDIA_VISIBLE_DEVICES".into(), list));
     }
     let result = wait_attempt(ctx, stage, key, spec, layout).await;
-    ctx.gpus.release(&gpus);
+    if !gpus.is_empty() {
+        if let Err(e) = ctx.gpus.release(&holder) {
+            // The ledger frees them once this run ends anyway.
+            eprintln!("warning: giving back the GPUs of {holder}: {e}");
+        }
+    }
     result
+}
+
+/// Claims `n` GPUs in the home's ledger for `holder`, saying on the stage (its reason,
+/// which `status`, the API and the web view show) who holds them while it waits.
+async fn claim_gpus(
+    ctx: &Ctx,
+    stage: &Stage,
+    key: &AttemptKey,
+    n: usize,
+    holder: &str,
+) -> Result<Vec<String>, String> {
+    let run = &ctx.run.id;
+    let mut waited = false;
+    let devices = ctx
+        .gpus
+        .acquire(n, holder, |held| {
+            waited = true;
+            let why = format!("waiting for {n} GPU(s): {}", super::gpus::held_by(held));
+            let _ = ctx
+                .state
+                .set_stage(run, &stage.name, Phase::Running, None, Some(&why));
+        })
+        .await
+        .map_err(|e| format!("the GPU ledger: {e}"))?;
+    if waited && key.item.is_none() {
+        let _ = ctx
+            .state
+            .set_stage(run, &stage.name, Phase::Running, None, None);
+    }
+    Ok(devices)
 }
 
 /// Starts the attempt and waits for it (its timeout, a cancel), stores its log, and

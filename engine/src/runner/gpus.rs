@@ -1,44 +1,104 @@
-//! The GPUs of the machine, handed to the stages that ask for them.
+//! The GPUs of the machine, handed to the stages that ask for them through the home's
+//! ledger ([`crate::state::DeviceStore`]): every engine of the home claims there, so two
+//! attempts never hold one device, whichever engines run them.
 
-/// The machine's GPUs: a stage asking for `n` waits until `n` are free and gets their
-/// indices (as `CUDA_VISIBLE_DEVICES`), so two stages never share one.
-#[derive(Debug)]
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::state::{Claimed, GpuAsk, GpuClaim, RunId, StateError, StateStore};
+
+/// How often a waiting attempt asks the ledger again (devices another engine frees wake
+/// nobody here).
+const POLL: Duration = Duration::from_millis(250);
+
+/// The machine's GPUs as this run's engine sees them.
 pub(super) struct GpuPool {
-    free: std::sync::Mutex<Vec<bool>>,
+    state: Arc<dyn StateStore>,
+    run: RunId,
+    host: String,
+    /// The devices' names (`CUDA_VISIBLE_DEVICES` values), in the order handed out.
+    devices: Vec<String>,
     released: tokio::sync::Notify,
 }
 
+impl std::fmt::Debug for GpuPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuPool")
+            .field("host", &self.host)
+            .field("devices", &self.devices)
+            .finish()
+    }
+}
+
+/// This machine's name, as devices are numbered per machine.
+pub(crate) fn host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
 impl GpuPool {
-    pub(super) fn new(n: usize) -> Self {
+    pub(super) fn new(state: Arc<dyn StateStore>, run: RunId, devices: Vec<String>) -> Self {
         GpuPool {
-            free: std::sync::Mutex::new(vec![true; n]),
+            state,
+            run,
+            host: host(),
+            devices,
             released: tokio::sync::Notify::new(),
         }
     }
 
-    pub(super) async fn acquire(&self, n: usize) -> Vec<usize> {
+    /// Waits until `n` devices are claimed for `holder`; their names. `waiting` hears who
+    /// holds them each time that changes while it waits.
+    pub(super) async fn acquire(
+        &self,
+        n: usize,
+        holder: &str,
+        mut waiting: impl FnMut(&[GpuClaim]),
+    ) -> Result<Vec<String>, StateError> {
+        let mut last: Option<Vec<GpuClaim>> = None;
         loop {
             let notified = self.released.notified();
-            {
-                let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-                let idle: Vec<usize> = (0..free.len()).filter(|&i| free[i]).take(n).collect();
-                if idle.len() == n {
-                    for &i in &idle {
-                        free[i] = false;
+            let stale = crate::engine::recover::stale_before();
+            let ask = GpuAsk {
+                host: &self.host,
+                devices: &self.devices,
+                count: n,
+                run: &self.run,
+                holder,
+                stale_before: &stale,
+            };
+            match self.state.claim_gpus(&ask)? {
+                Claimed::Granted(devices) => return Ok(devices),
+                Claimed::Busy(held) => {
+                    if last.as_ref() != Some(&held) {
+                        waiting(&held);
+                        last = Some(held);
                     }
-                    return idle;
                 }
             }
-            notified.await;
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep(POLL) => {}
+            }
         }
     }
 
-    pub(super) fn release(&self, gpus: &[usize]) {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        for &i in gpus {
-            free[i] = true;
-        }
-        drop(free);
+    pub(super) fn release(&self, holder: &str) -> Result<(), StateError> {
+        let r = self.state.release_gpus(&self.run, Some(holder));
         self.released.notify_waiters();
+        r
     }
+}
+
+/// Who holds the devices a stage waits for, in words.
+pub(super) fn held_by(held: &[GpuClaim]) -> String {
+    let mut out: Vec<String> = held
+        .iter()
+        .map(|c| format!("{} by run {} ({})", c.device, c.run, c.holder))
+        .collect();
+    out.dedup();
+    out.join(", ")
 }

@@ -240,6 +240,8 @@ fn recorded(
     let resume = match request.resume.take() {
         Some(r) => {
             state.reopen_run(&request.id, std::process::id())?;
+            // What the dead engine's attempts held in the GPU ledger is theirs no more.
+            state.release_gpus(&request.id, None)?;
             r
         }
         None => {
@@ -281,7 +283,6 @@ pub(crate) async fn run(
     // ended): twice the parallelism, so that one stage's bookkeeping overlaps another's
     // process rather than holding up a slot.
     let in_hand = Arc::new(Semaphore::new(opts.parallelism.max(1).saturating_mul(2)));
-    let gpu_count = opts.gpus.len();
     // Attempts stop on `stop`: set by the caller's cancel, or by fail-fast.
     let (stop_tx, stop_rx) = watch::channel(false);
     let (hook_stop_tx, hook_stop_rx) = watch::channel(false);
@@ -298,6 +299,7 @@ pub(crate) async fn run(
         &opts.request.file,
         opts.work_dir.parent().unwrap_or(&opts.work_dir),
     );
+    let gpus = GpuPool::new(state.clone(), id.clone(), opts.gpus.clone());
     let ctx = Arc::new(Ctx {
         pipeline: pipeline.clone(),
         params,
@@ -310,7 +312,7 @@ pub(crate) async fn run(
         cancel: stop_rx,
         hook_cancel: hook_stop_rx,
         slots,
-        gpus: GpuPool::new(gpu_count),
+        gpus,
         main_phase: std::sync::OnceLock::new(),
         prior_attempts,
         reattached,

@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 
 mod access;
+mod devices;
 mod events;
+pub use devices::exclusive_gpus;
 pub use events::exclusive_batches;
 
 use super::{
@@ -53,6 +55,7 @@ pub fn check(store: &dyn StateStore) {
     access::approvals(store);
     access::request_keys(store);
     pipeline_sources(store);
+    devices::ledger(store);
 }
 
 /// A run's pipeline text is kept once per digest and read back whole.

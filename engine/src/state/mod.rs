@@ -15,6 +15,7 @@ use std::fmt;
 use serde::Serialize;
 
 mod access;
+mod devices;
 mod events;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -26,6 +27,7 @@ pub use access::{
     tally, AccessStore, ApprovalRecord, ApprovalRequest, ApprovalStore, AuditEntry, KeyClaim,
     KeyRecord, KeyStore, Quota, Refusal, TokenRecord, Vote,
 };
+pub use devices::{Claimed, DeviceStore, GpuAsk, GpuClaim};
 pub use events::{
     InboxObject, OutboxItem, OutboxStore, RunTrigger, TriggerRecord, TriggerStore, Waiting,
 };
@@ -424,8 +426,8 @@ pub struct Success<'a> {
 /// `use drivetrain_engine::state::prelude::*`.
 pub mod prelude {
     pub use super::{
-        AccessStore, ApprovalStore, ArtifactIndex, AttemptStore, CacheStore, KeyStore, OutboxStore,
-        RunStore, ScheduleStore, StageStore, StateStore, TriggerStore,
+        AccessStore, ApprovalStore, ArtifactIndex, AttemptStore, CacheStore, DeviceStore, KeyStore,
+        OutboxStore, RunStore, ScheduleStore, StageStore, StateStore, TriggerStore,
     };
 }
 
@@ -444,6 +446,7 @@ pub trait StateStore:
     + AccessStore
     + ApprovalStore
     + KeyStore
+    + DeviceStore
     + Send
     + Sync
 {

@@ -9,6 +9,7 @@
 //! runs on a scoped thread so the engine's runtime is never blocked inside itself.
 
 mod access;
+mod devices;
 mod events;
 
 use super::prelude::*;
@@ -1407,6 +1408,7 @@ mod tests {
         let again = PostgresState::open(&pg.url()).unwrap();
         assert!(!again.list_runs(10).unwrap().is_empty());
         conformance::exclusive_claims(&|| Box::new(PostgresState::open(&pg.url()).unwrap()));
+        conformance::exclusive_gpus(&|| Box::new(PostgresState::open(&pg.url()).unwrap()));
         conformance::exclusive_batches(&|| Box::new(PostgresState::open(&pg.url()).unwrap()));
     }
 

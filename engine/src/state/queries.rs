@@ -46,6 +46,19 @@ macro_rules! statements {
 }
 
 statements! {
+    FREE_DEAD_GPUS =
+        "DELETE FROM gpu_claims WHERE run_id <> $1 AND run_id NOT IN (SELECT id FROM runs \
+         WHERE phase IN ('Running', 'Pending') AND (heartbeat_at IS NULL OR heartbeat_at >= \
+         $2))";
+    GPU_CLAIMS =
+        "SELECT host, device, run_id, holder, claimed_at FROM gpu_claims ORDER BY host, device";
+    CLAIM_GPU =
+        "INSERT INTO gpu_claims (host, device, run_id, holder, claimed_at) VALUES ($1, $2, $3, \
+         $4, $5)";
+    RELEASE_GPUS =
+        "DELETE FROM gpu_claims WHERE run_id = $1 AND holder = $2";
+    RELEASE_RUN_GPUS =
+        "DELETE FROM gpu_claims WHERE run_id = $1";
     ENSURE_TRIGGER =
         "INSERT INTO triggers (pipeline, trigger_name, paused, file) VALUES ($1, $2, $3, $4) \
          ON CONFLICT (pipeline, trigger_name) DO UPDATE SET file = $4";

@@ -290,6 +290,18 @@ CREATE TABLE pipeline_sources (
     r#"
 ALTER TABLE map_items ADD COLUMN item_values TEXT;
 "#,
+    // 7: the home's ledger of GPUs: which attempt of which run holds each device.
+    r#"
+CREATE TABLE gpu_claims (
+    host TEXT NOT NULL,
+    device TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    claimed_at TEXT NOT NULL,
+    PRIMARY KEY (host, device)
+);
+CREATE INDEX gpu_claims_by_run ON gpu_claims(run_id, holder);
+"#,
 ];
 
 /// A backend's SQL, where it differs from PostgreSQL's.

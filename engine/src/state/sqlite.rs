@@ -19,6 +19,7 @@ fn sql(what: impl Into<String>) -> impl FnOnce(rusqlite::Error) -> StateError {
 }
 
 mod access;
+mod devices;
 mod events;
 mod migrations;
 mod rows;

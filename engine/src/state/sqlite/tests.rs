@@ -145,6 +145,7 @@ fn sqlite_connections_claim_ticks_exclusively() {
     let path = dir.join("state.db");
     let _ = std::fs::remove_file(&path);
     conformance::exclusive_claims(&|| Box::new(SqliteState::open(&path).unwrap()));
+    conformance::exclusive_gpus(&|| Box::new(SqliteState::open(&path).unwrap()));
     conformance::exclusive_batches(&|| Box::new(SqliteState::open(&path).unwrap()));
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -164,4 +165,107 @@ fn run_ids_of_one_second_never_collide() {
     let ids: std::collections::HashSet<RunId> =
         (0..200_000).map(|_| RunId::generate(now)).collect();
     assert_eq!(ids.len(), 200_000);
+}
+
+/// Random claims, releases, kills and ends of runs over a ledger of 3 devices: a device is
+/// never granted while a live run holds it, and a claim is refused only when live runs
+/// hold too many (what dead engines held is always freed).
+#[test]
+fn the_gpu_ledger_never_double_assigns_under_random_kills() {
+    use crate::state::{Claimed, GpuAsk};
+    use proptest::prelude::*;
+    #[derive(Debug, Clone)]
+    enum Op {
+        Claim(usize, usize),
+        Release(usize),
+        Kill(usize),
+        End(usize),
+    }
+    let op = prop_oneof![
+        4 => (0..4usize, 1..=3usize).prop_map(|(r, n)| Op::Claim(r, n)),
+        2 => (0..4usize).prop_map(Op::Release),
+        1 => (0..4usize).prop_map(Op::Kill),
+        1 => (0..4usize).prop_map(Op::End),
+    ];
+    let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases: 24,
+        failure_persistence: None,
+        ..Default::default()
+    });
+    runner
+        .run(&proptest::collection::vec(op, 1..40), |ops| {
+            let s = SqliteState::in_memory().unwrap();
+            let devices: Vec<String> = (0..3).map(|i| i.to_string()).collect();
+            let runs: Vec<RunId> = (0..4).map(|i| RunId(format!("r{i}"))).collect();
+            // Model: which live run holds which device; live runs.
+            let mut live = [true; 4];
+            let mut holds: Vec<Option<usize>> = vec![None; 3];
+            for r in &runs {
+                s.create_run(&conformance::run_record(&r.0)).unwrap();
+                s.heartbeat(r).unwrap();
+            }
+            for (step, op) in ops.iter().enumerate() {
+                match *op {
+                    Op::Claim(r, n) if live[r] => {
+                        // The live engines beat after `stale`; the dead ones did before it.
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                        let stale = now();
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                        for (i, run) in runs.iter().enumerate() {
+                            if live[i] {
+                                s.heartbeat(run).unwrap();
+                            }
+                        }
+                        let holder = format!("s#{step}");
+                        let ask = GpuAsk {
+                            host: "h",
+                            devices: &devices,
+                            count: n,
+                            run: &runs[r],
+                            holder: &holder,
+                            stale_before: &stale,
+                        };
+                        let free = holds.iter().filter(|h| h.is_none_or(|o| !live[o])).count();
+                        match s.claim_gpus(&ask).unwrap() {
+                            Claimed::Granted(got) => {
+                                for d in &got {
+                                    let i: usize = d.parse().unwrap();
+                                    if let Some(o) = holds[i] {
+                                        prop_assert!(
+                                            !live[o],
+                                            "device {d} granted to r{r} while live r{o} holds it"
+                                        );
+                                    }
+                                    holds[i] = Some(r);
+                                }
+                            }
+                            Claimed::Busy(_) => prop_assert!(
+                                free < n,
+                                "refused {n} with {free} free of dead or no holders"
+                            ),
+                        }
+                        // What the ledger says is what the model says of live runs.
+                        for c in s.gpu_claims().unwrap() {
+                            let i: usize = c.device.parse().unwrap();
+                            let o: usize = c.run.0[1..].parse().unwrap();
+                            prop_assert_eq!(holds[i], Some(o));
+                        }
+                    }
+                    Op::Release(r) if live[r] => {
+                        s.release_gpus(&runs[r], None).unwrap();
+                        for h in holds.iter_mut().filter(|h| **h == Some(r)) {
+                            *h = None;
+                        }
+                    }
+                    Op::Kill(r) => live[r] = false,
+                    Op::End(r) if live[r] => {
+                        s.finish_run(&runs[r], Phase::Failed, None).unwrap();
+                        live[r] = false;
+                    }
+                    _ => {}
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
 }

@@ -1,0 +1,153 @@
+//! The GPU ledger: all or none, one holder per device, dead engines' claims freed.
+
+use super::super::{Claimed, GpuAsk, Phase, RunId, StateStore};
+use super::run_record;
+
+const PAST: &str = "2000-01-01T00:00:00.000Z";
+const FUTURE: &str = "2999-01-01T00:00:00.000Z";
+
+fn devices(n: usize) -> Vec<String> {
+    (0..n).map(|i| i.to_string()).collect()
+}
+
+fn ask<'a>(
+    run: &'a RunId,
+    holder: &'a str,
+    count: usize,
+    all: &'a [String],
+    stale_before: &'a str,
+) -> GpuAsk<'a> {
+    GpuAsk {
+        host: "h1",
+        devices: all,
+        count,
+        run,
+        holder,
+        stale_before,
+    }
+}
+
+fn granted(c: Claimed) -> Vec<String> {
+    match c {
+        Claimed::Granted(d) => d,
+        Claimed::Busy(b) => panic!("busy: {b:?}"),
+    }
+}
+
+/// Claims, refusals with who holds what, releases, and the claims of runs that ended or
+/// whose engine stopped beating freed by the next claim.
+pub(super) fn ledger(s: &dyn StateStore) {
+    let all = devices(2);
+    let (a, b) = (RunId("gpu-a".into()), RunId("gpu-b".into()));
+    for r in [&a, &b] {
+        s.create_run(&run_record(&r.0)).unwrap();
+        s.heartbeat(r).unwrap();
+    }
+    assert_eq!(
+        granted(s.claim_gpus(&ask(&a, "train#1", 2, &all, PAST)).unwrap()),
+        all
+    );
+    match s.claim_gpus(&ask(&b, "eval#1", 1, &all, PAST)).unwrap() {
+        Claimed::Busy(held) => {
+            assert_eq!(held.len(), 2);
+            assert!(
+                held.iter().all(|c| c.run == a && c.holder == "train#1"),
+                "{held:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Another machine's devices are its own.
+    let mut elsewhere = ask(&b, "eval#1", 1, &all, PAST);
+    elsewhere.host = "h2";
+    assert_eq!(granted(s.claim_gpus(&elsewhere).unwrap()), ["0"]);
+    s.release_gpus(&b, Some("eval#1")).unwrap();
+    s.release_gpus(&a, Some("train#1")).unwrap();
+    assert!(s.gpu_claims().unwrap().is_empty());
+    assert_eq!(
+        granted(s.claim_gpus(&ask(&b, "eval#2", 1, &all, PAST)).unwrap()),
+        ["0"]
+    );
+    assert_eq!(
+        granted(s.claim_gpus(&ask(&a, "train#2", 1, &all, PAST)).unwrap()),
+        ["1"]
+    );
+    // b's engine stops beating: a's next claim, judging heartbeats older than FUTURE
+    // dead, frees b's device; a's own claims stay.
+    assert!(matches!(
+        s.claim_gpus(&ask(&a, "train#3", 1, &all, PAST)).unwrap(),
+        Claimed::Busy(_)
+    ));
+    assert_eq!(
+        granted(s.claim_gpus(&ask(&a, "train#3", 1, &all, FUTURE)).unwrap()),
+        ["0"]
+    );
+    let held = s.gpu_claims().unwrap();
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert!(held.iter().all(|c| c.run == a));
+    // A run that ended holds nothing; a run's claims go all at once.
+    s.release_gpus(&a, None).unwrap();
+    assert!(s.gpu_claims().unwrap().is_empty());
+    let c = RunId("gpu-c".into());
+    s.create_run(&run_record(&c.0)).unwrap();
+    s.heartbeat(&c).unwrap();
+    assert_eq!(
+        granted(s.claim_gpus(&ask(&c, "x#1", 2, &all, PAST)).unwrap()),
+        all
+    );
+    s.finish_run(&c, Phase::Failed, Some("killed")).unwrap();
+    assert_eq!(
+        granted(s.claim_gpus(&ask(&a, "y#1", 2, &all, PAST)).unwrap()),
+        all
+    );
+    s.release_gpus(&a, None).unwrap();
+}
+
+/// Engines racing for 2 devices, each through its own connection (`open`), each claiming
+/// all or part of them again and again: no device is ever held by two at once.
+pub fn exclusive_gpus(open: &(dyn Fn() -> Box<dyn StateStore> + Sync)) {
+    let all = devices(2);
+    let held = std::sync::Mutex::new(std::collections::BTreeSet::<String>::new());
+    let setup = open();
+    for i in 0..4 {
+        let r = run_record(&format!("gpu-race-{i}"));
+        setup.create_run(&r).unwrap();
+        setup.heartbeat(&r.id).unwrap();
+    }
+    let grants = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|sc| {
+        for i in 0..4 {
+            let (all, held, grants) = (&all, &held, &grants);
+            sc.spawn(move || {
+                let s = open();
+                let run = RunId(format!("gpu-race-{i}"));
+                for round in 0..30 {
+                    let holder = format!("s#{round}");
+                    let want = 1 + (i + round) % 2;
+                    match s.claim_gpus(&ask(&run, &holder, want, all, PAST)).unwrap() {
+                        Claimed::Granted(got) => {
+                            assert_eq!(got.len(), want);
+                            {
+                                let mut h = held.lock().unwrap();
+                                for d in &got {
+                                    assert!(h.insert(d.clone()), "device {d} held twice");
+                                }
+                            }
+                            grants.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                            let mut h = held.lock().unwrap();
+                            for d in &got {
+                                h.remove(d);
+                            }
+                            drop(h);
+                            s.release_gpus(&run, Some(&holder)).unwrap();
+                        }
+                        Claimed::Busy(_) => std::thread::yield_now(),
+                    }
+                }
+            });
+        }
+    });
+    assert!(grants.into_inner() > 10, "the racers got devices");
+    assert!(setup.gpu_claims().unwrap().is_empty());
+}
