@@ -386,11 +386,6 @@ async fn mine_checked(
     let runtime = RuntimeEnvBuilder::new()
         .with_memory_pool(Arc::new(FairSpillPool::new(MEMORY_LIMIT)))
         .build_arc()?;
-    if let Some(chunks) = sorted.then(|| file_chunks(&files, cores)).flatten() {
-        let total: i64 = files.iter().map(Summary::rows).sum();
-        drop(files);
-        return mine_chunks(rules, chunks, out, runtime, cores, (total, order)).await;
-    }
     let cuts = match sorted {
         true => drive_cuts(&files, cores)?,
         false => Vec::new(),
@@ -470,115 +465,6 @@ async fn mine_checked(
         "plan": plan,
         "streams": contexts.len(),
     }))
-}
-
-/// The most files one stream of a sorted table reads: DataFusion holds every file's
-/// statistics while it plans, so a table of 10,000 drive partitions is read as chunks of
-/// whole drives, at most `cores` at a time, and memory does not grow with the drives.
-pub const FILES_PER_STREAM: usize = 256;
-
-/// The files of a sorted table in chunks of whole drives, in drive order: at most
-/// [`FILES_PER_STREAM`] files each, and `cores` chunks at least where there are files
-/// enough. `None` when a file's statistics do not say which drives it holds.
-fn file_chunks(files: &[Summary], cores: usize) -> Option<Vec<Vec<std::path::PathBuf>>> {
-    let mut spans = Vec::new();
-    for f in files.iter().filter(|f| !f.groups.is_empty()) {
-        spans.push((f.min()?, f.max.as_deref()?, &f.path));
-    }
-    spans.sort();
-    let target = spans
-        .len()
-        .div_ceil(cores.max(1))
-        .clamp(1, FILES_PER_STREAM);
-    let (mut chunks, mut chunk) = (Vec::new(), Vec::new());
-    let mut top: Option<&str> = None;
-    for (min, max, path) in spans {
-        // A chunk ends only where no drive goes on into the next file.
-        if chunk.len() >= target && top.is_some_and(|t| t < min) {
-            chunks.push(std::mem::take(&mut chunk));
-        }
-        chunk.push(path.clone());
-        top = Some(top.map_or(max, |t| t.max(max)));
-    }
-    chunks.push(chunk);
-    Some(chunks)
-}
-
-/// Mines a sorted table chunk by chunk ([`file_chunks`]), `cores` chunks at a time, each
-/// in a session of its own over only its files, each written to a part; the parts are
-/// joined in drive order. `(total, order)`: the table's frames and how its order was known.
-async fn mine_chunks(
-    rules: &IndexMap<String, String>,
-    chunks: Vec<Vec<std::path::PathBuf>>,
-    out: &std::path::Path,
-    runtime: Arc<datafusion::execution::runtime_env::RuntimeEnv>,
-    cores: usize,
-    (total, order): (i64, &str),
-) -> anyhow::Result<Value> {
-    use futures::TryStreamExt;
-    let sql = query(rules, &[]);
-    let target = out.join("corner_cases.parquet");
-    let parts: Vec<std::path::PathBuf> = match chunks.len() {
-        1 => vec![target.clone()],
-        n => (0..n)
-            .map(|i| out.join(format!(".part-{i}.parquet")))
-            .collect(),
-    };
-    let n = chunks.len();
-    let written: Vec<(u64, IndexMap<String, u64>)> =
-        futures::stream::iter(chunks.into_iter().zip(parts.clone()))
-            .map(|(files, part)| {
-                let (runtime, sql) = (runtime.clone(), &sql);
-                async move {
-                    let ctx = files_context(&files, runtime).await?;
-                    write_matches(&ctx, sql, rules, &part).await
-                }
-            })
-            .buffered(cores.max(1))
-            .try_collect()
-            .await?;
-    let mut counts: IndexMap<String, u64> = rules.keys().map(|k| (k.clone(), 0)).collect();
-    let mut matched = 0u64;
-    for (m, c) in &written {
-        matched += m;
-        for (name, k) in c {
-            *counts.entry(name.clone()).or_default() += k;
-        }
-    }
-    if parts.len() > 1 {
-        concatenate(&parts, &target)?;
-    }
-    if matched == 0 {
-        eprintln!("warning: no frame matched any rule");
-    }
-    Ok(json!({
-        "frames": total,
-        "matched": matched,
-        "rules": counts,
-        "input_order": order,
-        "plan": "ordered",
-        "streams": n.min(cores.max(1)),
-        "chunks": n,
-    }))
-}
-
-/// A session whose `frames` are `files` of a sorted table, read as one ordered stream.
-async fn files_context(
-    files: &[std::path::PathBuf],
-    runtime: Arc<datafusion::execution::runtime_env::RuntimeEnv>,
-) -> anyhow::Result<SessionContext> {
-    let config = SessionConfig::new()
-        .set_bool("datafusion.execution.split_file_groups_by_statistics", true)
-        .with_target_partitions(1);
-    let ctx = SessionContext::new_with_config_rt(config, runtime);
-    let options = ParquetReadOptions::default().file_sort_order(vec![vec![
-        col("drive").sort(true, false),
-        col("ts").sort(true, false),
-    ]]);
-    let paths: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
-    let df = ctx.read_parquet(paths, options).await?;
-    ctx.register_table("frames", df.into_view())?;
-    Ok(ctx)
 }
 
 /// A session over the frame table: `frames_all` is the table, `frames` the drives of
@@ -762,24 +648,6 @@ struct Summary {
     declared: bool,
     /// Each row group's smallest drive (when its statistics say) and rows.
     groups: Vec<(Option<String>, i64)>,
-    /// Its largest drive, when the statistics of every row group say.
-    max: Option<String>,
-}
-
-impl Summary {
-    /// Its smallest drive, when the statistics of every row group say.
-    fn min(&self) -> Option<&str> {
-        self.groups
-            .iter()
-            .map(|g| g.0.as_deref())
-            .collect::<Option<Vec<&str>>>()?
-            .into_iter()
-            .min()
-    }
-
-    fn rows(&self) -> i64 {
-        self.groups.iter().map(|g| g.1).sum()
-    }
 }
 
 /// The summaries of `files`, one footer read and dropped at a time.
@@ -800,25 +668,17 @@ fn summaries(files: Vec<std::path::PathBuf>) -> anyhow::Result<Vec<Summary>> {
                 });
             let schema = md.file_metadata().schema_descr();
             let d = schema.columns().iter().position(|c| c.name() == "drive");
-            let mut max: Option<Option<String>> = None;
             let groups = md
                 .row_groups()
                 .iter()
                 .map(|rg| {
-                    let (min, top) = match d.and_then(|d| rg.column(d).statistics()) {
-                        Some(Statistics::ByteArray(s)) => {
-                            let text = |b: Option<&datafusion::parquet::data_type::ByteArray>| {
-                                b.and_then(|b| b.as_utf8().ok()).map(str::to_owned)
-                            };
-                            (text(s.min_opt()), text(s.max_opt()))
-                        }
-                        _ => (None, None),
-                    };
-                    max = Some(match (max.take(), top) {
-                        (Some(Some(m)), Some(t)) => Some(m.max(t)),
-                        (None, t) => t,
+                    let min = match d.and_then(|d| rg.column(d).statistics()) {
+                        Some(Statistics::ByteArray(s)) => s
+                            .min_opt()
+                            .and_then(|b| b.as_utf8().ok())
+                            .map(str::to_owned),
                         _ => None,
-                    });
+                    };
                     (min, rg.num_rows())
                 })
                 .collect();
@@ -826,7 +686,6 @@ fn summaries(files: Vec<std::path::PathBuf>) -> anyhow::Result<Vec<Summary>> {
                 path,
                 declared,
                 groups,
-                max: max.flatten(),
             })
         })
         .collect()
@@ -1247,64 +1106,5 @@ mod tests {
             }
             out
         })
-    }
-
-    #[test]
-    fn a_table_of_many_drive_partitions_is_mined_in_chunks_to_the_same_matches() {
-        let dir = std::env::temp_dir().join(format!("dt-mine-chunks-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let frames = dir.join("frames");
-        // 600 drives, one file each (as ingest writes them), rows at 0, 1, 3 s.
-        for d in 0..600 {
-            let drive = format!("d{d:03}");
-            let part = frames.join(format!("drive={drive}"));
-            std::fs::create_dir_all(&part).unwrap();
-            let rows: Vec<(&str, f64)> = [0.0, 1.0, 3.0]
-                .iter()
-                .map(|t| (drive.as_str(), *t))
-                .collect();
-            table(&part, "part-00000.parquet", &rows);
-        }
-        let out = dir.join("out");
-        std::fs::create_dir_all(&out).unwrap();
-        let mut rules = IndexMap::new();
-        // Holds at 3 s of every drive only when the window sees whole drives.
-        rules.insert(
-            "gap".to_owned(),
-            "ts - lag(ts) OVER (PARTITION BY drive ORDER BY ts) > 1.5".to_owned(),
-        );
-        rules.insert("first".to_owned(), "ts = 0 AND drive < 'd010'".to_owned());
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        let v = rt
-            .block_on(mine_with(&rules, &frames, &out, WINDOW_KEYS_CAP, 2))
-            .unwrap();
-        assert_eq!(v["chunks"], json!(3), "{v}");
-        assert_eq!(v["frames"], json!(1800), "{v}");
-        assert_eq!(v["rules"]["gap"], json!(600), "{v}");
-        assert_eq!(v["rules"]["first"], json!(10), "{v}");
-        assert_eq!(v["matched"], json!(610), "{v}");
-        // One file, in drive and time order.
-        let rows = rt.block_on(async {
-            let ctx = crate::table::session(&[("c", &out.join("corner_cases.parquet"))])
-                .await
-                .unwrap();
-            crate::table::rows(&ctx, "SELECT drive, ts FROM c")
-                .await
-                .unwrap()
-        });
-        let keys: Vec<(String, f64)> = rows
-            .iter()
-            .map(|r| {
-                (
-                    r["drive"].as_str().unwrap().to_owned(),
-                    r["ts"].as_f64().unwrap(),
-                )
-            })
-            .collect();
-        let mut sorted = keys.clone();
-        sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        assert_eq!(keys, sorted);
-        assert_eq!(keys.len(), 610);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
