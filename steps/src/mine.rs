@@ -204,11 +204,18 @@ fn bounded_expression(sql: &str) -> Result<(), String> {
             "nests parentheses {deepest} deep, more than {MAX_RULE_NESTING}"
         ));
     }
+    let unparsed = |e: datafusion::sql::sqlparser::parser::ParserError| {
+        let e = e.to_string();
+        format!(
+            "does not parse: {}",
+            e.strip_prefix("sql parser error: ").unwrap_or(&e)
+        )
+    };
     let mut parser = Parser::new(&dialect)
         .with_recursion_limit(2 * MAX_RULE_NESTING + 8)
         .try_with_sql(sql)
-        .map_err(|e| e.to_string())?;
-    parser.parse_expr().map_err(|e| e.to_string())?;
+        .map_err(unparsed)?;
+    parser.parse_expr().map_err(unparsed)?;
     let next = parser.peek_token();
     if next.token != Token::EOF {
         return Err(format!(

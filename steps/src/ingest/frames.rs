@@ -21,7 +21,8 @@ use super::fields::{self, Invalid, Msg, Taken};
 /// Rows buffered per drive before a row group is written: bounds memory.
 pub(super) const ROWS_PER_BATCH: usize = 65_536;
 
-const F64_COLUMNS: &[&str] = &[
+/// The number columns, in order: the `/vehicle` message's own first ([`OWN`]).
+pub(super) const F64_COLUMNS: &[&str] = &[
     "speed_mps",
     "accel_x",
     "accel_y",

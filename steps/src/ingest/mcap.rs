@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use super::fields::Invalid;
-use super::frames::{DriveWriter, FrameBuilder, Held, ROWS_PER_BATCH};
+use super::frames::{DriveWriter, FrameBuilder, Held, F64_COLUMNS, ROWS_PER_BATCH};
 use super::index::{ChannelStats, IndexWriter};
 use super::mapped::{MappedBuilder, Mapping};
 use super::spill::{spill_dir, Sorter};
@@ -24,20 +24,7 @@ pub(super) type Undecodable = BTreeMap<(String, String), u64>;
 /// The fields the default layout reads from a topic.
 fn default_fields(topic: &str) -> &'static [&'static str] {
     match topic {
-        "/vehicle" => &[
-            "speed_mps",
-            "accel_x",
-            "accel_y",
-            "yaw_rate",
-            "steering",
-            "brake_pressure",
-            "lat",
-            "lon",
-            "lateral_offset_m",
-            "lane_confidence",
-            "object_distance_m",
-            "object_rel_speed_mps",
-        ],
+        "/vehicle" => F64_COLUMNS,
         "/lane" => &["lateral_offset_m", "lane_confidence"],
         "/objects" => &["distance_m", "rel_speed_mps", "class"],
         "/context" => &["weather", "time_of_day"],

@@ -494,13 +494,15 @@ fn a_majority_outvotes_the_newest_annotation() {
         json!({"policy": "majority"}),
     )
     .unwrap();
-    let total = |v: &Value| -> u64 {
-        ["train", "val", "test"]
-            .iter()
-            .map(|s| v["splits"][s]["positives"].as_u64().unwrap())
-            .sum()
-    };
-    assert_eq!((total(&newest), total(&majority)), (1, 0));
+    assert_eq!((positives(&newest), positives(&majority)), (1, 0));
+}
+
+/// Positive labels over the splits of a dataset's values.
+fn positives(v: &Value) -> u64 {
+    ["train", "val", "test"]
+        .iter()
+        .map(|s| v["splits"][s]["positives"].as_u64().unwrap())
+        .sum()
 }
 
 /// A 1–1 tie under `policy: majority` is settled by the declared `tie` rule and counted
@@ -543,12 +545,6 @@ fn a_tied_majority_follows_the_tie_rule_and_is_counted() {
         single(103, 3),
         single(104, 4),
     ]);
-    let positives = |v: &Value| -> u64 {
-        ["train", "val", "test"]
-            .iter()
-            .map(|s| v["splits"][s]["positives"].as_u64().unwrap())
-            .sum()
-    };
     let run = |name: &str, extra: Value| import(&dir.join(name), &export, extra).unwrap();
     let newest = run("newest", json!({"policy": "majority"}));
     assert_eq!(
