@@ -300,6 +300,27 @@ fn engines_of_one_home_never_share_a_gpu() {
         reason.contains(&format!("by run {holder_id} (hold#1)")),
         "{reason}"
     );
+    // A second waiter cancelled while it waits ends at once, its attempt cancelled.
+    let mut cancelled = spawn(&wait);
+    let cancelled_id = first_line_run_id(&mut cancelled);
+    until(&home, &cancelled_id, "next", |s| {
+        s["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("waiting for 1 GPU(s)"))
+    });
+    let asked = std::time::Instant::now();
+    assert_ok(&home.drivetrain(&["cancel", &cancelled_id]));
+    let o = cancelled.wait_with_output().unwrap();
+    assert_ne!(o.status.code(), Some(0));
+    assert!(
+        asked.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(
+        common::stage(&home.status(&cancelled_id), "next")["phase"],
+        "Cancelled"
+    );
     let killed = std::time::Instant::now();
     holder.kill().unwrap();
     holder.wait().unwrap();

@@ -193,7 +193,14 @@ async fn start_and_wait(
     let gpus = match stage.gpus() {
         0 => Vec::new(),
         _ if ctx.executor.schedules_gpus() => Vec::new(),
-        n => claim_gpus(ctx, stage, key, n, &holder).await?,
+        n => {
+            // A cancel ends the wait: the attempt never started its process.
+            let mut cancel = ctx.stop_for(stage);
+            tokio::select! {
+                claimed = claim_gpus(ctx, stage, key, n, &holder) => claimed?,
+                _ = cancel.wait_for(|c| *c) => return Ok(AttemptEnd::Cancelled),
+            }
+        }
     };
     if !gpus.is_empty() {
         let list = gpus.join(",");
