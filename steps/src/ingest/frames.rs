@@ -283,13 +283,14 @@ impl Slot {
     }
 }
 
-/// A frame waiting for the messages that share its log time.
-struct Pending {
-    log_time: u64,
-    offset: u64,
-    chunk_offset: Option<u64>,
-    /// The frame's own `/vehicle` fields: two frames at one log time keep their own.
-    own: Held,
+/// A frame waiting for the messages that share its log time (the default layout's and
+/// a declared mapping's).
+pub(super) struct Pending {
+    pub(super) log_time: u64,
+    pub(super) offset: u64,
+    pub(super) chunk_offset: Option<u64>,
+    /// The frame's own clock-message fields: two frames at one log time keep their own.
+    pub(super) own: Held,
 }
 
 /// Turns JSON channel messages, fed in log-time order, into frames: one per `/vehicle`

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use indexmap::IndexMap;
 
 use super::fields::{Invalid, Raw};
-use super::frames::{DriveWriter, Held, Slot};
+use super::frames::{DriveWriter, Held, Pending, Slot};
 use crate::decode::{Dyn, Path};
 
 /// `with: frames:` of `ingest`: which topic clocks the frames and where each column
@@ -149,14 +149,6 @@ impl Mapping {
     fn max_age(&self) -> Option<std::time::Duration> {
         self.max_age.map(std::time::Duration::from_nanos)
     }
-}
-
-/// A frame waiting for the messages that share its log time.
-struct Pending {
-    log_time: u64,
-    offset: u64,
-    chunk_offset: Option<u64>,
-    own: Held,
 }
 
 /// Builds one drive's frames by a mapping from decoded messages in log-time order.
