@@ -218,7 +218,9 @@ async fn start_and_wait(
 }
 
 /// Claims `n` GPUs in the home's ledger for `holder`, saying on the stage (its reason,
-/// which `status`, the API and the web view show) who holds them while it waits.
+/// which `status`, the API and the web view show) who holds them while it waits. A map
+/// item waits without saying so: its items share the stage's one reason, and one item
+/// clearing it would hide another's wait.
 async fn claim_gpus(
     ctx: &Ctx,
     stage: &Stage,
@@ -231,6 +233,9 @@ async fn claim_gpus(
     let devices = ctx
         .gpus
         .acquire(n, holder, |held| {
+            if key.item.is_some() {
+                return;
+            }
             waited = true;
             let why = format!("waiting for {n} GPU(s): {}", super::gpus::held_by(held));
             let _ = ctx
@@ -239,7 +244,7 @@ async fn claim_gpus(
         })
         .await
         .map_err(|e| format!("the GPU ledger: {e}"))?;
-    if waited && key.item.is_none() {
+    if waited {
         let _ = ctx
             .state
             .set_stage(run, &stage.name, Phase::Running, None, None);

@@ -171,6 +171,12 @@ impl Dyn {
     }
 }
 
+/// Whether a channel's message encoding is JSON, however it is spelled.
+pub fn is_json_encoding(message_encoding: &str) -> bool {
+    message_encoding.eq_ignore_ascii_case("json")
+        || message_encoding.eq_ignore_ascii_case("application/json")
+}
+
 /// How a channel's messages are decoded.
 #[derive(Debug)]
 pub enum Decoder {
@@ -188,8 +194,10 @@ impl Decoder {
         schema_encoding: &str,
         schema: &[u8],
     ) -> Result<Decoder, String> {
+        if is_json_encoding(message_encoding) {
+            return Ok(Decoder::Json);
+        }
         match message_encoding.to_ascii_lowercase().as_str() {
-            "json" | "application/json" => Ok(Decoder::Json),
             "protobuf" => {
                 proto::Proto::new(schema_name, schema_encoding, schema).map(Decoder::Protobuf)
             }

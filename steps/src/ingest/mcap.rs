@@ -209,10 +209,7 @@ fn account(
     stats.first_ns = stats.first_ns.min(m.log_time);
     stats.last_ns = stats.last_ns.max(m.log_time);
     if let Some(ix) = index {
-        let json = m.channel.message_encoding.eq_ignore_ascii_case("json")
-            || m.channel
-                .message_encoding
-                .eq_ignore_ascii_case("application/json");
+        let json = crate::decode::is_json_encoding(&m.channel.message_encoding);
         ix.rows.push((
             rel.to_owned(),
             m.channel.topic.clone(),
