@@ -290,6 +290,13 @@ pub trait RunningAttempt: Send {
     async fn wait(&mut self) -> AttemptOutcome;
     /// Stops the attempt and everything it started; `wait` then returns `Cancelled`.
     async fn cancel(&mut self);
+    /// Asks the attempt to end (SIGTERM, where the executor can send one), waits up to
+    /// `grace` for it, then stops it as [`RunningAttempt::cancel`] does. Executors whose
+    /// cancel already gives the stage its grace (a pod's, Slurm's `KillWait`) keep this.
+    async fn stop(&mut self, grace: std::time::Duration) {
+        let _ = grace;
+        self.cancel().await;
+    }
     /// What the executor made beyond the command's own outputs, once `wait` returned: a
     /// JSON object the run loop adds to the attempt's values (the kubernetes executor's
     /// `{"snapshot": {"name": …}}` for a stage with `snapshot:`), so later stages, and

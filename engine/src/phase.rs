@@ -20,11 +20,14 @@ pub enum Phase {
     Cancelled,
     /// Waiting for people: an approval stage asked, and no process runs for it.
     Waiting,
+    /// An attempt stopped to give its GPUs to one of higher priority (`scheduling`): not
+    /// the stage's failure; the stage waits again and resumes from its checkpoints.
+    Preempted,
 }
 
 impl Phase {
     /// Every phase.
-    pub const ALL: [Phase; 9] = [
+    pub const ALL: [Phase; 10] = [
         Phase::Pending,
         Phase::Running,
         Phase::Succeeded,
@@ -34,6 +37,7 @@ impl Phase {
         Phase::Omitted,
         Phase::Cancelled,
         Phase::Waiting,
+        Phase::Preempted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -47,6 +51,7 @@ impl Phase {
             Phase::Omitted => "Omitted",
             Phase::Cancelled => "Cancelled",
             Phase::Waiting => "Waiting",
+            Phase::Preempted => "Preempted",
         }
     }
 
@@ -61,6 +66,7 @@ impl Phase {
             "Omitted" => Phase::Omitted,
             "Cancelled" => Phase::Cancelled,
             "Waiting" => Phase::Waiting,
+            "Preempted" => Phase::Preempted,
             _ => return None,
         })
     }

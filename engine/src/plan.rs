@@ -215,6 +215,26 @@ pub struct Distributed {
     pub slots_per_worker: u32,
 }
 
+/// A stage's resolved `scheduling`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scheduling {
+    pub queue: String,
+    pub priority: i64,
+    pub preemptible: bool,
+    pub grace: Duration,
+}
+
+impl Default for Scheduling {
+    fn default() -> Self {
+        Scheduling {
+            queue: "default".to_owned(),
+            priority: 0,
+            preemptible: false,
+            grace: Duration::from_secs(30),
+        }
+    }
+}
+
 /// A resolved stage.
 #[derive(Debug, Clone)]
 pub struct Stage {
@@ -246,6 +266,7 @@ pub struct Stage {
     pub network: crate::spec::Network,
     /// Where the stage's job goes on a Slurm cluster.
     pub slurm: Option<crate::spec::SlurmSpec>,
+    pub scheduling: Scheduling,
     /// The container image on Kubernetes (`run.image` or `defaults.image`).
     pub image: Option<Template>,
 }

@@ -367,6 +367,31 @@ pub struct DefaultsSpec {
     pub executor: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<CacheSpec>,
+    /// Queue, priority and preemption for every stage; a stage's own fields win one by one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduling: Option<SchedulingSpec>,
+}
+
+/// Where a stage waits for its GPUs and who goes first: locally a queue of the home's
+/// ledger, on clusters the cluster's queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulingSpec {
+    /// A queue's name (`default` when none): a DNS-1123 label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// Higher goes first (default 0), from -1000000 to 1000000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
+    /// Whether an attempt of higher priority that cannot be admitted may stop this one
+    /// (default false); a preempted attempt resumes from its checkpoints when admitted
+    /// again, not counted against `retries`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemptible: Option<bool>,
+    /// A duration: how long a preempted attempt has between SIGTERM and SIGKILL (default
+    /// `30s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace: Option<String>,
 }
 
 /// One stage.
@@ -452,6 +477,9 @@ pub struct StageSpec {
     /// other executors ignore it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm: Option<SlurmSpec>,
+    /// Queue, priority and preemption (over `defaults.scheduling`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduling: Option<SchedulingSpec>,
 }
 
 /// A stage's place on a Slurm cluster: `sbatch`'s `--partition`, `--account`, `--qos`

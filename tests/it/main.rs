@@ -24,6 +24,7 @@ mod no_panic;
 mod partial_results;
 mod people;
 mod postgres;
+mod preemption;
 mod readme;
 mod run;
 mod s3;

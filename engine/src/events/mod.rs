@@ -313,7 +313,7 @@ impl NotifyEvent {
             Phase::Error => NotifyEvent::Error,
             Phase::Cancelled => NotifyEvent::Cancelled,
             Phase::Waiting => NotifyEvent::Waiting,
-            Phase::Skipped | Phase::Omitted => return None,
+            Phase::Skipped | Phase::Omitted | Phase::Preempted => return None,
         })
     }
 }

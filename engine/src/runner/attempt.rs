@@ -32,6 +32,8 @@ pub(super) async fn attempt_loop(
 ) -> Result<LoopEnd, RunError> {
     let run = &ctx.run.id;
     let mut attempt = first - 1;
+    // Attempts preempted for others' GPUs: not the stage's failures, not its retries.
+    let mut preempted = 0;
     loop {
         attempt += 1;
         let key = AttemptKey {
@@ -86,14 +88,32 @@ pub(super) async fn attempt_loop(
                 "cancelled".to_owned(),
                 ErrorClass::Error,
             ),
+            Ok(AttemptEnd::Preempted { reason }) => {
+                (Phase::Preempted, None, reason, ErrorClass::Lost)
+            }
             Err(reason) => (Phase::Error, None, reason, ErrorClass::Error),
         };
         if let Track::Stage = track {
             ctx.state
                 .finish_attempt(run, &stage.name, attempt, phase, exit, Some(&reason))?;
         }
+        if phase == Phase::Preempted && preempted < MAX_PREEMPTIONS {
+            preempted += 1;
+            if let Track::Stage = track {
+                let _ = ctx.events.send(RunEvent::Retrying {
+                    stage: stage.name.clone(),
+                    attempt: attempt + 1,
+                    delay: Duration::ZERO,
+                    reason: first_line(&reason),
+                });
+            }
+            if !*ctx.stop_for(stage).borrow() {
+                continue;
+            }
+        }
         let retry = phase != Phase::Cancelled
-            && attempt - first < stage.retries.limit
+            && phase != Phase::Preempted
+            && attempt - first - preempted < stage.retries.limit
             && retryable(&stage.retries, class, exit)
             && !*ctx.stop_for(stage).borrow();
         if retry {
@@ -207,7 +227,9 @@ async fn start_and_wait(
         spec.env.push(("CUDA_VISIBLE_DEVICES".into(), list.clone()));
         spec.env.push(("NVIDIA_VISIBLE_DEVICES".into(), list));
     }
-    let result = wait_attempt(ctx, stage, key, spec, layout).await;
+    // Only an attempt holding devices can be asked for them.
+    let watch = (!gpus.is_empty() && stage.scheduling.preemptible).then_some(holder.as_str());
+    let result = wait_attempt(ctx, stage, key, spec, layout, watch).await;
     if !gpus.is_empty() {
         if let Err(e) = ctx.gpus.release(&holder) {
             // The ledger frees them once this run ends anyway.
@@ -230,14 +252,19 @@ async fn claim_gpus(
 ) -> Result<Vec<String>, String> {
     let run = &ctx.run.id;
     let mut waited = false;
+    let want = super::gpus::Want {
+        count: n,
+        holder,
+        scheduling: &stage.scheduling,
+    };
     let devices = ctx
         .gpus
-        .acquire(n, holder, |held| {
+        .acquire(want, |at| {
             if key.item.is_some() {
                 return;
             }
             waited = true;
-            let why = format!("waiting for {n} GPU(s): {}", super::gpus::held_by(held));
+            let why = super::gpus::why_waiting(n, &stage.scheduling.queue, at);
             let _ = ctx
                 .state
                 .set_stage(run, &stage.name, Phase::Running, None, Some(&why));
@@ -260,6 +287,7 @@ async fn wait_attempt(
     key: &AttemptKey,
     spec: AttemptSpec,
     layout: &Layout,
+    preemptible: Option<&str>,
 ) -> Result<AttemptEnd, String> {
     let mask = spec.mask.clone();
     let access = spec.access.clone();
@@ -277,17 +305,24 @@ async fn wait_attempt(
         }
     };
     recorded.map_err(|e| e.to_string())?;
-    let mut cancel = ctx.stop_for(stage);
     let timeout = stage.timeout.unwrap_or(Duration::MAX);
-    let outcome = tokio::select! {
-        o = running.wait() => Some(o),
-        _ = tokio::time::sleep(timeout) => None,
-        _ = cancel.changed() => { running.cancel().await; Some(AttemptOutcome::Cancelled) }
-    };
-    let outcome = match outcome {
-        Some(o) => o,
-        None => {
-            running.cancel().await;
+    let outcome = match until_ended(ctx, stage, running.as_mut(), preemptible).await {
+        Ended::Outcome(o) => o,
+        Ended::Preempted(by) => {
+            mask.file(log);
+            ctx.artifacts
+                .put_log(key, log)
+                .await
+                .map_err(|e| format!("cannot store the log: {}", chain(&e)))?;
+            let grace = humanize(stage.scheduling.grace);
+            return Ok(AttemptEnd::Preempted {
+                reason: format!(
+                    "preempted by {by}, over this stage's priority {}: SIGTERM, then up to {grace} to end; the stage waits for its GPUs again and resumes from its checkpoints",
+                    stage.scheduling.priority
+                ),
+            });
+        }
+        Ended::TimedOut => {
             mask.file(log);
             let _ = ctx.artifacts.put_log(key, log).await;
             return Ok(AttemptEnd::Failed {
@@ -355,6 +390,49 @@ async fn wait_attempt(
     match publish(ctx, stage, key, layout).await? {
         Ok(outputs) => Ok(AttemptEnd::Succeeded { outputs, values }),
         Err(end) => Ok(end),
+    }
+}
+
+/// How waiting for a started attempt ended.
+enum Ended {
+    Outcome(AttemptOutcome),
+    /// Its timeout passed (it is stopped).
+    TimedOut,
+    /// An attempt of higher priority asked for its GPUs: who (it is stopped, with its
+    /// grace).
+    Preempted(String),
+}
+
+/// Waits for a started attempt: its end, its timeout, a cancel, or (a preemptible
+/// `holder` of GPUs) a preemption; whatever stops it first stops it.
+async fn until_ended(
+    ctx: &Ctx,
+    stage: &Stage,
+    running: &mut dyn crate::executor::RunningAttempt,
+    preemptible: Option<&str>,
+) -> Ended {
+    let mut cancel = ctx.stop_for(stage);
+    let timeout = stage.timeout.unwrap_or(Duration::MAX);
+    let preempted = async {
+        match preemptible {
+            Some(holder) => ctx.gpus.preempted(holder).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        o = running.wait() => Ended::Outcome(o),
+        _ = tokio::time::sleep(timeout) => {
+            running.cancel().await;
+            Ended::TimedOut
+        }
+        _ = cancel.changed() => {
+            running.cancel().await;
+            Ended::Outcome(AttemptOutcome::Cancelled)
+        }
+        by = preempted => {
+            running.stop(stage.scheduling.grace).await;
+            Ended::Preempted(by)
+        }
     }
 }
 
@@ -478,6 +556,10 @@ fn record_usage(ctx: &Ctx, key: &AttemptKey, usage: crate::executor::ResourceUsa
         usage,
     });
 }
+
+/// How many times one stage (or item) may be preempted in a run before a preemption
+/// ends it: a budget of its own, apart from `retries`.
+pub const MAX_PREEMPTIONS: u32 = 20;
 
 /// The most of a stage's `values.json` the engine reads; past it the attempt fails.
 pub const MAX_VALUES: u64 = 4 << 20;

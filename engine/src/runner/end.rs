@@ -20,4 +20,8 @@ pub(super) enum AttemptEnd {
         class: ErrorClass,
     },
     Cancelled,
+    /// Stopped to give its GPUs to an attempt of higher priority: why.
+    Preempted {
+        reason: String,
+    },
 }

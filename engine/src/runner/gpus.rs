@@ -5,11 +5,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::state::{Claimed, GpuAsk, GpuClaim, RunId, StateError, StateStore};
+use crate::plan::Scheduling;
+use crate::state::{Claimed, GpuAsk, GpuClaim, InQueue, RunId, StateError, StateStore};
 
 /// How often a waiting attempt asks the ledger again (devices another engine frees wake
 /// nobody here).
 const POLL: Duration = Duration::from_millis(250);
+/// A wait not asked again for this long is given up (its engine stopped asking without
+/// saying so); askers ask every [`POLL`].
+const WAIT_STALE_S: i64 = 10;
 
 /// The machine's GPUs as this run's engine sees them.
 pub(super) struct GpuPool {
@@ -39,6 +43,32 @@ pub(crate) fn host() -> String {
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
+/// What an attempt asks of the pool.
+pub(super) struct Want<'a> {
+    pub count: usize,
+    pub holder: &'a str,
+    pub scheduling: &'a Scheduling,
+}
+
+/// Gives up a wait the asker dropped (a cancel): a wait left in the ledger would keep
+/// devices for nobody until it went stale.
+struct Queued<'a> {
+    pool: &'a GpuPool,
+    holder: &'a str,
+    done: bool,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self
+                .pool
+                .state
+                .release_gpus(&self.pool.run, Some(self.holder));
+        }
+    }
+}
+
 impl GpuPool {
     pub(super) fn new(state: Arc<dyn StateStore>, run: RunId, devices: Vec<String>) -> Self {
         GpuPool {
@@ -50,32 +80,45 @@ impl GpuPool {
         }
     }
 
-    /// Waits until `n` devices are claimed for `holder`; their names. `waiting` hears who
-    /// holds them each time that changes while it waits.
+    /// Waits until the devices are claimed for `want.holder`; their names. `waiting`
+    /// hears where it stands each time that changes while it waits.
     pub(super) async fn acquire(
         &self,
-        n: usize,
-        holder: &str,
-        mut waiting: impl FnMut(&[GpuClaim]),
+        want: Want<'_>,
+        mut waiting: impl FnMut(&InQueue),
     ) -> Result<Vec<String>, StateError> {
-        let mut last: Option<Vec<GpuClaim>> = None;
+        let mut last: Option<InQueue> = None;
+        let mut queued = Queued {
+            pool: self,
+            holder: want.holder,
+            done: false,
+        };
         loop {
             let notified = self.released.notified();
             let stale = crate::engine::recover::stale_before();
+            let waits_stale = (chrono::Utc::now() - chrono::Duration::seconds(WAIT_STALE_S))
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
             let ask = GpuAsk {
                 host: &self.host,
                 devices: &self.devices,
-                count: n,
+                count: want.count,
                 run: &self.run,
-                holder,
+                holder: want.holder,
+                queue: &want.scheduling.queue,
+                priority: want.scheduling.priority,
+                preemptible: want.scheduling.preemptible,
                 stale_before: &stale,
+                waits_stale_before: &waits_stale,
             };
             match self.state.claim_gpus(&ask)? {
-                Claimed::Granted(devices) => return Ok(devices),
-                Claimed::Busy(held) => {
-                    if last.as_ref() != Some(&held) {
-                        waiting(&held);
-                        last = Some(held);
+                Claimed::Granted(devices) => {
+                    queued.done = true;
+                    return Ok(devices);
+                }
+                Claimed::Busy(at) => {
+                    if last.as_ref() != Some(&at) {
+                        waiting(&at);
+                        last = Some(at);
                     }
                 }
             }
@@ -91,6 +134,30 @@ impl GpuPool {
         self.released.notify_waiters();
         r
     }
+
+    /// Returns once an attempt of higher priority asked for `holder`'s devices: who.
+    pub(super) async fn preempted(&self, holder: &str) -> String {
+        loop {
+            tokio::time::sleep(POLL).await;
+            if let Ok(Some(by)) = self.state.gpu_preempted(&self.run, holder) {
+                return by;
+            }
+        }
+    }
+}
+
+/// Why a stage waits for its devices and where it stands, in words: who holds them,
+/// its place in the host's queue, and who is being preempted for it.
+pub(super) fn why_waiting(n: usize, queue: &str, at: &InQueue) -> String {
+    let mut why = format!("waiting for {n} GPU(s): {}", held_by(&at.held));
+    why.push_str(&format!(
+        "; place {} of {} waiting for this machine's GPUs (queue `{queue}`)",
+        at.position, at.waiting
+    ));
+    if !at.preempting.is_empty() {
+        why.push_str(&format!("; preempting {}", held_by(&at.preempting)));
+    }
+    why
 }
 
 /// Who holds the devices a stage waits for, in words.

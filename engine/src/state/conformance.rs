@@ -56,6 +56,7 @@ pub fn check(store: &dyn StateStore) {
     access::request_keys(store);
     pipeline_sources(store);
     devices::ledger(store);
+    devices::priorities(store);
 }
 
 /// A run's pipeline text is kept once per digest and read back whole.

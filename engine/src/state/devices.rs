@@ -3,6 +3,12 @@
 //! attempts at once. A claim lives as long as its run's engine: claims of a run that has
 //! ended, or whose heartbeat is older than the caller's `stale_before`, are freed by the
 //! next claim (kill -9 safe), and a resumed run's engine frees its dead predecessor's.
+//!
+//! Attempts that cannot be admitted wait in the ledger too, so every engine admits them
+//! in one order: priority, then the time they started waiting. Devices a waiter ahead
+//! needs are kept for it; a waiter that still cannot be admitted marks preemptible
+//! claims of lower priority (the lowest, the youngest first, no more than it needs), and
+//! their engines stop those attempts ([`DeviceStore::gpu_preempted`]).
 
 use super::{RunId, StateError};
 
@@ -16,6 +22,38 @@ pub struct GpuClaim {
     /// Who in the run holds it: `stage#attempt`, `stage/items/3#1`.
     pub holder: String,
     pub claimed_at: String,
+    pub priority: i64,
+    pub preemptible: bool,
+    /// Set once a waiter of higher priority asked for the device: `holder of run R
+    /// (priority P)`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preempted_by: Option<String>,
+}
+
+/// An attempt waiting for devices.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct GpuWait {
+    pub host: String,
+    pub run: RunId,
+    pub holder: String,
+    pub queue: String,
+    pub priority: i64,
+    pub count: usize,
+    /// When it started waiting: the order among equal priorities.
+    pub since: String,
+}
+
+/// Where a waiting attempt stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InQueue {
+    /// The claims on its host (who holds the devices).
+    pub held: Vec<GpuClaim>,
+    /// Its place among the host's waiters, from 1.
+    pub position: usize,
+    /// How many wait on the host, itself included.
+    pub waiting: usize,
+    /// The claims being preempted for it or those ahead (marked, not yet given back).
+    pub preempting: Vec<GpuClaim>,
 }
 
 /// A claim's answer.
@@ -23,8 +61,8 @@ pub struct GpuClaim {
 pub enum Claimed {
     /// These devices, now held.
     Granted(Vec<String>),
-    /// Not enough free: the claims that hold the rest.
-    Busy(Vec<GpuClaim>),
+    /// Not admitted yet: why, and where it stands.
+    Busy(InQueue),
 }
 
 /// What a claim asks.
@@ -36,30 +74,310 @@ pub struct GpuAsk<'a> {
     pub count: usize,
     pub run: &'a RunId,
     pub holder: &'a str,
-    /// Claims of runs whose heartbeat is older than this are a dead engine's.
+    pub queue: &'a str,
+    pub priority: i64,
+    pub preemptible: bool,
+    /// Claims and waits of runs whose heartbeat is older than this are a dead engine's.
     pub stale_before: &'a str,
+    /// Waits not asked again since this are given up (their asker stopped asking).
+    pub waits_stale_before: &'a str,
 }
 
 /// The ledger.
 pub trait DeviceStore: Send + Sync {
     /// Claims `count` of `devices` on `host` for `holder` of `run`, all or none, after
-    /// freeing dead claims; one of any number of engines racing gets each device.
+    /// freeing dead claims and waits, in the order of priority and waiting time; one of
+    /// any number of engines racing gets each device. A `Busy` asker is recorded as
+    /// waiting until it asks again, is granted, or gives up ([`DeviceStore::release_gpus`]).
     fn claim_gpus(&self, ask: &GpuAsk<'_>) -> Result<Claimed, StateError>;
-    /// Gives back what `holder` of `run` holds (every holder of the run with `None`).
+    /// Gives back what `holder` of `run` holds or waits for (every holder of the run with
+    /// `None`).
     fn release_gpus(&self, run: &RunId, holder: Option<&str>) -> Result<(), StateError>;
     /// Every claim, by host and device.
     fn gpu_claims(&self) -> Result<Vec<GpuClaim>, StateError>;
+    /// Every waiter, in the order they are admitted.
+    fn gpu_waits(&self) -> Result<Vec<GpuWait>, StateError>;
+    /// Who preempts `holder` of `run`, once one has asked for its devices.
+    fn gpu_preempted(&self, run: &RunId, holder: &str) -> Result<Option<String>, StateError>;
 }
 
-/// The devices of `ask` not in `taken` (its host's), in order: the first `count`, or
-/// `None` when there are fewer.
-pub(super) fn pick(ask: &GpuAsk<'_>, taken: &[GpuClaim]) -> Option<Vec<String>> {
-    let free: Vec<String> = ask
+/// One claim's transaction, as each backend runs it: [`claim_in`] is the ledger's logic,
+/// the same for every backend.
+pub(super) trait LedgerTx {
+    fn free_dead(&mut self, ask: &GpuAsk<'_>) -> Result<(), StateError>;
+    fn claims(&mut self) -> Result<Vec<GpuClaim>, StateError>;
+    fn waits(&mut self) -> Result<Vec<GpuWait>, StateError>;
+    fn upsert_wait(&mut self, ask: &GpuAsk<'_>, at: &str) -> Result<(), StateError>;
+    fn drop_wait(&mut self, run: &RunId, holder: &str) -> Result<(), StateError>;
+    fn insert_claim(&mut self, ask: &GpuAsk<'_>, device: &str, at: &str) -> Result<(), StateError>;
+    fn mark_preempted(&mut self, victim: &GpuClaim, by: &str) -> Result<(), StateError>;
+}
+
+/// A claim inside its backend's transaction: free the dead, record the wait, decide
+/// ([`decide`]), then grant or mark what is preempted.
+pub(super) fn claim_in(tx: &mut impl LedgerTx, ask: &GpuAsk<'_>) -> Result<Claimed, StateError> {
+    tx.free_dead(ask)?;
+    let at = super::now();
+    tx.upsert_wait(ask, &at)?;
+    let claims: Vec<GpuClaim> = tx
+        .claims()?
+        .into_iter()
+        .filter(|c| c.host == ask.host)
+        .collect();
+    let waits: Vec<GpuWait> = tx
+        .waits()?
+        .into_iter()
+        .filter(|w| w.host == ask.host)
+        .collect();
+    match decide(ask, &claims, &waits) {
+        Decision::Grant(devices) => {
+            tx.drop_wait(ask.run, ask.holder)?;
+            for d in &devices {
+                tx.insert_claim(ask, d, &at)?;
+            }
+            Ok(Claimed::Granted(devices))
+        }
+        Decision::Wait {
+            position,
+            waiting,
+            preempt,
+        } => {
+            let by = format!(
+                "{} of run {} (priority {})",
+                ask.holder, ask.run, ask.priority
+            );
+            let mut held = claims;
+            for c in held.iter_mut() {
+                if c.preempted_by.is_none() && preempt.iter().any(|v| same_holder(v, c)) {
+                    tx.mark_preempted(c, &by)?;
+                    c.preempted_by = Some(by.clone());
+                }
+            }
+            let preempting = held
+                .iter()
+                .filter(|c| c.preempted_by.is_some())
+                .cloned()
+                .collect();
+            Ok(Claimed::Busy(InQueue {
+                held,
+                position,
+                waiting,
+                preempting,
+            }))
+        }
+    }
+}
+
+fn same_holder(a: &GpuClaim, b: &GpuClaim) -> bool {
+    a.run == b.run && a.holder == b.holder
+}
+
+/// What the ledger does with an ask.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Decision {
+    Grant(Vec<String>),
+    Wait {
+        position: usize,
+        waiting: usize,
+        /// One claim of each holder to preempt now.
+        preempt: Vec<GpuClaim>,
+    },
+}
+
+/// Admission on one host: `claims` and `waits` are the host's, `waits` in order and
+/// holding the asker. The asker is admitted when the free devices, less those the
+/// waiters ahead of it need, are enough; otherwise it may preempt.
+pub(super) fn decide(ask: &GpuAsk<'_>, claims: &[GpuClaim], waits: &[GpuWait]) -> Decision {
+    let me = |w: &GpuWait| &w.run == ask.run && w.holder == ask.holder;
+    let position = waits.iter().position(me).unwrap_or(waits.len());
+    let ahead: usize = waits[..position].iter().map(|w| w.count).sum();
+    let free: Vec<&String> = ask
         .devices
         .iter()
-        .filter(|d| !taken.iter().any(|c| c.host == ask.host && &c.device == *d))
-        .take(ask.count)
-        .cloned()
+        .filter(|d| !claims.iter().any(|c| &c.device == *d))
         .collect();
-    (free.len() == ask.count).then_some(free)
+    if free.len() >= ahead + ask.count {
+        // The first devices stay for those ahead (they take the first free too).
+        let got = free[ahead..ahead + ask.count]
+            .iter()
+            .map(|d| (*d).clone())
+            .collect();
+        return Decision::Grant(got);
+    }
+    let freeing = holders(claims.iter().filter(|c| c.preempted_by.is_some()));
+    let freeing: usize = freeing.iter().map(|(_, n)| n).sum();
+    let need = (ahead + ask.count).saturating_sub(free.len() + freeing);
+    Decision::Wait {
+        position: position + 1,
+        waiting: waits.len().max(position + 1),
+        preempt: victims(ask, claims, need),
+    }
+}
+
+/// Each holder's first claim and how many devices it holds, in the claims' order.
+fn holders<'a>(claims: impl Iterator<Item = &'a GpuClaim>) -> Vec<(&'a GpuClaim, usize)> {
+    let mut out: Vec<(&GpuClaim, usize)> = Vec::new();
+    for c in claims {
+        match out.iter_mut().find(|(h, _)| same_holder(h, c)) {
+            Some((_, n)) => *n += 1,
+            None => out.push((c, 1)),
+        }
+    }
+    out
+}
+
+/// The holders to preempt so that `need` more devices come free: preemptible, of lower
+/// priority than the asker, not yet marked; the lowest priority and then the youngest
+/// first, then any not needed dropped again. None when even all would not be enough
+/// (preempting then would stop work and admit nobody).
+fn victims(ask: &GpuAsk<'_>, claims: &[GpuClaim], need: usize) -> Vec<GpuClaim> {
+    if need == 0 {
+        return Vec::new();
+    }
+    let mut candidates = holders(
+        claims
+            .iter()
+            .filter(|c| c.preemptible && c.priority < ask.priority && c.preempted_by.is_none()),
+    );
+    candidates.sort_by(|(a, _), (b, _)| {
+        (a.priority, std::cmp::Reverse(&a.claimed_at))
+            .cmp(&(b.priority, std::cmp::Reverse(&b.claimed_at)))
+    });
+    let mut taken: Vec<(&GpuClaim, usize)> = Vec::new();
+    let mut freed = 0;
+    for (c, n) in candidates {
+        if freed >= need {
+            break;
+        }
+        freed += n;
+        taken.push((c, n));
+    }
+    if freed < need {
+        return Vec::new();
+    }
+    // The last taken freed what was still missing; an earlier one may not be needed.
+    let mut i = taken.len();
+    while i > 0 {
+        i -= 1;
+        if freed - taken[i].1 >= need {
+            freed -= taken[i].1;
+            taken.remove(i);
+        }
+    }
+    taken.into_iter().map(|(c, _)| c.clone()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(
+        device: &str,
+        run: &str,
+        holder: &str,
+        priority: i64,
+        preemptible: bool,
+        at: &str,
+    ) -> GpuClaim {
+        GpuClaim {
+            host: "h".into(),
+            device: device.into(),
+            run: RunId(run.into()),
+            holder: holder.into(),
+            claimed_at: at.into(),
+            priority,
+            preemptible,
+            preempted_by: None,
+        }
+    }
+
+    fn wait(run: &str, holder: &str, priority: i64, count: usize, since: &str) -> GpuWait {
+        GpuWait {
+            host: "h".into(),
+            run: RunId(run.into()),
+            holder: holder.into(),
+            queue: "default".into(),
+            priority,
+            count,
+            since: since.into(),
+        }
+    }
+
+    fn ask<'a>(
+        run: &'a RunId,
+        holder: &'a str,
+        count: usize,
+        priority: i64,
+        devices: &'a [String],
+    ) -> GpuAsk<'a> {
+        GpuAsk {
+            host: "h",
+            devices,
+            count,
+            run,
+            holder,
+            queue: "default",
+            priority,
+            preemptible: false,
+            stale_before: "",
+            waits_stale_before: "",
+        }
+    }
+
+    fn devices(n: usize) -> Vec<String> {
+        (0..n).map(|i| i.to_string()).collect()
+    }
+
+    #[test]
+    fn a_waiter_ahead_keeps_the_free_devices() {
+        let all = devices(2);
+        let me = RunId("b".into());
+        let held = [claim("0", "x", "t#1", 0, false, "1")];
+        // a (ahead) wants 1, I want 1: one free, it is a's.
+        let waits = [wait("a", "s#1", 5, 1, "2"), wait("b", "s#1", 0, 1, "1")];
+        match decide(&ask(&me, "s#1", 1, 0, &all), &held, &waits) {
+            Decision::Wait {
+                position,
+                waiting,
+                preempt,
+            } => {
+                assert_eq!((position, waiting), (2, 2));
+                assert!(preempt.is_empty(), "x is not preemptible");
+            }
+            d => panic!("{d:?}"),
+        }
+        // Alone, I get the free one.
+        let waits = [wait("b", "s#1", 0, 1, "1")];
+        assert_eq!(
+            decide(&ask(&me, "s#1", 1, 0, &all), &held, &waits),
+            Decision::Grant(vec!["1".into()])
+        );
+    }
+
+    #[test]
+    fn preemption_takes_the_lowest_then_the_youngest_and_no_more_than_needed() {
+        let all = devices(4);
+        let me = RunId("hi".into());
+        let held = [
+            claim("0", "r1", "a#1", 1, true, "2026-01-01T00:00:01Z"),
+            claim("1", "r2", "b#1", 1, true, "2026-01-01T00:00:02Z"),
+            claim("2", "r3", "c#1", 0, true, "2026-01-01T00:00:03Z"),
+            claim("3", "r4", "d#1", 0, false, "2026-01-01T00:00:00Z"),
+        ];
+        let waits = [wait("hi", "t#1", 10, 2, "9")];
+        let Decision::Wait { preempt, .. } = decide(&ask(&me, "t#1", 2, 10, &all), &held, &waits)
+        else {
+            panic!("granted");
+        };
+        let names: Vec<&str> = preempt.iter().map(|c| c.holder.as_str()).collect();
+        // c (priority 0), then b (priority 1, younger than a); never d (not preemptible).
+        assert_eq!(names, ["c#1", "b#1"]);
+        // Equal or higher priority is never preempted.
+        let Decision::Wait { preempt, .. } = decide(&ask(&me, "t#1", 2, 1, &all), &held, &waits)
+        else {
+            panic!("granted");
+        };
+        // Only c is below 1, and its one device would not be enough: nobody is stopped.
+        assert!(preempt.is_empty(), "{preempt:?}");
+    }
 }

@@ -27,7 +27,7 @@ pub use access::{
     tally, AccessStore, ApprovalRecord, ApprovalRequest, ApprovalStore, AuditEntry, KeyClaim,
     KeyRecord, KeyStore, Quota, Refusal, TokenRecord, Vote,
 };
-pub use devices::{Claimed, DeviceStore, GpuAsk, GpuClaim};
+pub use devices::{Claimed, DeviceStore, GpuAsk, GpuClaim, GpuWait, InQueue};
 pub use events::{
     InboxObject, OutboxItem, OutboxStore, RunTrigger, TriggerRecord, TriggerStore, Waiting,
 };

@@ -50,15 +50,37 @@ statements! {
         "DELETE FROM gpu_claims WHERE run_id <> $1 AND run_id NOT IN (SELECT id FROM runs \
          WHERE phase IN ('Running', 'Pending') AND (heartbeat_at IS NULL OR heartbeat_at >= \
          $2))";
+    FREE_DEAD_GPU_WAITS =
+        "DELETE FROM gpu_waits WHERE run_id <> $1 AND (seen_at < $3 OR run_id NOT IN (SELECT \
+         id FROM runs WHERE phase IN ('Running', 'Pending') AND (heartbeat_at IS NULL OR \
+         heartbeat_at >= $2)))";
     GPU_CLAIMS =
-        "SELECT host, device, run_id, holder, claimed_at FROM gpu_claims ORDER BY host, device";
+        "SELECT host, device, run_id, holder, claimed_at, priority, preemptible, preempted_by \
+         FROM gpu_claims ORDER BY host, device";
     CLAIM_GPU =
-        "INSERT INTO gpu_claims (host, device, run_id, holder, claimed_at) VALUES ($1, $2, $3, \
-         $4, $5)";
+        "INSERT INTO gpu_claims (host, device, run_id, holder, claimed_at, priority, \
+         preemptible) VALUES ($1, $2, $3, $4, $5, $6, $7)";
+    PREEMPT_GPUS =
+        "UPDATE gpu_claims SET preempted_by = $3 WHERE run_id = $1 AND holder = $2 AND \
+         preempted_by IS NULL";
+    GPU_PREEMPTED =
+        "SELECT preempted_by FROM gpu_claims WHERE run_id = $1 AND holder = $2 AND \
+         preempted_by IS NOT NULL LIMIT 1";
     RELEASE_GPUS =
         "DELETE FROM gpu_claims WHERE run_id = $1 AND holder = $2";
     RELEASE_RUN_GPUS =
         "DELETE FROM gpu_claims WHERE run_id = $1";
+    GPU_WAITS =
+        "SELECT host, run_id, holder, queue, priority, gpus, since FROM gpu_waits ORDER BY \
+         priority DESC, since, run_id, holder";
+    WAIT_FOR_GPUS =
+        "INSERT INTO gpu_waits (host, run_id, holder, queue, priority, gpus, since, seen_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $7) ON CONFLICT (run_id, holder) DO UPDATE SET \
+         seen_at = $7";
+    STOP_WAITING =
+        "DELETE FROM gpu_waits WHERE run_id = $1 AND holder = $2";
+    STOP_RUN_WAITING =
+        "DELETE FROM gpu_waits WHERE run_id = $1";
     ENSURE_TRIGGER =
         "INSERT INTO triggers (pipeline, trigger_name, paused, file) VALUES ($1, $2, $3, $4) \
          ON CONFLICT (pipeline, trigger_name) DO UPDATE SET file = $4";

@@ -302,6 +302,23 @@ CREATE TABLE gpu_claims (
 );
 CREATE INDEX gpu_claims_by_run ON gpu_claims(run_id, holder);
 "#,
+    // 8: priorities and preemption in the GPU ledger, and the attempts waiting there.
+    r#"
+ALTER TABLE gpu_claims ADD COLUMN priority BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE gpu_claims ADD COLUMN preemptible BOOLEAN NOT NULL DEFAULT FALSE;
+ALTER TABLE gpu_claims ADD COLUMN preempted_by TEXT;
+CREATE TABLE gpu_waits (
+    host TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    queue TEXT NOT NULL,
+    priority BIGINT NOT NULL,
+    gpus BIGINT NOT NULL,
+    since TEXT NOT NULL,
+    seen_at TEXT NOT NULL,
+    PRIMARY KEY (run_id, holder)
+);
+"#,
 ];
 
 /// A backend's SQL, where it differs from PostgreSQL's.

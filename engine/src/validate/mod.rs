@@ -29,6 +29,7 @@ use crate::yaml::{self, Node, YamlPath};
 mod events;
 pub use events::notify_file;
 mod links;
+mod scheduling;
 mod stage;
 
 /// The spec versions this engine reads.
@@ -730,6 +731,9 @@ impl<'a> Cx<'a> {
         }
         if let Some(r) = &d.resources {
             self.resources(&dp.key("resources"), r);
+        }
+        if let Some(s) = &d.scheduling {
+            self.defaults_scheduling(s);
         }
         if let Some(c) = d.cache.as_ref().and_then(|c| c.max_age.as_ref()) {
             self.duration(&dp.key("cache").key("max_age"), c);

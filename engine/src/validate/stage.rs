@@ -49,6 +49,7 @@ impl<'a> Cx<'a> {
         let cache = self.stage_cache(sc);
         let resources = self.stage_resources(sc);
         let distributed = self.stage_distributed(sc);
+        let scheduling = self.stage_scheduling(sc, resources.gpu.unwrap_or(0) > 0);
         self.stage_volumes(sc);
         self.stage_secrets(sc);
         let image = self.stage_image(sc, executor);
@@ -76,6 +77,7 @@ impl<'a> Cx<'a> {
             volumes: spec.volumes.clone(),
             snapshot: spec.snapshot.clone(),
             slurm: spec.slurm.clone(),
+            scheduling,
             secrets: spec.secrets.clone(),
             node_selector: spec.node_selector.clone(),
             tolerations: spec.tolerations.clone(),

@@ -550,6 +550,13 @@ impl RawChild {
     /// then), through its pidfd where there is one. The first process of a PID namespace
     /// takes every other one in it along.
     pub(super) fn kill(&mut self) {
+        self.signal(libc::SIGKILL);
+    }
+
+    /// `signal` to the child unless it has been reaped, as [`RawChild::kill`] sends
+    /// `SIGKILL`. (The first process of a PID namespace gets a signal other than
+    /// `SIGKILL` from outside only where it handles it.)
+    pub(super) fn signal(&mut self, signal: i32) {
         if !matches!(self.try_reap(), Ok(None)) {
             return;
         }
@@ -559,16 +566,14 @@ impl RawChild {
                 libc::syscall(
                     libc::SYS_pidfd_send_signal,
                     fd.as_raw_fd(),
-                    libc::SIGKILL,
+                    signal,
                     std::ptr::null::<libc::siginfo_t>(),
                     0,
                 );
             },
             None => {
-                let _ = nix::sys::signal::kill(
-                    Pid::from_raw(self.pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
+                // SAFETY: kill with integer arguments, on our own unreaped child.
+                unsafe { libc::kill(self.pid, signal) };
             }
         }
     }

@@ -175,6 +175,14 @@ impl Proc {
             c.kill();
         }
     }
+
+    /// Asks a rank to end (`SIGTERM`): one in a PID namespace of its own directly, one
+    /// that is not through its process group.
+    fn terminate(&mut self) {
+        if let Proc::Cloned(c) = self {
+            c.signal(Signal::SIGTERM as i32);
+        }
+    }
 }
 
 struct Started {
@@ -354,6 +362,26 @@ impl RunningAttempt for Started {
 
     fn usage(&self) -> Option<ResourceUsage> {
         self.usage
+    }
+
+    /// `SIGTERM` to every rank and its group, `grace` to end, then [`Started::cancel`].
+    async fn stop(&mut self, grace: std::time::Duration) {
+        if self.pgid > 0 {
+            let _ = killpg(Pid::from_raw(self.pgid), Signal::SIGTERM);
+        }
+        for (_, child) in &mut self.children {
+            child.terminate();
+        }
+        let ended = tokio::time::timeout(grace, async {
+            for (_, child) in &mut self.children {
+                let _ = child.wait().await;
+            }
+        })
+        .await;
+        if ended.is_err() {
+            tracing::info!("an attempt did not end within its grace of {grace:?}: killed");
+        }
+        self.cancel().await;
     }
 
     async fn cancel(&mut self) {

@@ -23,7 +23,11 @@ fn ask<'a>(
         count,
         run,
         holder,
+        queue: "default",
+        priority: 0,
+        preemptible: false,
         stale_before,
+        waits_stale_before: PAST,
     }
 }
 
@@ -48,12 +52,13 @@ pub(super) fn ledger(s: &dyn StateStore) {
         all
     );
     match s.claim_gpus(&ask(&b, "eval#1", 1, &all, PAST)).unwrap() {
-        Claimed::Busy(held) => {
-            assert_eq!(held.len(), 2);
+        Claimed::Busy(at) => {
+            assert_eq!(at.held.len(), 2);
             assert!(
-                held.iter().all(|c| c.run == a && c.holder == "train#1"),
-                "{held:?}"
+                at.held.iter().all(|c| c.run == a && c.holder == "train#1"),
+                "{at:?}"
             );
+            assert_eq!((at.position, at.waiting), (1, 1));
         }
         other => panic!("{other:?}"),
     }
@@ -61,6 +66,10 @@ pub(super) fn ledger(s: &dyn StateStore) {
     let mut elsewhere = ask(&b, "eval#1", 1, &all, PAST);
     elsewhere.host = "h2";
     assert_eq!(granted(s.claim_gpus(&elsewhere).unwrap()), ["0"]);
+    assert!(
+        s.gpu_waits().unwrap().is_empty(),
+        "granted: no longer waiting"
+    );
     s.release_gpus(&b, Some("eval#1")).unwrap();
     s.release_gpus(&a, Some("train#1")).unwrap();
     assert!(s.gpu_claims().unwrap().is_empty());
@@ -142,7 +151,11 @@ pub fn exclusive_gpus(open: &(dyn Fn() -> Box<dyn StateStore> + Sync)) {
                             drop(h);
                             s.release_gpus(&run, Some(&holder)).unwrap();
                         }
-                        Claimed::Busy(_) => std::thread::yield_now(),
+                        Claimed::Busy(_) => {
+                            // This racer gives up its wait (a cancel); it asks anew.
+                            s.release_gpus(&run, Some(&holder)).unwrap();
+                            std::thread::yield_now()
+                        }
                     }
                 }
             });
@@ -150,4 +163,74 @@ pub fn exclusive_gpus(open: &(dyn Fn() -> Box<dyn StateStore> + Sync)) {
     });
     assert!(grants.into_inner() > 10, "the racers got devices");
     assert!(setup.gpu_claims().unwrap().is_empty());
+}
+
+/// Waiters are admitted by priority, then waiting time, whichever engine asks first; a
+/// waiter that cannot be admitted marks preemptible claims of lower priority, which its
+/// holder's engine reads; a given-up wait keeps nothing.
+pub(super) fn priorities(s: &dyn StateStore) {
+    let all = devices(2);
+    let (low, mid, high) = (
+        RunId("prio-low".into()),
+        RunId("prio-mid".into()),
+        RunId("prio-high".into()),
+    );
+    for r in [&low, &mid, &high] {
+        s.create_run(&run_record(&r.0)).unwrap();
+        s.heartbeat(r).unwrap();
+    }
+    let mut lo = ask(&low, "train#1", 2, &all, PAST);
+    lo.priority = 1;
+    lo.preemptible = true;
+    assert_eq!(granted(s.claim_gpus(&lo).unwrap()), all);
+    // mid (priority 5) waits, and marks low's claim (preemptible, of lower priority).
+    let mut m = ask(&mid, "eval#1", 1, &all, PAST);
+    m.priority = 5;
+    match s.claim_gpus(&m).unwrap() {
+        Claimed::Busy(at) => {
+            assert_eq!((at.position, at.waiting), (1, 1));
+            assert_eq!(at.preempting.len(), 2, "{at:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        s.gpu_preempted(&low, "train#1").unwrap().as_deref(),
+        Some("eval#1 of run prio-mid (priority 5)")
+    );
+    assert_eq!(s.gpu_preempted(&mid, "eval#1").unwrap(), None);
+    // high (priority 9) waits ahead of mid, though it came later.
+    let mut h = ask(&high, "serve#1", 2, &all, PAST);
+    h.priority = 9;
+    match s.claim_gpus(&h).unwrap() {
+        Claimed::Busy(at) => assert_eq!((at.position, at.waiting), (1, 2)),
+        other => panic!("{other:?}"),
+    }
+    let order: Vec<String> = s
+        .gpu_waits()
+        .unwrap()
+        .into_iter()
+        .map(|w| w.holder)
+        .collect();
+    assert_eq!(order, ["serve#1", "eval#1"]);
+    // low gives its devices back: mid asks first, but high is ahead and needs both.
+    s.release_gpus(&low, Some("train#1")).unwrap();
+    match s.claim_gpus(&m).unwrap() {
+        Claimed::Busy(at) => assert_eq!((at.position, at.waiting), (2, 2)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(granted(s.claim_gpus(&h).unwrap()), all);
+    // A non-preemptible holder is never marked, whatever the asker's priority.
+    let mut top = ask(&low, "urgent#1", 1, &all, PAST);
+    top.priority = 1000;
+    match s.claim_gpus(&top).unwrap() {
+        Claimed::Busy(at) => assert!(at.preempting.is_empty(), "{at:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.gpu_preempted(&high, "serve#1").unwrap(), None);
+    // Giving up a wait leaves nothing in the queue.
+    s.release_gpus(&low, Some("urgent#1")).unwrap();
+    s.release_gpus(&mid, None).unwrap();
+    s.release_gpus(&high, None).unwrap();
+    assert!(s.gpu_waits().unwrap().is_empty());
+    assert!(s.gpu_claims().unwrap().is_empty());
 }

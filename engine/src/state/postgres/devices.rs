@@ -1,10 +1,10 @@
 //! The PostgreSQL store's ledger of GPUs ([`DeviceStore`]): a claim locks the ledger's
-//! table for its transaction, so replicas on other machines claim one after another.
+//! tables for its transaction, so replicas on other machines claim one after another.
 
 use postgres::GenericClient;
 
-use super::super::devices::{pick, Claimed, DeviceStore, GpuAsk, GpuClaim};
-use super::{exec, now, queries, rows, PostgresState, RunId, StateError};
+use super::super::devices::{claim_in, Claimed, DeviceStore, GpuAsk, GpuClaim, GpuWait, LedgerTx};
+use super::{exec, queries, rows, PostgresState, RunId, StateError};
 
 fn claims(c: &mut impl GenericClient) -> Result<Vec<GpuClaim>, StateError> {
     rows(
@@ -18,58 +18,134 @@ fn claims(c: &mut impl GenericClient) -> Result<Vec<GpuClaim>, StateError> {
             run: RunId(r.get(2)),
             holder: r.get(3),
             claimed_at: r.get(4),
+            priority: r.get(5),
+            preemptible: r.get(6),
+            preempted_by: r.get(7),
         },
     )
+}
+
+fn waits(c: &mut impl GenericClient) -> Result<Vec<GpuWait>, StateError> {
+    rows(c, queries::pg::GPU_WAITS, &[], "read the GPU queue", |r| {
+        GpuWait {
+            host: r.get(0),
+            run: RunId(r.get(1)),
+            holder: r.get(2),
+            queue: r.get(3),
+            priority: r.get(4),
+            count: r.get::<_, i64>(5).max(0) as usize,
+            since: r.get(6),
+        }
+    })
+}
+
+impl LedgerTx for postgres::Transaction<'_> {
+    fn free_dead(&mut self, ask: &GpuAsk<'_>) -> Result<(), StateError> {
+        exec(
+            self,
+            queries::pg::FREE_DEAD_GPUS,
+            &[&ask.run.0, &ask.stale_before],
+            "free dead GPU claims",
+        )?;
+        exec(
+            self,
+            queries::pg::FREE_DEAD_GPU_WAITS,
+            &[&ask.run.0, &ask.stale_before, &ask.waits_stale_before],
+            "free dead GPU waits",
+        )?;
+        Ok(())
+    }
+
+    fn claims(&mut self) -> Result<Vec<GpuClaim>, StateError> {
+        claims(self)
+    }
+
+    fn waits(&mut self) -> Result<Vec<GpuWait>, StateError> {
+        waits(self)
+    }
+
+    fn upsert_wait(&mut self, ask: &GpuAsk<'_>, at: &str) -> Result<(), StateError> {
+        let count = ask.count as i64;
+        exec(
+            self,
+            queries::pg::WAIT_FOR_GPUS,
+            &[
+                &ask.host,
+                &ask.run.0,
+                &ask.holder,
+                &ask.queue,
+                &ask.priority,
+                &count,
+                &at,
+            ],
+            "wait for GPUs",
+        )
+        .map(|_| ())
+    }
+
+    fn drop_wait(&mut self, run: &RunId, holder: &str) -> Result<(), StateError> {
+        exec(
+            self,
+            queries::pg::STOP_WAITING,
+            &[&run.0, &holder],
+            "stop waiting for GPUs",
+        )
+        .map(|_| ())
+    }
+
+    fn insert_claim(&mut self, ask: &GpuAsk<'_>, device: &str, at: &str) -> Result<(), StateError> {
+        exec(
+            self,
+            queries::pg::CLAIM_GPU,
+            &[
+                &ask.host,
+                &device,
+                &ask.run.0,
+                &ask.holder,
+                &at,
+                &ask.priority,
+                &ask.preemptible,
+            ],
+            format!("claim GPU {device}"),
+        )
+        .map(|_| ())
+    }
+
+    fn mark_preempted(&mut self, victim: &GpuClaim, by: &str) -> Result<(), StateError> {
+        exec(
+            self,
+            queries::pg::PREEMPT_GPUS,
+            &[&victim.run.0, &victim.holder, &by],
+            "preempt a GPU claim",
+        )
+        .map(|_| ())
+    }
 }
 
 impl DeviceStore for PostgresState {
     fn claim_gpus(&self, ask: &GpuAsk<'_>) -> Result<Claimed, StateError> {
         self.with(|c| {
             let mut tx = c.transaction().map_err(super::db("begin"))?;
-            tx.batch_execute("LOCK TABLE gpu_claims IN SHARE ROW EXCLUSIVE MODE")
+            tx.batch_execute("LOCK TABLE gpu_claims, gpu_waits IN SHARE ROW EXCLUSIVE MODE")
                 .map_err(super::db("lock the GPU ledger"))?;
-            exec(
-                &mut tx,
-                queries::pg::FREE_DEAD_GPUS,
-                &[&ask.run.0, &ask.stale_before],
-                "free dead GPU claims",
-            )?;
-            let taken = claims(&mut tx)?;
-            let Some(devices) = pick(ask, &taken) else {
-                tx.commit().map_err(super::db("commit"))?;
-                return Ok(Claimed::Busy(
-                    taken.into_iter().filter(|c| c.host == ask.host).collect(),
-                ));
-            };
-            let at = now();
-            for d in &devices {
-                exec(
-                    &mut tx,
-                    queries::pg::CLAIM_GPU,
-                    &[&ask.host, d, &ask.run.0, &ask.holder, &at],
-                    format!("claim GPU {d}"),
-                )?;
-            }
+            let claimed = claim_in(&mut tx, ask)?;
             tx.commit().map_err(super::db("commit a GPU claim"))?;
-            Ok(Claimed::Granted(devices))
+            Ok(claimed)
         })
     }
 
     fn release_gpus(&self, run: &RunId, holder: Option<&str>) -> Result<(), StateError> {
+        let what = format!("release the GPUs of run {run}");
         self.with(|c| {
             match holder {
-                Some(h) => exec(
-                    c,
-                    queries::pg::RELEASE_GPUS,
-                    &[&run.0, &h],
-                    format!("release the GPUs of run {run}"),
-                ),
-                None => exec(
-                    c,
-                    queries::pg::RELEASE_RUN_GPUS,
-                    &[&run.0],
-                    format!("release the GPUs of run {run}"),
-                ),
+                Some(h) => {
+                    exec(c, queries::pg::RELEASE_GPUS, &[&run.0, &h], what.clone())?;
+                    exec(c, queries::pg::STOP_WAITING, &[&run.0, &h], what)
+                }
+                None => {
+                    exec(c, queries::pg::RELEASE_RUN_GPUS, &[&run.0], what.clone())?;
+                    exec(c, queries::pg::STOP_RUN_WAITING, &[&run.0], what)
+                }
             }
             .map(|_| ())
         })
@@ -77,5 +153,22 @@ impl DeviceStore for PostgresState {
 
     fn gpu_claims(&self) -> Result<Vec<GpuClaim>, StateError> {
         self.with(claims)
+    }
+
+    fn gpu_waits(&self) -> Result<Vec<GpuWait>, StateError> {
+        self.with(waits)
+    }
+
+    fn gpu_preempted(&self, run: &RunId, holder: &str) -> Result<Option<String>, StateError> {
+        self.with(|c| {
+            let found = rows(
+                c,
+                queries::pg::GPU_PREEMPTED,
+                &[&run.0, &holder],
+                "read a GPU claim",
+                |r| r.get::<_, String>(0),
+            )?;
+            Ok(found.into_iter().next())
+        })
     }
 }

@@ -1,10 +1,10 @@
 //! The SQLite store's ledger of GPUs ([`DeviceStore`]): a claim is one `BEGIN IMMEDIATE`
 //! transaction, so engines of the home claim one after another.
 
-use rusqlite::{params, Connection, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use super::super::devices::{pick, Claimed, DeviceStore, GpuAsk, GpuClaim};
-use super::{now, queries, sql, ExecuteCached, RunId, SqliteState, StateError};
+use super::super::devices::{claim_in, Claimed, DeviceStore, GpuAsk, GpuClaim, GpuWait, LedgerTx};
+use super::{queries, sql, ExecuteCached, RunId, SqliteState, StateError};
 
 fn claims(c: &Connection) -> Result<Vec<GpuClaim>, StateError> {
     let mut st = c
@@ -18,6 +18,9 @@ fn claims(c: &Connection) -> Result<Vec<GpuClaim>, StateError> {
                 run: RunId(r.get(2)?),
                 holder: r.get(3)?,
                 claimed_at: r.get(4)?,
+                priority: r.get(5)?,
+                preemptible: r.get(6)?,
+                preempted_by: r.get(7)?,
             })
         })
         .map_err(sql("read the GPU ledger"))?;
@@ -25,48 +28,147 @@ fn claims(c: &Connection) -> Result<Vec<GpuClaim>, StateError> {
         .map_err(sql("read the GPU ledger"))
 }
 
+fn waits(c: &Connection) -> Result<Vec<GpuWait>, StateError> {
+    let mut st = c
+        .prepare_cached(queries::sqlite::GPU_WAITS)
+        .map_err(sql("read the GPU queue"))?;
+    let rows = st
+        .query_map([], |r| {
+            Ok(GpuWait {
+                host: r.get(0)?,
+                run: RunId(r.get(1)?),
+                holder: r.get(2)?,
+                queue: r.get(3)?,
+                priority: r.get(4)?,
+                count: r.get::<_, i64>(5)?.max(0) as usize,
+                since: r.get(6)?,
+            })
+        })
+        .map_err(sql("read the GPU queue"))?;
+    rows.collect::<Result<_, _>>()
+        .map_err(sql("read the GPU queue"))
+}
+
+impl LedgerTx for rusqlite::Transaction<'_> {
+    fn free_dead(&mut self, ask: &GpuAsk<'_>) -> Result<(), StateError> {
+        self.execute_cached(
+            queries::sqlite::FREE_DEAD_GPUS,
+            params![ask.run.0, ask.stale_before],
+        )
+        .map_err(sql("free dead GPU claims"))?;
+        self.execute_cached(
+            queries::sqlite::FREE_DEAD_GPU_WAITS,
+            params![ask.run.0, ask.stale_before, ask.waits_stale_before],
+        )
+        .map_err(sql("free dead GPU waits"))?;
+        Ok(())
+    }
+
+    fn claims(&mut self) -> Result<Vec<GpuClaim>, StateError> {
+        claims(self)
+    }
+
+    fn waits(&mut self) -> Result<Vec<GpuWait>, StateError> {
+        waits(self)
+    }
+
+    fn upsert_wait(&mut self, ask: &GpuAsk<'_>, at: &str) -> Result<(), StateError> {
+        self.execute_cached(
+            queries::sqlite::WAIT_FOR_GPUS,
+            params![
+                ask.host,
+                ask.run.0,
+                ask.holder,
+                ask.queue,
+                ask.priority,
+                ask.count as i64,
+                at
+            ],
+        )
+        .map(|_| ())
+        .map_err(sql("wait for GPUs"))
+    }
+
+    fn drop_wait(&mut self, run: &RunId, holder: &str) -> Result<(), StateError> {
+        self.execute_cached(queries::sqlite::STOP_WAITING, params![run.0, holder])
+            .map(|_| ())
+            .map_err(sql("stop waiting for GPUs"))
+    }
+
+    fn insert_claim(&mut self, ask: &GpuAsk<'_>, device: &str, at: &str) -> Result<(), StateError> {
+        self.execute_cached(
+            queries::sqlite::CLAIM_GPU,
+            params![
+                ask.host,
+                device,
+                ask.run.0,
+                ask.holder,
+                at,
+                ask.priority,
+                ask.preemptible
+            ],
+        )
+        .map(|_| ())
+        .map_err(sql(format!("claim GPU {device}")))
+    }
+
+    fn mark_preempted(&mut self, victim: &GpuClaim, by: &str) -> Result<(), StateError> {
+        self.execute_cached(
+            queries::sqlite::PREEMPT_GPUS,
+            params![victim.run.0, victim.holder, by],
+        )
+        .map(|_| ())
+        .map_err(sql("preempt a GPU claim"))
+    }
+}
+
 impl DeviceStore for SqliteState {
     fn claim_gpus(&self, ask: &GpuAsk<'_>) -> Result<Claimed, StateError> {
         self.with(|c| {
-            let tx = rusqlite::Transaction::new_unchecked(c, TransactionBehavior::Immediate)
+            let mut tx = rusqlite::Transaction::new_unchecked(c, TransactionBehavior::Immediate)
                 .map_err(sql("begin"))?;
-            tx.execute_cached(
-                queries::sqlite::FREE_DEAD_GPUS,
-                params![ask.run.0, ask.stale_before],
-            )
-            .map_err(sql("free dead GPU claims"))?;
-            let taken = claims(&tx)?;
-            let Some(devices) = pick(ask, &taken) else {
-                tx.commit().map_err(sql("commit"))?;
-                return Ok(Claimed::Busy(
-                    taken.into_iter().filter(|c| c.host == ask.host).collect(),
-                ));
-            };
-            let at = now();
-            for d in &devices {
-                tx.execute_cached(
-                    queries::sqlite::CLAIM_GPU,
-                    params![ask.host, d, ask.run.0, ask.holder, at],
-                )
-                .map_err(sql(format!("claim GPU {d}")))?;
-            }
+            let claimed = claim_in(&mut tx, ask)?;
             tx.commit().map_err(sql("commit a GPU claim"))?;
-            Ok(Claimed::Granted(devices))
+            Ok(claimed)
         })
     }
 
     fn release_gpus(&self, run: &RunId, holder: Option<&str>) -> Result<(), StateError> {
+        let what = format!("release the GPUs of run {run}");
         self.with(|c| {
             match holder {
-                Some(h) => c.execute_cached(queries::sqlite::RELEASE_GPUS, params![run.0, h]),
-                None => c.execute_cached(queries::sqlite::RELEASE_RUN_GPUS, params![run.0]),
+                Some(h) => c
+                    .execute_cached(queries::sqlite::RELEASE_GPUS, params![run.0, h])
+                    .and_then(|_| {
+                        c.execute_cached(queries::sqlite::STOP_WAITING, params![run.0, h])
+                    }),
+                None => c
+                    .execute_cached(queries::sqlite::RELEASE_RUN_GPUS, params![run.0])
+                    .and_then(|_| {
+                        c.execute_cached(queries::sqlite::STOP_RUN_WAITING, params![run.0])
+                    }),
             }
             .map(|_| ())
-            .map_err(sql(format!("release the GPUs of run {run}")))
+            .map_err(sql(what.clone()))
         })
     }
 
     fn gpu_claims(&self) -> Result<Vec<GpuClaim>, StateError> {
         self.with(claims)
+    }
+
+    fn gpu_waits(&self) -> Result<Vec<GpuWait>, StateError> {
+        self.with(waits)
+    }
+
+    fn gpu_preempted(&self, run: &RunId, holder: &str) -> Result<Option<String>, StateError> {
+        self.with(|c| {
+            c.prepare_cached(queries::sqlite::GPU_PREEMPTED)
+                .and_then(|mut st| {
+                    st.query_row(params![run.0, holder], |r| r.get(0))
+                        .optional()
+                })
+                .map_err(sql("read a GPU claim"))
+        })
     }
 }

@@ -167,22 +167,27 @@ fn run_ids_of_one_second_never_collide() {
     assert_eq!(ids.len(), 200_000);
 }
 
-/// Random claims, releases, kills and ends of runs over a ledger of 3 devices: a device is
-/// never granted while a live run holds it, and a claim is refused only when live runs
-/// hold too many (what dead engines held is always freed).
+/// Random claims (of random priorities, preemptible or not, waits kept or given up),
+/// releases, kills and ends of runs over a ledger of 3 devices: a device is never granted
+/// while a live run holds it; a claim is granted exactly when the devices free of live
+/// holders cover it and every live waiter ahead of it; and only preemptible claims of
+/// lower priority than their preempter are ever marked.
 #[test]
 fn the_gpu_ledger_never_double_assigns_under_random_kills() {
     use crate::state::{Claimed, GpuAsk};
     use proptest::prelude::*;
+    use std::collections::HashMap;
     #[derive(Debug, Clone)]
     enum Op {
-        Claim(usize, usize),
+        /// Run, devices, priority, preemptible, keep waiting if refused.
+        Claim(usize, usize, i64, bool, bool),
         Release(usize),
         Kill(usize),
         End(usize),
     }
     let op = prop_oneof![
-        4 => (0..4usize, 1..=3usize).prop_map(|(r, n)| Op::Claim(r, n)),
+        4 => (0..4usize, 1..=3usize, 0..3i64, any::<bool>(), any::<bool>())
+            .prop_map(|(r, n, p, pre, keep)| Op::Claim(r, n, p, pre, keep)),
         2 => (0..4usize).prop_map(Op::Release),
         1 => (0..4usize).prop_map(Op::Kill),
         1 => (0..4usize).prop_map(Op::End),
@@ -197,16 +202,17 @@ fn the_gpu_ledger_never_double_assigns_under_random_kills() {
             let s = SqliteState::in_memory().unwrap();
             let devices: Vec<String> = (0..3).map(|i| i.to_string()).collect();
             let runs: Vec<RunId> = (0..4).map(|i| RunId(format!("r{i}"))).collect();
-            // Model: which live run holds which device; live runs.
+            // Model: which live run holds which device; live runs; each asker's priority.
             let mut live = [true; 4];
             let mut holds: Vec<Option<usize>> = vec![None; 3];
+            let mut priority: HashMap<String, i64> = HashMap::new();
             for r in &runs {
                 s.create_run(&conformance::run_record(&r.0)).unwrap();
                 s.heartbeat(r).unwrap();
             }
             for (step, op) in ops.iter().enumerate() {
                 match *op {
-                    Op::Claim(r, n) if live[r] => {
+                    Op::Claim(r, n, p, preemptible, keep) if live[r] => {
                         // The live engines beat after `stale`; the dead ones did before it.
                         std::thread::sleep(std::time::Duration::from_millis(2));
                         let stale = now();
@@ -217,17 +223,35 @@ fn the_gpu_ledger_never_double_assigns_under_random_kills() {
                             }
                         }
                         let holder = format!("s#{step}");
+                        priority.insert(format!("{holder} of run r{r} (priority {p})"), p);
                         let ask = GpuAsk {
                             host: "h",
                             devices: &devices,
                             count: n,
                             run: &runs[r],
                             holder: &holder,
+                            queue: "default",
+                            priority: p,
+                            preemptible,
                             stale_before: &stale,
+                            waits_stale_before: "2000-01-01T00:00:00.000Z",
                         };
                         let free = holds.iter().filter(|h| h.is_none_or(|o| !live[o])).count();
+                        // Every live waiter of at least this priority came earlier.
+                        let ahead: usize = s
+                            .gpu_waits()
+                            .unwrap()
+                            .iter()
+                            .filter(|w| live[w.run.0[1..].parse::<usize>().unwrap()])
+                            .filter(|w| w.priority >= p)
+                            .map(|w| w.count)
+                            .sum();
                         match s.claim_gpus(&ask).unwrap() {
                             Claimed::Granted(got) => {
+                                prop_assert!(
+                                    free >= n + ahead,
+                                    "granted {n} with {free} free and {ahead} ahead"
+                                );
                                 for d in &got {
                                     let i: usize = d.parse().unwrap();
                                     if let Some(o) = holds[i] {
@@ -239,16 +263,26 @@ fn the_gpu_ledger_never_double_assigns_under_random_kills() {
                                     holds[i] = Some(r);
                                 }
                             }
-                            Claimed::Busy(_) => prop_assert!(
-                                free < n,
-                                "refused {n} with {free} free of dead or no holders"
-                            ),
+                            Claimed::Busy(_) => {
+                                prop_assert!(
+                                    free < n + ahead,
+                                    "refused {n} with {free} free and {ahead} ahead"
+                                );
+                                if !keep {
+                                    s.release_gpus(&runs[r], Some(&holder)).unwrap();
+                                }
+                            }
                         }
-                        // What the ledger says is what the model says of live runs.
+                        // What the ledger says is what the model says of live runs, and
+                        // only what may be preempted is marked.
                         for c in s.gpu_claims().unwrap() {
                             let i: usize = c.device.parse().unwrap();
                             let o: usize = c.run.0[1..].parse().unwrap();
                             prop_assert_eq!(holds[i], Some(o));
+                            if let Some(by) = &c.preempted_by {
+                                prop_assert!(c.preemptible, "{c:?}");
+                                prop_assert!(c.priority < priority[by], "{c:?}");
+                            }
                         }
                     }
                     Op::Release(r) if live[r] => {

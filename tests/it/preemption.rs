@@ -1,0 +1,200 @@
+//! Priorities and preemption of GPU stages under `drivetrain serve` (`scheduling:`): the
+//! real server on loopback, its runs in one process, the GPUs given with `--gpus 2` (no
+//! GPU here; which attempt holds which device is the ledger's, the real code path).
+
+use std::time::{Duration, Instant};
+
+use crate::common;
+use common::http::{json, request, start_command, wait_phase, Server, TOKEN};
+use common::Home;
+
+/// A trainer of 12 steps of 0.25 s that keeps its step and its sum of squares in its
+/// checkpoints, resumes from them, and saves them on SIGTERM: alone it ends with
+/// `{"steps": 12, "sum": 650}`.
+const TRAIN: &str = r#"
+version: 1
+name: train
+stages:
+  train:
+    resources: {gpu: 2}
+    scheduling: {priority: 1, preemptible: true, grace: 5s}
+    run:
+      command:
+        - sh
+        - -c
+        - |
+          c="$DRIVETRAIN_CHECKPOINTS/state"
+          i=0; sum=0
+          if [ -f "$c" ]; then read i sum < "$c"; echo "resumed from step $i"; fi
+          trap 'echo "$i $sum" > "$c"; echo "stopped at step $i"; exit 143' TERM
+          while [ "$i" -lt 12 ]; do
+            i=$((i+1)); sum=$((sum+i*i)); echo "step $i"
+            echo "$i $sum" > "$c"
+            sleep 0.25 & wait $!
+          done
+          echo "{\"steps\": $i, \"sum\": $sum}" > "$DRIVETRAIN_VALUES"
+"#;
+
+fn pipelines(home: &Home) {
+    std::fs::create_dir_all(home.dir.join("served")).unwrap();
+    home.write("served/train.yaml", TRAIN);
+    let holder = |name: &str, scheduling: &str, command: &str| {
+        format!("version: 1\nname: {name}\nstages:\n  {name}:\n    resources: {{gpu: 2}}\n    scheduling: {scheduling}\n    run: {{command: [sh, -c, '{command}']}}\n")
+    };
+    home.write(
+        "served/urgent.yaml",
+        &holder(
+            "urgent",
+            "{priority: 10}",
+            "echo on $CUDA_VISIBLE_DEVICES; sleep 0.5",
+        ),
+    );
+    home.write(
+        "served/steady.yaml",
+        &holder("steady", "{priority: 0, preemptible: false}", "sleep 3"),
+    );
+}
+
+/// `serve` of `served/` on a machine of two GPUs (`DRIVETRAIN_LOCAL_GPUS`).
+fn serve_with_two_gpus(home: &Home) -> Server {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_drivetrain"));
+    cmd.args([
+        "serve",
+        "--pipelines",
+        "served",
+        "--bind",
+        "127.0.0.1:0",
+        "--token",
+        TOKEN,
+    ])
+    .current_dir(&home.dir)
+    .env_remove("DRIVETRAIN_HOME")
+    .env_remove("DRIVETRAIN_TOKEN")
+    .env("DRIVETRAIN_LOCAL_GPUS", "2")
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::null());
+    start_command(cmd)
+}
+
+fn submit(s: &Server, pipeline: &str) -> String {
+    let body = format!(r#"{{"pipeline": "{pipeline}"}}"#);
+    let (status, v) = json(s, "POST", "/api/v1/runs", Some(&body));
+    assert_eq!(status, 201, "{v}");
+    v["run"].as_str().unwrap().to_owned()
+}
+
+/// The run's stage `name` once `ok` holds of it (30 s at most).
+fn until(
+    s: &Server,
+    run: &str,
+    name: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, v) = json(s, "GET", &format!("/api/v1/runs/{run}"), None);
+        let found = v["stages"]
+            .as_array()
+            .and_then(|a| a.iter().find(|st| st["stage"] == name).cloned());
+        if let Some(st) = found.filter(|st| ok(st)) {
+            return st;
+        }
+        assert!(Instant::now() < deadline, "{v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn attempts(s: &Server, run: &str) -> Vec<serde_json::Value> {
+    let (status, v) = json(s, "GET", &format!("/api/v1/runs/{run}/attempts"), None);
+    assert_eq!(status, 200, "{v}");
+    v["attempts"].as_array().unwrap().clone()
+}
+
+/// A priority-10 stage submitted while a preemptible priority-1 stage holds both GPUs
+/// starts within seconds; the preempted attempt ends `Preempted` (not failed, not a
+/// retry), waits, resumes from its checkpoint and ends with what it would have alone. A
+/// stage that is not preemptible is never preempted: the urgent one waits its turn, first
+/// in the queue, and says so.
+#[test]
+fn a_higher_priority_stage_preempts_a_preemptible_one_which_resumes() {
+    let home = Home::new("preempt");
+    pipelines(&home);
+    let s = serve_with_two_gpus(&home);
+
+    let low = submit(&s, "train");
+    until(&s, &low, "train", |st| st["phase"] == "Running");
+    // Let it take a few steps (and checkpoint them).
+    std::thread::sleep(Duration::from_millis(1200));
+    let asked = Instant::now();
+    let urgent = submit(&s, "urgent");
+    wait_phase(&s, &urgent, "Succeeded");
+    let first = attempts(&s, &urgent)[0]["started_at"].clone();
+    eprintln!(
+        "the urgent stage started {first}; asked {:?} ago",
+        asked.elapsed()
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        asked.elapsed()
+    );
+
+    let done = wait_phase(&s, &low, "Succeeded");
+    let train = done["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|st| st["stage"] == "train")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        train["values"],
+        serde_json::json!({"steps": 12, "sum": 650}),
+        "{train}"
+    );
+    let tries = attempts(&s, &low);
+    let phases: Vec<&str> = tries.iter().map(|a| a["phase"].as_str().unwrap()).collect();
+    assert_eq!(phases, ["Preempted", "Succeeded"], "{tries:?}");
+    let why = tries[0]["reason"].as_str().unwrap();
+    assert!(
+        why.starts_with(&format!("preempted by urgent#1 of run {urgent}")),
+        "{why}"
+    );
+    let (_, log) = request(
+        &s,
+        "GET",
+        &format!("/api/v1/runs/{low}/logs?stage=train"),
+        Some(TOKEN),
+        None,
+    );
+    assert!(log.contains("resumed from step "), "{log}");
+    assert!(
+        !log.lines().any(|l| l == "step 1"),
+        "it started over: {log}"
+    );
+
+    // Not preemptible: the urgent stage waits, first in the queue, and says for what.
+    let steady = submit(&s, "steady");
+    until(&s, &steady, "steady", |st| st["phase"] == "Running");
+    std::thread::sleep(Duration::from_millis(300));
+    let urgent = submit(&s, "urgent");
+    let waiting = until(&s, &urgent, "urgent", |st| {
+        st["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("waiting for 2 GPU(s)"))
+    });
+    let reason = waiting["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("by run {steady} (steady#1)")),
+        "{reason}"
+    );
+    assert!(reason.contains("place 1 of 1"), "{reason}");
+    assert!(!reason.contains("preempting"), "{reason}");
+    wait_phase(&s, &steady, "Succeeded");
+    wait_phase(&s, &urgent, "Succeeded");
+    let phases: Vec<serde_json::Value> = attempts(&s, &steady)
+        .iter()
+        .map(|a| a["phase"].clone())
+        .collect();
+    assert_eq!(phases, ["Succeeded"]);
+}
