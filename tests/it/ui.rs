@@ -17,7 +17,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 
 use crate::common;
-use common::http::{json as call, start, wait_phase, TOKEN};
+use common::http::{json as call, start, start_wrapped, wait_phase, TOKEN};
 use common::Home;
 
 pub(crate) struct Driver(Child);
@@ -227,7 +227,16 @@ async fn the_web_view_in_a_browser() {
     ]);
     common::assert_ok(&approver);
     let approver = common::text(&approver.stdout).trim().to_owned();
-    let s = start(&home, &["--token", TOKEN]);
+    home.write(
+        "served/gpus.yaml",
+        "version: 1\nname: gpus\nparams:\n  hold: {type: number, default: 0}\nstages:\n  next:\n    resources: {gpu: 2}\n    run: {command: [sleep, \"{{ params.hold }}\"]}\n",
+    );
+    // A machine of two GPUs (no GPU here: the ledger hands out what it is told of).
+    let s = start_wrapped(
+        &home,
+        &["env", "DRIVETRAIN_LOCAL_GPUS=2"],
+        &["--token", TOKEN],
+    );
     let (_driver, c) = browser(&home).await;
     let base = format!("http://{}", s.addr);
     let p = Page { c, s, base, home };
@@ -242,7 +251,79 @@ async fn the_web_view_in_a_browser() {
     a_paused_trigger_queues_and_resumes_skipping(&p).await;
     the_list_filters_to_failures(&p, &failed).await;
     an_approver_decides_with_the_evidence_in_view(&p, &approver).await;
+    a_stage_waiting_for_gpus_says_why(&p).await;
     p.c.close().await.unwrap();
+}
+
+/// A stage waiting for GPUs another run holds: its panel says who holds them and where it
+/// stands in the queue while it waits; once it ran, the timeline draws the wait as a
+/// segment of its own before the attempt's bar, with the same words.
+async fn a_stage_waiting_for_gpus_says_why(p: &Page) {
+    let submit = |hold: u32| {
+        let (code, v) = call(
+            &p.s,
+            "POST",
+            "/api/v1/runs",
+            Some(&format!(
+                r#"{{"pipeline": "gpus", "params": {{"hold": {hold}}}}}"#
+            )),
+        );
+        assert_eq!(code, 201, "{v}");
+        v["run"].as_str().unwrap().to_owned()
+    };
+    let holder = submit(4);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while call(&p.s, "GET", &format!("/api/v1/runs/{holder}"), None).1["stages"][0]["phase"]
+        != "Running"
+    {
+        assert!(Instant::now() < deadline, "the holder never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiter = submit(0);
+    p.c.goto(&format!("{}/#/runs/{waiter}", p.base))
+        .await
+        .unwrap();
+    until(
+        &p.c,
+        "the DAG",
+        "return document.querySelector('.dag .node[data-node=\"next\"]')",
+    )
+    .await;
+    click(&p.c, Locator::Css(".dag .node[data-node=\"next\"]")).await;
+    let reason = until(
+        &p.c,
+        "the wait's reason",
+        "const r = document.querySelector('.stage-panel .reason'); return r && r.textContent.startsWith('waiting for') && r.textContent",
+    )
+    .await;
+    let reason = reason.as_str().unwrap();
+    assert!(
+        reason.contains(&format!("by run {holder} (next#1)")),
+        "{reason}"
+    );
+    assert!(reason.contains("place 1 of 1"), "{reason}");
+    screenshot(&p.c, &p.home, "waiting-for-gpus").await;
+    wait_phase(&p.s, &waiter, "Succeeded");
+    p.c.refresh().await.unwrap();
+    let title = until(
+        &p.c,
+        "the wait's segment",
+        "return document.querySelector('svg.timeline rect.gpu-wait[data-stage=next] title')?.textContent",
+    )
+    .await;
+    let title = title.as_str().unwrap();
+    assert!(
+        title.starts_with("next attempt 1: waiting for 2 GPU(s)"),
+        "{title}"
+    );
+    assert!(title.contains(&format!("by run {holder}")), "{title}");
+    let ends = eval(
+        &p.c,
+        "const w = document.querySelector('svg.timeline rect.gpu-wait'), b = document.querySelector('svg.timeline rect.bar[data-stage=next]'); return w.getAttribute('data-end') && Math.abs((+w.getAttribute('x') + +w.getAttribute('width')) - +b.getAttribute('x')) < 2",
+    )
+    .await;
+    assert_eq!(ends, true, "the attempt's bar starts where its wait ends");
 }
 
 /// A run waits for an approval: the admin sees it with its evidence but no Approve button

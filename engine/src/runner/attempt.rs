@@ -251,7 +251,7 @@ async fn claim_gpus(
     holder: &str,
 ) -> Result<Vec<String>, String> {
     let run = &ctx.run.id;
-    let mut waited = false;
+    let mut waited: Option<String> = None;
     let want = super::gpus::Want {
         count: n,
         holder,
@@ -260,18 +260,21 @@ async fn claim_gpus(
     let devices = ctx
         .gpus
         .acquire(want, |at| {
-            if key.item.is_some() {
-                return;
-            }
-            waited = true;
             let why = super::gpus::why_waiting(n, &stage.scheduling.queue, at);
-            let _ = ctx
-                .state
-                .set_stage(run, &stage.name, Phase::Running, None, Some(&why));
+            if key.item.is_none() {
+                let _ = ctx
+                    .state
+                    .set_stage(run, &stage.name, Phase::Running, None, Some(&why));
+            }
+            waited = Some(why);
         })
         .await
         .map_err(|e| format!("the GPU ledger: {e}"))?;
-    if waited {
+    if let (Some(why), None) = (&waited, key.item) {
+        // The wait stays on the attempt (the timeline draws it); the stage's reason goes.
+        let _ = ctx
+            .state
+            .set_attempt_waited(run, &stage.name, key.attempt, why);
         let _ = ctx
             .state
             .set_stage(run, &stage.name, Phase::Running, None, None);

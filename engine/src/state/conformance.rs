@@ -559,6 +559,12 @@ fn runs_stages_and_attempts(s: &dyn StateStore) {
         s.attempts(&id).unwrap()[0].handle.as_deref(),
         Some("pgid:42")
     );
+    assert_eq!(s.attempts(&id).unwrap()[0].waited_until, None);
+    s.set_attempt_waited(&id, "a", 1, "waiting for 1 GPU(s)")
+        .unwrap();
+    let waited = s.attempts(&id).unwrap().remove(0);
+    assert_eq!(waited.waited_for.as_deref(), Some("waiting for 1 GPU(s)"));
+    assert!(waited.waited_until.unwrap() >= waited.started_at);
     s.finish_attempt(&id, "a", 1, Phase::Failed, Some(3), Some("exit 3"))
         .unwrap();
     assert!(

@@ -404,6 +404,12 @@ pub struct AttemptRecord {
     pub reason: Option<String>,
     /// The executor's handle (a process group id locally), for re-attaching.
     pub handle: Option<String>,
+    /// When it was given the GPUs it waited for from `started_at` (none if it did not
+    /// wait), and why it waited: who held them, its place in the queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waited_until: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waited_for: Option<String>,
 }
 
 /// How a stage succeeded, for [`StateStore::record_success`].
@@ -548,6 +554,14 @@ pub trait AttemptStore: Send + Sync {
         stage: &str,
         attempt: u32,
         handle: &str,
+    ) -> Result<(), StateError>;
+    /// Records that the attempt waited for its GPUs until now, and why.
+    fn set_attempt_waited(
+        &self,
+        run: &RunId,
+        stage: &str,
+        attempt: u32,
+        why: &str,
     ) -> Result<(), StateError>;
     fn finish_attempt(
         &self,

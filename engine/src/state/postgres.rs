@@ -917,6 +917,24 @@ impl AttemptStore for PostgresState {
         })
     }
 
+    fn set_attempt_waited(
+        &self,
+        run: &RunId,
+        stage: &str,
+        attempt: u32,
+        why: &str,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            exec(
+                c,
+                queries::pg::SET_ATTEMPT_WAITED,
+                &[&run.0, &stage, &i64::from(attempt), &now(), &why],
+                format!("record the wait of {stage}"),
+            )
+            .map(|_| ())
+        })
+    }
+
     fn set_item_usage(
         &self,
         run: &RunId,
@@ -978,7 +996,8 @@ impl AttemptStore for PostgresState {
         self.with(|c| {
             rows(
                 c,
-                "SELECT stage, attempt, phase, started_at, finished_at, exit_code, reason, handle \
+                "SELECT stage, attempt, phase, started_at, finished_at, exit_code, reason, handle, \
+                 waited_until, waited_for \
                  FROM attempts WHERE run_id = $1 ORDER BY seq",
                 &[&run.0],
                 "read attempts",
@@ -991,6 +1010,8 @@ impl AttemptStore for PostgresState {
                     exit_code: r.get(5),
                     reason: r.get(6),
                     handle: r.get(7),
+                    waited_until: r.get(8),
+                    waited_for: r.get(9),
                 },
             )
         })

@@ -216,6 +216,9 @@ statements! {
          attempts = $3, started_at = COALESCE(stages.started_at, $4)";
     SET_ATTEMPT_HANDLE =
         "UPDATE attempts SET handle = $4 WHERE run_id = $1 AND stage = $2 AND attempt = $3";
+    SET_ATTEMPT_WAITED =
+        "UPDATE attempts SET waited_until = $4, waited_for = $5 WHERE run_id = $1 AND stage = \
+         $2 AND attempt = $3";
     SET_ATTEMPT_USAGE =
         "UPDATE attempts SET usage = $4 WHERE run_id = $1 AND stage = $2 AND attempt = $3";
     SET_STAGE_USAGE =

@@ -302,7 +302,8 @@ CREATE TABLE gpu_claims (
 );
 CREATE INDEX gpu_claims_by_run ON gpu_claims(run_id, holder);
 "#,
-    // 8: priorities and preemption in the GPU ledger, and the attempts waiting there.
+    // 8: priorities and preemption in the GPU ledger, the attempts waiting there, and how
+    // long each attempt waited for its GPUs and why.
     r#"
 ALTER TABLE gpu_claims ADD COLUMN priority BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE gpu_claims ADD COLUMN preemptible BOOLEAN NOT NULL DEFAULT FALSE;
@@ -318,6 +319,8 @@ CREATE TABLE gpu_waits (
     seen_at TEXT NOT NULL,
     PRIMARY KEY (run_id, holder)
 );
+ALTER TABLE attempts ADD COLUMN waited_until TEXT;
+ALTER TABLE attempts ADD COLUMN waited_for TEXT;
 "#,
 ];
 

@@ -483,6 +483,23 @@ impl AttemptStore for SqliteState {
         })
     }
 
+    fn set_attempt_waited(
+        &self,
+        run: &RunId,
+        stage: &str,
+        attempt: u32,
+        why: &str,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                queries::sqlite::SET_ATTEMPT_WAITED,
+                params![run.0, stage, attempt, now(), why],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("record the wait of {stage}")))
+        })
+    }
+
     fn finish_attempt(
         &self,
         run: &RunId,
@@ -671,7 +688,8 @@ impl AttemptStore for SqliteState {
         self.with(|c| {
             query(
                 c,
-                "SELECT stage, attempt, phase, started_at, finished_at, exit_code, reason, handle \
+                "SELECT stage, attempt, phase, started_at, finished_at, exit_code, reason, handle, \
+                 waited_until, waited_for \
                  FROM attempts WHERE run_id = ?1 ORDER BY rowid",
                 params![run.0],
                 "read attempts",
@@ -685,6 +703,8 @@ impl AttemptStore for SqliteState {
                         exit_code: r.get(5)?,
                         reason: r.get(6)?,
                         handle: r.get(7)?,
+                        waited_until: r.get(8)?,
+                        waited_for: r.get(9)?,
                     })
                 },
             )

@@ -29,7 +29,7 @@ export function num(v) {
 /** Phases as words and marks as well as colours (Okabe–Ito, safe for colour blindness). */
 export const MARK = {
   Pending: "○", Running: "▶", Succeeded: "✓", Failed: "✗", Error: "!", Skipped: "–",
-  Omitted: "–", Cancelled: "■", Waiting: "⏸",
+  Omitted: "–", Cancelled: "■", Waiting: "⏸", Preempted: "↺",
 };
 
 /**

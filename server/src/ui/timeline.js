@@ -1,6 +1,6 @@
 // A run's timeline: one row per stage, one bar per attempt (its phase as colour, mark and
 // title), the wait before a stage's first attempt (queued: its upstream had ended, no
-// slot yet), the backoff between attempts, a mark where a stage took cached outputs, and
+// slot yet), an attempt's wait for GPUs (with who held them), the backoff between attempts, a mark where a stage took cached outputs, and
 // a map stage's items packed into lanes (as many as ran at once). Every bar carries
 // `data-stage`, `data-attempt` (and `data-item`), `data-start` and `data-end`; the drawing
 // carries `data-t0` and `data-ms-per-px`, so a bar's place can be checked against times.
@@ -95,7 +95,14 @@ export function timeline({ run, order, needs, stages, attempts, items, width }) 
         `${name}: queued ${span(first - ready)} (its upstream had ended)`);
     }
     tries.forEach((a, i) => {
-      const start = ms(a.started_at), end = ms(a.finished_at) || now;
+      const asked = ms(a.started_at), end = ms(a.finished_at) || now;
+      // The wait for GPUs is its own segment, with why it waited.
+      const admitted = a.waited_until ? ms(a.waited_until) : asked;
+      if (admitted > asked) {
+        bar(x(asked), x(admitted), top, "gpu-wait", { "data-stage": name, "data-attempt": a.attempt, "data-kind": "gpu-wait", "data-start": a.started_at, "data-end": a.waited_until },
+          `${name} attempt ${a.attempt}: ${a.waited_for || "waiting for GPUs"} (${span(admitted - asked)})`);
+      }
+      const start = admitted;
       if (i > 0) {
         const prev = ms(tries[i - 1].finished_at);
         if (!isNaN(prev) && start - prev > perPx) {
@@ -141,7 +148,7 @@ export function timeline({ run, order, needs, stages, attempts, items, width }) 
     "aria-label": `timeline of ${rows.length} stage(s) over ${span(t1 - t0)}`,
     "data-t0": new Date(t0).toISOString(), "data-ms-per-px": perPx, "data-label-width": LABEL,
   }, axis, labels, bars);
-  const legend = h("p", { class: "legend" }, ["Succeeded", "Failed", "Running", "Cancelled"].map((p) => h("span", { class: `key phase-${p}` }, `${seen(p).mark} ${p}`)),
-    h("span", { class: "key queued" }, "queued"), h("span", { class: "key backoff" }, "retry backoff"), h("span", { class: "key cached" }, "cached"));
+  const legend = h("p", { class: "legend" }, ["Succeeded", "Failed", "Running", "Cancelled", "Preempted"].map((p) => h("span", { class: `key phase-${p}` }, `${seen(p).mark} ${p}`)),
+    h("span", { class: "key queued" }, "queued"), h("span", { class: "key gpu-wait" }, "waiting for GPUs"), h("span", { class: "key backoff" }, "retry backoff"), h("span", { class: "key cached" }, "cached"));
   return h("div", { class: "timeline-box", tabindex: 0, role: "region", "aria-label": "timeline" }, svg, legend);
 }
