@@ -546,6 +546,14 @@ pub(crate) enum ServerGroup {
         #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },
+    /// The home's GPUs as its ledger sees them, by queue: which attempts hold devices
+    /// (priority, preemptible, being preempted), which wait and why (their place, what
+    /// they wait for), and claims of runs that ended.
+    #[command(after_help = "Examples:\n  drivetrain queue\n  drivetrain queue -o json")]
+    Queue {
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
     /// What this machine offers local runs: cores, GPUs and how they were found (NVML,
     /// nvidia-smi, CUDA_VISIBLE_DEVICES), stage isolation; with `--slurm`, whether the
     /// Slurm cluster answers and its jobs see this home.

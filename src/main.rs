@@ -36,6 +36,7 @@ mod next;
 mod output;
 mod people;
 mod plan_output;
+mod queue;
 mod report;
 mod rerun;
 mod runs;

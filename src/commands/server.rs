@@ -74,6 +74,7 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: ServerGroup) -> E
             limit,
             output,
         )),
+        ServerGroup::Queue { output } => outcome(crate::queue::queue(home, output)),
         ServerGroup::Doctor {
             gpus,
             slurm,

@@ -190,6 +190,40 @@ fn a_higher_priority_stage_preempts_a_preemptible_one_which_resumes() {
     );
     assert!(reason.contains("place 1 of 1"), "{reason}");
     assert!(!reason.contains("preempting"), "{reason}");
+    // `drivetrain queue` says the same from the ledger, by queue.
+    let q = home.drivetrain(&["queue", "-o", "json"]);
+    common::assert_ok(&q);
+    let q: serde_json::Value = serde_json::from_slice(&q.stdout).unwrap();
+    let entries = q["entries"].as_array().unwrap();
+    let find = |holder: &str| {
+        entries
+            .iter()
+            .find(|e| e["holder"] == holder)
+            .unwrap_or_else(|| panic!("{q}"))
+    };
+    let (held, waits) = (find("steady#1"), find("urgent#1"));
+    assert_eq!(held["state"], "holding", "{q}");
+    assert_eq!(held["devices"], serde_json::json!(["0", "1"]), "{q}");
+    assert_eq!(held["preemptible"], false, "{q}");
+    assert_eq!(
+        (
+            waits["state"].as_str(),
+            waits["place"].as_u64(),
+            waits["gpus"].as_u64(),
+            waits["priority"].as_i64()
+        ),
+        (Some("waiting"), Some(1), Some(2), Some(10)),
+        "{q}"
+    );
+    assert_eq!(waits["run"], urgent.as_str(), "{q}");
+    let text = common::text(&home.drivetrain(&["queue"]).stdout);
+    assert!(text.starts_with("queue default:\n"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "waiting  urgent#1 of run {urgent} (pipeline urgent"
+        )),
+        "{text}"
+    );
     wait_phase(&s, &steady, "Succeeded");
     wait_phase(&s, &urgent, "Succeeded");
     let phases: Vec<serde_json::Value> = attempts(&s, &steady)

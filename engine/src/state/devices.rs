@@ -22,6 +22,7 @@ pub struct GpuClaim {
     /// Who in the run holds it: `stage#attempt`, `stage/items/3#1`.
     pub holder: String,
     pub claimed_at: String,
+    pub queue: String,
     pub priority: i64,
     pub preemptible: bool,
     /// Set once a waiter of higher priority asked for the device: `holder of run R
@@ -285,6 +286,7 @@ mod tests {
             run: RunId(run.into()),
             holder: holder.into(),
             claimed_at: at.into(),
+            queue: "default".into(),
             priority,
             preemptible,
             preempted_by: None,

@@ -55,11 +55,11 @@ statements! {
          id FROM runs WHERE phase IN ('Running', 'Pending') AND (heartbeat_at IS NULL OR \
          heartbeat_at >= $2)))";
     GPU_CLAIMS =
-        "SELECT host, device, run_id, holder, claimed_at, priority, preemptible, preempted_by \
-         FROM gpu_claims ORDER BY host, device";
+        "SELECT host, device, run_id, holder, claimed_at, priority, preemptible, preempted_by, \
+         queue FROM gpu_claims ORDER BY host, device";
     CLAIM_GPU =
         "INSERT INTO gpu_claims (host, device, run_id, holder, claimed_at, priority, \
-         preemptible) VALUES ($1, $2, $3, $4, $5, $6, $7)";
+         preemptible, queue) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
     PREEMPT_GPUS =
         "UPDATE gpu_claims SET preempted_by = $3 WHERE run_id = $1 AND holder = $2 AND \
          preempted_by IS NULL";

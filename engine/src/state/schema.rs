@@ -308,6 +308,7 @@ CREATE INDEX gpu_claims_by_run ON gpu_claims(run_id, holder);
 ALTER TABLE gpu_claims ADD COLUMN priority BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE gpu_claims ADD COLUMN preemptible BOOLEAN NOT NULL DEFAULT FALSE;
 ALTER TABLE gpu_claims ADD COLUMN preempted_by TEXT;
+ALTER TABLE gpu_claims ADD COLUMN queue TEXT NOT NULL DEFAULT 'default';
 CREATE TABLE gpu_waits (
     host TEXT NOT NULL,
     run_id TEXT NOT NULL,

@@ -21,6 +21,7 @@ fn claims(c: &mut impl GenericClient) -> Result<Vec<GpuClaim>, StateError> {
             priority: r.get(5),
             preemptible: r.get(6),
             preempted_by: r.get(7),
+            queue: r.get(8),
         },
     )
 }
@@ -105,6 +106,7 @@ impl LedgerTx for postgres::Transaction<'_> {
                 &at,
                 &ask.priority,
                 &ask.preemptible,
+                &ask.queue,
             ],
             format!("claim GPU {device}"),
         )

@@ -21,6 +21,7 @@ fn claims(c: &Connection) -> Result<Vec<GpuClaim>, StateError> {
                 priority: r.get(5)?,
                 preemptible: r.get(6)?,
                 preempted_by: r.get(7)?,
+                queue: r.get(8)?,
             })
         })
         .map_err(sql("read the GPU ledger"))?;
@@ -105,7 +106,8 @@ impl LedgerTx for rusqlite::Transaction<'_> {
                 ask.holder,
                 at,
                 ask.priority,
-                ask.preemptible
+                ask.preemptible,
+                ask.queue
             ],
         )
         .map(|_| ())
