@@ -549,8 +549,12 @@ pub(crate) enum ServerGroup {
     /// The home's GPUs as its ledger sees them, by queue: which attempts hold devices
     /// (priority, preemptible, being preempted), which wait and why (their place, what
     /// they wait for), and claims of runs that ended.
-    #[command(after_help = "Examples:\n  drivetrain queue\n  drivetrain queue -o json")]
+    #[command(
+        after_help = "Examples:\n  drivetrain queue\n  drivetrain queue -o json\n  drivetrain queue class high 100\n  drivetrain queue class high --delete"
+    )]
     Queue {
+        #[command(subcommand)]
+        command: Option<QueueCommand>,
         #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },
@@ -570,6 +574,22 @@ pub(crate) enum ServerGroup {
         slurm: bool,
         #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum QueueCommand {
+    /// Names a priority for `scheduling: {priority: NAME}` in this home (on Kubernetes the
+    /// name is the cluster's class; here it is this value).
+    Class {
+        /// A DNS label: `high`, `batch`.
+        name: String,
+        /// From -1000000 to 1000000; higher goes first.
+        #[arg(allow_negative_numbers = true, required_unless_present = "delete")]
+        value: Option<i64>,
+        /// Forget the name.
+        #[arg(long, conflicts_with = "value")]
+        delete: bool,
     },
 }
 

@@ -19,9 +19,14 @@ pub fn queue(home: &Path, out: Format) -> anyhow::Result<ExitCode> {
     let waits = state.gpu_waits()?;
     let runs = runs_of(state.as_ref(), &claims, &waits);
     let rows = rows(&claims, &waits, &runs);
+    let classes: BTreeMap<String, i64> = state.priority_classes()?.into_iter().collect();
     if out.json() {
-        crate::output::print_json(&json!({"entries": rows}))?;
+        crate::output::print_json(&json!({"entries": rows, "classes": classes}))?;
         return Ok(ExitCode::SUCCESS);
+    }
+    if !classes.is_empty() {
+        let list: Vec<String> = classes.iter().map(|(n, v)| format!("{n} = {v}")).collect();
+        println!("priority classes: {}", list.join(", "));
     }
     if rows.is_empty() {
         println!("no GPU is held or waited for in this home");
@@ -39,6 +44,24 @@ pub fn queue(home: &Path, out: Format) -> anyhow::Result<ExitCode> {
         for e in entries {
             println!("  {}", line(e));
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `queue class NAME VALUE` (or `--delete`: `value` none).
+pub fn class(home: &Path, name: &str, value: Option<i64>) -> anyhow::Result<ExitCode> {
+    use drivetrain_engine::validate::{dns1123_label, MAX_PRIORITY};
+    if let Err(why) = dns1123_label(name) {
+        anyhow::bail!("priority class name `{name}` {why}");
+    }
+    if let Some(v) = value.filter(|v| v.abs() > MAX_PRIORITY) {
+        anyhow::bail!("priority {v} is out of bounds: from -{MAX_PRIORITY} to {MAX_PRIORITY}");
+    }
+    let state = crate::runs::open_state(home)?;
+    state.set_priority_class(name, value)?;
+    match value {
+        Some(v) => println!("priority class {name} = {v}"),
+        None => println!("priority class {name} forgotten"),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -164,6 +164,7 @@ impl Placement {
             snapshot: stage.snapshot.clone(),
             timeout: stage.timeout,
             slurm: stage.slurm.clone().unwrap_or_default(),
+            scheduling: stage.scheduling.clone(),
         }
     }
 }
@@ -195,6 +196,8 @@ pub struct Placement {
     pub timeout: Option<std::time::Duration>,
     /// The stage's partition, account, QoS and constraint on a Slurm cluster.
     pub slurm: crate::spec::SlurmSpec,
+    /// Its queue, priority, preemption and topology (`scheduling`).
+    pub scheduling: crate::plan::Scheduling,
 }
 
 /// Where a pod's copy of the whole drivetrain binary is, under the executor's

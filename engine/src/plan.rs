@@ -218,21 +218,46 @@ pub struct Distributed {
 /// A stage's resolved `scheduling`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Scheduling {
-    pub queue: String,
-    pub priority: i64,
+    /// The queue it named (`default` locally when none; the executor's settings' on a
+    /// cluster).
+    pub queue: Option<String>,
+    pub priority: Priority,
     pub preemptible: bool,
     pub grace: Duration,
+    pub topology: Option<Topology>,
+}
+
+impl Scheduling {
+    /// The queue's name locally.
+    pub fn queue(&self) -> &str {
+        self.queue.as_deref().unwrap_or("default")
+    }
 }
 
 impl Default for Scheduling {
     fn default() -> Self {
         Scheduling {
-            queue: "default".to_owned(),
-            priority: 0,
+            queue: None,
+            priority: Priority::Value(0),
             preemptible: false,
             grace: Duration::from_secs(30),
+            topology: None,
         }
     }
+}
+
+/// A priority: a number, or a class's name (resolved where it is used).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Priority {
+    Value(i64),
+    Class(String),
+}
+
+/// A topology level a stage's pods must (`required`) or should share.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    pub level: String,
+    pub required: bool,
 }
 
 /// A resolved stage.

@@ -380,9 +380,11 @@ pub struct SchedulingSpec {
     /// A queue's name (`default` when none): a DNS-1123 label.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<String>,
-    /// Higher goes first (default 0), from -1000000 to 1000000.
+    /// Higher goes first: an integer (default 0, from -1000000 to 1000000), or the name
+    /// of a class (locally one of the home's, `drivetrain queue class NAME VALUE`; on
+    /// Kubernetes a Kueue `WorkloadPriorityClass` or a `PriorityClass`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub priority: Option<i64>,
+    pub priority: Option<PrioritySpec>,
     /// Whether an attempt of higher priority that cannot be admitted may stop this one
     /// (default false); a preempted attempt resumes from its checkpoints when admitted
     /// again, not counted against `retries`.
@@ -392,6 +394,29 @@ pub struct SchedulingSpec {
     /// `30s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grace: Option<String>,
+    /// Where on a cluster a gang's pods must (`require`) or should (`prefer`) be placed
+    /// together: a topology level (Kueue's `podset-required-topology`, Volcano's
+    /// `networkTopology`). One machine is within every level: ignored locally.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<TopologySpec>,
+}
+
+/// A priority: a number, or a class's name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum PrioritySpec {
+    Value(i64),
+    Class(String),
+}
+
+/// A topology level the pods of a stage must or should share: exactly one of the two.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TopologySpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefer: Option<String>,
 }
 
 /// One stage.

@@ -74,7 +74,14 @@ pub(super) fn dispatch(catalog: Catalog, home: &Path, command: ServerGroup) -> E
             limit,
             output,
         )),
-        ServerGroup::Queue { output } => outcome(crate::queue::queue(home, output)),
+        ServerGroup::Queue { command, output } => outcome(match command {
+            None => crate::queue::queue(home, output),
+            Some(crate::cli::QueueCommand::Class {
+                name,
+                value,
+                delete: _,
+            }) => crate::queue::class(home, &name, value),
+        }),
         ServerGroup::Doctor {
             gpus,
             slurm,

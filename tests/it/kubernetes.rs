@@ -30,13 +30,17 @@ fn python() -> PathBuf {
     drivetrain_engine::testing::venv_bin("python")
 }
 
-/// Runs the schema check on `files`; its lines and whether every object passed.
+/// Runs the schema check on `files`; its lines and whether every object passed. The CRDs
+/// are the vendored ones and the team's (Kueue's, Volcano's) beside the clone.
 fn validate(files: &[&Path]) -> (String, bool) {
     let crds = repo().join("tests/k8s/crds");
-    assert!(crds.is_dir(), "{} is missing", crds.display());
+    let shared = repo().join("../shared/k8s-schemas");
+    for dir in [&crds, &shared] {
+        assert!(dir.is_dir(), "{} is missing", dir.display());
+    }
     let o = Command::new(python())
         .arg(repo().join("tests/k8s/validate.py"))
-        .arg(&crds)
+        .arg(format!("{}:{}", crds.display(), shared.display()))
         .args(files)
         .output()
         .expect("python runs");
@@ -102,6 +106,9 @@ fn every_stage_shape_renders_as_its_snapshot_and_passes_the_schemas() {
     }
     let rbac = repo().join("docs/kubernetes/rbac.yaml");
     files.push(rbac.clone());
+    // The admin's side of `scheduling:` the docs show: queues and priority classes.
+    files.push(repo().join("docs/kubernetes/kueue.yaml"));
+    files.push(repo().join("docs/kubernetes/volcano.yaml"));
     let refs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
     let (lines, ok) = validate(&refs);
     assert!(ok, "{lines}");
@@ -145,14 +152,17 @@ fn every_stage_shape_renders_as_its_snapshot_and_passes_the_schemas() {
         );
         assert!(may_create(group, plural), "the Role cannot create {kind}");
     }
-    // Every object was checked against a schema, but Volcano's PodGroup (no CRD here).
+    // Every object was checked against a schema or CRD.
     for line in lines.lines() {
-        assert!(
-            line.starts_with("ok ") || line.starts_with("unchecked PodGroup "),
-            "{line}"
-        );
+        assert!(line.starts_with("ok "), "{line}");
     }
     for kind in [
+        "PodGroup",
+        "WorkloadPriorityClass",
+        "ClusterQueue",
+        "LocalQueue",
+        "Queue",
+        "PriorityClass",
         "Job",
         "Service",
         "PersistentVolumeClaim",
@@ -712,4 +722,92 @@ namespce: av
             && err.contains("give `claim`"),
         "{err}"
     );
+}
+
+/// `scheduling:` renders per-workload fields only, the cluster's policy left to its admin:
+/// on Kueue the queue and `WorkloadPriorityClass` labels (the executor's
+/// `preemptible_class` for a preemptible stage naming none) and a pod set's topology;
+/// on Volcano the `PodGroup`'s queue, class and network topology, and preemptable pods;
+/// with neither, the pods' `priorityClassName`. (The schemas check them in the test above.)
+#[test]
+fn scheduling_renders_per_workload_fields_for_kueue_and_volcano() {
+    let home = Home::new("k8s-scheduling");
+    let shapes = repo().join("tests/k8s/shapes.yaml");
+    let of = |docs: &[serde_json::Value], kind: &str, stage: &str| -> serde_json::Value {
+        docs.iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["labels"]["drivetrain.dev/stage"] == stage)
+            .unwrap_or_else(|| panic!("no {kind} of {stage}"))
+            .clone()
+    };
+    let pod = |job: &serde_json::Value| job["spec"]["template"].clone();
+
+    let kueue = documents(&manifests(&home, &shapes, Some(KUEUE), &[]));
+    let sweep = of(&kueue, "Job", "sweep");
+    let labels = &sweep["metadata"]["labels"];
+    assert_eq!(labels["kueue.x-k8s.io/queue-name"], "perception", "{sweep}");
+    assert_eq!(labels["kueue.x-k8s.io/priority-class"], "batch", "{sweep}");
+    let annotations = &pod(&sweep)["metadata"]["annotations"];
+    assert_eq!(
+        annotations["kueue.x-k8s.io/podset-required-topology"],
+        "cloud.provider.com/topology-rack"
+    );
+    assert!(
+        pod(&sweep)["spec"]["priorityClassName"].is_null(),
+        "Kueue reads the label"
+    );
+    let spot = of(&kueue, "Job", "spot");
+    assert_eq!(
+        spot["metadata"]["labels"]["kueue.x-k8s.io/queue-name"],
+        "gpu-team"
+    );
+    assert_eq!(
+        spot["metadata"]["labels"]["kueue.x-k8s.io/priority-class"],
+        "preemptible"
+    );
+    assert_eq!(
+        pod(&spot)["metadata"]["annotations"]["kueue.x-k8s.io/podset-preferred-topology"],
+        "cloud.provider.com/topology-block"
+    );
+    // A stage naming no class and not preemptible has none.
+    assert!(
+        of(&kueue, "Job", "plain")["metadata"]["labels"]["kueue.x-k8s.io/priority-class"].is_null()
+    );
+
+    let volcano = documents(&manifests(&home, &shapes, Some(VOLCANO), &[]));
+    let group = of(&volcano, "PodGroup", "sweep");
+    assert_eq!(
+        group["spec"],
+        serde_json::json!({"minMember": 2, "queue": "perception", "priorityClassName": "batch",
+            "networkTopology": {"mode": "hard", "highestTierName": "cloud.provider.com/topology-rack"}})
+    );
+    let sweep = of(&volcano, "Job", "sweep");
+    assert_eq!(pod(&sweep)["spec"]["priorityClassName"], "batch");
+    assert_eq!(
+        pod(&sweep)["metadata"]["annotations"]["volcano.sh/preemptable"],
+        "true"
+    );
+    let group = of(&volcano, "PodGroup", "spot");
+    assert_eq!(group["spec"]["queue"], "training");
+    assert_eq!(group["spec"]["priorityClassName"], "preemptible");
+    assert_eq!(group["spec"]["networkTopology"]["mode"], "soft");
+
+    let plain = documents(&manifests(&home, &shapes, None, &[]));
+    assert_eq!(
+        pod(&of(&plain, "Job", "sweep"))["spec"]["priorityClassName"],
+        "batch"
+    );
+
+    // A number orders only the home's queue: said, located, for a Kubernetes stage.
+    let numbered = home.write(
+        "numbered.yaml",
+        "version: 1\nname: n\ndefaults: {executor: kubernetes, image: busybox:1.36}\nstages:\n  a:\n    resources: {gpu: 1}\n    scheduling: {priority: 5}\n    run: {command: [\"true\"]}\n",
+    );
+    let o = home.drivetrain(&["validate", numbered.to_str().unwrap()]);
+    assert_ok(&o);
+    let said = text(&o.stderr);
+    assert!(
+        said.contains("warning[unused-field]: a number orders only this home's queue for GPUs"),
+        "{said}"
+    );
+    assert!(said.contains("at `stages.a.scheduling.priority`"), "{said}");
 }

@@ -45,9 +45,13 @@ fn pipelines(home: &Home) {
         "served/urgent.yaml",
         &holder(
             "urgent",
-            "{priority: 10}",
+            "{priority: urgent}",
             "echo on $CUDA_VISIBLE_DEVICES; sleep 0.5",
         ),
+    );
+    home.write(
+        "served/unknown.yaml",
+        &holder("unknown", "{priority: nope}", "true"),
     );
     home.write(
         "served/steady.yaml",
@@ -120,6 +124,16 @@ fn a_higher_priority_stage_preempts_a_preemptible_one_which_resumes() {
     let home = Home::new("preempt");
     pipelines(&home);
     let s = serve_with_two_gpus(&home);
+    // `urgent` is a class of this home's: priority 10.
+    common::assert_ok(&home.drivetrain(&["queue", "class", "urgent", "10"]));
+    let unknown = submit(&s, "unknown");
+    let failed = wait_phase(&s, &unknown, "Error");
+    assert!(
+        failed
+            .to_string()
+            .contains("priority class `nope` is not defined in this home (defined: urgent (10))"),
+        "{failed}"
+    );
 
     let low = submit(&s, "train");
     until(&s, &low, "train", |st| st["phase"] == "Running");
@@ -157,7 +171,9 @@ fn a_higher_priority_stage_preempts_a_preemptible_one_which_resumes() {
     assert_eq!(phases, ["Preempted", "Succeeded"], "{tries:?}");
     let why = tries[0]["reason"].as_str().unwrap();
     assert!(
-        why.starts_with(&format!("preempted by urgent#1 of run {urgent}")),
+        why.starts_with(&format!(
+            "preempted by urgent#1 of run {urgent} (priority 10): SIGTERM"
+        )),
         "{why}"
     );
     let (_, log) = request(
@@ -217,7 +233,10 @@ fn a_higher_priority_stage_preempts_a_preemptible_one_which_resumes() {
     );
     assert_eq!(waits["run"], urgent.as_str(), "{q}");
     let text = common::text(&home.drivetrain(&["queue"]).stdout);
-    assert!(text.starts_with("queue default:\n"), "{text}");
+    assert!(
+        text.starts_with("priority classes: urgent = 10\nqueue default:\n"),
+        "{text}"
+    );
     assert!(
         text.contains(&format!(
             "waiting  urgent#1 of run {urgent} (pipeline urgent"

@@ -1,10 +1,11 @@
 """Validates rendered Kubernetes objects, as the API server would with strict field
 validation: built-in kinds against the official OpenAPI schemas that the
 `kubernetes-validate` package ships, custom resources against the CRDs in
-tests/k8s/crds/ (unknown fields rejected where the CRD does not preserve them).
+the CRD directories given (tests/k8s/crds/, and the team's ../shared/k8s-schemas/ with
+Kueue's and Volcano's), unknown fields rejected where the CRD does not preserve them.
 
-usage: validate.py CRD_DIR MANIFESTS.yaml...   (prints one line per object; exit 1 on any
-failure). Kinds with neither (Volcano's PodGroup) are reported as `unchecked`.
+usage: validate.py CRD_DIR[:CRD_DIR...] MANIFESTS.yaml...   (prints one line per object;
+exit 1 on any failure). Kinds with neither are reported as `unchecked`.
 """
 
 import copy
@@ -58,7 +59,9 @@ def load_crds(directory):
 
 
 def main():
-    crds = load_crds(sys.argv[1])
+    crds = {}
+    for directory in sys.argv[1].split(":"):
+        crds.update(load_crds(directory))
     failed = 0
     for path in sys.argv[2:]:
         for doc in yaml.safe_load_all(pathlib.Path(path).read_text()):

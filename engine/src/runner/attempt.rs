@@ -256,11 +256,12 @@ async fn claim_gpus(
         count: n,
         holder,
         scheduling: &stage.scheduling,
+        priority: super::gpus::priority_of(ctx.state.as_ref(), &stage.scheduling.priority)?,
     };
     let devices = ctx
         .gpus
         .acquire(want, |at| {
-            let why = super::gpus::why_waiting(n, &stage.scheduling.queue, at);
+            let why = super::gpus::why_waiting(n, stage.scheduling.queue(), at);
             if key.item.is_none() {
                 let _ = ctx
                     .state
@@ -320,8 +321,7 @@ async fn wait_attempt(
             let grace = humanize(stage.scheduling.grace);
             return Ok(AttemptEnd::Preempted {
                 reason: format!(
-                    "preempted by {by}, over this stage's priority {}: SIGTERM, then up to {grace} to end; the stage waits for its GPUs again and resumes from its checkpoints",
-                    stage.scheduling.priority
+                    "preempted by {by}: SIGTERM, then up to {grace} to end; the stage waits for its GPUs again and resumes from its checkpoints"
                 ),
             });
         }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::plan::Scheduling;
+use crate::plan::{Priority, Scheduling};
 use crate::state::{Claimed, GpuAsk, GpuClaim, InQueue, RunId, StateError, StateStore};
 
 /// How often a waiting attempt asks the ledger again (devices another engine frees wake
@@ -48,6 +48,8 @@ pub(super) struct Want<'a> {
     pub count: usize,
     pub holder: &'a str,
     pub scheduling: &'a Scheduling,
+    /// Its priority, a class resolved ([`priority_of`]).
+    pub priority: i64,
 }
 
 /// Gives up a wait the asker dropped (a cancel): a wait left in the ledger would keep
@@ -104,8 +106,8 @@ impl GpuPool {
                 count: want.count,
                 run: &self.run,
                 holder: want.holder,
-                queue: &want.scheduling.queue,
-                priority: want.scheduling.priority,
+                queue: want.scheduling.queue(),
+                priority: want.priority,
                 preemptible: want.scheduling.preemptible,
                 stale_before: &stale,
                 waits_stale_before: &waits_stale,
@@ -144,6 +146,28 @@ impl GpuPool {
             }
         }
     }
+}
+
+/// A priority as a number: a class's from the home's classes.
+pub(super) fn priority_of(state: &dyn StateStore, p: &Priority) -> Result<i64, String> {
+    let class = match p {
+        Priority::Value(v) => return Ok(*v),
+        Priority::Class(c) => c,
+    };
+    let classes = state
+        .priority_classes()
+        .map_err(|e| format!("the home's priority classes: {e}"))?;
+    if let Some((_, v)) = classes.iter().find(|(n, _)| n == class) {
+        return Ok(*v);
+    }
+    let known: Vec<String> = classes.iter().map(|(n, v)| format!("{n} ({v})")).collect();
+    Err(format!(
+        "priority class `{class}` is not defined in this home (defined: {}); define it with `drivetrain queue class {class} VALUE`, or write a number",
+        match known.len() {
+            0 => "none".to_owned(),
+            _ => known.join(", "),
+        }
+    ))
 }
 
 /// Why a stage waits for its devices and where it stands, in words: who holds them,

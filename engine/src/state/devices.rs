@@ -100,6 +100,10 @@ pub trait DeviceStore: Send + Sync {
     fn gpu_waits(&self) -> Result<Vec<GpuWait>, StateError>;
     /// Who preempts `holder` of `run`, once one has asked for its devices.
     fn gpu_preempted(&self, run: &RunId, holder: &str) -> Result<Option<String>, StateError>;
+    /// Names a priority (`scheduling.priority: NAME`); `None` forgets the name.
+    fn set_priority_class(&self, name: &str, value: Option<i64>) -> Result<(), StateError>;
+    /// The home's priority classes, by name.
+    fn priority_classes(&self) -> Result<Vec<(String, i64)>, StateError>;
 }
 
 /// One claim's transaction, as each backend runs it: [`claim_in`] is the ledger's logic,

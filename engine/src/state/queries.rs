@@ -70,6 +70,13 @@ statements! {
         "DELETE FROM gpu_claims WHERE run_id = $1 AND holder = $2";
     RELEASE_RUN_GPUS =
         "DELETE FROM gpu_claims WHERE run_id = $1";
+    SET_PRIORITY_CLASS =
+        "INSERT INTO priority_classes (name, value, set_at) VALUES ($1, $2, $3) ON CONFLICT \
+         (name) DO UPDATE SET value = $2, set_at = $3";
+    DROP_PRIORITY_CLASS =
+        "DELETE FROM priority_classes WHERE name = $1";
+    PRIORITY_CLASSES =
+        "SELECT name, value FROM priority_classes ORDER BY name";
     GPU_WAITS =
         "SELECT host, run_id, holder, queue, priority, gpus, since FROM gpu_waits ORDER BY \
          priority DESC, since, run_id, holder";

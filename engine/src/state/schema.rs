@@ -320,6 +320,11 @@ CREATE TABLE gpu_waits (
     seen_at TEXT NOT NULL,
     PRIMARY KEY (run_id, holder)
 );
+CREATE TABLE priority_classes (
+    name TEXT PRIMARY KEY,
+    value BIGINT NOT NULL,
+    set_at TEXT NOT NULL
+);
 ALTER TABLE attempts ADD COLUMN waited_until TEXT;
 ALTER TABLE attempts ADD COLUMN waited_for TEXT;
 "#,

@@ -28,6 +28,7 @@ use crate::yaml::{self, Node, YamlPath};
 
 mod events;
 pub use events::notify_file;
+pub use scheduling::MAX_PRIORITY;
 mod links;
 mod scheduling;
 mod stage;

@@ -1,9 +1,9 @@
-//! A stage's `scheduling:` (queue, priority, preemption) over `defaults.scheduling`,
-//! field by field, each problem located where it was written.
+//! A stage's `scheduling:` (queue, priority, preemption, topology) over
+//! `defaults.scheduling`, field by field, each problem located where it was written.
 
 use crate::diag::Diagnostic;
-use crate::plan::Scheduling;
-use crate::spec::SchedulingSpec;
+use crate::plan::{Priority, Scheduling, Topology};
+use crate::spec::{PrioritySpec, SchedulingSpec, TopologySpec};
 use crate::yaml::YamlPath;
 
 use super::{dns1123_label, dns_hint, p, Annotate, Cx, StageCx};
@@ -14,8 +14,14 @@ pub const MAX_PRIORITY: i64 = 1_000_000;
 
 impl Cx<'_> {
     /// The stage's scheduling: its own fields, then the defaults', then [`Scheduling`]'s.
-    /// `gpus`: whether the stage claims any (preemption only ever frees GPUs).
-    pub(super) fn stage_scheduling(&mut self, sc: &StageCx<'_>, gpus: bool) -> Scheduling {
+    /// `gpus`: whether the stage claims any (preemption only ever frees GPUs); `executor`:
+    /// where it runs (a cluster orders by class names, not numbers).
+    pub(super) fn stage_scheduling(
+        &mut self,
+        sc: &StageCx<'_>,
+        gpus: bool,
+        executor: &str,
+    ) -> Scheduling {
         let mut out = Scheduling::default();
         // The defaults first, reported once (at `defaults.scheduling`) however many
         // stages take them, then the stage's own over them.
@@ -26,6 +32,17 @@ impl Cx<'_> {
         if let Some(own) = &sc.spec.scheduling {
             let at = sc.path.key("scheduling");
             self.apply_scheduling(&at, own, &mut out);
+            if executor == "kubernetes"
+                && matches!(own.priority, Some(PrioritySpec::Value(v)) if v != 0)
+            {
+                self.diags.push(
+                    Diagnostic::warning(
+                        "unused-field",
+                        "a number orders only this home's queue for GPUs; on Kubernetes the cluster orders by class: name one (`priority: urgent`, a Kueue WorkloadPriorityClass or a PriorityClass)",
+                    )
+                    .path(at.key("priority")),
+                );
+            }
             if own.preemptible == Some(true) && !gpus {
                 self.diags.push(
                     Diagnostic::warning(
@@ -47,20 +64,12 @@ impl Cx<'_> {
 
     fn apply_scheduling(&mut self, at: &YamlPath, spec: &SchedulingSpec, out: &mut Scheduling) {
         if let Some(q) = &spec.queue {
-            match dns1123_label(q) {
-                Ok(()) => out.queue = q.clone(),
-                Err(why) => {
-                    self.err(
-                        "invalid-queue",
-                        &at.key("queue"),
-                        format!("queue name `{q}` {why}"),
-                    )
-                    .maybe_hint(dns_hint(q));
-                }
+            if self.label(&at.key("queue"), "invalid-queue", "queue name", q) {
+                out.queue = Some(q.clone());
             }
         }
-        if let Some(pr) = spec.priority {
-            if pr.abs() > MAX_PRIORITY {
+        match &spec.priority {
+            Some(PrioritySpec::Value(pr)) if pr.abs() > MAX_PRIORITY => {
                 self.err(
                     "invalid-priority",
                     &at.key("priority"),
@@ -68,9 +77,19 @@ impl Cx<'_> {
                         "priority {pr} is out of bounds: from -{MAX_PRIORITY} to {MAX_PRIORITY}"
                     ),
                 );
-            } else {
-                out.priority = pr;
             }
+            Some(PrioritySpec::Value(pr)) => out.priority = Priority::Value(*pr),
+            Some(PrioritySpec::Class(c))
+                if self.label(
+                    &at.key("priority"),
+                    "invalid-priority",
+                    "priority class name",
+                    c,
+                ) =>
+            {
+                out.priority = Priority::Class(c.clone());
+            }
+            Some(PrioritySpec::Class(_)) | None => {}
         }
         if let Some(b) = spec.preemptible {
             out.preemptible = b;
@@ -80,5 +99,49 @@ impl Cx<'_> {
                 out.grace = d;
             }
         }
+        if let Some(t) = &spec.topology {
+            out.topology = self.topology(&at.key("topology"), t);
+        }
+    }
+
+    /// A name that must be a DNS label (it names a cluster's object); whether it is one.
+    fn label(&mut self, at: &YamlPath, code: &'static str, what: &str, name: &str) -> bool {
+        match dns1123_label(name) {
+            Ok(()) => true,
+            Err(why) => {
+                self.err(code, at, format!("{what} `{name}` {why}"))
+                    .maybe_hint(dns_hint(name));
+                false
+            }
+        }
+    }
+
+    fn topology(&mut self, at: &YamlPath, t: &TopologySpec) -> Option<Topology> {
+        let (level, required) = match (&t.require, &t.prefer) {
+            (Some(l), None) => (l, true),
+            (None, Some(l)) => (l, false),
+            _ => {
+                self.err(
+                    "invalid-topology",
+                    at,
+                    "`topology` holds exactly one of `require` and `prefer` (a level: `rack`, `cloud.provider.com/topology-block`)",
+                );
+                return None;
+            }
+        };
+        let bad = level.is_empty() || level.len() > 253 || level.chars().any(char::is_whitespace);
+        if bad {
+            let key = if required { "require" } else { "prefer" };
+            self.err(
+                "invalid-topology",
+                &at.key(key),
+                format!("topology level `{level}` must be a node label's key or a tier's name: 1 to 253 characters, no spaces"),
+            );
+            return None;
+        }
+        Some(Topology {
+            level: level.clone(),
+            required,
+        })
     }
 }

@@ -49,7 +49,7 @@ impl<'a> Cx<'a> {
         let cache = self.stage_cache(sc);
         let resources = self.stage_resources(sc);
         let distributed = self.stage_distributed(sc);
-        let scheduling = self.stage_scheduling(sc, resources.gpu.unwrap_or(0) > 0);
+        let scheduling = self.stage_scheduling(sc, resources.gpu.unwrap_or(0) > 0, executor);
         self.stage_volumes(sc);
         self.stage_secrets(sc);
         let image = self.stage_image(sc, executor);

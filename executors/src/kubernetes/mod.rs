@@ -86,6 +86,9 @@ pub struct Settings {
     pub root: PathBuf,
     /// The rendezvous port of distributed ranks (`MASTER_PORT`).
     pub master_port: u16,
+    /// The class a `preemptible` stage that names no priority class of its own gets: a
+    /// low Kueue `WorkloadPriorityClass` (or `PriorityClass`) the admin made.
+    pub preemptible_class: String,
 }
 
 impl Default for Settings {
@@ -108,6 +111,7 @@ impl Default for Settings {
             binary_path: "/usr/local/bin/drivetrain".into(),
             root: PathBuf::from("/drivetrain"),
             master_port: 29500,
+            preemptible_class: "preemptible".into(),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use drivetrain_engine::artifacts::AttemptKey;
 use drivetrain_engine::executor::{AttemptSpec, Rank, REMOTE_BINARY, REMOTE_WRAPPER};
-use drivetrain_engine::plan::Distributed;
+use drivetrain_engine::plan::{Distributed, Priority, Scheduling};
 use drivetrain_engine::spec::{Framework, TaintEffect, TolerationOperator};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-use serde_json::json;
+use serde_json::{json, Value};
 use sha2::{Digest as _, Sha256};
 
 use super::{Gang, Settings};
@@ -550,6 +550,10 @@ fn pod_spec(
         volumes: Some(parts.volumes.clone()),
         scheduler_name: matches!(settings.gang, Some(Gang::Volcano { .. }))
             .then(|| "volcano".into()),
+        // Kueue reads the workload's class from its label; the others, the pod's.
+        priority_class_name: (!uses_kueue(settings))
+            .then(|| priority_class(settings, &spec.placement.scheduling))
+            .flatten(),
         ..Default::default()
     }
 }
@@ -558,6 +562,41 @@ fn deadline(spec: &AttemptSpec) -> Option<i64> {
     spec.placement
         .timeout
         .map(|t| i64::try_from(t.as_secs().max(1)).unwrap_or(i64::MAX))
+}
+
+/// Whether workloads go to Kueue's queues.
+fn uses_kueue(settings: &Settings) -> bool {
+    settings.project_queues || matches!(settings.gang, Some(Gang::Kueue { .. }))
+}
+
+/// The class of a stage's priority on the cluster: the one it names, else the settings'
+/// `preemptible_class` for a preemptible stage. (An integer priority orders only the
+/// home's own GPU queue: `validate` warns of it.)
+fn priority_class(settings: &Settings, sched: &Scheduling) -> Option<String> {
+    match &sched.priority {
+        Priority::Class(c) => Some(c.clone()),
+        Priority::Value(_) if sched.preemptible => Some(settings.preemptible_class.clone()),
+        Priority::Value(_) => None,
+    }
+}
+
+/// A Volcano `PodGroup`'s spec: its gang, queue (the stage's over the settings'), class
+/// and network topology.
+fn volcano_group(settings: &Settings, sched: &Scheduling, members: u32, queue: &str) -> Value {
+    let mut spec = json!({
+        "minMember": members,
+        "queue": sched.queue.as_deref().unwrap_or(queue),
+    });
+    if let Some(class) = priority_class(settings, sched) {
+        spec["priorityClassName"] = json!(class);
+    }
+    if let Some(t) = &sched.topology {
+        spec["networkTopology"] = json!({
+            "mode": if t.required { "hard" } else { "soft" },
+            "highestTierName": t.level,
+        });
+    }
+    spec
 }
 
 /// Renders the objects of one attempt.
@@ -573,6 +612,7 @@ pub fn render(settings: &Settings, spec: &AttemptSpec) -> Rendered {
         .collect();
     let mut annotations = BTreeMap::new();
     let workers = spec.distributed.as_ref().map(|d| d.workers).unwrap_or(1);
+    let sched = &spec.placement.scheduling;
     if let Some(Gang::Volcano { queue }) = &settings.gang {
         annotations.insert("scheduling.k8s.io/group-name".to_owned(), name.clone());
         let members = match spec.distributed.as_ref().map(|d| d.framework) {
@@ -581,10 +621,14 @@ pub fn render(settings: &Settings, spec: &AttemptSpec) -> Rendered {
         };
         let mut pg = DynamicObject::new(&name, &podgroup_resource()).within(&settings.namespace);
         pg.metadata.labels = Some(labels.clone());
-        pg.data = json!({"spec": {"minMember": members, "queue": queue}});
+        pg.data = json!({"spec": volcano_group(settings, sched, members, queue)});
         objects.push(Object::Custom(Box::new(pg), podgroup_resource()));
+        if sched.preemptible {
+            annotations.insert("volcano.sh/preemptable".to_owned(), "true".to_owned());
+        }
     }
     let kueue = match &settings.gang {
+        _ if sched.queue.is_some() && uses_kueue(settings) => sched.queue.clone(),
         _ if settings.project_queues => Some(label_value(project(spec))),
         Some(Gang::Kueue { queue }) => Some(queue.clone()),
         _ => None,
@@ -592,6 +636,16 @@ pub fn render(settings: &Settings, spec: &AttemptSpec) -> Rendered {
     let mut workload_labels = labels.clone();
     if let Some(queue) = &kueue {
         workload_labels.insert("kueue.x-k8s.io/queue-name".into(), queue.clone());
+        if let Some(class) = priority_class(settings, sched) {
+            workload_labels.insert("kueue.x-k8s.io/priority-class".into(), class);
+        }
+        if let Some(t) = &sched.topology {
+            let key = match t.required {
+                true => "kueue.x-k8s.io/podset-required-topology",
+                false => "kueue.x-k8s.io/podset-preferred-topology",
+            };
+            annotations.insert(key.to_owned(), t.level.clone());
+        }
     }
     let w = Workload {
         settings,

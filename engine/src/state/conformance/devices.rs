@@ -227,6 +227,16 @@ pub(super) fn priorities(s: &dyn StateStore) {
         other => panic!("{other:?}"),
     }
     assert_eq!(s.gpu_preempted(&high, "serve#1").unwrap(), None);
+    // Classes name priorities; a class set again takes its new value; one dropped is gone.
+    s.set_priority_class("high", Some(100)).unwrap();
+    s.set_priority_class("low", Some(-5)).unwrap();
+    s.set_priority_class("high", Some(90)).unwrap();
+    assert_eq!(
+        s.priority_classes().unwrap(),
+        [("high".to_owned(), 90), ("low".to_owned(), -5)]
+    );
+    s.set_priority_class("low", None).unwrap();
+    assert_eq!(s.priority_classes().unwrap(), [("high".to_owned(), 90)]);
     // Giving up a wait leaves nothing in the queue.
     s.release_gpus(&low, Some("urgent#1")).unwrap();
     s.release_gpus(&mid, None).unwrap();

@@ -4,7 +4,7 @@
 use postgres::GenericClient;
 
 use super::super::devices::{claim_in, Claimed, DeviceStore, GpuAsk, GpuClaim, GpuWait, LedgerTx};
-use super::{exec, queries, rows, PostgresState, RunId, StateError};
+use super::{exec, now, queries, rows, PostgresState, RunId, StateError};
 
 fn claims(c: &mut impl GenericClient) -> Result<Vec<GpuClaim>, StateError> {
     rows(
@@ -159,6 +159,34 @@ impl DeviceStore for PostgresState {
 
     fn gpu_waits(&self) -> Result<Vec<GpuWait>, StateError> {
         self.with(waits)
+    }
+
+    fn set_priority_class(&self, name: &str, value: Option<i64>) -> Result<(), StateError> {
+        let what = format!("set priority class {name}");
+        self.with(|c| {
+            match value {
+                Some(v) => exec(
+                    c,
+                    queries::pg::SET_PRIORITY_CLASS,
+                    &[&name, &v, &now()],
+                    what.clone(),
+                ),
+                None => exec(c, queries::pg::DROP_PRIORITY_CLASS, &[&name], what.clone()),
+            }
+            .map(|_| ())
+        })
+    }
+
+    fn priority_classes(&self) -> Result<Vec<(String, i64)>, StateError> {
+        self.with(|c| {
+            rows(
+                c,
+                queries::pg::PRIORITY_CLASSES,
+                &[],
+                "read the priority classes",
+                |r| (r.get(0), r.get(1)),
+            )
+        })
     }
 
     fn gpu_preempted(&self, run: &RunId, holder: &str) -> Result<Option<String>, StateError> {

@@ -4,7 +4,7 @@
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::super::devices::{claim_in, Claimed, DeviceStore, GpuAsk, GpuClaim, GpuWait, LedgerTx};
-use super::{queries, sql, ExecuteCached, RunId, SqliteState, StateError};
+use super::{now, queries, sql, ExecuteCached, RunId, SqliteState, StateError};
 
 fn claims(c: &Connection) -> Result<Vec<GpuClaim>, StateError> {
     let mut st = c
@@ -161,6 +161,32 @@ impl DeviceStore for SqliteState {
 
     fn gpu_waits(&self) -> Result<Vec<GpuWait>, StateError> {
         self.with(waits)
+    }
+
+    fn set_priority_class(&self, name: &str, value: Option<i64>) -> Result<(), StateError> {
+        self.with(|c| {
+            match value {
+                Some(v) => {
+                    c.execute_cached(queries::sqlite::SET_PRIORITY_CLASS, params![name, v, now()])
+                }
+                None => c.execute_cached(queries::sqlite::DROP_PRIORITY_CLASS, params![name]),
+            }
+            .map(|_| ())
+            .map_err(sql(format!("set priority class {name}")))
+        })
+    }
+
+    fn priority_classes(&self) -> Result<Vec<(String, i64)>, StateError> {
+        self.with(|c| {
+            let mut st = c
+                .prepare_cached(queries::sqlite::PRIORITY_CLASSES)
+                .map_err(sql("read the priority classes"))?;
+            let rows = st
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                .map_err(sql("read the priority classes"))?;
+            rows.collect::<Result<_, _>>()
+                .map_err(sql("read the priority classes"))
+        })
     }
 
     fn gpu_preempted(&self, run: &RunId, holder: &str) -> Result<Option<String>, StateError> {
