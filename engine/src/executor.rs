@@ -273,9 +273,13 @@ pub enum AttemptOutcome {
     OutOfMemory { reason: String },
     /// Stopped by the cluster's own time limit (`retries.on: [timeout]`).
     TimedOut { reason: String },
-    /// Ended by the infrastructure, not the stage: a node that failed, a preemption, a
-    /// job the cluster no longer knows (`retries.on: [lost]`).
+    /// Ended by the infrastructure, not the stage: a node that failed, a job the cluster
+    /// no longer knows (`retries.on: [lost]`).
     Lost { reason: String },
+    /// Stopped by the cluster's scheduler for work of a higher priority (Slurm's
+    /// `PREEMPTED`): not the stage's failure and not a retry; the stage is submitted
+    /// again and resumes from its checkpoints.
+    Preempted { reason: String },
 }
 
 /// The executor could not run the attempt at all: the infrastructure's fault.

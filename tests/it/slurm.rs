@@ -626,3 +626,82 @@ stages:
     let all = sacct();
     assert_eq!(all.trim(), format!("{job}|COMPLETED"), "{all}");
 }
+
+/// On a Slurm configured for QoS preemption (`urgent` preempts `preemptible`): a
+/// preemptible stage (its job in QoS `preemptible`) that a job of QoS `urgent` preempts
+/// gets SIGTERM, saves its checkpoint and ends its attempt `Preempted` (not a failure,
+/// not a retry); the engine submits it again, it resumes from its checkpoint, and its
+/// run succeeds with what it would have had alone.
+#[test]
+fn a_preempted_slurm_job_is_submitted_again_and_resumes() {
+    let home = Home::new("slurm-preempt");
+    let cluster = SlurmCluster::start_preempting(&home.dir.join("slurm"));
+    let cluster = Cluster {
+        conf: cluster.conf.display().to_string(),
+        _cluster: cluster,
+    };
+    let train = home.write(
+        "train.yaml",
+        r#"version: 1
+name: train
+stages:
+  train:
+    resources: {gpu: 2}
+    scheduling: {preemptible: true}
+    run:
+      command:
+        - sh
+        - -c
+        - |
+          c="$DRIVETRAIN_CHECKPOINTS/state"
+          i=0; sum=0
+          if [ -f "$c" ]; then read i sum < "$c"; echo "resumed from step $i"; fi
+          trap 'echo "$i $sum" > "$c"; echo "stopped at step $i"; exit 143' TERM
+          while [ "$i" -lt 12 ]; do
+            i=$((i+1)); sum=$((sum+i*i)); echo "step $i"
+            echo "$i $sum" > "$c"
+            sleep 0.25 & wait $!
+          done
+          echo "{\"steps\": $i, \"sum\": $sum}" > "$DRIVETRAIN_VALUES"
+"#,
+    );
+    let urgent = home.write(
+        "urgent.yaml",
+        "version: 1\nname: urgent\nstages:\n  urgent:\n    resources: {gpu: 2}\n    scheduling: {priority: urgent}\n    run: {command: [sleep, '1']}\n",
+    );
+    let (engine, run) = cluster.spawn_run(&home, &train);
+    cluster.wait_for(&format!("dt.{run}.train.1"), "RUNNING");
+    std::thread::sleep(Duration::from_millis(1500));
+    let o = home.drivetrain_env(
+        &["run", urgent.to_str().unwrap(), "--executor", "slurm"],
+        &cluster.env(),
+    );
+    assert_ok(&o);
+    let o = engine.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+
+    let st = home.status(&run);
+    let s = stage(&st, "train");
+    assert_eq!(
+        s["values"],
+        serde_json::json!({"steps": 12, "sum": 650}),
+        "{s}"
+    );
+    assert_eq!(s["attempts"], 2, "{s}");
+    let state = drivetrain_engine::state::SqliteState::open(&home.dir.join(".drivetrain/state.db"))
+        .unwrap();
+    use drivetrain_engine::state::AttemptStore as _;
+    let tries = state
+        .attempts(&drivetrain_engine::state::RunId(run.clone()))
+        .unwrap();
+    let phases: Vec<&str> = tries.iter().map(|a| a.phase.as_str()).collect();
+    assert_eq!(phases, ["Preempted", "Succeeded"], "{tries:?}");
+    let why = tries[0].reason.as_deref().unwrap_or_default();
+    assert!(why.contains("ended PREEMPTED"), "{why}");
+    let log = text(&home.drivetrain(&["logs", &run, "--stage", "train"]).stdout);
+    assert!(log.contains("resumed from step "), "{log}");
+    assert!(
+        !log.lines().any(|l| l == "step 1"),
+        "it started over: {log}"
+    );
+}

@@ -3,12 +3,14 @@
 # munge with its own key and socket, slurmctld and slurmd as root. For the tests and the
 # bench; nothing here touches /etc.
 #
-#   cluster.sh start DIR [accounting]
+#   cluster.sh start DIR [accounting [preemption]]
 #                          writes DIR/slurm.conf, starts the daemons, waits until the node
 #                          is idle, prints `SLURM_CONF=DIR/slurm.conf`; with `accounting`,
 #                          slurmdbd on a MariaDB of its own (socket only, data in DIR/mysql)
 #                          keeps every job for `sacct`, and the controller forgets ended
-#                          jobs after 2 s (MinJobAge) instead of 10 minutes
+#                          jobs after 2 s (MinJobAge) instead of 10 minutes; with
+#                          `preemption` too, QoS preemption (`preempt/qos`, `REQUEUE`): QoS
+#                          `urgent` preempts QoS `preemptible`, root may use both
 #   cluster.sh stop DIR    stops them by the PIDs in DIR/*.pid
 #
 # The node has at least 8 CPUs, 2 fake GPUs (gres `gpu`, devices DIR/dev/nvidia0..1, symlinks to /dev/null:
@@ -47,6 +49,7 @@ if [ "$cmd" = stop ]; then
 fi
 [ "$cmd" = start ] || { echo "usage: cluster.sh start|stop DIR" >&2; exit 2; }
 accounting=${3:-}
+preemption=${4:-}
 
 for tool in munged slurmctld slurmd sbatch; do
   command -v "$tool" >/dev/null || { echo "cluster.sh: $tool not found (apt-get install slurmctld slurmd slurm-client munge)" >&2; exit 3; }
@@ -167,6 +170,10 @@ CONF
 fi
 
 export SLURM_CONF="$dir/slurm.conf"
+if [ "$preemption" = preemption ]; then
+  [ "$accounting" = accounting ] || { echo "cluster.sh: preemption needs accounting (QoS)" >&2; exit 2; }
+  sed -i 's|^SchedulerType=.*|&\nPreemptType=preempt/qos\nPreemptMode=REQUEUE|' "$SLURM_CONF"
+fi
 setsid slurmctld -f "$SLURM_CONF" </dev/null >"$dir/slurmctld.out" 2>&1
 setsid slurmd -f "$SLURM_CONF" </dev/null >"$dir/slurmd.out" 2>&1
 
@@ -176,6 +183,13 @@ for _ in $(seq 200); do
     break
   fi
   if timeout 2 sinfo -h -o %t 2>/dev/null | grep -qx idle; then
+    if [ "$preemption" = preemption ]; then
+      # A job that may not be requeued (`--no-requeue`, as the engine submits) is
+      # cancelled as PREEMPTED, after SIGTERM and KillWait.
+      sacctmgr -i add qos preemptible >/dev/null
+      sacctmgr -i add qos urgent Preempt=preemptible PreemptMode=requeue Priority=100 >/dev/null
+      sacctmgr -i modify user root set qos+=preemptible,urgent >/dev/null
+    fi
     echo "SLURM_CONF=$SLURM_CONF"
     exit 0
   fi

@@ -381,6 +381,11 @@ async fn wait_attempt(
                 class: ErrorClass::Lost,
             })
         }
+        AttemptOutcome::Preempted { reason } => {
+            return Ok(AttemptEnd::Preempted {
+                reason: mask.text(&reason),
+            })
+        }
     }
     let mut values = match read_values(ctx, key, layout).await? {
         Ok(v) => v,

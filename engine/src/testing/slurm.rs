@@ -20,11 +20,21 @@ impl SlurmCluster {
     /// Starts a cluster under `dir` (with `accounting`: slurmdbd, and a controller that
     /// forgets ended jobs after 2 s); fails the test with why if it does not start.
     pub fn start(dir: &Path, accounting: bool) -> SlurmCluster {
+        SlurmCluster::start_with(dir, if accounting { &["accounting"] } else { &[] })
+    }
+
+    /// Starts a cluster with accounting and QoS preemption: QoS `urgent` preempts QoS
+    /// `preemptible` (a job that may not be requeued is cancelled as `PREEMPTED`).
+    pub fn start_preempting(dir: &Path) -> SlurmCluster {
+        SlurmCluster::start_with(dir, &["accounting", "preemption"])
+    }
+
+    fn start_with(dir: &Path, options: &[&str]) -> SlurmCluster {
         let out = Command::new("bash")
             .arg(script())
             .arg("start")
             .arg(dir)
-            .args(accounting.then_some("accounting"))
+            .args(options)
             .output()
             .expect("bash runs");
         assert!(

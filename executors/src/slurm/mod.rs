@@ -15,9 +15,15 @@
 //! - One poll per cluster ([`poll`]): `squeue` for every waiting job at once, `sacct` for
 //!   those the controller has forgotten. A pending job's reason (`Resources`, a GPU it
 //!   waits for) goes into the attempt's log as it changes, so `status` shows it.
-//! - `cancel` is `scancel`. The engine owns retries (`--no-requeue`): `NODE_FAIL` and
-//!   `PREEMPTED` end the attempt as lost (`retries.on: [lost]`), `TIMEOUT` as a timeout,
-//!   `OUT_OF_MEMORY` (or Slurm's own memory enforcement killing it) as `oom`.
+//! - `cancel` is `scancel`. The engine owns retries (`--no-requeue`): `NODE_FAIL` ends
+//!   the attempt as lost (`retries.on: [lost]`), `TIMEOUT` as a timeout, `OUT_OF_MEMORY`
+//!   (or Slurm's own memory enforcement killing it) as `oom`, and `PREEMPTED` (a job of
+//!   a higher QoS took its place; Slurm cancels a job it may not requeue) as preempted:
+//!   the engine submits the stage again, not as a retry, and it resumes from its
+//!   checkpoints.
+//! - `scheduling:` places the job: a `queue` is its partition (or its QoS, with
+//!   `queue_option: qos`), a priority class its QoS, a preemptible stage naming none the
+//!   settings' `preemptible_qos`, a negative priority `--nice`.
 //!
 //! Settings come from the YAML file named by `DRIVETRAIN_SLURM` ([`Settings`]).
 
@@ -65,6 +71,11 @@ pub struct Settings {
     /// The most tasks of one job array (the cluster's `MaxArraySize` less one; default
     /// 1000): a larger map is several arrays.
     pub max_array_size: Option<usize>,
+    /// What a stage's `scheduling.queue` names: `partition` (default) or `qos`.
+    pub queue_option: Option<String>,
+    /// The QoS of a `preemptible` stage that names no priority class (default
+    /// `preemptible`): one a higher QoS may preempt (`Preempt=`, `PreemptMode=requeue`).
+    pub preemptible_qos: Option<String>,
 }
 
 impl Settings {
@@ -84,6 +95,16 @@ impl Settings {
         let s: Settings = crate::settings_file(path)?;
         s.interval()
             .map_err(|e| format!("{}: poll_interval: {e}", path.display()))?;
+        if let Some(q) = s
+            .queue_option
+            .as_deref()
+            .filter(|q| !["partition", "qos"].contains(q))
+        {
+            return Err(format!(
+                "{}: queue_option: `{q}`: a stage's queue names a `partition` or a `qos`",
+                path.display()
+            ));
+        }
         Ok(s)
     }
 

@@ -92,7 +92,12 @@ impl JobStatus {
             "TIMEOUT" | "DEADLINE" => AttemptOutcome::TimedOut {
                 reason: format!("Slurm job {job} ran past its time limit ({})", self.state),
             },
-            "NODE_FAIL" | "PREEMPTED" | "BOOT_FAIL" | "GONE" => AttemptOutcome::Lost {
+            "PREEMPTED" => AttemptOutcome::Preempted {
+                reason: format!(
+                    "preempted by the cluster: Slurm job {job} ended PREEMPTED (a job of a higher QoS took its place); it is submitted again and resumes from its checkpoints"
+                ),
+            },
+            "NODE_FAIL" | "BOOT_FAIL" | "GONE" => AttemptOutcome::Lost {
                 reason: match self.state.as_str() {
                     "GONE" => format!("lost: Slurm no longer knows job {job}"),
                     s => format!("lost: Slurm job {job} ended {s} ({})", self.reason),
@@ -345,7 +350,11 @@ mod tests {
             st("TIMEOUT").outcome("1", "x", ""),
             AttemptOutcome::TimedOut { .. }
         ));
-        for lost in ["NODE_FAIL", "PREEMPTED", "GONE"] {
+        assert!(matches!(
+            st("PREEMPTED").outcome("1", "x", ""),
+            AttemptOutcome::Preempted { .. }
+        ));
+        for lost in ["NODE_FAIL", "GONE"] {
             assert!(matches!(
                 st(lost).outcome("1", "x", ""),
                 AttemptOutcome::Lost { .. }

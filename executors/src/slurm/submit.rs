@@ -4,6 +4,7 @@
 //! a command line). Pure, so the tests read it as it is.
 
 use drivetrain_engine::executor::{AttemptSpec, Rank};
+use drivetrain_engine::plan::{Priority, Scheduling};
 use drivetrain_engine::spec::Framework;
 
 use super::Settings;
@@ -205,6 +206,28 @@ pub fn array_submission(
     }
 }
 
+/// The partition and QoS a stage's `scheduling` asks for: its queue (a partition, or a
+/// QoS with `queue_option: qos`), and its priority class as a QoS, or the settings'
+/// `preemptible_qos` for a preemptible stage naming none.
+fn scheduled(settings: &Settings, s: &Scheduling) -> (Option<String>, Option<String>) {
+    let queue_is_qos = settings.queue_option.as_deref() == Some("qos");
+    let class = match &s.priority {
+        Priority::Class(c) => Some(c.clone()),
+        Priority::Value(_) if s.preemptible => Some(
+            settings
+                .preemptible_qos
+                .clone()
+                .unwrap_or_else(|| "preemptible".to_owned()),
+        ),
+        Priority::Value(_) => None,
+    };
+    match (&s.queue, queue_is_qos) {
+        (Some(q), false) => (Some(q.clone()), class),
+        (Some(q), true) => (None, class.or_else(|| Some(q.clone()))),
+        (None, _) => (None, class),
+    }
+}
+
 /// Where and with what a job runs: partition, account, QoS, resources, time.
 fn placement_options(settings: &Settings, spec: &AttemptSpec) -> Vec<String> {
     let res = &spec.placement.resources;
@@ -218,25 +241,42 @@ fn placement_options(settings: &Settings, spec: &AttemptSpec) -> Vec<String> {
         // preemption) ends, and the run loop decides.
         "--no-requeue".to_owned(),
     ];
-    // The stage's own place first, then the settings'.
+    // The stage's own place first, then its scheduling's, then the settings'.
     let own = &spec.placement.slurm;
     let partition = match (gpus, &settings.gpu_partition) {
         (1.., Some(p)) => Some(p),
         _ => settings.partition.as_ref(),
     };
+    let (queue_partition, queue_qos) = scheduled(settings, &spec.placement.scheduling);
     let place = [
-        ("partition", own.partition.as_ref().or(partition)),
+        (
+            "partition",
+            own.partition
+                .as_ref()
+                .or(queue_partition.as_ref())
+                .or(partition),
+        ),
         (
             "account",
             own.account.as_ref().or(settings.account.as_ref()),
         ),
-        ("qos", own.qos.as_ref().or(settings.qos.as_ref())),
+        (
+            "qos",
+            own.qos
+                .as_ref()
+                .or(queue_qos.as_ref())
+                .or(settings.qos.as_ref()),
+        ),
         ("constraint", own.constraint.as_ref()),
     ];
     for (option, value) in place {
         if let Some(v) = value {
             o.push(format!("--{option}={v}"));
         }
+    }
+    if let Priority::Value(p @ ..0) = spec.placement.scheduling.priority {
+        // Any user may lower a job's priority; raising it is a QoS's (a class).
+        o.push(format!("--nice={}", p.unsigned_abs()));
     }
     o.push(format!("--ntasks={ranks}"));
     let cpus = res.cpu.as_ref().map(|c| c.value.ceil().max(1.0) as u64);
@@ -358,6 +398,74 @@ mod tests {
         assert!(!sub.options.iter().any(|o| o.contains("s3cr3t")));
         assert!(sub.env.contains(&("TOKEN".into(), "s3cr3t".into())));
         assert!(sub.env.contains(&("WORLD_SIZE".into(), "1".into())));
+    }
+
+    /// `scheduling:` places the job: the queue a partition (or a QoS), a class a QoS, a
+    /// preemptible stage the preemptible QoS, a lower priority `--nice`; the stage's own
+    /// `slurm:` still wins.
+    #[test]
+    fn scheduling_maps_to_partition_qos_and_nice() {
+        let opts = |settings: &Settings, sched: Scheduling| {
+            let mut s = spec();
+            s.placement.scheduling = sched;
+            submission(settings, &s).options
+        };
+        let has = |o: &[String], want: &str| o.iter().any(|x| x == want);
+        let settings = Settings {
+            qos: Some("normal".into()),
+            ..Settings::default()
+        };
+        let o = opts(
+            &settings,
+            Scheduling {
+                queue: Some("perception".into()),
+                priority: Priority::Class("urgent".into()),
+                ..Scheduling::default()
+            },
+        );
+        assert!(
+            has(&o, "--partition=perception") && has(&o, "--qos=urgent"),
+            "{o:?}"
+        );
+        let o = opts(
+            &settings,
+            Scheduling {
+                preemptible: true,
+                priority: Priority::Value(-5),
+                ..Scheduling::default()
+            },
+        );
+        assert!(has(&o, "--qos=preemptible") && has(&o, "--nice=5"), "{o:?}");
+        assert!(
+            has(&o, "--no-requeue"),
+            "the engine submits a preempted stage again"
+        );
+        let by_qos = Settings {
+            queue_option: Some("qos".into()),
+            ..Settings::default()
+        };
+        let o = opts(
+            &by_qos,
+            Scheduling {
+                queue: Some("perception".into()),
+                ..Scheduling::default()
+            },
+        );
+        assert!(
+            has(&o, "--qos=perception") && !o.iter().any(|x| x.starts_with("--partition")),
+            "{o:?}"
+        );
+        // Nothing asked: the settings' QoS, no nice.
+        let o = opts(&settings, Scheduling::default());
+        assert!(
+            has(&o, "--qos=normal") && !o.iter().any(|x| x.starts_with("--nice")),
+            "{o:?}"
+        );
+        // The stage's own `slurm.qos` wins over its class.
+        let mut s = spec();
+        s.placement.scheduling.priority = Priority::Class("urgent".into());
+        s.placement.slurm.qos = Some("debug".into());
+        assert!(has(&submission(&settings, &s).options, "--qos=debug"));
     }
 
     #[test]
