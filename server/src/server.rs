@@ -64,6 +64,59 @@ impl Histogram {
     }
 }
 
+/// The home's GPU ledger as gauges per queue: attempts waiting, devices held, and how
+/// long the longest waiter has waited. (A ledger that cannot be read leaves them out.)
+pub(crate) fn render_gpu_queues(
+    out: &mut String,
+    state: &dyn drivetrain_engine::state::StateStore,
+) {
+    use std::collections::BTreeMap;
+    let (Ok(claims), Ok(waits)) = (state.gpu_claims(), state.gpu_waits()) else {
+        return;
+    };
+    let now = chrono::Utc::now();
+    let mut queues: BTreeMap<&str, (u64, u64, f64)> = BTreeMap::new();
+    for c in &claims {
+        queues.entry(&c.queue).or_default().1 += 1;
+    }
+    for w in &waits {
+        let waited = chrono::DateTime::parse_from_rfc3339(&w.since)
+            .map(|t| (now - t.with_timezone(&chrono::Utc)).num_milliseconds() as f64 / 1000.0)
+            .unwrap_or(0.0)
+            .max(0.0);
+        let q = queues.entry(&w.queue).or_default();
+        q.0 += 1;
+        q.2 = q.2.max(waited);
+    }
+    for (name, help, pick) in [
+        (
+            "drivetrain_gpu_queue_depth",
+            "Attempts waiting for GPUs in this home, by queue.",
+            0,
+        ),
+        (
+            "drivetrain_gpus_held",
+            "GPUs held by attempts in this home, by queue.",
+            1,
+        ),
+        (
+            "drivetrain_gpu_queue_oldest_wait_seconds",
+            "How long the longest waiter for GPUs has waited, by queue.",
+            2,
+        ),
+    ] {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+        for (queue, (depth, held, oldest)) in &queues {
+            let v = match pick {
+                0 => depth.to_string(),
+                1 => held.to_string(),
+                _ => format!("{oldest:.3}"),
+            };
+            out.push_str(&format!("{name}{{queue=\"{queue}\"}} {v}\n"));
+        }
+    }
+}
+
 pub(crate) const SECONDS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0,
 ];

@@ -206,6 +206,15 @@ fn a_higher_priority_stage_preempts_a_preemptible_one_which_resumes() {
     );
     assert!(reason.contains("place 1 of 1"), "{reason}");
     assert!(!reason.contains("preempting"), "{reason}");
+    // `/metrics` counts it per queue.
+    let (_, m) = request(&s, "GET", "/metrics", Some(TOKEN), None);
+    for line in [
+        "drivetrain_gpu_queue_depth{queue=\"default\"} 1",
+        "drivetrain_gpus_held{queue=\"default\"} 2",
+        "drivetrain_gpu_queue_oldest_wait_seconds{queue=\"default\"} ",
+    ] {
+        assert!(m.contains(line), "{line} in:\n{m}");
+    }
     // `drivetrain queue` says the same from the ledger, by queue.
     let q = home.drivetrain(&["queue", "-o", "json"]);
     common::assert_ok(&q);

@@ -1138,6 +1138,7 @@ async fn metrics(State(s): State<Shared>, Extension(who): Extension<Subject>) ->
             v.load(Ordering::Relaxed)
         ));
     }
+    crate::server::render_gpu_queues(&mut out, s.engine.state().as_ref());
     m.render_usage(&mut out, &who.projects_for(Verb::Read));
     m.stage_seconds.render(
         &mut out,
