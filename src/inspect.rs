@@ -252,11 +252,17 @@ pub fn list(
         }
     };
     let orphans = orphaned(state.as_ref())?;
+    // Why a running run's stages wait, where they wait for GPUs.
+    let waits = state.gpu_waits().unwrap_or_default();
     if out.json() {
         let mut out = Vec::new();
         for r in &runs {
             let mut v = serde_json::to_value(r)?;
             v["orphaned"] = json!(orphans.contains(&r.id));
+            let waiting = crate::queue::waiting_in(&r.id, &waits);
+            if !waiting.is_empty() {
+                v["waiting"] = json!(waiting);
+            }
             out.push(v);
         }
         crate::output::print_json(&out)?;
@@ -267,8 +273,13 @@ pub fn list(
             true => format!("{} (orphaned)", r.phase.as_str()),
             false => r.phase.as_str().to_owned(),
         };
+        let waiting = crate::queue::waiting_in(&r.id, &waits);
+        let waiting = match waiting.is_empty() {
+            true => String::new(),
+            false => format!("  ({})", waiting.join("; ")),
+        };
         println!(
-            "{}  {:<19} {:<24} {}",
+            "{}  {:<19} {:<24} {}{waiting}",
             r.id, phase, r.pipeline, r.created_at
         );
     }

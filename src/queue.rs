@@ -117,18 +117,38 @@ fn rows(claims: &[GpuClaim], waits: &[GpuWait], runs: &BTreeMap<RunId, Value>) -
             })
         })
         .collect();
-    let mut place: BTreeMap<&str, usize> = BTreeMap::new();
-    for w in waits {
-        let n = place.entry(&w.host).or_default();
-        *n += 1;
+    for (w, place) in placed(waits) {
         let run = &runs[&w.run];
         rows.push(json!({
             "state": "waiting", "queue": w.queue, "priority": w.priority, "run": w.run,
             "holder": w.holder, "project": run["project"], "pipeline": run["pipeline"],
-            "host": w.host, "gpus": w.count, "since": w.since, "place": *n,
+            "host": w.host, "gpus": w.count, "since": w.since, "place": place,
         }));
     }
     rows
+}
+
+/// Each waiter with its place on its machine (from 1), in the ledger's order.
+pub fn placed(waits: &[GpuWait]) -> Vec<(&GpuWait, usize)> {
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    waits
+        .iter()
+        .map(|w| {
+            let n = seen.entry(&w.host).or_default();
+            *n += 1;
+            (w, *n)
+        })
+        .collect()
+}
+
+/// What `list` says of a run's attempts waiting for GPUs: `train#1 waits for 2 GPU(s),
+/// place 1`.
+pub fn waiting_in(run: &RunId, waits: &[GpuWait]) -> Vec<String> {
+    placed(waits)
+        .into_iter()
+        .filter(|(w, _)| &w.run == run)
+        .map(|(w, place)| format!("{} waits for {} GPU(s), place {place}", w.holder, w.count))
+        .collect()
 }
 
 fn line(e: &Value) -> String {

@@ -215,6 +215,16 @@ fn a_higher_priority_stage_preempts_a_preemptible_one_which_resumes() {
     ] {
         assert!(m.contains(line), "{line} in:\n{m}");
     }
+    // `list` says why the run waits.
+    let list = common::text(&home.drivetrain(&["list"]).stdout);
+    let line = list
+        .lines()
+        .find(|l| l.starts_with(urgent.as_str()))
+        .unwrap_or_else(|| panic!("{list}"));
+    assert!(
+        line.ends_with("(urgent#1 waits for 2 GPU(s), place 1)"),
+        "{line}"
+    );
     // `drivetrain queue` says the same from the ledger, by queue.
     let q = home.drivetrain(&["queue", "-o", "json"]);
     common::assert_ok(&q);

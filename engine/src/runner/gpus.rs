@@ -15,6 +15,11 @@ const POLL: Duration = Duration::from_millis(250);
 /// saying so); askers ask every [`POLL`].
 const WAIT_STALE_S: i64 = 10;
 
+/// Told of every change to the ledger this process makes (devices given back, claims
+/// marked preempted), so its other engines (`serve`'s runs) look again at once; engines
+/// of other processes see it at their next [`POLL`].
+static LEDGER: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
 /// The machine's GPUs as this run's engine sees them.
 pub(super) struct GpuPool {
     state: Arc<dyn StateStore>,
@@ -22,7 +27,6 @@ pub(super) struct GpuPool {
     host: String,
     /// The devices' names (`CUDA_VISIBLE_DEVICES` values), in the order handed out.
     devices: Vec<String>,
-    released: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for GpuPool {
@@ -78,7 +82,6 @@ impl GpuPool {
             run,
             host: host(),
             devices,
-            released: tokio::sync::Notify::new(),
         }
     }
 
@@ -96,7 +99,7 @@ impl GpuPool {
             done: false,
         };
         loop {
-            let notified = self.released.notified();
+            let notified = LEDGER.notified();
             let stale = crate::engine::recover::stale_before();
             let waits_stale = (chrono::Utc::now() - chrono::Duration::seconds(WAIT_STALE_S))
                 .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
@@ -118,6 +121,10 @@ impl GpuPool {
                     return Ok(devices);
                 }
                 Claimed::Busy(at) => {
+                    let marked = last.as_ref().map_or(0, |l| l.preempting.len());
+                    if at.preempting.len() > marked {
+                        LEDGER.notify_waiters();
+                    }
                     if last.as_ref() != Some(&at) {
                         waiting(&at);
                         last = Some(at);
@@ -133,16 +140,20 @@ impl GpuPool {
 
     pub(super) fn release(&self, holder: &str) -> Result<(), StateError> {
         let r = self.state.release_gpus(&self.run, Some(holder));
-        self.released.notify_waiters();
+        LEDGER.notify_waiters();
         r
     }
 
     /// Returns once an attempt of higher priority asked for `holder`'s devices: who.
     pub(super) async fn preempted(&self, holder: &str) -> String {
         loop {
-            tokio::time::sleep(POLL).await;
+            let notified = LEDGER.notified();
             if let Ok(Some(by)) = self.state.gpu_preempted(&self.run, holder) {
                 return by;
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep(POLL) => {}
             }
         }
     }

@@ -118,30 +118,45 @@ pub(super) trait LedgerTx {
     fn mark_preempted(&mut self, victim: &GpuClaim, by: &str) -> Result<(), StateError>;
 }
 
-/// A claim inside its backend's transaction: free the dead, record the wait, decide
-/// ([`decide`]), then grant or mark what is preempted.
+/// A claim inside its backend's transaction. First on what is recorded, the asker placed
+/// in the queue where it would stand: granted, it takes the devices and leaves the queue
+/// (no more statements than that). Otherwise the dead are freed, the wait recorded, and
+/// the ledger decides again ([`decide`]), granting or marking what is preempted.
 pub(super) fn claim_in(tx: &mut impl LedgerTx, ask: &GpuAsk<'_>) -> Result<Claimed, StateError> {
-    tx.free_dead(ask)?;
     let at = super::now();
-    tx.upsert_wait(ask, &at)?;
     let claims: Vec<GpuClaim> = tx
         .claims()?
         .into_iter()
         .filter(|c| c.host == ask.host)
         .collect();
-    let waits: Vec<GpuWait> = tx
-        .waits()?
+    let all_waits = tx.waits()?;
+    // (Waiting anywhere: a wait of the asker's on another machine goes too once granted.)
+    let queued = all_waits.iter().any(|w| is_asker(ask, w));
+    let mut with_me: Vec<GpuWait> = all_waits
         .into_iter()
         .filter(|w| w.host == ask.host)
         .collect();
+    if !queued {
+        let me = GpuWait {
+            host: ask.host.to_owned(),
+            run: ask.run.clone(),
+            holder: ask.holder.to_owned(),
+            queue: ask.queue.to_owned(),
+            priority: ask.priority,
+            count: ask.count,
+            since: at.clone(),
+        };
+        let place = with_me.partition_point(|w| order(w) <= order(&me));
+        with_me.insert(place, me);
+    }
+    if let Decision::Grant(devices) = decide(ask, &claims, &with_me) {
+        return grant(tx, ask, devices, queued, &at);
+    }
+    tx.free_dead(ask)?;
+    tx.upsert_wait(ask, &at)?;
+    let (claims, waits) = on_host(tx, ask.host)?;
     match decide(ask, &claims, &waits) {
-        Decision::Grant(devices) => {
-            tx.drop_wait(ask.run, ask.holder)?;
-            for d in &devices {
-                tx.insert_claim(ask, d, &at)?;
-            }
-            Ok(Claimed::Granted(devices))
-        }
+        Decision::Grant(devices) => grant(tx, ask, devices, true, &at),
         Decision::Wait {
             position,
             waiting,
@@ -173,6 +188,46 @@ pub(super) fn claim_in(tx: &mut impl LedgerTx, ask: &GpuAsk<'_>) -> Result<Claim
     }
 }
 
+/// The claims and the waits (in order) on `host`.
+fn on_host(
+    tx: &mut impl LedgerTx,
+    host: &str,
+) -> Result<(Vec<GpuClaim>, Vec<GpuWait>), StateError> {
+    let claims = tx
+        .claims()?
+        .into_iter()
+        .filter(|c| c.host == host)
+        .collect();
+    let waits = tx.waits()?.into_iter().filter(|w| w.host == host).collect();
+    Ok((claims, waits))
+}
+
+fn grant(
+    tx: &mut impl LedgerTx,
+    ask: &GpuAsk<'_>,
+    devices: Vec<String>,
+    queued: bool,
+    at: &str,
+) -> Result<Claimed, StateError> {
+    if queued {
+        tx.drop_wait(ask.run, ask.holder)?;
+    }
+    for d in &devices {
+        tx.insert_claim(ask, d, at)?;
+    }
+    Ok(Claimed::Granted(devices))
+}
+
+/// The ledger's order of waiters (as `GPU_WAITS` reads them): priority, then waiting
+/// time, then who.
+fn order(w: &GpuWait) -> (std::cmp::Reverse<i64>, &str, &str, &str) {
+    (std::cmp::Reverse(w.priority), &w.since, &w.run.0, &w.holder)
+}
+
+fn is_asker(ask: &GpuAsk<'_>, w: &GpuWait) -> bool {
+    &w.run == ask.run && w.holder == ask.holder
+}
+
 fn same_holder(a: &GpuClaim, b: &GpuClaim) -> bool {
     a.run == b.run && a.holder == b.holder
 }
@@ -193,8 +248,10 @@ pub(super) enum Decision {
 /// holding the asker. The asker is admitted when the free devices, less those the
 /// waiters ahead of it need, are enough; otherwise it may preempt.
 pub(super) fn decide(ask: &GpuAsk<'_>, claims: &[GpuClaim], waits: &[GpuWait]) -> Decision {
-    let me = |w: &GpuWait| &w.run == ask.run && w.holder == ask.holder;
-    let position = waits.iter().position(me).unwrap_or(waits.len());
+    let position = waits
+        .iter()
+        .position(|w| is_asker(ask, w))
+        .unwrap_or(waits.len());
     let ahead: usize = waits[..position].iter().map(|w| w.count).sum();
     let free: Vec<&String> = ask
         .devices

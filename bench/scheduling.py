@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""GPU scheduling (issue 50; see README.md here, "GPU scheduling"), in one run:
+
+--suite ledger: what the home's GPU ledger costs a stage. A run of `--stages` stages of
+`true`, one at a time (`--parallelism 1`), each asking `resources: {gpu: 1}` of a
+machine given one GPU (`--gpus 1`), so every stage claims the device through the ledger
+(one transaction: free the dead, record the wait, decide, claim) and gives it back,
+against the same run with no GPU asked (no ledger): per stage, the difference of the two
+runs' wall times divided by the stages. On SQLite (the home's file) and on PostgreSQL (a
+cluster of its own on loopback, `bench/pg.py`), rounds interleaved, medians.
+
+--suite preempt: how long a higher priority waits when it must preempt. `serve` on a
+machine of two GPUs (`DRIVETRAIN_LOCAL_GPUS=2`); a preemptible priority-1 stage holding
+both (it saves its state and exits on SIGTERM, as a checkpointing trainer does); then a
+priority-10 stage asking for both is submitted over HTTP: from the POST to the first
+line its command prints (its own clock), against the same stage submitted with both GPUs
+free (the baseline, in the same run). Medians over `--rounds`.
+
+  cargo build --release --bin drivetrain
+  ~/.cache/drivetrain/venv/bin/python bench/scheduling.py --suite ledger|preempt|all
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pg import start_postgres  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+BIN = os.path.join(TARGET, "release", "drivetrain")
+TOKEN = "bench-token"
+
+
+def stages(n, gpu):
+    lines = ["version: 1", "name: ledger", "stages:"]
+    for i in range(n):
+        lines.append(f"  s{i}:")
+        if gpu:
+            lines.append("    resources: {gpu: 1}")
+        lines.append('    run: {command: ["true"]}')
+    return "\n".join(lines) + "\n"
+
+
+def timed_run(work, file, env):
+    t = time.perf_counter()
+    subprocess.run(
+        [BIN, "run", file, "--parallelism", "1", "--gpus", "1"],
+        cwd=work, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    return time.perf_counter() - t
+
+
+def ledger_suite(args):
+    work = tempfile.mkdtemp(prefix="dt-bench-ledger-")
+    os.chmod(work, 0o777)
+    try:
+        files = {}
+        for gpu in (False, True):
+            files[gpu] = os.path.join(work, f"{'gpu' if gpu else 'plain'}.yaml")
+            with open(files[gpu], "w") as f:
+                f.write(stages(args.stages, gpu))
+        pg_work = os.path.join(work, "pgwork")
+        os.makedirs(pg_work)
+        url, stop_pg = start_postgres(pg_work) if args.postgres else (None, None)
+        try:
+            stores = {"SQLite": None}
+            if url:
+                stores["PostgreSQL"] = url
+            rows = []
+            for name, state in stores.items():
+                env = dict(os.environ)
+                env.pop("DRIVETRAIN_HOME", None)
+                if state:
+                    env["DRIVETRAIN_STATE"] = state
+                times = {False: [], True: []}
+                timed_run(work, files[False], env)  # warm: the home and its schema
+                for _ in range(args.rounds):
+                    for gpu in (False, True):
+                        times[gpu].append(timed_run(work, files[gpu], env))
+                plain, gpu = (statistics.median(times[g]) for g in (False, True))
+                per = (gpu - plain) / args.stages * 1000
+                rows.append((name, plain / args.stages * 1000, gpu / args.stages * 1000, per))
+        finally:
+            if stop_pg:
+                stop_pg()
+        print(f"ledger: {args.stages} stages, --parallelism 1, medians of {args.rounds} rounds")
+        print("| state store | ms a stage, no GPU | ms a stage, 1 GPU (ledger) | the ledger, ms a claim | ratio |")
+        print("|---|---|---|---|---|")
+        for name, plain, gpu, per in rows:
+            print(f"| {name} | {plain:.2f} | {gpu:.2f} | {per:.2f} | {gpu / plain:.2f}× |")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def call(addr, method, path, body=None):
+    req = urllib.request.Request(
+        f"http://{addr}{path}", method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        text = r.read().decode()
+        return json.loads(text) if text.startswith(("{", "[")) else text
+
+
+def stage_of(addr, run, name):
+    v = call(addr, "GET", f"/api/v1/runs/{run}")
+    return next((s for s in v.get("stages", []) if s["stage"] == name), None), v
+
+
+def until(pred, what, limit=60):
+    end = time.time() + limit
+    while time.time() < end:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+HOLD = """version: 1
+name: hold
+stages:
+  hold:
+    resources: {gpu: 2}
+    scheduling: {priority: 1, preemptible: true, grace: 30s}
+    run: {command: [sh, -c, 'trap "exit 143" TERM; sleep 600 & wait $!']}
+"""
+URGENT = """version: 1
+name: urgent
+stages:
+  urgent:
+    resources: {gpu: 2}
+    scheduling: {priority: 10}
+    run: {command: [sh, -c, 'date +%s.%N']}
+"""
+
+
+def urgent_start(addr):
+    """Submits `urgent`; seconds from the POST to its command's first line."""
+    t0 = time.time()
+    run = call(addr, "POST", "/api/v1/runs", {"pipeline": "urgent"})["run"]
+    until(lambda: call(addr, "GET", f"/api/v1/runs/{run}")["run"]["phase"] == "Succeeded", "urgent")
+    log = call(addr, "GET", f"/api/v1/runs/{run}/logs?stage=urgent")
+    return float(log.strip().splitlines()[0]) - t0
+
+
+def preempt_suite(args):
+    work = tempfile.mkdtemp(prefix="dt-bench-preempt-")
+    os.chmod(work, 0o777)
+    os.makedirs(os.path.join(work, "served"))
+    for name, text in (("hold", HOLD), ("urgent", URGENT)):
+        with open(os.path.join(work, "served", f"{name}.yaml"), "w") as f:
+            f.write(text)
+    env = dict(os.environ, DRIVETRAIN_LOCAL_GPUS="2")
+    env.pop("DRIVETRAIN_HOME", None)
+    serve = subprocess.Popen(
+        [BIN, "serve", "--pipelines", "served", "--bind", "127.0.0.1:0", "--token", TOKEN],
+        cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        addr = None
+        for line in serve.stdout:
+            if line.startswith("listening on http://"):
+                addr = line.strip().removeprefix("listening on http://")
+                break
+        free, preempted = [], []
+        for _ in range(args.rounds):
+            free.append(urgent_start(addr))
+            hold = call(addr, "POST", "/api/v1/runs", {"pipeline": "hold"})["run"]
+            until(lambda: (stage_of(addr, hold, "hold")[0] or {}).get("phase") == "Running", "hold running")
+            time.sleep(0.5)
+            preempted.append(urgent_start(addr))
+            until(lambda: call(addr, "GET", f"/api/v1/runs/{hold}")["run"]["phase"] in ("Running",), "hold requeued")
+            call(addr, "POST", f"/api/v1/runs/{hold}/cancel", {})
+            until(lambda: call(addr, "GET", f"/api/v1/runs/{hold}")["run"]["phase"] == "Cancelled", "hold cancelled")
+        f, p = statistics.median(free), statistics.median(preempted)
+        print(f"preempt: medians of {args.rounds} rounds")
+        print("| submitted with | POST to the stage's first line | ratio |")
+        print("|---|---|---|")
+        print(f"| both GPUs free (baseline) | {f * 1000:.0f} ms | 1.00× |")
+        print(f"| both held by a preemptible stage | {p * 1000:.0f} ms | {p / f:.2f}× |")
+    finally:
+        serve.kill()
+        serve.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--suite", choices=["ledger", "preempt", "all"], default="all")
+    ap.add_argument("--stages", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--no-postgres", dest="postgres", action="store_false")
+    args = ap.parse_args()
+    if args.suite in ("ledger", "all"):
+        ledger_suite(args)
+    if args.suite in ("preempt", "all"):
+        preempt_suite(args)
+
+
+if __name__ == "__main__":
+    main()
