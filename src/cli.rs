@@ -692,6 +692,9 @@ pub(crate) enum ProjectCommand {
         /// GPUs its runs in flight claim at once.
         #[arg(long)]
         max_gpus: Option<u32>,
+        /// Its share of the home's GPUs when projects contend at one priority (default 1).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        weight: Option<u32>,
     },
 }
 

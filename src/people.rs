@@ -382,12 +382,17 @@ pub fn project(
             project,
             max_runs,
             max_gpus,
+            weight,
         } => {
             if let Err(why) = drivetrain_engine::validate::dns1123_label(&project) {
                 eprintln!("error: project name `{project}` {why}");
                 return Ok(crate::exit::usage());
             }
-            let q = Quota { max_runs, max_gpus };
+            let q = Quota {
+                max_runs,
+                max_gpus,
+                weight,
+            };
             state.set_quota(&project, q, &local_user().name)?;
             audit_local(
                 state.as_ref(),
@@ -398,9 +403,10 @@ pub fn project(
             )?;
             let bound = |b: Option<u32>| b.map_or("any".to_owned(), |n| n.to_string());
             println!(
-                "project `{project}`: {} runs, {} GPUs at once",
+                "project `{project}`: {} runs, {} GPUs at once, weight {}",
                 bound(max_runs),
-                bound(max_gpus)
+                bound(max_gpus),
+                weight.unwrap_or(1)
             );
         }
         C::List => {

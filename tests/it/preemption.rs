@@ -124,6 +124,14 @@ fn a_higher_priority_stage_preempts_a_preemptible_one_which_resumes() {
     let home = Home::new("preempt");
     pipelines(&home);
     let s = serve_with_two_gpus(&home);
+    // A project's weight (its share when projects contend) is kept with its quota.
+    let o = home.drivetrain(&["project", "quota", "vision", "--weight", "4"]);
+    common::assert_ok(&o);
+    assert!(common::text(&o.stdout).contains("weight 4"));
+    let list: serde_json::Value =
+        serde_json::from_slice(&home.drivetrain(&["project", "list", "-o", "json"]).stdout)
+            .unwrap();
+    assert_eq!(list["vision"]["quota"]["weight"], 4, "{list}");
     // `urgent` is a class of this home's: priority 10.
     common::assert_ok(&home.drivetrain(&["queue", "class", "urgent", "10"]));
     let unknown = submit(&s, "unknown");

@@ -65,8 +65,8 @@ pub(super) async fn attempt_loop(
         }
         let result = run_attempt(ctx, stage, track, &key, upstream).await;
         drop(slot);
-        let (phase, exit, reason, class) = match result {
-            Ok(AttemptEnd::Succeeded { outputs, values }) => {
+        let (phase, exit, reason, class) = match how_it_ended(result) {
+            Ok((outputs, values)) => {
                 // The stage records its attempt's end with its own (one commit).
                 return Ok(LoopEnd {
                     attempt: matches!(track, Track::Stage).then_some(attempt),
@@ -77,42 +77,37 @@ pub(super) async fn attempt_loop(
                     values,
                 });
             }
-            Ok(AttemptEnd::Failed {
-                exit_code,
-                reason,
-                class,
-            }) => (Phase::Failed, exit_code, reason, class),
-            Ok(AttemptEnd::Cancelled) => (
-                Phase::Cancelled,
-                None,
-                "cancelled".to_owned(),
-                ErrorClass::Error,
-            ),
-            Ok(AttemptEnd::Preempted { reason }) => {
-                (Phase::Preempted, None, reason, ErrorClass::Lost)
-            }
-            Err(reason) => (Phase::Error, None, reason, ErrorClass::Error),
+            Err(ended) => ended,
         };
         if let Track::Stage = track {
             ctx.state
                 .finish_attempt(run, &stage.name, attempt, phase, exit, Some(&reason))?;
         }
-        if phase == Phase::Preempted && preempted < MAX_PREEMPTIONS {
-            preempted += 1;
-            if let Track::Stage = track {
-                let _ = ctx.events.send(RunEvent::Retrying {
-                    stage: stage.name.clone(),
-                    attempt: attempt + 1,
-                    delay: Duration::ZERO,
-                    reason: first_line(&reason),
-                });
-            }
-            if !*ctx.stop_for(stage).borrow() {
+        // A preempted stage waits for its GPUs again (a budget of its own), unless the run
+        // is stopping or the budget is spent.
+        let spent = phase == Phase::Preempted;
+        let (phase, reason) = match phase {
+            Phase::Preempted if *ctx.stop_for(stage).borrow() => (Phase::Cancelled, reason),
+            Phase::Preempted if preempted < MAX_PREEMPTIONS => {
+                preempted += 1;
+                if let Track::Stage = track {
+                    let _ = ctx.events.send(RunEvent::Retrying {
+                        stage: stage.name.clone(),
+                        attempt: attempt + 1,
+                        delay: Duration::ZERO,
+                        reason: first_line(&reason),
+                    });
+                }
                 continue;
             }
-        }
+            Phase::Preempted => (
+                Phase::Failed,
+                format!("{reason}\npreempted {MAX_PREEMPTIONS} times in this run, the most a stage may be"),
+            ),
+            p => (p, reason),
+        };
         let retry = phase != Phase::Cancelled
-            && phase != Phase::Preempted
+            && !spent
             && attempt - first - preempted < stage.retries.limit
             && retryable(&stage.retries, class, exit)
             && !*ctx.stop_for(stage).borrow();
@@ -141,6 +136,30 @@ pub(super) async fn attempt_loop(
             values: Value::Null,
         });
     }
+}
+
+/// A succeeded attempt's outputs and values, or how one that did not ended: its phase,
+/// exit code, reason and class.
+#[allow(clippy::type_complexity)]
+fn how_it_ended(
+    result: Result<AttemptEnd, String>,
+) -> Result<(BTreeMap<String, ArtifactRef>, Value), (Phase, Option<i32>, String, ErrorClass)> {
+    Err(match result {
+        Ok(AttemptEnd::Succeeded { outputs, values }) => return Ok((outputs, values)),
+        Ok(AttemptEnd::Failed {
+            exit_code,
+            reason,
+            class,
+        }) => (Phase::Failed, exit_code, reason, class),
+        Ok(AttemptEnd::Cancelled) => (
+            Phase::Cancelled,
+            None,
+            "cancelled".to_owned(),
+            ErrorClass::Error,
+        ),
+        Ok(AttemptEnd::Preempted { reason }) => (Phase::Preempted, None, reason, ErrorClass::Lost),
+        Err(reason) => (Phase::Error, None, reason, ErrorClass::Error),
+    })
 }
 
 /// One attempt: prepare it ([`prepare`]), start it and wait (with the timeout), publish,

@@ -24,6 +24,8 @@ static LEDGER: tokio::sync::Notify = tokio::sync::Notify::const_new();
 pub(super) struct GpuPool {
     state: Arc<dyn StateStore>,
     run: RunId,
+    /// The run's project (`""` counts as `default`).
+    project: String,
     host: String,
     /// The devices' names (`CUDA_VISIBLE_DEVICES` values), in the order handed out.
     devices: Vec<String>,
@@ -76,10 +78,20 @@ impl Drop for Queued<'_> {
 }
 
 impl GpuPool {
-    pub(super) fn new(state: Arc<dyn StateStore>, run: RunId, devices: Vec<String>) -> Self {
+    pub(super) fn new(
+        state: Arc<dyn StateStore>,
+        run: RunId,
+        project: String,
+        devices: Vec<String>,
+    ) -> Self {
+        let project = match project.as_str() {
+            "" => crate::access::DEFAULT_PROJECT.to_owned(),
+            _ => project,
+        };
         GpuPool {
             state,
             run,
+            project,
             host: host(),
             devices,
         }
@@ -110,6 +122,7 @@ impl GpuPool {
                 run: &self.run,
                 holder: want.holder,
                 queue: want.scheduling.queue(),
+                project: &self.project,
                 priority: want.priority,
                 preemptible: want.scheduling.preemptible,
                 stale_before: &stale,

@@ -299,7 +299,12 @@ pub(crate) async fn run(
         &opts.request.file,
         opts.work_dir.parent().unwrap_or(&opts.work_dir),
     );
-    let gpus = GpuPool::new(state.clone(), id.clone(), opts.gpus.clone());
+    let gpus = GpuPool::new(
+        state.clone(),
+        id.clone(),
+        record.project.clone(),
+        opts.gpus.clone(),
+    );
     let ctx = Arc::new(Ctx {
         pipeline: pipeline.clone(),
         params,

@@ -147,6 +147,11 @@ pub struct Quota {
     pub max_runs: Option<u32>,
     /// GPUs claimed by its runs in flight (a run claims the most any of its stages uses).
     pub max_gpus: Option<u32>,
+    /// Its share of the home's GPUs when projects' attempts of one priority contend for
+    /// them (default 1): the waiter whose project holds the fewest GPUs for its weight
+    /// goes first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
 }
 
 /// What a timeout decides for `a` (`approved` or `rejected`, as its `on_timeout` says),

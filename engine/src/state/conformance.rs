@@ -57,6 +57,7 @@ pub fn check(store: &dyn StateStore) {
     pipeline_sources(store);
     devices::ledger(store);
     devices::priorities(store);
+    devices::fair_share(store);
 }
 
 /// A run's pipeline text is kept once per digest and read back whole.

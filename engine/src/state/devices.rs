@@ -23,6 +23,8 @@ pub struct GpuClaim {
     pub holder: String,
     pub claimed_at: String,
     pub queue: String,
+    /// The run's project (its weight shares the GPUs when projects contend).
+    pub project: String,
     pub priority: i64,
     pub preemptible: bool,
     /// Set once a waiter of higher priority asked for the device: `holder of run R
@@ -38,6 +40,7 @@ pub struct GpuWait {
     pub run: RunId,
     pub holder: String,
     pub queue: String,
+    pub project: String,
     pub priority: i64,
     pub count: usize,
     /// When it started waiting: the order among equal priorities.
@@ -76,6 +79,7 @@ pub struct GpuAsk<'a> {
     pub run: &'a RunId,
     pub holder: &'a str,
     pub queue: &'a str,
+    pub project: &'a str,
     pub priority: i64,
     pub preemptible: bool,
     /// Claims and waits of runs whose heartbeat is older than this are a dead engine's.
@@ -116,6 +120,8 @@ pub(super) trait LedgerTx {
     fn drop_wait(&mut self, run: &RunId, holder: &str) -> Result<(), StateError>;
     fn insert_claim(&mut self, ask: &GpuAsk<'_>, device: &str, at: &str) -> Result<(), StateError>;
     fn mark_preempted(&mut self, victim: &GpuClaim, by: &str) -> Result<(), StateError>;
+    /// Projects' weights where one was set.
+    fn weights(&mut self) -> Result<Vec<(String, i64)>, StateError>;
 }
 
 /// A claim inside its backend's transaction. First on what is recorded, the asker placed
@@ -142,6 +148,7 @@ pub(super) fn claim_in(tx: &mut impl LedgerTx, ask: &GpuAsk<'_>) -> Result<Claim
             run: ask.run.clone(),
             holder: ask.holder.to_owned(),
             queue: ask.queue.to_owned(),
+            project: ask.project.to_owned(),
             priority: ask.priority,
             count: ask.count,
             since: at.clone(),
@@ -149,12 +156,14 @@ pub(super) fn claim_in(tx: &mut impl LedgerTx, ask: &GpuAsk<'_>) -> Result<Claim
         let place = with_me.partition_point(|w| order(w) <= order(&me));
         with_me.insert(place, me);
     }
+    fair_share(tx, &claims, &mut with_me)?;
     if let Decision::Grant(devices) = decide(ask, &claims, &with_me) {
         return grant(tx, ask, devices, queued, &at);
     }
     tx.free_dead(ask)?;
     tx.upsert_wait(ask, &at)?;
-    let (claims, waits) = on_host(tx, ask.host)?;
+    let (claims, mut waits) = on_host(tx, ask.host)?;
+    fair_share(tx, &claims, &mut waits)?;
     match decide(ask, &claims, &waits) {
         Decision::Grant(devices) => grant(tx, ask, devices, true, &at),
         Decision::Wait {
@@ -216,6 +225,43 @@ fn grant(
         tx.insert_claim(ask, d, at)?;
     }
     Ok(Claimed::Granted(devices))
+}
+
+/// Orders the waiters of one priority by their project's share: the GPUs its attempts
+/// hold on the host over its weight (default 1), fewest first, then as they came. Only
+/// where projects contend (waiters of two projects at one priority) are weights read.
+fn fair_share(
+    tx: &mut impl LedgerTx,
+    claims: &[GpuClaim],
+    waits: &mut [GpuWait],
+) -> Result<(), StateError> {
+    let contend = waits
+        .windows(2)
+        .any(|w| w[0].priority == w[1].priority && w[0].project != w[1].project);
+    if !contend {
+        return Ok(());
+    }
+    let weights = tx.weights()?;
+    let share = |project: &str| {
+        let held = claims.iter().filter(|c| c.project == project).count() as f64;
+        let weight = weights
+            .iter()
+            .find(|(p, _)| p == project)
+            .map_or(1, |(_, w)| (*w).max(1));
+        held / weight as f64
+    };
+    let shares: Vec<f64> = waits.iter().map(|w| share(&w.project)).collect();
+    let mut keyed: Vec<(f64, GpuWait)> = shares.into_iter().zip(waits.iter().cloned()).collect();
+    keyed.sort_by(|(sa, a), (sb, b)| {
+        std::cmp::Reverse(a.priority)
+            .cmp(&std::cmp::Reverse(b.priority))
+            .then(sa.total_cmp(sb))
+            .then_with(|| order(a).cmp(&order(b)))
+    });
+    for (slot, (_, w)) in waits.iter_mut().zip(keyed) {
+        *slot = w;
+    }
+    Ok(())
 }
 
 /// The ledger's order of waiters (as `GPU_WAITS` reads them): priority, then waiting
@@ -348,6 +394,7 @@ mod tests {
             holder: holder.into(),
             claimed_at: at.into(),
             queue: "default".into(),
+            project: "default".into(),
             priority,
             preemptible,
             preempted_by: None,
@@ -360,6 +407,7 @@ mod tests {
             run: RunId(run.into()),
             holder: holder.into(),
             queue: "default".into(),
+            project: "default".into(),
             priority,
             count,
             since: since.into(),
@@ -380,6 +428,7 @@ mod tests {
             run,
             holder,
             queue: "default",
+            project: "default",
             priority,
             preemptible: false,
             stale_before: "",

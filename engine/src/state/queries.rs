@@ -56,10 +56,10 @@ statements! {
          heartbeat_at >= $2)))";
     GPU_CLAIMS =
         "SELECT host, device, run_id, holder, claimed_at, priority, preemptible, preempted_by, \
-         queue FROM gpu_claims ORDER BY host, device";
+         queue, project FROM gpu_claims ORDER BY host, device";
     CLAIM_GPU =
         "INSERT INTO gpu_claims (host, device, run_id, holder, claimed_at, priority, \
-         preemptible, queue) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
+         preemptible, queue, project) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
     PREEMPT_GPUS =
         "UPDATE gpu_claims SET preempted_by = $3 WHERE run_id = $1 AND holder = $2 AND \
          preempted_by IS NULL";
@@ -78,12 +78,12 @@ statements! {
     PRIORITY_CLASSES =
         "SELECT name, value FROM priority_classes ORDER BY name";
     GPU_WAITS =
-        "SELECT host, run_id, holder, queue, priority, gpus, since FROM gpu_waits ORDER BY \
-         priority DESC, since, run_id, holder";
+        "SELECT host, run_id, holder, queue, priority, gpus, since, project FROM gpu_waits \
+         ORDER BY priority DESC, since, run_id, holder";
     WAIT_FOR_GPUS =
-        "INSERT INTO gpu_waits (host, run_id, holder, queue, priority, gpus, since, seen_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $7) ON CONFLICT (run_id, holder) DO UPDATE SET \
-         seen_at = $7";
+        "INSERT INTO gpu_waits (host, run_id, holder, queue, priority, gpus, since, seen_at, \
+         project) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8) ON CONFLICT (run_id, holder) DO \
+         UPDATE SET seen_at = $7";
     STOP_WAITING =
         "DELETE FROM gpu_waits WHERE run_id = $1 AND holder = $2";
     STOP_RUN_WAITING =
@@ -337,11 +337,13 @@ statements! {
     PROTECTED_ALIASES =
         "SELECT alias, role FROM protected_aliases ORDER BY alias";
     SET_QUOTA =
-        "INSERT INTO project_quotas (project, max_runs, max_gpus, set_at, set_by) VALUES \
-         ($1, $2, $3, $4, $5) ON CONFLICT (project) DO UPDATE SET max_runs = $2, max_gpus = \
-         $3, set_at = $4, set_by = $5";
+        "INSERT INTO project_quotas (project, max_runs, max_gpus, set_at, set_by, weight) \
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (project) DO UPDATE SET max_runs = $2, \
+         max_gpus = $3, set_at = $4, set_by = $5, weight = $6";
     QUOTAS =
-        "SELECT project, max_runs, max_gpus FROM project_quotas ORDER BY project";
+        "SELECT project, max_runs, max_gpus, weight FROM project_quotas ORDER BY project";
+    PROJECT_WEIGHTS =
+        "SELECT project, weight FROM project_quotas WHERE weight IS NOT NULL";
     RUN_PHASE =
         "SELECT phase FROM runs WHERE id = $1";
     CLAIM_WAITING =

@@ -309,11 +309,14 @@ ALTER TABLE gpu_claims ADD COLUMN priority BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE gpu_claims ADD COLUMN preemptible BOOLEAN NOT NULL DEFAULT FALSE;
 ALTER TABLE gpu_claims ADD COLUMN preempted_by TEXT;
 ALTER TABLE gpu_claims ADD COLUMN queue TEXT NOT NULL DEFAULT 'default';
+ALTER TABLE gpu_claims ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
+ALTER TABLE project_quotas ADD COLUMN weight BIGINT;
 CREATE TABLE gpu_waits (
     host TEXT NOT NULL,
     run_id TEXT NOT NULL,
     holder TEXT NOT NULL,
     queue TEXT NOT NULL,
+    project TEXT NOT NULL,
     priority BIGINT NOT NULL,
     gpus BIGINT NOT NULL,
     since TEXT NOT NULL,

@@ -80,6 +80,7 @@ pub(super) fn tokens_and_audit(s: &dyn StateStore) {
     let q = crate::state::Quota {
         max_runs: Some(2),
         max_gpus: None,
+        weight: Some(3),
     };
     s.set_quota("perception", crate::state::Quota::default(), "user:a")
         .unwrap();

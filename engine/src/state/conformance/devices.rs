@@ -24,6 +24,7 @@ fn ask<'a>(
         run,
         holder,
         queue: "default",
+        project: "default",
         priority: 0,
         preemptible: false,
         stale_before,
@@ -243,4 +244,57 @@ pub(super) fn priorities(s: &dyn StateStore) {
     s.release_gpus(&high, None).unwrap();
     assert!(s.gpu_waits().unwrap().is_empty());
     assert!(s.gpu_claims().unwrap().is_empty());
+}
+
+/// Waiters of one priority from projects that contend: the project that holds the fewest
+/// GPUs for its weight goes first, whoever came first; without weights, the one holding
+/// fewer. (Projects of their own: the store is shared with the other checks.)
+pub(super) fn fair_share(s: &dyn StateStore) {
+    let all = devices(3);
+    let (p, m) = (RunId("share-p".into()), RunId("share-m".into()));
+    for r in [&p, &m] {
+        s.create_run(&run_record(&r.0)).unwrap();
+        s.heartbeat(r).unwrap();
+    }
+    let claim = |run: &RunId, holder: &str, project: &str| {
+        let mut a = ask(run, holder, 1, &all, PAST);
+        a.project = project;
+        s.claim_gpus(&a).unwrap()
+    };
+    for maps_weight in [Some(4), None] {
+        let quota = crate::state::Quota {
+            weight: maps_weight,
+            ..Default::default()
+        };
+        s.set_quota("maps", quota, "user:a").unwrap();
+        // vision holds 1 device, maps 2: none is free.
+        granted(claim(&p, "p#1", "vision"));
+        granted(claim(&m, "m#1", "maps"));
+        granted(claim(&m, "m#2", "maps"));
+        // vision's waiter comes first, maps's second.
+        assert!(matches!(claim(&p, "p#2", "vision"), Claimed::Busy(_)));
+        // (Later by the clock: with no weight, the shares tie once maps gives one back.)
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        let Claimed::Busy(at) = claim(&m, "m#3", "maps") else {
+            panic!("granted with no device free")
+        };
+        // Weight 4: maps holds 2/4 against vision's 1/1 and goes first. No
+        // weight: 2/1 against 1/1, it waits behind.
+        let place = if maps_weight.is_some() { 1 } else { 2 };
+        assert_eq!(at.position, place, "weight {maps_weight:?}: {at:?}");
+        // One device comes free: the one first in line gets it, the other still waits.
+        s.release_gpus(&m, Some("m#1")).unwrap();
+        let (first, second) = match maps_weight {
+            Some(_) => ((&m, "m#3", "maps"), (&p, "p#2", "vision")),
+            None => ((&p, "p#2", "vision"), (&m, "m#3", "maps")),
+        };
+        let got = claim(second.0, second.1, second.2);
+        assert!(
+            matches!(got, Claimed::Busy(_)),
+            "weight {maps_weight:?}: {got:?}"
+        );
+        granted(claim(first.0, first.1, first.2));
+        s.release_gpus(&p, None).unwrap();
+        s.release_gpus(&m, None).unwrap();
+    }
 }

@@ -209,11 +209,12 @@ impl AccessStore for PostgresState {
 
     fn set_quota(&self, project: &str, q: Quota, by: &str) -> Result<(), StateError> {
         let (runs, gpus) = (q.max_runs.map(i64::from), q.max_gpus.map(i64::from));
+        let weight = q.weight.map(i64::from);
         self.with(|c| {
             exec(
                 c,
                 queries::pg::SET_QUOTA,
-                &[&project, &runs, &gpus, &now(), &by],
+                &[&project, &runs, &gpus, &now(), &by, &weight],
                 "set a quota",
             )
             .map(|_| ())
@@ -229,6 +230,7 @@ impl AccessStore for PostgresState {
                     Quota {
                         max_runs: bound(r.get(1)),
                         max_gpus: bound(r.get(2)),
+                        weight: bound(r.get(3)),
                     },
                 )
             })?;

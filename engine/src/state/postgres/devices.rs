@@ -22,6 +22,7 @@ fn claims(c: &mut impl GenericClient) -> Result<Vec<GpuClaim>, StateError> {
             preemptible: r.get(6),
             preempted_by: r.get(7),
             queue: r.get(8),
+            project: r.get(9),
         },
     )
 }
@@ -36,6 +37,7 @@ fn waits(c: &mut impl GenericClient) -> Result<Vec<GpuWait>, StateError> {
             priority: r.get(4),
             count: r.get::<_, i64>(5).max(0) as usize,
             since: r.get(6),
+            project: r.get(7),
         }
     })
 }
@@ -78,6 +80,7 @@ impl LedgerTx for postgres::Transaction<'_> {
                 &ask.priority,
                 &count,
                 &at,
+                &ask.project,
             ],
             "wait for GPUs",
         )
@@ -107,10 +110,21 @@ impl LedgerTx for postgres::Transaction<'_> {
                 &ask.priority,
                 &ask.preemptible,
                 &ask.queue,
+                &ask.project,
             ],
             format!("claim GPU {device}"),
         )
         .map(|_| ())
+    }
+
+    fn weights(&mut self) -> Result<Vec<(String, i64)>, StateError> {
+        rows(
+            self,
+            queries::pg::PROJECT_WEIGHTS,
+            &[],
+            "read the projects' weights",
+            |r| (r.get(0), r.get(1)),
+        )
     }
 
     fn mark_preempted(&mut self, victim: &GpuClaim, by: &str) -> Result<(), StateError> {

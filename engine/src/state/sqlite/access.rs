@@ -197,7 +197,7 @@ impl AccessStore for SqliteState {
         self.with(|c| {
             c.execute_cached(
                 queries::sqlite::SET_QUOTA,
-                params![project, q.max_runs, q.max_gpus, now(), by],
+                params![project, q.max_runs, q.max_gpus, now(), by, q.weight],
             )
             .map(|_| ())
             .map_err(sql("set a quota"))
@@ -213,6 +213,7 @@ impl AccessStore for SqliteState {
                         Quota {
                             max_runs: r.get(1)?,
                             max_gpus: r.get(2)?,
+                            weight: r.get(3)?,
                         },
                     ))
                 })?;

@@ -22,6 +22,7 @@ fn claims(c: &Connection) -> Result<Vec<GpuClaim>, StateError> {
                 preemptible: r.get(6)?,
                 preempted_by: r.get(7)?,
                 queue: r.get(8)?,
+                project: r.get(9)?,
             })
         })
         .map_err(sql("read the GPU ledger"))?;
@@ -43,6 +44,7 @@ fn waits(c: &Connection) -> Result<Vec<GpuWait>, StateError> {
                 priority: r.get(4)?,
                 count: r.get::<_, i64>(5)?.max(0) as usize,
                 since: r.get(6)?,
+                project: r.get(7)?,
             })
         })
         .map_err(sql("read the GPU queue"))?;
@@ -83,7 +85,8 @@ impl LedgerTx for rusqlite::Transaction<'_> {
                 ask.queue,
                 ask.priority,
                 ask.count as i64,
-                at
+                at,
+                ask.project
             ],
         )
         .map(|_| ())
@@ -107,11 +110,23 @@ impl LedgerTx for rusqlite::Transaction<'_> {
                 at,
                 ask.priority,
                 ask.preemptible,
-                ask.queue
+                ask.queue,
+                ask.project
             ],
         )
         .map(|_| ())
         .map_err(sql(format!("claim GPU {device}")))
+    }
+
+    fn weights(&mut self) -> Result<Vec<(String, i64)>, StateError> {
+        let mut st = self
+            .prepare_cached(queries::sqlite::PROJECT_WEIGHTS)
+            .map_err(sql("read the projects' weights"))?;
+        let rows = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(sql("read the projects' weights"))?;
+        rows.collect::<Result<_, _>>()
+            .map_err(sql("read the projects' weights"))
     }
 
     fn mark_preempted(&mut self, victim: &GpuClaim, by: &str) -> Result<(), StateError> {

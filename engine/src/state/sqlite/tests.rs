@@ -231,6 +231,7 @@ fn the_gpu_ledger_never_double_assigns_under_random_kills() {
                             run: &runs[r],
                             holder: &holder,
                             queue: "default",
+                            project: "default",
                             priority: p,
                             preemptible,
                             stale_before: &stale,
