@@ -811,3 +811,73 @@ fn scheduling_renders_per_workload_fields_for_kueue_and_volcano() {
     );
     assert!(said.contains("at `stages.a.scheduling.priority`"), "{said}");
 }
+
+/// A workload its queue evicts to admit one of higher priority (Kueue sets the Job's
+/// `suspend` again; the stand-in plays Kueue's part): the attempt ends `Preempted`, not
+/// failed and not a retry (the stage has none), its Job is deleted so the queue does not
+/// run it again on its own, and the engine submits the stage as a new Job, which
+/// succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_its_queue_evicts_is_submitted_again() {
+    let home = Home::new("k8s-preempt");
+    let (standin, settings, _cluster) = cluster(&home).await;
+    let pipeline = home.write(
+        "p.yaml",
+        "version: 1\nname: k8s-preempt\ndefaults: {executor: kubernetes, image: registry.example.com/av/steps:1.4}\nstages:\n  train:\n    run: {command: [sh, -c, 'if [ \"$DRIVETRAIN_ATTEMPT\" = 1 ]; then sleep 60; fi; echo attempt $DRIVETRAIN_ATTEMPT done']}\n",
+    );
+    let mut cmd = engine(&home, &settings, &["run", pipeline.to_str().unwrap()]);
+    let run = tokio::task::spawn_blocking(move || cmd.output().expect("the binary runs"));
+    // The first attempt's pod runs; then its queue evicts it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let job = loop {
+        let running = standin.objects("/v1/pods").into_iter().find(|p| {
+            p["status"]["phase"] == "Running"
+                && p["metadata"]["labels"]["drivetrain.dev/attempt"] == "1"
+        });
+        if let Some(p) = running {
+            break p["metadata"]["labels"]["job-name"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            standin.objects("/v1/pods")
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(standin.suspend_job("default", &job));
+    let run = run.await.unwrap();
+    assert_ok(&run);
+    let id = run_id(&run);
+    let s = stage(&home.status(&id), "train").clone();
+    assert_eq!(
+        (s["phase"].as_str(), s["attempts"].as_u64()),
+        (Some("Succeeded"), Some(2)),
+        "{s}"
+    );
+    let state = drivetrain_engine::state::SqliteState::open(&home.dir.join(".drivetrain/state.db"))
+        .unwrap();
+    use drivetrain_engine::state::AttemptStore as _;
+    let tries = state
+        .attempts(&drivetrain_engine::state::RunId(id.clone()))
+        .unwrap();
+    assert_eq!(tries[0].phase.as_str(), "Preempted", "{tries:?}");
+    let why = tries[0].reason.as_deref().unwrap_or_default();
+    assert!(
+        why.contains(&format!("Job {job} was suspended again by its queue")),
+        "{why}"
+    );
+    // Two Jobs were made; the evicted one is gone.
+    assert_eq!(standin.created("batch/v1/jobs"), 2);
+    let names: Vec<String> = standin
+        .objects("batch/v1/jobs")
+        .iter()
+        .filter_map(|j| j["metadata"]["name"].as_str().map(str::to_owned))
+        .collect();
+    assert!(!names.contains(&job), "{names:?}");
+    let log = text(&home.drivetrain(&["logs", &id, "--stage", "train"]).stdout);
+    assert!(log.contains("attempt 2 done"), "{log}");
+}

@@ -459,6 +459,9 @@ struct Seen {
     /// The workload's status conditions that are true: (type, reason, message).
     conditions: Vec<(String, String, String)>,
     suspended: bool,
+    /// Seen not suspended once: admitted by its queue (or never queued). Suspended again
+    /// after that, its queue evicted it (Kueue's preemption).
+    admitted: bool,
     gone: bool,
     pods: BTreeMap<String, Pod>,
     /// When each pod was first seen unschedulable.
@@ -493,6 +496,28 @@ impl Seen {
             })
             .and_then(|s| s.as_bool())
             .unwrap_or(false);
+        self.admitted |= !self.suspended;
+    }
+
+    /// A pod the scheduler preempted for one of a higher priority (its
+    /// `DisruptionTarget` condition): which, and why.
+    fn pod_preempted(&self) -> Option<String> {
+        self.pods.iter().find_map(|(name, pod)| {
+            let c = pod
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")?;
+            let reason = c.reason.as_deref().unwrap_or("");
+            reason.starts_with("Preemption").then(|| {
+                format!(
+                    "pod {name}: {reason}: {}",
+                    c.message.as_deref().unwrap_or("")
+                )
+            })
+        })
     }
 
     /// The main container's termination in `pod`: (exit code, reason).
@@ -633,6 +658,15 @@ impl KubeAttempt {
             return Some(AttemptOutcome::Failed {
                 exit_code: None,
                 reason: format!("lost: {} {} was deleted while it ran", self.kind, self.name),
+            });
+        }
+        let preempted = match seen.suspended && seen.admitted {
+            true => Some(format!("{} {} was suspended again by its queue (Kueue evicted it for a workload of higher priority)", self.kind, self.name)),
+            false => seen.pod_preempted(),
+        };
+        if let Some(why) = preempted {
+            return Some(AttemptOutcome::Preempted {
+                reason: format!("preempted by the cluster: {why}; it is submitted again (a pod's checkpoints live as long as the pod: what it keeps on a volume it finds again)"),
             });
         }
         let limit = self.settings.unschedulable_timeout;
@@ -888,6 +922,11 @@ impl RunningAttempt for KubeAttempt {
                 if !reason.starts_with("lost:") && seen.conditions.is_empty() =>
             {
                 // Failed from its pods (unschedulable, image): the Job would hang; stop it.
+                let _ = delete_workload(&self.client, &ns, &self.kind, &self.name).await;
+            }
+            // Its queue would run it again on its own: the engine submits the next
+            // attempt instead, so this one goes.
+            AttemptOutcome::Preempted { .. } => {
                 let _ = delete_workload(&self.client, &ns, &self.kind, &self.name).await;
             }
             _ => {}

@@ -222,6 +222,31 @@ impl StandIn {
             .collect()
     }
 
+    /// Evicts a running Job as Kueue does when it preempts its workload: `spec.suspend`
+    /// set again, its pods deleted (their processes get SIGTERM, then SIGKILL). Whether
+    /// the Job existed.
+    pub fn suspend_job(&self, ns: &str, name: &str) -> bool {
+        let s = &self.shared;
+        let Some(job) = s.update(JOBS, ns, name, |j| j["spec"]["suspend"] = json!(true)) else {
+            return false;
+        };
+        let uid = job["metadata"]["uid"].clone();
+        let pods: Vec<String> = self
+            .objects(PODS)
+            .into_iter()
+            .filter(|p| {
+                p["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|os| os.iter().any(|o| o["uid"] == uid))
+            })
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+            .collect();
+        for pod in pods {
+            s.delete(PODS, ns, &pod);
+        }
+        true
+    }
+
     /// Stores a Secret with one key.
     pub fn put_secret(&self, ns: &str, name: &str, key: &str, value: &str) {
         // Kept as `stringData` (the real API server would encode it into `data`).

@@ -288,3 +288,35 @@ async fn a_deleted_job_is_lost_and_a_queued_gang_times_out() {
     }
     assert!(!f.executor.reap(&handle).await, "nothing left to reap");
 }
+
+/// A pod the scheduler preempted (its `DisruptionTarget` condition, as kube-scheduler
+/// writes it) is a preemption; one evicted for node pressure, or a condition not true,
+/// is not.
+#[test]
+fn a_pod_the_scheduler_preempted_is_a_preemption() {
+    let pod = |reason: &str, status: &str| -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "status": {"conditions": [{"type": "DisruptionTarget", "status": status, "reason": reason,
+                "message": "kube-scheduler: preempting to accommodate a higher priority pod"}]},
+        }))
+        .unwrap()
+    };
+    let seen = |p| super::Seen {
+        pods: [("p".to_owned(), p)].into(),
+        ..Default::default()
+    };
+    let why = seen(pod("PreemptionByScheduler", "True")).pod_preempted();
+    assert_eq!(
+        why.as_deref(),
+        Some("pod p: PreemptionByScheduler: kube-scheduler: preempting to accommodate a higher priority pod")
+    );
+    assert_eq!(
+        seen(pod("PreemptionByScheduler", "False")).pod_preempted(),
+        None
+    );
+    assert_eq!(
+        seen(pod("TerminationByKubelet", "True")).pod_preempted(),
+        None
+    );
+}
