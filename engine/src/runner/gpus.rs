@@ -69,10 +69,7 @@ struct Queued<'a> {
 impl Drop for Queued<'_> {
     fn drop(&mut self) {
         if !self.done {
-            let _ = self
-                .pool
-                .state
-                .release_gpus(&self.pool.run, Some(self.holder));
+            let _ = self.pool.state.give_up_gpus(&self.pool.run, self.holder);
         }
     }
 }

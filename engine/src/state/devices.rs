@@ -96,8 +96,11 @@ pub trait DeviceStore: Send + Sync {
     /// waiting until it asks again, is granted, or gives up ([`DeviceStore::release_gpus`]).
     fn claim_gpus(&self, ask: &GpuAsk<'_>) -> Result<Claimed, StateError>;
     /// Gives back what `holder` of `run` holds or waits for (every holder of the run with
-    /// `None`).
+    /// `None`, and what its waiters marked for preemption goes unmarked).
     fn release_gpus(&self, run: &RunId, holder: Option<&str>) -> Result<(), StateError>;
+    /// `holder` of `run` stops waiting (a cancel): its wait goes, and the claims it
+    /// marked for preemption go unmarked, so nobody is stopped for it.
+    fn give_up_gpus(&self, run: &RunId, holder: &str) -> Result<(), StateError>;
     /// Every claim, by host and device.
     fn gpu_claims(&self) -> Result<Vec<GpuClaim>, StateError>;
     /// Every waiter, in the order they are admitted.
@@ -120,6 +123,8 @@ pub(super) trait LedgerTx {
     fn drop_wait(&mut self, run: &RunId, holder: &str) -> Result<(), StateError>;
     fn insert_claim(&mut self, ask: &GpuAsk<'_>, device: &str, at: &str) -> Result<(), StateError>;
     fn mark_preempted(&mut self, victim: &GpuClaim, by: &str) -> Result<(), StateError>;
+    /// Unmarks the claims marked by the preempter whose mark starts with `prefix`.
+    fn unmark(&mut self, prefix: &str) -> Result<(), StateError>;
     /// Projects' weights where one was set.
     fn weights(&mut self) -> Result<Vec<(String, i64)>, StateError>;
 }
@@ -172,8 +177,9 @@ pub(super) fn claim_in(tx: &mut impl LedgerTx, ask: &GpuAsk<'_>) -> Result<Claim
             preempt,
         } => {
             let by = format!(
-                "{} of run {} (priority {})",
-                ask.holder, ask.run, ask.priority
+                "{}priority {})",
+                marked_by(ask.run, ask.holder),
+                ask.priority
             );
             let mut held = claims;
             for c in held.iter_mut() {
@@ -220,6 +226,8 @@ fn grant(
 ) -> Result<Claimed, StateError> {
     if queued {
         tx.drop_wait(ask.run, ask.holder)?;
+        // Given devices that came free otherwise, it stops nobody more.
+        tx.unmark(&marked_by(ask.run, ask.holder))?;
     }
     for d in &devices {
         tx.insert_claim(ask, d, at)?;
@@ -272,6 +280,17 @@ fn order(w: &GpuWait) -> (std::cmp::Reverse<i64>, &str, &str, &str) {
 
 fn is_asker(ask: &GpuAsk<'_>, w: &GpuWait) -> bool {
     &w.run == ask.run && w.holder == ask.holder
+}
+
+/// How a preempter's marks start: `holder of run R (`.
+pub(super) fn marked_by(run: &RunId, holder: &str) -> String {
+    format!("{holder} of run {run} (")
+}
+
+/// A pattern (`LIKE`) for the marks of every preempter of `run`. (Run ids hold no `%`
+/// or `_`.)
+pub(super) fn marked_by_run(run: &RunId) -> String {
+    format!("% of run {run} (%")
 }
 
 fn same_holder(a: &GpuClaim, b: &GpuClaim) -> bool {

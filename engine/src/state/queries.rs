@@ -63,6 +63,11 @@ statements! {
     PREEMPT_GPUS =
         "UPDATE gpu_claims SET preempted_by = $3 WHERE run_id = $1 AND holder = $2 AND \
          preempted_by IS NULL";
+    UNMARK_PREEMPTED_BY =
+        "UPDATE gpu_claims SET preempted_by = NULL WHERE substr(preempted_by, 1, length($1)) = \
+         $1";
+    UNMARK_PREEMPTED_BY_RUN =
+        "UPDATE gpu_claims SET preempted_by = NULL WHERE preempted_by LIKE $1";
     GPU_PREEMPTED =
         "SELECT preempted_by FROM gpu_claims WHERE run_id = $1 AND holder = $2 AND \
          preempted_by IS NOT NULL LIMIT 1";

@@ -242,6 +242,23 @@ pub(super) fn priorities(s: &dyn StateStore) {
     s.release_gpus(&low, Some("urgent#1")).unwrap();
     s.release_gpus(&mid, None).unwrap();
     s.release_gpus(&high, None).unwrap();
+    // A preempter that gives up its wait unmarks what it marked: nobody is stopped for it.
+    let mut again = ask(&low, "train#2", 1, &all, PAST);
+    again.priority = 1;
+    again.preemptible = true;
+    assert_eq!(granted(s.claim_gpus(&again).unwrap()), ["0"]);
+    let mut both = ask(&mid, "eval#2", 2, &all, PAST);
+    both.priority = 5;
+    assert!(matches!(s.claim_gpus(&both).unwrap(), Claimed::Busy(_)));
+    assert!(s.gpu_preempted(&low, "train#2").unwrap().is_some());
+    s.give_up_gpus(&mid, "eval#2").unwrap();
+    assert_eq!(s.gpu_preempted(&low, "train#2").unwrap(), None);
+    // A run's end unmarks what any of its waiters marked.
+    assert!(matches!(s.claim_gpus(&both).unwrap(), Claimed::Busy(_)));
+    assert!(s.gpu_preempted(&low, "train#2").unwrap().is_some());
+    s.release_gpus(&mid, None).unwrap();
+    assert_eq!(s.gpu_preempted(&low, "train#2").unwrap(), None);
+    s.release_gpus(&low, None).unwrap();
     assert!(s.gpu_waits().unwrap().is_empty());
     assert!(s.gpu_claims().unwrap().is_empty());
 }

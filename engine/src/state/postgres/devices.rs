@@ -3,7 +3,9 @@
 
 use postgres::GenericClient;
 
-use super::super::devices::{claim_in, Claimed, DeviceStore, GpuAsk, GpuClaim, GpuWait, LedgerTx};
+use super::super::devices::{
+    claim_in, marked_by, marked_by_run, Claimed, DeviceStore, GpuAsk, GpuClaim, GpuWait, LedgerTx,
+};
 use super::{exec, now, queries, rows, PostgresState, RunId, StateError};
 
 fn claims(c: &mut impl GenericClient) -> Result<Vec<GpuClaim>, StateError> {
@@ -127,6 +129,16 @@ impl LedgerTx for postgres::Transaction<'_> {
         )
     }
 
+    fn unmark(&mut self, prefix: &str) -> Result<(), StateError> {
+        exec(
+            self,
+            queries::pg::UNMARK_PREEMPTED_BY,
+            &[&prefix],
+            "unmark preempted GPU claims",
+        )
+        .map(|_| ())
+    }
+
     fn mark_preempted(&mut self, victim: &GpuClaim, by: &str) -> Result<(), StateError> {
         exec(
             self,
@@ -160,10 +172,26 @@ impl DeviceStore for PostgresState {
                 }
                 None => {
                     exec(c, queries::pg::RELEASE_RUN_GPUS, &[&run.0], what.clone())?;
-                    exec(c, queries::pg::STOP_RUN_WAITING, &[&run.0], what)
+                    exec(c, queries::pg::STOP_RUN_WAITING, &[&run.0], what.clone())?;
+                    let pattern = marked_by_run(run);
+                    exec(c, queries::pg::UNMARK_PREEMPTED_BY_RUN, &[&pattern], what)
                 }
             }
             .map(|_| ())
+        })
+    }
+
+    fn give_up_gpus(&self, run: &RunId, holder: &str) -> Result<(), StateError> {
+        let what = format!("stop waiting for GPUs ({holder} of run {run})");
+        self.with(|c| {
+            exec(
+                c,
+                queries::pg::STOP_WAITING,
+                &[&run.0, &holder],
+                what.clone(),
+            )?;
+            let prefix = marked_by(run, holder);
+            exec(c, queries::pg::UNMARK_PREEMPTED_BY, &[&prefix], what).map(|_| ())
         })
     }
 

@@ -3,7 +3,9 @@
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use super::super::devices::{claim_in, Claimed, DeviceStore, GpuAsk, GpuClaim, GpuWait, LedgerTx};
+use super::super::devices::{
+    claim_in, marked_by, marked_by_run, Claimed, DeviceStore, GpuAsk, GpuClaim, GpuWait, LedgerTx,
+};
 use super::{now, queries, sql, ExecuteCached, RunId, SqliteState, StateError};
 
 fn claims(c: &Connection) -> Result<Vec<GpuClaim>, StateError> {
@@ -129,6 +131,12 @@ impl LedgerTx for rusqlite::Transaction<'_> {
             .map_err(sql("read the projects' weights"))
     }
 
+    fn unmark(&mut self, prefix: &str) -> Result<(), StateError> {
+        self.execute_cached(queries::sqlite::UNMARK_PREEMPTED_BY, params![prefix])
+            .map(|_| ())
+            .map_err(sql("unmark preempted GPU claims"))
+    }
+
     fn mark_preempted(&mut self, victim: &GpuClaim, by: &str) -> Result<(), StateError> {
         self.execute_cached(
             queries::sqlite::PREEMPT_GPUS,
@@ -163,10 +171,32 @@ impl DeviceStore for SqliteState {
                     .execute_cached(queries::sqlite::RELEASE_RUN_GPUS, params![run.0])
                     .and_then(|_| {
                         c.execute_cached(queries::sqlite::STOP_RUN_WAITING, params![run.0])
+                    })
+                    .and_then(|_| {
+                        c.execute_cached(
+                            queries::sqlite::UNMARK_PREEMPTED_BY_RUN,
+                            params![marked_by_run(run)],
+                        )
                     }),
             }
             .map(|_| ())
             .map_err(sql(what.clone()))
+        })
+    }
+
+    fn give_up_gpus(&self, run: &RunId, holder: &str) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute_cached(queries::sqlite::STOP_WAITING, params![run.0, holder])
+                .and_then(|_| {
+                    c.execute_cached(
+                        queries::sqlite::UNMARK_PREEMPTED_BY,
+                        params![marked_by(run, holder)],
+                    )
+                })
+                .map(|_| ())
+                .map_err(sql(format!(
+                    "stop waiting for GPUs ({holder} of run {run})"
+                )))
         })
     }
 
