@@ -1,23 +1,25 @@
 //! Priorities and preemption of GPU stages under `drivetrain serve` (`scheduling:`): the
-//! real server on loopback, its runs in one process, the GPUs given with `--gpus 2` (no
-//! GPU here; which attempt holds which device is the ledger's, the real code path).
+//! real server on loopback, its runs in one process, on a machine of two GPUs as
+//! `DRIVETRAIN_LOCAL_GPUS` says (no GPU here; which attempt holds which device is the
+//! ledger's, the real code path).
 
 use std::time::{Duration, Instant};
 
 use crate::common;
-use common::http::{json, request, start_command, wait_phase, Server, TOKEN};
+use common::http::{json, request, start_wrapped, wait_phase, Server, TOKEN};
 use common::Home;
 
-/// A trainer of 12 steps of 0.25 s that keeps its step and its sum of squares in its
-/// checkpoints, resumes from them, and saves them on SIGTERM: alone it ends with
-/// `{"steps": 12, "sum": 650}`.
-const TRAIN: &str = r#"
-version: 1
+/// A pipeline of one stage asking both GPUs with `scheduling` (YAML): a trainer of 12
+/// steps of 0.25 s that keeps its step and its sum of squares in its checkpoints, resumes
+/// from them, and saves them on SIGTERM. Alone it ends with `{"steps": 12, "sum": 650}`.
+pub(crate) fn resuming_trainer(scheduling: &str) -> String {
+    format!(
+        r#"version: 1
 name: train
 stages:
   train:
-    resources: {gpu: 2}
-    scheduling: {priority: 1, preemptible: true, grace: 5s}
+    resources: {{gpu: 2}}
+    scheduling: {scheduling}
     run:
       command:
         - sh
@@ -32,12 +34,17 @@ stages:
             echo "$i $sum" > "$c"
             sleep 0.25 & wait $!
           done
-          echo "{\"steps\": $i, \"sum\": $sum}" > "$DRIVETRAIN_VALUES"
-"#;
+          echo "{{\"steps\": $i, \"sum\": $sum}}" > "$DRIVETRAIN_VALUES"
+"#
+    )
+}
 
 fn pipelines(home: &Home) {
     std::fs::create_dir_all(home.dir.join("served")).unwrap();
-    home.write("served/train.yaml", TRAIN);
+    home.write(
+        "served/train.yaml",
+        &resuming_trainer("{priority: 1, preemptible: true, grace: 5s}"),
+    );
     let holder = |name: &str, scheduling: &str, command: &str| {
         format!("version: 1\nname: {name}\nstages:\n  {name}:\n    resources: {{gpu: 2}}\n    scheduling: {scheduling}\n    run: {{command: [sh, -c, '{command}']}}\n")
     };
@@ -57,27 +64,6 @@ fn pipelines(home: &Home) {
         "served/steady.yaml",
         &holder("steady", "{priority: 0, preemptible: false}", "sleep 3"),
     );
-}
-
-/// `serve` of `served/` on a machine of two GPUs (`DRIVETRAIN_LOCAL_GPUS`).
-fn serve_with_two_gpus(home: &Home) -> Server {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_drivetrain"));
-    cmd.args([
-        "serve",
-        "--pipelines",
-        "served",
-        "--bind",
-        "127.0.0.1:0",
-        "--token",
-        TOKEN,
-    ])
-    .current_dir(&home.dir)
-    .env_remove("DRIVETRAIN_HOME")
-    .env_remove("DRIVETRAIN_TOKEN")
-    .env("DRIVETRAIN_LOCAL_GPUS", "2")
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::null());
-    start_command(cmd)
 }
 
 fn submit(s: &Server, pipeline: &str) -> String {
@@ -123,7 +109,12 @@ fn attempts(s: &Server, run: &str) -> Vec<serde_json::Value> {
 fn a_higher_priority_stage_preempts_a_preemptible_one_which_resumes() {
     let home = Home::new("preempt");
     pipelines(&home);
-    let s = serve_with_two_gpus(&home);
+    // A machine of two GPUs (`DRIVETRAIN_LOCAL_GPUS`).
+    let s = start_wrapped(
+        &home,
+        &["env", "DRIVETRAIN_LOCAL_GPUS=2"],
+        &["--token", TOKEN],
+    );
     // A project's weight (its share when projects contend) is kept with its quota.
     let o = home.drivetrain(&["project", "quota", "vision", "--weight", "4"]);
     common::assert_ok(&o);

@@ -642,28 +642,7 @@ fn a_preempted_slurm_job_is_submitted_again_and_resumes() {
     };
     let train = home.write(
         "train.yaml",
-        r#"version: 1
-name: train
-stages:
-  train:
-    resources: {gpu: 2}
-    scheduling: {preemptible: true}
-    run:
-      command:
-        - sh
-        - -c
-        - |
-          c="$DRIVETRAIN_CHECKPOINTS/state"
-          i=0; sum=0
-          if [ -f "$c" ]; then read i sum < "$c"; echo "resumed from step $i"; fi
-          trap 'echo "$i $sum" > "$c"; echo "stopped at step $i"; exit 143' TERM
-          while [ "$i" -lt 12 ]; do
-            i=$((i+1)); sum=$((sum+i*i)); echo "step $i"
-            echo "$i $sum" > "$c"
-            sleep 0.25 & wait $!
-          done
-          echo "{\"steps\": $i, \"sum\": $sum}" > "$DRIVETRAIN_VALUES"
-"#,
+        &crate::preemption::resuming_trainer("{preemptible: true}"),
     );
     let urgent = home.write(
         "urgent.yaml",
