@@ -74,8 +74,12 @@ pub fn doctor(
             println!("gpu ledger: {} device(s) claimed in this home", held.len());
             for c in held {
                 let f = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+                let stale = match c["stale"] == true {
+                    true => " — stale: its run ended, the next claim frees it",
+                    false => "",
+                };
                 println!(
-                    "  {}:{} run {} ({}) since {}",
+                    "  {}:{} run {} ({}) since {}{stale}",
                     f("host"),
                     f("device"),
                     f("run"),
@@ -108,13 +112,26 @@ pub fn doctor(
     Ok(code)
 }
 
-/// The home's GPU ledger: which attempt of which run holds each device (none when the
-/// home has no state yet).
+/// The home's GPU ledger: which attempt of which run holds each device, and whether the
+/// claim is stale (its run ended: the next claim frees it); none when the home has no
+/// state yet.
 fn gpu_claims(home: &Path) -> serde_json::Value {
     if !home.join("state.db").exists() && std::env::var_os("DRIVETRAIN_STATE").is_none() {
         return json!([]);
     }
-    match crate::runs::open_state(home).and_then(|s| Ok(s.gpu_claims()?)) {
+    let read = crate::runs::open_state(home).and_then(|s| {
+        let claims = s.gpu_claims()?;
+        Ok(claims
+            .into_iter()
+            .map(|c| {
+                let ended = s.run(&c.run).map_or(true, |r| r.phase.is_terminal());
+                let mut v = json!(c);
+                v["stale"] = json!(ended);
+                v
+            })
+            .collect::<Vec<_>>())
+    });
+    match read {
         Ok(claims) => json!(claims),
         Err(e) => json!({"error": format!("{e:#}")}),
     }

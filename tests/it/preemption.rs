@@ -269,3 +269,58 @@ fn a_higher_priority_stage_preempts_a_preemptible_one_which_resumes() {
         .collect();
     assert_eq!(phases, ["Succeeded"]);
 }
+
+/// `doctor` lists the ledger's claims and says which are stale: a claim left by a run
+/// that ended (the next claim frees it).
+#[test]
+fn doctor_marks_claims_of_ended_runs_stale() {
+    use drivetrain_engine::state::{DeviceStore as _, GpuAsk, RunId, SqliteState};
+    let home = Home::new("doctor-ledger");
+    let file = home.write(
+        "p.yaml",
+        "version: 1\nname: g\nstages:\n  g:\n    resources: {gpu: 1}\n    run: {command: [\"true\"]}\n",
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap(), "--gpus", "1"]);
+    common::assert_ok(&o);
+    let run = common::run_id(&o);
+    let doctor = |home: &Home| -> serde_json::Value {
+        let o = home.drivetrain(&["doctor", "-o", "json"]);
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["gpu_claims"].clone()
+    };
+    assert_eq!(
+        doctor(&home),
+        serde_json::json!([]),
+        "the run gave its GPU back"
+    );
+    // A claim its ended run left (as an engine that died between claiming and recording
+    // its end would).
+    let state = SqliteState::open(&home.dir.join(".drivetrain/state.db")).unwrap();
+    let devices = ["0".to_owned()];
+    let id = RunId(run.clone());
+    let ask = GpuAsk {
+        host: "elsewhere",
+        devices: &devices,
+        count: 1,
+        run: &id,
+        holder: "g#9",
+        queue: "default",
+        project: "default",
+        priority: 0,
+        preemptible: false,
+        stale_before: "2000-01-01T00:00:00.000Z",
+        waits_stale_before: "2000-01-01T00:00:00.000Z",
+    };
+    assert!(matches!(
+        state.claim_gpus(&ask).unwrap(),
+        drivetrain_engine::state::Claimed::Granted(_)
+    ));
+    let claims = doctor(&home);
+    assert_eq!(claims[0]["holder"], "g#9", "{claims}");
+    assert_eq!(claims[0]["stale"], true, "{claims}");
+    let text = common::text(&home.drivetrain(&["doctor"]).stdout);
+    assert!(
+        text.contains(&format!("elsewhere:0 run {run} (g#9) since "))
+            && text.contains("— stale: its run ended, the next claim frees it"),
+        "{text}"
+    );
+}
