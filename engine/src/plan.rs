@@ -324,6 +324,20 @@ impl Stage {
     }
 
     /// The GPUs an attempt of the stage claims: `resources.gpu` for each rank.
+    /// The CPU (thousandths of a core) and memory (bytes) an attempt of the stage
+    /// declares: `resources.cpu` and `resources.memory` for each rank.
+    pub fn cpu_and_memory(&self) -> (u64, u64) {
+        let ranks = self.distributed.as_ref().map(|d| d.workers).unwrap_or(1) as f64;
+        let of = |q: &Option<crate::units::Quantity>, unit: f64| {
+            q.as_ref()
+                .map_or(0, |q| (q.value.max(0.0) * unit * ranks).ceil() as u64)
+        };
+        (
+            of(&self.resources.cpu, 1000.0),
+            of(&self.resources.memory, 1.0),
+        )
+    }
+
     pub fn gpus(&self) -> usize {
         let per = self.resources.gpu.unwrap_or(0) as usize;
         per * self

@@ -369,3 +369,62 @@ fn until(
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// The CPU and memory stages declare are held in the home's ledger too: on a machine of
+/// two CPUs (`DRIVETRAIN_LOCAL_CPUS`), two engines each running a stage of `cpu: 2` never
+/// run them at once, and the one that waits says for what and who holds it. A stage
+/// asking more than the machine has runs alone, not never.
+#[test]
+fn engines_of_one_home_share_the_machines_cpus() {
+    let home = Home::new("cpu-ledger");
+    let file = home.write(
+        "cpu.yaml",
+        "version: 1\nname: cpu\nstages:\n  work:\n    resources: {cpu: 2}\n    run: {command: [sh, -c, 'echo start $(date +%s%N); sleep 1; echo end $(date +%s%N)']}\n  huge:\n    needs: [work]\n    resources: {cpu: 64}\n    run: {command: ['true']}\n",
+    );
+    let spawn = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+            .args(["run", file.to_str().unwrap()])
+            .current_dir(&home.dir)
+            .env_remove("DRIVETRAIN_HOME")
+            .env("DRIVETRAIN_LOCAL_CPUS", "2")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut first = spawn();
+    let first_id = first_line_run_id(&mut first);
+    until(&home, &first_id, "work", |s| s["phase"] == "Running");
+    let mut second = spawn();
+    let second_id = first_line_run_id(&mut second);
+    let reason = until(&home, &second_id, "work", |s| {
+        s["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("waiting for 2 CPU(s)"))
+    });
+    assert!(
+        reason.contains(&format!(
+            "the machine's CPU and memory held by run {first_id} (work#1)"
+        )),
+        "{reason}"
+    );
+    let mut spans = Vec::new();
+    for (engine, id) in [(first, first_id), (second, second_id)] {
+        let o = engine.wait_with_output().unwrap();
+        assert_ok(&o);
+        let log = text(&home.drivetrain(&["logs", &id, "--stage", "work"]).stdout);
+        let word = |w: &str| -> u128 {
+            let line = log
+                .lines()
+                .find(|l| l.starts_with(w))
+                .unwrap_or_else(|| panic!("{log}"));
+            line.split_whitespace().nth(1).unwrap().parse().unwrap()
+        };
+        spans.push((word("start"), word("end")));
+    }
+    spans.sort();
+    assert!(
+        spans[0].1 <= spans[1].0,
+        "the two held the CPUs at once: {spans:?}"
+    );
+}

@@ -301,6 +301,12 @@ fn doctor_marks_claims_of_ended_runs_stale() {
         host: "elsewhere",
         devices: &devices,
         count: 1,
+        cpu_millis: 0,
+        memory_bytes: 0,
+        capacity: drivetrain_engine::state::Capacity {
+            cpu_millis: 1000,
+            memory_bytes: 1 << 30,
+        },
         run: &id,
         holder: "g#9",
         queue: "default",

@@ -229,14 +229,17 @@ async fn start_and_wait(
         Some(i) => format!("{}/items/{i}#{}", key.stage, key.attempt),
         None => format!("{}#{}", key.stage, key.attempt),
     };
-    let gpus = match stage.gpus() {
-        0 => Vec::new(),
-        _ if ctx.executor.schedules_gpus() => Vec::new(),
-        n => {
+    // GPUs, CPU and memory the stage declares come from the home's ledger, where the
+    // executor does not schedule them itself (a cluster does).
+    let (cpu, memory) = stage.cpu_and_memory();
+    let asks = !ctx.executor.schedules_gpus() && (stage.gpus() > 0 || cpu > 0 || memory > 0);
+    let gpus = match asks {
+        false => Vec::new(),
+        true => {
             // A cancel ends the wait: the attempt never started its process.
             let mut cancel = ctx.stop_for(stage);
             tokio::select! {
-                claimed = claim_gpus(ctx, stage, key, n, &holder) => claimed?,
+                claimed = claim_gpus(ctx, stage, key, &holder) => claimed?,
                 _ = cancel.wait_for(|c| *c) => return Ok(AttemptEnd::Cancelled),
             }
         }
@@ -249,30 +252,33 @@ async fn start_and_wait(
     // Only an attempt holding devices can be asked for them.
     let watch = (!gpus.is_empty() && stage.scheduling.preemptible).then_some(holder.as_str());
     let result = wait_attempt(ctx, stage, key, spec, layout, watch).await;
-    if !gpus.is_empty() {
+    if asks {
         if let Err(e) = ctx.gpus.release(&holder) {
             // The ledger frees them once this run ends anyway.
-            eprintln!("warning: giving back the GPUs of {holder}: {e}");
+            eprintln!("warning: giving back what {holder} held: {e}");
         }
     }
     result
 }
 
-/// Claims `n` GPUs in the home's ledger for `holder`, saying on the stage (its reason,
-/// which `status`, the API and the web view show) who holds them while it waits. A map
-/// item waits without saying so: its items share the stage's one reason, and one item
-/// clearing it would hide another's wait.
+/// Claims the stage's GPUs, CPU and memory in the home's ledger for `holder` (the
+/// devices' names), saying on the stage (its reason, which `status`, the API and the web
+/// view show) who holds them while it waits. A map item waits without saying so: its
+/// items share the stage's one reason, and one item clearing it would hide another's
+/// wait.
 async fn claim_gpus(
     ctx: &Ctx,
     stage: &Stage,
     key: &AttemptKey,
-    n: usize,
     holder: &str,
 ) -> Result<Vec<String>, String> {
     let run = &ctx.run.id;
     let mut waited: Option<String> = None;
+    let (cpu_millis, memory_bytes) = stage.cpu_and_memory();
     let want = super::gpus::Want {
-        count: n,
+        count: stage.gpus(),
+        cpu_millis,
+        memory_bytes,
         holder,
         scheduling: &stage.scheduling,
         priority: super::gpus::priority_of(ctx.state.as_ref(), &stage.scheduling.priority)?,
@@ -280,7 +286,7 @@ async fn claim_gpus(
     let devices = ctx
         .gpus
         .acquire(want, |at| {
-            let why = super::gpus::why_waiting(n, stage.scheduling.queue(), at);
+            let why = super::gpus::why_waiting(&want, stage.scheduling.queue(), at);
             if key.item.is_none() {
                 let _ = ctx
                     .state

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::plan::{Priority, Scheduling};
-use crate::state::{Claimed, GpuAsk, GpuClaim, InQueue, RunId, StateError, StateStore};
+use crate::state::{Capacity, Claimed, GpuAsk, GpuClaim, InQueue, RunId, StateError, StateStore};
 
 /// How often a waiting attempt asks the ledger again (devices another engine frees wake
 /// nobody here).
@@ -29,6 +29,8 @@ pub(super) struct GpuPool {
     host: String,
     /// The devices' names (`CUDA_VISIBLE_DEVICES` values), in the order handed out.
     devices: Vec<String>,
+    /// The machine's CPU and memory, which the attempts of all its engines share.
+    capacity: Capacity,
 }
 
 impl std::fmt::Debug for GpuPool {
@@ -49,9 +51,34 @@ pub(crate) fn host() -> String {
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
+/// The machine's CPU and memory: its cores (`DRIVETRAIN_LOCAL_CPUS` overrides them) and
+/// its memory (`MemTotal`).
+fn machine() -> Capacity {
+    let cores = std::env::var("DRIVETRAIN_LOCAL_CPUS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64));
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?.to_owned();
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(u64::MAX, |kib| kib.saturating_mul(1024));
+    Capacity {
+        cpu_millis: cores * 1000,
+        memory_bytes: memory,
+    }
+}
+
 /// What an attempt asks of the pool.
+#[derive(Clone, Copy)]
 pub(super) struct Want<'a> {
     pub count: usize,
+    /// CPU (thousandths of a core) and memory its stage declares (0: none).
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
     pub holder: &'a str,
     pub scheduling: &'a Scheduling,
     /// Its priority, a class resolved ([`priority_of`]).
@@ -91,6 +118,7 @@ impl GpuPool {
             project,
             host: host(),
             devices,
+            capacity: machine(),
         }
     }
 
@@ -116,6 +144,10 @@ impl GpuPool {
                 host: &self.host,
                 devices: &self.devices,
                 count: want.count,
+                // More than the machine has would never fit: it runs alone instead.
+                cpu_millis: want.cpu_millis.min(self.capacity.cpu_millis),
+                memory_bytes: want.memory_bytes.min(self.capacity.memory_bytes),
+                capacity: self.capacity,
                 run: &self.run,
                 holder: want.holder,
                 queue: want.scheduling.queue(),
@@ -193,8 +225,37 @@ pub(super) fn priority_of(state: &dyn StateStore, p: &Priority) -> Result<i64, S
 
 /// Why a stage waits for its devices and where it stands, in words: who holds them,
 /// its place in the host's queue, and who is being preempted for it.
-pub(super) fn why_waiting(n: usize, queue: &str, at: &InQueue) -> String {
-    let mut why = format!("waiting for {n} GPU(s): {}", held_by(&at.held));
+pub(super) fn why_waiting(want: &Want<'_>, queue: &str, at: &InQueue) -> String {
+    let mut asks = Vec::new();
+    if want.count > 0 {
+        asks.push(format!("{} GPU(s)", want.count));
+    }
+    if want.cpu_millis > 0 {
+        asks.push(format!("{} CPU(s)", want.cpu_millis as f64 / 1000.0));
+    }
+    if want.memory_bytes > 0 {
+        asks.push(format!(
+            "{} MiB of memory",
+            want.memory_bytes.div_ceil(1 << 20)
+        ));
+    }
+    let mut holders: Vec<String> = Vec::new();
+    if want.count > 0 {
+        holders.push(held_by(&at.held));
+    }
+    if want.cpu_millis > 0 || want.memory_bytes > 0 {
+        let mut cpu: Vec<String> = at
+            .capacity
+            .iter()
+            .map(|c| format!("run {} ({})", c.run, c.holder))
+            .collect();
+        cpu.dedup();
+        holders.push(format!(
+            "the machine's CPU and memory held by {}",
+            cpu.join(", ")
+        ));
+    }
+    let mut why = format!("waiting for {}: {}", asks.join(", "), holders.join("; "));
     why.push_str(&format!(
         "; place {} of {} waiting for this machine's GPUs (queue `{queue}`)",
         at.position, at.waiting

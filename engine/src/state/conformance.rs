@@ -58,6 +58,7 @@ pub fn check(store: &dyn StateStore) {
     devices::ledger(store);
     devices::priorities(store);
     devices::fair_share(store);
+    devices::capacity(store);
 }
 
 /// A run's pipeline text is kept once per digest and read back whole.

@@ -43,8 +43,33 @@ pub struct GpuWait {
     pub project: String,
     pub priority: i64,
     pub count: usize,
+    /// The CPU (thousandths of a core) and memory it asks besides.
+    #[serde(default)]
+    pub cpu_millis: u64,
+    #[serde(default)]
+    pub memory_bytes: u64,
     /// When it started waiting: the order among equal priorities.
     pub since: String,
+}
+
+/// CPU and memory an attempt holds on a machine (what its stage declares in
+/// `resources`, as much as the machine has at most).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CapacityClaim {
+    pub host: String,
+    pub run: RunId,
+    pub holder: String,
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    pub claimed_at: String,
+}
+
+/// A machine's CPU (thousandths of a core) and memory: what its attempts may hold
+/// together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
 }
 
 /// Where a waiting attempt stands.
@@ -52,6 +77,8 @@ pub struct GpuWait {
 pub struct InQueue {
     /// The claims on its host (who holds the devices).
     pub held: Vec<GpuClaim>,
+    /// Who holds the machine's CPU and memory, where it waits for them.
+    pub capacity: Vec<CapacityClaim>,
     /// Its place among the host's waiters, from 1.
     pub position: usize,
     /// How many wait on the host, itself included.
@@ -76,6 +103,11 @@ pub struct GpuAsk<'a> {
     /// The machine's devices, in the order they are handed out.
     pub devices: &'a [String],
     pub count: usize,
+    /// CPU (thousandths of a core) and memory asked besides (0: none), at most the
+    /// machine's `capacity`.
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    pub capacity: Capacity,
     pub run: &'a RunId,
     pub holder: &'a str,
     pub queue: &'a str,
@@ -103,6 +135,8 @@ pub trait DeviceStore: Send + Sync {
     fn give_up_gpus(&self, run: &RunId, holder: &str) -> Result<(), StateError>;
     /// Every claim, by host and device.
     fn gpu_claims(&self) -> Result<Vec<GpuClaim>, StateError>;
+    /// The CPU and memory held, by host.
+    fn capacity_claims(&self) -> Result<Vec<CapacityClaim>, StateError>;
     /// Every waiter, in the order they are admitted.
     fn gpu_waits(&self) -> Result<Vec<GpuWait>, StateError>;
     /// Who preempts `holder` of `run`, once one has asked for its devices.
@@ -122,6 +156,8 @@ pub(super) trait LedgerTx {
     fn upsert_wait(&mut self, ask: &GpuAsk<'_>, at: &str) -> Result<(), StateError>;
     fn drop_wait(&mut self, run: &RunId, holder: &str) -> Result<(), StateError>;
     fn insert_claim(&mut self, ask: &GpuAsk<'_>, device: &str, at: &str) -> Result<(), StateError>;
+    fn capacity_claims(&mut self) -> Result<Vec<CapacityClaim>, StateError>;
+    fn insert_capacity(&mut self, ask: &GpuAsk<'_>, at: &str) -> Result<(), StateError>;
     fn mark_preempted(&mut self, victim: &GpuClaim, by: &str) -> Result<(), StateError>;
     /// Unmarks the claims marked by the preempter whose mark starts with `prefix`.
     fn unmark(&mut self, prefix: &str) -> Result<(), StateError>;
@@ -140,6 +176,7 @@ pub(super) fn claim_in(tx: &mut impl LedgerTx, ask: &GpuAsk<'_>) -> Result<Claim
         .into_iter()
         .filter(|c| c.host == ask.host)
         .collect();
+    let capacity = capacity_on(tx, ask.host)?;
     let all_waits = tx.waits()?;
     // (Waiting anywhere: a wait of the asker's on another machine goes too once granted.)
     let queued = all_waits.iter().any(|w| is_asker(ask, w));
@@ -156,20 +193,23 @@ pub(super) fn claim_in(tx: &mut impl LedgerTx, ask: &GpuAsk<'_>) -> Result<Claim
             project: ask.project.to_owned(),
             priority: ask.priority,
             count: ask.count,
+            cpu_millis: ask.cpu_millis,
+            memory_bytes: ask.memory_bytes,
             since: at.clone(),
         };
         let place = with_me.partition_point(|w| order(w) <= order(&me));
         with_me.insert(place, me);
     }
     fair_share(tx, &claims, &mut with_me)?;
-    if let Decision::Grant(devices) = decide(ask, &claims, &with_me) {
+    if let Decision::Grant(devices) = decide(ask, &claims, &capacity, &with_me) {
         return grant(tx, ask, devices, queued, &at);
     }
     tx.free_dead(ask)?;
     tx.upsert_wait(ask, &at)?;
     let (claims, mut waits) = on_host(tx, ask.host)?;
+    let capacity = capacity_on(tx, ask.host)?;
     fair_share(tx, &claims, &mut waits)?;
-    match decide(ask, &claims, &waits) {
+    match decide(ask, &claims, &capacity, &waits) {
         Decision::Grant(devices) => grant(tx, ask, devices, true, &at),
         Decision::Wait {
             position,
@@ -195,12 +235,22 @@ pub(super) fn claim_in(tx: &mut impl LedgerTx, ask: &GpuAsk<'_>) -> Result<Claim
                 .collect();
             Ok(Claimed::Busy(InQueue {
                 held,
+                capacity,
                 position,
                 waiting,
                 preempting,
             }))
         }
     }
+}
+
+/// The CPU and memory held on `host`.
+fn capacity_on(tx: &mut impl LedgerTx, host: &str) -> Result<Vec<CapacityClaim>, StateError> {
+    Ok(tx
+        .capacity_claims()?
+        .into_iter()
+        .filter(|c| c.host == host)
+        .collect())
 }
 
 /// The claims and the waits (in order) on `host`.
@@ -231,6 +281,9 @@ fn grant(
     }
     for d in &devices {
         tx.insert_claim(ask, d, at)?;
+    }
+    if ask.cpu_millis > 0 || ask.memory_bytes > 0 {
+        tx.insert_capacity(ask, at)?;
     }
     Ok(Claimed::Granted(devices))
 }
@@ -309,36 +362,69 @@ pub(super) enum Decision {
     },
 }
 
-/// Admission on one host: `claims` and `waits` are the host's, `waits` in order and
-/// holding the asker. The asker is admitted when the free devices, less those the
-/// waiters ahead of it need, are enough; otherwise it may preempt.
-pub(super) fn decide(ask: &GpuAsk<'_>, claims: &[GpuClaim], waits: &[GpuWait]) -> Decision {
+/// Admission on one host: `claims`, `capacity` and `waits` are the host's, `waits` in
+/// order and holding the asker. The asker is admitted when the free devices, CPU and
+/// memory, less what the waiters ahead of it ask, are enough for what it asks;
+/// otherwise it may preempt (for GPUs: preemption frees devices, not CPU or memory).
+pub(super) fn decide(
+    ask: &GpuAsk<'_>,
+    claims: &[GpuClaim],
+    capacity: &[CapacityClaim],
+    waits: &[GpuWait],
+) -> Decision {
     let position = waits
         .iter()
         .position(|w| is_asker(ask, w))
         .unwrap_or(waits.len());
-    let ahead: usize = waits[..position].iter().map(|w| w.count).sum();
+    let before = &waits[..position];
+    let ahead: usize = before.iter().map(|w| w.count).sum();
     let free: Vec<&String> = ask
         .devices
         .iter()
         .filter(|d| !claims.iter().any(|c| &c.device == *d))
         .collect();
-    if free.len() >= ahead + ask.count {
+    let gpus_fit = ask.count == 0 || free.len() >= ahead + ask.count;
+    if gpus_fit && capacity_fits(ask, capacity, before) {
         // The first devices stay for those ahead (they take the first free too).
-        let got = free[ahead..ahead + ask.count]
-            .iter()
-            .map(|d| (*d).clone())
-            .collect();
+        let got = match ask.count {
+            0 => Vec::new(),
+            n => free[ahead..ahead + n]
+                .iter()
+                .map(|d| (*d).clone())
+                .collect(),
+        };
         return Decision::Grant(got);
     }
     let freeing = holders(claims.iter().filter(|c| c.preempted_by.is_some()));
     let freeing: usize = freeing.iter().map(|(_, n)| n).sum();
-    let need = (ahead + ask.count).saturating_sub(free.len() + freeing);
+    let need = match ask.count {
+        0 => 0,
+        n => (ahead + n).saturating_sub(free.len() + freeing),
+    };
     Decision::Wait {
         position: position + 1,
         waiting: waits.len().max(position + 1),
         preempt: victims(ask, claims, need),
     }
+}
+
+/// Whether the CPU and memory `ask` asks fit the machine besides what is held and what
+/// the waiters `before` it ask.
+fn capacity_fits(ask: &GpuAsk<'_>, held: &[CapacityClaim], before: &[GpuWait]) -> bool {
+    let fits = |want: u64, held: u64, ahead: u64, of: u64| {
+        want == 0 || held.saturating_add(ahead).saturating_add(want) <= of
+    };
+    fits(
+        ask.cpu_millis,
+        held.iter().map(|c| c.cpu_millis).sum(),
+        before.iter().map(|w| w.cpu_millis).sum(),
+        ask.capacity.cpu_millis,
+    ) && fits(
+        ask.memory_bytes,
+        held.iter().map(|c| c.memory_bytes).sum(),
+        before.iter().map(|w| w.memory_bytes).sum(),
+        ask.capacity.memory_bytes,
+    )
 }
 
 /// Each holder's first claim and how many devices it holds, in the claims' order.
@@ -429,6 +515,8 @@ mod tests {
             project: "default".into(),
             priority,
             count,
+            cpu_millis: 0,
+            memory_bytes: 0,
             since: since.into(),
         }
     }
@@ -444,6 +532,12 @@ mod tests {
             host: "h",
             devices,
             count,
+            cpu_millis: 0,
+            memory_bytes: 0,
+            capacity: Capacity {
+                cpu_millis: 2000,
+                memory_bytes: 1 << 30,
+            },
             run,
             holder,
             queue: "default",
@@ -466,7 +560,7 @@ mod tests {
         let held = [claim("0", "x", "t#1", 0, false, "1")];
         // a (ahead) wants 1, I want 1: one free, it is a's.
         let waits = [wait("a", "s#1", 5, 1, "2"), wait("b", "s#1", 0, 1, "1")];
-        match decide(&ask(&me, "s#1", 1, 0, &all), &held, &waits) {
+        match decide(&ask(&me, "s#1", 1, 0, &all), &held, &[], &waits) {
             Decision::Wait {
                 position,
                 waiting,
@@ -480,7 +574,7 @@ mod tests {
         // Alone, I get the free one.
         let waits = [wait("b", "s#1", 0, 1, "1")];
         assert_eq!(
-            decide(&ask(&me, "s#1", 1, 0, &all), &held, &waits),
+            decide(&ask(&me, "s#1", 1, 0, &all), &held, &[], &waits),
             Decision::Grant(vec!["1".into()])
         );
     }
@@ -496,7 +590,8 @@ mod tests {
             claim("3", "r4", "d#1", 0, false, "2026-01-01T00:00:00Z"),
         ];
         let waits = [wait("hi", "t#1", 10, 2, "9")];
-        let Decision::Wait { preempt, .. } = decide(&ask(&me, "t#1", 2, 10, &all), &held, &waits)
+        let Decision::Wait { preempt, .. } =
+            decide(&ask(&me, "t#1", 2, 10, &all), &held, &[], &waits)
         else {
             panic!("granted");
         };
@@ -504,7 +599,8 @@ mod tests {
         // c (priority 0), then b (priority 1, younger than a); never d (not preemptible).
         assert_eq!(names, ["c#1", "b#1"]);
         // Equal or higher priority is never preempted.
-        let Decision::Wait { preempt, .. } = decide(&ask(&me, "t#1", 2, 1, &all), &held, &waits)
+        let Decision::Wait { preempt, .. } =
+            decide(&ask(&me, "t#1", 2, 1, &all), &held, &[], &waits)
         else {
             panic!("granted");
         };

@@ -27,7 +27,9 @@ pub use access::{
     tally, AccessStore, ApprovalRecord, ApprovalRequest, ApprovalStore, AuditEntry, KeyClaim,
     KeyRecord, KeyStore, Quota, Refusal, TokenRecord, Vote,
 };
-pub use devices::{Claimed, DeviceStore, GpuAsk, GpuClaim, GpuWait, InQueue};
+pub use devices::{
+    Capacity, CapacityClaim, Claimed, DeviceStore, GpuAsk, GpuClaim, GpuWait, InQueue,
+};
 pub use events::{
     InboxObject, OutboxItem, OutboxStore, RunTrigger, TriggerRecord, TriggerStore, Waiting,
 };

@@ -83,12 +83,26 @@ statements! {
     PRIORITY_CLASSES =
         "SELECT name, value FROM priority_classes ORDER BY name";
     GPU_WAITS =
-        "SELECT host, run_id, holder, queue, priority, gpus, since, project FROM gpu_waits \
-         ORDER BY priority DESC, since, run_id, holder";
+        "SELECT host, run_id, holder, queue, priority, gpus, since, project, cpu_millis, \
+         memory_bytes FROM gpu_waits ORDER BY priority DESC, since, run_id, holder";
+    CAPACITY_CLAIMS =
+        "SELECT host, run_id, holder, cpu_millis, memory_bytes, claimed_at FROM \
+         capacity_claims ORDER BY host, claimed_at";
+    CLAIM_CAPACITY =
+        "INSERT INTO capacity_claims (host, run_id, holder, cpu_millis, memory_bytes, \
+         claimed_at) VALUES ($1, $2, $3, $4, $5, $6)";
+    FREE_DEAD_CAPACITY =
+        "DELETE FROM capacity_claims WHERE run_id <> $1 AND run_id NOT IN (SELECT id FROM runs \
+         WHERE phase IN ('Running', 'Pending') AND (heartbeat_at IS NULL OR heartbeat_at >= \
+         $2))";
+    RELEASE_CAPACITY =
+        "DELETE FROM capacity_claims WHERE run_id = $1 AND holder = $2";
+    RELEASE_RUN_CAPACITY =
+        "DELETE FROM capacity_claims WHERE run_id = $1";
     WAIT_FOR_GPUS =
         "INSERT INTO gpu_waits (host, run_id, holder, queue, priority, gpus, since, seen_at, \
-         project) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8) ON CONFLICT (run_id, holder) DO \
-         UPDATE SET seen_at = $7";
+         project, cpu_millis, memory_bytes) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, \
+         $10) ON CONFLICT (run_id, holder) DO UPDATE SET seen_at = $7";
     STOP_WAITING =
         "DELETE FROM gpu_waits WHERE run_id = $1 AND holder = $2";
     STOP_RUN_WAITING =

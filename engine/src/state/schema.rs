@@ -302,7 +302,8 @@ CREATE TABLE gpu_claims (
 );
 CREATE INDEX gpu_claims_by_run ON gpu_claims(run_id, holder);
 "#,
-    // 8: priorities and preemption in the GPU ledger, the attempts waiting there, and how
+    // 8: priorities and preemption in the GPU ledger, the CPU and memory stages hold, the
+    // attempts waiting there, and how
     // long each attempt waited for its GPUs and why.
     r#"
 ALTER TABLE gpu_claims ADD COLUMN priority BIGINT NOT NULL DEFAULT 0;
@@ -319,8 +320,19 @@ CREATE TABLE gpu_waits (
     project TEXT NOT NULL,
     priority BIGINT NOT NULL,
     gpus BIGINT NOT NULL,
+    cpu_millis BIGINT NOT NULL DEFAULT 0,
+    memory_bytes BIGINT NOT NULL DEFAULT 0,
     since TEXT NOT NULL,
     seen_at TEXT NOT NULL,
+    PRIMARY KEY (run_id, holder)
+);
+CREATE TABLE capacity_claims (
+    host TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    cpu_millis BIGINT NOT NULL,
+    memory_bytes BIGINT NOT NULL,
+    claimed_at TEXT NOT NULL,
     PRIMARY KEY (run_id, holder)
 );
 CREATE TABLE priority_classes (

@@ -21,6 +21,12 @@ fn ask<'a>(
         host: "h1",
         devices: all,
         count,
+        cpu_millis: 0,
+        memory_bytes: 0,
+        capacity: crate::state::Capacity {
+            cpu_millis: 4000,
+            memory_bytes: 8 << 30,
+        },
         run,
         holder,
         queue: "default",
@@ -314,4 +320,50 @@ pub(super) fn fair_share(s: &dyn StateStore) {
         s.release_gpus(&p, None).unwrap();
         s.release_gpus(&m, None).unwrap();
     }
+}
+
+/// CPU and memory are held in the ledger too, against the machine's: an ask that does
+/// not fit what is held and what waiters ahead ask waits (and says who holds them); an
+/// ask of another resource is not held up by it; what is given back is free again.
+pub(super) fn capacity(s: &dyn StateStore) {
+    let none: Vec<String> = Vec::new();
+    let run = RunId("capacity".into());
+    s.create_run(&run_record(&run.0)).unwrap();
+    s.heartbeat(&run).unwrap();
+    let claim = |holder: &str, cpu_millis: u64, memory_bytes: u64| {
+        let mut a = ask(&run, holder, 0, &none, PAST);
+        a.cpu_millis = cpu_millis;
+        a.memory_bytes = memory_bytes;
+        s.claim_gpus(&a).unwrap()
+    };
+    // The machine: 4 CPUs, 8 GiB.
+    assert_eq!(granted(claim("a#1", 3000, 0)), Vec::<String>::new());
+    match claim("b#1", 2000, 0) {
+        Claimed::Busy(at) => {
+            assert_eq!(at.capacity.len(), 1, "{at:?}");
+            assert_eq!(
+                (at.capacity[0].holder.as_str(), at.capacity[0].cpu_millis),
+                ("a#1", 3000)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Memory only: b's wait for CPU does not hold it up.
+    granted(claim("c#1", 0, 1 << 30));
+    // One CPU would fit beside a, but b is ahead and asks two.
+    assert!(matches!(claim("d#1", 1000, 0), Claimed::Busy(_)));
+    s.release_gpus(&run, Some("a#1")).unwrap();
+    granted(claim("b#1", 2000, 0));
+    granted(claim("d#1", 1000, 0));
+    let held: Vec<(String, u64, u64)> = s
+        .capacity_claims()
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.holder, c.cpu_millis, c.memory_bytes))
+        .collect();
+    assert_eq!(held.len(), 3, "{held:?}");
+    assert!(held.contains(&("c#1".to_owned(), 0, 1 << 30)), "{held:?}");
+    s.release_gpus(&run, None).unwrap();
+    assert!(s.capacity_claims().unwrap().is_empty());
+    assert!(s.gpu_waits().unwrap().is_empty());
 }

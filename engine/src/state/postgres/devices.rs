@@ -4,7 +4,8 @@
 use postgres::GenericClient;
 
 use super::super::devices::{
-    claim_in, marked_by, marked_by_run, Claimed, DeviceStore, GpuAsk, GpuClaim, GpuWait, LedgerTx,
+    claim_in, marked_by, marked_by_run, CapacityClaim, Claimed, DeviceStore, GpuAsk, GpuClaim,
+    GpuWait, LedgerTx,
 };
 use super::{exec, now, queries, rows, PostgresState, RunId, StateError};
 
@@ -40,8 +41,27 @@ fn waits(c: &mut impl GenericClient) -> Result<Vec<GpuWait>, StateError> {
             count: r.get::<_, i64>(5).max(0) as usize,
             since: r.get(6),
             project: r.get(7),
+            cpu_millis: r.get::<_, i64>(8).max(0) as u64,
+            memory_bytes: r.get::<_, i64>(9).max(0) as u64,
         }
     })
+}
+
+fn capacity(c: &mut impl GenericClient) -> Result<Vec<CapacityClaim>, StateError> {
+    rows(
+        c,
+        queries::pg::CAPACITY_CLAIMS,
+        &[],
+        "read the CPU and memory held",
+        |r| CapacityClaim {
+            host: r.get(0),
+            run: RunId(r.get(1)),
+            holder: r.get(2),
+            cpu_millis: r.get::<_, i64>(3).max(0) as u64,
+            memory_bytes: r.get::<_, i64>(4).max(0) as u64,
+            claimed_at: r.get(5),
+        },
+    )
 }
 
 impl LedgerTx for postgres::Transaction<'_> {
@@ -57,6 +77,12 @@ impl LedgerTx for postgres::Transaction<'_> {
             queries::pg::FREE_DEAD_GPU_WAITS,
             &[&ask.run.0, &ask.stale_before, &ask.waits_stale_before],
             "free dead GPU waits",
+        )?;
+        exec(
+            self,
+            queries::pg::FREE_DEAD_CAPACITY,
+            &[&ask.run.0, &ask.stale_before],
+            "free dead CPU and memory claims",
         )?;
         Ok(())
     }
@@ -83,6 +109,8 @@ impl LedgerTx for postgres::Transaction<'_> {
                 &count,
                 &at,
                 &ask.project,
+                &(ask.cpu_millis as i64),
+                &(ask.memory_bytes as i64),
             ],
             "wait for GPUs",
         )
@@ -129,6 +157,27 @@ impl LedgerTx for postgres::Transaction<'_> {
         )
     }
 
+    fn capacity_claims(&mut self) -> Result<Vec<CapacityClaim>, StateError> {
+        capacity(self)
+    }
+
+    fn insert_capacity(&mut self, ask: &GpuAsk<'_>, at: &str) -> Result<(), StateError> {
+        exec(
+            self,
+            queries::pg::CLAIM_CAPACITY,
+            &[
+                &ask.host,
+                &ask.run.0,
+                &ask.holder,
+                &(ask.cpu_millis as i64),
+                &(ask.memory_bytes as i64),
+                &at,
+            ],
+            "claim CPU and memory",
+        )
+        .map(|_| ())
+    }
+
     fn unmark(&mut self, prefix: &str) -> Result<(), StateError> {
         exec(
             self,
@@ -154,8 +203,10 @@ impl DeviceStore for PostgresState {
     fn claim_gpus(&self, ask: &GpuAsk<'_>) -> Result<Claimed, StateError> {
         self.with(|c| {
             let mut tx = c.transaction().map_err(super::db("begin"))?;
-            tx.batch_execute("LOCK TABLE gpu_claims, gpu_waits IN SHARE ROW EXCLUSIVE MODE")
-                .map_err(super::db("lock the GPU ledger"))?;
+            tx.batch_execute(
+                "LOCK TABLE gpu_claims, gpu_waits, capacity_claims IN SHARE ROW EXCLUSIVE MODE",
+            )
+            .map_err(super::db("lock the GPU ledger"))?;
             let claimed = claim_in(&mut tx, ask)?;
             tx.commit().map_err(super::db("commit a GPU claim"))?;
             Ok(claimed)
@@ -168,11 +219,23 @@ impl DeviceStore for PostgresState {
             match holder {
                 Some(h) => {
                     exec(c, queries::pg::RELEASE_GPUS, &[&run.0, &h], what.clone())?;
+                    exec(
+                        c,
+                        queries::pg::RELEASE_CAPACITY,
+                        &[&run.0, &h],
+                        what.clone(),
+                    )?;
                     exec(c, queries::pg::STOP_WAITING, &[&run.0, &h], what)
                 }
                 None => {
                     exec(c, queries::pg::RELEASE_RUN_GPUS, &[&run.0], what.clone())?;
                     exec(c, queries::pg::STOP_RUN_WAITING, &[&run.0], what.clone())?;
+                    exec(
+                        c,
+                        queries::pg::RELEASE_RUN_CAPACITY,
+                        &[&run.0],
+                        what.clone(),
+                    )?;
                     let pattern = marked_by_run(run);
                     exec(c, queries::pg::UNMARK_PREEMPTED_BY_RUN, &[&pattern], what)
                 }
@@ -197,6 +260,10 @@ impl DeviceStore for PostgresState {
 
     fn gpu_claims(&self) -> Result<Vec<GpuClaim>, StateError> {
         self.with(claims)
+    }
+
+    fn capacity_claims(&self) -> Result<Vec<CapacityClaim>, StateError> {
+        self.with(capacity)
     }
 
     fn gpu_waits(&self) -> Result<Vec<GpuWait>, StateError> {

@@ -4,7 +4,8 @@
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::super::devices::{
-    claim_in, marked_by, marked_by_run, Claimed, DeviceStore, GpuAsk, GpuClaim, GpuWait, LedgerTx,
+    claim_in, marked_by, marked_by_run, CapacityClaim, Claimed, DeviceStore, GpuAsk, GpuClaim,
+    GpuWait, LedgerTx,
 };
 use super::{now, queries, sql, ExecuteCached, RunId, SqliteState, StateError};
 
@@ -47,11 +48,33 @@ fn waits(c: &Connection) -> Result<Vec<GpuWait>, StateError> {
                 count: r.get::<_, i64>(5)?.max(0) as usize,
                 since: r.get(6)?,
                 project: r.get(7)?,
+                cpu_millis: r.get::<_, i64>(8)?.max(0) as u64,
+                memory_bytes: r.get::<_, i64>(9)?.max(0) as u64,
             })
         })
         .map_err(sql("read the GPU queue"))?;
     rows.collect::<Result<_, _>>()
         .map_err(sql("read the GPU queue"))
+}
+
+fn capacity(c: &Connection) -> Result<Vec<CapacityClaim>, StateError> {
+    let mut st = c
+        .prepare_cached(queries::sqlite::CAPACITY_CLAIMS)
+        .map_err(sql("read the CPU and memory held"))?;
+    let rows = st
+        .query_map([], |r| {
+            Ok(CapacityClaim {
+                host: r.get(0)?,
+                run: RunId(r.get(1)?),
+                holder: r.get(2)?,
+                cpu_millis: r.get::<_, i64>(3)?.max(0) as u64,
+                memory_bytes: r.get::<_, i64>(4)?.max(0) as u64,
+                claimed_at: r.get(5)?,
+            })
+        })
+        .map_err(sql("read the CPU and memory held"))?;
+    rows.collect::<Result<_, _>>()
+        .map_err(sql("read the CPU and memory held"))
 }
 
 impl LedgerTx for rusqlite::Transaction<'_> {
@@ -66,6 +89,11 @@ impl LedgerTx for rusqlite::Transaction<'_> {
             params![ask.run.0, ask.stale_before, ask.waits_stale_before],
         )
         .map_err(sql("free dead GPU waits"))?;
+        self.execute_cached(
+            queries::sqlite::FREE_DEAD_CAPACITY,
+            params![ask.run.0, ask.stale_before],
+        )
+        .map_err(sql("free dead CPU and memory claims"))?;
         Ok(())
     }
 
@@ -88,7 +116,9 @@ impl LedgerTx for rusqlite::Transaction<'_> {
                 ask.priority,
                 ask.count as i64,
                 at,
-                ask.project
+                ask.project,
+                ask.cpu_millis as i64,
+                ask.memory_bytes as i64
             ],
         )
         .map(|_| ())
@@ -131,6 +161,26 @@ impl LedgerTx for rusqlite::Transaction<'_> {
             .map_err(sql("read the projects' weights"))
     }
 
+    fn capacity_claims(&mut self) -> Result<Vec<CapacityClaim>, StateError> {
+        capacity(self)
+    }
+
+    fn insert_capacity(&mut self, ask: &GpuAsk<'_>, at: &str) -> Result<(), StateError> {
+        self.execute_cached(
+            queries::sqlite::CLAIM_CAPACITY,
+            params![
+                ask.host,
+                ask.run.0,
+                ask.holder,
+                ask.cpu_millis as i64,
+                ask.memory_bytes as i64,
+                at
+            ],
+        )
+        .map(|_| ())
+        .map_err(sql("claim CPU and memory"))
+    }
+
     fn unmark(&mut self, prefix: &str) -> Result<(), StateError> {
         self.execute_cached(queries::sqlite::UNMARK_PREEMPTED_BY, params![prefix])
             .map(|_| ())
@@ -166,6 +216,9 @@ impl DeviceStore for SqliteState {
                     .execute_cached(queries::sqlite::RELEASE_GPUS, params![run.0, h])
                     .and_then(|_| {
                         c.execute_cached(queries::sqlite::STOP_WAITING, params![run.0, h])
+                    })
+                    .and_then(|_| {
+                        c.execute_cached(queries::sqlite::RELEASE_CAPACITY, params![run.0, h])
                     }),
                 None => c
                     .execute_cached(queries::sqlite::RELEASE_RUN_GPUS, params![run.0])
@@ -177,6 +230,9 @@ impl DeviceStore for SqliteState {
                             queries::sqlite::UNMARK_PREEMPTED_BY_RUN,
                             params![marked_by_run(run)],
                         )
+                    })
+                    .and_then(|_| {
+                        c.execute_cached(queries::sqlite::RELEASE_RUN_CAPACITY, params![run.0])
                     }),
             }
             .map(|_| ())
@@ -202,6 +258,10 @@ impl DeviceStore for SqliteState {
 
     fn gpu_claims(&self) -> Result<Vec<GpuClaim>, StateError> {
         self.with(claims)
+    }
+
+    fn capacity_claims(&self) -> Result<Vec<CapacityClaim>, StateError> {
+        self.with(capacity)
     }
 
     fn gpu_waits(&self) -> Result<Vec<GpuWait>, StateError> {

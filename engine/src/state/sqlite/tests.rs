@@ -228,6 +228,12 @@ fn the_gpu_ledger_never_double_assigns_under_random_kills() {
                             host: "h",
                             devices: &devices,
                             count: n,
+                            cpu_millis: 0,
+                            memory_bytes: 0,
+                            capacity: crate::state::Capacity {
+                                cpu_millis: 1000,
+                                memory_bytes: 1 << 30,
+                            },
                             run: &runs[r],
                             holder: &holder,
                             queue: "default",
