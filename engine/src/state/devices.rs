@@ -176,7 +176,7 @@ pub(super) fn claim_in(tx: &mut impl LedgerTx, ask: &GpuAsk<'_>) -> Result<Claim
         .into_iter()
         .filter(|c| c.host == ask.host)
         .collect();
-    let capacity = capacity_on(tx, ask.host)?;
+    let capacity = capacity_on(tx, ask)?;
     let all_waits = tx.waits()?;
     // (Waiting anywhere: a wait of the asker's on another machine goes too once granted.)
     let queued = all_waits.iter().any(|w| is_asker(ask, w));
@@ -207,7 +207,7 @@ pub(super) fn claim_in(tx: &mut impl LedgerTx, ask: &GpuAsk<'_>) -> Result<Claim
     tx.free_dead(ask)?;
     tx.upsert_wait(ask, &at)?;
     let (claims, mut waits) = on_host(tx, ask.host)?;
-    let capacity = capacity_on(tx, ask.host)?;
+    let capacity = capacity_on(tx, ask)?;
     fair_share(tx, &claims, &mut waits)?;
     match decide(ask, &claims, &capacity, &waits) {
         Decision::Grant(devices) => grant(tx, ask, devices, true, &at),
@@ -244,12 +244,16 @@ pub(super) fn claim_in(tx: &mut impl LedgerTx, ask: &GpuAsk<'_>) -> Result<Claim
     }
 }
 
-/// The CPU and memory held on `host`.
-fn capacity_on(tx: &mut impl LedgerTx, host: &str) -> Result<Vec<CapacityClaim>, StateError> {
+/// The CPU and memory held on the asker's host, where it asks for some (an ask of GPUs
+/// alone reads none: no statement more).
+fn capacity_on(tx: &mut impl LedgerTx, ask: &GpuAsk<'_>) -> Result<Vec<CapacityClaim>, StateError> {
+    if ask.cpu_millis == 0 && ask.memory_bytes == 0 {
+        return Ok(Vec::new());
+    }
     Ok(tx
         .capacity_claims()?
         .into_iter()
-        .filter(|c| c.host == host)
+        .filter(|c| c.host == ask.host)
         .collect())
 }
 
