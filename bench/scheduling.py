@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """GPU scheduling (issue 50; see README.md here, "GPU scheduling"), in one run:
 
---suite ledger: what the home's GPU ledger costs a stage. A run of `--stages` stages of
+--suite ledger: what the home's ledger costs a stage. A run of `--stages` stages of
 `true`, one at a time (`--parallelism 1`), each asking `resources: {gpu: 1}` of a
 machine given one GPU (`--gpus 1`), so every stage claims the device through the ledger
-(one transaction: free the dead, record the wait, decide, claim) and gives it back,
-against the same run with no GPU asked (no ledger): per stage, the difference of the two
-runs' wall times divided by the stages. On SQLite (the home's file) and on PostgreSQL (a
+(one transaction) and gives it back; the same run with `resources: {cpu: 1, memory:
+64Mi}` instead (held in the ledger as CPU and memory); against the same run with nothing
+declared (no ledger): per stage, the difference of the runs' wall times divided by the
+stages. On SQLite (the home's file) and on PostgreSQL (a
 cluster of its own on loopback, `bench/pg.py`), rounds interleaved, medians.
 
 --suite preempt: how long a higher priority waits when it must preempt. `serve` on a
@@ -40,12 +41,15 @@ BIN = os.path.join(TARGET, "release", "drivetrain")
 TOKEN = "bench-token"
 
 
-def stages(n, gpu):
+KINDS = {"plain": None, "gpu": "{gpu: 1}", "cpu": "{cpu: 1, memory: 64Mi}"}
+
+
+def stages(n, kind):
     lines = ["version: 1", "name: ledger", "stages:"]
     for i in range(n):
         lines.append(f"  s{i}:")
-        if gpu:
-            lines.append("    resources: {gpu: 1}")
+        if KINDS[kind]:
+            lines.append(f"    resources: {KINDS[kind]}")
         lines.append('    run: {command: ["true"]}')
     return "\n".join(lines) + "\n"
 
@@ -64,10 +68,10 @@ def ledger_suite(args):
     os.chmod(work, 0o777)
     try:
         files = {}
-        for gpu in (False, True):
-            files[gpu] = os.path.join(work, f"{'gpu' if gpu else 'plain'}.yaml")
-            with open(files[gpu], "w") as f:
-                f.write(stages(args.stages, gpu))
+        for kind in KINDS:
+            files[kind] = os.path.join(work, f"{kind}.yaml")
+            with open(files[kind], "w") as f:
+                f.write(stages(args.stages, kind))
         pg_work = os.path.join(work, "pgwork")
         os.makedirs(pg_work)
         url, stop_pg = start_postgres(pg_work) if args.postgres else (None, None)
@@ -81,22 +85,25 @@ def ledger_suite(args):
                 env.pop("DRIVETRAIN_HOME", None)
                 if state:
                     env["DRIVETRAIN_STATE"] = state
-                times = {False: [], True: []}
-                timed_run(work, files[False], env)  # warm: the home and its schema
+                times = {kind: [] for kind in KINDS}
+                timed_run(work, files["plain"], env)  # warm: the home and its schema
                 for _ in range(args.rounds):
-                    for gpu in (False, True):
-                        times[gpu].append(timed_run(work, files[gpu], env))
-                plain, gpu = (statistics.median(times[g]) for g in (False, True))
-                per = (gpu - plain) / args.stages * 1000
-                rows.append((name, plain / args.stages * 1000, gpu / args.stages * 1000, per))
+                    for kind in KINDS:
+                        times[kind].append(timed_run(work, files[kind], env))
+                per = {k: statistics.median(t) / args.stages * 1000 for k, t in times.items()}
+                rows.append((name, per))
         finally:
             if stop_pg:
                 stop_pg()
         print(f"ledger: {args.stages} stages, --parallelism 1, medians of {args.rounds} rounds")
-        print("| state store | ms a stage, no GPU | ms a stage, 1 GPU (ledger) | the ledger, ms a claim | ratio |")
-        print("|---|---|---|---|---|")
-        for name, plain, gpu, per in rows:
-            print(f"| {name} | {plain:.2f} | {gpu:.2f} | {per:.2f} | {gpu / plain:.2f}× |")
+        print("| state store | ms a stage, nothing declared | 1 GPU (ledger) | the ledger, ms a claim | ratio | 1 CPU and 64Mi (ledger) | the ledger, ms a claim | ratio |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name, p in rows:
+            base = p["plain"]
+            print(
+                f"| {name} | {base:.2f} | {p['gpu']:.2f} | {p['gpu'] - base:.2f} | {p['gpu'] / base:.2f}× "
+                f"| {p['cpu']:.2f} | {p['cpu'] - base:.2f} | {p['cpu'] / base:.2f}× |"
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
