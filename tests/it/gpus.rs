@@ -291,11 +291,7 @@ fn engines_of_one_home_never_share_a_gpu() {
     std::thread::sleep(std::time::Duration::from_millis(500));
     let mut waiter = spawn(&wait);
     let waiter_id = first_line_run_id(&mut waiter);
-    let reason = until(&home, &waiter_id, "next", |s| {
-        s["reason"]
-            .as_str()
-            .is_some_and(|r| r.starts_with("waiting for 1 GPU(s)"))
-    });
+    let reason = until_waiting(&home, &waiter_id, "next", "waiting for 1 GPU(s)");
     assert!(
         reason.contains(&format!("by run {holder_id} (hold#1)")),
         "{reason}"
@@ -303,11 +299,7 @@ fn engines_of_one_home_never_share_a_gpu() {
     // A second waiter cancelled while it waits ends at once, its attempt cancelled.
     let mut cancelled = spawn(&wait);
     let cancelled_id = first_line_run_id(&mut cancelled);
-    until(&home, &cancelled_id, "next", |s| {
-        s["reason"]
-            .as_str()
-            .is_some_and(|r| r.starts_with("waiting for 1 GPU(s)"))
-    });
+    until_waiting(&home, &cancelled_id, "next", "waiting for 1 GPU(s)");
     let asked = std::time::Instant::now();
     assert_ok(&home.drivetrain(&["cancel", &cancelled_id]));
     let o = cancelled.wait_with_output().unwrap();
@@ -345,6 +337,14 @@ fn first_line_run_id(child: &mut std::process::Child) -> String {
         .strip_prefix("run ")
         .expect("run id first")
         .to_owned()
+}
+
+/// Polls `stage` of `run` until its reason starts with `waiting` (20 s at most); the
+/// reason then.
+fn until_waiting(home: &Home, run: &str, stage_name: &str, waiting: &str) -> String {
+    until(home, run, stage_name, |s| {
+        s["reason"].as_str().is_some_and(|r| r.starts_with(waiting))
+    })
 }
 
 /// Polls `stage` of `run` until `ok` holds of it (20 s at most); its reason then.
@@ -397,11 +397,7 @@ fn engines_of_one_home_share_the_machines_cpus() {
     until(&home, &first_id, "work", |s| s["phase"] == "Running");
     let mut second = spawn();
     let second_id = first_line_run_id(&mut second);
-    let reason = until(&home, &second_id, "work", |s| {
-        s["reason"]
-            .as_str()
-            .is_some_and(|r| r.starts_with("waiting for 2 CPU(s)"))
-    });
+    let reason = until_waiting(&home, &second_id, "work", "waiting for 2 CPU(s)");
     assert!(
         reason.contains(&format!(
             "the machine's CPU and memory held by run {first_id} (work#1)"
