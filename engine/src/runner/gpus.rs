@@ -257,7 +257,7 @@ pub(super) fn why_waiting(want: &Want<'_>, queue: &str, at: &InQueue) -> String 
     }
     let mut why = format!("waiting for {}: {}", asks.join(", "), holders.join("; "));
     why.push_str(&format!(
-        "; place {} of {} waiting for this machine's GPUs (queue `{queue}`)",
+        "; place {} of {} waiting on this machine (queue `{queue}`)",
         at.position, at.waiting
     ));
     if !at.preempting.is_empty() {
