@@ -255,15 +255,12 @@ fn engines_of_one_home_never_share_a_gpu() {
         let id = run_id(&o);
         for s in ["g1", "g2"] {
             let log = text(&home.drivetrain(&["logs", &id, "--stage", s]).stdout);
-            let word = |w: &str| -> u128 {
-                let line = log
-                    .lines()
-                    .find(|l| l.starts_with(w))
-                    .unwrap_or_else(|| panic!("{log}"));
-                line.split_whitespace().nth(1).unwrap().parse().unwrap()
-            };
             assert!(log.contains(&format!("{GPU_A},{GPU_B}")), "{log}");
-            spans.push((word("start"), word("end"), format!("{id}/{s}")));
+            spans.push((
+                stamp(&log, "start"),
+                stamp(&log, "end"),
+                format!("{id}/{s}"),
+            ));
         }
     }
     spans.sort();
@@ -325,6 +322,15 @@ fn engines_of_one_home_never_share_a_gpu() {
     );
 }
 
+/// The nanoseconds on the log's line that starts with `word` (`start 1795…`).
+fn stamp(log: &str, word: &str) -> u128 {
+    let line = log
+        .lines()
+        .find(|l| l.starts_with(word))
+        .unwrap_or_else(|| panic!("no `{word}` in {log}"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
 /// The run id a spawned `drivetrain run` prints first.
 fn first_line_run_id(child: &mut std::process::Child) -> String {
     use std::io::BufRead;
@@ -381,22 +387,10 @@ fn engines_of_one_home_share_the_machines_cpus() {
         "cpu.yaml",
         "version: 1\nname: cpu\nstages:\n  work:\n    resources: {cpu: 2}\n    run: {command: [sh, -c, 'echo start $(date +%s%N); sleep 1; echo end $(date +%s%N)']}\n  huge:\n    needs: [work]\n    resources: {cpu: 64}\n    run: {command: ['true']}\n",
     );
-    let spawn = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_drivetrain"))
-            .args(["run", file.to_str().unwrap()])
-            .current_dir(&home.dir)
-            .env_remove("DRIVETRAIN_HOME")
-            .env("DRIVETRAIN_LOCAL_CPUS", "2")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap()
-    };
-    let mut first = spawn();
-    let first_id = first_line_run_id(&mut first);
+    let cpus = [("DRIVETRAIN_LOCAL_CPUS", "2")];
+    let (first, first_id) = common::spawn_run_env(&home, &file, &cpus);
     until(&home, &first_id, "work", |s| s["phase"] == "Running");
-    let mut second = spawn();
-    let second_id = first_line_run_id(&mut second);
+    let (second, second_id) = common::spawn_run_env(&home, &file, &cpus);
     let reason = until_waiting(&home, &second_id, "work", "waiting for 2 CPU(s)");
     assert!(
         reason.contains(&format!(
@@ -409,14 +403,7 @@ fn engines_of_one_home_share_the_machines_cpus() {
         let o = engine.wait_with_output().unwrap();
         assert_ok(&o);
         let log = text(&home.drivetrain(&["logs", &id, "--stage", "work"]).stdout);
-        let word = |w: &str| -> u128 {
-            let line = log
-                .lines()
-                .find(|l| l.starts_with(w))
-                .unwrap_or_else(|| panic!("{log}"));
-            line.split_whitespace().nth(1).unwrap().parse().unwrap()
-        };
-        spans.push((word("start"), word("end")));
+        spans.push((stamp(&log, "start"), stamp(&log, "end")));
     }
     spans.sort();
     assert!(

@@ -244,12 +244,12 @@ pub(super) fn why_waiting(want: &Want<'_>, queue: &str, at: &InQueue) -> String 
         holders.push(held_by(&at.held));
     }
     if want.cpu_millis > 0 || want.memory_bytes > 0 {
-        let mut cpu: Vec<String> = at
+        // (One row a holder: no holder twice.)
+        let cpu: Vec<String> = at
             .capacity
             .iter()
             .map(|c| format!("run {} ({})", c.run, c.holder))
             .collect();
-        cpu.dedup();
         holders.push(format!(
             "the machine's CPU and memory held by {}",
             cpu.join(", ")
@@ -268,10 +268,9 @@ pub(super) fn why_waiting(want: &Want<'_>, queue: &str, at: &InQueue) -> String 
 
 /// Who holds the devices a stage waits for, in words.
 pub(super) fn held_by(held: &[GpuClaim]) -> String {
-    let mut out: Vec<String> = held
+    let out: Vec<String> = held
         .iter()
         .map(|c| format!("{} by run {} ({})", c.device, c.run, c.holder))
         .collect();
-    out.dedup();
     out.join(", ")
 }

@@ -127,8 +127,9 @@ pub trait DeviceStore: Send + Sync {
     /// any number of engines racing gets each device. A `Busy` asker is recorded as
     /// waiting until it asks again, is granted, or gives up ([`DeviceStore::release_gpus`]).
     fn claim_gpus(&self, ask: &GpuAsk<'_>) -> Result<Claimed, StateError>;
-    /// Gives back what `holder` of `run` holds or waits for (every holder of the run with
-    /// `None`, and what its waiters marked for preemption goes unmarked).
+    /// Gives back what `holder` of `run` holds (a granted holder waits no more); with
+    /// `None` everything of the run: what its holders hold, its waits, and its waiters'
+    /// marks for preemption.
     fn release_gpus(&self, run: &RunId, holder: Option<&str>) -> Result<(), StateError>;
     /// `holder` of `run` stops waiting (a cancel): its wait goes, and the claims it
     /// marked for preemption go unmarked, so nobody is stopped for it.
@@ -315,17 +316,12 @@ fn fair_share(
             .map_or(1, |(_, w)| (*w).max(1));
         held / weight as f64
     };
-    let shares: Vec<f64> = waits.iter().map(|w| share(&w.project)).collect();
-    let mut keyed: Vec<(f64, GpuWait)> = shares.into_iter().zip(waits.iter().cloned()).collect();
-    keyed.sort_by(|(sa, a), (sb, b)| {
+    waits.sort_by(|a, b| {
         std::cmp::Reverse(a.priority)
             .cmp(&std::cmp::Reverse(b.priority))
-            .then(sa.total_cmp(sb))
+            .then(share(&a.project).total_cmp(&share(&b.project)))
             .then_with(|| order(a).cmp(&order(b)))
     });
-    for (slot, (_, w)) in waits.iter_mut().zip(keyed) {
-        *slot = w;
-    }
     Ok(())
 }
 

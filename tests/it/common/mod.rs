@@ -216,12 +216,22 @@ pub fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 /// `drivetrain run FILE` in the background with a heartbeat every 200 ms (an engine
 /// three beats silent is orphaned after 0.6 s): the engine and its run.
 pub fn spawn_run(home: &Home, file: &std::path::Path) -> (std::process::Child, String) {
+    spawn_run_env(home, file, &[])
+}
+
+/// [`spawn_run`] with more of the engine's environment.
+pub fn spawn_run_env(
+    home: &Home,
+    file: &std::path::Path,
+    env: &[(&str, &str)],
+) -> (std::process::Child, String) {
     use std::io::BufRead;
     let mut child = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
         .args(["run", file.to_str().unwrap()])
         .current_dir(&home.dir)
         .env_remove("DRIVETRAIN_HOME")
         .env("DRIVETRAIN_HEARTBEAT", "200ms")
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -160,7 +160,7 @@ pub fn exclusive_gpus(open: &(dyn Fn() -> Box<dyn StateStore> + Sync)) {
                         }
                         Claimed::Busy(_) => {
                             // This racer gives up its wait (a cancel); it asks anew.
-                            s.release_gpus(&run, Some(&holder)).unwrap();
+                            s.give_up_gpus(&run, &holder).unwrap();
                             std::thread::yield_now()
                         }
                     }
@@ -245,7 +245,7 @@ pub(super) fn priorities(s: &dyn StateStore) {
     s.set_priority_class("low", None).unwrap();
     assert_eq!(s.priority_classes().unwrap(), [("high".to_owned(), 90)]);
     // Giving up a wait leaves nothing in the queue.
-    s.release_gpus(&low, Some("urgent#1")).unwrap();
+    s.give_up_gpus(&low, "urgent#1").unwrap();
     s.release_gpus(&mid, None).unwrap();
     s.release_gpus(&high, None).unwrap();
     // A preempter that gives up its wait unmarks what it marked: nobody is stopped for it.

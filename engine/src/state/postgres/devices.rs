@@ -219,13 +219,7 @@ impl DeviceStore for PostgresState {
             match holder {
                 Some(h) => {
                     exec(c, queries::pg::RELEASE_GPUS, &[&run.0, &h], what.clone())?;
-                    exec(
-                        c,
-                        queries::pg::RELEASE_CAPACITY,
-                        &[&run.0, &h],
-                        what.clone(),
-                    )?;
-                    exec(c, queries::pg::STOP_WAITING, &[&run.0, &h], what)
+                    exec(c, queries::pg::RELEASE_CAPACITY, &[&run.0, &h], what)
                 }
                 None => {
                     exec(c, queries::pg::RELEASE_RUN_GPUS, &[&run.0], what.clone())?;

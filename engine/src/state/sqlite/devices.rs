@@ -215,9 +215,6 @@ impl DeviceStore for SqliteState {
                 Some(h) => c
                     .execute_cached(queries::sqlite::RELEASE_GPUS, params![run.0, h])
                     .and_then(|_| {
-                        c.execute_cached(queries::sqlite::STOP_WAITING, params![run.0, h])
-                    })
-                    .and_then(|_| {
                         c.execute_cached(queries::sqlite::RELEASE_CAPACITY, params![run.0, h])
                     }),
                 None => c

@@ -174,17 +174,7 @@ fn run_ids_of_one_second_never_collide() {
 /// lower priority than their preempter are ever marked.
 #[test]
 fn the_gpu_ledger_never_double_assigns_under_random_kills() {
-    use crate::state::{Claimed, GpuAsk};
     use proptest::prelude::*;
-    use std::collections::HashMap;
-    #[derive(Debug, Clone)]
-    enum Op {
-        /// Run, devices, priority, preemptible, keep waiting if refused.
-        Claim(usize, usize, i64, bool, bool),
-        Release(usize),
-        Kill(usize),
-        End(usize),
-    }
     let op = prop_oneof![
         4 => (0..4usize, 1..=3usize, 0..3i64, any::<bool>(), any::<bool>())
             .prop_map(|(r, n, p, pre, keep)| Op::Claim(r, n, p, pre, keep)),
@@ -199,109 +189,22 @@ fn the_gpu_ledger_never_double_assigns_under_random_kills() {
     });
     runner
         .run(&proptest::collection::vec(op, 1..40), |ops| {
-            let s = SqliteState::in_memory().unwrap();
-            let devices: Vec<String> = (0..3).map(|i| i.to_string()).collect();
-            let runs: Vec<RunId> = (0..4).map(|i| RunId(format!("r{i}"))).collect();
-            // Model: which live run holds which device; live runs; each asker's priority.
-            let mut live = [true; 4];
-            let mut holds: Vec<Option<usize>> = vec![None; 3];
-            let mut priority: HashMap<String, i64> = HashMap::new();
-            for r in &runs {
-                s.create_run(&conformance::run_record(&r.0)).unwrap();
-                s.heartbeat(r).unwrap();
-            }
+            let mut m = LedgerModel::new();
             for (step, op) in ops.iter().enumerate() {
                 match *op {
-                    Op::Claim(r, n, p, preemptible, keep) if live[r] => {
-                        // The live engines beat after `stale`; the dead ones did before it.
-                        std::thread::sleep(std::time::Duration::from_millis(2));
-                        let stale = now();
-                        std::thread::sleep(std::time::Duration::from_millis(2));
-                        for (i, run) in runs.iter().enumerate() {
-                            if live[i] {
-                                s.heartbeat(run).unwrap();
-                            }
-                        }
-                        let holder = format!("s#{step}");
-                        priority.insert(format!("{holder} of run r{r} (priority {p})"), p);
-                        let ask = GpuAsk {
-                            host: "h",
-                            devices: &devices,
-                            count: n,
-                            cpu_millis: 0,
-                            memory_bytes: 0,
-                            capacity: crate::state::Capacity {
-                                cpu_millis: 1000,
-                                memory_bytes: 1 << 30,
-                            },
-                            run: &runs[r],
-                            holder: &holder,
-                            queue: "default",
-                            project: "default",
-                            priority: p,
-                            preemptible,
-                            stale_before: &stale,
-                            waits_stale_before: "2000-01-01T00:00:00.000Z",
-                        };
-                        let free = holds.iter().filter(|h| h.is_none_or(|o| !live[o])).count();
-                        // Every live waiter of at least this priority came earlier.
-                        let ahead: usize = s
-                            .gpu_waits()
-                            .unwrap()
-                            .iter()
-                            .filter(|w| live[w.run.0[1..].parse::<usize>().unwrap()])
-                            .filter(|w| w.priority >= p)
-                            .map(|w| w.count)
-                            .sum();
-                        match s.claim_gpus(&ask).unwrap() {
-                            Claimed::Granted(got) => {
-                                prop_assert!(
-                                    free >= n + ahead,
-                                    "granted {n} with {free} free and {ahead} ahead"
-                                );
-                                for d in &got {
-                                    let i: usize = d.parse().unwrap();
-                                    if let Some(o) = holds[i] {
-                                        prop_assert!(
-                                            !live[o],
-                                            "device {d} granted to r{r} while live r{o} holds it"
-                                        );
-                                    }
-                                    holds[i] = Some(r);
-                                }
-                            }
-                            Claimed::Busy(_) => {
-                                prop_assert!(
-                                    free < n + ahead,
-                                    "refused {n} with {free} free and {ahead} ahead"
-                                );
-                                if !keep {
-                                    s.release_gpus(&runs[r], Some(&holder)).unwrap();
-                                }
-                            }
-                        }
-                        // What the ledger says is what the model says of live runs, and
-                        // only what may be preempted is marked.
-                        for c in s.gpu_claims().unwrap() {
-                            let i: usize = c.device.parse().unwrap();
-                            let o: usize = c.run.0[1..].parse().unwrap();
-                            prop_assert_eq!(holds[i], Some(o));
-                            if let Some(by) = &c.preempted_by {
-                                prop_assert!(c.preemptible, "{c:?}");
-                                prop_assert!(c.priority < priority[by], "{c:?}");
-                            }
-                        }
+                    Op::Claim(r, n, p, pre, keep) if m.live[r] => {
+                        m.claim(step, r, n, p, pre, keep)?
                     }
-                    Op::Release(r) if live[r] => {
-                        s.release_gpus(&runs[r], None).unwrap();
-                        for h in holds.iter_mut().filter(|h| **h == Some(r)) {
+                    Op::Release(r) if m.live[r] => {
+                        m.s.release_gpus(&m.runs[r], None).unwrap();
+                        for h in m.holds.iter_mut().filter(|h| **h == Some(r)) {
                             *h = None;
                         }
                     }
-                    Op::Kill(r) => live[r] = false,
-                    Op::End(r) if live[r] => {
-                        s.finish_run(&runs[r], Phase::Failed, None).unwrap();
-                        live[r] = false;
+                    Op::Kill(r) => m.live[r] = false,
+                    Op::End(r) if m.live[r] => {
+                        m.s.finish_run(&m.runs[r], Phase::Failed, None).unwrap();
+                        m.live[r] = false;
                     }
                     _ => {}
                 }
@@ -309,4 +212,145 @@ fn the_gpu_ledger_never_double_assigns_under_random_kills() {
             Ok(())
         })
         .unwrap();
+}
+
+/// What the ledger property test does: claim (run, devices, priority, preemptible, keep
+/// waiting if refused), release, kill an engine, end a run.
+#[derive(Debug, Clone)]
+enum Op {
+    Claim(usize, usize, i64, bool, bool),
+    Release(usize),
+    Kill(usize),
+    End(usize),
+}
+
+/// A ledger of 3 devices and 4 runs, and what the test knows of it: which live run holds
+/// which device, which runs are live, each preempter's priority.
+struct LedgerModel {
+    s: SqliteState,
+    devices: Vec<String>,
+    runs: Vec<RunId>,
+    live: [bool; 4],
+    holds: Vec<Option<usize>>,
+    priority: std::collections::HashMap<String, i64>,
+}
+
+impl LedgerModel {
+    fn new() -> LedgerModel {
+        let s = SqliteState::in_memory().unwrap();
+        let runs: Vec<RunId> = (0..4).map(|i| RunId(format!("r{i}"))).collect();
+        for r in &runs {
+            s.create_run(&conformance::run_record(&r.0)).unwrap();
+            s.heartbeat(r).unwrap();
+        }
+        LedgerModel {
+            s,
+            devices: (0..3).map(|i| i.to_string()).collect(),
+            runs,
+            live: [true; 4],
+            holds: vec![None; 3],
+            priority: Default::default(),
+        }
+    }
+
+    /// Run `r` claims `n` devices at priority `p`; what the ledger answers checked
+    /// against the model.
+    fn claim(
+        &mut self,
+        step: usize,
+        r: usize,
+        n: usize,
+        p: i64,
+        preemptible: bool,
+        keep: bool,
+    ) -> Result<(), proptest::test_runner::TestCaseError> {
+        use crate::state::{Claimed, GpuAsk};
+        use proptest::{prop_assert, prop_assert_eq};
+        let s = &self.s;
+        // The live engines beat after `stale`; the dead ones did before it.
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let stale = now();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        for (i, run) in self.runs.iter().enumerate() {
+            if self.live[i] {
+                s.heartbeat(run).unwrap();
+            }
+        }
+        let holder = format!("s#{step}");
+        self.priority
+            .insert(format!("{holder} of run r{r} (priority {p})"), p);
+        let ask = GpuAsk {
+            host: "h",
+            devices: &self.devices,
+            count: n,
+            cpu_millis: 0,
+            memory_bytes: 0,
+            capacity: crate::state::Capacity {
+                cpu_millis: 1000,
+                memory_bytes: 1 << 30,
+            },
+            run: &self.runs[r],
+            holder: &holder,
+            queue: "default",
+            project: "default",
+            priority: p,
+            preemptible,
+            stale_before: &stale,
+            waits_stale_before: "2000-01-01T00:00:00.000Z",
+        };
+        let live = self.live;
+        let free = self
+            .holds
+            .iter()
+            .filter(|h| h.is_none_or(|o| !live[o]))
+            .count();
+        // Every live waiter of at least this priority came earlier.
+        let ahead: usize = s
+            .gpu_waits()
+            .unwrap()
+            .iter()
+            .filter(|w| live[w.run.0[1..].parse::<usize>().unwrap()])
+            .filter(|w| w.priority >= p)
+            .map(|w| w.count)
+            .sum();
+        match s.claim_gpus(&ask).unwrap() {
+            Claimed::Granted(got) => {
+                prop_assert!(
+                    free >= n + ahead,
+                    "granted {n} with {free} free and {ahead} ahead"
+                );
+                for d in &got {
+                    let i: usize = d.parse().unwrap();
+                    if let Some(o) = self.holds[i] {
+                        prop_assert!(
+                            !live[o],
+                            "device {d} granted to r{r} while live r{o} holds it"
+                        );
+                    }
+                    self.holds[i] = Some(r);
+                }
+            }
+            Claimed::Busy(_) => {
+                prop_assert!(
+                    free < n + ahead,
+                    "refused {n} with {free} free and {ahead} ahead"
+                );
+                if !keep {
+                    s.give_up_gpus(&self.runs[r], &holder).unwrap();
+                }
+            }
+        }
+        // What the ledger says is what the model says of live runs, and only what may be
+        // preempted is marked.
+        for c in s.gpu_claims().unwrap() {
+            let i: usize = c.device.parse().unwrap();
+            let o: usize = c.run.0[1..].parse().unwrap();
+            prop_assert_eq!(self.holds[i], Some(o));
+            if let Some(by) = &c.preempted_by {
+                prop_assert!(c.preemptible, "{c:?}");
+                prop_assert!(c.priority < self.priority[by], "{c:?}");
+            }
+        }
+        Ok(())
+    }
 }
