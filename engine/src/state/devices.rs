@@ -159,9 +159,15 @@ pub(super) trait LedgerTx {
     fn insert_claim(&mut self, ask: &GpuAsk<'_>, device: &str, at: &str) -> Result<(), StateError>;
     fn capacity_claims(&mut self) -> Result<Vec<CapacityClaim>, StateError>;
     fn insert_capacity(&mut self, ask: &GpuAsk<'_>, at: &str) -> Result<(), StateError>;
-    fn mark_preempted(&mut self, victim: &GpuClaim, by: &str) -> Result<(), StateError>;
-    /// Unmarks the claims marked by the preempter whose mark starts with `prefix`.
-    fn unmark(&mut self, prefix: &str) -> Result<(), StateError>;
+    /// Marks `victim`'s claims as preempted by `ask`'s asker (`by`: in words).
+    fn mark_preempted(
+        &mut self,
+        victim: &GpuClaim,
+        ask: &GpuAsk<'_>,
+        by: &str,
+    ) -> Result<(), StateError>;
+    /// Unmarks the claims `holder` of `run` marked.
+    fn unmark(&mut self, run: &RunId, holder: &str) -> Result<(), StateError>;
     /// Projects' weights where one was set.
     fn weights(&mut self) -> Result<Vec<(String, i64)>, StateError>;
 }
@@ -218,14 +224,13 @@ pub(super) fn claim_in(tx: &mut impl LedgerTx, ask: &GpuAsk<'_>) -> Result<Claim
             preempt,
         } => {
             let by = format!(
-                "{}priority {})",
-                marked_by(ask.run, ask.holder),
-                ask.priority
+                "{} of run {} (priority {})",
+                ask.holder, ask.run, ask.priority
             );
             let mut held = claims;
             for c in held.iter_mut() {
                 if c.preempted_by.is_none() && preempt.iter().any(|v| same_holder(v, c)) {
-                    tx.mark_preempted(c, &by)?;
+                    tx.mark_preempted(c, ask, &by)?;
                     c.preempted_by = Some(by.clone());
                 }
             }
@@ -282,7 +287,7 @@ fn grant(
     if queued {
         tx.drop_wait(ask.run, ask.holder)?;
         // Given devices that came free otherwise, it stops nobody more.
-        tx.unmark(&marked_by(ask.run, ask.holder))?;
+        tx.unmark(ask.run, ask.holder)?;
     }
     for d in &devices {
         tx.insert_claim(ask, d, at)?;
@@ -333,17 +338,6 @@ fn order(w: &GpuWait) -> (std::cmp::Reverse<i64>, &str, &str, &str) {
 
 fn is_asker(ask: &GpuAsk<'_>, w: &GpuWait) -> bool {
     &w.run == ask.run && w.holder == ask.holder
-}
-
-/// How a preempter's marks start: `holder of run R (`.
-pub(super) fn marked_by(run: &RunId, holder: &str) -> String {
-    format!("{holder} of run {run} (")
-}
-
-/// A pattern (`LIKE`) for the marks of every preempter of `run`. (Run ids hold no `%`
-/// or `_`.)
-pub(super) fn marked_by_run(run: &RunId) -> String {
-    format!("% of run {run} (%")
 }
 
 fn same_holder(a: &GpuClaim, b: &GpuClaim) -> bool {

@@ -61,13 +61,14 @@ statements! {
         "INSERT INTO gpu_claims (host, device, run_id, holder, claimed_at, priority, \
          preemptible, queue, project) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
     PREEMPT_GPUS =
-        "UPDATE gpu_claims SET preempted_by = $3 WHERE run_id = $1 AND holder = $2 AND \
-         preempted_by IS NULL";
+        "UPDATE gpu_claims SET preempted_by = $3, preempter_run = $4, preempter_holder = $5 \
+         WHERE run_id = $1 AND holder = $2 AND preempted_by IS NULL";
     UNMARK_PREEMPTED_BY =
-        "UPDATE gpu_claims SET preempted_by = NULL WHERE substr(preempted_by, 1, length($1)) = \
-         $1";
+        "UPDATE gpu_claims SET preempted_by = NULL, preempter_run = NULL, preempter_holder = \
+         NULL WHERE preempter_run = $1 AND preempter_holder = $2";
     UNMARK_PREEMPTED_BY_RUN =
-        "UPDATE gpu_claims SET preempted_by = NULL WHERE preempted_by LIKE $1";
+        "UPDATE gpu_claims SET preempted_by = NULL, preempter_run = NULL, preempter_holder = \
+         NULL WHERE preempter_run = $1";
     GPU_PREEMPTED =
         "SELECT preempted_by FROM gpu_claims WHERE run_id = $1 AND holder = $2 AND \
          preempted_by IS NOT NULL LIMIT 1";

@@ -309,6 +309,8 @@ CREATE INDEX gpu_claims_by_run ON gpu_claims(run_id, holder);
 ALTER TABLE gpu_claims ADD COLUMN priority BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE gpu_claims ADD COLUMN preemptible BOOLEAN NOT NULL DEFAULT FALSE;
 ALTER TABLE gpu_claims ADD COLUMN preempted_by TEXT;
+ALTER TABLE gpu_claims ADD COLUMN preempter_run TEXT;
+ALTER TABLE gpu_claims ADD COLUMN preempter_holder TEXT;
 ALTER TABLE gpu_claims ADD COLUMN queue TEXT NOT NULL DEFAULT 'default';
 ALTER TABLE gpu_claims ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
 ALTER TABLE project_quotas ADD COLUMN weight BIGINT;

@@ -4,8 +4,7 @@
 use postgres::GenericClient;
 
 use super::super::devices::{
-    claim_in, marked_by, marked_by_run, CapacityClaim, Claimed, DeviceStore, GpuAsk, GpuClaim,
-    GpuWait, LedgerTx,
+    claim_in, CapacityClaim, Claimed, DeviceStore, GpuAsk, GpuClaim, GpuWait, LedgerTx,
 };
 use super::{exec, now, queries, rows, PostgresState, RunId, StateError};
 
@@ -178,21 +177,26 @@ impl LedgerTx for postgres::Transaction<'_> {
         .map(|_| ())
     }
 
-    fn unmark(&mut self, prefix: &str) -> Result<(), StateError> {
+    fn unmark(&mut self, run: &RunId, holder: &str) -> Result<(), StateError> {
         exec(
             self,
             queries::pg::UNMARK_PREEMPTED_BY,
-            &[&prefix],
+            &[&run.0, &holder],
             "unmark preempted GPU claims",
         )
         .map(|_| ())
     }
 
-    fn mark_preempted(&mut self, victim: &GpuClaim, by: &str) -> Result<(), StateError> {
+    fn mark_preempted(
+        &mut self,
+        victim: &GpuClaim,
+        ask: &GpuAsk<'_>,
+        by: &str,
+    ) -> Result<(), StateError> {
         exec(
             self,
             queries::pg::PREEMPT_GPUS,
-            &[&victim.run.0, &victim.holder, &by],
+            &[&victim.run.0, &victim.holder, &by, &ask.run.0, &ask.holder],
             "preempt a GPU claim",
         )
         .map(|_| ())
@@ -230,8 +234,7 @@ impl DeviceStore for PostgresState {
                         &[&run.0],
                         what.clone(),
                     )?;
-                    let pattern = marked_by_run(run);
-                    exec(c, queries::pg::UNMARK_PREEMPTED_BY_RUN, &[&pattern], what)
+                    exec(c, queries::pg::UNMARK_PREEMPTED_BY_RUN, &[&run.0], what)
                 }
             }
             .map(|_| ())
@@ -247,8 +250,13 @@ impl DeviceStore for PostgresState {
                 &[&run.0, &holder],
                 what.clone(),
             )?;
-            let prefix = marked_by(run, holder);
-            exec(c, queries::pg::UNMARK_PREEMPTED_BY, &[&prefix], what).map(|_| ())
+            exec(
+                c,
+                queries::pg::UNMARK_PREEMPTED_BY,
+                &[&run.0, &holder],
+                what,
+            )
+            .map(|_| ())
         })
     }
 

@@ -4,8 +4,7 @@
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::super::devices::{
-    claim_in, marked_by, marked_by_run, CapacityClaim, Claimed, DeviceStore, GpuAsk, GpuClaim,
-    GpuWait, LedgerTx,
+    claim_in, CapacityClaim, Claimed, DeviceStore, GpuAsk, GpuClaim, GpuWait, LedgerTx,
 };
 use super::{now, queries, sql, ExecuteCached, RunId, SqliteState, StateError};
 
@@ -181,16 +180,21 @@ impl LedgerTx for rusqlite::Transaction<'_> {
         .map_err(sql("claim CPU and memory"))
     }
 
-    fn unmark(&mut self, prefix: &str) -> Result<(), StateError> {
-        self.execute_cached(queries::sqlite::UNMARK_PREEMPTED_BY, params![prefix])
+    fn unmark(&mut self, run: &RunId, holder: &str) -> Result<(), StateError> {
+        self.execute_cached(queries::sqlite::UNMARK_PREEMPTED_BY, params![run.0, holder])
             .map(|_| ())
             .map_err(sql("unmark preempted GPU claims"))
     }
 
-    fn mark_preempted(&mut self, victim: &GpuClaim, by: &str) -> Result<(), StateError> {
+    fn mark_preempted(
+        &mut self,
+        victim: &GpuClaim,
+        ask: &GpuAsk<'_>,
+        by: &str,
+    ) -> Result<(), StateError> {
         self.execute_cached(
             queries::sqlite::PREEMPT_GPUS,
-            params![victim.run.0, victim.holder, by],
+            params![victim.run.0, victim.holder, by, ask.run.0, ask.holder],
         )
         .map(|_| ())
         .map_err(sql("preempt a GPU claim"))
@@ -223,10 +227,7 @@ impl DeviceStore for SqliteState {
                         c.execute_cached(queries::sqlite::STOP_RUN_WAITING, params![run.0])
                     })
                     .and_then(|_| {
-                        c.execute_cached(
-                            queries::sqlite::UNMARK_PREEMPTED_BY_RUN,
-                            params![marked_by_run(run)],
-                        )
+                        c.execute_cached(queries::sqlite::UNMARK_PREEMPTED_BY_RUN, params![run.0])
                     })
                     .and_then(|_| {
                         c.execute_cached(queries::sqlite::RELEASE_RUN_CAPACITY, params![run.0])
@@ -241,10 +242,7 @@ impl DeviceStore for SqliteState {
         self.with(|c| {
             c.execute_cached(queries::sqlite::STOP_WAITING, params![run.0, holder])
                 .and_then(|_| {
-                    c.execute_cached(
-                        queries::sqlite::UNMARK_PREEMPTED_BY,
-                        params![marked_by(run, holder)],
-                    )
+                    c.execute_cached(queries::sqlite::UNMARK_PREEMPTED_BY, params![run.0, holder])
                 })
                 .map(|_| ())
                 .map_err(sql(format!(
