@@ -154,21 +154,43 @@ def reorder(b, mb):
             subprocess.run(["rm", "-rf", logs, frames])
 
 
+REVERSE = r'''
+import os, sys
+import pyarrow.parquet as pq
+src, dst = sys.argv[1], sys.argv[2]
+for d in sorted(os.listdir(src)):
+    os.makedirs(os.path.join(dst, d))
+    t = pq.read_table(os.path.join(src, d, "part-00000.parquet"))
+    pq.write_table(t.take(list(range(t.num_rows - 1, -1, -1))).replace_schema_metadata(None),
+                   os.path.join(dst, d, "part-00000.parquet"))
+'''
+
+
 def drives(b, sizes):
-    print("\ndrives: fleet-sim drives of 2 s at 10 Hz (20 frames each), ingest then the reference rules")
-    print("\n| drives | ingest wall | ingest peak RSS | mine wall | mine peak RSS | mined frames |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("\ndrives: fleet-sim drives of 2 s at 10 Hz (20 frames each), ingest then the reference rules;")
+    print("then the same frames with each file's rows reversed and no order in its footer (unsorted)")
+    print("\n| drives | ingest wall | ingest peak RSS | mine wall | mine peak RSS | mined frames | "
+          "unsorted: plan | mine wall | mine peak RSS |")
+    print("|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for n in sizes:
         with tempfile.TemporaryDirectory() as tmp:
             logs = simulate(b, tmp, n, "2s", 10, "json")
             frames = os.path.join(tmp, "frames")
             iw, irss = timed([b, "step", "ingest"], step_env(tmp, {}, {"logs": logs}, {"frames": frames}))
-            out = os.path.join(tmp, "cc")
-            mw, mrss = timed([b, "step", "mine-corner-cases"],
-                             step_env(tmp, {"rules": RULES}, {"frames": frames}, {"corner_cases": out}))
-            values = json.load(open(os.path.join(tmp, "values.json")))
+            mined = []
+            for table in (frames, os.path.join(tmp, "reversed")):
+                if table != frames:
+                    subprocess.run([sys.executable, "-c", REVERSE, frames, table], check=True)
+                out = os.path.join(tmp, "cc" + str(len(mined)))
+                mw, mrss = timed([b, "step", "mine-corner-cases"],
+                                 step_env(tmp, {"rules": RULES}, {"frames": table}, {"corner_cases": out}))
+                values = json.load(open(os.path.join(tmp, "values.json")))
+                mined.append((mw, mrss, values))
+            (mw, mrss, values), (uw, urss, unsorted) = mined
+            if values["rules"] != unsorted["rules"] or unsorted["input_order"] != "unsorted":
+                sys.exit(f"the unsorted table mined otherwise: {values} against {unsorted}")
             print(f"| {n:,} | {iw:.1f} s | {irss / 1024:.0f} MiB | {mw:.1f} s | {mrss / 1024:.0f} MiB | "
-                  f"{values['frames']:,} |")
+                  f"{values['frames']:,} | {unsorted['plan']} | {uw:.1f} s | {urss / 1024:.0f} MiB |")
 
 
 def main():

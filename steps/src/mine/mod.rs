@@ -7,12 +7,15 @@
 //! `values.json`: `{frames, matched, rules: {name: count}, input_order, plan}`. A frame table
 //! whose files are sorted by drive and time (`input_order: declared` when their footers
 //! say so, as `ingest` writes them; `checked` when reading the two columns finds them so)
-//! is read as one ordered stream with no sort (`plan: ordered`). In any other (`unsorted`),
-//! the rules with window functions are evaluated first over only the columns they name,
+//! is read as one ordered stream with no sort (`plan: ordered`), where its files' statistics
+//! show they follow each other (see [`files::chain`]). In any other (`unsorted`, or files
+//! that overlap), the rules with window functions are evaluated first over only the
+//! columns they name,
 //! and the frames they match are joined back in one pass over all columns
 //! (`plan: window keys`); past [`WINDOW_KEYS_CAP`] such frames, the whole table is sorted
 //! instead (`plan: sort`). Sorts run under a memory limit beyond which they spill to disk,
-//! so memory stays bounded as the table grows.
+//! so memory stays bounded as the table grows. The files are read by [`source::FileTable`],
+//! one at a time per stream, so memory does not grow with their number either.
 
 use std::sync::Arc;
 
@@ -21,12 +24,14 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::datasource::MemTable;
 use datafusion::execution::memory_pool::FairSpillPool;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-use datafusion::parquet::arrow::arrow_reader::ArrowReaderMetadata;
 use datafusion::parquet::arrow::ArrowWriter;
-use datafusion::prelude::{col, ParquetReadOptions, SessionConfig, SessionContext};
+use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use indexmap::IndexMap;
 use serde_json::{json, Value};
+
+mod files;
+mod source;
 
 /// The engine's memory for one mining query; beyond it sorts spill to disk.
 pub const MEMORY_LIMIT: usize = 512 << 20;
@@ -380,12 +385,14 @@ async fn mine_checked(
     // read in that order: the windows (`PARTITION BY drive ORDER BY ts`) and the output
     // order need no sort. It is cut into ranges of drives, one ordered stream per core,
     // each range read whole (a drive's window never spans two) and written to a part;
-    // the parts follow each other in drive order. Otherwise the frames are hashed by drive
-    // over as many partitions as cores and sorted, the sort spilling to disk beyond the
-    // memory limit.
+    // the parts follow each other in drive order. Otherwise (or where its files overlap)
+    // the frames are hashed by drive over as many partitions as cores and sorted, the
+    // sort spilling to disk beyond the memory limit.
     // Every file's footer, read once and summarised: for the order and for where to cut.
-    let (order, files) = table_order(summaries(parquet_files(frames)?)?).await?;
-    let sorted = order != "unsorted";
+    let table = files::table(frames)?;
+    let (schema, total) = (table.schema, table.rows);
+    let (order, mut files) = files::table_order(table.files).await?;
+    let sorted = order != "unsorted" && files::chain(&mut files);
     // A fair pool, shared by every stream: each spilling operator (the partitions' sorts
     // and their merges) gets its share. The greedy pool let one partition's sort take what
     // the other's merge needed, and the merge cannot spill: 10 M unsorted frames failed
@@ -393,33 +400,25 @@ async fn mine_checked(
     let runtime = RuntimeEnvBuilder::new()
         .with_memory_pool(Arc::new(FairSpillPool::new(MEMORY_LIMIT)))
         .build_arc()?;
-    let cuts = match sorted {
-        true => drive_cuts(&files, cores)?,
-        false => Vec::new(),
+    let tables: Vec<(source::FileTable, Range)> = match sorted {
+        true => files::ranges(&files::drive_cuts(&files, cores))
+            .into_iter()
+            .map(|r| {
+                let units = files::units_in(&files, &r);
+                (source::FileTable::new(schema.clone(), vec![units], true), r)
+            })
+            .collect(),
+        false => {
+            let parts = files::spread(&files, cores.max(2));
+            vec![(source::FileTable::new(schema, parts, false), (None, None))]
+        }
     };
     drop(files);
-    let ranges = ranges(&cuts);
     let contexts = futures::future::try_join_all(
-        ranges
-            .iter()
-            .map(|r| context(frames, sorted, cores, runtime.clone(), r.clone())),
+        (tables.into_iter()).map(|(table, range)| context(table, cores, runtime.clone(), range)),
     )
     .await?;
     let ctx = &contexts[0];
-    let total = ctx
-        .sql("SELECT count(*) FROM frames_all")
-        .await?
-        .collect()
-        .await?;
-    let total = total
-        .first()
-        .and_then(|b| {
-            b.column(0)
-                .as_any()
-                .downcast_ref::<datafusion::arrow::array::Int64Array>()
-                .map(|a| a.value(0))
-        })
-        .unwrap_or(0);
     // An unsorted table with window rules: the windows over their own few columns first,
     // then one pass over all columns joined with the frames they matched. Sorting every
     // column of every frame for a `lag()` was most of the time.
@@ -474,37 +473,24 @@ async fn mine_checked(
     }))
 }
 
-/// A session over the frame table: `frames_all` is the table, `frames` the drives of
-/// `range` (`[from, to)`, open where `None`) in it. `sorted`: declared to DataFusion as
-/// sorted by drive and time and read as one ordered stream; otherwise `cores` partitions.
+/// A range of drives, `[from, to)`, open where `None`.
+type Range = (Option<String>, Option<String>);
+
+/// A session over the frame table: `frames_all` is `table`, `frames` the drives of `range`
+/// in it. A sorted table is one ordered stream; an unsorted one has its partitions, and
+/// the query as many as `cores`.
 async fn context(
-    frames: &std::path::Path,
-    sorted: bool,
+    table: source::FileTable,
     cores: usize,
     runtime: Arc<datafusion::execution::runtime_env::RuntimeEnv>,
-    range: (Option<String>, Option<String>),
+    range: Range,
 ) -> anyhow::Result<SessionContext> {
-    let config = SessionConfig::new()
-        .set_bool(
-            "datafusion.execution.listing_table_ignore_subdirectory",
-            false,
-        )
-        // Files are ordered among themselves by their statistics, not by their names.
-        .set_bool(
-            "datafusion.execution.split_file_groups_by_statistics",
-            sorted,
-        )
-        .with_target_partitions(if sorted { 1 } else { cores.max(2) });
+    let config = SessionConfig::new().with_target_partitions(match table.sorted() {
+        true => 1,
+        false => cores.max(2),
+    });
     let ctx = SessionContext::new_with_config_rt(config, runtime);
-    let url = format!("{}/", frames.display());
-    let mut options = ParquetReadOptions::default();
-    if sorted {
-        options = options.file_sort_order(vec![vec![
-            col("drive").sort(true, false),
-            col("ts").sort(true, false),
-        ]]);
-    }
-    ctx.register_parquet("frames_all", &url, options).await?;
+    ctx.register_table("frames_all", Arc::new(table))?;
     let quote = |s: &str| s.replace('\'', "''");
     let mut filter = Vec::new();
     if let Some(from) = &range.0 {
@@ -582,271 +568,6 @@ fn concatenate(parts: &[std::path::PathBuf], target: &std::path::Path) -> anyhow
     Ok(())
 }
 
-/// The `[from, to)` drive ranges `cuts` make, in order; one open range without cuts.
-fn ranges(cuts: &[String]) -> Vec<(Option<String>, Option<String>)> {
-    let mut bounds: Vec<Option<String>> = vec![None];
-    bounds.extend(cuts.iter().cloned().map(Some));
-    bounds.push(None);
-    bounds
-        .windows(2)
-        .map(|w| (w[0].clone(), w[1].clone()))
-        .collect()
-}
-
-/// Drive names that cut a table sorted by drive into up to `parts` ranges of about equal
-/// rows, from the row groups' statistics (the first drive of the row group each range
-/// starts at). Any cut is correct (each range reads every row of its drives, whatever the
-/// statistics say); the statistics only balance the ranges. None without statistics.
-fn drive_cuts(files: &[Summary], parts: usize) -> anyhow::Result<Vec<String>> {
-    if parts < 2 {
-        return Ok(Vec::new());
-    }
-    let mut groups: Vec<(String, i64)> = Vec::new();
-    for f in files {
-        for (min, rows) in &f.groups {
-            let Some(min) = min else {
-                return Ok(Vec::new());
-            };
-            groups.push((min.clone(), *rows));
-        }
-    }
-    groups.sort();
-    let total: i64 = groups.iter().map(|g| g.1).sum();
-    let first = groups.first().map(|g| g.0.clone());
-    let mut cuts: Vec<String> = Vec::new();
-    let mut seen = 0i64;
-    for (min, rows) in &groups {
-        let due = total * (cuts.len() as i64 + 1) / parts as i64;
-        if seen >= due
-            && cuts.len() + 1 < parts
-            && Some(min) != first.as_ref()
-            && cuts.last() != Some(min)
-        {
-            cuts.push(min.clone());
-        }
-        seen += rows;
-    }
-    Ok(cuts)
-}
-
-/// How the frame table of `files` is ordered: `declared` when every file says in its
-/// footer that it is sorted by drive and time as a whole ([`crate::ingest::SORTED_BY`], as
-/// `ingest` writes them), `checked` when reading every file's `drive` and `ts` columns
-/// found each file in that order, else `unsorted`. The summaries come back for the caller.
-async fn table_order(files: Vec<Summary>) -> anyhow::Result<(&'static str, Vec<Summary>)> {
-    if files.is_empty() {
-        return Ok(("unsorted", files));
-    }
-    if files.iter().all(|f| f.declared) {
-        return Ok(("declared", files));
-    }
-    let (checked, files) =
-        tokio::task::spawn_blocking(move || files_in_order(&files).map(|ok| (ok, files))).await??;
-    Ok((if checked { "checked" } else { "unsorted" }, files))
-}
-
-/// What mining needs of a file's footer, kept instead of the footer: memory that does not
-/// grow with its columns and statistics (all footers of 10,000 drive partitions held at
-/// once were most of mining's memory).
-#[derive(Debug)]
-struct Summary {
-    path: std::path::PathBuf,
-    /// Its footer says it is sorted by drive and time.
-    declared: bool,
-    /// Each row group's smallest drive (when its statistics say) and rows.
-    groups: Vec<(Option<String>, i64)>,
-}
-
-/// The summaries of `files`, one footer read and dropped at a time.
-fn summaries(files: Vec<std::path::PathBuf>) -> anyhow::Result<Vec<Summary>> {
-    use datafusion::parquet::file::statistics::Statistics;
-    files
-        .into_iter()
-        .map(|path| {
-            let meta = ArrowReaderMetadata::load(&std::fs::File::open(&path)?, Default::default())?;
-            let md = meta.metadata();
-            let declared = md
-                .file_metadata()
-                .key_value_metadata()
-                .into_iter()
-                .flatten()
-                .any(|kv| {
-                    kv.key == crate::ingest::SORTED_BY && kv.value.as_deref() == Some("drive,ts")
-                });
-            let schema = md.file_metadata().schema_descr();
-            let d = schema.columns().iter().position(|c| c.name() == "drive");
-            let groups = md
-                .row_groups()
-                .iter()
-                .map(|rg| {
-                    let min = match d.and_then(|d| rg.column(d).statistics()) {
-                        Some(Statistics::ByteArray(s)) => s
-                            .min_opt()
-                            .and_then(|b| b.as_utf8().ok())
-                            .map(str::to_owned),
-                        _ => None,
-                    };
-                    (min, rg.num_rows())
-                })
-                .collect();
-            Ok(Summary {
-                path,
-                declared,
-                groups,
-            })
-        })
-        .collect()
-}
-
-/// A row's sort key: (drive, ts).
-type Key = (String, f64);
-
-/// The first and last key of row group `rg` of `file`, or None when its rows are not in
-/// (`drive`, `ts`) order. Reads only those two columns; a missing column, another type,
-/// a null or a NaN time counts as not in order.
-fn row_group_ends(
-    file: &std::path::Path,
-    meta: &ArrowReaderMetadata,
-    rg: usize,
-) -> anyhow::Result<Option<(Key, Key)>> {
-    use datafusion::arrow::array::{Float64Array, StringArray};
-    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-    use datafusion::parquet::arrow::ProjectionMask;
-    let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
-        std::fs::File::open(file)?,
-        meta.clone(),
-    );
-    let schema = builder.parquet_schema();
-    let column = |name: &str| schema.columns().iter().position(|c| c.name() == name);
-    let (Some(d), Some(t)) = (column("drive"), column("ts")) else {
-        return Ok(None);
-    };
-    let mask = ProjectionMask::leaves(schema, [d, t]);
-    let reader = builder
-        .with_projection(mask)
-        .with_row_groups(vec![rg])
-        .with_batch_size(65_536)
-        .build()?;
-    let mut ends: Option<(Key, Key)> = None;
-    for batch in reader {
-        let batch = batch?;
-        let (Some(drive), Some(ts)) = (
-            batch
-                .column_by_name("drive")
-                .and_then(|c| c.as_any().downcast_ref::<StringArray>()),
-            batch
-                .column_by_name("ts")
-                .and_then(|c| c.as_any().downcast_ref::<Float64Array>()),
-        ) else {
-            return Ok(None);
-        };
-        let n = batch.num_rows();
-        if n == 0 {
-            continue;
-        }
-        if drive.null_count() > 0 || ts.null_count() > 0 {
-            return Ok(None);
-        }
-        let key = |r: usize| (drive.value(r), ts.value(r));
-        if let Some((_, last)) = &ends {
-            if (last.0.as_str(), last.1) > key(0) {
-                return Ok(None);
-            }
-        }
-        for r in 0..n {
-            if ts.value(r).is_nan() || (r > 0 && key(r - 1) > key(r)) {
-                return Ok(None);
-            }
-        }
-        let last = (drive.value(n - 1).to_owned(), ts.value(n - 1));
-        ends = Some(match ends {
-            Some((first, _)) => (first, last),
-            None => ((drive.value(0).to_owned(), ts.value(0)), last),
-        });
-    }
-    Ok(ends)
-}
-
-/// Whether each file is sorted by (`drive`, `ts`): every row group in order, on two
-/// threads, and each following the one before it.
-fn files_in_order(files: &[Summary]) -> anyhow::Result<bool> {
-    let units: Vec<(usize, usize)> = files
-        .iter()
-        .enumerate()
-        .flat_map(|(i, f)| (0..f.groups.len()).map(move |rg| (i, rg)))
-        .collect();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    type Ends = Option<(Key, Key)>;
-    let ends: std::sync::Mutex<Vec<Option<Ends>>> = std::sync::Mutex::new(vec![None; units.len()]);
-    std::thread::scope(|scope| -> anyhow::Result<()> {
-        let workers: Vec<_> = (0..2)
-            .map(|_| {
-                scope.spawn(|| -> anyhow::Result<()> {
-                    // The footer of the file this worker reads, loaded once per file.
-                    let mut footer: Option<(usize, ArrowReaderMetadata)> = None;
-                    loop {
-                        let u = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(&(file, rg)) = units.get(u) else {
-                            return Ok(());
-                        };
-                        let path = &files[file].path;
-                        if footer.as_ref().is_none_or(|(f, _)| *f != file) {
-                            let f = std::fs::File::open(path)?;
-                            footer =
-                                Some((file, ArrowReaderMetadata::load(&f, Default::default())?));
-                        }
-                        let meta = &footer.as_ref().expect("loaded above").1;
-                        let r = row_group_ends(path, meta, rg)?;
-                        ends.lock().unwrap_or_else(|e| e.into_inner())[u] = Some(r);
-                    }
-                })
-            })
-            .collect();
-        for w in workers {
-            w.join()
-                .map_err(|_| anyhow::anyhow!("the order check panicked"))??;
-        }
-        Ok(())
-    })?;
-    let ends = ends.into_inner().unwrap_or_else(|e| e.into_inner());
-    let mut last: Option<(usize, Key)> = None;
-    for (&(file, _), end) in units.iter().zip(ends) {
-        // A row group out of order, or (conservatively) an empty one.
-        let Some(Some((first, end))) = end else {
-            return Ok(false);
-        };
-        if let Some((f, prev)) = &last {
-            if *f == file && (prev.0.as_str(), prev.1) > (first.0.as_str(), first.1) {
-                return Ok(false);
-            }
-        }
-        last = Some((file, end));
-    }
-    Ok(true)
-}
-
-/// The Parquet files of a table directory (hidden ones aside, as DataFusion lists them).
-fn parquet_files(frames: &std::path::Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
-    let mut files = Vec::new();
-    let mut dirs = vec![frames.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir)? {
-            let path = entry?.path();
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if name.starts_with(['.', '_']) {
-                continue;
-            }
-            if path.is_dir() {
-                dirs.push(path);
-            } else if name.ends_with(".parquet") {
-                files.push(path);
-            }
-        }
-    }
-    files.sort();
-    Ok(files)
-}
-
 // The `mine-corner-cases` step: its `with:` block, registration and what it does with its context.
 
 /// `mine-corner-cases`: named SQL rules.
@@ -894,69 +615,8 @@ async fn run_step(
 
 #[cfg(test)]
 mod tests {
+    use super::files::tests::table;
     use super::*;
-
-    /// A Parquet file of (drive, ts) rows, two rows per row group.
-    fn table(dir: &std::path::Path, name: &str, rows: &[(&str, f64)]) -> std::path::PathBuf {
-        use datafusion::arrow::array::{Float64Array, StringArray};
-        use datafusion::arrow::datatypes::{Field, Schema};
-        use datafusion::arrow::record_batch::RecordBatch;
-        use datafusion::parquet::file::properties::WriterProperties;
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("drive", DataType::Utf8, false),
-            Field::new("ts", DataType::Float64, false),
-        ]));
-        let batch = RecordBatch::try_new(
-            schema.clone(),
-            vec![
-                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
-                Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.1))),
-            ],
-        )
-        .unwrap();
-        let path = dir.join(name);
-        let props = WriterProperties::builder()
-            .set_max_row_group_row_count(Some(2))
-            .build();
-        let mut w =
-            ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema, Some(props))
-                .unwrap();
-        w.write(&batch).unwrap();
-        w.close().unwrap();
-        path
-    }
-
-    #[test]
-    fn order_is_checked_within_and_across_row_groups() {
-        let dir = std::env::temp_dir().join(format!("dt-mine-order-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let sorted = table(
-            &dir,
-            "sorted.parquet",
-            &[("a", 1.0), ("a", 2.0), ("a", 2.0), ("b", 0.0), ("c", 5.0)],
-        );
-        // Each row group in order, the second starting before the first ended.
-        let across = table(
-            &dir,
-            "across.parquet",
-            &[("a", 1.0), ("a", 2.0), ("a", 1.5), ("a", 3.0)],
-        );
-        let within = table(&dir, "within.parquet", &[("a", 2.0), ("a", 1.0)]);
-        let nan = table(&dir, "nan.parquet", &[("a", 1.0), ("a", f64::NAN)]);
-        let in_order = |files: &[&std::path::PathBuf]| {
-            files_in_order(&summaries(files.iter().map(|f| f.to_path_buf()).collect()).unwrap())
-                .unwrap()
-        };
-        assert!(in_order(&[&sorted]));
-        assert!(!in_order(&[&across]));
-        assert!(!in_order(&[&within]));
-        assert!(!in_order(&[&nan]));
-        // Files are ordered among themselves by DataFusion: each only needs its own order.
-        let other = table(&dir, "other.parquet", &[("0", 9.0), ("0", 10.0)]);
-        assert!(in_order(&[&sorted, &other]));
-        let _ = std::fs::remove_dir_all(&dir);
-    }
 
     #[test]
     fn rules_are_checked_against_the_frame_columns() {
@@ -1068,6 +728,64 @@ mod tests {
         assert_eq!(v["matched"], json!(3), "{v}");
         assert_eq!(v["rules"]["longest"], json!(1), "{v}");
         assert_eq!(v["rules"]["r2"], json!(1), "{v}");
+    }
+
+    #[test]
+    fn files_of_other_columns_are_read_in_the_columns_of_them_all() {
+        use datafusion::arrow::array::{Float32Array, Float64Array, StringArray};
+        use datafusion::arrow::datatypes::{Field, Schema};
+        use datafusion::arrow::record_batch::RecordBatch;
+        let dir = std::env::temp_dir().join(format!("dt-mine-columns-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let frames = dir.join("frames");
+        std::fs::create_dir_all(&frames).unwrap();
+        // Drive `a` has an `accel_x` column, drive `b` none: its frames have it null.
+        table(&frames, "b.parquet", &[("b", 0.0), ("b", 1.0)]);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("drive", DataType::Utf8, false),
+            Field::new("ts", DataType::Float64, false),
+            Field::new("accel_x", DataType::Float32, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringArray::from(vec!["a", "a"])),
+                Arc::new(Float64Array::from(vec![0.0, 1.0])),
+                Arc::new(Float32Array::from(vec![-5.0, 0.0])),
+            ],
+        )
+        .unwrap();
+        let file = std::fs::File::create(frames.join("a.parquet")).unwrap();
+        let mut w = ArrowWriter::try_new(file, schema, None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let mut rules = IndexMap::new();
+        rules.insert("hard".to_owned(), "accel_x < -4".to_owned());
+        rules.insert(
+            "quiet".to_owned(),
+            "accel_x IS NULL AND ts > 0.5".to_owned(),
+        );
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        for cores in [1, 2] {
+            let out = dir.join(format!("out-{cores}"));
+            std::fs::create_dir_all(&out).unwrap();
+            let v = rt
+                .block_on(mine_with(&rules, &frames, &out, WINDOW_KEYS_CAP, cores))
+                .unwrap();
+            assert_eq!(
+                (&v["frames"], &v["rules"]),
+                (&json!(4), &json!({"hard": 1, "quiet": 1})),
+                "{v}"
+            );
+        }
+        // No file at all is an error, not a table of no frames.
+        let empty = dir.join("empty");
+        std::fs::create_dir_all(&empty).unwrap();
+        let e = rt
+            .block_on(mine_with(&rules, &empty, &dir, WINDOW_KEYS_CAP, 2))
+            .unwrap_err();
+        assert!(e.to_string().starts_with("no Parquet files under"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
