@@ -1,6 +1,6 @@
 //! Messages decoded from the schema records their own files carry: protobuf (the
-//! schema's `FileDescriptorSet`, through `prost-reflect`), ROS 2 (`ros2msg` definitions,
-//! CDR payloads), ROS 1 (`ros1msg` definitions, ROS 1 serialization) and JSON (any
+//! schema's `FileDescriptorSet`, through `prost-reflect`), ROS 2 (`ros2msg` or `ros2idl`
+//! definitions, CDR payloads), ROS 1 (`ros1msg` definitions, ROS 1 serialization) and JSON (any
 //! spelling of `json`). Every message becomes a [`Dyn`], a tree of named fields that a
 //! field path ([`Path`]) reads; a schema that cannot be read or a payload that does not
 //! decode is an error with the reason, which ingest counts per drive and topic.
@@ -8,6 +8,7 @@
 //! Sizes are bounded before anything is allocated: an array may not claim more elements
 //! than bytes remain, and nesting stops at [`MAX_DEPTH`].
 
+mod idl;
 mod path;
 mod proto;
 mod ros;

@@ -8,6 +8,8 @@
 //! of the same package (`Header` is `std_msgs/Header`), and arrays of them (`T[]`,
 //! `T[N]`, `T[<=N]`). Constants (`int32 X=1`) and ROS 2 defaults are skipped;
 //! `builtin_interfaces/Time` and `Duration` are known without a definition.
+//! A `ros2idl` schema (sections after `IDL: package/msg/Type`) is read into the same
+//! lines by [`super::idl`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -209,42 +211,59 @@ impl<'a> Sections<'a> {
     }
 }
 
+/// The sections of a concatenated schema: the first is `root`'s, each next one follows a
+/// line of `=` and a line `{header} package/Type`.
+fn split<'a>(text: &'a str, header: &str, root: &str) -> Vec<(String, &'a str)> {
+    let mut out = Vec::new();
+    let (mut current, mut start, mut offset) = (root.to_owned(), 0, 0);
+    for line in text.split_inclusive('\n') {
+        let trimmed = line.trim();
+        if trimmed.len() >= 3 && trimmed.chars().all(|c| c == '=') {
+            out.push((current.clone(), &text[start..offset]));
+            start = offset + line.len();
+        } else if let Some(t) = trimmed.strip_prefix(header) {
+            current = normal(t.trim());
+            start = offset + line.len();
+        }
+        offset += line.len();
+    }
+    out.push((current, &text[start..]));
+    out
+}
+
 impl Ros {
     pub fn new(dialect: Dialect, name: &str, encoding: &str, schema: &[u8]) -> Result<Ros, String> {
+        let idl = dialect == Dialect::Ros2 && encoding.eq_ignore_ascii_case("ros2idl");
         let wanted = match dialect {
             Dialect::Ros1 => "ros1msg",
             Dialect::Ros2 => "ros2msg",
         };
-        if !encoding.eq_ignore_ascii_case(wanted) {
-            return Err(match encoding {
-                "ros2idl" => format!(
-                    "schema `{name}` is ros2idl: IDL definitions are not read yet, only ros2msg"
-                ),
-                _ => format!(
-                    "a {} channel needs a `{wanted}` schema, not `{encoding}`",
-                    wanted.trim_end_matches("msg")
-                ),
-            });
+        if !idl && !encoding.eq_ignore_ascii_case(wanted) {
+            return Err(format!(
+                "a {} channel needs a `{wanted}` schema, not `{encoding}`",
+                wanted.trim_end_matches("msg")
+            ));
         }
         let text = std::str::from_utf8(schema)
             .map_err(|_| format!("schema `{name}` is not UTF-8 text"))?;
         let root = normal(name);
-        let mut texts = HashMap::new();
-        let mut current = root.clone();
-        let mut start = 0;
-        let mut offset = 0;
-        for line in text.split_inclusive('\n') {
-            let trimmed = line.trim();
-            if trimmed.len() >= 3 && trimmed.chars().all(|c| c == '=') {
-                texts.insert(current.clone(), &text[start..offset]);
-                start = offset + line.len();
-            } else if let Some(t) = trimmed.strip_prefix("MSG:") {
-                current = normal(t.trim());
-                start = offset + line.len();
-            }
-            offset += line.len();
-        }
-        texts.insert(current, &text[start..]);
+        // IDL is read into `.msg` lines first: the definitions the sections borrow.
+        let converted: Vec<(String, String)> = match idl {
+            true => (split(text, "IDL:", &root).into_iter())
+                .map(|(_, idl)| super::idl::to_msg(idl))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("schema `{name}` (ros2idl): {e}"))?
+                .into_iter()
+                .flatten()
+                .collect(),
+            false => Vec::new(),
+        };
+        let texts: HashMap<String, &str> = match idl {
+            true => (converted.iter())
+                .map(|(k, v)| (k.clone(), v.as_str()))
+                .collect(),
+            false => split(text, "MSG:", &root).into_iter().collect(),
+        };
         let mut sections = Sections {
             texts,
             done: HashMap::new(),
@@ -465,8 +484,19 @@ mod tests {
         assert!(e.contains("`b/B` is used but not defined"), "{e}");
         let e = Ros::new(Dialect::Ros2, "a/A", "ros2msg", b"A inner\n").unwrap_err();
         assert!(e.contains("contains itself"), "{e}");
-        let e = Ros::new(Dialect::Ros2, "a/A", "ros2idl", b"module a {};").unwrap_err();
-        assert!(e.contains("ros2idl"), "{e}");
+        let e = Ros::new(
+            Dialect::Ros2,
+            "a/A",
+            "ros2idl",
+            b"module a { enum E { X }; };",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("(ros2idl): `enum` declarations are not read"),
+            "{e}"
+        );
+        let e = Ros::new(Dialect::Ros1, "a/A", "ros2idl", b"").unwrap_err();
+        assert!(e.contains("needs a `ros1msg` schema"), "{e}");
     }
 
     #[test]

@@ -35,7 +35,8 @@ fn python(args: &[&str]) -> String {
 /// Writes a drive log of `kind` at `path` (a `.mcap` file; rosbags writes a bag
 /// directory, whose one file is moved there).
 fn write(kind: &str, path: &Path, flags: &[&str]) {
-    let target = if kind == "ros2" {
+    let bag = kind == "ros2" || kind == "ros2-idl";
+    let target = if bag {
         path.with_extension("bag")
     } else {
         path.to_path_buf()
@@ -43,7 +44,7 @@ fn write(kind: &str, path: &Path, flags: &[&str]) {
     let mut args = vec!["write", kind, target.to_str().unwrap()];
     args.extend(flags);
     python(&args);
-    if kind == "ros2" {
+    if bag {
         let name = target.file_name().unwrap().to_str().unwrap();
         std::fs::rename(target.join(format!("{name}.mcap")), path).unwrap();
         std::fs::remove_dir_all(&target).unwrap();
@@ -257,6 +258,28 @@ fn ros2_logs_become_the_frames_python_decodes() {
     for drive in ["rosbags", "big_endian", "mcap_ros2", "shuffled"] {
         same_as_python(&dir, &logs, drive, &mapping, None);
     }
+}
+
+#[test]
+fn ros2_idl_schemas_decode_as_rosbags_reads_them() {
+    let dir = tmp("fleet-ros2idl");
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    write("ros2-idl", &logs.join("idl.mcap"), &[]);
+    let mapping = [
+        ("speed_mps", "/vehicle/odometry.speeds[2]"),
+        ("lat", "/vehicle/odometry.stamp.nanosec"),
+        ("object_class", "/vehicle/odometry.frame_id"),
+        ("accel_x", "/vehicle/odometry.temps[1]"),
+        ("yaw_rate", "/vehicle/odometry.codes[2]"),
+        ("brake_pressure", "/vehicle/odometry.mode"),
+        ("lon", "/vehicle/odometry.odometer"),
+        ("steering", "/vehicle/odometry.status.level"),
+        ("weather", "/vehicle/odometry.status.text"),
+        ("accel_y", "/imu/data.linear_acceleration.x"),
+        ("lane_confidence", "/perception/lanes.data"),
+    ];
+    same_as_python(&dir, &logs, "idl", &mapping, None);
 }
 
 #[test]

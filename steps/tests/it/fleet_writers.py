@@ -7,7 +7,9 @@ readers decode from them: the ground truth `fleet_logs.rs` compares ingest's fra
 KIND: `protobuf` (mcap-protobuf-support's writer; message classes built from a
 FileDescriptorProto, no protoc), `ros2` (rosbags' rosbag2 writer, MCAP storage, the
 Humble type store's sensor_msgs/Imu and nav_msgs/Odometry), `ros2-mcap` (mcap-ros2-support's
-writer with the same definitions), `ros1` (rosbags' ROS 1 serializer and Noetic
+writer with the same definitions), `ros2-idl` (rosbags' rosbag2 writer, the odometry topic a
+vendor message whose schema is rosidl-style IDL, registered by rosbags' own IDL parser),
+`ros1` (rosbags' ROS 1 serializer and Noetic
 definitions, put in MCAP by the `mcap` writer). Every kind writes the same drive: odometry
 at 10 Hz (the clock), IMU at 50 Hz, lanes at 5 Hz (protobuf only: ROS has no lane
 message; ROS kinds put a std_msgs/Float32 on /perception/lanes).
@@ -150,6 +152,104 @@ def write_ros2(path, ms, big_endian):
                 conns[topic] = w.add_connection(topic, typename, typestore=store)
             data = store.serialize_cdr(msg, typename, little_endian=not big_endian)
             w.write(conns[topic], t, bytes(data))
+
+
+# A vendor message as rosidl generates its IDL (typedef'd fixed arrays, constants modules,
+# annotations, bounded strings and sequences), with the message it depends on, as rosbag2
+# concatenates them.
+SEP = "=" * 80 + "\n"
+WHEELS_IDL = SEP + """IDL: vendor_msgs/msg/Wheels
+// generated from rosidl_adapter/resource/msg.idl.em
+// with input from vendor_msgs/msg/Wheels.msg
+
+#include "builtin_interfaces/msg/Time.idl"
+#include "vendor_msgs/msg/Status.idl"
+
+module vendor_msgs {
+  module msg {
+    typedef double double__4[4];
+    module Wheels_Constants {
+      const uint8 MODE_AUTO = 2;
+      const string NAME = "wheels; not a field";
+    };
+    @verbatim (language="comment", text=
+      "Wheel speeds of one axle pair.")
+    struct Wheels {
+      builtin_interfaces::msg::Time stamp;
+
+      string<16> frame_id;
+
+      @verbatim (language="comment", text="m/s, front left first")
+      double__4 speeds;
+
+      sequence<float> temps;
+
+      sequence<int16, 8> codes;
+
+      @default (value=2)
+      uint8 mode;
+
+      boolean braking;
+
+      unsigned long long odometer;
+
+      vendor_msgs::msg::Status status;
+    };
+  };
+};
+""" + SEP + """IDL: vendor_msgs/msg/Status
+module vendor_msgs {
+  module msg {
+    /* a level and a text */
+    struct Status {
+      int32 level;
+
+      string text;
+    };
+  };
+};
+"""
+
+
+def idl_store():
+    """The Humble type store with the types of WHEELS_IDL, read by rosbags' IDL parser."""
+    from rosbags.typesys import Stores, get_typestore, get_types_from_idl
+
+    store = get_typestore(Stores.ROS2_HUMBLE)
+    for section in WHEELS_IDL.split(SEP)[1:]:
+        idl = section.split("\n", 1)[1]
+        # rosbags' parser takes no preprocessor lines: they go, as a preprocessor's would.
+        idl = "\n".join(line for line in idl.split("\n") if not line.startswith("#"))
+        store.register(get_types_from_idl(idl))
+    return store
+
+
+def write_ros2_idl(path, ms):
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    import numpy as np
+
+    store = idl_store()
+    T = store.types
+    conns = {}
+    with Writer(path, version=9, storage_plugin=StoragePlugin.MCAP) as w:
+        for topic, t, v in ms:
+            if topic == "/vehicle/odometry":
+                typename = "vendor_msgs/msg/Wheels"
+                msg = T[typename](
+                    stamp=T["builtin_interfaces/msg/Time"](sec=t // 10**9, nanosec=t % 10**9),
+                    frame_id=v["frame"],
+                    speeds=np.array([v["speed"] + i for i in range(4)], dtype=np.float64),
+                    temps=np.array([v["conf"], v["ax"]], dtype=np.float32),
+                    codes=np.array([1, -2, int(v["yaw"] * 100)], dtype=np.int16),
+                    mode=2, braking=v["ax"] < 0, odometer=t // 1000,
+                    status=T["vendor_msgs/msg/Status"](level=int(v["wz"] * 1000), text=v["frame"]))
+            else:
+                msg, typename = ros_message(store, topic, t, v, ros1=False)
+            if topic not in conns:
+                msgdef = WHEELS_IDL if topic == "/vehicle/odometry" else None
+                conns[topic] = w.add_connection(topic, typename, typestore=store, msgdef=msgdef,
+                                                rihs01=store.hash_rihs01(typename) if msgdef else None)
+            w.write(conns[topic], t, bytes(store.serialize_cdr(msg, typename)))
 
 
 def write_ros2_mcap(path, ms):
@@ -310,7 +410,9 @@ def decode(path, mapping):
         for schema, channel, message in reader.iter_messages():
             if channel.topic not in by_topic:
                 continue
-            if channel.message_encoding == "ros1":
+            if schema.encoding == "ros2idl":
+                obj = idl_store().deserialize_cdr(message.data, schema.name)
+            elif channel.message_encoding == "ros1":
                 typename = schema.name.replace("/", "/msg/", 1) if "/msg/" not in schema.name else schema.name
                 obj = ros1.deserialize_ros1(message.data, typename)
             else:
@@ -332,6 +434,7 @@ def main():
             "protobuf": lambda: write_protobuf(path, ms, "--vehicle-topic" in sys.argv),
             "ros2": lambda: write_ros2(path, ms, "--big-endian" in sys.argv),
             "ros2-mcap": lambda: write_ros2_mcap(path, ms),
+            "ros2-idl": lambda: write_ros2_idl(path, ms),
             "ros1": lambda: write_ros1(path, ms),
             "mixed": lambda: write_mixed(path),
             "garbage": lambda: write_garbage(path, int(sys.argv[4]), "--other-encoding" in sys.argv),
