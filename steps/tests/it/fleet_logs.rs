@@ -1,6 +1,7 @@
 //! `ingest` on drive logs as fleets write them, by writers nobody here wrote
 //! (`fleet_writers.py`: mcap-protobuf-support, rosbags' rosbag2 writer, mcap-ros2-support,
-//! rosbags' ROS 1 serializer), mapped to frames by a declared mapping; every frame
+//! rosbags' ROS 1 serializer; a vendor message whose schema is rosidl-style IDL, written
+//! and read back by rosbags), mapped to frames by a declared mapping; every frame
 //! compared, field by field, with what the Python readers decode from the same file.
 //! Messages that do not decode are counted and warned of, and fail the stage on the clock
 //! topic; a mapping that does not fit the logs says what they have.
