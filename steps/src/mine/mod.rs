@@ -731,6 +731,34 @@ mod tests {
     }
 
     #[test]
+    fn files_each_in_order_but_overlapping_are_sorted_not_chained() {
+        let dir = std::env::temp_dir().join(format!("dt-mine-overlap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let frames = dir.join("frames");
+        std::fs::create_dir_all(&frames).unwrap();
+        // Each file in (drive, ts) order; drive `a` runs 0, 1, 2, 3 across both.
+        table(&frames, "0.parquet", &[("a", 0.0), ("a", 2.0)]);
+        table(&frames, "1.parquet", &[("a", 1.0), ("a", 3.0)]);
+        let mut rules = IndexMap::new();
+        rules.insert(
+            "steady".to_owned(),
+            "ts - lag(ts) OVER (PARTITION BY drive ORDER BY ts) = 1".to_owned(),
+        );
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let out = dir.join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        let v = rt
+            .block_on(mine_with(&rules, &frames, &out, WINDOW_KEYS_CAP, 2))
+            .unwrap();
+        assert_eq!(
+            (&v["input_order"], &v["plan"], &v["matched"]),
+            (&json!("checked"), &json!("window keys"), &json!(3)),
+            "{v}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn files_of_other_columns_are_read_in_the_columns_of_them_all() {
         use datafusion::arrow::array::{Float32Array, Float64Array, StringArray};
         use datafusion::arrow::datatypes::{Field, Schema};
