@@ -618,6 +618,22 @@ mod tests {
     use super::files::tests::table;
     use super::*;
 
+    /// A fresh folder for test `name`, and an empty `frames` folder in it.
+    fn scratch(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("dt-mine-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let frames = dir.join("frames");
+        std::fs::create_dir_all(&frames).unwrap();
+        (dir, frames)
+    }
+
+    /// Rules from (name, SQL) pairs.
+    fn named(rules: &[(&str, &str)]) -> IndexMap<String, String> {
+        (rules.iter())
+            .map(|(n, sql)| (n.to_string(), sql.to_string()))
+            .collect()
+    }
+
     #[test]
     fn rules_are_checked_against_the_frame_columns() {
         let mut rules = IndexMap::new();
@@ -732,18 +748,14 @@ mod tests {
 
     #[test]
     fn files_each_in_order_but_overlapping_are_sorted_not_chained() {
-        let dir = std::env::temp_dir().join(format!("dt-mine-overlap-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let frames = dir.join("frames");
-        std::fs::create_dir_all(&frames).unwrap();
+        let (dir, frames) = scratch("overlap");
         // Each file in (drive, ts) order; drive `a` runs 0, 1, 2, 3 across both.
         table(&frames, "0.parquet", &[("a", 0.0), ("a", 2.0)]);
         table(&frames, "1.parquet", &[("a", 1.0), ("a", 3.0)]);
-        let mut rules = IndexMap::new();
-        rules.insert(
-            "steady".to_owned(),
-            "ts - lag(ts) OVER (PARTITION BY drive ORDER BY ts) = 1".to_owned(),
-        );
+        let rules = named(&[(
+            "steady",
+            "ts - lag(ts) OVER (PARTITION BY drive ORDER BY ts) = 1",
+        )]);
         let rt = tokio::runtime::Runtime::new().unwrap();
         let out = dir.join("out");
         std::fs::create_dir_all(&out).unwrap();
@@ -763,10 +775,7 @@ mod tests {
         use datafusion::arrow::array::{Float32Array, Float64Array, StringArray};
         use datafusion::arrow::datatypes::{Field, Schema};
         use datafusion::arrow::record_batch::RecordBatch;
-        let dir = std::env::temp_dir().join(format!("dt-mine-columns-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let frames = dir.join("frames");
-        std::fs::create_dir_all(&frames).unwrap();
+        let (dir, frames) = scratch("columns");
         // Drive `a` has an `accel_x` column, drive `b` none: its frames have it null.
         table(&frames, "b.parquet", &[("b", 0.0), ("b", 1.0)]);
         let schema = Arc::new(Schema::new(vec![
@@ -787,12 +796,10 @@ mod tests {
         let mut w = ArrowWriter::try_new(file, schema, None).unwrap();
         w.write(&batch).unwrap();
         w.close().unwrap();
-        let mut rules = IndexMap::new();
-        rules.insert("hard".to_owned(), "accel_x < -4".to_owned());
-        rules.insert(
-            "quiet".to_owned(),
-            "accel_x IS NULL AND ts > 0.5".to_owned(),
-        );
+        let rules = named(&[
+            ("hard", "accel_x < -4"),
+            ("quiet", "accel_x IS NULL AND ts > 0.5"),
+        ]);
         let rt = tokio::runtime::Runtime::new().unwrap();
         for cores in [1, 2] {
             let out = dir.join(format!("out-{cores}"));
@@ -818,10 +825,7 @@ mod tests {
 
     #[test]
     fn a_rule_failing_on_the_data_is_named_with_its_text() {
-        let dir = std::env::temp_dir().join(format!("dt-mine-blame-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let frames = dir.join("frames");
-        std::fs::create_dir_all(&frames).unwrap();
+        let (dir, frames) = scratch("blame");
         table(&frames, "part.parquet", &[("d", 1.0), ("d", 2.0)]);
         let mut rules = IndexMap::new();
         rules.insert("fine".to_owned(), "ts > 1".to_owned());
