@@ -353,9 +353,16 @@ async fn blame(
     frames: &std::path::Path,
     e: anyhow::Error,
 ) -> anyhow::Error {
-    let Ok(ctx) = crate::table::session(&[("frames", frames)]).await else {
+    // The frames read as mining read them (no listing of every file, the same schema).
+    let Ok(table) = files::table(frames) else {
         return e;
     };
+    let parts = files::spread(&table.files, 2);
+    let ctx = SessionContext::new();
+    let frames = source::FileTable::new(table.schema, parts, false);
+    if ctx.register_table("frames", Arc::new(frames)).is_err() {
+        return e;
+    }
     for (name, sql) in rules {
         let alone = format!("SELECT count(*) FROM frames WHERE coalesce(({sql}), false)");
         let failed = match ctx.sql(&alone).await {
