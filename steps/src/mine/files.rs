@@ -364,7 +364,8 @@ fn files_in_order(files: &[Summary]) -> anyhow::Result<bool> {
                                 Some((file, ArrowReaderMetadata::load(&f, Default::default())?));
                         }
                         let meta = &footer.as_ref().expect("loaded above").1;
-                        let r = row_group_ends(path, meta, rg)?;
+                        let r = row_group_ends(path, meta, rg)
+                            .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
                         ends.lock().unwrap_or_else(|e| e.into_inner())[u] = Some(r);
                     }
                 })
@@ -439,6 +440,16 @@ pub(super) mod tests {
         name: &str,
         rows: &[(&str, f64)],
     ) -> std::path::PathBuf {
+        table_of(dir, name, rows, false)
+    }
+
+    /// [`table`], its footer saying it is sorted (as `ingest` writes it) where `declared`.
+    pub(in crate::mine) fn table_of(
+        dir: &std::path::Path,
+        name: &str,
+        rows: &[(&str, f64)],
+        declared: bool,
+    ) -> std::path::PathBuf {
         use datafusion::arrow::array::{Float64Array, StringArray};
         use datafusion::arrow::datatypes::{Field, Schema};
         use datafusion::arrow::record_batch::RecordBatch;
@@ -456,8 +467,13 @@ pub(super) mod tests {
         )
         .unwrap();
         let path = dir.join(name);
+        let sorted = datafusion::parquet::file::metadata::KeyValue::new(
+            crate::ingest::SORTED_BY.to_owned(),
+            "drive,ts".to_owned(),
+        );
         let props = WriterProperties::builder()
             .set_max_row_group_row_count(Some(2))
+            .set_key_value_metadata(declared.then(|| vec![sorted]))
             .build();
         let mut w =
             ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema, Some(props))

@@ -622,7 +622,7 @@ async fn run_step(
 
 #[cfg(test)]
 mod tests {
-    use super::files::tests::table;
+    use super::files::tests::{table, table_of};
     use super::*;
 
     /// A fresh folder for test `name`, and an empty `frames` folder in it.
@@ -774,6 +774,35 @@ mod tests {
             (&json!("checked"), &json!("window keys"), &json!(3)),
             "{v}"
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_file_whose_pages_do_not_decode_fails_mining_naming_it() {
+        let (dir, frames) = scratch("pages");
+        // Declared sorted, so only mining's reader reads the pages.
+        table_of(&frames, "0.parquet", &[("a", 0.0), ("a", 1.0)], true);
+        let bad = table_of(
+            &frames,
+            "1.parquet",
+            &[("b", 0.0), ("b", 1.0), ("b", 2.0)],
+            true,
+        );
+        // The footer stays whole; the first page's header (after the magic) is garbage.
+        let mut bytes = std::fs::read(&bad).unwrap();
+        bytes[4..24].fill(0xff);
+        std::fs::write(&bad, bytes).unwrap();
+        let rules = named(&[("any", "ts >= 0")]);
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        for cores in [1, 2] {
+            let out = dir.join(format!("out-{cores}"));
+            std::fs::create_dir_all(&out).unwrap();
+            let e = rt
+                .block_on(mine_with(&rules, &frames, &out, WINDOW_KEYS_CAP, cores))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("reading ") && e.contains("1.parquet"), "{e}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -108,13 +108,18 @@ impl PartitionStream for Reader {
 
     /// The units are read and decoded on a blocking thread, a few batches ahead of the
     /// query (the async reader's many small reads cost 10–19 % of mining's time on one
-    /// large file); the thread stops when the query drops the stream.
+    /// large file); the thread stops when the query drops the stream. A file that fails
+    /// (or panics the reader) ends the stream with an error naming it.
     fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
         let (schema, units) = (self.schema.clone(), self.units.clone());
         let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD);
         tokio::task::spawn_blocking(move || {
             for (path, groups) in units.iter() {
-                let read = read(path, groups, &schema, &tx);
+                // A panic of the reader is an error of the stream, never its quiet end.
+                let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    read(path, groups, &schema, &tx)
+                }))
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the Parquet reader panicked")));
                 if let Err(e) = read {
                     let e = DataFusionError::Execution(format!("reading {}: {e}", path.display()));
                     let _ = tx.blocking_send(Err(e));
