@@ -26,6 +26,10 @@ pub(super) fn to_msg(text: &str) -> Result<Vec<(String, String)>, String> {
         out: Vec::new(),
     };
     p.declarations()?;
+    // Declarations stop at a `}` closing nothing: the rest would be skipped unread.
+    if let Some(t) = p.peek() {
+        return Err(format!("`{t}` closes no module"));
+    }
     Ok(p.out)
 }
 
@@ -44,15 +48,7 @@ fn tokens(text: &str) -> Result<Vec<String>, String> {
                 .map(|e| e + 4)
                 .ok_or("an unclosed /* comment")?
         } else if c == '"' {
-            let end = (rest[1..].char_indices())
-                .scan(false, |escaped, (i, ch)| {
-                    let closes = ch == '"' && !*escaped;
-                    *escaped = ch == '\\' && !*escaped;
-                    Some((i, closes))
-                })
-                .find(|&(_, closes)| closes)
-                .map(|(i, _)| i + 2)
-                .ok_or("an unclosed string")?;
+            let end = string_end(rest).ok_or("an unclosed string")?;
             out.push(rest[..end].to_owned());
             end
         } else if c.is_alphanumeric() || c == '_' || c == '.' || c == '-' || c == ':' {
@@ -68,6 +64,19 @@ fn tokens(text: &str) -> Result<Vec<String>, String> {
         rest = &rest[len..];
     }
     Ok(out)
+}
+
+/// The length of the quoted string `rest` begins with (quotes included; `\"` escapes).
+fn string_end(rest: &str) -> Option<usize> {
+    let mut escaped = false;
+    for (i, ch) in rest.char_indices().skip(1) {
+        match ch {
+            '"' if !escaped => return Some(i + 1),
+            '\\' => escaped = !escaped,
+            _ => escaped = false,
+        }
+    }
+    None
 }
 
 /// Whether `rest` (a suffix of `text`) begins a line, spaces aside.
@@ -294,7 +303,7 @@ mod tests {
             module a {
               module msg {
                 typedef double double__3[3];
-                module M_Constants { const uint8 X = 1; const string S = "a; b"; };
+                module M_Constants { const uint8 X = 1; const string S = "a \" }; x"; };
                 @verbatim (language="comment", text="x; (y)")
                 struct M {
                   double__3 xs;
@@ -330,6 +339,10 @@ mod tests {
         );
         assert!(no("module a { struct S { double x; ").contains("ends early"));
         assert!(no("module a { /* open").contains("unclosed"));
+        assert!(no(r#"module a { const string S = "open; };"#).contains("unclosed string"));
+        // Nothing after a stray `}` is skipped unread.
+        assert!(no("module a { }; }; module b { struct S { double x; }; };")
+            .contains("closes no module"));
         let deep = "module a { ".repeat(100);
         assert!(no(&deep).contains("nest deeper"));
     }

@@ -170,8 +170,11 @@ fn ends(f: &Summary) -> Option<Ends<'_>> {
     Some(((first.as_str(), start), (last.as_str(), end)))
 }
 
+/// A range of drives, `[from, to)`, open where `None`.
+pub(super) type Range = (Option<String>, Option<String>);
+
 /// The `[from, to)` drive ranges `cuts` make, in order; one open range without cuts.
-pub(super) fn ranges(cuts: &[String]) -> Vec<(Option<String>, Option<String>)> {
+pub(super) fn ranges(cuts: &[String]) -> Vec<Range> {
     let mut bounds: Vec<Option<String>> = vec![None];
     bounds.extend(cuts.iter().cloned().map(Some));
     bounds.push(None);
@@ -220,7 +223,7 @@ pub(super) type Units = Vec<(std::path::PathBuf, Vec<usize>)>;
 
 /// The row groups of chained `files` that may hold a drive of `range` (`[from, to)`, open
 /// where `None`), in order.
-pub(super) fn units_in(files: &[Summary], range: &(Option<String>, Option<String>)) -> Units {
+pub(super) fn units_in(files: &[Summary], range: &Range) -> Units {
     let (from, to) = (range.0.as_deref(), range.1.as_deref());
     files
         .iter()

@@ -407,7 +407,7 @@ async fn mine_checked(
     let runtime = RuntimeEnvBuilder::new()
         .with_memory_pool(Arc::new(FairSpillPool::new(MEMORY_LIMIT)))
         .build_arc()?;
-    let tables: Vec<(source::FileTable, Range)> = match sorted {
+    let tables: Vec<(source::FileTable, files::Range)> = match sorted {
         true => files::ranges(&files::drive_cuts(&files, cores))
             .into_iter()
             .map(|r| {
@@ -480,9 +480,6 @@ async fn mine_checked(
     }))
 }
 
-/// A range of drives, `[from, to)`, open where `None`.
-type Range = (Option<String>, Option<String>);
-
 /// A session over the frame table: `frames_all` is `table`, `frames` the drives of `range`
 /// in it. A sorted table is one ordered stream; an unsorted one has its partitions, and
 /// the query as many as `cores`.
@@ -490,7 +487,7 @@ async fn context(
     table: source::FileTable,
     cores: usize,
     runtime: Arc<datafusion::execution::runtime_env::RuntimeEnv>,
-    range: Range,
+    range: files::Range,
 ) -> anyhow::Result<SessionContext> {
     let config = SessionConfig::new().with_target_partitions(match table.sorted() {
         true => 1,

@@ -400,6 +400,7 @@ def decode(path, mapping):
     from rosbags.typesys import Stores, get_typestore
 
     ros1 = get_typestore(Stores.ROS1_NOETIC)
+    idl = None
     decoders = {}
     by_topic = {}
     for col, spec in mapping.items():
@@ -411,7 +412,8 @@ def decode(path, mapping):
             if channel.topic not in by_topic:
                 continue
             if schema.encoding == "ros2idl":
-                obj = idl_store().deserialize_cdr(message.data, schema.name)
+                idl = idl or idl_store()  # parsed once, not per message
+                obj = idl.deserialize_cdr(message.data, schema.name)
             elif channel.message_encoding == "ros1":
                 typename = schema.name.replace("/", "/msg/", 1) if "/msg/" not in schema.name else schema.name
                 obj = ros1.deserialize_ros1(message.data, typename)
