@@ -32,6 +32,7 @@ pub mod phase;
 pub mod plan;
 pub mod runner;
 pub mod schedule;
+pub mod search;
 pub mod spec;
 pub mod state;
 pub mod step;

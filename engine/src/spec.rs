@@ -453,6 +453,11 @@ pub struct StageSpec {
     /// Fan-out: run this stage once per item.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub map: Option<MapSpec>,
+    /// A hyperparameter search: the stage runs as trials (each a set of params and a
+    /// budget), adaptive (`asha`) or not (`grid`, `random`); its result is the best
+    /// trial's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<SearchSpec>,
     /// Makes the stage wait for people instead of running anything: the run waits (no
     /// process, no slot) until enough people with the role approve, one rejects, or the
     /// timeout decides. The evidence shown is what its upstream stages (`needs`) left.
@@ -750,6 +755,108 @@ pub struct MapSpec {
     /// Default 1: every item.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_success_ratio: Option<f64>,
+}
+
+/// A search over a stage's hyperparameters (Determined's `searcher:`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SearchSpec {
+    /// `grid` (every point of the space), `random` (`max_trials` points drawn from it)
+    /// or `asha` (random points, stopped early at rungs of a growing budget).
+    pub method: SearchMethod,
+    /// ASHA only: `promote` (a trial pauses at a rung; the best of a rung are resumed
+    /// from their checkpoints to the next) or `stop` (a trial goes on at once unless it
+    /// is below the rung's cut, when it is stopped). Default `promote`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<SearchVariant>,
+    /// The name of the value trials report that decides (`val_loss`).
+    pub metric: String,
+    /// Default `minimize`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goal: Option<Goal>,
+    /// How many trials to start (`random`, `asha`: required; `grid`: at most this many
+    /// of the grid's points).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_trials: Option<u32>,
+    /// At most this many trials run at once (and never more than the run's parallelism).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u32>,
+    /// More failed trials than this fail the stage (default: none may fail).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_failed_trials: Option<u32>,
+    /// The budget a trial trains to (`{{ trial.budget }}`): required by `asha`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetSpec>,
+    /// ASHA's divisor: a rung keeps the best 1/`reduction_factor` (default 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reduction_factor: Option<u32>,
+    /// ASHA's most rungs (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rungs: Option<u32>,
+    /// The seed of the points drawn (default 0): the same seed draws the same trials.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// A duration: a running trial that reports nothing for this long is stopped as
+    /// `stale` (a failed trial).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_after: Option<String>,
+    /// The hyperparameters: each `{uniform: [LO, HI]}`, `{log_uniform: [LO, HI]}`,
+    /// `{int: [LO, HI]}` or `{choice: [V, …]}`.
+    pub space: IndexMap<String, SpaceSpec>,
+}
+
+/// How a search chooses its trials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SearchMethod {
+    Grid,
+    Random,
+    Asha,
+}
+
+/// What ASHA does with a trial at a rung.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SearchVariant {
+    Promote,
+    Stop,
+}
+
+/// Whether a smaller or a larger metric is better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Goal {
+    Minimize,
+    Maximize,
+}
+
+/// A search's budget: what a trial counts (`epochs`) and the least and most of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSpec {
+    /// A word for what is counted (`epochs`, `steps`); default `steps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    pub min: u64,
+    pub max: u64,
+}
+
+/// One hyperparameter's values: exactly one of `uniform`, `log_uniform`, `int` and
+/// `choice`. A grid takes `count` points of a continuous range.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SpaceSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uniform: Option<[f64; 2]>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_uniform: Option<[f64; 2]>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub int: Option<[i64; 2]>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choice: Option<Vec<serde_json::Value>>,
+    /// Grid points of a `uniform` or `log_uniform` range (its ends included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u32>,
 }
 
 /// Retry policy. The engine owns retries on every executor.
