@@ -274,6 +274,8 @@ pub struct Stage {
     /// The condition and its source text.
     pub when: Option<(Expr, String)>,
     pub map: Option<MapPlan>,
+    /// A search: the stage runs as trials, its result the best one's.
+    pub search: Option<crate::search::SearchPlan>,
     /// Set for hook stages, which run after the rest of the run.
     pub hook: Option<crate::spec::Hook>,
     pub retries: RetryPolicy,

@@ -38,11 +38,24 @@ pub enum Ref {
     StageValue { stage: String, key: Vec<String> },
     /// `item` or `item.KEY…` inside a `map` stage.
     Item(Vec<String>),
+    /// `trial.id`, `trial.budget` or `trial.params.NAME` inside a stage with `search`.
+    Trial(TrialRef),
+}
+
+/// What of a search's trial a template reads.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TrialRef {
+    /// Its id (`t007`).
+    Id,
+    /// The budget this attempt trains to.
+    Budget,
+    /// One of its params.
+    Param(String),
 }
 
 /// The roots a reference can start with, for hints.
 pub const ROOTS: &[&str] = &[
-    "params", "run", "pipeline", "schedule", "inputs", "outputs", "stages", "item",
+    "params", "run", "pipeline", "schedule", "inputs", "outputs", "stages", "item", "trial",
 ];
 
 /// A dotted reference that names nothing, with what it could have been.
@@ -104,6 +117,12 @@ impl Ref {
                 key: rest(3),
             }),
             ["item", ..] => Ok(Ref::Item(rest(1))),
+            ["trial", "id"] => Ok(Ref::Trial(TrialRef::Id)),
+            ["trial", "budget"] => Ok(Ref::Trial(TrialRef::Budget)),
+            ["trial", "params", name] => Ok(Ref::Trial(TrialRef::Param((*name).to_owned()))),
+            ["trial", other, ..] => {
+                Err(unknown("trial", other, "`id`, `budget` and `params.NAME`"))
+            }
             ["run", other] => Err(unknown("run", other, "`id`, `date` and `status`")),
             ["schedule", other] => Err(unknown("schedule", other, "`time`")),
             ["pipeline", other] => Err(unknown("pipeline", other, "`name` and `dir`")),
@@ -143,6 +162,9 @@ impl fmt::Display for Ref {
             Ref::StageValue { stage, key } => write!(f, "stages.{stage}.values.{}", key.join(".")),
             Ref::Item(k) if k.is_empty() => f.write_str("item"),
             Ref::Item(k) => write!(f, "item.{}", k.join(".")),
+            Ref::Trial(TrialRef::Id) => f.write_str("trial.id"),
+            Ref::Trial(TrialRef::Budget) => f.write_str("trial.budget"),
+            Ref::Trial(TrialRef::Param(n)) => write!(f, "trial.params.{n}"),
         }
     }
 }

@@ -204,6 +204,10 @@ pub(super) fn key_parts(
     if let Some(m) = &stage.map {
         map_parts(ctx, m, upstream, &mut parts);
     }
+    // A search's result is its best trial: what it searched, how, and from which seed.
+    if let Some(s) = &stage.search {
+        parts.field("search", serde_json::to_value(s).unwrap_or_default());
+    }
     if let Some(d) = &stage.distributed {
         parts.field(
             "distributed",

@@ -667,7 +667,7 @@ fn lookup_value(
             }
             Some(v.clone())
         }
-        Ref::Input(_) | Ref::Output(_) | Ref::Item(_) => None,
+        Ref::Input(_) | Ref::Output(_) | Ref::Item(_) | Ref::Trial(_) => None,
     }
 }
 

@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 pub use crate::spec::{Goal, SearchMethod as Method, SearchVariant as Variant};
 
 /// A validated `search:`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SearchPlan {
     pub method: Method,
     pub variant: Variant,
@@ -31,7 +31,7 @@ pub struct SearchPlan {
 }
 
 /// What a trial counts, and the least and most of it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Budget {
     pub unit: String,
     pub min: u64,
@@ -39,7 +39,8 @@ pub struct Budget {
 }
 
 /// One hyperparameter's values.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Dim {
     Uniform {
         lo: f64,

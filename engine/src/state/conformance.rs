@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 mod access;
 mod devices;
 mod events;
+mod trials;
 pub use devices::exclusive_gpus;
 pub use events::exclusive_batches;
 
@@ -42,6 +43,7 @@ pub fn check(store: &dyn StateStore) {
     heartbeats_and_take_over(store);
     runs_stages_and_attempts(store);
     map_items(store);
+    trials::trials_and_metrics(store);
     listing(store);
     filtered_listing(store);
     provenance_and_cache(store);

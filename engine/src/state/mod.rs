@@ -23,6 +23,7 @@ mod queries;
 mod schema;
 pub mod sources;
 mod sqlite;
+mod trials;
 pub use access::{
     tally, AccessStore, ApprovalRecord, ApprovalRequest, ApprovalStore, AuditEntry, KeyClaim,
     KeyRecord, KeyStore, Quota, Refusal, TokenRecord, Vote,
@@ -36,6 +37,7 @@ pub use events::{
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresState;
 pub use sqlite::{SqliteState, LAST_TICK, UNSTARTED_SINCE};
+pub use trials::{MetricRow, TrialRecord, TrialStore, MAX_METRIC_ROWS};
 
 #[cfg(any(test, feature = "testing"))]
 pub mod conformance;
@@ -435,7 +437,7 @@ pub struct Success<'a> {
 pub mod prelude {
     pub use super::{
         AccessStore, ApprovalStore, ArtifactIndex, AttemptStore, CacheStore, DeviceStore, KeyStore,
-        OutboxStore, RunStore, ScheduleStore, StageStore, StateStore, TriggerStore,
+        OutboxStore, RunStore, ScheduleStore, StageStore, StateStore, TrialStore, TriggerStore,
     };
 }
 
@@ -455,6 +457,7 @@ pub trait StateStore:
     + ApprovalStore
     + KeyStore
     + DeviceStore
+    + TrialStore
     + Send
     + Sync
 {

@@ -11,6 +11,7 @@
 mod access;
 mod devices;
 mod events;
+mod trials;
 
 use super::prelude::*;
 use std::collections::BTreeMap;

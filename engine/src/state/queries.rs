@@ -268,6 +268,17 @@ statements! {
     ITEM_COUNTS =
         "SELECT phase, COUNT(*) FROM map_items WHERE run_id = $1 AND stage = $2 GROUP BY \
          phase";
+    PUT_TRIAL =
+        "INSERT INTO trials (run_id, stage, idx, trial_id, params, state, rung, metrics, used, \
+         attempts, reason, outputs, started_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, \
+         $8, $9, $10, $11, $12, $13, $13) ON CONFLICT (run_id, stage, idx) DO UPDATE SET state \
+         = $6, rung = $7, metrics = $8, used = $9, attempts = $10, reason = $11, outputs = $12, \
+         started_at = COALESCE(trials.started_at, $13), updated_at = $13";
+    TRIALS =
+        "SELECT idx, trial_id, params, state, rung, metrics, used, attempts, reason, outputs, \
+         started_at, updated_at FROM trials WHERE run_id = $1 AND stage = $2 ORDER BY idx";
+    METRICS =
+        "SELECT idx, step, name, value, at FROM trial_metrics WHERE run_id = $1 AND stage = $2";
     ARTIFACTS_BETWEEN =
         "SELECT digest FROM artifacts WHERE digest >= $1 AND digest < $2 ORDER BY digest LIMIT $3";
     ARTIFACT =

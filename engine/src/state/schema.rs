@@ -345,6 +345,37 @@ CREATE TABLE priority_classes (
 ALTER TABLE attempts ADD COLUMN waited_until TEXT;
 ALTER TABLE attempts ADD COLUMN waited_for TEXT;
 "#,
+    // 9: searches: each trial as the search last decided it, and the metrics trials push.
+    r#"
+CREATE TABLE trials (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    stage TEXT NOT NULL,
+    idx BIGINT NOT NULL,
+    trial_id TEXT NOT NULL,
+    params TEXT NOT NULL,
+    state TEXT NOT NULL,
+    rung BIGINT NOT NULL,
+    metrics TEXT NOT NULL,
+    used BIGINT NOT NULL,
+    attempts BIGINT NOT NULL,
+    reason TEXT,
+    outputs TEXT NOT NULL DEFAULT '{}',
+    started_at TEXT,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (run_id, stage, idx)
+);
+CREATE TABLE trial_metrics (
+    seq BIGSERIAL,
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    stage TEXT NOT NULL,
+    idx BIGINT NOT NULL,
+    step BIGINT,
+    name TEXT NOT NULL,
+    value DOUBLE PRECISION NOT NULL,
+    at TEXT NOT NULL
+);
+CREATE INDEX trial_metrics_by_stage ON trial_metrics(run_id, stage);
+"#,
 ];
 
 /// A backend's SQL, where it differs from PostgreSQL's.

@@ -23,6 +23,7 @@ mod devices;
 mod events;
 mod migrations;
 mod rows;
+mod trials;
 use super::queries;
 use super::schema::Dialect;
 use migrations::HISTORY;

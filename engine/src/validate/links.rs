@@ -48,7 +48,8 @@ impl<'a> Cx<'a> {
             });
             listed.or(param)
         });
-        let typed = with_node.map(|n| typed_params(n, sc.params, item));
+        let trial = sc.spec.search.as_ref().map(sample_trial);
+        let typed = with_node.map(|n| typed_params(n, sc.params, item, trial.as_ref()));
         let mut diags = step.check_config(typed.as_ref(), &with_path);
         for d in &mut diags {
             if d.span.is_none() {
@@ -434,8 +435,62 @@ impl<'a> Cx<'a> {
                     return false;
                 }
             }
+            Ref::Trial(t) => return self.trial_ref(sc, path, range, t, r),
         }
         true
+    }
+
+    /// Whether a `trial.*` reference reads what the stage's search has: a search at all,
+    /// a budget for `trial.budget`, a hyperparameter of its space for `trial.params.X`.
+    fn trial_ref(
+        &mut self,
+        sc: &StageCx<'_>,
+        path: &YamlPath,
+        range: std::ops::Range<usize>,
+        t: &crate::template::TrialRef,
+        r: &Ref,
+    ) -> bool {
+        use crate::template::TrialRef;
+        let Some(search) = &sc.spec.search else {
+            self.err_in_string(
+                "trial-outside-search",
+                path,
+                range,
+                format!("`{r}` is only defined in a stage with `search`"),
+            );
+            return false;
+        };
+        match t {
+            TrialRef::Id => true,
+            TrialRef::Budget if search.budget.is_none() => {
+                self.err_in_string(
+                    "trial-outside-search",
+                    path,
+                    range,
+                    format!(
+                        "`{r}` reads the search's budget, and it has none: give `search.budget`"
+                    ),
+                );
+                false
+            }
+            TrialRef::Budget => true,
+            TrialRef::Param(name) if search.space.contains_key(name) => true,
+            TrialRef::Param(name) => {
+                let hint = did_you_mean(name, search.space.keys().map(String::as_str));
+                let names: Vec<&str> = search.space.keys().map(String::as_str).collect();
+                self.err_in_string(
+                    "unknown-hyperparameter",
+                    path,
+                    range,
+                    format!(
+                        "`{r}`: the search's space has no `{name}` (it has {})",
+                        names.join(", ")
+                    ),
+                )
+                .maybe_hint(hint);
+                false
+            }
+        }
     }
 
     /// Whether the value `key` of `stage` (a `uses:` step that says what it reports) is
@@ -564,4 +619,27 @@ impl<'a> Cx<'a> {
             d.hint = Some("a pipeline is a DAG: remove one of these dependencies".into());
         }
     }
+}
+
+/// A trial as validation pictures it: the first value of each hyperparameter (a range's
+/// low end), the full budget.
+fn sample_trial(s: &crate::spec::SearchSpec) -> Value {
+    let params: serde_json::Map<String, Value> = s
+        .space
+        .iter()
+        .map(|(name, d)| {
+            let v = match (&d.choice, d.int, d.uniform.or(d.log_uniform)) {
+                (Some(c), _, _) => c.first().cloned().unwrap_or(Value::Null),
+                (_, Some([lo, _]), _) => Value::from(lo),
+                (_, _, Some([lo, _])) => Value::from(lo),
+                _ => Value::Null,
+            };
+            (name.clone(), v)
+        })
+        .collect();
+    serde_json::json!({
+        "id": crate::search::SearchPlan::trial_id(0),
+        "budget": s.budget.as_ref().map(|b| b.max),
+        "params": params,
+    })
 }

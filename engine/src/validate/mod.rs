@@ -31,6 +31,7 @@ pub use events::notify_file;
 pub use scheduling::MAX_PRIORITY;
 mod links;
 mod scheduling;
+mod search;
 mod stage;
 
 /// The spec versions this engine reads.
@@ -964,9 +965,15 @@ struct StageCx<'s> {
 }
 
 /// A copy of `node` where each string that is exactly one `{{ params.x }}` is replaced by
-/// the param's default (or a placeholder of its type), and one `{{ item… }}` by what it
-/// reads of `item` (a `map` stage's first item, where its items are known), keeping spans.
-fn typed_params<'a>(node: &Node<'a>, params: &[Param], item: Option<&Value>) -> Node<'a> {
+/// the param's default (or a placeholder of its type), one `{{ item… }}` by what it
+/// reads of `item` (a `map` stage's first item, where its items are known), and one
+/// `{{ trial… }}` by what it reads of a sample trial (`trial`), keeping spans.
+fn typed_params<'a>(
+    node: &Node<'a>,
+    params: &[Param],
+    item: Option<&Value>,
+    trial: Option<&Value>,
+) -> Node<'a> {
     let value = match &node.value {
         yaml::Value::Scalar { .. } => {
             let template = node.as_str().and_then(|s| Template::parse(s).ok());
@@ -976,6 +983,18 @@ fn typed_params<'a>(node: &Node<'a>, params: &[Param], item: Option<&Value>) -> 
             });
             if let (Some(Ref::Item(keys)), Some(item)) = (one, item) {
                 let read = keys.iter().try_fold(item, |v, k| v.get(k));
+                if let Some(v) = read {
+                    return json_to_node(v, node.span);
+                }
+            }
+            if let (Some(Ref::Trial(t)), Some(trial)) = (one, trial) {
+                let read = match t {
+                    crate::template::TrialRef::Id => trial.get("id"),
+                    crate::template::TrialRef::Budget => trial.get("budget"),
+                    crate::template::TrialRef::Param(n) => {
+                        trial.get("params").and_then(|p| p.get(n))
+                    }
+                };
                 if let Some(v) = read {
                     return json_to_node(v, node.span);
                 }
@@ -1001,7 +1020,7 @@ fn typed_params<'a>(node: &Node<'a>, params: &[Param], item: Option<&Value>) -> 
         yaml::Value::Seq(items) => yaml::Value::Seq(
             items
                 .iter()
-                .map(|n| typed_params(n, params, item))
+                .map(|n| typed_params(n, params, item, trial))
                 .collect(),
         ),
         yaml::Value::Map(entries) => yaml::Value::Map(
@@ -1010,7 +1029,7 @@ fn typed_params<'a>(node: &Node<'a>, params: &[Param], item: Option<&Value>) -> 
                 .map(|e| yaml::Entry {
                     key: e.key.clone(),
                     key_span: e.key_span,
-                    value: typed_params(&e.value, params, item),
+                    value: typed_params(&e.value, params, item, trial),
                 })
                 .collect(),
         ),

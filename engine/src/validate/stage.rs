@@ -27,6 +27,7 @@ impl<'a> Cx<'a> {
         self.stage_needs(sc);
         let when = self.stage_when(sc);
         let map = spec.map.as_ref().and_then(|m| self.check_map(sc, m));
+        let search = spec.search.as_ref().and_then(|s| self.check_search(sc, s));
         // Scalars with units.
         let retries = match (&spec.retries, &sc.raw.defaults.retries) {
             (Some(r), _) => self.retries(&path.key("retries"), r),
@@ -67,6 +68,7 @@ impl<'a> Cx<'a> {
             outputs,
             when,
             map,
+            search,
             hook: spec.hook,
             retries,
             timeout,
