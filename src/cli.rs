@@ -47,6 +47,69 @@ pub(crate) enum Command {
     People(PeopleGroup),
     #[command(flatten)]
     Server(ServerGroup),
+    #[command(flatten)]
+    Experiments(ExperimentGroup),
+}
+
+/// Commands of searches: their trials, their rungs before a run, what a trial reports,
+/// and runs side by side.
+#[derive(Debug, Subcommand)]
+pub(crate) enum ExperimentGroup {
+    /// List a search stage's trials: id, params, state, the budget used, the best value
+    /// of the search's metric, and timing.
+    #[command(
+        after_help = "Examples:\n  drivetrain trials 20261122-031500-1a2b train\n  drivetrain trials @latest train -o json"
+    )]
+    Trials {
+        run: String,
+        stage: String,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// What a search stage will run, before running it.
+    #[command(subcommand)]
+    Search(SearchCommand),
+    /// Inside a trial: record metrics at a step (appended to `$DRIVETRAIN_METRICS`).
+    #[command(after_help = "Example:\n  drivetrain report --step 3 val_loss=0.41 accuracy=0.87")]
+    Report {
+        /// The step (epoch, iteration) the values are at.
+        #[arg(long)]
+        step: Option<i64>,
+        /// `NAME=VALUE`, each value a number.
+        #[arg(required = true)]
+        values: Vec<String>,
+    },
+    /// Two to five runs side by side: params, stages' values and searches' best trials;
+    /// only the rows that differ unless `--all`.
+    #[command(
+        after_help = "Example:\n  drivetrain compare 20261122-031500-1a2b 20261123-031500-9f8e"
+    )]
+    Compare {
+        #[arg(num_args = 2..=5, required = true)]
+        runs: Vec<String>,
+        /// Every row, also those the runs share.
+        #[arg(long)]
+        all: bool,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+}
+
+/// `drivetrain search …`
+#[derive(Debug, Subcommand)]
+pub(crate) enum SearchCommand {
+    /// Print a search's rungs: per rung its budget, the trials that reach it and the
+    /// budget they use, against running every trial to the full budget.
+    #[command(
+        after_help = "Example:\n  drivetrain search preview pipelines/driving-loop-search.yaml --stage train"
+    )]
+    Preview {
+        file: PathBuf,
+        #[arg(long)]
+        stage: String,
+        #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
 }
 
 /// Commands that read pipeline files: validate, draw, plan, and the steps and schemas they use.

@@ -29,6 +29,7 @@ mod client;
 mod commands;
 mod doctor;
 mod exit;
+mod experiments;
 mod history;
 mod inspect;
 mod manifests;

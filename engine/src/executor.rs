@@ -225,6 +225,9 @@ pub struct ExecPlan {
     pub outputs: Vec<ExecOutput>,
     /// Where the command writes its values.
     pub values: PathBuf,
+    /// Where a search's trial appends its metrics (uploaded with the values).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<PathBuf>,
 }
 
 /// An input `drivetrain exec` fetches.

@@ -185,6 +185,17 @@ pub fn exec(argv: &[String]) -> anyhow::Result<ExitCode> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e).context("cannot read values.json"),
         }
+        // A search's trial: the metrics it pushed, for the engine to read when it ends.
+        if let Some(path) = &plan.metrics {
+            match std::fs::read(path) {
+                Ok(bytes) => store
+                    .put_attempt_file(&key, "metrics.jsonl", bytes)
+                    .await
+                    .context("cannot upload metrics.jsonl")?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).context("cannot read the metrics file"),
+            }
+        }
         Ok(ExitCode::SUCCESS)
     })
 }

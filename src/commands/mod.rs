@@ -12,6 +12,7 @@ use drivetrain_engine::fault::{Blame, Fault};
 
 use crate::cli::Command;
 
+mod experiments;
 mod files;
 mod history;
 mod inspect;
@@ -68,5 +69,6 @@ pub(crate) fn dispatch(command: Command, home: PathBuf) -> ExitCode {
         Command::Inspect(c) => inspect::dispatch(&home, c),
         Command::People(c) => people::dispatch(&catalog, &home, c),
         Command::Server(c) => server::dispatch(catalog, &home, c),
+        Command::Experiments(c) => experiments::dispatch(&catalog, &home, c),
     }
 }

@@ -30,6 +30,7 @@ mod run;
 mod s3;
 mod sandbox;
 mod schemathesis;
+mod search;
 mod serve;
 mod shape;
 mod slurm;

@@ -818,7 +818,18 @@ impl ArtifactStore {
         attempt: &AttemptKey,
         bytes: Vec<u8>,
     ) -> Result<(), ArtifactError> {
-        let key = format!("{}/values.json", attempt.prefix());
+        self.put_attempt_file(attempt, "values.json", bytes).await
+    }
+
+    /// Stores a file of the engine's contract an attempt wrote away from the engine (in a
+    /// pod): `values.json`, `metrics.jsonl`.
+    pub async fn put_attempt_file(
+        &self,
+        attempt: &AttemptKey,
+        name: &str,
+        bytes: Vec<u8>,
+    ) -> Result<(), ArtifactError> {
+        let key = format!("{}/{name}", attempt.prefix());
         self.store
             .put(&Path::from(key.as_str()), PutPayload::from(bytes))
             .await
@@ -833,7 +844,18 @@ impl ArtifactStore {
         attempt: &AttemptKey,
         limit: u64,
     ) -> Result<Result<Option<Vec<u8>>, u64>, ArtifactError> {
-        let key = format!("{}/values.json", attempt.prefix());
+        self.attempt_file(attempt, "values.json", limit).await
+    }
+
+    /// A file stored by [`ArtifactStore::put_attempt_file`], if any, unless it is over
+    /// `limit` bytes: then `Err(size)`, unread.
+    pub async fn attempt_file(
+        &self,
+        attempt: &AttemptKey,
+        name: &str,
+        limit: u64,
+    ) -> Result<Result<Option<Vec<u8>>, u64>, ArtifactError> {
+        let key = format!("{}/{name}", attempt.prefix());
         match self.store.head(&Path::from(key.as_str())).await {
             Ok(meta) if meta.size > limit => return Ok(Err(meta.size)),
             Ok(_) => {}

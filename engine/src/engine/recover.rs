@@ -95,6 +95,16 @@ pub async fn reap_lost(
             state.finish_item(id, &s.stage, item.index, end)?;
             reaped.lost += 1;
         }
+        // Trials of a search that were running: stopped; the resumed search runs their
+        // rung again from their checkpoints (their record says so already).
+        for t in state.trials(id, &s.stage)? {
+            if t.trial.state == crate::search::rungs::TrialState::Running {
+                if let Some(h) = &t.handle {
+                    executor.reap(h).await;
+                }
+                reaped.lost += 1;
+            }
+        }
     }
     Ok(reaped)
 }

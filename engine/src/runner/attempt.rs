@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
+use tokio::sync::watch;
 
 use crate::artifacts::{ArtifactRef, AttemptKey};
 use crate::executor::{AttemptOutcome, AttemptSpec};
@@ -41,7 +42,7 @@ pub(super) async fn attempt_loop(
             stage: stage.name.clone(),
             item: match track {
                 Track::Stage => None,
-                Track::Item { index, .. } => Some(index),
+                Track::Item { index, .. } | Track::Trial { index, .. } => Some(index),
             },
             attempt,
         };
@@ -62,6 +63,7 @@ pub(super) async fn attempt_loop(
                 });
             }
             Track::Item { index, .. } => ctx.state.start_item(run, &stage.name, index, attempt)?,
+            Track::Trial { .. } => {}
         }
         let result = run_attempt(ctx, stage, track, &key, upstream).await;
         drop(slot);
@@ -69,7 +71,7 @@ pub(super) async fn attempt_loop(
             Ok((outputs, values)) => {
                 // The stage records its attempt's end with its own (one commit).
                 return Ok(LoopEnd {
-                    attempt: matches!(track, Track::Stage).then_some(attempt),
+                    attempt: matches!(track, Track::Stage | Track::Trial { .. }).then_some(attempt),
                     phase: Phase::Succeeded,
                     exit: Some(0),
                     reason: warnings(&values),
@@ -128,7 +130,8 @@ pub(super) async fn attempt_loop(
             }
         }
         return Ok(LoopEnd {
-            attempt: None,
+            // A trial's search counts its attempts; a stage's failed one is recorded.
+            attempt: matches!(track, Track::Trial { .. }).then_some(attempt),
             phase,
             exit,
             reason: Some(reason),
@@ -176,7 +179,12 @@ async fn run_attempt(
         Ok(prepared) => prepared,
         Err(end) => return Ok(end),
     };
-    let mut result = start_and_wait(ctx, stage, key, spec, &layout).await;
+    // A trial's search may stop its attempt (one that went stale).
+    let stop = match track {
+        Track::Trial { trial, .. } => Some(trial.stop.clone()),
+        _ => None,
+    };
+    let mut result = start_and_wait(ctx, stage, key, spec, &layout, stop).await;
     if let Some(end) = wrote_to_an_input(ctx, stage, upstream).await {
         result = Ok(end);
     }
@@ -223,6 +231,7 @@ async fn start_and_wait(
     key: &AttemptKey,
     spec: AttemptSpec,
     layout: &Layout,
+    stop: Option<watch::Receiver<bool>>,
 ) -> Result<AttemptEnd, String> {
     let mut spec = spec;
     let holder = match key.item {
@@ -251,7 +260,7 @@ async fn start_and_wait(
     }
     // Only an attempt holding devices can be asked for them.
     let watch = (!gpus.is_empty() && stage.scheduling.preemptible).then_some(holder.as_str());
-    let result = wait_attempt(ctx, stage, key, spec, layout, watch).await;
+    let result = wait_attempt(ctx, stage, key, spec, layout, (watch, stop)).await;
     if asks {
         if let Err(e) = ctx.gpus.release(&holder) {
             // The ledger frees them once this run ends anyway.
@@ -316,26 +325,31 @@ async fn wait_attempt(
     key: &AttemptKey,
     spec: AttemptSpec,
     layout: &Layout,
-    preemptible: Option<&str>,
+    (preemptible, stop): (Option<&str>, Option<watch::Receiver<bool>>),
 ) -> Result<AttemptEnd, String> {
     let mask = spec.mask.clone();
     let access = spec.access.clone();
     let log_path = spec.log.clone();
     let log = log_path.as_path();
     let mut running = ctx.executor.start(spec).await.map_err(|e| e.to_string())?;
-    let recorded = match key.item {
-        Some(index) => {
+    let recorded = match (key.item, &stop) {
+        // A trial's attempt (its search may stop it): on the trial.
+        (Some(index), Some(_)) => {
+            ctx.state
+                .set_trial_handle(&ctx.run.id, &stage.name, index, &running.handle())
+        }
+        (Some(index), None) => {
             ctx.state
                 .set_item_handle(&ctx.run.id, &stage.name, index, &running.handle())
         }
-        None => {
+        (None, _) => {
             ctx.state
                 .set_attempt_handle(&ctx.run.id, &stage.name, key.attempt, &running.handle())
         }
     };
     recorded.map_err(|e| e.to_string())?;
     let timeout = stage.timeout.unwrap_or(Duration::MAX);
-    let outcome = match until_ended(ctx, stage, running.as_mut(), preemptible).await {
+    let outcome = match until_ended(ctx, stage, running.as_mut(), preemptible, stop).await {
         Ended::Outcome(o) => o,
         Ended::Preempted(by) => {
             mask.file(log);
@@ -436,13 +450,15 @@ enum Ended {
     Preempted(String),
 }
 
-/// Waits for a started attempt: its end, its timeout, a cancel, or (a preemptible
-/// `holder` of GPUs) a preemption; whatever stops it first stops it.
+/// Waits for a started attempt: its end, its timeout, a cancel (of the run, or of the
+/// attempt by its search: `stop`), or (a preemptible `holder` of GPUs) a preemption;
+/// whatever stops it first stops it.
 async fn until_ended(
     ctx: &Ctx,
     stage: &Stage,
     running: &mut dyn crate::executor::RunningAttempt,
     preemptible: Option<&str>,
+    stop: Option<watch::Receiver<bool>>,
 ) -> Ended {
     let mut cancel = ctx.stop_for(stage);
     let timeout = stage.timeout.unwrap_or(Duration::MAX);
@@ -452,8 +468,23 @@ async fn until_ended(
             None => std::future::pending().await,
         }
     };
+    let stopped = async {
+        match stop {
+            // A search gone (its sender dropped) stops nothing.
+            Some(mut rx) => {
+                if rx.wait_for(|s| *s).await.is_err() {
+                    std::future::pending::<()>().await
+                }
+            }
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         o = running.wait() => Ended::Outcome(o),
+        _ = stopped => {
+            running.cancel().await;
+            Ended::Outcome(AttemptOutcome::Cancelled)
+        }
         _ = tokio::time::sleep(timeout) => {
             running.cancel().await;
             Ended::TimedOut

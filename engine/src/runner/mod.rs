@@ -37,6 +37,7 @@ mod keys;
 mod map;
 mod prepare;
 mod request;
+mod search;
 mod secrets;
 mod unseen;
 mod when;
@@ -671,11 +672,20 @@ fn lookup_value(
     }
 }
 
-/// Which record an attempt loop writes: the stage's own attempts, or one map item's.
+/// Which record an attempt loop writes: the stage's own attempts, one map item's, or
+/// (none: the search records it) one trial's.
 #[derive(Debug, Clone, Copy)]
 enum Track<'v> {
     Stage,
-    Item { index: usize, item: &'v Value },
+    Item {
+        index: usize,
+        item: &'v Value,
+    },
+    /// A search's trial at one rung: its attempts are the search's to record.
+    Trial {
+        index: usize,
+        trial: &'v search::TrialRun,
+    },
 }
 
 /// How an attempt loop ended.
@@ -765,6 +775,7 @@ async fn execute(
     let end = match unsupported {
         Some(reason) => refuse(ctx, stage, reason)?,
         None if stage.map.is_some() => execute_map(ctx, stage, &upstream).await?,
+        None if stage.search.is_some() => search::execute_search(ctx, stage, &upstream).await?,
         None => {
             let first = ctx.prior_attempts.get(&stage.name).copied().unwrap_or(0) + 1;
             attempt_loop(ctx, stage, Track::Stage, &upstream, first).await?

@@ -46,6 +46,13 @@ impl Layout {
         }
     }
 
+    /// Where an attempt away from this machine (a pod) appends its metrics, uploaded with
+    /// its values when it ends.
+    pub(super) fn metrics(&self) -> PathBuf {
+        let base = self.remote.as_ref().unwrap_or(&self.dir);
+        base.join("metrics.jsonl")
+    }
+
     /// Kept across the attempts of this stage (and items) in this run: checkpoints. (In a
     /// pod they live as long as the pod: a volume keeps them across attempts there.)
     fn checkpoints(&self, ctx: &Ctx, key: &AttemptKey) -> Result<PathBuf, String> {
@@ -271,9 +278,10 @@ pub(super) async fn prepare(
     // `inputs/` and `outputs/` are made by what goes into them (materialized inputs,
     // output directories): a stage without inputs or outputs costs no directory for them.
     let paths = Paths::of(ctx, stage, key, &layout, upstream, reattaching).await?;
-    let item = match track {
-        Track::Item { item, .. } => Some(item),
-        Track::Stage => None,
+    let (item, trial) = match track {
+        Track::Item { item, .. } => (Some(item), None),
+        Track::Trial { trial, .. } => (None, Some(trial)),
+        Track::Stage => (None, None),
     };
     let lookup = |r: &Ref| match r {
         Ref::Input(n) => paths.inputs.get(n).cloned().map(Value::String),
@@ -285,6 +293,7 @@ pub(super) async fn prepare(
             }
             Some(v.clone())
         }
+        Ref::Trial(t) => trial?.value(t),
         other => lookup_value(&ctx.pipeline, ctx, upstream, other),
     };
     let render = |t: &Template| -> String { t.render(|r| lookup(r).map(|v| value_text(&v))) };
@@ -320,6 +329,7 @@ pub(super) async fn prepare(
             inputs: paths.fetch.clone(),
             outputs: paths.upload.clone(),
             values: layout.values.clone(),
+            metrics: trial.map(|_| layout.metrics()),
         };
         env.push((
             "DRIVETRAIN_EXEC_PLAN".into(),
@@ -327,7 +337,7 @@ pub(super) async fn prepare(
         ));
     }
     let item_index = match track {
-        Track::Item { index, .. } => Some(index),
+        Track::Item { index, .. } | Track::Trial { index, .. } => Some(index),
         Track::Stage => None,
     };
     let mut placement = crate::executor::Placement::of(
@@ -363,7 +373,7 @@ pub(super) async fn prepare(
         workdir: cwd,
         log: layout.dir.join("log.txt"),
         distributed: stage.distributed.clone(),
-        access: access(ctx, stage, key, &layout, &checkpoints)?,
+        access: access(ctx, stage, (key, track), &layout, &checkpoints)?,
         placement,
         mask,
         secret_files,
@@ -416,6 +426,14 @@ impl Env<'_> {
         if let Track::Item { index, item } = self.track {
             env.push(("DRIVETRAIN_ITEM".into(), value_text(item)));
             env.push(("DRIVETRAIN_ITEM_INDEX".into(), index.to_string()));
+        }
+        if let Track::Trial { index, trial } = self.track {
+            env.extend(trial.env(index));
+            let metrics = match layout.remote {
+                Some(_) => layout.metrics(),
+                None => trial.metrics.clone(),
+            };
+            env.push(("DRIVETRAIN_METRICS".into(), path(&metrics)));
         }
         for (name, p) in &self.paths.inputs {
             env.push((format!("DRIVETRAIN_INPUT_{}", env_suffix(name)), p.clone()));
@@ -514,7 +532,7 @@ fn other_projects(ctx: &Ctx) -> Vec<PathBuf> {
 fn access(
     ctx: &Ctx,
     stage: &Stage,
-    key: &AttemptKey,
+    (key, track): (&AttemptKey, Track<'_>),
     layout: &Layout,
     checkpoints: &Path,
 ) -> Result<Vec<PathAccess>, String> {
@@ -556,6 +574,12 @@ fn access(
     access.extend(other_projects(ctx).into_iter().map(hide));
     access.push(writable(layout.dir.clone()));
     access.push(writable(checkpoints.to_path_buf()));
+    // A trial appends its metrics to a file kept across its attempts.
+    if let (Track::Trial { trial, .. }, None) = (track, &layout.remote) {
+        if let Some(dir) = trial.metrics.parent() {
+            access.push(writable(dir.to_path_buf()));
+        }
+    }
     if let (Action::Step { registry: true, .. }, Some(root)) =
         (&stage.action, ctx.artifacts.local_root())
     {

@@ -3,6 +3,7 @@
 //! decides which trial runs next and which stop ([`rungs::Search`]); the runner drives it
 //! with attempts and records every decision before acting on it.
 
+pub mod lines;
 pub mod rungs;
 
 use rand::{Rng as _, SeedableRng as _};

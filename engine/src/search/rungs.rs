@@ -172,7 +172,7 @@ impl<'p> Search<'p> {
     /// The next trial to run, now decided (`Pending` or `Promoted` at its rung) for the
     /// caller to record before it starts it; none while nothing can run until a running
     /// trial ends, or when the search is done deciding.
-    pub fn next(&mut self) -> Option<usize> {
+    pub fn decide(&mut self) -> Option<usize> {
         if let Some(i) = self.queue.pop_front() {
             return Some(i);
         }

@@ -276,7 +276,10 @@ statements! {
          started_at = COALESCE(trials.started_at, $13), updated_at = $13";
     TRIALS =
         "SELECT idx, trial_id, params, state, rung, metrics, used, attempts, reason, outputs, \
-         started_at, updated_at FROM trials WHERE run_id = $1 AND stage = $2 ORDER BY idx";
+         started_at, updated_at, handle FROM trials WHERE run_id = $1 AND stage = $2 ORDER BY \
+         idx";
+    SET_TRIAL_HANDLE =
+        "UPDATE trials SET handle = $4 WHERE run_id = $1 AND stage = $2 AND idx = $3";
     METRICS =
         "SELECT idx, step, name, value, at FROM trial_metrics WHERE run_id = $1 AND stage = $2";
     ARTIFACTS_BETWEEN =

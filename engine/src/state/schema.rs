@@ -362,6 +362,7 @@ CREATE TABLE trials (
     outputs TEXT NOT NULL DEFAULT '{}',
     started_at TEXT,
     updated_at TEXT NOT NULL,
+    handle TEXT,
     PRIMARY KEY (run_id, stage, idx)
 );
 CREATE TABLE trial_metrics (

@@ -16,6 +16,8 @@ pub struct TrialRecord {
     pub outputs: serde_json::Value,
     pub started_at: Option<String>,
     pub updated_at: String,
+    /// The executor's handle of its last attempt (to stop it when its engine is gone).
+    pub handle: Option<String>,
 }
 
 /// One value a trial reported.
@@ -47,6 +49,15 @@ pub trait TrialStore: Send + Sync {
         outputs: &serde_json::Value,
     ) -> Result<(), StateError>;
 
+    /// Records the executor's handle of a trial's running attempt.
+    fn set_trial_handle(
+        &self,
+        run: &RunId,
+        stage: &str,
+        index: usize,
+        handle: &str,
+    ) -> Result<(), StateError>;
+
     /// Every trial of a stage's search, by index.
     fn trials(&self, run: &RunId, stage: &str) -> Result<Vec<TrialRecord>, StateError>;
 
@@ -71,6 +82,7 @@ pub(super) struct TrialColumns {
     pub outputs: String,
     pub started_at: Option<String>,
     pub updated_at: String,
+    pub handle: Option<String>,
 }
 
 impl TrialColumns {
@@ -92,6 +104,7 @@ impl TrialColumns {
             outputs: serde_json::from_str(&self.outputs).unwrap_or_default(),
             started_at: self.started_at,
             updated_at: self.updated_at,
+            handle: self.handle,
         }
     }
 }

@@ -43,7 +43,7 @@ fn drive(search: &mut Search<'_>, width: usize) -> u64 {
     let mut used = 0;
     loop {
         while running.len() < width {
-            let Some(i) = search.next() else { break };
+            let Some(i) = search.decide() else { break };
             search.started(i);
             running.push_back(i);
         }
@@ -120,16 +120,16 @@ fn a_failed_trial_counts_as_the_worst_and_is_never_promoted() {
     p.trials = 3;
     let mut s = Search::new(&p, Vec::new());
     for i in 0..3 {
-        assert_eq!(s.next(), Some(i));
+        assert_eq!(s.decide(), Some(i));
         s.started(i);
     }
     s.ended(0, Outcome::Failed("exit 1".into()));
     s.ended(1, Outcome::Reported(0.5));
     // Two ended at rung 0: a third of them is none.
-    assert_eq!(s.next(), None);
+    assert_eq!(s.decide(), None);
     s.ended(2, Outcome::Reported(0.9));
     // A third of three may go on: trial 1, not the failed trial 0.
-    assert_eq!(s.next(), Some(1));
+    assert_eq!(s.decide(), Some(1));
     assert_eq!(s.trial(1).state, TrialState::Promoted);
     assert_eq!(s.trial(1).rung, 1);
     assert_eq!(s.failures(), 1);
@@ -142,7 +142,7 @@ fn a_resumed_search_runs_again_what_was_decided_then_decides_as_before() {
     let mut first = Search::new(&p, Vec::new());
     let mut decided = Vec::new();
     for _ in 0..5 {
-        let i = first.next().unwrap();
+        let i = first.decide().unwrap();
         first.started(i);
         decided.push(i);
     }
@@ -152,7 +152,7 @@ fn a_resumed_search_runs_again_what_was_decided_then_decides_as_before() {
     }
     // The engine died here: trial 4 was running. The store holds every trial.
     let mut again = Search::new(&p, first.trials().to_vec());
-    assert_eq!(again.next(), Some(4));
+    assert_eq!(again.decide(), Some(4));
     assert_eq!(again.trial(4).rung, 0);
     assert_eq!(again.trial(4).attempts, 1);
     // What comes next is what the first search would have decided.
@@ -161,7 +161,7 @@ fn a_resumed_search_runs_again_what_was_decided_then_decides_as_before() {
     again.started(4);
     again.ended(4, Outcome::Reported(loss(&t, 1)));
     for _ in 0..6 {
-        let (a, b) = (first.next(), again.next());
+        let (a, b) = (first.decide(), again.decide());
         assert_eq!(a, b);
         assert_eq!(first.trial(a.unwrap()), again.trial(b.unwrap()));
     }

@@ -49,6 +49,12 @@ pub(super) fn trials_and_metrics(s: &dyn StateStore) {
     assert_eq!(read[1].trial, t);
     assert_eq!(read[1].outputs, outputs);
     assert_eq!(read[1].started_at, first[0].started_at);
+    assert_eq!(read[1].handle, None);
+    s.set_trial_handle(&id, "train", 2, "pgid:77").unwrap();
+    assert_eq!(
+        s.trials(&id, "train").unwrap()[1].handle.as_deref(),
+        Some("pgid:77")
+    );
     let row = |trial, step, name: &str, value| MetricRow {
         trial,
         step,

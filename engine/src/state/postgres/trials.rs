@@ -42,6 +42,24 @@ impl TrialStore for PostgresState {
         })
     }
 
+    fn set_trial_handle(
+        &self,
+        run: &RunId,
+        stage: &str,
+        index: usize,
+        handle: &str,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            exec(
+                c,
+                queries::pg::SET_TRIAL_HANDLE,
+                &[&run.0, &stage, &(index as i64), &handle],
+                format!("record handle of trial {index} of {stage}"),
+            )
+            .map(|_| ())
+        })
+    }
+
     fn trials(&self, run: &RunId, stage: &str) -> Result<Vec<TrialRecord>, StateError> {
         self.with(|c| {
             rows(
@@ -63,6 +81,7 @@ impl TrialStore for PostgresState {
                         outputs: r.get(9),
                         started_at: r.get(10),
                         updated_at: r.get(11),
+                        handle: r.get(12),
                     }
                     .record()
                 },

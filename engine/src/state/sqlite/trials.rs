@@ -40,6 +40,23 @@ impl TrialStore for SqliteState {
         })
     }
 
+    fn set_trial_handle(
+        &self,
+        run: &RunId,
+        stage: &str,
+        index: usize,
+        handle: &str,
+    ) -> Result<(), StateError> {
+        self.with(|c| {
+            c.execute_cached(
+                queries::sqlite::SET_TRIAL_HANDLE,
+                params![run.0, stage, index as i64, handle],
+            )
+            .map(|_| ())
+            .map_err(sql(format!("record handle of trial {index} of {stage}")))
+        })
+    }
+
     fn trials(&self, run: &RunId, stage: &str) -> Result<Vec<TrialRecord>, StateError> {
         self.with(|c| {
             let mut st = c
@@ -60,6 +77,7 @@ impl TrialStore for SqliteState {
                         outputs: r.get(9)?,
                         started_at: r.get(10)?,
                         updated_at: r.get(11)?,
+                        handle: r.get(12)?,
                     }
                     .record())
                 })

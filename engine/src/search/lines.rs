@@ -1,0 +1,91 @@
+//! What a trial pushes: JSON lines `{"step": 3, "val_loss": 0.41, …}` appended to the
+//! file named by `$DRIVETRAIN_METRICS` (by the trial itself or `drivetrain report`).
+//! Each line's numbers are metrics at its step; a line that is not such an object is
+//! refused with why, and counted by the reader (never dropped quietly).
+
+/// The most bytes of one line; a longer one is refused.
+pub const MAX_LINE: usize = 64 << 10;
+
+/// What one line says: its step (if any) and its named numbers.
+pub type Line = (Option<i64>, Vec<(String, f64)>);
+
+/// One line's step and its named numbers, or why the line is not one.
+pub fn parse(line: &str) -> Result<Line, String> {
+    if line.len() > MAX_LINE {
+        return Err(format!("a line of {} bytes, over {MAX_LINE}", line.len()));
+    }
+    let value: serde_json::Value =
+        serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+    let serde_json::Value::Object(fields) = value else {
+        return Err("not a JSON object".into());
+    };
+    let mut step = None;
+    let mut metrics = Vec::new();
+    for (name, v) in fields {
+        match (name.as_str(), v.as_f64()) {
+            ("step", _) => match v.as_i64() {
+                Some(s) => step = Some(s),
+                None => return Err(format!("`step` is {v}, not an integer")),
+            },
+            (_, Some(x)) if x.is_finite() => metrics.push((name, x)),
+            // A trial's loss that blew up is a metric too: the worst.
+            (_, None) if v.as_str().is_some_and(|s| s.eq_ignore_ascii_case("nan")) => {
+                return Err(format!("`{name}` is NaN"))
+            }
+            _ => return Err(format!("`{name}` is {v}, not a finite number")),
+        }
+    }
+    if metrics.is_empty() {
+        return Err("names no metric".into());
+    }
+    Ok((step, metrics))
+}
+
+/// A line `drivetrain report` appends: `step` (if given) and each `NAME=VALUE`.
+pub fn line(step: Option<i64>, pairs: &[(String, f64)]) -> String {
+    let mut o = serde_json::Map::new();
+    if let Some(s) = step {
+        o.insert("step".into(), s.into());
+    }
+    for (k, v) in pairs {
+        o.insert(k.clone(), serde_json::Value::from(*v));
+    }
+    serde_json::Value::Object(o).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_holds_a_step_and_its_numbers_and_nothing_else() {
+        assert_eq!(
+            parse(r#"{"step": 3, "val_loss": 0.41, "acc": 1}"#).unwrap(),
+            (
+                Some(3),
+                vec![("val_loss".into(), 0.41), ("acc".into(), 1.0)]
+            )
+        );
+        assert_eq!(
+            parse(r#"{"loss": 2}"#).unwrap(),
+            (None, vec![("loss".into(), 2.0)])
+        );
+        for (bad, why) in [
+            ("val_loss=0.4", "not JSON"),
+            ("[1, 2]", "not a JSON object"),
+            (r#"{"step": 1.5, "l": 1}"#, "not an integer"),
+            (r#"{"step": 1}"#, "names no metric"),
+            (r#"{"l": "high"}"#, "not a finite number"),
+            (r#"{"l": "NaN"}"#, "is NaN"),
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        assert!(parse(&format!(r#"{{"l": "{}"}}"#, "x".repeat(MAX_LINE))).is_err());
+        let written = line(Some(7), &[("val_loss".into(), 0.25)]);
+        assert_eq!(
+            parse(&written).unwrap(),
+            (Some(7), vec![("val_loss".into(), 0.25)])
+        );
+    }
+}

@@ -1,0 +1,230 @@
+//! Searches end to end: ASHA over a synthetic objective with a known optimum (both
+//! variants), trials that resume from their own checkpoints, the best trial's output
+//! handed downstream, `trials -o json`, and a search that survives `kill -9`.
+
+use serde_json::Value;
+
+use crate::common::*;
+
+/// A trainer: `val_loss` is lowest at lr = 0.01, width = 0.5 and falls with the epochs;
+/// it resumes from its checkpoint, reports each epoch once, and (as trial `HOLD`, once)
+/// waits to be killed. Its model says which epochs each of its runs started at.
+const TRAIN: &str = r#"
+import json, math, os, sys, time
+lr, width, budget = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+ck = os.path.join(os.environ["DRIVETRAIN_CHECKPOINTS"], "state.json")
+state = json.load(open(ck)) if os.path.exists(ck) else {"epoch": 0, "starts": []}
+state["starts"].append(state["epoch"] + 1)
+hold = os.path.join(sys.argv[4], "held")
+if os.environ["DRIVETRAIN_TRIAL_ID"] == os.environ.get("HOLD") and not os.path.exists(hold):
+    open(hold, "w").write(str(os.getpid()))
+    time.sleep(300)
+for epoch in range(state["epoch"] + 1, budget + 1):
+    loss = (math.log10(lr) + 2) ** 2 + (width - 0.5) ** 2 + 1.0 / epoch
+    state["epoch"] = epoch
+    json.dump(state, open(ck, "w"))
+    with open(os.environ["DRIVETRAIN_METRICS"], "a") as m:
+        m.write(json.dumps({"step": epoch, "val_loss": loss}) + "\n")
+model = dict(state, lr=lr, width=width, trial=os.environ["DRIVETRAIN_TRIAL_ID"])
+json.dump(model, open(os.path.join(os.environ["DRIVETRAIN_OUTPUT_MODEL"], "model.json"), "w"))
+"#;
+
+fn pipeline(home: &Home, variant: &str, concurrent: u32, hold: &str) -> std::path::PathBuf {
+    home.write("train.py", TRAIN);
+    let d = home.dir.display();
+    home.write(
+        "search.yaml",
+        &format!(
+            r#"
+version: 1
+name: sweep
+stages:
+  train:
+    run:
+      workdir: .
+      command: [python3, train.py, "{{{{ trial.params.lr }}}}", "{{{{ trial.params.width }}}}", "{{{{ trial.budget }}}}", "{d}"]
+    env: {{HOLD: "{hold}"}}
+    outputs: [model]
+    search:
+      method: asha
+      variant: {variant}
+      metric: val_loss
+      max_trials: 27
+      max_concurrent: {concurrent}
+      budget: {{unit: epochs, min: 1, max: 27}}
+      reduction_factor: 3
+      seed: 11
+      space:
+        lr: {{log_uniform: [0.0001, 1]}}
+        width: {{uniform: [0, 1]}}
+  use:
+    inputs: {{model: train.model}}
+    run: {{command: [cat, "{{{{ inputs.model }}}}/model.json"]}}
+    when: stages.train.values.best.metric < 1
+"#
+        ),
+    )
+}
+
+fn trials(home: &Home, run: &str) -> Value {
+    let o = home.drivetrain(&["trials", run, "train", "-o", "json"]);
+    assert_ok(&o);
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// The model the downstream stage printed.
+fn used_model(home: &Home, run: &str) -> Value {
+    let o = home.drivetrain(&["logs", run, "--stage", "use"]);
+    let log = text(&o.stdout);
+    let line = log
+        .lines()
+        .find(|l| l.contains("\"lr\""))
+        .unwrap_or_else(|| panic!("{log}"));
+    serde_json::from_str(&line[line.find('{').unwrap()..]).unwrap()
+}
+
+/// Epochs each trial trained (its `val_loss` reports), checking none was trained twice.
+fn epochs(listed: &Value) -> u64 {
+    let mut total = 0;
+    for t in listed["trials"].as_array().unwrap() {
+        let steps = t["steps"].as_u64().unwrap();
+        assert_eq!(steps, t["budget_used"].as_u64().unwrap(), "{t}");
+        total += steps;
+    }
+    total
+}
+
+fn search_ends_well(variant: &str) {
+    let home = Home::new(&format!("search-{variant}"));
+    let file = pipeline(&home, variant, 2, "none");
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_ok(&o);
+    let run = run_id(&o);
+    let listed = trials(&home, &run);
+    let all = listed["trials"].as_array().unwrap();
+    assert_eq!(all.len(), 27);
+    for t in all {
+        for field in [
+            "id",
+            "params",
+            "state",
+            "steps",
+            "metric",
+            "started_at",
+            "updated_at",
+        ] {
+            assert!(!t[field].is_null(), "{field} of {t}");
+        }
+    }
+    let state = |s: &str| all.iter().filter(|t| t["state"] == s).count();
+    assert_eq!(state("succeeded") + state("pruned"), 27, "{listed}");
+    assert!(state("pruned") >= 18, "{} pruned", state("pruned"));
+    // Stopped early: well under half of every trial's 27 epochs.
+    let used = epochs(&listed);
+    assert!(used < 27 * 27 / 2, "{used} epochs of {}", 27 * 27);
+    // The best trial is near the optimum, and its model is what the next stage read.
+    let st = home.status(&run);
+    let best = &stage(&st, "train")["values"]["best"];
+    let lr = best["params"]["lr"].as_f64().unwrap();
+    let width = best["params"]["width"].as_f64().unwrap();
+    assert!(
+        (lr.log10() + 2.0).abs() < 0.5 && (width - 0.5).abs() < 0.25,
+        "{best}"
+    );
+    let model = used_model(&home, &run);
+    assert_eq!(model["trial"], best["trial"]);
+    assert_eq!(model["epoch"], 27);
+    // Each rung of the best trial began where its checkpoint ended: each epoch once.
+    let starts: Vec<u64> = model["starts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_u64().unwrap())
+        .collect();
+    assert_eq!(starts, vec![1, 2, 4, 10], "{model}");
+    let metric = best["metric"].as_f64().unwrap();
+    let listed_best = all.iter().find(|t| t["id"] == best["trial"]).unwrap();
+    assert_eq!(listed_best["metric"].as_f64(), Some(metric));
+    if variant == "stop" {
+        let reason = all.iter().find(|t| t["state"] == "pruned").unwrap()["reason"].clone();
+        assert!(
+            reason.as_str().unwrap().contains("below the rung's cut"),
+            "{reason}"
+        );
+    }
+}
+
+#[test]
+fn asha_promote_stops_the_losers_and_resumes_winners_from_their_checkpoints() {
+    search_ends_well("promote");
+}
+
+#[test]
+fn asha_stop_decides_at_each_rung() {
+    search_ends_well("stop");
+}
+
+/// The trials of a run, as the search decided them (not when or in how many attempts).
+fn decisions(listed: &Value) -> Vec<Value> {
+    let keep = [
+        "id",
+        "params",
+        "state",
+        "rung",
+        "rung_metrics",
+        "budget_used",
+    ];
+    listed["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| keep.iter().map(|k| t[*k].clone()).collect())
+        .collect()
+}
+
+#[test]
+fn a_search_killed_mid_rung_resumes_with_the_same_decisions() {
+    // One trial at a time: a search that decides the same way every time.
+    let reference = Home::new("search-reference");
+    let file = pipeline(&reference, "promote", 1, "none");
+    let o = reference.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_ok(&o);
+    let expected = decisions(&trials(&reference, &run_id(&o)));
+
+    let home = Home::new("search-kill9");
+    let file = pipeline(&home, "promote", 1, "t010");
+    let (mut engine, id) = spawn_run(&home, &file);
+    wait_for_file(&home.dir.join("held"));
+    engine.kill().unwrap(); // SIGKILL
+    engine.wait().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(900));
+    let before = trials(&home, &id);
+    assert_eq!(before["trials"].as_array().unwrap().len(), 11, "{before}");
+    assert_eq!(before["trials"][10]["state"], "running");
+    let o = home.drivetrain(&["resume", &id]);
+    assert_ok(&o);
+    let after = trials(&home, &id);
+    assert_eq!(decisions(&after), expected);
+    // The interrupted trial ran its rung again (one more attempt), nothing else did.
+    let attempts: Vec<u64> = after["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["attempts"].as_u64().unwrap())
+        .collect();
+    let once: Vec<u64> = trials(&reference, "@latest")["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["attempts"].as_u64().unwrap())
+        .collect();
+    for (i, (a, b)) in attempts.iter().zip(&once).enumerate() {
+        assert_eq!(
+            *a,
+            b + u64::from(i == 10),
+            "trial {i}: {attempts:?} against {once:?}"
+        );
+    }
+    let model = used_model(&home, &id);
+    assert_eq!(model["epoch"], 27);
+}
