@@ -321,20 +321,7 @@ pub(super) async fn prepare(
         Err(end) => return Ok(Err(end)),
     };
     if layout.remote.is_some() {
-        let plan = crate::executor::ExecPlan {
-            store: ctx.artifacts.url().to_owned(),
-            run: key.run.clone(),
-            stage: key.stage_key(),
-            attempt: key.attempt,
-            inputs: paths.fetch.clone(),
-            outputs: paths.upload.clone(),
-            values: layout.values.clone(),
-            metrics: trial.map(|_| layout.metrics()),
-        };
-        env.push((
-            "DRIVETRAIN_EXEC_PLAN".into(),
-            serde_json::to_string(&plan).unwrap_or_default(),
-        ));
+        env.push(exec_plan(ctx, key, &paths, &layout, trial.is_some()));
     }
     let item_index = match track {
         Track::Item { index, .. } | Track::Trial { index, .. } => Some(index),
@@ -379,6 +366,31 @@ pub(super) async fn prepare(
         secret_files,
     };
     Ok(Ok((spec, layout)))
+}
+
+/// `DRIVETRAIN_EXEC_PLAN`: what `drivetrain exec` fetches and uploads around the command
+/// of an attempt away from this machine (a pod).
+fn exec_plan(
+    ctx: &Ctx,
+    key: &AttemptKey,
+    paths: &Paths,
+    layout: &Layout,
+    trial: bool,
+) -> (String, String) {
+    let plan = crate::executor::ExecPlan {
+        store: ctx.artifacts.url().to_owned(),
+        run: key.run.clone(),
+        stage: key.stage_key(),
+        attempt: key.attempt,
+        inputs: paths.fetch.clone(),
+        outputs: paths.upload.clone(),
+        values: layout.values.clone(),
+        metrics: trial.then(|| layout.metrics()),
+    };
+    (
+        "DRIVETRAIN_EXEC_PLAN".into(),
+        serde_json::to_string(&plan).unwrap_or_default(),
+    )
 }
 
 /// What an attempt's environment is made of.
