@@ -38,6 +38,10 @@ pub enum Node {
         params: Value,
         /// The rendered definition (command, image, env, …).
         definition: Value,
+        /// A search's stage: the trial whose outputs are the stage's (`trial`,
+        /// `params`, `metric`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        trial: Option<Value>,
     },
 }
 
@@ -272,6 +276,12 @@ pub fn lineage(
                     .get("definition")
                     .cloned()
                     .unwrap_or_default(),
+                trial: rec
+                    .how
+                    .provenance
+                    .pointer("/definition/search")
+                    .and_then(|_| rec.values.get("best"))
+                    .cloned(),
             },
         );
         match direction {
@@ -437,9 +447,18 @@ impl Lineage {
             }
             out.push_str(&format!("{indent}{}", self.label(id)));
             if let Some(Node::Stage {
-                params, definition, ..
+                params,
+                definition,
+                trial,
+                ..
             }) = self.nodes.get(id)
             {
+                if let Some(t) = trial {
+                    out.push_str(&format!(
+                        "  trial={} trial_params={}",
+                        t["trial"], t["params"]
+                    ));
+                }
                 if let Some(cmd) = definition.get("command") {
                     out.push_str(&format!("  command={cmd}"));
                 }

@@ -7,7 +7,8 @@
 //! Every rank applies the same update, so the weights stay identical. Rank 0 writes a
 //! checkpoint after each epoch to `DRIVETRAIN_CHECKPOINTS` (kept across the attempts of
 //! a stage), and a restarted attempt resumes from the last one. Rank 0 writes
-//! `model/model.json` and `metrics/metrics.json`. `TRAIN_FAIL_AFTER_EPOCH=N` in the
+//! `model/model.json` and `metrics/metrics.json`; in a search's trial it also pushes each
+//! epoch's `loss` and `accuracy` to `$DRIVETRAIN_METRICS`. `TRAIN_FAIL_AFTER_EPOCH=N` in the
 //! stage's `env` makes every rank fail after epoch N (to see a retry resume).
 
 use std::io::{Read, Write};
@@ -207,6 +208,9 @@ pub fn train(
             println!("epoch {} loss {loss:.4} accuracy {accuracy:.4}", epoch + 1);
         }
         history.push(json!({"epoch": epoch + 1, "loss": loss, "accuracy": accuracy}));
+        if rank == 0 {
+            push_metrics(epoch + 1, loss, accuracy)?;
+        }
         if let (0, Some(dir)) = (rank, checkpoints) {
             save_checkpoint(dir, epoch + 1, &model)?;
         }
@@ -256,6 +260,24 @@ fn accuracy(model: &Model, x: &[Vec<f64>], y: &[f64]) -> f64 {
         .filter(|(row, label)| (sigmoid(score(model, row)) >= 0.5) == (**label > 0.5))
         .count();
     right as f64 / x.len().max(1) as f64
+}
+
+/// In a search's trial (`DRIVETRAIN_METRICS` set): the epoch's loss and accuracy, one
+/// JSON line appended, for the search to decide on.
+fn push_metrics(epoch: u32, loss: f64, accuracy: f64) -> anyhow::Result<()> {
+    let Some(path) = std::env::var_os("DRIVETRAIN_METRICS") else {
+        return Ok(());
+    };
+    let line = drivetrain_engine::search::lines::line(
+        Some(i64::from(epoch)),
+        &[("loss".into(), loss), ("accuracy".into(), accuracy)],
+    );
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)?;
+    f.write_all(format!("{line}\n").as_bytes())?;
+    Ok(())
 }
 
 /// Writes the model after `epoch` into `dir` (atomically: a temporary file renamed).

@@ -142,6 +142,10 @@ fn search_ends_well(variant: &str) {
         .map(|s| s.as_u64().unwrap())
         .collect();
     assert_eq!(starts, vec![1, 2, 4, 10], "{model}");
+    // The model's lineage names the trial and its params.
+    let lineage = text(&home.drivetrain(&["lineage", &format!("{run}/use")]).stdout);
+    let trial = format!("trial={} trial_params={}", best["trial"], best["params"]);
+    assert!(lineage.contains(&trial), "{lineage}");
     let metric = best["metric"].as_f64().unwrap();
     let listed_best = all.iter().find(|t| t["id"] == best["trial"]).unwrap();
     assert_eq!(listed_best["metric"].as_f64(), Some(metric));
