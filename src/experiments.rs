@@ -11,8 +11,9 @@ use anyhow::Context as _;
 use serde_json::{json, Value};
 
 use drivetrain_engine::plan::Pipeline;
+use drivetrain_engine::search::report::TrialRow;
 use drivetrain_engine::search::{Goal, SearchPlan};
-use drivetrain_engine::state::{MetricRow, StateStore, TrialRecord};
+use drivetrain_engine::state::StateStore;
 use drivetrain_engine::Catalog;
 
 use crate::output::Format;
@@ -32,10 +33,7 @@ pub fn trials(
     let plan = search_of(catalog, &*state, &record, stage)?;
     let stored = state.trials(&id, stage)?;
     let metrics = state.metrics(&id, stage)?;
-    let rows: Vec<Value> = stored
-        .iter()
-        .map(|t| trial_row(t, &plan, &metrics))
-        .collect();
+    let rows = drivetrain_engine::search::report::rows(&plan, &stored, &metrics);
     let doc = json!({
         "run": id.0,
         "stage": stage,
@@ -43,7 +41,7 @@ pub fn trials(
         "goal": plan.goal,
         "trials": rows,
     });
-    out.print(&doc, |doc| print_trials(doc, &plan))?;
+    out.print(&doc, |doc| print_trials(doc, &plan, &rows))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -72,45 +70,16 @@ fn search_of(
         .with_context(|| format!("stage `{stage}` has no `search`"))
 }
 
-/// One trial as `trials` shows it: `steps` is the last step it reported (the budget it
-/// used where it reported none), `metric` the best value of the search's metric it
-/// reported.
-fn trial_row(t: &TrialRecord, plan: &SearchPlan, metrics: &[MetricRow]) -> Value {
-    let mine = metrics.iter().filter(|m| m.trial == t.trial.index);
-    let mut steps = None;
-    let mut best: Option<f64> = None;
-    for m in mine {
-        steps = steps.max(m.step);
-        if m.name == plan.metric && best.is_none_or(|b| plan.better(m.value, b)) {
-            best = Some(m.value);
-        }
-    }
-    json!({
-        "id": t.trial.id,
-        "index": t.trial.index,
-        "params": t.trial.params,
-        "state": t.trial.state.as_str(),
-        "rung": t.trial.rung,
-        "steps": steps.map_or(t.trial.used as i64, |s| s.max(0)),
-        "budget_used": t.trial.used,
-        "metric": best,
-        "rung_metrics": t.trial.metrics,
-        "attempts": t.trial.attempts,
-        "reason": t.trial.reason,
-        "started_at": t.started_at,
-        "updated_at": t.updated_at,
-    })
-}
-
-fn print_trials(doc: &Value, plan: &SearchPlan) {
+fn print_trials(doc: &Value, plan: &SearchPlan, rows: &[TrialRow]) {
     let goal = match plan.goal {
         Goal::Minimize => "lower is better",
         Goal::Maximize => "higher is better",
     };
+    let (run, stage) = (doc["run"].as_str(), doc["stage"].as_str());
     say!(
         "{}  {}  ({}, {goal})",
-        doc["run"].as_str().unwrap_or(""),
-        doc["stage"].as_str().unwrap_or(""),
+        run.unwrap_or(""),
+        stage.unwrap_or(""),
         plan.metric
     );
     say!(
@@ -121,22 +90,19 @@ fn print_trials(doc: &Value, plan: &SearchPlan) {
         "STEPS",
         "METRIC"
     );
-    for t in doc["trials"].as_array().into_iter().flatten() {
-        let metric = t["metric"]
-            .as_f64()
-            .map_or("-".to_owned(), |m| format!("{m:.6}"));
-        let params: Vec<String> = t["params"]
-            .as_object()
-            .into_iter()
-            .flatten()
+    for t in rows {
+        let metric = t.metric.map_or("-".to_owned(), |m| format!("{m:.6}"));
+        let params: Vec<String> = t
+            .params
+            .iter()
             .map(|(k, v)| format!("{k}={}", short(v)))
             .collect();
         say!(
             "{:<6} {:<10} {:>4} {:>6} {:>12}  {}",
-            t["id"].as_str().unwrap_or(""),
-            t["state"].as_str().unwrap_or(""),
-            t["rung"].as_u64().unwrap_or(0),
-            t["steps"].as_i64().unwrap_or(0),
+            t.id,
+            t.state,
+            t.rung,
+            t.steps,
             metric,
             params.join(" ")
         );
@@ -247,8 +213,29 @@ pub fn compare(home: &Path, runs: &[String], all: bool, out: Format) -> anyhow::
         for (k, v) in record.params.as_object().into_iter().flatten() {
             col.insert(format!("params.{k}"), v.clone());
         }
-        for s in state.stages(&id)? {
+        let stages = state.stages(&id)?;
+        // The code it ran: its pipeline folder's commit, as its stages recorded it.
+        if let Some(code) = stages
+            .iter()
+            .find_map(|s| s.how.provenance.get("code").filter(|c| !c.is_null()))
+        {
+            flatten("code", code, &mut col);
+        }
+        for s in stages {
             col.insert(format!("{}.phase", s.stage), json!(s.phase.as_str()));
+            // The digest of each file its command named.
+            let components = s
+                .how
+                .provenance
+                .get("components")
+                .and_then(Value::as_object);
+            for (k, v) in components
+                .into_iter()
+                .flatten()
+                .filter(|(k, _)| k.starts_with("file:"))
+            {
+                col.insert(format!("{}.{k}", s.stage), v.clone());
+            }
             flatten(&format!("{}.values", s.stage), &s.values, &mut col);
         }
         ids.push(id.0);

@@ -22,7 +22,12 @@ pub fn status(home: &Path, run: Option<&str>, out: Format) -> anyhow::Result<Exi
     if out.json() {
         let mut items = serde_json::Map::new();
         let mut item_usage = serde_json::Map::new();
+        let mut trial_states = serde_json::Map::new();
         for st in &stages {
+            let trials = trial_counts(state.as_ref(), &id, &st.stage)?;
+            if !trials.is_empty() {
+                trial_states.insert(st.stage.clone(), serde_json::to_value(trials)?);
+            }
             let counts = state.item_counts(&id, &st.stage)?;
             if !counts.is_empty() {
                 items.insert(st.stage.clone(), serde_json::to_value(counts)?);
@@ -41,6 +46,7 @@ pub fn status(home: &Path, run: Option<&str>, out: Format) -> anyhow::Result<Exi
             "orphaned": orphaned(state.as_ref())?.contains(&id),
             "stages": stages,
             "items": items,
+            "trials": trial_states,
             "item_usage": item_usage,
             "notes": notes,
         }))?;
@@ -108,6 +114,15 @@ pub fn status(home: &Path, run: Option<&str>, out: Format) -> anyhow::Result<Exi
                 .map(|(p, n)| format!("{n} {}", p.to_lowercase()))
                 .collect();
             println!("{:<24} items: {total} ({})", "", parts.join(", "));
+        }
+        // A search stage: how its trials stand (`drivetrain trials` lists them).
+        let trials = trial_counts(state.as_ref(), &id, &s.stage)?;
+        if !trials.is_empty() {
+            let total: usize = trials.values().sum();
+            let parts: Vec<String> = trials.iter().map(|(st, n)| format!("{n} {st}")).collect();
+            println!("{:<24} trials: {total} ({})", "", parts.join(", "));
+        }
+        if !counts.is_empty() {
             if let Some(u) = items_usage(&state.map_items(&id, &s.stage)?) {
                 println!(
                     "{:<24} items used: {} (memory: the largest item's peak; CPU: all items)",
@@ -412,7 +427,10 @@ pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Resu
     let record = state.run(&id)?;
     let attempts = state.attempts(&id)?;
     if let Some(s) = stage {
-        if !attempts.iter().any(|a| a.stage == s) && state.map_items(&id, s)?.is_empty() {
+        if !attempts.iter().any(|a| a.stage == s)
+            && state.map_items(&id, s)?.is_empty()
+            && state.trials(&id, s)?.is_empty()
+        {
             eprintln!("error: run {id} has no attempts of stage `{s}`");
             return Ok(crate::exit::usage());
         }
@@ -457,6 +475,24 @@ pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Resu
                 item.attempts,
                 item.phase
             )?;
+            copy_log(rt, &artifacts, &key, None, &mut out)?;
+        }
+        // A search's trials: each one's latest attempt (its last rung).
+        for t in state
+            .trials(&id, s)?
+            .iter()
+            .filter(|t| t.trial.attempts > 0)
+        {
+            let t = &t.trial;
+            let key = AttemptKey {
+                run: id.0.clone(),
+                stage: s.clone(),
+                item: Some(t.index),
+                attempt: t.attempts,
+            };
+            let state = t.state.as_str();
+            let head = format!("── {s} trial {} (attempt {}, {state}) ──", t.id, t.attempts);
+            writeln!(out, "{head}")?;
             copy_log(rt, &artifacts, &key, None, &mut out)?;
         }
         let Some(&attempt) = latest.get(s.as_str()) else {
@@ -511,4 +547,17 @@ fn copy_log(
         out.write_all(b"\n")?;
     }
     Ok(())
+}
+
+/// How many trials of a search stage are in each state (none for another stage).
+fn trial_counts(
+    state: &dyn drivetrain_engine::state::StateStore,
+    id: &drivetrain_engine::state::RunId,
+    stage: &str,
+) -> anyhow::Result<std::collections::BTreeMap<&'static str, usize>> {
+    let mut counts = std::collections::BTreeMap::new();
+    for t in state.trials(id, stage)? {
+        *counts.entry(t.trial.state.as_str()).or_default() += 1;
+    }
+    Ok(counts)
 }

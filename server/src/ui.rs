@@ -13,12 +13,14 @@ use axum::Router;
 const INDEX: &str = include_str!("ui/index.html");
 const STYLE: &str = include_str!("ui/app.css");
 /// The page's JavaScript modules, by file name: `app.js` imports the others.
-const MODULES: [(&str, &str); 5] = [
+const MODULES: [(&str, &str); 7] = [
     ("app.js", include_str!("ui/app.js")),
     ("dom.js", include_str!("ui/dom.js")),
     ("graph.js", include_str!("ui/graph.js")),
     ("timeline.js", include_str!("ui/timeline.js")),
     ("charts.js", include_str!("ui/charts.js")),
+    ("trials.js", include_str!("ui/trials.js")),
+    ("compare.js", include_str!("ui/compare.js")),
 ];
 
 /// The page may load its own script and style and talk to its own server, nothing else;

@@ -881,3 +881,73 @@ async fn a_job_its_queue_evicts_is_submitted_again() {
     let log = text(&home.drivetrain(&["logs", &id, "--stage", "train"]).stdout);
     assert!(log.contains("attempt 2 done"), "{log}");
 }
+
+const SEARCH: &str = r#"
+version: 1
+name: k8s-search
+defaults:
+  executor: kubernetes
+  image: registry.example.com/av/steps:1.4
+stages:
+  train:
+    run:
+      command: [sh, -c, 'for e in $(seq "$2"); do echo "{\"step\": $e, \"loss\": $1}" >> "$DRIVETRAIN_METRICS"; done; echo "$1" > "$DRIVETRAIN_OUTPUT_MODEL/x"', train, "{{ trial.params.x }}", "{{ trial.budget }}"]
+    outputs: [model]
+    search:
+      method: grid
+      metric: loss
+      budget: {unit: epochs, min: 1, max: 2}
+      space:
+        x: {choice: [3, 1, 2]}
+  use:
+    inputs: {model: train.model}
+    run: {command: [sh, -c, 'echo "best x $(cat "$DRIVETRAIN_INPUT_MODEL/x")"']}
+"#;
+
+/// A search on Kubernetes: each trial's attempt is a Job (passing the schemas), its
+/// metrics come back through the store with its values, and the next stage gets the best
+/// trial's output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_runs_each_trial_as_a_job_against_the_api_stand_in() {
+    let home = Home::new("k8s-search");
+    let (standin, settings, _cluster) = cluster(&home).await;
+    let pipeline = home.write("search.yaml", SEARCH);
+    let mut cmd = engine(&home, &settings, &["run", pipeline.to_str().unwrap()]);
+    let run = tokio::task::spawn_blocking(move || cmd.output().expect("the binary runs"))
+        .await
+        .unwrap();
+    assert_ok(&run);
+    let id = run_id(&run);
+    assert_eq!(
+        standin.created("batch/v1/jobs"),
+        4,
+        "three trials and `use`"
+    );
+    let jobs = standin.objects("batch/v1/jobs");
+    let dir = home.dir.join("jobs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let files: Vec<PathBuf> = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| {
+            let p = dir.join(format!("job-{i}.json"));
+            std::fs::write(&p, serde_json::to_vec(j).unwrap()).unwrap();
+            p
+        })
+        .collect();
+    let refs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    let (out, ok) = validate(&refs);
+    assert!(ok, "{out}");
+    let o = home.drivetrain(&["trials", &id, "train", "-o", "json"]);
+    assert_ok(&o);
+    let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let metric: Vec<f64> = listed["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["metric"].as_f64().unwrap())
+        .collect();
+    assert_eq!(metric, vec![3.0, 1.0, 2.0], "{listed}");
+    let used = text(&home.drivetrain(&["logs", &id, "--stage", "use"]).stdout);
+    assert!(used.contains("best x 1"), "{used}");
+}

@@ -39,3 +39,4 @@ mod triggers;
 mod ui;
 mod ui_first_hour;
 mod ui_loop;
+mod ui_search;

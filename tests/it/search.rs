@@ -29,7 +29,12 @@ model = dict(state, lr=lr, width=width, trial=os.environ["DRIVETRAIN_TRIAL_ID"])
 json.dump(model, open(os.path.join(os.environ["DRIVETRAIN_OUTPUT_MODEL"], "model.json"), "w"))
 "#;
 
-fn pipeline(home: &Home, variant: &str, concurrent: u32, hold: &str) -> std::path::PathBuf {
+pub(crate) fn pipeline(
+    home: &Home,
+    variant: &str,
+    concurrent: u32,
+    hold: &str,
+) -> std::path::PathBuf {
     home.write("train.py", TRAIN);
     let d = home.dir.display();
     home.write(
@@ -66,7 +71,7 @@ stages:
     )
 }
 
-fn trials(home: &Home, run: &str) -> Value {
+pub(crate) fn trials(home: &Home, run: &str) -> Value {
     let o = home.drivetrain(&["trials", run, "train", "-o", "json"]);
     assert_ok(&o);
     serde_json::from_slice(&o.stdout).unwrap()
@@ -124,6 +129,12 @@ fn search_ends_well(variant: &str) {
     assert!(used < 27 * 27 / 2, "{used} epochs of {}", 27 * 27);
     // The best trial is near the optimum, and its model is what the next stage read.
     let st = home.status(&run);
+    let counted = &st["trials"]["train"];
+    assert_eq!(
+        counted["pruned"].as_u64(),
+        Some(state("pruned") as u64),
+        "{counted}"
+    );
     let best = &stage(&st, "train")["values"]["best"];
     let lr = best["params"]["lr"].as_f64().unwrap();
     let width = best["params"]["width"].as_f64().unwrap();
@@ -142,6 +153,13 @@ fn search_ends_well(variant: &str) {
         .map(|s| s.as_u64().unwrap())
         .collect();
     assert_eq!(starts, vec![1, 2, 4, 10], "{model}");
+    // Each trial's log (its last rung's attempt) under `logs`.
+    let logs = text(&home.drivetrain(&["logs", &run, "--stage", "train"]).stdout);
+    let head = format!(
+        "── train trial {} (attempt 4, succeeded) ──",
+        best["trial"].as_str().unwrap()
+    );
+    assert!(logs.contains(&head), "{logs}");
     // The model's lineage names the trial and its params.
     let lineage = text(&home.drivetrain(&["lineage", &format!("{run}/use")]).stdout);
     let trial = format!("trial={} trial_params={}", best["trial"], best["params"]);
@@ -231,4 +249,171 @@ fn a_search_killed_mid_rung_resumes_with_the_same_decisions() {
     }
     let model = used_model(&home, &id);
     assert_eq!(model["epoch"], 27);
+}
+
+/// `compare` puts runs side by side, only what differs: the code each ran (its pipeline
+/// folder's commit, dirty or not, and the digest of each file a command named), params
+/// and the best trial of each search.
+#[test]
+fn compare_shows_what_differs_between_runs_code_included() {
+    let home = Home::new("search-compare");
+    let git = |args: &[&str]| {
+        let o = std::process::Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
+            .args(args)
+            .current_dir(&home.dir)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "git {args:?}: {}", text(&o.stderr));
+        text(&o.stdout)
+    };
+    let file = home.write(
+        "grid.yaml",
+        r#"
+version: 1
+name: grid
+params:
+  offset: {type: integer, default: 0}
+stages:
+  train:
+    run:
+      workdir: .
+      command: [sh, train.sh, "{{ trial.params.x }}", "{{ params.offset }}"]
+    outputs: [model]
+    search:
+      method: grid
+      metric: loss
+      space:
+        x: {choice: [1, 2]}
+"#,
+    );
+    home.write(
+        "train.sh",
+        "echo \"{\\\"loss\\\": $(($1 + $2))}\" >> \"$DRIVETRAIN_METRICS\"\n",
+    );
+    git(&["init", "-q"]);
+    git(&["add", "grid.yaml", "train.sh"]);
+    git(&["commit", "-qm", "first"]);
+    let commit = git(&["rev-parse", "HEAD"]).trim().to_owned();
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_ok(&o);
+    let first = run_id(&o);
+    // The script changes, uncommitted; the second run also sets a param.
+    home.write(
+        "train.sh",
+        "echo \"{\\\"loss\\\": $((10 - $1 + $2))}\" >> \"$DRIVETRAIN_METRICS\"\n",
+    );
+    let o = home.drivetrain(&["run", file.to_str().unwrap(), "-p", "offset=1"]);
+    assert_ok(&o);
+    let second = run_id(&o);
+    let o = home.drivetrain(&["compare", &first, &second, "-o", "json"]);
+    assert_ok(&o);
+    let doc: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows: std::collections::BTreeMap<String, Value> = doc["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["key"].as_str().unwrap().to_owned(), r["values"].clone()))
+        .collect();
+    assert_eq!(
+        rows["code.dirty"],
+        serde_json::json!([false, true]),
+        "{doc}"
+    );
+    assert_eq!(rows["params.offset"], serde_json::json!([0, 1]), "{doc}");
+    assert_eq!(
+        rows["train.values.best.trial"],
+        serde_json::json!(["t000", "t001"]),
+        "{doc}"
+    );
+    assert_eq!(
+        rows["train.values.best.metric"],
+        serde_json::json!([1.0, 9.0]),
+        "{doc}"
+    );
+    let script = &rows["train.file:{{ pipeline.dir }}/train.sh"];
+    assert!(
+        script[0] != script[1] && script[0].as_str().unwrap().starts_with("sha256:"),
+        "{doc}"
+    );
+    // Only what differs: the commit is the same, and not a row without `--all`.
+    assert!(!rows.contains_key("code.commit"), "{doc}");
+    let o = home.drivetrain(&["compare", &first, &second, "--all", "-o", "json"]);
+    let all: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let row = all["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["key"] == "code.commit")
+        .unwrap();
+    assert_eq!(row["values"], serde_json::json!([commit, commit]));
+    let shown = text(&home.drivetrain(&["compare", &first, &second]).stdout);
+    assert!(
+        shown.contains("params.offset") && !shown.contains("code.commit"),
+        "{shown}"
+    );
+}
+
+/// A trial that reports nothing for `stale_after` is stopped as `stale`, a failure the
+/// search counts; a line that is not a metric is refused and counted, never dropped
+/// quietly; past `max_failed_trials` the stage fails.
+#[test]
+fn a_silent_trial_goes_stale_and_bad_lines_are_counted() {
+    let home = Home::new("search-stale");
+    let search = |most: u32| {
+        format!(
+            r#"
+version: 1
+name: stale
+stages:
+  train:
+    run:
+      command: [sh, -c, 'if [ "$0" = 2 ]; then exec sleep 30; fi; echo "loss=1" >> "$DRIVETRAIN_METRICS"; echo "{{\"loss\": $0}}" >> "$DRIVETRAIN_METRICS"', "{{{{ trial.params.x }}}}"]
+    outputs: [model]
+    search:
+      method: grid
+      metric: loss
+      max_failed_trials: {most}
+      stale_after: 1s
+      space:
+        x: {{choice: [1, 2]}}
+"#
+        )
+    };
+    let file = home.write("stale.yaml", &search(1));
+    let started = std::time::Instant::now();
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_ok(&o);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "stopped, not waited for"
+    );
+    let run = run_id(&o);
+    let listed = trials(&home, &run);
+    assert_eq!(listed["trials"][0]["state"], "succeeded", "{listed}");
+    assert_eq!(listed["trials"][1]["state"], "stale", "{listed}");
+    let why = listed["trials"][1]["reason"].as_str().unwrap();
+    assert!(
+        why.contains("reported no metric for 1") && why.contains("stale_after"),
+        "{why}"
+    );
+    let st = home.status(&run);
+    let train = stage(&st, "train");
+    assert_eq!(train["values"]["metrics_refused"], 1, "{train}");
+    let reason = train["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("1 trials failed")
+            && reason.contains("1 metric lines were refused; the first: not JSON"),
+        "{reason}"
+    );
+    // None may fail: the stale trial fails the stage.
+    let file = home.write("stale.yaml", &search(0));
+    let o = home.drivetrain(&["run", file.to_str().unwrap(), "--no-cache"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
+    let st = home.status(&run_id(&o));
+    let reason = stage(&st, "train")["reason"].as_str().unwrap().to_owned();
+    assert!(
+        reason.contains("1 trials failed, more than max_failed_trials (0)"),
+        "{reason}"
+    );
 }

@@ -684,3 +684,66 @@ fn a_preempted_slurm_job_is_submitted_again_and_resumes() {
         "it started over: {log}"
     );
 }
+
+/// A search on Slurm: each trial's rung a batch job, its metrics read from the shared
+/// file system while it runs, the best trial's output handed on.
+#[test]
+fn a_search_runs_its_trials_as_slurm_jobs() {
+    let home = Home::new("slurm-search");
+    let cluster = Cluster::start(&home);
+    let file = home.write(
+        "search.yaml",
+        r#"
+version: 1
+name: slurm-search
+stages:
+  train:
+    run:
+      command: [sh, -c, 'for e in $(seq "$2"); do echo "{\"step\": $e, \"loss\": $1}" >> "$DRIVETRAIN_METRICS"; done; echo "$1" > "$DRIVETRAIN_OUTPUT_MODEL/x"', train, "{{ trial.params.x }}", "{{ trial.budget }}"]
+    outputs: [model]
+    search:
+      method: asha
+      metric: loss
+      max_trials: 4
+      reduction_factor: 2
+      budget: {unit: epochs, min: 1, max: 2}
+      space:
+        x: {uniform: [0, 1]}
+  use:
+    inputs: {model: train.model}
+    run: {command: [sh, -c, 'echo "best x $(cat "$DRIVETRAIN_INPUT_MODEL/x")"']}
+"#,
+    );
+    let o = home.drivetrain_env(
+        &["run", file.to_str().unwrap(), "--executor", "slurm"],
+        &cluster.env(),
+    );
+    assert_ok(&o);
+    let run = run_id(&o);
+    let o = home.drivetrain(&["trials", &run, "train", "-o", "json"]);
+    assert_ok(&o);
+    let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let trials = listed["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 4, "{listed}");
+    let jobs = cluster.jobs(&format!("dt.{run}."));
+    let rungs: u64 = trials.iter().map(|t| t["rung"].as_u64().unwrap() + 1).sum();
+    assert_eq!(
+        jobs.len() as u64,
+        rungs + 1,
+        "a job per trial's rung, and `use`: {jobs:?}"
+    );
+    assert!(jobs.iter().all(|j| j.2 == "COMPLETED"), "{jobs:?}");
+    let best = trials
+        .iter()
+        .filter(|t| t["state"] == "succeeded")
+        .min_by(|a, b| {
+            a["metric"]
+                .as_f64()
+                .partial_cmp(&b["metric"].as_f64())
+                .unwrap()
+        })
+        .unwrap();
+    let x = best["params"]["x"].as_f64().unwrap();
+    let used = text(&home.drivetrain(&["logs", &run, "--stage", "use"]).stdout);
+    assert!(used.contains(&format!("best x {x}")), "{used} {best}");
+}

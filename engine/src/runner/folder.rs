@@ -91,6 +91,33 @@ pub(crate) fn named_files(
     files
 }
 
+/// The code in the pipeline's folder: `{"commit", "dirty", "repo"}` of the git work tree
+/// it is in (dirty: tracked files changed since the commit), or null outside one (or
+/// without git). What the commands name is digested into each stage's key already
+/// (`file:NAME`).
+pub(crate) fn code(folder: &Path) -> serde_json::Value {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(folder)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let (Some(commit), Some(repo)) = (
+        git(&["rev-parse", "HEAD"]),
+        git(&["rev-parse", "--show-toplevel"]),
+    ) else {
+        return serde_json::Value::Null;
+    };
+    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).map(|s| !s.is_empty());
+    serde_json::json!({"commit": commit, "dirty": dirty, "repo": repo})
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -203,6 +203,9 @@ struct Ctx {
     files: crate::cache::FileDigests,
     /// The pipeline file's folder ([`folder::pipeline_dir`]).
     folder: Option<std::path::PathBuf>,
+    /// The code the run ran: the git commit of the pipeline's folder ([`folder::code`]),
+    /// kept in each stage's provenance (not its cache key).
+    code: Value,
 }
 
 impl Ctx {
@@ -323,6 +326,7 @@ pub(crate) async fn run(
         prior_attempts,
         reattached,
         files: Default::default(),
+        code: folder.as_deref().map(folder::code).unwrap_or_default(),
         folder,
     });
 
@@ -729,6 +733,7 @@ async fn execute(
         provenance: serde_json::json!({
             "components": parts.components,
             "definition": parts.definition,
+            "code": ctx.code,
             "cache": match &cacheable {
                 Ok(()) if read => "hit".to_owned(),
                 Ok(()) if ctx.opts.request.cache.read => {

@@ -4,6 +4,7 @@
 //! with attempts and records every decision before acting on it.
 
 pub mod lines;
+pub mod report;
 pub mod rungs;
 
 use rand::{Rng as _, SeedableRng as _};

@@ -113,6 +113,7 @@ fn handler(method: &str, path: &str) -> axum::routing::MethodRouter<Shared> {
         ("get", "/api/v1/runs/{id}/stages/{stage}/explain") => get(views::explain),
         ("get", "/api/v1/runs/{id}/stages/{stage}/history") => get(views::stage_history),
         ("get", "/api/v1/runs/{id}/stages/{stage}/items") => get(views::items),
+        ("get", "/api/v1/runs/{id}/stages/{stage}/trials") => get(views::trials),
         ("get", "/api/v1/events") => get(views::list_events),
         ("get", "/api/v1/lineage") => get(views::lineage),
         ("get", "/api/v1/registry") => get(views::models),
@@ -883,12 +884,38 @@ fn latest_attempt(
     let key = AttemptKey::from_stage_key(run.0.clone(), stage_key, 0);
     if let Some(index) = key.item {
         let items = state.map_items(run, &key.stage)?;
-        let attempts = items.get(index).map(|i| i.attempts).filter(|n| *n > 0);
-        return Ok(attempts);
+        let mut attempts = items.get(index).map(|i| i.attempts);
+        // A search's trial (`STAGE/items/I` too): its attempts across its rungs.
+        if items.is_empty() {
+            let trials = state.trials(run, &key.stage)?;
+            attempts = trials
+                .iter()
+                .find(|t| t.trial.index == index)
+                .map(|t| t.trial.attempts);
+        }
+        return Ok(attempts.filter(|n| *n > 0));
     }
     let attempts = state.attempts(run)?;
     let stage = attempts.iter().filter(|a| a.stage == stage_key);
     Ok(stage.map(|a| a.attempt).max())
+}
+
+/// Whether attempt `attempt` of trial `index` of a search has ended: a later one started,
+/// or the trial is not running.
+fn trial_ended(
+    state: &dyn drivetrain_engine::state::StateStore,
+    run: &RunId,
+    stage: &str,
+    (index, attempt): (usize, u32),
+) -> bool {
+    use drivetrain_engine::search::rungs::TrialState;
+    match state.trials(run, stage) {
+        Ok(trials) => trials
+            .iter()
+            .find(|t| t.trial.index == index)
+            .is_none_or(|t| t.trial.attempts > attempt || t.trial.state != TrialState::Running),
+        Err(_) => true,
+    }
 }
 
 /// Whether attempt `attempt` of `stage_key` (a stage or a map item) has ended: a later one
@@ -905,6 +932,7 @@ fn attempt_ended(
     };
     if let Some(index) = key.item {
         return match state.map_items(run, &key.stage) {
+            Ok(items) if items.is_empty() => trial_ended(state, run, &key.stage, (index, attempt)),
             Ok(items) => items.get(index).is_none_or(|i| after(i.attempts, i.phase)),
             Err(_) => true,
         };

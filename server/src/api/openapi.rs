@@ -217,6 +217,8 @@ pub struct GraphNode {
     pub kind: String,
     /// A map stage (one attempt per item).
     pub map: bool,
+    /// A search stage (its trials: `…/stages/{stage}/trials`).
+    pub search: bool,
     /// A hook (runs after the rest of the run).
     pub hook: bool,
 }
@@ -305,6 +307,27 @@ pub struct ItemPage {
     pub total: usize,
     /// In item order, from `offset`.
     pub items: Vec<ItemView>,
+}
+
+/// `GET /api/v1/runs/{id}/stages/{stage}/trials`: a search stage's trials.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct TrialPage {
+    /// The search's metric, and whether it is minimized or maximized.
+    pub metric: String,
+    pub goal: String,
+    /// `grid`, `random` or `asha`.
+    pub method: String,
+    /// In trial order.
+    pub trials: Vec<drivetrain_engine::search::report::TrialRow>,
+    /// Each trial's curve of the metric, in trial order.
+    pub curves: Vec<TrialCurve>,
+}
+
+/// One trial's values of the search's metric: `[step, value]`, in the order reported.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct TrialCurve {
+    pub trial: String,
+    pub points: Vec<[f64; 2]>,
 }
 
 /// One item of a map stage: its value, how its last attempt went, what it reported.
@@ -631,6 +654,15 @@ pub const ROUTES: &[Route] = &[
         ],
         request: None,
         responses: &[(200, "the items", body!(ItemPage)), (400, "a limit that is not 1 to 1000", ERROR), (404, "no such run, or no map stage of that name in it", ERROR)],
+    },
+    Route {
+        method: "get",
+        path: "/api/v1/runs/{id}/stages/{stage}/trials",
+        rule: Rule::Need(Verb::Read),
+        summary: "A search stage's trials (params, state, rung, steps, best metric, timing) and each one's curve of the search's metric",
+        query: &[],
+        request: None,
+        responses: &[(200, "the trials", body!(TrialPage)), (404, "no such run, or no search stage of that name in it", ERROR)],
     },
     Route {
         method: "get",

@@ -23,7 +23,8 @@ use drivetrain_engine::plan::Action;
 use drivetrain_engine::state::RunId;
 
 use super::openapi::{
-    AttemptList, GraphNode, ItemPage, ItemSpan, ItemView, RunGraph, StageHistory, StageHistoryEntry,
+    AttemptList, GraphNode, ItemPage, ItemSpan, ItemView, RunGraph, StageHistory,
+    StageHistoryEntry, TrialCurve, TrialPage,
 };
 use super::{known_run, ApiError, Params, Shared};
 use crate::listener::Client;
@@ -63,6 +64,7 @@ pub(super) async fn graph(
                     needs: Vec::new(),
                     kind: String::new(),
                     map: false,
+                    search: false,
                     hook: false,
                 })
                 .collect();
@@ -85,6 +87,7 @@ pub(super) async fn graph(
                 Action::Approval { role, min, .. } => format!("approval: {min} of {role}"),
             },
             map: st.map.is_some(),
+            search: st.search.is_some(),
             hook: st.hook.is_some(),
         })
         .collect();
@@ -385,6 +388,50 @@ pub(super) async fn items(
         .map_err(ApiError::internal)?
         .map(Json)
         .ok_or_else(|| ApiError::not_found("no map stage of that name in the run"))
+}
+
+/// `GET /api/v1/runs/{id}/stages/{stage}/trials`: a search stage's trials (as
+/// `drivetrain trials` lists them) and each one's curve of the search's metric.
+pub(super) async fn trials(
+    State(s): State<Shared>,
+    Path((id, stage)): Path<(String, String)>,
+) -> Result<Json<TrialPage>, ApiError> {
+    let run = RunId(id);
+    let record = known_run(&s, &run)?;
+    tokio::task::spawn_blocking(move || {
+        let state = s.engine.state().clone();
+        let source = drivetrain_engine::state::sources::pipeline_text(state.as_ref(), &record)
+            .map_err(ApiError::internal)?;
+        let pipeline = s.validated(&source).map_err(ApiError::internal)?;
+        let Some(plan) = pipeline
+            .stage_by_name(&stage)
+            .and_then(|st| st.search.clone())
+        else {
+            return Err(ApiError::not_found(
+                "no search stage of that name in the run",
+            ));
+        };
+        let stored = state.trials(&run, &stage)?;
+        let metrics = state.metrics(&run, &stage)?;
+        use drivetrain_engine::search::report;
+        Ok(Json(TrialPage {
+            trials: report::rows(&plan, &stored, &metrics),
+            curves: report::curves(&plan, &stored, &metrics)
+                .into_iter()
+                .map(|(trial, points)| TrialCurve { trial, points })
+                .collect(),
+            metric: plan.metric,
+            goal: serde_json::to_value(plan.goal)
+                .ok()
+                .and_then(|g| g.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            method: serde_json::to_value(plan.method)
+                .ok()
+                .and_then(|g| g.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+        }))
+    })
+    .await?
 }
 
 #[derive(Deserialize)]

@@ -8,6 +8,8 @@ import { h, num, MARK, seen } from "./dom.js";
 import { graphView } from "./graph.js";
 import { timeline } from "./timeline.js";
 import { barChart, overTime, recordedSeries } from "./charts.js";
+import { trialsSection } from "./trials.js";
+import { comparePage } from "./compare.js";
 
 // The phases of `drivetrain_engine::state::Phase`; all but the first two and the last
 // (a run waiting for people) are ends.
@@ -206,9 +208,18 @@ async function runsPage(query) {
   const body = h("tbody");
   const table = h("table", { class: "runs" },
     h("caption", { class: "sr-only" }, "Runs, newest first"),
-    h("thead", {}, h("tr", {}, ["Run", "Pipeline", "Phase", "Trigger", "From", "Created", "Took", "Reason"].map((c) => h("th", { scope: "col" }, c)))),
+    h("thead", {}, h("tr", {}, ["Compare", "Run", "Pipeline", "Phase", "Trigger", "From", "Created", "Took", "Reason"].map((c) => h("th", { scope: "col" }, c)))),
     body);
-  show(h("h1", {}, "Runs"), form, count, table, more);
+  // Two to five runs chosen: side by side.
+  const chosen = new Set();
+  const compare = h("button", { type: "button", id: "compare-runs", disabled: true,
+    onclick: () => { location.hash = `#/compare?runs=${[...chosen].map(esc).join(",")}`; } }, "Compare chosen runs");
+  const pick = (id, on) => {
+    if (on) chosen.add(id); else chosen.delete(id);
+    compare.disabled = chosen.size < 2 || chosen.size > 5;
+    compare.textContent = `Compare chosen runs (${chosen.size})`;
+  };
+  show(h("h1", {}, "Runs"), form, h("p", {}, compare), count, table, more);
 
   const load = async () => {
     const params = new URLSearchParams(q);
@@ -217,6 +228,8 @@ async function runsPage(query) {
     if (since) params.set("since", new Date(since).toISOString());
     const { runs } = await api(`/api/v1/runs?${params}`);
     const row = (r) => h("tr", { "data-run": r.id },
+      h("td", {}, h("input", { type: "checkbox", class: "pick", "aria-label": `compare ${r.id}`, checked: chosen.has(r.id),
+        onchange: (e) => pick(r.id, e.target.checked) })),
       h("td", {}, runLink(r.id)),
       h("td", {}, r.pipeline),
       h("td", {}, badge(r.phase, r)),
@@ -339,7 +352,7 @@ async function runPage(id, selected) {
       run.phase === "Waiting" ? h("a", { href: "#/approvals", class: "waiting" }, "Waiting for approval: decide") : "");
   };
 
-  const nodes = graph.nodes.map((n) => ({ id: n.name, needs: n.needs, kind: n.kind, map: n.map, hook: n.hook }));
+  const nodes = graph.nodes.map((n) => ({ id: n.name, needs: n.needs, kind: n.kind, map: n.map, search: n.search, hook: n.hook }));
   const needs = new Map(nodes.map((n) => [n.id, n.needs]));
   const phaseOf = (name) => (stages.get(name) || { phase: "Pending" }).phase;
   // A map stage's items by phase, from the attempts API (read again as the run goes on).
@@ -401,7 +414,8 @@ async function runPage(id, selected) {
     stageSignal.abort();
     stageSignal = new AbortController();
     const s = stages.get(name);
-    if (s) stagePanel(run, s, panel, stageSignal.signal, { map: !!(nodes.find((n) => n.id === name) || {}).map });
+    const node = nodes.find((n) => n.id === name) || {};
+    if (s) stagePanel(run, s, panel, stageSignal.signal, { map: !!node.map, search: !!node.search });
     else panel.replaceChildren(h("h2", {}, name), h("p", {}, "Pending: not started yet."));
     renderActions();
   };
@@ -549,7 +563,7 @@ function itemsTable(run, s, logs, signal) {
     h("thead", {}, h("tr", {}, ["#", "Item", "Phase", "Attempts", "Took", "Values", "Reason"].map((c) => h("th", { scope: "col" }, c)))), body), more];
 }
 
-async function stagePanel(run, s, panel, signal, { map = false } = {}) {
+async function stagePanel(run, s, panel, signal, { map = false, search = false } = {}) {
   const logs = h("pre", { class: "log", id: "log", tabindex: 0, "aria-label": `log of ${s.stage}` }, "…");
   const explained = h("div", { class: "explain" });
   const explain = h("button", { type: "button", id: "explain" }, "Explain");
@@ -571,17 +585,25 @@ async function stagePanel(run, s, panel, signal, { map = false } = {}) {
   const outputs = Object.entries(s.outputs || {});
   const inputs = Object.entries(s.inputs || {});
   const charts = stageCharts(run, s, signal);
+  const trials = h("div", { class: "trials-box" });
+  if (search) {
+    api(`/api/v1/runs/${esc(run.id)}/stages/${esc(s.stage)}/trials`, { signal })
+      .then((page) => trials.replaceChildren(trialsSection(page))).catch(quiet);
+  }
   const attempts = h("tbody");
   panel.replaceChildren(
     h("h2", {}, s.stage, " ", badge(s.phase, { orphaned: run.orphaned, reason: s.reason })),
     h("dl", { class: "facts" },
       h("dt", {}, "Outputs from"), h("dd", { "data-field": "origin" }, origin(s)),
-      map ? "" : [h("dt", {}, "Attempts"), h("dd", {}, s.attempts)],
+      map || search ? "" : [h("dt", {}, "Attempts"), h("dd", {}, s.attempts)],
       h("dt", {}, "Took"), h("dd", {}, took(s.started_at, s.finished_at)),
       s.exit_code !== null && s.exit_code !== undefined ? [h("dt", {}, "Exit code"), h("dd", {}, s.exit_code)] : "",
       s.reason ? [h("dt", {}, "Reason"), h("dd", { class: "reason" }, s.reason)] : "",
-      s.usage ? [h("dt", {}, "Used"), h("dd", { "data-field": "usage" }, usage(s.usage))] : ""),
-    h("div", { class: "tries" }, map ? itemsTable(run, s, logs, signal) : h("table", { class: "attempts" }, h("caption", {}, "Attempts"),
+      s.usage ? [h("dt", {}, "Used"), h("dd", { "data-field": "usage" }, usage(s.usage))] : "",
+      s.provenance && s.provenance.code ? [h("dt", {}, "Code"), h("dd", { "data-field": "code", class: "digest" },
+        `${s.provenance.code.commit.slice(0, 12)}${s.provenance.code.dirty ? " (dirty)" : ""}`)] : ""),
+    // A search's attempts are its trials' (below).
+    search ? "" : h("div", { class: "tries" }, map ? itemsTable(run, s, logs, signal) : h("table", { class: "attempts" }, h("caption", {}, "Attempts"),
       h("thead", {}, h("tr", {}, ["#", "Phase", "Started", "Took", "Exit", "Reason"].map((c) => h("th", { scope: "col" }, c)))), attempts)),
     outputs.length ? h("table", { class: "outputs" }, h("caption", {}, "Outputs"),
       h("thead", {}, h("tr", {}, ["Output", "Digest", ""].map((c) => h("th", { scope: "col" }, c)))),
@@ -590,6 +612,7 @@ async function stagePanel(run, s, panel, signal, { map = false } = {}) {
         h("td", {}, o.digest ? lineageLink(`${o.digest}`, "made of it") : ""))))) : "",
     inputs.length ? h("table", { class: "inputs" }, h("caption", {}, "Inputs"),
       h("tbody", {}, inputs.map(([name, i]) => h("tr", {}, h("td", {}, name), h("td", { class: "digest" }, i.digest ? lineageLink(i.digest, i.digest) : ""))))) : "",
+    trials,
     charts,
     s.values && Object.keys(s.values).length ? h("details", {}, h("summary", {}, "Values"), json(s.values)) : "",
     h("p", {}, explain, " ", h("a", { href: `#/lineage?target=${esc(`${run.id}/${s.stage}`)}` }, "Lineage")),
@@ -603,6 +626,8 @@ async function stagePanel(run, s, panel, signal, { map = false } = {}) {
   }).catch(quiet);
   if (map) {
     logs.textContent = "Choose an item to see its log.";
+  } else if (search) {
+    logs.textContent = "Each trial's log: `drivetrain logs RUN --stage STAGE`.";
   } else if (s.attempts > 0 || s.phase === "Running") {
     const follow = s.phase === "Running" ? "&follow=true" : "";
     streamText(`/api/v1/runs/${esc(run.id)}/logs?stage=${esc(s.stage)}${follow}`, signal, logs).catch(quiet);
@@ -893,6 +918,10 @@ async function route() {
     if (parts[0] === "runs" && parts[1] && current && current.run === parts[1]) current.select(parts[2]);
     else if (parts[0] === "runs" && parts[1]) await runPage(parts[1], parts[2]);
     else if (parts[0] === "lineage") await lineagePage(query);
+    else if (parts[0] === "compare") {
+      const ids = (new URLSearchParams(query).get("runs") || "").split(",").filter(Boolean).slice(0, 5);
+      show(...await comparePage(ids, { api, runLink, signal: fresh() }));
+    }
     else if (parts[0] === "registry") await registryPage();
     else if (parts[0] === "schedules") await schedulesPage();
     else if (parts[0] === "triggers") await triggersPage();
