@@ -882,28 +882,6 @@ async fn a_job_its_queue_evicts_is_submitted_again() {
     assert!(log.contains("attempt 2 done"), "{log}");
 }
 
-const SEARCH: &str = r#"
-version: 1
-name: k8s-search
-defaults:
-  executor: kubernetes
-  image: registry.example.com/av/steps:1.4
-stages:
-  train:
-    run:
-      command: [sh, -c, 'for e in $(seq "$2"); do echo "{\"step\": $e, \"loss\": $1}" >> "$DRIVETRAIN_METRICS"; done; echo "$1" > "$DRIVETRAIN_OUTPUT_MODEL/x"', train, "{{ trial.params.x }}", "{{ trial.budget }}"]
-    outputs: [model]
-    search:
-      method: grid
-      metric: loss
-      budget: {unit: epochs, min: 1, max: 2}
-      space:
-        x: {choice: [3, 1, 2]}
-  use:
-    inputs: {model: train.model}
-    run: {command: [sh, -c, 'echo "best x $(cat "$DRIVETRAIN_INPUT_MODEL/x")"']}
-"#;
-
 /// A search on Kubernetes: each trial's attempt is a Job (passing the schemas), its
 /// metrics come back through the store with its values, and the next stage gets the best
 /// trial's output.
@@ -911,7 +889,12 @@ stages:
 async fn a_search_runs_each_trial_as_a_job_against_the_api_stand_in() {
     let home = Home::new("k8s-search");
     let (standin, settings, _cluster) = cluster(&home).await;
-    let pipeline = home.write("search.yaml", SEARCH);
+    let search = crate::search::sh_search(
+        "k8s-search",
+        "executor: kubernetes, image: registry.example.com/av/steps:1.4",
+        "method: grid, metric: loss, budget: {unit: epochs, min: 1, max: 2}, space: {x: {choice: [3, 1, 2]}}",
+    );
+    let pipeline = home.write("search.yaml", &search);
     let mut cmd = engine(&home, &settings, &["run", pipeline.to_str().unwrap()]);
     let run = tokio::task::spawn_blocking(move || cmd.output().expect("the binary runs"))
         .await

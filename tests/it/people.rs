@@ -141,6 +141,7 @@ fn expected() -> BTreeMap<(&'static str, &'static str), &'static str> {
         ("get", "/api/v1/runs/{id}/stages/{stage}/explain", "viewer"),
         ("get", "/api/v1/runs/{id}/stages/{stage}/history", "viewer"),
         ("get", "/api/v1/runs/{id}/stages/{stage}/items", "viewer"),
+        ("get", "/api/v1/runs/{id}/stages/{stage}/trials", "viewer"),
         ("get", "/api/v1/events", "viewer"),
         ("get", "/api/v1/lineage", "viewer"),
         ("get", "/api/v1/registry", "viewer"),

@@ -417,3 +417,75 @@ stages:
         "{reason}"
     );
 }
+
+/// A pipeline of a search whose trials are `sh`: each reports `loss` = its `x` at every
+/// step up to its budget and writes `x` as its model; `use` prints the model it got
+/// (`best x X`). `defaults` and `search` are YAML lines for their blocks.
+pub(crate) fn sh_search(name: &str, defaults: &str, search: &str) -> String {
+    format!(
+        r#"
+version: 1
+name: {name}
+defaults: {{{defaults}}}
+stages:
+  train:
+    run:
+      command: [sh, -c, 'for e in $(seq "$2"); do echo "{{\"step\": $e, \"loss\": $1}}" >> "$DRIVETRAIN_METRICS"; done; echo "$1" > "$DRIVETRAIN_OUTPUT_MODEL/x"', train, "{{{{ trial.params.x }}}}", "{{{{ trial.budget }}}}"]
+    outputs: [model]
+    search: {{{search}}}
+  use:
+    inputs: {{model: train.model}}
+    run: {{command: [sh, -c, 'echo "best x $(cat "$DRIVETRAIN_INPUT_MODEL/x")"']}}
+"#
+    )
+}
+
+/// The succeeded trial with the least metric of a `trials -o json` listing.
+pub(crate) fn best_listed(listed: &Value) -> &Value {
+    listed["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["state"] == "succeeded")
+        .min_by(|a, b| {
+            a["metric"]
+                .as_f64()
+                .partial_cmp(&b["metric"].as_f64())
+                .unwrap()
+        })
+        .unwrap()
+}
+
+/// A trial's rung is cached on its own: a search of more trials from the same seed (a
+/// different search: the stage misses) takes every rung an earlier run's same trial ran
+/// to the same budget from the cache, and runs the new trials.
+#[test]
+fn a_wider_search_takes_the_rungs_it_shares_from_the_cache() {
+    let home = Home::new("search-cache");
+    let file = pipeline(&home, "promote", 2, "none");
+    let o = home.drivetrain(&["run", file.to_str().unwrap()]);
+    assert_ok(&o);
+    let wider = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("max_trials: 27", "max_trials: 30");
+    let o = home.drivetrain(&["run", home.write("wider.yaml", &wider).to_str().unwrap()]);
+    assert_ok(&o);
+    let run = run_id(&o);
+    let st = home.status(&run);
+    let train = stage(&st, "train");
+    assert_eq!(train["origin"], "ran", "the stage itself missed: {train}");
+    let cached = train["values"]["rungs_cached"].as_u64().unwrap();
+    assert!(cached >= 27, "{cached} rungs from the cache: {train}");
+    let listed = trials(&home, &run);
+    let all = listed["trials"].as_array().unwrap();
+    assert_eq!(all.len(), 30);
+    for t in &all[27..] {
+        assert!(t["attempts"].as_u64().unwrap() >= 1, "a new trial ran: {t}");
+    }
+    // A rung taken from the cache brings its metrics: every trial has its curve.
+    for t in all {
+        assert!(t["metric"].as_f64().is_some(), "{t}");
+    }
+    let model = used_model(&home, &run);
+    assert_eq!(model["epoch"], 27);
+}

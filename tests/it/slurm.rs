@@ -691,29 +691,12 @@ fn a_preempted_slurm_job_is_submitted_again_and_resumes() {
 fn a_search_runs_its_trials_as_slurm_jobs() {
     let home = Home::new("slurm-search");
     let cluster = Cluster::start(&home);
-    let file = home.write(
-        "search.yaml",
-        r#"
-version: 1
-name: slurm-search
-stages:
-  train:
-    run:
-      command: [sh, -c, 'for e in $(seq "$2"); do echo "{\"step\": $e, \"loss\": $1}" >> "$DRIVETRAIN_METRICS"; done; echo "$1" > "$DRIVETRAIN_OUTPUT_MODEL/x"', train, "{{ trial.params.x }}", "{{ trial.budget }}"]
-    outputs: [model]
-    search:
-      method: asha
-      metric: loss
-      max_trials: 4
-      reduction_factor: 2
-      budget: {unit: epochs, min: 1, max: 2}
-      space:
-        x: {uniform: [0, 1]}
-  use:
-    inputs: {model: train.model}
-    run: {command: [sh, -c, 'echo "best x $(cat "$DRIVETRAIN_INPUT_MODEL/x")"']}
-"#,
+    let search = crate::search::sh_search(
+        "slurm-search",
+        "",
+        "method: asha, metric: loss, max_trials: 4, reduction_factor: 2, budget: {unit: epochs, min: 1, max: 2}, space: {x: {uniform: [0, 1]}}",
     );
+    let file = home.write("search.yaml", &search);
     let o = home.drivetrain_env(
         &["run", file.to_str().unwrap(), "--executor", "slurm"],
         &cluster.env(),
@@ -733,16 +716,7 @@ stages:
         "a job per trial's rung, and `use`: {jobs:?}"
     );
     assert!(jobs.iter().all(|j| j.2 == "COMPLETED"), "{jobs:?}");
-    let best = trials
-        .iter()
-        .filter(|t| t["state"] == "succeeded")
-        .min_by(|a, b| {
-            a["metric"]
-                .as_f64()
-                .partial_cmp(&b["metric"].as_f64())
-                .unwrap()
-        })
-        .unwrap();
+    let best = crate::search::best_listed(&listed);
     let x = best["params"]["x"].as_f64().unwrap();
     let used = text(&home.drivetrain(&["logs", &run, "--stage", "use"]).stdout);
     assert!(used.contains(&format!("best x {x}")), "{used} {best}");

@@ -44,16 +44,7 @@ async fn a_search_shows_its_trials_curves_and_params() {
         assert_eq!(state(id), shown.as_str(), "{id}");
         assert_eq!(*faded, shown == "pruned", "{id}");
     }
-    let best = trials
-        .iter()
-        .filter(|t| t["state"] == "succeeded")
-        .min_by(|a, b| {
-            a["metric"]
-                .as_f64()
-                .partial_cmp(&b["metric"].as_f64())
-                .unwrap()
-        })
-        .unwrap();
+    let best = crate::search::best_listed(&listed);
     assert_eq!(rows[0].0, best["id"].as_str().unwrap(), "sorted best first");
     // Only the params that differ are columns: both do here.
     let heads = eval(

@@ -780,7 +780,11 @@ async fn execute(
     let end = match unsupported {
         Some(reason) => refuse(ctx, stage, reason)?,
         None if stage.map.is_some() => execute_map(ctx, stage, &upstream).await?,
-        None if stage.search.is_some() => search::execute_search(ctx, stage, &upstream).await?,
+        None if stage.search.is_some() => {
+            // A trial's rung may be cached on its own: its key is the stage's, and more.
+            let trials = cacheable.is_ok().then_some(&parts);
+            search::execute_search(ctx, stage, trials, &upstream).await?
+        }
         None => {
             let first = ctx.prior_attempts.get(&stage.name).copied().unwrap_or(0) + 1;
             attempt_loop(ctx, stage, Track::Stage, &upstream, first).await?

@@ -220,10 +220,11 @@ impl SearchPlan {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn plan(method: Method) -> SearchPlan {
+    /// 27 trials of ASHA's budget 1 to 27, η 3, over three kinds of dimension.
+    pub(crate) fn plan(method: Method) -> SearchPlan {
         SearchPlan {
             method,
             variant: Variant::Promote,

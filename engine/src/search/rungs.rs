@@ -248,6 +248,13 @@ impl<'p> Search<'p> {
         t.attempts += 1;
     }
 
+    /// The trial's run at its rung was taken from the cache: the attempt it was counted
+    /// as starting never ran.
+    pub fn taken(&mut self, index: usize) {
+        let t = &mut self.trials[index];
+        t.attempts = t.attempts.saturating_sub(1);
+    }
+
     /// Adds the attempts a trial's run at its rung made beyond its first (retries).
     pub fn retried(&mut self, index: usize, more: u32) {
         self.trials[index].attempts += more;

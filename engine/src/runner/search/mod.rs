@@ -11,6 +11,7 @@ use futures::stream::{FuturesUnordered, StreamExt as _};
 use serde_json::{json, Value};
 
 use crate::artifacts::ArtifactRef;
+use crate::cache::KeyParts;
 use crate::plan::{Stage, StageId};
 use crate::search::rungs::{Outcome, Search, TrialState};
 use crate::search::SearchPlan;
@@ -25,6 +26,7 @@ pub(super) use trial::TrialRun;
 pub(super) async fn execute_search(
     ctx: &Ctx,
     stage: &Stage,
+    cache: Option<&KeyParts>,
     upstream: &BTreeMap<StageId, StageResult>,
 ) -> Result<LoopEnd, RunError> {
     let plan = stage.search.as_ref().expect("a search stage");
@@ -50,7 +52,8 @@ pub(super) async fn execute_search(
         item_done(ctx, stage, t.state);
     }
     let mut tally = Tally::default();
-    let stop = drive(ctx, stage, &mut search, &mut outputs, &mut tally, upstream).await?;
+    let taken = (&mut outputs, &mut tally);
+    let stop = drive(ctx, stage, &mut search, taken, cache, upstream).await?;
     if stop.is_none() {
         for i in search.finish() {
             record(ctx, stage, &search, &outputs, i)?;
@@ -67,9 +70,11 @@ enum Stop {
     TooManyFailures(String),
 }
 
-/// What the trials' metric files held that the engine did not take as metrics.
+/// What the trials' metric files held that the engine did not take as metrics, and the
+/// rungs taken from the cache.
 #[derive(Default)]
 struct Tally {
+    cached: usize,
     refused: usize,
     first_refused: Option<String>,
 }
@@ -79,8 +84,8 @@ async fn drive(
     ctx: &Ctx,
     stage: &Stage,
     search: &mut Search<'_>,
-    outputs: &mut BTreeMap<usize, Value>,
-    tally: &mut Tally,
+    (outputs, tally): (&mut BTreeMap<usize, Value>, &mut Tally),
+    cache: Option<&KeyParts>,
     upstream: &BTreeMap<StageId, StageResult>,
 ) -> Result<Option<Stop>, RunError> {
     let plan = stage.search.as_ref().expect("a search stage");
@@ -102,7 +107,7 @@ async fn drive(
             record(ctx, stage, search, outputs, i)?;
             let t = search.trial(i).clone();
             let budget = plan.budget.as_ref().map(|_| search.budget(t.rung));
-            running.push(trial::run(ctx, stage, t, budget, upstream));
+            running.push(trial::run(ctx, stage, (t, budget), cache, upstream));
         }
         let Some(done) = running.next().await else {
             break;
@@ -110,6 +115,11 @@ async fn drive(
         let done = done?;
         let i = done.index;
         search.retried(i, done.retries);
+        if done.cached.is_some() {
+            // Taken from an earlier run's same trial and budget: no attempt ran.
+            search.taken(i);
+            tally.cached += 1;
+        }
         if let Some(o) = done.outputs {
             outputs.insert(i, o);
         }
@@ -181,6 +191,7 @@ fn end_of(
         "pruned": count(TrialState::Pruned),
         "failed": failed,
         "metrics_refused": tally.refused,
+        "rungs_cached": tally.cached,
     });
     let ended = |phase, reason: String, values| LoopEnd {
         attempt: None,

@@ -18,7 +18,9 @@ use crate::state::{MetricRow, Phase, MAX_METRIC_ROWS};
 use crate::template::{value_text, TrialRef};
 
 use super::super::attempt::attempt_loop;
+use super::super::keys::{cache_hit, Hit};
 use super::super::{humanize, Ctx, RunError, StageResult, Track};
+use crate::cache::KeyParts;
 
 /// What an attempt of a trial knows of it (templates, environment).
 #[derive(Debug)]
@@ -75,17 +77,26 @@ pub(super) struct TrialDone {
     /// Metric lines refused (not JSON objects of numbers), and the first's why.
     pub(super) refused: usize,
     pub(super) first_refused: Option<String>,
+    /// The rung came from the cache: the run that made it.
+    pub(super) cached: Option<String>,
 }
 
-/// Runs trial `t` at its rung, to `budget`.
+/// Runs trial `t` at its rung, to `budget`: from the cache where an earlier run ran the
+/// same trial to the same budget (`cache`: the stage's key parts, when it may be cached).
 pub(super) async fn run(
     ctx: &Ctx,
     stage: &Stage,
-    t: Trial,
-    budget: Option<u64>,
+    (t, budget): (Trial, Option<u64>),
+    cache: Option<&KeyParts>,
     upstream: &BTreeMap<StageId, StageResult>,
 ) -> Result<TrialDone, RunError> {
     let plan = stage.search.as_ref().expect("a search stage");
+    let key = cache.map(|base| trial_key(base, &plan.metric, &t, budget));
+    if let (Some(parts), true) = (&key, ctx.opts.request.cache.read) {
+        if let Ok(hit) = cache_hit(ctx, stage, &parts.key()).await? {
+            return from_cache(ctx, stage, &t, hit);
+        }
+    }
     let dir = AttemptKey {
         run: ctx.run.id.0.clone(),
         stage: stage.name.clone(),
@@ -102,6 +113,7 @@ pub(super) async fn run(
         outputs: None,
         refused: 0,
         first_refused: None,
+        cached: None,
     };
     if let Err(e) = std::fs::create_dir_all(&dir) {
         done.outcome = Outcome::Failed(format!("cannot create {}: {e}", dir.display()));
@@ -125,12 +137,18 @@ pub(super) async fn run(
     tokio::pin!(attempts);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let mut stale = None;
+    // What this rung reported, for its cache entry.
+    let mut rung = Vec::new();
+    // A pod's metrics come back when it ends: nothing to be stale on while it runs.
+    let stale_after = plan
+        .stale_after
+        .filter(|_| ctx.executor.container_root().is_none());
     let end = loop {
         tokio::select! {
             end = &mut attempts => break end?,
             _ = tick.tick() => {
-                keep(ctx, stage, tail.read())?;
-                if let Some(limit) = plan.stale_after {
+                keep(ctx, stage, tail.read(), &mut rung)?;
+                if let Some(limit) = stale_after {
                     if stale.is_none() && tail.quiet_for() > limit {
                         stale = Some(limit);
                         let _ = stop_tx.send(true);
@@ -139,13 +157,10 @@ pub(super) async fn run(
             }
         }
     };
-    keep(ctx, stage, tail.read())?;
+    keep(ctx, stage, tail.read(), &mut rung)?;
     if ctx.executor.container_root().is_some() && end.phase == Phase::Succeeded {
-        keep(
-            ctx,
-            stage,
-            remote_metrics(ctx, stage, &t, end.attempt, &mut tail).await,
-        )?;
+        let rows = remote_metrics(ctx, stage, &t, end.attempt, &mut tail).await;
+        keep(ctx, stage, rows, &mut rung)?;
     }
     done.retries = end.attempt.map_or(0, |a| a.saturating_sub(t.attempts));
     (done.refused, done.first_refused) = (tail.refused, tail.first_refused.take());
@@ -164,7 +179,82 @@ pub(super) async fn run(
     if end.phase == Phase::Succeeded {
         done.outputs = Some(serde_json::to_value(&end.outputs).unwrap_or_default());
     }
+    if let (Outcome::Reported(m), Some(parts)) = (&done.outcome, &key) {
+        if ctx.opts.request.cache.write && rung.len() <= MAX_CACHED_ROWS {
+            remember(ctx, stage, parts, (*m, &rung), &end.outputs)?;
+        }
+    }
     Ok(done)
+}
+
+/// The most metric values a rung's cache entry keeps (more: the rung is not cached).
+const MAX_CACHED_ROWS: usize = 10_000;
+
+/// A trial's rung's cache key: the stage's (but for its search, which the trial's params
+/// stand for) with the trial's params, the budget it trains to and the metric read.
+fn trial_key(base: &KeyParts, metric: &str, t: &Trial, budget: Option<u64>) -> KeyParts {
+    let mut parts = base.clone();
+    parts.components.remove("search");
+    let params = Value::Object(t.params.clone()).to_string();
+    parts.plain("trial.params".into(), params);
+    let budget = budget.map_or_else(|| "none".to_owned(), |b| b.to_string());
+    parts.plain("trial.budget".into(), budget);
+    parts.plain("trial.metric".into(), metric.to_owned());
+    parts
+}
+
+/// Keeps a rung that reported `metric` (and `rows`) as a cache entry of its own.
+fn remember(
+    ctx: &Ctx,
+    stage: &Stage,
+    parts: &KeyParts,
+    (metric, rows): (f64, &[(Option<i64>, String, f64)]),
+    outputs: &BTreeMap<String, crate::artifacts::ArtifactRef>,
+) -> Result<(), RunError> {
+    let entry = crate::state::CacheEntry {
+        key: parts.key(),
+        pipeline: ctx.pipeline.name.clone(),
+        stage: stage.name.clone(),
+        run_id: ctx.run.id.0.clone(),
+        outputs: serde_json::to_value(outputs).unwrap_or_default(),
+        values: serde_json::json!({"metric": metric, "rows": rows}),
+        components: serde_json::to_value(&parts.components).unwrap_or_default(),
+        created_at: crate::state::now(),
+    };
+    ctx.state.put_cache_entry(&entry)?;
+    Ok(())
+}
+
+/// A rung an earlier run ran: its metric rows recorded again for this run's trial, its
+/// metric and outputs taken.
+fn from_cache(ctx: &Ctx, stage: &Stage, t: &Trial, hit: Hit) -> Result<TrialDone, RunError> {
+    let at = crate::state::now();
+    let rows: Vec<(Option<i64>, String, f64)> =
+        serde_json::from_value(hit.values["rows"].clone()).unwrap_or_default();
+    let rows: Vec<MetricRow> = rows
+        .into_iter()
+        .map(|(step, name, value)| MetricRow {
+            trial: t.index,
+            step,
+            name,
+            value,
+            at: at.clone(),
+        })
+        .collect();
+    ctx.state.add_metrics(&ctx.run.id, &stage.name, &rows)?;
+    let outcome = match hit.values["metric"].as_f64() {
+        Some(m) => Outcome::Reported(m),
+        None => Outcome::Failed("its cache entry holds no metric".into()),
+    };
+    Ok(TrialDone {
+        index: t.index,
+        outcome,
+        retries: 0,
+        outputs: Some(serde_json::to_value(&hit.outputs).unwrap_or_default()),
+        refused: 0,
+        first_refused: None,
+        cached: Some(hit.run_id),
+    })
 }
 
 /// Why a trial that succeeded gave the search nothing to decide on.
@@ -181,9 +271,15 @@ fn no_metric(metric: &str, tail: &Tail) -> String {
     why
 }
 
-/// Records metric rows (those past the per-trial bound are counted, not kept).
-fn keep(ctx: &Ctx, stage: &Stage, rows: Vec<MetricRow>) -> Result<(), RunError> {
+/// Records metric rows, and adds them to what the rung reported (`rung`).
+fn keep(
+    ctx: &Ctx,
+    stage: &Stage,
+    rows: Vec<MetricRow>,
+    rung: &mut Vec<(Option<i64>, String, f64)>,
+) -> Result<(), RunError> {
     ctx.state.add_metrics(&ctx.run.id, &stage.name, &rows)?;
+    rung.extend(rows.into_iter().map(|r| (r.step, r.name, r.value)));
     Ok(())
 }
 

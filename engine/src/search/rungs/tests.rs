@@ -1,33 +1,20 @@
 use super::*;
-use crate::search::{Budget, Dim, Goal, Method};
+use crate::search::{Dim, Method};
 
+/// The shared plan, over one dimension `x` with its optimum inside.
 fn plan(variant: Variant) -> SearchPlan {
-    SearchPlan {
-        method: Method::Asha,
-        variant,
-        metric: "loss".into(),
-        goal: Goal::Minimize,
-        trials: 27,
-        max_concurrent: None,
-        max_failed_trials: 0,
-        budget: Some(Budget {
-            unit: "epochs".into(),
-            min: 1,
-            max: 27,
-        }),
-        reduction_factor: 3,
-        max_rungs: 5,
-        seed: 3,
-        stale_after: None,
-        space: vec![(
-            "x".into(),
-            Dim::Uniform {
-                lo: 0.0,
-                hi: 1.0,
-                count: None,
-            },
-        )],
-    }
+    let mut p = crate::search::tests::plan(Method::Asha);
+    p.variant = variant;
+    p.seed = 3;
+    p.space = vec![(
+        "x".into(),
+        Dim::Uniform {
+            lo: 0.0,
+            hi: 1.0,
+            count: None,
+        },
+    )];
+    p
 }
 
 /// A loss with its optimum at x = 0.3, lower with more budget.
