@@ -187,6 +187,9 @@ pub(super) async fn run(
     Ok(done)
 }
 
+/// One value a rung reported: its step, name and value.
+type RungValue = (Option<i64>, String, f64);
+
 /// The most metric values a rung's cache entry keeps (more: the rung is not cached).
 const MAX_CACHED_ROWS: usize = 10_000;
 
@@ -208,7 +211,7 @@ fn remember(
     ctx: &Ctx,
     stage: &Stage,
     parts: &KeyParts,
-    (metric, rows): (f64, &[(Option<i64>, String, f64)]),
+    (metric, rows): (f64, &[RungValue]),
     outputs: &BTreeMap<String, crate::artifacts::ArtifactRef>,
 ) -> Result<(), RunError> {
     let entry = crate::state::CacheEntry {
@@ -229,7 +232,7 @@ fn remember(
 /// metric and outputs taken.
 fn from_cache(ctx: &Ctx, stage: &Stage, t: &Trial, hit: Hit) -> Result<TrialDone, RunError> {
     let at = crate::state::now();
-    let rows: Vec<(Option<i64>, String, f64)> =
+    let rows: Vec<RungValue> =
         serde_json::from_value(hit.values["rows"].clone()).unwrap_or_default();
     let rows: Vec<MetricRow> = rows
         .into_iter()
@@ -276,7 +279,7 @@ fn keep(
     ctx: &Ctx,
     stage: &Stage,
     rows: Vec<MetricRow>,
-    rung: &mut Vec<(Option<i64>, String, f64)>,
+    rung: &mut Vec<RungValue>,
 ) -> Result<(), RunError> {
     ctx.state.add_metrics(&ctx.run.id, &stage.name, &rows)?;
     rung.extend(rows.into_iter().map(|r| (r.step, r.name, r.value)));
