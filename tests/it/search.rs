@@ -476,6 +476,12 @@ fn a_wider_search_takes_the_rungs_it_shares_from_the_cache() {
     assert_eq!(train["origin"], "ran", "the stage itself missed: {train}");
     let cached = train["values"]["rungs_cached"].as_u64().unwrap();
     assert!(cached >= 27, "{cached} rungs from the cache: {train}");
+    // `explain` compares the stage with the stage's entries, not with its trials'.
+    let why = text(&home.drivetrain(&["explain", &run, "train"]).stdout);
+    assert!(
+        why.contains("`search` changed") && !why.contains("trial.params"),
+        "{why}"
+    );
     let listed = trials(&home, &run);
     let all = listed["trials"].as_array().unwrap();
     assert_eq!(all.len(), 30);

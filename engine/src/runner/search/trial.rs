@@ -181,7 +181,7 @@ pub(super) async fn run(
     }
     if let (Outcome::Reported(m), Some(parts)) = (&done.outcome, &key) {
         if ctx.opts.request.cache.write && rung.len() <= MAX_CACHED_ROWS {
-            remember(ctx, stage, parts, (*m, &rung), &end.outputs)?;
+            remember(ctx, (stage, t.index), parts, (*m, &rung), &end.outputs)?;
         }
     }
     Ok(done)
@@ -206,10 +206,11 @@ fn trial_key(base: &KeyParts, metric: &str, t: &Trial, budget: Option<u64>) -> K
     parts
 }
 
-/// Keeps a rung that reported `metric` (and `rows`) as a cache entry of its own.
+/// Keeps a rung that reported `metric` (and `rows`) as a cache entry of its own, of the
+/// trial's stage key (`STAGE/items/I`: not one `explain` compares the stage with).
 fn remember(
     ctx: &Ctx,
-    stage: &Stage,
+    (stage, index): (&Stage, usize),
     parts: &KeyParts,
     (metric, rows): (f64, &[RungValue]),
     outputs: &BTreeMap<String, crate::artifacts::ArtifactRef>,
@@ -217,7 +218,7 @@ fn remember(
     let entry = crate::state::CacheEntry {
         key: parts.key(),
         pipeline: ctx.pipeline.name.clone(),
-        stage: stage.name.clone(),
+        stage: format!("{}/items/{index}", stage.name),
         run_id: ctx.run.id.0.clone(),
         outputs: serde_json::to_value(outputs).unwrap_or_default(),
         values: serde_json::json!({"metric": metric, "rows": rows}),
