@@ -7,8 +7,9 @@ use serde_json::Value;
 use crate::common::*;
 
 /// A trainer: `val_loss` is lowest at lr = 0.01, width = 0.5 and falls with the epochs;
-/// it resumes from its checkpoint, reports each epoch once, and (as trial `HOLD`, once)
-/// waits to be killed. Its model says which epochs each of its runs started at.
+/// it resumes from its checkpoint, reports each epoch once, writes the lr it used to its
+/// values, and (as trial `HOLD`, once) waits to be killed. Its model says which epochs
+/// each of its runs started at.
 const TRAIN: &str = r#"
 import json, math, os, sys, time
 lr, width, budget = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
@@ -27,6 +28,7 @@ for epoch in range(state["epoch"] + 1, budget + 1):
         m.write(json.dumps({"step": epoch, "val_loss": loss}) + "\n")
 model = dict(state, lr=lr, width=width, trial=os.environ["DRIVETRAIN_TRIAL_ID"])
 json.dump(model, open(os.path.join(os.environ["DRIVETRAIN_OUTPUT_MODEL"], "model.json"), "w"))
+json.dump({"lr_used": lr, "trials": "a trial's own"}, open(os.environ["DRIVETRAIN_VALUES"], "w"))
 "#;
 
 pub(crate) fn pipeline(
@@ -167,6 +169,10 @@ fn search_ends_well(variant: &str) {
     let metric = best["metric"].as_f64().unwrap();
     let listed_best = all.iter().find(|t| t["id"] == best["trial"]).unwrap();
     assert_eq!(listed_best["metric"].as_f64(), Some(metric));
+    // What the best trial reported is the stage's too, beside the search's own keys.
+    let values = &stage(&st, "train")["values"];
+    assert_eq!(values["lr_used"], best["params"]["lr"], "{values}");
+    assert_eq!(values["trials"], 27, "the search's count wins: {values}");
     if variant == "stop" {
         let reason = all.iter().find(|t| t["state"] == "pruned").unwrap()["reason"].clone();
         assert!(

@@ -270,13 +270,14 @@ statements! {
          phase";
     PUT_TRIAL =
         "INSERT INTO trials (run_id, stage, idx, trial_id, params, state, rung, metrics, used, \
-         attempts, reason, outputs, started_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, \
-         $8, $9, $10, $11, $12, $13, $13) ON CONFLICT (run_id, stage, idx) DO UPDATE SET state \
-         = $6, rung = $7, metrics = $8, used = $9, attempts = $10, reason = $11, outputs = $12, \
-         started_at = COALESCE(trials.started_at, $13), updated_at = $13";
+         attempts, reason, outputs, started_at, updated_at, trial_values) VALUES ($1, $2, $3, \
+         $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14) ON CONFLICT (run_id, stage, idx) \
+         DO UPDATE SET state = $6, rung = $7, metrics = $8, used = $9, attempts = $10, reason = \
+         $11, outputs = $12, started_at = COALESCE(trials.started_at, $13), updated_at = $13, \
+         trial_values = $14";
     TRIALS =
         "SELECT idx, trial_id, params, state, rung, metrics, used, attempts, reason, outputs, \
-         started_at, updated_at, handle FROM trials WHERE run_id = $1 AND stage = $2 ORDER BY \
+         started_at, updated_at, handle, trial_values FROM trials WHERE run_id = $1 AND stage = $2 ORDER BY \
          idx";
     SET_TRIAL_HANDLE =
         "UPDATE trials SET handle = $4 WHERE run_id = $1 AND stage = $2 AND idx = $3";

@@ -360,6 +360,7 @@ CREATE TABLE trials (
     attempts BIGINT NOT NULL,
     reason TEXT,
     outputs TEXT NOT NULL DEFAULT '{}',
+    trial_values TEXT NOT NULL DEFAULT '{}',
     started_at TEXT,
     updated_at TEXT NOT NULL,
     handle TEXT,

@@ -14,6 +14,8 @@ pub struct TrialRecord {
     #[serde(flatten)]
     pub trial: Trial,
     pub outputs: serde_json::Value,
+    /// The `values.json` of its last rung that succeeded (`{}` when none).
+    pub values: serde_json::Value,
     pub started_at: Option<String>,
     pub updated_at: String,
     /// The executor's handle of its last attempt (to stop it when its engine is gone).
@@ -39,14 +41,14 @@ pub const MAX_METRIC_ROWS: usize = 100_000;
 
 /// Trials and their metrics.
 pub trait TrialStore: Send + Sync {
-    /// Records `trial` as it is now (inserted the first time), with the outputs of its
-    /// last rung that succeeded (`{}` when none).
+    /// Records `trial` as it is now (inserted the first time), with the outputs and
+    /// values of its last rung that succeeded (`{}` when none).
     fn put_trial(
         &self,
         run: &RunId,
         stage: &str,
         trial: &Trial,
-        outputs: &serde_json::Value,
+        kept: (&serde_json::Value, &serde_json::Value),
     ) -> Result<(), StateError>;
 
     /// Records the executor's handle of a trial's running attempt.
@@ -83,6 +85,7 @@ pub(super) struct TrialColumns {
     pub started_at: Option<String>,
     pub updated_at: String,
     pub handle: Option<String>,
+    pub values: String,
 }
 
 impl TrialColumns {
@@ -102,6 +105,7 @@ impl TrialColumns {
                 reason: self.reason,
             },
             outputs: serde_json::from_str(&self.outputs).unwrap_or_default(),
+            values: serde_json::from_str(&self.values).unwrap_or_default(),
             started_at: self.started_at,
             updated_at: self.updated_at,
             handle: self.handle,

@@ -43,9 +43,9 @@ pub(super) async fn execute_search(
     });
     // A resumed run takes up the search it recorded.
     let stored = ctx.state.trials(run, &stage.name)?;
-    let mut outputs: BTreeMap<usize, Value> = stored
+    let mut outputs: Kept = stored
         .iter()
-        .map(|r| (r.trial.index, r.outputs.clone()))
+        .map(|r| (r.trial.index, (r.outputs.clone(), r.values.clone())))
         .collect();
     let mut search = Search::new(plan, stored.into_iter().map(|r| r.trial).collect());
     for t in search.trials().iter().filter(|t| settled(t.state)) {
@@ -62,6 +62,9 @@ pub(super) async fn execute_search(
     }
     Ok(end_of(plan, &search, &outputs, stop, &tally))
 }
+
+/// Each trial's outputs and values of its last rung that succeeded, by index.
+type Kept = BTreeMap<usize, (Value, Value)>;
 
 /// Why a search stopped before it decided everything.
 enum Stop {
@@ -84,7 +87,7 @@ async fn drive(
     ctx: &Ctx,
     stage: &Stage,
     search: &mut Search<'_>,
-    (outputs, tally): (&mut BTreeMap<usize, Value>, &mut Tally),
+    (outputs, tally): (&mut Kept, &mut Tally),
     cache: Option<&KeyParts>,
     upstream: &BTreeMap<StageId, StageResult>,
 ) -> Result<Option<Stop>, RunError> {
@@ -121,7 +124,7 @@ async fn drive(
             tally.cached += 1;
         }
         if let Some(o) = done.outputs {
-            outputs.insert(i, o);
+            outputs.insert(i, (o, done.values.unwrap_or_default()));
         }
         tally.refused += done.refused;
         if tally.first_refused.is_none() {
@@ -149,13 +152,13 @@ fn record(
     ctx: &Ctx,
     stage: &Stage,
     search: &Search<'_>,
-    outputs: &BTreeMap<usize, Value>,
+    outputs: &Kept,
     i: usize,
 ) -> Result<(), RunError> {
     let none = json!({});
-    let out = outputs.get(&i).unwrap_or(&none);
+    let kept = outputs.get(&i).map_or((&none, &none), |(o, v)| (o, v));
     ctx.state
-        .put_trial(&ctx.run.id, &stage.name, search.trial(i), out)?;
+        .put_trial(&ctx.run.id, &stage.name, search.trial(i), kept)?;
     Ok(())
 }
 
@@ -175,11 +178,12 @@ fn item_done(ctx: &Ctx, stage: &Stage, state: TrialState) {
 }
 
 /// The stage's end: the best trial's outputs, and values that say which trial it is
-/// (`best.trial`, `best.params`, `best.metric`) and how the trials ended.
+/// (`best.trial`, `best.params`, `best.metric`) and how the trials ended, beside what
+/// the best trial reported.
 fn end_of(
     plan: &SearchPlan,
     search: &Search<'_>,
-    outputs: &BTreeMap<usize, Value>,
+    outputs: &Kept,
     stop: Option<Stop>,
     tally: &Tally,
 ) -> LoopEnd {
@@ -227,11 +231,21 @@ fn end_of(
         "params": best.params,
         "metric": best.metric(),
     });
-    let outs: BTreeMap<String, ArtifactRef> = outputs
-        .get(&best.index)
-        .and_then(|o| serde_json::from_value(o.clone()).ok())
-        .unwrap_or_default();
-    let mut warnings = Vec::new();
+    let (outs, own) = outputs.get(&best.index).cloned().unwrap_or_default();
+    let outs: BTreeMap<String, ArtifactRef> = serde_json::from_value(outs).unwrap_or_default();
+    // What the best trial reported is the stage's too (its `series`, a step's values),
+    // so what reads the stage's values reads them as without a search.
+    let mut warnings: Vec<String> = own["warnings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| w.as_str().map(str::to_owned))
+        .collect();
+    if let (Value::Object(own), Value::Object(summary)) = (own, &mut values) {
+        for (k, v) in own {
+            summary.entry(k).or_insert(v);
+        }
+    }
     if failed > 0 {
         warnings.push(format!("{failed} trials failed (within max_failed_trials)"));
     }

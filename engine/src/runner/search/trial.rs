@@ -72,8 +72,9 @@ pub(super) struct TrialDone {
     pub(super) outcome: Outcome,
     /// Attempts beyond the first (retries).
     pub(super) retries: u32,
-    /// The outputs of a rung that succeeded (artifact refs by name).
+    /// The outputs of a rung that succeeded (artifact refs by name), and its values.
     pub(super) outputs: Option<Value>,
+    pub(super) values: Option<Value>,
     /// Metric lines refused (not JSON objects of numbers), and the first's why.
     pub(super) refused: usize,
     pub(super) first_refused: Option<String>,
@@ -111,6 +112,7 @@ pub(super) async fn run(
         outcome: Outcome::Interrupted,
         retries: 0,
         outputs: None,
+        values: None,
         refused: 0,
         first_refused: None,
         cached: None,
@@ -178,10 +180,12 @@ pub(super) async fn run(
     };
     if end.phase == Phase::Succeeded {
         done.outputs = Some(serde_json::to_value(&end.outputs).unwrap_or_default());
+        done.values = Some(end.values.clone());
     }
     if let (Outcome::Reported(m), Some(parts)) = (&done.outcome, &key) {
         if ctx.opts.request.cache.write && rung.len() <= MAX_CACHED_ROWS {
-            remember(ctx, (stage, t.index), parts, (*m, &rung), &end.outputs)?;
+            let reported = (*m, rung.as_slice(), &end.values);
+            remember(ctx, (stage, t.index), parts, reported, &end.outputs)?;
         }
     }
     Ok(done)
@@ -212,7 +216,7 @@ fn remember(
     ctx: &Ctx,
     (stage, index): (&Stage, usize),
     parts: &KeyParts,
-    (metric, rows): (f64, &[RungValue]),
+    (metric, rows, values): (f64, &[RungValue], &Value),
     outputs: &BTreeMap<String, crate::artifacts::ArtifactRef>,
 ) -> Result<(), RunError> {
     let entry = crate::state::CacheEntry {
@@ -221,7 +225,7 @@ fn remember(
         stage: format!("{}/items/{index}", stage.name),
         run_id: ctx.run.id.0.clone(),
         outputs: serde_json::to_value(outputs).unwrap_or_default(),
-        values: serde_json::json!({"metric": metric, "rows": rows}),
+        values: serde_json::json!({"metric": metric, "rows": rows, "values": values}),
         components: serde_json::to_value(&parts.components).unwrap_or_default(),
         created_at: crate::state::now(),
     };
@@ -255,6 +259,7 @@ fn from_cache(ctx: &Ctx, stage: &Stage, t: &Trial, hit: Hit) -> Result<TrialDone
         outcome,
         retries: 0,
         outputs: Some(serde_json::to_value(&hit.outputs).unwrap_or_default()),
+        values: Some(hit.values["values"].clone()),
         refused: 0,
         first_refused: None,
         cached: Some(hit.run_id),

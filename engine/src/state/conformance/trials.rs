@@ -22,7 +22,7 @@ pub(super) fn trials_and_metrics(s: &dyn StateStore) {
         reason: None,
     };
     let none = serde_json::json!({});
-    s.put_trial(&id, "train", &t, &none).unwrap();
+    s.put_trial(&id, "train", &t, (&none, &none)).unwrap();
     let first = s.trials(&id, "train").unwrap();
     assert_eq!(first.len(), 1);
     assert_eq!(first[0].trial, t);
@@ -35,19 +35,21 @@ pub(super) fn trials_and_metrics(s: &dyn StateStore) {
     t.attempts = 3;
     t.reason = Some("below the cut".into());
     let outputs = serde_json::json!({"model": {"digest": "sha256:ab"}});
-    s.put_trial(&id, "train", &t, &outputs).unwrap();
+    let values = serde_json::json!({"series": {"loss": [0.5, 0.25]}});
+    s.put_trial(&id, "train", &t, (&outputs, &values)).unwrap();
     let zero = Trial {
         index: 0,
         id: "t000".into(),
         ..t.clone()
     };
-    s.put_trial(&id, "train", &zero, &none).unwrap();
-    s.put_trial(&id, "other", &zero, &none).unwrap();
+    s.put_trial(&id, "train", &zero, (&none, &none)).unwrap();
+    s.put_trial(&id, "other", &zero, (&none, &none)).unwrap();
     let read = s.trials(&id, "train").unwrap();
     assert_eq!(read.len(), 2, "{read:?}");
     assert_eq!(read[0].trial.index, 0, "by index");
     assert_eq!(read[1].trial, t);
-    assert_eq!(read[1].outputs, outputs);
+    assert_eq!((&read[1].outputs, &read[1].values), (&outputs, &values));
+    assert_eq!(read[0].values, none);
     assert_eq!(read[1].started_at, first[0].started_at);
     assert_eq!(read[1].handle, None);
     s.set_trial_handle(&id, "train", 2, "pgid:77").unwrap();

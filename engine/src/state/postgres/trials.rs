@@ -10,11 +10,11 @@ impl TrialStore for PostgresState {
         run: &RunId,
         stage: &str,
         t: &Trial,
-        outputs: &serde_json::Value,
+        (outputs, values): (&serde_json::Value, &serde_json::Value),
     ) -> Result<(), StateError> {
         let params = serde_json::Value::Object(t.params.clone()).to_string();
         let metrics = serde_json::to_string(&t.metrics).unwrap_or_else(|_| "[]".into());
-        let outputs = outputs.to_string();
+        let (outputs, values) = (outputs.to_string(), values.to_string());
         let (idx, rung, used) = (t.index as i64, t.rung as i64, t.used as i64);
         let attempts = i64::from(t.attempts);
         self.with(|c| {
@@ -35,6 +35,7 @@ impl TrialStore for PostgresState {
                     &t.reason,
                     &outputs,
                     &now(),
+                    &values,
                 ],
                 format!("record trial {} of {stage}", t.id),
             )
@@ -82,6 +83,7 @@ impl TrialStore for PostgresState {
                         started_at: r.get(10),
                         updated_at: r.get(11),
                         handle: r.get(12),
+                        values: r.get(13),
                     }
                     .record()
                 },

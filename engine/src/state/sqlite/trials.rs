@@ -12,7 +12,7 @@ impl TrialStore for SqliteState {
         run: &RunId,
         stage: &str,
         t: &Trial,
-        outputs: &serde_json::Value,
+        (outputs, values): (&serde_json::Value, &serde_json::Value),
     ) -> Result<(), StateError> {
         let params = serde_json::Value::Object(t.params.clone()).to_string();
         let metrics = serde_json::to_string(&t.metrics).unwrap_or_else(|_| "[]".into());
@@ -32,7 +32,8 @@ impl TrialStore for SqliteState {
                     i64::from(t.attempts),
                     t.reason,
                     outputs.to_string(),
-                    now()
+                    now(),
+                    values.to_string()
                 ],
             )
             .map(|_| ())
@@ -78,6 +79,7 @@ impl TrialStore for SqliteState {
                         started_at: r.get(10)?,
                         updated_at: r.get(11)?,
                         handle: r.get(12)?,
+                        values: r.get(13)?,
                     }
                     .record())
                 })
