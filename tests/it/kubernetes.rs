@@ -322,6 +322,14 @@ async fn cluster(home: &Home) -> (StandIn, PathBuf, ClusterDir) {
     (standin, settings, dir)
 }
 
+/// The binary with `args` against the stand-in, off the test's runtime: its output.
+async fn run_engine(home: &Home, settings: &Path, args: &[&str]) -> std::process::Output {
+    let mut cmd = engine(home, settings, args);
+    tokio::task::spawn_blocking(move || cmd.output().expect("the binary runs"))
+        .await
+        .unwrap()
+}
+
 fn engine(home: &Home, settings: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_drivetrain"));
     c.args(args)
@@ -365,10 +373,7 @@ async fn a_pipeline_runs_as_jobs_against_the_api_stand_in() {
     let home = Home::new("k8s-e2e");
     let (standin, settings, _cluster) = cluster(&home).await;
     let pipeline = home.write("e2e.yaml", E2E);
-    let mut cmd = engine(&home, &settings, &["run", pipeline.to_str().unwrap()]);
-    let run = tokio::task::spawn_blocking(move || cmd.output().expect("the binary runs"))
-        .await
-        .unwrap();
+    let run = run_engine(&home, &settings, &["run", pipeline.to_str().unwrap()]).await;
     assert_ok(&run);
     let id = run_id(&run);
     let status = home.status(&id);
@@ -419,10 +424,7 @@ async fn a_pipeline_runs_as_jobs_against_the_api_stand_in() {
         "folder.yaml",
         "version: 1\nname: folder\ndefaults: {executor: kubernetes, image: registry.example.com/av/steps:1.4}\nstages:\n  prep:\n    run: {command: [sh, \"{{ pipeline.dir }}/prep.sh\"]}\n",
     );
-    let mut cmd = engine(&home, &settings, &["run", folder.to_str().unwrap()]);
-    let run = tokio::task::spawn_blocking(move || cmd.output().expect("the binary runs"))
-        .await
-        .unwrap();
+    let run = run_engine(&home, &settings, &["run", folder.to_str().unwrap()]).await;
     assert_eq!(run.status.code(), Some(1), "{}", text(&run.stdout));
     let prep = stage(&home.status(&run_id(&run)), "prep")["reason"].clone();
     assert!(
@@ -554,10 +556,7 @@ async fn snapshots_are_recorded_and_restored_by_reruns() {
     let home = Home::new("k8s-snap");
     let (standin, settings, _cluster) = cluster(&home).await;
     let pipeline = home.write("snap.yaml", SNAPSHOTS);
-    let mut cmd = engine(&home, &settings, &["run", pipeline.to_str().unwrap()]);
-    let run = tokio::task::spawn_blocking(move || cmd.output().unwrap())
-        .await
-        .unwrap();
+    let run = run_engine(&home, &settings, &["run", pipeline.to_str().unwrap()]).await;
     assert_ok(&run);
     let id = run_id(&run);
     let status = home.status(&id);
@@ -594,10 +593,7 @@ async fn snapshots_are_recorded_and_restored_by_reruns() {
 
     // A rerun of `train` alone reuses `prepare` of the original run, values included: it
     // restores the same snapshot.
-    let mut cmd = engine(&home, &settings, &["rerun", &id, "--stage", "train"]);
-    let rerun = tokio::task::spawn_blocking(move || cmd.output().unwrap())
-        .await
-        .unwrap();
+    let rerun = run_engine(&home, &settings, &["rerun", &id, "--stage", "train"]).await;
     assert_ok(&rerun);
     assert_eq!(restored_from(&standin), vec![name.clone(), name]);
     assert_eq!(
@@ -895,10 +891,7 @@ async fn a_search_runs_each_trial_as_a_job_against_the_api_stand_in() {
         "method: grid, metric: loss, budget: {unit: epochs, min: 1, max: 2}, space: {x: {choice: [3, 1, 2]}}",
     );
     let pipeline = home.write("search.yaml", &search);
-    let mut cmd = engine(&home, &settings, &["run", pipeline.to_str().unwrap()]);
-    let run = tokio::task::spawn_blocking(move || cmd.output().expect("the binary runs"))
-        .await
-        .unwrap();
+    let run = run_engine(&home, &settings, &["run", pipeline.to_str().unwrap()]).await;
     assert_ok(&run);
     let id = run_id(&run);
     assert_eq!(

@@ -179,12 +179,7 @@ async fn run_attempt(
         Ok(prepared) => prepared,
         Err(end) => return Ok(end),
     };
-    // A trial's search may stop its attempt (one that went stale).
-    let stop = match track {
-        Track::Trial { trial, .. } => Some(trial.stop.clone()),
-        _ => None,
-    };
-    let mut result = start_and_wait(ctx, stage, key, spec, &layout, stop).await;
+    let mut result = start_and_wait(ctx, stage, (key, track), spec, &layout).await;
     if let Some(end) = wrote_to_an_input(ctx, stage, upstream).await {
         result = Ok(end);
     }
@@ -228,10 +223,9 @@ async fn wrote_to_an_input(
 async fn start_and_wait(
     ctx: &Ctx,
     stage: &Stage,
-    key: &AttemptKey,
+    (key, track): (&AttemptKey, Track<'_>),
     spec: AttemptSpec,
     layout: &Layout,
-    stop: Option<watch::Receiver<bool>>,
 ) -> Result<AttemptEnd, String> {
     let mut spec = spec;
     let holder = match key.item {
@@ -260,7 +254,7 @@ async fn start_and_wait(
     }
     // Only an attempt holding devices can be asked for them.
     let watch = (!gpus.is_empty() && stage.scheduling.preemptible).then_some(holder.as_str());
-    let result = wait_attempt(ctx, stage, key, spec, layout, (watch, stop)).await;
+    let result = wait_attempt(ctx, stage, (key, track), spec, layout, watch).await;
     if asks {
         if let Err(e) = ctx.gpus.release(&holder) {
             // The ledger frees them once this run ends anyway.
@@ -322,33 +316,23 @@ async fn claim_gpus(
 async fn wait_attempt(
     ctx: &Ctx,
     stage: &Stage,
-    key: &AttemptKey,
+    (key, track): (&AttemptKey, Track<'_>),
     spec: AttemptSpec,
     layout: &Layout,
-    (preemptible, stop): (Option<&str>, Option<watch::Receiver<bool>>),
+    preemptible: Option<&str>,
 ) -> Result<AttemptEnd, String> {
     let mask = spec.mask.clone();
     let access = spec.access.clone();
     let log_path = spec.log.clone();
     let log = log_path.as_path();
     let mut running = ctx.executor.start(spec).await.map_err(|e| e.to_string())?;
-    let recorded = match (key.item, &stop) {
-        // A trial's attempt (its search may stop it): on the trial.
-        (Some(index), Some(_)) => {
-            ctx.state
-                .set_trial_handle(&ctx.run.id, &stage.name, index, &running.handle())
-        }
-        (Some(index), None) => {
-            ctx.state
-                .set_item_handle(&ctx.run.id, &stage.name, index, &running.handle())
-        }
-        (None, _) => {
-            ctx.state
-                .set_attempt_handle(&ctx.run.id, &stage.name, key.attempt, &running.handle())
-        }
-    };
-    recorded.map_err(|e| e.to_string())?;
+    record_handle(ctx, stage, (key, track), &running.handle()).map_err(|e| e.to_string())?;
     let timeout = stage.timeout.unwrap_or(Duration::MAX);
+    // A trial's search may stop its attempt (one that went stale).
+    let stop = match track {
+        Track::Trial { trial, .. } => Some(trial.stop.clone()),
+        _ => None,
+    };
     let outcome = match until_ended(ctx, stage, running.as_mut(), preemptible, stop).await {
         Ended::Outcome(o) => o,
         Ended::Preempted(by) => {
@@ -437,6 +421,29 @@ async fn wait_attempt(
     match publish(ctx, stage, key, layout).await? {
         Ok(outputs) => Ok(AttemptEnd::Succeeded { outputs, values }),
         Err(end) => Ok(end),
+    }
+}
+
+/// Records the executor's handle of a started attempt on what it is an attempt of: the
+/// stage, a map item, or a search's trial (to stop it when its engine is gone).
+fn record_handle(
+    ctx: &Ctx,
+    stage: &Stage,
+    (key, track): (&AttemptKey, Track<'_>),
+    handle: &str,
+) -> Result<(), crate::state::StateError> {
+    match track {
+        Track::Trial { index, .. } => {
+            ctx.state
+                .set_trial_handle(&ctx.run.id, &stage.name, index, handle)
+        }
+        Track::Item { index, .. } => {
+            ctx.state
+                .set_item_handle(&ctx.run.id, &stage.name, index, handle)
+        }
+        Track::Stage => ctx
+            .state
+            .set_attempt_handle(&ctx.run.id, &stage.name, key.attempt, handle),
     }
 }
 

@@ -268,8 +268,9 @@ fn from_cache(ctx: &Ctx, stage: &Stage, t: &Trial, hit: Hit) -> Result<TrialDone
 
 /// Why a trial that succeeded gave the search nothing to decide on.
 fn no_metric(metric: &str, tail: &Tail) -> String {
+    let example = serde_json::json!({"step": 1, metric: 0.5});
     let mut why = format!(
-        "the trial reported no `{metric}`: append lines like {{\"step\": 1, \"{metric}\": 0.5}} to $DRIVETRAIN_METRICS, or run `drivetrain report --step 1 {metric}=0.5`"
+        "the trial reported no `{metric}`: append lines like {example} to $DRIVETRAIN_METRICS, or run `drivetrain report --step 1 {metric}=0.5`"
     );
     if let Some(first) = &tail.first_refused {
         why.push_str(&format!(
