@@ -112,6 +112,21 @@ pub(crate) enum SearchCommand {
     },
 }
 
+/// `drivetrain plugins …`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum PluginsCommand {
+    /// Fetch the git plugins a pipeline uses into the home (validation reads no network).
+    Fetch {
+        /// The pipeline file.
+        file: PathBuf,
+    },
+    /// Resolve every plugin a pipeline uses and write `drivetrain.lock` beside it.
+    Lock {
+        /// The pipeline file.
+        file: PathBuf,
+    },
+}
+
 /// Commands that read pipeline files: validate, draw, plan, and the steps and schemas they use.
 #[derive(Debug, Subcommand)]
 pub(crate) enum PipelineGroup {
@@ -176,6 +191,14 @@ pub(crate) enum PipelineGroup {
         #[arg(long)]
         api: bool,
     },
+    /// The plugin steps a pipeline uses: `fetch` brings git plugins into the home;
+    /// `lock` pins every plugin (a tag or branch to its commit, each step's digest) in
+    /// `drivetrain.lock` beside the pipeline.
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  drivetrain plugins fetch pipeline.yaml\n  drivetrain plugins lock pipeline.yaml"
+    )]
+    Plugins(PluginsCommand),
     /// List the built-in steps and executors; with a step's name, what its `with:` takes.
     #[command(
         after_help = "Examples:\n  drivetrain steps\n  drivetrain steps train\n  drivetrain steps --output json"
@@ -234,6 +257,10 @@ pub(crate) enum RunGroup {
         /// Execute every stage and record its outputs as the cache entry.
         #[arg(long, conflicts_with = "no_cache")]
         overwrite_cache: bool,
+        /// Use plugin steps only as `drivetrain.lock` pins them (for CI): refuse a plugin
+        /// without an entry, of another digest, or whose tag or branch moved.
+        #[arg(long)]
+        locked: bool,
         #[arg(long, short = 'o', value_enum, default_value_t = Format::Text)]
         output: Format,
     },

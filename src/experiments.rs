@@ -54,7 +54,7 @@ fn search_of(
 ) -> anyhow::Result<SearchPlan> {
     let source = drivetrain_engine::state::sources::pipeline_text(state, record)
         .map_err(anyhow::Error::msg)?;
-    let pipeline = drivetrain_engine::validate(&source, catalog)
+    let pipeline = drivetrain_engine::validate_file(Path::new(&record.file), &source, catalog)
         .pipeline
         .with_context(|| format!("the pipeline of run {} no longer validates", record.id))?;
     let Some(s) = pipeline.stage_by_name(stage) else {

@@ -194,7 +194,9 @@ fn backfill(
     };
     let source = std::fs::read_to_string(&t.file)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", t.file))?;
-    let Some(mut pipeline) = drivetrain_engine::validate(&source, catalog).pipeline else {
+    let Some(mut pipeline) =
+        drivetrain_engine::validate_file(Path::new(&t.file), &source, catalog).pipeline
+    else {
         return usage(format!(
             "{} does not validate (see `drivetrain validate`)",
             t.file

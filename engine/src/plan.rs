@@ -296,6 +296,8 @@ pub struct Stage {
     pub scheduling: Scheduling,
     /// The container image on Kubernetes (`run.image` or `defaults.image`).
     pub image: Option<Template>,
+    /// The plugin step the stage uses (its command is the step's), for keys and records.
+    pub plugin: Option<crate::plugin::PluginId>,
 }
 
 impl Stage {

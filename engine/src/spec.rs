@@ -1129,3 +1129,25 @@ pub fn json_schema() -> serde_json::Value {
     }
     value
 }
+
+/// The JSON Schema of a pipeline file with each step's `with:` typed: `steps` holds, for
+/// each step, the `uses:` values that name it and the schema of its `with:` (built-in
+/// steps' config schemas, plugins' params).
+pub fn json_schema_with(steps: &[(Vec<String>, serde_json::Value)]) -> serde_json::Value {
+    let mut value = json_schema();
+    let conditions: Vec<serde_json::Value> = steps
+        .iter()
+        .map(|(uses, with)| {
+            serde_json::json!({
+                "if": {"properties": {"uses": {"enum": uses}}, "required": ["uses"]},
+                "then": {"properties": {"with": with}},
+            })
+        })
+        .collect();
+    if let Some(stage) = value.pointer_mut("/definitions/StageSpec") {
+        if !conditions.is_empty() {
+            stage["allOf"] = serde_json::Value::Array(conditions);
+        }
+    }
+    value
+}

@@ -265,6 +265,8 @@ pub fn check_typed_config<C: DeserializeOwned>(
 pub struct Catalog {
     steps: Vec<Box<dyn Step>>,
     executors: Vec<&'static str>,
+    /// The home git plugins are cached in (see [`crate::plugin`]).
+    home: Option<PathBuf>,
 }
 
 impl fmt::Debug for Catalog {
@@ -278,7 +280,21 @@ impl fmt::Debug for Catalog {
 
 impl Catalog {
     pub fn new(steps: Vec<Box<dyn Step>>, executors: Vec<&'static str>) -> Self {
-        Catalog { steps, executors }
+        Catalog {
+            steps,
+            executors,
+            home: None,
+        }
+    }
+
+    /// The catalog of a home, whose cache holds the git plugins pipelines use.
+    pub fn with_home(mut self, home: &std::path::Path) -> Self {
+        self.home = Some(home.to_path_buf());
+        self
+    }
+
+    pub fn home(&self) -> Option<&std::path::Path> {
+        self.home.as_deref()
     }
 
     pub fn step(&self, name: &str) -> Option<&dyn Step> {

@@ -40,6 +40,11 @@ pub enum Ref {
     Item(Vec<String>),
     /// `trial.id`, `trial.budget` or `trial.params.NAME` inside a stage with `search`.
     Trial(TrialRef),
+    /// `with.NAME`, in a step file only: the param a stage gave in `with:` (or its
+    /// default), put in place when the stage is planned.
+    With(String),
+    /// `step.dir`, in a step file only: the plugin's folder.
+    StepDir,
 }
 
 /// What of a search's trial a template reads.
@@ -56,6 +61,7 @@ pub enum TrialRef {
 /// The roots a reference can start with, for hints.
 pub const ROOTS: &[&str] = &[
     "params", "run", "pipeline", "schedule", "inputs", "outputs", "stages", "item", "trial",
+    "with", "step",
 ];
 
 /// A dotted reference that names nothing, with what it could have been.
@@ -120,6 +126,9 @@ impl Ref {
             ["trial", "id"] => Ok(Ref::Trial(TrialRef::Id)),
             ["trial", "budget"] => Ok(Ref::Trial(TrialRef::Budget)),
             ["trial", "params", name] => Ok(Ref::Trial(TrialRef::Param((*name).to_owned()))),
+            ["with", name] => Ok(Ref::With((*name).to_owned())),
+            ["step", "dir"] => Ok(Ref::StepDir),
+            ["step", other, ..] => Err(unknown("step", other, "`dir`")),
             ["trial", other, ..] => {
                 Err(unknown("trial", other, "`id`, `budget` and `params.NAME`"))
             }
@@ -165,6 +174,8 @@ impl fmt::Display for Ref {
             Ref::Trial(TrialRef::Id) => f.write_str("trial.id"),
             Ref::Trial(TrialRef::Budget) => f.write_str("trial.budget"),
             Ref::Trial(TrialRef::Param(n)) => write!(f, "trial.params.{n}"),
+            Ref::With(n) => write!(f, "with.{n}"),
+            Ref::StepDir => f.write_str("step.dir"),
         }
     }
 }
@@ -270,6 +281,28 @@ impl Template {
             Part::Ref(r, range) => Some((r, range)),
             Part::Lit(_) => None,
         })
+    }
+
+    /// This template with each `{{ with.NAME }}` replaced by the parts of `with(NAME)`
+    /// (a step file's command, given what a stage passed): what a stage wrote stays a
+    /// template of the pipeline's own references, never text parsed a second time.
+    pub fn inline(&self, with: impl Fn(&str) -> Option<Template>) -> Template {
+        let mut parts: Vec<Part> = Vec::with_capacity(self.parts.len());
+        let mut push = |p: Part| match (parts.last_mut(), p) {
+            (Some(Part::Lit(a)), Part::Lit(b)) => a.push_str(&b),
+            (_, p) => parts.push(p),
+        };
+        for p in &self.parts {
+            match p {
+                Part::Ref(Ref::With(name), _) => {
+                    for q in with(name).map(|t| t.parts).unwrap_or_default() {
+                        push(q);
+                    }
+                }
+                other => push(other.clone()),
+            }
+        }
+        Template { parts }
     }
 
     pub fn is_literal(&self) -> bool {

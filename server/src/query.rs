@@ -269,7 +269,7 @@ pub fn find_trigger(
 pub fn schedule_in(file: &Path, catalog: &Catalog) -> anyhow::Result<Schedule> {
     let source = std::fs::read_to_string(file)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
-    let pipeline = drivetrain_engine::validate(&source, catalog)
+    let pipeline = drivetrain_engine::validate_file(file, &source, catalog)
         .pipeline
         .ok_or_else(|| {
             anyhow::anyhow!(

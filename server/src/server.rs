@@ -310,7 +310,8 @@ pub(crate) fn load(
     files.sort();
     for file in files {
         let source = std::fs::read_to_string(&file)?;
-        let Some(mut pipeline) = drivetrain_engine::validate(&source, catalog).pipeline else {
+        let Some(mut pipeline) = drivetrain_engine::validate_file(&file, &source, catalog).pipeline
+        else {
             eprintln!(
                 "skipping {}: it does not validate (see `drivetrain validate`)",
                 file.display()

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use drivetrain_engine::plan::Pipeline;
-use drivetrain_engine::{validate, Catalog, Validated};
+use drivetrain_engine::{Catalog, Validated};
 
 use super::{EXIT_INVALID, EXIT_USAGE};
 
@@ -64,11 +64,21 @@ pub(crate) fn read(file: &Path) -> Result<String, ExitCode> {
 
 /// Reads and validates one file; on errors, prints them and returns the exit code.
 pub(crate) fn load(catalog: &Catalog, file: &Path) -> Result<Pipeline, ExitCode> {
+    let origin = drivetrain_engine::plugin::Origin::of_file(file, catalog.home());
+    load_in(catalog, file, origin)
+}
+
+/// [`load`], its plugins looked for from `origin`.
+pub(crate) fn load_in(
+    catalog: &Catalog,
+    file: &Path,
+    origin: drivetrain_engine::plugin::Origin,
+) -> Result<Pipeline, ExitCode> {
     let src = read(file)?;
     let Validated {
         pipeline,
         diagnostics,
-    } = validate(&src, catalog);
+    } = drivetrain_engine::validate_in(&src, catalog, origin);
     let name = file.display().to_string();
     if !diagnostics.is_empty() {
         crate::report::emit(&name, &src, &diagnostics);

@@ -61,7 +61,7 @@ fn fault_of(e: &(dyn std::error::Error + 'static)) -> Option<Fault> {
 
 /// Runs `command` with the engine's home `home`.
 pub(crate) fn dispatch(command: Command, home: PathBuf) -> ExitCode {
-    let catalog = crate::catalog::catalog();
+    let catalog = crate::catalog::catalog().with_home(&home);
     match command {
         Command::Run(c) => run::dispatch(&catalog, home, c),
         Command::Pipeline(c) => pipeline::dispatch(&catalog, c),

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::files::{read_text, Unread};
 use super::{load, outcome, usage_errors, EXIT_INVALID, EXIT_USAGE};
-use crate::cli::{Format, GraphFormat, PipelineGroup};
+use crate::cli::{Format, GraphFormat, PipelineGroup, PluginsCommand};
 use crate::plan_output::{plan_json, plan_text};
 use crate::{manifests, report};
 use drivetrain_server::api;
@@ -83,7 +83,7 @@ pub(super) fn dispatch(catalog: &Catalog, command: PipelineGroup) -> ExitCode {
         PipelineGroup::Schema { api } => {
             let doc = match api {
                 true => api::openapi::document(),
-                false => drivetrain_engine::spec::json_schema(),
+                false => drivetrain_engine::spec::json_schema_with(&plugin_schemas()),
             };
             crate::output::print_json(&doc).expect("schema serializes");
             ExitCode::SUCCESS
@@ -93,7 +93,75 @@ pub(super) fn dispatch(catalog: &Catalog, command: PipelineGroup) -> ExitCode {
             output,
         } => step(catalog, &name, output),
         PipelineGroup::Steps { name: None, output } => steps(catalog, output),
+        PipelineGroup::Plugins(c) => plugins(catalog, c),
     }
+}
+
+/// `drivetrain plugins fetch|lock FILE`.
+fn plugins(catalog: &Catalog, command: PluginsCommand) -> ExitCode {
+    use drivetrain_engine::plugin::{self, lock, Origin, Resolver};
+    let (PluginsCommand::Fetch { file } | PluginsCommand::Lock { file }) = &command;
+    let src = match read_text(file) {
+        Ok(s) => s,
+        Err(_) => {
+            eprintln!("error: cannot read {}", file.display());
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let origin = Origin {
+        fetch: true,
+        ..Origin::of_file(file, catalog.home())
+    };
+    let uses = plugin::uses_in(&src);
+    let refused = |u: &str, r: plugin::Refusal| {
+        eprintln!("error: `{u}`: {}", r.message);
+        for n in r.notes {
+            eprintln!("  = {n}");
+        }
+        ExitCode::from(EXIT_INVALID)
+    };
+    match command {
+        PluginsCommand::Fetch { .. } => {
+            let mut resolver = Resolver::new(origin);
+            for u in &uses {
+                match resolver.resolve(u) {
+                    Ok(p) => println!("{u}: {} {}", p.id.label(), p.id.dir.display()),
+                    Err(r) => return refused(u, r),
+                }
+            }
+        }
+        PluginsCommand::Lock { .. } => {
+            let Some(dir) = origin.dir.clone() else {
+                eprintln!("error: {} has no folder", file.display());
+                return ExitCode::from(EXIT_USAGE);
+            };
+            let locked = match plugin::locked_entries(&uses, &origin) {
+                Ok(l) => l,
+                Err(r) => return refused(file.to_string_lossy().as_ref(), r),
+            };
+            match lock::write(&dir, &locked) {
+                Ok(path) => println!(
+                    "wrote {} ({} plugin{})",
+                    path.display(),
+                    uses.len(),
+                    if uses.len() == 1 { "" } else { "s" }
+                ),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            }
+            for (u, e) in &locked.plugins {
+                let commit = e
+                    .commit
+                    .as_deref()
+                    .map(|c| format!(" {c}"))
+                    .unwrap_or_default();
+                println!("  {u}: {}@{} {}{commit}", e.name, e.version, e.digest);
+            }
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 fn validate(catalog: &Catalog, files: &[PathBuf], output: Format) -> ExitCode {
@@ -115,33 +183,35 @@ fn validate(catalog: &Catalog, files: &[PathBuf], output: Format) -> ExitCode {
                 continue;
             }
         };
-        let v = drivetrain_engine::validate(&src, catalog);
-        invalid |= v.has_errors();
+        let (diagnostics, what) = validate_one(catalog, file, &src);
+        let failed = diagnostics.iter().any(|d| d.is_error());
+        invalid |= failed;
         match output {
             Format::Text => {
-                report::emit(&name, &src, &v.diagnostics);
-                match &v.pipeline {
-                    Some(p) => println!(
-                        "ok {name}: pipeline `{}`, {} stage{}{}",
-                        p.name,
-                        p.stages.len(),
-                        if p.stages.len() == 1 { "" } else { "s" },
-                        if v.diagnostics.is_empty() {
+                report::emit(&name, &src, &diagnostics);
+                match (&what, failed) {
+                    (Some((what, _)), false) => println!(
+                        "ok {name}: {what}{}",
+                        if diagnostics.is_empty() {
                             String::new()
                         } else {
-                            format!(" ({})", report::counts(&v.diagnostics))
+                            format!(" ({})", report::counts(&diagnostics))
                         }
                     ),
-                    None => eprintln!("{name}: invalid ({})", report::counts(&v.diagnostics)),
+                    _ => eprintln!("{name}: invalid ({})", report::counts(&diagnostics)),
                 }
             }
-            Format::Json => results.push(json!({
-                "file": name,
-                "valid": !v.has_errors(),
-                "pipeline": v.pipeline.as_ref().map(|p| p.name.clone()),
-                "stages": v.pipeline.as_ref().map(|p| p.stages.len()),
-                "diagnostics": v.diagnostics.iter().map(|d| report::to_json(&name, d)).collect::<Vec<_>>(),
-            })),
+            Format::Json => {
+                let mut r = json!({
+                    "file": name,
+                    "valid": !failed,
+                    "diagnostics": diagnostics.iter().map(|d| report::to_json(&name, d)).collect::<Vec<_>>(),
+                });
+                if let Some((_, fields)) = what.filter(|_| !failed) {
+                    r.as_object_mut().expect("an object").extend(fields);
+                }
+                results.push(r);
+            }
         }
     }
     if output.json() {
@@ -154,6 +224,74 @@ fn validate(catalog: &Catalog, files: &[PathBuf], output: Format) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// The problems of one file (a pipeline, or a plugin's step file) and, when it is valid,
+/// what it is in words and as JSON fields.
+type Checked = (
+    Vec<drivetrain_engine::Diagnostic>,
+    Option<(String, serde_json::Map<String, serde_json::Value>)>,
+);
+
+fn validate_one(catalog: &Catalog, file: &std::path::Path, src: &str) -> Checked {
+    if drivetrain_engine::plugin::file::is_step_file(src) {
+        return match drivetrain_engine::plugin::file::check(src) {
+            Ok(c) => {
+                let s = &c.spec;
+                let what = format!(
+                    "step `{}` {}, {} param{}",
+                    s.name,
+                    s.version,
+                    s.params.len(),
+                    if s.params.len() == 1 { "" } else { "s" }
+                );
+                let fields = json!({"step": s.name, "version": s.version});
+                (
+                    Vec::new(),
+                    Some((what, fields.as_object().cloned().unwrap_or_default())),
+                )
+            }
+            Err(diags) => (diags, None),
+        };
+    }
+    let v = drivetrain_engine::validate_file(file, src, catalog);
+    let what = v.pipeline.as_ref().map(|p| {
+        let n = p.stages.len();
+        let what = format!(
+            "pipeline `{}`, {n} stage{}",
+            p.name,
+            if n == 1 { "" } else { "s" }
+        );
+        let fields = json!({"pipeline": p.name, "stages": n});
+        (what, fields.as_object().cloned().unwrap_or_default())
+    });
+    (v.diagnostics, what)
+}
+
+/// The plugin steps of this folder's `plugins/` and of `DRIVETRAIN_PLUGIN_PATH`, each
+/// with its folder.
+fn plugins_here() -> Vec<(PathBuf, drivetrain_engine::plugin::file::Checked)> {
+    let origin = drivetrain_engine::plugin::Origin {
+        dir: std::env::current_dir().ok(),
+        ..drivetrain_engine::plugin::Origin::posted()
+    };
+    drivetrain_engine::plugin::discover(&origin.folders())
+}
+
+/// For the pipeline schema: each plugin step's `with:`, under the `uses:` that name it
+/// (`NAME@VERSION`, and `./plugins/DIR` for this folder's own).
+fn plugin_schemas() -> Vec<(Vec<String>, Value)> {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    plugins_here()
+        .into_iter()
+        .map(|(dir, c)| {
+            let mut uses = vec![format!("{}@{}", c.spec.name, c.spec.version)];
+            if let Ok(rel) = dir.strip_prefix(&cwd) {
+                uses.push(format!("./{}", rel.display()));
+            }
+            (uses, drivetrain_engine::plugin::with_schema(&c.spec))
+        })
+        .collect()
 }
 
 /// `drivetrain steps`: the built-in steps and the executors, for people or as JSON.
@@ -253,6 +391,57 @@ fn steps(catalog: &Catalog, output: Format) -> ExitCode {
                     s.outputs().join(", ")
                 );
             }
+            let plugins = plugins_here();
+            if !plugins.is_empty() {
+                println!(
+                    "plugin steps (plugins/ here and {}):",
+                    drivetrain_engine::plugin::PATH_VAR
+                );
+            }
+            for (dir, c) in &plugins {
+                let s = &c.spec;
+                let inputs: Vec<String> = s
+                    .inputs
+                    .iter()
+                    .map(|(n, d)| {
+                        if d.required {
+                            n.clone()
+                        } else {
+                            format!("{n}?")
+                        }
+                    })
+                    .collect();
+                let params: Vec<String> = s
+                    .params
+                    .iter()
+                    .map(|(n, d)| {
+                        format!(
+                            "{n}: {}{}",
+                            d.kind.as_str(),
+                            if d.default.is_some() { "?" } else { "" }
+                        )
+                    })
+                    .collect();
+                println!(
+                    "  {:<18} {}\n  {:<18} params: {}  inputs: {}  outputs: {}\n  {:<18} {}",
+                    format!("{}@{}", s.name, s.version),
+                    s.summary.as_deref().unwrap_or_default(),
+                    "",
+                    if params.is_empty() {
+                        "-".into()
+                    } else {
+                        params.join(", ")
+                    },
+                    if inputs.is_empty() {
+                        "-".into()
+                    } else {
+                        inputs.join(", ")
+                    },
+                    s.outputs.join(", "),
+                    "",
+                    dir.display()
+                );
+            }
             println!("executors: {}", catalog.executors().join(", "));
         }
         Format::Json => {
@@ -269,8 +458,25 @@ fn steps(catalog: &Catalog, output: Format) -> ExitCode {
                     })
                 })
                 .collect();
-            crate::output::print_json(&json!({"steps": steps, "executors": catalog.executors()}))
-                .expect("JSON values serialize");
+            let plugins: Vec<Value> = plugins_here()
+                .into_iter()
+                .map(|(dir, c)| {
+                    let s = &c.spec;
+                    json!({
+                        "name": s.name,
+                        "version": s.version,
+                        "summary": s.summary,
+                        "folder": dir,
+                        "inputs": s.inputs.iter().map(|(n, d)| json!({"name": n, "required": d.required})).collect::<Vec<_>>(),
+                        "outputs": s.outputs,
+                        "config_schema": drivetrain_engine::plugin::with_schema(s),
+                    })
+                })
+                .collect();
+            crate::output::print_json(
+                &json!({"steps": steps, "plugins": plugins, "executors": catalog.executors()}),
+            )
+            .expect("JSON values serialize");
         }
     }
     ExitCode::SUCCESS

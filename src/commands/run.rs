@@ -27,6 +27,7 @@ pub(super) fn dispatch(catalog: &Catalog, home: PathBuf, command: RunGroup) -> E
             run_id,
             no_cache,
             overwrite_cache,
+            locked,
             output,
         } => {
             if let Some(url) = server {
@@ -36,7 +37,13 @@ pub(super) fn dispatch(catalog: &Catalog, home: PathBuf, command: RunGroup) -> E
                 Ok(s) => s,
                 Err(code) => return code,
             };
-            let pipeline = match load(catalog, &file) {
+            // A run may fetch the git plugins it names (validation alone never does).
+            let origin = drivetrain_engine::plugin::Origin {
+                fetch: true,
+                locked,
+                ..drivetrain_engine::plugin::Origin::of_file(&file, catalog.home())
+            };
+            let pipeline = match super::files::load_in(catalog, &file, origin) {
                 Ok(p) => p,
                 Err(code) => return code,
             };
@@ -189,13 +196,15 @@ fn rerun(catalog: &Catalog, home: PathBuf, a: RerunCli) -> ExitCode {
             }
         }
         None => match rerun::run_source(&home, &parent) {
-            Ok((file, src)) => match drivetrain_engine::validate(&src, catalog).pipeline {
-                Some(p) => (file, src, p),
-                None => {
-                    tell!("error: the pipeline run {parent} ran no longer validates with this drivetrain's steps; `--file` names one that does");
-                    return ExitCode::from(EXIT_INVALID);
+            Ok((file, src)) => {
+                match drivetrain_engine::validate_file(&file, &src, catalog).pipeline {
+                    Some(p) => (file, src, p),
+                    None => {
+                        tell!("error: the pipeline run {parent} ran no longer validates with this drivetrain's steps; `--file` names one that does");
+                        return ExitCode::from(EXIT_INVALID);
+                    }
                 }
-            },
+            }
             Err(e) => {
                 tell!("error: {e:#}");
                 return ExitCode::from(EXIT_USAGE);

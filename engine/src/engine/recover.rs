@@ -216,7 +216,7 @@ impl Engine {
     ) -> Result<crate::plan::Pipeline, Refusal> {
         let source = crate::state::sources::pipeline_text(self.state().as_ref(), record)
             .map_err(Refusal::Failed)?;
-        crate::validate(&source, catalog)
+        crate::validate_file(std::path::Path::new(&record.file), &source, catalog)
             .pipeline
             .ok_or_else(|| Refusal::Failed(format!("{} no longer validates", record.file)))
     }

@@ -119,7 +119,7 @@ pub(super) fn key_parts(
     let lookup = |r: &Ref| match r {
         // Paths differ per attempt (and the pipeline's folder per clone); what they
         // hold is keyed by digest below.
-        Ref::Input(_) | Ref::Output(_) | Ref::Item(_) | Ref::PipelineDir => None,
+        Ref::Input(_) | Ref::Output(_) | Ref::Item(_) | Ref::PipelineDir | Ref::StepDir => None,
         other => lookup_value(&ctx.pipeline, ctx, upstream, other),
     };
     let render = |t: &Template| t.render(|r| lookup(r).map(|v| value_text(&v)));
@@ -157,6 +157,10 @@ pub(super) fn key_parts(
             }
             parts.field("command", json!(argv));
             parts.field("workdir", json!(workdir));
+            // A plugin step's files are keyed by their digest, its folder by `step.dir`.
+            if let Some(p) = &stage.plugin {
+                parts.plain("step".into(), p.label());
+            }
             if let Some(i) = image {
                 parts.plain("image".into(), render(i));
             }

@@ -29,7 +29,7 @@ mod approval;
 mod attempt;
 mod dag;
 mod end;
-mod folder;
+pub(crate) mod folder;
 mod gpus;
 #[cfg(test)]
 mod in_process;
@@ -673,6 +673,8 @@ fn lookup_value(
             Some(v.clone())
         }
         Ref::Input(_) | Ref::Output(_) | Ref::Item(_) | Ref::Trial(_) => None,
+        // A step file's own: put in place when planned (`with`), the stage's (`step.dir`).
+        Ref::With(_) | Ref::StepDir => None,
     }
 }
 
@@ -734,6 +736,7 @@ async fn execute(
             "components": parts.components,
             "definition": parts.definition,
             "code": ctx.code,
+            "plugin": stage.plugin,
             "cache": match &cacheable {
                 Ok(()) if read => "hit".to_owned(),
                 Ok(()) if ctx.opts.request.cache.read => {

@@ -214,15 +214,23 @@ fn command_line(
     render: &dyn Fn(&Template) -> String,
 ) -> Result<(Vec<String>, PathBuf), Unprepared> {
     // A pod has no folder of the engine's machine.
-    let names_folder = argv.iter().chain(workdir).any(|t| {
-        t.refs()
-            .any(|(r, _)| *r == crate::template::Ref::PipelineDir)
-    });
-    if layout.remote.is_some() && names_folder {
+    use crate::template::Ref;
+    let names = |dir: &Ref| {
+        argv.iter()
+            .chain(workdir)
+            .any(|t| t.refs().any(|(r, _)| r == dir))
+    };
+    let remote = layout.remote.is_some();
+    if remote && names(&Ref::PipelineDir) {
         return Err(Unprepared(format!(
             "`{}` is the pipeline's folder on the engine's machine, which the stage's pod does not have: put what the stage needs from it into its image, or give it as an input",
             super::folder::SYMBOL
         )));
+    }
+    if remote && names(&Ref::StepDir) {
+        return Err(Unprepared(
+            "the plugin step runs files of its folder on the engine's machine, which the stage's pod does not have: give the step an `image` holding them".to_owned(),
+        ));
     }
     let mut argv: Vec<String> = argv.iter().map(render).collect();
     if let (None, None, None, Some(folder)) = (workdir, step_config, &layout.remote, &ctx.folder) {
@@ -294,6 +302,9 @@ pub(super) async fn prepare(
             Some(v.clone())
         }
         Ref::Trial(t) => trial?.value(t),
+        Ref::StepDir => Some(Value::String(
+            stage.plugin.as_ref()?.dir.display().to_string(),
+        )),
         other => lookup_value(&ctx.pipeline, ctx, upstream, other),
     };
     let render = |t: &Template| -> String { t.render(|r| lookup(r).map(|v| value_text(&v))) };

@@ -28,6 +28,7 @@ pub fn notify_file(src: &str) -> Result<Vec<Sink>, Vec<crate::diag::Diagnostic>>
         diags: Vec::new(),
         with_nodes: Vec::new(),
         in_string: std::collections::HashMap::new(),
+        plugins: crate::plugin::Resolver::new(crate::plugin::Origin::default()),
     };
     let specs = match root
         .as_map()

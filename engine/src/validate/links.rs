@@ -99,7 +99,7 @@ impl<'a> Cx<'a> {
                 self.stage_template(sc, &sp, &text);
             }
         }
-        self.check_step_io(sc, step, step_name, outputs);
+        self.check_step_io(sc, (step.outputs(), step.inputs()), step_name, outputs);
         let config = with_node
             .map(Node::to_json)
             .unwrap_or(Value::Object(Default::default()));
@@ -121,30 +121,30 @@ impl<'a> Cx<'a> {
 
     /// The outputs a `uses:` stage names are its step's; the inputs the step needs are
     /// connected, and every input connected is one it reads.
-    fn check_step_io(
+    pub(super) fn check_step_io(
         &mut self,
         sc: &StageCx<'_>,
-        step: &dyn crate::step::Step,
+        (step_outputs, step_inputs): (&[&str], &[(&str, bool)]),
         step_name: &str,
         outputs: &[Output],
     ) {
         let path = sc.path.clone();
         for (i, o) in outputs.iter().enumerate() {
-            if !step.outputs().contains(&o.name.as_str()) {
-                let hint = did_you_mean(&o.name, step.outputs().iter().copied());
+            if !step_outputs.contains(&o.name.as_str()) {
+                let hint = did_you_mean(&o.name, step_outputs.iter().copied());
                 self.err(
                     "unknown-output",
                     &path.key("outputs").index(i),
                     format!(
                         "step `{step_name}` writes no output `{}`; it writes {}",
                         o.name,
-                        one_of(step.outputs())
+                        one_of(step_outputs)
                     ),
                 )
                 .maybe_hint(hint);
             }
         }
-        for (input, required) in step.inputs() {
+        for (input, required) in step_inputs {
             if *required && !sc.spec.inputs.contains_key(*input) {
                 self.err_key(
                     "missing-input",
@@ -157,8 +157,8 @@ impl<'a> Cx<'a> {
             }
         }
         for name in sc.spec.inputs.keys() {
-            if !step.inputs().iter().any(|(n, _)| n == name) {
-                let names: Vec<&str> = step.inputs().iter().map(|(n, _)| *n).collect();
+            if !step_inputs.iter().any(|(n, _)| n == name) {
+                let names: Vec<&str> = step_inputs.iter().map(|(n, _)| *n).collect();
                 let hint = did_you_mean(name, names.iter().copied());
                 self.err_key(
                     "unknown-input",
@@ -346,6 +346,10 @@ impl<'a> Cx<'a> {
             | Ref::PipelineName
             | Ref::PipelineDir
             | Ref::ScheduleTime => {}
+            Ref::With(_) | Ref::StepDir => {
+                self.step_only_ref(path, r, range);
+                return false;
+            }
             Ref::Input(name) | Ref::Output(name) if site == RefSite::Condition => {
                 let _ = name;
                 self.err_in_string("invalid-reference", path, range, format!(

@@ -7,6 +7,7 @@
 //! typos get "did you mean" hints.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use indexmap::IndexMap;
 use petgraph::graph::{DiGraph, NodeIndex};
@@ -30,6 +31,7 @@ mod events;
 pub use events::notify_file;
 pub use scheduling::MAX_PRIORITY;
 mod links;
+mod plugin;
 mod scheduling;
 mod search;
 mod stage;
@@ -51,8 +53,24 @@ impl Validated {
     }
 }
 
-/// Validates a pipeline file's text.
+/// Validates a pipeline's text without a file: plugins only by `NAME@VERSION` through
+/// `DRIVETRAIN_PLUGIN_PATH`.
 pub fn validate(src: &str, catalog: &Catalog) -> Validated {
+    validate_in(src, catalog, crate::plugin::Origin::posted())
+}
+
+/// Validates the text of the pipeline file `file`: plugins by path are read from its
+/// folder, git plugins from the catalog's home.
+pub fn validate_file(file: &std::path::Path, src: &str, catalog: &Catalog) -> Validated {
+    validate_in(
+        src,
+        catalog,
+        crate::plugin::Origin::of_file(file, catalog.home()),
+    )
+}
+
+/// Validates a pipeline file's text, its plugins looked for from `origin`.
+pub fn validate_in(src: &str, catalog: &Catalog, origin: crate::plugin::Origin) -> Validated {
     let root = match yaml::parse(src) {
         Ok(root) => root,
         Err(diagnostics) => {
@@ -69,6 +87,7 @@ pub fn validate(src: &str, catalog: &Catalog) -> Validated {
         diags: Vec::new(),
         with_nodes: Vec::new(),
         in_string: HashMap::new(),
+        plugins: crate::plugin::Resolver::new(origin),
     };
     // The tree is the largest structure validation builds: `read` consumes it stage by
     // stage, keeping only the `with` blocks the checks need. Problems found later are
@@ -117,6 +136,8 @@ struct Cx<'a> {
     /// Problems found so far inside each string (by YAML path): past a few, the rest
     /// are located at the string, not in it, which would cost its length each.
     in_string: HashMap<String, usize>,
+    /// The plugin steps of `uses:`, each resolved once.
+    plugins: crate::plugin::Resolver,
 }
 
 fn p(s: &str) -> YamlPath {
@@ -437,12 +458,19 @@ impl<'a> Cx<'a> {
             }
             let Some(spec) = spec else { continue };
             let with_node = self.with_nodes.get_mut(i).and_then(Option::take);
+            let plugin = plugin::uses_plugin(spec).map(|u| self.stage_plugin(&sp, u));
+            let merged = match &plugin {
+                Some(Some(p)) => Some(plugin::with_step_defaults(spec, p)),
+                _ => None,
+            };
             let mut sc = StageCx {
                 id,
                 name,
                 path: sp,
-                spec,
+                spec: merged.as_ref().unwrap_or(spec),
                 with_node: with_node.as_ref(),
+                plugin,
+                plugin_env: Vec::new(),
                 raw: &raw,
                 index: &index,
                 params: &params,
@@ -962,6 +990,11 @@ struct StageCx<'s> {
     /// Upstream stages found while checking, with why and where.
     edges: Vec<(StageId, EdgeKind, Option<YamlPath>)>,
     used_params: &'s mut HashSet<String>,
+    /// The plugin step `uses:` names: `None` for a built-in, `Some(None)` when it names
+    /// none (reported).
+    plugin: Option<Option<Arc<crate::plugin::Plugin>>>,
+    /// The plugin step's environment, under the stage's own.
+    plugin_env: Vec<(String, Template)>,
 }
 
 /// A copy of `node` where each string that is exactly one `{{ params.x }}` is replaced by
@@ -1193,7 +1226,7 @@ fn dns_hint(name: &str) -> Option<String> {
     (fixed != name && dns1123_label(&fixed).is_ok()).then(|| format!("did you mean `{fixed}`?"))
 }
 
-fn is_ident(s: &str) -> bool {
+pub(crate) fn is_ident(s: &str) -> bool {
     s.chars()
         .next()
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')

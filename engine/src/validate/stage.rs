@@ -85,6 +85,7 @@ impl<'a> Cx<'a> {
             tolerations: spec.tolerations.clone(),
             network: spec.network.unwrap_or_default(),
             image,
+            plugin: sc.plugin.clone().flatten().map(|p| p.id.clone()),
         })
     }
     /// A stage's outputs, checked first: templates refer to them.
@@ -137,6 +138,10 @@ impl<'a> Cx<'a> {
                     sc.name
                 ));
                 None
+            }
+            (Some(_), None) if sc.plugin.is_some() => {
+                let plugin = sc.plugin.clone().flatten()?;
+                self.check_plugin(sc, &plugin, outputs)
             }
             (Some(step_name), None) => self.check_uses(sc, step_name, outputs),
             (None, Some(run)) => self.run_action(sc, run),
@@ -303,6 +308,9 @@ impl<'a> Cx<'a> {
             if let Ok(t) = Template::parse(v) {
                 set_env(&mut env, k, t);
             }
+        }
+        for (k, t) in std::mem::take(&mut sc.plugin_env) {
+            set_env(&mut env, &k, t);
         }
         let run_env = spec.run.as_ref().map(|r| &r.env);
         let stage_env = spec.env.iter().map(|kv| (path.key("env"), kv));
