@@ -42,6 +42,10 @@ pub enum Node {
         /// `params`, `metric`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         trial: Option<Value>,
+        /// A plugin step's stage: the plugin (`name`, `version`, `digest`, `uses`, and a
+        /// git plugin's `commit`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        plugin: Option<Value>,
     },
 }
 
@@ -282,6 +286,12 @@ pub fn lineage(
                     .pointer("/definition/search")
                     .and_then(|_| rec.values.get("best"))
                     .cloned(),
+                plugin: rec
+                    .how
+                    .provenance
+                    .get("plugin")
+                    .filter(|p| !p.is_null())
+                    .cloned(),
             },
         );
         match direction {
@@ -450,9 +460,22 @@ impl Lineage {
                 params,
                 definition,
                 trial,
+                plugin,
                 ..
             }) = self.nodes.get(id)
             {
+                if let Some(p) = plugin {
+                    let text = |k: &str| p[k].as_str().unwrap_or_default().to_owned();
+                    out.push_str(&format!(
+                        "  plugin={}@{} {}",
+                        text("name"),
+                        text("version"),
+                        text("digest")
+                    ));
+                    if let Some(c) = p["commit"].as_str() {
+                        out.push_str(&format!(" commit={c}"));
+                    }
+                }
                 if let Some(t) = trial {
                     out.push_str(&format!(
                         "  trial={} trial_params={}",

@@ -23,6 +23,7 @@ mod mlflow;
 mod no_panic;
 mod partial_results;
 mod people;
+mod plugins;
 mod postgres;
 mod preemption;
 mod readme;

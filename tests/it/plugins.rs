@@ -1,0 +1,480 @@
+//! Plugin steps end to end: one step file used by path, by `NAME@VERSION` through
+//! `DRIVETRAIN_PLUGIN_PATH` and from a git repository pinned by commit, with the same
+//! outputs; `with:` refused where it breaks the step's params, located in the pipeline;
+//! the step's identity in keys (`explain`), `status` and lineage; `drivetrain.lock` and
+//! `run --locked`; paths that leave a step's folder refused.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::common::*;
+
+const STEP: &str = r#"kind: step
+name: greet
+version: 1.0.0
+summary: Writes a greeting some times
+params:
+  who: {type: string, pattern: "[a-z ]+"}
+  times: {type: integer, minimum: 1, maximum: 10, default: 1}
+  tone: {type: string, enum: [plain, loud], default: plain}
+inputs: {frames: {required: false}}
+outputs: [greeting]
+run:
+  command: [sh, greet.sh, "{{ with.who }}", "{{ with.times }}", "{{ with.tone }}"]
+  env: {GREETING_STEP: "{{ with.tone }}"}
+resources: {cpu: 1}
+"#;
+
+const SCRIPT: &str = r#"for i in $(seq "$2"); do
+  if [ "$3" = loud ]; then echo "HELLO $1"; else echo "hello $1"; fi
+done > "$DRIVETRAIN_OUTPUT_GREETING/g.txt"
+echo "$GREETING_STEP" > "$DRIVETRAIN_OUTPUT_GREETING/tone.txt"
+"#;
+
+/// A plugin folder `greet` under `parent`.
+fn write_plugin(parent: &Path) -> PathBuf {
+    let dir = parent.join("greet");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("step.yaml"), STEP).unwrap();
+    std::fs::write(dir.join("greet.sh"), SCRIPT).unwrap();
+    dir
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let o = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.email=t@example.com", "-c", "user.name=t"])
+        .args(args)
+        .output()
+        .expect("git runs");
+    assert!(o.status.success(), "git {args:?}: {}", text(&o.stderr));
+    text(&o.stdout).trim().to_owned()
+}
+
+/// A git repository holding the plugin at `plugins/greet`, tagged `v1`: its folder and
+/// the commit.
+fn repository(home: &Home) -> (PathBuf, String) {
+    let repo = home.dir.join("repo");
+    std::fs::create_dir_all(repo.join("plugins")).unwrap();
+    write_plugin(&repo.join("plugins"));
+    git(&repo, &["init", "-q"]);
+    git(&repo, &["add", "."]);
+    git(&repo, &["commit", "-qm", "greet 1.0.0"]);
+    git(&repo, &["tag", "v1"]);
+    let commit = git(&repo, &["rev-parse", "HEAD"]);
+    (repo, commit)
+}
+
+fn json(o: &std::process::Output) -> Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}\n{}", text(&o.stdout), text(&o.stderr)))
+}
+
+#[test]
+fn one_step_by_path_by_name_and_from_git_makes_the_same_outputs() {
+    let home = Home::new("plugin-three-ways");
+    write_plugin(&home.dir.join("steps"));
+    let elsewhere = home.dir.join("shared-steps");
+    write_plugin(&elsewhere);
+    let (repo, commit) = repository(&home);
+    home.write(
+        "p.yaml",
+        &format!(
+            r#"version: 1
+name: three-ways
+params:
+  who: {{default: world}}
+stages:
+  by-path:
+    uses: ./steps/greet
+    with: {{who: "{{{{ params.who }}}}", times: 3}}
+  by-name:
+    uses: greet@1.0.0
+    with: {{who: world, times: 3}}
+  from-git:
+    uses: git+file://{}//plugins/greet@{commit}
+    with: {{who: world, times: 3}}
+"#,
+            repo.display()
+        ),
+    );
+    // `greet@1.0.0` is found through the plugin path: the pipeline has no `plugins/`.
+    let path = elsewhere.display().to_string();
+    let env = [("DRIVETRAIN_PLUGIN_PATH", path.as_str())];
+    let o = home.drivetrain_env(&["validate", "p.yaml"], &env);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "a git plugin is not fetched by validation"
+    );
+    assert!(
+        text(&o.stderr).contains("plugins fetch"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = home.drivetrain_env(&["run", "p.yaml"], &env);
+    assert_ok(&o);
+    let status = home.status(&run_id(&o));
+    let published = walk(&home.dir.join(".drivetrain/artifacts"));
+    for s in ["by-path", "by-name", "from-git"] {
+        let read = |file: &str| {
+            let end = format!("{s}/1/greeting/{file}");
+            let p = published.iter().find(|p| p.ends_with(&end));
+            std::fs::read_to_string(p.unwrap_or_else(|| panic!("{end}: {published:?}"))).unwrap()
+        };
+        assert_eq!(read("g.txt"), "hello world\n".repeat(3), "{s}");
+        assert_eq!(
+            read("tone.txt"),
+            "plain\n",
+            "{s}: the step's env, its default"
+        );
+    }
+    // Each stage names the plugin that made its outputs.
+    for (s, uses_start) in [
+        ("by-path", "./steps"),
+        ("by-name", "greet@"),
+        ("from-git", "git+file"),
+    ] {
+        let p = &stage(&status, s)["provenance"]["plugin"];
+        assert_eq!(p["name"], "greet", "{s}: {p}");
+        assert_eq!(p["version"], "1.0.0");
+        assert!(p["digest"].as_str().unwrap().starts_with("sha256:"));
+        assert!(p["uses"].as_str().unwrap().starts_with(uses_start), "{p}");
+    }
+    let git_plugin = &stage(&status, "from-git")["provenance"]["plugin"];
+    assert_eq!(git_plugin["commit"], commit.as_str());
+    // The same files: the same digest, wherever the plugin was found.
+    let same = |s: &str| stage(&status, s)["provenance"]["plugin"]["digest"].clone();
+    assert_eq!(same("by-path"), same("from-git"));
+    assert_eq!(same("by-path"), same("by-name"));
+    // Lineage names the exact plugin that made the artifact.
+    let o = home.drivetrain(&["lineage", &format!("{}/from-git", run_id(&o))]);
+    assert_ok(&o);
+    let lineage = text(&o.stdout);
+    assert!(
+        lineage.contains(&format!(
+            "plugin=greet@1.0.0 {}",
+            same("from-git").as_str().unwrap()
+        )) && lineage.contains(&format!("commit={commit}")),
+        "{lineage}"
+    );
+}
+
+#[test]
+fn a_bad_with_is_refused_with_each_problem_located_in_the_pipeline() {
+    let home = Home::new("plugin-bad-with");
+    write_plugin(&home.dir.join("plugins"));
+    home.write(
+        "bad.yaml",
+        r#"version: 1
+name: bad
+stages:
+  hello:
+    uses: ./plugins/greet
+    with:
+      who: 3
+      times: 11
+      tone: shouting
+      colour: red
+  upper:
+    uses: ./plugins/greet
+    with: {who: WORLD}
+  none:
+    uses: ./plugins/greet
+  missing:
+    uses: greet@9.9.9
+"#,
+    );
+    let o = home.drivetrain(&["validate", "bad.yaml", "-o", "json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    let v = json(&o);
+    let diags = v[0]["diagnostics"].as_array().unwrap().clone();
+    let find = |path: &str| {
+        diags
+            .iter()
+            .find(|d| d["path"] == path)
+            .unwrap_or_else(|| panic!("nothing at {path}: {diags:#?}"))
+            .clone()
+    };
+    let step_file = home.dir.join("plugins/greet/step.yaml");
+    let step_file = std::fs::canonicalize(step_file).unwrap();
+    for (path, line, message, declared) in [
+        (
+            "stages.hello.with.who",
+            7,
+            "expected a string, found the integer 3",
+            6,
+        ),
+        (
+            "stages.hello.with.times",
+            8,
+            "11 is above the maximum 10",
+            7,
+        ),
+        (
+            "stages.hello.with.tone",
+            9,
+            "\"shouting\" is not one of \"plain\", \"loud\"",
+            8,
+        ),
+        (
+            "stages.upper.with.who",
+            13,
+            "does not match the pattern `[a-z ]+`",
+            6,
+        ),
+    ] {
+        let d = find(path);
+        assert_eq!(d["line"], line, "{d}");
+        assert!(d["message"].as_str().unwrap().contains(message), "{d}");
+        let notes = d["notes"].to_string();
+        assert!(
+            notes.contains(&format!("{}:{declared}", step_file.display())),
+            "the declaration it broke: {d}"
+        );
+    }
+    let unknown = find("stages.hello.with.colour");
+    assert_eq!(unknown["code"], "unknown-field");
+    assert_eq!(
+        (unknown["line"].as_u64(), unknown["column"].as_u64()),
+        (Some(10), Some(7))
+    );
+    let missing = find("stages.none.uses");
+    assert!(
+        missing["message"]
+            .as_str()
+            .unwrap()
+            .contains("needs param `who`"),
+        "{missing}"
+    );
+    let version = find("stages.missing.uses");
+    assert!(
+        version["notes"]
+            .to_string()
+            .contains("`greet` is there as 1.0.0"),
+        "{version}"
+    );
+    assert_eq!(diags.len(), 7, "{diags:#?}");
+}
+
+#[test]
+fn a_broken_step_file_is_located_in_that_file() {
+    let home = Home::new("plugin-broken-step");
+    let dir = write_plugin(&home.dir.join("plugins"));
+    let broken = STEP
+        .replace(
+            "minimum: 1, maximum: 10, default: 1",
+            "minimum: 1, default: 0",
+        )
+        .replace(
+            "\"{{ with.tone }}\"]",
+            "\"{{ with.mood }}\", ../../escape.sh]",
+        );
+    std::fs::write(dir.join("step.yaml"), &broken).unwrap();
+    let o = home.drivetrain(&["validate", "plugins/greet/step.yaml", "-o", "json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let v = json(&o);
+    let messages: Vec<(u64, String)> = v[0]["diagnostics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            (
+                d["line"].as_u64().unwrap(),
+                d["message"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let has = |line: u64, part: &str| messages.iter().any(|(l, m)| *l == line && m.contains(part));
+    assert!(has(7, "0 is below the minimum 1"), "{messages:?}");
+    assert!(has(12, "no param `mood`"), "{messages:?}");
+    assert!(has(12, "leaves the step's folder"), "{messages:?}");
+    // A pipeline using it is refused at its `uses:`, the step file's problems in notes.
+    home.write(
+        "p.yaml",
+        "version: 1\nname: p\nstages:\n  a:\n    uses: ./plugins/greet\n    with: {who: x}\n",
+    );
+    let o = home.drivetrain(&["validate", "p.yaml"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(err.contains("p.yaml:5:11"), "{err}");
+    assert!(err.contains("step.yaml:7:"), "{err}");
+}
+
+#[test]
+fn an_unchanged_step_is_a_hit_and_an_edited_one_a_miss_that_explain_names() {
+    let home = Home::new("plugin-cache");
+    let dir = write_plugin(&home.dir.join("plugins"));
+    home.write(
+        "p.yaml",
+        "version: 1\nname: p\nstages:\n  hello:\n    uses: ./plugins/greet\n    with: {who: cache}\n",
+    );
+    let first = home.drivetrain(&["run", "p.yaml"]);
+    assert_ok(&first);
+    let second = home.drivetrain(&["run", "p.yaml"]);
+    assert_ok(&second);
+    let s = home.status(&run_id(&second));
+    assert_eq!(stage(&s, "hello")["origin"], "cached", "{s}");
+    // The script is the step's too: editing only it is a miss.
+    std::fs::write(dir.join("greet.sh"), format!("{SCRIPT}\n# edited\n")).unwrap();
+    let third = home.drivetrain(&["run", "p.yaml"]);
+    assert_ok(&third);
+    let s = home.status(&run_id(&third));
+    assert_eq!(stage(&s, "hello")["origin"], "ran", "{s}");
+    let o = home.drivetrain(&["explain", &run_id(&third), "hello", "-o", "json"]);
+    assert_ok(&o);
+    let e = json(&o);
+    let changes = e["changes"].to_string();
+    assert!(
+        changes.contains("`step` changed: greet@1.0.0 sha256:"),
+        "{e}"
+    );
+    assert!(
+        !changes.contains("`command`"),
+        "the command is the same: {e}"
+    );
+}
+
+#[test]
+fn tags_are_used_only_through_the_lock_file_and_locked_refuses_a_moved_one() {
+    let home = Home::new("plugin-lock");
+    let (repo, commit) = repository(&home);
+    let uses = format!("git+file://{}//plugins/greet@v1", repo.display());
+    home.write(
+        "p.yaml",
+        &format!(
+            "version: 1\nname: p\nstages:\n  hello:\n    uses: {uses}\n    with: {{who: tag}}\n"
+        ),
+    );
+    let o = home.drivetrain(&["run", "p.yaml"]);
+    assert_eq!(o.status.code(), Some(1), "a tag without a lock entry");
+    assert!(
+        text(&o.stderr).contains("plugins lock"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = home.drivetrain(&["plugins", "lock", "p.yaml"]);
+    assert_ok(&o);
+    let lock: Value =
+        serde_json::from_str(&std::fs::read_to_string(home.dir.join("drivetrain.lock")).unwrap())
+            .unwrap();
+    let entry = &lock["plugins"][&uses];
+    assert_eq!(entry["commit"], commit.as_str(), "{lock}");
+    assert_eq!(entry["name"], "greet");
+    let o = home.drivetrain(&["run", "--locked", "p.yaml"]);
+    assert_ok(&o);
+    // The tag moves to a commit that changes the script.
+    std::fs::write(
+        repo.join("plugins/greet/greet.sh"),
+        "echo moved > \"$DRIVETRAIN_OUTPUT_GREETING/g.txt\"\n",
+    )
+    .unwrap();
+    git(&repo, &["commit", "-qam", "changed"]);
+    git(&repo, &["tag", "-f", "v1"]);
+    let moved = git(&repo, &["rev-parse", "HEAD"]);
+    let o = home.drivetrain(&["run", "--locked", "p.yaml"]);
+    assert_eq!(o.status.code(), Some(1), "--locked refuses a moved tag");
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("moved") && err.contains(&commit) && err.contains(&moved),
+        "{err}"
+    );
+    // Without --locked the lock's commit is what runs: the old script.
+    let o = home.drivetrain(&["run", "--no-cache", "p.yaml"]);
+    assert_ok(&o);
+    let s = home.status(&run_id(&o));
+    assert_eq!(
+        stage(&s, "hello")["provenance"]["plugin"]["commit"],
+        commit.as_str()
+    );
+    // A lock entry of another digest: an error naming both.
+    let real = entry["digest"].as_str().unwrap().to_owned();
+    let forged = std::fs::read_to_string(home.dir.join("drivetrain.lock"))
+        .unwrap()
+        .replace(&real, &format!("sha256:{}", "0".repeat(64)));
+    std::fs::write(home.dir.join("drivetrain.lock"), forged).unwrap();
+    let o = home.drivetrain(&["validate", "p.yaml"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains(&real) && err.contains(&"0".repeat(64)),
+        "{err}"
+    );
+    // `--locked` refuses a plugin the lock does not hold.
+    write_plugin(&home.dir.join("plugins"));
+    home.write(
+        "q.yaml",
+        "version: 1\nname: q\nstages:\n  hello:\n    uses: ./plugins/greet\n    with: {who: q}\n",
+    );
+    let o = home.drivetrain(&["run", "--locked", "q.yaml"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("has no entry"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn a_step_stays_in_its_folder_and_a_pipeline_cannot_read_step_words() {
+    let home = Home::new("plugin-safety");
+    let dir = write_plugin(&home.dir.join("plugins"));
+    home.write("secret.txt", "not the step's");
+    std::os::unix::fs::symlink(home.dir.join("secret.txt"), dir.join("peek.txt")).unwrap();
+    home.write(
+        "p.yaml",
+        "version: 1\nname: p\nstages:\n  hello:\n    uses: ./plugins/greet\n    with: {who: x}\n  own:\n    run: {command: [echo, \"{{ step.dir }}\"]}\n",
+    );
+    let o = home.drivetrain(&["validate", "p.yaml"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(err.contains("leads out of the step's folder"), "{err}");
+    assert!(
+        err.contains("`step.dir` is read only in a step file"),
+        "{err}"
+    );
+    std::fs::remove_file(dir.join("peek.txt")).unwrap();
+    let step = STEP.replace("run:\n", "run:\n  workdir: ../..\n");
+    std::fs::write(dir.join("step.yaml"), step).unwrap();
+    let o = home.drivetrain(&["validate", "p.yaml"]);
+    assert!(
+        text(&o.stderr).contains("`workdir: ../..` leaves the step's folder"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn steps_and_the_schema_list_plugin_params() {
+    let home = Home::new("plugin-steps");
+    let shared = home.dir.join("shared");
+    write_plugin(&shared);
+    let path = shared.display().to_string();
+    let env = [("DRIVETRAIN_PLUGIN_PATH", path.as_str())];
+    let o = home.drivetrain_env(&["steps", "-o", "json"], &env);
+    assert_ok(&o);
+    let v = json(&o);
+    let greet = v["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "greet")
+        .unwrap_or_else(|| panic!("{v}"))
+        .clone();
+    assert_eq!(greet["version"], "1.0.0");
+    assert_eq!(
+        greet["config_schema"]["required"],
+        serde_json::json!(["who"])
+    );
+    let o = home.drivetrain_env(&["schema"], &env);
+    assert_ok(&o);
+    let schema = json(&o);
+    let conditions = schema["definitions"]["StageSpec"]["allOf"].to_string();
+    assert!(
+        conditions.contains("greet@1.0.0") && conditions.contains("\"times\""),
+        "{conditions}"
+    );
+}
