@@ -184,12 +184,15 @@ pub(crate) enum PipelineGroup {
     /// Print the JSON Schema of pipeline files (for editors), or with `--api` the OpenAPI
     /// document of `drivetrain serve`'s HTTP API.
     #[command(
-        after_help = "Examples:\n  drivetrain schema > pipeline.schema.json\n  drivetrain schema --api > docs/openapi.json"
+        after_help = "Examples:\n  drivetrain schema > pipeline.schema.json\n  drivetrain schema --api > docs/openapi.json\n  drivetrain schema --step > docs/step.schema.json"
     )]
     Schema {
         /// The OpenAPI document of the HTTP API instead.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "step")]
         api: bool,
+        /// The JSON Schema of plugin step files (`plugins/NAME/step.yaml`) instead.
+        #[arg(long)]
+        step: bool,
     },
     /// The plugin steps a pipeline uses: `fetch` brings git plugins into the home;
     /// `lock` pins every plugin (a tag or branch to its commit, each step's digest) in

@@ -125,6 +125,9 @@ fn action_fields(f: &mut Fields, s: &Stage, params: &BTreeMap<String, Value>) {
             }
         }
         Action::Command { argv, workdir, .. } => {
+            if let Some(p) = &s.plugin {
+                push(f, "plugin", format!("{} ({})", p.label(), p.uses));
+            }
             let argv: Vec<String> = argv.iter().map(|t| render_for_plan(t, params)).collect();
             push(f, "command", shell_display(&argv));
             if let Some(w) = workdir {
@@ -333,10 +336,16 @@ pub(crate) fn plan_json(
                 Action::Step { name, version, config, .. } => json!({
                     "uses": name, "version": version, "with": render_json_templates(config, params)
                 }),
-                Action::Command { argv, workdir, .. } => json!({
-                    "argv": argv.iter().map(|t| render_for_plan(t, params)).collect::<Vec<_>>(),
-                    "workdir": workdir.as_ref().map(|w| render_for_plan(w, params)),
-                }),
+                Action::Command { argv, workdir, .. } => {
+                    let mut a = json!({
+                        "argv": argv.iter().map(|t| render_for_plan(t, params)).collect::<Vec<_>>(),
+                        "workdir": workdir.as_ref().map(|w| render_for_plan(w, params)),
+                    });
+                    if let Some(p) = &s.plugin {
+                        a["plugin"] = json!(p);
+                    }
+                    a
+                }
                 Action::Approval { role, min, timeout, on_timeout } => json!({
                     "approval": {"role": role, "min": min, "timeout_seconds": timeout.map(|t| t.as_secs()), "on_timeout": on_timeout.as_str()}
                 }),

@@ -45,7 +45,8 @@ pub fn run_source(home: &Path, run: &RunId) -> anyhow::Result<(PathBuf, String)>
 /// `drivetrain rerun` / `drivetrain retry`: a new run, linked to its parent, planned by the
 /// engine ([`drivetrain_engine::engine::Engine::rerun_request`]) and run in this process.
 pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
-    let executor = match drivetrain_executors::executor(&args.pipeline.executor) {
+    let folders = drivetrain_engine::plugin::Origin::of_file(args.file, None).folders();
+    let executor = match drivetrain_executors::executor_in(&args.pipeline.executor, &folders) {
         Ok(e) => e,
         Err(why) => return Ok(refused(Refusal::Usage(why))),
     };

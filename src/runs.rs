@@ -139,7 +139,8 @@ pub struct RunArgs<'a> {
 /// Runs a pipeline to its end, printing the run id first and then one line per transition.
 pub fn run(args: RunArgs<'_>) -> anyhow::Result<ExitCode> {
     let executor_name = args.executor.unwrap_or(&args.pipeline.executor).to_owned();
-    let executor = match drivetrain_executors::executor(&executor_name) {
+    let folders = drivetrain_engine::plugin::Origin::of_file(args.file, None).folders();
+    let executor = match drivetrain_executors::executor_in(&executor_name, &folders) {
         Ok(e) => e,
         Err(why) => {
             tell!("error: {why}");
@@ -310,7 +311,9 @@ pub(crate) fn home_engine(
 fn executor_of(
     record: &drivetrain_engine::state::RunRecord,
 ) -> anyhow::Result<Arc<dyn drivetrain_engine::executor::Executor>> {
-    drivetrain_executors::executor(record.executor.as_deref().unwrap_or("local"))
+    let folders =
+        drivetrain_engine::plugin::Origin::of_file(Path::new(&record.file), None).folders();
+    drivetrain_executors::executor_in(record.executor.as_deref().unwrap_or("local"), &folders)
         .map_err(anyhow::Error::msg)
 }
 

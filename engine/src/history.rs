@@ -45,7 +45,7 @@ pub enum Node {
         /// A plugin step's stage: the plugin (`name`, `version`, `digest`, `uses`, and a
         /// git plugin's `commit`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        plugin: Option<Value>,
+        plugin: Option<Box<Value>>,
     },
 }
 
@@ -291,7 +291,7 @@ pub fn lineage(
                     .provenance
                     .get("plugin")
                     .filter(|p| !p.is_null())
-                    .cloned(),
+                    .map(|p| Box::new(p.clone())),
             },
         );
         match direction {

@@ -10,6 +10,7 @@ use drivetrain_engine::executor::Executor;
 pub mod gpus;
 pub mod kubernetes;
 pub mod local;
+pub mod plugin;
 pub mod slurm;
 pub mod wrapper;
 
@@ -41,8 +42,18 @@ pub fn file_tail(path: &std::path::Path, max: u64) -> String {
 /// The executor kinds a pipeline may name, default first.
 pub const EXECUTORS: &[&str] = &["local", "kubernetes", "slurm"];
 
-/// The executor registered under `name`, or why there is none.
+/// The executor registered under `name`, or an executor plugin of that name in the
+/// folders of `DRIVETRAIN_PLUGIN_PATH`, or why there is none.
 pub fn executor(name: &str) -> Result<Arc<dyn Executor>, String> {
+    executor_in(name, &drivetrain_engine::plugin::Origin::posted().folders())
+}
+
+/// The executor registered under `name`, or an executor plugin of that name in `folders`
+/// (`Origin::folders` of the pipeline: its `plugins/`, then `DRIVETRAIN_PLUGIN_PATH`).
+pub fn executor_in(
+    name: &str,
+    folders: &[std::path::PathBuf],
+) -> Result<Arc<dyn Executor>, String> {
     match name {
         "local" => Ok(Arc::new(local::LocalExecutor::from_env()?)),
         "kubernetes" => Ok(Arc::new(kubernetes::KubernetesExecutor::new(
@@ -51,7 +62,11 @@ pub fn executor(name: &str) -> Result<Arc<dyn Executor>, String> {
         "slurm" => Ok(Arc::new(slurm::SlurmExecutor::new(
             slurm::Settings::from_env()?,
         ))),
-        other => Err(format!("unknown executor `{other}`")),
+        other => match plugin::find(other, folders) {
+            Some(Ok((spec, dir))) => Ok(Arc::new(plugin::PluginExecutor::new(&spec, &dir))),
+            Some(Err(e)) => Err(e),
+            None => Err(format!("unknown executor `{other}`")),
+        },
     }
 }
 

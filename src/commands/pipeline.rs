@@ -80,10 +80,11 @@ pub(super) fn dispatch(catalog: &Catalog, command: PipelineGroup) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        PipelineGroup::Schema { api } => {
-            let doc = match api {
-                true => api::openapi::document(),
-                false => drivetrain_engine::spec::json_schema_with(&plugin_schemas()),
+        PipelineGroup::Schema { api, step } => {
+            let doc = match (api, step) {
+                (true, _) => api::openapi::document(),
+                (_, true) => drivetrain_engine::plugin::file::json_schema(),
+                _ => drivetrain_engine::spec::json_schema_with(&plugin_schemas()),
             };
             crate::output::print_json(&doc).expect("schema serializes");
             ExitCode::SUCCESS

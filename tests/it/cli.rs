@@ -245,21 +245,42 @@ fn every_subcommand_help_has_an_example() {
 }
 
 #[test]
-fn the_committed_json_schema_matches_the_spec_types() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/pipeline.schema.json");
-    let generated =
-        serde_json::to_string_pretty(&drivetrain_engine::spec::json_schema()).unwrap() + "\n";
-    if std::env::var_os("DRIVETRAIN_UPDATE_SCHEMA").is_some() {
-        std::fs::write(&path, &generated).unwrap();
+fn the_committed_json_schemas_match_the_spec_types_and_the_plugins() {
+    // The pipeline schema holds the spec's types and the `with:` of the project's own
+    // plugin steps (`plugins/`, where `drivetrain schema` runs here); the step file's
+    // schema its types.
+    for (file, args) in [
+        ("docs/pipeline.schema.json", &["schema"][..]),
+        ("docs/step.schema.json", &["schema", "--step"][..]),
+    ] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        let o = Command::new(env!("CARGO_BIN_EXE_drivetrain"))
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env_remove("DRIVETRAIN_PLUGIN_PATH")
+            .output()
+            .expect("the binary runs");
+        let generated = stdout(&o);
+        if std::env::var_os("DRIVETRAIN_UPDATE_SCHEMA").is_some() {
+            std::fs::write(&path, &generated).unwrap();
+        }
+        let committed = std::fs::read_to_string(&path).expect("the schema is committed");
+        assert!(
+            committed == generated,
+            "{file} is out of date: run DRIVETRAIN_UPDATE_SCHEMA=1 cargo test --test it cli::"
+        );
     }
-    let committed = std::fs::read_to_string(&path).expect("docs/pipeline.schema.json exists");
+    // The spec's own types, and the project's plugin with its params.
+    let schema: serde_json::Value =
+        serde_json::from_str(&stdout(&drivetrain(&["schema"]))).unwrap();
+    let mut base = drivetrain_engine::spec::json_schema();
+    base["definitions"]["StageSpec"]["allOf"] = schema["definitions"]["StageSpec"]["allOf"].clone();
+    assert_eq!(schema, base);
+    let conditions = schema["definitions"]["StageSpec"]["allOf"].to_string();
     assert!(
-        committed == generated,
-        "docs/pipeline.schema.json is out of date: run DRIVETRAIN_UPDATE_SCHEMA=1 cargo test --test it cli::"
+        conditions.contains("lane-ddp@1.0.0") && conditions.contains("fail_after_epoch"),
+        "{conditions}"
     );
-    // And the binary prints the same document.
-    let o = drivetrain(&["schema"]);
-    assert_eq!(stdout(&o), generated);
 }
 
 #[test]

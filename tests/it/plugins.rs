@@ -478,3 +478,111 @@ fn steps_and_the_schema_list_plugin_params() {
         "{conditions}"
     );
 }
+
+/// A worker of the example executor plugin (`plugins/queue-executor`) on `queue`, killed
+/// with the test.
+struct Worker(std::process::Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A pipeline on the example executor plugin runs end to end through its worker; an
+/// engine killed with `kill -9` mid-stage leaves the job running, and `resume` re-attaches
+/// to it by its handle (no second job); `cancel` reaches the job too.
+#[test]
+fn a_pipeline_on_an_executor_plugin_survives_kill_9_and_resumes_by_handle() {
+    let home = Home::new("plugin-executor");
+    let queue = home.dir.join("queue");
+    std::fs::create_dir_all(&queue).unwrap();
+    let plugins = concat!(env!("CARGO_MANIFEST_DIR"), "/plugins");
+    let worker = Command::new("python3")
+        .arg(format!("{plugins}/queue-executor/worker.py"))
+        .arg(&queue)
+        .spawn()
+        .expect("the worker starts");
+    let _worker = Worker(worker);
+    let queue_s = queue.display().to_string();
+    let env = [
+        ("DRIVETRAIN_PLUGIN_PATH", plugins),
+        ("DRIVETRAIN_QUEUE", queue_s.as_str()),
+    ];
+    let marks = home.dir.display().to_string();
+    let file = home.write(
+        "queued.yaml",
+        &format!(
+            r#"version: 1
+name: queued
+defaults: {{executor: queue}}
+stages:
+  first:
+    run: {{command: [sh, -c, 'echo one > "$0/x"', "{{{{ outputs.out }}}}"]}}
+    outputs: [out]
+  second:
+    inputs: {{a: first.out}}
+    run: {{command: [sh, -c, 'echo $$ >> {marks}/started; echo held by the worker; while [ ! -e {marks}/go ]; do sleep 0.05; done; cp "$0/x" "$1/y"; echo "{{\"worker\": \"$PPID\"}}" > "$DRIVETRAIN_VALUES"', "{{{{ inputs.a }}}}", "{{{{ outputs.out }}}}"]}}
+    outputs: [out]
+"#
+        ),
+    );
+    let o = home.drivetrain_env(&["validate", "queued.yaml"], &env);
+    assert_ok(&o);
+    // kill -9 while `second` runs under the worker.
+    let (mut engine, run) = spawn_run_env(&home, &file, &env);
+    wait_for_file(&home.dir.join("started"));
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+    std::fs::write(home.dir.join("go"), "").unwrap();
+    let o = home.drivetrain_env(&["resume", &run], &env);
+    assert_ok(&o);
+    assert!(
+        text(&o.stdout).contains("0 attempt(s) lost, 1 re-attached"),
+        "{}",
+        text(&o.stdout)
+    );
+    let st = home.status(&run);
+    assert_eq!(st["run"]["phase"], "Succeeded", "{st}");
+    assert_eq!(stage(&st, "second")["attempts"], 1, "{st}");
+    let started = std::fs::read_to_string(home.dir.join("started")).unwrap();
+    assert_eq!(started.lines().count(), 1, "the stage ran once: {started}");
+    let y = walk(&home.dir.join(".drivetrain/artifacts"))
+        .into_iter()
+        .find(|p| p.ends_with("second/1/out/y"))
+        .expect("the job's output was published");
+    assert_eq!(std::fs::read_to_string(y).unwrap(), "one\n");
+    let jobs = std::fs::read_dir(queue.join("jobs")).unwrap().count();
+    assert_eq!(jobs, 2, "one job per stage, none submitted again");
+    // The stage's log came through the protocol's `logs`.
+    let o = home.drivetrain(&["logs", &run, "--stage", "second"]);
+    assert_ok(&o);
+    assert!(
+        text(&o.stdout).contains("held by the worker"),
+        "{}",
+        text(&o.stdout)
+    );
+    // `cancel` of a run reaches the job the worker runs (a stage of another key: the
+    // first is cached now).
+    std::fs::remove_file(home.dir.join("go")).unwrap();
+    std::fs::remove_file(home.dir.join("started")).unwrap();
+    let mut again = std::fs::read_to_string(&file).unwrap();
+    again.push_str("    env: {ROUND: two}\n");
+    let file = home.write("again.yaml", &again);
+    let (mut engine, run) = spawn_run_env(&home, &file, &env);
+    wait_for_file(&home.dir.join("started"));
+    assert_ok(&home.drivetrain_env(&["cancel", &run], &env));
+    assert_eq!(engine.wait().unwrap().code(), Some(130));
+    let st = home.status(&run);
+    assert_eq!(st["run"]["phase"], "Cancelled", "{st}");
+    let cancelled = std::fs::read_dir(queue.join("jobs"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("status.json"))
+                .is_ok_and(|s| s.contains("cancelled"))
+        })
+        .count();
+    assert_eq!(cancelled, 1, "the job was cancelled where it ran");
+}

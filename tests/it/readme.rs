@@ -40,7 +40,7 @@ fn the_readmes_try_it_commands_run_as_written() {
     let home = Home::new("readme");
     let repo = home.dir.join("clone");
     std::fs::create_dir_all(&repo).unwrap();
-    for dir in ["pipelines", "tests"] {
+    for dir in ["pipelines", "plugins", "tests"] {
         let from = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
         std::os::unix::fs::symlink(from, repo.join(dir)).unwrap();
     }

@@ -213,10 +213,9 @@ fn ddp_training_on_slurm_trains_identical_weights_and_resumes() {
     );
     let home = Home::new("slurm-ddp");
     let cluster = Cluster::start(&home);
-    let repo = format!("repo={}", env!("CARGO_MANIFEST_DIR"));
     let ddp = pipeline("lane-detection-ddp.yaml");
     let run = |extra: &[&str]| {
-        let mut args = vec!["run", ddp.as_str(), "-p", &repo, "--executor", "slurm"];
+        let mut args = vec!["run", ddp.as_str(), "--executor", "slurm"];
         args.extend(extra);
         let o = home.drivetrain_env(&args, &[("PATH", &path), cluster.env()[0]]);
         assert_ok(&o);

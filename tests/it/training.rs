@@ -24,9 +24,8 @@ fn ddp_ranks_train_identical_weights_and_a_retry_resumes_from_the_checkpoint() {
         env!("CARGO_MANIFEST_DIR"),
         "/pipelines/lane-detection-ddp.yaml"
     );
-    let repo = format!("repo={}", env!("CARGO_MANIFEST_DIR"));
     let run = |extra: &[&str]| {
-        let mut args = vec!["run", pipeline, "-p", &repo];
+        let mut args = vec!["run", pipeline];
         args.extend(extra);
         let o = home.drivetrain_env(&args, &[("PATH", &path)]);
         assert_ok(&o);

@@ -156,6 +156,18 @@ pub struct Checked {
     pub lines: IndexMap<String, u32>,
 }
 
+/// The JSON Schema of a step file, for editors.
+pub fn json_schema() -> Value {
+    let schema = schemars::generate::SchemaSettings::draft07()
+        .into_generator()
+        .into_root_schema_for::<StepFileSpec>();
+    let mut value = serde_json::to_value(schema).unwrap_or_default();
+    if let Some(obj) = value.as_object_mut() {
+        obj.insert("title".into(), "drivetrain step file".into());
+    }
+    value
+}
+
 /// Whether `src` is a step file (`kind: step` at its top) rather than a pipeline.
 pub fn is_step_file(src: &str) -> bool {
     src.lines().any(|l| {
@@ -316,7 +328,7 @@ fn check_param(name: &str, decl: &ParamDecl, path: &YamlPath, diags: &mut Vec<Di
         values.push((path.key("enum").index(i), v));
     }
     for (vp, v) in values {
-        if let Err(why) = super::params::admits(decl, v, false) {
+        if let Err(why) = admits(decl, v, false) {
             err(diags, "invalid-param", vp, format!("`{name}`: {why}"));
         }
     }
@@ -429,5 +441,69 @@ fn unreadable(spec: &StepFileSpec, r: &Ref) -> Option<String> {
         other => Some(format!(
             "a step file reads `{other}` only through a param: declare one under `params` and let the stage pass it in `with:`"
         )),
+    }
+}
+
+/// Whether `v` fits `decl`; `templated`: a string holding `{{ … }}` stands for a value
+/// known only when the stage runs, so only a string param's own checks can refuse it…
+/// and those wait for the value too.
+pub fn admits(decl: &ParamDecl, v: &Value, templated: bool) -> Result<(), String> {
+    let is_template = templated && v.as_str().is_some_and(|s| s.contains("{{"));
+    if is_template {
+        return Ok(());
+    }
+    if !decl.kind.admits(v) {
+        return Err(format!(
+            "expected {}, found {}",
+            decl.kind.article(),
+            describe(v)
+        ));
+    }
+    if let Some(allowed) = &decl.allowed {
+        if !allowed.contains(v) {
+            let shown: Vec<String> = allowed.iter().map(Value::to_string).collect();
+            return Err(format!("{v} is not one of {}", shown.join(", ")));
+        }
+    }
+    if let Some(n) = v.as_f64() {
+        if let Some(min) = decl.minimum.filter(|m| n < *m) {
+            return Err(format!("{v} is below the minimum {min}"));
+        }
+        if let Some(max) = decl.maximum.filter(|m| n > *m) {
+            return Err(format!("{v} is above the maximum {max}"));
+        }
+    }
+    if let (Some(p), Some(s)) = (&decl.pattern, v.as_str()) {
+        let whole = format!("^(?:{p})$");
+        if regex::Regex::new(&whole).is_ok_and(|re| !re.is_match(s)) {
+            return Err(format!("\"{s}\" does not match the pattern `{p}`"));
+        }
+    }
+    Ok(())
+}
+
+impl ValueType {
+    /// `a string`, `an integer`, …
+    pub fn article(self) -> &'static str {
+        match self {
+            ValueType::String => "a string",
+            ValueType::Integer => "an integer",
+            ValueType::Number => "a number",
+            ValueType::Boolean => "a boolean",
+            ValueType::Array => "an array",
+            ValueType::Object => "an object",
+        }
+    }
+}
+
+fn describe(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("the boolean {b}"),
+        Value::Number(n) if n.is_f64() => format!("the number {n}"),
+        Value::Number(n) => format!("the integer {n}"),
+        Value::String(s) => format!("the string \"{}\"", crate::diag::clip(s.clone())),
+        Value::Array(_) => "an array".into(),
+        Value::Object(_) => "an object".into(),
     }
 }

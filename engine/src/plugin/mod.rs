@@ -332,3 +332,22 @@ pub fn with_schema(step: &file::StepFileSpec) -> serde_json::Value {
         "additionalProperties": false,
     })
 }
+
+/// Whether one of `folders` holds an executor plugin named `name` (its
+/// `NAME/executor.yaml` says `kind: executor` and that name; the executors crate reads
+/// and serves it).
+pub fn executor_in(name: &str, folders: &[PathBuf]) -> bool {
+    folders.iter().any(|folder| {
+        let Ok(entries) = std::fs::read_dir(folder) else {
+            return false;
+        };
+        entries.filter_map(Result::ok).take(10_000).any(|e| {
+            let text = std::fs::read_to_string(e.path().join("executor.yaml")).unwrap_or_default();
+            let Ok(root) = crate::yaml::parse(&text) else {
+                return false;
+            };
+            let field = |k: &str| root.get(k).and_then(|n| n.as_str().map(str::to_owned));
+            field("kind").as_deref() == Some("executor") && field("name").as_deref() == Some(name)
+        })
+    })
+}

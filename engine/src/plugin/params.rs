@@ -2,73 +2,10 @@
 //! wrong type, out of range, not one of the allowed values, not matching the pattern —
 //! each located in the pipeline and naming the declaration it broke.
 
-use serde_json::Value;
-
-use super::file::{ParamDecl, ValueType};
+use super::file::admits;
 use super::Plugin;
 use crate::diag::{did_you_mean, one_of, Diagnostic};
 use crate::yaml::{Node, YamlPath};
-
-/// Whether `v` fits `decl`; `templated`: a string holding `{{ … }}` stands for a value
-/// known only when the stage runs, so only a string param's own checks can refuse it…
-/// and those wait for the value too.
-pub fn admits(decl: &ParamDecl, v: &Value, templated: bool) -> Result<(), String> {
-    let is_template = templated && v.as_str().is_some_and(|s| s.contains("{{"));
-    if is_template {
-        return Ok(());
-    }
-    if !decl.kind.admits(v) {
-        return Err(format!(
-            "expected {}, found {}",
-            article(decl.kind),
-            describe(v)
-        ));
-    }
-    if let Some(allowed) = &decl.allowed {
-        if !allowed.contains(v) {
-            let shown: Vec<String> = allowed.iter().map(Value::to_string).collect();
-            return Err(format!("{v} is not one of {}", shown.join(", ")));
-        }
-    }
-    if let Some(n) = v.as_f64() {
-        if let Some(min) = decl.minimum.filter(|m| n < *m) {
-            return Err(format!("{v} is below the minimum {min}"));
-        }
-        if let Some(max) = decl.maximum.filter(|m| n > *m) {
-            return Err(format!("{v} is above the maximum {max}"));
-        }
-    }
-    if let (Some(p), Some(s)) = (&decl.pattern, v.as_str()) {
-        let whole = format!("^(?:{p})$");
-        if regex::Regex::new(&whole).is_ok_and(|re| !re.is_match(s)) {
-            return Err(format!("\"{s}\" does not match the pattern `{p}`"));
-        }
-    }
-    Ok(())
-}
-
-fn article(t: ValueType) -> &'static str {
-    match t {
-        ValueType::String => "a string",
-        ValueType::Integer => "an integer",
-        ValueType::Number => "a number",
-        ValueType::Boolean => "a boolean",
-        ValueType::Array => "an array",
-        ValueType::Object => "an object",
-    }
-}
-
-fn describe(v: &Value) -> String {
-    match v {
-        Value::Null => "null".into(),
-        Value::Bool(b) => format!("the boolean {b}"),
-        Value::Number(n) if n.is_f64() => format!("the number {n}"),
-        Value::Number(n) => format!("the integer {n}"),
-        Value::String(s) => format!("the string \"{}\"", crate::diag::clip(s.clone())),
-        Value::Array(_) => "an array".into(),
-        Value::Object(_) => "an object".into(),
-    }
-}
 
 /// Every problem of a stage's `with:` (`node`, its values typed where a template's type is
 /// known) against `plugin`'s params; `with_path` is where the block is, `uses_path` where
@@ -142,7 +79,7 @@ pub fn check_with(
                     format!(
                         "step `{}` needs param `{name}` ({})",
                         step.name,
-                        article(decl.kind)
+                        decl.kind.article()
                     ),
                 )
                 .path(at)

@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::de::from_node;
 use crate::diag::{did_you_mean, one_of, Diagnostic, Span};
 use crate::plan::{
-    stable_topo_order, EdgeKind, Param, Pipeline, Resources, RetryPolicy, Schedule, StageId,
+    stable_topo_order, EdgeKind, Param, Pipeline, Resources, RetryPolicy, Schedule, Stage, StageId,
 };
 use crate::spec::{
     DefaultsSpec, NotifySpec, ParamSpec, ParamType, PipelineSpec, QuantityText, RetrySpec,
@@ -444,41 +444,10 @@ impl<'a> Cx<'a> {
         // derived from the spec when a cycle needs them.
         let mut value_origin: HashMap<(StageId, StageId), YamlPath> = HashMap::new();
         let mut stages = Vec::with_capacity(names.len());
-        for (i, (name, spec)) in raw.stages.iter().enumerate() {
-            let id = StageId(i as u32);
-            let sp = p("stages").key(name);
-            if let Err(why) = dns1123_label(name) {
-                self.err_key(
-                    "invalid-stage-name",
-                    &sp,
-                    format!("stage name `{name}` {why}"),
-                )
-                .maybe_hint(dns_hint(name))
-                .note("stage names become Kubernetes object names and labels");
-            }
-            let Some(spec) = spec else { continue };
-            let with_node = self.with_nodes.get_mut(i).and_then(Option::take);
-            let plugin = plugin::uses_plugin(spec).map(|u| self.stage_plugin(&sp, u));
-            let merged = match &plugin {
-                Some(Some(p)) => Some(plugin::with_step_defaults(spec, p)),
-                _ => None,
-            };
-            let mut sc = StageCx {
-                id,
-                name,
-                path: sp,
-                spec: merged.as_ref().unwrap_or(spec),
-                with_node: with_node.as_ref(),
-                plugin,
-                plugin_env: Vec::new(),
-                raw: &raw,
-                index: &index,
-                params: &params,
-                edges: Vec::new(),
-                used_params: &mut used_params,
-            };
-            let stage = self.check_stage(&mut sc, &executor);
-            add_edges(&mut graph, &mut value_origin, id, sc.edges);
+        for (i, name) in raw.stages.keys().enumerate() {
+            let known = (&raw, &index, params.as_slice());
+            let (stage, edges) = self.check_one_stage(i, name, known, &mut used_params, &executor);
+            add_edges(&mut graph, &mut value_origin, StageId(i as u32), edges);
             if let Some(stage) = stage {
                 stages.push(stage);
             }
@@ -539,6 +508,53 @@ impl<'a> Cx<'a> {
     }
 
     /// Warns of a param no template, condition or `map` uses.
+    /// Stage `i` (`name`) checked, with the edges found while checking it.
+    fn check_one_stage(
+        &mut self,
+        i: usize,
+        name: &str,
+        (raw, index, params): (&Raw, &HashMap<&str, StageId>, &[Param]),
+        used_params: &mut HashSet<String>,
+        executor: &str,
+    ) -> (Option<Stage>, Edges) {
+        let id = StageId(i as u32);
+        let sp = p("stages").key(name);
+        if let Err(why) = dns1123_label(name) {
+            self.err_key(
+                "invalid-stage-name",
+                &sp,
+                format!("stage name `{name}` {why}"),
+            )
+            .maybe_hint(dns_hint(name))
+            .note("stage names become Kubernetes object names and labels");
+        }
+        let Some(Some(spec)) = raw.stages.get(name) else {
+            return (None, Vec::new());
+        };
+        let with_node = self.with_nodes.get_mut(i).and_then(Option::take);
+        let plugin = plugin::uses_plugin(spec).map(|u| self.stage_plugin(&sp, u));
+        let merged = match &plugin {
+            Some(Some(p)) => Some(plugin::with_step_defaults(spec, p)),
+            _ => None,
+        };
+        let mut sc = StageCx {
+            id,
+            name,
+            path: sp,
+            spec: merged.as_ref().unwrap_or(spec),
+            with_node: with_node.as_ref(),
+            plugin,
+            plugin_env: Vec::new(),
+            raw,
+            index,
+            params,
+            edges: Vec::new(),
+            used_params,
+        };
+        let stage = self.check_stage(&mut sc, executor);
+        (stage, sc.edges)
+    }
+
     fn check_unused_params(&mut self, raw: &Raw, params: &[Param], used_params: &HashSet<String>) {
         for param in params {
             let used_by_map = raw.stages.values().flatten().any(|s| {
@@ -775,7 +791,9 @@ impl<'a> Cx<'a> {
             self.env_name(&dp.key("env").key(k), k);
         }
         let executor = d.executor.clone().unwrap_or_else(|| "local".to_owned());
-        if !self.catalog.executors().contains(&executor.as_str()) {
+        let folders = self.plugins.origin().folders();
+        let plugin = || crate::plugin::executor_in(&executor, &folders);
+        if !self.catalog.executors().contains(&executor.as_str()) && !plugin() {
             let known = self.catalog.executors().to_vec();
             self.err(
                 "unknown-executor",
@@ -977,6 +995,9 @@ enum RefSite {
     Condition,
 }
 
+/// Upstream stages found while checking a stage, with why and where.
+type Edges = Vec<(StageId, EdgeKind, Option<YamlPath>)>;
+
 struct StageCx<'s> {
     id: StageId,
     name: &'s str,
@@ -988,7 +1009,7 @@ struct StageCx<'s> {
     index: &'s HashMap<&'s str, StageId>,
     params: &'s [Param],
     /// Upstream stages found while checking, with why and where.
-    edges: Vec<(StageId, EdgeKind, Option<YamlPath>)>,
+    edges: Edges,
     used_params: &'s mut HashSet<String>,
     /// The plugin step `uses:` names: `None` for a built-in, `Some(None)` when it names
     /// none (reported).

@@ -723,7 +723,7 @@ fn required_layers() -> Result<Layers, ExecutorError> {
 /// kernel's ephemeral range where one is known: the port is released before the ranks
 /// bind it, and in between any outgoing connection or `bind(0)` on the machine takes
 /// ports from the ephemeral range, never from below it.
-fn free_port() -> std::io::Result<u16> {
+pub(crate) fn free_port() -> std::io::Result<u16> {
     use std::hash::{BuildHasher, Hasher};
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()

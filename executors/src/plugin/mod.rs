@@ -1,0 +1,355 @@
+//! Executor plugins: an executor outside the binary, declared in
+//! `plugins/NAME/executor.yaml` with the command that serves it, spoken to through a small
+//! protocol ([`protocol`]): start an attempt, poll a batch of handles, read logs, cancel.
+//! Every operation is idempotent and keyed by the attempt, so an engine restarted after a
+//! `kill -9` re-attaches to what the plugin still runs by the handles it recorded.
+//!
+//! ```yaml
+//! kind: executor
+//! name: queue
+//! version: 1.0.0
+//! summary: Attempts as jobs in a queue folder that workers take
+//! command: [python3, queue.py]      # relative files are the plugin folder's
+//! poll_interval: 200ms
+//! ```
+//!
+//! A pipeline names it as any executor (`defaults.executor: queue`, `--executor queue`);
+//! it is found in `plugins/` beside the pipeline and in `DRIVETRAIN_PLUGIN_PATH`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use drivetrain_engine::executor::{
+    AttemptOutcome, AttemptSpec, Executor, ExecutorError, Rank, RunningAttempt,
+};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::watch;
+
+mod poller;
+pub mod protocol;
+
+use poller::Poller;
+use protocol::{Command, State};
+
+/// The file that declares an executor plugin in its folder.
+pub const EXECUTOR_FILE: &str = "executor.yaml";
+
+/// An executor file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecutorFile {
+    /// Always `executor`.
+    pub kind: String,
+    /// The name pipelines use (a DNS-1123 label, not a built-in executor's).
+    pub name: String,
+    pub version: String,
+    #[serde(default)]
+    pub summary: Option<String>,
+    /// The command serving the protocol; a relative path naming a file of the plugin's
+    /// folder is that file.
+    pub command: Vec<String>,
+    /// How often waiting attempts are polled (default `500ms`).
+    #[serde(default)]
+    pub poll_interval: Option<String>,
+}
+
+/// The executor plugin in `dir`, checked.
+pub fn load(dir: &Path) -> Result<(ExecutorFile, PathBuf), String> {
+    let dir = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let file = dir.join(EXECUTOR_FILE);
+    let spec: ExecutorFile = crate::settings_file(&file)?;
+    let at = |what: String| format!("{}: {what}", file.display());
+    if spec.kind != "executor" {
+        return Err(at(format!(
+            "`kind: {}` is not an executor file; write `kind: executor`",
+            spec.kind
+        )));
+    }
+    if drivetrain_engine::validate::dns1123_label(&spec.name).is_err()
+        || crate::EXECUTORS.contains(&spec.name.as_str())
+    {
+        return Err(at(format!(
+            "`name: {}` must be a DNS-1123 label other than a built-in executor's",
+            spec.name
+        )));
+    }
+    if spec.command.is_empty() {
+        return Err(at("`command` is empty".into()));
+    }
+    if let Some(p) = &spec.poll_interval {
+        drivetrain_engine::units::parse_duration(p)
+            .map_err(|e| at(format!("`poll_interval`: {e}")))?;
+    }
+    Ok((spec, dir))
+}
+
+/// The executor plugin named `name` in `folders` (each a folder of plugin folders).
+pub fn find(name: &str, folders: &[PathBuf]) -> Option<Result<(ExecutorFile, PathBuf), String>> {
+    for folder in folders {
+        let Ok(entries) = std::fs::read_dir(folder) else {
+            continue;
+        };
+        let mut dirs: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.join(EXECUTOR_FILE).is_file())
+            .take(10_000)
+            .collect();
+        dirs.sort();
+        for dir in dirs {
+            match load(&dir) {
+                Ok((spec, dir)) if spec.name == name => return Some(Ok((spec, dir))),
+                Ok(_) => {}
+                Err(e) if dir.file_name().is_some_and(|f| f == name) => return Some(Err(e)),
+                Err(_) => {}
+            }
+        }
+    }
+    None
+}
+
+/// An executor served by a plugin.
+#[derive(Debug)]
+pub struct PluginExecutor {
+    name: &'static str,
+    command: Command,
+    poller: Arc<Poller>,
+    interval: Duration,
+}
+
+impl PluginExecutor {
+    pub fn new(spec: &ExecutorFile, dir: &Path) -> PluginExecutor {
+        let argv = spec
+            .command
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let p = dir.join(a);
+                let names_file = (i > 0 || a.contains('/'))
+                    && !a.starts_with('-')
+                    && Path::new(a).is_relative()
+                    && p.is_file();
+                match names_file {
+                    true => p.display().to_string(),
+                    false => a.clone(),
+                }
+            })
+            .collect();
+        let command = Command {
+            argv,
+            dir: dir.to_path_buf(),
+        };
+        let interval = spec
+            .poll_interval
+            .as_deref()
+            .and_then(|p| drivetrain_engine::units::parse_duration(p).ok())
+            .unwrap_or(Duration::from_millis(500));
+        PluginExecutor {
+            // One per plugin an engine loads: a name for as long as the process runs.
+            name: Box::leak(spec.name.clone().into_boxed_str()),
+            poller: Poller::new(command.clone(), interval),
+            command,
+            interval,
+        }
+    }
+
+    /// The environment of every rank: the attempt's, with what the engine's processes
+    /// pass on (`PATH`, `HOME`, `LANG`, `TZ`) where it sets none.
+    fn env(spec: &AttemptSpec) -> Vec<(String, String)> {
+        let mut env = spec.env.clone();
+        for k in ["PATH", "HOME", "LANG", "TZ"] {
+            if let (false, Ok(v)) = (env.iter().any(|(n, _)| n == k), std::env::var(k)) {
+                env.push((k.to_owned(), v));
+            }
+        }
+        env
+    }
+
+    /// Each rank's own environment: torchrun's contract (a world of one too).
+    fn ranks(spec: &AttemptSpec) -> Result<Vec<Vec<(String, String)>>, ExecutorError> {
+        let workers = spec.distributed.as_ref().map(|d| d.workers).unwrap_or(1);
+        let framework = spec
+            .distributed
+            .as_ref()
+            .map(|d| d.framework)
+            .unwrap_or_default();
+        let port = crate::local::free_port()
+            .map_err(|e| ExecutorError(format!("no free port for MASTER_PORT: {e}")))?;
+        Ok((0..workers)
+            .map(|r| {
+                let rank = Rank {
+                    rank: r,
+                    world: workers,
+                    local_rank: r,
+                    local_world: workers,
+                    node: 0,
+                    nodes: 1,
+                };
+                rank.env("127.0.0.1", port, framework)
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v))
+                    .collect()
+            })
+            .collect())
+    }
+}
+
+#[async_trait]
+impl Executor for PluginExecutor {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    async fn start(&self, spec: AttemptSpec) -> Result<Box<dyn RunningAttempt>, ExecutorError> {
+        if spec.argv.is_empty() {
+            return Err(ExecutorError("empty argv".into()));
+        }
+        let request = protocol::start_request(&spec, &Self::env(&spec), &Self::ranks(&spec)?);
+        let reply = self
+            .command
+            .call("start", request)
+            .await
+            .map_err(ExecutorError)?;
+        let handle = reply["handle"]
+            .as_str()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| {
+                ExecutorError(format!(
+                    "the executor plugin's `start` named no handle: {reply}"
+                ))
+            })?
+            .to_owned();
+        Ok(Box::new(PluginAttempt {
+            state: self.poller.watch(&handle),
+            handle,
+            command: self.command.clone(),
+            log: spec.log,
+            offset: 0,
+            cancelled: false,
+            interval: self.interval,
+        }))
+    }
+
+    async fn reap(&self, handle: &str) -> bool {
+        let reply = self.command.call("cancel", json!({"handle": handle})).await;
+        reply.is_ok_and(|r| r["running"] == json!(true))
+    }
+
+    async fn reattach(&self, handle: &str) -> bool {
+        let reply = self
+            .command
+            .call("poll", json!({"handles": [handle]}))
+            .await;
+        let state = reply
+            .ok()
+            .and_then(|r| serde_json::from_value::<State>(r["attempts"][handle].clone()).ok());
+        state.is_some_and(|s| s.state != "unknown" && s.state != "lost")
+    }
+}
+
+/// An attempt a plugin runs.
+struct PluginAttempt {
+    handle: String,
+    command: Command,
+    state: watch::Receiver<poller::Heard>,
+    log: PathBuf,
+    /// Bytes of the plugin's log copied into the attempt's so far.
+    offset: u64,
+    cancelled: bool,
+    interval: Duration,
+}
+
+/// How many polls in a row may fail before the attempt counts as lost.
+const POLL_FAILURES: u32 = 60;
+
+impl PluginAttempt {
+    /// Copies what the plugin's log holds past `offset` into the attempt's log.
+    async fn copy_logs(&mut self) {
+        for _ in 0..64 {
+            let reply = self
+                .command
+                .call(
+                    "logs",
+                    json!({"handle": self.handle, "offset": self.offset}),
+                )
+                .await;
+            let Ok(r) = reply else { return };
+            let text = r["text"].as_str().unwrap_or_default();
+            protocol::append(&self.log, text);
+            match r["offset"].as_u64() {
+                Some(o) if o > self.offset && !text.is_empty() => self.offset = o,
+                _ => return,
+            }
+        }
+    }
+
+    fn outcome(&self, s: &State) -> AttemptOutcome {
+        let reason = s.reason.clone().unwrap_or_default();
+        match s.state.as_str() {
+            "succeeded" => AttemptOutcome::Succeeded,
+            "cancelled" => AttemptOutcome::Cancelled,
+            "failed" => AttemptOutcome::Failed {
+                exit_code: s.exit_code,
+                reason: match reason.is_empty() {
+                    true => format!("exited with code {}", s.exit_code.unwrap_or(-1)),
+                    false => reason,
+                },
+            },
+            "unknown" if self.cancelled => AttemptOutcome::Cancelled,
+            other => AttemptOutcome::Lost {
+                reason: match reason.is_empty() {
+                    true => format!("the executor plugin says the attempt is {other}"),
+                    false => reason,
+                },
+            },
+        }
+    }
+}
+
+#[async_trait]
+impl RunningAttempt for PluginAttempt {
+    fn handle(&self) -> String {
+        self.handle.clone()
+    }
+
+    async fn wait(&mut self) -> AttemptOutcome {
+        let mut failures = 0;
+        loop {
+            if self.state.changed().await.is_err() {
+                return AttemptOutcome::Lost {
+                    reason: "the executor plugin's poller stopped".into(),
+                };
+            }
+            let state = self.state.borrow_and_update().clone();
+            self.copy_logs().await;
+            match state {
+                Some(Ok(s)) if s.is_done() => {
+                    self.copy_logs().await;
+                    return self.outcome(&s);
+                }
+                Some(Ok(_)) | None => failures = 0,
+                Some(Err(e)) => {
+                    failures += 1;
+                    if failures >= POLL_FAILURES {
+                        return AttemptOutcome::Lost {
+                            reason: format!(
+                                "{POLL_FAILURES} polls of the executor plugin failed: {e}"
+                            ),
+                        };
+                    }
+                    tokio::time::sleep(self.interval).await;
+                }
+            }
+        }
+    }
+
+    async fn cancel(&mut self) {
+        self.cancelled = true;
+        let _ = self
+            .command
+            .call("cancel", json!({"handle": self.handle}))
+            .await;
+    }
+}
