@@ -279,6 +279,20 @@ fn plugins_here() -> Vec<(PathBuf, drivetrain_engine::plugin::file::Checked)> {
     drivetrain_engine::plugin::discover(&origin.folders())
 }
 
+/// The executor plugins of this folder's `plugins/` and of `DRIVETRAIN_PLUGIN_PATH`.
+type ExecutorPlugin = (
+    PathBuf,
+    Result<(drivetrain_executors::plugin::ExecutorFile, PathBuf), String>,
+);
+
+fn executor_plugins() -> Vec<ExecutorPlugin> {
+    let origin = drivetrain_engine::plugin::Origin {
+        dir: std::env::current_dir().ok(),
+        ..drivetrain_engine::plugin::Origin::posted()
+    };
+    drivetrain_executors::plugin::discover(&origin.folders())
+}
+
 /// For the pipeline schema: each plugin step's `with:`, under the `uses:` that name it
 /// (`NAME@VERSION`, and `./plugins/DIR` for this folder's own).
 fn plugin_schemas() -> Vec<(Vec<String>, Value)> {
@@ -444,6 +458,20 @@ fn steps(catalog: &Catalog, output: Format) -> ExitCode {
                 );
             }
             println!("executors: {}", catalog.executors().join(", "));
+            for (dir, e) in executor_plugins() {
+                match e {
+                    Ok((spec, _)) => println!(
+                        "  {:<18} {} (executor plugin, {})",
+                        format!("{}@{}", spec.name, spec.version),
+                        spec.summary.unwrap_or_default(),
+                        dir.display()
+                    ),
+                    Err(why) => println!(
+                        "  {} (executor plugin that does not load: {why})",
+                        dir.display()
+                    ),
+                }
+            }
         }
         Format::Json => {
             let steps: Vec<Value> = catalog

@@ -186,6 +186,14 @@ stages:
     uses: ./plugins/greet
   missing:
     uses: greet@9.9.9
+  mapped:
+    uses: ./plugins/greet
+    map: {items: [two, three]}
+    with: {who: x, times: "{{ item }}"}
+  counted:
+    uses: ./plugins/greet
+    map: {items: [2, 3]}
+    with: {who: x, times: "{{ item }}"}
 "#,
     );
     let o = home.drivetrain(&["validate", "bad.yaml", "-o", "json"]);
@@ -257,7 +265,20 @@ stages:
             .contains("`greet` is there as 1.0.0"),
         "{version}"
     );
-    assert_eq!(diags.len(), 7, "{diags:#?}");
+    // A map's items have their type: strings are not the integer `times` takes.
+    let mapped = find("stages.mapped.with.times");
+    assert!(
+        mapped["message"]
+            .as_str()
+            .unwrap()
+            .contains("expected an integer, found the string \"two\""),
+        "{mapped}"
+    );
+    assert!(!diags.iter().any(|d| d["path"]
+        .as_str()
+        .unwrap_or_default()
+        .starts_with("stages.counted")));
+    assert_eq!(diags.len(), 8, "{diags:#?}");
 }
 
 #[test]

@@ -37,19 +37,7 @@ impl<'a> Cx<'a> {
         };
         let with_path = path.key("with");
         let with_node = sc.with_node;
-        // A value that is exactly one `{{ params.x }}` takes the param's type, so
-        // `epochs: "{{ params.epochs }}"` type-checks as the integer it will be; one
-        // `{{ item }}` the type of the map's first item, where the items are written.
-        let item = sc.spec.map.as_ref().and_then(|m| {
-            let listed = m.items.as_ref().and_then(|i| i.first());
-            let param = m.param.as_ref().and_then(|name| {
-                let p = sc.params.iter().find(|p| &p.name == name)?;
-                p.default.as_ref()?.as_array()?.first()
-            });
-            listed.or(param)
-        });
-        let trial = sc.spec.search.as_ref().map(sample_trial);
-        let typed = with_node.map(|n| typed_params(n, sc.params, item, trial.as_ref()));
+        let typed = typed_with(sc);
         let mut diags = step.check_config(typed.as_ref(), &with_path);
         for d in &mut diags {
             if d.span.is_none() {
@@ -627,6 +615,24 @@ impl<'a> Cx<'a> {
 
 /// A trial as validation pictures it: the first value of each hyperparameter (a range's
 /// low end), the full budget.
+/// A stage's `with:` with the values whose type a template fixes typed: exactly one
+/// `{{ params.x }}` takes the param's type, so `epochs: "{{ params.epochs }}"` type-checks
+/// as the integer it will be; one `{{ item }}` the type of the map's first item, where the
+/// items are written; one `{{ trial.* }}` a sample trial's.
+pub(super) fn typed_with<'n>(sc: &StageCx<'n>) -> Option<Node<'n>> {
+    let item = sc.spec.map.as_ref().and_then(|m| {
+        let listed = m.items.as_ref().and_then(|i| i.first());
+        let param = m.param.as_ref().and_then(|name| {
+            let p = sc.params.iter().find(|p| &p.name == name)?;
+            p.default.as_ref()?.as_array()?.first()
+        });
+        listed.or(param)
+    });
+    let trial = sc.spec.search.as_ref().map(sample_trial);
+    sc.with_node
+        .map(|n| typed_params(n, sc.params, item, trial.as_ref()))
+}
+
 fn sample_trial(s: &crate::spec::SearchSpec) -> Value {
     let params: serde_json::Map<String, Value> = s
         .space

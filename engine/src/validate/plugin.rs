@@ -12,7 +12,7 @@ use crate::spec::{OutputSpec, StageSpec};
 use crate::template::{Part, Ref, Template};
 use crate::yaml::YamlPath;
 
-use super::{collect_strings, typed_params, Annotate, Cx, StageCx};
+use super::{collect_strings, Annotate, Cx, StageCx};
 
 /// A stage's spec with its step's defaults where the stage sets none: resources field by
 /// field, distribution, cache, retries and timeout; all the step's outputs when the stage
@@ -68,7 +68,7 @@ impl<'a> Cx<'a> {
     ) -> Option<Action> {
         let path = sc.path.clone();
         let with_path = path.key("with");
-        let typed = sc.with_node.map(|n| typed_params(n, sc.params, None, None));
+        let typed = super::links::typed_with(sc);
         let diags = crate::plugin::params::check_with(
             plugin,
             typed.as_ref(),

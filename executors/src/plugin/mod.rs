@@ -86,8 +86,10 @@ pub fn load(dir: &Path) -> Result<(ExecutorFile, PathBuf), String> {
     Ok((spec, dir))
 }
 
-/// The executor plugin named `name` in `folders` (each a folder of plugin folders).
-pub fn find(name: &str, folders: &[PathBuf]) -> Option<Result<(ExecutorFile, PathBuf), String>> {
+/// The executor plugins in `folders` (each a folder of plugin folders), in order, each
+/// loaded or why it cannot be, with its folder.
+pub fn discover(folders: &[PathBuf]) -> Vec<(PathBuf, Result<(ExecutorFile, PathBuf), String>)> {
+    let mut found = Vec::new();
     for folder in folders {
         let Ok(entries) = std::fs::read_dir(folder) else {
             continue;
@@ -98,16 +100,24 @@ pub fn find(name: &str, folders: &[PathBuf]) -> Option<Result<(ExecutorFile, Pat
             .take(10_000)
             .collect();
         dirs.sort();
-        for dir in dirs {
-            match load(&dir) {
-                Ok((spec, dir)) if spec.name == name => return Some(Ok((spec, dir))),
-                Ok(_) => {}
-                Err(e) if dir.file_name().is_some_and(|f| f == name) => return Some(Err(e)),
-                Err(_) => {}
-            }
-        }
+        found.extend(dirs.into_iter().map(|d| {
+            let loaded = load(&d);
+            (d, loaded)
+        }));
     }
-    None
+    found
+}
+
+/// The executor plugin named `name` in `folders`: the first that loads with that name,
+/// or why the folder of that name does not load.
+pub fn find(name: &str, folders: &[PathBuf]) -> Option<Result<(ExecutorFile, PathBuf), String>> {
+    discover(folders)
+        .into_iter()
+        .find_map(|(dir, loaded)| match loaded {
+            Ok((spec, d)) if spec.name == name => Some(Ok((spec, d))),
+            Err(e) if dir.file_name().is_some_and(|f| f == name) => Some(Err(e)),
+            _ => None,
+        })
 }
 
 /// An executor served by a plugin.
