@@ -34,3 +34,11 @@ pub(crate) fn print_json<T: Serialize + ?Sized>(value: &T) -> anyhow::Result<()>
     say!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }
+
+/// Names, or `-` for none.
+pub(crate) fn listed(names: &[String]) -> String {
+    match names.is_empty() {
+        true => "-".into(),
+        false => names.join(", "),
+    }
+}

@@ -18,6 +18,7 @@ mod history;
 mod inspect;
 mod people;
 mod pipeline;
+mod plugins;
 mod run;
 mod server;
 

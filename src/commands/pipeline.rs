@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::files::{read_text, Unread};
 use super::{load, outcome, usage_errors, EXIT_INVALID, EXIT_USAGE};
-use crate::cli::{Format, GraphFormat, PipelineGroup, PluginsCommand};
+use crate::cli::{Format, GraphFormat, PipelineGroup};
 use crate::plan_output::{plan_json, plan_text};
 use crate::{manifests, report};
 use drivetrain_server::api;
@@ -84,7 +84,7 @@ pub(super) fn dispatch(catalog: &Catalog, command: PipelineGroup) -> ExitCode {
             let doc = match (api, step) {
                 (true, _) => api::openapi::document(),
                 (_, true) => drivetrain_engine::plugin::file::json_schema(),
-                _ => drivetrain_engine::spec::json_schema_with(&plugin_schemas()),
+                _ => drivetrain_engine::spec::json_schema_with(&super::plugins::plugin_schemas()),
             };
             crate::output::print_json(&doc).expect("schema serializes");
             ExitCode::SUCCESS
@@ -94,75 +94,8 @@ pub(super) fn dispatch(catalog: &Catalog, command: PipelineGroup) -> ExitCode {
             output,
         } => step(catalog, &name, output),
         PipelineGroup::Steps { name: None, output } => steps(catalog, output),
-        PipelineGroup::Plugins(c) => plugins(catalog, c),
+        PipelineGroup::Plugins(c) => super::plugins::plugins(catalog, c),
     }
-}
-
-/// `drivetrain plugins fetch|lock FILE`.
-fn plugins(catalog: &Catalog, command: PluginsCommand) -> ExitCode {
-    use drivetrain_engine::plugin::{self, lock, Origin, Resolver};
-    let (PluginsCommand::Fetch { file } | PluginsCommand::Lock { file }) = &command;
-    let src = match read_text(file) {
-        Ok(s) => s,
-        Err(_) => {
-            eprintln!("error: cannot read {}", file.display());
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
-    let origin = Origin {
-        fetch: true,
-        ..Origin::of_file(file, catalog.home())
-    };
-    let uses = plugin::uses_in(&src);
-    let refused = |u: &str, r: plugin::Refusal| {
-        eprintln!("error: `{u}`: {}", r.message);
-        for n in r.notes {
-            eprintln!("  = {n}");
-        }
-        ExitCode::from(EXIT_INVALID)
-    };
-    match command {
-        PluginsCommand::Fetch { .. } => {
-            let mut resolver = Resolver::new(origin);
-            for u in &uses {
-                match resolver.resolve(u) {
-                    Ok(p) => println!("{u}: {} {}", p.id.label(), p.id.dir.display()),
-                    Err(r) => return refused(u, r),
-                }
-            }
-        }
-        PluginsCommand::Lock { .. } => {
-            let Some(dir) = origin.dir.clone() else {
-                eprintln!("error: {} has no folder", file.display());
-                return ExitCode::from(EXIT_USAGE);
-            };
-            let locked = match plugin::locked_entries(&uses, &origin) {
-                Ok(l) => l,
-                Err(r) => return refused(file.to_string_lossy().as_ref(), r),
-            };
-            match lock::write(&dir, &locked) {
-                Ok(path) => println!(
-                    "wrote {} ({} plugin{})",
-                    path.display(),
-                    uses.len(),
-                    if uses.len() == 1 { "" } else { "s" }
-                ),
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::from(EXIT_USAGE);
-                }
-            }
-            for (u, e) in &locked.plugins {
-                let commit = e
-                    .commit
-                    .as_deref()
-                    .map(|c| format!(" {c}"))
-                    .unwrap_or_default();
-                println!("  {u}: {}@{} {}{commit}", e.name, e.version, e.digest);
-            }
-        }
-    }
-    ExitCode::SUCCESS
 }
 
 fn validate(catalog: &Catalog, files: &[PathBuf], output: Format) -> ExitCode {
@@ -269,46 +202,6 @@ fn validate_one(catalog: &Catalog, file: &std::path::Path, src: &str) -> Checked
     (v.diagnostics, what)
 }
 
-/// The plugin steps of this folder's `plugins/` and of `DRIVETRAIN_PLUGIN_PATH`, each
-/// with its folder.
-fn plugins_here() -> Vec<(PathBuf, drivetrain_engine::plugin::file::Checked)> {
-    let origin = drivetrain_engine::plugin::Origin {
-        dir: std::env::current_dir().ok(),
-        ..drivetrain_engine::plugin::Origin::posted()
-    };
-    drivetrain_engine::plugin::discover(&origin.folders())
-}
-
-/// The executor plugins of this folder's `plugins/` and of `DRIVETRAIN_PLUGIN_PATH`.
-type ExecutorPlugin = (
-    PathBuf,
-    Result<(drivetrain_executors::plugin::ExecutorFile, PathBuf), String>,
-);
-
-fn executor_plugins() -> Vec<ExecutorPlugin> {
-    let origin = drivetrain_engine::plugin::Origin {
-        dir: std::env::current_dir().ok(),
-        ..drivetrain_engine::plugin::Origin::posted()
-    };
-    drivetrain_executors::plugin::discover(&origin.folders())
-}
-
-/// For the pipeline schema: each plugin step's `with:`, under the `uses:` that name it
-/// (`NAME@VERSION`, and `./plugins/DIR` for this folder's own).
-fn plugin_schemas() -> Vec<(Vec<String>, Value)> {
-    let cwd = std::env::current_dir().unwrap_or_default();
-    plugins_here()
-        .into_iter()
-        .map(|(dir, c)| {
-            let mut uses = vec![format!("{}@{}", c.spec.name, c.spec.version)];
-            if let Ok(rel) = dir.strip_prefix(&cwd) {
-                uses.push(format!("./{}", rel.display()));
-            }
-            (uses, drivetrain_engine::plugin::with_schema(&c.spec))
-        })
-        .collect()
-}
-
 /// `drivetrain steps`: the built-in steps and the executors, for people or as JSON.
 /// `drivetrain steps NAME`: one step, with the fields of its `with:` from its schema.
 fn step(catalog: &Catalog, name: &str, output: Format) -> ExitCode {
@@ -398,80 +291,13 @@ fn steps(catalog: &Catalog, output: Format) -> ExitCode {
                     s.name(),
                     s.summary(),
                     "",
-                    if inputs.is_empty() {
-                        "-".into()
-                    } else {
-                        inputs.join(", ")
-                    },
+                    crate::output::listed(&inputs),
                     s.outputs().join(", ")
                 );
             }
-            let plugins = plugins_here();
-            if !plugins.is_empty() {
-                println!(
-                    "plugin steps (plugins/ here and {}):",
-                    drivetrain_engine::plugin::PATH_VAR
-                );
-            }
-            for (dir, c) in &plugins {
-                let s = &c.spec;
-                let inputs: Vec<String> = s
-                    .inputs
-                    .iter()
-                    .map(|(n, d)| {
-                        if d.required {
-                            n.clone()
-                        } else {
-                            format!("{n}?")
-                        }
-                    })
-                    .collect();
-                let params: Vec<String> = s
-                    .params
-                    .iter()
-                    .map(|(n, d)| {
-                        format!(
-                            "{n}: {}{}",
-                            d.kind.as_str(),
-                            if d.default.is_some() { "?" } else { "" }
-                        )
-                    })
-                    .collect();
-                println!(
-                    "  {:<18} {}\n  {:<18} params: {}  inputs: {}  outputs: {}\n  {:<18} {}",
-                    format!("{}@{}", s.name, s.version),
-                    s.summary.as_deref().unwrap_or_default(),
-                    "",
-                    if params.is_empty() {
-                        "-".into()
-                    } else {
-                        params.join(", ")
-                    },
-                    if inputs.is_empty() {
-                        "-".into()
-                    } else {
-                        inputs.join(", ")
-                    },
-                    s.outputs.join(", "),
-                    "",
-                    dir.display()
-                );
-            }
+            super::plugins::print_plugins();
             println!("executors: {}", catalog.executors().join(", "));
-            for (dir, e) in executor_plugins() {
-                match e {
-                    Ok((spec, _)) => println!(
-                        "  {:<18} {} (executor plugin, {})",
-                        format!("{}@{}", spec.name, spec.version),
-                        spec.summary.unwrap_or_default(),
-                        dir.display()
-                    ),
-                    Err(why) => println!(
-                        "  {} (executor plugin that does not load: {why})",
-                        dir.display()
-                    ),
-                }
-            }
+            super::plugins::print_executor_plugins();
         }
         Format::Json => {
             let steps: Vec<Value> = catalog
@@ -487,24 +313,12 @@ fn steps(catalog: &Catalog, output: Format) -> ExitCode {
                     })
                 })
                 .collect();
-            let plugins: Vec<Value> = plugins_here()
-                .into_iter()
-                .map(|(dir, c)| {
-                    let s = &c.spec;
-                    json!({
-                        "name": s.name,
-                        "version": s.version,
-                        "summary": s.summary,
-                        "folder": dir,
-                        "inputs": s.inputs.iter().map(|(n, d)| json!({"name": n, "required": d.required})).collect::<Vec<_>>(),
-                        "outputs": s.outputs,
-                        "config_schema": drivetrain_engine::plugin::with_schema(s),
-                    })
-                })
-                .collect();
-            crate::output::print_json(
-                &json!({"steps": steps, "plugins": plugins, "executors": catalog.executors()}),
-            )
+            crate::output::print_json(&json!({
+                "steps": steps,
+                "plugins": super::plugins::plugins_json(),
+                "executors": catalog.executors(),
+                "executor_plugins": super::plugins::executor_plugins_json(),
+            }))
             .expect("JSON values serialize");
         }
     }

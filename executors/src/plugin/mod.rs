@@ -86,9 +86,12 @@ pub fn load(dir: &Path) -> Result<(ExecutorFile, PathBuf), String> {
     Ok((spec, dir))
 }
 
+/// An executor file read and checked, with its plugin's folder, or why not.
+pub type Loaded = Result<(ExecutorFile, PathBuf), String>;
+
 /// The executor plugins in `folders` (each a folder of plugin folders), in order, each
 /// loaded or why it cannot be, with its folder.
-pub fn discover(folders: &[PathBuf]) -> Vec<(PathBuf, Result<(ExecutorFile, PathBuf), String>)> {
+pub fn discover(folders: &[PathBuf]) -> Vec<(PathBuf, Loaded)> {
     let mut found = Vec::new();
     for folder in folders {
         let Ok(entries) = std::fs::read_dir(folder) else {
@@ -110,7 +113,7 @@ pub fn discover(folders: &[PathBuf]) -> Vec<(PathBuf, Result<(ExecutorFile, Path
 
 /// The executor plugin named `name` in `folders`: the first that loads with that name,
 /// or why the folder of that name does not load.
-pub fn find(name: &str, folders: &[PathBuf]) -> Option<Result<(ExecutorFile, PathBuf), String>> {
+pub fn find(name: &str, folders: &[PathBuf]) -> Option<Loaded> {
     discover(folders)
         .into_iter()
         .find_map(|(dir, loaded)| match loaded {
