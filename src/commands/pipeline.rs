@@ -205,6 +205,9 @@ fn validate_one(catalog: &Catalog, file: &std::path::Path, src: &str) -> Checked
 /// `drivetrain steps`: the built-in steps and the executors, for people or as JSON.
 /// `drivetrain steps NAME`: one step, with the fields of its `with:` from its schema.
 fn step(catalog: &Catalog, name: &str, output: Format) -> ExitCode {
+    if let Some(code) = super::plugins::describe(name, output) {
+        return code;
+    }
     let Some(s) = catalog.step(name) else {
         let names = catalog.step_names();
         let hint = drivetrain_engine::diag::did_you_mean(name, names.iter().copied())

@@ -106,6 +106,58 @@ pub(super) fn print_executor_plugins() {
     }
 }
 
+/// `drivetrain steps NAME` of a plugin step here (`NAME` or `NAME@VERSION`): its params,
+/// inputs and outputs; `None` when no plugin step here has that name.
+pub(super) fn describe(name: &str, output: crate::cli::Format) -> Option<ExitCode> {
+    let (dir, c) = plugins_here().into_iter().find(|(_, c)| {
+        let s = &c.spec;
+        s.name == name || format!("{}@{}", s.name, s.version) == name
+    })?;
+    let s = &c.spec;
+    if output.json() {
+        let v = json!({"name": s.name, "version": s.version, "summary": s.summary, "folder": dir,
+            "params": s.params, "inputs": s.inputs, "outputs": s.outputs,
+            "config_schema": plugin::with_schema(s)});
+        crate::output::print_json(&v).expect("JSON values serialize");
+        return Some(ExitCode::SUCCESS);
+    }
+    println!("{}@{} (plugin step, {})", s.name, s.version, dir.display());
+    println!("  {}", s.summary.as_deref().unwrap_or_default());
+    let inputs: Vec<String> = s.inputs.keys().cloned().collect();
+    println!(
+        "  inputs: {}  outputs: {}",
+        listed(&inputs),
+        s.outputs.join(", ")
+    );
+    println!("  with:");
+    for (n, d) in &s.params {
+        let mut facts = vec![d.kind.as_str().to_owned()];
+        match &d.default {
+            Some(v) => facts.push(format!("default {v}")),
+            None => facts.push("required".into()),
+        }
+        if let Some(a) = &d.allowed {
+            facts.push(format!(
+                "one of {}",
+                serde_json::to_string(a).unwrap_or_default()
+            ));
+        }
+        if let Some(m) = d.minimum {
+            facts.push(format!("≥ {m}"));
+        }
+        if let Some(m) = d.maximum {
+            facts.push(format!("≤ {m}"));
+        }
+        if let Some(p) = &d.pattern {
+            facts.push(format!("matches {p}"));
+        }
+        let line = c.lines.get(n).copied().unwrap_or(1);
+        let about = d.description.as_deref().unwrap_or_default();
+        println!("  {n:<22} {}  {about} (step.yaml:{line})", facts.join(", "));
+    }
+    Some(ExitCode::SUCCESS)
+}
+
 /// `drivetrain steps -o json`'s plugin steps.
 pub(super) fn plugins_json() -> Vec<Value> {
     plugins_here()

@@ -339,6 +339,13 @@ fn an_unchanged_step_is_a_hit_and_an_edited_one_a_miss_that_explain_names() {
     assert_ok(&second);
     let s = home.status(&run_id(&second));
     assert_eq!(stage(&s, "hello")["origin"], "cached", "{s}");
+    // What a run of the step leaves in its folder (Python's bytecode) is not the step's.
+    std::fs::create_dir_all(dir.join("__pycache__")).unwrap();
+    std::fs::write(dir.join("__pycache__/helper.cpython-311.pyc"), "bytecode").unwrap();
+    let again = home.drivetrain(&["run", "p.yaml"]);
+    assert_ok(&again);
+    let s = home.status(&run_id(&again));
+    assert_eq!(stage(&s, "hello")["origin"], "cached", "{s}");
     // The script is the step's too: editing only it is a miss.
     std::fs::write(dir.join("greet.sh"), format!("{SCRIPT}\n# edited\n")).unwrap();
     let third = home.drivetrain(&["run", "p.yaml"]);
@@ -489,6 +496,15 @@ fn steps_and_the_schema_list_plugin_params() {
     assert_eq!(
         greet["config_schema"]["required"],
         serde_json::json!(["who"])
+    );
+    let o = home.drivetrain_env(&["steps", "greet@1.0.0"], &env);
+    assert_ok(&o);
+    let one = text(&o.stdout);
+    assert!(
+        one.contains("times")
+            && one.contains("integer, default 1, ≥ 1, ≤ 10")
+            && one.contains("step.yaml:7"),
+        "{one}"
     );
     let o = home.drivetrain_env(&["schema"], &env);
     assert_ok(&o);

@@ -180,8 +180,10 @@ const MAX_FILES: usize = 10_000;
 const MAX_BYTES: u64 = 1 << 30;
 
 /// `sha256:` over every file of the folder `dir` (names relative to it, sorted, and
-/// contents; `.git` left out): the step file and everything its command can name. A
-/// link leading out of the folder is refused: a step's files are its own.
+/// contents): the step file and everything its command can name. What is not the step's
+/// own is left out ([`NOT_THE_STEPS`]: `.git`, a home, Python's bytecode caches, which a
+/// run of the step writes). A link leading out of the folder is refused: a step's files
+/// are its own.
 pub fn digest(dir: &Path) -> Result<String, String> {
     use sha2::{Digest, Sha256};
     let mut files = Vec::new();
@@ -207,6 +209,9 @@ pub fn digest(dir: &Path) -> Result<String, String> {
     Ok(format!("sha256:{}", hex::encode(h.finalize())))
 }
 
+/// Names in a plugin's folder its digest leaves out.
+pub const NOT_THE_STEPS: &[&str] = &[".git", ".drivetrain", "__pycache__", ".pytest_cache"];
+
 fn walk(root: &Path, dir: &Path, out: &mut Vec<String>, depth: usize) -> Result<(), String> {
     if depth > 32 {
         return Err(format!("{} is nested too deeply for a step", dir.display()));
@@ -215,7 +220,9 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<String>, depth: usize) -> Result<
     for e in entries {
         let e = e.map_err(|e| format!("{}: {e}", dir.display()))?;
         let path = e.path();
-        if e.file_name() == ".git" {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if NOT_THE_STEPS.contains(&name.as_ref()) || name.ends_with(".pyc") {
             continue;
         }
         let real = std::fs::canonicalize(&path).map_err(|e| format!("{}: {e}", path.display()))?;

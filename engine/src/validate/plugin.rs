@@ -90,7 +90,12 @@ impl<'a> Cx<'a> {
         let inline =
             |t: &Template| t.inline(|n| with.iter().find(|(k, _)| k == n).map(|(_, t)| t.clone()));
         let run = &step.run;
-        let parse = |i: usize, s: &str| step_template(plugin, i, s);
+        // Without a `workdir`, an argument naming a file of the step's folder is that file.
+        let names_files = run.workdir.is_none();
+        let parse = |i: usize, s: &str| match names_files {
+            true => step_template(plugin, i, s),
+            false => step_template(plugin, usize::MAX, s),
+        };
         let argv: Vec<Template> = run
             .command
             .iter()
