@@ -18,12 +18,7 @@ import sys
 import threading
 import time
 
-
-def write_atomic(path, data):
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
+from executor import write_atomic
 
 
 def claim(d):

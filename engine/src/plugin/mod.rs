@@ -256,6 +256,18 @@ pub(crate) type Resolved = HashMap<String, Result<Arc<Plugin>, Refusal>>;
 /// within each: each plugin's folder and its step file checked; unreadable or invalid
 /// ones are left out (`validate` on a step file says why).
 pub fn discover(folders: &[PathBuf]) -> Vec<(PathBuf, file::Checked)> {
+    folders_holding(folders, STEP_FILE)
+        .into_iter()
+        .filter_map(|dir| {
+            let text = std::fs::read_to_string(dir.join(STEP_FILE)).ok()?;
+            Some((dir, file::check(&text).ok()?))
+        })
+        .collect()
+}
+
+/// The plugin folders in `folders` (each a folder of plugin folders) that hold a file
+/// named `file`: in the order of `folders`, sorted within each, at most 10,000 a folder.
+pub fn folders_holding(folders: &[PathBuf], file: &str) -> Vec<PathBuf> {
     let mut found = Vec::new();
     for folder in folders {
         let Ok(entries) = std::fs::read_dir(folder) else {
@@ -263,16 +275,11 @@ pub fn discover(folders: &[PathBuf]) -> Vec<(PathBuf, file::Checked)> {
         };
         let mut dirs: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.join(STEP_FILE).is_file())
+            .filter(|p| p.join(file).is_file())
             .take(10_000)
             .collect();
         dirs.sort();
-        for dir in dirs {
-            let text = std::fs::read_to_string(dir.join(STEP_FILE)).unwrap_or_default();
-            if let Ok(checked) = file::check(&text) {
-                found.push((dir, checked));
-            }
-        }
+        found.extend(dirs);
     }
     found
 }
@@ -344,17 +351,12 @@ pub fn with_schema(step: &file::StepFileSpec) -> serde_json::Value {
 /// `NAME/executor.yaml` says `kind: executor` and that name; the executors crate reads
 /// and serves it).
 pub fn executor_in(name: &str, folders: &[PathBuf]) -> bool {
-    folders.iter().any(|folder| {
-        let Ok(entries) = std::fs::read_dir(folder) else {
+    folders_holding(folders, "executor.yaml").iter().any(|dir| {
+        let text = std::fs::read_to_string(dir.join("executor.yaml")).unwrap_or_default();
+        let Ok(root) = crate::yaml::parse(&text) else {
             return false;
         };
-        entries.filter_map(Result::ok).take(10_000).any(|e| {
-            let text = std::fs::read_to_string(e.path().join("executor.yaml")).unwrap_or_default();
-            let Ok(root) = crate::yaml::parse(&text) else {
-                return false;
-            };
-            let field = |k: &str| root.get(k).and_then(|n| n.as_str().map(str::to_owned));
-            field("kind").as_deref() == Some("executor") && field("name").as_deref() == Some(name)
-        })
+        let field = |k: &str| root.get(k).and_then(|n| n.as_str().map(str::to_owned));
+        field("kind").as_deref() == Some("executor") && field("name").as_deref() == Some(name)
     })
 }

@@ -9,7 +9,7 @@
 //! name: queue
 //! version: 1.0.0
 //! summary: Attempts as jobs in a queue folder that workers take
-//! command: [python3, queue.py]      # relative files are the plugin folder's
+//! command: [python3, executor.py]   # relative files are the plugin folder's
 //! poll_interval: 200ms
 //! ```
 //!
@@ -92,23 +92,13 @@ pub type Loaded = Result<(ExecutorFile, PathBuf), String>;
 /// The executor plugins in `folders` (each a folder of plugin folders), in order, each
 /// loaded or why it cannot be, with its folder.
 pub fn discover(folders: &[PathBuf]) -> Vec<(PathBuf, Loaded)> {
-    let mut found = Vec::new();
-    for folder in folders {
-        let Ok(entries) = std::fs::read_dir(folder) else {
-            continue;
-        };
-        let mut dirs: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.join(EXECUTOR_FILE).is_file())
-            .take(10_000)
-            .collect();
-        dirs.sort();
-        found.extend(dirs.into_iter().map(|d| {
+    drivetrain_engine::plugin::folders_holding(folders, EXECUTOR_FILE)
+        .into_iter()
+        .map(|d| {
             let loaded = load(&d);
             (d, loaded)
-        }));
-    }
-    found
+        })
+        .collect()
 }
 
 /// The executor plugin named `name` in `folders`: the first that loads with that name,

@@ -1,6 +1,6 @@
 """The `queue` executor plugin: drivetrain's executor protocol (version 1) over a folder.
 
-The engine runs `python3 queue.py` once per operation, a JSON request on stdin and a JSON
+The engine runs `python3 executor.py` once per operation, a JSON request on stdin and a JSON
 reply on stdout (docs/spec.md, "Executor plugins"). The folder is `$DRIVETRAIN_QUEUE`;
 each attempt is a job folder `jobs/HANDLE/` holding `request.json` (what to run), then
 `claim` (the worker that took it, with its pid), `log` (its ranks' output), `cancel` (asked
