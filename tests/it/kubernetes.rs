@@ -434,6 +434,40 @@ async fn a_pipeline_runs_as_jobs_against_the_api_stand_in() {
         "{prep}"
     );
     assert_eq!(standin.created("batch/v1/jobs"), 4, "no Job for it");
+    // A plugin step runs in a pod from its image; one that runs files of its folder (the
+    // engine machine's) is refused the same way, before any Job.
+    let step = home.dir.join("plugins/say");
+    std::fs::create_dir_all(&step).unwrap();
+    std::fs::write(step.join("say.sh"), "echo \"$1\"\n").unwrap();
+    std::fs::write(
+        step.join("step.yaml"),
+        "kind: step\nname: say\nversion: 1.0.0\nparams: {word: {type: string}}\nrun: {image: registry.example.com/av/steps:1.4, command: [echo, \"{{ with.word }}\"]}\n",
+    )
+    .unwrap();
+    let local = home.dir.join("plugins/say-local");
+    std::fs::create_dir_all(&local).unwrap();
+    std::fs::write(local.join("say.sh"), "echo \"$1\"\n").unwrap();
+    std::fs::write(
+        local.join("step.yaml"),
+        "kind: step\nname: say-local\nversion: 1.0.0\nparams: {word: {type: string}}\nrun: {command: [sh, say.sh, \"{{ with.word }}\"]}\n",
+    )
+    .unwrap();
+    let plugged = home.write(
+        "plugged.yaml",
+        "version: 1\nname: plugged\ndefaults: {executor: kubernetes, image: registry.example.com/av/steps:1.4}\nstages:\n  say:\n    uses: say@1.0.0\n    with: {word: pod}\n  local:\n    uses: ./plugins/say-local\n    with: {word: engine}\n",
+    );
+    let run = run_engine(&home, &settings, &["run", plugged.to_str().unwrap()]).await;
+    assert_eq!(run.status.code(), Some(1), "{}", text(&run.stdout));
+    let st = home.status(&run_id(&run));
+    assert_eq!(stage(&st, "say")["phase"], "Succeeded", "{st}");
+    let logs = text(&home.drivetrain(&["logs", &run_id(&run), "--stage", "say"]).stdout);
+    assert!(logs.contains("pod"), "{logs}");
+    let local = stage(&st, "local")["reason"].to_string();
+    assert!(
+        local.contains("the plugin step runs files of its folder on the engine's machine"),
+        "{local}"
+    );
+    assert_eq!(standin.created("batch/v1/jobs"), 5, "a Job for the step in its image only");
 }
 
 const REATTACH: &str = r#"
