@@ -449,15 +449,18 @@ impl Server {
 
     /// A pipeline given as YAML, or its problems (each with line and column) on one line.
     pub fn validated(&self, yaml: &str) -> Result<Pipeline, String> {
-        let validated = drivetrain_engine::validate(yaml, &self.catalog);
-        validated.pipeline.ok_or_else(|| {
-            let msgs: Vec<String> = validated
-                .diagnostics
-                .iter()
-                .map(|d| d.to_string())
-                .collect();
-            format!("the pipeline does not validate: {}", msgs.join("; "))
-        })
+        problems(drivetrain_engine::validate(yaml, &self.catalog))
+    }
+
+    /// The pipeline run `record` ran (its kept text `yaml`), validated from its file's
+    /// folder as the run was: plugin steps by path are that folder's.
+    pub fn validated_run(
+        &self,
+        record: &drivetrain_engine::state::RunRecord,
+        yaml: &str,
+    ) -> Result<Pipeline, String> {
+        let file = std::path::Path::new(&record.file);
+        problems(drivetrain_engine::validate_file(file, yaml, &self.catalog))
     }
 
     /// [`Server::validated`] for YAML posted to the server, which has no folder of its
@@ -567,7 +570,9 @@ impl Server {
         let source =
             drivetrain_engine::state::sources::pipeline_text(self.engine.state().as_ref(), &parent)
                 .map_err(|why| (500, why))?;
-        let pipeline = self.validated(&source).map_err(|why| (500, why))?;
+        let pipeline = self
+            .validated_run(&parent, &source)
+            .map_err(|why| (500, why))?;
         let source = RerunSource {
             pipeline,
             file: parent.file.clone(),
@@ -1027,3 +1032,15 @@ fn start_error(e: anyhow::Error) -> (u16, String) {
 pub const VALIDATIONS: usize = 2;
 /// State reads of event streams and followed logs at once.
 pub const STREAM_READS: usize = 4;
+
+/// The pipeline, or its problems (each with line and column) on one line.
+fn problems(validated: drivetrain_engine::Validated) -> Result<Pipeline, String> {
+    validated.pipeline.ok_or_else(|| {
+        let msgs: Vec<String> = validated
+            .diagnostics
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        format!("the pipeline does not validate: {}", msgs.join("; "))
+    })
+}

@@ -460,14 +460,22 @@ async fn a_pipeline_runs_as_jobs_against_the_api_stand_in() {
     assert_eq!(run.status.code(), Some(1), "{}", text(&run.stdout));
     let st = home.status(&run_id(&run));
     assert_eq!(stage(&st, "say")["phase"], "Succeeded", "{st}");
-    let logs = text(&home.drivetrain(&["logs", &run_id(&run), "--stage", "say"]).stdout);
+    let logs = text(
+        &home
+            .drivetrain(&["logs", &run_id(&run), "--stage", "say"])
+            .stdout,
+    );
     assert!(logs.contains("pod"), "{logs}");
     let local = stage(&st, "local")["reason"].to_string();
     assert!(
         local.contains("the plugin step runs files of its folder on the engine's machine"),
         "{local}"
     );
-    assert_eq!(standin.created("batch/v1/jobs"), 5, "a Job for the step in its image only");
+    assert_eq!(
+        standin.created("batch/v1/jobs"),
+        5,
+        "a Job for the step in its image only"
+    );
 }
 
 const REATTACH: &str = r#"

@@ -623,3 +623,50 @@ stages:
         .count();
     assert_eq!(cancelled, 1, "the job was cancelled where it ran");
 }
+
+/// A pipeline `serve` runs from its folder uses that folder's plugin steps: the run, its
+/// graph in the web view and a rerun through the API are all planned from the run's own
+/// folder, not from the server's.
+#[test]
+fn a_served_pipeline_uses_its_folders_plugins_for_runs_graphs_and_reruns() {
+    use crate::common::http::{json, start, wait_phase, TOKEN};
+    let home = Home::new("plugin-served");
+    write_plugin(&home.dir.join("served/plugins"));
+    home.write(
+        "served/greeting.yaml",
+        "version: 1\nname: greeting\nstages:\n  hello:\n    uses: ./plugins/greet\n    with: {who: served, times: 2}\n  after:\n    needs: [hello]\n    run: {command: [\"true\"]}\n",
+    );
+    let s = start(&home, &["--token", TOKEN]);
+    let (code, v) = json(
+        &s,
+        "POST",
+        "/api/v1/runs",
+        Some(r#"{"pipeline": "greeting"}"#),
+    );
+    assert_eq!(code, 201, "{v}");
+    let run = v["run"].as_str().unwrap().to_owned();
+    wait_phase(&s, &run, "Succeeded");
+    let (code, g) = json(&s, "GET", &format!("/api/v1/runs/{run}/graph"), None);
+    assert_eq!(code, 200, "{g}");
+    assert!(
+        g.get("note").is_none(),
+        "drawn from the run's own plan: {g}"
+    );
+    assert_eq!(g["nodes"][1]["needs"], serde_json::json!(["hello"]), "{g}");
+    let (code, r) = json(
+        &s,
+        "POST",
+        &format!("/api/v1/runs/{run}/rerun"),
+        Some(r#"{"stages": ["hello"]}"#),
+    );
+    assert_eq!(code, 201, "{r}");
+    let rerun = r["run"].as_str().unwrap().to_owned();
+    wait_phase(&s, &rerun, "Succeeded");
+    let st = home.status(&rerun);
+    assert_eq!(stage(&st, "hello")["origin"], "ran", "{st}");
+    assert_eq!(
+        stage(&st, "hello")["provenance"]["plugin"]["name"],
+        "greet",
+        "{st}"
+    );
+}

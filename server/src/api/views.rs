@@ -47,7 +47,7 @@ pub(super) async fn graph(
         let state = server.engine.state().clone();
         let source = drivetrain_engine::state::sources::pipeline_text(state.as_ref(), &record)
             .map_err(|why| format!("{why}; its stages are shown without edges"))?;
-        server.validated(&source)
+        server.validated_run(&record, &source)
     })
     .await?;
     let pipeline = match made {
@@ -402,7 +402,9 @@ pub(super) async fn trials(
         let state = s.engine.state().clone();
         let source = drivetrain_engine::state::sources::pipeline_text(state.as_ref(), &record)
             .map_err(ApiError::internal)?;
-        let pipeline = s.validated(&source).map_err(ApiError::internal)?;
+        let pipeline = s
+            .validated_run(&record, &source)
+            .map_err(ApiError::internal)?;
         let Some(plan) = pipeline
             .stage_by_name(&stage)
             .and_then(|st| st.search.clone())
