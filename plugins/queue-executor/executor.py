@@ -130,7 +130,12 @@ def cancel(req):
     return {"running": True}
 
 
-OPS = {"start": start, "poll": poll, "logs": logs, "cancel": cancel}
+def find(req):
+    handle = handle_of({"run": req["run"], "stage": req["stage"], "attempt": req["attempt"], "item": None})
+    return {"handle": handle if os.path.isdir(job_dir(handle)) else None}
+
+
+OPS = {"start": start, "poll": poll, "logs": logs, "cancel": cancel, "find": find}
 
 
 def main():

@@ -529,7 +529,8 @@ impl Drop for Worker {
 
 /// A pipeline on the example executor plugin runs end to end through its worker; an
 /// engine killed with `kill -9` mid-stage leaves the job running, and `resume` re-attaches
-/// to it by its handle (no second job); `cancel` reaches the job too.
+/// to it (found by the plugin when the handle was never recorded; no second job);
+/// `cancel` reaches the job too.
 #[test]
 fn a_pipeline_on_an_executor_plugin_survives_kill_9_and_resumes_by_handle() {
     let home = Home::new("plugin-executor");
@@ -572,6 +573,20 @@ stages:
     wait_for_file(&home.dir.join("started"));
     engine.kill().unwrap();
     engine.wait().unwrap();
+    // As an engine killed between `start` and recording the handle leaves it (the handle
+    // erased with Python's sqlite3): `resume` asks the plugin to `find` the attempt.
+    let erased = Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); \
+             n = c.execute(\"UPDATE attempts SET handle = NULL WHERE run_id = ? AND stage = 'second'\", (sys.argv[2],)).rowcount; \
+             c.commit(); print(n)",
+            home.dir.join(".drivetrain/state.db").to_str().unwrap(),
+            &run,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(text(&erased.stdout).trim(), "1", "{}", text(&erased.stderr));
     std::fs::write(home.dir.join("go"), "").unwrap();
     let o = home.drivetrain_env(&["resume", &run], &env);
     assert_ok(&o);
@@ -668,5 +683,63 @@ fn a_served_pipeline_uses_its_folders_plugins_for_runs_graphs_and_reruns() {
         stage(&st, "hello")["provenance"]["plugin"]["name"],
         "greet",
         "{st}"
+    );
+}
+
+/// A run executes the plugin it validated: its folder is kept in the home by digest when
+/// the run starts, so an edit of the step's script while the run is going (a template
+/// changed during a run, argo-workflows#8276) changes nothing of that run.
+#[test]
+fn a_step_edited_during_a_run_does_not_change_that_run() {
+    let home = Home::new("plugin-snapshot");
+    let dir = write_plugin(&home.dir.join("plugins"));
+    let marks = home.dir.display().to_string();
+    let file = home.write(
+        "p.yaml",
+        &format!(
+            "version: 1\nname: p\nstages:\n  hold:\n    run: {{command: [sh, -c, 'echo held > {marks}/started; while [ ! -e {marks}/go ]; do sleep 0.05; done']}}\n  hello:\n    needs: [hold]\n    uses: ./plugins/greet\n    with: {{who: kept}}\n"
+        ),
+    );
+    let (mut engine, run) = spawn_run(&home, &file);
+    wait_for_file(&home.dir.join("started"));
+    std::fs::write(
+        dir.join("greet.sh"),
+        "echo edited > \"$DRIVETRAIN_OUTPUT_GREETING/g.txt\"\n",
+    )
+    .unwrap();
+    std::fs::write(home.dir.join("go"), "").unwrap();
+    assert_eq!(engine.wait().unwrap().code(), Some(0));
+    let published = walk(&home.dir.join(".drivetrain/artifacts"));
+    let g = published
+        .iter()
+        .find(|p| p.ends_with(format!("{run}/hello/1/greeting/g.txt")))
+        .expect("published");
+    assert_eq!(std::fs::read_to_string(g).unwrap(), "hello kept\n");
+    let st = home.status(&run);
+    let digest = stage(&st, "hello")["provenance"]["plugin"]["digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let kept = home
+        .dir
+        .join(".drivetrain/plugins/steps")
+        .join(digest.trim_start_matches("sha256:"));
+    assert!(kept.join("step.yaml").is_file(), "{}", kept.display());
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(kept.join("greet.sh"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o222, 0, "kept read-only: {mode:o}");
+    // The next run plans the edited step: another digest, another key.
+    std::fs::remove_file(home.dir.join("go")).unwrap();
+    std::fs::write(home.dir.join("go"), "").unwrap();
+    let o = home.drivetrain(&["run", "p.yaml"]);
+    assert_ok(&o);
+    let next = home.status(&run_id(&o));
+    assert_eq!(stage(&next, "hello")["origin"], "ran", "{next}");
+    assert_ne!(
+        stage(&next, "hello")["provenance"]["plugin"]["digest"],
+        digest.as_str()
     );
 }

@@ -21,6 +21,7 @@ pub mod file;
 pub mod git;
 pub mod lock;
 pub mod params;
+pub mod snapshot;
 
 /// The step file's name in a plugin's folder.
 pub const STEP_FILE: &str = "step.yaml";
@@ -212,7 +213,12 @@ pub fn digest(dir: &Path) -> Result<String, String> {
 /// Names in a plugin's folder its digest leaves out.
 pub const NOT_THE_STEPS: &[&str] = &[".git", ".drivetrain", "__pycache__", ".pytest_cache"];
 
-fn walk(root: &Path, dir: &Path, out: &mut Vec<String>, depth: usize) -> Result<(), String> {
+pub(crate) fn walk(
+    root: &Path,
+    dir: &Path,
+    out: &mut Vec<String>,
+    depth: usize,
+) -> Result<(), String> {
     if depth > 32 {
         return Err(format!("{} is nested too deeply for a step", dir.display()));
     }

@@ -8,7 +8,7 @@
 //! timeouts cancel the attempt. A failed stage stops its dependants while independent
 //! branches finish, unless `fail_fast` stops everything.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -203,6 +203,9 @@ struct Ctx {
     files: crate::cache::FileDigests,
     /// The pipeline file's folder ([`folder::pipeline_dir`]).
     folder: Option<std::path::PathBuf>,
+    /// Each plugin step's snapshot (by digest), where its attempts read `{{ step.dir }}`,
+    /// or why there is none ([`crate::plugin::snapshot`]).
+    plugins: HashMap<String, Result<std::path::PathBuf, String>>,
     /// The code the run ran: the git commit of the pipeline's folder ([`folder::code`]),
     /// kept in each stage's provenance (not its cache key).
     code: Value,
@@ -299,10 +302,13 @@ pub(crate) async fn run(
             }
         })
     };
-    let folder = folder::pipeline_dir(
-        &opts.request.file,
-        opts.work_dir.parent().unwrap_or(&opts.work_dir),
-    );
+    let opts_home = opts
+        .work_dir
+        .parent()
+        .unwrap_or(&opts.work_dir)
+        .to_path_buf();
+    let folder = folder::pipeline_dir(&opts.request.file, &opts_home);
+    let opts_home = &opts_home;
     let gpus = GpuPool::new(
         state.clone(),
         id.clone(),
@@ -327,6 +333,7 @@ pub(crate) async fn run(
         reattached,
         files: Default::default(),
         code: folder.as_deref().map(folder::code).unwrap_or_default(),
+        plugins: snapshots(&pipeline, opts_home),
         folder,
     });
 
@@ -637,6 +644,20 @@ fn decide(pipeline: &Pipeline, ctx: &Ctx, id: StageId, dag: &Dag) -> Option<(Pha
     None
 }
 
+/// The snapshot of each plugin step the pipeline's stages use, by digest.
+fn snapshots(
+    pipeline: &Pipeline,
+    home: &std::path::Path,
+) -> HashMap<String, Result<std::path::PathBuf, String>> {
+    let mut out = HashMap::new();
+    for p in pipeline.stages.iter().filter_map(|s| s.plugin.as_ref()) {
+        if !out.contains_key(&p.digest) {
+            out.insert(p.digest.clone(), crate::plugin::snapshot::snapshot(p, home));
+        }
+    }
+    out
+}
+
 /// The value of a reference known before a stage starts.
 fn lookup_value(
     pipeline: &Pipeline,
@@ -858,6 +879,10 @@ fn unsupported(ctx: &Ctx, stage: &Stage) -> Option<String> {
         }
         Action::Command { .. } if lacks_gpus(ctx, stage) => {
             Some(too_few_gpus(stage, &ctx.opts.gpus))
+        }
+        Action::Command { .. } if stage.plugin.is_some() => {
+            let p = stage.plugin.as_ref()?;
+            ctx.plugins.get(&p.digest)?.as_ref().err().cloned()
         }
         Action::Command { .. } | Action::Approval { .. } => None,
     }

@@ -302,9 +302,12 @@ pub(super) async fn prepare(
             Some(v.clone())
         }
         Ref::Trial(t) => trial?.value(t),
-        Ref::StepDir => Some(Value::String(
-            stage.plugin.as_ref()?.dir.display().to_string(),
-        )),
+        // The plugin's folder as kept for this run, never the live one.
+        Ref::StepDir => {
+            let p = stage.plugin.as_ref()?;
+            let kept = ctx.plugins.get(&p.digest)?.as_ref().ok()?;
+            Some(Value::String(kept.display().to_string()))
+        }
         other => lookup_value(&ctx.pipeline, ctx, upstream, other),
     };
     let render = |t: &Template| -> String { t.render(|r| lookup(r).map(|v| value_text(&v))) };

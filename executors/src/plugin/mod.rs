@@ -240,6 +240,17 @@ impl Executor for PluginExecutor {
         reply.is_ok_and(|r| r["running"] == json!(true))
     }
 
+    /// The handle of an attempt the plugin started for an engine that died before it
+    /// recorded the handle (`find`; a plugin may answer none).
+    async fn find(&self, run: &str, stage: &str, attempt: u32) -> Option<String> {
+        let request = json!({"run": run, "stage": stage, "attempt": attempt});
+        let reply = self.command.call("find", request).await.ok()?;
+        reply["handle"]
+            .as_str()
+            .filter(|h| !h.is_empty())
+            .map(str::to_owned)
+    }
+
     async fn reattach(&self, handle: &str) -> bool {
         let reply = self
             .command

@@ -10,6 +10,7 @@
 //! | `poll` | `handles` | `attempts`: by handle, `state` (`queued`, `running`, `succeeded`, `failed`, `cancelled`, `lost`, `unknown`), `exit_code`, `reason` |
 //! | `logs` | `handle`, `offset` (bytes read so far) | `text` (what follows), `offset` |
 //! | `cancel` | `handle` | `running`: whether anything was still running |
+//! | `find` | `run`, `stage`, `attempt` | `handle` of that attempt (not a map item's) if it was started, else null: for an engine that died between `start` and recording the handle |
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
