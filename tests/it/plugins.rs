@@ -571,6 +571,20 @@ stages:
     // kill -9 while `second` runs under the worker.
     let (mut engine, run) = spawn_run_env(&home, &file, &env);
     wait_for_file(&home.dir.join("started"));
+    // Killed once it has copied the job's first line into the attempt's log.
+    let log = home
+        .dir
+        .join(format!(".drivetrain/work/{run}/second.1/log.txt"));
+    let copied = (0..500).any(|_| {
+        let held = std::fs::read_to_string(&log).unwrap_or_default();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        held.contains("held by the worker")
+    });
+    assert!(
+        copied,
+        "the engine copies the job's log as it runs: {}",
+        log.display()
+    );
     engine.kill().unwrap();
     engine.wait().unwrap();
     // As an engine killed between `start` and recording the handle leaves it (the handle
@@ -607,11 +621,12 @@ stages:
     assert_eq!(std::fs::read_to_string(y).unwrap(), "one\n");
     let jobs = std::fs::read_dir(queue.join("jobs")).unwrap().count();
     assert_eq!(jobs, 2, "one job per stage, none submitted again");
-    // The stage's log came through the protocol's `logs`.
+    // The stage's log came through the protocol's `logs`, once across the re-attach.
     let o = home.drivetrain(&["logs", &run, "--stage", "second"]);
     assert_ok(&o);
-    assert!(
-        text(&o.stdout).contains("held by the worker"),
+    assert_eq!(
+        text(&o.stdout).matches("held by the worker").count(),
+        1,
         "{}",
         text(&o.stdout)
     );

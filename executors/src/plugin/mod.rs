@@ -224,12 +224,14 @@ impl Executor for PluginExecutor {
                 ))
             })?
             .to_owned();
+        // A re-attached attempt's log holds what was copied before the engine died.
+        let offset = std::fs::metadata(&spec.log).map(|m| m.len()).unwrap_or(0);
         Ok(Box::new(PluginAttempt {
             state: self.poller.watch(&handle),
             handle,
             command: self.command.clone(),
             log: spec.log,
-            offset: 0,
+            offset,
             cancelled: false,
             interval: self.interval,
         }))
