@@ -473,6 +473,30 @@ fn a_step_stays_in_its_folder_and_a_pipeline_cannot_read_step_words() {
         "{}",
         text(&o.stderr)
     );
+    // A repository whose step folder is a link out of it is refused when fetched.
+    let outside = home.dir.join("outside");
+    write_plugin(&outside);
+    let repo = home.dir.join("linked");
+    std::fs::create_dir_all(repo.join("plugins")).unwrap();
+    std::os::unix::fs::symlink(outside.join("greet"), repo.join("plugins/greet")).unwrap();
+    git(&repo, &["init", "-q"]);
+    git(&repo, &["add", "."]);
+    git(&repo, &["commit", "-qm", "a link out"]);
+    let commit = git(&repo, &["rev-parse", "HEAD"]);
+    home.write(
+        "linked.yaml",
+        &format!(
+            "version: 1\nname: linked\nstages:\n  a:\n    uses: git+file://{}//plugins/greet@{commit}\n    with: {{who: x}}\n",
+            repo.display()
+        ),
+    );
+    let o = home.drivetrain(&["plugins", "fetch", "linked.yaml"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("leads out of the repository"),
+        "{}",
+        text(&o.stderr)
+    );
 }
 
 #[test]

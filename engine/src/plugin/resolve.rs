@@ -135,7 +135,7 @@ impl Resolver {
                 false => e,
             }
         })?;
-        load(&dir.join(&r.sub), uses, Some(commit))
+        load(&inside(&dir, &r.sub)?, uses, Some(commit))
     }
 
     /// The commit the lock file holds for a tag or branch; under `--locked`, refused
@@ -210,7 +210,7 @@ pub fn locked_entries(uses: &[String], origin: &Origin) -> Result<Lock, Refusal>
                     false => git::resolve_rev(&home, &r)?,
                 };
                 let dir = git::checkout(&home, &r.url, &commit, true)?;
-                load(&dir.join(&r.sub), u, Some(commit))?
+                load(&inside(&dir, &r.sub)?, u, Some(commit))?
             }
             None => Resolver::new(fresh.clone()).find_unlocked(u)?,
         };
@@ -232,5 +232,21 @@ impl Resolver {
     fn find_unlocked(&mut self, uses: &str) -> Result<Plugin, Refusal> {
         self.lock = Some(Ok(None));
         self.find(uses)
+    }
+}
+
+/// The step's folder `sub` of a repository's tree `checkout`, refused when a link in the
+/// repository leads it out of the tree.
+fn inside(checkout: &Path, sub: &str) -> Result<PathBuf, String> {
+    let dir = checkout.join(sub);
+    let (root, real) = (std::fs::canonicalize(checkout), std::fs::canonicalize(&dir));
+    match (root, real) {
+        (Ok(root), Ok(real)) if real.starts_with(&root) => Ok(dir),
+        (Ok(_), Ok(real)) => Err(format!(
+            "`{sub}` leads out of the repository (to {}): a git plugin's folder is the repository's own",
+            real.display()
+        )),
+        (_, Err(e)) => Err(format!("the repository has no `{sub}`: {e}")),
+        (Err(e), _) => Err(format!("{}: {e}", checkout.display())),
     }
 }
