@@ -613,18 +613,7 @@ stages:
     engine.wait().unwrap();
     // As an engine killed between `start` and recording the handle leaves it (the handle
     // erased with Python's sqlite3): `resume` asks the plugin to `find` the attempt.
-    let erased = Command::new("python3")
-        .args([
-            "-c",
-            "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); \
-             n = c.execute(\"UPDATE attempts SET handle = NULL WHERE run_id = ? AND stage = 'second'\", (sys.argv[2],)).rowcount; \
-             c.commit(); print(n)",
-            home.dir.join(".drivetrain/state.db").to_str().unwrap(),
-            &run,
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(text(&erased.stdout).trim(), "1", "{}", text(&erased.stderr));
+    erase_handle(&home, &run, "second");
     std::fs::write(home.dir.join("go"), "").unwrap();
     let o = home.drivetrain_env(&["resume", &run], &env);
     assert_ok(&o);

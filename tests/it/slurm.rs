@@ -449,18 +449,7 @@ stages:
     cluster.wait_for(&second, "RUNNING");
     engine.kill().unwrap();
     engine.wait().unwrap();
-    let erased = Command::new("python3")
-        .args([
-            "-c",
-            "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); \
-             n = c.execute(\"UPDATE attempts SET handle = NULL WHERE run_id = ? AND stage = 'second'\", (sys.argv[2],)).rowcount; \
-             c.commit(); print(n)",
-            home.dir.join(".drivetrain/state.db").to_str().unwrap(),
-            &run,
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(text(&erased.stdout).trim(), "1", "{}", text(&erased.stderr));
+    crate::common::erase_handle(&home, &run, "second");
     let o = home.drivetrain_env(&["resume", &run], &cluster.env());
     assert_ok(&o);
     assert!(

@@ -247,3 +247,22 @@ pub fn spawn_run_env(
         .to_owned();
     (child, id)
 }
+
+/// Erases the recorded handle of `stage`'s attempts in `run` (Python's sqlite3 on the
+/// home's state), as an engine killed between starting an attempt and recording its
+/// handle leaves it.
+pub fn erase_handle(home: &Home, run: &str, stage: &str) {
+    let erased = Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); \
+             n = c.execute(\"UPDATE attempts SET handle = NULL WHERE run_id = ? AND stage = ?\", (sys.argv[2], sys.argv[3])).rowcount; \
+             c.commit(); print(n)",
+            home.dir.join(".drivetrain/state.db").to_str().unwrap(),
+            run,
+            stage,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(text(&erased.stdout).trim(), "1", "{}", text(&erased.stderr));
+}
