@@ -28,6 +28,7 @@ pub mod expr;
 pub mod fault;
 pub mod history;
 pub mod mask;
+pub mod names;
 pub mod phase;
 pub mod plan;
 pub mod plugin;

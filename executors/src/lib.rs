@@ -39,6 +39,22 @@ pub fn file_tail(path: &std::path::Path, max: u64) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// Appends `text` to an attempt's log at `path` (nothing when it cannot be opened: the
+/// attempt's outcome says what happened).
+pub fn append_log(path: &std::path::Path, text: &str) {
+    use std::io::Write as _;
+    if text.is_empty() {
+        return;
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path);
+    if let Ok(mut f) = log {
+        let _ = f.write_all(text.as_bytes());
+    }
+}
+
 /// The executor kinds a pipeline may name, default first.
 pub const EXECUTORS: &[&str] = &["local", "kubernetes", "slurm"];
 

@@ -3,9 +3,10 @@
 //! plugin protocol, as local, Kubernetes and Slurm do.
 
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Child;
 
 use drivetrain_engine::executor::conformance;
+use drivetrain_executors::plugin::protocol::Command;
 use drivetrain_executors::plugin::{load, PluginExecutor};
 
 /// The worker, killed with its test.
@@ -30,7 +31,7 @@ async fn the_queue_executor_plugin_conforms() {
     // this one test, so no other thread reads the environment meanwhile.
     std::env::set_var("DRIVETRAIN_QUEUE", &queue);
     let _worker = Worker(
-        Command::new("python3")
+        std::process::Command::new("python3")
             .arg(plugin.join("worker.py"))
             .arg(&queue)
             .spawn()
@@ -40,8 +41,24 @@ async fn the_queue_executor_plugin_conforms() {
     assert_eq!(spec.name, "queue");
     let executor = PluginExecutor::new(&spec, &folder);
     conformance::check(&executor, &dir).await;
-    // Starting an attempt again answers the same handle: a restarted engine re-attaches.
-    let handles: Vec<_> = std::fs::read_dir(queue.join("jobs")).unwrap().collect();
-    assert_eq!(handles.len(), 7, "one job per attempt the suite started");
+    let jobs = || std::fs::read_dir(queue.join("jobs")).unwrap().count();
+    assert_eq!(jobs(), 7, "one job per attempt the suite started");
+    // `start` of an attempt already started answers its handle and starts nothing: what a
+    // restarted engine re-attaches by.
+    let command = Command {
+        argv: vec![
+            "python3".into(),
+            folder.join("executor.py").display().to_string(),
+        ],
+        dir: folder.clone(),
+    };
+    let attempt = serde_json::json!({"attempt": {
+        "run": "conformance", "stage": "ok", "attempt": 1, "item": null,
+        "argv": ["true"], "env": [], "workdir": dir, "log": dir.join("again.log"), "ranks": [[]],
+    }});
+    let first = command.call("start", attempt.clone()).await.unwrap();
+    let again = command.call("start", attempt).await.unwrap();
+    assert_eq!(first["handle"], again["handle"]);
+    assert_eq!(jobs(), 7, "the suite's `ok` attempt was not started again");
     std::fs::remove_dir_all(&dir).unwrap();
 }

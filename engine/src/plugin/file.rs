@@ -230,7 +230,7 @@ fn check_spec(spec: &StepFileSpec, diags: &mut Vec<Diagnostic>) {
             ),
         );
     }
-    if let Err(why) = crate::validate::dns1123_label(&spec.name) {
+    if let Err(why) = crate::names::dns1123_label(&spec.name) {
         err(
             diags,
             "invalid-step-name",
@@ -259,7 +259,7 @@ fn check_spec(spec: &StepFileSpec, diags: &mut Vec<Diagnostic>) {
     }
     let mut seen = HashSet::new();
     for (i, o) in spec.outputs.iter().enumerate() {
-        if !crate::validate::is_ident(o) || !seen.insert(o) {
+        if !crate::names::is_ident(o) || !seen.insert(o) {
             err(
                 diags,
                 "invalid-output-name",
@@ -275,7 +275,7 @@ fn check_spec(spec: &StepFileSpec, diags: &mut Vec<Diagnostic>) {
 
 /// A param's declaration: its default, enum values and bounds fit its type.
 fn check_param(name: &str, decl: &ParamDecl, path: &YamlPath, diags: &mut Vec<Diagnostic>) {
-    if !crate::validate::is_ident(name) || name.contains('-') {
+    if !crate::names::is_ident(name) || name.contains('-') {
         err(
             diags,
             "invalid-param-name",

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+pub mod executor_file;
 pub mod file;
 pub mod git;
 pub mod lock;
@@ -350,19 +351,5 @@ pub fn with_schema(step: &file::StepFileSpec) -> serde_json::Value {
         "properties": properties,
         "required": required,
         "additionalProperties": false,
-    })
-}
-
-/// Whether one of `folders` holds an executor plugin named `name` (its
-/// `NAME/executor.yaml` says `kind: executor` and that name; the executors crate reads
-/// and serves it).
-pub fn executor_in(name: &str, folders: &[PathBuf]) -> bool {
-    folders_holding(folders, "executor.yaml").iter().any(|dir| {
-        let text = std::fs::read_to_string(dir.join("executor.yaml")).unwrap_or_default();
-        let Ok(root) = crate::yaml::parse(&text) else {
-            return false;
-        };
-        let field = |k: &str| root.get(k).and_then(|n| n.as_str().map(str::to_owned));
-        field("kind").as_deref() == Some("executor") && field("name").as_deref() == Some(name)
     })
 }

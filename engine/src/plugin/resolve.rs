@@ -14,6 +14,8 @@ pub struct Resolver {
     origin: Origin,
     lock: Option<Result<Option<Lock>, String>>,
     seen: Resolved,
+    /// Writing the lock file: a tag or branch resolves to what it names now.
+    relock: bool,
 }
 
 impl Resolver {
@@ -22,6 +24,7 @@ impl Resolver {
             origin,
             lock: None,
             seen: Resolved::new(),
+            relock: false,
         }
     }
 
@@ -123,9 +126,11 @@ impl Resolver {
                 .to_owned()
                 .into());
         };
-        let commit = match r.is_commit() {
-            true => r.rev.clone(),
-            false => self.locked_commit(uses, &r, &home)?,
+        let commit = match (r.is_commit(), self.relock) {
+            (true, _) => r.rev.clone(),
+            // Locking anew: what the tag or branch names now.
+            (false, true) => git::resolve_rev(&home, &r)?,
+            (false, false) => self.locked_commit(uses, &r, &home)?,
         };
         let dir = git::checkout(&home, &r.url, &commit, self.origin.fetch).map_err(|e| {
             match e == git::NOT_FETCHED {
@@ -188,32 +193,20 @@ impl Resolver {
 /// The lock file's entries for `uses` (every plugin a pipeline names), resolved now: a
 /// tag or branch to the commit it names after fetching.
 pub fn locked_entries(uses: &[String], origin: &Origin) -> Result<Lock, Refusal> {
+    let mut resolver = Resolver::new(Origin {
+        fetch: true,
+        locked: false,
+        ..origin.clone()
+    });
+    // Neither read nor held to: it is what is being written.
+    resolver.lock = Some(Ok(None));
+    resolver.relock = true;
     let mut lock = Lock {
         version: 1,
         ..Lock::default()
     };
-    let fresh = Origin {
-        fetch: true,
-        locked: false,
-        ..origin.clone()
-    };
     for u in uses {
-        let plugin = match u.strip_prefix("git+") {
-            Some(rest) => {
-                let r = GitRef::parse(rest)?;
-                let home = origin
-                    .home
-                    .clone()
-                    .ok_or_else(|| "git plugins are kept in a home".to_owned())?;
-                let commit = match r.is_commit() {
-                    true => r.rev.clone(),
-                    false => git::resolve_rev(&home, &r)?,
-                };
-                let dir = git::checkout(&home, &r.url, &commit, true)?;
-                load(&inside(&dir, &r.sub)?, u, Some(commit))?
-            }
-            None => Resolver::new(fresh.clone()).find_unlocked(u)?,
-        };
+        let plugin = resolver.find(u)?;
         lock.plugins.insert(
             u.clone(),
             Entry {
@@ -225,14 +218,6 @@ pub fn locked_entries(uses: &[String], origin: &Origin) -> Result<Lock, Refusal>
         );
     }
     Ok(lock)
-}
-
-impl Resolver {
-    /// A path or named plugin, without the lock file's word.
-    fn find_unlocked(&mut self, uses: &str) -> Result<Plugin, Refusal> {
-        self.lock = Some(Ok(None));
-        self.find(uses)
-    }
 }
 
 /// The step's folder `sub` of a repository's tree `checkout`, refused when a link in the

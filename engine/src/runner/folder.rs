@@ -27,7 +27,7 @@ pub(crate) fn workdir(rendered: &str, folder: Option<&Path>) -> Result<PathBuf, 
 /// The file in `folder` that argument `index` of a command without a `workdir` names, if
 /// it names one: a relative path (the program itself only with a `/`, as the shell looks
 /// a bare name up in `PATH`) to a file that is there.
-pub(crate) fn named_file(index: usize, arg: &str, folder: &Path) -> Option<PathBuf> {
+pub fn named_file(index: usize, arg: &str, folder: &Path) -> Option<PathBuf> {
     let p = Path::new(arg);
     let candidate = !arg.is_empty()
         && !arg.starts_with('-')
@@ -40,7 +40,7 @@ pub(crate) fn named_file(index: usize, arg: &str, folder: &Path) -> Option<PathB
 /// Gives the arguments of a command without a `workdir` that name files in `folder` as
 /// their absolute paths, so `[python3, train.py]` runs the `train.py` beside the pipeline
 /// wherever the attempt's working directory is.
-pub(crate) fn resolve_args(argv: &mut [String], folder: &Path) {
+pub fn resolve_args(argv: &mut [String], folder: &Path) {
     for (i, a) in argv.iter_mut().enumerate() {
         if let Some(file) = named_file(i, a, folder) {
             *a = file.display().to_string();

@@ -29,7 +29,7 @@ mod approval;
 mod attempt;
 mod dag;
 mod end;
-pub(crate) mod folder;
+pub mod folder;
 mod gpus;
 #[cfg(test)]
 mod in_process;

@@ -28,6 +28,8 @@ use crate::units::{parse_duration, parse_quantity, Quantity};
 use crate::yaml::{self, Node, YamlPath};
 
 mod events;
+pub(crate) use crate::names::is_ident;
+pub use crate::names::{dns1123_label, LabelError};
 pub use events::notify_file;
 pub use scheduling::MAX_PRIORITY;
 mod links;
@@ -792,7 +794,8 @@ impl<'a> Cx<'a> {
         }
         let executor = d.executor.clone().unwrap_or_else(|| "local".to_owned());
         let folders = self.plugins.origin().folders();
-        let plugin = || crate::plugin::executor_in(&executor, &folders);
+        let plugin =
+            || crate::plugin::executor_file::find(&executor, &folders).is_some_and(|l| l.is_ok());
         if !self.catalog.executors().contains(&executor.as_str()) && !plugin() {
             let known = self.catalog.executors().to_vec();
             self.err(
@@ -1204,39 +1207,6 @@ fn infer_type(v: &Value) -> Option<ParamType> {
     }
 }
 
-/// Why a name is not a DNS-1123 label (each reads after the name: "`x_y` may hold …").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum LabelError {
-    #[error("is empty")]
-    Empty,
-    #[error("is {0} characters long; at most 63 fit a Kubernetes name")]
-    TooLong(usize),
-    #[error("may hold only lowercase letters, digits and `-`")]
-    Characters,
-    #[error("must start and end with a letter or digit")]
-    Ends,
-}
-
-/// Checks a DNS-1123 label: what Kubernetes accepts as a name and label value.
-pub fn dns1123_label(name: &str) -> Result<(), LabelError> {
-    if name.is_empty() {
-        return Err(LabelError::Empty);
-    }
-    if name.len() > 63 {
-        return Err(LabelError::TooLong(name.len()));
-    }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    {
-        return Err(LabelError::Characters);
-    }
-    if name.starts_with('-') || name.ends_with('-') {
-        return Err(LabelError::Ends);
-    }
-    Ok(())
-}
-
 fn dns_hint(name: &str) -> Option<String> {
     let fixed: String = name
         .to_ascii_lowercase()
@@ -1245,14 +1215,6 @@ fn dns_hint(name: &str) -> Option<String> {
         .collect();
     let fixed = fixed.trim_matches('-').to_owned();
     (fixed != name && dns1123_label(&fixed).is_ok()).then(|| format!("did you mean `{fixed}`?"))
-}
-
-pub(crate) fn is_ident(s: &str) -> bool {
-    s.chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 /// Params as a map for templates (`resolve_params` output), keyed by name.

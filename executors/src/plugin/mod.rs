@@ -24,7 +24,6 @@ use async_trait::async_trait;
 use drivetrain_engine::executor::{
     AttemptOutcome, AttemptSpec, Executor, ExecutorError, Rank, RunningAttempt,
 };
-use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::watch;
 
@@ -34,83 +33,21 @@ pub mod protocol;
 use poller::Poller;
 use protocol::{Command, State};
 
-/// The file that declares an executor plugin in its folder.
-pub const EXECUTOR_FILE: &str = "executor.yaml";
+pub use drivetrain_engine::plugin::executor_file::{discover, ExecutorFile, Loaded, EXECUTOR_FILE};
 
-/// An executor file.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExecutorFile {
-    /// Always `executor`.
-    pub kind: String,
-    /// The name pipelines use (a DNS-1123 label, not a built-in executor's).
-    pub name: String,
-    pub version: String,
-    #[serde(default)]
-    pub summary: Option<String>,
-    /// The command serving the protocol; a relative path naming a file of the plugin's
-    /// folder is that file.
-    pub command: Vec<String>,
-    /// How often waiting attempts are polled (default `500ms`).
-    #[serde(default)]
-    pub poll_interval: Option<String>,
+/// The executor plugin named `name` in `folders` (see
+/// [`drivetrain_engine::plugin::executor_file::find`]); a built-in executor's name is
+/// never a plugin's.
+pub fn find(name: &str, folders: &[PathBuf]) -> Option<Loaded> {
+    if crate::EXECUTORS.contains(&name) {
+        return None;
+    }
+    drivetrain_engine::plugin::executor_file::find(name, folders)
 }
 
 /// The executor plugin in `dir`, checked.
-pub fn load(dir: &Path) -> Result<(ExecutorFile, PathBuf), String> {
-    let dir = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let file = dir.join(EXECUTOR_FILE);
-    let spec: ExecutorFile = crate::settings_file(&file)?;
-    let at = |what: String| format!("{}: {what}", file.display());
-    if spec.kind != "executor" {
-        return Err(at(format!(
-            "`kind: {}` is not an executor file; write `kind: executor`",
-            spec.kind
-        )));
-    }
-    if drivetrain_engine::validate::dns1123_label(&spec.name).is_err()
-        || crate::EXECUTORS.contains(&spec.name.as_str())
-    {
-        return Err(at(format!(
-            "`name: {}` must be a DNS-1123 label other than a built-in executor's",
-            spec.name
-        )));
-    }
-    if spec.command.is_empty() {
-        return Err(at("`command` is empty".into()));
-    }
-    if let Some(p) = &spec.poll_interval {
-        drivetrain_engine::units::parse_duration(p)
-            .map_err(|e| at(format!("`poll_interval`: {e}")))?;
-    }
-    Ok((spec, dir))
-}
-
-/// An executor file read and checked, with its plugin's folder, or why not.
-pub type Loaded = Result<(ExecutorFile, PathBuf), String>;
-
-/// The executor plugins in `folders` (each a folder of plugin folders), in order, each
-/// loaded or why it cannot be, with its folder.
-pub fn discover(folders: &[PathBuf]) -> Vec<(PathBuf, Loaded)> {
-    drivetrain_engine::plugin::folders_holding(folders, EXECUTOR_FILE)
-        .into_iter()
-        .map(|d| {
-            let loaded = load(&d);
-            (d, loaded)
-        })
-        .collect()
-}
-
-/// The executor plugin named `name` in `folders`: the first that loads with that name,
-/// or why the folder of that name does not load.
-pub fn find(name: &str, folders: &[PathBuf]) -> Option<Loaded> {
-    discover(folders)
-        .into_iter()
-        .find_map(|(dir, loaded)| match loaded {
-            Ok((spec, d)) if spec.name == name => Some(Ok((spec, d))),
-            Err(e) if dir.file_name().is_some_and(|f| f == name) => Some(Err(e)),
-            _ => None,
-        })
+pub fn load(dir: &Path) -> Loaded {
+    drivetrain_engine::plugin::executor_file::load(dir)
 }
 
 /// An executor served by a plugin.
@@ -124,22 +61,10 @@ pub struct PluginExecutor {
 
 impl PluginExecutor {
     pub fn new(spec: &ExecutorFile, dir: &Path) -> PluginExecutor {
-        let argv = spec
-            .command
-            .iter()
-            .enumerate()
-            .map(|(i, a)| {
-                let p = dir.join(a);
-                let names_file = (i > 0 || a.contains('/'))
-                    && !a.starts_with('-')
-                    && Path::new(a).is_relative()
-                    && p.is_file();
-                match names_file {
-                    true => p.display().to_string(),
-                    false => a.clone(),
-                }
-            })
-            .collect();
+        // What a step's command does with its folder: a relative path naming a file
+        // of it is that file.
+        let mut argv = spec.command.clone();
+        drivetrain_engine::runner::folder::resolve_args(&mut argv, dir);
         let command = Command {
             argv,
             dir: dir.to_path_buf(),
@@ -293,7 +218,7 @@ impl PluginAttempt {
                 .await;
             let Ok(r) = reply else { return };
             let text = r["text"].as_str().unwrap_or_default();
-            protocol::append(&self.log, text);
+            crate::append_log(&self.log, text);
             match r["offset"].as_u64() {
                 Some(o) if o > self.offset && !text.is_empty() => self.offset = o,
                 _ => return,
@@ -340,11 +265,9 @@ impl RunningAttempt for PluginAttempt {
             }
             let state = self.state.borrow_and_update().clone();
             self.copy_logs().await;
+            // Copied after the state was read: an ended attempt's log is whole.
             match state {
-                Some(Ok(s)) if s.is_done() => {
-                    self.copy_logs().await;
-                    return self.outcome(&s);
-                }
+                Some(Ok(s)) if s.is_done() => return self.outcome(&s),
                 Some(Ok(_)) | None => failures = 0,
                 Some(Err(e)) => {
                     failures += 1;

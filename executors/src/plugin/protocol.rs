@@ -13,7 +13,7 @@
 //! | `find` | `run`, `stage`, `attempt` | `handle` of that attempt (not a map item's) if it was started, else null: for an engine that died between `start` and recording the handle |
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 
 use serde::{Deserialize, Serialize};
@@ -117,18 +117,4 @@ pub fn start_request(
         "log": spec.log,
         "ranks": ranks,
     }})
-}
-
-/// Appends `text` to the log at `path`.
-pub fn append(path: &Path, text: &str) {
-    if text.is_empty() {
-        return;
-    }
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-    {
-        let _ = f.write_all(text.as_bytes());
-    }
 }

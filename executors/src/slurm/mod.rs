@@ -531,13 +531,7 @@ async fn submit_array(
 
 /// Appends a line of the executor's own to the attempt's log.
 fn note(log: &Path, line: &str) {
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-    {
-        let _ = writeln!(f, "drivetrain: {line}");
-    }
+    crate::append_log(log, &format!("drivetrain: {line}\n"));
 }
 
 /// A submitted job (or one task of a job array).
