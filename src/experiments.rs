@@ -52,8 +52,7 @@ fn search_of(
     record: &drivetrain_engine::state::RunRecord,
     stage: &str,
 ) -> anyhow::Result<SearchPlan> {
-    let source = drivetrain_engine::state::sources::pipeline_text(state, record)
-        .map_err(anyhow::Error::msg)?;
+    let source = drivetrain_engine::state::sources::pipeline_text(state, record)?;
     let pipeline = drivetrain_engine::validate_file(Path::new(&record.file), &source, catalog)
         .pipeline
         .with_context(|| format!("the pipeline of run {} no longer validates", record.id))?;

@@ -26,19 +26,19 @@ pub fn status(home: &Path, run: Option<&str>, out: Format) -> anyhow::Result<Exi
         for st in &stages {
             let trials = trial_counts(state.as_ref(), &id, &st.stage)?;
             if !trials.is_empty() {
-                trial_states.insert(st.stage.clone(), serde_json::to_value(trials)?);
+                trial_states.insert(st.stage.to_string(), serde_json::to_value(trials)?);
             }
             let counts = state.item_counts(&id, &st.stage)?;
             if !counts.is_empty() {
-                items.insert(st.stage.clone(), serde_json::to_value(counts)?);
+                items.insert(st.stage.to_string(), serde_json::to_value(counts)?);
                 if let Some(u) = items_usage(&state.map_items(&id, &st.stage)?) {
-                    item_usage.insert(st.stage.clone(), serde_json::to_value(u)?);
+                    item_usage.insert(st.stage.to_string(), serde_json::to_value(u)?);
                 }
             }
         }
         let notes: serde_json::Map<String, serde_json::Value> = stages
             .iter()
-            .filter_map(|s| Some((s.stage.clone(), json!(executor_note(home, &id, s)?))))
+            .filter_map(|s| Some((s.stage.to_string(), json!(executor_note(home, &id, s)?))))
             .collect();
         crate::output::print_json(&json!({
             "run": record,
@@ -383,10 +383,10 @@ pub fn follow_run(home: &Path, run: Option<&str>) -> anyhow::Result<ExitCode> {
         for a in state.attempts(&id)? {
             let path = live_log(&home.join("work"), &id.0, &a.stage, a.attempt);
             let label = match a.attempt {
-                1 => a.stage.clone(),
+                1 => a.stage.to_string(),
                 n => format!("{}#{n}", a.stage),
             };
-            let (offset, partial) = read.entry((a.stage.clone(), a.attempt)).or_default();
+            let (offset, partial) = read.entry((a.stage.to_string(), a.attempt)).or_default();
             let mut chunk = Vec::new();
             if let Ok(mut f) = std::fs::File::open(&path) {
                 f.seek(SeekFrom::Start(*offset))?;
@@ -456,7 +456,7 @@ pub fn logs(home: &Path, run: Option<&str>, stage: Option<&str>) -> anyhow::Resu
     // Every stage in the run's order; a map stage's logs are its items'.
     let stages: Vec<String> = match stage {
         Some(s) => vec![s.to_owned()],
-        None => state.stages(&id)?.into_iter().map(|s| s.stage).collect(),
+        None => state.stages(&id)?.into_iter().map(|s| s.stage.0).collect(),
     };
     for s in &stages {
         let items = state.map_items(&id, s)?;

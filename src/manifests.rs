@@ -143,7 +143,7 @@ fn attempt(
     let render = |t: &Template| t.render(|r| lookup(r).map(|v| value_text(&v)));
     let mut env: Vec<(String, String)> = vec![
         ("DRIVETRAIN_RUN_ID".into(), run_id.to_owned()),
-        ("DRIVETRAIN_STAGE".into(), stage.name.clone()),
+        ("DRIVETRAIN_STAGE".into(), stage.name.to_string()),
         ("DRIVETRAIN_ATTEMPT".into(), "1".into()),
         ("DRIVETRAIN_PIPELINE".into(), p.name.clone()),
         (
@@ -203,7 +203,7 @@ fn attempt(
     }
     AttemptSpec {
         run_id: run_id.to_owned(),
-        stage: stage.name.clone(),
+        stage: stage.name.to_string(),
         attempt: 1,
         argv,
         env,

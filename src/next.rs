@@ -58,7 +58,7 @@ fn measured(s: &StageRecord) -> Option<(String, String)> {
             v => number(v).map(|n| format!("{k} {n}")),
         })
         .collect();
-    (!shown.is_empty()).then(|| (s.stage.clone(), shown.join(" · ")))
+    (!shown.is_empty()).then(|| (s.stage.to_string(), shown.join(" · ")))
 }
 
 /// A number as people read it, to four significant digits: 0.08625 → `0.08625`,

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use drivetrain_engine::engine::{Refusal, RerunSource, RerunSpec};
 use drivetrain_engine::plan::Pipeline;
-use drivetrain_engine::state::RunId;
+use drivetrain_engine::state::{RunId, StageName};
 
 use crate::runs::*;
 
@@ -30,8 +30,7 @@ pub struct RerunArgs<'a> {
 pub fn run_source(home: &Path, run: &RunId) -> anyhow::Result<(PathBuf, String)> {
     let state = open_state(home)?;
     let record = state.run(run)?;
-    let text = drivetrain_engine::state::sources::pipeline_text(state.as_ref(), &record)
-        .map_err(|why| anyhow::anyhow!(why))?;
+    let text = drivetrain_engine::state::sources::pipeline_text(state.as_ref(), &record)?;
     if std::fs::read_to_string(&record.file).ok().as_deref() != Some(text.as_str()) {
         tell!(
             "{} changed since run {run} (or is gone): this runs the pipeline as run {run} ran it; `--file {}` runs the file as it is now",
@@ -69,15 +68,19 @@ pub fn rerun(args: RerunArgs<'_>) -> anyhow::Result<ExitCode> {
     };
     let trigger = request.trigger.clone();
     if !args.out.json() {
-        let names = |v: &[String]| match v.is_empty() {
+        let names = |v: &[StageName]| match v.is_empty() {
             true => "nothing".to_owned(),
-            false => v.join(", "),
+            false => v
+                .iter()
+                .map(StageName::as_str)
+                .collect::<Vec<_>>()
+                .join(", "),
         };
         say!("run {id}");
         say!(
             "{trigger} of run {}: executes {}; reuses {}",
             spec.parent,
-            plan.executes.join(", "),
+            names(&plan.executes),
             names(&plan.reuses)
         );
     }

@@ -338,7 +338,7 @@ pub(crate) fn drive(d: Drive) -> anyhow::Result<ExitCode> {
     let order: Vec<String> = pipeline
         .order
         .iter()
-        .map(|id| pipeline.stage(*id).name.clone())
+        .map(|id| pipeline.stage(*id).name.to_string())
         .collect();
     let work_dir = engine.work_dir().to_path_buf();
     engine.home().keep_reserve();
@@ -595,10 +595,10 @@ impl Progress {
                 .expect("a valid template");
         match ev {
             RunEvent::Started { stage, attempt } => {
-                let bar = running.entry(stage.clone()).or_insert_with(|| {
+                let bar = running.entry(stage.to_string()).or_insert_with(|| {
                     let b = bars.add(indicatif::ProgressBar::new_spinner());
                     b.set_style(spinner.clone());
-                    b.set_prefix(stage.clone());
+                    b.set_prefix(stage.to_string());
                     b.enable_steady_tick(Duration::from_millis(120));
                     b
                 });
@@ -607,7 +607,7 @@ impl Progress {
                 }
             }
             RunEvent::Items { stage, total } => {
-                if let Some(bar) = running.get(stage) {
+                if let Some(bar) = running.get(stage.as_str()) {
                     bar.set_length(*total as u64);
                     bar.set_style(
                         indicatif::ProgressStyle::with_template(
@@ -618,7 +618,7 @@ impl Progress {
                 }
             }
             RunEvent::ItemDone { stage, succeeded } => {
-                if let Some(bar) = running.get(stage) {
+                if let Some(bar) = running.get(stage.as_str()) {
                     bar.inc(1);
                     if !succeeded {
                         bar.set_message("(some items failed)");
@@ -631,12 +631,12 @@ impl Progress {
                 reason,
                 ..
             } => {
-                if let Some(bar) = running.get(stage) {
+                if let Some(bar) = running.get(stage.as_str()) {
                     bar.set_message(format!("↻ {reason}; attempt {attempt} next"));
                 }
             }
             RunEvent::Finished { stage, .. } => {
-                if let Some(bar) = running.remove(stage) {
+                if let Some(bar) = running.remove(stage.as_str()) {
                     bar.finish_and_clear();
                     bars.remove(&bar);
                 }

@@ -48,6 +48,16 @@ impl Blame for crate::state::StateError {
     }
 }
 
+impl Blame for crate::state::sources::SourceError {
+    fn fault(&self) -> Fault {
+        use crate::state::sources::SourceError::*;
+        match self {
+            Lost(_) => Fault::Pipeline,
+            State(e) => e.fault(),
+        }
+    }
+}
+
 impl Blame for crate::history::LineageError {
     fn fault(&self) -> Fault {
         use crate::history::LineageError::*;

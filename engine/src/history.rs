@@ -348,7 +348,7 @@ pub fn forget(
             for url in urls {
                 for (run, _) in state.object_runs(&url)? {
                     for st in state.stages(&run)? {
-                        found.push((run.clone(), st.stage));
+                        found.push((run.clone(), st.stage.to_string()));
                     }
                 }
             }

@@ -46,6 +46,7 @@ pub mod validate;
 pub mod yaml;
 
 pub use diag::{Diagnostic, Severity, Span};
+pub use names::StageName;
 pub use plan::{Pipeline, Stage, StageId};
 pub use step::{Catalog, Step};
 pub use validate::{validate, validate_file, validate_in, Validated};

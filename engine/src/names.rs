@@ -43,3 +43,119 @@ pub(crate) fn is_ident(s: &str) -> bool {
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
+
+// Beside `RunId`: it reads as a `str` (it derefs to one, and a map keyed by it is looked
+// up with a `&str`).
+/// A stage's name as the pipeline writes it: the stage's id within its run.
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(transparent)]
+pub struct StageName(pub String);
+
+impl StageName {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for StageName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::ops::Deref for StageName {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<str> for StageName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for StageName {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for StageName {
+    fn as_ref(&self) -> &std::path::Path {
+        self.0.as_ref()
+    }
+}
+
+impl From<&str> for StageName {
+    fn from(s: &str) -> Self {
+        StageName(s.to_owned())
+    }
+}
+
+impl From<String> for StageName {
+    fn from(s: String) -> Self {
+        StageName(s)
+    }
+}
+
+impl From<&String> for StageName {
+    fn from(s: &String) -> Self {
+        StageName(s.clone())
+    }
+}
+
+impl From<StageName> for String {
+    fn from(s: StageName) -> Self {
+        s.0
+    }
+}
+
+impl PartialEq<str> for StageName {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for StageName {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialEq<String> for StageName {
+    fn eq(&self, other: &String) -> bool {
+        &self.0 == other
+    }
+}
+
+impl PartialEq<StageName> for str {
+    fn eq(&self, other: &StageName) -> bool {
+        self == other.0
+    }
+}
+
+impl PartialEq<StageName> for &str {
+    fn eq(&self, other: &StageName) -> bool {
+        *self == other.0
+    }
+}
+
+impl PartialEq<StageName> for String {
+    fn eq(&self, other: &StageName) -> bool {
+        *self == other.0
+    }
+}

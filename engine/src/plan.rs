@@ -7,6 +7,7 @@
 //! the spec types. Subgraph selection (`--only`, `--from`, `--to`) lives here because
 //! `plan`, `run` and `rerun` all use it.
 
+use crate::names::StageName;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::fmt;
 use std::time::Duration;
@@ -264,7 +265,7 @@ pub struct Topology {
 #[derive(Debug, Clone)]
 pub struct Stage {
     pub id: StageId,
-    pub name: String,
+    pub name: StageName,
     pub description: Option<String>,
     pub action: Action,
     /// Defaults, then the stage's `env`, then `run.env`; later wins.
@@ -753,7 +754,9 @@ mod tests {
     }
 
     fn names(p: &Pipeline, ids: impl IntoIterator<Item = StageId>) -> Vec<String> {
-        ids.into_iter().map(|id| p.stage(id).name.clone()).collect()
+        ids.into_iter()
+            .map(|id| p.stage(id).name.to_string())
+            .collect()
     }
 
     //     a ──▶ b ──▶ d ──▶ e

@@ -162,7 +162,7 @@ impl Server {
                 .filter(|st| matches!(st.phase, Phase::Failed | Phase::Error))
                 .map(|st| {
                     let reason = st.reason.as_deref().unwrap_or("(no reason recorded)");
-                    (st.stage, notify::Details::reason(reason))
+                    (st.stage.to_string(), notify::Details::reason(reason))
                 })
                 .collect(),
         }

@@ -91,7 +91,7 @@ pub fn explanation(
     let id = RunId(run.to_owned());
     let record = state.run(&id)?;
     let Some(s) = state.stage(&id, stage)? else {
-        let names: Vec<String> = state.stages(&id)?.into_iter().map(|s| s.stage).collect();
+        let names: Vec<String> = state.stages(&id)?.into_iter().map(|s| s.stage.0).collect();
         return Ok(Err(format!(
             "run {run} has no stage `{stage}`; it has {}",
             names.join(", ")

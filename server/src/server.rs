@@ -569,7 +569,7 @@ impl Server {
             .map_err(|_| (404, format!("no run `{}`", spec.parent)))?;
         let source =
             drivetrain_engine::state::sources::pipeline_text(self.engine.state().as_ref(), &parent)
-                .map_err(|why| (500, why))?;
+                .map_err(|why| (500, why.to_string()))?;
         let pipeline = self
             .validated_run(&parent, &source)
             .map_err(|why| (500, why))?;
@@ -618,7 +618,7 @@ impl Server {
             if let Err(e) = self.restore_manifest(run).await {
                 eprintln!("run {run}: cannot write its trigger's manifest again: {e:#}");
             }
-            let (mut request, reaped) = match self.engine.resume_request(&self.catalog, run).await {
+            let (mut request, reaped) = match self.engine.resume_held(&self.catalog, run).await {
                 Ok(r) => r,
                 Err(why) => {
                     eprintln!("run {run}: cannot resume it: {why}");

@@ -238,8 +238,9 @@ pub(super) fn plugins(catalog: &Catalog, command: PluginsCommand) -> ExitCode {
                     if uses.len() == 1 { "" } else { "s" }
                 ),
                 Err(e) => {
+                    use drivetrain_engine::fault::Blame as _;
                     eprintln!("error: {e}");
-                    return ExitCode::from(EXIT_USAGE);
+                    return ExitCode::from(e.fault().exit_code());
                 }
             }
             for (u, e) in &locked.plugins {

@@ -215,10 +215,10 @@ fn rerun(catalog: &Catalog, home: PathBuf, a: RerunCli) -> ExitCode {
         spec: drivetrain_engine::engine::RerunSpec {
             parent,
             retry: a.retry,
-            stages: a.stages,
+            stages: a.stages.into_iter().map(Into::into).collect(),
             downstream: a.downstream,
-            from: a.from,
-            only: a.only,
+            from: a.from.into_iter().map(Into::into).collect(),
+            only: a.only.into_iter().map(Into::into).collect(),
             params: a.params,
             images: a.images,
             no_cache: a.common.no_cache,

@@ -129,11 +129,22 @@ fn an_api_rerun_runs_in_the_server_and_survives_its_kill() {
     wait_running(&s, &rerun, "wait");
 
     // While the rerun's stage runs: its process is the server's descendant, and no
-    // `drivetrain` engine (run, rerun, retry, resume) is.
-    let tree = descendants(s.child.id());
-    assert!(
+    // `drivetrain` engine (run, rerun, retry, resume) is. (The stage is recorded running
+    // just before its process execs: until then it shows the server's argv.)
+    let names_gate = |tree: &[(u32, Vec<String>)]| {
         tree.iter()
-            .any(|(_, argv)| argv.iter().any(|a| a.contains(&*gate.to_string_lossy()))),
+            .any(|(_, argv)| argv.iter().any(|a| a.contains(&*gate.to_string_lossy())))
+    };
+    let mut tree = descendants(s.child.id());
+    for _ in 0..100 {
+        if names_gate(&tree) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        tree = descendants(s.child.id());
+    }
+    assert!(
+        names_gate(&tree),
         "the stage's process is not below the server: {tree:?}"
     );
     let engines: Vec<_> = tree

@@ -61,6 +61,15 @@ pub enum Refusal {
     State(#[from] StateError),
 }
 
+impl From<crate::state::sources::SourceError> for Refusal {
+    fn from(e: crate::state::sources::SourceError) -> Self {
+        match e {
+            crate::state::sources::SourceError::Lost(m) => Refusal::Failed(m),
+            crate::state::sources::SourceError::State(e) => Refusal::State(e),
+        }
+    }
+}
+
 impl Blame for Refusal {
     fn fault(&self) -> Fault {
         match self {

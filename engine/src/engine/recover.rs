@@ -2,6 +2,7 @@
 //! failed: stop what it left running and record it as lost, end the run, or take it up
 //! again ([`Engine::resume_request`]).
 
+use crate::names::StageName;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -27,12 +28,26 @@ pub fn stale_before() -> String {
     (chrono::Utc::now() - silence).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
+/// Refuses a run that an engine process of this machine (another than this one) drives.
+fn driven_here(record: &RunRecord) -> Result<(), Refusal> {
+    let other = record
+        .engine_pid
+        .filter(|p| alive(*p) && *p != i64::from(std::process::id()));
+    match other {
+        Some(pid) if !record.phase.is_terminal() => Err(Refusal::Busy(format!(
+            "run {} is still running (engine process {pid}); cancel it first",
+            record.id
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// What [`reap_lost`] found: how many attempts and items it recorded as lost, and the
 /// attempts the executor watches again (stage → attempt number), to be started once more.
 #[derive(Debug, Default)]
 pub struct Reaped {
     pub lost: usize,
-    pub reattach: BTreeMap<String, u32>,
+    pub reattach: BTreeMap<StageName, u32>,
 }
 
 /// Stops the attempts a dead engine left running and records them as lost, except (when
@@ -161,6 +176,48 @@ impl Engine {
         catalog: &Catalog,
         id: &RunId,
     ) -> Result<(RunRequest, Reaped), Refusal> {
+        let record = self.state().run(id)?;
+        self.take_up(&record)?;
+        self.resume_held(catalog, id).await
+    }
+
+    /// Takes `record`'s run over for resuming it here, refusing while an engine drives
+    /// it: one alive on this machine, or (the state store shared with other machines,
+    /// where a pid says nothing) one whose heartbeat is fresh. The take-over is one
+    /// conditional update, so of two resumes at once one wins.
+    fn take_up(&self, record: &RunRecord) -> Result<(), Refusal> {
+        let id = &record.id;
+        let state = self.state();
+        driven_here(record)?;
+        if !matches!(record.phase, Phase::Running | Phase::Pending) {
+            return Ok(());
+        }
+        // On a store of this machine alone, the dead pid said it all.
+        let before = if state.shared() {
+            stale_before()
+        } else {
+            (chrono::Utc::now() + chrono::Duration::seconds(1))
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        };
+        if state.take_over(id, &before)? {
+            return Ok(());
+        }
+        let silence = humantime::format_duration(crate::runner::heartbeat_interval() * 3);
+        Err(Refusal::Busy(format!(
+            "run {id} is still running: its engine's heartbeat is fresh (an engine on \
+             another machine sharing the state store drives it); wait for it or cancel it, \
+             or resume it once its engine has been silent for {silence}"
+        )))
+    }
+
+    /// [`Engine::resume_request`] for a run the caller has already taken over
+    /// ([`crate::state::RunStore::take_over`], as `serve` does for the runs it finds
+    /// orphaned) or whose approvals were decided.
+    pub async fn resume_held(
+        &self,
+        catalog: &Catalog,
+        id: &RunId,
+    ) -> Result<(RunRequest, Reaped), Refusal> {
         let state = self.state().clone();
         let record = state.run(id)?;
         if record.phase == Phase::Succeeded {
@@ -168,14 +225,7 @@ impl Engine {
                 "run {id} already succeeded; nothing to resume"
             )));
         }
-        let other = record
-            .engine_pid
-            .filter(|p| alive(*p) && *p != i64::from(std::process::id()));
-        if let (Some(pid), false) = (other, record.phase.is_terminal()) {
-            return Err(Refusal::Usage(format!(
-                "run {id} is still running (engine process {pid}); cancel it first"
-            )));
-        }
+        driven_here(&record)?;
         let pipeline = self.pipeline_of(catalog, &record)?;
         // The executor the run started on (`--executor` may have overridden the pipeline's).
         let executor = self.executor_named(Some(
@@ -214,8 +264,7 @@ impl Engine {
         catalog: &Catalog,
         record: &RunRecord,
     ) -> Result<crate::plan::Pipeline, Refusal> {
-        let source = crate::state::sources::pipeline_text(self.state().as_ref(), record)
-            .map_err(Refusal::Failed)?;
+        let source = crate::state::sources::pipeline_text(self.state().as_ref(), record)?;
         crate::validate_file(std::path::Path::new(&record.file), &source, catalog)
             .pipeline
             .ok_or_else(|| Refusal::Failed(format!("{} no longer validates", record.file)))
@@ -227,7 +276,7 @@ impl Engine {
 fn resumed(
     state: &dyn StateStore,
     record: RunRecord,
-    reattach: &BTreeMap<String, u32>,
+    reattach: &BTreeMap<StageName, u32>,
 ) -> Result<Resume, StateError> {
     let id = record.id.clone();
     let mut succeeded = BTreeMap::new();
@@ -239,7 +288,7 @@ fn resumed(
             serde_json::from_value(s.outputs.clone()).unwrap_or_default();
         succeeded.insert(s.stage.clone(), (outputs, s.values.clone()));
     }
-    let mut attempts: BTreeMap<String, u32> = BTreeMap::new();
+    let mut attempts: BTreeMap<StageName, u32> = BTreeMap::new();
     for a in state.attempts(&id)? {
         let e = attempts.entry(a.stage.clone()).or_default();
         *e = (*e).max(a.attempt);

@@ -4,6 +4,7 @@
 //! that did not succeed and what depends on it (retry). [`Engine::rerun_request`] turns
 //! what was asked into the [`RunRequest`] every face submits alike.
 
+use crate::names::StageName;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -23,12 +24,12 @@ pub struct RerunSpec {
     /// A retry: every stage that did not succeed and what depends on it.
     pub retry: bool,
     /// Stages to execute (and with `downstream`, what depends on them).
-    pub stages: Vec<String>,
+    pub stages: Vec<StageName>,
     pub downstream: bool,
     /// Stages to execute with everything downstream of them.
-    pub from: Vec<String>,
+    pub from: Vec<StageName>,
     /// Exactly these stages.
-    pub only: Vec<String>,
+    pub only: Vec<StageName>,
     /// Params over the parent's.
     pub params: Vec<(String, String)>,
     /// `STAGE=IMAGE`: the stage runs that image.
@@ -39,7 +40,7 @@ pub struct RerunSpec {
 
 impl RerunSpec {
     /// A rerun of `parent` executing `stages` (none yet: say them with `from`, `only`).
-    pub fn rerun(parent: RunId, stages: Vec<String>) -> RerunSpec {
+    pub fn rerun(parent: RunId, stages: Vec<StageName>) -> RerunSpec {
         RerunSpec {
             parent,
             retry: false,
@@ -74,8 +75,8 @@ pub struct RerunSource {
 /// say).
 #[derive(Debug, Clone)]
 pub struct RerunPlan {
-    pub executes: Vec<String>,
-    pub reuses: Vec<String>,
+    pub executes: Vec<StageName>,
+    pub reuses: Vec<StageName>,
 }
 
 type Selection = BTreeSet<StageId>;
@@ -159,8 +160,8 @@ impl Engine {
 /// takes from the parent, its params and what it overrode.
 struct Planned {
     pipeline: Pipeline,
-    selection: BTreeSet<String>,
-    reuse: BTreeMap<String, Reused>,
+    selection: BTreeSet<StageName>,
+    reuse: BTreeMap<StageName, Reused>,
     params: BTreeMap<String, serde_json::Value>,
     overrides: serde_json::Value,
 }
@@ -244,7 +245,7 @@ fn select(
             )));
         }
     } else {
-        let ids = |names: &[String]| stage_ids(pipeline, file, names);
+        let ids = |names: &[StageName]| stage_ids(pipeline, file, names);
         let (stages, from, only) = match (ids(&spec.stages), ids(&spec.from), ids(&spec.only)) {
             (Ok(a), Ok(b), Ok(c)) => (a, b, c),
             (a, b, c) => {
@@ -274,7 +275,7 @@ fn select(
 }
 
 /// The ids of the stages named, or what is wrong with a name.
-fn stage_ids(pipeline: &Pipeline, file: &str, names: &[String]) -> Result<Vec<StageId>, String> {
+fn stage_ids(pipeline: &Pipeline, file: &str, names: &[StageName]) -> Result<Vec<StageId>, String> {
     names
         .iter()
         .map(|n| {
@@ -298,7 +299,7 @@ fn reused(
     parent: &RunRecord,
     before: &[StageRecord],
     selected: &Selection,
-) -> BTreeMap<String, Reused> {
+) -> BTreeMap<StageName, Reused> {
     let needed: BTreeSet<_> = selected
         .iter()
         .flat_map(|id| pipeline.ancestors(*id))
@@ -344,7 +345,7 @@ fn missing_upstream(
     parent: &RunRecord,
     before: &[StageRecord],
     selected: &Selection,
-    reuse: &BTreeMap<String, Reused>,
+    reuse: &BTreeMap<StageName, Reused>,
 ) -> Vec<String> {
     let name_of = |id: StageId| pipeline.stage(id).name.clone();
     let mut missing = Vec::new();

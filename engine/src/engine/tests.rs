@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::{Engine, Refusal, RerunSource, RerunSpec, RunRequest};
 use crate::runner::RunSummary;
-use crate::state::{Phase, RunId};
+use crate::state::{Phase, RunId, RunStore};
 use crate::step::Catalog;
 use crate::testing::FakeExecutor;
 
@@ -28,11 +28,23 @@ impl Drop for Bench {
 
 impl Bench {
     fn new(name: &str) -> Bench {
+        let dir = Bench::scratch(name);
+        let (engine, fake) = crate::testing::fake_engine(&dir);
+        Bench { dir, engine, fake }
+    }
+
+    /// On the state store `state` instead of the home's SQLite.
+    fn on(name: &str, state: Arc<dyn crate::state::StateStore>) -> Bench {
+        let dir = Bench::scratch(name);
+        let (engine, fake) = crate::testing::fake_engine_on(&dir, state);
+        Bench { dir, engine, fake }
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("dt-engine-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let (engine, fake) = crate::testing::fake_engine(&dir);
-        Bench { dir, engine, fake }
+        dir
     }
 
     /// The pipeline of `yaml`, written to `NAME.yaml` in the home: (source, pipeline file).
@@ -180,6 +192,46 @@ async fn a_resumed_run_keeps_what_succeeded_and_runs_the_lost_attempt_again() {
         Err(Refusal::Nothing(m)) => assert!(m.contains("already succeeded"), "{m}"),
         other => panic!("{other:?}"),
     }
+}
+
+/// A run of a PostgreSQL home driven by an engine on another machine: its pid means
+/// nothing here, and while its heartbeat is fresh a resume here is refused (it took the
+/// run over, and two engines drove it); once silent, it is taken over by one resume.
+/// (PostgreSQL's client blocks: it is opened and written outside the runtime.)
+#[test]
+fn a_run_beating_on_another_machine_is_resumed_only_once_silent() {
+    let pg = crate::testing::Postgres::start();
+    let state = Arc::new(crate::state::PostgresState::open(&pg.url()).unwrap());
+    let b = Bench::on("elsewhere", state.clone());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let source = b.source(CHAIN);
+    let id = RunId("r1".into());
+    b.engine
+        .admit(&mut b.request("r1", &source), false)
+        .unwrap();
+    // Its engine elsewhere: a pid no process here has, beating.
+    let elsewhere = 4_194_304 + 7;
+    state.reopen_run(&id, elsewhere).unwrap();
+    state.heartbeat(&id).unwrap();
+    match rt.block_on(b.engine.resume_request(&catalog(), &id)) {
+        Err(Refusal::Busy(m)) => assert!(m.contains("heartbeat is fresh"), "{m}"),
+        other => panic!("resumed under a live engine: {other:?}"),
+    }
+    assert_eq!(
+        state.run(&id).unwrap().engine_pid,
+        Some(i64::from(elsewhere))
+    );
+    // Silent for longer than three heartbeats: it stopped.
+    let mut c = postgres::Client::connect(&pg.url(), postgres::NoTls).unwrap();
+    let old = "UPDATE runs SET heartbeat_at = '2000-01-01T00:00:00.000Z' WHERE id = 'r1'";
+    c.execute(old, &[]).unwrap();
+    let (request, _) = rt
+        .block_on(b.engine.resume_request(&catalog(), &id))
+        .expect("taken over once silent");
+    // Taken: a second resume (another machine's, at once) is refused.
+    let again = rt.block_on(b.engine.resume_request(&catalog(), &id));
+    assert!(matches!(again, Err(Refusal::Busy(_))), "{again:?}");
+    assert_eq!(rt.block_on(b.run(request)).phase, Phase::Succeeded);
 }
 
 #[tokio::test(start_paused = true)]

@@ -174,7 +174,8 @@ pub struct Text {
 impl Text {
     /// Parses `s`, whose references must be among `known`: the first that is not, or
     /// an unclosed `{{`, is the error.
-    pub fn parse(s: &str, known: &[&str]) -> Result<Text, String> {
+    pub fn parse(s: &str, known: &[&str]) -> Result<Text, EventError> {
+        let bad = EventError::Setting;
         let mut parts = Vec::new();
         let mut rest = s;
         while let Some(open) = rest.find("{{") {
@@ -183,18 +184,18 @@ impl Text {
             }
             let after = &rest[open + 2..];
             let Some(close) = after.find("}}") else {
-                return Err(format!("`{{{{` without `}}}}` in `{s}`"));
+                return Err(bad(format!("`{{{{` without `}}}}` in `{s}`")));
             };
             let name = after[..close].trim();
             if !known.contains(&name) {
-                return Err(format!(
+                return Err(bad(format!(
                     "unknown reference `{name}`; here the references are {}",
                     known
                         .iter()
                         .map(|k| format!("`{k}`"))
                         .collect::<Vec<_>>()
                         .join(", ")
-                ));
+                )));
             }
             parts.push((true, name.to_owned()));
             rest = &after[close + 2..];
@@ -330,7 +331,10 @@ mod tests {
             "run-veh7/x"
         );
         let e = Text::parse("{{ params.x }}", OBJECT_VALUES).unwrap_err();
-        assert!(e.contains("unknown reference `params.x`"), "{e}");
+        assert!(
+            matches!(&e, EventError::Setting(m) if m.contains("unknown reference `params.x`")),
+            "{e}"
+        );
         assert!(Text::parse("{{ object.key", OBJECT_VALUES).is_err());
     }
 }

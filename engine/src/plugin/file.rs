@@ -447,7 +447,7 @@ fn unreadable(spec: &StepFileSpec, r: &Ref) -> Option<String> {
 /// Whether `v` fits `decl`; `templated`: a string holding `{{ … }}` stands for a value
 /// known only when the stage runs, so only a string param's own checks can refuse it…
 /// and those wait for the value too.
-pub fn admits(decl: &ParamDecl, v: &Value, templated: bool) -> Result<(), String> {
+pub(super) fn admits(decl: &ParamDecl, v: &Value, templated: bool) -> Result<(), String> {
     let is_template = templated && v.as_str().is_some_and(|s| s.contains("{{"));
     if is_template {
         return Ok(());

@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use super::PluginError;
+
 /// The schemes a plugin's repository may have (never `ext::` or a helper's).
 const SCHEMES: &[&str] = &["https://", "http://", "ssh://", "file://"];
 
@@ -19,18 +21,19 @@ pub struct GitRef {
 
 impl GitRef {
     /// Parses what follows `git+`.
-    pub fn parse(rest: &str) -> Result<GitRef, String> {
+    pub fn parse(rest: &str) -> Result<GitRef, PluginError> {
+        let bad = PluginError::Plugin;
         let form = "write `git+https://host/org/repo//path/to/step@COMMIT`";
         let Some((loc, rev)) = rest.rsplit_once('@') else {
-            return Err(format!(
+            return Err(bad(format!(
                 "a git plugin names its commit, tag or branch after `@`: {form}"
-            ));
+            )));
         };
         let Some(scheme) = SCHEMES.iter().find(|s| loc.starts_with(**s)) else {
-            return Err(format!(
+            return Err(bad(format!(
                 "a git plugin's repository is reached over {}: {form}",
                 SCHEMES.join(", ")
-            ));
+            )));
         };
         let after = scheme.len();
         let (url, sub) = match loc[after..].find("//") {
@@ -43,10 +46,14 @@ impl GitRef {
                 .chars()
                 .any(|c| c.is_whitespace() || c == ':' || c == '^' || c == '~');
         if bad_rev {
-            return Err(format!("`{rev}` is not a commit, tag or branch: {form}"));
+            return Err(bad(format!(
+                "`{rev}` is not a commit, tag or branch: {form}"
+            )));
         }
         if super::file::leaves(sub) || sub.starts_with('/') {
-            return Err(format!("the step's folder `{sub}` leaves the repository"));
+            return Err(bad(format!(
+                "the step's folder `{sub}` leaves the repository"
+            )));
         }
         Ok(GitRef {
             url: url.to_owned(),
@@ -73,7 +80,7 @@ fn repo_dir(home: &Path, url: &str) -> PathBuf {
     home.join("plugins").join("git").join(&hex[..16])
 }
 
-fn git(args: &[&str], dir: Option<&Path>) -> Result<String, String> {
+fn git(args: &[&str], dir: Option<&Path>) -> Result<String, PluginError> {
     let mut cmd = Command::new("git");
     if let Some(d) = dir {
         cmd.arg("-C").arg(d);
@@ -83,15 +90,17 @@ fn git(args: &[&str], dir: Option<&Path>) -> Result<String, String> {
         .env("GIT_TERMINAL_PROMPT", "0")
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("cannot run git: {e}"))?;
+        .map_err(|e| PluginError::Host(format!("cannot run git: {e}")))?;
     match out.status.success() {
         true => Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
-        false => Err(String::from_utf8_lossy(&out.stderr).trim().to_owned()),
+        false => Err(PluginError::Host(
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        )),
     }
 }
 
 /// The mirror of `url`, cloned if absent and fetched again when `update`.
-fn mirror(home: &Path, url: &str, update: bool) -> Result<PathBuf, String> {
+fn mirror(home: &Path, url: &str, update: bool) -> Result<PathBuf, PluginError> {
     // A home is closed to others (see `engine::home`); one made here is made so too.
     if !home.exists() {
         use std::os::unix::fs::DirBuilderExt;
@@ -99,21 +108,21 @@ fn mirror(home: &Path, url: &str, update: bool) -> Result<PathBuf, String> {
             .recursive(true)
             .mode(0o700)
             .create(home)
-            .map_err(|e| format!("{}: {e}", home.display()))?;
+            .map_err(|e| PluginError::io(home, e))?;
     }
     let dir = repo_dir(home, url).join("repo.git");
     if !dir.exists() {
         let parent = dir.parent().expect("under the home");
-        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        std::fs::create_dir_all(parent).map_err(|e| PluginError::io(parent, e))?;
         let tmp = parent.join(format!(".repo.{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
         let tmp_s = tmp.display().to_string();
         git(&["clone", "--mirror", "--quiet", "--", url, &tmp_s], None)
-            .map_err(|e| format!("cannot clone {url}: {e}"))?;
-        std::fs::rename(&tmp, &dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            .map_err(|e| PluginError::Host(format!("cannot clone {url}: {e}")))?;
+        std::fs::rename(&tmp, &dir).map_err(|e| PluginError::io(&dir, e))?;
     } else if update {
         git(&["fetch", "--quiet", "--prune", "origin"], Some(&dir))
-            .map_err(|e| format!("cannot fetch {url}: {e}"))?;
+            .map_err(|e| PluginError::Host(format!("cannot fetch {url}: {e}")))?;
     }
     Ok(dir)
 }
@@ -135,37 +144,38 @@ fn rev_parse(mirror: &Path, rev: &str) -> Option<String> {
 }
 
 /// The commit a tag or branch names now, after fetching the repository.
-pub fn resolve_rev(home: &Path, r: &GitRef) -> Result<String, String> {
+pub fn resolve_rev(home: &Path, r: &GitRef) -> Result<String, PluginError> {
     let m = mirror(home, &r.url, true)?;
-    rev_parse(&m, &r.rev)
-        .ok_or_else(|| format!("{} has no commit, tag or branch `{}`", r.url, r.rev))
+    rev_parse(&m, &r.rev).ok_or_else(|| {
+        PluginError::Plugin(format!(
+            "{} has no commit, tag or branch `{}`",
+            r.url, r.rev
+        ))
+    })
 }
 
-/// Why a commit is not here, for the caller to say what to run.
-pub const NOT_FETCHED: &str = "not fetched";
-
 /// The folder of `commit`'s tree, exported from the mirror (fetched first where `fetch`
-/// allows and the commit is missing); `Err(NOT_FETCHED)` when it is not here and may
-/// not be fetched.
-pub fn checkout(home: &Path, url: &str, commit: &str, fetch: bool) -> Result<PathBuf, String> {
+/// allows and the commit is missing); [`PluginError::NotFetched`] when it is not here and
+/// may not be fetched.
+pub fn checkout(home: &Path, url: &str, commit: &str, fetch: bool) -> Result<PathBuf, PluginError> {
     let dest = repo_dir(home, url).join(commit);
     if dest.is_dir() {
         return Ok(dest);
     }
     if !fetch {
-        return Err(NOT_FETCHED.to_owned());
+        return Err(PluginError::NotFetched);
     }
     let mut m = mirror(home, url, false)?;
     if rev_parse(&m, commit).is_none() {
         m = mirror(home, url, true)?;
     }
     if rev_parse(&m, commit).as_deref() != Some(commit) {
-        return Err(format!("{url} has no commit {commit}"));
+        return Err(PluginError::Plugin(format!("{url} has no commit {commit}")));
     }
     let parent = dest.parent().expect("under the home");
     let tmp = parent.join(format!(".{commit}.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::create_dir_all(&tmp).map_err(|e| PluginError::io(&tmp, e))?;
     let tar = parent.join(format!(".{commit}.{}.tar", std::process::id()));
     let tar_s = tar.display().to_string();
     git(&["archive", "--format=tar", "-o", &tar_s, commit], Some(&m))?;
@@ -177,10 +187,12 @@ pub fn checkout(home: &Path, url: &str, commit: &str, fetch: bool) -> Result<Pat
         .arg("--no-same-owner")
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("cannot run tar: {e}"))?;
+        .map_err(|e| PluginError::Host(format!("cannot run tar: {e}")))?;
     let _ = std::fs::remove_file(&tar);
     if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+        return Err(PluginError::Host(
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        ));
     }
     match std::fs::rename(&tmp, &dest) {
         Ok(()) => Ok(dest),
@@ -189,7 +201,7 @@ pub fn checkout(home: &Path, url: &str, commit: &str, fetch: bool) -> Result<Pat
             let _ = std::fs::remove_dir_all(&tmp);
             Ok(dest)
         }
-        Err(e) => Err(format!("{}: {e}", dest.display())),
+        Err(e) => Err(PluginError::io(&dest, e)),
     }
 }
 

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::PluginError;
+
 /// The lock file's name, beside the pipeline.
 pub const FILE: &str = "drivetrain.lock";
 
@@ -38,32 +40,32 @@ pub fn path(dir: &Path) -> PathBuf {
 }
 
 /// The lock file in `dir`, if there is one.
-pub fn read(dir: &Path) -> Result<Option<Lock>, String> {
+pub fn read(dir: &Path) -> Result<Option<Lock>, PluginError> {
     let file = path(dir);
     let text = match std::fs::read_to_string(&file) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot read {}: {e}", file.display())),
+        Err(e) => return Err(PluginError::io(&file, e)),
     };
     let lock: Lock = serde_json::from_str(&text)
-        .map_err(|e| format!("{} is not a lock file: {e}", file.display()))?;
+        .map_err(|e| PluginError::Plugin(format!("{} is not a lock file: {e}", file.display())))?;
     if lock.version != 1 {
-        return Err(format!(
+        return Err(PluginError::Plugin(format!(
             "{} is of version {}; this drivetrain reads version 1",
             file.display(),
             lock.version
-        ));
+        )));
     }
     Ok(Some(lock))
 }
 
 /// Writes the lock file in `dir` (through a temporary file, so a reader never sees half).
-pub fn write(dir: &Path, lock: &Lock) -> Result<PathBuf, String> {
+pub fn write(dir: &Path, lock: &Lock) -> Result<PathBuf, PluginError> {
     let file = path(dir);
     let tmp = dir.join(format!(".{FILE}.{}", std::process::id()));
-    let mut text = serde_json::to_string_pretty(lock).map_err(|e| e.to_string())?;
+    let mut text = serde_json::to_string_pretty(lock).expect("a lock is JSON");
     text.push('\n');
-    std::fs::write(&tmp, text).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, &file).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    std::fs::write(&tmp, text).map_err(|e| PluginError::io(&tmp, e))?;
+    std::fs::rename(&tmp, &file).map_err(|e| PluginError::io(&file, e))?;
     Ok(file)
 }

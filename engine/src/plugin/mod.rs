@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+mod error;
 pub mod executor_file;
 pub mod file;
 pub mod git;
@@ -26,6 +27,8 @@ pub mod snapshot;
 
 /// The step file's name in a plugin's folder.
 pub const STEP_FILE: &str = "step.yaml";
+
+pub use error::PluginError;
 
 /// The variable naming more folders of plugins, colon-separated.
 pub const PATH_VAR: &str = "DRIVETRAIN_PLUGIN_PATH";
@@ -186,7 +189,7 @@ const MAX_BYTES: u64 = 1 << 30;
 /// own is left out ([`NOT_THE_STEPS`]: `.git`, a home, Python's bytecode caches, which a
 /// run of the step writes). A link leading out of the folder is refused: a step's files
 /// are its own.
-pub fn digest(dir: &Path) -> Result<String, String> {
+pub fn digest(dir: &Path) -> Result<String, PluginError> {
     use sha2::{Digest, Sha256};
     let mut files = Vec::new();
     walk(dir, dir, &mut files, 0)?;
@@ -195,13 +198,13 @@ pub fn digest(dir: &Path) -> Result<String, String> {
     let mut total = 0u64;
     for rel in &files {
         let path = dir.join(rel);
-        let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let bytes = std::fs::read(&path).map_err(|e| PluginError::io(&path, e))?;
         total += bytes.len() as u64;
         if total > MAX_BYTES {
-            return Err(format!(
+            return Err(PluginError::Plugin(format!(
                 "{} holds more than 1 GiB: too much for a step",
                 dir.display()
-            ));
+            )));
         }
         h.update(rel.as_bytes());
         h.update([0]);
@@ -219,26 +222,29 @@ pub(crate) fn walk(
     dir: &Path,
     out: &mut Vec<String>,
     depth: usize,
-) -> Result<(), String> {
+) -> Result<(), PluginError> {
     if depth > 32 {
-        return Err(format!("{} is nested too deeply for a step", dir.display()));
+        return Err(PluginError::Plugin(format!(
+            "{} is nested too deeply for a step",
+            dir.display()
+        )));
     }
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let entries = std::fs::read_dir(dir).map_err(|e| PluginError::io(dir, e))?;
     for e in entries {
-        let e = e.map_err(|e| format!("{}: {e}", dir.display()))?;
+        let e = e.map_err(|e| PluginError::io(dir, e))?;
         let path = e.path();
         let name = e.file_name();
         let name = name.to_string_lossy();
         if NOT_THE_STEPS.contains(&name.as_ref()) || name.ends_with(".pyc") {
             continue;
         }
-        let real = std::fs::canonicalize(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let real = std::fs::canonicalize(&path).map_err(|e| PluginError::io(&path, e))?;
         if !real.starts_with(root) {
-            return Err(format!(
+            return Err(PluginError::Plugin(format!(
                 "{} leads out of the step's folder ({}): a step's files are its own",
                 path.display(),
                 real.display()
-            ));
+            )));
         }
         if real.is_dir() {
             walk(root, &path, out, depth + 1)?;
@@ -246,10 +252,10 @@ pub(crate) fn walk(
             let rel = path.strip_prefix(root).unwrap_or(&path);
             out.push(rel.display().to_string());
             if out.len() > MAX_FILES {
-                return Err(format!(
+                return Err(PluginError::Plugin(format!(
                     "{} holds more than {MAX_FILES} files: too many for a step",
                     root.display()
-                ));
+                )));
             }
         }
     }

@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use super::git::{self, GitRef};
 use super::lock::{self, Entry, Lock};
-use super::{load, Origin, Plugin, Refusal, Resolved, STEP_FILE};
+use super::{load, Origin, Plugin, PluginError, Refusal, Resolved, STEP_FILE};
 
 /// Resolves the plugins of one pipeline, each `uses:` once.
 #[derive(Debug)]
 pub struct Resolver {
     origin: Origin,
-    lock: Option<Result<Option<Lock>, String>>,
+    lock: Option<Result<Option<Lock>, PluginError>>,
     seen: Resolved,
     /// Writing the lock file: a tag or branch resolves to what it names now.
     relock: bool,
@@ -42,7 +42,7 @@ impl Resolver {
         found
     }
 
-    fn lock(&mut self) -> Result<Option<&Lock>, String> {
+    fn lock(&mut self) -> Result<Option<&Lock>, PluginError> {
         let dir = self.origin.dir.clone();
         let read = self
             .lock
@@ -50,7 +50,7 @@ impl Resolver {
         read.as_ref().map(Option::as_ref).map_err(Clone::clone)
     }
 
-    fn entry(&mut self, uses: &str) -> Result<Option<Entry>, String> {
+    fn entry(&mut self, uses: &str) -> Result<Option<Entry>, PluginError> {
         Ok(self.lock()?.and_then(|l| l.plugins.get(uses).cloned()))
     }
 
@@ -132,36 +132,39 @@ impl Resolver {
             (false, true) => git::resolve_rev(&home, &r)?,
             (false, false) => self.locked_commit(uses, &r, &home)?,
         };
-        let dir = git::checkout(&home, &r.url, &commit, self.origin.fetch).map_err(|e| {
-            match e == git::NOT_FETCHED {
-                true => format!(
-                    "`{uses}` is not fetched yet: run `drivetrain plugins fetch` with this pipeline (validation reads no network)"
-                ),
-                false => e,
-            }
+        let dir = git::checkout(&home, &r.url, &commit, self.origin.fetch).map_err(|e| match e {
+            PluginError::NotFetched => format!(
+                "`{uses}` is not fetched yet: run `drivetrain plugins fetch` with this pipeline (validation reads no network)"
+            ),
+            other => other.to_string(),
         })?;
         load(&inside(&dir, &r.sub)?, uses, Some(commit))
     }
 
     /// The commit the lock file holds for a tag or branch; under `--locked`, refused
     /// when the tag or branch names another commit now.
-    fn locked_commit(&mut self, uses: &str, r: &GitRef, home: &Path) -> Result<String, String> {
+    fn locked_commit(
+        &mut self,
+        uses: &str,
+        r: &GitRef,
+        home: &Path,
+    ) -> Result<String, PluginError> {
         let Some(commit) = self.entry(uses)?.and_then(|e| e.commit) else {
-            return Err(format!(
+            return Err(PluginError::Plugin(format!(
                 "`{}` is a tag or branch, which can move: write the full commit, or pin it in {} with `drivetrain plugins lock`",
                 r.rev,
                 lock::FILE
-            ));
+            )));
         };
         if self.origin.locked {
             let now = git::resolve_rev(home, r)?;
             if now != commit {
-                return Err(format!(
+                return Err(PluginError::Plugin(format!(
                     "`{}` moved: {} has {commit}, {} now names {now}; review the change and run `drivetrain plugins lock`",
                     r.rev,
                     lock::FILE,
                     r.url
-                ));
+                )));
             }
         }
         Ok(commit)
@@ -169,21 +172,21 @@ impl Resolver {
 
     /// The lock file's word on a plugin found: under `--locked` it has an entry, and an
     /// entry's digest is the plugin's (always for git: a commit's files never change).
-    fn against_lock(&mut self, uses: &str, plugin: &Plugin) -> Result<(), String> {
+    fn against_lock(&mut self, uses: &str, plugin: &Plugin) -> Result<(), PluginError> {
         let entry = self.entry(uses)?;
         let git = uses.starts_with("git+");
         match entry {
-            None if self.origin.locked => Err(format!(
+            None if self.origin.locked => Err(PluginError::Plugin(format!(
                 "`--locked`, and {} has no entry for `{uses}`: run `drivetrain plugins lock`",
                 lock::FILE
-            )),
+            ))),
             Some(e) if e.digest != plugin.id.digest && (git || self.origin.locked) => {
-                Err(format!(
+                Err(PluginError::Plugin(format!(
                     "`{uses}` has digest {} here, and {} says {}: the plugin changed since it was locked",
                     plugin.id.digest,
                     lock::FILE,
                     e.digest
-                ))
+                )))
             }
             _ => Ok(()),
         }
@@ -222,16 +225,18 @@ pub fn locked_entries(uses: &[String], origin: &Origin) -> Result<Lock, Refusal>
 
 /// The step's folder `sub` of a repository's tree `checkout`, refused when a link in the
 /// repository leads it out of the tree.
-fn inside(checkout: &Path, sub: &str) -> Result<PathBuf, String> {
+fn inside(checkout: &Path, sub: &str) -> Result<PathBuf, PluginError> {
     let dir = checkout.join(sub);
     let (root, real) = (std::fs::canonicalize(checkout), std::fs::canonicalize(&dir));
     match (root, real) {
         (Ok(root), Ok(real)) if real.starts_with(&root) => Ok(dir),
-        (Ok(_), Ok(real)) => Err(format!(
+        (Ok(_), Ok(real)) => Err(PluginError::Plugin(format!(
             "`{sub}` leads out of the repository (to {}): a git plugin's folder is the repository's own",
             real.display()
-        )),
-        (_, Err(e)) => Err(format!("the repository has no `{sub}`: {e}")),
-        (Err(e), _) => Err(format!("{}: {e}", checkout.display())),
+        ))),
+        (_, Err(e)) => Err(PluginError::Plugin(format!(
+            "the repository has no `{sub}`: {e}"
+        ))),
+        (Err(e), _) => Err(PluginError::io(checkout, e)),
     }
 }

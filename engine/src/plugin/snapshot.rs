@@ -7,10 +7,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::PluginId;
+use super::{PluginError, PluginId};
 
 /// The folder of `id`'s snapshot in `home`, made now if it is not there.
-pub fn snapshot(id: &PluginId, home: &Path) -> Result<PathBuf, String> {
+pub fn snapshot(id: &PluginId, home: &Path) -> Result<PathBuf, PluginError> {
     let hex = id.digest.trim_start_matches("sha256:");
     let steps = home.join("plugins").join("steps");
     let target = steps.join(hex);
@@ -23,13 +23,13 @@ pub fn snapshot(id: &PluginId, home: &Path) -> Result<PathBuf, String> {
         let now = super::digest(&tmp)?;
         match now == id.digest {
             true => Ok(()),
-            false => Err(format!(
+            false => Err(PluginError::Plugin(format!(
                 "plugin `{}@{}` changed after it was validated: its folder {} is {now} now, the run planned {}; start the run again",
                 id.name,
                 id.version,
                 id.dir.display(),
                 id.digest
-            )),
+            ))),
         }
     });
     if let Err(e) = made {
@@ -44,27 +44,27 @@ pub fn snapshot(id: &PluginId, home: &Path) -> Result<PathBuf, String> {
             let _ = std::fs::remove_dir_all(&tmp);
             Ok(target)
         }
-        Err(e) => Err(format!(
+        Err(e) => Err(PluginError::Host(format!(
             "cannot keep plugin `{}` in {}: {e}",
             id.name,
             target.display()
-        )),
+        ))),
     }
 }
 
 /// Copies the step's own files (what [`super::digest`] covers) from `from` to `to`,
 /// keeping each file's mode.
-fn copy(from: &Path, to: &Path) -> Result<(), String> {
+fn copy(from: &Path, to: &Path) -> Result<(), PluginError> {
     let mut files = Vec::new();
     super::walk(from, from, &mut files, 0)?;
     for rel in files {
         let (src, dst) = (from.join(&rel), to.join(&rel));
         if let Some(parent) = dst.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+            std::fs::create_dir_all(parent).map_err(|e| PluginError::io(parent, e))?;
         }
-        std::fs::copy(&src, &dst).map_err(|e| format!("{}: {e}", src.display()))?;
+        std::fs::copy(&src, &dst).map_err(|e| PluginError::io(&src, e))?;
     }
-    std::fs::create_dir_all(to).map_err(|e| format!("{}: {e}", to.display()))
+    std::fs::create_dir_all(to).map_err(|e| PluginError::io(to, e))
 }
 
 /// Makes a snapshot read-only for everyone and readable by everyone (a root engine's

@@ -26,7 +26,7 @@ fn evidence(ctx: &Ctx, upstream: &BTreeMap<StageId, StageResult>) -> Value {
                 "outputs": r.outputs,
                 "lineage": format!("{}/{name}", ctx.run.id),
             });
-            (name, entry)
+            (name.to_string(), entry)
         })
         .collect();
     json!({ "stages": stages })
@@ -53,7 +53,7 @@ pub(super) fn settle(
         |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let request = ApprovalRequest {
         run: ctx.run.id.clone(),
-        stage: stage.name.clone(),
+        stage: stage.name.to_string(),
         pipeline: ctx.pipeline.name.clone(),
         project: ctx.run.project.clone(),
         role: role.clone(),

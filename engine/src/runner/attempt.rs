@@ -39,7 +39,7 @@ pub(super) async fn attempt_loop(
         attempt += 1;
         let key = AttemptKey {
             run: run.0.clone(),
-            stage: stage.name.clone(),
+            stage: stage.name.to_string(),
             item: match track {
                 Track::Stage => None,
                 Track::Item { index, .. } | Track::Trial { index, .. } => Some(index),
@@ -623,7 +623,7 @@ fn record_usage(ctx: &Ctx, key: &AttemptKey, usage: crate::executor::ResourceUsa
             .set_attempt_usage(&ctx.run.id, stage, key.attempt, &usage),
     };
     let _ = ctx.events.send(RunEvent::Used {
-        stage: stage.to_owned(),
+        stage: stage.into(),
         usage,
     });
 }

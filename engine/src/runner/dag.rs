@@ -145,7 +145,7 @@ impl Dag {
     }
 
     /// The phase of each stage; one that never ended was `Omitted`.
-    pub(super) fn phases(&self, pipeline: &Pipeline) -> BTreeMap<String, Phase> {
+    pub(super) fn phases(&self, pipeline: &Pipeline) -> BTreeMap<crate::names::StageName, Phase> {
         pipeline
             .stages
             .iter()
@@ -204,7 +204,7 @@ mod tests {
 
     fn names(p: &Pipeline, dag: &mut Dag) -> Vec<String> {
         std::iter::from_fn(|| dag.next_ready())
-            .map(|i| p.stage(i).name.clone())
+            .map(|i| p.stage(i).name.to_string())
             .collect()
     }
 

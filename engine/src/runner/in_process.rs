@@ -326,11 +326,8 @@ async fn a_resumed_run_does_not_execute_what_succeeded_before() {
         state.create_run(&record).unwrap();
         req.resume = Some(Resume {
             record,
-            succeeded: BTreeMap::from([(
-                "a".to_string(),
-                (BTreeMap::new(), serde_json::Value::Null),
-            )]),
-            attempts: BTreeMap::from([("a".to_string(), 1)]),
+            succeeded: BTreeMap::from([("a".into(), (BTreeMap::new(), serde_json::Value::Null))]),
+            attempts: BTreeMap::from([("a".into(), 1)]),
             reattached: Default::default(),
         });
     })
@@ -344,7 +341,7 @@ fn origins(r: &Ran) -> Vec<(String, Option<Origin>)> {
     r.events
         .iter()
         .filter_map(|e| match e {
-            RunEvent::Finished { stage, origin, .. } => Some((stage.clone(), origin.clone())),
+            RunEvent::Finished { stage, origin, .. } => Some((stage.to_string(), origin.clone())),
             _ => None,
         })
         .collect()
@@ -362,9 +359,9 @@ async fn a_rerun_reuses_what_it_takes_and_says_so_in_events_and_state() {
             provenance: serde_json::json!({}),
             inputs: serde_json::json!({}),
         };
-        req.selection = Some(["b".to_string(), "c".to_string()].into());
+        req.selection = Some(["b".into(), "c".into()].into());
         req.reuse = BTreeMap::from([(
-            "a".to_string(),
+            "a".into(),
             Reused {
                 outputs: BTreeMap::new(),
                 values: serde_json::json!({}),

@@ -8,6 +8,7 @@
 //! timeouts cancel the attempt. A failed stage stops its dependants while independent
 //! branches finish, unless `fail_fast` stops everything.
 
+use crate::names::StageName;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -100,17 +101,17 @@ pub struct Reused {
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunEvent {
     Started {
-        stage: String,
+        stage: StageName,
         attempt: u32,
     },
     Retrying {
-        stage: String,
+        stage: StageName,
         attempt: u32,
         delay: Duration,
         reason: String,
     },
     Finished {
-        stage: String,
+        stage: StageName,
         phase: Phase,
         /// How a stage that succeeded came by its outputs; `None` in every other phase.
         origin: Option<Origin>,
@@ -119,17 +120,17 @@ pub enum RunEvent {
     },
     /// A map stage starts its items.
     Items {
-        stage: String,
+        stage: StageName,
         total: usize,
     },
     /// One item of a map stage ended.
     ItemDone {
-        stage: String,
+        stage: StageName,
         succeeded: bool,
     },
     /// What an attempt used, where its executor measured it.
     Used {
-        stage: String,
+        stage: StageName,
         usage: crate::executor::ResourceUsage,
     },
 }
@@ -147,7 +148,7 @@ pub enum RunError {
 pub struct RunSummary {
     pub id: RunId,
     pub phase: Phase,
-    pub stages: BTreeMap<String, Phase>,
+    pub stages: BTreeMap<StageName, Phase>,
 }
 
 /// What a resumed run keeps from before: its record and every stage that succeeded.
@@ -155,12 +156,12 @@ pub struct RunSummary {
 pub struct Resume {
     pub record: RunRecord,
     /// Succeeded stages: name → (outputs, values). They are not executed again.
-    pub succeeded: BTreeMap<String, (BTreeMap<String, ArtifactRef>, Value)>,
+    pub succeeded: BTreeMap<StageName, (BTreeMap<String, ArtifactRef>, Value)>,
     /// The highest attempt number recorded per stage; new attempts count on from it.
-    pub attempts: BTreeMap<String, u32>,
+    pub attempts: BTreeMap<StageName, u32>,
     /// Stages whose next attempt is one still running on the executor, which watches it
     /// again: its directory, inputs and outputs are the job's, not prepared afresh.
-    pub reattached: std::collections::BTreeSet<String>,
+    pub reattached: std::collections::BTreeSet<StageName>,
 }
 
 impl Resume {
@@ -197,15 +198,15 @@ struct Ctx {
     /// How the ordinary stages ended, once they have (`run.status` for hooks).
     main_phase: std::sync::OnceLock<Phase>,
     /// Attempt numbers already used, on a resume.
-    prior_attempts: BTreeMap<String, u32>,
+    prior_attempts: BTreeMap<StageName, u32>,
     /// Stages whose first attempt here re-attaches ([`Resume::reattached`]).
-    reattached: std::collections::BTreeSet<String>,
+    reattached: std::collections::BTreeSet<StageName>,
     files: crate::cache::FileDigests,
     /// The pipeline file's folder ([`folder::pipeline_dir`]).
     folder: Option<std::path::PathBuf>,
     /// Each plugin step's snapshot (by digest), where its attempts read `{{ step.dir }}`,
     /// or why there is none ([`crate::plugin::snapshot`]).
-    plugins: HashMap<String, Result<std::path::PathBuf, String>>,
+    plugins: HashMap<String, Result<std::path::PathBuf, crate::plugin::PluginError>>,
     /// The code the run ran: the git commit of the pipeline's folder ([`folder::code`]),
     /// kept in each stage's provenance (not its cache key).
     code: Value,
@@ -215,8 +216,14 @@ impl Ctx {
     /// Whether `key` is an attempt a restarted engine watches again rather than starts.
     fn reattaches(&self, key: &AttemptKey) -> bool {
         key.item.is_none()
-            && self.reattached.contains(&key.stage)
-            && self.prior_attempts.get(&key.stage).copied().unwrap_or(0) + 1 == key.attempt
+            && self.reattached.contains(key.stage.as_str())
+            && self
+                .prior_attempts
+                .get(key.stage.as_str())
+                .copied()
+                .unwrap_or(0)
+                + 1
+                == key.attempt
     }
 
     fn stop_for(&self, stage: &Stage) -> watch::Receiver<bool> {
@@ -447,7 +454,7 @@ async fn drive_stages(
         // Waiting for people: its dependants do not start; the run waits once the rest is
         // done.
         if result.phase == Phase::Waiting {
-            waiting.push(pipeline.stage(id).name.clone());
+            waiting.push(pipeline.stage(id).name.to_string());
             continue;
         }
         if matches!(result.phase, Phase::Failed | Phase::Error) && ctx.opts.request.fail_fast {
@@ -470,7 +477,7 @@ fn wait_for_people(ctx: &Ctx, dag: &Dag, waiting: Vec<String>) -> Result<RunSumm
     ctx.state.finish_run(&id, Phase::Waiting, Some(&reason))?;
     let mut stages = dag.phases(pipeline);
     for (name, phase) in stages.iter_mut() {
-        if waiting.contains(name) {
+        if waiting.iter().any(|w| w == name) {
             *phase = Phase::Waiting;
         } else if *phase == Phase::Omitted && dag_unended(pipeline, dag, name) {
             *phase = Phase::Pending;
@@ -497,7 +504,7 @@ fn dag_unended(pipeline: &Pipeline, dag: &Dag, name: &str) -> bool {
 fn take_earlier(
     ctx: &Ctx,
     pipeline: &Pipeline,
-    prior: &BTreeMap<String, (BTreeMap<String, ArtifactRef>, Value)>,
+    prior: &BTreeMap<StageName, (BTreeMap<String, ArtifactRef>, Value)>,
     dag: &mut Dag,
 ) -> Result<(), RunError> {
     for &id in &pipeline.order {
@@ -648,7 +655,7 @@ fn decide(pipeline: &Pipeline, ctx: &Ctx, id: StageId, dag: &Dag) -> Option<(Pha
 fn snapshots(
     pipeline: &Pipeline,
     home: &std::path::Path,
-) -> HashMap<String, Result<std::path::PathBuf, String>> {
+) -> HashMap<String, Result<std::path::PathBuf, crate::plugin::PluginError>> {
     let mut out = HashMap::new();
     for p in pipeline.stages.iter().filter_map(|s| s.plugin.as_ref()) {
         if !out.contains_key(&p.digest) {
@@ -882,7 +889,7 @@ fn unsupported(ctx: &Ctx, stage: &Stage) -> Option<String> {
         }
         Action::Command { .. } if stage.plugin.is_some() => {
             let p = stage.plugin.as_ref()?;
-            ctx.plugins.get(&p.digest)?.as_ref().err().cloned()
+            ctx.plugins.get(&p.digest)?.as_ref().err().map(|e| e.to_string())
         }
         Action::Command { .. } | Action::Approval { .. } => None,
     }
@@ -944,7 +951,7 @@ fn record_end(
             digest: art.digest.clone(),
             manifest: art.manifest.clone(),
             run_id: ctx.run.id.0.clone(),
-            stage: stage.name.clone(),
+            stage: stage.name.to_string(),
             output: output.clone(),
             created_at: now.clone(),
         })
@@ -952,7 +959,7 @@ fn record_end(
     let cache = cache.map(|(key, parts)| CacheEntry {
         key,
         pipeline: ctx.pipeline.name.clone(),
-        stage: stage.name.clone(),
+        stage: stage.name.to_string(),
         run_id: ctx.run.id.0.clone(),
         outputs: outputs_json.clone(),
         values: end.values.clone(),
@@ -992,7 +999,7 @@ fn record_taken(
     ctx.state
         .set_stage(&ctx.run.id, stage, Phase::Succeeded, None, None)?;
     let _ = ctx.events.send(RunEvent::Finished {
-        stage: stage.to_owned(),
+        stage: stage.into(),
         phase: Phase::Succeeded,
         origin: Some(provenance.origin.clone()),
         reason: Some(reason),

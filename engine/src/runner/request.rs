@@ -1,6 +1,7 @@
 //! What a run is asked: [`RunRequest`], the one thing `run`, `rerun`, `retry`, `resume`
 //! and `serve` differ in (the [`crate::engine::Engine`] carries every request out alike).
 
+use crate::names::StageName;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -37,9 +38,9 @@ pub struct RunRequest {
     /// The run this one reruns or retries.
     pub parent: Option<RunId>,
     /// The stages to execute; the others end at once, reused when in `reuse`. `None`: all.
-    pub selection: Option<BTreeSet<String>>,
+    pub selection: Option<BTreeSet<StageName>>,
     /// Stages whose outputs come from an earlier run, not executed.
-    pub reuse: BTreeMap<String, Reused>,
+    pub reuse: BTreeMap<StageName, Reused>,
     /// What a rerun overrode (recorded with the run).
     pub overrides: Value,
     pub cache: CacheMode,

@@ -9,15 +9,35 @@ pub const MAX_LINE: usize = 64 << 10;
 /// What one line says: its step (if any) and its named numbers.
 pub type Line = (Option<i64>, Vec<(String, f64)>);
 
+/// Why a line is not one of metrics (counted and the first said by the trial's reader).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LineError {
+    #[error("a line of {0} bytes, over {MAX_LINE}")]
+    TooLong(usize),
+    #[error("not JSON: {0}")]
+    NotJson(String),
+    #[error("not a JSON object")]
+    NotObject,
+    #[error("`step` is {0}, not an integer")]
+    Step(serde_json::Value),
+    /// A trial's loss that blew up: refused, so the reader says so.
+    #[error("`{0}` is NaN")]
+    NaN(String),
+    #[error("`{0}` is {1}, not a finite number")]
+    NotANumber(String, serde_json::Value),
+    #[error("names no metric")]
+    NoMetric,
+}
+
 /// One line's step and its named numbers, or why the line is not one.
-pub fn parse(line: &str) -> Result<Line, String> {
+pub fn parse(line: &str) -> Result<Line, LineError> {
     if line.len() > MAX_LINE {
-        return Err(format!("a line of {} bytes, over {MAX_LINE}", line.len()));
+        return Err(LineError::TooLong(line.len()));
     }
     let value: serde_json::Value =
-        serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+        serde_json::from_str(line).map_err(|e| LineError::NotJson(e.to_string()))?;
     let serde_json::Value::Object(fields) = value else {
-        return Err("not a JSON object".into());
+        return Err(LineError::NotObject);
     };
     let mut step = None;
     let mut metrics = Vec::new();
@@ -25,18 +45,17 @@ pub fn parse(line: &str) -> Result<Line, String> {
         match (name.as_str(), v.as_f64()) {
             ("step", _) => match v.as_i64() {
                 Some(s) => step = Some(s),
-                None => return Err(format!("`step` is {v}, not an integer")),
+                None => return Err(LineError::Step(v)),
             },
             (_, Some(x)) if x.is_finite() => metrics.push((name, x)),
-            // A trial's loss that blew up is a metric too: the worst.
             (_, None) if v.as_str().is_some_and(|s| s.eq_ignore_ascii_case("nan")) => {
-                return Err(format!("`{name}` is NaN"))
+                return Err(LineError::NaN(name))
             }
-            _ => return Err(format!("`{name}` is {v}, not a finite number")),
+            _ => return Err(LineError::NotANumber(name, v)),
         }
     }
     if metrics.is_empty() {
-        return Err("names no metric".into());
+        return Err(LineError::NoMetric);
     }
     Ok((step, metrics))
 }
@@ -78,7 +97,7 @@ mod tests {
             (r#"{"l": "high"}"#, "not a finite number"),
             (r#"{"l": "NaN"}"#, "is NaN"),
         ] {
-            let e = parse(bad).unwrap_err();
+            let e = parse(bad).unwrap_err().to_string();
             assert!(e.contains(why), "{bad}: {e}");
         }
         assert!(parse(&format!(r#"{{"l": "{}"}}"#, "x".repeat(MAX_LINE))).is_err());

@@ -99,6 +99,16 @@ impl Dim {
 /// The most trials a search may start (a grid's points past it are refused).
 pub const MAX_TRIALS: usize = 10_000;
 
+/// Why a search's space makes no grid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GridError {
+    /// A dimension with no points of its own.
+    #[error("`{0}` is a continuous range: a grid needs its `count` of points")]
+    Continuous(String),
+    #[error("the grid has more than {MAX_TRIALS} points; narrow it or use `random`")]
+    TooLarge,
+}
+
 impl SearchPlan {
     /// The budget of each rung, smallest first: ASHA's `max / η^(n-1-k)` for `n` rungs
     /// (as many as fit between `min` and `max`, at most `max_rungs`); one rung at `max`
@@ -125,16 +135,14 @@ impl SearchPlan {
 
     /// The points of the grid, in order (the last dimension fastest); `Err` names a
     /// dimension that has none, or says the grid is too large.
-    pub fn grid(&self) -> Result<Vec<Map<String, Value>>, String> {
+    pub fn grid(&self) -> Result<Vec<Map<String, Value>>, GridError> {
         let mut points = vec![Map::new()];
         for (name, dim) in &self.space {
-            let values = dim.grid().ok_or_else(|| {
-                format!("`{name}` is a continuous range: a grid needs its `count` of points")
-            })?;
+            let values = dim
+                .grid()
+                .ok_or_else(|| GridError::Continuous(name.clone()))?;
             if points.len().saturating_mul(values.len()) > MAX_TRIALS {
-                return Err(format!(
-                    "the grid has more than {MAX_TRIALS} points; narrow it or use `random`"
-                ));
+                return Err(GridError::TooLarge);
             }
             points = points
                 .into_iter()
@@ -317,7 +325,7 @@ pub(crate) mod tests {
             hi: 1.0,
             count: None,
         };
-        assert!(open.grid().unwrap_err().contains("`lr`"));
+        assert_eq!(open.grid().unwrap_err(), GridError::Continuous("lr".into()));
     }
 
     #[test]

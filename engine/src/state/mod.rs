@@ -42,6 +42,8 @@ pub use trials::{MetricRow, TrialRecord, TrialStore, MAX_METRIC_ROWS};
 #[cfg(any(test, feature = "testing"))]
 pub mod conformance;
 
+pub use crate::names::StageName;
+
 /// A run's id: `YYYYMMDD-HHMMSS-xxxxxxxx`, sortable by creation time.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, schemars::JsonSchema)]
 #[serde(transparent)]
@@ -182,7 +184,7 @@ pub struct RunRecord {
     pub overrides: serde_json::Value,
     /// The stages a rerun or retry executes; the others are reused or not run. `None`:
     /// every stage.
-    pub selection: Option<Vec<String>>,
+    pub selection: Option<Vec<StageName>>,
     /// The cron tick a `schedule`-triggered run is for (RFC 3339).
     pub scheduled_time: Option<String>,
     /// The executor the run was started on (`local`, `kubernetes`, `slurm`).
@@ -194,7 +196,7 @@ pub struct RunRecord {
 /// A stage of a run as recorded.
 #[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct StageRecord {
-    pub stage: String,
+    pub stage: StageName,
     pub phase: Phase,
     pub attempts: u32,
     pub started_at: Option<String>,
@@ -399,7 +401,7 @@ pub struct ItemEnd<'a> {
 /// One attempt of a stage as recorded.
 #[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct AttemptRecord {
-    pub stage: String,
+    pub stage: StageName,
     pub attempt: u32,
     pub phase: Phase,
     pub started_at: String,
@@ -487,6 +489,11 @@ pub trait RunStore: Send + Sync {
         -> Result<(), StateError>;
     /// Marks a run `Running` again under engine process `pid` (a resume).
     fn reopen_run(&self, run: &RunId, pid: u32) -> Result<(), StateError>;
+    /// Whether engines on other machines may drive runs of this store (a database they
+    /// share): then a recorded pid says nothing of them, and only heartbeats do.
+    fn shared(&self) -> bool {
+        false
+    }
     fn run(&self, run: &RunId) -> Result<RunRecord, StateError>;
     /// The most recent runs first.
     fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StateError>;

@@ -309,7 +309,7 @@ const STAGE_COLUMNS: &str = "stage, phase, attempts, started_at, finished_at, ex
 
 fn stage_from_row(r: &Row) -> StageRecord {
     StageRecord {
-        stage: r.get(0),
+        stage: super::StageName(r.get(0)),
         phase: phase_col(r.get(1)),
         attempts: count(r.get(2)),
         started_at: r.get(3),
@@ -597,6 +597,11 @@ impl StateStore for PostgresState {
 }
 
 impl RunStore for PostgresState {
+    /// Engines of several machines (serve's replicas, a CLI elsewhere) share it.
+    fn shared(&self) -> bool {
+        true
+    }
+
     fn create_run(&self, run: &RunRecord) -> Result<(), StateError> {
         self.with(|c| insert_run(c, run))
     }
@@ -1003,7 +1008,7 @@ impl AttemptStore for PostgresState {
                 &[&run.0],
                 "read attempts",
                 |r| AttemptRecord {
-                    stage: r.get(0),
+                    stage: super::StageName(r.get(0)),
                     attempt: count(r.get(1)),
                     phase: phase_col(r.get(2)),
                     started_at: r.get(3),

@@ -25,18 +25,29 @@ pub fn keep_file(state: &dyn RunStore, file: &str, digest_of_run: &str) -> Resul
     }
 }
 
+/// Why the text of a run's pipeline cannot be had.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// Its file changed or is gone, and the state store kept no copy (a run of a
+    /// drivetrain older than the copies).
+    #[error("{0}")]
+    Lost(String),
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
 /// The text of the pipeline `record` ran: its file while that holds the same text, else
 /// the text kept when it started. `Err` says why there is none.
-pub fn pipeline_text(state: &dyn RunStore, record: &RunRecord) -> Result<String, String> {
+pub fn pipeline_text(state: &dyn RunStore, record: &RunRecord) -> Result<String, SourceError> {
     let on_disk = std::fs::read_to_string(&record.file);
     if let Ok(text) = &on_disk {
         if digest(text) == record.spec_digest {
             return Ok(text.clone());
         }
     }
-    match state.source(&record.spec_digest) {
-        Ok(Some(text)) => Ok(text),
-        Ok(None) => Err(match on_disk {
+    match state.source(&record.spec_digest)? {
+        Some(text) => Ok(text),
+        None => Err(SourceError::Lost(match on_disk {
             Ok(_) => format!(
                 "{} changed since run {} started, and the state store has no copy of what it ran (a run of an older drivetrain)",
                 record.file, record.id
@@ -45,7 +56,6 @@ pub fn pipeline_text(state: &dyn RunStore, record: &RunRecord) -> Result<String,
                 "the run's pipeline {} cannot be read ({e}), and the state store has no copy of it (a run of an older drivetrain)",
                 record.file
             ),
-        }),
-        Err(e) => Err(e.to_string()),
+        })),
     }
 }

@@ -696,7 +696,7 @@ impl AttemptStore for SqliteState {
                 "read attempts",
                 |r| {
                     Ok(AttemptRecord {
-                        stage: r.get(0)?,
+                        stage: super::StageName(r.get(0)?),
                         attempt: r.get(1)?,
                         phase: phase_col(r.get(2)?),
                         started_at: r.get(3)?,

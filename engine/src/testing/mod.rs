@@ -19,8 +19,15 @@ pub use fake::FakeExecutor;
 /// An engine whose runs go to a fresh [`FakeExecutor`] (found for every executor name a
 /// pipeline or a run names), with SQLite state and a `file://` store under `dir`.
 pub fn fake_engine(dir: &Path) -> (crate::engine::Engine, FakeExecutor) {
-    let state: std::sync::Arc<dyn crate::state::StateStore> =
-        std::sync::Arc::new(crate::state::SqliteState::open(&dir.join("state.db")).unwrap());
+    let state = crate::state::SqliteState::open(&dir.join("state.db")).unwrap();
+    fake_engine_on(dir, std::sync::Arc::new(state))
+}
+
+/// [`fake_engine`] on the state store `state`.
+pub fn fake_engine_on(
+    dir: &Path,
+    state: std::sync::Arc<dyn crate::state::StateStore>,
+) -> (crate::engine::Engine, FakeExecutor) {
     let url = format!("file://{}", dir.join("artifacts").display());
     let fake = FakeExecutor::default();
     let found = fake.clone();

@@ -148,7 +148,7 @@ impl Cx<'_> {
             Some(g) => match Text::parse(g, OBJECT_VALUES) {
                 Ok(t) => Some(t),
                 Err(e) => {
-                    self.err("invalid-template", &bp.key("group_by"), e);
+                    self.err("invalid-template", &bp.key("group_by"), e.to_string());
                     ok = false;
                     None
                 }
@@ -175,7 +175,7 @@ impl Cx<'_> {
                     tparams.insert(param.clone(), t);
                 }
                 Err(e) => {
-                    self.err("invalid-template", &pp, e);
+                    self.err("invalid-template", &pp, e.to_string());
                     ok = false;
                 }
             }

@@ -60,7 +60,7 @@ impl<'a> Cx<'a> {
         }
         Some(Stage {
             id: sc.id,
-            name: sc.name.to_owned(),
+            name: sc.name.into(),
             description: spec.description.clone(),
             action: action?,
             env,

@@ -680,7 +680,8 @@ async fn rerun(
     if body.stages.is_empty() {
         return Err(ApiError::bad_request("name the `stages` to execute again"));
     }
-    let mut spec = RerunSpec::rerun(RunId(id), body.stages);
+    let stages = body.stages.into_iter().map(Into::into).collect();
+    let mut spec = RerunSpec::rerun(RunId(id), stages);
     spec.downstream = body.downstream;
     spec.params = body
         .params

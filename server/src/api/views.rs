@@ -60,7 +60,7 @@ pub(super) async fn graph(
             let nodes = stages
                 .into_iter()
                 .map(|st| GraphNode {
-                    name: st.stage,
+                    name: st.stage.to_string(),
                     needs: Vec::new(),
                     kind: String::new(),
                     map: false,
@@ -75,11 +75,11 @@ pub(super) async fn graph(
         .stages
         .iter()
         .map(|st| GraphNode {
-            name: st.name.clone(),
+            name: st.name.to_string(),
             needs: pipeline
                 .upstream(st.id)
                 .into_iter()
-                .map(|u| pipeline.stage(u).name.clone())
+                .map(|u| pipeline.stage(u).name.to_string())
                 .collect(),
             kind: match &st.action {
                 Action::Step { name, version, .. } => format!("{name}@{version}"),
@@ -113,7 +113,7 @@ pub(super) async fn attempts(
                     .map_items(&run, &stage.stage)?
                     .into_iter()
                     .map(|i| ItemSpan {
-                        stage: stage.stage.clone(),
+                        stage: stage.stage.to_string(),
                         index: i.index,
                         attempts: i.attempts,
                         phase: i.phase,
@@ -194,7 +194,7 @@ pub(super) async fn run_events(
                     ));
                     sent.stages = stages
                         .iter()
-                        .map(|st| (st.stage.clone(), json!(st)))
+                        .map(|st| (st.stage.to_string(), json!(st)))
                         .collect();
                 } else {
                     if sent.run.as_ref() != Some(&record) {
@@ -202,9 +202,9 @@ pub(super) async fn run_events(
                     }
                     for st in &stages {
                         let v = json!(st);
-                        if sent.stages.get(&st.stage) != Some(&v) {
+                        if sent.stages.get(st.stage.as_str()) != Some(&v) {
                             events.push(sse_event("stage", &v));
-                            sent.stages.insert(st.stage.clone(), v);
+                            sent.stages.insert(st.stage.to_string(), v);
                         }
                     }
                 }

@@ -100,7 +100,7 @@ pub(super) async fn run(
     }
     let dir = AttemptKey {
         run: ctx.run.id.0.clone(),
-        stage: stage.name.clone(),
+        stage: stage.name.to_string(),
         item: Some(t.index),
         attempt: 0,
     }
@@ -303,7 +303,7 @@ async fn remote_metrics(
 ) -> Vec<MetricRow> {
     let key = AttemptKey {
         run: ctx.run.id.0.clone(),
-        stage: stage.name.clone(),
+        stage: stage.name.to_string(),
         item: Some(t.index),
         attempt: attempt.unwrap_or(t.attempts),
     };
@@ -421,7 +421,7 @@ impl Tail {
                         }
                     }
                 }
-                Err(why) => self.refuse(why),
+                Err(why) => self.refuse(why.to_string()),
             }
         }
         rows

@@ -84,7 +84,7 @@ pub(super) const STAGE_COLUMNS: &str =
 
 pub(super) fn stage_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StageRecord> {
     Ok(StageRecord {
-        stage: r.get(0)?,
+        stage: crate::names::StageName(r.get(0)?),
         phase: phase_col(r.get(1)?),
         attempts: r.get(2)?,
         started_at: r.get(3)?,
