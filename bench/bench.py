@@ -267,8 +267,10 @@ def passthrough(binary, repeats, mib, stages=10):
 
 
 def scale(binary, items=100_000, stages=10_000):
-    """A `items`-item map and a `stages`-stage chain of `/bin/true`: both complete; peak
-    memory of the engine and wall time (one run each: they take minutes)."""
+    """A `items`-item map, a `stages`-stage chain and a `stages`-wide fan-out of
+    `/bin/true`: each completes; peak memory of the engine and wall time (one run each:
+    they take minutes); then how long `status`, `list` and the web view's API take to
+    answer about each run."""
     with tempfile.TemporaryDirectory(dir=scratch_root()) as tmp:
         m = os.path.join(tmp, "map.yaml")
         with open(m, "w") as f:
@@ -280,13 +282,77 @@ def scale(binary, items=100_000, stages=10_000):
         c = os.path.join(tmp, "chain.yaml")
         with open(c, "w") as f:
             f.write(run_pipeline(stages, wide=False))
-        print(f"\n| run | wall | engine peak RSS |")
-        print("|---|---:|---:|")
-        for label, path in [(f"{items}-item map of true", m), (f"{stages}-stage chain of true", c)]:
+        w = os.path.join(tmp, "wide.yaml")
+        with open(w, "w") as f:
+            f.write(run_pipeline(stages, wide=True))
+        print(f"\n| run | validate | plan | run: wall | run: engine peak RSS |")
+        print("|---|---:|---:|---:|---:|")
+        homes = []
+        for label, path, stage in [(f"{stages}-stage chain of true", c, "s0000"),
+                                   (f"{stages}-wide fan-out of true", w, "s0000"),
+                                   (f"{items}-item map of true", m, "each")]:
             home = os.path.join(tmp, "home-" + os.path.basename(path))
+            val = measure_once([binary, "validate", path])
+            plan = measure_once([binary, "plan", path])
             wall, rss = measure_once([binary, "--home", home, "run", path, "--parallelism", "2"])
             shown = f"{rss / 1024:.1f} MiB" if rss else "n/a"
-            print(f"| {label} (--parallelism 2) | {wall:.1f} s | {shown} |")
+            print(f"| {label} (--parallelism 2) | {val[0]:.2f} s | {plan[0]:.2f} s | {wall:.1f} s | {shown} |",
+                  flush=True)
+            homes.append((label, home, stage))
+        for label, home, stage in homes:
+            answers(binary, label, home, stage)
+
+
+def answers(binary, label, home, stage):
+    """How long `status`, `list` and the API a run page reads take to answer about the
+    one run in `home` (median of 3, `drivetrain ui` on loopback, no token: it reads)."""
+    import json
+    import socket
+    import urllib.request
+    run = subprocess.run([binary, "--home", home, "list", "--output", "json"],
+                         capture_output=True, text=True, check=True)
+    run_id = json.loads(run.stdout)[0]["id"]
+    rows = [("status", [binary, "--home", home, "status", run_id]),
+            ("list", [binary, "--home", home, "list"])]
+    print(f"\n{label}: what reads of it take (median of 3)\n")
+    print("| read | wall |")
+    print("|---|---:|")
+    for name, cmd in rows:
+        print(f"| `drivetrain {name}` | {measure(cmd, 3)[0] * 1000:.0f} ms |")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ui = subprocess.Popen([binary, "--home", home, "ui", "--bind", f"127.0.0.1:{port}"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(base + "/healthz", timeout=1).read()
+                break
+            except OSError:
+                time.sleep(0.1)
+        for path in [f"/api/v1/runs/{run_id}", f"/api/v1/runs/{run_id}/graph",
+                     f"/api/v1/runs/{run_id}/attempts",
+                     f"/api/v1/runs/{run_id}/stages/{stage}/items?limit=100", "/api/v1/runs"]:
+            walls, size = [], 0
+            for _ in range(3):
+                start = time.perf_counter()
+                try:
+                    with urllib.request.urlopen(base + path, timeout=120) as r:
+                        size = len(r.read())
+                except OSError as e:
+                    size = f"error: {e}"
+                walls.append(time.perf_counter() - start)
+                # One answer over 10 s (or none) says enough; asking again only waits.
+                if walls[-1] > 10 or not isinstance(size, int):
+                    break
+            shown = (size if not isinstance(size, int) else
+                     f"{size} B" if size < 10240 else f"{size / 1024:.0f} KiB")
+            print(f"| GET {path.replace(run_id, '{id}')} ({shown}) | {statistics.median(walls) * 1000:.0f} ms |")
+    finally:
+        ui.terminate()
+        ui.wait()
 
 
 def output_chain(n):
@@ -344,6 +410,8 @@ def main():
     ap.add_argument("--suite", choices=["all", "validate", "run", "artifacts", "scale", "cache", "hostile"], default="all")
     ap.add_argument("--mib", type=int, default=1024, help="artifact size for --suite artifacts")
     ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "drivetrain"))
+    ap.add_argument("--scale-items", type=int, default=100_000, help="items of --suite scale's map")
+    ap.add_argument("--scale-stages", type=int, default=10_000, help="stages of --suite scale's chain")
     args = ap.parse_args()
     target = os.environ.get("CARGO_TARGET_DIR")
     if target and args.binary.startswith(os.path.join(ROOT, "target")):
@@ -362,7 +430,7 @@ def main():
     if args.suite in ("all", "cache"):
         cache_and_lineage(args.binary, args.repeats)
     if args.suite in ("all", "scale"):
-        scale(args.binary)
+        scale(args.binary, args.scale_items, args.scale_stages)
     if args.suite in ("all", "hostile"):
         hostile(args.binary, min(args.repeats, 5))
     if args.suite in ("run", "artifacts", "scale", "cache", "hostile"):
