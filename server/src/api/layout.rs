@@ -21,6 +21,18 @@ pub const NODE_H: f64 = 38.0;
 const SPACING: f64 = 14.0;
 /// A bend's height: edges through one layer pass this far apart.
 const BEND: f64 = 6.0;
+
+/// The most nodes laid out: a larger graph (a run of 100,000 stages) is answered with
+/// no layout ([`Layout::is_empty`]), and the page draws its nodes in a column. The crate
+/// recurses as deep as the longest path; [`place`] gives it a stack of its own.
+pub const MAX_LAID_OUT: usize = 5_000;
+/// The most bends (a point in each layer a long edge crosses); past it, long edges are
+/// drawn straight rather than the drawing growing with edges × layers.
+const MAX_BENDS: usize = 50_000;
+/// The stack the layout runs on: ample for [`MAX_LAID_OUT`] layers of the crate's
+/// recursion in a debug build (a 100,000-stage chain overflowed a 2 MiB stack and
+/// aborted the server).
+const LAYOUT_STACK: usize = 256 << 20;
 /// Around the drawing.
 const MARGIN: f64 = 10.0;
 
@@ -78,6 +90,25 @@ pub struct Layout {
     pub edges: Vec<EdgePath>,
 }
 
+impl Layout {
+    /// No drawing: the graph is too large to lay out ([`MAX_LAID_OUT`]).
+    pub fn none(flow: Flow) -> Layout {
+        Layout {
+            width: 0.0,
+            height: 0.0,
+            node_width: NODE_W,
+            node_height: NODE_H,
+            flow,
+            nodes: BTreeMap::new(),
+            edges: Vec::new(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+}
+
 /// One edge: `from` → `to`, through `points` (`[x, y]`, first and last on the nodes).
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct EdgePath {
@@ -94,6 +125,9 @@ pub fn layered(nodes: &[String], edges: &[(usize, usize)]) -> Layout {
 
 /// [`layered`], its layers going `flow`.
 pub fn layered_to(nodes: &[String], edges: &[(usize, usize)], flow: Flow) -> Layout {
+    if nodes.len() > MAX_LAID_OUT {
+        return Layout::none(flow);
+    }
     let edges: Vec<(usize, usize)> = edges
         .iter()
         .copied()
@@ -118,8 +152,15 @@ pub fn layered_to(nodes: &[String], edges: &[(usize, usize)], flow: Flow) -> Lay
     let mut chains: Vec<Vec<usize>> = Vec::with_capacity(edges.len());
     let mut dummies = 0usize;
     let mut linked: Vec<(usize, usize)> = Vec::new();
+    let bends: usize = edges
+        .iter()
+        .map(|&(a, b)| (layer(b) - layer(a)).max(1) as usize - 1)
+        .sum();
     for &(a, b) in &edges {
-        let span = (layer(b) - layer(a)).max(1) as usize;
+        let span = match bends > MAX_BENDS {
+            true => 1,
+            false => (layer(b) - layer(a)).max(1) as usize,
+        };
         let mut chain = vec![a];
         for _ in 1..span {
             chain.push(nodes.len() + dummies);
@@ -248,7 +289,21 @@ fn place(
     let pairs: Vec<(u32, u32)> = edges.iter().map(|&(a, b)| (a as u32, b as u32)).collect();
     let mut out = vec![(0.0, 0.0); vertices.len()];
     let mut offset = 0.0;
-    for (component, _, _) in rust_sugiyama::from_vertices_and_edges(&vertices, &pairs, config) {
+    let config = *config;
+    let count = vertices.len();
+    let components = std::thread::Builder::new()
+        .name("layout".into())
+        .stack_size(LAYOUT_STACK)
+        .spawn(move || rust_sugiyama::from_vertices_and_edges(&vertices, &pairs, &config))
+        .and_then(|t| {
+            t.join()
+                .map_err(|_| std::io::Error::other("the layout panicked"))
+        });
+    let Ok(components) = components else {
+        // Unplaced: the page draws what has no place in a column.
+        return vec![(0.0, 0.0); count];
+    };
+    for (component, _, _) in components {
         let lo = component
             .iter()
             .map(|(_, (x, _))| *x)
@@ -268,6 +323,28 @@ fn place(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The longest chain laid out, from a thread of a small stack (the crate recurses
+    /// once per layer: a 100,000-stage chain overflowed the server's 2 MiB and aborted
+    /// it); one node more is not laid out at all.
+    #[test]
+    fn a_long_chain_is_laid_out_on_a_stack_of_its_own_and_a_longer_one_not_at_all() {
+        let chain = |n: usize| -> (Vec<String>, Vec<(usize, usize)>) {
+            (names(n), (1..n).map(|i| (i - 1, i)).collect())
+        };
+        let (nodes, edges) = chain(MAX_LAID_OUT);
+        let laid = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || layered(&nodes, &edges))
+            .unwrap()
+            .join()
+            .expect("laid out");
+        assert_eq!(laid.nodes.len(), MAX_LAID_OUT);
+        assert_eq!(laid.edges.len(), MAX_LAID_OUT - 1);
+        let (nodes, edges) = chain(MAX_LAID_OUT + 1);
+        let none = layered(&nodes, &edges);
+        assert!(none.is_empty() && none.edges.is_empty());
+    }
 
     fn names(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("s{i}")).collect()
