@@ -13,14 +13,17 @@ Standard library only.
 import argparse
 import atexit
 import contextlib
+import json
 import os
 import random
 import shutil
+import socket
 import subprocess
 import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -306,9 +309,6 @@ def scale(binary, items=100_000, stages=10_000):
 def answers(binary, label, home, stage):
     """How long `status`, `list` and the API a run page reads take to answer about the
     one run in `home` (median of 3, `drivetrain ui` on loopback, no token: it reads)."""
-    import json
-    import socket
-    import urllib.request
     run = subprocess.run([binary, "--home", home, "list", "--output", "json"],
                          capture_output=True, text=True, check=True)
     run_id = json.loads(run.stdout)[0]["id"]

@@ -56,15 +56,11 @@ def ensure_venv():
 
 
 def pipeline(n, wide):
-    """drivetrain's YAML of the chain or the fan-out."""
-    lines = ["version: 1", f"name: {'fanout' if wide else 'chain'}-{n}", "stages:"]
+    """drivetrain's YAML of the chain (bench.py's) or the fan-out."""
     if not wide:
-        for i in range(n):
-            lines.append(f"  s{i:04d}:")
-            if i > 0:
-                lines.append(f"    needs: [s{i - 1:04d}]")
-            lines.append("    run: {command: [/bin/true]}")
-        return "\n".join(lines) + "\n"
+        from bench import run_pipeline
+        return run_pipeline(n, wide=False)
+    lines = ["version: 1", f"name: fanout-{n}", "stages:"]
     lines += ["  root:", "    run: {command: [/bin/true]}"]
     for i in range(n):
         lines += [f"  s{i:04d}:", "    needs: [root]", "    run: {command: [/bin/true]}"]

@@ -55,7 +55,6 @@ pub(crate) fn is_ident(s: &str) -> bool {
     Hash,
     PartialOrd,
     Ord,
-    Default,
     serde::Serialize,
     serde::Deserialize,
     schemars::JsonSchema,
@@ -88,18 +87,6 @@ impl std::borrow::Borrow<str> for StageName {
     }
 }
 
-impl AsRef<str> for StageName {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl AsRef<std::path::Path> for StageName {
-    fn as_ref(&self) -> &std::path::Path {
-        self.0.as_ref()
-    }
-}
-
 impl From<&str> for StageName {
     fn from(s: &str) -> Self {
         StageName(s.to_owned())
@@ -109,12 +96,6 @@ impl From<&str> for StageName {
 impl From<String> for StageName {
     fn from(s: String) -> Self {
         StageName(s)
-    }
-}
-
-impl From<&String> for StageName {
-    fn from(s: &String) -> Self {
-        StageName(s.clone())
     }
 }
 
@@ -139,18 +120,6 @@ impl PartialEq<&str> for StageName {
 impl PartialEq<String> for StageName {
     fn eq(&self, other: &String) -> bool {
         &self.0 == other
-    }
-}
-
-impl PartialEq<StageName> for str {
-    fn eq(&self, other: &StageName) -> bool {
-        self == other.0
-    }
-}
-
-impl PartialEq<StageName> for &str {
-    fn eq(&self, other: &StageName) -> bool {
-        *self == other.0
     }
 }
 

@@ -436,22 +436,19 @@ async fn a_pipeline_runs_as_jobs_against_the_api_stand_in() {
     assert_eq!(standin.created("batch/v1/jobs"), 4, "no Job for it");
     // A plugin step runs in a pod from its image; one that runs files of its folder (the
     // engine machine's) is refused the same way, before any Job.
-    let step = home.dir.join("plugins/say");
-    std::fs::create_dir_all(&step).unwrap();
-    std::fs::write(step.join("say.sh"), "echo \"$1\"\n").unwrap();
-    std::fs::write(
-        step.join("step.yaml"),
-        "kind: step\nname: say\nversion: 1.0.0\nparams: {word: {type: string}}\nrun: {image: registry.example.com/av/steps:1.4, command: [echo, \"{{ with.word }}\"]}\n",
-    )
-    .unwrap();
-    let local = home.dir.join("plugins/say-local");
-    std::fs::create_dir_all(&local).unwrap();
-    std::fs::write(local.join("say.sh"), "echo \"$1\"\n").unwrap();
-    std::fs::write(
-        local.join("step.yaml"),
-        "kind: step\nname: say-local\nversion: 1.0.0\nparams: {word: {type: string}}\nrun: {command: [sh, say.sh, \"{{ with.word }}\"]}\n",
-    )
-    .unwrap();
+    let step = |name: &str, run: &str| {
+        let dir = home.dir.join("plugins").join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("say.sh"), "echo \"$1\"\n").unwrap();
+        let params = "params: {word: {type: string}}";
+        let file = format!("kind: step\nname: {name}\nversion: 1.0.0\n{params}\nrun: {run}\n");
+        std::fs::write(dir.join("step.yaml"), file).unwrap();
+    };
+    step(
+        "say",
+        "{image: registry.example.com/av/steps:1.4, command: [echo, \"{{ with.word }}\"]}",
+    );
+    step("say-local", "{command: [sh, say.sh, \"{{ with.word }}\"]}");
     let plugged = home.write(
         "plugged.yaml",
         "version: 1\nname: plugged\ndefaults: {executor: kubernetes, image: registry.example.com/av/steps:1.4}\nstages:\n  say:\n    uses: say@1.0.0\n    with: {word: pod}\n  local:\n    uses: ./plugins/say-local\n    with: {word: engine}\n",

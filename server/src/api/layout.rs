@@ -91,7 +91,7 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// No drawing: the graph is too large to lay out ([`MAX_LAID_OUT`]).
+    /// No drawing yet: a graph too large to lay out ([`MAX_LAID_OUT`]) stays so.
     pub fn none(flow: Flow) -> Layout {
         Layout {
             width: 0.0,
@@ -197,13 +197,8 @@ fn out_of(nodes: &[String], placed: &[(f64, f64)], chains: Vec<Vec<usize>>, flow
         (a - min_along + MARGIN, lead)
     };
     let mut out = Layout {
-        width: 0.0,
-        height: 0.0,
-        node_width: NODE_W,
-        node_height: NODE_H,
-        flow,
-        nodes: BTreeMap::new(),
         edges: Vec::with_capacity(chains.len()),
+        ..Layout::none(flow)
     };
     for (i, name) in nodes.iter().enumerate() {
         let (mid, lead) = at(i);

@@ -245,7 +245,7 @@ impl RunGraph {
                 .flat_map(|n| n.needs.iter().map(move |u| (u.as_str(), n.name.as_str())));
             super::layout::by_name(&names, edges, super::layout::Flow::Right)
         });
-        let note = match layout.is_empty() && nodes.len() > super::layout::MAX_LAID_OUT {
+        let note = match nodes.len() > super::layout::MAX_LAID_OUT {
             true => Some(format!(
                 "{} stages: more than {} are not laid out, and they are listed in a column",
                 nodes.len(),
